@@ -1,0 +1,1 @@
+//! Typed entity addresses and entity names.

@@ -1,0 +1,1 @@
+//! msgr wire protocol.
