@@ -1,0 +1,1 @@
+//! Raw libibverbs / librdmacm bindings (placeholder).
