@@ -1,1 +1,126 @@
-//! Transports.
+//! Transport backends for msgr.
+//!
+//! A backend moves [`Transmit`] units (banners and frames) over links and reports
+//! what it received; it knows nothing of sessions, sequence numbers or policies
+//! (those live in `msgr-proto`'s session engine, shared by every backend).
+//!
+//! - [`Transport`]: the trait every backend implements — frame-oriented and
+//!   completion-based, so an RDMA backend posts a frame as one or a few work
+//!   requests instead of emulating a byte stream.
+//! - [`AnyTransport`]: the enum over the backends compiled in; calls are
+//!   dispatched statically with `enum_dispatch`.
+//! - One module per backend, behind a cargo feature: [`tcp`] (default).
+//!
+//! All transports of a worker register their file descriptors (sockets,
+//! completion channels, event channels, wait fds) in the worker's one
+//! [`mio::Poll`]; the worker routes readiness back by token.
+
+#![warn(missing_docs)]
+
+mod error;
+mod event;
+mod select;
+mod sys;
+#[cfg(feature = "tcp")]
+pub mod tcp;
+
+use enum_dispatch::enum_dispatch;
+use mio::event::Event;
+use mio::Token;
+
+pub use error::TransportError;
+pub use event::TransportEvent;
+pub use msgr_proto::{Inbound, LinkId, Transmit};
+pub use select::{availability, open_transport, Availability, TransportContext};
+
+use msgr_addr::{EntityAddr, TransportKind};
+
+/// A fault a backend can produce for real on one of its links, for tests and
+/// the stress suite's fault plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RealFault {
+    /// Abortive close: the peer sees a reset (TCP: SO_LINGER 0; RDMA: QP to error).
+    Abort,
+    /// Close our sending direction only (TCP half-close).
+    HalfClose,
+    /// Stop reading from the peer (its sends back up).
+    StopReading,
+}
+
+/// What every backend does. Methods never block.
+///
+/// Link ids are chosen by the caller (the worker) and double as mio tokens for
+/// backends whose links own a file descriptor, so they must be below
+/// [`LISTENER_TOKEN_BASE`].
+#[enum_dispatch]
+pub trait Transport {
+    /// Which transport this is.
+    fn kind(&self) -> TransportKind;
+
+    /// Starts listening on `addr`; returns the address actually bound (port 0
+    /// is replaced by the chosen port). `token` is the listener's mio token.
+    fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError>;
+
+    /// Stops listening on the listener registered with `token`.
+    fn unlisten(&mut self, token: Token);
+
+    /// Starts connecting `link` to `addr`; completion is reported as
+    /// [`TransportEvent::Connected`] or [`TransportEvent::Failed`].
+    fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError>;
+
+    /// Queues a unit on `link`. Nothing is written until [`Transport::flush`],
+    /// so many small frames go out in one system call or work-request batch.
+    fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError>;
+
+    /// Writes what is queued on every link with pending output. Errors are
+    /// reported as [`TransportEvent::Failed`].
+    fn flush(&mut self, events: &mut Vec<TransportEvent>);
+
+    /// Handles readiness for one of this transport's tokens.
+    fn ready(&mut self, event: &Event, events: &mut Vec<TransportEvent>);
+
+    /// Makes progress without readiness (busy-poll window): poll completion
+    /// queues, continue reads that were cut short. Returns whether anything
+    /// happened.
+    fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool;
+
+    /// Closes `link`. With `flush`, queued output is written first.
+    fn close(&mut self, link: LinkId, flush: bool);
+
+    /// Stops (or resumes) reading `link` — receive throttling.
+    fn pause_reading(&mut self, link: LinkId, paused: bool);
+
+    /// Whether `token` belongs to this transport.
+    fn owns(&self, token: Token) -> bool;
+
+    /// Links currently open (for leak checks).
+    fn link_count(&self) -> usize;
+
+    /// Produces a real fault on `link`.
+    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError>;
+
+    /// Takes `link` out of this transport so another worker can adopt it.
+    fn detach(&mut self, link: LinkId) -> Option<DetachedLink>;
+
+    /// Adopts a link detached from another worker's transport, under a new id.
+    fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError>;
+}
+
+/// Tokens at or above this value name listeners; below it, links.
+pub const LISTENER_TOKEN_BASE: usize = 1 << 40;
+
+/// A link in transit between two workers' transports.
+#[derive(Debug)]
+pub enum DetachedLink {
+    /// A TCP connection and what was read from it but not yet decoded.
+    #[cfg(feature = "tcp")]
+    Tcp(tcp::DetachedTcp),
+}
+
+/// The backends compiled into this build.
+#[enum_dispatch(Transport)]
+pub enum AnyTransport {
+    /// TCP.
+    #[cfg(feature = "tcp")]
+    Tcp(tcp::TcpTransport),
+}

@@ -1,1 +1,37 @@
-//! msgr wire protocol.
+//! The msgr wire protocol, with no I/O in it.
+//!
+//! - [`frame`]: where a frame is encoded and decoded (preamble, segments, CRC32C).
+//! - [`banner`]: the first bytes of every connection; version and features.
+//! - [`message`]: application messages and their frame form; [`codec`] for typed payloads.
+//! - [`control`]: payloads of the session's control frames.
+//! - [`stream`]: the units transports move, and the byte-stream splitter.
+//! - [`session`]: the session engine — handshake, seq/ack, replay, reconnect,
+//!   keepalive — as a pure state machine driven by its caller.
+//!
+//! Everything here reads untrusted peer input and returns typed errors; nothing
+//! panics on it. The format is specified in docs/PROTOCOL.md.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod banner;
+pub mod codec;
+pub mod control;
+pub mod error;
+pub mod frame;
+pub mod message;
+pub mod session;
+#[cfg(feature = "sim")]
+pub mod sim;
+pub mod stream;
+
+pub use banner::Banner;
+pub use codec::{Codec, CodecError, Postcard};
+pub use error::{BannerError, FrameError, ProtocolError};
+pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
+pub use message::Message;
+pub use session::{
+    FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, SendError, Session, SessionConfig,
+    SessionEvent, SessionStats, Takeover,
+};
+pub use stream::{Inbound, StreamDecoder, Transmit};

@@ -1,0 +1,231 @@
+//! One TCP connection: its send queue (coalescing small frames, passing large
+//! segments by reference) and its receive buffer and decoder.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use mio::net::TcpStream;
+use msgr_proto::{FrameLimits, Inbound, StreamDecoder, Transmit};
+
+/// Most iovecs handed to one writev.
+const MAX_IOVECS: usize = 64;
+/// Read granularity: at least this much room before each read.
+const READ_CHUNK: usize = 64 << 10;
+/// Most bytes read for one readiness event before yielding to other links.
+pub(crate) const READ_BUDGET: usize = 4 << 20;
+
+/// The outgoing byte queue of one link: `chunks` first, then `tail`.
+#[derive(Debug, Default)]
+pub(crate) struct SendQueue {
+    chunks: VecDeque<Bytes>,
+    tail: BytesMut,
+    len: usize,
+}
+
+impl SendQueue {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends a unit; segments above `copy_threshold` are referenced, not copied.
+    pub(crate) fn push(
+        &mut self,
+        unit: &Transmit,
+        copy_threshold: usize,
+    ) -> Result<(), msgr_proto::FrameError> {
+        match unit {
+            Transmit::Banner(b) => self.put_small(b),
+            Transmit::Frame(f) => {
+                let enc = f.encode()?;
+                self.put_small(&enc.preamble);
+                for seg in &enc.segments {
+                    if seg.len() > copy_threshold {
+                        self.put_big(seg.clone());
+                    } else {
+                        self.put_small(seg);
+                    }
+                }
+                self.put_small(enc.epilogue());
+            }
+        }
+        Ok(())
+    }
+
+    fn put_small(&mut self, b: &[u8]) {
+        self.tail.put_slice(b);
+        self.len += b.len();
+    }
+
+    fn put_big(&mut self, b: Bytes) {
+        if !self.tail.is_empty() {
+            self.chunks.push_back(self.tail.split().freeze());
+        }
+        self.len += b.len();
+        self.chunks.push_back(b);
+    }
+
+    /// Writes as much as the socket takes. Ok(true) when everything is out.
+    pub(crate) fn write_to(&mut self, w: &mut impl Write) -> io::Result<bool> {
+        while self.len > 0 {
+            let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOVECS);
+            for c in self.chunks.iter().take(MAX_IOVECS - 1) {
+                iov.push(IoSlice::new(c));
+            }
+            if iov.len() < MAX_IOVECS && !self.tail.is_empty() {
+                iov.push(IoSlice::new(&self.tail));
+            }
+            let n = match w.write_vectored(&iov) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            self.consume(n);
+        }
+        Ok(true)
+    }
+
+    fn consume(&mut self, mut n: usize) {
+        self.len -= n;
+        while n > 0 {
+            if let Some(front) = self.chunks.front_mut() {
+                if n >= front.len() {
+                    n -= front.len();
+                    self.chunks.pop_front();
+                } else {
+                    front.advance(n);
+                    n = 0;
+                }
+            } else {
+                self.tail.advance(n);
+                n = 0;
+            }
+        }
+        if self.len == 0 && self.tail.capacity() > (1 << 20) {
+            // Don't keep a burst's buffer forever.
+            self.tail = BytesMut::new();
+        }
+    }
+}
+
+/// Outcome of reading a link for one readiness event.
+pub(crate) enum ReadOutcome {
+    /// Socket drained (WouldBlock).
+    Drained,
+    /// Budget used up; more may be waiting.
+    MoreLater,
+    /// Peer closed the connection.
+    Eof,
+}
+
+#[derive(Debug)]
+pub(crate) struct TcpLink {
+    pub(crate) stream: TcpStream,
+    pub(crate) connecting: bool,
+    pub(crate) tx: SendQueue,
+    pub(crate) rx: BytesMut,
+    pub(crate) decoder: StreamDecoder,
+    pub(crate) close_after_flush: bool,
+    pub(crate) paused: bool,
+    /// Readable data may be waiting (edge-triggered readiness was not drained).
+    pub(crate) read_pending: bool,
+    pub(crate) write_interest: bool,
+}
+
+impl TcpLink {
+    pub(crate) fn new(stream: TcpStream, connecting: bool, limits: FrameLimits) -> Self {
+        TcpLink {
+            stream,
+            connecting,
+            tx: SendQueue::default(),
+            rx: BytesMut::new(),
+            decoder: StreamDecoder::new(limits),
+            close_after_flush: false,
+            paused: false,
+            read_pending: false,
+            write_interest: false,
+        }
+    }
+
+    /// Reads up to the budget into the receive buffer.
+    pub(crate) fn read_some(&mut self) -> io::Result<ReadOutcome> {
+        let mut total = 0;
+        loop {
+            let want = self
+                .decoder
+                .needed()
+                .saturating_sub(self.rx.len())
+                .max(READ_CHUNK);
+            self.rx.reserve(want);
+            match crate::sys::recv_into_spare(&socket2::SockRef::from(&self.stream), &mut self.rx) {
+                Ok(0) => return Ok(ReadOutcome::Eof),
+                Ok(k) => {
+                    total += k;
+                    if total >= READ_BUDGET {
+                        return Ok(ReadOutcome::MoreLater);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ReadOutcome::Drained),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Decodes the next complete unit from the receive buffer.
+    pub(crate) fn next_unit(&mut self) -> Result<Option<Inbound>, msgr_proto::FrameError> {
+        self.decoder.decode(&mut self.rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use msgr_proto::{Frame, Tag};
+
+    #[test]
+    fn send_queue_keeps_order_across_small_and_big() {
+        let mut q = SendQueue::default();
+        let frames: Vec<Frame> = (0..20u8)
+            .map(|i| {
+                let big = i % 3 == 0;
+                let len = if big { 20_000 } else { 10 };
+                Frame::new(Tag::Message, vec![Bytes::from(vec![i; len])])
+            })
+            .collect();
+        let mut expect = Vec::new();
+        for f in &frames {
+            q.push(&Transmit::Frame(f.clone()), 8 << 10).unwrap();
+            expect.extend(f.encode_to_vec().unwrap());
+        }
+        // A writer that takes at most 7000 bytes per call.
+        struct Trickle(Vec<u8>);
+        impl Write for Trickle {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                let n = b.len().min(7000);
+                self.0.extend_from_slice(&b[..n]);
+                Ok(n)
+            }
+            fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+                let mut n = 0;
+                for b in bufs {
+                    let k = self.write(&b[..b.len().min(7000 - n)])?;
+                    n += k;
+                    if n == 7000 {
+                        break;
+                    }
+                }
+                Ok(n)
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut w = Trickle(Vec::new());
+        assert!(q.write_to(&mut w).unwrap());
+        assert!(q.is_empty());
+        assert_eq!(w.0, expect);
+    }
+}

@@ -1,0 +1,401 @@
+//! The TCP backend: non-blocking sockets in the worker's mio loop.
+//!
+//! TCP_NODELAY on every link; output is queued by [`Transport::send`] and written
+//! by [`Transport::flush`] with vectored writes, so a burst of small frames costs
+//! one system call, and large segments are written from the caller's buffers.
+
+mod link;
+
+use std::collections::HashMap;
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use mio::event::Event;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Registry, Token};
+use msgr_addr::{EntityAddr, TransportKind};
+use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
+
+use crate::{
+    DetachedLink, RealFault, Transport, TransportContext, TransportError, TransportEvent,
+    LISTENER_TOKEN_BASE,
+};
+use link::{ReadOutcome, TcpLink};
+
+/// A TCP connection moving between workers, with undecoded received bytes.
+#[derive(Debug)]
+pub struct DetachedTcp {
+    link: TcpLink,
+}
+
+/// TCP transport of one worker.
+#[derive(Debug)]
+pub struct TcpTransport {
+    registry: Registry,
+    limits: FrameLimits,
+    copy_threshold: usize,
+    link_ids: Arc<AtomicU64>,
+    listeners: HashMap<Token, TcpListener>,
+    links: HashMap<LinkId, TcpLink>,
+    /// Links with queued output (flushed together at the end of a loop turn).
+    dirty: Vec<LinkId>,
+    /// Links whose last read was cut short by the budget.
+    read_pending: Vec<LinkId>,
+    /// Links aborted by fault injection, reported on the next progress call.
+    aborted: Vec<LinkId>,
+}
+
+impl TcpTransport {
+    /// A TCP transport registering its sockets in `registry`.
+    pub fn new(registry: &Registry, ctx: &TransportContext) -> Result<Self, TransportError> {
+        Ok(TcpTransport {
+            registry: registry
+                .try_clone()
+                .map_err(|e| TransportError::io("clone mio registry", e))?,
+            limits: ctx.limits,
+            copy_threshold: ctx.copy_threshold,
+            link_ids: ctx.link_ids.clone(),
+            listeners: HashMap::new(),
+            links: HashMap::new(),
+            dirty: Vec::new(),
+            read_pending: Vec::new(),
+            aborted: Vec::new(),
+        })
+    }
+
+    fn token(link: LinkId) -> Token {
+        Token(link.0 as usize)
+    }
+
+    fn add_link(
+        &mut self,
+        id: LinkId,
+        mut link: TcpLink,
+        interest: Interest,
+    ) -> Result<(), TransportError> {
+        self.registry
+            .register(&mut link.stream, Self::token(id), interest)
+            .map_err(|e| TransportError::io("register tcp link", e))?;
+        link.write_interest = interest.is_writable();
+        self.links.insert(id, link);
+        Ok(())
+    }
+
+    fn drop_link(&mut self, id: LinkId) -> Option<TcpLink> {
+        let mut link = self.links.remove(&id)?;
+        let _ = self.registry.deregister(&mut link.stream);
+        Some(link)
+    }
+
+    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+        if let Some(link) = self.drop_link(id) {
+            let _ = link.stream.shutdown(Shutdown::Both);
+            events.push(TransportEvent::Failed(id, why));
+        }
+    }
+
+    fn accept_all(&mut self, token: Token, events: &mut Vec<TransportEvent>) {
+        loop {
+            let Some(listener) = self.listeners.get(&token) else {
+                return;
+            };
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
+                    let link = TcpLink::new(stream, false, self.limits);
+                    match self.add_link(id, link, Interest::READABLE) {
+                        Ok(()) => events.push(TransportEvent::Accepted {
+                            link: id,
+                            peer,
+                            listener: token,
+                        }),
+                        Err(e) => tracing::warn!(error = %e, "dropping accepted connection"),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // EMFILE and friends: log and retry on the next readiness.
+                    tracing::warn!(error = %e, "accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads and decodes one link; reports units, EOF and errors.
+    fn read_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if link.paused {
+            link.read_pending = true;
+            return;
+        }
+        link.read_pending = false;
+        let outcome = link.read_some();
+        // Decode what arrived, even if the read then hit EOF or an error.
+        loop {
+            match link.next_unit() {
+                Ok(Some(unit)) => events.push(TransportEvent::Received(id, unit)),
+                Ok(None) => break,
+                Err(e) => {
+                    if let Some(l) = self.drop_link(id) {
+                        let _ = l.stream.shutdown(Shutdown::Both);
+                    }
+                    events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
+                    return;
+                }
+            }
+        }
+        match outcome {
+            Ok(ReadOutcome::Drained) => {}
+            Ok(ReadOutcome::MoreLater) => {
+                link.read_pending = true;
+                self.read_pending.push(id);
+            }
+            Ok(ReadOutcome::Eof) => self.fail(id, "connection closed by peer".into(), events),
+            Err(e) => self.fail(id, format!("read: {e}"), events),
+        }
+    }
+
+    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if link.connecting {
+            return;
+        }
+        match link.tx.write_to(&mut link.stream) {
+            Ok(true) => {
+                if link.close_after_flush {
+                    if let Some(l) = self.drop_link(id) {
+                        let _ = l.stream.shutdown(Shutdown::Both);
+                    }
+                } else if link.write_interest {
+                    link.write_interest = false;
+                    let _ = self.registry.reregister(
+                        &mut link.stream,
+                        Self::token(id),
+                        Interest::READABLE,
+                    );
+                }
+            }
+            Ok(false) => {
+                if !link.write_interest {
+                    link.write_interest = true;
+                    let _ = self.registry.reregister(
+                        &mut link.stream,
+                        Self::token(id),
+                        Interest::READABLE | Interest::WRITABLE,
+                    );
+                }
+            }
+            Err(e) => self.fail(id, format!("write: {e}"), events),
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+
+    fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError> {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr.socket),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )
+        .map_err(|e| TransportError::io("socket", e))?;
+        // A restarted server must be able to bind while old connections linger.
+        socket
+            .set_reuse_address(true)
+            .map_err(|e| TransportError::io("SO_REUSEADDR", e))?;
+        socket
+            .set_nonblocking(true)
+            .map_err(|e| TransportError::io("O_NONBLOCK", e))?;
+        socket
+            .bind(&addr.socket.into())
+            .map_err(|e| TransportError::io("bind", e))?;
+        socket
+            .listen(1024)
+            .map_err(|e| TransportError::io("listen", e))?;
+        let mut listener = TcpListener::from_std(socket.into());
+        let bound = listener
+            .local_addr()
+            .map_err(|e| TransportError::io("local_addr", e))?;
+        self.registry
+            .register(&mut listener, token, Interest::READABLE)
+            .map_err(|e| TransportError::io("register listener", e))?;
+        self.listeners.insert(token, listener);
+        Ok(addr.clone().with_port(bound.port()))
+    }
+
+    fn unlisten(&mut self, token: Token) {
+        if let Some(mut l) = self.listeners.remove(&token) {
+            let _ = self.registry.deregister(&mut l);
+        }
+    }
+
+    fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
+        let stream =
+            TcpStream::connect(addr.socket).map_err(|e| TransportError::io("connect", e))?;
+        let _ = stream.set_nodelay(true);
+        self.add_link(
+            link,
+            TcpLink::new(stream, true, self.limits),
+            Interest::READABLE | Interest::WRITABLE,
+        )
+    }
+
+    fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        let was_empty = l.tx.is_empty();
+        l.tx.push(&unit, self.copy_threshold)?;
+        if was_empty {
+            self.dirty.push(link);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, events: &mut Vec<TransportEvent>) {
+        for id in std::mem::take(&mut self.dirty) {
+            self.flush_link(id, events);
+        }
+    }
+
+    fn ready(&mut self, event: &Event, events: &mut Vec<TransportEvent>) {
+        let token = event.token();
+        if token.0 >= LISTENER_TOKEN_BASE {
+            self.accept_all(token, events);
+            return;
+        }
+        let id = LinkId(token.0 as u64);
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if link.connecting {
+            if event.is_error() || event.is_write_closed() {
+                let err = link.stream.take_error().ok().flatten();
+                let why = err.map_or("connection refused".to_string(), |e| {
+                    format!("connect: {e}")
+                });
+                self.fail(id, why, events);
+                return;
+            }
+            if !event.is_writable() {
+                return;
+            }
+            match link.stream.peer_addr() {
+                Ok(_) => {
+                    link.connecting = false;
+                    events.push(TransportEvent::Connected(id));
+                    // Whatever was queued before the connection finished goes now.
+                    self.flush_link(id, events);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotConnected => {}
+                Err(e) => {
+                    let why = link.stream.take_error().ok().flatten().unwrap_or(e);
+                    self.fail(id, format!("connect: {why}"), events);
+                    return;
+                }
+            }
+        } else if event.is_writable() {
+            self.flush_link(id, events);
+        }
+        if event.is_readable() || event.is_read_closed() || event.is_error() {
+            self.read_link(id, events);
+        }
+    }
+
+    fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        for id in std::mem::take(&mut self.aborted) {
+            events.push(TransportEvent::Failed(id, "injected abortive close".into()));
+        }
+        if self.read_pending.is_empty() {
+            return false;
+        }
+        for id in std::mem::take(&mut self.read_pending) {
+            self.read_link(id, events);
+        }
+        true
+    }
+
+    fn close(&mut self, link: LinkId, flush: bool) {
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        if flush && !l.tx.is_empty() && !l.connecting {
+            l.close_after_flush = true;
+            self.dirty.push(link);
+        } else if let Some(l) = self.drop_link(link) {
+            let _ = l.stream.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn pause_reading(&mut self, link: LinkId, paused: bool) {
+        if let Some(l) = self.links.get_mut(&link) {
+            l.paused = paused;
+            if !paused && l.read_pending {
+                self.read_pending.push(link);
+            }
+        }
+    }
+
+    fn owns(&self, token: Token) -> bool {
+        self.listeners.contains_key(&token) || self.links.contains_key(&LinkId(token.0 as u64))
+    }
+
+    fn link_count(&self) -> usize {
+        self.links.len()
+    }
+
+    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        let sock = socket2::SockRef::from(&l.stream);
+        match fault {
+            RealFault::Abort => {
+                sock.set_linger(Some(std::time::Duration::ZERO))
+                    .map_err(|e| TransportError::io("SO_LINGER", e))?;
+                // Closing with linger 0 sends RST to the peer.
+                self.drop_link(link);
+                self.aborted.push(link);
+            }
+            RealFault::HalfClose => {
+                sock.shutdown(Shutdown::Write)
+                    .map_err(|e| TransportError::io("shutdown", e))?;
+            }
+            RealFault::StopReading => l.paused = true,
+        }
+        Ok(())
+    }
+
+    fn detach(&mut self, link: LinkId) -> Option<DetachedLink> {
+        self.dirty.retain(|l| *l != link);
+        self.read_pending.retain(|l| *l != link);
+        let mut l = self.drop_link(link)?;
+        l.write_interest = false;
+        Some(DetachedLink::Tcp(DetachedTcp { link: l }))
+    }
+
+    fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
+        let DetachedLink::Tcp(d) = detached;
+        let pending = !d.link.tx.is_empty();
+        self.add_link(link, d.link, Interest::READABLE)?;
+        // Bytes may have arrived while it moved: the edge may be gone, so look.
+        self.read_pending.push(link);
+        if pending {
+            self.dirty.push(link);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,484 @@
+//! Frames: the unit every transport moves.
+//!
+//! A frame is a fixed-size [`Preamble`], up to [`MAX_SEGMENTS`] segments and an
+//! epilogue holding one CRC32C per segment. The preamble carries its own CRC so a
+//! corrupted length is caught before anything is allocated for it. Byte-stream
+//! transports (TCP) feed bytes to a [`FrameDecoder`]; message transports (RDMA,
+//! libfabric) hand one received buffer to [`Frame::decode_exact`].
+//!
+//! Layout (all integers little-endian), documented in docs/PROTOCOL.md:
+//!
+//! ```text
+//! preamble (32 B): tag u8 | flags u8 | segment count u8 | reserved u8
+//!                  | 4 x segment length u32 | reserved 8 B | crc32c(bytes 0..28) u32
+//! segments:        segment 0 .. segment n-1, back to back
+//! epilogue:        n x crc32c(segment i) u32
+//! ```
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::error::FrameError;
+
+/// Size of the fixed preamble that starts every frame.
+pub const PREAMBLE_LEN: usize = 32;
+/// Most segments a frame may carry (header, front, data and one spare).
+pub const MAX_SEGMENTS: usize = 4;
+/// Bytes of the preamble covered by its CRC.
+const PREAMBLE_CRC_OFFSET: usize = 28;
+
+/// What a frame is. Unknown tags are a protocol error, never ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Tag {
+    /// Connector's identity and session request (new session or reconnect).
+    Hello = 1,
+    /// Acceptor's identity for a new session, with the session cookie.
+    HelloOk = 2,
+    /// Acceptor resumes an existing session; carries its receive position.
+    ReconnectOk = 3,
+    /// The session the connector asked for does not exist (any more): start afresh.
+    SessionReset = 4,
+    /// Both sides connected at once and the acceptor's own attempt wins: stand by.
+    Wait = 5,
+    /// An application message (header, front, data segments).
+    Message = 6,
+    /// Cumulative acknowledgement of received messages.
+    Ack = 7,
+    /// Liveness probe.
+    Keepalive = 8,
+    /// Answer to a [`Tag::Keepalive`].
+    KeepaliveAck = 9,
+    /// Receive credits granted by an RDMA receiver.
+    CreditGrant = 10,
+    /// Rendezvous: the data segment waits in the sender's registered memory.
+    RendezvousRequest = 11,
+    /// Rendezvous: the receiver has pulled the data; the sender may release it.
+    RendezvousFinish = 12,
+    /// Orderly end of the session; carries a reason.
+    Close = 13,
+}
+
+impl Tag {
+    /// Maps a wire byte to a tag.
+    pub fn from_u8(v: u8) -> Option<Tag> {
+        Some(match v {
+            1 => Tag::Hello,
+            2 => Tag::HelloOk,
+            3 => Tag::ReconnectOk,
+            4 => Tag::SessionReset,
+            5 => Tag::Wait,
+            6 => Tag::Message,
+            7 => Tag::Ack,
+            8 => Tag::Keepalive,
+            9 => Tag::KeepaliveAck,
+            10 => Tag::CreditGrant,
+            11 => Tag::RendezvousRequest,
+            12 => Tag::RendezvousFinish,
+            13 => Tag::Close,
+            _ => return None,
+        })
+    }
+}
+
+/// Hard limits a decoder enforces before it allocates anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameLimits {
+    /// Largest accepted length of each segment, by segment index.
+    pub max_segment: [u32; MAX_SEGMENTS],
+    /// Largest accepted frame (preamble + segments + epilogue).
+    pub max_frame: u64,
+}
+
+impl Default for FrameLimits {
+    /// Header segments are small; front up to 16 MiB; data up to 128 MiB.
+    fn default() -> Self {
+        FrameLimits {
+            max_segment: [64 << 10, 16 << 20, 128 << 20, 64 << 10],
+            max_frame: (160 << 20) as u64,
+        }
+    }
+}
+
+/// The decoded fixed-size start of a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Preamble {
+    /// What the frame is.
+    pub tag: Tag,
+    /// Per-tag flags.
+    pub flags: u8,
+    /// How many segments follow.
+    pub segment_count: u8,
+    /// Length of each segment; unused entries are 0.
+    pub segment_lens: [u32; MAX_SEGMENTS],
+}
+
+impl Preamble {
+    /// Bytes of segments and epilogue that follow the preamble.
+    pub fn body_len(&self) -> u64 {
+        let segs: u64 = self.segment_lens.iter().map(|&l| u64::from(l)).sum();
+        segs + 4 * u64::from(self.segment_count)
+    }
+
+    /// Total frame length including the preamble.
+    pub fn frame_len(&self) -> u64 {
+        PREAMBLE_LEN as u64 + self.body_len()
+    }
+
+    /// Encodes the preamble with its CRC.
+    pub fn encode(&self) -> [u8; PREAMBLE_LEN] {
+        let mut out = [0u8; PREAMBLE_LEN];
+        out[0] = self.tag as u8;
+        out[1] = self.flags;
+        out[2] = self.segment_count;
+        for (i, len) in self.segment_lens.iter().enumerate() {
+            out[4 + 4 * i..8 + 4 * i].copy_from_slice(&len.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&out[..PREAMBLE_CRC_OFFSET]);
+        out[PREAMBLE_CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Decodes and validates a preamble: CRC first, then tag, counts and limits,
+    /// so nothing derived from a corrupted or hostile length is ever trusted.
+    pub fn decode(raw: &[u8; PREAMBLE_LEN], limits: &FrameLimits) -> Result<Preamble, FrameError> {
+        let mut crc_bytes = [0u8; 4];
+        crc_bytes.copy_from_slice(&raw[PREAMBLE_CRC_OFFSET..]);
+        let wire_crc = u32::from_le_bytes(crc_bytes);
+        let crc = crc32c::crc32c(&raw[..PREAMBLE_CRC_OFFSET]);
+        if crc != wire_crc {
+            return Err(FrameError::PreambleCrc {
+                expected: wire_crc,
+                actual: crc,
+            });
+        }
+        let tag = Tag::from_u8(raw[0]).ok_or(FrameError::UnknownTag(raw[0]))?;
+        let segment_count = raw[2];
+        if usize::from(segment_count) > MAX_SEGMENTS {
+            return Err(FrameError::TooManySegments(segment_count));
+        }
+        if raw[3] != 0 || raw[20..PREAMBLE_CRC_OFFSET].iter().any(|&b| b != 0) {
+            return Err(FrameError::ReservedBitsSet);
+        }
+        let mut segment_lens = [0u32; MAX_SEGMENTS];
+        for (i, len) in segment_lens.iter_mut().enumerate() {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&raw[4 + 4 * i..8 + 4 * i]);
+            *len = u32::from_le_bytes(b);
+            if i >= usize::from(segment_count) && *len != 0 {
+                return Err(FrameError::ReservedBitsSet);
+            }
+            if *len > limits.max_segment[i] {
+                return Err(FrameError::SegmentTooLarge {
+                    index: i,
+                    len: *len,
+                    max: limits.max_segment[i],
+                });
+            }
+        }
+        let pre = Preamble {
+            tag,
+            flags: raw[1],
+            segment_count,
+            segment_lens,
+        };
+        if pre.frame_len() > limits.max_frame {
+            return Err(FrameError::FrameTooLarge {
+                len: pre.frame_len(),
+                max: limits.max_frame,
+            });
+        }
+        Ok(pre)
+    }
+}
+
+/// A frame: tag, flags and segments. Segments are [`Bytes`], so a frame built from
+/// received memory borrows it without copying.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// What the frame is.
+    pub tag: Tag,
+    /// Per-tag flags.
+    pub flags: u8,
+    /// Up to [`MAX_SEGMENTS`] segments.
+    pub segments: Vec<Bytes>,
+}
+
+impl Frame {
+    /// Builds a frame. Panics in debug builds if more than [`MAX_SEGMENTS`]
+    /// segments are given: that is a bug in the caller, not wire input.
+    pub fn new(tag: Tag, segments: Vec<Bytes>) -> Frame {
+        debug_assert!(segments.len() <= MAX_SEGMENTS);
+        Frame {
+            tag,
+            flags: 0,
+            segments,
+        }
+    }
+
+    /// A frame with a single segment.
+    pub fn single(tag: Tag, payload: impl Into<Bytes>) -> Frame {
+        Frame::new(tag, vec![payload.into()])
+    }
+
+    /// The preamble this frame encodes to. Fails if a segment does not fit a u32
+    /// length or the frame has too many segments.
+    pub fn preamble(&self) -> Result<Preamble, FrameError> {
+        if self.segments.len() > MAX_SEGMENTS {
+            return Err(FrameError::TooManySegments(
+                self.segments.len().min(255) as u8
+            ));
+        }
+        let mut segment_lens = [0u32; MAX_SEGMENTS];
+        for (i, s) in self.segments.iter().enumerate() {
+            segment_lens[i] = u32::try_from(s.len()).map_err(|_| FrameError::SegmentTooLarge {
+                index: i,
+                len: u32::MAX,
+                max: u32::MAX,
+            })?;
+        }
+        Ok(Preamble {
+            tag: self.tag,
+            flags: self.flags,
+            segment_count: self.segments.len() as u8,
+            segment_lens,
+        })
+    }
+
+    /// Total encoded length.
+    pub fn encoded_len(&self) -> usize {
+        PREAMBLE_LEN + self.segments.iter().map(|s| s.len() + 4).sum::<usize>()
+    }
+
+    /// Encodes the frame for a vectored write: the preamble, the segments as they
+    /// are (no copy) and the epilogue.
+    pub fn encode(&self) -> Result<EncodedFrame, FrameError> {
+        let preamble = self.preamble()?.encode();
+        let mut epilogue = [0u8; 4 * MAX_SEGMENTS];
+        for (i, s) in self.segments.iter().enumerate() {
+            epilogue[4 * i..4 * i + 4].copy_from_slice(&crc32c::crc32c(s).to_le_bytes());
+        }
+        Ok(EncodedFrame {
+            preamble,
+            segments: self.segments.clone(),
+            epilogue,
+            epilogue_len: 4 * self.segments.len(),
+        })
+    }
+
+    /// Encodes the frame into one contiguous buffer (for small frames and tests).
+    pub fn encode_to_vec(&self) -> Result<Vec<u8>, FrameError> {
+        let enc = self.encode()?;
+        let mut out = Vec::with_capacity(enc.len());
+        enc.write_into(&mut out);
+        Ok(out)
+    }
+
+    /// Decodes exactly one frame occupying all of `buf` (message-oriented
+    /// transports deliver one frame per receive).
+    pub fn decode_exact(buf: Bytes, limits: &FrameLimits) -> Result<Frame, FrameError> {
+        let mut dec = FrameDecoder::new(*limits);
+        let mut b = BytesMut::from(&buf[..]);
+        match dec.decode(&mut b)? {
+            Some(frame) if b.is_empty() => Ok(frame),
+            Some(_) => Err(FrameError::TrailingBytes(b.len())),
+            None => Err(FrameError::Truncated {
+                have: buf.len(),
+                need: dec.needed().max(buf.len() + 1),
+            }),
+        }
+    }
+}
+
+/// A frame ready for a vectored write: preamble, segments, epilogue.
+#[derive(Clone, Debug)]
+pub struct EncodedFrame {
+    /// The encoded preamble.
+    pub preamble: [u8; PREAMBLE_LEN],
+    /// The segments, shared with the [`Frame`].
+    pub segments: Vec<Bytes>,
+    epilogue: [u8; 4 * MAX_SEGMENTS],
+    epilogue_len: usize,
+}
+
+impl EncodedFrame {
+    /// The epilogue bytes (one CRC32C per segment).
+    pub fn epilogue(&self) -> &[u8] {
+        &self.epilogue[..self.epilogue_len]
+    }
+
+    /// Total length on the wire.
+    pub fn len(&self) -> usize {
+        PREAMBLE_LEN + self.segments.iter().map(Bytes::len).sum::<usize>() + self.epilogue_len
+    }
+
+    /// Always false: a frame has at least its preamble.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Appends the whole frame to `out` (copying the segments).
+    pub fn write_into(&self, out: &mut impl BufMut) {
+        out.put_slice(&self.preamble);
+        for s in &self.segments {
+            out.put_slice(s);
+        }
+        out.put_slice(self.epilogue());
+    }
+}
+
+/// Incremental decoder for byte-stream transports.
+///
+/// Feed it a buffer that grows as bytes arrive; it returns whole frames and
+/// leaves partial ones in place. Limits are checked on the preamble, so a frame
+/// claiming 4 GiB is refused before a byte of it is buffered.
+#[derive(Debug)]
+pub struct FrameDecoder {
+    limits: FrameLimits,
+    pending: Option<Preamble>,
+}
+
+impl FrameDecoder {
+    /// A decoder enforcing `limits`.
+    pub fn new(limits: FrameLimits) -> Self {
+        FrameDecoder {
+            limits,
+            pending: None,
+        }
+    }
+
+    /// How many bytes the buffer must hold before the next call can make
+    /// progress (at least the preamble; the whole frame once it is known).
+    pub fn needed(&self) -> usize {
+        match &self.pending {
+            None => PREAMBLE_LEN,
+            // Bounded by the limits checked in Preamble::decode.
+            Some(p) => p.frame_len() as usize,
+        }
+    }
+
+    /// Takes one frame off the front of `buf` if it is complete.
+    ///
+    /// `Ok(None)` means "need more bytes" ([`FrameDecoder::needed`] says how
+    /// many). After an error the stream is unusable: close the connection.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        let pre = match self.pending {
+            Some(p) => p,
+            None => {
+                if buf.len() < PREAMBLE_LEN {
+                    return Ok(None);
+                }
+                let mut raw = [0u8; PREAMBLE_LEN];
+                raw.copy_from_slice(&buf[..PREAMBLE_LEN]);
+                let p = Preamble::decode(&raw, &self.limits)?;
+                self.pending = Some(p);
+                p
+            }
+        };
+        let total = pre.frame_len() as usize;
+        if buf.len() < total {
+            return Ok(None);
+        }
+        self.pending = None;
+        let mut whole = buf.split_to(total).freeze();
+        whole.advance(PREAMBLE_LEN);
+        let count = usize::from(pre.segment_count);
+        let mut segments = Vec::with_capacity(count);
+        for len in &pre.segment_lens[..count] {
+            segments.push(whole.split_to(*len as usize));
+        }
+        for (i, seg) in segments.iter().enumerate() {
+            let wire = whole.get_u32_le();
+            let actual = crc32c::crc32c(seg);
+            if wire != actual {
+                return Err(FrameError::SegmentCrc {
+                    index: i,
+                    expected: wire,
+                    actual,
+                });
+            }
+        }
+        Ok(Some(Frame {
+            tag: pre.tag,
+            flags: pre.flags,
+            segments,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Frame {
+        Frame::new(
+            Tag::Message,
+            vec![
+                Bytes::from_static(b"hdr"),
+                Bytes::new(),
+                Bytes::from(vec![7u8; 1000]),
+            ],
+        )
+    }
+
+    #[test]
+    fn round_trip_via_stream_decoder() {
+        let f = sample();
+        let enc = f.encode_to_vec().unwrap();
+        assert_eq!(enc.len(), f.encoded_len());
+        let mut dec = FrameDecoder::new(FrameLimits::default());
+        let mut buf = BytesMut::new();
+        for (i, b) in enc.iter().enumerate() {
+            buf.put_u8(*b);
+            let got = dec.decode(&mut buf).unwrap();
+            if i + 1 < enc.len() {
+                assert!(got.is_none(), "frame returned early at byte {i}");
+            } else {
+                assert_eq!(got, Some(f.clone()));
+            }
+        }
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn huge_claimed_length_is_refused_before_buffering() {
+        let mut pre = sample().preamble().unwrap();
+        pre.segment_lens[2] = u32::MAX;
+        let raw = pre.encode();
+        let mut dec = FrameDecoder::new(FrameLimits::default());
+        let mut buf = BytesMut::from(&raw[..]);
+        assert!(matches!(
+            dec.decode(&mut buf),
+            Err(FrameError::SegmentTooLarge { index: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn corrupted_segment_is_caught() {
+        let mut enc = sample().encode_to_vec().unwrap();
+        enc[PREAMBLE_LEN + 5] ^= 0x10;
+        let r = Frame::decode_exact(Bytes::from(enc), &FrameLimits::default());
+        assert!(
+            matches!(r, Err(FrameError::SegmentCrc { index: 2, .. })),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn corrupted_preamble_is_caught() {
+        let mut enc = sample().encode_to_vec().unwrap();
+        enc[4] ^= 1;
+        let r = Frame::decode_exact(Bytes::from(enc), &FrameLimits::default());
+        assert!(matches!(r, Err(FrameError::PreambleCrc { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn exact_decode_rejects_trailing_and_truncated() {
+        let mut enc = sample().encode_to_vec().unwrap();
+        enc.push(0);
+        let r = Frame::decode_exact(Bytes::from(enc.clone()), &FrameLimits::default());
+        assert_eq!(r, Err(FrameError::TrailingBytes(1)));
+        enc.truncate(enc.len() - 3);
+        let r = Frame::decode_exact(Bytes::from(enc), &FrameLimits::default());
+        assert!(matches!(r, Err(FrameError::Truncated { .. })), "{r:?}");
+    }
+}

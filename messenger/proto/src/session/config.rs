@@ -1,0 +1,75 @@
+//! Session policies and tunables.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::frame::FrameLimits;
+
+/// Delivery guarantee and reconnect role of a session (modelled on Ceph's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum Policy {
+    /// At most once, in order. A fault ends the session and tells the dispatcher.
+    LossyClient,
+    /// Exactly once, in order, across transport faults; this side reconnects.
+    #[default]
+    LosslessClient,
+    /// Exactly once, in order; either side may reconnect (and both may connect at once).
+    LosslessPeer,
+    /// The accepting side: lossless sessions resume when the peer reconnects,
+    /// but a server never initiates a connection.
+    Server,
+}
+
+impl Policy {
+    /// Whether messages survive transport faults.
+    pub fn lossless(self) -> bool {
+        !matches!(self, Policy::LossyClient)
+    }
+}
+
+/// Tunables of one session. The defaults suit a LAN; tests shrink the timers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionConfig {
+    /// Frame size limits enforced on receive.
+    pub limits: FrameLimits,
+    /// Send a keepalive after this long without transmitting.
+    pub keepalive_interval: Duration,
+    /// Fault the link after this long without receiving anything.
+    pub keepalive_timeout: Duration,
+    /// Fault a link whose banner/hello exchange has not finished by then.
+    pub handshake_timeout: Duration,
+    /// First reconnect delay; doubles per failed attempt.
+    pub backoff_min: Duration,
+    /// Ceiling of the reconnect delay.
+    pub backoff_max: Duration,
+    /// After a `Wait` from a peer that won a connection race, retry after this
+    /// long if its connection has not arrived.
+    pub wait_retry: Duration,
+    /// A lossless server-side session with no link is dropped after this long.
+    pub server_linger: Duration,
+    /// Most messages queued for sending (including sent, unacked ones).
+    pub max_queued_messages: usize,
+    /// Most payload bytes queued for sending (including sent, unacked ones).
+    pub max_queued_bytes: usize,
+    /// Send a standalone ack at the latest after this many unacked receives.
+    pub ack_every: u64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            limits: FrameLimits::default(),
+            keepalive_interval: Duration::from_secs(2),
+            keepalive_timeout: Duration::from_secs(15),
+            handshake_timeout: Duration::from_secs(10),
+            backoff_min: Duration::from_millis(5),
+            backoff_max: Duration::from_secs(2),
+            wait_retry: Duration::from_secs(1),
+            server_linger: Duration::from_secs(900),
+            max_queued_messages: 64 * 1024,
+            max_queued_bytes: 256 << 20,
+            ack_every: 64,
+        }
+    }
+}

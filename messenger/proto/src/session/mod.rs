@@ -1,0 +1,1019 @@
+//! The session engine: a pure state machine, shared by every transport.
+//!
+//! A [`Session`] is one logical conversation with one peer. It outlives the
+//! transport links it runs over: lossless sessions number their messages, keep
+//! them until acknowledged, and replay the rest on a new link. The engine holds
+//! no sockets, threads or clocks — like quinn-proto's `Connection`, the caller
+//! feeds it input ([`Session::handle_inbound`], [`Session::link_up`],
+//! [`Session::link_failed`], [`Session::handle_timeout`]) with the current time,
+//! and pulls work out ([`Session::poll_transmit`], [`Session::poll_event`],
+//! [`Session::poll_timeout`]). Tests and fuzzers drive it in memory; every
+//! backend shares it unchanged.
+//!
+//! Where a reconnect is decided: [`Session::fault`] (after a transport fault),
+//! [`Session::take_link`] (an accepted link that claims an existing session,
+//! including simultaneous connects) and the `HelloSent` arm of the frame handler
+//! (the acceptor's answer to our hello).
+
+mod config;
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use msgr_addr::{EntityAddr, EntityName};
+
+pub use config::{Policy, SessionConfig};
+
+use crate::banner::Banner;
+use crate::control::{
+    control_frame, parse_control, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk,
+};
+use crate::error::ProtocolError;
+use crate::frame::{Frame, Tag};
+use crate::message::Message;
+use crate::stream::{Inbound, Transmit};
+
+/// Names one transport link (connection) for the engine; chosen by the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LinkId(pub u64);
+
+/// Who this side is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalIdentity {
+    /// Our entity name.
+    pub name: EntityName,
+    /// Our address (with its nonce; port 0 if we do not listen).
+    pub addr: EntityAddr,
+}
+
+/// Who the peer is, once the handshake told us.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The peer's entity name.
+    pub name: EntityName,
+    /// The peer's address.
+    pub addr: EntityAddr,
+}
+
+/// Why a session ended or a link was dropped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FaultReason {
+    /// The transport reported an error or the peer closed the connection.
+    Transport(String),
+    /// The peer broke the protocol (bad frame, bad sequence...).
+    Protocol(ProtocolError),
+    /// Nothing arrived within the keepalive timeout.
+    KeepaliveTimeout,
+    /// The banner/hello exchange took too long.
+    HandshakeTimeout,
+    /// The peer ended the session with a close frame.
+    PeerClosed(String),
+    /// The local application marked the peer down.
+    MarkedDown,
+    /// A lossless server session waited too long for its peer to return.
+    LingerExpired,
+}
+
+impl std::fmt::Display for FaultReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FaultReason::Transport(e) => write!(f, "transport: {e}"),
+            FaultReason::Protocol(e) => write!(f, "protocol: {e}"),
+            FaultReason::KeepaliveTimeout => write!(f, "keepalive timeout"),
+            FaultReason::HandshakeTimeout => write!(f, "handshake timeout"),
+            FaultReason::PeerClosed(r) => write!(f, "peer closed the session: {r}"),
+            FaultReason::MarkedDown => write!(f, "marked down"),
+            FaultReason::LingerExpired => write!(f, "peer did not come back"),
+        }
+    }
+}
+
+/// What the engine tells its owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// Open a transport connection to this address, then call
+    /// [`Session::link_up`] or [`Session::link_failed`].
+    Connect(EntityAddr),
+    /// Close this link once what was already transmitted on it is written.
+    CloseLink(LinkId),
+    /// Acceptor only: the peer said hello. Route it — to an existing session
+    /// with [`Session::take_link`], or start a new one with [`Session::accept_new`].
+    Identified(Box<Hello>),
+    /// The session is open for the first time (`on_connect` / `on_accept`).
+    Established(PeerInfo),
+    /// The session resumed on a new link; `replayed` messages are sent again.
+    Resumed {
+        /// Messages sent again on the new link.
+        replayed: u64,
+    },
+    /// A message, in order, exactly once (lossless) or at most once (lossy).
+    Message(Message),
+    /// The session ended (`on_reset`): lossy fault, peer close, mark down, or
+    /// a lossless server session whose peer never returned. Terminal.
+    Reset {
+        /// Why.
+        reason: FaultReason,
+        /// Queued messages that were not (known to be) delivered.
+        undelivered: u64,
+    },
+    /// The peer lost the session state (restarted or reset it): messages not
+    /// acknowledged are dropped and a fresh session starts (`on_remote_reset`).
+    RemoteReset {
+        /// Queued messages dropped with the old session.
+        dropped: u64,
+    },
+    /// A graceful close finished: everything queued was acknowledged. Terminal.
+    Closed,
+}
+
+/// A message could not be queued.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The send queue is at its message or byte bound: back off and retry.
+    #[error("send queue full ({messages} messages, {bytes} bytes queued)")]
+    QueueFull {
+        /// Messages queued.
+        messages: usize,
+        /// Payload bytes queued.
+        bytes: usize,
+    },
+    /// The session is closing or closed.
+    #[error("session is closed")]
+    Closed,
+}
+
+/// What [`Session::take_link`] decided about an accepted link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Takeover {
+    /// The session now runs on the link.
+    Accepted,
+    /// Refuse the link: send this frame on it, then close it.
+    Rejected(Frame),
+}
+
+/// Counters of one session's life; the owner sums them into messenger counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Messages delivered to the application.
+    pub rx_messages: u64,
+    /// Payload bytes delivered.
+    pub rx_bytes: u64,
+    /// Messages transmitted (replays included).
+    pub tx_messages: u64,
+    /// Payload bytes transmitted (replays included).
+    pub tx_bytes: u64,
+    /// Messages transmitted again after a reconnect.
+    pub replayed: u64,
+    /// Received messages dropped as duplicates of delivered ones.
+    pub duplicates: u64,
+    /// Links lost and replaced while the session lived.
+    pub reconnects: u64,
+    /// Links faulted (any reason).
+    pub faults: u64,
+    /// Keepalives sent.
+    pub keepalives: u64,
+    /// Messages that left the send queue (acknowledged, sent lossy, or dropped).
+    pub released_messages: u64,
+    /// Payload bytes that left the send queue.
+    pub released_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Connector: waiting for the transport connection it asked for.
+    Connecting,
+    /// Link up, our banner sent; waiting for the peer's.
+    Banner(LinkId),
+    /// Connector: hello sent; waiting for the answer.
+    HelloSent(LinkId),
+    /// Acceptor: banners done; waiting for hello.
+    AwaitHello(LinkId),
+    /// Acceptor: hello received; waiting for the owner to route it.
+    Identified(LinkId),
+    /// Messages flow.
+    Open(LinkId),
+    /// Closing gracefully: the close frame is being transmitted on the link.
+    Draining(LinkId),
+    /// No link. Reconnect at the instant given, or wait for the peer (None).
+    Standby(Option<Instant>),
+    /// Terminal.
+    Closed,
+}
+
+impl State {
+    fn name(&self) -> &'static str {
+        match self {
+            State::Connecting => "connecting",
+            State::Banner(_) => "exchanging banners",
+            State::HelloSent(_) => "waiting for the hello answer",
+            State::AwaitHello(_) => "waiting for hello",
+            State::Identified(_) => "routing the hello",
+            State::Open(_) => "open",
+            State::Draining(_) => "closing",
+            State::Standby(_) => "standing by",
+            State::Closed => "closed",
+        }
+    }
+
+    fn link(&self) -> Option<LinkId> {
+        match *self {
+            State::Banner(l)
+            | State::HelloSent(l)
+            | State::AwaitHello(l)
+            | State::Identified(l)
+            | State::Open(l)
+            | State::Draining(l) => Some(l),
+            _ => None,
+        }
+    }
+}
+
+/// One session with one peer. See the [module docs](self).
+#[derive(Debug)]
+pub struct Session {
+    cfg: SessionConfig,
+    local: LocalIdentity,
+    policy: Policy,
+    /// We dial (initially, and again after faults when allowed).
+    connector: bool,
+    lossless: bool,
+    may_reconnect: bool,
+    peer_addr: Option<EntityAddr>,
+    peer_name: Option<EntityName>,
+    cookie: u64,
+    features: u64,
+    state: State,
+    established: bool,
+    closing: bool,
+
+    queue: VecDeque<Message>,
+    queued_bytes: usize,
+    out_seq: u64,
+    sent_seq: u64,
+    acked_seq: u64,
+    in_seq: u64,
+    acked_in_seq: u64,
+
+    ctrl: VecDeque<Transmit>,
+    events: VecDeque<SessionEvent>,
+    backoff: Duration,
+    link_since: Instant,
+    last_rx: Instant,
+    last_tx: Instant,
+    standby_since: Instant,
+    rx_paused: bool,
+    hello: Option<Hello>,
+    stats: SessionStats,
+}
+
+impl Session {
+    fn blank(cfg: SessionConfig, local: LocalIdentity, policy: Policy, now: Instant) -> Session {
+        let backoff = cfg.backoff_min;
+        Session {
+            cfg,
+            local,
+            policy,
+            connector: false,
+            lossless: policy.lossless(),
+            may_reconnect: false,
+            peer_addr: None,
+            peer_name: None,
+            cookie: 0,
+            features: 0,
+            state: State::Closed,
+            established: false,
+            closing: false,
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            out_seq: 0,
+            sent_seq: 0,
+            acked_seq: 0,
+            in_seq: 0,
+            acked_in_seq: 0,
+            ctrl: VecDeque::new(),
+            events: VecDeque::new(),
+            backoff,
+            link_since: now,
+            last_rx: now,
+            last_tx: now,
+            standby_since: now,
+            rx_paused: false,
+            hello: None,
+            stats: SessionStats::default(),
+        }
+    }
+
+    /// A session that dials `peer`. It asks for a transport connection at once
+    /// ([`SessionEvent::Connect`]). `policy` must not be [`Policy::Server`].
+    pub fn connect(
+        cfg: SessionConfig,
+        local: LocalIdentity,
+        peer: EntityAddr,
+        policy: Policy,
+        now: Instant,
+    ) -> Session {
+        let mut s = Session::blank(cfg, local, policy, now);
+        s.connector = true;
+        s.may_reconnect = matches!(policy, Policy::LosslessClient | Policy::LosslessPeer);
+        s.events.push_back(SessionEvent::Connect(peer.clone()));
+        s.peer_addr = Some(peer);
+        s.state = State::Connecting;
+        s
+    }
+
+    /// A session for a freshly accepted link; it learns its peer from the hello.
+    pub fn accept(cfg: SessionConfig, local: LocalIdentity, link: LinkId, now: Instant) -> Session {
+        let mut s = Session::blank(cfg, local, Policy::Server, now);
+        s.start_link(link, now);
+        s
+    }
+
+    // ---- accessors -------------------------------------------------------
+
+    /// The link the session currently runs on (or is handshaking on).
+    pub fn link(&self) -> Option<LinkId> {
+        self.state.link()
+    }
+
+    /// Whether messages flow right now.
+    pub fn is_open(&self) -> bool {
+        matches!(self.state, State::Open(_))
+    }
+
+    /// Whether the session has ended; drop it once its events are drained.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// The peer, once known.
+    pub fn peer(&self) -> Option<PeerInfo> {
+        Some(PeerInfo {
+            name: self.peer_name.clone()?,
+            addr: self.peer_addr.clone()?,
+        })
+    }
+
+    /// The address this session dials or was accepted from.
+    pub fn peer_addr(&self) -> Option<&EntityAddr> {
+        self.peer_addr.as_ref()
+    }
+
+    /// This side's policy for the session.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Messages queued (unsent, or sent and not yet acknowledged).
+    pub fn queued_messages(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Payload bytes queued.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes
+    }
+
+    /// Whether anything is waiting to be transmitted.
+    pub fn wants_transmit(&self) -> bool {
+        !self.ctrl.is_empty()
+            || (self.is_open() && (self.sent_seq < self.out_seq || self.in_seq > self.acked_in_seq))
+    }
+
+    /// Counters of this session.
+    pub fn stats(&self) -> SessionStats {
+        self.stats
+    }
+
+    /// Feature bits agreed with the peer on the current link.
+    pub fn features(&self) -> u64 {
+        self.features
+    }
+
+    // ---- application input ------------------------------------------------
+
+    /// Queues a message; it is sent when the session is open. Returns its
+    /// sequence number.
+    pub fn send(&mut self, mut msg: Message) -> Result<u64, SendError> {
+        if self.closing || self.state == State::Closed {
+            return Err(SendError::Closed);
+        }
+        if self.queue.len() >= self.cfg.max_queued_messages
+            || (self.queued_bytes > 0
+                && self.queued_bytes + msg.payload_len() > self.cfg.max_queued_bytes)
+        {
+            return Err(SendError::QueueFull {
+                messages: self.queue.len(),
+                bytes: self.queued_bytes,
+            });
+        }
+        self.out_seq += 1;
+        msg.seq = self.out_seq;
+        self.queued_bytes += msg.payload_len();
+        self.queue.push_back(msg);
+        Ok(self.out_seq)
+    }
+
+    /// Ends the session now; queued messages are dropped and reported.
+    pub fn mark_down(&mut self, now: Instant) {
+        let _ = now;
+        if self.state != State::Closed {
+            self.terminate(FaultReason::MarkedDown);
+        }
+    }
+
+    /// Ends the session once everything queued is acknowledged (lossless) or
+    /// transmitted (lossy): then a close frame is sent and
+    /// [`SessionEvent::Closed`] follows. The owner bounds this with its own
+    /// deadline and calls [`Session::mark_down`] when it passes.
+    pub fn close(&mut self, now: Instant) {
+        self.closing = true;
+        match self.state {
+            State::Open(_) => self.maybe_finish_close(),
+            State::Closed => {}
+            _ if self.queue.is_empty() => {
+                self.close_link_now();
+                self.state = State::Closed;
+                self.events.push_back(SessionEvent::Closed);
+            }
+            _ => {
+                let _ = now;
+            }
+        }
+    }
+
+    /// Pauses or resumes the receive-silence check while the owner holds back
+    /// reading for a throttle (the peer is not silent, we are not listening).
+    pub fn set_rx_paused(&mut self, paused: bool, now: Instant) {
+        if self.rx_paused && !paused {
+            self.last_rx = now;
+        }
+        self.rx_paused = paused;
+    }
+
+    // ---- transport input ---------------------------------------------------
+
+    /// The transport connection asked for by [`SessionEvent::Connect`] is up.
+    pub fn link_up(&mut self, link: LinkId, now: Instant) {
+        if self.state == State::Connecting {
+            self.start_link(link, now);
+        } else {
+            // Not wanted any more (e.g. a racing accept won): close it.
+            self.events.push_back(SessionEvent::CloseLink(link));
+        }
+    }
+
+    /// The link failed or the peer closed it.
+    pub fn link_failed(&mut self, link: LinkId, reason: String, now: Instant) {
+        if self.state == State::Connecting || self.link() == Some(link) {
+            self.fault(FaultReason::Transport(reason), now);
+        }
+    }
+
+    /// Feeds one unit received on `link`. Errors are also handled internally
+    /// (the link is faulted); they are returned for logging and counters.
+    pub fn handle_inbound(
+        &mut self,
+        link: LinkId,
+        unit: Inbound,
+        now: Instant,
+    ) -> Result<(), ProtocolError> {
+        if self.link() != Some(link) {
+            return Ok(());
+        }
+        self.last_rx = now;
+        let r = self.process(link, unit, now);
+        if let Err(e) = &r {
+            self.fault(FaultReason::Protocol(e.clone()), now);
+        }
+        r
+    }
+
+    /// A frame could not be decoded on `link` (bad CRC, hostile length...).
+    pub fn handle_decode_error(&mut self, link: LinkId, err: ProtocolError, now: Instant) {
+        if self.link() == Some(link) {
+            self.fault(FaultReason::Protocol(err), now);
+        }
+    }
+
+    /// Fires the timers that are due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.state {
+            State::Banner(_)
+            | State::HelloSent(_)
+            | State::AwaitHello(_)
+            | State::Identified(_)
+                if now >= self.link_since + self.cfg.handshake_timeout =>
+            {
+                self.fault(FaultReason::HandshakeTimeout, now);
+            }
+            State::Open(_) => {
+                if !self.rx_paused && now >= self.last_rx + self.cfg.keepalive_timeout {
+                    self.fault(FaultReason::KeepaliveTimeout, now);
+                } else if now >= self.last_tx + self.cfg.keepalive_interval && self.ctrl.is_empty()
+                {
+                    let stamp = now.duration_since(self.link_since).as_micros() as u64;
+                    self.ctrl.push_back(Transmit::Frame(control_frame(
+                        Tag::Keepalive,
+                        &Keepalive { stamp },
+                    )));
+                    self.stats.keepalives += 1;
+                }
+            }
+            State::Standby(Some(at)) if now >= at => {
+                if let Some(peer) = self.peer_addr.clone() {
+                    self.state = State::Connecting;
+                    self.connector = true;
+                    self.events.push_back(SessionEvent::Connect(peer));
+                }
+            }
+            State::Standby(None) if now >= self.standby_since + self.cfg.server_linger => {
+                self.terminate(FaultReason::LingerExpired);
+            }
+            _ => {}
+        }
+    }
+
+    /// When [`Session::handle_timeout`] next needs calling.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            State::Banner(_)
+            | State::HelloSent(_)
+            | State::AwaitHello(_)
+            | State::Identified(_) => Some(self.link_since + self.cfg.handshake_timeout),
+            State::Open(_) => {
+                let ka = self.last_tx + self.cfg.keepalive_interval;
+                if self.rx_paused {
+                    Some(ka)
+                } else {
+                    Some(ka.min(self.last_rx + self.cfg.keepalive_timeout))
+                }
+            }
+            State::Standby(Some(at)) => Some(at),
+            State::Standby(None) => Some(self.standby_since + self.cfg.server_linger),
+            State::Connecting | State::Draining(_) | State::Closed => None,
+        }
+    }
+
+    // ---- output ------------------------------------------------------------
+
+    /// The next unit to transmit and the link it goes to.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<(LinkId, Transmit)> {
+        let link = self.link()?;
+        if let Some(t) = self.ctrl.pop_front() {
+            self.last_tx = now;
+            if self.ctrl.is_empty() && self.state == State::Draining(link) {
+                // The close frame is out: now the link may go.
+                self.state = State::Closed;
+                self.events.push_back(SessionEvent::CloseLink(link));
+                self.events.push_back(SessionEvent::Closed);
+            }
+            return Some((link, t));
+        }
+        if !self.is_open() {
+            return None;
+        }
+        if self.sent_seq < self.out_seq {
+            let front = self.queue.front().map_or(self.sent_seq + 1, |m| m.seq);
+            let idx = (self.sent_seq + 1 - front) as usize;
+            let msg = self.queue.get(idx)?;
+            let frame = msg.to_frame(self.in_seq);
+            self.stats.tx_messages += 1;
+            self.stats.tx_bytes += msg.payload_len() as u64;
+            self.acked_in_seq = self.in_seq;
+            self.sent_seq += 1;
+            if !self.lossless {
+                // Lossy: nothing is replayed, so nothing is kept.
+                self.pop_queued();
+                self.acked_seq = self.sent_seq;
+            }
+            self.last_tx = now;
+            return Some((link, Transmit::Frame(frame)));
+        }
+        if self.in_seq > self.acked_in_seq {
+            self.acked_in_seq = self.in_seq;
+            self.last_tx = now;
+            return Some((
+                link,
+                Transmit::Frame(control_frame(Tag::Ack, &Ack { seq: self.in_seq })),
+            ));
+        }
+        None
+    }
+
+    /// The next event for the owner.
+    pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
+
+    // ---- routing of accepted links ----------------------------------------
+
+    /// Acceptor: starts a new session for the hello this session received
+    /// (after [`SessionEvent::Identified`]), with a fresh, unique `cookie`.
+    pub fn accept_new(&mut self, cookie: u64, now: Instant) {
+        debug_assert!(cookie != 0, "cookie 0 means 'new session' on the wire");
+        let (State::Identified(link), Some(hello)) = (self.state, self.hello.take()) else {
+            return;
+        };
+        self.adopt_peer(&hello);
+        self.cookie = cookie;
+        self.open_new(link, now);
+    }
+
+    /// Routes an accepted link whose hello names this session's peer: resume,
+    /// resolve a simultaneous connect, or refuse. `features` are those agreed on
+    /// that link; `new_cookie` (random, non-zero) is used if a new session starts.
+    pub fn take_link(
+        &mut self,
+        link: LinkId,
+        hello: &Hello,
+        features: u64,
+        new_cookie: u64,
+        now: Instant,
+    ) -> Takeover {
+        if self.state == State::Closed || self.closing {
+            return Takeover::Rejected(reset_frame());
+        }
+        // The peer restarted (new nonce): the old session is gone on its side.
+        let restarted = self
+            .peer_addr
+            .as_ref()
+            .is_some_and(|a| a.nonce != 0 && hello.addr.nonce != 0 && a.nonce != hello.addr.nonce);
+        if (restarted || hello.cookie == 0) && self.established {
+            // The peer starts over: our session is gone on its side.
+            self.remote_reset();
+        }
+        let racing = matches!(
+            self.state,
+            State::Connecting | State::Banner(_) | State::HelloSent(_)
+        );
+        if hello.cookie != 0 && hello.cookie != self.cookie {
+            return Takeover::Rejected(reset_frame());
+        }
+        if racing && self.local.addr.to_string() < hello.addr.to_string() {
+            // Both sides dialled; the smaller address's connection wins, and it is ours.
+            return Takeover::Rejected(control_frame(Tag::Wait, &()));
+        }
+        // Take the link: drop any link we had or were building.
+        self.close_link_now();
+        self.adopt_peer(hello);
+        self.features = features;
+        self.start_link(link, now);
+        if hello.cookie == 0 {
+            if self.cookie == 0 {
+                self.cookie = new_cookie;
+            }
+            self.open_new(link, now);
+        } else {
+            let ok = ReconnectOk {
+                name: self.local.name.clone(),
+                addr: self.local.addr.clone(),
+                in_seq: self.in_seq,
+            };
+            self.ctrl
+                .push_back(Transmit::Frame(control_frame(Tag::ReconnectOk, &ok)));
+            if let Err(e) = self.resume(link, hello.in_seq, now) {
+                self.fault(FaultReason::Protocol(e), now);
+            }
+        }
+        Takeover::Accepted
+    }
+
+    /// The frame to send on an accepted link whose hello names a session that
+    /// does not exist here (then close the link).
+    pub fn reject_unknown() -> Frame {
+        reset_frame()
+    }
+
+    // ---- internals ---------------------------------------------------------
+
+    fn start_link(&mut self, link: LinkId, now: Instant) {
+        self.ctrl.clear();
+        self.state = State::Banner(link);
+        self.link_since = now;
+        self.last_rx = now;
+        self.last_tx = now;
+        self.ctrl
+            .push_back(Transmit::Banner(Banner::default().encode()));
+    }
+
+    fn adopt_peer(&mut self, hello: &Hello) {
+        self.peer_name = Some(hello.name.clone());
+        self.peer_addr = Some(hello.addr.clone());
+        self.lossless = hello.policy.lossless();
+        // A server reconnects only for peers that asked for it and that listen.
+        self.may_reconnect = hello.policy == Policy::LosslessPeer && hello.addr.socket.port() != 0;
+        self.connector = false;
+    }
+
+    /// Opens a brand-new session on `link` (acceptor side), answering the hello.
+    fn open_new(&mut self, link: LinkId, now: Instant) {
+        let ok = HelloOk {
+            name: self.local.name.clone(),
+            addr: self.local.addr.clone(),
+            cookie: self.cookie,
+        };
+        self.ctrl
+            .push_back(Transmit::Frame(control_frame(Tag::HelloOk, &ok)));
+        self.state = State::Open(link);
+        self.sent_seq = self.acked_seq;
+        self.on_open(now, 0);
+    }
+
+    fn on_open(&mut self, now: Instant, replayed: u64) {
+        self.backoff = self.cfg.backoff_min;
+        self.last_rx = now;
+        if self.established {
+            self.stats.reconnects += 1;
+            self.stats.replayed += replayed;
+            self.events.push_back(SessionEvent::Resumed { replayed });
+        } else if let Some(peer) = self.peer() {
+            self.established = true;
+            self.events.push_back(SessionEvent::Established(peer));
+        }
+        if self.closing {
+            self.maybe_finish_close();
+        }
+    }
+
+    /// Resumes on `link` after the peer said it received up to `peer_in_seq`.
+    fn resume(
+        &mut self,
+        link: LinkId,
+        peer_in_seq: u64,
+        now: Instant,
+    ) -> Result<(), ProtocolError> {
+        self.apply_ack(peer_in_seq)?;
+        self.sent_seq = self.acked_seq.max(peer_in_seq);
+        let replayed = self.out_seq - self.sent_seq;
+        // Acks piggybacked on the old link may have been lost: re-ack.
+        self.acked_in_seq = 0;
+        self.state = State::Open(link);
+        self.on_open(now, replayed);
+        Ok(())
+    }
+
+    fn apply_ack(&mut self, seq: u64) -> Result<(), ProtocolError> {
+        if seq > self.out_seq {
+            return Err(ProtocolError::AckBeyondSent {
+                acked: seq,
+                sent: self.out_seq,
+            });
+        }
+        if seq <= self.acked_seq {
+            return Ok(());
+        }
+        self.acked_seq = seq;
+        while self.queue.front().is_some_and(|m| m.seq <= seq) {
+            self.pop_queued();
+        }
+        if self.closing {
+            self.maybe_finish_close();
+        }
+        Ok(())
+    }
+
+    fn process(&mut self, link: LinkId, unit: Inbound, now: Instant) -> Result<(), ProtocolError> {
+        let frame = match (self.state, unit) {
+            (State::Banner(_), Inbound::Banner(raw)) => {
+                let peer = Banner::decode(&raw)?;
+                self.features = Banner::default().negotiate(&peer)?;
+                if self.connector {
+                    let hello = Hello {
+                        name: self.local.name.clone(),
+                        addr: self.local.addr.clone(),
+                        target: self
+                            .peer_addr
+                            .clone()
+                            .unwrap_or_else(|| self.local.addr.clone()),
+                        policy: self.policy,
+                        cookie: self.cookie,
+                        in_seq: self.in_seq,
+                    };
+                    self.ctrl
+                        .push_back(Transmit::Frame(control_frame(Tag::Hello, &hello)));
+                    self.state = State::HelloSent(link);
+                } else {
+                    self.state = State::AwaitHello(link);
+                }
+                return Ok(());
+            }
+            (state, Inbound::Banner(_)) => {
+                return Err(ProtocolError::Malformed {
+                    what: "stream",
+                    detail: format!("second banner while {}", state.name()),
+                })
+            }
+            (State::Banner(_), Inbound::Frame(f)) => {
+                return Err(ProtocolError::Unexpected {
+                    tag: f.tag,
+                    state: "exchanging banners",
+                })
+            }
+            (_, Inbound::Frame(f)) => f,
+        };
+        match (self.state, frame.tag) {
+            (State::AwaitHello(_), Tag::Hello) => {
+                let hello: Hello = parse_control(&frame, "hello")?;
+                self.state = State::Identified(link);
+                self.events
+                    .push_back(SessionEvent::Identified(Box::new(hello.clone())));
+                self.hello = Some(hello);
+                Ok(())
+            }
+            (State::HelloSent(_), Tag::HelloOk) => {
+                let ok: HelloOk = parse_control(&frame, "hello-ok")?;
+                self.check_peer(&ok.addr)?;
+                if self.cookie != 0 {
+                    // We asked to resume but got a new session: the old one is gone.
+                    self.remote_reset();
+                }
+                self.peer_name = Some(ok.name);
+                self.peer_addr = Some(ok.addr);
+                self.cookie = ok.cookie;
+                self.state = State::Open(link);
+                self.sent_seq = self.acked_seq;
+                self.on_open(now, 0);
+                Ok(())
+            }
+            (State::HelloSent(_), Tag::ReconnectOk) => {
+                let ok: ReconnectOk = parse_control(&frame, "reconnect-ok")?;
+                self.check_peer(&ok.addr)?;
+                if self.cookie == 0 {
+                    return Err(ProtocolError::Unexpected {
+                        tag: Tag::ReconnectOk,
+                        state: "starting a new session",
+                    });
+                }
+                self.resume(link, ok.in_seq, now)
+            }
+            (State::HelloSent(_), Tag::SessionReset) => {
+                self.remote_reset();
+                // Start afresh on a new link right away (lossless) or end (lossy).
+                self.fault(FaultReason::Transport("peer reset the session".into()), now);
+                if let State::Standby(Some(_)) = self.state {
+                    self.state = State::Standby(Some(now));
+                }
+                Ok(())
+            }
+            (State::HelloSent(_), Tag::Wait) => {
+                // The peer's own connection to us wins the race; it will arrive
+                // as an accepted link. Retry later in case it never does.
+                self.close_link_now();
+                self.state = State::Standby(Some(now + self.cfg.wait_retry));
+                self.standby_since = now;
+                Ok(())
+            }
+            (State::Open(_), Tag::Message) => {
+                let (msg, ack) = Message::from_frame(frame)?;
+                self.apply_ack(ack)?;
+                if msg.seq <= self.in_seq {
+                    self.stats.duplicates += 1;
+                    return Ok(());
+                }
+                if msg.seq != self.in_seq + 1 {
+                    return Err(ProtocolError::SequenceGap {
+                        last: self.in_seq,
+                        got: msg.seq,
+                    });
+                }
+                self.in_seq = msg.seq;
+                self.stats.rx_messages += 1;
+                self.stats.rx_bytes += msg.payload_len() as u64;
+                self.events.push_back(SessionEvent::Message(msg));
+                Ok(())
+            }
+            (State::Open(_), Tag::Ack) => {
+                let ack: Ack = parse_control(&frame, "ack")?;
+                self.apply_ack(ack.seq)
+            }
+            (State::Open(_), Tag::Keepalive) => {
+                let ka: Keepalive = parse_control(&frame, "keepalive")?;
+                self.ctrl
+                    .push_back(Transmit::Frame(control_frame(Tag::KeepaliveAck, &ka)));
+                Ok(())
+            }
+            (State::Open(_), Tag::KeepaliveAck) => {
+                let _: Keepalive = parse_control(&frame, "keepalive-ack")?;
+                Ok(())
+            }
+            (State::Open(_) | State::HelloSent(_), Tag::Close) => {
+                let c: Close = parse_control(&frame, "close")?;
+                if self.closing && self.queue.is_empty() {
+                    // Both sides closed at once: that is a clean close.
+                    self.close_link_now();
+                    self.state = State::Closed;
+                    self.events.push_back(SessionEvent::Closed);
+                } else {
+                    self.terminate(FaultReason::PeerClosed(c.reason));
+                }
+                Ok(())
+            }
+            (state, tag) => Err(ProtocolError::Unexpected {
+                tag,
+                state: state.name(),
+            }),
+        }
+    }
+
+    /// Removes the oldest queued message, keeping the byte count and stats right.
+    fn pop_queued(&mut self) -> Option<Message> {
+        let m = self.queue.pop_front()?;
+        self.queued_bytes -= m.payload_len();
+        self.stats.released_messages += 1;
+        self.stats.released_bytes += m.payload_len() as u64;
+        Some(m)
+    }
+
+    /// Drops every queued message; returns how many there were.
+    fn drop_queued(&mut self) -> u64 {
+        let n = self.queue.len() as u64;
+        while self.pop_queued().is_some() {}
+        n
+    }
+
+    fn check_peer(&self, addr: &EntityAddr) -> Result<(), ProtocolError> {
+        match &self.peer_addr {
+            Some(want) if want.nonce != 0 && want != addr => Err(ProtocolError::WrongPeer {
+                expected: want.to_string(),
+                actual: addr.to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The peer lost our session: drop its state and tell the application.
+    fn remote_reset(&mut self) {
+        let dropped = self.drop_queued();
+        self.out_seq = 0;
+        self.sent_seq = 0;
+        self.acked_seq = 0;
+        self.in_seq = 0;
+        self.acked_in_seq = 0;
+        self.cookie = 0;
+        self.established = false;
+        self.events.push_back(SessionEvent::RemoteReset { dropped });
+    }
+
+    fn close_link_now(&mut self) {
+        if let Some(l) = self.link() {
+            self.events.push_back(SessionEvent::CloseLink(l));
+        }
+        self.ctrl.clear();
+    }
+
+    /// A link-level fault: decide between reconnecting, waiting and ending.
+    pub fn fault(&mut self, reason: FaultReason, now: Instant) {
+        if self.state == State::Closed {
+            return;
+        }
+        self.stats.faults += 1;
+        self.close_link_now();
+        let lossless = self.lossless;
+        let never_established_acceptor = !self.connector && !self.established;
+        if !lossless || never_established_acceptor || self.closing {
+            self.terminate(reason);
+            return;
+        }
+        self.standby_since = now;
+        if self.may_reconnect {
+            let at = now + self.backoff;
+            self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
+            self.state = State::Standby(Some(at));
+        } else {
+            self.state = State::Standby(None);
+        }
+    }
+
+    fn terminate(&mut self, reason: FaultReason) {
+        self.close_link_now();
+        let undelivered = self.drop_queued();
+        self.state = State::Closed;
+        let silent = !self.established && !self.connector;
+        if !silent {
+            self.events.push_back(SessionEvent::Reset {
+                reason,
+                undelivered,
+            });
+        }
+    }
+
+    fn maybe_finish_close(&mut self) {
+        if let State::Open(_) = self.state {
+            if self.queue.is_empty() && self.sent_seq == self.out_seq {
+                let c = Close {
+                    reason: "closed".into(),
+                };
+                self.ctrl
+                    .push_back(Transmit::Frame(control_frame(Tag::Close, &c)));
+                // poll_transmit sends the close, then ends the session.
+                if let State::Open(l) = self.state {
+                    self.state = State::Draining(l);
+                }
+            }
+        }
+    }
+}
+
+fn reset_frame() -> Frame {
+    control_frame(Tag::SessionReset, &())
+}

@@ -1,0 +1,69 @@
+//! The units a transport moves, and the decoder that splits a byte stream into them.
+//!
+//! Every transport connection starts with one banner in each direction, then
+//! carries frames. Message transports send each [`Transmit`] as one unit;
+//! byte-stream transports concatenate them and use [`StreamDecoder`] to split.
+
+use bytes::BytesMut;
+
+use crate::banner::BANNER_LEN;
+use crate::error::FrameError;
+use crate::frame::{Frame, FrameDecoder, FrameLimits};
+
+/// Something the session engine wants sent on its transport link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transmit {
+    /// The connection's opening banner.
+    Banner([u8; BANNER_LEN]),
+    /// A frame.
+    Frame(Frame),
+}
+
+/// Something a transport link received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inbound {
+    /// The peer's banner (raw; the engine validates it).
+    Banner([u8; BANNER_LEN]),
+    /// A decoded, CRC-checked frame.
+    Frame(Frame),
+}
+
+/// Splits a byte stream into the peer's banner and then frames.
+#[derive(Debug)]
+pub struct StreamDecoder {
+    banner_seen: bool,
+    frames: FrameDecoder,
+}
+
+impl StreamDecoder {
+    /// A decoder for a fresh connection.
+    pub fn new(limits: FrameLimits) -> Self {
+        StreamDecoder {
+            banner_seen: false,
+            frames: FrameDecoder::new(limits),
+        }
+    }
+
+    /// Bytes the buffer must hold for the next unit to be complete.
+    pub fn needed(&self) -> usize {
+        if self.banner_seen {
+            self.frames.needed()
+        } else {
+            BANNER_LEN
+        }
+    }
+
+    /// Takes the next complete unit off `buf`, or `Ok(None)` for "need more".
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Inbound>, FrameError> {
+        if !self.banner_seen {
+            if buf.len() < BANNER_LEN {
+                return Ok(None);
+            }
+            let mut raw = [0u8; BANNER_LEN];
+            raw.copy_from_slice(&buf.split_to(BANNER_LEN));
+            self.banner_seen = true;
+            return Ok(Some(Inbound::Banner(raw)));
+        }
+        Ok(self.frames.decode(buf)?.map(Inbound::Frame))
+    }
+}
