@@ -21,8 +21,6 @@ pub mod error;
 pub mod frame;
 pub mod message;
 pub mod session;
-#[cfg(feature = "sim")]
-pub mod sim;
 pub mod stream;
 
 pub use banner::Banner;
