@@ -21,6 +21,8 @@ pub mod error;
 pub mod frame;
 pub mod message;
 pub mod session;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod stream;
 
 pub use banner::Banner;

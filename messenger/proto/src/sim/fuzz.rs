@@ -1,0 +1,1265 @@
+//! The bodies of the cargo-fuzz targets in `fuzz/`, as plain functions.
+//!
+//! Each target is `fn(&[u8])` and panics only when it finds a bug (a decoder
+//! panicking, a round trip that does not hold, an engine invariant broken).
+//! Keeping them here, not in the fuzz crate, lets a normal `cargo test`
+//! replay every committed corpus and regression input without a fuzzer
+//! (`tests/fuzz_corpus_replay.rs`). [`seed_corpus`] writes the seeds.
+//!
+//! Inputs of the structure-aware targets (`session_engine`, `message_decode`,
+//! `frame_decode` in its structured modes) are read with a tiny [`Reader`]:
+//! every byte string is a valid input, short inputs read as zeros.
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use msgr_addr::{AddrVec, EntityAddr, EntityName};
+use serde::{Deserialize, Serialize};
+
+use crate::banner::{Banner, BANNER_LEN};
+use crate::codec::{Codec, Postcard};
+use crate::control::{control_frame, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk};
+use crate::frame::{Frame, FrameDecoder, FrameLimits, Preamble, Tag, MAX_SEGMENTS, PREAMBLE_LEN};
+use crate::message::Message;
+use crate::session::{
+    LinkId, LocalIdentity, Policy, Session, SessionConfig, SessionEvent, Takeover,
+};
+use crate::stream::{Inbound, StreamDecoder, Transmit};
+
+/// Names of all targets, as in `fuzz/Cargo.toml` and `fuzz/corpus/<name>/`.
+pub const TARGETS: &[&str] = &[
+    "frame_preamble",
+    "frame_decode",
+    "banner",
+    "session_engine",
+    "message_decode",
+    "addr_parse",
+];
+
+/// Runs the target called `name` on `data`. Returns false for an unknown name.
+pub fn run(name: &str, data: &[u8]) -> bool {
+    match name {
+        "frame_preamble" => frame_preamble(data),
+        "frame_decode" => frame_decode(data),
+        "banner" => banner(data),
+        "session_engine" => session_engine(data),
+        "message_decode" => message_decode(data),
+        "addr_parse" => addr_parse(data),
+        _ => return false,
+    }
+    true
+}
+
+/// Reads fuzz input; past the end it yields zeros, so every input is valid.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    /// Reads `data` from the start.
+    pub fn new(data: &'a [u8]) -> Self {
+        Reader { data }
+    }
+
+    /// Whether all input was read.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// One byte (0 past the end).
+    pub fn u8(&mut self) -> u8 {
+        match self.data.split_first() {
+            Some((b, rest)) => {
+                self.data = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+
+    /// A little-endian u16.
+    pub fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+
+    /// A little-endian u32.
+    pub fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+
+    /// A little-endian u64.
+    pub fn u64(&mut self) -> u64 {
+        u64::from(self.u32()) | (u64::from(self.u32()) << 32)
+    }
+
+    /// Up to `n` bytes (fewer at the end of input).
+    pub fn bytes(&mut self, n: usize) -> &'a [u8] {
+        let n = n.min(self.data.len());
+        let (head, rest) = self.data.split_at(n);
+        self.data = rest;
+        head
+    }
+
+    /// A length-prefixed byte string (one length byte).
+    pub fn short_bytes(&mut self) -> &'a [u8] {
+        let n = usize::from(self.u8());
+        self.bytes(n)
+    }
+
+    /// Everything left.
+    pub fn rest(&mut self) -> &'a [u8] {
+        self.bytes(self.data.len())
+    }
+}
+
+// ---- frame_preamble --------------------------------------------------------
+
+/// `frame_preamble`: [`Preamble::decode`] on 32 arbitrary bytes.
+///
+/// Input: mode byte, 32 preamble bytes, 4 x u32 segment limits + u64 frame
+/// limit (zeros mean the defaults). Odd modes fix up the preamble CRC first so
+/// the fuzzer reaches the checks behind it. A decoded preamble must re-encode
+/// to the same bytes and respect the limits.
+pub fn frame_preamble(data: &[u8]) {
+    let mut r = Reader::new(data);
+    let mode = r.u8();
+    let mut raw = [0u8; PREAMBLE_LEN];
+    raw.copy_from_slice(&pad::<PREAMBLE_LEN>(r.bytes(PREAMBLE_LEN)));
+    if mode & 1 == 1 {
+        let crc = crc32c::crc32c(&raw[..28]);
+        raw[28..].copy_from_slice(&crc.to_le_bytes());
+    }
+    let mut limits = FrameLimits::default();
+    for m in limits.max_segment.iter_mut() {
+        let v = r.u32();
+        if v != 0 {
+            *m = v;
+        }
+    }
+    let mf = r.u64();
+    if mf != 0 {
+        limits.max_frame = mf;
+    }
+    if let Ok(p) = Preamble::decode(&raw, &limits) {
+        assert_eq!(p.encode(), raw, "preamble does not re-encode to its bytes");
+        assert!(p.frame_len() <= limits.max_frame);
+        assert!(usize::from(p.segment_count) <= MAX_SEGMENTS);
+        for (i, &l) in p.segment_lens.iter().enumerate() {
+            assert!(l <= limits.max_segment[i]);
+            assert!(i < usize::from(p.segment_count) || l == 0);
+        }
+    }
+}
+
+fn pad<const N: usize>(b: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    out[..b.len()].copy_from_slice(b);
+    out
+}
+
+// ---- frame_decode ----------------------------------------------------------
+
+/// Small limits so hostile lengths are exercised without big allocations.
+fn fuzz_limits() -> FrameLimits {
+    FrameLimits {
+        max_segment: [4096, 65536, 65536, 4096],
+        max_frame: 1 << 17,
+    }
+}
+
+/// `frame_decode`: the stream decoder over arbitrary bytes, fed in chunks.
+///
+/// Input: mode byte, chunking seed byte, then the stream. Mode bit 0: the
+/// stream starts with a banner ([`StreamDecoder`]) instead of a frame
+/// ([`FrameDecoder`]). Mode bit 1: fix up every CRC along the stream as the
+/// preambles describe it, so the decoder's later checks are reached. Every
+/// decoded frame must re-encode to exactly the bytes it was decoded from; a
+/// stream that is not finished must leave fewer bytes than the decoder needs.
+pub fn frame_decode(data: &[u8]) {
+    let mut r = Reader::new(data);
+    let mode = r.u8();
+    let mut chunk_seed = r.u8();
+    let mut stream = r.rest().to_vec();
+    let with_banner = mode & 1 == 1;
+    if mode & 2 == 2 {
+        fix_crcs(&mut stream, if with_banner { BANNER_LEN } else { 0 });
+    }
+    let limits = fuzz_limits();
+    let mut sdec = StreamDecoder::new(limits);
+    let mut fdec = FrameDecoder::new(limits);
+    let mut buf = BytesMut::new();
+    let mut consumed = 0usize; // bytes of `stream` taken off `buf` so far
+    let mut fed = 0usize;
+    'feed: while fed < stream.len() {
+        chunk_seed = chunk_seed.wrapping_mul(31).wrapping_add(7);
+        let n = (usize::from(chunk_seed % 64) + 1).min(stream.len() - fed);
+        buf.extend_from_slice(&stream[fed..fed + n]);
+        fed += n;
+        loop {
+            let before = buf.len();
+            let res = if with_banner {
+                sdec.decode(&mut buf)
+            } else {
+                fdec.decode(&mut buf).map(|f| f.map(Inbound::Frame))
+            };
+            match res {
+                Ok(Some(unit)) => {
+                    let used = before - buf.len();
+                    let original = &stream[consumed..consumed + used];
+                    match unit {
+                        Inbound::Banner(b) => assert_eq!(&b[..], original),
+                        Inbound::Frame(f) => {
+                            let enc = f.encode_to_vec().expect("decoded frame re-encodes");
+                            assert_eq!(enc, original, "frame re-encodes to other bytes");
+                            // Message transports decode the same bytes the same way.
+                            let exact =
+                                Frame::decode_exact(Bytes::copy_from_slice(original), &limits);
+                            assert_eq!(exact.as_ref(), Ok(&f));
+                            let _ = Message::from_frame(f);
+                        }
+                    }
+                    consumed += used;
+                }
+                Ok(None) => {
+                    let needed = if with_banner {
+                        sdec.needed()
+                    } else {
+                        fdec.needed()
+                    };
+                    assert!(buf.len() < needed, "decoder asks for more but has enough");
+                    assert_eq!(before, buf.len(), "Ok(None) consumed bytes");
+                    break;
+                }
+                Err(_) => break 'feed,
+            }
+        }
+    }
+    // Whatever is whole, decode_exact must agree on it not panicking either.
+    let _ = Frame::decode_exact(Bytes::from(stream), &limits);
+}
+
+/// Rewrites the CRCs of the frames laid out in `stream` from `start` on.
+fn fix_crcs(stream: &mut [u8], start: usize) {
+    let mut pos = start;
+    if pos > 0 && stream.len() >= BANNER_LEN {
+        let crc = crc32c::crc32c(&stream[..28]);
+        stream[28..32].copy_from_slice(&crc.to_le_bytes());
+    }
+    while stream.len() >= pos + PREAMBLE_LEN {
+        let pre = &mut stream[pos..pos + PREAMBLE_LEN];
+        let crc = crc32c::crc32c(&pre[..28]);
+        pre[28..].copy_from_slice(&crc.to_le_bytes());
+        let count = usize::from(pre[2]).min(MAX_SEGMENTS);
+        let mut lens = [0usize; MAX_SEGMENTS];
+        for (i, l) in lens.iter_mut().enumerate().take(count) {
+            *l = u32::from_le_bytes([
+                pre[4 + 4 * i],
+                pre[5 + 4 * i],
+                pre[6 + 4 * i],
+                pre[7 + 4 * i],
+            ]) as usize;
+        }
+        let body: usize = lens.iter().sum::<usize>() + 4 * count;
+        let Some(end) = (pos + PREAMBLE_LEN).checked_add(body) else {
+            return;
+        };
+        if end > stream.len() {
+            return;
+        }
+        let mut seg = pos + PREAMBLE_LEN;
+        let mut epi = seg + lens.iter().sum::<usize>();
+        for l in &lens[..count] {
+            let crc = crc32c::crc32c(&stream[seg..seg + l]);
+            stream[epi..epi + 4].copy_from_slice(&crc.to_le_bytes());
+            seg += l;
+            epi += 4;
+        }
+        pos = end;
+    }
+}
+
+// ---- banner ----------------------------------------------------------------
+
+/// `banner`: [`Banner::decode`] and [`Banner::negotiate`] on arbitrary bytes.
+///
+/// Input: mode byte, 32 banner bytes. Mode bit 0 writes the magic, bit 1 fixes
+/// the CRC. A decoded banner must survive encode→decode; negotiation must be
+/// consistent with the feature bits.
+pub fn banner(data: &[u8]) {
+    let mut r = Reader::new(data);
+    let mode = r.u8();
+    let mut raw = pad::<BANNER_LEN>(r.bytes(BANNER_LEN));
+    if mode & 1 == 1 {
+        raw[..8].copy_from_slice(&crate::banner::MAGIC);
+    }
+    if mode & 2 == 2 {
+        let crc = crc32c::crc32c(&raw[..28]);
+        raw[28..].copy_from_slice(&crc.to_le_bytes());
+    }
+    let Ok(b) = Banner::decode(&raw) else {
+        return;
+    };
+    assert_eq!(Banner::decode(&b.encode()), Ok(b));
+    let ours = Banner::default();
+    if let Ok(f) = ours.negotiate(&b) {
+        assert_eq!(f, ours.supported & b.supported);
+        assert_eq!(b.required & !ours.supported, 0);
+        assert_eq!(ours.required & !b.supported, 0);
+        assert_eq!(b.version, ours.version);
+    }
+    let _ = b.negotiate(&ours);
+}
+
+// ---- message_decode ---------------------------------------------------------
+
+/// The typed payload `message_decode` decodes with postcard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SamplePayload {
+    /// An integer.
+    pub id: u32,
+    /// A string.
+    pub name: String,
+    /// A sequence.
+    pub tags: Vec<u16>,
+    /// An option.
+    pub offset: Option<i64>,
+    /// An enum.
+    pub kind: SampleKind,
+    /// Raw bytes.
+    pub blob: Vec<u8>,
+    /// An address (its serde form is its string syntax).
+    pub addr: Option<EntityAddr>,
+}
+
+/// An enum inside [`SamplePayload`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum SampleKind {
+    /// Unit variant.
+    Ping,
+    /// Tuple variant.
+    Data(u64),
+    /// Struct variant.
+    Named {
+        /// A name.
+        name: EntityName,
+        /// A flag.
+        flag: bool,
+    },
+}
+
+/// Builds a frame from structured input: tag byte, segment count, then each
+/// segment as a u16 length + bytes.
+fn read_frame(r: &mut Reader<'_>) -> Frame {
+    let tag = Tag::from_u8(r.u8() % 14).unwrap_or(Tag::Message);
+    let flags = r.u8();
+    let count = usize::from(r.u8()) % (MAX_SEGMENTS + 1);
+    let mut segments = Vec::with_capacity(count);
+    for _ in 0..count {
+        let len = usize::from(r.u16() % 2048);
+        segments.push(Bytes::copy_from_slice(r.bytes(len)));
+    }
+    Frame {
+        tag,
+        flags,
+        segments,
+    }
+}
+
+fn write_frame(f: &Frame, out: &mut Vec<u8>) {
+    out.push(f.tag as u8);
+    out.push(f.flags);
+    out.push(f.segments.len() as u8);
+    for s in &f.segments {
+        out.extend_from_slice(&(s.len() as u16).to_le_bytes());
+        out.extend_from_slice(s);
+    }
+}
+
+/// `message_decode`: [`Message::from_frame`] and the typed decode of a
+/// [`SamplePayload`] from a frame built from the input (so CRCs never stand
+/// in the way). Round trips must hold: frame bytes, message fields, payload.
+pub fn message_decode(data: &[u8]) {
+    let mut r = Reader::new(data);
+    let frame = read_frame(&mut r);
+    // The frame itself round-trips through the wire encoding.
+    let enc = frame.encode_to_vec().expect("small frame encodes");
+    let back = Frame::decode_exact(Bytes::from(enc), &FrameLimits::default());
+    assert_eq!(back.as_ref(), Ok(&frame));
+    if let Ok((msg, ack)) = Message::from_frame(frame) {
+        let again = Message::from_frame(msg.to_frame(ack)).expect("re-encoded message decodes");
+        assert_eq!(again, (msg.clone(), ack));
+        if let Ok(p) = msg.decode::<SamplePayload>() {
+            let m2 = Message::encode(msg.msg_type, &p).expect("payload encodes");
+            assert_eq!(m2.decode::<SamplePayload>().as_ref(), Ok(&p));
+        }
+    }
+    // The rest of the input as a bare postcard payload.
+    let rest = r.rest();
+    if let Ok(p) = Postcard.decode::<SamplePayload>(rest) {
+        let bytes = Postcard.encode(&p).expect("payload encodes");
+        assert_eq!(Postcard.decode::<SamplePayload>(&bytes).as_ref(), Ok(&p));
+    }
+    for what in [0u8, 1, 2, 3, 4, 5] {
+        control_payload(what, rest);
+    }
+}
+
+/// Parses `bytes` as one of the control payloads; a parsed one must round-trip.
+fn control_payload(what: u8, bytes: &[u8]) {
+    fn rt<T: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(b: &[u8]) {
+        if let Ok(v) = Postcard.decode::<T>(b) {
+            let e = Postcard.encode(&v).expect("control payload encodes");
+            assert_eq!(Postcard.decode::<T>(&e).as_ref(), Ok(&v));
+        }
+    }
+    match what {
+        0 => rt::<Hello>(bytes),
+        1 => rt::<HelloOk>(bytes),
+        2 => rt::<ReconnectOk>(bytes),
+        3 => rt::<Ack>(bytes),
+        4 => rt::<Keepalive>(bytes),
+        _ => rt::<Close>(bytes),
+    }
+}
+
+// ---- addr_parse ------------------------------------------------------------
+
+/// `addr_parse`: the string parsers of `msgr-addr` and the serde (postcard)
+/// form of an address. Whatever parses must print back to a string that
+/// parses to the same value.
+pub fn addr_parse(data: &[u8]) {
+    if let Ok(s) = std::str::from_utf8(data) {
+        if let Ok(a) = EntityAddr::from_str(s) {
+            assert_eq!(
+                a.to_string().parse::<EntityAddr>().as_ref(),
+                Ok(&a),
+                "{s:?}"
+            );
+            assert!(a.validate().is_ok());
+        }
+        if let Ok(v) = AddrVec::from_str(s) {
+            assert_eq!(v.to_string().parse::<AddrVec>().as_ref(), Ok(&v), "{s:?}");
+        }
+        if let Ok(n) = EntityName::from_str(s) {
+            assert_eq!(
+                n.to_string().parse::<EntityName>().as_ref(),
+                Ok(&n),
+                "{s:?}"
+            );
+        }
+    }
+    if let Ok(a) = Postcard.decode::<EntityAddr>(data) {
+        let e = Postcard.encode(&a).expect("address encodes");
+        assert_eq!(Postcard.decode::<EntityAddr>(&e).as_ref(), Ok(&a));
+    }
+}
+
+// ---- session_engine --------------------------------------------------------
+
+/// One step of the `session_engine` target. [`Op::read`] decodes any bytes;
+/// [`Op::write`] is its inverse, used to build seeds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// `link_up` (link 0..=3).
+    LinkUp(u8),
+    /// `link_failed`.
+    LinkFailed(u8),
+    /// The peer's valid banner arrives on a link.
+    GoodBanner(u8),
+    /// 32 raw bytes arrive as a banner.
+    RawBanner(u8, [u8; BANNER_LEN]),
+    /// A control frame with a valid payload built from the fields.
+    Control {
+        /// Link.
+        link: u8,
+        /// Which control payload (see [`Op::read`]).
+        kind: u8,
+        /// Cookie / seq / stamp.
+        a: u64,
+        /// Second number (in_seq).
+        b: u64,
+        /// Which address / name / policy variant.
+        who: u8,
+    },
+    /// A message frame.
+    Msg {
+        /// Link.
+        link: u8,
+        /// Sequence number.
+        seq: u64,
+        /// Piggybacked ack.
+        ack: u64,
+        /// Front length.
+        len: u8,
+    },
+    /// An arbitrary frame.
+    RawFrame(u8, Frame),
+    /// Raw bytes through a per-link stream decoder.
+    Stream(u8, Vec<u8>),
+    /// Advance the clock by this many milliseconds and fire timers.
+    Advance(u16),
+    /// Application send of a message with this many front bytes.
+    Send(u8),
+    /// Graceful close.
+    Close,
+    /// Mark down.
+    MarkDown,
+    /// Route the identified hello into this session with `take_link`.
+    TakeLink {
+        /// Link.
+        link: u8,
+        /// Cookie in the hello.
+        cookie: u64,
+        /// in_seq in the hello.
+        in_seq: u64,
+        /// Address variant.
+        who: u8,
+    },
+    /// Accept a new session with this cookie.
+    AcceptNew(u64),
+    /// A decode error on a link.
+    DecodeError(u8),
+    /// Pause/resume the receive-silence check.
+    RxPaused(bool),
+    /// Take up to this many units from `poll_transmit` (0: all), as a
+    /// transport that can write only so much at a time.
+    Drain(u8),
+}
+
+impl Op {
+    /// Decodes one op.
+    pub fn read(r: &mut Reader<'_>) -> Op {
+        let code = r.u8();
+        let x = r.u8();
+        let link = x % 4;
+        match code % 17 {
+            0 => Op::LinkUp(link),
+            1 => Op::LinkFailed(link),
+            2 => Op::GoodBanner(link),
+            3 => Op::RawBanner(link, pad::<BANNER_LEN>(r.bytes(BANNER_LEN))),
+            4 => Op::Control {
+                link,
+                kind: r.u8(),
+                a: small(r.u64()),
+                b: small(r.u64()),
+                who: r.u8(),
+            },
+            5 => Op::Msg {
+                link,
+                seq: small(r.u64()),
+                ack: small(r.u64()),
+                len: r.u8(),
+            },
+            6 => Op::RawFrame(link, read_frame(r)),
+            7 => Op::Stream(link, r.short_bytes().to_vec()),
+            8 => Op::Advance(r.u16()),
+            9 => Op::Send(x),
+            10 => Op::Close,
+            11 => Op::MarkDown,
+            12 => Op::TakeLink {
+                link,
+                cookie: small(r.u64()),
+                in_seq: small(r.u64()),
+                who: r.u8(),
+            },
+            13 => Op::AcceptNew(small(r.u64())),
+            14 => Op::DecodeError(link),
+            15 => Op::RxPaused(link & 1 == 1),
+            _ => Op::Drain(x),
+        }
+    }
+
+    /// Encodes the op so that [`Op::read`] returns it again.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let big = |v: u64| v.to_le_bytes();
+        match self {
+            Op::LinkUp(l) => out.extend([0, *l]),
+            Op::LinkFailed(l) => out.extend([1, *l]),
+            Op::GoodBanner(l) => out.extend([2, *l]),
+            Op::RawBanner(l, b) => {
+                out.extend([3, *l]);
+                out.extend_from_slice(b);
+            }
+            Op::Control {
+                link,
+                kind,
+                a,
+                b,
+                who,
+            } => {
+                out.extend([4, *link, *kind]);
+                out.extend(big(*a));
+                out.extend(big(*b));
+                out.push(*who);
+            }
+            Op::Msg {
+                link,
+                seq,
+                ack,
+                len,
+            } => {
+                out.extend([5, *link]);
+                out.extend(big(*seq));
+                out.extend(big(*ack));
+                out.push(*len);
+            }
+            Op::RawFrame(l, f) => {
+                out.extend([6, *l]);
+                write_frame(f, out);
+            }
+            Op::Stream(l, b) => {
+                out.extend([7, *l, b.len().min(255) as u8]);
+                out.extend_from_slice(&b[..b.len().min(255)]);
+            }
+            Op::Advance(ms) => {
+                out.extend([8, 0]);
+                out.extend(ms.to_le_bytes());
+            }
+            Op::Send(n) => out.extend([9, *n]),
+            Op::Close => out.extend([10, 0]),
+            Op::MarkDown => out.extend([11, 0]),
+            Op::TakeLink {
+                link,
+                cookie,
+                in_seq,
+                who,
+            } => {
+                out.extend([12, *link]);
+                out.extend(big(*cookie));
+                out.extend(big(*in_seq));
+                out.push(*who);
+            }
+            Op::AcceptNew(c) => {
+                out.extend([13, 0]);
+                out.extend(big(*c));
+            }
+            Op::DecodeError(l) => out.extend([14, *l]),
+            Op::RxPaused(p) => out.extend([15, u8::from(*p)]),
+            Op::Drain(n) => out.extend([16, *n]),
+        }
+    }
+}
+
+/// Keeps most numbers small (so sequence numbers and cookies hit the
+/// interesting comparisons) while still allowing any u64.
+fn small(v: u64) -> u64 {
+    if v >> 63 == 1 {
+        v
+    } else {
+        v % 32
+    }
+}
+
+/// Identities the `session_engine` target plays with.
+fn fuzz_addr(who: u8) -> EntityAddr {
+    let port = if who & 4 == 0 { 6800 } else { 0 };
+    let ip = if who & 8 == 0 {
+        [10, 0, 0, 2]
+    } else {
+        [10, 0, 0, 1]
+    };
+    EntityAddr::tcp((ip, port).into()).with_nonce(u64::from(who & 3))
+}
+
+fn fuzz_policy(who: u8) -> Policy {
+    match (who >> 4) % 4 {
+        0 => Policy::LossyClient,
+        1 => Policy::LosslessClient,
+        2 => Policy::LosslessPeer,
+        _ => Policy::Server,
+    }
+}
+
+fn fuzz_name(who: u8) -> EntityName {
+    EntityName::peer(u64::from(who >> 6))
+}
+
+/// `session_engine`: one [`Session`] (connector or acceptor, any policy) fed
+/// an arbitrary sequence of [`Op`]s: inbound units on several links, timers,
+/// application calls and routing decisions. After every step the engine must
+/// keep its invariants: bounded queue, transmits that encode and decode back,
+/// messages delivered in order without duplicates, nothing after the end.
+///
+/// Input: a setup byte (bit 0: acceptor; bits 1-2: connector policy), then ops.
+pub fn session_engine(data: &[u8]) {
+    let mut r = Reader::new(data);
+    let setup = r.u8();
+    let t0 = Instant::now();
+    let mut now = t0;
+    let cfg = SessionConfig {
+        limits: fuzz_limits(),
+        keepalive_interval: Duration::from_millis(100),
+        keepalive_timeout: Duration::from_millis(500),
+        handshake_timeout: Duration::from_millis(300),
+        backoff_min: Duration::from_millis(5),
+        backoff_max: Duration::from_millis(80),
+        wait_retry: Duration::from_millis(50),
+        server_linger: Duration::from_millis(2000),
+        max_queued_messages: 8,
+        max_queued_bytes: 2048,
+        ack_every: 4,
+    };
+    let local = LocalIdentity {
+        name: EntityName::peer(9),
+        addr: EntityAddr::tcp(([10, 0, 0, 3], 6800).into()).with_nonce(5),
+    };
+    let mut s = if setup & 1 == 1 {
+        Session::accept(cfg.clone(), local, LinkId(0), now)
+    } else {
+        let policy = [
+            Policy::LossyClient,
+            Policy::LosslessClient,
+            Policy::LosslessPeer,
+            Policy::LosslessClient,
+        ][usize::from((setup >> 1) & 3)];
+        Session::connect(cfg.clone(), local, fuzz_addr(setup >> 3), policy, now)
+    };
+    let mut decoders: Vec<(StreamDecoder, BytesMut)> = (0..4)
+        .map(|_| (StreamDecoder::new(cfg.limits), BytesMut::new()))
+        .collect();
+    let mut check = Invariants::default();
+    let mut steps = 0;
+    while !r.is_empty() && steps < 512 {
+        steps += 1;
+        let op = Op::read(&mut r);
+        if let Op::Drain(n) = op {
+            check.transmit(&mut s, &cfg, now, usize::from(n));
+        } else {
+            apply(&mut s, &op, &mut now, &mut decoders);
+        }
+        check.events(&mut s, &cfg);
+    }
+    // Let every timer run out: the engine must settle (no endless timers
+    // that do nothing, no transmits after the end).
+    for _ in 0..64 {
+        match s.poll_timeout() {
+            Some(t) => {
+                now = now.max(t);
+                s.handle_timeout(now);
+                check.transmit(&mut s, &cfg, now, 0);
+                check.events(&mut s, &cfg);
+            }
+            None => break,
+        }
+    }
+}
+
+fn apply(s: &mut Session, op: &Op, now: &mut Instant, decoders: &mut [(StreamDecoder, BytesMut)]) {
+    let l = |x: &u8| LinkId(u64::from(*x));
+    match op {
+        Op::LinkUp(x) => s.link_up(l(x), *now),
+        Op::LinkFailed(x) => s.link_failed(l(x), "fuzz".into(), *now),
+        Op::GoodBanner(x) => {
+            let _ = s.handle_inbound(l(x), Inbound::Banner(Banner::default().encode()), *now);
+        }
+        Op::RawBanner(x, b) => {
+            let _ = s.handle_inbound(l(x), Inbound::Banner(*b), *now);
+        }
+        Op::Control {
+            link,
+            kind,
+            a,
+            b,
+            who,
+        } => {
+            let f = control(*kind, *a, *b, *who);
+            let _ = s.handle_inbound(l(link), Inbound::Frame(f), *now);
+        }
+        Op::Msg {
+            link,
+            seq,
+            ack,
+            len,
+        } => {
+            let mut m = Message::new(1, vec![*len; usize::from(*len)], Bytes::new());
+            m.seq = *seq;
+            let _ = s.handle_inbound(l(link), Inbound::Frame(m.to_frame(*ack)), *now);
+        }
+        Op::RawFrame(x, f) => {
+            let _ = s.handle_inbound(l(x), Inbound::Frame(f.clone()), *now);
+        }
+        Op::Stream(x, bytes) => {
+            let (dec, buf) = &mut decoders[usize::from(*x) % 4];
+            buf.extend_from_slice(bytes);
+            loop {
+                match dec.decode(buf) {
+                    Ok(Some(unit)) => {
+                        let _ = s.handle_inbound(l(x), unit, *now);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        s.handle_decode_error(l(x), e.into(), *now);
+                        buf.clear();
+                        *dec = StreamDecoder::new(fuzz_limits());
+                        break;
+                    }
+                }
+            }
+        }
+        Op::Advance(ms) => {
+            *now += Duration::from_millis(u64::from(*ms) % 4096);
+            s.handle_timeout(*now);
+        }
+        Op::Send(n) => {
+            let _ = s.send(Message::new(
+                2,
+                vec![0xab; usize::from(*n) * 4],
+                Bytes::new(),
+            ));
+        }
+        Op::Close => s.close(*now),
+        Op::MarkDown => s.mark_down(*now),
+        Op::TakeLink {
+            link,
+            cookie,
+            in_seq,
+            who,
+        } => {
+            let hello = Hello {
+                name: fuzz_name(*who),
+                addr: fuzz_addr(*who),
+                target: fuzz_addr(0),
+                policy: fuzz_policy(*who),
+                cookie: *cookie,
+                in_seq: *in_seq,
+            };
+            let t = s.take_link(
+                l(link),
+                &hello,
+                crate::banner::features::SUPPORTED,
+                77,
+                *now,
+            );
+            if let Takeover::Rejected(f) = t {
+                assert!(matches!(f.tag, Tag::SessionReset | Tag::Wait), "{f:?}");
+            }
+        }
+        Op::AcceptNew(c) => s.accept_new((*c).max(1), *now),
+        Op::DecodeError(x) => {
+            s.handle_decode_error(l(x), crate::error::FrameError::UnknownTag(0).into(), *now)
+        }
+        Op::RxPaused(p) => s.set_rx_paused(*p, *now),
+        Op::Drain(_) => {}
+    }
+}
+
+/// A control frame of kind `kind` with a valid payload (kinds >= 9: an empty
+/// or unit payload on an arbitrary tag).
+fn control(kind: u8, a: u64, b: u64, who: u8) -> Frame {
+    match kind % 12 {
+        0 => control_frame(
+            Tag::Hello,
+            &Hello {
+                name: fuzz_name(who),
+                addr: fuzz_addr(who),
+                target: fuzz_addr(0),
+                policy: fuzz_policy(who),
+                cookie: a,
+                in_seq: b,
+            },
+        ),
+        1 => control_frame(
+            Tag::HelloOk,
+            &HelloOk {
+                name: fuzz_name(who),
+                addr: fuzz_addr(who),
+                cookie: a,
+            },
+        ),
+        2 => control_frame(
+            Tag::ReconnectOk,
+            &ReconnectOk {
+                name: fuzz_name(who),
+                addr: fuzz_addr(who),
+                in_seq: b,
+            },
+        ),
+        3 => control_frame(Tag::Ack, &Ack { seq: a }),
+        4 => control_frame(Tag::Keepalive, &Keepalive { stamp: a }),
+        5 => control_frame(Tag::KeepaliveAck, &Keepalive { stamp: a }),
+        6 => control_frame(
+            Tag::Close,
+            &Close {
+                reason: "fuzz".into(),
+            },
+        ),
+        7 => control_frame(Tag::SessionReset, &()),
+        8 => control_frame(Tag::Wait, &()),
+        _ => Frame::single(
+            Tag::from_u8((a % 13) as u8 + 1).unwrap_or(Tag::Ack),
+            Bytes::new(),
+        ),
+    }
+}
+
+/// What the `session_engine` target checks after every step.
+#[derive(Default)]
+struct Invariants {
+    /// Sequence number of the last delivered message in this session epoch.
+    last_delivered: u64,
+    /// A terminal event (Reset / Closed) was seen.
+    ended: bool,
+}
+
+impl Invariants {
+    /// Takes up to `max` transmits (0: all) and checks each.
+    fn transmit(&mut self, s: &mut Session, cfg: &SessionConfig, now: Instant, max: usize) {
+        let mut n = 0;
+        while let Some((_link, t)) = s.poll_transmit(now) {
+            n += 1;
+            assert!(n < 10_000, "poll_transmit does not run dry");
+            assert!(!self.ended, "transmit after the session ended: {t:?}");
+            if let Transmit::Frame(f) = t {
+                let enc = f.encode_to_vec().expect("engine frame encodes");
+                let back = Frame::decode_exact(Bytes::from(enc), &cfg.limits);
+                assert_eq!(back.as_ref(), Ok(&f), "engine frame does not decode back");
+            }
+            if n == max {
+                break;
+            }
+        }
+    }
+
+    fn events(&mut self, s: &mut Session, cfg: &SessionConfig) {
+        assert!(s.queued_messages() <= cfg.max_queued_messages);
+        while let Some(ev) = s.poll_event() {
+            match ev {
+                SessionEvent::Message(m) => {
+                    assert!(!self.ended, "message after the session ended");
+                    assert_eq!(m.seq, self.last_delivered + 1, "delivered out of order");
+                    self.last_delivered = m.seq;
+                }
+                SessionEvent::RemoteReset { .. } => self.last_delivered = 0,
+                SessionEvent::Reset { .. } | SessionEvent::Closed => {
+                    assert!(!self.ended, "two terminal events");
+                    self.ended = true;
+                }
+                SessionEvent::CloseLink(_) => {}
+                other => assert!(!self.ended, "{other:?} after the session ended"),
+            }
+        }
+        if self.ended {
+            assert!(s.is_closed());
+        }
+    }
+}
+
+// ---- seeds -----------------------------------------------------------------
+
+/// Seed inputs for every target, built from valid encodings: `(target, file
+/// name, bytes)`. `examples/gen_fuzz_corpus.rs` writes them to `fuzz/corpus/`.
+pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let frames = sample_frames();
+
+    for (i, f) in frames.iter().enumerate() {
+        let mut v = vec![0u8];
+        v.extend_from_slice(&f.preamble().expect("sample preamble").encode());
+        out.push(("frame_preamble", format!("valid-{i:02}-{:?}", f.tag), v));
+    }
+    out.push(("frame_preamble", "crc-fixup-zeros".into(), vec![1; 1]));
+
+    let mut all = Vec::new();
+    for (i, f) in frames.iter().enumerate() {
+        let enc = f.encode_to_vec().expect("sample encodes");
+        all.extend_from_slice(&enc);
+        let mut v = vec![0u8, i as u8];
+        v.extend_from_slice(&enc);
+        out.push(("frame_decode", format!("frame-{i:02}-{:?}", f.tag), v));
+    }
+    let mut v = vec![1u8, 3];
+    v.extend_from_slice(&Banner::default().encode());
+    v.extend_from_slice(&all);
+    out.push(("frame_decode", "banner-then-all-frames".into(), v));
+    let mut v = vec![2u8, 5];
+    v.extend_from_slice(&all);
+    out.push(("frame_decode", "all-frames-crc-fixup".into(), v));
+
+    let mut v = vec![0u8];
+    v.extend_from_slice(&Banner::default().encode());
+    out.push(("banner", "default".into(), v));
+    let odd = Banner {
+        version: 2,
+        supported: 1 << 40 | 1,
+        required: 1 << 41,
+    };
+    let mut v = vec![0u8];
+    v.extend_from_slice(&odd.encode());
+    out.push(("banner", "incompatible".into(), v));
+
+    for (i, f) in frames.iter().enumerate() {
+        let mut v = Vec::new();
+        write_frame(f, &mut v);
+        out.push(("message_decode", format!("frame-{i:02}-{:?}", f.tag), v));
+    }
+    let payload = SamplePayload {
+        id: 7,
+        name: "osd".into(),
+        tags: vec![1, 2, 3],
+        offset: Some(-5),
+        kind: SampleKind::Named {
+            name: EntityName::client(4),
+            flag: true,
+        },
+        blob: vec![0, 255],
+        addr: Some(EntityAddr::tcp(([127, 0, 0, 1], 6800).into()).with_nonce(3)),
+    };
+    let mut m = Message::encode(42, &payload).expect("sample payload");
+    m.seq = 3;
+    let mut v = Vec::new();
+    write_frame(&m.to_frame(2), &mut v);
+    v.extend_from_slice(&Postcard.encode(&payload).expect("sample payload"));
+    out.push(("message_decode", "typed-payload".into(), v));
+
+    for (i, s) in [
+        "tcp://127.0.0.1:6800",
+        "tcp://[::1]:6800/42",
+        "tcp://[fe80::1%2]:6800",
+        "verbs://198.51.100.1:6800/7?dev=rxe0&port=1&gid=1",
+        "rdmacm://198.51.100.1:7471",
+        "fabric+tcp;ofi_rxm://127.0.0.1:6800?ep=rdm",
+        "fabric+verbs;ofi_rxm://10.0.0.1:1?dev=mlx5_0",
+        "fabric+shm://127.0.0.1:1",
+        "[verbs://198.51.100.1:6800,tcp://198.51.100.1:6801]",
+        "[]",
+        "client.4123",
+        "server.0",
+    ]
+    .iter()
+    .enumerate()
+    {
+        out.push(("addr_parse", format!("text-{i:02}"), s.as_bytes().to_vec()));
+    }
+    let a = EntityAddr::tcp(([127, 0, 0, 1], 6800).into()).with_nonce(9);
+    out.push((
+        "addr_parse",
+        "postcard-addr".into(),
+        Postcard.encode(&a).expect("addr encodes").to_vec(),
+    ));
+
+    for (name, setup, ops) in session_scripts() {
+        let mut v = vec![setup];
+        for op in &ops {
+            op.write(&mut v);
+            Op::Drain(0).write(&mut v);
+        }
+        out.push(("session_engine", name.into(), v));
+    }
+    out
+}
+
+/// One sample of every frame type the protocol sends.
+pub fn sample_frames() -> Vec<Frame> {
+    let a = EntityAddr::tcp(([10, 0, 0, 1], 6800).into()).with_nonce(1);
+    let mut m = Message::new(5, &b"front"[..], vec![9u8; 100]);
+    m.seq = 1;
+    vec![
+        control_frame(
+            Tag::Hello,
+            &Hello {
+                name: EntityName::client(1),
+                addr: a.clone(),
+                target: a.clone(),
+                policy: Policy::LosslessClient,
+                cookie: 0,
+                in_seq: 0,
+            },
+        ),
+        control_frame(
+            Tag::HelloOk,
+            &HelloOk {
+                name: EntityName::server(1),
+                addr: a.clone(),
+                cookie: 99,
+            },
+        ),
+        control_frame(
+            Tag::ReconnectOk,
+            &ReconnectOk {
+                name: EntityName::server(1),
+                addr: a,
+                in_seq: 4,
+            },
+        ),
+        control_frame(Tag::SessionReset, &()),
+        control_frame(Tag::Wait, &()),
+        m.to_frame(0),
+        control_frame(Tag::Ack, &Ack { seq: 3 }),
+        control_frame(Tag::Keepalive, &Keepalive { stamp: 1234 }),
+        control_frame(Tag::KeepaliveAck, &Keepalive { stamp: 1234 }),
+        Frame::single(Tag::CreditGrant, vec![1, 2, 3, 4]),
+        Frame::single(Tag::RendezvousRequest, vec![0; 24]),
+        Frame::single(Tag::RendezvousFinish, vec![0; 8]),
+        control_frame(
+            Tag::Close,
+            &Close {
+                reason: "bye".into(),
+            },
+        ),
+        Frame::new(Tag::Ack, vec![]),
+    ]
+}
+
+/// Scripted, meaningful sessions for the `session_engine` seeds.
+fn session_scripts() -> Vec<(&'static str, u8, Vec<Op>)> {
+    // Connector, LosslessClient, dialling fuzz_addr(0) (who=0: 10.0.0.2:6800 nonce 0).
+    let connector = 1 << 1;
+    let msg = |seq, ack| Op::Msg {
+        link: 1,
+        seq,
+        ack,
+        len: 3,
+    };
+    let hello_ok = |link| Op::Control {
+        link,
+        kind: 1,
+        a: 7,
+        b: 0,
+        who: 0,
+    };
+    vec![
+        (
+            "connect-open-exchange",
+            connector,
+            vec![
+                Op::Send(2),
+                Op::LinkUp(1),
+                Op::GoodBanner(1),
+                hello_ok(1),
+                msg(1, 1),
+                msg(2, 1),
+                Op::Control {
+                    link: 1,
+                    kind: 3,
+                    a: 1,
+                    b: 0,
+                    who: 0,
+                },
+                Op::Advance(150),
+                Op::Close,
+            ],
+        ),
+        (
+            "connect-fault-reconnect",
+            connector,
+            vec![
+                Op::Send(1),
+                Op::Send(2),
+                Op::LinkUp(1),
+                Op::GoodBanner(1),
+                hello_ok(1),
+                Op::LinkFailed(1),
+                Op::Advance(10),
+                Op::LinkUp(2),
+                Op::GoodBanner(2),
+                Op::Control {
+                    link: 2,
+                    kind: 2,
+                    a: 0,
+                    b: 1,
+                    who: 0,
+                },
+                msg(1, 2),
+            ],
+        ),
+        (
+            "accept-new-and-take-link",
+            1,
+            vec![
+                Op::GoodBanner(0),
+                Op::Control {
+                    link: 0,
+                    kind: 0,
+                    a: 0,
+                    b: 0,
+                    who: 0x20,
+                },
+                Op::AcceptNew(5),
+                Op::Msg {
+                    link: 0,
+                    seq: 1,
+                    ack: 0,
+                    len: 1,
+                },
+                Op::Send(1),
+                Op::LinkFailed(0),
+                Op::TakeLink {
+                    link: 3,
+                    cookie: 5,
+                    in_seq: 0,
+                    who: 0x20,
+                },
+                Op::GoodBanner(3),
+                Op::Advance(600),
+            ],
+        ),
+        (
+            "stream-bytes",
+            connector,
+            vec![
+                Op::LinkUp(0),
+                Op::Stream(0, {
+                    let mut v = Banner::default().encode().to_vec();
+                    v.extend(
+                        control_frame(
+                            Tag::HelloOk,
+                            &HelloOk {
+                                name: EntityName::server(1),
+                                addr: fuzz_addr(0),
+                                cookie: 3,
+                            },
+                        )
+                        .encode_to_vec()
+                        .expect("encodes"),
+                    );
+                    v
+                }),
+                Op::Send(1),
+                Op::Advance(200),
+            ],
+        ),
+        (
+            "simultaneous-wait",
+            2 << 1,
+            vec![
+                Op::LinkUp(1),
+                Op::GoodBanner(1),
+                Op::TakeLink {
+                    link: 2,
+                    cookie: 0,
+                    in_seq: 0,
+                    who: 0x20 | 8,
+                },
+                Op::Control {
+                    link: 1,
+                    kind: 8,
+                    a: 0,
+                    b: 0,
+                    who: 0,
+                },
+                Op::Advance(100),
+            ],
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops_round_trip_through_bytes() {
+        for (_, _, ops) in session_scripts() {
+            let mut v = Vec::new();
+            for op in &ops {
+                op.write(&mut v);
+            }
+            let mut r = Reader::new(&v);
+            let back: Vec<Op> =
+                std::iter::from_fn(|| (!r.is_empty()).then(|| Op::read(&mut r))).collect();
+            assert_eq!(back, ops);
+        }
+    }
+}
