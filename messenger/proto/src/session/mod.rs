@@ -753,10 +753,13 @@ impl Session {
     }
 
     fn apply_ack(&mut self, seq: u64) -> Result<(), ProtocolError> {
-        if seq > self.out_seq {
+        // Compare with what was transmitted, not what was queued: acking a
+        // queued message that was never sent would drop it unsent (and made
+        // poll_transmit's index underflow).
+        if seq > self.sent_seq {
             return Err(ProtocolError::AckBeyondSent {
                 acked: seq,
-                sent: self.out_seq,
+                sent: self.sent_seq,
             });
         }
         if seq <= self.acked_seq {
