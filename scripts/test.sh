@@ -7,6 +7,19 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+step "build dependencies (Debian packages for the RDMA crates)"
+build_deps="libclang-dev libibverbs-dev librdmacm-dev"
+missing=""
+for p in $build_deps; do
+  dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null | grep -qx installed || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "installing:$missing"
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -15,3 +28,14 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release
+
+step "RDMA guest: setup (packages, kernel, siw, initramfs; cached in \${MSGR_GUEST_CACHE:-/var/cache/msgr-guest})"
+guest_start=$(date +%s)
+bash testsuite/guest/setup.sh
+
+step "RDMA guest: clippy of the RDMA crates (all features) -D warnings"
+cargo clippy -p rdma-cm-sys -p msgr-rdma -p msgr-testsuite --all-targets --all-features -- -D warnings
+
+step "RDMA guest: tests in the QEMU guest (verbs, rdma_cm on rxe and siw, reference peers, netem)"
+cargo test --release -p msgr-testsuite --features rdma --test guest_rdma -- --nocapture --test-threads 1
+echo "RDMA guest part took $(($(date +%s) - guest_start)) s"

@@ -1,1 +1,2 @@
 //! testsuite.
+pub mod guest;

@@ -1,0 +1,124 @@
+//! Typed errors of the RDMA layer.
+
+use std::io;
+use std::time::Duration;
+
+/// Everything that can go wrong in the RDMA layer.
+#[derive(Debug, thiserror::Error)]
+pub enum RdmaError {
+    /// This machine (kernel) has no RDMA device, or none of the requested name.
+    #[error("no RDMA device: {0}")]
+    NoDevice(String),
+    /// A verbs or rdma_cm call failed.
+    #[error("{op} failed: {source}")]
+    Os {
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// A work request completed with an error status.
+    #[error("work completion for wr_id {wr_id} failed: {status_str} (status {status}, vendor error {vendor_err:#x})")]
+    WorkCompletion {
+        wr_id: u64,
+        status: u32,
+        status_str: String,
+        vendor_err: u32,
+    },
+    /// rdma_cm delivered an event other than the one the caller waited for.
+    #[error("rdma_cm: expected {expected}, got {got} (status {status})")]
+    UnexpectedCmEvent {
+        expected: String,
+        got: String,
+        status: i32,
+    },
+    /// A wait hit its deadline.
+    #[error("{op}: no progress within {after:?}")]
+    Timeout { op: &'static str, after: Duration },
+    /// A parameter the layer checks itself (bounds, sizes, sharing rules).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+pub type Result<T, E = RdmaError> = std::result::Result<T, E>;
+
+impl RdmaError {
+    /// Maps the error of a failed call to a typed error. Without an RDMA
+    /// device (kernel without uverbs/rdma_cm), `ibv_get_device_list` fails with
+    /// ENOSYS and `rdma_create_event_channel` with ENODEV: both become
+    /// [`RdmaError::NoDevice`] with a message that says what to do.
+    pub fn from_os(op: &'static str, source: io::Error) -> Self {
+        match (op, source.raw_os_error()) {
+            ("ibv_get_device_list", Some(libc::ENOSYS)) => RdmaError::NoDevice(
+                "ibv_get_device_list: the kernel has no RDMA support (ENOSYS); \
+                 run RDMA code on an RDMA-capable host or in the test guest (docs/GUEST.md)"
+                    .into(),
+            ),
+            ("rdma_create_event_channel", Some(libc::ENODEV)) => RdmaError::NoDevice(
+                "rdma_create_event_channel: no rdma_cm device (ENODEV, /dev/infiniband/rdma_cm missing); \
+                 run RDMA code on an RDMA-capable host or in the test guest (docs/GUEST.md)"
+                    .into(),
+            ),
+            _ => RdmaError::Os { op, source },
+        }
+    }
+
+    /// The error of the last failed libc-style call (errno).
+    pub(crate) fn last_os(op: &'static str) -> Self {
+        Self::from_os(op, io::Error::last_os_error())
+    }
+
+    /// Verbs calls that return a positive errno value instead of setting errno.
+    pub(crate) fn from_ret(op: &'static str, ret: i32) -> Self {
+        let code = if ret > 0 {
+            ret
+        } else {
+            io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
+        };
+        Self::from_os(op, io::Error::from_raw_os_error(code))
+    }
+
+    /// True for [`RdmaError::NoDevice`].
+    pub fn is_no_device(&self) -> bool {
+        matches!(self, RdmaError::NoDevice(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enosys_and_enodev_mean_no_device() {
+        let e = RdmaError::from_os(
+            "ibv_get_device_list",
+            io::Error::from_raw_os_error(libc::ENOSYS),
+        );
+        assert!(e.is_no_device(), "{e}");
+        assert!(e.to_string().contains("no RDMA device"));
+        let e = RdmaError::from_os(
+            "rdma_create_event_channel",
+            io::Error::from_raw_os_error(libc::ENODEV),
+        );
+        assert!(e.is_no_device(), "{e}");
+        // The same errno from another call is an ordinary OS error.
+        let e = RdmaError::from_os("ibv_reg_mr", io::Error::from_raw_os_error(libc::ENODEV));
+        assert!(matches!(
+            e,
+            RdmaError::Os {
+                op: "ibv_reg_mr",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn positive_return_is_the_errno() {
+        let e = RdmaError::from_ret("ibv_modify_qp", libc::EINVAL);
+        match e {
+            RdmaError::Os { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::EINVAL)),
+            other => panic!("{other}"),
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Memory regions over caller-owned buffers.
+
+use crate::error::{RdmaError, Result};
+use crate::pd::ProtectionDomain;
+use rdma_cm_sys as sys;
+use std::ops::{Deref, DerefMut, Range};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Buffers whose bytes stay at one address for as long as they live, even when
+/// the owning value moves: heap allocations and borrowed slices.
+///
+/// # Safety
+/// The slice returned by `deref`/`deref_mut` must keep its address and length
+/// for the whole life of the value, whatever else happens to it.
+pub unsafe trait StableBuffer: DerefMut<Target = [u8]> {}
+// SAFETY: a Vec's heap buffer does not move when the Vec moves, and a
+// MemoryRegion never gives out `&mut Vec` (so it cannot grow).
+unsafe impl StableBuffer for Vec<u8> {}
+// SAFETY: as for Vec.
+unsafe impl StableBuffer for Box<[u8]> {}
+// SAFETY: the borrow pins the slice for its lifetime.
+unsafe impl StableBuffer for &mut [u8] {}
+
+/// Access rights of a memory region (and of a QP's remote access).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    pub local_write: bool,
+    pub remote_write: bool,
+    pub remote_read: bool,
+    pub remote_atomic: bool,
+}
+
+impl Access {
+    /// Local write plus remote read and write: what RDMA read/write targets need.
+    pub const ALL_RDMA: Access = Access {
+        local_write: true,
+        remote_write: true,
+        remote_read: true,
+        remote_atomic: false,
+    };
+    /// Local write only (receive buffers, send buffers).
+    pub const LOCAL: Access = Access {
+        local_write: true,
+        remote_write: false,
+        remote_read: false,
+        remote_atomic: false,
+    };
+
+    pub(crate) fn raw(self) -> u32 {
+        let mut f = 0;
+        if self.local_write {
+            f |= sys::IBV_ACCESS_LOCAL_WRITE;
+        }
+        if self.remote_write {
+            f |= sys::IBV_ACCESS_REMOTE_WRITE;
+        }
+        if self.remote_read {
+            f |= sys::IBV_ACCESS_REMOTE_READ;
+        }
+        if self.remote_atomic {
+            f |= sys::IBV_ACCESS_REMOTE_ATOMIC;
+        }
+        f
+    }
+}
+
+/// A scatter/gather element: a byte range of a registered region.
+/// Only [`MemoryRegion::sge`] makes them, so its range is always in bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    pub(crate) addr: u64,
+    pub(crate) length: u32,
+    pub(crate) lkey: u32,
+}
+
+impl Sge {
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    pub fn len(&self) -> u32 {
+        self.length
+    }
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+    pub(crate) fn raw(&self) -> sys::ibv_sge {
+        sys::ibv_sge {
+            addr: self.addr,
+            length: self.length,
+            lkey: self.lkey,
+        }
+    }
+}
+
+/// A remote memory range for RDMA read/write: what the peer advertises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteAddr {
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+/// A registered buffer. The region owns (or mutably borrows) the buffer, so
+/// the buffer outlives the registration; dropping the region deregisters it.
+///
+/// The device writes into the buffer behind Rust's back (receives, remote
+/// writes, read responses): read it only after the completion of the work
+/// request that filled it, and do not post a request that writes into a range
+/// you are reading.
+pub struct MemoryRegion<B: StableBuffer> {
+    mr: NonNull<sys::ibv_mr>,
+    buf: B,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the MR handle is thread-safe; the buffer is Send if B is.
+unsafe impl<B: StableBuffer + Send> Send for MemoryRegion<B> {}
+// SAFETY: shared access only reads the buffer and the keys.
+unsafe impl<B: StableBuffer + Sync> Sync for MemoryRegion<B> {}
+
+impl<B: StableBuffer> MemoryRegion<B> {
+    /// Registers `buf` with `pd`.
+    pub fn register(pd: &Arc<ProtectionDomain>, mut buf: B, access: Access) -> Result<Self> {
+        if buf.is_empty() {
+            return Err(RdmaError::InvalidArgument(
+                "cannot register an empty buffer".into(),
+            ));
+        }
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        // SAFETY: ptr/len describe a live buffer that `self` keeps alive (and at
+        // the same address, by StableBuffer) until ibv_dereg_mr in Drop.
+        let mr = unsafe { sys::ibv_reg_mr(pd.as_ptr(), ptr.cast(), len, access.raw() as i32) };
+        let mr = NonNull::new(mr).ok_or_else(|| RdmaError::last_os("ibv_reg_mr"))?;
+        Ok(MemoryRegion {
+            mr,
+            buf,
+            _pd: pd.clone(),
+        })
+    }
+
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: the MR is alive.
+        unsafe { self.mr.as_ref().lkey }
+    }
+
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: the MR is alive.
+        unsafe { self.mr.as_ref().rkey }
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.buf.as_ptr() as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The remote address of `range` for a peer's RDMA read/write.
+    pub fn remote(&self, range: Range<usize>) -> Result<RemoteAddr> {
+        self.check(&range)?;
+        Ok(RemoteAddr {
+            addr: self.addr() + range.start as u64,
+            rkey: self.rkey(),
+        })
+    }
+
+    /// A scatter/gather element for `range` of this region.
+    pub fn sge(&self, range: Range<usize>) -> Result<Sge> {
+        self.check(&range)?;
+        let length = u32::try_from(range.len())
+            .map_err(|_| RdmaError::InvalidArgument("SGE longer than 4 GiB".into()))?;
+        Ok(Sge {
+            addr: self.addr() + range.start as u64,
+            length,
+            lkey: self.lkey(),
+        })
+    }
+
+    fn check(&self, range: &Range<usize>) -> Result<()> {
+        if range.start > range.end || range.end > self.buf.len() {
+            return Err(RdmaError::InvalidArgument(format!(
+                "range {range:?} outside the {}-byte region",
+                self.buf.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Deregisters and gives the buffer back.
+    pub fn into_inner(self) -> B {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: deregister first, then move the fields out exactly once;
+        // `this` is never dropped.
+        unsafe {
+            sys::ibv_dereg_mr(this.mr.as_ptr());
+            let pd = std::ptr::read(&this._pd);
+            drop(pd);
+            std::ptr::read(&this.buf)
+        }
+    }
+}
+
+impl<B: StableBuffer> Deref for MemoryRegion<B> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl<B: StableBuffer> DerefMut for MemoryRegion<B> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+}
+
+impl<B: StableBuffer> Drop for MemoryRegion<B> {
+    fn drop(&mut self) {
+        // SAFETY: registered in `register`, deregistered once.
+        unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+    }
+}
+
+impl<B: StableBuffer> std::fmt::Debug for MemoryRegion<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_flags() {
+        assert_eq!(Access::default().raw(), 0);
+        assert_eq!(Access::LOCAL.raw(), sys::IBV_ACCESS_LOCAL_WRITE);
+        let all = Access::ALL_RDMA.raw();
+        assert_ne!(all & sys::IBV_ACCESS_REMOTE_READ, 0);
+        assert_ne!(all & sys::IBV_ACCESS_REMOTE_WRITE, 0);
+    }
+}

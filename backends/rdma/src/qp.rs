@@ -1,0 +1,542 @@
+//! Reliable-connected queue pairs: creation, state transitions, posting.
+
+use crate::cm::CmIdInner;
+use crate::cq::CompletionQueue;
+use crate::device::{Gid, Mtu};
+use crate::error::{RdmaError, Result};
+use crate::mr::{Access, RemoteAddr, Sge};
+use crate::pd::ProtectionDomain;
+use crate::srq::SharedReceiveQueue;
+use rdma_cm_sys as sys;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Queue sizes of a QP.
+#[derive(Clone, Copy, Debug)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        }
+    }
+}
+
+/// What an RC QP is created with.
+#[derive(Clone, Debug)]
+pub struct QpInit {
+    pub send_cq: Arc<CompletionQueue>,
+    pub recv_cq: Arc<CompletionQueue>,
+    /// Receives come from this SRQ instead of the QP's own receive queue.
+    pub srq: Option<Arc<SharedReceiveQueue>>,
+    pub caps: QpCaps,
+    /// Every send request completes with a CQ entry (else only `signaled` ones).
+    pub sq_sig_all: bool,
+}
+
+impl QpInit {
+    pub fn new(send_cq: &Arc<CompletionQueue>, recv_cq: &Arc<CompletionQueue>) -> Self {
+        QpInit {
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        }
+    }
+
+    pub(crate) fn raw(&self) -> sys::ibv_qp_init_attr {
+        sys::ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: self.send_cq.as_ptr(),
+            recv_cq: self.recv_cq.as_ptr(),
+            srq: self
+                .srq
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |s| s.as_ptr()),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: self.caps.max_send_wr,
+                max_recv_wr: self.caps.max_recv_wr,
+                max_send_sge: self.caps.max_send_sge,
+                max_recv_sge: self.caps.max_recv_sge,
+                max_inline_data: self.caps.max_inline_data,
+            },
+            qp_type: sys::IBV_QPT_RC,
+            sq_sig_all: i32::from(self.sq_sig_all),
+        }
+    }
+}
+
+/// Parameters of RESET → INIT.
+#[derive(Clone, Copy, Debug)]
+pub struct InitAttr {
+    pub port: u8,
+    pub pkey_index: u16,
+    /// What the peer may do to our memory through this QP.
+    pub access: Access,
+}
+
+impl Default for InitAttr {
+    fn default() -> Self {
+        InitAttr {
+            port: 1,
+            pkey_index: 0,
+            access: Access::ALL_RDMA,
+        }
+    }
+}
+
+/// How to reach the peer's QP (INIT → RTR).
+#[derive(Clone, Copy, Debug)]
+pub struct RtrAttr {
+    pub path_mtu: Mtu,
+    pub dest_qp_num: u32,
+    /// The peer's initial send PSN.
+    pub rq_psn: u32,
+    /// RDMA reads/atomics the peer may have outstanding towards us.
+    pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code (IB encoding; 12 = 0.64 ms).
+    pub min_rnr_timer: u8,
+    pub port: u8,
+    /// The peer's LID (InfiniBand; 0 on RoCE).
+    pub dlid: u16,
+    /// The peer's GID. Required on Ethernet link layers (RoCE): adds a GRH.
+    pub dgid: Option<Gid>,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+}
+
+/// Parameters of RTR → RTS.
+#[derive(Clone, Copy, Debug)]
+pub struct RtsAttr {
+    /// Our initial send PSN (the peer's `rq_psn`).
+    pub sq_psn: u32,
+    /// Local ACK timeout code (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    /// 7 = retry forever.
+    pub rnr_retry: u8,
+    /// RDMA reads/atomics we may have outstanding.
+    pub max_rd_atomic: u8,
+}
+
+impl Default for RtsAttr {
+    fn default() -> Self {
+        RtsAttr {
+            sq_psn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        }
+    }
+}
+
+/// QP states as `ibv_query_qp` reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    Reset,
+    Init,
+    Rtr,
+    Rts,
+    Sqd,
+    Sqe,
+    Err,
+    Unknown(u32),
+}
+
+/// The operation of a send work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    Send,
+    /// Send with 32-bit immediate data (not on iWARP).
+    SendWithImm(u32),
+    RdmaWrite(RemoteAddr),
+    /// RDMA write that also consumes a receive at the peer (not on iWARP).
+    RdmaWriteWithImm(RemoteAddr, u32),
+    RdmaRead(RemoteAddr),
+}
+
+/// A send-queue work request.
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    /// Local memory: the data to send/write, or where read data lands.
+    pub sges: &'a [Sge],
+    pub op: SendOp,
+    /// Produce a completion (when the QP was not made with `sq_sig_all`).
+    pub signaled: bool,
+    /// Copy the data into the WR at post time (up to `max_inline_data`).
+    pub inline: bool,
+    /// Wake a peer that armed its CQ for solicited events only.
+    pub solicited: bool,
+}
+
+impl<'a> SendWr<'a> {
+    /// A signaled request without inline data or solicited flag.
+    pub fn new(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> Self {
+        SendWr {
+            wr_id,
+            sges,
+            op,
+            signaled: true,
+            inline: false,
+            solicited: false,
+        }
+    }
+
+    fn raw(&self, sg: *mut sys::ibv_sge) -> Result<sys::ibv_send_wr> {
+        // SAFETY: ibv_send_wr is plain old data; all-zero is valid.
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = self.wr_id;
+        wr.sg_list = sg;
+        wr.num_sge = i32::try_from(self.sges.len())
+            .map_err(|_| RdmaError::InvalidArgument("too many SGEs".into()))?;
+        let mut flags = 0;
+        if self.signaled {
+            flags |= sys::IBV_SEND_SIGNALED;
+        }
+        if self.inline {
+            flags |= sys::IBV_SEND_INLINE;
+        }
+        if self.solicited {
+            flags |= sys::IBV_SEND_SOLICITED;
+        }
+        wr.send_flags = flags;
+        let remote = |wr: &mut sys::ibv_send_wr, r: RemoteAddr| {
+            wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: r.addr,
+                rkey: r.rkey,
+            };
+        };
+        match self.op {
+            SendOp::Send => wr.opcode = sys::IBV_WR_SEND,
+            SendOp::SendWithImm(imm) => {
+                wr.opcode = sys::IBV_WR_SEND_WITH_IMM;
+                wr.__bindgen_anon_1.imm_data = imm.to_be();
+            }
+            SendOp::RdmaWrite(r) => {
+                wr.opcode = sys::IBV_WR_RDMA_WRITE;
+                remote(&mut wr, r);
+            }
+            SendOp::RdmaWriteWithImm(r, imm) => {
+                wr.opcode = sys::IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.__bindgen_anon_1.imm_data = imm.to_be();
+                remote(&mut wr, r);
+            }
+            SendOp::RdmaRead(r) => {
+                wr.opcode = sys::IBV_WR_RDMA_READ;
+                remote(&mut wr, r);
+            }
+        }
+        Ok(wr)
+    }
+}
+
+/// A receive work request.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvWr<'a> {
+    pub wr_id: u64,
+    pub sges: &'a [Sge],
+}
+
+/// Builds the linked list of raw receive WRs for `wrs`; `sges` keeps the SGEs.
+pub(crate) fn raw_recv_list(
+    wrs: &[RecvWr<'_>],
+    sges: &mut Vec<Vec<sys::ibv_sge>>,
+) -> Result<Vec<sys::ibv_recv_wr>> {
+    sges.clear();
+    sges.extend(wrs.iter().map(|w| w.sges.iter().map(Sge::raw).collect()));
+    let mut raw: Vec<sys::ibv_recv_wr> = Vec::with_capacity(wrs.len());
+    for (w, sg) in wrs.iter().zip(sges.iter_mut()) {
+        raw.push(sys::ibv_recv_wr {
+            wr_id: w.wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: sg.as_mut_ptr(),
+            num_sge: i32::try_from(sg.len())
+                .map_err(|_| RdmaError::InvalidArgument("too many SGEs".into()))?,
+        });
+    }
+    link(&mut raw, |w, next| w.next = next);
+    Ok(raw)
+}
+
+fn link<T>(v: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
+    for i in 1..v.len() {
+        let next: *mut T = &mut v[i];
+        set_next(&mut v[i - 1], next);
+    }
+}
+
+/// Who destroys the QP.
+#[derive(Debug)]
+enum Owner {
+    Verbs,
+    /// Made by rdma_create_qp: destroyed by rdma_destroy_qp on its id.
+    Cm(Arc<CmIdInner>),
+}
+
+/// A reliable-connected queue pair.
+#[derive(Debug)]
+pub struct QueuePair {
+    qp: NonNull<sys::ibv_qp>,
+    owner: Owner,
+    _pd: Arc<ProtectionDomain>,
+    _init: QpInit,
+}
+
+// SAFETY: QP verbs are thread-safe.
+unsafe impl Send for QueuePair {}
+// SAFETY: as above.
+unsafe impl Sync for QueuePair {}
+
+impl QueuePair {
+    /// Creates an RC QP in the RESET state; connect it with
+    /// [`QueuePair::to_init`], [`QueuePair::to_rtr`], [`QueuePair::to_rts`].
+    pub fn new(pd: &Arc<ProtectionDomain>, init: QpInit) -> Result<Self> {
+        let mut attr = init.raw();
+        // SAFETY: live PD; the CQs/SRQ in `attr` are kept alive by `init`.
+        let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut attr) };
+        let qp = NonNull::new(qp).ok_or_else(|| RdmaError::last_os("ibv_create_qp"))?;
+        Ok(QueuePair {
+            qp,
+            owner: Owner::Verbs,
+            _pd: pd.clone(),
+            _init: init,
+        })
+    }
+
+    pub(crate) fn from_cm(
+        qp: NonNull<sys::ibv_qp>,
+        id: Arc<CmIdInner>,
+        pd: &Arc<ProtectionDomain>,
+        init: QpInit,
+    ) -> Self {
+        QueuePair {
+            qp,
+            owner: Owner::Cm(id),
+            _pd: pd.clone(),
+            _init: init,
+        }
+    }
+
+    pub fn as_ptr(&self) -> *mut sys::ibv_qp {
+        self.qp.as_ptr()
+    }
+
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: live QP.
+        unsafe { self.qp.as_ref().qp_num }
+    }
+
+    fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32, op: &'static str) -> Result<()> {
+        // SAFETY: live QP, valid attribute struct; mask names the fields set.
+        let ret = unsafe { sys::ibv_modify_qp(self.as_ptr(), attr, mask as i32) };
+        if ret != 0 {
+            return Err(RdmaError::from_ret(op, ret));
+        }
+        Ok(())
+    }
+
+    /// RESET → INIT.
+    pub fn to_init(&self, a: &InitAttr) -> Result<()> {
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_INIT,
+            pkey_index: a.pkey_index,
+            port_num: a.port,
+            qp_access_flags: a.access.raw(),
+            ..Default::default()
+        };
+        self.modify(
+            &mut attr,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_PKEY_INDEX
+                | sys::IBV_QP_PORT
+                | sys::IBV_QP_ACCESS_FLAGS,
+            "ibv_modify_qp(INIT)",
+        )
+    }
+
+    /// INIT → RTR (ready to receive).
+    pub fn to_rtr(&self, a: &RtrAttr) -> Result<()> {
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTR,
+            path_mtu: a.path_mtu.raw(),
+            dest_qp_num: a.dest_qp_num,
+            rq_psn: a.rq_psn & 0xff_ffff,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            ..Default::default()
+        };
+        attr.ah_attr.dlid = a.dlid;
+        attr.ah_attr.port_num = a.port;
+        if let Some(gid) = a.dgid {
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh.dgid.raw = gid.0;
+            attr.ah_attr.grh.sgid_index = a.sgid_index;
+            attr.ah_attr.grh.hop_limit = a.hop_limit;
+        }
+        self.modify(
+            &mut attr,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_AV
+                | sys::IBV_QP_PATH_MTU
+                | sys::IBV_QP_DEST_QPN
+                | sys::IBV_QP_RQ_PSN
+                | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+                | sys::IBV_QP_MIN_RNR_TIMER,
+            "ibv_modify_qp(RTR)",
+        )
+    }
+
+    /// RTR → RTS (ready to send).
+    pub fn to_rts(&self, a: &RtsAttr) -> Result<()> {
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTS,
+            sq_psn: a.sq_psn & 0xff_ffff,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            max_rd_atomic: a.max_rd_atomic,
+            ..Default::default()
+        };
+        self.modify(
+            &mut attr,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_SQ_PSN
+                | sys::IBV_QP_TIMEOUT
+                | sys::IBV_QP_RETRY_CNT
+                | sys::IBV_QP_RNR_RETRY
+                | sys::IBV_QP_MAX_QP_RD_ATOMIC,
+            "ibv_modify_qp(RTS)",
+        )
+    }
+
+    /// Any state → ERR: outstanding work requests complete with
+    /// "flushed" errors. Fault injection and orderly teardown use it.
+    pub fn to_err(&self) -> Result<()> {
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        self.modify(&mut attr, sys::IBV_QP_STATE, "ibv_modify_qp(ERR)")
+    }
+
+    /// Any state → RESET (reuse after an error).
+    pub fn to_reset(&self) -> Result<()> {
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RESET,
+            ..Default::default()
+        };
+        self.modify(&mut attr, sys::IBV_QP_STATE, "ibv_modify_qp(RESET)")
+    }
+
+    pub fn state(&self) -> Result<QpState> {
+        let mut attr = sys::ibv_qp_attr::default();
+        let mut init = sys::ibv_qp_init_attr::default();
+        // SAFETY: live QP, valid out-pointers.
+        let ret = unsafe {
+            sys::ibv_query_qp(
+                self.as_ptr(),
+                &mut attr,
+                sys::IBV_QP_STATE as i32,
+                &mut init,
+            )
+        };
+        if ret != 0 {
+            return Err(RdmaError::from_ret("ibv_query_qp", ret));
+        }
+        Ok(match attr.qp_state {
+            sys::IBV_QPS_RESET => QpState::Reset,
+            sys::IBV_QPS_INIT => QpState::Init,
+            sys::IBV_QPS_RTR => QpState::Rtr,
+            sys::IBV_QPS_RTS => QpState::Rts,
+            sys::IBV_QPS_SQD => QpState::Sqd,
+            sys::IBV_QPS_SQE => QpState::Sqe,
+            sys::IBV_QPS_ERR => QpState::Err,
+            s => QpState::Unknown(s),
+        })
+    }
+
+    /// Posts send-queue work requests (as one chain). On failure the error
+    /// names the first rejected request; requests before it were posted.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<Vec<sys::ibv_sge>> = wrs
+            .iter()
+            .map(|w| w.sges.iter().map(Sge::raw).collect())
+            .collect();
+        let mut raw = wrs
+            .iter()
+            .zip(sges.iter_mut())
+            .map(|(w, sg)| w.raw(sg.as_mut_ptr()))
+            .collect::<Result<Vec<_>>>()?;
+        link(&mut raw, |w, next| w.next = next);
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: `raw` is a well-formed chain whose SGE arrays (`sges`) live
+        // until the call returns (the provider copies WRs at post time); every
+        // SGE lies inside a registered region (Sge is only made by
+        // MemoryRegion::sge), and remote keys are checked by the peer's device.
+        let ret = unsafe { sys::ibv_post_send(self.as_ptr(), raw.as_mut_ptr(), &mut bad) };
+        if ret != 0 {
+            let idx = raw.iter().position(|w| std::ptr::eq(w, bad));
+            return Err(post_error("ibv_post_send", ret, idx));
+        }
+        Ok(())
+    }
+
+    /// Posts receive work requests to this QP's own receive queue.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges = Vec::new();
+        let mut raw = raw_recv_list(wrs, &mut sges)?;
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: as in post_send: a well-formed chain over registered memory.
+        let ret = unsafe { sys::ibv_post_recv(self.as_ptr(), raw.as_mut_ptr(), &mut bad) };
+        if ret != 0 {
+            let idx = raw.iter().position(|w| std::ptr::eq(w, bad));
+            return Err(post_error("ibv_post_recv", ret, idx));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn post_error(op: &'static str, ret: i32, idx: Option<usize>) -> RdmaError {
+    match RdmaError::from_ret(op, ret) {
+        RdmaError::Os { op, source } => RdmaError::Os {
+            op,
+            source: std::io::Error::new(
+                source.kind(),
+                format!("{source} (first rejected work request: {idx:?})"),
+            ),
+        },
+        e => e,
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        match &self.owner {
+            // SAFETY: we created the QP; destroyed once.
+            Owner::Verbs => unsafe {
+                sys::ibv_destroy_qp(self.qp.as_ptr());
+            },
+            Owner::Cm(id) => id.destroy_qp(),
+        }
+    }
+}

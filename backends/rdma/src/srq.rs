@@ -1,0 +1,73 @@
+//! Shared receive queues.
+
+use crate::error::{RdmaError, Result};
+use crate::pd::ProtectionDomain;
+use crate::qp::{post_error, raw_recv_list, RecvWr};
+use rdma_cm_sys as sys;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// A shared receive queue: one pool of receive buffers for many QPs.
+#[derive(Debug)]
+pub struct SharedReceiveQueue {
+    srq: NonNull<sys::ibv_srq>,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: SRQ verbs are thread-safe.
+unsafe impl Send for SharedReceiveQueue {}
+// SAFETY: as above.
+unsafe impl Sync for SharedReceiveQueue {}
+
+impl SharedReceiveQueue {
+    /// `limit` > 0 arms the SRQ limit event (low-watermark) at that many WRs.
+    pub fn new(
+        pd: &Arc<ProtectionDomain>,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+    ) -> Result<Arc<Self>> {
+        let mut attr = sys::ibv_srq_init_attr {
+            srq_context: std::ptr::null_mut(),
+            attr: sys::ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit: limit,
+            },
+        };
+        // SAFETY: live PD, valid attributes.
+        let srq = unsafe { sys::ibv_create_srq(pd.as_ptr(), &mut attr) };
+        let srq = NonNull::new(srq).ok_or_else(|| RdmaError::last_os("ibv_create_srq"))?;
+        Ok(Arc::new(SharedReceiveQueue {
+            srq,
+            _pd: pd.clone(),
+        }))
+    }
+
+    pub fn as_ptr(&self) -> *mut sys::ibv_srq {
+        self.srq.as_ptr()
+    }
+
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges = Vec::new();
+        let mut raw = raw_recv_list(wrs, &mut sges)?;
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: a well-formed chain over registered memory (see QueuePair::post_recv).
+        let ret = unsafe { sys::ibv_post_srq_recv(self.as_ptr(), raw.as_mut_ptr(), &mut bad) };
+        if ret != 0 {
+            let idx = raw.iter().position(|w| std::ptr::eq(w, bad));
+            return Err(post_error("ibv_post_srq_recv", ret, idx));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        // SAFETY: QPs using the SRQ hold Arcs to it, so none is left.
+        unsafe { sys::ibv_destroy_srq(self.srq.as_ptr()) };
+    }
+}

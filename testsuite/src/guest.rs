@@ -1,0 +1,518 @@
+//! Run commands inside a QEMU guest that has a real Linux RDMA stack.
+//!
+//! The development and CI machines have no RDMA-capable kernel, so RDMA tests
+//! run in a throw-away TCG guest (docs/GUEST.md): Debian's kernel, Soft-RoCE
+//! (`rxe0` on lo, `rxe1` on 198.51.100.1) and soft-iWARP (`siw0` on
+//! 198.51.100.2), the host's root mounted read-only, so binaries built on the
+//! host run as they are. `testsuite/guest/setup.sh` prepares and caches the
+//! kernel and initramfs; [`GuestRunner::from_env`] runs it (a second ago's
+//! cache makes that take about a second).
+//!
+//! ```no_run
+//! use msgr_testsuite::guest::{GuestCommand, GuestRunner};
+//! use std::time::Duration;
+//! let runner = GuestRunner::from_env().expect("guest");
+//! let out = runner
+//!     .run(&[GuestCommand::shell("devices", "ibv_devices")], Duration::from_secs(120))
+//!     .expect("guest run");
+//! out.assert_success();
+//! ```
+//!
+//! A test that needs the guest and cannot get it must fail, with the reason
+//! ([`GuestError`] says which); it never passes silently.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub mod reference;
+
+/// The guest's second stage, copied into every job directory.
+const STAGE2: &str = include_str!("../guest/stage2.sh");
+
+/// Environment variable naming the cache directory of setup.sh.
+pub const CACHE_ENV: &str = "MSGR_GUEST_CACHE";
+/// Default cache directory (outside the repository, so fresh clones start warm).
+pub const DEFAULT_CACHE: &str = "/var/cache/msgr-guest";
+/// Set to 1 in the environment of every command run inside the guest.
+pub const IN_GUEST_ENV: &str = "MSGR_IN_GUEST";
+/// A file that exists only inside the guest (the host's /run is not visible there).
+pub const IN_GUEST_MARKER: &str = "/run/msgr-guest";
+/// Soft-RoCE device on dummy netdev d0 (rdma_cm over RoCE).
+pub const RXE_CM_ADDR: &str = "198.51.100.1";
+/// Soft-iWARP device on dummy netdev d1 (rdma_cm over iWARP).
+pub const SIW_CM_ADDR: &str = "198.51.100.2";
+
+/// True when running inside the msgr test guest (both markers present).
+/// Tests that use the TEST-NET-2 addresses must check this first: on the host
+/// those addresses would route off the machine.
+pub fn in_guest() -> bool {
+    std::env::var(IN_GUEST_ENV).as_deref() == Ok("1") && Path::new(IN_GUEST_MARKER).exists()
+}
+
+/// Which kernel modules the guest loads besides the RDMA set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GuestVariant {
+    /// RDMA devices only (rxe0, rxe1, siw0).
+    #[default]
+    Rdma,
+    /// Also veth and sch_netem, for TCP between network namespaces with
+    /// `tc qdisc ... netem` loss, delay, duplication and reordering.
+    Netem,
+}
+
+/// One command to run in the guest: a `sh` script, run as root in the host's
+/// (read-only) root filesystem with `/tmp` a fresh tmpfs and `TMPDIR=/tmp`.
+#[derive(Clone, Debug)]
+pub struct GuestCommand {
+    /// Label for reports.
+    pub name: String,
+    /// Shell script text (run by /bin/sh).
+    pub script: String,
+    /// Killed after this long (the outcome then says `timed_out`).
+    pub timeout: Duration,
+}
+
+impl GuestCommand {
+    /// A shell command with the default per-command timeout (60 s).
+    pub fn shell(name: impl Into<String>, script: impl Into<String>) -> Self {
+        GuestCommand {
+            name: name.into(),
+            script: script.into(),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// A program with arguments, each quoted for the shell.
+    pub fn program<S: AsRef<str>>(name: impl Into<String>, program: &Path, args: &[S]) -> Self {
+        let mut script = shell_quote(&program.to_string_lossy());
+        for a in args {
+            script.push(' ');
+            script.push_str(&shell_quote(a.as_ref()));
+        }
+        Self::shell(name, script)
+    }
+
+    /// Replaces the per-command timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// Quotes `s` for /bin/sh.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// What one command did.
+#[derive(Clone, Debug)]
+pub struct CommandOutcome {
+    pub name: String,
+    /// Exit status; `None` when the command never ran or never finished
+    /// (guest died, overall deadline hit).
+    pub exit_status: Option<i32>,
+    /// The per-command timeout killed it.
+    pub timed_out: bool,
+    /// stdout and stderr, interleaved.
+    pub output: String,
+}
+
+impl CommandOutcome {
+    pub fn success(&self) -> bool {
+        self.exit_status == Some(0)
+    }
+}
+
+/// The result of one guest boot.
+#[derive(Clone, Debug)]
+pub struct GuestOutcome {
+    /// One entry per command, in order.
+    pub commands: Vec<CommandOutcome>,
+    /// The guest's serial console (kernel messages, init's progress).
+    pub console: String,
+    /// Output of the guest's device set-up (rdma link add ...).
+    pub setup_log: String,
+    /// The overall deadline killed qemu.
+    pub deadline_hit: bool,
+    /// Wall time from qemu start to its exit.
+    pub elapsed: Duration,
+}
+
+impl GuestOutcome {
+    /// Every command ran and exited 0.
+    pub fn all_succeeded(&self) -> bool {
+        !self.deadline_hit && self.commands.iter().all(CommandOutcome::success)
+    }
+
+    /// The outcome of the command called `name`.
+    pub fn command(&self, name: &str) -> Option<&CommandOutcome> {
+        self.commands.iter().find(|c| c.name == name)
+    }
+
+    /// Panics with the full report unless every command succeeded.
+    #[track_caller]
+    pub fn assert_success(&self) {
+        assert!(self.all_succeeded(), "guest run failed:\n{self}");
+    }
+}
+
+impl fmt::Display for GuestOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "guest run: {:.1} s{}",
+            self.elapsed.as_secs_f64(),
+            if self.deadline_hit {
+                " -- OVERALL DEADLINE HIT, qemu killed"
+            } else {
+                ""
+            }
+        )?;
+        for c in &self.commands {
+            let status = match (c.exit_status, c.timed_out) {
+                (_, true) => "TIMED OUT".to_string(),
+                (Some(s), _) => format!("exit {s}"),
+                (None, _) => "did not run".to_string(),
+            };
+            writeln!(f, "--- [{}] {status}", c.name)?;
+            for line in c.output.lines() {
+                writeln!(f, "    {line}")?;
+            }
+        }
+        if !self.all_succeeded() {
+            writeln!(f, "--- guest setup log:\n{}", self.setup_log)?;
+            let tail: Vec<&str> = self.console.lines().rev().take(40).collect();
+            writeln!(f, "--- guest console (last {} lines):", tail.len())?;
+            for line in tail.iter().rev() {
+                writeln!(f, "    {line}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why the guest could not be used. Tests that need RDMA fail with this.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    #[error("guest setup ({script}) failed: {reason}")]
+    Setup { script: PathBuf, reason: String },
+    #[error("guest cache {path} is incomplete ({reason}); run testsuite/guest/setup.sh")]
+    Cache { path: PathBuf, reason: String },
+    #[error("cannot start qemu ({qemu}): {source}")]
+    Spawn {
+        qemu: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("guest job directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the guest did not reach its command loop ({reason})\n{console_tail}")]
+    Boot {
+        reason: String,
+        console_tail: String,
+    },
+}
+
+/// Boots the test guest and runs commands in it. One guest at a time per
+/// process (runs are serialised): the machines have two cores.
+#[derive(Clone, Debug)]
+pub struct GuestRunner {
+    qemu: PathBuf,
+    kernel: PathBuf,
+    initrd: PathBuf,
+    memory_mib: u32,
+    cpus: u32,
+    variant: GuestVariant,
+}
+
+static RUN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static JOB_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl GuestRunner {
+    /// Makes sure the guest cache is complete (runs `testsuite/guest/setup.sh`,
+    /// which installs packages and builds the kernel pieces when missing and
+    /// takes about a second when warm), then reads it.
+    /// `MSGR_GUEST_CACHE` overrides the cache directory.
+    pub fn from_env() -> Result<Self, GuestError> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest/setup.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| GuestError::Setup {
+                script: script.clone(),
+                reason: e.to_string(),
+            })?;
+        if !out.status.success() {
+            return Err(GuestError::Setup {
+                script,
+                reason: format!(
+                    "{}\n{}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            });
+        }
+        Self::from_cache(&cache_dir())
+    }
+
+    /// Reads a cache that setup.sh already prepared, without running it.
+    pub fn from_cache(cache: &Path) -> Result<Self, GuestError> {
+        let env_file = cache.join("current.env");
+        let text = fs::read_to_string(&env_file).map_err(|e| GuestError::Cache {
+            path: env_file.clone(),
+            reason: e.to_string(),
+        })?;
+        let vars: BTreeMap<&str, &str> = text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim(), v.trim()))
+            .collect();
+        let get = |k: &str| -> Result<PathBuf, GuestError> {
+            let p = PathBuf::from(vars.get(k).ok_or_else(|| GuestError::Cache {
+                path: env_file.clone(),
+                reason: format!("no {k}"),
+            })?);
+            if p.exists() {
+                Ok(p)
+            } else {
+                Err(GuestError::Cache {
+                    path: env_file.clone(),
+                    reason: format!("{k}={} does not exist", p.display()),
+                })
+            }
+        };
+        Ok(GuestRunner {
+            qemu: get("MSGR_GUEST_QEMU")?,
+            kernel: get("MSGR_GUEST_KERNEL")?,
+            initrd: get("MSGR_GUEST_INITRD")?,
+            memory_mib: 1024,
+            cpus: 2,
+            variant: GuestVariant::Rdma,
+        })
+    }
+
+    /// Selects the module set (e.g. [`GuestVariant::Netem`]).
+    pub fn variant(mut self, variant: GuestVariant) -> Self {
+        self.variant = variant;
+        self
+    }
+
+    /// Boots the guest, runs `commands` one after another (each under its own
+    /// timeout), powers off, and returns every command's exit status and output.
+    /// qemu is killed when `deadline` (for the whole boot) passes; the outcome
+    /// then says `deadline_hit` and the unfinished commands have no status.
+    /// Errors only when the guest could not be started or never reached the
+    /// command loop; a failing command is an `Ok` outcome that says so.
+    pub fn run(
+        &self,
+        commands: &[GuestCommand],
+        deadline: Duration,
+    ) -> Result<GuestOutcome, GuestError> {
+        let _one_guest = RUN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let job = JobDir::create()?;
+        job.write("stage2.sh", STAGE2)?;
+        let mut index = String::new();
+        for (i, c) in commands.iter().enumerate() {
+            let name: String = c
+                .name
+                .chars()
+                .map(|ch| if ch.is_whitespace() { '_' } else { ch })
+                .collect();
+            index.push_str(&format!("{i} {} {name}\n", c.timeout.as_secs().max(1)));
+            job.write(&format!("cmd.{i}"), &c.script)?;
+        }
+        job.write("cmds", &index)?;
+
+        let console_path = job.path.join("console.log");
+        let start = Instant::now();
+        let mut child = self.spawn(&job.path, &console_path)?;
+        let mut deadline_hit = false;
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if start.elapsed() >= deadline => {
+                    deadline_hit = true;
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(GuestError::Io {
+                        path: job.path.clone(),
+                        source: e,
+                    });
+                }
+            }
+        }
+        let elapsed = start.elapsed();
+        let console = fs::read_to_string(&console_path).unwrap_or_default();
+        let setup_log = job.read("setup.log");
+        let status = job.read("status");
+        let status = status.trim();
+        if status.is_empty() || status == "setup-failed" {
+            let reason = if deadline_hit {
+                format!("overall deadline of {deadline:?} hit")
+            } else if status == "setup-failed" {
+                format!("device set-up failed:\n{setup_log}")
+            } else {
+                let init_err = job.read("init-error");
+                if init_err.is_empty() {
+                    "guest exited early".to_string()
+                } else {
+                    init_err
+                }
+            };
+            let tail: Vec<&str> = console.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            return Err(GuestError::Boot {
+                reason,
+                console_tail: tail.join("\n"),
+            });
+        }
+        let commands = commands
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let exit_status = job.read(&format!("rc.{i}")).trim().parse::<i32>().ok();
+                CommandOutcome {
+                    name: c.name.clone(),
+                    exit_status,
+                    // timeout(1) exits 124 when it had to stop the command (137 after -k).
+                    timed_out: matches!(exit_status, Some(124) | Some(137)),
+                    output: job.read(&format!("out.{i}")),
+                }
+            })
+            .collect();
+        Ok(GuestOutcome {
+            commands,
+            console,
+            setup_log,
+            deadline_hit,
+            elapsed,
+        })
+    }
+
+    fn spawn(&self, job: &Path, console: &Path) -> Result<Child, GuestError> {
+        let variant = match self.variant {
+            GuestVariant::Rdma => "rdma",
+            GuestVariant::Netem => "netem",
+        };
+        Command::new(&self.qemu)
+            .args(["-accel", "tcg", "-nic", "none", "-no-reboot"])
+            .args(["-display", "none", "-monitor", "none"])
+            .args(["-m", &self.memory_mib.to_string()])
+            .args(["-smp", &self.cpus.to_string()])
+            .arg("-serial")
+            .arg(format!("file:{}", console.display()))
+            .arg("-kernel")
+            .arg(&self.kernel)
+            .arg("-initrd")
+            .arg(&self.initrd)
+            .arg("-append")
+            .arg(format!(
+                "console=ttyS0 quiet panic=-1 msgr.variant={variant}"
+            ))
+            .arg("-virtfs")
+            .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
+            .arg("-virtfs")
+            .arg(format!(
+                "local,path={},mount_tag=job,security_model=none",
+                job.display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| GuestError::Spawn {
+                qemu: self.qemu.clone(),
+                source,
+            })
+    }
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os(CACHE_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE))
+}
+
+/// A job directory shared writable with the guest; removed on drop.
+struct JobDir {
+    path: PathBuf,
+}
+
+impl JobDir {
+    fn create() -> Result<Self, GuestError> {
+        let path = std::env::temp_dir().join(format!(
+            "msgr-guest-job-{}-{}",
+            std::process::id(),
+            JOB_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).map_err(|source| GuestError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(JobDir { path })
+    }
+
+    fn write(&self, name: &str, text: &str) -> Result<(), GuestError> {
+        let p = self.path.join(name);
+        fs::write(&p, text).map_err(|source| GuestError::Io { path: p, source })
+    }
+
+    fn read(&self, name: &str) -> String {
+        fs::read(self.path.join(name))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for JobDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("/usr/bin/ib_send_lat"), "/usr/bin/ib_send_lat");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn not_in_guest_on_host() {
+        // The host's /run never has the marker (only the guest's tmpfs /run does).
+        if !Path::new(IN_GUEST_MARKER).exists() {
+            assert!(!in_guest());
+        }
+    }
+}

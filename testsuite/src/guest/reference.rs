@@ -1,0 +1,405 @@
+//! Reference peers measured inside the guest: perftest's `ib_send_lat -R` and
+//! `ib_write_bw -R`, and rdma-core's `rping`, each with client and server in
+//! the same guest over rdma_cm, on Soft-RoCE (rxe1) and soft-iWARP (siw0).
+//!
+//! TCG figures mean nothing on their own: benchmarks of msgr's RDMA backends
+//! report ratios against these, measured in the same guest boot.
+
+use super::{GuestCommand, GuestOutcome, RXE_CM_ADDR, SIW_CM_ADDR};
+use std::fmt;
+use std::time::Duration;
+
+/// An RDMA device of the guest reachable through rdma_cm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmFabric {
+    /// Soft-RoCE `rxe1` on 198.51.100.1.
+    Rxe,
+    /// Soft-iWARP `siw0` on 198.51.100.2.
+    Siw,
+}
+
+impl CmFabric {
+    pub const ALL: [CmFabric; 2] = [CmFabric::Rxe, CmFabric::Siw];
+
+    pub fn device(self) -> &'static str {
+        match self {
+            CmFabric::Rxe => "rxe1",
+            CmFabric::Siw => "siw0",
+        }
+    }
+
+    pub fn addr(self) -> &'static str {
+        match self {
+            CmFabric::Rxe => RXE_CM_ADDR,
+            CmFabric::Siw => SIW_CM_ADDR,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            CmFabric::Rxe => "rxe",
+            CmFabric::Siw => "siw",
+        }
+    }
+}
+
+/// Sizes and counts of the reference runs.
+#[derive(Clone, Debug)]
+pub struct ReferenceParams {
+    pub lat_bytes: u32,
+    pub lat_iters: u32,
+    pub bw_bytes: u32,
+    pub bw_iters: u32,
+    pub rping_bytes: u32,
+    pub rping_count: u32,
+}
+
+impl Default for ReferenceParams {
+    fn default() -> Self {
+        ReferenceParams {
+            lat_bytes: 64,
+            lat_iters: 1000,
+            bw_bytes: 65536,
+            bw_iters: 1000,
+            rping_bytes: 64,
+            rping_count: 200,
+        }
+    }
+}
+
+/// `ib_send_lat` client figures (µs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Latency {
+    pub bytes: u64,
+    pub iterations: u64,
+    pub t_min_us: f64,
+    pub t_typical_us: f64,
+    pub t_avg_us: f64,
+    pub p99_us: f64,
+}
+
+/// `ib_write_bw` client figures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bandwidth {
+    pub bytes: u64,
+    pub iterations: u64,
+    pub bw_peak_mb_s: f64,
+    pub bw_avg_mb_s: f64,
+    pub msg_rate_mpps: f64,
+}
+
+/// `rping` client run, timed from the outside (rping prints no figures).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rping {
+    pub bytes: u32,
+    pub count: u32,
+    pub elapsed: Duration,
+}
+
+impl Rping {
+    /// Wall time per ping (each is a send, an RDMA read, a send, an RDMA
+    /// write, with the server's acknowledgements), connection set-up included.
+    pub fn per_ping_us(&self) -> f64 {
+        self.elapsed.as_secs_f64() * 1e6 / f64::from(self.count.max(1))
+    }
+}
+
+/// The figures of one fabric; `Err` holds why a tool failed or could not be parsed.
+#[derive(Clone, Debug)]
+pub struct FabricFigures {
+    pub fabric: CmFabric,
+    pub send_lat: Result<Latency, String>,
+    pub write_bw: Result<Bandwidth, String>,
+    pub rping: Result<Rping, String>,
+}
+
+impl FabricFigures {
+    pub fn all_ok(&self) -> bool {
+        self.send_lat.is_ok() && self.write_bw.is_ok() && self.rping.is_ok()
+    }
+}
+
+/// Figures of every reference peer from one guest boot.
+#[derive(Clone, Debug)]
+pub struct ReferenceFigures {
+    pub fabrics: Vec<FabricFigures>,
+}
+
+impl ReferenceFigures {
+    pub fn all_ok(&self) -> bool {
+        self.fabrics.iter().all(FabricFigures::all_ok)
+    }
+
+    pub fn get(&self, fabric: CmFabric) -> Option<&FabricFigures> {
+        self.fabrics.iter().find(|f| f.fabric == fabric)
+    }
+}
+
+fn cmd_name(tool: &str, fabric: CmFabric) -> String {
+    format!("ref-{tool}-{}", fabric.label())
+}
+
+// Each tool gets its own port: on iWARP the connections are real TCP
+// connections, and a listener on a port in TIME_WAIT would not come up.
+fn port(tool_index: u16, fabric: CmFabric) -> u16 {
+    18515 + tool_index * 2 + u16::from(fabric == CmFabric::Siw)
+}
+
+/// A client/server pair in one shell: server in the background, client in the
+/// foreground (retried while the server is not listening yet), client's output
+/// first, then the server's after a separator line.
+fn pair_script(server: &str, client: &str) -> String {
+    format!(
+        "{server} >/tmp/server.log 2>&1 &\n\
+         srv=$!\n\
+         sleep 1\n\
+         {client}\n\
+         rc=$?\n\
+         wait $srv\n\
+         src=$?\n\
+         [ $rc -eq 0 ] && rc=$src\n\
+         echo '--- server ---'\n\
+         cat /tmp/server.log\n\
+         exit $rc\n"
+    )
+}
+
+/// The guest commands that run every reference peer on both fabrics.
+pub fn reference_commands(p: &ReferenceParams) -> Vec<GuestCommand> {
+    let mut cmds = Vec::new();
+    for f in CmFabric::ALL {
+        let (dev, addr) = (f.device(), f.addr());
+        let lat = format!(
+            "ib_send_lat -R -d {dev} -p {} -s {} -n {}",
+            port(0, f),
+            p.lat_bytes,
+            p.lat_iters
+        );
+        cmds.push(
+            GuestCommand::shell(
+                cmd_name("ib_send_lat", f),
+                pair_script(&lat, &format!("{lat} {addr}")),
+            )
+            .timeout(Duration::from_secs(60)),
+        );
+        let bw = format!(
+            "ib_write_bw -R -d {dev} -p {} -s {} -n {}",
+            port(1, f),
+            p.bw_bytes,
+            p.bw_iters
+        );
+        cmds.push(
+            GuestCommand::shell(
+                cmd_name("ib_write_bw", f),
+                pair_script(&bw, &format!("{bw} {addr}")),
+            )
+            .timeout(Duration::from_secs(60)),
+        );
+        let rping = format!(
+            "rping -a {addr} -p {} -S {} -C {}",
+            port(2, f),
+            p.rping_bytes,
+            p.rping_count
+        );
+        let client = format!(
+            "s=$(date +%s%N)\n{rping} -c\nrc=$?\ne=$(date +%s%N)\n\
+             echo \"rping_elapsed_ns $((e - s)) count {} bytes {}\"\n(exit $rc)",
+            p.rping_count, p.rping_bytes
+        );
+        cmds.push(
+            GuestCommand::shell(
+                cmd_name("rping", f),
+                pair_script(&format!("{rping} -s"), &client),
+            )
+            .timeout(Duration::from_secs(60)),
+        );
+    }
+    cmds
+}
+
+/// Extracts the figures of the commands [`reference_commands`] made.
+pub fn parse_reference(outcome: &GuestOutcome) -> ReferenceFigures {
+    let output = |name: String| -> Result<&str, String> {
+        let c = outcome
+            .command(&name)
+            .ok_or_else(|| format!("{name}: not run"))?;
+        if c.success() {
+            Ok(c.output.as_str())
+        } else {
+            Err(format!(
+                "{name}: exit {:?}{}: {}",
+                c.exit_status,
+                if c.timed_out { " (timed out)" } else { "" },
+                c.output.lines().take(8).collect::<Vec<_>>().join(" | ")
+            ))
+        }
+    };
+    let fabrics = CmFabric::ALL
+        .into_iter()
+        .map(|f| FabricFigures {
+            fabric: f,
+            send_lat: output(cmd_name("ib_send_lat", f)).and_then(parse_send_lat),
+            write_bw: output(cmd_name("ib_write_bw", f)).and_then(parse_write_bw),
+            rping: output(cmd_name("rping", f)).and_then(parse_rping),
+        })
+        .collect();
+    ReferenceFigures { fabrics }
+}
+
+/// The first row of numbers after perftest's `#bytes` header (the client's).
+fn perftest_row(out: &str) -> Option<Vec<f64>> {
+    let mut lines = out
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"));
+    lines.next()?;
+    let row: Vec<f64> = lines
+        .next()?
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    Some(row)
+}
+
+/// Parses `ib_send_lat` output (`#bytes #iterations t_min t_max t_typical
+/// t_avg t_stdev 99% 99.9%`).
+pub fn parse_send_lat(out: &str) -> Result<Latency, String> {
+    match perftest_row(out).as_deref() {
+        Some([bytes, iters, t_min, _t_max, t_typ, t_avg, _stdev, p99, ..]) => Ok(Latency {
+            bytes: *bytes as u64,
+            iterations: *iters as u64,
+            t_min_us: *t_min,
+            t_typical_us: *t_typ,
+            t_avg_us: *t_avg,
+            p99_us: *p99,
+        }),
+        _ => Err("ib_send_lat: no result row".into()),
+    }
+}
+
+/// Parses `ib_write_bw` output (`#bytes #iterations BW-peak BW-average MsgRate`).
+pub fn parse_write_bw(out: &str) -> Result<Bandwidth, String> {
+    match perftest_row(out).as_deref() {
+        Some([bytes, iters, peak, avg, rate, ..]) => Ok(Bandwidth {
+            bytes: *bytes as u64,
+            iterations: *iters as u64,
+            bw_peak_mb_s: *peak,
+            bw_avg_mb_s: *avg,
+            msg_rate_mpps: *rate,
+        }),
+        _ => Err("ib_write_bw: no result row".into()),
+    }
+}
+
+/// Parses the line the rping wrapper prints:
+/// `rping_elapsed_ns <ns> count <n> bytes <b>`.
+pub fn parse_rping(out: &str) -> Result<Rping, String> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("rping_elapsed_ns "))
+        .ok_or("rping: no timing line")?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    match f.as_slice() {
+        ["rping_elapsed_ns", ns, "count", n, "bytes", b] => Ok(Rping {
+            elapsed: Duration::from_nanos(ns.parse().map_err(|_| "rping: bad ns")?),
+            count: n.parse().map_err(|_| "rping: bad count")?,
+            bytes: b.parse().map_err(|_| "rping: bad bytes")?,
+        }),
+        _ => Err(format!("rping: cannot parse {line:?}")),
+    }
+}
+
+impl fmt::Display for ReferenceFigures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{:<6} {:<12} {:>10} {:>8} {:<52}",
+            "fabric", "tool", "bytes", "iters", "figures (TCG guest: compare ratios only)"
+        )?;
+        for fab in &self.fabrics {
+            let name = fab.fabric.label();
+            match &fab.send_lat {
+                Ok(l) => writeln!(
+                    f,
+                    "{name:<6} {:<12} {:>10} {:>8} typical {:.2} us, avg {:.2} us, min {:.2} us, p99 {:.2} us",
+                    "ib_send_lat", l.bytes, l.iterations, l.t_typical_us, l.t_avg_us, l.t_min_us, l.p99_us
+                )?,
+                Err(e) => writeln!(f, "{name:<6} {:<12} FAILED: {e}", "ib_send_lat")?,
+            }
+            match &fab.write_bw {
+                Ok(b) => writeln!(
+                    f,
+                    "{name:<6} {:<12} {:>10} {:>8} avg {:.2} MB/s, peak {:.2} MB/s, {:.6} Mpps",
+                    "ib_write_bw",
+                    b.bytes,
+                    b.iterations,
+                    b.bw_avg_mb_s,
+                    b.bw_peak_mb_s,
+                    b.msg_rate_mpps
+                )?,
+                Err(e) => writeln!(f, "{name:<6} {:<12} FAILED: {e}", "ib_write_bw")?,
+            }
+            match &fab.rping {
+                Ok(r) => writeln!(
+                    f,
+                    "{name:<6} {:<12} {:>10} {:>8} {:.1} us per ping ({:.2} s total)",
+                    "rping",
+                    r.bytes,
+                    r.count,
+                    r.per_ping_us(),
+                    r.elapsed.as_secs_f64()
+                )?,
+                Err(e) => writeln!(f, "{name:<6} {:<12} FAILED: {e}", "rping")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LAT: &str = "\
+---------------------------------------------------------------------------------------
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] 
+ 64      1000          17.89          17724.01      23.31    \t       992.71      \t2226.23\t\t8160.19 \t\t17724.01
+---------------------------------------------------------------------------------------
+";
+    const BW: &str = "\
+ #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 65536      1000             47.09              28.45  \t\t   0.000455
+";
+
+    #[test]
+    fn parses_perftest() {
+        let l = parse_send_lat(LAT).unwrap();
+        assert_eq!((l.bytes, l.iterations), (64, 1000));
+        assert_eq!(
+            (l.t_min_us, l.t_typical_us, l.t_avg_us, l.p99_us),
+            (17.89, 23.31, 992.71, 8160.19)
+        );
+        let b = parse_write_bw(BW).unwrap();
+        assert_eq!(
+            (b.bytes, b.bw_peak_mb_s, b.bw_avg_mb_s),
+            (65536, 47.09, 28.45)
+        );
+        assert!(parse_send_lat("Unable to init the socket connection").is_err());
+    }
+
+    #[test]
+    fn parses_rping() {
+        let r = parse_rping("x\nrping_elapsed_ns 2000000 count 200 bytes 64\n").unwrap();
+        assert_eq!(r.count, 200);
+        assert!((r.per_ping_us() - 10.0).abs() < 1e-9);
+        assert!(parse_rping("nothing").is_err());
+    }
+
+    #[test]
+    fn commands_cover_both_fabrics() {
+        let cmds = reference_commands(&ReferenceParams::default());
+        assert_eq!(cmds.len(), 6);
+        assert!(cmds.iter().any(|c| c.script.contains("-d siw0")));
+        assert!(cmds.iter().all(|c| !c.script.contains("192.0.2.")));
+    }
+}
