@@ -8,7 +8,7 @@
 #![cfg(feature = "rdma")]
 
 use msgr_testsuite::guest::reference::{self, ReferenceParams};
-use msgr_testsuite::guest::{GuestCommand, GuestRunner, GuestVariant};
+use msgr_testsuite::guest::{GuestCommand, GuestRunner, GuestVariant, RXE_CM_ADDR, SIW_CM_ADDR};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -20,7 +20,6 @@ fn runner() -> GuestRunner {
 
 /// The smoke programs (examples of msgr-rdma), built once per test process
 /// with the same profile and target directory as this test binary.
-#[allow(dead_code)] // used by the smoke tests
 fn example(name: &str) -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
@@ -115,6 +114,46 @@ fn overall_deadline_kills_the_guest() {
         }
         Err(e) => assert!(e.to_string().contains("deadline"), "{e}"),
     }
+}
+
+/// The project's own programs over the real RDMA stack, in one guest boot:
+/// verbs (two RC QPs on rxe0), rdma_cm over Soft-RoCE and over soft-iWARP.
+#[test]
+fn smoke_programs() {
+    let verbs = example("verbs_smoke");
+    let cm = example("rdmacm_smoke");
+    let cmds = [
+        GuestCommand::program("verbs-rxe0", &verbs, &["rxe0", "100"]),
+        GuestCommand::program("rdmacm-rxe", &cm, &[RXE_CM_ADDR, "7471", "50"]),
+        GuestCommand::program("rdmacm-siw", &cm, &[SIW_CM_ADDR, "7472", "50"]),
+    ];
+    let out = runner()
+        .run(&cmds, Duration::from_secs(300))
+        .expect("guest run");
+    println!("{out}");
+    out.assert_success();
+    assert!(out
+        .command("rdmacm-siw")
+        .unwrap()
+        .output
+        .contains("OK on siw0"));
+    assert!(out
+        .command("rdmacm-rxe")
+        .unwrap()
+        .output
+        .contains("OK on rxe1"));
+}
+
+/// On the host the rdma_cm smoke program must refuse (TEST-NET-2 would route off the machine).
+#[test]
+fn rdmacm_smoke_refuses_outside_the_guest() {
+    let out = Command::new(example("rdmacm_smoke"))
+        .args([RXE_CM_ADDR])
+        .env_remove("MSGR_IN_GUEST")
+        .output()
+        .expect("run rdmacm_smoke");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("refusing"));
 }
 
 #[test]

@@ -378,10 +378,12 @@ impl CmId {
     }
 
     /// The device this id is bound to (after bind to a device address,
-    /// address resolution or a connect request); owned by rdma_cm.
+    /// address resolution or a connect request); owned by rdma_cm and kept
+    /// open by the returned context, which holds on to this id.
     pub fn context(&self) -> Option<Arc<Context>> {
         // SAFETY: live id; `verbs` is set by rdma_cm and lives as long as the id.
-        NonNull::new(unsafe { (*self.ptr()).verbs }).map(Context::borrowed)
+        NonNull::new(unsafe { (*self.ptr()).verbs })
+            .map(|ctx| Context::borrowed(ctx, self.inner.clone()))
     }
 
     /// The device port this id uses.

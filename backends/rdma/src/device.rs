@@ -72,6 +72,7 @@ impl DeviceList {
             ctx,
             name,
             owned: true,
+            _keep: None,
         }))
     }
 }
@@ -100,6 +101,8 @@ pub struct Context {
     name: String,
     /// False for contexts that rdma_cm owns (a `CmId`'s `verbs`).
     owned: bool,
+    /// What keeps a borrowed context open (the rdma_cm id it came from).
+    _keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: libibverbs contexts may be used from any thread.
@@ -208,14 +211,25 @@ impl fmt::Display for Gid {
 
 impl Context {
     /// A context that rdma_cm owns (not closed on drop).
-    pub(crate) fn borrowed(ctx: NonNull<sys::ibv_context>) -> Arc<Context> {
+    pub(crate) fn borrowed(
+        ctx: NonNull<sys::ibv_context>,
+        keep: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Arc<Context> {
         // SAFETY: ctx is a live context with a live device.
         let name = device_name(unsafe { (*ctx.as_ptr()).device });
         Arc::new(Context {
             ctx,
             name,
             owned: false,
+            _keep: Some(keep),
         })
+    }
+
+    /// iWARP devices (siw, ...) have no immediate data, and the active side
+    /// of a connection must send first.
+    pub fn is_iwarp(&self) -> bool {
+        // SAFETY: live context with a live device.
+        unsafe { (*(*self.ctx.as_ptr()).device).transport_type == sys::IBV_TRANSPORT_IWARP }
     }
 
     pub fn name(&self) -> &str {
