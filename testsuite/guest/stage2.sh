@@ -13,8 +13,12 @@
 #   siw0  soft-iWARP on dummy d1   198.51.100.2/24  (rdma_cm over iWARP)
 JOB=/run/msgr-job
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-export HOME=/tmp TMPDIR=/tmp MSGR_IN_GUEST=1
-cd /tmp || exit 1
+# The root (and /tmp, which stays the host's so that binaries built there run)
+# is read-only: scratch space is a directory on the /run tmpfs.
+mkdir -p /run/tmp
+chmod 1777 /run/tmp
+export HOME=/run/tmp TMPDIR=/run/tmp MSGR_IN_GUEST=1
+cd /run/tmp || exit 1
 
 step() {
   "$@" >>$JOB/setup.log 2>&1 || {

@@ -67,7 +67,8 @@ pub enum GuestVariant {
 }
 
 /// One command to run in the guest: a `sh` script, run as root in the host's
-/// (read-only) root filesystem with `/tmp` a fresh tmpfs and `TMPDIR=/tmp`.
+/// (read-only) root filesystem, in `TMPDIR=/run/tmp` (a tmpfs; the host's
+/// `/tmp` stays visible, read-only, so binaries built there run).
 #[derive(Clone, Debug)]
 pub struct GuestCommand {
     /// Label for reports.

@@ -123,6 +123,7 @@ fn smoke_programs() {
     let verbs = example("verbs_smoke");
     let cm = example("rdmacm_smoke");
     let cmds = [
+        GuestCommand::shell("devices", "ibv_devices && rdma link show"),
         GuestCommand::program("verbs-rxe0", &verbs, &["rxe0", "100"]),
         GuestCommand::program("rdmacm-rxe", &cm, &[RXE_CM_ADDR, "7471", "50"]),
         GuestCommand::program("rdmacm-siw", &cm, &[SIW_CM_ADDR, "7472", "50"]),
@@ -154,25 +155,6 @@ fn rdmacm_smoke_refuses_outside_the_guest() {
         .expect("run rdmacm_smoke");
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("refusing"));
-}
-
-#[test]
-fn devices_are_up() {
-    let out = runner()
-        .run(
-            &[GuestCommand::shell(
-                "ibv_devices",
-                "ibv_devices && rdma link show",
-            )],
-            Duration::from_secs(120),
-        )
-        .expect("guest run");
-    println!("{out}");
-    out.assert_success();
-    let o = &out.commands[0].output;
-    for dev in ["rxe0", "rxe1", "siw0"] {
-        assert!(o.contains(dev), "{dev} missing");
-    }
 }
 
 #[test]
@@ -211,8 +193,8 @@ ip -n msgr-a link set va up
 ip -n msgr-b link set vb up
 ip netns exec msgr-a tc qdisc add dev va root netem delay 10ms 2ms loss 5% duplicate 2% reorder 10% 50%
 ip netns exec msgr-a tc qdisc show dev va
-ip netns exec msgr-a busybox ping -c 20 -i 0.1 -W 2 198.51.100.66 | tail -n 3 | tee /tmp/ping.log
-grep -Eq ' [1-9][0-9]* packets received' /tmp/ping.log
+ip netns exec msgr-a busybox ping -c 10 -i 0.1 -W 2 198.51.100.66 | tail -n 3 | tee $TMPDIR/ping.log
+grep -Eq ' [1-9][0-9]* packets received' $TMPDIR/ping.log
 ip netns exec msgr-b busybox nc -l -p 7000 -e /bin/cat &
 sleep 1
 ip netns exec msgr-a bash -c '

@@ -150,7 +150,7 @@ fn port(tool_index: u16, fabric: CmFabric) -> u16 {
 /// first, then the server's after a separator line.
 fn pair_script(server: &str, client: &str) -> String {
     format!(
-        "{server} >/tmp/server.log 2>&1 &\n\
+        "{server} >$TMPDIR/server.log 2>&1 &\n\
          srv=$!\n\
          sleep 1\n\
          {client}\n\
@@ -159,7 +159,7 @@ fn pair_script(server: &str, client: &str) -> String {
          src=$?\n\
          [ $rc -eq 0 ] && rc=$src\n\
          echo '--- server ---'\n\
-         cat /tmp/server.log\n\
+         cat $TMPDIR/server.log\n\
          exit $rc\n"
     )
 }
