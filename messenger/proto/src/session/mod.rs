@@ -657,7 +657,7 @@ impl Session {
         self.close_link_now();
         self.adopt_peer(hello);
         self.features = features;
-        self.start_link(link, now);
+        self.attach_link(link, now);
         if hello.cookie == 0 {
             if self.cookie == 0 {
                 self.cookie = new_cookie;
@@ -686,14 +686,22 @@ impl Session {
 
     // ---- internals ---------------------------------------------------------
 
+    /// Starts a fresh link: our banner goes first.
     fn start_link(&mut self, link: LinkId, now: Instant) {
-        self.ctrl.clear();
+        self.attach_link(link, now);
         self.state = State::Banner(link);
+        self.ctrl
+            .push_back(Transmit::Banner(Banner::default().encode()));
+    }
+
+    /// Adopts a link whose banners were already exchanged (by the acceptor
+    /// session that routed it here).
+    fn attach_link(&mut self, link: LinkId, now: Instant) {
+        self.ctrl.clear();
         self.link_since = now;
         self.last_rx = now;
         self.last_tx = now;
-        self.ctrl
-            .push_back(Transmit::Banner(Banner::default().encode()));
+        self.state = State::Identified(link);
     }
 
     fn adopt_peer(&mut self, hello: &Hello) {
