@@ -859,6 +859,12 @@ impl Session {
             }
             (State::HelloSent(_), Tag::SessionReset) => {
                 self.remote_reset();
+                // The peer lost our session, typically by restarting: its
+                // next incarnation (a new nonce) is the one to talk to, or
+                // check_peer would refuse it forever.
+                if let Some(a) = self.peer_addr.as_mut() {
+                    a.nonce = 0;
+                }
                 // Start afresh on a new link right away (lossless) or end (lossy).
                 self.fault(FaultReason::Transport("peer reset the session".into()), now);
                 if let State::Standby(Some(_)) = self.state {
