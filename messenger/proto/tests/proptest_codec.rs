@@ -1,0 +1,378 @@
+//! Property tests of every decoder: round trips, arbitrary bytes never panic,
+//! truncated input asks for more, and any single flipped bit is detected.
+
+use std::str::FromStr;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use msgr_addr::{AddrVec, EntityAddr, EntityName};
+use msgr_proto::banner::{Banner, BANNER_LEN};
+use msgr_proto::control::{control_frame, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk};
+use msgr_proto::frame::{Preamble, MAX_SEGMENTS, PREAMBLE_LEN};
+use msgr_proto::session::{LinkId, LocalIdentity, Policy, Session, SessionConfig};
+use msgr_proto::sim::fuzz::{sample_frames, SampleKind, SamplePayload};
+use msgr_proto::{Frame, FrameDecoder, FrameLimits, Inbound, Message, StreamDecoder, Tag};
+use proptest::prelude::*;
+
+fn tag() -> impl Strategy<Value = Tag> {
+    (1u8..=13).prop_map(|t| Tag::from_u8(t).expect("valid tag"))
+}
+
+fn frame() -> impl Strategy<Value = Frame> {
+    (
+        tag(),
+        any::<u8>(),
+        proptest::collection::vec(
+            proptest::collection::vec(any::<u8>(), 0..300),
+            0..=MAX_SEGMENTS,
+        ),
+    )
+        .prop_map(|(tag, flags, segs)| Frame {
+            tag,
+            flags,
+            segments: segs.into_iter().map(Bytes::from).collect(),
+        })
+}
+
+fn message() -> impl Strategy<Value = (Message, u64)> {
+    (
+        any::<u16>(),
+        any::<u8>(),
+        any::<u8>(),
+        any::<u64>(),
+        proptest::collection::vec(any::<u8>(), 0..200),
+        proptest::collection::vec(any::<u8>(), 0..500),
+        any::<u64>(),
+    )
+        .prop_map(|(t, p, f, seq, front, data, ack)| {
+            let mut m = Message::new(t, front, data);
+            m.priority = p;
+            m.flags = f;
+            m.seq = seq;
+            (m, ack)
+        })
+}
+
+fn addr() -> impl Strategy<Value = EntityAddr> {
+    (any::<[u8; 4]>(), any::<u16>(), any::<u64>())
+        .prop_map(|(ip, port, nonce)| EntityAddr::tcp((ip, port).into()).with_nonce(nonce))
+}
+
+fn name() -> impl Strategy<Value = EntityName> {
+    (0u8..3, any::<u64>()).prop_map(|(k, id)| match k {
+        0 => EntityName::client(id),
+        1 => EntityName::server(id),
+        _ => EntityName::peer(id),
+    })
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    prop_oneof![
+        Just(Policy::LossyClient),
+        Just(Policy::LosslessClient),
+        Just(Policy::LosslessPeer),
+        Just(Policy::Server)
+    ]
+}
+
+/// Every control frame type with arbitrary field values.
+fn control() -> impl Strategy<Value = Frame> {
+    prop_oneof![
+        (name(), addr(), addr(), policy(), any::<u64>(), any::<u64>()).prop_map(
+            |(name, addr, target, policy, cookie, in_seq)| control_frame(
+                Tag::Hello,
+                &Hello {
+                    name,
+                    addr,
+                    target,
+                    policy,
+                    cookie,
+                    in_seq
+                }
+            )
+        ),
+        (name(), addr(), any::<u64>()).prop_map(|(name, addr, cookie)| control_frame(
+            Tag::HelloOk,
+            &HelloOk { name, addr, cookie }
+        )),
+        (name(), addr(), any::<u64>()).prop_map(|(name, addr, in_seq)| control_frame(
+            Tag::ReconnectOk,
+            &ReconnectOk { name, addr, in_seq }
+        )),
+        Just(control_frame(Tag::SessionReset, &())),
+        Just(control_frame(Tag::Wait, &())),
+        any::<u64>().prop_map(|seq| control_frame(Tag::Ack, &Ack { seq })),
+        any::<u64>().prop_map(|stamp| control_frame(Tag::Keepalive, &Keepalive { stamp })),
+        any::<u64>().prop_map(|stamp| control_frame(Tag::KeepaliveAck, &Keepalive { stamp })),
+        ".{0,100}".prop_map(|reason| control_frame(Tag::Close, &Close { reason })),
+    ]
+}
+
+fn decode_stream(bytes: &[u8]) -> Result<Vec<Frame>, msgr_proto::FrameError> {
+    let mut dec = FrameDecoder::new(FrameLimits::default());
+    let mut buf = BytesMut::from(bytes);
+    let mut out = Vec::new();
+    while let Some(f) = dec.decode(&mut buf)? {
+        out.push(f);
+    }
+    assert!(buf.len() < dec.needed());
+    Ok(out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+    #[test]
+    fn any_frame_round_trips_through_both_decoders(f in frame()) {
+        let enc = f.encode_to_vec().unwrap();
+        prop_assert_eq!(enc.len(), f.encoded_len());
+        prop_assert_eq!(Frame::decode_exact(Bytes::from(enc.clone()), &FrameLimits::default()), Ok(f.clone()));
+        prop_assert_eq!(decode_stream(&enc), Ok(vec![f.clone()]));
+        // The preamble alone round-trips too.
+        let pre = f.preamble().unwrap();
+        let mut raw = [0u8; PREAMBLE_LEN];
+        raw.copy_from_slice(&enc[..PREAMBLE_LEN]);
+        prop_assert_eq!(Preamble::decode(&raw, &FrameLimits::default()), Ok(pre));
+        prop_assert_eq!(pre.frame_len(), enc.len() as u64);
+    }
+
+    #[test]
+    fn every_control_frame_round_trips(f in control()) {
+        let enc = f.encode_to_vec().unwrap();
+        prop_assert_eq!(Frame::decode_exact(Bytes::from(enc), &FrameLimits::default()), Ok(f));
+    }
+
+    #[test]
+    fn a_sequence_of_frames_splits_back_at_any_chunking(
+        frames in proptest::collection::vec(frame(), 1..6),
+        chunks in proptest::collection::vec(1usize..80, 1..50),
+    ) {
+        let mut stream = Banner::default().encode().to_vec();
+        for f in &frames {
+            stream.extend(f.encode_to_vec().unwrap());
+        }
+        let mut dec = StreamDecoder::new(FrameLimits::default());
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        let mut pos = 0;
+        let mut i = 0;
+        while pos < stream.len() {
+            let n = chunks[i % chunks.len()].min(stream.len() - pos);
+            i += 1;
+            buf.extend_from_slice(&stream[pos..pos + n]);
+            pos += n;
+            while let Some(u) = dec.decode(&mut buf).unwrap() {
+                got.push(u);
+            }
+        }
+        prop_assert_eq!(got.len(), frames.len() + 1);
+        prop_assert_eq!(&got[0], &Inbound::Banner(Banner::default().encode()));
+        for (u, f) in got[1..].iter().zip(&frames) {
+            prop_assert_eq!(u, &Inbound::Frame(f.clone()));
+        }
+        prop_assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn every_message_round_trips((m, ack) in message()) {
+        let f = m.to_frame(ack);
+        let enc = f.encode_to_vec().unwrap();
+        let back = Frame::decode_exact(Bytes::from(enc), &FrameLimits::default()).unwrap();
+        prop_assert_eq!(Message::from_frame(back), Ok((m, ack)));
+    }
+
+    #[test]
+    fn typed_payloads_round_trip(
+        id in any::<u32>(), nm in ".{0,40}", tags in proptest::collection::vec(any::<u16>(), 0..20),
+        offset in any::<Option<i64>>(), blob in proptest::collection::vec(any::<u8>(), 0..64),
+        kind in 0u8..3, n in any::<u64>(), who in name(), a in proptest::option::of(addr()),
+    ) {
+        let kind = match kind {
+            0 => SampleKind::Ping,
+            1 => SampleKind::Data(n),
+            _ => SampleKind::Named { name: who, flag: n % 2 == 0 },
+        };
+        let p = SamplePayload { id, name: nm, tags, offset, kind, blob, addr: a };
+        let m = Message::encode(9, &p).unwrap();
+        let (back, _) = Message::from_frame(m.to_frame(0)).unwrap();
+        prop_assert_eq!(back.decode::<SamplePayload>(), Ok(p));
+    }
+
+    #[test]
+    fn banner_round_trips(version in any::<u16>(), supported in any::<u64>(), required in any::<u64>()) {
+        let b = Banner { version, supported, required };
+        prop_assert_eq!(Banner::decode(&b.encode()), Ok(b));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_any_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+        let limits = FrameLimits::default();
+        let _ = decode_stream(&bytes);
+        let _ = Frame::decode_exact(Bytes::from(bytes.clone()), &limits);
+        let mut sd = StreamDecoder::new(limits);
+        let mut buf = BytesMut::from(&bytes[..]);
+        while let Ok(Some(_)) = sd.decode(&mut buf) {}
+        if bytes.len() >= BANNER_LEN {
+            let mut raw = [0u8; BANNER_LEN];
+            raw.copy_from_slice(&bytes[..BANNER_LEN]);
+            let _ = Banner::decode(&raw);
+            let mut pre = [0u8; PREAMBLE_LEN];
+            pre.copy_from_slice(&bytes[..PREAMBLE_LEN]);
+            let _ = Preamble::decode(&pre, &limits);
+        }
+        // Message::from_frame on arbitrary segment shapes and contents.
+        for n in 0..=MAX_SEGMENTS {
+            let segs = bytes.chunks(bytes.len() / (n + 1) + 1).take(n).map(Bytes::copy_from_slice).collect();
+            let _ = Message::from_frame(Frame { tag: Tag::Message, flags: 0, segments: segs });
+        }
+        if let Ok(s) = std::str::from_utf8(&bytes) {
+            let _ = EntityAddr::from_str(s);
+            let _ = AddrVec::from_str(s);
+            let _ = EntityName::from_str(s);
+        }
+        let _ = msgr_proto::Codec::decode::<SamplePayload>(&msgr_proto::Postcard, &bytes);
+    }
+
+    #[test]
+    fn address_strings_never_panic_and_round_trip(s in "[a-z+;:/\\[\\]0-9.?=&%_,-]{0,80}") {
+        if let Ok(a) = EntityAddr::from_str(&s) {
+            prop_assert_eq!(a.to_string().parse::<EntityAddr>(), Ok(a));
+        }
+        if let Ok(v) = AddrVec::from_str(&s) {
+            prop_assert_eq!(v.to_string().parse::<AddrVec>(), Ok(v));
+        }
+    }
+
+    /// Control payload parsing through the engine: arbitrary segments on every
+    /// tag, in each handshake state, must give an error or a transition,
+    /// never a panic.
+    #[test]
+    fn arbitrary_control_payloads_never_panic_the_engine(
+        t in tag(),
+        segs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..120), 0..3),
+        acceptor in any::<bool>(),
+        open in any::<bool>(),
+    ) {
+        let now = Instant::now();
+        let local = LocalIdentity { name: EntityName::peer(1), addr: EntityAddr::tcp(([10, 0, 0, 1], 6800).into()) };
+        let peer = EntityAddr::tcp(([10, 0, 0, 2], 6800).into());
+        let l = LinkId(1);
+        let mut s = if acceptor {
+            Session::accept(SessionConfig::default(), local, l, now)
+        } else {
+            let mut s = Session::connect(SessionConfig::default(), local, peer.clone(), Policy::LosslessClient, now);
+            s.link_up(l, now);
+            s
+        };
+        s.handle_inbound(l, Inbound::Banner(Banner::default().encode()), now).unwrap();
+        if open && !acceptor {
+            let ok = control_frame(Tag::HelloOk, &HelloOk { name: EntityName::peer(2), addr: peer, cookie: 5 });
+            s.handle_inbound(l, Inbound::Frame(ok), now).unwrap();
+            prop_assert!(s.is_open());
+        }
+        let f = Frame { tag: t, flags: 0, segments: segs.into_iter().map(Bytes::from).collect() };
+        let _ = s.handle_inbound(l, Inbound::Frame(f), now);
+        while s.poll_transmit(now).is_some() {}
+        while s.poll_event().is_some() {}
+    }
+}
+
+/// Every strict prefix of an encoded frame makes the decoders ask for more
+/// (`Ok(None)`), never an error or a different frame.
+#[test]
+fn a_frame_cut_at_any_byte_asks_for_more() {
+    for f in sample_frames() {
+        let enc = f.encode_to_vec().unwrap();
+        for cut in 0..enc.len() {
+            let mut dec = FrameDecoder::new(FrameLimits::default());
+            let mut buf = BytesMut::from(&enc[..cut]);
+            assert_eq!(dec.decode(&mut buf), Ok(None), "{:?} cut at {cut}", f.tag);
+            assert_eq!(buf.len(), cut, "bytes consumed while asking for more");
+            assert!(dec.needed() > cut);
+            // Feeding the rest completes it.
+            buf.extend_from_slice(&enc[cut..]);
+            assert_eq!(dec.decode(&mut buf), Ok(Some(f.clone())));
+            // The stream decoder likewise, banner first.
+            let mut sd = StreamDecoder::new(FrameLimits::default());
+            let mut stream = Banner::default().encode().to_vec();
+            stream.extend_from_slice(&enc[..cut]);
+            let mut buf = BytesMut::from(&stream[..]);
+            assert!(matches!(sd.decode(&mut buf), Ok(Some(Inbound::Banner(_)))));
+            assert_eq!(sd.decode(&mut buf), Ok(None));
+            assert!(sd.needed() > buf.len());
+        }
+        // Banner prefixes too.
+        let b = Banner::default().encode();
+        for cut in 0..BANNER_LEN {
+            let mut sd = StreamDecoder::new(FrameLimits::default());
+            let mut buf = BytesMut::from(&b[..cut]);
+            assert_eq!(sd.decode(&mut buf), Ok(None));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn a_cut_frame_asks_for_more(f in frame(), cut in any::<prop::sample::Index>()) {
+        let enc = f.encode_to_vec().unwrap();
+        let cut = cut.index(enc.len());
+        let mut dec = FrameDecoder::new(FrameLimits::default());
+        let mut buf = BytesMut::from(&enc[..cut]);
+        prop_assert_eq!(dec.decode(&mut buf), Ok(None));
+        prop_assert_eq!(
+            Frame::decode_exact(Bytes::copy_from_slice(&enc[..cut]), &FrameLimits::default()).is_err(),
+            true
+        );
+    }
+}
+
+/// Any single flipped bit of an encoded frame is detected: an error, never a
+/// different frame (and never "need more" forever: the stream is complete).
+#[test]
+fn every_single_bit_flip_of_every_sample_frame_is_detected() {
+    let mut checked = 0;
+    for f in sample_frames() {
+        let enc = f.encode_to_vec().unwrap();
+        for bit in 0..enc.len() * 8 {
+            let mut bad = enc.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            let r = Frame::decode_exact(Bytes::from(bad.clone()), &FrameLimits::default());
+            assert!(
+                r.is_err(),
+                "{:?}: flipped bit {bit} decoded as {r:?}",
+                f.tag
+            );
+            let mut dec = FrameDecoder::new(FrameLimits::default());
+            let mut buf = BytesMut::from(&bad[..]);
+            assert!(
+                dec.decode(&mut buf).is_err(),
+                "{:?}: stream decoder missed bit {bit}",
+                f.tag
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 5_000, "{checked}");
+    // And the banner.
+    let b = Banner::default().encode();
+    for bit in 0..BANNER_LEN * 8 {
+        let mut bad = b;
+        bad[bit / 8] ^= 1 << (bit % 8);
+        assert!(Banner::decode(&bad).is_err(), "banner bit {bit}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn a_flipped_bit_in_any_frame_is_detected(f in frame(), pos in any::<prop::sample::Index>(), bit in 0u8..8) {
+        let mut enc = f.encode_to_vec().unwrap();
+        let i = pos.index(enc.len());
+        enc[i] ^= 1 << bit;
+        let r = Frame::decode_exact(Bytes::from(enc), &FrameLimits::default());
+        prop_assert!(r.is_err(), "flip at byte {} bit {} decoded as {:?}", i, bit, r);
+    }
+}
