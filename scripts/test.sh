@@ -39,3 +39,6 @@ cargo clippy -p rdma-cm-sys -p msgr-rdma -p msgr-testsuite --all-targets --all-f
 step "RDMA guest: tests in the QEMU guest (verbs, rdma_cm on rxe and siw, reference peers, netem)"
 cargo test --release -p msgr-testsuite --features rdma --test guest_rdma -- --nocapture --test-threads 1
 echo "RDMA guest part took $(($(date +%s) - guest_start)) s"
+
+step "fuzz: every cargo-fuzz target for 30 s (stable, --sanitizer none; see docs/FUZZING.md)"
+./scripts/fuzz.sh 30
