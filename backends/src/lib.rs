@@ -45,6 +45,9 @@ pub enum RealFault {
     HalfClose,
     /// Stop reading from the peer (its sends back up).
     StopReading,
+    /// Stop reading and writing, as a hung or frozen peer process would: the
+    /// connection stays up but nothing moves.
+    Freeze,
 }
 
 /// What every backend does. Methods never block.

@@ -1,1 +1,60 @@
-//! msgr.
+//! msgr: framed, ordered messages between the processes of a distributed
+//! system, over TCP, RDMA verbs, rdma_cm and libfabric, with one API.
+//!
+//! - [`Messenger`]: bind to a typed address, connect to peers, shut down.
+//! - [`Connection`]: send to one peer; lossy or lossless per [`Policy`].
+//! - [`Dispatcher`]: receive messages and connection events.
+//! - [`Message`]: header + front + data; typed payloads through serde (postcard).
+//! - [`MessengerConfig`]: every tunable, from code, a TOML file or `MSGR_*` variables.
+//! - [`Counters`]: what happened, from the API or as Prometheus text.
+//!
+//! ```
+//! use std::sync::{Arc, mpsc};
+//! use std::time::Duration;
+//! use msgr::{Connection, Dispatcher, EntityName, Message, Messenger, NullDispatcher};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Hello { text: String }
+//!
+//! struct Inbox(std::sync::Mutex<mpsc::Sender<String>>);
+//! impl Dispatcher for Inbox {
+//!     fn on_message(&self, _conn: &Connection, msg: Message) {
+//!         let hello: Hello = msg.decode().expect("a Hello");
+//!         self.0.lock().unwrap().send(hello.text).unwrap();
+//!     }
+//! }
+//!
+//! let (tx, rx) = mpsc::channel();
+//! let mut server = Messenger::builder(EntityName::server(1))
+//!     .bind("tcp://127.0.0.1:0".parse()?)
+//!     .start(Arc::new(Inbox(std::sync::Mutex::new(tx))))?;
+//! let mut client = Messenger::builder(EntityName::client(1)).start(Arc::new(NullDispatcher))?;
+//! let conn = client.connect(server.addr())?;
+//! conn.send(Message::encode(1, &Hello { text: "hi".into() })?)?;
+//! assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "hi");
+//! client.shutdown(Duration::from_secs(1));
+//! server.shutdown(Duration::from_secs(1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod config;
+mod connection;
+mod counters;
+mod dispatcher;
+mod messenger;
+mod throttle;
+mod worker;
+
+pub use config::{parse_policy, ConfigError, MessengerConfig, CONFIG_KEYS};
+pub use connection::{Connection, ConnectionState, SendError};
+pub use counters::Counters;
+pub use dispatcher::{Dispatcher, NullDispatcher};
+pub use messenger::{Messenger, MessengerBuilder, MessengerError, ShutdownReport};
+pub use msgr_addr::{AddrVec, EntityAddr, EntityName, TransportKind};
+pub use msgr_backends::{availability, Availability, RealFault};
+pub use msgr_proto::{
+    Codec, CodecError, FaultReason, Message, PeerInfo, Policy, Postcard, SessionConfig,
+};

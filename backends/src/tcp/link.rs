@@ -129,6 +129,8 @@ pub(crate) struct TcpLink {
     pub(crate) decoder: StreamDecoder,
     pub(crate) close_after_flush: bool,
     pub(crate) paused: bool,
+    /// Fault injection: neither read nor write.
+    pub(crate) frozen: bool,
     /// Readable data may be waiting (edge-triggered readiness was not drained).
     pub(crate) read_pending: bool,
     pub(crate) write_interest: bool,
@@ -144,6 +146,7 @@ impl TcpLink {
             decoder: StreamDecoder::new(limits),
             close_after_flush: false,
             paused: false,
+            frozen: false,
             read_pending: false,
             write_interest: false,
         }

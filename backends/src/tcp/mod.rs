@@ -44,6 +44,9 @@ pub struct TcpTransport {
     read_pending: Vec<LinkId>,
     /// Links aborted by fault injection, reported on the next progress call.
     aborted: Vec<LinkId>,
+    /// Frozen links (fault injection) that were closed: a hung process never
+    /// closes its socket, so neither do we until the transport goes away.
+    frozen_closed: Vec<TcpLink>,
 }
 
 impl TcpTransport {
@@ -61,6 +64,7 @@ impl TcpTransport {
             dirty: Vec::new(),
             read_pending: Vec::new(),
             aborted: Vec::new(),
+            frozen_closed: Vec::new(),
         })
     }
 
@@ -130,7 +134,7 @@ impl TcpTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
-        if link.paused {
+        if link.paused || link.frozen {
             link.read_pending = true;
             return;
         }
@@ -315,11 +319,12 @@ impl Transport for TcpTransport {
     }
 
     fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        let aborted = !self.aborted.is_empty();
         for id in std::mem::take(&mut self.aborted) {
             events.push(TransportEvent::Failed(id, "injected abortive close".into()));
         }
         if self.read_pending.is_empty() {
-            return false;
+            return aborted;
         }
         for id in std::mem::take(&mut self.read_pending) {
             self.read_link(id, events);
@@ -331,6 +336,12 @@ impl Transport for TcpTransport {
         let Some(l) = self.links.get_mut(&link) else {
             return;
         };
+        if l.frozen {
+            if let Some(l) = self.drop_link(link) {
+                self.frozen_closed.push(l);
+            }
+            return;
+        }
         if flush && !l.tx.is_empty() && !l.connecting {
             l.close_after_flush = true;
             self.dirty.push(link);
@@ -341,6 +352,9 @@ impl Transport for TcpTransport {
 
     fn pause_reading(&mut self, link: LinkId, paused: bool) {
         if let Some(l) = self.links.get_mut(&link) {
+            if l.frozen {
+                return;
+            }
             l.paused = paused;
             if !paused && l.read_pending {
                 self.read_pending.push(link);
@@ -375,6 +389,7 @@ impl Transport for TcpTransport {
                     .map_err(|e| TransportError::io("shutdown", e))?;
             }
             RealFault::StopReading => l.paused = true,
+            RealFault::Freeze => l.frozen = true,
         }
         Ok(())
     }

@@ -239,6 +239,9 @@ pub struct Session {
     lossless: bool,
     may_reconnect: bool,
     peer_addr: Option<EntityAddr>,
+    /// Where to dial when (re)connecting: what the application asked for (a
+    /// proxy or a load balancer may stand there), not what the peer calls itself.
+    dial: Option<EntityAddr>,
     peer_name: Option<EntityName>,
     cookie: u64,
     features: u64,
@@ -277,6 +280,7 @@ impl Session {
             lossless: policy.lossless(),
             may_reconnect: false,
             peer_addr: None,
+            dial: None,
             peer_name: None,
             cookie: 0,
             features: 0,
@@ -316,6 +320,7 @@ impl Session {
         s.connector = true;
         s.may_reconnect = matches!(policy, Policy::LosslessClient | Policy::LosslessPeer);
         s.events.push_back(SessionEvent::Connect(peer.clone()));
+        s.dial = Some(peer.clone());
         s.peer_addr = Some(peer);
         s.state = State::Connecting;
         s
@@ -520,7 +525,7 @@ impl Session {
                 }
             }
             State::Standby(Some(at)) if now >= at => {
-                if let Some(peer) = self.peer_addr.clone() {
+                if let Some(peer) = self.dial.clone() {
                     self.state = State::Connecting;
                     self.connector = true;
                     self.events.push_back(SessionEvent::Connect(peer));
@@ -710,6 +715,9 @@ impl Session {
         self.lossless = hello.policy.lossless();
         // A server reconnects only for peers that asked for it and that listen.
         self.may_reconnect = hello.policy == Policy::LosslessPeer && hello.addr.socket.port() != 0;
+        if self.dial.is_none() {
+            self.dial = Some(hello.addr.clone());
+        }
         self.connector = false;
     }
 

@@ -1,0 +1,288 @@
+//! Messenger configuration: defaults, a TOML file, environment variables.
+//!
+//! Every key can be set the same three ways, through one setter
+//! ([`MessengerConfig::set`]): in code, in a TOML file with flat `key = value`
+//! lines ([`MessengerConfig::from_file`]), or as `MSGR_<KEY>` environment
+//! variables ([`MessengerConfig::apply_env`]). The keys are listed in
+//! [`CONFIG_KEYS`] and in the README.
+
+use std::path::Path;
+use std::time::Duration;
+
+use msgr_proto::{Policy, SessionConfig};
+use thiserror::Error;
+
+/// A configuration key or value was not understood.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No such key.
+    #[error("unknown configuration key `{0}` (known keys: {keys})", keys = CONFIG_KEYS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "))]
+    UnknownKey(String),
+    /// The value does not parse for that key.
+    #[error("bad value `{value}` for `{key}`: {why}")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// What was expected.
+        why: String,
+    },
+    /// The file could not be read or parsed.
+    #[error("configuration file {path}: {why}")]
+    File {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+/// Every key with a one-line description (for `--help` texts and the README).
+pub const CONFIG_KEYS: &[(&str, &str)] = &[
+    ("workers", "event-loop worker threads (default 1)"),
+    (
+        "busy_poll_us",
+        "busy-poll window after activity before blocking, in µs (default 200; 0 = never spin)",
+    ),
+    (
+        "policy",
+        "policy of connections this side opens: lossy-client | lossless-client | lossless-peer",
+    ),
+    (
+        "keepalive_interval_ms",
+        "send a keepalive after this much send silence (default 2000)",
+    ),
+    (
+        "keepalive_timeout_ms",
+        "declare the link dead after this much receive silence (default 15000)",
+    ),
+    (
+        "handshake_timeout_ms",
+        "banner + hello must finish within this (default 10000)",
+    ),
+    (
+        "backoff_min_ms",
+        "first reconnect delay, doubling per failure (default 5)",
+    ),
+    ("backoff_max_ms", "reconnect delay ceiling (default 2000)"),
+    (
+        "max_queued_messages",
+        "send queue bound per connection, in messages (default 65536)",
+    ),
+    (
+        "max_queued_bytes",
+        "send queue bound per connection, in payload bytes (default 256 MiB)",
+    ),
+    (
+        "max_front_bytes",
+        "largest front segment accepted (default 16 MiB)",
+    ),
+    (
+        "max_data_bytes",
+        "largest data segment accepted (default 128 MiB)",
+    ),
+    (
+        "rx_throttle_messages",
+        "received messages the application may hold before reading pauses (default 65536)",
+    ),
+    (
+        "rx_throttle_bytes",
+        "received payload bytes the application may hold before reading pauses (default 512 MiB)",
+    ),
+];
+
+/// Configuration of a [`crate::Messenger`].
+///
+/// ```
+/// use msgr::MessengerConfig;
+/// let mut cfg = MessengerConfig::default();
+/// cfg.set("workers", "2").unwrap();
+/// cfg.set("policy", "lossy-client").unwrap();
+/// assert_eq!(cfg.workers, 2);
+/// assert!(cfg.set("no_such_key", "1").is_err());
+/// ```
+#[derive(Clone, Debug)]
+pub struct MessengerConfig {
+    /// Worker threads, each with its own event loop.
+    pub workers: usize,
+    /// How long a worker keeps polling without blocking after activity.
+    pub busy_poll: Duration,
+    /// Policy of connections opened with [`crate::Messenger::connect`].
+    pub policy: Policy,
+    /// Session tunables (timers, queue bounds, frame limits).
+    pub session: SessionConfig,
+    /// Received messages the application may hold before reading pauses.
+    pub rx_throttle_messages: usize,
+    /// Received payload bytes the application may hold before reading pauses.
+    pub rx_throttle_bytes: usize,
+}
+
+impl Default for MessengerConfig {
+    fn default() -> Self {
+        MessengerConfig {
+            workers: 1,
+            busy_poll: Duration::from_micros(200),
+            policy: Policy::LosslessClient,
+            session: SessionConfig::default(),
+            rx_throttle_messages: 64 * 1024,
+            rx_throttle_bytes: 512 << 20,
+        }
+    }
+}
+
+fn parse_num<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    value
+        .trim()
+        .parse::<T>()
+        .map_err(|e| ConfigError::BadValue {
+            key: key.into(),
+            value: value.into(),
+            why: e.to_string(),
+        })
+}
+
+/// Parses a policy name as written in configuration.
+pub fn parse_policy(value: &str) -> Option<Policy> {
+    Some(match value {
+        "lossy-client" | "lossy" => Policy::LossyClient,
+        "lossless-client" | "lossless" => Policy::LosslessClient,
+        "lossless-peer" | "peer" => Policy::LosslessPeer,
+        _ => return None,
+    })
+}
+
+impl MessengerConfig {
+    /// Sets one key from its text form.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        let ms = |v: &str| parse_num::<u64>(key, v).map(Duration::from_millis);
+        let s = &mut self.session;
+        match key {
+            "workers" => {
+                self.workers = parse_num(key, value)?;
+                if self.workers == 0 || self.workers > 256 {
+                    return Err(ConfigError::BadValue {
+                        key: key.into(),
+                        value: value.into(),
+                        why: "must be 1..=256".into(),
+                    });
+                }
+            }
+            "busy_poll_us" => self.busy_poll = Duration::from_micros(parse_num(key, value)?),
+            "policy" => {
+                self.policy = parse_policy(value.trim()).ok_or_else(|| ConfigError::BadValue {
+                    key: key.into(),
+                    value: value.into(),
+                    why: "expected lossy-client, lossless-client or lossless-peer".into(),
+                })?
+            }
+            "keepalive_interval_ms" => s.keepalive_interval = ms(value)?,
+            "keepalive_timeout_ms" => s.keepalive_timeout = ms(value)?,
+            "handshake_timeout_ms" => s.handshake_timeout = ms(value)?,
+            "backoff_min_ms" => s.backoff_min = ms(value)?,
+            "backoff_max_ms" => s.backoff_max = ms(value)?,
+            "max_queued_messages" => s.max_queued_messages = parse_num(key, value)?,
+            "max_queued_bytes" => s.max_queued_bytes = parse_num(key, value)?,
+            "max_front_bytes" => s.limits.max_segment[1] = parse_num(key, value)?,
+            "max_data_bytes" => s.limits.max_segment[2] = parse_num(key, value)?,
+            "rx_throttle_messages" => self.rx_throttle_messages = parse_num(key, value)?,
+            "rx_throttle_bytes" => self.rx_throttle_bytes = parse_num(key, value)?,
+            _ => return Err(ConfigError::UnknownKey(key.into())),
+        }
+        let l = &mut self.session.limits;
+        l.max_frame = 4096 + l.max_segment.iter().map(|&x| u64::from(x)).sum::<u64>();
+        Ok(())
+    }
+
+    /// Reads a TOML file of flat `key = value` lines on top of the defaults.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let mut cfg = MessengerConfig::default();
+        cfg.apply_file(path)?;
+        Ok(cfg)
+    }
+
+    /// Applies a TOML file of flat `key = value` lines.
+    pub fn apply_file(&mut self, path: &Path) -> Result<(), ConfigError> {
+        let file_err = |why: String| ConfigError::File {
+            path: path.display().to_string(),
+            why,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| file_err(e.to_string()))?;
+        for (key, value) in table {
+            let text = match value {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                other => return Err(file_err(format!("`{key}`: unsupported value {other}"))),
+            };
+            self.set(&key, &text)?;
+        }
+        Ok(())
+    }
+
+    /// Applies `MSGR_<KEY>` environment variables (e.g. `MSGR_WORKERS=2`), and
+    /// the file named by `MSGR_CONFIG` first if set.
+    pub fn apply_env(&mut self) -> Result<(), ConfigError> {
+        if let Ok(path) = std::env::var("MSGR_CONFIG") {
+            self.apply_file(Path::new(&path))?;
+        }
+        for (key, _) in CONFIG_KEYS {
+            if let Ok(v) = std::env::var(format!("MSGR_{}", key.to_ascii_uppercase())) {
+                self.set(key, &v)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Defaults, then `MSGR_CONFIG`'s file, then `MSGR_*` variables.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let mut cfg = MessengerConfig::default();
+        cfg.apply_env()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_key_is_settable() {
+        for (key, _) in CONFIG_KEYS {
+            let value = if *key == "policy" {
+                "lossless-peer"
+            } else {
+                "3"
+            };
+            MessengerConfig::default()
+                .set(key, value)
+                .unwrap_or_else(|e| panic!("{key}: {e}"));
+        }
+    }
+
+    #[test]
+    fn file_keys_apply_and_errors_name_the_key() {
+        let dir = std::env::temp_dir().join(format!("msgr-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.toml");
+        std::fs::write(
+            &path,
+            "workers = 3\npolicy = \"lossy-client\"\nkeepalive_timeout_ms = 250\n",
+        )
+        .unwrap();
+        let cfg = MessengerConfig::from_file(&path).unwrap();
+        assert_eq!(cfg.workers, 3);
+        assert_eq!(cfg.policy, Policy::LossyClient);
+        assert_eq!(cfg.session.keepalive_timeout, Duration::from_millis(250));
+        std::fs::write(&path, "workers = \"many\"\n").unwrap();
+        let err = MessengerConfig::from_file(&path).unwrap_err().to_string();
+        assert!(err.contains("workers") && err.contains("many"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,263 @@
+//! Connection handles: what the application holds to send to one peer.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use msgr_addr::EntityAddr;
+use msgr_backends::RealFault;
+use msgr_proto::{Message, PeerInfo, Policy};
+use parking_lot::Mutex;
+use thiserror::Error;
+
+use crate::counters::Counters;
+use crate::messenger::Shared;
+use crate::worker::Command;
+
+/// A message could not be sent.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The connection's send queue is at its bound (see `max_queued_messages`
+    /// and `max_queued_bytes`): back off, or use [`Connection::send_timeout`].
+    #[error("send queue full ({messages} messages, {bytes} bytes queued)")]
+    QueueFull {
+        /// Messages queued.
+        messages: u64,
+        /// Payload bytes queued.
+        bytes: u64,
+    },
+    /// The connection was reset, marked down or closed.
+    #[error("connection is closed")]
+    Closed,
+    /// [`Connection::send_timeout`] gave up.
+    #[error("send queue stayed full for {0:?}")]
+    Timeout(Duration),
+}
+
+const STATE_CONNECTING: u8 = 0;
+const STATE_OPEN: u8 = 1;
+const STATE_CLOSED: u8 = 2;
+
+/// The life-cycle state of a connection, as the application sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionState {
+    /// Handshaking, or reconnecting after a fault (lossless).
+    Connecting,
+    /// Established.
+    Open,
+    /// Ended; sends fail with [`SendError::Closed`].
+    Closed,
+}
+
+pub(crate) struct ConnInner {
+    pub(crate) key: u64,
+    pub(crate) worker: usize,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) target: EntityAddr,
+    pub(crate) policy: Policy,
+    pub(crate) peer: Mutex<Option<PeerInfo>>,
+    pub(crate) state: AtomicU8,
+    /// Messages and bytes handed to `send` ...
+    submitted: [AtomicU64; 2],
+    /// ... and those that left the session queue (set by the worker).
+    pub(crate) released: [AtomicU64; 2],
+}
+
+/// A handle on one session with one peer. Cheap to clone; all clones name the
+/// same session. Obtained from [`crate::Messenger::connect`] or handed to the
+/// [`crate::Dispatcher`] callbacks.
+#[derive(Clone)]
+pub struct Connection {
+    pub(crate) inner: Arc<ConnInner>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("key", &self.inner.key)
+            .field("target", &self.inner.target.to_string())
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+thread_local! {
+    /// Set while a worker thread runs: (messenger id, worker index) and the
+    /// commands its own callbacks issue, which need no channel or wake-up.
+    pub(crate) static LOCAL_WORKER: RefCell<Option<(u64, usize, Vec<Command>)>> = const { RefCell::new(None) };
+}
+
+impl Connection {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        key: u64,
+        worker: usize,
+        target: EntityAddr,
+        policy: Policy,
+    ) -> Self {
+        Connection {
+            inner: Arc::new(ConnInner {
+                key,
+                worker,
+                shared,
+                target,
+                policy,
+                peer: Mutex::new(None),
+                state: AtomicU8::new(STATE_CONNECTING),
+                submitted: Default::default(),
+                released: Default::default(),
+            }),
+        }
+    }
+
+    /// Queues a message for the peer. It is sent in order after everything sent
+    /// before on this connection; on a lossless connection it is delivered
+    /// exactly once even across transport faults. Never blocks.
+    pub fn send(&self, msg: Message) -> Result<(), SendError> {
+        if self.state() == ConnectionState::Closed {
+            return Err(SendError::Closed);
+        }
+        self.reserve(msg.payload_len() as u64)?;
+        self.inner.dispatch(Command::Send {
+            key: self.inner.key,
+            msg,
+        });
+        Ok(())
+    }
+
+    /// Like [`Connection::send`], but waits up to `timeout` for room in the
+    /// send queue.
+    pub fn send_timeout(&self, msg: Message, timeout: Duration) -> Result<(), SendError> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(20);
+        loop {
+            match self.send(msg.clone()) {
+                Err(SendError::QueueFull { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(
+                        pause.min(deadline.saturating_duration_since(Instant::now())),
+                    );
+                    pause = (pause * 2).min(Duration::from_millis(5));
+                }
+                Err(SendError::QueueFull { .. }) => return Err(SendError::Timeout(timeout)),
+                other => return other,
+            }
+        }
+    }
+
+    /// Reserves queue room for one message of `len` bytes, or says it is full.
+    fn reserve(&self, len: u64) -> Result<(), SendError> {
+        let cfg = &self.inner.shared.cfg.session;
+        let i = &self.inner;
+        let msgs = i.submitted[0].fetch_add(1, Ordering::AcqRel) + 1;
+        let bytes = i.submitted[1].fetch_add(len, Ordering::AcqRel) + len;
+        let q_msgs = msgs - i.released[0].load(Ordering::Acquire);
+        let q_bytes = bytes - i.released[1].load(Ordering::Acquire);
+        let over_bytes = q_bytes > cfg.max_queued_bytes as u64 && q_bytes != len;
+        if q_msgs > cfg.max_queued_messages as u64 || over_bytes {
+            i.submitted[0].fetch_sub(1, Ordering::AcqRel);
+            i.submitted[1].fetch_sub(len, Ordering::AcqRel);
+            Counters::add(&i.shared.counters.send_queue_full, 1);
+            return Err(SendError::QueueFull {
+                messages: q_msgs - 1,
+                bytes: q_bytes - len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Messages and payload bytes queued (not yet acknowledged by the peer, or
+    /// for lossy connections not yet transmitted).
+    pub fn queued(&self) -> (u64, u64) {
+        let i = &self.inner;
+        (
+            i.submitted[0]
+                .load(Ordering::Acquire)
+                .saturating_sub(i.released[0].load(Ordering::Acquire)),
+            i.submitted[1]
+                .load(Ordering::Acquire)
+                .saturating_sub(i.released[1].load(Ordering::Acquire)),
+        )
+    }
+
+    /// Ends the session now, dropping queued messages (the dispatcher hears
+    /// `on_reset` with [`msgr_proto::FaultReason::MarkedDown`]).
+    pub fn mark_down(&self) {
+        self.inner.dispatch(Command::MarkDown {
+            key: self.inner.key,
+        });
+    }
+
+    /// Ends the session once everything queued is delivered (bounded by the
+    /// session's timers; use [`crate::Messenger::shutdown`] for a deadline).
+    pub fn close(&self) {
+        self.inner.dispatch(Command::Close {
+            key: self.inner.key,
+        });
+    }
+
+    /// Produces a real transport fault on the current link (for tests and
+    /// fault drills): the session recovers per its policy.
+    pub fn inject_fault(&self, fault: RealFault) {
+        self.inner.dispatch(Command::Inject {
+            key: self.inner.key,
+            fault,
+        });
+    }
+
+    /// Where this connection was dialled, or where the peer was accepted from.
+    pub fn target(&self) -> &EntityAddr {
+        &self.inner.target
+    }
+
+    /// The peer's identity once the handshake told it.
+    pub fn peer(&self) -> Option<PeerInfo> {
+        self.inner.peer.lock().clone()
+    }
+
+    /// This side's policy for the connection.
+    pub fn policy(&self) -> Policy {
+        self.inner.policy
+    }
+
+    /// The current state.
+    pub fn state(&self) -> ConnectionState {
+        match self.inner.state.load(Ordering::Acquire) {
+            STATE_CONNECTING => ConnectionState::Connecting,
+            STATE_OPEN => ConnectionState::Open,
+            _ => ConnectionState::Closed,
+        }
+    }
+
+    pub(crate) fn set_state(&self, s: ConnectionState) {
+        let v = match s {
+            ConnectionState::Connecting => STATE_CONNECTING,
+            ConnectionState::Open => STATE_OPEN,
+            ConnectionState::Closed => STATE_CLOSED,
+        };
+        self.inner.state.store(v, Ordering::Release);
+    }
+
+    /// A number naming this connection within its messenger.
+    pub fn id(&self) -> u64 {
+        self.inner.key
+    }
+}
+
+impl ConnInner {
+    /// Hands a command to the owning worker: directly if we are on that
+    /// worker's thread (a dispatcher callback), else through its channel.
+    pub(crate) fn dispatch(&self, cmd: Command) {
+        let cmd = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {
+            Some((m, w, q)) if *m == self.shared.id && *w == self.worker => {
+                q.push(cmd);
+                None
+            }
+            _ => Some(cmd),
+        });
+        if let Some(cmd) = cmd {
+            self.shared.workers[self.worker].submit(cmd);
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Messenger-wide counters, readable from the API and as Prometheus text.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($( $(#[doc = $doc:literal])* $name:ident ),* $(,)?) => {
+        /// Live counters of one messenger. Cheap to update (relaxed atomics).
+        #[derive(Debug, Default)]
+        pub struct Counters {
+            $( $(#[doc = $doc])* pub $name: AtomicU64, )*
+        }
+
+        impl Counters {
+            /// Every counter's name, help text and current value.
+            pub fn snapshot(&self) -> Vec<(&'static str, &'static str, u64)> {
+                vec![ $( (stringify!($name), concat!($($doc),*), self.$name.load(Ordering::Relaxed)), )* ]
+            }
+        }
+    };
+}
+
+counters! {
+    /// Messages handed to a transport (replays included).
+    tx_messages,
+    /// Payload bytes handed to a transport (replays included).
+    tx_bytes,
+    /// Messages delivered to the dispatcher.
+    rx_messages,
+    /// Payload bytes delivered to the dispatcher.
+    rx_bytes,
+    /// Sessions established by connecting.
+    sessions_connected,
+    /// Sessions established by accepting.
+    sessions_accepted,
+    /// Sessions currently alive.
+    sessions_active,
+    /// Transport links currently open.
+    links_active,
+    /// Sessions resumed on a new link after a fault.
+    reconnects,
+    /// Messages sent again after a reconnect.
+    replayed_messages,
+    /// Received duplicates dropped.
+    duplicates_dropped,
+    /// Link faults of any kind.
+    link_faults,
+    /// Links closed for undecodable input (bad CRC, hostile length, bad banner).
+    protocol_errors,
+    /// Links faulted because the peer fell silent.
+    keepalive_timeouts,
+    /// Sessions reset (on_reset).
+    session_resets,
+    /// Sessions reset by the peer (on_remote_reset).
+    remote_resets,
+    /// Queued messages dropped by resets and mark-downs.
+    messages_dropped,
+    /// Sends refused because a send queue was full.
+    send_queue_full,
+    /// Times reading paused because the receive throttle was full.
+    rx_throttle_pauses,
+    /// Faults injected by a fault plan.
+    injected_faults,
+}
+
+impl Counters {
+    /// Reads one counter.
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// Adds to one counter.
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        if n != 0 {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The counters in Prometheus text exposition format, names prefixed `msgr_`.
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        for (name, help, value) in self.snapshot() {
+            let kind = if name.ends_with("_active") {
+                "gauge"
+            } else {
+                "counter"
+            };
+            let _ = writeln!(out, "# HELP msgr_{name} {}", help.trim());
+            let _ = writeln!(out, "# TYPE msgr_{name} {kind}");
+            let _ = writeln!(out, "msgr_{name} {value}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text_lists_every_counter_with_its_value() {
+        let c = Counters::default();
+        Counters::add(&c.rx_messages, 5);
+        let text = c.prometheus();
+        assert!(text.contains("msgr_rx_messages 5\n"), "{text}");
+        assert!(text.contains("# TYPE msgr_sessions_active gauge"));
+        assert_eq!(
+            text.lines().filter(|l| !l.starts_with('#')).count(),
+            c.snapshot().len()
+        );
+    }
+}

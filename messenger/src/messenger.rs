@@ -1,0 +1,347 @@
+//! The facade: build, bind, start, connect, shut down.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use msgr_addr::{EntityAddr, EntityName, TransportKind};
+use msgr_backends::{
+    availability, open_transport, Availability, TransportContext, TransportError,
+    LISTENER_TOKEN_BASE,
+};
+use msgr_proto::{LocalIdentity, Policy};
+use parking_lot::Mutex;
+use thiserror::Error;
+
+use crate::config::MessengerConfig;
+use crate::counters::Counters;
+use crate::dispatcher::Dispatcher;
+use crate::throttle::RxThrottle;
+use crate::worker::{owner_of, peer_key, Command, Worker, WorkerHandle, WorkerReport};
+use crate::Connection;
+
+/// Messenger-level failures.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum MessengerError {
+    /// The transport for an address cannot be used; the reason says why.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// Lossy and lossless clients connect; `Server` is what the accepting side is.
+    #[error("policy {0:?} cannot be used to connect")]
+    BadPolicy(Policy),
+    /// The messenger is shutting down.
+    #[error("messenger is shut down")]
+    ShutDown,
+    /// A worker thread could not be started.
+    #[error("starting worker: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// State shared by the facade, the workers and the connection handles.
+pub(crate) struct Shared {
+    pub(crate) id: u64,
+    pub(crate) local: LocalIdentity,
+    pub(crate) cfg: MessengerConfig,
+    pub(crate) dispatcher: Arc<dyn Dispatcher>,
+    pub(crate) counters: Counters,
+    pub(crate) workers: Vec<WorkerHandle>,
+    pub(crate) registry: Mutex<HashMap<EntityAddr, Connection>>,
+    pub(crate) throttle: Arc<RxThrottle>,
+    pub(crate) link_ids: Arc<AtomicU64>,
+    session_keys: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn next_session_key(&self) -> u64 {
+        self.session_keys.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// What [`Messenger::shutdown`] reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Queued messages that were not delivered (dropped at the deadline or by
+    /// resets during the drain).
+    pub undelivered: u64,
+    /// Sessions still open at the deadline, closed forcibly.
+    pub forced_sessions: usize,
+    /// Transport links still open after the workers stopped (should be 0).
+    pub leaked_links: usize,
+}
+
+/// Builds a [`Messenger`].
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use msgr::{Messenger, NullDispatcher, EntityName};
+/// let mut m = Messenger::builder(EntityName::server(1))
+///     .bind("tcp://127.0.0.1:6800".parse().unwrap())
+///     .start(Arc::new(NullDispatcher))
+///     .unwrap();
+/// println!("listening on {}", m.addr());
+/// m.shutdown(std::time::Duration::from_secs(1));
+/// ```
+pub struct MessengerBuilder {
+    name: EntityName,
+    cfg: MessengerConfig,
+    bind: Option<EntityAddr>,
+}
+
+impl MessengerBuilder {
+    /// Uses this configuration instead of [`MessengerConfig::default`].
+    pub fn config(mut self, cfg: MessengerConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+
+    /// Listens on `addr` (port 0 picks a free port; see [`Messenger::addr`]).
+    /// The address's transport decides the backend.
+    pub fn bind(mut self, addr: EntityAddr) -> Self {
+        self.bind = Some(addr);
+        self
+    }
+
+    /// Starts the workers and the listener; messages go to `dispatcher`.
+    pub fn start(self, dispatcher: Arc<dyn Dispatcher>) -> Result<Messenger, MessengerError> {
+        Messenger::start(self, dispatcher)
+    }
+}
+
+/// A messenger: one entity's endpoint for framed, ordered messages to peers
+/// over any compiled-in transport.
+///
+/// Use [`Messenger::builder`] to bind and start one, [`Messenger::connect`] to
+/// open a [`Connection`], and implement [`Dispatcher`] to receive.
+pub struct Messenger {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<WorkerReport>>,
+    report: Option<ShutdownReport>,
+}
+
+static MESSENGER_IDS: AtomicU64 = AtomicU64::new(1);
+
+impl Messenger {
+    /// Starts building a messenger for entity `name`.
+    pub fn builder(name: EntityName) -> MessengerBuilder {
+        MessengerBuilder {
+            name,
+            cfg: MessengerConfig::default(),
+            bind: None,
+        }
+    }
+
+    fn start(
+        b: MessengerBuilder,
+        dispatcher: Arc<dyn Dispatcher>,
+    ) -> Result<Messenger, MessengerError> {
+        let cfg = b.cfg;
+        let nonce = rand::random::<u64>() | 1;
+        let ctx = TransportContext::new(cfg.session.limits);
+        let mut prepared = Vec::new();
+        for _ in 0..cfg.workers.max(1) {
+            prepared.push(Worker::prepare().map_err(MessengerError::Spawn)?);
+        }
+        // Each worker gets every available backend; unavailable ones are simply
+        // not there, and connecting to such an address says why.
+        let mut worker_transports = Vec::new();
+        for (poll, _, _, _) in &prepared {
+            let mut ts = Vec::new();
+            for kind in [TransportKind::Tcp] {
+                if availability(&kind) == Availability::Available {
+                    ts.push(open_transport(&kind, poll.registry(), &ctx)?);
+                }
+            }
+            worker_transports.push(ts);
+        }
+        // The listener lives on worker 0.
+        let mut listeners = Vec::new();
+        let local_addr = match &b.bind {
+            Some(addr) => {
+                use msgr_backends::Transport;
+                let ts = &mut worker_transports[0];
+                let t = ts
+                    .iter()
+                    .position(|t| t.kind() == addr.transport)
+                    .ok_or_else(|| {
+                        let reason = match availability(&addr.transport) {
+                            Availability::Unavailable(r) => r,
+                            Availability::Available => "not opened".into(),
+                        };
+                        TransportError::Unavailable {
+                            kind: addr.transport.clone(),
+                            reason,
+                        }
+                    })?;
+                let token = mio::Token(LISTENER_TOKEN_BASE);
+                let bound = ts[t].listen(addr, token)?;
+                listeners.push((t, token));
+                bound.with_nonce(nonce)
+            }
+            None => EntityAddr::tcp(([0, 0, 0, 0], 0).into()).with_nonce(nonce),
+        };
+        let throttle = RxThrottle::new(cfg.rx_throttle_messages, cfg.rx_throttle_bytes);
+        let mut handles = Vec::new();
+        let mut rest = Vec::new();
+        for (poll, handle, rx, sleeping) in prepared {
+            throttle.add_waker(handle.waker());
+            handles.push(handle);
+            rest.push((poll, rx, sleeping));
+        }
+        let shared = Arc::new(Shared {
+            id: MESSENGER_IDS.fetch_add(1, Ordering::Relaxed),
+            local: LocalIdentity {
+                name: b.name,
+                addr: local_addr,
+            },
+            cfg,
+            dispatcher,
+            counters: Counters::default(),
+            workers: handles,
+            registry: Mutex::new(HashMap::new()),
+            throttle,
+            link_ids: ctx.link_ids.clone(),
+            session_keys: AtomicU64::new(1),
+        });
+        let mut threads = Vec::new();
+        for (idx, ((poll, rx, sleeping), ts)) in rest.into_iter().zip(worker_transports).enumerate()
+        {
+            let l = if idx == 0 {
+                std::mem::take(&mut listeners)
+            } else {
+                Vec::new()
+            };
+            let w = Worker::new(idx, shared.clone(), poll, rx, sleeping, ts, l);
+            let th = std::thread::Builder::new()
+                .name(format!("msgr-worker-{idx}"))
+                .spawn(move || w.run())
+                .map_err(MessengerError::Spawn)?;
+            threads.push(th);
+        }
+        tracing::info!(addr = %shared.local.addr, "messenger started");
+        Ok(Messenger {
+            shared,
+            threads,
+            report: None,
+        })
+    }
+
+    /// This messenger's address (with the port chosen at bind time and its nonce).
+    pub fn addr(&self) -> &EntityAddr {
+        &self.shared.local.addr
+    }
+
+    /// This messenger's entity name.
+    pub fn name(&self) -> &EntityName {
+        &self.shared.local.name
+    }
+
+    /// Opens (or returns the existing) connection to `addr` with the configured policy.
+    pub fn connect(&self, addr: &EntityAddr) -> Result<Connection, MessengerError> {
+        self.connect_with(addr, self.shared.cfg.policy)
+    }
+
+    /// Opens (or returns the existing) connection to `addr` with `policy`.
+    pub fn connect_with(
+        &self,
+        addr: &EntityAddr,
+        policy: Policy,
+    ) -> Result<Connection, MessengerError> {
+        if self.report.is_some() {
+            return Err(MessengerError::ShutDown);
+        }
+        if policy == Policy::Server {
+            return Err(MessengerError::BadPolicy(policy));
+        }
+        if let Availability::Unavailable(reason) = availability(&addr.transport) {
+            return Err(TransportError::Unavailable {
+                kind: addr.transport.clone(),
+                reason,
+            }
+            .into());
+        }
+        let key = peer_key(addr);
+        let mut reg = self.shared.registry.lock();
+        if let Some(c) = reg.get(&key) {
+            if c.state() != crate::ConnectionState::Closed {
+                return Ok(c.clone());
+            }
+        }
+        let worker = owner_of(&key, self.shared.workers.len());
+        let conn = Connection::new(
+            self.shared.clone(),
+            self.shared.next_session_key(),
+            worker,
+            addr.clone(),
+            policy,
+        );
+        reg.insert(key, conn.clone());
+        drop(reg);
+        self.shared.workers[worker].submit(Command::Connect { conn: conn.clone() });
+        Ok(conn)
+    }
+
+    /// The connections currently alive (connecting, open or reconnecting).
+    pub fn connections(&self) -> Vec<Connection> {
+        let reg = self.shared.registry.lock();
+        reg.values()
+            .filter(|c| c.state() != crate::ConnectionState::Closed)
+            .cloned()
+            .collect()
+    }
+
+    /// Ends the session with the peer at `addr`, if any, dropping its queue.
+    pub fn mark_down(&self, addr: &EntityAddr) {
+        let c = self.shared.registry.lock().get(&peer_key(addr)).cloned();
+        if let Some(c) = c {
+            c.mark_down();
+        }
+    }
+
+    /// Received messages and payload bytes the application still holds (the
+    /// receive throttle's view). Drops to zero once every delivered message is
+    /// dropped: a leak check for rx buffers.
+    pub fn rx_held(&self) -> (usize, usize) {
+        self.shared.throttle.held()
+    }
+
+    /// The messenger's counters.
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// Stops listening, lets every session drain what it has queued until
+    /// `timeout`, then closes what remains and joins the workers. Idempotent.
+    pub fn shutdown(&mut self, timeout: Duration) -> ShutdownReport {
+        if let Some(r) = self.report {
+            return r;
+        }
+        let deadline = Instant::now() + timeout;
+        for w in &self.shared.workers {
+            w.submit(Command::Shutdown { deadline });
+        }
+        let mut report = ShutdownReport::default();
+        for th in self.threads.drain(..) {
+            match th.join() {
+                Ok(r) => {
+                    report.undelivered += r.undelivered;
+                    report.forced_sessions += r.forced;
+                    report.leaked_links += r.leaked_links;
+                }
+                Err(_) => tracing::error!("a worker thread panicked"),
+            }
+        }
+        // Handles refer back to the shared state: break the cycle.
+        self.shared.registry.lock().clear();
+        self.report = Some(report);
+        report
+    }
+}
+
+impl Drop for Messenger {
+    fn drop(&mut self) {
+        self.shutdown(Duration::from_secs(1));
+    }
+}

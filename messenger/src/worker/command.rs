@@ -1,0 +1,31 @@
+use std::time::Instant;
+
+use msgr_addr::TransportKind;
+use msgr_backends::{DetachedLink, RealFault};
+use msgr_proto::{control::Hello, LinkId, Message, Session};
+
+use crate::Connection;
+
+/// What other threads (and callbacks) ask of a worker.
+pub(crate) enum Command {
+    /// Open a session for this new handle.
+    Connect { conn: Connection },
+    /// Queue a message on a session.
+    Send { key: u64, msg: Message },
+    /// End a session now.
+    MarkDown { key: u64 },
+    /// End a session after draining.
+    Close { key: u64 },
+    /// Produce a real fault on a session's link.
+    Inject { key: u64, fault: RealFault },
+    /// Take over an accepted link whose session lives here.
+    Adopt {
+        link: LinkId,
+        detached: DetachedLink,
+        session: Box<Session>,
+        hello: Box<Hello>,
+        transport: TransportKind,
+    },
+    /// Stop listening, close sessions, stop by the deadline.
+    Shutdown { deadline: Instant },
+}

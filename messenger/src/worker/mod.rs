@@ -1,0 +1,926 @@
+//! A worker: one thread, one mio event loop, the sessions it owns and the
+//! transports that carry them.
+//!
+//! Each turn: take commands, poll readiness (busy-polling for a window after
+//! activity, then blocking until the next timer), feed transport events to the
+//! session engines, fire timers, drive the engines (transmit, deliver), flush.
+//! Sessions are sharded over workers by peer address; a link accepted by one
+//! worker moves to the owner of its session once the peer said hello.
+
+mod command;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use mio::{Events, Poll, Token, Waker};
+use msgr_addr::EntityAddr;
+use msgr_backends::{AnyTransport, Transport, TransportEvent};
+use msgr_proto::{
+    control::Hello, FaultReason, LinkId, Session, SessionEvent, SessionStats, Takeover, Transmit,
+};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+pub(crate) use command::Command;
+
+use crate::connection::{Connection, ConnectionState, LOCAL_WORKER};
+use crate::counters::Counters;
+use crate::messenger::Shared;
+
+/// The token of each worker's waker.
+pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
+
+/// How other threads reach a worker.
+pub(crate) struct WorkerHandle {
+    tx: Sender<Command>,
+    waker: Arc<Waker>,
+    sleeping: Arc<AtomicBool>,
+}
+
+impl WorkerHandle {
+    /// Queues a command and wakes the worker if it is blocked.
+    pub(crate) fn submit(&self, cmd: Command) {
+        let sent = self.tx.send(cmd).is_ok();
+        // Pairs with the fence in the worker's loop: either it sees our
+        // command, or we see it asleep (the channel's own orderings are weaker).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if sent && self.sleeping.load(Ordering::SeqCst) {
+            let _ = self.waker.wake();
+        }
+    }
+
+    pub(crate) fn waker(&self) -> Arc<Waker> {
+        self.waker.clone()
+    }
+}
+
+/// What a worker reports when it stops.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct WorkerReport {
+    pub(crate) undelivered: u64,
+    pub(crate) forced: usize,
+    pub(crate) leaked_links: usize,
+}
+
+/// Which peer a session belongs to, for routing: the address without its nonce
+/// (a restarted peer is the same peer), unless it does not listen (port 0),
+/// where only the nonce tells clients apart.
+pub(crate) fn peer_key(addr: &EntityAddr) -> EntityAddr {
+    if addr.socket.port() == 0 {
+        addr.clone()
+    } else {
+        addr.clone().with_nonce(0)
+    }
+}
+
+/// The worker that owns sessions with `key`.
+pub(crate) fn owner_of(key: &EntityAddr, workers: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() % workers as u64) as usize
+}
+
+struct Slot {
+    session: Session,
+    conn: Connection,
+    transport: usize,
+    accepted: bool,
+    seen: SessionStats,
+}
+
+#[derive(Clone, Copy)]
+enum Owner {
+    Session(u64),
+    Pending,
+}
+
+struct LinkEntry {
+    transport: usize,
+    owner: Owner,
+}
+
+pub(crate) struct Worker {
+    idx: usize,
+    shared: Arc<Shared>,
+    poll: Poll,
+    rx: Receiver<Command>,
+    sleeping: Arc<AtomicBool>,
+    transports: Vec<AnyTransport>,
+    listeners: Vec<(usize, Token)>,
+    sessions: HashMap<u64, Slot>,
+    by_peer: HashMap<EntityAddr, u64>,
+    links: HashMap<LinkId, LinkEntry>,
+    pending: HashMap<LinkId, Session>,
+    tevents: Vec<TransportEvent>,
+    touched: Vec<u64>,
+    rng: StdRng,
+    next_timer: Option<Instant>,
+    shutdown: Option<Instant>,
+    rx_paused: bool,
+    report: WorkerReport,
+}
+
+impl Worker {
+    /// Creates a worker's poll, channel and waker; the loop runs in [`Worker::run`].
+    pub(crate) fn prepare(
+    ) -> std::io::Result<(Poll, WorkerHandle, Receiver<Command>, Arc<AtomicBool>)> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER_TOKEN)?);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let sleeping = Arc::new(AtomicBool::new(false));
+        Ok((
+            poll,
+            WorkerHandle {
+                tx,
+                waker,
+                sleeping: sleeping.clone(),
+            },
+            rx,
+            sleeping,
+        ))
+    }
+
+    pub(crate) fn new(
+        idx: usize,
+        shared: Arc<Shared>,
+        poll: Poll,
+        rx: Receiver<Command>,
+        sleeping: Arc<AtomicBool>,
+        transports: Vec<AnyTransport>,
+        listeners: Vec<(usize, Token)>,
+    ) -> Worker {
+        Worker {
+            idx,
+            shared,
+            poll,
+            rx,
+            sleeping,
+            transports,
+            listeners,
+            sessions: HashMap::new(),
+            by_peer: HashMap::new(),
+            links: HashMap::new(),
+            pending: HashMap::new(),
+            tevents: Vec::new(),
+            touched: Vec::new(),
+            rng: StdRng::from_os_rng(),
+            next_timer: None,
+            shutdown: None,
+            rx_paused: false,
+            report: WorkerReport::default(),
+        }
+    }
+
+    fn transport_for(&self, addr: &EntityAddr) -> Option<usize> {
+        self.transports
+            .iter()
+            .position(|t| t.kind() == addr.transport)
+    }
+
+    /// The event loop; returns when shut down and drained (or past the deadline).
+    pub(crate) fn run(mut self) -> WorkerReport {
+        LOCAL_WORKER.with(|l| *l.borrow_mut() = Some((self.shared.id, self.idx, Vec::new())));
+        let mut events = Events::with_capacity(1024);
+        let busy = self.shared.cfg.busy_poll;
+        let mut last_activity = Instant::now();
+        loop {
+            let mut active = self.take_commands();
+            if active {
+                // Commands touch sessions: do that work before any blocking poll.
+                self.drive_touched();
+                self.flush_transports();
+            }
+            let now = Instant::now();
+            if self.finished(now) {
+                break;
+            }
+            let timeout = if now.duration_since(last_activity) < busy {
+                Some(Duration::ZERO)
+            } else {
+                // About to block: announce it, then look once more for work that
+                // arrived meanwhile (the "poll again after arming" rule), so a
+                // command or completion is never stranded while we sleep.
+                self.sleeping.store(true, Ordering::SeqCst);
+                std::sync::atomic::fence(Ordering::SeqCst);
+                if !self.rx.is_empty() || self.progress_transports() || !self.touched.is_empty() {
+                    Some(Duration::ZERO)
+                } else {
+                    self.next_timer.map(|t| t.saturating_duration_since(now))
+                }
+            };
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::error!(error = %e, "poll failed; worker stops");
+                    break;
+                }
+            }
+            self.sleeping.store(false, Ordering::SeqCst);
+            for ev in events.iter() {
+                if ev.token() == WAKER_TOKEN {
+                    continue;
+                }
+                active = true;
+                if let Some(t) = self.transports.iter_mut().find(|t| t.owns(ev.token())) {
+                    t.ready(ev, &mut self.tevents);
+                }
+            }
+            active |= self.progress_transports();
+            active |= !self.tevents.is_empty();
+            self.handle_transport_events();
+            self.fire_timers(Instant::now());
+            self.drive_touched();
+            self.flush_transports();
+            self.check_throttle();
+            if active {
+                last_activity = Instant::now();
+            }
+        }
+        self.stop()
+    }
+
+    fn progress_transports(&mut self) -> bool {
+        let mut any = false;
+        for t in &mut self.transports {
+            any |= t.progress(&mut self.tevents);
+        }
+        if any {
+            self.handle_transport_events();
+        }
+        any
+    }
+
+    fn flush_transports(&mut self) {
+        loop {
+            for t in &mut self.transports {
+                t.flush(&mut self.tevents);
+            }
+            if self.tevents.is_empty() {
+                return;
+            }
+            self.handle_transport_events();
+            self.drive_touched();
+        }
+    }
+
+    fn finished(&self, now: Instant) -> bool {
+        match self.shutdown {
+            Some(deadline) => {
+                (self.sessions.is_empty() && self.pending.is_empty()) || now >= deadline
+            }
+            None => false,
+        }
+    }
+
+    fn stop(mut self) -> WorkerReport {
+        let now = Instant::now();
+        let keys: Vec<u64> = self.sessions.keys().copied().collect();
+        self.report.forced = keys.len();
+        for k in keys {
+            if let Some(s) = self.sessions.get_mut(&k) {
+                s.session.mark_down(now);
+            }
+            self.touch(k);
+        }
+        self.drive_touched();
+        for (link, _) in self.pending.drain() {
+            if let Some(e) = self.links.get(&link) {
+                self.transports[e.transport].close(link, false);
+            }
+        }
+        for (link, e) in self.links.drain() {
+            self.transports[e.transport].close(link, false);
+        }
+        for (t, token) in std::mem::take(&mut self.listeners) {
+            self.transports[t].unlisten(token);
+        }
+        self.report.leaked_links = self.transports.iter().map(|t| t.link_count()).sum();
+        LOCAL_WORKER.with(|l| *l.borrow_mut() = None);
+        self.report
+    }
+
+    // ---- commands -----------------------------------------------------------
+
+    fn take_commands(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(cmd) = self.rx.try_recv() {
+            any = true;
+            self.handle_command(cmd);
+        }
+        any | self.take_local_commands()
+    }
+
+    /// Commands issued by dispatcher callbacks on this thread.
+    fn take_local_commands(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            let cmds = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {
+                Some((_, _, q)) => std::mem::take(q),
+                None => Vec::new(),
+            });
+            if cmds.is_empty() {
+                return any;
+            }
+            any = true;
+            for c in cmds {
+                self.handle_command(c);
+            }
+        }
+    }
+
+    fn handle_command(&mut self, cmd: Command) {
+        let now = Instant::now();
+        match cmd {
+            Command::Connect { conn } => self.start_connect(conn, now),
+            Command::Send { key, msg } => {
+                if let Some(slot) = self.sessions.get_mut(&key) {
+                    if let Err(e) = slot.session.send(msg) {
+                        // The handle's own bound makes this unreachable unless the
+                        // session closed meanwhile; account for the message.
+                        tracing::debug!(error = %e, "send refused by session");
+                        Counters::add(&self.shared.counters.messages_dropped, 1);
+                    }
+                    self.touch(key);
+                } else {
+                    Counters::add(&self.shared.counters.messages_dropped, 1);
+                }
+            }
+            Command::MarkDown { key } => {
+                if let Some(slot) = self.sessions.get_mut(&key) {
+                    slot.session.mark_down(now);
+                    self.touch(key);
+                }
+            }
+            Command::Close { key } => {
+                if let Some(slot) = self.sessions.get_mut(&key) {
+                    slot.session.close(now);
+                    self.touch(key);
+                }
+            }
+            Command::Inject { key, fault } => {
+                if let Some(link) = self.sessions.get(&key).and_then(|s| s.session.link()) {
+                    if let Some(e) = self.links.get(&link) {
+                        Counters::add(&self.shared.counters.injected_faults, 1);
+                        if let Err(err) = self.transports[e.transport].inject(link, fault) {
+                            tracing::debug!(error = %err, "fault injection failed");
+                        }
+                    }
+                }
+            }
+            Command::Adopt {
+                link,
+                detached,
+                session,
+                hello,
+                transport,
+            } => {
+                let Some(t) = self.transports.iter().position(|x| x.kind() == transport) else {
+                    return;
+                };
+                if self.transports[t].attach(link, detached).is_ok() {
+                    self.links.insert(
+                        link,
+                        LinkEntry {
+                            transport: t,
+                            owner: Owner::Pending,
+                        },
+                    );
+                    self.route_local(link, t, *session, *hello, now);
+                }
+            }
+            Command::Shutdown { deadline } => {
+                for (t, token) in std::mem::take(&mut self.listeners) {
+                    self.transports[t].unlisten(token);
+                }
+                let keys: Vec<u64> = self.sessions.keys().copied().collect();
+                for k in keys {
+                    if let Some(s) = self.sessions.get_mut(&k) {
+                        s.session.close(now);
+                    }
+                    self.touch(k);
+                }
+                for (link, _) in self.pending.drain() {
+                    if let Some(e) = self.links.remove(&link) {
+                        self.transports[e.transport].close(link, false);
+                    }
+                }
+                self.shutdown = Some(deadline);
+                self.next_timer = Some(self.next_timer.map_or(deadline, |t| t.min(deadline)));
+            }
+        }
+    }
+
+    fn start_connect(&mut self, conn: Connection, now: Instant) {
+        let key = conn.inner.key;
+        if self.sessions.contains_key(&key) {
+            return;
+        }
+        let Some(t) = self.transport_for(&conn.inner.target) else {
+            conn.set_state(ConnectionState::Closed);
+            return;
+        };
+        let session = Session::connect(
+            self.shared.cfg.session.clone(),
+            self.shared.local.clone(),
+            conn.inner.target.clone(),
+            conn.inner.policy,
+            now,
+        );
+        self.by_peer.insert(peer_key(&conn.inner.target), key);
+        Counters::add(&self.shared.counters.sessions_active, 1);
+        self.sessions.insert(
+            key,
+            Slot {
+                session,
+                conn,
+                transport: t,
+                accepted: false,
+                seen: SessionStats::default(),
+            },
+        );
+        self.touch(key);
+    }
+
+    // ---- transport events ---------------------------------------------------
+
+    fn handle_transport_events(&mut self) {
+        let now = Instant::now();
+        let mut evs = std::mem::take(&mut self.tevents);
+        for ev in evs.drain(..) {
+            tracing::trace!(worker = self.idx, event = ?ev, "transport event");
+            match ev {
+                TransportEvent::Accepted { link, listener, .. } => {
+                    let Some(&(t, _)) = self.listeners.iter().find(|(_, tok)| *tok == listener)
+                    else {
+                        self.transports
+                            .iter_mut()
+                            .for_each(|x| x.close(link, false));
+                        continue;
+                    };
+                    Counters::add(&self.shared.counters.links_active, 1);
+                    self.links.insert(
+                        link,
+                        LinkEntry {
+                            transport: t,
+                            owner: Owner::Pending,
+                        },
+                    );
+                    let s = Session::accept(
+                        self.shared.cfg.session.clone(),
+                        self.shared.local.clone(),
+                        link,
+                        now,
+                    );
+                    self.pending.insert(link, s);
+                    self.drive_pending(link, now);
+                }
+                TransportEvent::Connected(link) => {
+                    if let Some(Owner::Session(k)) = self.links.get(&link).map(|e| e.owner) {
+                        if let Some(s) = self.sessions.get_mut(&k) {
+                            s.session.link_up(link, now);
+                        }
+                        self.touch(k);
+                    }
+                }
+                TransportEvent::Received(link, unit) => {
+                    match self.links.get(&link).map(|e| e.owner) {
+                        Some(Owner::Session(k)) => {
+                            if let Some(s) = self.sessions.get_mut(&k) {
+                                if s.session.handle_inbound(link, unit, now).is_err() {
+                                    Counters::add(&self.shared.counters.protocol_errors, 1);
+                                }
+                            }
+                            self.touch(k);
+                        }
+                        Some(Owner::Pending) => {
+                            if let Some(s) = self.pending.get_mut(&link) {
+                                if s.handle_inbound(link, unit, now).is_err() {
+                                    Counters::add(&self.shared.counters.protocol_errors, 1);
+                                }
+                            }
+                            self.drive_pending(link, now);
+                        }
+                        None => {}
+                    }
+                }
+                TransportEvent::Corrupt(link, err) => {
+                    Counters::add(&self.shared.counters.protocol_errors, 1);
+                    self.link_gone(link, |s, now| s.handle_decode_error(link, err, now), now);
+                }
+                TransportEvent::Failed(link, why) => {
+                    self.link_gone(link, |s, now| s.link_failed(link, why, now), now);
+                }
+            }
+        }
+        // Keep the allocation.
+        if self.tevents.is_empty() {
+            self.tevents = evs;
+        }
+    }
+
+    /// A link closed underneath us: tell its session.
+    fn link_gone(&mut self, link: LinkId, tell: impl FnOnce(&mut Session, Instant), now: Instant) {
+        let Some(e) = self.links.remove(&link) else {
+            return;
+        };
+        Counters::add(&self.shared.counters.link_faults, 1);
+        self.shared
+            .counters
+            .links_active
+            .fetch_sub(1, Ordering::Relaxed);
+        match e.owner {
+            Owner::Session(k) => {
+                if let Some(s) = self.sessions.get_mut(&k) {
+                    tell(&mut s.session, now);
+                }
+                self.touch(k);
+            }
+            Owner::Pending => {
+                if let Some(mut s) = self.pending.remove(&link) {
+                    tell(&mut s, now);
+                }
+            }
+        }
+    }
+
+    // ---- driving sessions ---------------------------------------------------
+
+    fn touch(&mut self, key: u64) {
+        if !self.touched.contains(&key) {
+            self.touched.push(key);
+        }
+    }
+
+    fn drive_touched(&mut self) {
+        while !self.touched.is_empty() {
+            let now = Instant::now();
+            for key in std::mem::take(&mut self.touched) {
+                self.drive(key, now);
+            }
+            self.take_local_commands();
+        }
+    }
+
+    /// Moves a session's output to its transport and its events to the application.
+    fn drive(&mut self, key: u64, now: Instant) {
+        loop {
+            let Some(slot) = self.sessions.get_mut(&key) else {
+                return;
+            };
+            let t = slot.transport;
+            while let Some((link, unit)) = slot.session.poll_transmit(now) {
+                if let Err(e) = self.transports[t].send(link, unit) {
+                    tracing::debug!(error = %e, "send on a link that is gone");
+                }
+            }
+            let Some(ev) = slot.session.poll_event() else {
+                break;
+            };
+            self.handle_session_event(key, ev, now);
+        }
+        let Some(slot) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        // Account: what left the queue, what was counted.
+        let st = slot.session.stats();
+        let c = &self.shared.counters;
+        Counters::add(&c.tx_messages, st.tx_messages - slot.seen.tx_messages);
+        Counters::add(&c.tx_bytes, st.tx_bytes - slot.seen.tx_bytes);
+        Counters::add(&c.duplicates_dropped, st.duplicates - slot.seen.duplicates);
+        slot.seen = st;
+        slot.conn.set_state(if slot.session.is_open() {
+            ConnectionState::Open
+        } else if slot.session.is_closed() {
+            ConnectionState::Closed
+        } else {
+            ConnectionState::Connecting
+        });
+        let inner = &slot.conn.inner;
+        inner.released[0].store(st.released_messages, Ordering::Release);
+        inner.released[1].store(st.released_bytes, Ordering::Release);
+        if let Some(t) = slot.session.poll_timeout() {
+            self.next_timer = Some(self.next_timer.map_or(t, |n| n.min(t)));
+        }
+        if slot.session.is_closed() {
+            self.remove_session(key);
+        }
+    }
+
+    fn handle_session_event(&mut self, key: u64, ev: SessionEvent, now: Instant) {
+        tracing::debug!(worker = self.idx, session = key, event = ?ev, "session event");
+        let Some(slot) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        let conn = slot.conn.clone();
+        let c = &self.shared.counters;
+        let d = &self.shared.dispatcher;
+        match ev {
+            SessionEvent::Connect(addr) => {
+                let t = slot.transport;
+                let link = LinkId(self.shared.link_ids.fetch_add(1, Ordering::Relaxed));
+                match self.transports[t].connect(link, &addr) {
+                    Ok(()) => {
+                        Counters::add(&c.links_active, 1);
+                        self.links.insert(
+                            link,
+                            LinkEntry {
+                                transport: t,
+                                owner: Owner::Session(key),
+                            },
+                        );
+                    }
+                    Err(e) => slot.session.link_failed(link, e.to_string(), now),
+                }
+            }
+            SessionEvent::CloseLink(link) => {
+                if let Some(e) = self.links.remove(&link) {
+                    c.links_active.fetch_sub(1, Ordering::Relaxed);
+                    self.transports[e.transport].close(link, true);
+                }
+            }
+            SessionEvent::Identified(_) => {}
+            SessionEvent::Established(peer) => {
+                *conn.inner.peer.lock() = Some(peer);
+                conn.set_state(ConnectionState::Open);
+                if slot.accepted {
+                    Counters::add(&c.sessions_accepted, 1);
+                    d.on_accept(&conn);
+                } else {
+                    Counters::add(&c.sessions_connected, 1);
+                    d.on_connect(&conn);
+                }
+            }
+            SessionEvent::Resumed { replayed } => {
+                conn.set_state(ConnectionState::Open);
+                Counters::add(&c.reconnects, 1);
+                Counters::add(&c.replayed_messages, replayed);
+            }
+            SessionEvent::Message(mut msg) => {
+                Counters::add(&c.rx_messages, 1);
+                Counters::add(&c.rx_bytes, msg.payload_len() as u64);
+                self.shared.throttle.charge(&mut msg);
+                d.on_message(&conn, msg);
+            }
+            SessionEvent::Reset {
+                reason,
+                undelivered,
+            } => {
+                conn.set_state(ConnectionState::Closed);
+                Counters::add(&c.session_resets, 1);
+                Counters::add(&c.messages_dropped, undelivered);
+                if reason == FaultReason::KeepaliveTimeout {
+                    Counters::add(&c.keepalive_timeouts, 1);
+                }
+                self.report.undelivered += undelivered;
+                d.on_reset(&conn, &reason);
+            }
+            SessionEvent::RemoteReset { dropped } => {
+                Counters::add(&c.remote_resets, 1);
+                Counters::add(&c.messages_dropped, dropped);
+                d.on_remote_reset(&conn);
+            }
+            SessionEvent::Closed => conn.set_state(ConnectionState::Closed),
+        }
+    }
+
+    fn remove_session(&mut self, key: u64) {
+        let Some(slot) = self.sessions.remove(&key) else {
+            return;
+        };
+        self.shared
+            .counters
+            .sessions_active
+            .fetch_sub(1, Ordering::Relaxed);
+        slot.conn.set_state(ConnectionState::Closed);
+        let pk = peer_key(slot.session.peer_addr().unwrap_or(&slot.conn.inner.target));
+        for k in [pk, peer_key(&slot.conn.inner.target)] {
+            if self.by_peer.get(&k) == Some(&key) {
+                self.by_peer.remove(&k);
+            }
+            let mut reg = self.shared.registry.lock();
+            if reg.get(&k).is_some_and(|c| c.inner.key == key) {
+                reg.remove(&k);
+            }
+        }
+        // Any link still registered to it goes too.
+        let stale: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, e)| matches!(e.owner, Owner::Session(k) if k == key))
+            .map(|(l, _)| *l)
+            .collect();
+        for l in stale {
+            if let Some(e) = self.links.remove(&l) {
+                self.shared
+                    .counters
+                    .links_active
+                    .fetch_sub(1, Ordering::Relaxed);
+                self.transports[e.transport].close(l, true);
+            }
+        }
+    }
+
+    /// Drives a not-yet-routed accepted link's session.
+    fn drive_pending(&mut self, link: LinkId, now: Instant) {
+        let Some(t) = self.links.get(&link).map(|e| e.transport) else {
+            return;
+        };
+        loop {
+            let Some(s) = self.pending.get_mut(&link) else {
+                return;
+            };
+            while let Some((l, unit)) = s.poll_transmit(now) {
+                let _ = self.transports[t].send(l, unit);
+            }
+            let ev = s.poll_event();
+            tracing::debug!(worker = self.idx, ?link, event = ?ev, "pending link event");
+            match ev {
+                Some(SessionEvent::Identified(hello)) => {
+                    let Some(s) = self.pending.remove(&link) else {
+                        return;
+                    };
+                    self.route(link, t, s, *hello, now);
+                    return;
+                }
+                Some(SessionEvent::CloseLink(l)) => {
+                    if self.links.remove(&l).is_some() {
+                        self.shared
+                            .counters
+                            .links_active
+                            .fetch_sub(1, Ordering::Relaxed);
+                    }
+                    self.transports[t].close(l, true);
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        if self.pending.get(&link).is_some_and(|s| s.is_closed()) {
+            self.pending.remove(&link);
+        } else if let Some(tm) = self.pending.get(&link).and_then(|s| s.poll_timeout()) {
+            self.next_timer = Some(self.next_timer.map_or(tm, |n| n.min(tm)));
+        }
+    }
+
+    /// An accepted link's peer said hello: hand it to the worker that owns its session.
+    fn route(&mut self, link: LinkId, t: usize, session: Session, hello: Hello, now: Instant) {
+        let owner = owner_of(&peer_key(&hello.addr), self.shared.workers.len());
+        if owner == self.idx {
+            self.route_local(link, t, session, hello, now);
+            return;
+        }
+        self.links.remove(&link);
+        if let Some(detached) = self.transports[t].detach(link) {
+            let transport = self.transports[t].kind();
+            self.shared.workers[owner].submit(Command::Adopt {
+                link,
+                detached,
+                session: Box::new(session),
+                hello: Box::new(hello),
+                transport,
+            });
+        }
+    }
+
+    /// Attaches an identified link to its session here: resume, race, or new.
+    fn route_local(
+        &mut self,
+        link: LinkId,
+        t: usize,
+        mut session: Session,
+        hello: Hello,
+        now: Instant,
+    ) {
+        let pk = peer_key(&hello.addr);
+        let cookie = self.rng.random::<u64>() | 1;
+        if let Some(&key) = self.by_peer.get(&pk) {
+            if let Some(slot) = self.sessions.get_mut(&key) {
+                match slot
+                    .session
+                    .take_link(link, &hello, session.features(), cookie, now)
+                {
+                    Takeover::Accepted => {
+                        if let Some(e) = self.links.get_mut(&link) {
+                            e.owner = Owner::Session(key);
+                        }
+                        slot.transport = t;
+                        self.touch(key);
+                    }
+                    Takeover::Rejected(frame) => self.refuse(link, t, frame),
+                }
+                return;
+            }
+        }
+        if hello.cookie != 0 {
+            self.refuse(link, t, Session::reject_unknown());
+            return;
+        }
+        session.accept_new(cookie, now);
+        let key = self.shared.next_session_key();
+        let conn = {
+            let mut reg = self.shared.registry.lock();
+            reg.entry(pk.clone())
+                .or_insert_with(|| {
+                    Connection::new(
+                        self.shared.clone(),
+                        key,
+                        self.idx,
+                        hello.addr.clone(),
+                        session.policy(),
+                    )
+                })
+                .clone()
+        };
+        let key = conn.inner.key;
+        if let Some(e) = self.links.get_mut(&link) {
+            e.owner = Owner::Session(key);
+        }
+        self.by_peer.insert(pk, key);
+        Counters::add(&self.shared.counters.sessions_active, 1);
+        self.sessions.insert(
+            key,
+            Slot {
+                session,
+                conn,
+                transport: t,
+                accepted: true,
+                seen: SessionStats::default(),
+            },
+        );
+        self.touch(key);
+    }
+
+    fn refuse(&mut self, link: LinkId, t: usize, frame: msgr_proto::Frame) {
+        let _ = self.transports[t].send(link, Transmit::Frame(frame));
+        if self.links.remove(&link).is_some() {
+            self.shared
+                .counters
+                .links_active
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+        self.transports[t].close(link, true);
+    }
+
+    // ---- timers and throttling ---------------------------------------------
+
+    fn fire_timers(&mut self, now: Instant) {
+        match self.next_timer {
+            Some(t) if t <= now => {}
+            _ => return,
+        }
+        let mut next: Option<Instant> = self.shutdown;
+        let keys: Vec<u64> = self.sessions.keys().copied().collect();
+        for k in keys {
+            let Some(s) = self.sessions.get_mut(&k) else {
+                continue;
+            };
+            if s.session.poll_timeout().is_some_and(|t| t <= now) {
+                s.session.handle_timeout(now);
+                self.touch(k);
+            }
+            if let Some(t) = self.sessions.get(&k).and_then(|s| s.session.poll_timeout()) {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        let links: Vec<LinkId> = self.pending.keys().copied().collect();
+        for l in links {
+            let Some(s) = self.pending.get_mut(&l) else {
+                continue;
+            };
+            if s.poll_timeout().is_some_and(|t| t <= now) {
+                s.handle_timeout(now);
+                self.drive_pending(l, now);
+            }
+            if let Some(t) = self.pending.get(&l).and_then(|s| s.poll_timeout()) {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        self.next_timer = next;
+    }
+
+    fn check_throttle(&mut self) {
+        let th = &self.shared.throttle;
+        let mut full = th.full();
+        if full && !self.rx_paused {
+            th.set_paused();
+            // A release may have slipped in before set_paused: look again.
+            full = th.full();
+        }
+        if full == self.rx_paused {
+            return;
+        }
+        if full {
+            Counters::add(&self.shared.counters.rx_throttle_pauses, 1);
+        }
+        self.rx_paused = full;
+        let now = Instant::now();
+        for (link, e) in &self.links {
+            self.transports[e.transport].pause_reading(*link, full);
+        }
+        for s in self.sessions.values_mut() {
+            s.session.set_rx_paused(full, now);
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Shared test harness: messengers on loopback, a recording dispatcher that
+//! checks order and integrity as messages arrive, and deadline-bound waits.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use msgr::{Connection, Dispatcher, EntityName, FaultReason, Message, Messenger, MessengerConfig};
+use serde::{Deserialize, Serialize};
+
+/// The front segment of every test message.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy)]
+pub struct Probe {
+    pub stream: u32,
+    pub n: u64,
+    pub len: u32,
+    pub crc: u32,
+}
+
+/// Deterministic data for message `n` of `stream`.
+pub fn pattern(stream: u32, n: u64, len: usize) -> Bytes {
+    let mut x = (u64::from(stream) << 40) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xdead_beef;
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes()[..(len - v.len()).min(8)]);
+    }
+    Bytes::from(v)
+}
+
+pub fn probe_message(stream: u32, n: u64, len: usize) -> Message {
+    let data = pattern(stream, n, len);
+    let probe = Probe {
+        stream,
+        n,
+        len: len as u32,
+        crc: crc32c::crc32c(&data),
+    };
+    let mut m = Message::encode(7, &probe).expect("encode probe");
+    m.data = data;
+    m
+}
+
+/// What a recorder saw, per stream.
+#[derive(Default, Debug)]
+pub struct StreamLog {
+    /// Highest n delivered so far (0 = none; tests number from 1).
+    pub last: u64,
+    pub delivered: u64,
+    pub duplicates: u64,
+    pub gaps: u64,
+    pub corrupt: u64,
+    pub bytes: u64,
+}
+
+#[derive(Default)]
+pub struct Recorder {
+    pub streams: Mutex<HashMap<u32, StreamLog>>,
+    pub resets: Mutex<Vec<(u64, String)>>,
+    pub remote_resets: AtomicU64,
+    pub connects: AtomicU64,
+    pub accepts: AtomicU64,
+    /// Echo every message back on the connection it came from.
+    pub echo: bool,
+}
+
+impl Recorder {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Recorder::default())
+    }
+
+    pub fn echoing() -> Arc<Self> {
+        Arc::new(Recorder {
+            echo: true,
+            ..Recorder::default()
+        })
+    }
+
+    pub fn delivered(&self, stream: u32) -> u64 {
+        self.streams
+            .lock()
+            .unwrap()
+            .get(&stream)
+            .map_or(0, |s| s.delivered)
+    }
+
+    pub fn last(&self, stream: u32) -> u64 {
+        self.streams
+            .lock()
+            .unwrap()
+            .get(&stream)
+            .map_or(0, |s| s.last)
+    }
+
+    /// Panics with a description if any stream saw a duplicate, gap or corruption.
+    pub fn assert_clean(&self) {
+        for (id, s) in self.streams.lock().unwrap().iter() {
+            assert!(
+                s.duplicates == 0 && s.gaps == 0 && s.corrupt == 0,
+                "stream {id}: {s:?}"
+            );
+        }
+    }
+}
+
+impl Dispatcher for Recorder {
+    fn on_message(&self, conn: &Connection, msg: Message) {
+        let Ok(p) = msg.decode::<Probe>() else {
+            self.streams
+                .lock()
+                .unwrap()
+                .entry(u32::MAX)
+                .or_default()
+                .corrupt += 1;
+            return;
+        };
+        {
+            let mut streams = self.streams.lock().unwrap();
+            let s = streams.entry(p.stream).or_default();
+            if msg.data.len() != p.len as usize || crc32c::crc32c(&msg.data) != p.crc {
+                s.corrupt += 1;
+            }
+            if p.n <= s.last {
+                s.duplicates += 1;
+            } else {
+                if p.n != s.last + 1 {
+                    s.gaps += 1;
+                }
+                s.last = p.n;
+                s.delivered += 1;
+                s.bytes += msg.data.len() as u64;
+            }
+        }
+        if self.echo {
+            let _ = conn.send_timeout(msg, Duration::from_secs(10));
+        }
+    }
+
+    fn on_connect(&self, _conn: &Connection) {
+        self.connects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn on_accept(&self, _conn: &Connection) {
+        self.accepts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn on_reset(&self, conn: &Connection, reason: &FaultReason) {
+        self.resets
+            .lock()
+            .unwrap()
+            .push((conn.id(), reason.to_string()));
+    }
+
+    fn on_remote_reset(&self, _conn: &Connection) {
+        self.remote_resets.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Waits until `cond` holds or the deadline passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    cond()
+}
+
+/// A config with short timers so fault tests finish quickly.
+pub fn fast_config() -> MessengerConfig {
+    let mut cfg = MessengerConfig::default();
+    cfg.session.keepalive_interval = Duration::from_millis(100);
+    cfg.session.keepalive_timeout = Duration::from_millis(1500);
+    cfg.session.handshake_timeout = Duration::from_secs(3);
+    cfg.session.backoff_min = Duration::from_millis(1);
+    cfg.session.backoff_max = Duration::from_millis(50);
+    cfg.session.wait_retry = Duration::from_millis(200);
+    cfg.busy_poll = Duration::from_micros(50);
+    cfg
+}
+
+pub fn server(cfg: MessengerConfig, d: Arc<dyn Dispatcher>) -> Messenger {
+    Messenger::builder(EntityName::server(1))
+        .config(cfg)
+        .bind("tcp://127.0.0.1:0".parse().expect("addr"))
+        .start(d)
+        .expect("start server")
+}
+
+pub fn client(cfg: MessengerConfig, d: Arc<dyn Dispatcher>) -> Messenger {
+    Messenger::builder(EntityName::client(1))
+        .config(cfg)
+        .start(d)
+        .expect("start client")
+}
+
+/// Sends with a deadline per message; panics if the queue stays full.
+pub fn send(conn: &Connection, msg: Message) {
+    conn.send_timeout(msg, Duration::from_secs(30))
+        .expect("send within 30 s");
+}
+
+/// Logs to stderr when RUST_LOG is set (for debugging a failing test).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
