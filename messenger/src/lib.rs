@@ -58,3 +58,8 @@ pub use msgr_backends::{availability, Availability, RealFault};
 pub use msgr_proto::{
     Codec, CodecError, FaultReason, Message, PeerInfo, Policy, Postcard, SessionConfig,
 };
+
+/// The README's example, compiled and run as a doctest so it cannot rot.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
