@@ -102,6 +102,15 @@ pub trait Transport {
     /// Produces a real fault on `link`.
     fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError>;
 
+    /// Queues `unit` with bit `bit` (modulo its encoded length) flipped after
+    /// encoding, as line noise would: the receiver's CRC checks must catch it.
+    fn send_corrupted(
+        &mut self,
+        link: LinkId,
+        unit: Transmit,
+        bit: u64,
+    ) -> Result<(), TransportError>;
+
     /// Takes `link` out of this transport so another worker can adopt it.
     fn detach(&mut self, link: LinkId) -> Option<DetachedLink>;
 

@@ -10,6 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use msgr_proto::{Policy, SessionConfig};
+
+use crate::faults::FaultPlan;
 use thiserror::Error;
 
 /// A configuration key or value was not understood.
@@ -91,6 +93,10 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "rx_throttle_bytes",
         "received payload bytes the application may hold before reading pauses (default 512 MiB)",
     ),
+    (
+        "faults",
+        "fault injection plan, e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20 (default off)",
+    ),
 ];
 
 /// Configuration of a [`crate::Messenger`].
@@ -117,6 +123,8 @@ pub struct MessengerConfig {
     pub rx_throttle_messages: usize,
     /// Received payload bytes the application may hold before reading pauses.
     pub rx_throttle_bytes: usize,
+    /// Faults to inject at the transport boundary (tests and fault drills).
+    pub faults: Option<FaultPlan>,
 }
 
 impl Default for MessengerConfig {
@@ -128,6 +136,7 @@ impl Default for MessengerConfig {
             session: SessionConfig::default(),
             rx_throttle_messages: 64 * 1024,
             rx_throttle_bytes: 512 << 20,
+            faults: None,
         }
     }
 }
@@ -191,6 +200,16 @@ impl MessengerConfig {
             "max_data_bytes" => s.limits.max_segment[2] = parse_num(key, value)?,
             "rx_throttle_messages" => self.rx_throttle_messages = parse_num(key, value)?,
             "rx_throttle_bytes" => self.rx_throttle_bytes = parse_num(key, value)?,
+            "faults" if value.trim().is_empty() || value.trim() == "off" => self.faults = None,
+            "faults" => {
+                self.faults = Some(value.parse().map_err(|e: crate::faults::FaultPlanError| {
+                    ConfigError::BadValue {
+                        key: key.into(),
+                        value: value.into(),
+                        why: e.to_string(),
+                    }
+                })?)
+            }
             _ => return Err(ConfigError::UnknownKey(key.into())),
         }
         let l = &mut self.session.limits;
@@ -255,10 +274,10 @@ mod tests {
     #[test]
     fn every_listed_key_is_settable() {
         for (key, _) in CONFIG_KEYS {
-            let value = if *key == "policy" {
-                "lossless-peer"
-            } else {
-                "3"
+            let value = match *key {
+                "policy" => "lossless-peer",
+                "faults" => "seed=1,fail=100",
+                _ => "3",
             };
             MessengerConfig::default()
                 .set(key, value)

@@ -52,6 +52,11 @@ impl SendQueue {
         Ok(())
     }
 
+    /// Appends bytes that are already encoded.
+    pub(crate) fn push_raw(&mut self, b: &[u8]) {
+        self.put_small(b);
+    }
+
     fn put_small(&mut self, b: &[u8]) {
         self.tail.put_slice(b);
         self.len += b.len();

@@ -394,6 +394,30 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
+    fn send_corrupted(
+        &mut self,
+        link: LinkId,
+        unit: Transmit,
+        bit: u64,
+    ) -> Result<(), TransportError> {
+        let mut bytes = match unit {
+            Transmit::Banner(b) => b.to_vec(),
+            Transmit::Frame(f) => f.encode_to_vec()?,
+        };
+        let bit = bit % (bytes.len() as u64 * 8);
+        bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        let was_empty = l.tx.is_empty();
+        l.tx.push_raw(&bytes);
+        if was_empty {
+            self.dirty.push(link);
+        }
+        Ok(())
+    }
+
     fn detach(&mut self, link: LinkId) -> Option<DetachedLink> {
         self.dirty.retain(|l| *l != link);
         self.read_pending.retain(|l| *l != link);

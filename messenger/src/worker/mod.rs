@@ -9,7 +9,7 @@
 
 mod command;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use mio::{Events, Poll, Token, Waker};
 use msgr_addr::EntityAddr;
-use msgr_backends::{AnyTransport, Transport, TransportEvent};
+use msgr_backends::{AnyTransport, RealFault, Transport, TransportEvent};
 use msgr_proto::{
-    control::Hello, FaultReason, LinkId, Session, SessionEvent, SessionStats, Takeover, Transmit,
+    control::Hello, FaultReason, LinkId, Session, SessionEvent, SessionStats, Tag, Takeover,
+    Transmit,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -27,6 +28,7 @@ pub(crate) use command::Command;
 
 use crate::connection::{Connection, ConnectionState, LOCAL_WORKER};
 use crate::counters::Counters;
+use crate::faults::{FaultAction, FaultInjector};
 use crate::messenger::Shared;
 
 /// The token of each worker's waker.
@@ -121,6 +123,10 @@ pub(crate) struct Worker {
     shutdown: Option<Instant>,
     rx_paused: bool,
     report: WorkerReport,
+    faults: Option<FaultInjector>,
+    /// Units held back by an injected delay, per link, in order.
+    held: HashMap<LinkId, (Instant, VecDeque<(Transmit, FaultAction)>)>,
+    outbox: Vec<(LinkId, Transmit)>,
 }
 
 impl Worker {
@@ -152,6 +158,7 @@ impl Worker {
         transports: Vec<AnyTransport>,
         listeners: Vec<(usize, Token)>,
     ) -> Worker {
+        let faults_plan = shared.cfg.faults.clone();
         Worker {
             idx,
             shared,
@@ -171,6 +178,9 @@ impl Worker {
             shutdown: None,
             rx_paused: false,
             report: WorkerReport::default(),
+            faults: faults_plan.map(|p| FaultInjector::new(p, idx)),
+            held: HashMap::new(),
+            outbox: Vec::new(),
         }
     }
 
@@ -231,6 +241,7 @@ impl Worker {
             active |= !self.tevents.is_empty();
             self.handle_transport_events();
             self.fire_timers(Instant::now());
+            self.release_held(Instant::now());
             self.drive_touched();
             self.flush_transports();
             self.check_throttle();
@@ -570,11 +581,17 @@ impl Worker {
                 return;
             };
             let t = slot.transport;
-            while let Some((link, unit)) = slot.session.poll_transmit(now) {
-                if let Err(e) = self.transports[t].send(link, unit) {
-                    tracing::debug!(error = %e, "send on a link that is gone");
-                }
+            let mut out = std::mem::take(&mut self.outbox);
+            while let Some(tx) = slot.session.poll_transmit(now) {
+                out.push(tx);
             }
+            for (link, unit) in out.drain(..) {
+                self.transmit(t, link, unit, now);
+            }
+            self.outbox = out;
+            let Some(slot) = self.sessions.get_mut(&key) else {
+                return;
+            };
             let Some(ev) = slot.session.poll_event() else {
                 break;
             };
@@ -731,9 +748,17 @@ impl Worker {
             let Some(s) = self.pending.get_mut(&link) else {
                 return;
             };
-            while let Some((l, unit)) = s.poll_transmit(now) {
-                let _ = self.transports[t].send(l, unit);
+            let mut out = std::mem::take(&mut self.outbox);
+            while let Some(tx) = s.poll_transmit(now) {
+                out.push(tx);
             }
+            for (l, unit) in out.drain(..) {
+                self.transmit(t, l, unit, now);
+            }
+            self.outbox = out;
+            let Some(s) = self.pending.get_mut(&link) else {
+                return;
+            };
             let ev = s.poll_event();
             tracing::debug!(worker = self.idx, ?link, event = ?ev, "pending link event");
             match ev {
@@ -851,9 +876,71 @@ impl Worker {
         );
         self.touch(key);
     }
+    /// Hands one unit to its transport, through the fault plan if one is set.
+    fn transmit(&mut self, t: usize, link: LinkId, unit: Transmit, now: Instant) {
+        let action = match &mut self.faults {
+            Some(f) => f.decide(is_handshake(&unit)),
+            None => FaultAction::Pass,
+        };
+        if action != FaultAction::Pass {
+            Counters::add(&self.shared.counters.injected_faults, 1);
+        }
+        if let Some((_, q)) = self.held.get_mut(&link) {
+            // Something earlier on this link is delayed: keep the order.
+            q.push_back((unit, action));
+            return;
+        }
+        if let FaultAction::Delay(d) = action {
+            let at = now + d;
+            self.held
+                .insert(link, (at, VecDeque::from([(unit, FaultAction::Pass)])));
+            self.next_timer = Some(self.next_timer.map_or(at, |n| n.min(at)));
+            return;
+        }
+        self.apply(t, link, unit, action);
+    }
+
+    /// Sends a unit as the fault plan decided.
+    fn apply(&mut self, t: usize, link: LinkId, unit: Transmit, action: FaultAction) {
+        let res = match action {
+            FaultAction::Pass | FaultAction::Delay(_) => self.transports[t].send(link, unit),
+            FaultAction::FailLink => self.transports[t].inject(link, RealFault::Abort),
+            FaultAction::Corrupt(bit) => self.transports[t].send_corrupted(link, unit, bit),
+        };
+        if let Err(e) = res {
+            tracing::debug!(error = %e, ?link, "transmit on a link that is gone");
+        }
+    }
+
+    /// Sends units whose injected delay is over.
+    fn release_held(&mut self, now: Instant) {
+        if self.held.is_empty() {
+            return;
+        }
+        let due: Vec<LinkId> = self
+            .held
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(l, _)| *l)
+            .collect();
+        for link in due {
+            let Some((_, q)) = self.held.remove(&link) else {
+                continue;
+            };
+            let Some(t) = self.links.get(&link).map(|e| e.transport) else {
+                continue;
+            };
+            for (unit, action) in q {
+                self.apply(t, link, unit, action);
+            }
+        }
+        for (at, _) in self.held.values() {
+            self.next_timer = Some(self.next_timer.map_or(*at, |n| n.min(*at)));
+        }
+    }
 
     fn refuse(&mut self, link: LinkId, t: usize, frame: msgr_proto::Frame) {
-        let _ = self.transports[t].send(link, Transmit::Frame(frame));
+        self.transmit(t, link, Transmit::Frame(frame), Instant::now());
         if self.links.remove(&link).is_some() {
             self.shared
                 .counters
@@ -922,5 +1009,16 @@ impl Worker {
         for s in self.sessions.values_mut() {
             s.session.set_rx_paused(full, now);
         }
+    }
+}
+
+/// Banner and hello traffic: what the plan's handshake faults target.
+fn is_handshake(unit: &Transmit) -> bool {
+    match unit {
+        Transmit::Banner(_) => true,
+        Transmit::Frame(f) => matches!(
+            f.tag,
+            Tag::Hello | Tag::HelloOk | Tag::ReconnectOk | Tag::SessionReset | Tag::Wait
+        ),
     }
 }

@@ -1,0 +1,70 @@
+//! The fault plan at the transport boundary: failed links, corrupted frames,
+//! delays and handshake failures, on both sides; lossless delivery holds and
+//! every corruption is caught by the CRCs.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use msgr::{FaultPlan, Policy};
+
+#[test]
+fn lossless_delivery_holds_under_a_fault_plan() {
+    let seed: u64 = rand::random();
+    println!("seed {seed}");
+    let plan = |s: u64| -> FaultPlan {
+        format!("seed={s},fail=3000,corrupt=3000,delay=300,delay_max_ms=3,handshake=8")
+            .parse()
+            .unwrap()
+    };
+    let mut scfg = fast_config();
+    scfg.faults = Some(plan(seed));
+    let mut ccfg = fast_config();
+    ccfg.faults = Some(plan(seed.wrapping_add(1)));
+    let rec = Recorder::new();
+    let mut srv = server(scfg, rec.clone());
+    let mut cli = client(ccfg, Arc::new(msgr::NullDispatcher));
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    const N: u64 = 30_000;
+    for n in 1..=N {
+        send(&conn, probe_message(1, n, (n as usize * 7) % 3000));
+    }
+    assert!(
+        wait_until(Duration::from_secs(120), || rec.delivered(1) == N),
+        "seed {seed}: delivered {} of {N}",
+        rec.delivered(1)
+    );
+    rec.assert_clean();
+    assert!(
+        rec.resets.lock().unwrap().is_empty(),
+        "seed {seed}: lossless never resets"
+    );
+    let c = cli.counters();
+    let s = srv.counters();
+    let injected =
+        c.injected_faults.load(Ordering::Relaxed) + s.injected_faults.load(Ordering::Relaxed);
+    let caught =
+        c.protocol_errors.load(Ordering::Relaxed) + s.protocol_errors.load(Ordering::Relaxed);
+    let reconnects = c.reconnects.load(Ordering::Relaxed);
+    println!(
+        "injected {injected}, protocol errors {caught}, reconnects {reconnects}, tx {} / {}",
+        c.tx_messages.load(Ordering::Relaxed),
+        s.tx_messages.load(Ordering::Relaxed)
+    );
+    assert!(injected > 50, "faults were injected ({injected})");
+    assert!(
+        caught >= 2,
+        "corrupted frames were caught by CRC and turned into link faults ({caught})"
+    );
+    assert!(
+        reconnects > 20,
+        "the session resumed many times ({reconnects})"
+    );
+    cli.shutdown(Duration::from_secs(5));
+    srv.shutdown(Duration::from_secs(5));
+}
