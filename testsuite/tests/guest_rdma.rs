@@ -196,9 +196,12 @@ ip netns exec msgr-a tc qdisc show dev va
 ip netns exec msgr-a busybox ping -c 10 -i 0.1 -W 2 198.51.100.66 | tail -n 3 | tee $TMPDIR/ping.log
 grep -Eq ' [1-9][0-9]* packets received' $TMPDIR/ping.log
 ip netns exec msgr-b busybox nc -l -p 7000 -e /bin/cat &
-sleep 1
 ip netns exec msgr-a bash -c '
-  exec 3<>/dev/tcp/198.51.100.66/7000
+  # The listener may take a moment to start (slow exec under TCG).
+  for i in $(seq 30); do
+    exec 3<>/dev/tcp/198.51.100.66/7000 && break
+    sleep 0.5
+  done 2>/dev/null
   echo hello-through-netem >&3
   read -r -t 20 reply <&3
   echo "echo reply: $reply"
