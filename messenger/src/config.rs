@@ -94,6 +94,10 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "received payload bytes the application may hold before reading pauses (default 512 MiB)",
     ),
     (
+        "max_handshakes",
+        "accepted connections that may be mid-handshake at once per worker; more are refused (default 1024)",
+    ),
+    (
         "faults",
         "fault injection plan, e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20 (default off)",
     ),
@@ -123,6 +127,9 @@ pub struct MessengerConfig {
     pub rx_throttle_messages: usize,
     /// Received payload bytes the application may hold before reading pauses.
     pub rx_throttle_bytes: usize,
+    /// Accepted links that may be mid-handshake at once, per worker; more are
+    /// closed at once (bounds what unauthenticated peers can make us hold).
+    pub max_handshakes: usize,
     /// Faults to inject at the transport boundary (tests and fault drills).
     pub faults: Option<FaultPlan>,
 }
@@ -136,6 +143,7 @@ impl Default for MessengerConfig {
             session: SessionConfig::default(),
             rx_throttle_messages: 64 * 1024,
             rx_throttle_bytes: 512 << 20,
+            max_handshakes: 1024,
             faults: None,
         }
     }
@@ -200,6 +208,7 @@ impl MessengerConfig {
             "max_data_bytes" => s.limits.max_segment[2] = parse_num(key, value)?,
             "rx_throttle_messages" => self.rx_throttle_messages = parse_num(key, value)?,
             "rx_throttle_bytes" => self.rx_throttle_bytes = parse_num(key, value)?,
+            "max_handshakes" => self.max_handshakes = parse_num(key, value)?,
             "faults" if value.trim().is_empty() || value.trim() == "off" => self.faults = None,
             "faults" => {
                 self.faults = Some(value.parse().map_err(|e: crate::faults::FaultPlanError| {

@@ -61,6 +61,8 @@ counters! {
     rx_throttle_pauses,
     /// Faults injected by a fault plan.
     injected_faults,
+    /// Accepted connections closed at once because too many handshakes were pending.
+    handshakes_refused,
 }
 
 impl Counters {

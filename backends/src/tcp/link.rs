@@ -11,7 +11,9 @@ use msgr_proto::{FrameLimits, Inbound, StreamDecoder, Transmit};
 /// Most iovecs handed to one writev.
 const MAX_IOVECS: usize = 64;
 /// Read granularity: at least this much room before each read.
-const READ_CHUNK: usize = 64 << 10;
+const MIN_READ_CHUNK: usize = 4 << 10;
+/// Largest read granularity a busy link grows to.
+const MAX_READ_CHUNK: usize = 256 << 10;
 /// Most bytes read for one readiness event before yielding to other links.
 pub(crate) const READ_BUDGET: usize = 4 << 20;
 
@@ -139,6 +141,8 @@ pub(crate) struct TcpLink {
     /// Readable data may be waiting (edge-triggered readiness was not drained).
     pub(crate) read_pending: bool,
     pub(crate) write_interest: bool,
+    /// Current read granularity (grows while reads fill the buffer).
+    read_chunk: usize,
 }
 
 impl TcpLink {
@@ -154,6 +158,7 @@ impl TcpLink {
             frozen: false,
             read_pending: false,
             write_interest: false,
+            read_chunk: MIN_READ_CHUNK,
         }
     }
 
@@ -161,15 +166,22 @@ impl TcpLink {
     pub(crate) fn read_some(&mut self) -> io::Result<ReadOutcome> {
         let mut total = 0;
         loop {
+            // Idle and handshaking links read in small chunks (thousands of them
+            // cost little memory); a link whose reads fill the buffer grows its
+            // chunk, so streaming needs few system calls.
             let want = self
                 .decoder
                 .needed()
                 .saturating_sub(self.rx.len())
-                .max(READ_CHUNK);
+                .max(self.read_chunk);
             self.rx.reserve(want);
+            let room = self.rx.capacity() - self.rx.len();
             match crate::sys::recv_into_spare(&socket2::SockRef::from(&self.stream), &mut self.rx) {
                 Ok(0) => return Ok(ReadOutcome::Eof),
                 Ok(k) => {
+                    if k == room {
+                        self.read_chunk = (self.read_chunk * 2).min(MAX_READ_CHUNK);
+                    }
                     total += k;
                     if total >= READ_BUDGET {
                         return Ok(ReadOutcome::MoreLater);

@@ -470,6 +470,12 @@ impl Worker {
                             .for_each(|x| x.close(link, false));
                         continue;
                     };
+                    if self.pending.len() >= self.shared.cfg.max_handshakes {
+                        // Bounded handshake state: refuse rather than grow.
+                        Counters::add(&self.shared.counters.handshakes_refused, 1);
+                        self.transports[t].close(link, false);
+                        continue;
+                    }
                     Counters::add(&self.shared.counters.links_active, 1);
                     self.links.insert(
                         link,
