@@ -93,6 +93,11 @@ pub trait Transport {
     /// Stops (or resumes) reading `link` — receive throttling.
     fn pause_reading(&mut self, link: LinkId, paused: bool);
 
+    /// Bytes queued on `link` and not yet handed to the network. The worker
+    /// stops pulling frames from a session while this is high, so a full send
+    /// queue stays in the session (once) instead of being copied here.
+    fn backlog(&self, link: LinkId) -> usize;
+
     /// Whether `token` belongs to this transport.
     fn owns(&self, token: Token) -> bool;
 

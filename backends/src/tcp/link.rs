@@ -30,6 +30,10 @@ impl SendQueue {
         self.len == 0
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Appends a unit; segments above `copy_threshold` are referenced, not copied.
     pub(crate) fn push(
         &mut self,

@@ -362,6 +362,10 @@ impl Transport for TcpTransport {
         }
     }
 
+    fn backlog(&self, link: LinkId) -> usize {
+        self.links.get(&link).map_or(0, |l| l.tx.len())
+    }
+
     fn owns(&self, token: Token) -> bool {
         self.listeners.contains_key(&token) || self.links.contains_key(&LinkId(token.0 as u64))
     }

@@ -9,7 +9,7 @@
 
 mod command;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +30,11 @@ use crate::connection::{Connection, ConnectionState, LOCAL_WORKER};
 use crate::counters::Counters;
 use crate::faults::{FaultAction, FaultInjector};
 use crate::messenger::Shared;
+
+/// Stop pulling frames from a session while its link holds this much unsent.
+const TX_HIGH_WATER: usize = 4 << 20;
+/// ... and continue once it is below this.
+const TX_LOW_WATER: usize = 1 << 20;
 
 /// The token of each worker's waker.
 pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
@@ -127,6 +132,8 @@ pub(crate) struct Worker {
     /// Units held back by an injected delay, per link, in order.
     held: HashMap<LinkId, (Instant, VecDeque<(Transmit, FaultAction)>)>,
     outbox: Vec<(LinkId, Transmit)>,
+    /// Sessions with output waiting for their link to drain.
+    blocked: HashSet<u64>,
 }
 
 impl Worker {
@@ -181,6 +188,7 @@ impl Worker {
             faults: faults_plan.map(|p| FaultInjector::new(p, idx)),
             held: HashMap::new(),
             outbox: Vec::new(),
+            blocked: HashSet::new(),
         }
     }
 
@@ -268,12 +276,38 @@ impl Worker {
             for t in &mut self.transports {
                 t.flush(&mut self.tevents);
             }
-            if self.tevents.is_empty() {
+            let unblocked = self.unblock_sessions();
+            if self.tevents.is_empty() && !unblocked {
                 return;
             }
             self.handle_transport_events();
             self.drive_touched();
         }
+    }
+
+    /// Sessions held back by a backed-up link continue once it has drained
+    /// below the low-water mark. Returns whether any did.
+    fn unblock_sessions(&mut self) -> bool {
+        if self.blocked.is_empty() {
+            return false;
+        }
+        let mut any = false;
+        let keys: Vec<u64> = self.blocked.iter().copied().collect();
+        for key in keys {
+            let backlog = match self.sessions.get(&key) {
+                Some(slot) => match slot.session.link() {
+                    Some(l) => self.transports[slot.transport].backlog(l),
+                    None => 0,
+                },
+                None => 0,
+            };
+            if backlog < TX_LOW_WATER {
+                self.blocked.remove(&key);
+                self.touch(key);
+                any = true;
+            }
+        }
+        any
     }
 
     fn finished(&self, now: Instant) -> bool {
@@ -582,14 +616,29 @@ impl Worker {
 
     /// Moves a session's output to its transport and its events to the application.
     fn drive(&mut self, key: u64, now: Instant) {
+        // One span per session: its life-cycle events below nest in it.
+        let _span = tracing::debug_span!("session", worker = self.idx, id = key).entered();
         loop {
             let Some(slot) = self.sessions.get_mut(&key) else {
                 return;
             };
             let t = slot.transport;
             let mut out = std::mem::take(&mut self.outbox);
-            while let Some(tx) = slot.session.poll_transmit(now) {
+            let link = slot.session.link();
+            let mut room = match link {
+                Some(l) => TX_HIGH_WATER.saturating_sub(self.transports[t].backlog(l)),
+                None => 0,
+            };
+            while room > 0 {
+                let Some(tx) = slot.session.poll_transmit(now) else {
+                    break;
+                };
+                room = room.saturating_sub(unit_len(&tx.1));
                 out.push(tx);
+            }
+            if room == 0 && link.is_some() && slot.session.wants_transmit() {
+                // The link is backed up: resume when it drains (flush_transports).
+                self.blocked.insert(key);
             }
             for (link, unit) in out.drain(..) {
                 self.transmit(t, link, unit, now);
@@ -632,7 +681,22 @@ impl Worker {
     }
 
     fn handle_session_event(&mut self, key: u64, ev: SessionEvent, now: Instant) {
-        tracing::debug!(worker = self.idx, session = key, event = ?ev, "session event");
+        match &ev {
+            SessionEvent::Message(_) => tracing::trace!("message delivered"),
+            SessionEvent::Established(p) => {
+                tracing::info!(peer = %p.addr, name = %p.name, "session established")
+            }
+            SessionEvent::Reset {
+                reason,
+                undelivered,
+            } => {
+                tracing::info!(%reason, undelivered, "session reset")
+            }
+            SessionEvent::RemoteReset { dropped } => {
+                tracing::info!(dropped, "peer reset the session")
+            }
+            other => tracing::debug!(event = ?other, "session event"),
+        }
         let Some(slot) = self.sessions.get_mut(&key) else {
             return;
         };
@@ -1026,5 +1090,13 @@ fn is_handshake(unit: &Transmit) -> bool {
             f.tag,
             Tag::Hello | Tag::HelloOk | Tag::ReconnectOk | Tag::SessionReset | Tag::Wait
         ),
+    }
+}
+
+/// Bytes a unit occupies on the wire.
+fn unit_len(unit: &Transmit) -> usize {
+    match unit {
+        Transmit::Banner(b) => b.len(),
+        Transmit::Frame(f) => f.encoded_len(),
     }
 }
