@@ -1,1 +1,418 @@
-fn main() {}
+//! `msgr`: serve, ping (latency), stream (bandwidth / message rate) and bench
+//! over any msgr backend — `rping`, `ib_send_lat` and `fi_pingpong` in one.
+
+mod bench;
+mod error;
+mod machine;
+mod net;
+mod progress;
+mod reference;
+mod stats;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use msgr::{availability, Availability, EntityName, Messenger, MessengerConfig, TransportKind};
+use msgr_addr::FabricProvider;
+use serde::Serialize;
+
+use crate::error::{parse_addr, ToolError};
+use crate::net::{Driver, Limit, PingOpts, Responder, StreamOpts};
+use crate::progress::Progress;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "msgr",
+    version,
+    about = "msgr messenger tool: serve, ping (latency), stream (bandwidth, message rate), bench",
+    after_help = "Configuration: defaults, then --config FILE, then MSGR_CONFIG / MSGR_<KEY> \
+                  environment variables, then --workers / --busy-poll-us / --set KEY=VALUE."
+)]
+struct Cli {
+    /// TOML file of flat `key = value` messenger settings.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Event-loop worker threads per messenger (config key `workers`).
+    #[arg(long, global = true, value_name = "N")]
+    workers: Option<String>,
+    /// Busy-poll window in µs before a worker blocks (config key `busy_poll_us`).
+    #[arg(long, global = true, value_name = "US")]
+    busy_poll_us: Option<String>,
+    /// Any configuration key, e.g. `--set policy=lossy-client` (repeatable).
+    #[arg(long = "set", global = true, value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a responder: echoes pings, counts streams; prints counters at the end.
+    Serve {
+        /// Address to bind, e.g. tcp://127.0.0.1:6800 (port 0 picks one).
+        addr: String,
+        /// Stop after this many seconds (default: until Ctrl-C).
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+    },
+    /// Ping-pong latency against `msgr serve`: one-way and round-trip percentiles.
+    Ping {
+        /// The server's address, e.g. tcp://127.0.0.1:6800.
+        addr: String,
+        /// Payload bytes per message.
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+        /// Timed round trips.
+        #[arg(long, default_value_t = 10_000)]
+        count: u64,
+        /// Untimed round trips first.
+        #[arg(long, default_value_t = 1_000)]
+        warmup: u64,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 60.0, value_name = "SECS")]
+        timeout: f64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One-way streaming to `msgr serve`: bandwidth and message rate.
+    Stream {
+        /// The server's address, e.g. tcp://127.0.0.1:6800.
+        addr: String,
+        /// Payload bytes per message.
+        #[arg(long, default_value_t = 1 << 20)]
+        size: usize,
+        /// Messages to send.
+        #[arg(long, conflicts_with = "duration")]
+        count: Option<u64>,
+        /// Send for this many seconds (default 3 unless --count).
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Who sends: the main thread, or the dispatcher's callbacks paced by credits.
+        #[arg(long, value_enum, default_value_t = Driver::Callback)]
+        driver: Driver,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 120.0, value_name = "SECS")]
+        timeout: f64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Server and client in one process on loopback, against std::net references.
+    Bench {
+        /// Transport scheme (tcp, verbs, rdmacm, fabric+PROVIDER).
+        #[arg(long, default_value = "tcp")]
+        transport: String,
+        /// A short run (for tests and smoke checks).
+        #[arg(long)]
+        quick: bool,
+        /// Rounds; each reports msgr and its reference (default 3, quick 1).
+        #[arg(long)]
+        rounds: Option<u32>,
+        /// Run only these parts (repeatable / comma-separated).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        only: Vec<bench::Part>,
+        /// Who sends msgr's streams.
+        #[arg(long, value_enum, default_value_t = Driver::Callback)]
+        driver: Driver,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List every transport kind and whether it can be used here.
+    Backends {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn secs(what: &str, v: f64) -> Result<Duration, ToolError> {
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| ToolError::Usage(format!("{what}: `{v}` is not a duration in seconds")))
+}
+
+fn build_config(cli: &Cli) -> Result<MessengerConfig, ToolError> {
+    let mut cfg = match &cli.config {
+        Some(p) => MessengerConfig::from_file(p)?,
+        None => MessengerConfig::default(),
+    };
+    cfg.apply_env()?;
+    if let Some(w) = &cli.workers {
+        cfg.set("workers", w)?;
+    }
+    if let Some(b) = &cli.busy_poll_us {
+        cfg.set("busy_poll_us", b)?;
+    }
+    for kv in &cli.set {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| ToolError::Usage(format!("--set `{kv}`: expected KEY=VALUE")))?;
+        cfg.set(k.trim(), v)?;
+    }
+    Ok(cfg)
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    let handler = on_signal as extern "C" fn(libc::c_int);
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe {
+            libc::signal(sig, handler as libc::sighandler_t);
+        }
+    }
+}
+
+fn serve(cfg: &MessengerConfig, addr: &str, duration: Option<f64>) -> Result<(), ToolError> {
+    let bind = parse_addr(addr)?;
+    let duration = duration.map(|d| secs("--duration", d)).transpose()?;
+    install_signal_handlers();
+    let responder = Arc::new(Responder::default());
+    let mut m = Messenger::builder(EntityName::server(u64::from(std::process::id())))
+        .config(cfg.clone())
+        .bind(bind)
+        .start(responder.clone())?;
+    // Without its nonce: clients may connect to any incarnation at this address.
+    println!("listening on {}", m.addr().clone().with_nonce(0));
+    eprintln!(
+        "serving{}; Ctrl-C prints counters and stops",
+        duration.map_or(String::new(), |d| format!(" for {:.1} s", d.as_secs_f64()))
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let start = Instant::now();
+    while !STOP.load(Ordering::SeqCst) && duration.is_none_or(|d| start.elapsed() < d) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = m.shutdown(Duration::from_secs(2));
+    let t = responder.totals();
+    println!(
+        "# msgr serve: {:.1} s, {} connections accepted, {} pings echoed, {} stream messages ({} bytes), shutdown {:?}",
+        start.elapsed().as_secs_f64(),
+        responder.accepted.load(Ordering::Relaxed),
+        t.pings,
+        t.stream_messages,
+        t.stream_bytes,
+        report
+    );
+    print!("{}", m.counters().prometheus());
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct BackendRow {
+    kind: String,
+    example: String,
+    available: bool,
+    reason: Option<String>,
+}
+
+fn backends(json: bool) -> Result<(), ToolError> {
+    let kinds = [
+        TransportKind::Tcp,
+        TransportKind::Verbs,
+        TransportKind::RdmaCm,
+        TransportKind::Fabric(FabricProvider::new("tcp")),
+        TransportKind::Fabric(FabricProvider::new("tcp;ofi_rxm")),
+        TransportKind::Fabric(FabricProvider::new("shm")),
+        TransportKind::Fabric(FabricProvider::new("verbs")),
+        TransportKind::Fabric(FabricProvider::new("verbs;ofi_rxm")),
+        TransportKind::Fabric(FabricProvider::new("efa")),
+    ];
+    let rows: Vec<BackendRow> = kinds
+        .iter()
+        .map(|k| {
+            let (available, reason) = match availability(k) {
+                Availability::Available => (true, None),
+                Availability::Unavailable(r) => (false, Some(r)),
+            };
+            BackendRow {
+                kind: k.scheme(),
+                example: format!("{}://127.0.0.1:6800", k.scheme()),
+                available,
+                reason,
+            }
+        })
+        .collect();
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    println!("{:<16} {:<12} reason", "transport", "status");
+    for r in &rows {
+        println!(
+            "{:<16} {:<12} {}",
+            r.kind,
+            if r.available {
+                "available"
+            } else {
+                "unavailable"
+            },
+            r.reason.as_deref().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<(), ToolError> {
+    if let Cmd::Backends { json } = cli.cmd {
+        return backends(json);
+    }
+    let cfg = build_config(&cli)?;
+    let connect_timeout = Duration::from_secs(10);
+    match cli.cmd {
+        Cmd::Backends { .. } => Ok(()),
+        Cmd::Serve { addr, duration } => serve(&cfg, &addr, duration),
+        Cmd::Ping {
+            addr,
+            size,
+            count,
+            warmup,
+            timeout,
+            json,
+        } => {
+            let target = parse_addr(&addr)?;
+            let opts = PingOpts {
+                size,
+                count,
+                warmup,
+                timeout: secs("--timeout", timeout)?,
+                connect_timeout,
+            };
+            let mut progress = Progress::new(count + warmup, json);
+            let r = net::ping(&cfg, &target, &opts, &mut progress)?;
+            progress.finish();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "target": target.to_string(), "ping": r })
+                );
+            } else {
+                r.print(&format!("msgr ping {target}"));
+            }
+            Ok(())
+        }
+        Cmd::Stream {
+            addr,
+            size,
+            count,
+            duration,
+            driver,
+            timeout,
+            json,
+        } => {
+            let target = parse_addr(&addr)?;
+            if size == 0 {
+                return Err(ToolError::Usage("--size must be at least 1".into()));
+            }
+            let limit = match (count, duration) {
+                (Some(n), _) => Limit::Count(n),
+                (None, Some(d)) => Limit::Time(secs("--duration", d)?),
+                (None, None) => Limit::Time(Duration::from_secs(3)),
+            };
+            let opts = StreamOpts {
+                size,
+                limit,
+                driver,
+                timeout: secs("--timeout", timeout)?,
+                connect_timeout,
+            };
+            let mut progress = Progress::new(0, json);
+            let (r, totals) = net::stream(&cfg, &target, &opts, &mut progress)?;
+            progress.finish();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "target": target.to_string(), "driver": driver, "stream": r, "server_totals": totals })
+                );
+            } else {
+                r.print(&format!("msgr stream {target}"));
+                println!(
+                    "  server has counted {} stream messages ({} bytes) in total",
+                    totals.stream_messages, totals.stream_bytes
+                );
+            }
+            Ok(())
+        }
+        Cmd::Bench {
+            transport,
+            quick,
+            rounds,
+            only,
+            driver,
+            json,
+        } => {
+            let kind = parse_addr(&format!("{transport}://127.0.0.1:0"))?.transport;
+            if let Availability::Unavailable(reason) = availability(&kind) {
+                return Err(ToolError::Usage(format!(
+                    "transport {transport} is not usable here: {reason}"
+                )));
+            }
+            let rounds = rounds.unwrap_or(if quick { 1 } else { 3 });
+            if rounds == 0 {
+                return Err(ToolError::Usage("--rounds must be at least 1".into()));
+            }
+            let parts = if only.is_empty() {
+                vec![
+                    bench::Part::Latency,
+                    bench::Part::Bandwidth,
+                    bench::Part::Rate,
+                ]
+            } else {
+                only
+            };
+            let opts = bench::BenchOpts {
+                transport,
+                quick,
+                rounds,
+                parts,
+                driver,
+                json,
+            };
+            let report = bench::run(&cfg, &opts)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report)
+                        .map_err(|e| ToolError::io("JSON", std::io::Error::other(e)))?
+                );
+            } else {
+                report.print_table();
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("msgr: error: {e}");
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            // thiserror's transparent/source chains: print causes not already in the message.
+            let text = s.to_string();
+            if !e.to_string().contains(&text) {
+                eprintln!("  caused by: {text}");
+            }
+            src = s.source();
+        }
+        std::process::exit(e.exit_code());
+    }
+}

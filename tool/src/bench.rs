@@ -1,0 +1,402 @@
+//! `msgr bench`: server and client in one process on loopback, each msgr
+//! figure next to a plain `std::net` reference measured in the same run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use msgr::{EntityName, Messenger, MessengerConfig};
+use serde::Serialize;
+
+use crate::error::{parse_addr, ToolError};
+use crate::machine::{MachineState, Watch};
+use crate::net::{self, Driver, Limit, PingOpts, Responder, StreamOpts};
+use crate::progress::Progress;
+use crate::reference;
+use crate::stats::{PingResult, StreamResult};
+
+/// Target: msgr 64 B one-way p50 ≤ this × std's.
+pub const LATENCY_TARGET: f64 = 1.15;
+/// Target: msgr 1 MiB bandwidth ≥ this × std's.
+pub const BANDWIDTH_TARGET: f64 = 0.90;
+/// Target: msgr 64 B message rate ≥ this × the raw framed stream's.
+pub const RATE_TARGET: f64 = 0.50;
+
+/// Which comparisons to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Part {
+    /// 64 B ping-pong vs blocking std::net ping-pong.
+    Latency,
+    /// 1 MiB streaming vs std::net 1 MiB writes.
+    Bandwidth,
+    /// 64 B one-way message rate vs a raw length-prefixed std::net stream.
+    Rate,
+}
+
+/// Options of a bench run.
+#[derive(Clone, Debug)]
+pub struct BenchOpts {
+    /// Transport scheme, e.g. `tcp`.
+    pub transport: String,
+    /// Short run for tests.
+    pub quick: bool,
+    /// Rounds (each part runs msgr then its reference once per round).
+    pub rounds: u32,
+    /// Parts to run.
+    pub parts: Vec<Part>,
+    /// Who sends msgr's streams.
+    pub driver: Driver,
+    /// JSON output.
+    pub json: bool,
+}
+
+/// One comparison: per-round figures, medians and the ratio against the target.
+#[derive(Debug, Serialize)]
+pub struct Comparison<T: Serialize> {
+    /// What is compared.
+    pub metric: &'static str,
+    /// Unit of `msgr` and `reference`.
+    pub unit: &'static str,
+    /// Median over rounds of msgr's figure.
+    pub msgr: f64,
+    /// Median over rounds of the reference's figure.
+    pub reference: f64,
+    /// Which reference.
+    pub reference_name: &'static str,
+    /// msgr / reference (of the medians).
+    pub ratio: f64,
+    /// Smallest and largest per-round ratio.
+    pub ratio_spread: [f64; 2],
+    /// "max" (ratio must be ≤ target) or "min" (≥ target).
+    pub target_kind: &'static str,
+    /// The target ratio.
+    pub target: f64,
+    /// Whether the median ratio meets the target.
+    pub met: bool,
+    /// Every round's msgr and reference results.
+    pub rounds: Vec<Round<T>>,
+}
+
+/// One round of a comparison.
+#[derive(Debug, Serialize)]
+pub struct Round<T: Serialize> {
+    /// msgr's result.
+    pub msgr: T,
+    /// The reference's result.
+    pub reference: T,
+}
+
+/// The whole bench result (`--json` prints it).
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    /// Transport under test.
+    pub transport: String,
+    /// `--quick` run.
+    pub quick: bool,
+    /// Rounds.
+    pub rounds: u32,
+    /// Stream sender.
+    pub driver: Driver,
+    /// Worker threads per messenger.
+    pub workers: usize,
+    /// Busy-poll window, µs.
+    pub busy_poll_us: u64,
+    /// How busy the machine was.
+    pub machine: MachineState,
+    /// Wall time, seconds.
+    pub elapsed_s: f64,
+    /// 64 B ping-pong.
+    pub latency: Option<Comparison<PingResult>>,
+    /// 1 MiB streaming.
+    pub bandwidth: Option<Comparison<StreamResult>>,
+    /// 64 B message rate.
+    pub message_rate: Option<Comparison<StreamResult>>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compare<T: Serialize>(
+    metric: &'static str,
+    unit: &'static str,
+    reference_name: &'static str,
+    rounds: Vec<Round<T>>,
+    value: impl Fn(&T) -> f64,
+    target_kind: &'static str,
+    target: f64,
+) -> Comparison<T> {
+    let mut m: Vec<f64> = rounds.iter().map(|r| value(&r.msgr)).collect();
+    let mut r: Vec<f64> = rounds.iter().map(|r| value(&r.reference)).collect();
+    let per_round: Vec<f64> = m.iter().zip(&r).map(|(a, b)| a / b).collect();
+    let lo = per_round.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = per_round.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (msgr, reference) = (median(&mut m), median(&mut r));
+    let ratio = msgr / reference;
+    let met = if target_kind == "max" {
+        ratio <= target
+    } else {
+        ratio >= target
+    };
+    Comparison {
+        metric,
+        unit,
+        msgr,
+        reference,
+        reference_name,
+        ratio,
+        ratio_spread: [lo, hi],
+        target_kind,
+        target,
+        met,
+        rounds,
+    }
+}
+
+/// Runs the benchmark and prints the table (or JSON).
+pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolError> {
+    let bind = parse_addr(&format!("{}://127.0.0.1:0", opts.transport))?;
+    let (ping_count, warmup, secs) = if opts.quick {
+        (2_000u64, 200u64, Duration::from_millis(300))
+    } else {
+        (10_000, 1_000, Duration::from_secs(1))
+    };
+    let timeout = Duration::from_secs(60);
+    let connect_timeout = Duration::from_secs(10);
+    let watch = Watch::start(Duration::from_millis(if opts.quick { 100 } else { 500 }));
+    let started = Instant::now();
+    let mut server = Messenger::builder(EntityName::server(0))
+        .config(cfg.clone())
+        .bind(bind)
+        .start(Arc::new(Responder::default()))?;
+    let target = server.addr().clone();
+    let steps = u64::from(opts.rounds) * opts.parts.len() as u64 * 2;
+    let mut progress = Progress::new(steps, opts.json);
+    let mut step_bar = Progress::new(steps, true);
+    let mut step = 0u64;
+    let mut lat = Vec::new();
+    let mut bw = Vec::new();
+    let mut rate = Vec::new();
+    let mut next = |progress: &mut Progress, what: &str| {
+        progress.message(what.to_owned());
+        progress.set(step);
+        step += 1;
+    };
+    for round in 0..opts.rounds {
+        for part in &opts.parts {
+            match part {
+                Part::Latency => {
+                    next(&mut progress, &format!("round {}: msgr ping", round + 1));
+                    let p = PingOpts {
+                        size: 64,
+                        count: ping_count,
+                        warmup,
+                        timeout,
+                        connect_timeout,
+                    };
+                    let m = net::ping(cfg, &target, &p, &mut step_bar)?;
+                    next(&mut progress, &format!("round {}: std ping", round + 1));
+                    let r = reference::ping(64, warmup, ping_count, timeout)?;
+                    lat.push(Round {
+                        msgr: m,
+                        reference: r,
+                    });
+                }
+                Part::Bandwidth => {
+                    next(
+                        &mut progress,
+                        &format!("round {}: msgr 1 MiB stream", round + 1),
+                    );
+                    let s = StreamOpts {
+                        size: 1 << 20,
+                        limit: Limit::Time(secs),
+                        driver: opts.driver,
+                        timeout,
+                        connect_timeout,
+                    };
+                    let (m, _) = net::stream(cfg, &target, &s, &mut step_bar)?;
+                    next(
+                        &mut progress,
+                        &format!("round {}: std 1 MiB stream", round + 1),
+                    );
+                    let r = reference::stream(1 << 20, None, Some(secs))?;
+                    bw.push(Round {
+                        msgr: m,
+                        reference: r,
+                    });
+                }
+                Part::Rate => {
+                    next(
+                        &mut progress,
+                        &format!("round {}: msgr 64 B stream", round + 1),
+                    );
+                    let s = StreamOpts {
+                        size: 64,
+                        limit: Limit::Time(secs),
+                        driver: opts.driver,
+                        timeout,
+                        connect_timeout,
+                    };
+                    let (m, _) = net::stream(cfg, &target, &s, &mut step_bar)?;
+                    next(
+                        &mut progress,
+                        &format!("round {}: raw 64 B stream", round + 1),
+                    );
+                    let r = reference::framed_stream(64, None, Some(secs))?;
+                    rate.push(Round {
+                        msgr: m,
+                        reference: r,
+                    });
+                }
+            }
+        }
+    }
+    progress.finish();
+    server.shutdown(Duration::from_secs(2));
+    let machine = watch.finish();
+    let latency = (!lat.is_empty()).then(|| {
+        compare(
+            "64 B ping-pong one-way latency, p50",
+            "µs",
+            "std::net blocking ping-pong",
+            lat,
+            |r: &PingResult| r.one_way.p50_us,
+            "max",
+            LATENCY_TARGET,
+        )
+    });
+    let bandwidth = (!bw.is_empty()).then(|| {
+        compare(
+            "1 MiB streaming bandwidth",
+            "MiB/s",
+            "std::net 1 MiB writes",
+            bw,
+            |r: &StreamResult| r.mib_per_s,
+            "min",
+            BANDWIDTH_TARGET,
+        )
+    });
+    let message_rate = (!rate.is_empty()).then(|| {
+        compare(
+            "64 B one-way message rate",
+            "msg/s",
+            "raw length-prefixed std::net stream",
+            rate,
+            |r: &StreamResult| r.msgs_per_s,
+            "min",
+            RATE_TARGET,
+        )
+    });
+    Ok(BenchReport {
+        transport: opts.transport.clone(),
+        quick: opts.quick,
+        rounds: opts.rounds,
+        driver: opts.driver,
+        workers: cfg.workers,
+        busy_poll_us: cfg.busy_poll.as_micros() as u64,
+        machine,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        latency,
+        bandwidth,
+        message_rate,
+    })
+}
+
+fn human(v: f64, unit: &str) -> String {
+    match unit {
+        "msg/s" if v >= 1e6 => format!("{:.2} M msg/s", v / 1e6),
+        "msg/s" => format!("{:.0} k msg/s", v / 1e3),
+        "MiB/s" => format!("{v:.0} MiB/s"),
+        _ => format!("{v:.2} {unit}"),
+    }
+}
+
+fn row<T: Serialize>(c: &Comparison<T>) {
+    let target = if c.target_kind == "max" {
+        format!("≤ {:.2}×", c.target)
+    } else {
+        format!("≥ {:.2}×", c.target)
+    };
+    println!(
+        "{:<38} {:>14} {:>14} {:>7.2}× ({:.2}–{:.2}) {:>8}  {}",
+        c.metric,
+        human(c.msgr, c.unit),
+        human(c.reference, c.unit),
+        c.ratio,
+        c.ratio_spread[0],
+        c.ratio_spread[1],
+        target,
+        if c.met { "met" } else { "MISSED" }
+    );
+}
+
+impl BenchReport {
+    /// The results table.
+    pub fn print_table(&self) {
+        println!(
+            "msgr bench: transport {}, {} round(s){}, {} worker(s) per messenger, busy-poll {} µs, stream sender: {:?}, {:.1} s",
+            self.transport,
+            self.rounds,
+            if self.quick { " (quick)" } else { "" },
+            self.workers,
+            self.busy_poll_us,
+            self.driver,
+            self.elapsed_s
+        );
+        println!("{}", self.machine.describe());
+        println!();
+        println!(
+            "{:<38} {:>14} {:>14} {:>24} {:>8}",
+            "median over rounds", "msgr", "reference", "ratio (spread)", "target"
+        );
+        if let Some(c) = &self.latency {
+            row(c);
+        }
+        if let Some(c) = &self.bandwidth {
+            row(c);
+        }
+        if let Some(c) = &self.message_rate {
+            row(c);
+        }
+        if let Some(c) = &self.latency {
+            println!();
+            println!(
+                "64 B ping-pong detail (one-way µs, per round: p50 / p99 / p99.9 / mean / min):"
+            );
+            for (i, r) in c.rounds.iter().enumerate() {
+                for (name, p) in [("msgr", &r.msgr), ("std ", &r.reference)] {
+                    let s = &p.one_way;
+                    println!(
+                        "  round {} {name}  {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+                        i + 1,
+                        s.p50_us,
+                        s.p99_us,
+                        s.p999_us,
+                        s.mean_us,
+                        s.min_us
+                    );
+                }
+            }
+        }
+        println!();
+        println!("references: {}", {
+            let mut v = Vec::new();
+            if let Some(c) = &self.latency {
+                v.push(c.reference_name);
+            }
+            if let Some(c) = &self.bandwidth {
+                v.push(c.reference_name);
+            }
+            if let Some(c) = &self.message_rate {
+                v.push(c.reference_name);
+            }
+            v.join("; ")
+        });
+    }
+}

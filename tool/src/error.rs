@@ -1,0 +1,82 @@
+//! The tool's errors: typed, printed as one clear line, mapped to exit codes.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// Everything that can make a `msgr` command fail.
+#[derive(Debug, Error)]
+pub enum ToolError {
+    /// An address argument did not parse.
+    #[error("bad address `{text}`: {source}")]
+    Addr {
+        /// What was given.
+        text: String,
+        /// Why it is not an address.
+        #[source]
+        source: msgr_addr::AddrParseError,
+    },
+    /// A configuration file, variable or flag was not understood.
+    #[error("configuration: {0}")]
+    Config(#[from] msgr::ConfigError),
+    /// The messenger could not start or connect.
+    #[error("{0}")]
+    Messenger(#[from] msgr::MessengerError),
+    /// A send failed.
+    #[error("send failed: {0}")]
+    Send(#[from] msgr::SendError),
+    /// A bad combination of arguments.
+    #[error("{0}")]
+    Usage(String),
+    /// An OS call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Something did not finish in time.
+    #[error("timed out after {:.1} s: {what}", after.as_secs_f64())]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// How long.
+        after: Duration,
+    },
+    /// The connection ended while a test was running.
+    #[error("connection to {peer} was reset: {reason}")]
+    Reset {
+        /// The peer.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl ToolError {
+    /// Exit code: 2 for bad input (like clap's usage errors), 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ToolError::Addr { .. } | ToolError::Config(_) | ToolError::Usage(_) => 2,
+            _ => 1,
+        }
+    }
+
+    /// An I/O error with what was being done.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        ToolError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// Parses an address argument into a typed error naming the text.
+pub fn parse_addr(text: &str) -> Result<msgr::EntityAddr, ToolError> {
+    text.parse().map_err(|source| ToolError::Addr {
+        text: text.to_owned(),
+        source,
+    })
+}

@@ -1,0 +1,575 @@
+//! The messenger side of the tool: the responder (`serve`), the ping-pong and
+//! streaming clients, and the little protocol between them.
+//!
+//! Message types (payload in the data segment):
+//! - `PING` → the responder echoes it as `PONG` (same front and data).
+//! - `STREAM` → counted; if its front is non-empty the responder answers
+//!   `CREDIT` (the callback-driven sender's flow control).
+//! - `STREAM_END` → answered with `STREAM_DONE` carrying the responder's
+//!   totals; it arrives after every earlier message of the connection, so
+//!   it marks the end of a bandwidth run.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use msgr::{
+    Connection, ConnectionState, Dispatcher, EntityAddr, EntityName, FaultReason, Message,
+    Messenger, MessengerConfig, SendError,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ToolError;
+use crate::progress::Progress;
+use crate::stats::{PingResult, StreamResult};
+
+/// Ping request.
+pub const PING: u16 = 0x6d01;
+/// Ping reply.
+pub const PONG: u16 = 0x6d02;
+/// A streamed message.
+pub const STREAM: u16 = 0x6d03;
+/// End of a stream.
+pub const STREAM_END: u16 = 0x6d04;
+/// Reply to the end of a stream.
+pub const STREAM_DONE: u16 = 0x6d05;
+/// Flow-control credit for the callback-driven sender.
+pub const CREDIT: u16 = 0x6d06;
+
+/// What the responder counted (sent back in `STREAM_DONE`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct Totals {
+    /// Pings echoed.
+    pub pings: u64,
+    /// Stream messages received.
+    pub stream_messages: u64,
+    /// Stream payload bytes received.
+    pub stream_bytes: u64,
+}
+
+/// The server side: echoes pings, counts streams.
+#[derive(Default)]
+pub struct Responder {
+    pings: AtomicU64,
+    stream_messages: AtomicU64,
+    stream_bytes: AtomicU64,
+    /// Connections accepted.
+    pub accepted: AtomicU64,
+    /// Connections reset.
+    pub resets: AtomicU64,
+}
+
+impl Responder {
+    /// Current totals.
+    pub fn totals(&self) -> Totals {
+        Totals {
+            pings: self.pings.load(Ordering::Relaxed),
+            stream_messages: self.stream_messages.load(Ordering::Relaxed),
+            stream_bytes: self.stream_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Dispatcher for Responder {
+    fn on_message(&self, conn: &Connection, msg: Message) {
+        match msg.msg_type {
+            PING => {
+                self.pings.fetch_add(1, Ordering::Relaxed);
+                let _ = conn.send(Message::new(PONG, msg.front, msg.data));
+            }
+            STREAM => {
+                self.stream_messages.fetch_add(1, Ordering::Relaxed);
+                self.stream_bytes
+                    .fetch_add(msg.data.len() as u64, Ordering::Relaxed);
+                if !msg.front.is_empty() {
+                    let _ = conn.send(Message::new(CREDIT, msg.front, Bytes::new()));
+                }
+            }
+            STREAM_END => {
+                if let Ok(m) = Message::encode(STREAM_DONE, &self.totals()) {
+                    let _ = conn.send(m);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_accept(&self, _conn: &Connection) {
+        self.accepted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn on_reset(&self, _conn: &Connection, _reason: &FaultReason) {
+        self.resets.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Starts a client messenger, connects to `target` and waits until the
+/// session is open.
+fn connect(
+    cfg: &MessengerConfig,
+    target: &EntityAddr,
+    d: Arc<dyn Dispatcher>,
+    timeout: Duration,
+    reset: &Mutex<Option<String>>,
+) -> Result<(Messenger, Connection), ToolError> {
+    if target.socket.port() == 0 || target.is_unspecified() {
+        return Err(ToolError::Usage(format!(
+            "cannot connect to {target}: give the server's address and port"
+        )));
+    }
+    let m = Messenger::builder(EntityName::client(u64::from(std::process::id())))
+        .config(cfg.clone())
+        .start(d)?;
+    let conn = m.connect(target)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match conn.state() {
+            ConnectionState::Open => return Ok((m, conn)),
+            ConnectionState::Closed => {
+                return Err(ToolError::Reset {
+                    peer: target.to_string(),
+                    reason: reset
+                        .lock()
+                        .ok()
+                        .and_then(|r| r.clone())
+                        .unwrap_or_else(|| "closed while connecting".into()),
+                })
+            }
+            ConnectionState::Connecting if Instant::now() >= deadline => {
+                return Err(ToolError::Timeout {
+                    what: format!("connecting to {target} (is `msgr serve` running there?)"),
+                    after: timeout,
+                })
+            }
+            ConnectionState::Connecting => std::thread::sleep(Duration::from_micros(500)),
+        }
+    }
+}
+
+/// Sends from a non-callback thread, backing off while the queue is full.
+pub fn send_blocking(conn: &Connection, msg: Message, deadline: Instant) -> Result<(), ToolError> {
+    let mut tries = 0u32;
+    loop {
+        match conn.send(msg.clone()) {
+            Ok(()) => return Ok(()),
+            Err(SendError::QueueFull { .. }) if Instant::now() < deadline => {
+                tries += 1;
+                if tries < 8 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+            Err(SendError::QueueFull { .. }) => {
+                return Err(ToolError::Timeout {
+                    what: "waiting for room in the send queue".into(),
+                    after: Duration::ZERO,
+                })
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Options of a ping-pong run.
+#[derive(Clone, Debug)]
+pub struct PingOpts {
+    /// Payload bytes.
+    pub size: usize,
+    /// Timed round trips.
+    pub count: u64,
+    /// Untimed round trips first.
+    pub warmup: u64,
+    /// Bound on the whole run.
+    pub timeout: Duration,
+    /// Bound on connecting.
+    pub connect_timeout: Duration,
+}
+
+struct PingState {
+    sent_at: Instant,
+    first_timed: Option<Instant>,
+    replies: u64,
+    samples: Vec<u64>,
+}
+
+struct PingClient {
+    total: u64,
+    warmup: u64,
+    payload: Bytes,
+    state: Mutex<PingState>,
+    progress: AtomicU64,
+    done: Mutex<Option<mpsc::Sender<Instant>>>,
+    reset: Mutex<Option<String>>,
+}
+
+impl PingClient {
+    fn ping(&self) -> Message {
+        Message::new(PING, Bytes::new(), self.payload.clone())
+    }
+}
+
+impl Dispatcher for PingClient {
+    fn on_message(&self, conn: &Connection, msg: Message) {
+        if msg.msg_type != PONG {
+            return;
+        }
+        let now = Instant::now();
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        let rtt = now.duration_since(st.sent_at);
+        st.replies += 1;
+        if st.replies > self.warmup {
+            st.samples.push(rtt.as_nanos() as u64);
+        } else if st.replies == self.warmup {
+            st.first_timed = Some(now);
+        }
+        self.progress.store(st.replies, Ordering::Relaxed);
+        if st.replies < self.total {
+            st.sent_at = Instant::now();
+            if let Err(e) = conn.send(self.ping()) {
+                *self.reset.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+            }
+        } else if let Some(tx) = self.done.lock().ok().and_then(|mut d| d.take()) {
+            let _ = tx.send(now);
+        }
+    }
+
+    fn on_reset(&self, _conn: &Connection, reason: &FaultReason) {
+        *self.reset.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_string());
+    }
+}
+
+/// Runs a ping-pong against a responder at `target`. The round trips are
+/// driven from the dispatcher callback (a reply sends the next ping, with no
+/// thread hand-off); this thread only waits.
+pub fn ping(
+    cfg: &MessengerConfig,
+    target: &EntityAddr,
+    opts: &PingOpts,
+    progress: &mut Progress,
+) -> Result<PingResult, ToolError> {
+    if opts.count == 0 {
+        return Err(ToolError::Usage("--count must be at least 1".into()));
+    }
+    let (tx, rx) = mpsc::channel();
+    let total = opts.count + opts.warmup;
+    let d = Arc::new(PingClient {
+        total,
+        warmup: opts.warmup,
+        payload: Bytes::from(vec![0x5a; opts.size]),
+        state: Mutex::new(PingState {
+            sent_at: Instant::now(),
+            first_timed: None,
+            replies: 0,
+            samples: Vec::with_capacity(opts.count as usize),
+        }),
+        progress: AtomicU64::new(0),
+        done: Mutex::new(Some(tx)),
+        reset: Mutex::new(None),
+    });
+    let (mut m, conn) = connect(cfg, target, d.clone(), opts.connect_timeout, &d.reset)?;
+    let start = Instant::now();
+    {
+        let mut st = d.state.lock().unwrap_or_else(|p| p.into_inner());
+        if opts.warmup == 0 {
+            st.first_timed = Some(start);
+        }
+        st.sent_at = Instant::now();
+        conn.send(d.ping())?;
+    }
+    progress.set_length(total);
+    let deadline = start + opts.timeout;
+    let result = loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(end) => break Ok(end),
+            Err(_) => {
+                progress.set(d.progress.load(Ordering::Relaxed));
+                if let Some(r) = d.reset.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                    break Err(ToolError::Reset {
+                        peer: target.to_string(),
+                        reason: r,
+                    });
+                }
+                if Instant::now() >= deadline {
+                    break Err(ToolError::Timeout {
+                        what: format!(
+                            "ping-pong with {target} ({} of {total} round trips done)",
+                            d.progress.load(Ordering::Relaxed)
+                        ),
+                        after: opts.timeout,
+                    });
+                }
+            }
+        }
+    };
+    m.shutdown(Duration::from_secs(1));
+    let end = result?;
+    progress.set(total);
+    let st = std::mem::replace(
+        &mut *d.state.lock().unwrap_or_else(|p| p.into_inner()),
+        PingState {
+            sent_at: end,
+            first_timed: None,
+            replies: 0,
+            samples: Vec::new(),
+        },
+    );
+    let elapsed = end.duration_since(st.first_timed.unwrap_or(start));
+    Ok(PingResult::new(
+        opts.size,
+        opts.warmup,
+        st.samples,
+        elapsed.as_secs_f64(),
+    ))
+}
+
+/// How long a stream runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Limit {
+    /// This many messages.
+    Count(u64),
+    /// About this long.
+    Time(Duration),
+}
+
+/// Who sends the stream's messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Driver {
+    /// The main thread sends through `Connection::send`, backing off while
+    /// the queue is full (every message crosses to the worker's thread).
+    Main,
+    /// The dispatcher sends batches from its callbacks on the worker's
+    /// thread, paced by credits from the responder.
+    Callback,
+}
+
+/// Options of a streaming run.
+#[derive(Clone, Debug)]
+pub struct StreamOpts {
+    /// Payload bytes per message.
+    pub size: usize,
+    /// How long.
+    pub limit: Limit,
+    /// Sender.
+    pub driver: Driver,
+    /// Bound on the whole run.
+    pub timeout: Duration,
+    /// Bound on connecting.
+    pub connect_timeout: Duration,
+}
+
+struct StreamState {
+    sent: u64,
+    finished: bool,
+}
+
+struct StreamClient {
+    payload: Bytes,
+    /// Messages per credit (callback driver).
+    batch: u64,
+    max: Option<u64>,
+    stop: AtomicBool,
+    state: Mutex<StreamState>,
+    sent: AtomicU64,
+    done: Mutex<Option<mpsc::Sender<(Instant, Totals)>>>,
+    reset: Mutex<Option<String>>,
+}
+
+impl StreamClient {
+    fn msg(&self, credit: bool) -> Message {
+        let front = if credit {
+            Bytes::from_static(b"c")
+        } else {
+            Bytes::new()
+        };
+        Message::new(STREAM, front, self.payload.clone())
+    }
+
+    fn fail(&self, e: impl ToString) {
+        *self.reset.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+    }
+
+    /// The first message (asking for a credit) from the application's thread.
+    /// Everything else goes from callbacks: commands a callback issues are
+    /// handled before the worker drains its channel, so mixing the two could
+    /// reorder messages (see the report on `Connection::send` ordering).
+    fn kick(&self, conn: &Connection) -> Result<(), ToolError> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.sent = 1;
+        self.sent.store(1, Ordering::Relaxed);
+        conn.send(self.msg(true))?;
+        Ok(())
+    }
+
+    /// On a credit: sends one batch (its last message asks for the next
+    /// credit; two batches after the kick), or the end marker when the run is
+    /// over.
+    fn on_credit(&self, conn: &Connection) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.finished {
+            return;
+        }
+        let batches = if st.sent == 1 { 2 } else { 1 };
+        for _ in 0..batches {
+            let mut n = self.batch;
+            if let Some(max) = self.max {
+                n = n.min(max - st.sent);
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                n = 0;
+            }
+            for i in 0..n {
+                if let Err(e) = conn.send(self.msg(i + 1 == n)) {
+                    self.fail(e);
+                    return;
+                }
+            }
+            st.sent += n;
+            self.sent.store(st.sent, Ordering::Relaxed);
+            if n < self.batch {
+                st.finished = true;
+                if let Err(e) = conn.send(Message::new(STREAM_END, Bytes::new(), Bytes::new())) {
+                    self.fail(e);
+                }
+                return;
+            }
+        }
+    }
+}
+
+impl Dispatcher for StreamClient {
+    fn on_message(&self, conn: &Connection, msg: Message) {
+        match msg.msg_type {
+            CREDIT => self.on_credit(conn),
+            STREAM_DONE => {
+                let now = Instant::now();
+                let totals = msg.decode().unwrap_or_default();
+                if let Some(tx) = self.done.lock().ok().and_then(|mut d| d.take()) {
+                    let _ = tx.send((now, totals));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_reset(&self, _conn: &Connection, reason: &FaultReason) {
+        self.fail(reason);
+    }
+}
+
+/// Streams messages one way to a responder at `target`; the clock stops when
+/// the responder's reply to the end marker arrives (so every message was
+/// received).
+pub fn stream(
+    cfg: &MessengerConfig,
+    target: &EntityAddr,
+    opts: &StreamOpts,
+    progress: &mut Progress,
+) -> Result<(StreamResult, Totals), ToolError> {
+    if let Limit::Count(0) = opts.limit {
+        return Err(ToolError::Usage("--count must be at least 1".into()));
+    }
+    let (tx, rx) = mpsc::channel();
+    // Callback driver: two batches of ~4 MiB (at most 4096 messages) in flight.
+    let batch = ((4usize << 20) / opts.size.max(1)).clamp(1, 4096) as u64;
+    let d = Arc::new(StreamClient {
+        payload: Bytes::from(vec![0xa5; opts.size]),
+        batch,
+        max: match opts.limit {
+            Limit::Count(n) => Some(n),
+            Limit::Time(_) => None,
+        },
+        stop: AtomicBool::new(false),
+        state: Mutex::new(StreamState {
+            sent: 0,
+            finished: false,
+        }),
+        sent: AtomicU64::new(0),
+        done: Mutex::new(Some(tx)),
+        reset: Mutex::new(None),
+    });
+    let (mut m, conn) = connect(cfg, target, d.clone(), opts.connect_timeout, &d.reset)?;
+    match opts.limit {
+        Limit::Count(n) => progress.set_length(n),
+        Limit::Time(t) => progress.set_length(t.as_millis() as u64),
+    }
+    let start = Instant::now();
+    let deadline = start + opts.timeout;
+    let mut run = || -> Result<(), ToolError> {
+        match opts.driver {
+            Driver::Callback => {
+                // One message from here; credits drive the rest.
+                d.kick(&conn)?;
+                if let Limit::Time(t) = opts.limit {
+                    while start.elapsed() < t {
+                        std::thread::sleep(Duration::from_millis(20).min(t));
+                        progress.set(start.elapsed().as_millis() as u64);
+                        if d.reset.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                            break;
+                        }
+                    }
+                    d.stop.store(true, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            Driver::Main => {
+                let mut sent = 0u64;
+                loop {
+                    let more = match opts.limit {
+                        Limit::Count(n) => sent < n,
+                        Limit::Time(t) => sent % 256 != 0 || start.elapsed() < t,
+                    };
+                    if !more {
+                        break;
+                    }
+                    send_blocking(&conn, d.msg(false), deadline)?;
+                    sent += 1;
+                    if sent % 1024 == 0 {
+                        progress.set(match opts.limit {
+                            Limit::Count(_) => sent,
+                            Limit::Time(_) => start.elapsed().as_millis() as u64,
+                        });
+                    }
+                }
+                d.sent.store(sent, Ordering::Relaxed);
+                d.state.lock().unwrap_or_else(|p| p.into_inner()).finished = true;
+                send_blocking(
+                    &conn,
+                    Message::new(STREAM_END, Bytes::new(), Bytes::new()),
+                    deadline,
+                )
+            }
+        }
+    };
+    let result = run().and_then(|()| loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(r) => break Ok(r),
+            Err(_) => {
+                if let Limit::Count(_) = opts.limit {
+                    progress.set(d.sent.load(Ordering::Relaxed));
+                }
+                if let Some(r) = d.reset.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                    break Err(ToolError::Reset {
+                        peer: target.to_string(),
+                        reason: r,
+                    });
+                }
+                if Instant::now() >= deadline {
+                    break Err(ToolError::Timeout {
+                        what: format!("stream to {target} did not complete"),
+                        after: opts.timeout,
+                    });
+                }
+            }
+        }
+    });
+    m.shutdown(Duration::from_secs(1));
+    let (end, totals) = result?;
+    let sent = d.sent.load(Ordering::Relaxed);
+    let elapsed = end.duration_since(start).as_secs_f64();
+    Ok((StreamResult::new(opts.size, sent, elapsed), totals))
+}
