@@ -521,14 +521,14 @@ pub fn stream(
                 loop {
                     let more = match opts.limit {
                         Limit::Count(n) => sent < n,
-                        Limit::Time(t) => sent % 256 != 0 || start.elapsed() < t,
+                        Limit::Time(t) => !sent.is_multiple_of(256) || start.elapsed() < t,
                     };
                     if !more {
                         break;
                     }
                     send_blocking(&conn, d.msg(false), deadline)?;
                     sent += 1;
-                    if sent % 1024 == 0 {
+                    if sent.is_multiple_of(1024) {
                         progress.set(match opts.limit {
                             Limit::Count(_) => sent,
                             Limit::Time(_) => start.elapsed().as_millis() as u64,

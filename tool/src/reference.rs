@@ -84,7 +84,7 @@ pub fn ping(
             if i >= warmup {
                 samples.push(t.elapsed().as_nanos() as u64);
             }
-            if i % 1024 == 0 && Instant::now() > deadline {
+            if i.is_multiple_of(1024) && Instant::now() > deadline {
                 return Err(ToolError::Timeout {
                     what: "std ping-pong".into(),
                     after: timeout,
@@ -185,7 +185,7 @@ pub fn framed_stream(
     let start = Instant::now();
     let mut n = 0u64;
     loop {
-        if n % 256 == 0 && !keep_going(n, count, start, time) {
+        if n.is_multiple_of(256) && !keep_going(n, count, start, time) {
             break;
         }
         if count.is_some_and(|c| n >= c) {

@@ -1,0 +1,304 @@
+//! Runs the built `msgr` binary: every subprocess is bounded by a timeout and
+//! killed if the test fails. No performance numbers are asserted here.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const MSGR: &str = env!("CARGO_BIN_EXE_msgr");
+
+/// Kills the child when dropped (a failing assertion must not leak servers).
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Output {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+fn reader(mut r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        let _ = tx.send(s);
+    });
+    rx
+}
+
+/// Runs `msgr ARGS` to completion within `timeout`, or kills it and panics.
+fn run(args: &[&str], timeout: Duration) -> Output {
+    let mut child = Guard(
+        Command::new(MSGR)
+            .args(args)
+            .env_remove("MSGR_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn msgr"),
+    );
+    let out = reader(child.0.stdout.take().expect("stdout"));
+    let err = reader(child.0.stderr.take().expect("stderr"));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.0.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "msgr {args:?} did not finish within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = out.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    let stderr = err.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+#[test]
+fn backends_lists_tcp_available_and_verbs_unavailable_with_a_reason() {
+    let o = run(&["backends"], Duration::from_secs(20));
+    assert!(o.status.success(), "{}", o.stderr);
+    let line = |kind: &str| {
+        o.stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(kind))
+            .unwrap_or_else(|| panic!("no `{kind}` line in:\n{}", o.stdout))
+            .to_owned()
+    };
+    assert!(line("tcp").contains(" available"), "{}", o.stdout);
+    let verbs = line("verbs");
+    assert!(verbs.contains("unavailable"), "{verbs}");
+    assert!(
+        verbs.split("unavailable").nth(1).unwrap().trim().len() > 5,
+        "no reason: {verbs}"
+    );
+    for kind in ["rdmacm", "fabric+tcp", "fabric+shm"] {
+        line(kind);
+    }
+
+    let o = run(&["backends", "--json"], Duration::from_secs(20));
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("backends JSON");
+    let rows = v.as_array().expect("array");
+    let tcp = rows.iter().find(|r| r["kind"] == "tcp").expect("tcp row");
+    assert_eq!(tcp["available"], true);
+    let verbs = rows
+        .iter()
+        .find(|r| r["kind"] == "verbs")
+        .expect("verbs row");
+    assert_eq!(verbs["available"], false);
+    assert!(verbs["reason"].as_str().is_some_and(|r| !r.is_empty()));
+}
+
+#[test]
+fn bench_quick_json_has_the_expected_fields() {
+    let o = run(&["bench", "--quick", "--json"], Duration::from_secs(120));
+    assert!(
+        o.status.success(),
+        "stderr:\n{}\nstdout:\n{}",
+        o.stderr,
+        o.stdout
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", o.stdout));
+    assert_eq!(v["transport"], "tcp");
+    assert_eq!(v["quick"], true);
+    assert!(v["machine"]["quiet"].is_boolean());
+    assert!(v["machine"]["cores"].as_u64().is_some_and(|c| c >= 1));
+    assert!(v["machine"]["loadavg_before"].is_array());
+    for part in ["latency", "bandwidth", "message_rate"] {
+        let c = &v[part];
+        for field in ["msgr", "reference", "ratio", "target"] {
+            assert!(c[field].is_number(), "{part}.{field} missing in {c}");
+        }
+        assert!(c["met"].is_boolean(), "{part}.met");
+        assert!(c["reference_name"].is_string());
+        assert!(!c["rounds"].as_array().expect("rounds").is_empty());
+    }
+    let r = &v["latency"]["rounds"][0];
+    for who in ["msgr", "reference"] {
+        for f in ["min_us", "p50_us", "p99_us", "p999_us", "mean_us"] {
+            assert!(r[who]["one_way"][f].is_number(), "{who}.one_way.{f}");
+            assert!(r[who]["rtt"][f].is_number(), "{who}.rtt.{f}");
+        }
+    }
+    let s = &v["bandwidth"]["rounds"][0]["msgr"];
+    for f in ["mib_per_s", "gbit_per_s", "msgs_per_s", "messages", "bytes"] {
+        assert!(s[f].is_number(), "bandwidth msgr {f}");
+    }
+    assert_eq!(v["bandwidth"]["rounds"][0]["msgr"]["size"], 1 << 20);
+    assert_eq!(v["message_rate"]["rounds"][0]["msgr"]["size"], 64);
+}
+
+#[test]
+fn serve_answers_ping_and_stream_then_prints_counters_on_sigint() {
+    let mut server = Guard(
+        Command::new(MSGR)
+            .args(["serve", "tcp://127.0.0.1:0", "--duration", "60"])
+            .env_remove("MSGR_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn msgr serve"),
+    );
+    let _err = reader(server.0.stderr.take().expect("stderr"));
+    let (tx, lines) = mpsc::channel();
+    let stdout = server.0.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let first = lines
+        .recv_timeout(Duration::from_secs(20))
+        .expect("serve prints its address");
+    let addr = first
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_owned();
+    assert!(addr.starts_with("tcp://127.0.0.1:"), "{addr}");
+
+    let o = run(
+        &[
+            "ping",
+            &addr,
+            "--count",
+            "200",
+            "--warmup",
+            "20",
+            "--json",
+            "--timeout",
+            "30",
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "ping failed: {}", o.stderr);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("ping JSON");
+    assert_eq!(v["ping"]["count"], 200);
+    assert_eq!(v["ping"]["size"], 64);
+    assert!(v["ping"]["one_way"]["p50_us"]
+        .as_f64()
+        .is_some_and(|x| x > 0.0));
+
+    let o = run(
+        &["ping", &addr, "--count", "50", "--size", "4096"],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "ping failed: {}", o.stderr);
+    assert!(
+        o.stdout.contains("one-way") && o.stdout.contains("p99.9"),
+        "{}",
+        o.stdout
+    );
+
+    for driver in ["callback", "main"] {
+        let o = run(
+            &[
+                "stream", &addr, "--size", "65536", "--count", "300", "--driver", driver, "--json",
+            ],
+            Duration::from_secs(60),
+        );
+        assert!(o.status.success(), "stream failed: {}", o.stderr);
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("stream JSON");
+        assert_eq!(v["stream"]["messages"], 300, "{v}");
+        assert_eq!(v["stream"]["bytes"], 300 * 65536);
+    }
+
+    // SIGINT: counters in Prometheus text, exit 0.
+    let pid = server.0.id() as libc::pid_t;
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = server.0.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "serve ignored SIGINT");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let rest: Vec<String> = lines.try_iter().collect();
+    let text = rest.join("\n");
+    assert!(text.contains("# TYPE msgr_rx_messages counter"), "{text}");
+    let rx: u64 = rest
+        .iter()
+        .find_map(|l| l.strip_prefix("msgr_rx_messages "))
+        .and_then(|v| v.parse().ok())
+        .expect("msgr_rx_messages value");
+    assert!(rx >= 270 + 600, "server received {rx} messages");
+}
+
+#[test]
+fn bad_input_gives_a_clear_error_and_nonzero_exit() {
+    let o = run(&["ping", "127.0.0.1:6800"], Duration::from_secs(20));
+    assert!(!o.status.success());
+    assert!(
+        o.stderr.contains("bad address `127.0.0.1:6800`"),
+        "{}",
+        o.stderr
+    );
+    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+
+    let o = run(
+        &["serve", "tcp://localhost:6800", "--duration", "1"],
+        Duration::from_secs(20),
+    );
+    assert!(!o.status.success());
+    assert!(
+        o.stderr.contains("host names are not resolved"),
+        "{}",
+        o.stderr
+    );
+
+    let o = run(
+        &["bench", "--transport", "verbs", "--quick"],
+        Duration::from_secs(20),
+    );
+    assert!(!o.status.success());
+    assert!(
+        o.stderr.contains("verbs") && o.stderr.contains("not usable"),
+        "{}",
+        o.stderr
+    );
+
+    let o = run(&["--workers", "0", "backends"], Duration::from_secs(20));
+    assert!(o.status.success(), "backends needs no config");
+    let o = run(
+        &[
+            "--workers",
+            "zero",
+            "serve",
+            "tcp://127.0.0.1:0",
+            "--duration",
+            "1",
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(!o.status.success());
+    assert!(o.stderr.contains("workers"), "{}", o.stderr);
+
+    // Nobody listens on port 1: a bounded, clear failure.
+    let o = run(
+        &["ping", "tcp://127.0.0.1:1", "--count", "1"],
+        Duration::from_secs(60),
+    );
+    assert!(!o.status.success());
+    assert!(o.stderr.contains("msgr: error:"), "{}", o.stderr);
+}
