@@ -594,11 +594,6 @@ fn graceful_close_drains_then_closed() {
 }
 
 #[test]
-#[ignore = "design question for the lead: Session::fault() terminates a closing \
-            session (`|| self.closing`), so a lossless graceful close gives up at the \
-            first transport fault and reports Reset with the queue undelivered, instead \
-            of reconnecting and draining (close() says: ends once everything queued is \
-            acknowledged; the owner bounds it with mark_down)"]
 fn graceful_close_drains_across_cuts() {
     let (mut sim, c, s) = client_server(9, SimConfig::default());
     let id = sim.connect(c, s, Policy::LosslessClient);

@@ -52,8 +52,11 @@ pub struct SessionConfig {
     pub max_queued_messages: usize,
     /// Most payload bytes queued for sending (including sent, unacked ones).
     pub max_queued_bytes: usize,
-    /// Send a standalone ack at the latest after this many unacked receives.
-    pub ack_every: u64,
+    /// Lossless: most messages transmitted and not yet acknowledged. Bounds
+    /// what a reconnect replays (and keeps senders from outrunning acks).
+    pub max_in_flight_messages: u64,
+    /// Lossless: most payload bytes transmitted and not yet acknowledged.
+    pub max_in_flight_bytes: usize,
 }
 
 impl Default for SessionConfig {
@@ -69,7 +72,9 @@ impl Default for SessionConfig {
             server_linger: Duration::from_secs(900),
             max_queued_messages: 64 * 1024,
             max_queued_bytes: 256 << 20,
-            ack_every: 64,
+
+            max_in_flight_messages: 16 * 1024,
+            max_in_flight_bytes: 32 << 20,
         }
     }
 }

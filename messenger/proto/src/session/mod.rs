@@ -251,6 +251,8 @@ pub struct Session {
 
     queue: VecDeque<Message>,
     queued_bytes: usize,
+    /// Payload bytes transmitted on the current link and not yet acknowledged.
+    in_flight_bytes: usize,
     out_seq: u64,
     sent_seq: u64,
     acked_seq: u64,
@@ -289,6 +291,7 @@ impl Session {
             closing: false,
             queue: VecDeque::new(),
             queued_bytes: 0,
+            in_flight_bytes: 0,
             out_seq: 0,
             sent_seq: 0,
             acked_seq: 0,
@@ -381,7 +384,16 @@ impl Session {
     /// Whether anything is waiting to be transmitted.
     pub fn wants_transmit(&self) -> bool {
         !self.ctrl.is_empty()
-            || (self.is_open() && (self.sent_seq < self.out_seq || self.in_seq > self.acked_in_seq))
+            || (self.is_open()
+                && ((self.sent_seq < self.out_seq && !self.window_full())
+                    || self.in_seq > self.acked_in_seq))
+    }
+
+    /// Lossless: as much is in flight as the peer may be asked to hold.
+    fn window_full(&self) -> bool {
+        self.lossless
+            && (self.sent_seq - self.acked_seq >= self.cfg.max_in_flight_messages
+                || self.in_flight_bytes >= self.cfg.max_in_flight_bytes)
     }
 
     /// Counters of this session.
@@ -577,7 +589,7 @@ impl Session {
         if !self.is_open() {
             return None;
         }
-        if self.sent_seq < self.out_seq {
+        if self.sent_seq < self.out_seq && !self.window_full() {
             let front = self.queue.front().map_or(self.sent_seq + 1, |m| m.seq);
             let idx = (self.sent_seq + 1 - front) as usize;
             let msg = self.queue.get(idx)?;
@@ -586,7 +598,9 @@ impl Session {
             self.stats.tx_bytes += msg.payload_len() as u64;
             self.acked_in_seq = self.in_seq;
             self.sent_seq += 1;
-            if !self.lossless {
+            if self.lossless {
+                self.in_flight_bytes += msg.payload_len();
+            } else {
                 // Lossy: nothing is replayed, so nothing is kept.
                 self.pop_queued();
                 self.acked_seq = self.sent_seq;
@@ -731,7 +745,7 @@ impl Session {
         self.ctrl
             .push_back(Transmit::Frame(control_frame(Tag::HelloOk, &ok)));
         self.state = State::Open(link);
-        self.sent_seq = self.acked_seq;
+        self.rewind_to_acked();
         self.on_open(now, 0);
     }
 
@@ -759,7 +773,8 @@ impl Session {
         now: Instant,
     ) -> Result<(), ProtocolError> {
         self.apply_ack(peer_in_seq)?;
-        self.sent_seq = self.acked_seq.max(peer_in_seq);
+        // apply_ack made acked_seq >= peer_in_seq: replay from there.
+        self.rewind_to_acked();
         let replayed = self.out_seq - self.sent_seq;
         // Acks piggybacked on the old link may have been lost: re-ack.
         self.acked_in_seq = 0;
@@ -850,7 +865,7 @@ impl Session {
                 self.peer_addr = Some(ok.addr);
                 self.cookie = ok.cookie;
                 self.state = State::Open(link);
-                self.sent_seq = self.acked_seq;
+                self.rewind_to_acked();
                 self.on_open(now, 0);
                 Ok(())
             }
@@ -941,8 +956,17 @@ impl Session {
     }
 
     /// Removes the oldest queued message, keeping the byte count and stats right.
+    /// Transmits again from the first unacknowledged message (a new link).
+    fn rewind_to_acked(&mut self) {
+        self.sent_seq = self.acked_seq;
+        self.in_flight_bytes = 0;
+    }
+
     fn pop_queued(&mut self) -> Option<Message> {
         let m = self.queue.pop_front()?;
+        if self.lossless && m.seq <= self.sent_seq {
+            self.in_flight_bytes = self.in_flight_bytes.saturating_sub(m.payload_len());
+        }
         self.queued_bytes -= m.payload_len();
         self.stats.released_messages += 1;
         self.stats.released_bytes += m.payload_len() as u64;
@@ -971,6 +995,7 @@ impl Session {
         let dropped = self.drop_queued();
         self.out_seq = 0;
         self.sent_seq = 0;
+        self.in_flight_bytes = 0;
         self.acked_seq = 0;
         self.in_seq = 0;
         self.acked_in_seq = 0;
@@ -995,7 +1020,9 @@ impl Session {
         self.close_link_now();
         let lossless = self.lossless;
         let never_established_acceptor = !self.connector && !self.established;
-        if !lossless || never_established_acceptor || self.closing {
+        // A closing lossless session keeps reconnecting to drain; its owner
+        // bounds that with a deadline and mark_down.
+        if !lossless || never_established_acceptor {
             self.terminate(reason);
             return;
         }

@@ -699,7 +699,8 @@ pub fn session_engine(data: &[u8]) {
         server_linger: Duration::from_millis(2000),
         max_queued_messages: 8,
         max_queued_bytes: 2048,
-        ack_every: 4,
+        max_in_flight_messages: 4,
+        max_in_flight_bytes: 1024,
     };
     let local = LocalIdentity {
         name: EntityName::peer(9),
