@@ -117,6 +117,8 @@ pub trait Transport {
     ) -> Result<(), TransportError>;
 
     /// Takes `link` out of this transport so another worker can adopt it.
+    /// Returns `None` if this backend's links cannot move between workers
+    /// (their sessions then live on the accepting worker).
     fn detach(&mut self, link: LinkId) -> Option<DetachedLink>;
 
     /// Adopts a link detached from another worker's transport, under a new id.

@@ -51,6 +51,7 @@ pub(crate) struct Shared {
     pub(crate) registry: Mutex<HashMap<EntityAddr, Connection>>,
     pub(crate) throttle: Arc<RxThrottle>,
     pub(crate) link_ids: Arc<AtomicU64>,
+    pub(crate) transport_ctx: TransportContext,
     session_keys: AtomicU64,
 }
 
@@ -149,10 +150,17 @@ impl Messenger {
         let mut worker_transports = Vec::new();
         for (poll, _, _, _) in &prepared {
             let mut ts = Vec::new();
-            for kind in [TransportKind::Tcp] {
-                if availability(&kind) == Availability::Available {
-                    ts.push(open_transport(&kind, poll.registry(), &ctx)?);
-                }
+            // TCP always (when built), the bound transport too; others open on
+            // first connect.
+            if availability(&TransportKind::Tcp) == Availability::Available {
+                ts.push(open_transport(&TransportKind::Tcp, poll.registry(), &ctx)?);
+            }
+            if let Some(addr) = b
+                .bind
+                .as_ref()
+                .filter(|a| a.transport != TransportKind::Tcp)
+            {
+                ts.push(open_transport(&addr.transport, poll.registry(), &ctx)?);
             }
             worker_transports.push(ts);
         }
@@ -203,6 +211,7 @@ impl Messenger {
             registry: Mutex::new(HashMap::new()),
             throttle,
             link_ids: ctx.link_ids.clone(),
+            transport_ctx: ctx.clone(),
             session_keys: AtomicU64::new(1),
         });
         let mut threads = Vec::new();

@@ -285,3 +285,48 @@ fn silent_peer_is_detected_by_keepalive_timeout() {
     srv.shutdown(Duration::from_secs(2));
     hold.join().unwrap();
 }
+
+/// With several workers, accepted links move to the worker that owns their
+/// peer's session; delivery is unaffected, and so are cuts.
+#[test]
+fn multi_worker_routing_and_cuts() {
+    let rec = Recorder::new();
+    let mut scfg = fast_config();
+    scfg.workers = 3;
+    let mut srv = server(scfg, rec.clone());
+    let mut clients = Vec::new();
+    for c in 0..6u32 {
+        let mut ccfg = fast_config();
+        ccfg.workers = 2;
+        let m = client(ccfg, Arc::new(msgr::NullDispatcher));
+        let conn = m.connect_with(srv.addr(), Policy::LosslessClient).unwrap();
+        clients.push((c, m, conn));
+    }
+    for round in 0..4u64 {
+        for (c, _, conn) in &clients {
+            for i in 1..=500u64 {
+                send(conn, probe_message(*c, round * 500 + i, (i % 300) as usize));
+            }
+            if round == 1 {
+                conn.inject_fault(RealFault::Abort);
+            }
+        }
+    }
+    for (c, _, _) in &clients {
+        assert!(
+            wait_until(Duration::from_secs(30), || rec.delivered(*c) == 2000),
+            "client {c}: {} of 2000",
+            rec.delivered(*c)
+        );
+    }
+    rec.assert_clean();
+    assert_eq!(
+        srv.connections().len(),
+        clients.len(),
+        "one session per client"
+    );
+    for (_, mut m, _) in clients {
+        assert_eq!(m.shutdown(Duration::from_secs(5)).leaked_links, 0);
+    }
+    assert_eq!(srv.shutdown(Duration::from_secs(5)).leaked_links, 0);
+}

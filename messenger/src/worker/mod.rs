@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use mio::{Events, Poll, Token, Waker};
 use msgr_addr::EntityAddr;
-use msgr_backends::{AnyTransport, RealFault, Transport, TransportEvent};
+use msgr_backends::{
+    open_transport, AnyTransport, RealFault, Transport, TransportError, TransportEvent,
+};
 use msgr_proto::{
     control::Hello, FaultReason, LinkId, Session, SessionEvent, SessionStats, Tag, Takeover,
     Transmit,
@@ -192,10 +194,23 @@ impl Worker {
         }
     }
 
-    fn transport_for(&self, addr: &EntityAddr) -> Option<usize> {
-        self.transports
+    /// The transport serving `addr`, opened on first use (a backend that
+    /// cannot run here says why).
+    fn transport_for(&mut self, addr: &EntityAddr) -> Result<usize, TransportError> {
+        if let Some(t) = self
+            .transports
             .iter()
             .position(|t| t.kind() == addr.transport)
+        {
+            return Ok(t);
+        }
+        let t = open_transport(
+            &addr.transport,
+            self.poll.registry(),
+            &self.shared.transport_ctx,
+        )?;
+        self.transports.push(t);
+        Ok(self.transports.len() - 1)
     }
 
     /// The event loop; returns when shut down and drained (or past the deadline).
@@ -462,9 +477,16 @@ impl Worker {
         if self.sessions.contains_key(&key) {
             return;
         }
-        let Some(t) = self.transport_for(&conn.inner.target) else {
-            conn.set_state(ConnectionState::Closed);
-            return;
+        let t = match self.transport_for(&conn.inner.target) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, target = %conn.inner.target, "cannot connect");
+                conn.set_state(ConnectionState::Closed);
+                self.shared
+                    .dispatcher
+                    .on_reset(&conn, &FaultReason::Transport(e.to_string()));
+                return;
+            }
         };
         let session = Session::connect(
             self.shared.cfg.session.clone(),
@@ -866,16 +888,20 @@ impl Worker {
             self.route_local(link, t, session, hello, now);
             return;
         }
-        self.links.remove(&link);
-        if let Some(detached) = self.transports[t].detach(link) {
-            let transport = self.transports[t].kind();
-            self.shared.workers[owner].submit(Command::Adopt {
-                link,
-                detached,
-                session: Box::new(session),
-                hello: Box::new(hello),
-                transport,
-            });
+        match self.transports[t].detach(link) {
+            Some(detached) => {
+                self.links.remove(&link);
+                let transport = self.transports[t].kind();
+                self.shared.workers[owner].submit(Command::Adopt {
+                    link,
+                    detached,
+                    session: Box::new(session),
+                    hello: Box::new(hello),
+                    transport,
+                });
+            }
+            // A backend whose links cannot move: the session lives here.
+            None => self.route_local(link, t, session, hello, now),
         }
     }
 
