@@ -18,7 +18,8 @@ RUNS=${RUNS:-5}
 ITER=${ITER:-10000}
 SIZE=${SIZE:-64}
 WARMUP=${WARMUP:-1000}
-PORT_BASE=${PORT_BASE:-47700}
+# Below the ephemeral range: fi_pingpong binds without SO_REUSEADDR.
+PORT_BASE=${PORT_BASE:-$((21000 + RANDOM % 500 * 20))}
 cd "$(dirname "$0")/.."
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 MSGR="$TARGET_DIR/release/msgr"
@@ -56,7 +57,7 @@ json() { python3 -c "import json,sys; d=json.load(open('$1')); print($2)"; }
 
 FI=(); MSGR_MEAN=(); MSGR_P50=(); STD_MEAN=(); STD_P50=(); QUIET=()
 for run in $(seq 1 "$RUNS"); do
-    port=$((PORT_BASE + run))
+    port=$((PORT_BASE + 10 * run))  # fi_pingpong also uses the next port for data
     # 1. fi_pingpong, busy-polling, provider tcp, msg endpoints.
     timeout 120 fi_pingpong -p tcp -e msg -I "$ITER" -S "$SIZE" -B "$port" >"$WORK/fis" 2>&1 &
     srv=$!; PIDS+=("$srv")

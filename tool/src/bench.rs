@@ -165,7 +165,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let (ping_count, warmup, secs) = if opts.quick {
         (2_000u64, 200u64, Duration::from_millis(300))
     } else {
-        (10_000, 1_000, Duration::from_secs(1))
+        (5_000, 500, Duration::from_secs(1))
     };
     let timeout = Duration::from_secs(60);
     let connect_timeout = Duration::from_secs(10);

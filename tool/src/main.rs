@@ -250,10 +250,10 @@ fn backends(json: bool) -> Result<(), ToolError> {
         );
         return Ok(());
     }
-    println!("{:<16} {:<12} reason", "transport", "status");
+    println!("{:<22} {:<12} reason", "transport", "status");
     for r in &rows {
         println!(
-            "{:<16} {:<12} {}",
+            "{:<22} {:<12} {}",
             r.kind,
             if r.available {
                 "available"
