@@ -76,7 +76,7 @@ fn failing_guest_command_fails_the_outcome() {
                     "test \"$MSGR_IN_GUEST\" = 1 && cat /run/msgr-guest",
                 ),
             ],
-            Duration::from_secs(120),
+            Duration::from_secs(240),
         )
         .expect("guest run");
     println!("{out}");
@@ -129,7 +129,7 @@ fn smoke_programs() {
         GuestCommand::program("rdmacm-siw", &cm, &[SIW_CM_ADDR, "7472", "50"]),
     ];
     let out = runner()
-        .run(&cmds, Duration::from_secs(300))
+        .run(&cmds, Duration::from_secs(480))
         .expect("guest run");
     println!("{out}");
     out.assert_success();
@@ -161,7 +161,7 @@ fn rdmacm_smoke_refuses_outside_the_guest() {
 fn reference_peers() {
     let cmds = reference::reference_commands(&ReferenceParams::default());
     let out = runner()
-        .run(&cmds, Duration::from_secs(420))
+        .run(&cmds, Duration::from_secs(600))
         .expect("guest run");
     let figures = reference::parse_reference(&out);
     println!(
@@ -212,7 +212,7 @@ kill %1 2>/dev/null || true
         .variant(GuestVariant::Netem)
         .run(
             &[GuestCommand::shell("netns-netem", script)],
-            Duration::from_secs(120),
+            Duration::from_secs(240),
         )
         .expect("guest run");
     println!("{out}\n{}", out.console);
