@@ -330,3 +330,55 @@ fn multi_worker_routing_and_cuts() {
     }
     assert_eq!(srv.shutdown(Duration::from_secs(5)).leaked_links, 0);
 }
+
+/// Batches keep their order with single sends, and are all-or-nothing against
+/// the queue bound.
+#[test]
+fn send_batch_orders_and_bounds() {
+    let rec = Recorder::new();
+    let mut srv = server(fast_config(), rec.clone());
+    let mut ccfg = fast_config();
+    ccfg.session.max_queued_messages = 1000;
+    let mut cli = client(ccfg, Arc::new(msgr::NullDispatcher));
+    let conn = cli.connect(srv.addr()).unwrap();
+    let mut n = 0u64;
+    for round in 0..200 {
+        if round % 3 == 0 {
+            n += 1;
+            send(&conn, probe_message(1, n, 10));
+        }
+        let batch: Vec<_> = (0..50)
+            .map(|_| {
+                n += 1;
+                probe_message(1, n, 64)
+            })
+            .collect();
+        let mut batch = Some(batch);
+        assert!(wait_until(Duration::from_secs(10), || {
+            match conn.send_batch(batch.clone().unwrap()) {
+                Ok(()) => {
+                    batch = None;
+                    true
+                }
+                Err(msgr::SendError::QueueFull { .. }) => false,
+                Err(e) => panic!("{e}"),
+            }
+        }));
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || rec.delivered(1) == n),
+        "{} of {n}",
+        rec.delivered(1)
+    );
+    rec.assert_clean();
+    // A batch larger than the whole bound can never fit: refused, nothing queued.
+    let huge: Vec<_> = (0..1001).map(|i| probe_message(2, i + 1, 1)).collect();
+    assert!(matches!(
+        conn.send_batch(huge),
+        Err(msgr::SendError::QueueFull { .. })
+    ));
+    assert!(wait_until(Duration::from_secs(10), || conn.queued() == (0, 0)));
+    assert_eq!(rec.delivered(2), 0);
+    cli.shutdown(Duration::from_secs(5));
+    srv.shutdown(Duration::from_secs(5));
+}

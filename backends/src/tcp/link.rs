@@ -37,19 +37,19 @@ impl SendQueue {
     /// Appends a unit; segments above `copy_threshold` are referenced, not copied.
     pub(crate) fn push(
         &mut self,
-        unit: &Transmit,
+        unit: Transmit,
         copy_threshold: usize,
     ) -> Result<(), msgr_proto::FrameError> {
         match unit {
-            Transmit::Banner(b) => self.put_small(b),
+            Transmit::Banner(b) => self.put_small(&b),
             Transmit::Frame(f) => {
-                let enc = f.encode()?;
+                let mut enc = f.into_encoded()?;
                 self.put_small(&enc.preamble);
-                for seg in &enc.segments {
+                for seg in std::mem::take(&mut enc.segments) {
                     if seg.len() > copy_threshold {
-                        self.put_big(seg.clone());
+                        self.put_big(seg);
                     } else {
-                        self.put_small(seg);
+                        self.put_small(&seg);
                     }
                 }
                 self.put_small(enc.epilogue());
@@ -221,7 +221,7 @@ mod tests {
             .collect();
         let mut expect = Vec::new();
         for f in &frames {
-            q.push(&Transmit::Frame(f.clone()), 8 << 10).unwrap();
+            q.push(Transmit::Frame(f.clone()), 8 << 10).unwrap();
             expect.extend(f.encode_to_vec().unwrap());
         }
         // A writer that takes at most 7000 bytes per call.

@@ -6,7 +6,7 @@
 
 mod link;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,8 +36,8 @@ pub struct TcpTransport {
     limits: FrameLimits,
     copy_threshold: usize,
     link_ids: Arc<AtomicU64>,
-    listeners: HashMap<Token, TcpListener>,
-    links: HashMap<LinkId, TcpLink>,
+    listeners: FxHashMap<Token, TcpListener>,
+    links: FxHashMap<LinkId, TcpLink>,
     /// Links with queued output (flushed together at the end of a loop turn).
     dirty: Vec<LinkId>,
     /// Links whose last read was cut short by the budget.
@@ -59,8 +59,8 @@ impl TcpTransport {
             limits: ctx.limits,
             copy_threshold: ctx.copy_threshold,
             link_ids: ctx.link_ids.clone(),
-            listeners: HashMap::new(),
-            links: HashMap::new(),
+            listeners: FxHashMap::default(),
+            links: FxHashMap::default(),
             dirty: Vec::new(),
             read_pending: Vec::new(),
             aborted: Vec::new(),
@@ -261,7 +261,7 @@ impl Transport for TcpTransport {
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
         let was_empty = l.tx.is_empty();
-        l.tx.push(&unit, self.copy_threshold)?;
+        l.tx.push(unit, self.copy_threshold)?;
         if was_empty {
             self.dirty.push(link);
         }

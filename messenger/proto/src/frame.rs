@@ -252,16 +252,23 @@ impl Frame {
     /// Encodes the frame for a vectored write: the preamble, the segments as they
     /// are (no copy) and the epilogue.
     pub fn encode(&self) -> Result<EncodedFrame, FrameError> {
+        self.clone().into_encoded()
+    }
+
+    /// Like [`Frame::encode`], consuming the frame (its segments move into the
+    /// result: no reference counts touched).
+    pub fn into_encoded(self) -> Result<EncodedFrame, FrameError> {
         let preamble = self.preamble()?.encode();
         let mut epilogue = [0u8; 4 * MAX_SEGMENTS];
         for (i, s) in self.segments.iter().enumerate() {
             epilogue[4 * i..4 * i + 4].copy_from_slice(&crc32c::crc32c(s).to_le_bytes());
         }
+        let epilogue_len = 4 * self.segments.len();
         Ok(EncodedFrame {
             preamble,
-            segments: self.segments.clone(),
+            segments: self.segments,
             epilogue,
-            epilogue_len: 4 * self.segments.len(),
+            epilogue_len,
         })
     }
 

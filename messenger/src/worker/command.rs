@@ -12,6 +12,8 @@ pub(crate) enum Command {
     Connect { conn: Connection },
     /// Queue a message on a session.
     Send { key: u64, msg: Message },
+    /// Queue several messages on a session, in order.
+    SendBatch { key: u64, msgs: Vec<Message> },
     /// End a session now.
     MarkDown { key: u64 },
     /// End a session after draining.

@@ -9,7 +9,9 @@
 
 mod command;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,8 +23,8 @@ use msgr_backends::{
     open_transport, AnyTransport, RealFault, Transport, TransportError, TransportEvent,
 };
 use msgr_proto::{
-    control::Hello, FaultReason, LinkId, Session, SessionEvent, SessionStats, Tag, Takeover,
-    Transmit,
+    control::Hello, FaultReason, LinkId, Message, Session, SessionEvent, SessionStats, Tag,
+    Takeover, Transmit,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -58,6 +60,11 @@ impl WorkerHandle {
         if sent && self.sleeping.load(Ordering::SeqCst) {
             let _ = self.waker.wake();
         }
+    }
+
+    /// Whether no command is waiting in the channel.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.tx.is_empty()
     }
 
     pub(crate) fn waker(&self) -> Arc<Waker> {
@@ -119,10 +126,11 @@ pub(crate) struct Worker {
     sleeping: Arc<AtomicBool>,
     transports: Vec<AnyTransport>,
     listeners: Vec<(usize, Token)>,
-    sessions: HashMap<u64, Slot>,
-    by_peer: HashMap<EntityAddr, u64>,
-    links: HashMap<LinkId, LinkEntry>,
-    pending: HashMap<LinkId, Session>,
+    sessions: FxHashMap<u64, Slot>,
+    /// Keyed by what peers say about themselves: keep std's DoS-resistant hash.
+    by_peer: std::collections::HashMap<EntityAddr, u64>,
+    links: FxHashMap<LinkId, LinkEntry>,
+    pending: FxHashMap<LinkId, Session>,
     tevents: Vec<TransportEvent>,
     touched: Vec<u64>,
     rng: StdRng,
@@ -132,10 +140,10 @@ pub(crate) struct Worker {
     report: WorkerReport,
     faults: Option<FaultInjector>,
     /// Units held back by an injected delay, per link, in order.
-    held: HashMap<LinkId, (Instant, VecDeque<(Transmit, FaultAction)>)>,
+    held: FxHashMap<LinkId, (Instant, VecDeque<(Transmit, FaultAction)>)>,
     outbox: Vec<(LinkId, Transmit)>,
     /// Sessions with output waiting for their link to drain.
-    blocked: HashSet<u64>,
+    blocked: FxHashSet<u64>,
 }
 
 impl Worker {
@@ -176,10 +184,10 @@ impl Worker {
             sleeping,
             transports,
             listeners,
-            sessions: HashMap::new(),
-            by_peer: HashMap::new(),
-            links: HashMap::new(),
-            pending: HashMap::new(),
+            sessions: FxHashMap::default(),
+            by_peer: std::collections::HashMap::new(),
+            links: FxHashMap::default(),
+            pending: FxHashMap::default(),
             tevents: Vec::new(),
             touched: Vec::new(),
             rng: StdRng::from_os_rng(),
@@ -188,9 +196,9 @@ impl Worker {
             rx_paused: false,
             report: WorkerReport::default(),
             faults: faults_plan.map(|p| FaultInjector::new(p, idx)),
-            held: HashMap::new(),
+            held: FxHashMap::default(),
             outbox: Vec::new(),
-            blocked: HashSet::new(),
+            blocked: FxHashSet::default(),
         }
     }
 
@@ -231,6 +239,12 @@ impl Worker {
                 break;
             }
             let timeout = if now.duration_since(last_activity) < busy {
+                if !active {
+                    // Spinning without work: let a peer thread that shares our
+                    // core run (on an oversubscribed machine it may be the one
+                    // we are waiting for).
+                    std::thread::yield_now();
+                }
                 Some(Duration::ZERO)
             } else {
                 // About to block: announce it, then look once more for work that
@@ -365,9 +379,10 @@ impl Worker {
 
     fn take_commands(&mut self) -> bool {
         let mut any = false;
+        let now = Instant::now();
         while let Ok(cmd) = self.rx.try_recv() {
             any = true;
-            self.handle_command(cmd);
+            self.handle_command(cmd, now);
         }
         any | self.take_local_commands()
     }
@@ -384,29 +399,18 @@ impl Worker {
                 return any;
             }
             any = true;
+            let now = Instant::now();
             for c in cmds {
-                self.handle_command(c);
+                self.handle_command(c, now);
             }
         }
     }
 
-    fn handle_command(&mut self, cmd: Command) {
-        let now = Instant::now();
+    fn handle_command(&mut self, cmd: Command, now: Instant) {
         match cmd {
             Command::Connect { conn } => self.start_connect(conn, now),
-            Command::Send { key, msg } => {
-                if let Some(slot) = self.sessions.get_mut(&key) {
-                    if let Err(e) = slot.session.send(msg) {
-                        // The handle's own bound makes this unreachable unless the
-                        // session closed meanwhile; account for the message.
-                        tracing::debug!(error = %e, "send refused by session");
-                        Counters::add(&self.shared.counters.messages_dropped, 1);
-                    }
-                    self.touch(key);
-                } else {
-                    Counters::add(&self.shared.counters.messages_dropped, 1);
-                }
-            }
+            Command::Send { key, msg } => self.queue_messages(key, std::iter::once(msg)),
+            Command::SendBatch { key, msgs } => self.queue_messages(key, msgs),
             Command::MarkDown { key } => {
                 if let Some(slot) = self.sessions.get_mut(&key) {
                     slot.session.mark_down(now);
@@ -470,6 +474,24 @@ impl Worker {
                 self.next_timer = Some(self.next_timer.map_or(deadline, |t| t.min(deadline)));
             }
         }
+    }
+
+    /// Hands application messages to their session.
+    fn queue_messages(&mut self, key: u64, msgs: impl IntoIterator<Item = Message>) {
+        let Some(slot) = self.sessions.get_mut(&key) else {
+            let n = msgs.into_iter().count() as u64;
+            Counters::add(&self.shared.counters.messages_dropped, n);
+            return;
+        };
+        for msg in msgs {
+            if let Err(e) = slot.session.send(msg) {
+                // The handle's own bound makes this unreachable unless the
+                // session closed meanwhile; account for the message.
+                tracing::debug!(error = %e, "send refused by session");
+                Counters::add(&self.shared.counters.messages_dropped, 1);
+            }
+        }
+        self.touch(key);
     }
 
     fn start_connect(&mut self, conn: Connection, now: Instant) {
