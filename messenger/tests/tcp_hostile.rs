@@ -16,6 +16,30 @@ use msgr::{ConnectionState, Policy};
 use msgr_proto::banner::{Banner, BANNER_LEN};
 use msgr_proto::frame::{Frame, Preamble, Tag, MAX_SEGMENTS};
 
+/// A well-behaved client's stream, checked after every round of hostility.
+struct GoodStream {
+    conn: msgr::Connection,
+    rec: Arc<Recorder>,
+    sent: u64,
+    size: usize,
+}
+
+impl GoodStream {
+    /// Sends `count` more messages and waits until all arrived.
+    fn round(&mut self, count: u64) {
+        for _ in 0..count {
+            self.sent += 1;
+            send(&self.conn, probe_message(1, self.sent, self.size));
+        }
+        let want = self.sent;
+        assert!(
+            wait_until(Duration::from_secs(10), || self.rec.delivered(1) == want),
+            "good client starved: {} of {want}",
+            self.rec.delivered(1)
+        );
+    }
+}
+
 fn raw(addr: &msgr::EntityAddr) -> TcpStream {
     let s = TcpStream::connect(addr.socket).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -63,19 +87,13 @@ fn hostile_peers_are_closed_and_good_ones_keep_being_served() {
     // A well-behaved client streams throughout.
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
     let good = cli.connect_with(&addr, Policy::LosslessClient).unwrap();
-    let mut n = 0u64;
-    let mut good_round = |count: u64| {
-        for _ in 0..count {
-            n += 1;
-            send(&good, probe_message(1, n, 256));
-        }
-        let want = n;
-        assert!(
-            wait_until(Duration::from_secs(10), || rec.delivered(1) == want),
-            "good client starved: {} of {want}",
-            rec.delivered(1)
-        );
+    let mut stream = GoodStream {
+        conn: good.clone(),
+        rec: rec.clone(),
+        sent: 0,
+        size: 256,
     };
+    let mut good_round = |count: u64| stream.round(count);
     good_round(100);
     let rss_before = rss_kib();
     let errors = || srv_errors(&srv);
@@ -194,19 +212,13 @@ fn half_open_floods_and_slow_handshakes_are_bounded() {
     let addr = srv.addr().clone();
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
     let good = cli.connect_with(&addr, Policy::LosslessClient).unwrap();
-    let mut n = 0u64;
-    let mut good_round = |count: u64| {
-        for _ in 0..count {
-            n += 1;
-            send(&good, probe_message(1, n, 512));
-        }
-        let want = n;
-        assert!(
-            wait_until(Duration::from_secs(10), || rec.delivered(1) == want),
-            "good client starved: {} of {want}",
-            rec.delivered(1)
-        );
+    let mut stream = GoodStream {
+        conn: good.clone(),
+        rec: rec.clone(),
+        sent: 0,
+        size: 512,
     };
+    let mut good_round = |count: u64| stream.round(count);
     good_round(100);
     let rss_before = rss_kib();
 
