@@ -231,7 +231,8 @@ pub enum GuestError {
 }
 
 /// Boots the test guest and runs commands in it. One guest at a time per
-/// process (runs are serialised): the machines have two cores.
+/// machine (runs are serialised, across processes too, by a lock file in the
+/// cache directory): the machines have two cores.
 #[derive(Clone, Debug)]
 pub struct GuestRunner {
     qemu: PathBuf,
@@ -240,6 +241,7 @@ pub struct GuestRunner {
     memory_mib: u32,
     cpus: u32,
     variant: GuestVariant,
+    cache: PathBuf,
 }
 
 static RUN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -307,6 +309,7 @@ impl GuestRunner {
             memory_mib: 1024,
             cpus: 2,
             variant: GuestVariant::Rdma,
+            cache: cache.to_path_buf(),
         })
     }
 
@@ -328,6 +331,9 @@ impl GuestRunner {
         deadline: Duration,
     ) -> Result<GuestOutcome, GuestError> {
         let _one_guest = RUN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        // And one guest per machine: other processes (another clone's test
+        // run) take the same lock in the cache directory.
+        let _machine_lock = MachineLock::acquire(&self.cache.join(".guest-run.lock"), deadline)?;
         let job = JobDir::create()?;
         job.write("stage2.sh", STAGE2)?;
         let mut index = String::new();
@@ -449,6 +455,58 @@ impl GuestRunner {
                 qemu: self.qemu.clone(),
                 source,
             })
+    }
+}
+
+/// An exclusive flock(1) on a file, held by a helper process for as long as
+/// this value lives (and released by the kernel if this process dies: the
+/// helper's stdin closes, it exits, the lock goes with it).
+struct MachineLock {
+    child: Child,
+}
+
+impl MachineLock {
+    fn acquire(path: &Path, timeout: Duration) -> Result<Self, GuestError> {
+        use std::io::{BufRead, BufReader};
+        let io_err = |source| GuestError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut child = Command::new("flock")
+            .arg("-x")
+            .arg("-w")
+            .arg(timeout.as_secs().max(1).to_string())
+            .arg(path)
+            .args(["-c", "echo locked; exec cat >/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(io_err)?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("piped stdout");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .map_err(io_err)?;
+        if line.trim() != "locked" {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(GuestError::Boot {
+                reason: format!(
+                    "another guest held {} for the whole deadline of {timeout:?}",
+                    path.display()
+                ),
+                console_tail: String::new(),
+            });
+        }
+        Ok(MachineLock { child })
+    }
+}
+
+impl Drop for MachineLock {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take()); // cat sees EOF, flock exits, lock released
+        let _ = self.child.wait();
     }
 }
 
