@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 
 step "build dependencies (Debian packages for the RDMA crates)"
-build_deps="libclang-dev libibverbs-dev librdmacm-dev"
+build_deps="libclang-dev libibverbs-dev librdmacm-dev libfabric-dev"
 missing=""
 for p in $build_deps; do
   dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null | grep -qx installed || missing="$missing $p"
