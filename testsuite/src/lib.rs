@@ -1,2 +1,3 @@
 //! testsuite.
 pub mod guest;
+pub mod stress;

@@ -1,0 +1,257 @@
+//! What a run reports: live progress and the final summary.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// A snapshot for progress lines.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Progress {
+    /// Seconds since the workload started.
+    pub elapsed_s: f64,
+    /// The run's total workload time.
+    pub duration_s: f64,
+    /// Messages accepted by `send`.
+    pub sent: u64,
+    /// Messages delivered to servers.
+    pub delivered: u64,
+    /// Payload bytes delivered.
+    pub delivered_bytes: u64,
+    /// Faults injected by fault plans.
+    pub injected_faults: u64,
+    /// Sessions resumed after faults.
+    pub reconnects: u64,
+    /// Server restarts.
+    pub server_restarts: u64,
+    /// Violations so far.
+    pub violations: u64,
+}
+
+impl Progress {
+    /// One line, e.g. for a terminal's status line.
+    pub fn line(&self) -> String {
+        format!(
+            "[{:>5.0}/{:.0} s] sent {} delivered {} ({:.1} MiB) faults {} reconnects {} restarts {} violations {}",
+            self.elapsed_s,
+            self.duration_s,
+            self.sent,
+            self.delivered,
+            self.delivered_bytes as f64 / (1 << 20) as f64,
+            self.injected_faults,
+            self.reconnects,
+            self.server_restarts,
+            self.violations
+        )
+    }
+}
+
+/// The result of a run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StressReport {
+    /// The seed: rerun with it to reproduce.
+    pub seed: u64,
+    /// Backend name.
+    pub backend: String,
+    /// Server messengers.
+    pub servers: usize,
+    /// Client messengers.
+    pub clients: usize,
+    /// The fault plan (before per-messenger seeding), if any.
+    pub faults: Option<String>,
+    /// Workload phase, seconds.
+    pub workload_s: f64,
+    /// Whole run including drain, checks and shutdown, seconds.
+    pub total_s: f64,
+    /// Messages accepted by `send`.
+    pub sent_messages: u64,
+    /// Payload bytes accepted by `send`.
+    pub sent_bytes: u64,
+    /// Messages delivered to servers.
+    pub delivered_messages: u64,
+    /// Payload bytes delivered to servers.
+    pub delivered_bytes: u64,
+    /// Delivered messages per second of workload.
+    pub msgs_per_s: f64,
+    /// Delivered MiB per second of workload.
+    pub mib_per_s: f64,
+    /// Messages of 64 KiB and more sent.
+    pub large_messages: u64,
+    /// Epochs (client, server, connection stretches) in all.
+    pub epochs: u64,
+    /// Lossless epochs checked for exactly 1..=sent at the end.
+    pub exact_epochs: u64,
+    /// Epochs checked only for order and no duplicates (disturbed lossless).
+    pub disturbed_epochs: u64,
+    /// Lossy epochs checked at the end.
+    pub lossy_epochs: u64,
+    /// Faults injected by the fault plans (all messengers).
+    pub injected_faults: u64,
+    /// Real transport faults injected (`inject_fault`).
+    pub real_faults: u64,
+    /// Link faults of any kind.
+    pub link_faults: u64,
+    /// Links closed for undecodable input (corruption caught by CRC).
+    pub protocol_errors: u64,
+    /// Links faulted by keepalive timeouts.
+    pub keepalive_timeouts: u64,
+    /// Sessions resumed after a fault.
+    pub reconnects: u64,
+    /// Messages sent again after reconnects.
+    pub replayed_messages: u64,
+    /// Duplicates dropped by receivers.
+    pub duplicates_dropped: u64,
+    /// on_reset heard by clients.
+    pub client_resets: u64,
+    /// on_remote_reset heard by clients.
+    pub remote_resets: u64,
+    /// on_reset heard by servers.
+    pub server_resets: u64,
+    /// mark_down operations.
+    pub mark_downs: u64,
+    /// Server shutdown + restart events.
+    pub server_restarts: u64,
+    /// Sends refused for a full queue (then retried).
+    pub queue_full: u64,
+    /// Messages reported undelivered by the final shutdowns.
+    pub shutdown_undelivered: u64,
+    /// Links left open after the workers stopped (must be 0).
+    pub leaked_links: usize,
+    /// Largest `rx_held` seen at the end (must be (0, 0)).
+    pub rx_held_end: (usize, usize),
+    /// Threads before the run.
+    pub threads_before: usize,
+    /// Threads after the run.
+    pub threads_after: usize,
+    /// Resident memory at start and end, KiB.
+    pub rss_kib: (u64, u64),
+    /// Violations found (all are counted; the first ones are listed).
+    pub violation_count: u64,
+    /// The first violations.
+    pub violations: Vec<String>,
+    /// Backend- or environment-specific figures (e.g. link flaps).
+    pub extra: Vec<(String, String)>,
+}
+
+impl StressReport {
+    /// No violation.
+    pub fn passed(&self) -> bool {
+        self.violation_count == 0
+    }
+
+    /// The report as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("report serializes")
+    }
+
+    /// A human-readable summary, seed first.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "msgr-stress seed={} backend={} servers={} clients={} faults={}",
+            self.seed,
+            self.backend,
+            self.servers,
+            self.clients,
+            self.faults.as_deref().unwrap_or("off")
+        );
+        let _ = writeln!(
+            s,
+            "  duration      {:.1} s workload, {:.1} s in all",
+            self.workload_s, self.total_s
+        );
+        let _ = writeln!(
+            s,
+            "  messages      sent {} ({:.1} MiB), delivered {} ({:.1} MiB), {} large",
+            self.sent_messages,
+            self.sent_bytes as f64 / (1 << 20) as f64,
+            self.delivered_messages,
+            self.delivered_bytes as f64 / (1 << 20) as f64,
+            self.large_messages
+        );
+        let _ = writeln!(
+            s,
+            "  throughput    {:.0} msg/s, {:.1} MiB/s",
+            self.msgs_per_s, self.mib_per_s
+        );
+        let _ = writeln!(
+            s,
+            "  faults        injected {}, real {}, link faults {}, crc/protocol {}, keepalive {}",
+            self.injected_faults,
+            self.real_faults,
+            self.link_faults,
+            self.protocol_errors,
+            self.keepalive_timeouts
+        );
+        let _ = writeln!(
+            s,
+            "  recovery      reconnects {}, replayed {}, duplicates dropped {}",
+            self.reconnects, self.replayed_messages, self.duplicates_dropped
+        );
+        let _ = writeln!(
+            s,
+            "  churn         restarts {}, mark_downs {}, resets client/server/remote {}/{}/{}, queue-full retries {}",
+            self.server_restarts,
+            self.mark_downs,
+            self.client_resets,
+            self.server_resets,
+            self.remote_resets,
+            self.queue_full
+        );
+        let _ = writeln!(
+            s,
+            "  epochs        {} ({} exact lossless, {} disturbed, {} lossy)",
+            self.epochs, self.exact_epochs, self.disturbed_epochs, self.lossy_epochs
+        );
+        let _ = writeln!(
+            s,
+            "  leaks         rx_held {:?}, leaked links {}, threads {} -> {}, rss {} -> {} KiB",
+            self.rx_held_end,
+            self.leaked_links,
+            self.threads_before,
+            self.threads_after,
+            self.rss_kib.0,
+            self.rss_kib.1
+        );
+        for (k, v) in &self.extra {
+            let _ = writeln!(s, "  {k:<13} {v}");
+        }
+        if self.passed() {
+            let _ = writeln!(s, "  result        PASS");
+        } else {
+            let _ = writeln!(
+                s,
+                "  result        FAIL: {} violation(s); reproduce with seed {}",
+                self.violation_count, self.seed
+            );
+            for v in &self.violations {
+                let _ = writeln!(s, "    - {v}");
+            }
+        }
+        s
+    }
+}
+
+/// Resident set size of this process, KiB.
+pub(crate) fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Threads of this process.
+pub(crate) fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+pub(crate) fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}

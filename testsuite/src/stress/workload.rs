@@ -1,0 +1,892 @@
+//! The workload: server slots (restartable), client threads, the chaos
+//! thread, the final drain and the checks.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use msgr::{
+    ConnectionState, Counters, EntityAddr, EntityName, Messenger, MessengerConfig, Policy,
+    RealFault, SendError,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::report::{rss_kib, secs, thread_count, Progress, StressReport};
+use super::verify::{
+    ClientEvents, EpochRecord, Pattern, Probe, ServerDispatcher, Verifier, Violations,
+};
+use super::StressConfig;
+
+/// Mixes the run's seed with a role and index into an independent seed.
+pub(crate) fn mix(seed: u64, role: u64, index: u64) -> u64 {
+    let mut x =
+        seed ^ role.wrapping_mul(0xa076_1d64_78bd_642f) ^ index.wrapping_mul(0xe703_7ed1_a0b4_28db);
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+const ROLE_CLIENT: u64 = 1;
+const ROLE_SERVER: u64 = 2;
+const ROLE_CHAOS: u64 = 3;
+const ROLE_FAULTS: u64 = 4;
+
+/// Counter totals of messengers that were shut down (restarted servers).
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    injected_faults: u64,
+    reconnects: u64,
+    replayed_messages: u64,
+    link_faults: u64,
+    protocol_errors: u64,
+    keepalive_timeouts: u64,
+    duplicates_dropped: u64,
+    send_queue_full: u64,
+}
+
+impl Totals {
+    fn add(&mut self, c: &Counters) {
+        let g = Counters::get;
+        self.injected_faults += g(&c.injected_faults);
+        self.reconnects += g(&c.reconnects);
+        self.replayed_messages += g(&c.replayed_messages);
+        self.link_faults += g(&c.link_faults);
+        self.protocol_errors += g(&c.protocol_errors);
+        self.keepalive_timeouts += g(&c.keepalive_timeouts);
+        self.duplicates_dropped += g(&c.duplicates_dropped);
+        self.send_queue_full += g(&c.send_queue_full);
+    }
+}
+
+struct ServerSlot {
+    index: u32,
+    bind: EntityAddr,
+    messenger: Mutex<Option<Messenger>>,
+    addr: RwLock<EntityAddr>,
+    /// Bumped before a shutdown and after the restart.
+    generation: AtomicU64,
+    incarnation: AtomicU64,
+    dispatcher: Arc<ServerDispatcher>,
+}
+
+#[derive(Default)]
+struct Stats {
+    sent: AtomicU64,
+    sent_bytes: AtomicU64,
+    large: AtomicU64,
+    epochs: AtomicU64,
+    mark_downs: AtomicU64,
+    restarts: AtomicU64,
+    real_faults: AtomicU64,
+}
+
+struct Run<'a> {
+    cfg: &'a StressConfig,
+    stop: AtomicBool,
+    servers: Vec<ServerSlot>,
+    pattern: Pattern,
+    violations: Arc<Violations>,
+    verifier: Arc<Verifier>,
+    stats: Stats,
+    retired: Mutex<Totals>,
+    leaked_links: AtomicU64,
+    undelivered: AtomicU64,
+}
+
+impl Run<'_> {
+    fn messenger_config(&self, role: u64, index: u64, incarnation: u64) -> MessengerConfig {
+        let mut m = self.cfg.messenger.clone();
+        if let Some(plan) = &self.cfg.faults {
+            let mut plan = plan.clone();
+            plan.seed = mix(
+                self.cfg.seed ^ plan.seed,
+                ROLE_FAULTS,
+                mix(role, index, incarnation),
+            );
+            m.faults = Some(plan);
+        } else {
+            m.faults = None;
+        }
+        m
+    }
+
+    fn start_server(&self, slot: &ServerSlot, bind: EntityAddr) -> Result<Messenger, String> {
+        let inc = slot.incarnation.fetch_add(1, Ordering::SeqCst);
+        let cfg = self.messenger_config(ROLE_SERVER, u64::from(slot.index), inc);
+        let disp: Arc<dyn msgr::Dispatcher> = slot.dispatcher.clone();
+        let name = EntityName::server(u64::from(slot.index));
+        self.cfg.placement.on_server(move || {
+            Messenger::builder(name)
+                .config(cfg)
+                .bind(bind)
+                .start(disp)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn retire(&self, mut m: Messenger) {
+        let r = m.shutdown(Duration::from_secs(5));
+        self.retired.lock().expect("retired lock").add(m.counters());
+        if r.leaked_links != 0 {
+            self.violations.push(format!(
+                "server shutdown leaked {} link(s): {r:?}",
+                r.leaked_links
+            ));
+        }
+        self.leaked_links
+            .fetch_add(r.leaked_links as u64, Ordering::Relaxed);
+        self.undelivered.fetch_add(r.undelivered, Ordering::Relaxed);
+        let held = m.rx_held();
+        if held != (0, 0) {
+            self.violations.push(format!(
+                "a shut-down server still holds rx buffers {held:?}"
+            ));
+        }
+    }
+
+    /// Shuts a server down and starts it again, on the same port if it can.
+    fn restart_server(&self, slot: &ServerSlot, downtime: Duration) {
+        slot.generation.fetch_add(1, Ordering::SeqCst);
+        let old = slot.messenger.lock().expect("slot lock").take();
+        if let Some(m) = old {
+            self.retire(m);
+        }
+        std::thread::sleep(downtime);
+        let port = slot.addr.read().expect("addr lock").socket.port();
+        let same = slot.bind.clone().with_port(port);
+        let started = self
+            .start_server(slot, same)
+            .or_else(|_| self.start_server(slot, slot.bind.clone()));
+        match started {
+            Ok(m) => {
+                *slot.addr.write().expect("addr lock") = m.addr().clone();
+                *slot.messenger.lock().expect("slot lock") = Some(m);
+            }
+            Err(e) => self
+                .violations
+                .push(format!("server {} could not restart: {e}", slot.index)),
+        }
+        slot.generation.fetch_add(1, Ordering::SeqCst);
+        self.stats.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn progress(&self, clients: &[Messenger], started: Instant) -> (Progress, Totals) {
+        let mut t = *self.retired.lock().expect("retired lock");
+        for m in clients {
+            t.add(m.counters());
+        }
+        for s in &self.servers {
+            if let Some(m) = &*s.messenger.lock().expect("slot lock") {
+                t.add(m.counters());
+            }
+        }
+        let p = Progress {
+            elapsed_s: secs(started.elapsed()),
+            duration_s: secs(self.cfg.duration),
+            sent: self.stats.sent.load(Ordering::Relaxed),
+            delivered: self.verifier.delivered.load(Ordering::Relaxed),
+            delivered_bytes: self.verifier.delivered_bytes.load(Ordering::Relaxed),
+            injected_faults: t.injected_faults,
+            reconnects: t.reconnects,
+            server_restarts: self.stats.restarts.load(Ordering::Relaxed),
+            violations: self.violations.count(),
+        };
+        (p, t)
+    }
+}
+
+/// One client's current stretch of sends to one server.
+struct Link {
+    rec: Arc<EpochRecord>,
+    next_n: u64,
+    /// The server slot's generation when this connection object was obtained.
+    conn_generation: u64,
+}
+
+struct Client<'r, 'a> {
+    run: &'r Run<'a>,
+    index: u32,
+    messenger: &'r Messenger,
+    events: &'r ClientEvents,
+    policy: Policy,
+    rng: StdRng,
+    links: Vec<Option<Link>>,
+    epochs: Vec<u32>,
+}
+
+impl Client<'_, '_> {
+    fn disturbed_by_remote(&self, rec: &EpochRecord) -> bool {
+        self.events.remote_resets_of(rec.conn.id()) != rec.remote_resets_at_start
+    }
+
+    fn new_epoch(&mut self, s: usize, conn: msgr::Connection, conn_generation: u64) {
+        let slot = &self.run.servers[s];
+        self.epochs[s] += 1;
+        let rec = Arc::new(EpochRecord {
+            key: (self.index, s as u32, self.epochs[s]),
+            policy: self.policy,
+            remote_resets_at_start: self.events.remote_resets_of(conn.id()),
+            generation_at_start: slot.generation.load(Ordering::SeqCst),
+            conn,
+            sent: AtomicU64::new(0),
+            marked_down: AtomicBool::new(false),
+            ended_disturbed: AtomicBool::new(false),
+        });
+        self.run.stats.epochs.fetch_add(1, Ordering::Relaxed);
+        self.links[s] = Some(Link {
+            rec,
+            next_n: 1,
+            conn_generation,
+        });
+    }
+
+    fn connect(&mut self, s: usize) -> bool {
+        let slot = &self.run.servers[s];
+        if self.run.cfg.avoid_stale_nonce_bug {
+            // An odd generation: the server is restarting. Dialling its old
+            // address now would name an incarnation that is about to vanish
+            // (see tests/stress_restart_bug.rs); wait for the new address.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while slot.generation.load(Ordering::SeqCst) % 2 == 1
+                && Instant::now() < deadline
+                && !self.run.stop.load(Ordering::Relaxed)
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let generation = slot.generation.load(Ordering::SeqCst);
+        let addr = slot.addr.read().expect("addr lock").clone();
+        match self.messenger.connect_with(&addr, self.policy) {
+            Ok(conn) => {
+                self.new_epoch(s, conn, generation);
+                true
+            }
+            Err(e) => {
+                self.run.violations.push(format!(
+                    "client {} could not connect to server {s} at {addr}: {e}",
+                    self.index
+                ));
+                false
+            }
+        }
+    }
+
+    /// Ends the current epoch with server `s` (the connection is dropped
+    /// unless `keep`); returns the connection if kept.
+    fn end_epoch(&mut self, s: usize, keep: bool) -> Option<(msgr::Connection, u64)> {
+        let link = self.links[s].take()?;
+        link.rec.ended_disturbed.store(true, Ordering::Relaxed);
+        if keep {
+            Some((link.rec.conn.clone(), link.conn_generation))
+        } else {
+            self.events.forget(link.rec.conn.id());
+            None
+        }
+    }
+
+    /// Brings the link to server `s` up to date with what happened to it;
+    /// opens one if there is none. Returns false if none could be opened.
+    fn refresh(&mut self, s: usize) -> bool {
+        let slot = &self.run.servers[s];
+        if let Some(link) = &self.links[s] {
+            let rec = &link.rec;
+            let id = rec.conn.id();
+            let generation = slot.generation.load(Ordering::SeqCst);
+            let reset = self.events.reset_of(id);
+            if reset.is_some() || rec.conn.state() == ConnectionState::Closed {
+                let marked = rec.marked_down.load(Ordering::Relaxed);
+                if self.policy != Policy::LossyClient
+                    && !marked
+                    && generation == link.conn_generation
+                {
+                    self.run.violations.push(format!(
+                        "lossless connection of client {} to server {s} was reset ({}) with no mark_down or server restart (epoch {:?}, sent {})",
+                        self.index,
+                        reset.unwrap_or_else(|| "closed".into()),
+                        rec.key,
+                        rec.sent.load(Ordering::Relaxed)
+                    ));
+                }
+                self.end_epoch(s, false);
+            } else if self.disturbed_by_remote(rec) {
+                if let Some((conn, g)) = self.end_epoch(s, true) {
+                    self.new_epoch(s, conn, g);
+                }
+            } else if generation != rec.generation_at_start {
+                let new_port = slot.addr.read().expect("addr lock").socket.port();
+                // A connection that never completed its first handshake still
+                // names the old incarnation's nonce and would retry forever
+                // (tests/stress_restart_bug.rs): replace it.
+                let stale = self.run.cfg.avoid_stale_nonce_bug
+                    && rec.conn.state() != ConnectionState::Open
+                    && rec
+                        .conn
+                        .peer()
+                        .is_none_or(|p| p.addr.nonce != slot.addr.read().expect("addr lock").nonce);
+                if stale || new_port != rec.conn.target().socket.port() {
+                    rec.conn.mark_down();
+                    rec.marked_down.store(true, Ordering::Relaxed);
+                    self.wait_closed(&rec.conn.clone());
+                    self.end_epoch(s, false);
+                } else if let Some((conn, g)) = self.end_epoch(s, true) {
+                    self.new_epoch(s, conn, g);
+                }
+            }
+        }
+        if self.links[s].is_none() {
+            return self.connect(s);
+        }
+        true
+    }
+
+    fn wait_closed(&self, conn: &msgr::Connection) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while conn.state() != ConnectionState::Closed && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn pick_len(&mut self) -> u32 {
+        let cfg = self.run.cfg;
+        let max = cfg.max_message.max(1) as u32;
+        if cfg.large_one_in > 0 && self.rng.random_ratio(1, cfg.large_one_in) && max > 65536 {
+            return self.rng.random_range(65537..=max);
+        }
+        match self.rng.random_range(0..100) {
+            0..5 => 0,
+            5..88 => self.rng.random_range(1..=4096.min(max)),
+            _ => self.rng.random_range(1..=65536.min(max)),
+        }
+    }
+
+    /// Sends one message to server `s`, retrying while the queue is full
+    /// (bounded by the stall timeout).
+    fn send_one(&mut self, s: usize, len: u32) {
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(50);
+        let mut closed_retries = 0;
+        loop {
+            if !self.refresh(s) {
+                return;
+            }
+            let link = self.links[s].as_mut().expect("refreshed link");
+            let p = Probe {
+                client: link.rec.key.0,
+                server: link.rec.key.1,
+                epoch: link.rec.key.2,
+                n: link.next_n,
+                len,
+            };
+            match link.rec.conn.send(self.run.pattern.message(&p)) {
+                Ok(()) => {
+                    link.next_n += 1;
+                    link.rec.sent.fetch_add(1, Ordering::Relaxed);
+                    let st = &self.run.stats;
+                    st.sent.fetch_add(1, Ordering::Relaxed);
+                    st.sent_bytes.fetch_add(u64::from(len), Ordering::Relaxed);
+                    if len > 65536 {
+                        st.large.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return;
+                }
+                Err(SendError::QueueFull { messages, bytes }) => {
+                    if started.elapsed() > self.run.cfg.stall_timeout {
+                        self.run.violations.push(format!(
+                            "no progress: client {} -> server {s} send queue full ({messages} msgs, {bytes} B) for {:?} (epoch {:?}, state {:?})",
+                            self.index,
+                            self.run.cfg.stall_timeout,
+                            link.rec.key,
+                            link.rec.conn.state()
+                        ));
+                        return;
+                    }
+                    if self.run.stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(5));
+                }
+                Err(SendError::Closed) => {
+                    closed_retries += 1;
+                    // The next refresh sees the closed state and decides.
+                    if closed_retries > 3 {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    self.run.violations.push(format!(
+                        "client {} -> server {s}: unexpected send error {e}",
+                        self.index
+                    ));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn mark_down(&mut self, s: usize) {
+        if let Some(link) = &self.links[s] {
+            let conn = link.rec.conn.clone();
+            link.rec.marked_down.store(true, Ordering::Relaxed);
+            conn.mark_down();
+            self.run.stats.mark_downs.fetch_add(1, Ordering::Relaxed);
+            self.wait_closed(&conn);
+            self.end_epoch(s, false);
+        }
+    }
+
+    fn real_fault(&mut self, s: usize) {
+        if let Some(link) = &self.links[s] {
+            if link.rec.conn.state() == ConnectionState::Open {
+                let fault = match self.rng.random_range(0..20) {
+                    0..14 => RealFault::Abort,
+                    14..18 => RealFault::HalfClose,
+                    18 => RealFault::StopReading,
+                    _ => RealFault::Freeze,
+                };
+                link.rec.conn.inject_fault(fault);
+                self.run.stats.real_faults.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The client's operation loop; returns its current epochs at the end.
+    fn run(mut self) -> Vec<Arc<EpochRecord>> {
+        let servers = self.run.servers.len();
+        let cfg = self.run.cfg;
+        while !self.run.stop.load(Ordering::Relaxed) {
+            let s = self.rng.random_range(0..servers);
+            let op = self.rng.random_range(0..10_000u32);
+            match op {
+                0..2 if cfg.mark_downs => self.mark_down(s),
+                2..5 if cfg.real_faults => self.real_fault(s),
+                5..60 => {
+                    let pause = self.rng.random_range(0..3000);
+                    std::thread::sleep(Duration::from_micros(pause));
+                }
+                60..100 => {
+                    self.refresh(s);
+                }
+                _ => {
+                    let burst = self.rng.random_range(1..=16);
+                    for _ in 0..burst {
+                        let len = self.pick_len();
+                        self.send_one(s, len);
+                    }
+                }
+            }
+        }
+        self.links.into_iter().flatten().map(|l| l.rec).collect()
+    }
+}
+
+fn chaos(run: &Run<'_>) {
+    let cfg = run.cfg;
+    let mut rng = StdRng::seed_from_u64(mix(cfg.seed, ROLE_CHAOS, 0));
+    let mean = cfg.restart_every.as_millis() as u64;
+    let next_restart = |rng: &mut StdRng| {
+        (mean > 0).then(|| {
+            Instant::now() + Duration::from_millis(rng.random_range(mean / 2..=mean * 3 / 2))
+        })
+    };
+    let mut restart_at = next_restart(&mut rng);
+    let mut fault_at = Instant::now() + Duration::from_millis(rng.random_range(50..500));
+    while !run.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(10));
+        let now = Instant::now();
+        if restart_at.is_some_and(|t| now >= t) {
+            let s = rng.random_range(0..run.servers.len());
+            let downtime = Duration::from_millis(rng.random_range(0..300));
+            run.restart_server(&run.servers[s], downtime);
+            restart_at = next_restart(&mut rng);
+        }
+        if cfg.real_faults && now >= fault_at {
+            // A real fault on a random server-side connection.
+            let s = rng.random_range(0..run.servers.len());
+            let guard = run.servers[s].messenger.lock().expect("slot lock");
+            if let Some(m) = &*guard {
+                let conns = m.connections();
+                if !conns.is_empty() {
+                    let c = &conns[rng.random_range(0..conns.len())];
+                    c.inject_fault(if rng.random_ratio(1, 10) {
+                        RealFault::HalfClose
+                    } else {
+                        RealFault::Abort
+                    });
+                    run.stats.real_faults.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            fault_at = now + Duration::from_millis(rng.random_range(50..500));
+        }
+    }
+}
+
+/// Whether an epoch saw anything that lets a lossless session lose messages.
+fn disturbed(run: &Run<'_>, events: &ClientEvents, rec: &EpochRecord) -> bool {
+    let id = rec.conn.id();
+    rec.marked_down.load(Ordering::Relaxed)
+        || rec.ended_disturbed.load(Ordering::Relaxed)
+        || events.reset_of(id).is_some()
+        || events.remote_resets_of(id) != rec.remote_resets_at_start
+        || run.servers[rec.key.1 as usize]
+            .generation
+            .load(Ordering::SeqCst)
+            != rec.generation_at_start
+}
+
+/// Runs the workload once and reports; never hangs (a watchdog ends the
+/// process, after printing the seed, if the hard deadline passes).
+pub fn run(cfg: &StressConfig) -> StressReport {
+    let t0 = Instant::now();
+    let rss_start = rss_kib();
+    let threads_before = thread_count();
+    let mut report = StressReport {
+        seed: cfg.seed,
+        backend: cfg.backend.name.clone(),
+        servers: cfg.servers,
+        clients: cfg.clients,
+        faults: cfg.faults.as_ref().map(|p| p.to_string()),
+        threads_before,
+        ..StressReport::default()
+    };
+    // Watchdog: the whole run has a hard deadline.
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let hard = cfg.duration + cfg.drain_timeout + cfg.hard_deadline_slack;
+    let seed = cfg.seed;
+    let backend = cfg.backend.name.clone();
+    let watchdog = std::thread::Builder::new()
+        .name("stress-watchdog".into())
+        .spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(hard) {
+                eprintln!(
+                    "\nmsgr-stress: HANG: the run (seed {seed}, backend {backend}) exceeded its hard deadline of {hard:?}; exiting"
+                );
+                std::process::exit(3);
+            }
+        })
+        .expect("spawn watchdog");
+
+    let violations = Arc::new(Violations::default());
+    let pattern = Pattern::new(cfg.seed, cfg.max_message);
+    let verifier = Verifier::new(pattern.clone(), violations.clone());
+    let binds: Vec<EntityAddr> = if cfg.bind.is_empty() {
+        vec![cfg.backend.bind_addr()]
+    } else {
+        cfg.bind.clone()
+    };
+    let servers = (0..cfg.servers)
+        .map(|i| {
+            let bind = binds[i % binds.len()].clone();
+            ServerSlot {
+                index: i as u32,
+                addr: RwLock::new(bind.clone()),
+                bind,
+                messenger: Mutex::new(None),
+                generation: AtomicU64::new(0),
+                incarnation: AtomicU64::new(0),
+                dispatcher: Arc::new(ServerDispatcher {
+                    index: i as u32,
+                    verifier: verifier.clone(),
+                }),
+            }
+        })
+        .collect();
+    let run = Run {
+        cfg,
+        stop: AtomicBool::new(false),
+        servers,
+        pattern,
+        violations: violations.clone(),
+        verifier: verifier.clone(),
+        stats: Stats::default(),
+        retired: Mutex::new(Totals::default()),
+        leaked_links: AtomicU64::new(0),
+        undelivered: AtomicU64::new(0),
+    };
+    for slot in &run.servers {
+        match run.start_server(slot, slot.bind.clone()) {
+            Ok(m) => {
+                *slot.addr.write().expect("addr lock") = m.addr().clone();
+                *slot.messenger.lock().expect("slot lock") = Some(m);
+            }
+            Err(e) => violations.push(format!(
+                "server {} did not start on {}: {e}",
+                slot.index, slot.bind
+            )),
+        }
+    }
+    let mut client_events = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..cfg.clients {
+        let events = Arc::new(ClientEvents::default());
+        let mcfg = run.messenger_config(ROLE_CLIENT, i as u64, 0);
+        let d: Arc<dyn msgr::Dispatcher> = events.clone();
+        let started = cfg.placement.on_client(move || {
+            Messenger::builder(EntityName::client(i as u64))
+                .config(mcfg)
+                .start(d)
+                .map_err(|e| e.to_string())
+        });
+        match started {
+            Ok(m) => {
+                clients.push(m);
+                client_events.push(events);
+            }
+            Err(e) => violations.push(format!("client {i} did not start: {e}")),
+        }
+    }
+
+    let started = Instant::now();
+    let mut records: Vec<(usize, Arc<EpochRecord>)> = Vec::new();
+    if violations.count() == 0 {
+        std::thread::scope(|scope| {
+            let run = &run;
+            let mut handles = Vec::new();
+            for (i, (m, ev)) in clients.iter().zip(&client_events).enumerate() {
+                let policy = if cfg.lossy_every > 0 && i % cfg.lossy_every == cfg.lossy_every - 1 {
+                    Policy::LossyClient
+                } else {
+                    Policy::LosslessClient
+                };
+                let client = Client {
+                    run,
+                    index: i as u32,
+                    messenger: m,
+                    events: ev,
+                    policy,
+                    rng: StdRng::seed_from_u64(mix(cfg.seed, ROLE_CLIENT, i as u64)),
+                    links: (0..cfg.servers).map(|_| None).collect(),
+                    epochs: vec![0; cfg.servers],
+                };
+                let h = std::thread::Builder::new()
+                    .name(format!("stress-client-{i}"))
+                    .spawn_scoped(scope, move || client.run())
+                    .expect("spawn client");
+                handles.push((i, h));
+            }
+            let chaos_thread = std::thread::Builder::new()
+                .name("stress-chaos".into())
+                .spawn_scoped(scope, move || chaos(run))
+                .expect("spawn chaos");
+            let mut next_progress = Instant::now() + cfg.progress_interval;
+            while started.elapsed() < cfg.duration {
+                std::thread::sleep(Duration::from_millis(20));
+                if Instant::now() >= next_progress {
+                    next_progress += cfg.progress_interval;
+                    if let Some(f) = &cfg.progress {
+                        f(&run.progress(&clients, started).0);
+                    }
+                }
+            }
+            run.stop.store(true, Ordering::SeqCst);
+            for (i, h) in handles {
+                match h.join() {
+                    Ok(recs) => records.extend(recs.into_iter().map(|r| (i, r))),
+                    Err(_) => violations.push(format!("client thread {i} panicked")),
+                }
+            }
+            if chaos_thread.join().is_err() {
+                violations.push("the chaos thread panicked".into());
+            }
+        });
+    }
+    let workload = started.elapsed();
+
+    // Every server is up again (the chaos thread restarts what it stops).
+    // Drain: every undisturbed epoch fully delivered (lossless), or fully
+    // delivered or reset (lossy), within the drain timeout.
+    let drain_deadline = Instant::now() + cfg.drain_timeout;
+    let settled = |(c, rec): &(usize, Arc<EpochRecord>)| {
+        let ev = &client_events[*c];
+        let st = verifier.stream(rec.key);
+        let sent = rec.sent.load(Ordering::Relaxed);
+        if st.delivered == sent
+            && (rec.policy == Policy::LossyClient || rec.conn.queued() == (0, 0))
+        {
+            return true;
+        }
+        disturbed(&run, ev, rec)
+    };
+    loop {
+        let pending = records.iter().filter(|r| !settled(r)).count();
+        if pending == 0 {
+            break;
+        }
+        if Instant::now() >= drain_deadline {
+            violations.push(format!(
+                "drain: {pending} epoch(s) still undelivered after {:?}",
+                cfg.drain_timeout
+            ));
+            for (c, rec) in records.iter().filter(|r| !settled(r)).take(5) {
+                let slot = &run.servers[rec.key.1 as usize];
+                violations.push(format!(
+                    "  undrained epoch {:?}: conn {} {:?} to {} queued {:?}, sent {}, delivered {}; server now at {} (generation {} / epoch began at {}); remote resets {} / {} at start; reset {:?}",
+                    rec.key,
+                    rec.conn.id(),
+                    rec.conn.state(),
+                    rec.conn.target(),
+                    rec.conn.queued(),
+                    rec.sent.load(Ordering::Relaxed),
+                    verifier.stream(rec.key).delivered,
+                    slot.addr.read().expect("addr lock"),
+                    slot.generation.load(Ordering::SeqCst),
+                    rec.generation_at_start,
+                    client_events[*c].remote_resets_of(rec.conn.id()),
+                    rec.remote_resets_at_start,
+                    client_events[*c].reset_of(rec.conn.id()),
+                ));
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The checks per epoch.
+    for (c, rec) in &records {
+        let st = verifier.stream(rec.key);
+        let sent = rec.sent.load(Ordering::Relaxed);
+        let dist = disturbed(&run, &client_events[*c], rec);
+        let key = rec.key;
+        if st.last > sent {
+            violations.push(format!(
+                "epoch {key:?}: delivered n={} but only {sent} were sent",
+                st.last
+            ));
+        }
+        match rec.policy {
+            Policy::LossyClient => {
+                report.lossy_epochs += 1;
+                if st.gaps > 0 {
+                    violations.push(format!(
+                        "lossy epoch {key:?}: a message was lost and later ones delivered on the same connection (first gap {:?}); a lossy fault must reset the connection",
+                        st.first_gap
+                    ));
+                }
+                if st.delivered < sent && !dist {
+                    violations.push(format!(
+                        "lossy epoch {key:?}: {} of {sent} delivered and no reset reported",
+                        st.delivered
+                    ));
+                }
+            }
+            _ if dist => report.disturbed_epochs += 1,
+            _ => {
+                report.exact_epochs += 1;
+                if st.delivered != sent || st.last != sent || st.gaps > 0 {
+                    violations.push(format!(
+                        "lossless epoch {key:?} (client {c} -> server {}): sent 1..={sent}, delivered {} (last n={}, first gap {:?}) with no mark_down, reset or restart",
+                        key.1, st.delivered, st.last, st.first_gap
+                    ));
+                }
+            }
+        }
+    }
+    report.epochs = run.stats.epochs.load(Ordering::Relaxed);
+    report.disturbed_epochs += report.epochs.saturating_sub(records.len() as u64);
+    drop(records);
+
+    // Leaks: received buffers returned, links closed, threads gone.
+    let (_, totals) = run.progress(&clients, started);
+    let all_held = |clients: &[Messenger]| {
+        let mut worst = (0, 0);
+        for m in clients {
+            let h = m.rx_held();
+            worst = (worst.0.max(h.0), worst.1.max(h.1));
+        }
+        for s in &run.servers {
+            if let Some(m) = &*s.messenger.lock().expect("slot lock") {
+                let h = m.rx_held();
+                worst = (worst.0.max(h.0), worst.1.max(h.1));
+            }
+        }
+        worst
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut held = all_held(&clients);
+    while held != (0, 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        held = all_held(&clients);
+    }
+    report.rx_held_end = held;
+    if held != (0, 0) {
+        violations.push(format!("rx buffers still held at the end: {held:?}"));
+    }
+    let unexpected: u64 = client_events
+        .iter()
+        .map(|e| e.unexpected.load(Ordering::Relaxed))
+        .sum();
+    if unexpected > 0 {
+        violations.push(format!(
+            "clients received {unexpected} message(s) nobody sent them"
+        ));
+    }
+    report.client_resets = client_events
+        .iter()
+        .map(|e| e.reset_count.load(Ordering::Relaxed))
+        .sum();
+    report.remote_resets = client_events
+        .iter()
+        .map(|e| e.remote_reset_count.load(Ordering::Relaxed))
+        .sum();
+    for mut m in clients.drain(..) {
+        let r = m.shutdown(Duration::from_secs(5));
+        report.shutdown_undelivered += r.undelivered;
+        report.leaked_links += r.leaked_links;
+        if r.leaked_links != 0 {
+            violations.push(format!("client shutdown leaked {} link(s)", r.leaked_links));
+        }
+    }
+    for s in &run.servers {
+        let m = s.messenger.lock().expect("slot lock").take();
+        if let Some(m) = m {
+            run.retire(m);
+        }
+    }
+    report.leaked_links += run.leaked_links.load(Ordering::Relaxed) as usize;
+    report.shutdown_undelivered += run.undelivered.load(Ordering::Relaxed);
+    drop(client_events);
+    drop(done_tx);
+    let _ = watchdog.join();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut threads_after = thread_count();
+    while threads_after > threads_before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        threads_after = thread_count();
+    }
+    report.threads_after = threads_after;
+    if threads_after > threads_before {
+        violations.push(format!(
+            "threads leaked: {threads_before} before the run, {threads_after} after"
+        ));
+    }
+
+    let st = &run.stats;
+    report.workload_s = secs(workload);
+    report.sent_messages = st.sent.load(Ordering::Relaxed);
+    report.sent_bytes = st.sent_bytes.load(Ordering::Relaxed);
+    report.large_messages = st.large.load(Ordering::Relaxed);
+    report.delivered_messages = verifier.delivered.load(Ordering::Relaxed);
+    report.delivered_bytes = verifier.delivered_bytes.load(Ordering::Relaxed);
+    let w = secs(workload).max(1e-3);
+    report.msgs_per_s = report.delivered_messages as f64 / w;
+    report.mib_per_s = report.delivered_bytes as f64 / (1 << 20) as f64 / w;
+    report.injected_faults = totals.injected_faults;
+    report.reconnects = totals.reconnects;
+    report.replayed_messages = totals.replayed_messages;
+    report.link_faults = totals.link_faults;
+    report.protocol_errors = totals.protocol_errors;
+    report.keepalive_timeouts = totals.keepalive_timeouts;
+    report.duplicates_dropped = totals.duplicates_dropped;
+    report.queue_full = totals.send_queue_full;
+    report.server_resets = verifier.server_resets.load(Ordering::Relaxed);
+    report.mark_downs = st.mark_downs.load(Ordering::Relaxed);
+    report.server_restarts = st.restarts.load(Ordering::Relaxed);
+    report.real_faults = st.real_faults.load(Ordering::Relaxed);
+    report.rss_kib = (rss_start, rss_kib());
+    report.total_s = secs(t0.elapsed());
+    report.violation_count = violations.count();
+    report.violations = violations.list();
+    report
+}
