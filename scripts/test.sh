@@ -29,6 +29,20 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release
 
+step "stress suite: msgr-stress 60 s per available backend with faults, and the network-namespace run (docs/STRESS.md)"
+stress_deps=""
+for p in nftables iproute2; do
+  dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null | grep -qx installed || stress_deps="$stress_deps $p"
+done
+if [ -n "$stress_deps" ]; then
+  echo "installing:$stress_deps"
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $stress_deps
+fi
+cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 60 --backend all --quiet
+cargo test --release -p msgr-testsuite --test stress_netns -- --ignored --nocapture
+
 step "RDMA guest: setup (packages, kernel, siw, initramfs; cached in \${MSGR_GUEST_CACHE:-/var/cache/msgr-guest})"
 guest_start=$(date +%s)
 bash testsuite/guest/setup.sh
