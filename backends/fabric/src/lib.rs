@@ -1,0 +1,813 @@
+//! A thin safe layer over libfabric for msgr's `fabric` backend: the only
+//! place besides `libfabric-sys` that contains `unsafe`.
+//!
+//! - [`Net`]: one provider opened for one worker — `fi_getinfo` with hints
+//!   (provider name, endpoint type, `FI_MSG`), fabric, domain, one event queue
+//!   (connection management) and one completion queue shared by all of the
+//!   worker's endpoints, both with `FI_WAIT_FD` so their fds go in a mio Poll.
+//! - [`PassiveEp`]: `fi_listen` on a socket address; `FI_CONNREQ` events come
+//!   out of [`Net::read_eq`].
+//! - [`Ep`]: an active `FI_EP_MSG` endpoint that owns its fixed-size transmit
+//!   and receive buffers (registered when the provider's `mr_mode` asks for
+//!   `FI_MR_LOCAL`), so a buffer can never be freed while the provider may
+//!   still touch it: the endpoint is closed before its buffers go.
+//!
+//! Operation contexts are plain `u64`s chosen by the caller (not pointers):
+//! hints ask for no `FI_CONTEXT` mode, so the provider never writes through them.
+
+use std::ffi::{CStr, CString};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::RawFd;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+
+use libfabric_sys as sys;
+use thiserror::Error;
+
+/// The libfabric API version requested.
+pub const API_VERSION: u32 = sys::FI_VERSION_1_17;
+
+/// Something libfabric refused.
+#[derive(Debug, Error)]
+pub enum FabricError {
+    /// `fi_getinfo` found no such provider (or none with the asked capabilities).
+    #[error("libfabric provider `{provider}` ({endpoint}) is not available here: {reason} (see `fi_info -l`)")]
+    NoProvider {
+        /// The provider name asked for.
+        provider: String,
+        /// "msg" or "rdm".
+        endpoint: &'static str,
+        /// libfabric's words.
+        reason: String,
+    },
+    /// A libfabric call failed.
+    #[error("{op}: {msg} (-{code})")]
+    Call {
+        /// The call.
+        op: &'static str,
+        /// The positive libfabric error number.
+        code: i32,
+        /// `fi_strerror`.
+        msg: String,
+    },
+    /// A buffer slot that is busy or out of range.
+    #[error("buffer slot {0} unavailable")]
+    Slot(usize),
+}
+
+fn strerror(code: i32) -> String {
+    // SAFETY: fi_strerror returns a pointer to a static, NUL-terminated string
+    // for any input.
+    unsafe { CStr::from_ptr(sys::fi_strerror(code)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn check(op: &'static str, rc: isize) -> Result<isize, FabricError> {
+    if rc < 0 {
+        let code = (-rc) as i32;
+        Err(FabricError::Call {
+            op,
+            code,
+            msg: strerror(code),
+        })
+    } else {
+        Ok(rc)
+    }
+}
+
+/// Whether a call's error is -FI_EAGAIN.
+pub fn is_again(e: &FabricError) -> bool {
+    matches!(e, FabricError::Call { code, .. } if *code == sys::FI_EAGAIN as i32)
+}
+
+/// Endpoint type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EpType {
+    /// `FI_EP_MSG`, connected.
+    Msg,
+    /// `FI_EP_RDM`, reliable datagram.
+    Rdm,
+}
+
+impl EpType {
+    fn raw(self) -> sys::fi_ep_type {
+        match self {
+            EpType::Msg => sys::FI_EP_MSG,
+            EpType::Rdm => sys::FI_EP_RDM,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            EpType::Msg => "msg",
+            EpType::Rdm => "rdm",
+        }
+    }
+}
+
+/// An owned `fi_info` list (freed on drop).
+struct Info(*mut sys::fi_info);
+
+impl Drop for Info {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: the list came from fi_getinfo/fi_eq_read and is freed once.
+            unsafe { sys::fi_freeinfo(self.0) };
+        }
+    }
+}
+
+fn getinfo(
+    provider: &str,
+    ep: EpType,
+    addr: Option<SocketAddr>,
+    source: bool,
+) -> Result<Info, FabricError> {
+    let no_provider = |reason: String| FabricError::NoProvider {
+        provider: provider.to_owned(),
+        endpoint: ep.name(),
+        reason,
+    };
+    let prov = CString::new(provider).map_err(|_| no_provider("bad name".into()))?;
+    let (node, service) = match addr {
+        Some(a) => (
+            Some(CString::new(a.ip().to_string()).expect("no NUL in an IP")),
+            Some(CString::new(a.port().to_string()).expect("no NUL in a port")),
+        ),
+        None => (None, None),
+    };
+    // SAFETY: fi_allocinfo returns a zeroed fi_info with allocated attribute
+    // structs, or null; every pointer written below points into it.
+    let hints = Info(unsafe { sys::fi_allocinfo() });
+    if hints.0.is_null() {
+        return Err(no_provider("fi_allocinfo: out of memory".into()));
+    }
+    let mut out: *mut sys::fi_info = ptr::null_mut();
+    // SAFETY: hints.0 and its attribute structs are valid (fi_allocinfo); the
+    // provider name is strdup'ed because fi_freeinfo frees it.
+    let rc = unsafe {
+        let h = &mut *hints.0;
+        h.caps = u64::from(sys::FI_MSG);
+        h.mode = 0;
+        (*h.ep_attr).type_ = ep.raw();
+        (*h.domain_attr).mr_mode =
+            (sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY)
+                as c_int;
+        (*h.domain_attr).threading = sys::FI_THREAD_DOMAIN;
+        (*h.fabric_attr).prov_name = libc::strdup(prov.as_ptr());
+        sys::fi_getinfo(
+            API_VERSION,
+            node.as_ref().map_or(ptr::null(), |n| n.as_ptr()),
+            service.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
+            if source { sys::FI_SOURCE } else { 0 },
+            hints.0,
+            &mut out,
+        )
+    };
+    if rc != 0 || out.is_null() {
+        let code = -rc;
+        return Err(no_provider(format!("fi_getinfo: {}", strerror(code))));
+    }
+    Ok(Info(out))
+}
+
+/// Whether `provider` offers `ep` endpoints with `FI_MSG` here; the error says why not.
+pub fn probe(provider: &str, ep: EpType) -> Result<(), FabricError> {
+    getinfo(provider, ep, None, false).map(drop)
+}
+
+fn close(fid: *mut sys::fid) {
+    if !fid.is_null() {
+        // SAFETY: fid is an open libfabric object owned by the caller, closed once.
+        unsafe { sys::fi_close(fid) };
+    }
+}
+
+fn wait_fd(fid: *mut sys::fid) -> Result<RawFd, FabricError> {
+    let mut fd: c_int = -1;
+    // SAFETY: FI_GETWAIT on an EQ/CQ opened with FI_WAIT_FD writes one int.
+    let rc = unsafe {
+        sys::fi_control(
+            fid,
+            sys::FI_GETWAIT as c_int,
+            &mut fd as *mut c_int as *mut c_void,
+        )
+    };
+    check("fi_control(FI_GETWAIT)", rc as isize)?;
+    Ok(fd)
+}
+
+/// One opened provider: fabric, domain, one EQ and one CQ (both FI_WAIT_FD).
+pub struct Net {
+    info: Info,
+    fabric: *mut sys::fid_fabric,
+    domain: *mut sys::fid_domain,
+    eq: *mut sys::fid_eq,
+    cq: *mut sys::fid_cq,
+    provider: String,
+    ep: EpType,
+    mr_local: bool,
+}
+
+// SAFETY: the libfabric objects are only used through &mut self / owned
+// values on one thread at a time (FI_THREAD_DOMAIN); moving them between
+// threads (the messenger builds a transport, then hands it to its worker) is
+// allowed by libfabric.
+unsafe impl Send for Net {}
+
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Net")
+            .field("provider", &self.provider)
+            .field("ep", &self.ep)
+            .field("mr_local", &self.mr_local)
+            .finish()
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        close(self.cq as *mut sys::fid);
+        close(self.eq as *mut sys::fid);
+        close(self.domain as *mut sys::fid);
+        close(self.fabric as *mut sys::fid);
+    }
+}
+
+/// A completion: the caller's context, the bytes received (receives), and
+/// whether it is a receive.
+#[derive(Clone, Copy, Debug)]
+pub struct Completion {
+    /// The context the operation was posted with.
+    pub context: u64,
+    /// Bytes received (receives only).
+    pub len: usize,
+    /// A receive (else a send).
+    pub recv: bool,
+    /// `Some(error text)` for an error completion.
+    pub error: Option<(i32, &'static str)>,
+}
+
+/// Connection-management events.
+#[derive(Debug)]
+pub enum CmEvent {
+    /// An incoming connection request; pass it to [`Net::accept`] (or drop it).
+    ConnReq(ConnReq),
+    /// The endpoint with this key is connected.
+    Connected(usize),
+    /// The endpoint with this key was shut down by the peer.
+    Shutdown(usize),
+    /// An error on the endpoint with this key (0: not tied to one).
+    Error(usize, String),
+}
+
+/// A pending connection request.
+pub struct ConnReq(Info);
+
+// SAFETY: an fi_info is plain data owned by this value.
+unsafe impl Send for ConnReq {}
+
+impl std::fmt::Debug for ConnReq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnReq")
+    }
+}
+
+impl ConnReq {
+    /// The requester's address, when the provider reports it.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        // SAFETY: the info from an FI_CONNREQ event is valid; dest_addr/len
+        // describe the peer's address when set.
+        unsafe {
+            let i = &*self.0 .0;
+            sockaddr(i.dest_addr as *const u8, i.dest_addrlen)
+        }
+    }
+}
+
+fn sockaddr(p: *const u8, len: usize) -> Option<SocketAddr> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a pointer to `len` readable bytes.
+    let b = unsafe { std::slice::from_raw_parts(p, len) };
+    if b.len() >= 16 && u16::from_ne_bytes([b[0], b[1]]) == libc::AF_INET as u16 {
+        let port = u16::from_be_bytes([b[2], b[3]]);
+        let ip = Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+        return Some(SocketAddr::V4(SocketAddrV4::new(ip, port)));
+    }
+    if b.len() >= 28 && u16::from_ne_bytes([b[0], b[1]]) == libc::AF_INET6 as u16 {
+        let port = u16::from_be_bytes([b[2], b[3]]);
+        let mut ip = [0u8; 16];
+        ip.copy_from_slice(&b[8..24]);
+        return Some(SocketAddr::V6(SocketAddrV6::new(
+            Ipv6Addr::from(ip),
+            port,
+            0,
+            0,
+        )));
+    }
+    None
+}
+
+impl Net {
+    /// Opens `provider` with `ep` endpoints: fabric, domain, EQ and CQ.
+    pub fn open(provider: &str, ep: EpType, cq_size: usize) -> Result<Net, FabricError> {
+        let info = getinfo(provider, ep, None, false)?;
+        let mut net = Net {
+            info,
+            fabric: ptr::null_mut(),
+            domain: ptr::null_mut(),
+            eq: ptr::null_mut(),
+            cq: ptr::null_mut(),
+            provider: provider.to_owned(),
+            ep,
+            mr_local: false,
+        };
+        // SAFETY: info is a valid fi_info from fi_getinfo; each out-pointer is
+        // a field of `net`, closed by its Drop if set.
+        unsafe {
+            let i = &*net.info.0;
+            net.mr_local = ((*i.domain_attr).mr_mode as u32 & sys::FI_MR_LOCAL) != 0;
+            check(
+                "fi_fabric",
+                sys::fi_fabric(i.fabric_attr, &mut net.fabric, ptr::null_mut()) as isize,
+            )?;
+            check(
+                "fi_domain",
+                sys::fi_domain(net.fabric, net.info.0, &mut net.domain, ptr::null_mut()) as isize,
+            )?;
+            let mut eq_attr = sys::fi_eq_attr {
+                size: 256,
+                wait_obj: sys::FI_WAIT_FD,
+                ..Default::default()
+            };
+            check(
+                "fi_eq_open",
+                sys::fi_eq_open(net.fabric, &mut eq_attr, &mut net.eq, ptr::null_mut()) as isize,
+            )?;
+            let mut cq_attr = sys::fi_cq_attr {
+                size: cq_size,
+                format: sys::FI_CQ_FORMAT_MSG,
+                wait_obj: sys::FI_WAIT_FD,
+                ..Default::default()
+            };
+            check(
+                "fi_cq_open",
+                sys::fi_cq_open(net.domain, &mut cq_attr, &mut net.cq, ptr::null_mut()) as isize,
+            )?;
+        }
+        Ok(net)
+    }
+
+    /// Whether buffers must be registered (`FI_MR_LOCAL`).
+    pub fn mr_local(&self) -> bool {
+        self.mr_local
+    }
+
+    /// The EQ's wait fd (readable when connection events may be waiting).
+    pub fn eq_fd(&self) -> Result<RawFd, FabricError> {
+        wait_fd(self.eq as *mut sys::fid)
+    }
+
+    /// The CQ's wait fd (readable when completions may be waiting).
+    pub fn cq_fd(&self) -> Result<RawFd, FabricError> {
+        wait_fd(self.cq as *mut sys::fid)
+    }
+
+    /// `fi_trywait` on the EQ and CQ: true if it is safe to block on their fds
+    /// (nothing is pending inside the provider); false means poll again.
+    pub fn try_wait(&mut self) -> bool {
+        let mut fids = [self.cq as *mut sys::fid, self.eq as *mut sys::fid];
+        // SAFETY: both fids are open and belong to this fabric.
+        let rc = unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), 2) };
+        rc == 0
+    }
+
+    /// Reads up to `out.capacity()` completions (appended to `out`); returns how many.
+    pub fn read_cq(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let mut raw = [sys::fi_cq_msg_entry::default(); 32];
+        let want = max.min(raw.len());
+        // SAFETY: raw holds `want` fi_cq_msg_entry (the CQ's format).
+        let n = unsafe { sys::fi_cq_read(self.cq, raw.as_mut_ptr() as *mut c_void, want) };
+        if n > 0 {
+            for e in &raw[..n as usize] {
+                out.push(Completion {
+                    context: e.op_context as u64,
+                    len: e.len,
+                    recv: e.flags & u64::from(sys::FI_RECV) != 0,
+                    error: None,
+                });
+            }
+            return n as usize;
+        }
+        if n == -(sys::FI_EAVAIL as isize) {
+            let mut err = sys::fi_cq_err_entry::default();
+            // SAFETY: err is a valid fi_cq_err_entry; err_data stays null so
+            // the provider uses its own buffer.
+            let k = unsafe { sys::fi_cq_readerr(self.cq, &mut err, 0) };
+            if k > 0 {
+                out.push(Completion {
+                    context: err.op_context as u64,
+                    len: 0,
+                    recv: err.flags & u64::from(sys::FI_RECV) != 0,
+                    error: Some((err.err, "completion error")),
+                });
+                return 1;
+            }
+        }
+        0
+    }
+
+    /// Reads one connection-management event, if any.
+    pub fn read_eq(&mut self) -> Option<CmEvent> {
+        let mut buf = [0u64; 32];
+        let mut event: u32 = 0;
+        // SAFETY: buf is 256 bytes, large enough for an fi_eq_cm_entry.
+        let n = unsafe {
+            sys::fi_eq_read(
+                self.eq,
+                &mut event,
+                buf.as_mut_ptr() as *mut c_void,
+                std::mem::size_of_val(&buf),
+                0,
+            )
+        };
+        if n == -(sys::FI_EAVAIL as isize) {
+            let mut err = sys::fi_eq_err_entry::default();
+            // SAFETY: err is a valid fi_eq_err_entry.
+            let k = unsafe { sys::fi_eq_readerr(self.eq, &mut err, 0) };
+            if k > 0 {
+                return Some(CmEvent::Error(err.fid as usize, strerror(err.err)));
+            }
+            return None;
+        }
+        if n <= 0 {
+            return None;
+        }
+        // SAFETY: a successful read wrote an fi_eq_cm_entry for CM events.
+        let entry = unsafe { &*(buf.as_ptr() as *const sys::fi_eq_cm_entry) };
+        match event {
+            sys::FI_CONNREQ => Some(CmEvent::ConnReq(ConnReq(Info(entry.info)))),
+            sys::FI_CONNECTED => {
+                if !entry.info.is_null() {
+                    drop(Info(entry.info));
+                }
+                Some(CmEvent::Connected(entry.fid as usize))
+            }
+            sys::FI_SHUTDOWN => Some(CmEvent::Shutdown(entry.fid as usize)),
+            other => Some(CmEvent::Error(
+                entry.fid as usize,
+                format!("unexpected EQ event {other}"),
+            )),
+        }
+    }
+
+    /// Listens on `addr` (port 0: the provider picks; see [`PassiveEp::addr`]).
+    pub fn listen(&mut self, addr: SocketAddr) -> Result<PassiveEp, FabricError> {
+        let info = getinfo(&self.provider, self.ep, Some(addr), true)?;
+        let mut pep = PassiveEp {
+            pep: ptr::null_mut(),
+            addr,
+        };
+        // SAFETY: info is valid; pep.pep is closed by its Drop if set; the EQ
+        // outlives the passive endpoint (the caller drops endpoints first).
+        unsafe {
+            check(
+                "fi_passive_ep",
+                sys::fi_passive_ep(self.fabric, info.0, &mut pep.pep, ptr::null_mut()) as isize,
+            )?;
+            check(
+                "fi_pep_bind(eq)",
+                sys::fi_pep_bind(pep.pep, self.eq as *mut sys::fid, 0) as isize,
+            )?;
+            check("fi_listen", sys::fi_listen(pep.pep) as isize)?;
+            let mut raw = [0u8; 128];
+            let mut len = raw.len();
+            check(
+                "fi_getname",
+                sys::fi_getname(
+                    pep.pep as *mut sys::fid,
+                    raw.as_mut_ptr() as *mut c_void,
+                    &mut len,
+                ) as isize,
+            )?;
+            if let Some(a) = sockaddr(raw.as_ptr(), len.min(raw.len())) {
+                pep.addr = a;
+            }
+        }
+        Ok(pep)
+    }
+
+    fn new_ep(
+        &mut self,
+        info: *mut sys::fi_info,
+        slots: usize,
+        slot_size: usize,
+    ) -> Result<Ep, FabricError> {
+        let mut ep = Ep {
+            ep: ptr::null_mut(),
+            tx: Buffers::new(slots, slot_size),
+            rx: Buffers::new(slots, slot_size),
+            slot_size,
+        };
+        // SAFETY: info is valid; the EQ and CQ outlive the endpoint (the
+        // caller drops endpoints before the Net); the buffers are owned by the
+        // endpoint and freed only after it is closed (Ep::drop).
+        unsafe {
+            check(
+                "fi_endpoint",
+                sys::fi_endpoint(self.domain, info, &mut ep.ep, ptr::null_mut()) as isize,
+            )?;
+            check(
+                "fi_ep_bind(eq)",
+                sys::fi_ep_bind(ep.ep, self.eq as *mut sys::fid, 0) as isize,
+            )?;
+            check(
+                "fi_ep_bind(cq)",
+                sys::fi_ep_bind(
+                    ep.ep,
+                    self.cq as *mut sys::fid,
+                    u64::from(sys::FI_TRANSMIT | sys::FI_RECV),
+                ) as isize,
+            )?;
+            check("fi_enable", sys::fi_enable(ep.ep) as isize)?;
+            if self.mr_local {
+                ep.tx.register(self.domain, u64::from(sys::FI_SEND))?;
+                ep.rx.register(self.domain, u64::from(sys::FI_RECV))?;
+            }
+        }
+        Ok(ep)
+    }
+
+    /// Opens an endpoint and starts connecting it to `addr`; `FI_CONNECTED`
+    /// (or an error) comes out of [`Net::read_eq`] under [`Ep::key`].
+    pub fn connect(
+        &mut self,
+        addr: SocketAddr,
+        slots: usize,
+        slot_size: usize,
+    ) -> Result<Ep, FabricError> {
+        let info = getinfo(&self.provider, self.ep, Some(addr), false)?;
+        let ep = self.new_ep(info.0, slots, slot_size)?;
+        // SAFETY: ep is enabled; dest_addr of the info is the peer's address.
+        let rc = unsafe { sys::fi_connect(ep.ep, (*info.0).dest_addr, ptr::null(), 0) };
+        check("fi_connect", rc as isize)?;
+        Ok(ep)
+    }
+
+    /// Accepts a connection request; `FI_CONNECTED` follows on the EQ.
+    pub fn accept(
+        &mut self,
+        req: ConnReq,
+        slots: usize,
+        slot_size: usize,
+    ) -> Result<Ep, FabricError> {
+        let ep = self.new_ep(req.0 .0, slots, slot_size)?;
+        // SAFETY: ep was created from the request's info and is enabled.
+        let rc = unsafe { sys::fi_accept(ep.ep, ptr::null(), 0) };
+        check("fi_accept", rc as isize)?;
+        Ok(ep)
+    }
+}
+
+/// A listening passive endpoint.
+pub struct PassiveEp {
+    pep: *mut sys::fid_pep,
+    addr: SocketAddr,
+}
+
+// SAFETY: see `Net`.
+unsafe impl Send for PassiveEp {}
+
+impl std::fmt::Debug for PassiveEp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PassiveEp")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl PassiveEp {
+    /// The address actually bound.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for PassiveEp {
+    fn drop(&mut self) {
+        close(self.pep as *mut sys::fid);
+    }
+}
+
+/// Fixed-size slots in one allocation, optionally registered.
+struct Buffers {
+    mem: Vec<u8>,
+    busy: Vec<bool>,
+    mr: *mut sys::fid_mr,
+    desc: *mut c_void,
+}
+
+impl Buffers {
+    fn new(slots: usize, size: usize) -> Self {
+        Buffers {
+            mem: vec![0u8; slots * size],
+            busy: vec![false; slots],
+            mr: ptr::null_mut(),
+            desc: ptr::null_mut(),
+        }
+    }
+
+    /// # Safety
+    /// `domain` must be open and outlive the registration.
+    unsafe fn register(
+        &mut self,
+        domain: *mut sys::fid_domain,
+        access: u64,
+    ) -> Result<(), FabricError> {
+        check(
+            "fi_mr_reg",
+            sys::fi_mr_reg(
+                domain,
+                self.mem.as_ptr() as *const c_void,
+                self.mem.len(),
+                access,
+                0,
+                0,
+                0,
+                &mut self.mr,
+                ptr::null_mut(),
+            ) as isize,
+        )?;
+        self.desc = sys::fi_mr_desc(self.mr);
+        Ok(())
+    }
+}
+
+/// An active MSG endpoint with its own transmit and receive slots.
+pub struct Ep {
+    ep: *mut sys::fid_ep,
+    tx: Buffers,
+    rx: Buffers,
+    slot_size: usize,
+}
+
+// SAFETY: see `Net`.
+unsafe impl Send for Ep {}
+
+impl std::fmt::Debug for Ep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ep").field("key", &self.key()).finish()
+    }
+}
+
+impl Drop for Ep {
+    fn drop(&mut self) {
+        // Close the endpoint first: after fi_close the provider no longer
+        // touches the buffers, which are then freed with `self`.
+        close(self.ep as *mut sys::fid);
+        close(self.tx.mr as *mut sys::fid);
+        close(self.rx.mr as *mut sys::fid);
+    }
+}
+
+impl Ep {
+    /// The key under which EQ events name this endpoint.
+    pub fn key(&self) -> usize {
+        self.ep as usize
+    }
+
+    /// Bytes per slot.
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    /// Number of slots of each direction.
+    pub fn slots(&self) -> usize {
+        self.tx.busy.len()
+    }
+
+    /// Posts receive slot `slot` with completion context `context`.
+    pub fn post_recv(&mut self, slot: usize, context: u64) -> Result<(), FabricError> {
+        if self.rx.busy.get(slot) != Some(&false) {
+            return Err(FabricError::Slot(slot));
+        }
+        let size = self.slot_size;
+        let p = self.rx.mem[slot * size..].as_mut_ptr();
+        // SAFETY: the slot lies in rx.mem, owned by this endpoint and freed
+        // only after the endpoint is closed; it is marked busy so no safe
+        // accessor hands it out until its completion.
+        let rc = unsafe {
+            sys::fi_recv(
+                self.ep,
+                p as *mut c_void,
+                size,
+                self.rx.desc,
+                0,
+                context as *mut c_void,
+            )
+        };
+        check("fi_recv", rc)?;
+        self.rx.busy[slot] = true;
+        Ok(())
+    }
+
+    /// A completed receive: frees the slot and returns its first `len` bytes.
+    pub fn recv_done(&mut self, slot: usize, len: usize) -> &[u8] {
+        self.rx.busy[slot] = false;
+        let size = self.slot_size;
+        &self.rx.mem[slot * size..slot * size + len.min(size)]
+    }
+
+    /// The transmit slot `slot` to fill, if it is not in flight.
+    pub fn tx_slot(&mut self, slot: usize) -> Option<&mut [u8]> {
+        if self.tx.busy.get(slot) != Some(&false) {
+            return None;
+        }
+        let size = self.slot_size;
+        Some(&mut self.tx.mem[slot * size..(slot + 1) * size])
+    }
+
+    /// Sends the first `len` bytes of transmit slot `slot`. `Err` with
+    /// [`is_again`] means the provider's queue is full: retry later.
+    pub fn send(&mut self, slot: usize, len: usize, context: u64) -> Result<(), FabricError> {
+        if self.tx.busy.get(slot) != Some(&false) || len > self.slot_size {
+            return Err(FabricError::Slot(slot));
+        }
+        let p = self.tx.mem[slot * self.slot_size..].as_ptr();
+        // SAFETY: as in post_recv; the slot is marked busy until send_done,
+        // so tx_slot cannot hand it out while the provider reads it.
+        let rc = unsafe {
+            sys::fi_send(
+                self.ep,
+                p as *const c_void,
+                len,
+                self.tx.desc,
+                0,
+                context as *mut c_void,
+            )
+        };
+        check("fi_send", rc)?;
+        self.tx.busy[slot] = true;
+        Ok(())
+    }
+
+    /// A completed send: the slot may be refilled.
+    pub fn send_done(&mut self, slot: usize) {
+        if let Some(b) = self.tx.busy.get_mut(slot) {
+            *b = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_provider_is_named() {
+        let e = probe("nosuchprovider", EpType::Msg).unwrap_err();
+        assert!(e.to_string().contains("nosuchprovider"), "{e}");
+    }
+
+    #[test]
+    fn tcp_msg_ping() {
+        let mut net = Net::open("tcp", EpType::Msg, 64).unwrap();
+        net.eq_fd().unwrap();
+        net.cq_fd().unwrap();
+        let pep = net.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_ne!(pep.addr().port(), 0);
+        let mut c = net.connect(pep.addr(), 4, 1024).unwrap();
+        let mut s = None;
+        let mut connected = 0;
+        let t0 = std::time::Instant::now();
+        while connected < 2 {
+            assert!(t0.elapsed().as_secs() < 10, "connect timed out");
+            let mut done = Vec::new();
+            net.read_cq(&mut done, 8);
+            match net.read_eq() {
+                Some(CmEvent::ConnReq(r)) => {
+                    let mut ep = net.accept(r, 4, 1024).unwrap();
+                    ep.post_recv(0, 7).unwrap();
+                    s = Some(ep);
+                }
+                Some(CmEvent::Connected(_)) => connected += 1,
+                Some(other) => panic!("{other:?}"),
+                None => {}
+            }
+        }
+        let mut s = s.unwrap();
+        c.tx_slot(0).unwrap()[..5].copy_from_slice(b"hello");
+        c.send(0, 5, 9).unwrap();
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            assert!(t0.elapsed().as_secs() < 10, "completion timed out");
+            net.read_cq(&mut got, 8);
+        }
+        let r = got.iter().find(|c| c.recv).unwrap();
+        assert_eq!(r.context, 7);
+        assert_eq!(s.recv_done(0, r.len), b"hello");
+        drop((c, s, pep));
+    }
+}
