@@ -1,7 +1,7 @@
 //! Server restarts on the same port (new nonce), seen from a lossless client.
 //!
-//! `lossless_connect_to_a_stale_incarnation_ends` reproduces a messenger bug
-//! found by the stress suite (seed 1, `msgr-stress --duration 10 --faults off
+//! `lossless_connect_to_a_stale_incarnation_ends` guards against a messenger
+//! bug (now fixed) found by the stress suite (seed 1, `msgr-stress --duration 10 --faults off
 //! --no-real-faults --seed 1`): a lossless connection dialled to a server's
 //! address with the nonce of an incarnation that has since restarted on the
 //! same port retries forever. Every attempt ends in a protocol error
@@ -129,7 +129,6 @@ fn Counters_get(m: &Messenger) -> u64 {
 /// while a new incarnation listens on the same port: the connection must not
 /// retry forever in silence.
 #[test]
-#[ignore = "messenger bug (reported to the lead): a lossless connection to a restarted server's stale address retries forever (WrongPeer)"]
 fn lossless_connect_to_a_stale_incarnation_ends() {
     let mut old = server("tcp://127.0.0.1:0", Arc::new(Count::default()));
     let stale = old.addr().clone();

@@ -57,10 +57,6 @@ struct Args {
     /// No mark_down operations.
     #[arg(long)]
     no_mark_down: bool,
-    /// Do not work around the known stale-nonce messenger bug (see
-    /// testsuite/tests/stress_restart_bug.rs): reproduces it.
-    #[arg(long)]
-    no_workaround: bool,
     /// Largest message, bytes.
     #[arg(long, default_value_t = 4 << 20)]
     max_message: usize,
@@ -154,7 +150,6 @@ fn main() -> ExitCode {
         cfg.restart_every = Duration::from_millis(args.restart_every_ms);
         cfg.real_faults = !args.no_real_faults;
         cfg.mark_downs = !args.no_mark_down;
-        cfg.avoid_stale_nonce_bug = !args.no_workaround;
         cfg.max_message = args.max_message.max(1);
         cfg.bind = bind.clone();
         if !args.quiet {

@@ -110,13 +110,6 @@ pub struct StressConfig {
     pub real_faults: bool,
     /// Clients mark connections down now and then.
     pub mark_downs: bool,
-    /// Work around a known messenger bug (tests/stress_restart_bug.rs): a
-    /// lossless connection that names a restarted server's old nonce before
-    /// its first handshake completes retries forever. With this on, clients
-    /// do not dial a server while it restarts, and replace connections that
-    /// were still connecting when it restarted. On by default until the bug
-    /// is fixed; turn it off to reproduce.
-    pub avoid_stale_nonce_bug: bool,
     /// Largest message data segment.
     pub max_message: usize,
     /// One message in this many is large (64 KiB, max_message].
@@ -156,7 +149,6 @@ impl StressConfig {
             restart_every: Duration::from_secs(3),
             real_faults: true,
             mark_downs: true,
-            avoid_stale_nonce_bug: true,
             max_message: 4 << 20,
             large_one_in: 1000,
             bind: Vec::new(),

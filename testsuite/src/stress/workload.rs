@@ -245,18 +245,6 @@ impl Client<'_, '_> {
 
     fn connect(&mut self, s: usize) -> bool {
         let slot = &self.run.servers[s];
-        if self.run.cfg.avoid_stale_nonce_bug {
-            // An odd generation: the server is restarting. Dialling its old
-            // address now would name an incarnation that is about to vanish
-            // (see tests/stress_restart_bug.rs); wait for the new address.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while slot.generation.load(Ordering::SeqCst) % 2 == 1
-                && Instant::now() < deadline
-                && !self.run.stop.load(Ordering::Relaxed)
-            {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
         let generation = slot.generation.load(Ordering::SeqCst);
         let addr = slot.addr.read().expect("addr lock").clone();
         match self.messenger.connect_with(&addr, self.policy) {
@@ -317,16 +305,7 @@ impl Client<'_, '_> {
                 }
             } else if generation != rec.generation_at_start {
                 let new_port = slot.addr.read().expect("addr lock").socket.port();
-                // A connection that never completed its first handshake still
-                // names the old incarnation's nonce and would retry forever
-                // (tests/stress_restart_bug.rs): replace it.
-                let stale = self.run.cfg.avoid_stale_nonce_bug
-                    && rec.conn.state() != ConnectionState::Open
-                    && rec
-                        .conn
-                        .peer()
-                        .is_none_or(|p| p.addr.nonce != slot.addr.read().expect("addr lock").nonce);
-                if stale || new_port != rec.conn.target().socket.port() {
+                if new_port != rec.conn.target().socket.port() {
                     rec.conn.mark_down();
                     rec.marked_down.store(true, Ordering::Relaxed);
                     self.wait_closed(&rec.conn.clone());

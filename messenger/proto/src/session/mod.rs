@@ -856,7 +856,15 @@ impl Session {
             }
             (State::HelloSent(_), Tag::HelloOk) => {
                 let ok: HelloOk = parse_control(&frame, "hello-ok")?;
-                self.check_peer(&ok.addr)?;
+                if let Err(e) = self.check_peer(&ok.addr) {
+                    if !self.established {
+                        // We named an incarnation (nonce) that no longer lives
+                        // there: retrying cannot help. End the session and say
+                        // why; the application may dial the new incarnation.
+                        self.terminate(FaultReason::Protocol(e.clone()));
+                    }
+                    return Err(e);
+                }
                 if self.cookie != 0 {
                     // We asked to resume but got a new session: the old one is gone.
                     self.remote_reset();
