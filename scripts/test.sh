@@ -7,48 +7,42 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
-step "build dependencies (Debian packages for the RDMA crates)"
-build_deps="libclang-dev libibverbs-dev librdmacm-dev libfabric-dev"
-missing=""
-for p in $build_deps; do
-  dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null | grep -qx installed || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-  echo "installing:$missing"
-  apt-get update -qq
-  # shellcheck disable=SC2086
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
-fi
+# Installs the Debian packages named that are not installed yet (idempotent;
+# apt-get update runs only when something is missing).
+ensure_packages() {
+  local missing="" p
+  for p in "$@"; do
+    dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null | grep -qx installed || missing="$missing $p"
+  done
+  if [ -n "$missing" ]; then
+    echo "installing:$missing"
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
+  fi
+}
+
+step "build dependencies (Debian packages for the RDMA and libfabric crates)"
+ensure_packages libclang-dev libibverbs-dev librdmacm-dev libfabric-dev
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy (default features) -D warnings"
+step "cargo clippy (default features, then every feature: RDMA and libfabric crates too) -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release
 
 step "stress suite: msgr-stress 60 s per available backend with faults, and the network-namespace run (docs/STRESS.md)"
-stress_deps=""
-for p in nftables iproute2; do
-  dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null | grep -qx installed || stress_deps="$stress_deps $p"
-done
-if [ -n "$stress_deps" ]; then
-  echo "installing:$stress_deps"
-  apt-get update -qq
-  # shellcheck disable=SC2086
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $stress_deps
-fi
+ensure_packages nftables iproute2
 cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 60 --backend all --quiet
 cargo test --release -p msgr-testsuite --test stress_netns -- --ignored --nocapture
 
 step "RDMA guest: setup (packages, kernel, siw, initramfs; cached in \${MSGR_GUEST_CACHE:-/var/cache/msgr-guest})"
 guest_start=$(date +%s)
 bash testsuite/guest/setup.sh
-
-step "RDMA guest: clippy of the RDMA crates (all features) -D warnings"
-cargo clippy -p rdma-cm-sys -p msgr-rdma -p msgr-testsuite --all-targets --all-features -- -D warnings
 
 step "RDMA guest: tests in the QEMU guest (verbs, rdma_cm on rxe and siw, reference peers, netem)"
 cargo test --release -p msgr-testsuite --features rdma --test guest_rdma -- --nocapture --test-threads 1
