@@ -21,6 +21,8 @@ mod error;
 mod event;
 mod select;
 mod sys;
+#[cfg(feature = "fabric")]
+pub mod fabric;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 
@@ -142,4 +144,7 @@ pub enum AnyTransport {
     /// TCP.
     #[cfg(feature = "tcp")]
     Tcp(tcp::TcpTransport),
+    /// libfabric (FI_EP_MSG endpoints).
+    #[cfg(feature = "fabric")]
+    Fabric(fabric::FabricTransport),
 }

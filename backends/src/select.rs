@@ -49,6 +49,9 @@ pub fn availability(kind: &TransportKind) -> Availability {
         TransportKind::Verbs | TransportKind::RdmaCm => Availability::Unavailable(
             "the RDMA backends are not part of this build yet (see issue: RDMA backends)".into(),
         ),
+        #[cfg(feature = "fabric")]
+        TransportKind::Fabric(p) => crate::fabric::probe(p),
+        #[cfg(not(feature = "fabric"))]
         TransportKind::Fabric(p) => Availability::Unavailable(format!(
             "the libfabric backend (provider {}) is not part of this build yet",
             p.name
@@ -67,6 +70,10 @@ pub fn open_transport(
         TransportKind::Tcp => Ok(AnyTransport::Tcp(crate::tcp::TcpTransport::new(
             registry, ctx,
         )?)),
+        #[cfg(feature = "fabric")]
+        TransportKind::Fabric(p) => Ok(AnyTransport::Fabric(
+            crate::fabric::FabricTransport::new(p, registry, ctx)?,
+        )),
         other => {
             let _ = (registry, ctx);
             let reason = match availability(other) {

@@ -1,0 +1,698 @@
+//! The libfabric backend (`fabric+<provider>://`), first increment: `FI_EP_MSG`
+//! endpoints (tested with the `tcp` provider on loopback).
+//!
+//! - One [`msgr_fabric::Net`] per worker: fabric, domain, one event queue (all
+//!   connection management) and one completion queue shared by every link.
+//!   Both wait fds sit in the worker's mio Poll; [`Transport::progress`] reads
+//!   the queues, and before the worker blocks (a `progress` call that found
+//!   nothing) `fi_trywait` arms them — if something slipped in meanwhile it
+//!   says so and the worker polls again instead of sleeping.
+//! - Each link owns `SLOTS` transmit and `SLOTS` receive slots of `SLOT_SIZE`
+//!   bytes (registered when the provider wants `FI_MR_LOCAL`). Receives are
+//!   pre-posted; a unit is copied into transmit slots and sent eagerly, at most
+//!   `SLOTS` sends in flight per link; completions are reaped in batches.
+//! - Units larger than a slot are split: every message starts with one header
+//!   byte, [`MORE`] if the unit continues in the next message, [`LAST`] if it
+//!   ends here. The receiver joins the pieces (bounded by the frame limits)
+//!   and decodes the whole unit with `Frame::decode_exact`. An `fi_read`
+//!   rendezvous for large frames is the next increment.
+//! - Faults from the provider (error completions, `FI_SHUTDOWN`, EQ errors)
+//!   fail the link. Links do not migrate between workers ([`Transport::detach`]
+//!   returns `None`).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::{Bytes, BytesMut};
+use mio::event::Event;
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider, TransportKind};
+use msgr_fabric::{CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp};
+use msgr_proto::banner::BANNER_LEN;
+use msgr_proto::{Frame, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use rustc_hash::FxHashMap;
+
+use crate::{
+    Availability, DetachedLink, RealFault, Transport, TransportContext, TransportError,
+    TransportEvent,
+};
+
+/// Bytes per transmit/receive slot (one message on the wire).
+pub const SLOT_SIZE: usize = 64 << 10;
+/// Slots per direction per link: also the bound on sends in flight.
+pub const SLOTS: usize = 32;
+/// Header byte: the unit continues in the next message.
+pub const MORE: u8 = 1;
+/// Header byte: the unit ends in this message.
+pub const LAST: u8 = 0;
+/// Completions read per `fi_cq_read` batch, and most batches per call.
+const CQ_BATCH: usize = 32;
+const CQ_ROUNDS: usize = 16;
+
+const RX_BIT: u64 = 1 << 16;
+
+fn context(link: LinkId, rx: bool, slot: usize) -> u64 {
+    (link.0 << 17) | if rx { RX_BIT } else { 0 } | slot as u64
+}
+
+fn decode_context(c: u64) -> (LinkId, bool, usize) {
+    (LinkId(c >> 17), c & RX_BIT != 0, (c & 0xffff) as usize)
+}
+
+fn ep_type(p: &FabricProvider) -> EpType {
+    match p.endpoint {
+        FabricEndpoint::Msg => EpType::Msg,
+        FabricEndpoint::Rdm => EpType::Rdm,
+    }
+}
+
+/// Whether the provider exists here with the endpoint type asked for
+/// (`fi_getinfo`), cached per provider (the probe loads every provider).
+pub(crate) fn probe(p: &FabricProvider) -> Availability {
+    if p.endpoint == FabricEndpoint::Rdm {
+        return Availability::Unavailable(format!(
+            "fabric+{}: FI_EP_RDM endpoints are not implemented yet (only ?ep=msg)",
+            p.name
+        ));
+    }
+    static CACHE: OnceLock<Mutex<FxHashMap<FabricProvider, Availability>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    cache
+        .entry(p.clone())
+        .or_insert_with(|| match msgr_fabric::probe(&p.name, ep_type(p)) {
+            Ok(()) => Availability::Available,
+            Err(e) => Availability::Unavailable(e.to_string()),
+        })
+        .clone()
+}
+
+fn fab_err(kind: &TransportKind, e: FabricError) -> TransportError {
+    TransportError::Unavailable {
+        kind: kind.clone(),
+        reason: e.to_string(),
+    }
+}
+
+#[derive(Debug)]
+struct FabricLink {
+    ep: Ep,
+    /// Accepted (the listener's token and the peer) or outgoing (`None`).
+    accepted: Option<(Token, SocketAddr)>,
+    connected: bool,
+    /// Encoded units waiting for a transmit slot, and how far the front one went.
+    queue: VecDeque<Vec<u8>>,
+    front_sent: usize,
+    queued: usize,
+    free_tx: Vec<usize>,
+    /// Pieces of a unit split over several messages.
+    partial: BytesMut,
+    banner_seen: bool,
+    paused: bool,
+    frozen: bool,
+    /// Receives completed while reading was paused: (slot, len).
+    held: VecDeque<(usize, usize)>,
+    close_after_flush: bool,
+}
+
+impl FabricLink {
+    fn new(ep: Ep, accepted: Option<(Token, SocketAddr)>) -> Self {
+        FabricLink {
+            free_tx: (0..ep.slots()).rev().collect(),
+            ep,
+            accepted,
+            connected: false,
+            queue: VecDeque::new(),
+            front_sent: 0,
+            queued: 0,
+            partial: BytesMut::new(),
+            banner_seen: false,
+            paused: false,
+            frozen: false,
+            held: VecDeque::new(),
+            close_after_flush: false,
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.queue.is_empty() && self.free_tx.len() == self.ep.slots()
+    }
+
+    fn push(&mut self, bytes: Vec<u8>) {
+        self.queued += bytes.len();
+        self.queue.push_back(bytes);
+    }
+}
+
+/// libfabric transport of one worker.
+pub struct FabricTransport {
+    // Links and listeners come first: fields drop in order, and endpoints must
+    // close before the Net's queues, domain and fabric.
+    links: FxHashMap<LinkId, FabricLink>,
+    listeners: FxHashMap<Token, PassiveEp>,
+    /// Accepted endpoints not yet connected (FI_CONNECTED pending).
+    by_key: FxHashMap<usize, LinkId>,
+    net: Net,
+    kind: TransportKind,
+    registry: Registry,
+    limits: FrameLimits,
+    link_ids: Arc<AtomicU64>,
+    eq_token: Token,
+    cq_token: Token,
+    fds: Vec<RawFd>,
+    dirty: Vec<LinkId>,
+    /// Links that hit -FI_EAGAIN on send, retried on the next progress.
+    retry: Vec<LinkId>,
+    /// Links whose reading resumed with held receives.
+    resumed: Vec<LinkId>,
+    /// Link failures found outside an event-reporting call.
+    failed: Vec<(LinkId, String)>,
+    completions: Vec<Completion>,
+}
+
+impl std::fmt::Debug for FabricTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FabricTransport")
+            .field("kind", &self.kind)
+            .field("links", &self.links.len())
+            .finish()
+    }
+}
+
+impl FabricTransport {
+    /// Opens `provider` for one worker and registers its wait fds in `registry`.
+    pub fn new(
+        provider: &FabricProvider,
+        registry: &Registry,
+        ctx: &TransportContext,
+    ) -> Result<Self, TransportError> {
+        let kind = TransportKind::Fabric(provider.clone());
+        if let Availability::Unavailable(reason) = probe(provider) {
+            return Err(TransportError::Unavailable { kind, reason });
+        }
+        let net =
+            Net::open(&provider.name, ep_type(provider), 8192).map_err(|e| fab_err(&kind, e))?;
+        let eq_fd = net.eq_fd().map_err(|e| fab_err(&kind, e))?;
+        let cq_fd = net.cq_fd().map_err(|e| fab_err(&kind, e))?;
+        // Tokens from the worker's link-id allocator: unique among its links.
+        let eq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
+        let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
+        let registry = registry
+            .try_clone()
+            .map_err(|e| TransportError::io("clone mio registry", e))?;
+        let mut fds = Vec::new();
+        for (fd, token) in [(eq_fd, eq_token), (cq_fd, cq_token)] {
+            if fds.contains(&fd) {
+                continue;
+            }
+            registry
+                .register(&mut SourceFd(&fd), token, Interest::READABLE)
+                .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
+            fds.push(fd);
+        }
+        Ok(FabricTransport {
+            links: FxHashMap::default(),
+            listeners: FxHashMap::default(),
+            by_key: FxHashMap::default(),
+            net,
+            kind,
+            registry,
+            limits: ctx.limits,
+            link_ids: ctx.link_ids.clone(),
+            eq_token,
+            cq_token,
+            fds,
+            dirty: Vec::new(),
+            retry: Vec::new(),
+            resumed: Vec::new(),
+            failed: Vec::new(),
+            completions: Vec::with_capacity(CQ_BATCH),
+        })
+    }
+
+    fn drop_link(&mut self, id: LinkId) -> Option<FabricLink> {
+        let link = self.links.remove(&id)?;
+        self.by_key.remove(&link.ep.key());
+        Some(link)
+    }
+
+    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+        if self.drop_link(id).is_some() {
+            events.push(TransportEvent::Failed(id, why));
+        }
+    }
+
+    fn post_recvs(ep: &mut Ep, id: LinkId) -> Result<(), FabricError> {
+        for slot in 0..ep.slots() {
+            ep.post_recv(slot, context(id, true, slot))?;
+        }
+        Ok(())
+    }
+
+    /// Reads connection-management events. Returns whether there were any.
+    fn drain_eq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        let mut any = false;
+        while let Some(ev) = self.net.read_eq() {
+            any = true;
+            match ev {
+                CmEvent::ConnReq(req) => self.accept(req),
+                CmEvent::Connected(key) => {
+                    let Some(&id) = self.by_key.get(&key) else {
+                        continue;
+                    };
+                    let Some(link) = self.links.get_mut(&id) else {
+                        continue;
+                    };
+                    link.connected = true;
+                    match link.accepted {
+                        Some((listener, peer)) => events.push(TransportEvent::Accepted {
+                            link: id,
+                            peer,
+                            listener,
+                        }),
+                        None => events.push(TransportEvent::Connected(id)),
+                    }
+                    if !link.queue.is_empty() {
+                        self.dirty.push(id);
+                    }
+                }
+                CmEvent::Shutdown(key) => {
+                    if let Some(&id) = self.by_key.get(&key) {
+                        self.fail(id, "connection closed by peer (FI_SHUTDOWN)".into(), events);
+                    }
+                }
+                CmEvent::Error(key, why) => match self.by_key.get(&key) {
+                    Some(&id) => self.fail(id, format!("connection: {why}"), events),
+                    None => tracing::debug!(%why, "libfabric EQ error for no link"),
+                },
+            }
+        }
+        any
+    }
+
+    fn accept(&mut self, req: ConnReq) {
+        let Some(&listener) = self.listeners.keys().next() else {
+            return; // dropping the request rejects it
+        };
+        let peer = req
+            .peer()
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
+        match self.net.accept(req, SLOTS, SLOT_SIZE) {
+            Ok(mut ep) => {
+                if let Err(e) = Self::post_recvs(&mut ep, id) {
+                    tracing::warn!(error = %e, "dropping accepted fabric connection");
+                    return;
+                }
+                self.by_key.insert(ep.key(), id);
+                self.links
+                    .insert(id, FabricLink::new(ep, Some((listener, peer))));
+            }
+            Err(e) => tracing::warn!(error = %e, "fi_accept failed"),
+        }
+    }
+
+    /// Reads completions in batches. Returns whether there were any.
+    fn drain_cq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        let mut any = false;
+        for _ in 0..CQ_ROUNDS {
+            let mut batch = std::mem::take(&mut self.completions);
+            batch.clear();
+            let n = self.net.read_cq(&mut batch, CQ_BATCH);
+            for c in &batch {
+                self.complete(c, events);
+            }
+            self.completions = batch;
+            if n == 0 {
+                break;
+            }
+            any = true;
+            if n < CQ_BATCH {
+                break;
+            }
+        }
+        any
+    }
+
+    fn complete(&mut self, c: &Completion, events: &mut Vec<TransportEvent>) {
+        let (id, rx, slot) = decode_context(c.context);
+        let Some(link) = self.links.get_mut(&id) else {
+            return; // a closed link's flushed operation
+        };
+        if let Some((code, what)) = c.error {
+            let why = format!(
+                "libfabric {} {what}: {}",
+                if rx { "receive" } else { "send" },
+                std::io::Error::from_raw_os_error(code)
+            );
+            self.fail(id, why, events);
+            return;
+        }
+        if !rx {
+            link.ep.send_done(slot);
+            link.free_tx.push(slot);
+            if link.close_after_flush && link.idle() {
+                self.drop_link(id);
+            } else if !link.queue.is_empty() {
+                self.dirty.push(id);
+            }
+            return;
+        }
+        if link.paused || link.frozen {
+            link.held.push_back((slot, c.len));
+            return;
+        }
+        self.receive(id, slot, c.len, events);
+    }
+
+    /// Handles one received message on `id` and reposts its slot.
+    fn receive(&mut self, id: LinkId, slot: usize, len: usize, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        let max = self.limits.max_frame as usize;
+        let data = link.ep.recv_done(slot, len);
+        let outcome = match data.split_first() {
+            None => Err("empty message".to_string()),
+            Some((&hdr, body)) if hdr == MORE || hdr == LAST => {
+                if link.partial.len() + body.len() > max.max(BANNER_LEN) {
+                    Err(format!("unit larger than the frame limit {max}"))
+                } else if hdr == MORE {
+                    link.partial.extend_from_slice(body);
+                    Ok(None)
+                } else {
+                    let whole = if link.partial.is_empty() {
+                        Bytes::copy_from_slice(body)
+                    } else {
+                        link.partial.extend_from_slice(body);
+                        link.partial.split().freeze()
+                    };
+                    if !link.banner_seen {
+                        match <[u8; BANNER_LEN]>::try_from(&whole[..]) {
+                            Ok(b) => {
+                                link.banner_seen = true;
+                                Ok(Some(Inbound::Banner(b)))
+                            }
+                            Err(_) => Err(format!("banner of {} bytes", whole.len())),
+                        }
+                    } else {
+                        match Frame::decode_exact(whole, &self.limits) {
+                            Ok(f) => Ok(Some(Inbound::Frame(f))),
+                            Err(e) => {
+                                self.drop_link(id);
+                                events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            Some((&hdr, _)) => Err(format!("bad message header {hdr:#x}")),
+        };
+        match outcome {
+            Ok(unit) => {
+                if let Some(unit) = unit {
+                    events.push(TransportEvent::Received(id, unit));
+                }
+                if let Err(e) = link.ep.post_recv(slot, context(id, true, slot)) {
+                    self.fail(id, format!("repost receive: {e}"), events);
+                }
+            }
+            Err(why) => {
+                tracing::debug!(link = id.0, %why, "malformed fabric message");
+                self.fail(id, format!("malformed message: {why}"), events);
+            }
+        }
+    }
+
+    /// Copies queued units into free transmit slots and sends them.
+    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if !link.connected || link.frozen {
+            return;
+        }
+        while let (Some(&slot), Some(front)) = (link.free_tx.last(), link.queue.front()) {
+            let rest = &front[link.front_sent..];
+            let n = rest.len().min(SLOT_SIZE - 1);
+            let last = n == rest.len();
+            let Some(buf) = link.ep.tx_slot(slot) else {
+                link.free_tx.pop();
+                continue;
+            };
+            buf[0] = if last { LAST } else { MORE };
+            buf[1..=n].copy_from_slice(&rest[..n]);
+            match link.ep.send(slot, n + 1, context(id, false, slot)) {
+                Ok(()) => {
+                    link.free_tx.pop();
+                    link.queued -= n;
+                    if last {
+                        link.queue.pop_front();
+                        link.front_sent = 0;
+                    } else {
+                        link.front_sent += n;
+                    }
+                }
+                Err(e) if msgr_fabric::is_again(&e) => {
+                    self.retry.push(id);
+                    return;
+                }
+                Err(e) => {
+                    self.fail(id, format!("fi_send: {e}"), events);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn queue(&mut self, link: LinkId, bytes: Vec<u8>) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        l.push(bytes);
+        self.dirty.push(link);
+        Ok(())
+    }
+
+    fn poll_all(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        let mut any = !self.failed.is_empty();
+        for (id, why) in std::mem::take(&mut self.failed) {
+            events.push(TransportEvent::Failed(id, why));
+        }
+        any |= self.drain_eq(events);
+        any |= self.drain_cq(events);
+        for id in std::mem::take(&mut self.resumed) {
+            while let Some(link) = self.links.get_mut(&id) {
+                if link.paused || link.frozen {
+                    break;
+                }
+                let Some((slot, len)) = link.held.pop_front() else {
+                    break;
+                };
+                any = true;
+                self.receive(id, slot, len, events);
+            }
+        }
+        if !self.retry.is_empty() {
+            any = true;
+            let retry = std::mem::take(&mut self.retry);
+            for id in retry {
+                self.flush_link(id, events);
+            }
+        }
+        any
+    }
+}
+
+impl Drop for FabricTransport {
+    fn drop(&mut self) {
+        for fd in &self.fds {
+            let _ = self.registry.deregister(&mut SourceFd(fd));
+        }
+    }
+}
+
+impl Transport for FabricTransport {
+    fn kind(&self) -> TransportKind {
+        self.kind.clone()
+    }
+
+    fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError> {
+        let pep = self
+            .net
+            .listen(addr.socket)
+            .map_err(|e| TransportError::io("fi_listen", std::io::Error::other(e.to_string())))?;
+        let port = pep.addr().port();
+        self.listeners.insert(token, pep);
+        Ok(addr.clone().with_port(port))
+    }
+
+    fn unlisten(&mut self, token: Token) {
+        self.listeners.remove(&token);
+    }
+
+    fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
+        let mut ep = self
+            .net
+            .connect(addr.socket, SLOTS, SLOT_SIZE)
+            .map_err(|e| TransportError::io("fi_connect", std::io::Error::other(e.to_string())))?;
+        Self::post_recvs(&mut ep, link)
+            .map_err(|e| TransportError::io("fi_recv", std::io::Error::other(e.to_string())))?;
+        self.by_key.insert(ep.key(), link);
+        self.links.insert(link, FabricLink::new(ep, None));
+        Ok(())
+    }
+
+    fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
+        let bytes = match unit {
+            Transmit::Banner(b) => b.to_vec(),
+            Transmit::Frame(f) => f.encode_to_vec()?,
+        };
+        self.queue(link, bytes)
+    }
+
+    fn flush(&mut self, events: &mut Vec<TransportEvent>) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for id in dirty {
+            self.flush_link(id, events);
+        }
+    }
+
+    fn ready(&mut self, _event: &Event, events: &mut Vec<TransportEvent>) {
+        self.poll_all(events);
+    }
+
+    fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        if self.poll_all(events) {
+            return true;
+        }
+        // Nothing found: arm the wait fds. If the provider has something
+        // pending already, say so, and the worker polls again before blocking.
+        !self.net.try_wait()
+    }
+
+    fn close(&mut self, link: LinkId, flush: bool) {
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        if flush && l.connected && !l.frozen && !l.idle() {
+            l.close_after_flush = true;
+            self.dirty.push(link);
+        } else {
+            self.drop_link(link);
+        }
+    }
+
+    fn pause_reading(&mut self, link: LinkId, paused: bool) {
+        if let Some(l) = self.links.get_mut(&link) {
+            if l.frozen {
+                return;
+            }
+            l.paused = paused;
+            if !paused && !l.held.is_empty() {
+                self.resumed.push(link);
+            }
+        }
+    }
+
+    fn backlog(&self, link: LinkId) -> usize {
+        self.links.get(&link).map_or(0, |l| l.queued)
+    }
+
+    fn owns(&self, token: Token) -> bool {
+        token == self.eq_token
+            || token == self.cq_token
+            || self.listeners.contains_key(&token)
+            || self.links.contains_key(&LinkId(token.0 as u64))
+    }
+
+    /// Links closed with `flush` whose last sends are still in flight are not
+    /// counted: they are no longer the worker's (as a closed TCP socket's
+    /// unsent bytes belong to the kernel) and go when their sends complete,
+    /// or with the transport.
+    fn link_count(&self) -> usize {
+        self.links.values().filter(|l| !l.close_after_flush).count()
+    }
+
+    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        match fault {
+            RealFault::Abort => {
+                // Closing the endpoint: the peer sees FI_SHUTDOWN.
+                self.drop_link(link);
+                self.failed
+                    .push((link, "injected abortive close (endpoint closed)".into()));
+            }
+            RealFault::HalfClose => {
+                return Err(TransportError::Unavailable {
+                    kind: self.kind.clone(),
+                    reason: "half-close has no libfabric equivalent".into(),
+                })
+            }
+            RealFault::StopReading => l.paused = true,
+            RealFault::Freeze => l.frozen = true,
+        }
+        Ok(())
+    }
+
+    fn send_corrupted(
+        &mut self,
+        link: LinkId,
+        unit: Transmit,
+        bit: u64,
+    ) -> Result<(), TransportError> {
+        let mut bytes = match unit {
+            Transmit::Banner(b) => b.to_vec(),
+            Transmit::Frame(f) => f.encode_to_vec()?,
+        };
+        let bit = bit % (bytes.len() as u64 * 8);
+        bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+        self.queue(link, bytes)
+    }
+
+    fn detach(&mut self, _link: LinkId) -> Option<DetachedLink> {
+        None
+    }
+
+    fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
+        let _ = (link, detached);
+        Err(TransportError::Unavailable {
+            kind: self.kind.clone(),
+            reason: "fabric links do not move between workers".into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_round_trips() {
+        for (id, rx, slot) in [(1u64, true, 0usize), ((1 << 40) - 1, false, SLOTS - 1)] {
+            assert_eq!(
+                decode_context(context(LinkId(id), rx, slot)),
+                (LinkId(id), rx, slot)
+            );
+        }
+    }
+
+    #[test]
+    fn missing_provider_is_named() {
+        match probe(&FabricProvider::new("nosuchprov")) {
+            Availability::Unavailable(r) => assert!(r.contains("nosuchprov"), "{r}"),
+            Availability::Available => panic!("nosuchprov available"),
+        }
+    }
+}
