@@ -35,6 +35,9 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release
 
+step "cargo test: the fabric backend with libfabric's real tcp provider (FI_EP_MSG, loopback)"
+cargo test --release -p msgr --features fabric --test fabric_tcp
+
 step "stress suite: msgr-stress 60 s per available backend with faults, and the network-namespace run (docs/STRESS.md)"
 ensure_packages nftables iproute2
 cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 60 --backend all --quiet
