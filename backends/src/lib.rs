@@ -9,7 +9,8 @@
 //!   requests instead of emulating a byte stream.
 //! - [`AnyTransport`]: the enum over the backends compiled in; calls are
 //!   dispatched statically with `enum_dispatch`.
-//! - One module per backend, behind a cargo feature: [`tcp`] (default).
+//! - One module per backend, behind a cargo feature: [`tcp`] (default),
+//!   `verbs` (RC queue pairs over libibverbs; feature `verbs`).
 //!
 //! All transports of a worker register their file descriptors (sockets,
 //! completion channels, event channels, wait fds) in the worker's one
@@ -19,12 +20,14 @@
 
 mod error;
 mod event;
-mod select;
-mod sys;
 #[cfg(feature = "fabric")]
 pub mod fabric;
+mod select;
+mod sys;
 #[cfg(feature = "tcp")]
 pub mod tcp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 use enum_dispatch::enum_dispatch;
 use mio::event::Event;
@@ -147,4 +150,7 @@ pub enum AnyTransport {
     /// libfabric (FI_EP_MSG endpoints).
     #[cfg(feature = "fabric")]
     Fabric(fabric::FabricTransport),
+    /// RDMA verbs (RC queue pairs, out-of-band setup over TCP).
+    #[cfg(feature = "verbs")]
+    Verbs(verbs::VerbsTransport),
 }

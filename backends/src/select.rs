@@ -46,8 +46,17 @@ pub fn availability(kind: &TransportKind) -> Availability {
     match kind {
         TransportKind::Tcp if cfg!(feature = "tcp") => Availability::Available,
         TransportKind::Tcp => Availability::Unavailable("built without the `tcp` feature".into()),
-        TransportKind::Verbs | TransportKind::RdmaCm => Availability::Unavailable(
-            "the RDMA backends are not part of this build yet (see issue: RDMA backends)".into(),
+        #[cfg(feature = "verbs")]
+        TransportKind::Verbs => match crate::verbs::probe() {
+            Ok(()) => Availability::Available,
+            Err(reason) => Availability::Unavailable(reason),
+        },
+        #[cfg(not(feature = "verbs"))]
+        TransportKind::Verbs => {
+            Availability::Unavailable("built without the `verbs` feature of msgr-backends".into())
+        }
+        TransportKind::RdmaCm => Availability::Unavailable(
+            "the rdma_cm backend is not part of this build yet (see issue: RDMA backends)".into(),
         ),
         #[cfg(feature = "fabric")]
         TransportKind::Fabric(p) => crate::fabric::probe(p),
@@ -70,10 +79,14 @@ pub fn open_transport(
         TransportKind::Tcp => Ok(AnyTransport::Tcp(crate::tcp::TcpTransport::new(
             registry, ctx,
         )?)),
+        #[cfg(feature = "verbs")]
+        TransportKind::Verbs => Ok(AnyTransport::Verbs(crate::verbs::VerbsTransport::new(
+            registry, ctx,
+        )?)),
         #[cfg(feature = "fabric")]
-        TransportKind::Fabric(p) => Ok(AnyTransport::Fabric(
-            crate::fabric::FabricTransport::new(p, registry, ctx)?,
-        )),
+        TransportKind::Fabric(p) => Ok(AnyTransport::Fabric(crate::fabric::FabricTransport::new(
+            p, registry, ctx,
+        )?)),
         other => {
             let _ = (registry, ctx);
             let reason = match availability(other) {

@@ -1,0 +1,99 @@
+//! The verbs backend of the messenger, inside the QEMU guest (docs/GUEST.md),
+//! and its refusal on a host without RDMA.
+//!
+//!     cargo test -p msgr-testsuite --features rdma --test guest_verbs -- --nocapture
+#![cfg(feature = "rdma")]
+
+use msgr::{availability, Availability, TransportKind};
+use msgr_testsuite::guest::{in_guest, GuestCommand, GuestRunner};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+/// Builds testsuite's `verbs_messenger` example with this test's profile and
+/// target directory.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
+    let target_dir = profile_dir.parent().expect("target dir");
+    let profile = profile_dir
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args([
+        "build",
+        "-p",
+        "msgr-testsuite",
+        "--features",
+        "rdma",
+        "--example",
+        name,
+        "--manifest-path",
+    ])
+    .arg(&manifest)
+    .arg("--target-dir")
+    .arg(target_dir);
+    match profile.as_str() {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    let status = cmd.status().expect("run cargo build");
+    assert!(status.success(), "building {name} failed: {status}");
+    let path = profile_dir.join("examples").join(name);
+    assert!(path.exists(), "{} missing", path.display());
+    path
+}
+
+/// On this host (no RDMA in the kernel) the verbs backend says why it cannot run.
+#[test]
+fn verbs_unavailable_on_the_host_says_why() {
+    if in_guest() || std::path::Path::new("/sys/class/infiniband_verbs/uverbs0").exists() {
+        return; // a machine with a device: nothing to check here
+    }
+    match availability(&TransportKind::Verbs) {
+        Availability::Unavailable(reason) => {
+            assert!(reason.contains("no RDMA device"), "{reason}")
+        }
+        Availability::Available => panic!("verbs available on a host without a device"),
+    }
+}
+
+#[test]
+fn messenger_over_verbs_in_the_guest() {
+    let prog = example("verbs_messenger");
+    let runner = GuestRunner::from_env()
+        .unwrap_or_else(|e| panic!("the RDMA test guest is unavailable: {e}"));
+    let cmds = [
+        GuestCommand::program("verbs-messenger", &prog, &["rxe0", "3000"])
+            .timeout(Duration::from_secs(400)),
+        // The same program over TCP in the same boot: the ratio reference.
+        GuestCommand::program("tcp-messenger", &prog, &["rxe0", "3000", "tcp"])
+            .timeout(Duration::from_secs(400)),
+        // Reference peer in the same boot: perftest with its own out-of-band
+        // TCP exchange on lo, like ours (informational; not asserted).
+        GuestCommand::shell(
+            "ib_send_lat-rxe0",
+            "cd $TMPDIR; (ib_send_lat -d rxe0 -x 1 -p 18515 -s 64 -n 1000 >srv.log 2>&1 &); \
+             sleep 5; ib_send_lat -d rxe0 -x 1 -p 18515 -s 64 -n 1000 127.0.0.1",
+        )
+        .timeout(Duration::from_secs(120)),
+    ];
+    let out = runner
+        .run(&cmds, Duration::from_secs(540))
+        .expect("guest run");
+    println!("{out}");
+    let c = out.command("verbs-messenger").unwrap();
+    assert!(c.success(), "{out}");
+    let o = &c.output;
+    assert!(o.contains("verbs_messenger: OK"), "{o}");
+    assert!(o.contains("delivered 3000 of 3000"), "{o}");
+}
