@@ -107,7 +107,7 @@ pub struct VerbsTransport {
     limits: FrameLimits,
     link_ids: Arc<AtomicU64>,
     /// Opened at the first listen or connect (on the device the address names).
-    dev: Option<Device>,
+    dev: Option<Box<Device>>,
     /// The completion channel's token.
     cq_token: Token,
     /// Whether the CQ is armed (its channel will fire at the next completion).
@@ -181,7 +181,7 @@ impl VerbsTransport {
                 .register(&mut SourceFd(&fd), self.cq_token, Interest::READABLE)
                 .map_err(|e| TransportError::io("register completion channel", e))?;
             tracing::debug!(device = ?d, "verbs device open");
-            self.dev = Some(d);
+            self.dev = Some(Box::new(d));
         }
         Ok(self.dev.as_mut().expect("device just opened"))
     }
@@ -492,19 +492,41 @@ impl VerbsTransport {
                 if bytes != [READY] {
                     return Err("bad ready byte in verbs setup".into());
                 }
-                l.setup = Setup::Up;
-                let peer = l
-                    .stream
-                    .peer_addr()
-                    .map_err(|e| format!("peer_addr: {e}"))?;
-                events.push(TransportEvent::Accepted {
-                    link: id,
-                    peer,
-                    listener: self.listener_of(id),
-                });
+                self.mark_accepted(id, events)?;
             }
             // Nothing is sent on the socket once up; ignore stray bytes.
             Setup::Up | Setup::TcpConnecting => {}
+        }
+        Ok(())
+    }
+
+    /// The accepting side's link is up: the ready byte arrived, or a send
+    /// from the connector did (it sends only once its QP is in RTS, and its
+    /// first send may overtake the ready byte).
+    fn mark_accepted(
+        &mut self,
+        id: LinkId,
+        events: &mut Vec<TransportEvent>,
+    ) -> Result<(), String> {
+        let listener = self.listener_of(id);
+        let Some(l) = self.links.get_mut(&id) else {
+            return Ok(());
+        };
+        if l.setup != Setup::AwaitReady {
+            return Ok(());
+        }
+        l.setup = Setup::Up;
+        let peer = l
+            .stream
+            .peer_addr()
+            .map_err(|e| format!("peer_addr: {e}"))?;
+        events.push(TransportEvent::Accepted {
+            link: id,
+            peer,
+            listener,
+        });
+        if !l.queue.is_empty() || l.to_grant > 0 {
+            self.dirty.push(id);
         }
         Ok(())
     }
@@ -620,6 +642,13 @@ impl VerbsTransport {
         len: usize,
         events: &mut Vec<TransportEvent>,
     ) -> Result<(), RecvError> {
+        if self
+            .links
+            .get(&id)
+            .is_some_and(|l| l.setup == Setup::AwaitReady)
+        {
+            self.mark_accepted(id, events).map_err(RecvError::Fail)?;
+        }
         let dev = self.dev.as_mut().expect("device");
         let limits = self.limits;
         let l = self.links.get_mut(&id).expect("caller checked");
@@ -1102,6 +1131,30 @@ impl Drop for VerbsTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On a host without RDMA (this project's development machines) the
+    /// backend says why it cannot run, in words an operator can act on.
+    #[test]
+    fn unavailable_without_a_device_says_why() {
+        if std::path::Path::new("/dev/infiniband/uverbs0").exists() {
+            return; // a machine with a device: nothing to check
+        }
+        match crate::availability(&TransportKind::Verbs) {
+            crate::Availability::Unavailable(reason) => {
+                assert!(reason.contains("no RDMA device"), "{reason}")
+            }
+            crate::Availability::Available => panic!("verbs available without a device"),
+        }
+        let poll = mio::Poll::new().unwrap();
+        let ctx = TransportContext::new(FrameLimits::default());
+        match crate::open_transport(&TransportKind::Verbs, poll.registry(), &ctx) {
+            Err(TransportError::Unavailable { reason, .. }) => {
+                assert!(reason.contains("no RDMA device"), "{reason}")
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+            Ok(_) => panic!("opened verbs without a device"),
+        }
+    }
 
     #[test]
     fn wr_ids_round_trip() {
