@@ -41,6 +41,10 @@ if ! command -v fi_pingpong >/dev/null; then
         need_root apt-get install -y -q libfabric-bin >/dev/null
     fi
 fi
+if ! pkg-config --exists libfabric 2>/dev/null; then
+    echo "installing libfabric-dev (msgr's fabric backend links libfabric)..." >&2
+    need_root apt-get install -y -q libfabric-dev libclang-dev pkg-config >/dev/null
+fi
 command -v python3 >/dev/null || { echo "python3 is needed to parse JSON" >&2; exit 1; }
 
 echo "building msgr (release)..." >&2
