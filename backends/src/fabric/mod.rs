@@ -688,6 +688,108 @@ mod tests {
         }
     }
 
+    fn drive(
+        t: &mut FabricTransport,
+        poll: &mut mio::Poll,
+        until: impl Fn(&[TransportEvent]) -> bool,
+    ) -> Vec<TransportEvent> {
+        let mut events = Vec::new();
+        let mut ready = mio::Events::with_capacity(16);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !until(&events) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out: {events:?}"
+            );
+            if !t.progress(&mut events) {
+                poll.poll(&mut ready, Some(std::time::Duration::from_millis(50)))
+                    .unwrap();
+                for ev in ready.iter() {
+                    t.ready(ev, &mut events);
+                }
+            }
+            t.flush(&mut events);
+        }
+        events
+    }
+
+    /// A peer that is not there fails the connect (an event, not a hang).
+    #[test]
+    fn connect_to_a_dead_port_fails() {
+        let mut poll = mio::Poll::new().unwrap();
+        let ctx = TransportContext::new(FrameLimits::default());
+        let mut t =
+            FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
+        let dead: EntityAddr = "fabric+tcp://127.0.0.1:1".parse().unwrap();
+        t.connect(LinkId(1000), &dead).unwrap();
+        let events = drive(&mut t, &mut poll, |e| !e.is_empty());
+        assert!(
+            matches!(&events[0], TransportEvent::Failed(LinkId(1000), _)),
+            "{events:?}"
+        );
+        assert_eq!(t.link_count(), 0);
+    }
+
+    /// Units bigger than a slot are split and joined; an aborted endpoint is
+    /// reported on both sides.
+    #[test]
+    fn split_units_and_abort() {
+        let mut poll = mio::Poll::new().unwrap();
+        let ctx = TransportContext::new(FrameLimits::default());
+        let mut t =
+            FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
+        let any: EntityAddr = "fabric+tcp://127.0.0.1:0".parse().unwrap();
+        let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+        assert_ne!(bound.socket.port(), 0);
+        t.connect(LinkId(1000), &bound).unwrap();
+        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
+        let server = events
+            .iter()
+            .find_map(|e| match e {
+                TransportEvent::Accepted { link, .. } => Some(*link),
+                _ => None,
+            })
+            .expect("accepted");
+        t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
+            .unwrap();
+        let big = Frame::new(
+            msgr_proto::Tag::Message,
+            vec![
+                Bytes::from_static(b"header"),
+                Bytes::new(),
+                Bytes::from(vec![9u8; 300_000]),
+            ],
+        );
+        t.send(LinkId(1000), Transmit::Frame(big.clone())).unwrap();
+        t.flush(&mut Vec::new());
+        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
+        assert!(
+            matches!(&events[0], TransportEvent::Received(l, Inbound::Banner(b)) if *l == server && b[0] == 7)
+        );
+        match &events[1] {
+            TransportEvent::Received(l, Inbound::Frame(f)) => {
+                assert_eq!(*l, server);
+                assert_eq!(f.encode_to_vec().unwrap(), big.encode_to_vec().unwrap());
+            }
+            other => panic!("{other:?}"),
+        }
+        t.inject(LinkId(1000), RealFault::Abort).unwrap();
+        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, TransportEvent::Failed(l, _) if *l == server)),
+            "{events:?}"
+        );
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, TransportEvent::Failed(LinkId(1000), _))),
+            "{events:?}"
+        );
+        assert_eq!(t.link_count(), 0);
+    }
+
     #[test]
     fn missing_provider_is_named() {
         match probe(&FabricProvider::new("nosuchprov")) {
