@@ -110,20 +110,23 @@ fn tool_ping_over_verbs_vs_ib_send_lat() {
     let tool = PathBuf::from(std::env::var("MSGR_TOOL").expect("MSGR_TOOL"));
     let tool = std::fs::canonicalize(&tool).expect("MSGR_TOOL path");
     let t = shell_quote_path(&tool);
-    let pair = |name: &str, addr: &str| {
+    let pair = |name: &str, addr: &str, busy_us: u32| {
         GuestCommand::shell(
             name,
             format!(
-                "{t} --busy-poll-us 2000 serve '{addr}' --duration 40 >$TMPDIR/{name}.srv 2>&1 & \
-                 sleep 3; {t} --busy-poll-us 2000 ping '{addr}' --count 3000 --warmup 300; rc=$?; \
+                "{t} --busy-poll-us {busy_us} serve '{addr}' --duration 40 >$TMPDIR/{name}.srv 2>&1 & \
+                 sleep 3; {t} --busy-poll-us {busy_us} ping '{addr}' --count 3000 --warmup 300; rc=$?; \
                  wait; exit $rc"
             ),
         )
         .timeout(Duration::from_secs(120))
     };
+    // Busy-polling workers compete with rxe's kernel work for the guest's two
+    // vCPUs: measure with and without the busy-poll window.
     let cmds = [
-        pair("msgr-ping-verbs", "verbs://127.0.0.1:18600?dev=rxe0"),
-        pair("msgr-ping-tcp", "tcp://127.0.0.1:18601"),
+        pair("msgr-ping-verbs", "verbs://127.0.0.1:18600?dev=rxe0", 2000),
+        pair("msgr-ping-verbs-nobusy", "verbs://127.0.0.1:18602?dev=rxe0", 0),
+        pair("msgr-ping-tcp", "tcp://127.0.0.1:18601", 2000),
         GuestCommand::shell(
             "ib_send_lat-rxe0",
             "cd $TMPDIR; (ib_send_lat -d rxe0 -x 1 -p 18515 -s 64 -n 3000 >srv.log 2>&1 &); \
