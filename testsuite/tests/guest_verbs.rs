@@ -125,7 +125,11 @@ fn tool_ping_over_verbs_vs_ib_send_lat() {
     // vCPUs: measure with and without the busy-poll window.
     let cmds = [
         pair("msgr-ping-verbs", "verbs://127.0.0.1:18600?dev=rxe0", 2000),
-        pair("msgr-ping-verbs-nobusy", "verbs://127.0.0.1:18602?dev=rxe0", 0),
+        pair(
+            "msgr-ping-verbs-nobusy",
+            "verbs://127.0.0.1:18602?dev=rxe0",
+            0,
+        ),
         pair("msgr-ping-tcp", "tcp://127.0.0.1:18601", 2000),
         GuestCommand::shell(
             "ib_send_lat-rxe0",
