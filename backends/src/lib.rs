@@ -28,6 +28,7 @@ mod sys;
 pub mod tcp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
+mod wire;
 
 use enum_dispatch::enum_dispatch;
 use mio::event::Event;

@@ -652,12 +652,7 @@ impl Transport for FabricTransport {
         unit: Transmit,
         bit: u64,
     ) -> Result<(), TransportError> {
-        let mut bytes = match unit {
-            Transmit::Banner(b) => b.to_vec(),
-            Transmit::Frame(f) => f.encode_to_vec()?,
-        };
-        let bit = bit % (bytes.len() as u64 * 8);
-        bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+        let bytes = crate::wire::corrupted(unit, bit)?;
         self.queue(link, bytes)
     }
 

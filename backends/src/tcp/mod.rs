@@ -208,34 +208,9 @@ impl Transport for TcpTransport {
     }
 
     fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError> {
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(addr.socket),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )
-        .map_err(|e| TransportError::io("socket", e))?;
-        // A restarted server must be able to bind while old connections linger.
-        socket
-            .set_reuse_address(true)
-            .map_err(|e| TransportError::io("SO_REUSEADDR", e))?;
-        socket
-            .set_nonblocking(true)
-            .map_err(|e| TransportError::io("O_NONBLOCK", e))?;
-        socket
-            .bind(&addr.socket.into())
-            .map_err(|e| TransportError::io("bind", e))?;
-        socket
-            .listen(1024)
-            .map_err(|e| TransportError::io("listen", e))?;
-        let mut listener = TcpListener::from_std(socket.into());
-        let bound = listener
-            .local_addr()
-            .map_err(|e| TransportError::io("local_addr", e))?;
-        self.registry
-            .register(&mut listener, token, Interest::READABLE)
-            .map_err(|e| TransportError::io("register listener", e))?;
+        let (listener, bound) = crate::wire::bind_listener(addr, &self.registry, token)?;
         self.listeners.insert(token, listener);
-        Ok(addr.clone().with_port(bound.port()))
+        Ok(bound)
     }
 
     fn unlisten(&mut self, token: Token) {
@@ -404,12 +379,7 @@ impl Transport for TcpTransport {
         unit: Transmit,
         bit: u64,
     ) -> Result<(), TransportError> {
-        let mut bytes = match unit {
-            Transmit::Banner(b) => b.to_vec(),
-            Transmit::Frame(f) => f.encode_to_vec()?,
-        };
-        let bit = bit % (bytes.len() as u64 * 8);
-        bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+        let bytes = crate::wire::corrupted(unit, bit)?;
         let l = self
             .links
             .get_mut(&link)

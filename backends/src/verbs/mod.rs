@@ -836,32 +836,7 @@ impl Transport for VerbsTransport {
 
     fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError> {
         self.device(addr)?;
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(addr.socket),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )
-        .map_err(|e| TransportError::io("socket", e))?;
-        socket
-            .set_reuse_address(true)
-            .map_err(|e| TransportError::io("SO_REUSEADDR", e))?;
-        socket
-            .set_nonblocking(true)
-            .map_err(|e| TransportError::io("O_NONBLOCK", e))?;
-        socket
-            .bind(&addr.socket.into())
-            .map_err(|e| TransportError::io("bind", e))?;
-        socket
-            .listen(1024)
-            .map_err(|e| TransportError::io("listen", e))?;
-        let mut listener = TcpListener::from_std(socket.into());
-        let bound = listener
-            .local_addr()
-            .map_err(|e| TransportError::io("local_addr", e))?;
-        self.registry
-            .register(&mut listener, token, Interest::READABLE)
-            .map_err(|e| TransportError::io("register listener", e))?;
-        let bound_addr = addr.clone().with_port(bound.port());
+        let (listener, bound_addr) = crate::wire::bind_listener(addr, &self.registry, token)?;
         self.listeners.insert(token, (listener, bound_addr.clone()));
         Ok(bound_addr)
     }
@@ -1090,12 +1065,11 @@ impl Transport for VerbsTransport {
         unit: Transmit,
         bit: u64,
     ) -> Result<(), TransportError> {
-        let (kind, mut bytes) = match unit {
-            Transmit::Banner(b) => (Kind::Banner, b.to_vec()),
-            Transmit::Frame(f) => (Kind::Frame, f.encode_to_vec()?),
+        let kind = match unit {
+            Transmit::Banner(_) => Kind::Banner,
+            Transmit::Frame(_) => Kind::Frame,
         };
-        let bit = bit % (bytes.len() as u64 * 8);
-        bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+        let bytes = crate::wire::corrupted(unit, bit)?;
         self.push_unit(link, kind, Bytes::from(bytes))
     }
 

@@ -1,0 +1,58 @@
+//! Pieces every backend shares: the TCP listener (the TCP backend's own, and
+//! the RDMA backends' out-of-band setup channel) and the bit flip of the fault
+//! plan's wire corruption.
+
+use mio::net::TcpListener;
+use mio::{Interest, Registry, Token};
+use msgr_addr::EntityAddr;
+use msgr_proto::Transmit;
+
+use crate::TransportError;
+
+/// Binds a non-blocking TCP listener on `addr` (SO_REUSEADDR, so a restarted
+/// server can bind while old connections linger) and registers it under
+/// `token`. Returns it with `addr` carrying the port actually bound.
+pub(crate) fn bind_listener(
+    addr: &EntityAddr,
+    registry: &Registry,
+    token: Token,
+) -> Result<(TcpListener, EntityAddr), TransportError> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr.socket),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .map_err(|e| TransportError::io("socket", e))?;
+    socket
+        .set_reuse_address(true)
+        .map_err(|e| TransportError::io("SO_REUSEADDR", e))?;
+    socket
+        .set_nonblocking(true)
+        .map_err(|e| TransportError::io("O_NONBLOCK", e))?;
+    socket
+        .bind(&addr.socket.into())
+        .map_err(|e| TransportError::io("bind", e))?;
+    socket
+        .listen(1024)
+        .map_err(|e| TransportError::io("listen", e))?;
+    let mut listener = TcpListener::from_std(socket.into());
+    let bound = listener
+        .local_addr()
+        .map_err(|e| TransportError::io("local_addr", e))?;
+    registry
+        .register(&mut listener, token, Interest::READABLE)
+        .map_err(|e| TransportError::io("register listener", e))?;
+    Ok((listener, addr.clone().with_port(bound.port())))
+}
+
+/// Encodes `unit` and flips bit `bit` (modulo its length), as line noise
+/// would: what a backend sends for [`crate::Transport::send_corrupted`].
+pub(crate) fn corrupted(unit: Transmit, bit: u64) -> Result<Vec<u8>, TransportError> {
+    let mut bytes = match unit {
+        Transmit::Banner(b) => b.to_vec(),
+        Transmit::Frame(f) => f.encode_to_vec()?,
+    };
+    let bit = bit % (bytes.len() as u64 * 8);
+    bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+    Ok(bytes)
+}
