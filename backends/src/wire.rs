@@ -56,3 +56,38 @@ pub(crate) fn corrupted(unit: Transmit, bit: u64) -> Result<Vec<u8>, TransportEr
     bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
     Ok(bytes)
 }
+
+/// Where a non-blocking TCP connect stands after a readiness event.
+pub(crate) enum ConnectProgress {
+    /// Not decided yet: wait for the next event.
+    Pending,
+    /// Established.
+    Connected,
+    /// Failed, with the reason.
+    Failed(String),
+}
+
+/// Reads a connecting socket's readiness (the TCP backend's links and the
+/// RDMA backends' out-of-band channel).
+pub(crate) fn connect_progress(
+    stream: &mio::net::TcpStream,
+    event: &mio::event::Event,
+) -> ConnectProgress {
+    if event.is_error() || event.is_write_closed() {
+        let err = stream.take_error().ok().flatten();
+        return ConnectProgress::Failed(err.map_or("connection refused".to_string(), |e| {
+            format!("connect: {e}")
+        }));
+    }
+    if !event.is_writable() {
+        return ConnectProgress::Pending;
+    }
+    match stream.peer_addr() {
+        Ok(_) => ConnectProgress::Connected,
+        Err(e) if e.kind() == std::io::ErrorKind::NotConnected => ConnectProgress::Pending,
+        Err(e) => {
+            let why = stream.take_error().ok().flatten().unwrap_or(e);
+            ConnectProgress::Failed(format!("connect: {why}"))
+        }
+    }
+}

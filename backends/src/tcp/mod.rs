@@ -17,6 +17,7 @@ use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, TransportKind};
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 
+use crate::wire::ConnectProgress;
 use crate::{
     DetachedLink, RealFault, Transport, TransportContext, TransportError, TransportEvent,
     LISTENER_TOKEN_BASE,
@@ -260,29 +261,17 @@ impl Transport for TcpTransport {
             return;
         };
         if link.connecting {
-            if event.is_error() || event.is_write_closed() {
-                let err = link.stream.take_error().ok().flatten();
-                let why = err.map_or("connection refused".to_string(), |e| {
-                    format!("connect: {e}")
-                });
-                self.fail(id, why, events);
-                return;
-            }
-            if !event.is_writable() {
-                return;
-            }
-            match link.stream.peer_addr() {
-                Ok(_) => {
+            match crate::wire::connect_progress(&link.stream, event) {
+                ConnectProgress::Pending => return,
+                ConnectProgress::Failed(why) => {
+                    self.fail(id, why, events);
+                    return;
+                }
+                ConnectProgress::Connected => {
                     link.connecting = false;
                     events.push(TransportEvent::Connected(id));
                     // Whatever was queued before the connection finished goes now.
                     self.flush_link(id, events);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotConnected => {}
-                Err(e) => {
-                    let why = link.stream.take_error().ok().flatten().unwrap_or(e);
-                    self.fail(id, format!("connect: {why}"), events);
-                    return;
                 }
             }
         } else if event.is_writable() {

@@ -47,6 +47,7 @@ use msgr_rdma::{
 };
 use rustc_hash::FxHashMap;
 
+use crate::wire::ConnectProgress;
 use crate::{
     DetachedLink, RealFault, Transport, TransportContext, TransportError, TransportEvent,
     LISTENER_TOKEN_BASE,
@@ -918,19 +919,13 @@ impl Transport for VerbsTransport {
             return;
         };
         if l.setup == Setup::TcpConnecting {
-            if event.is_error() || event.is_write_closed() {
-                let err = l.stream.take_error().ok().flatten();
-                let why = err.map_or("connection refused".to_string(), |e| {
-                    format!("connect: {e}")
-                });
-                self.fail(id, why, events);
-                return;
-            }
-            if !event.is_writable() {
-                return;
-            }
-            match l.stream.peer_addr() {
-                Ok(_) => {
+            match crate::wire::connect_progress(&l.stream, event) {
+                ConnectProgress::Pending => return,
+                ConnectProgress::Failed(why) => {
+                    self.fail(id, why, events);
+                    return;
+                }
+                ConnectProgress::Connected => {
                     let _ = self.registry.reregister(
                         &mut l.stream,
                         Token(id.0 as usize),
@@ -943,12 +938,6 @@ impl Transport for VerbsTransport {
                         self.fail(id, why, events);
                         return;
                     }
-                }
-                Err(e) if e.kind() == ErrorKind::NotConnected => return,
-                Err(e) => {
-                    let why = l.stream.take_error().ok().flatten().unwrap_or(e);
-                    self.fail(id, format!("connect: {why}"), events);
-                    return;
                 }
             }
         }
