@@ -48,6 +48,47 @@ pub const RXE_CM_ADDR: &str = "198.51.100.1";
 /// Soft-iWARP device on dummy netdev d1 (rdma_cm over iWARP).
 pub const SIW_CM_ADDR: &str = "198.51.100.2";
 
+/// Builds host programs for the guest with the calling test binary's profile
+/// and target directory (so the guest runs exactly that build) and returns
+/// the profile's `examples` directory. `selection` is cargo's package and
+/// target selection, e.g. `["-p", "msgr-rdma", "--examples"]`. Panics with
+/// cargo's status if the build fails: a test cannot go on without it.
+pub fn build_examples(selection: &[&str]) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // <target>/<profile>/deps/<test>-<hash>
+    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
+    let target_dir = profile_dir.parent().expect("target dir");
+    let profile = profile_dir
+        .file_name()
+        .expect("profile name")
+        .to_string_lossy()
+        .into_owned();
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.arg("build")
+        .args(selection)
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(target_dir);
+    match profile.as_str() {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    let status = cmd.status().expect("run cargo build");
+    assert!(
+        status.success(),
+        "cargo build {selection:?} failed: {status}"
+    );
+    profile_dir.join("examples")
+}
+
 /// True when running inside the msgr test guest (both markers present).
 /// Tests that use the TEST-NET-2 addresses must check this first: on the host
 /// those addresses would route off the machine.

@@ -8,7 +8,9 @@
 #![cfg(feature = "rdma")]
 
 use msgr_testsuite::guest::reference::{self, ReferenceParams};
-use msgr_testsuite::guest::{GuestCommand, GuestRunner, GuestVariant, RXE_CM_ADDR, SIW_CM_ADDR};
+use msgr_testsuite::guest::{
+    build_examples, GuestCommand, GuestRunner, GuestVariant, RXE_CM_ADDR, SIW_CM_ADDR,
+};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -22,41 +24,7 @@ fn runner() -> GuestRunner {
 /// with the same profile and target directory as this test binary.
 fn example(name: &str) -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("current_exe");
-        // <target>/<profile>/deps/guest_rdma-<hash>
-        let profile_dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
-        let target_dir = profile_dir.parent().expect("target dir");
-        let profile = profile_dir
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "msgr-rdma", "--examples", "--manifest-path"])
-            .arg(&manifest)
-            .arg("--target-dir")
-            .arg(target_dir);
-        match profile.as_str() {
-            "debug" => {}
-            "release" => {
-                cmd.arg("--release");
-            }
-            other => {
-                cmd.args(["--profile", other]);
-            }
-        }
-        let status = cmd
-            .status()
-            .expect("run cargo build for the smoke programs");
-        assert!(
-            status.success(),
-            "building msgr-rdma's examples failed: {status}"
-        );
-        profile_dir.join("examples")
-    });
+    let dir = DIR.get_or_init(|| build_examples(&["-p", "msgr-rdma", "--examples"]));
     let path = dir.join(name);
     assert!(path.exists(), "{} missing", path.display());
     path

@@ -5,50 +5,22 @@
 #![cfg(feature = "rdma")]
 
 use msgr::{availability, Availability, TransportKind};
-use msgr_testsuite::guest::{in_guest, GuestCommand, GuestRunner};
+use msgr_testsuite::guest::{build_examples, in_guest, GuestCommand, GuestRunner};
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 /// Builds testsuite's `verbs_messenger` example with this test's profile and
 /// target directory.
 fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
-    let target_dir = profile_dir.parent().expect("target dir");
-    let profile = profile_dir
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args([
-        "build",
+    let dir = build_examples(&[
         "-p",
         "msgr-testsuite",
         "--features",
         "rdma",
         "--example",
         name,
-        "--manifest-path",
-    ])
-    .arg(&manifest)
-    .arg("--target-dir")
-    .arg(target_dir);
-    match profile.as_str() {
-        "debug" => {}
-        "release" => {
-            cmd.arg("--release");
-        }
-        other => {
-            cmd.args(["--profile", other]);
-        }
-    }
-    let status = cmd.status().expect("run cargo build");
-    assert!(status.success(), "building {name} failed: {status}");
-    let path = profile_dir.join("examples").join(name);
+    ]);
+    let path = dir.join(name);
     assert!(path.exists(), "{} missing", path.display());
     path
 }
