@@ -25,6 +25,15 @@ struct GoodStream {
 }
 
 impl GoodStream {
+    fn new(conn: msgr::Connection, rec: Arc<Recorder>, size: usize) -> Self {
+        GoodStream {
+            conn,
+            rec,
+            sent: 0,
+            size,
+        }
+    }
+
     /// Sends `count` more messages and waits until all arrived.
     fn round(&mut self, count: u64) {
         for _ in 0..count {
@@ -87,14 +96,8 @@ fn hostile_peers_are_closed_and_good_ones_keep_being_served() {
     // A well-behaved client streams throughout.
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
     let good = cli.connect_with(&addr, Policy::LosslessClient).unwrap();
-    let mut stream = GoodStream {
-        conn: good.clone(),
-        rec: rec.clone(),
-        sent: 0,
-        size: 256,
-    };
-    let mut good_round = |count: u64| stream.round(count);
-    good_round(100);
+    let mut stream = GoodStream::new(good.clone(), rec.clone(), 256);
+    stream.round(100);
     let rss_before = rss_kib();
     let errors = || srv_errors(&srv);
     let mut expected_errors = errors();
@@ -105,7 +108,7 @@ fn hostile_peers_are_closed_and_good_ones_keep_being_served() {
     s.write_all(&[0u8; 8]).unwrap();
     assert_closed_by_server(s, "wrong banner");
     expected_errors += 1;
-    good_round(100);
+    stream.round(100);
 
     // 2. msgr, but a protocol version from the future.
     let mut s = raw(&addr);
@@ -119,7 +122,7 @@ fn hostile_peers_are_closed_and_good_ones_keep_being_served() {
     .unwrap();
     assert_closed_by_server(s, "incompatible version");
     expected_errors += 1;
-    good_round(100);
+    stream.round(100);
 
     // 3. A frame claiming 4 GiB: refused from its preamble, nothing allocated.
     let mut s = raw(&addr);
@@ -135,7 +138,7 @@ fn hostile_peers_are_closed_and_good_ones_keep_being_served() {
     s.write_all(&huge.encode()).unwrap();
     assert_closed_by_server(s, "4 GiB frame");
     expected_errors += 1;
-    good_round(100);
+    stream.round(100);
 
     // 4. A frame whose segment CRC is wrong.
     let mut s = raw(&addr);
@@ -149,7 +152,7 @@ fn hostile_peers_are_closed_and_good_ones_keep_being_served() {
     s.write_all(&f).unwrap();
     assert_closed_by_server(s, "corrupted crc");
     expected_errors += 1;
-    good_round(100);
+    stream.round(100);
 
     // 5. A truncated frame, then silence: the handshake deadline closes it.
     let mut s = raw(&addr);
@@ -160,7 +163,7 @@ fn hostile_peers_are_closed_and_good_ones_keep_being_served() {
         .unwrap();
     s.write_all(&f[..f.len() / 2]).unwrap();
     assert_closed_by_server(s, "truncated frame");
-    good_round(100);
+    stream.round(100);
 
     // 6. A well-formed frame that makes no sense here (a message before hello).
     let mut s = raw(&addr);
@@ -170,7 +173,7 @@ fn hostile_peers_are_closed_and_good_ones_keep_being_served() {
     s.write_all(&m.encode_to_vec().unwrap()).unwrap();
     assert_closed_by_server(s, "message before hello");
     expected_errors += 1;
-    good_round(100);
+    stream.round(100);
 
     assert!(
         wait_until(Duration::from_secs(5), || errors() >= expected_errors),
@@ -212,14 +215,8 @@ fn half_open_floods_and_slow_handshakes_are_bounded() {
     let addr = srv.addr().clone();
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
     let good = cli.connect_with(&addr, Policy::LosslessClient).unwrap();
-    let mut stream = GoodStream {
-        conn: good.clone(),
-        rec: rec.clone(),
-        sent: 0,
-        size: 512,
-    };
-    let mut good_round = |count: u64| stream.round(count);
-    good_round(100);
+    let mut stream = GoodStream::new(good.clone(), rec.clone(), 512);
+    stream.round(100);
     let rss_before = rss_kib();
 
     // A slowloris peer: a valid banner, one byte every 100 ms (3.2 s in all).
@@ -251,7 +248,7 @@ fn half_open_floods_and_slow_handshakes_are_bounded() {
     for _ in 0..FLOOD {
         flood.push(raw(&addr));
     }
-    good_round(100);
+    stream.round(100);
     let grown = rss_kib().saturating_sub(rss_before);
     assert!(
         grown < 64 * 1024,
@@ -272,7 +269,7 @@ fn half_open_floods_and_slow_handshakes_are_bounded() {
         slow.join().unwrap(),
         "slowloris connection closed by the handshake deadline"
     );
-    good_round(100);
+    stream.round(100);
     assert_eq!(good.state(), ConnectionState::Open);
     rec.assert_clean();
     cli.shutdown(Duration::from_secs(5));
