@@ -10,7 +10,8 @@
 //! - [`AnyTransport`]: the enum over the backends compiled in; calls are
 //!   dispatched statically with `enum_dispatch`.
 //! - One module per backend, behind a cargo feature: [`tcp`] (default),
-//!   `verbs` (RC queue pairs over libibverbs; feature `verbs`).
+//!   `rdma` (RC queue pairs over libibverbs, one data path for the `verbs`
+//!   and `rdmacm` features), `fabric` (libfabric; feature `fabric`).
 //!
 //! All transports of a worker register their file descriptors (sockets,
 //! completion channels, event channels, wait fds) in the worker's one
@@ -22,12 +23,12 @@ mod error;
 mod event;
 #[cfg(feature = "fabric")]
 pub mod fabric;
+#[cfg(any(feature = "verbs", feature = "rdmacm"))]
+pub mod rdma;
 mod select;
 mod sys;
 #[cfg(feature = "tcp")]
 pub mod tcp;
-#[cfg(feature = "verbs")]
-pub mod verbs;
 mod wire;
 
 use enum_dispatch::enum_dispatch;
@@ -37,7 +38,7 @@ use mio::Token;
 pub use error::TransportError;
 pub use event::TransportEvent;
 pub use msgr_proto::{Inbound, LinkId, Transmit};
-pub use select::{availability, open_transport, Availability, TransportContext};
+pub use select::{availability, open_transport, Availability, RdmaPoolConfig, TransportContext};
 
 use msgr_addr::{EntityAddr, TransportKind};
 
@@ -129,6 +130,24 @@ pub trait Transport {
 
     /// Adopts a link detached from another worker's transport, under a new id.
     fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError>;
+
+    /// The backend's own counters and gauges (credits, pools, rendezvous...),
+    /// for the messenger's metrics. Backends without any report none.
+    fn stats(&self) -> TransportStats {
+        TransportStats {
+            kind: self.kind(),
+            values: Vec::new(),
+        }
+    }
+}
+
+/// A backend's counters and gauges at one moment, by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransportStats {
+    /// The backend.
+    pub kind: TransportKind,
+    /// `(name, value)` pairs; names are snake_case and stable.
+    pub values: Vec<(&'static str, u64)>,
 }
 
 /// Tokens at or above this value name listeners; below it, links.
@@ -143,6 +162,9 @@ pub enum DetachedLink {
 }
 
 /// The backends compiled into this build.
+// One per backend per worker, created once and never moved on a hot path:
+// boxing the larger variants would only add an indirection to every call.
+#[allow(clippy::large_enum_variant)]
 #[enum_dispatch(Transport)]
 pub enum AnyTransport {
     /// TCP.
@@ -151,7 +173,7 @@ pub enum AnyTransport {
     /// libfabric (FI_EP_MSG endpoints).
     #[cfg(feature = "fabric")]
     Fabric(fabric::FabricTransport),
-    /// RDMA verbs (RC queue pairs, out-of-band setup over TCP).
-    #[cfg(feature = "verbs")]
-    Verbs(verbs::VerbsTransport),
+    /// RDMA: verbs (out-of-band setup over TCP) or rdmacm (setup by rdma_cm).
+    #[cfg(any(feature = "verbs", feature = "rdmacm"))]
+    Rdma(rdma::RdmaTransport),
 }

@@ -19,6 +19,38 @@ pub struct TransportContext {
     /// Frames with segments up to this size are copied into one coalescing
     /// buffer (one write for many frames); larger segments go by reference.
     pub copy_threshold: usize,
+    /// Pool sizes of the RDMA backends.
+    pub rdma: RdmaPoolConfig,
+}
+
+/// Sizes of the RDMA backends' registered memory, per worker: what the
+/// `rdma_*` configuration keys set. Everything here is pinned at start-up
+/// (checked against RLIMIT_MEMLOCK and the device's limits first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RdmaPoolConfig {
+    /// Bytes per send/receive chunk: the largest eager send (both ends of a
+    /// link must agree).
+    pub chunk_size: usize,
+    /// Receive chunks, all posted to one shared receive queue. Each link is
+    /// promised a share (at most 33 slots, at least 3): this bounds the
+    /// links a worker can serve.
+    pub rx_chunks: u32,
+    /// Send chunks shared by the worker's links.
+    pub tx_chunks: u32,
+    /// Frames larger than this are not copied into chunks: the peer
+    /// RDMA-reads them from where they lie (rendezvous).
+    pub rendezvous_threshold: usize,
+}
+
+impl Default for RdmaPoolConfig {
+    fn default() -> Self {
+        RdmaPoolConfig {
+            chunk_size: 32 << 10,
+            rx_chunks: 1024,
+            tx_chunks: 512,
+            rendezvous_threshold: 128 << 10,
+        }
+    }
 }
 
 impl TransportContext {
@@ -28,6 +60,7 @@ impl TransportContext {
             limits,
             link_ids: Arc::new(AtomicU64::new(1)),
             copy_threshold: 8 << 10,
+            rdma: RdmaPoolConfig::default(),
         }
     }
 }
@@ -47,7 +80,7 @@ pub fn availability(kind: &TransportKind) -> Availability {
         TransportKind::Tcp if cfg!(feature = "tcp") => Availability::Available,
         TransportKind::Tcp => Availability::Unavailable("built without the `tcp` feature".into()),
         #[cfg(feature = "verbs")]
-        TransportKind::Verbs => match crate::verbs::probe() {
+        TransportKind::Verbs => match crate::rdma::probe() {
             Ok(()) => Availability::Available,
             Err(reason) => Availability::Unavailable(reason),
         },
@@ -55,9 +88,15 @@ pub fn availability(kind: &TransportKind) -> Availability {
         TransportKind::Verbs => {
             Availability::Unavailable("built without the `verbs` feature of msgr-backends".into())
         }
-        TransportKind::RdmaCm => Availability::Unavailable(
-            "the rdma_cm backend is not part of this build yet (see issue: RDMA backends)".into(),
-        ),
+        #[cfg(feature = "rdmacm")]
+        TransportKind::RdmaCm => match crate::rdma::probe_cm() {
+            Ok(()) => Availability::Available,
+            Err(reason) => Availability::Unavailable(reason),
+        },
+        #[cfg(not(feature = "rdmacm"))]
+        TransportKind::RdmaCm => {
+            Availability::Unavailable("built without the `rdmacm` feature of msgr-backends".into())
+        }
         #[cfg(feature = "fabric")]
         TransportKind::Fabric(p) => crate::fabric::probe(p),
         #[cfg(not(feature = "fabric"))]
@@ -80,13 +119,23 @@ pub fn open_transport(
             registry, ctx,
         )?)),
         #[cfg(feature = "verbs")]
-        TransportKind::Verbs => Ok(AnyTransport::Verbs(crate::verbs::VerbsTransport::new(
-            registry, ctx,
+        TransportKind::Verbs => Ok(AnyTransport::Rdma(crate::rdma::RdmaTransport::new(
+            TransportKind::Verbs,
+            registry,
+            ctx,
+        )?)),
+        #[cfg(feature = "rdmacm")]
+        TransportKind::RdmaCm => Ok(AnyTransport::Rdma(crate::rdma::RdmaTransport::new(
+            TransportKind::RdmaCm,
+            registry,
+            ctx,
         )?)),
         #[cfg(feature = "fabric")]
         TransportKind::Fabric(p) => Ok(AnyTransport::Fabric(crate::fabric::FabricTransport::new(
             p, registry, ctx,
         )?)),
+        // Unreachable when every backend is compiled in.
+        #[allow(unreachable_patterns)]
         other => {
             let _ = (registry, ctx);
             let reason = match availability(other) {

@@ -98,6 +98,19 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "accepted connections that may be mid-handshake at once per worker; more are refused (default 1024)",
     ),
     (
+        "rdma_chunk_size",
+        "RDMA send/receive chunk bytes: the largest eager send; both ends must agree (default 32768)",
+    ),
+    (
+        "rdma_rx_chunks",
+        "RDMA receive chunks per worker in one shared receive queue; each link takes 3..=33 (default 1024)",
+    ),
+    ("rdma_tx_chunks", "RDMA send chunks per worker (default 512)"),
+    (
+        "rdma_rendezvous_bytes",
+        "RDMA frames above this are RDMA-read by the receiver instead of copied (default 131072)",
+    ),
+    (
         "faults",
         "fault injection plan, e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20 (default off)",
     ),
@@ -130,6 +143,8 @@ pub struct MessengerConfig {
     /// Accepted links that may be mid-handshake at once, per worker; more are
     /// closed at once (bounds what unauthenticated peers can make us hold).
     pub max_handshakes: usize,
+    /// Registered memory of the RDMA backends, per worker.
+    pub rdma: msgr_backends::RdmaPoolConfig,
     /// Faults to inject at the transport boundary (tests and fault drills).
     pub faults: Option<FaultPlan>,
 }
@@ -144,6 +159,7 @@ impl Default for MessengerConfig {
             rx_throttle_messages: 64 * 1024,
             rx_throttle_bytes: 512 << 20,
             max_handshakes: 1024,
+            rdma: msgr_backends::RdmaPoolConfig::default(),
             faults: None,
         }
     }
@@ -209,6 +225,10 @@ impl MessengerConfig {
             "rx_throttle_messages" => self.rx_throttle_messages = parse_num(key, value)?,
             "rx_throttle_bytes" => self.rx_throttle_bytes = parse_num(key, value)?,
             "max_handshakes" => self.max_handshakes = parse_num(key, value)?,
+            "rdma_chunk_size" => self.rdma.chunk_size = parse_num(key, value)?,
+            "rdma_rx_chunks" => self.rdma.rx_chunks = parse_num(key, value)?,
+            "rdma_tx_chunks" => self.rdma.tx_chunks = parse_num(key, value)?,
+            "rdma_rendezvous_bytes" => self.rdma.rendezvous_threshold = parse_num(key, value)?,
             "faults" if value.trim().is_empty() || value.trim() == "off" => self.faults = None,
             "faults" => {
                 self.faults = Some(value.parse().map_err(|e: crate::faults::FaultPlanError| {

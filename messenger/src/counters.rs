@@ -93,6 +93,22 @@ impl Counters {
         }
         out
     }
+
+    /// Backends' own counters ([`crate::Messenger::transport_stats`]) in
+    /// Prometheus text format: `msgr_transport_<name>{backend="verbs"} value`.
+    pub fn transport_prometheus(stats: &[msgr_backends::TransportStats]) -> String {
+        let mut out = String::new();
+        for s in stats {
+            for (name, value) in &s.values {
+                let _ = writeln!(
+                    out,
+                    "msgr_transport_{name}{{backend=\"{}\"}} {value}",
+                    s.kind.scheme()
+                );
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]

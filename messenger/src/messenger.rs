@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use msgr_addr::{EntityAddr, EntityName, TransportKind};
 use msgr_backends::{
-    availability, open_transport, Availability, TransportContext, TransportError,
+    availability, open_transport, Availability, TransportContext, TransportError, TransportStats,
     LISTENER_TOKEN_BASE,
 };
 use msgr_proto::{LocalIdentity, Policy};
@@ -140,7 +140,8 @@ impl Messenger {
     ) -> Result<Messenger, MessengerError> {
         let cfg = b.cfg;
         let nonce = rand::random::<u64>() | 1;
-        let ctx = TransportContext::new(cfg.session.limits);
+        let mut ctx = TransportContext::new(cfg.session.limits);
+        ctx.rdma = cfg.rdma;
         let mut prepared = Vec::new();
         for _ in 0..cfg.workers.max(1) {
             prepared.push(Worker::prepare().map_err(MessengerError::Spawn)?);
@@ -319,6 +320,54 @@ impl Messenger {
     /// The messenger's counters.
     pub fn counters(&self) -> &Counters {
         &self.shared.counters
+    }
+
+    /// The backends' own counters and gauges — for RDMA: credits held,
+    /// credit stalls, pool occupancy, rendezvous counts — summed over the
+    /// workers, one entry per backend. Each worker is asked; one that does
+    /// not answer within a second is left out. Render them for Prometheus
+    /// with [`Counters::transport_prometheus`].
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, NullDispatcher, TransportKind};
+    /// let mut m = Messenger::builder(EntityName::client(1))
+    ///     .start(Arc::new(NullDispatcher))
+    ///     .unwrap();
+    /// let stats = m.transport_stats();
+    /// // One entry per open backend (TCP keeps no counters of its own).
+    /// assert!(stats.iter().any(|s| s.kind == TransportKind::Tcp));
+    /// print!("{}", msgr::Counters::transport_prometheus(&stats));
+    /// m.shutdown(std::time::Duration::from_secs(1));
+    /// ```
+    pub fn transport_stats(&self) -> Vec<TransportStats> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for w in &self.shared.workers {
+            w.submit(Command::Stats { reply: tx.clone() });
+        }
+        drop(tx);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut merged: Vec<TransportStats> = Vec::new();
+        for _ in 0..self.shared.workers.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(per_worker) = rx.recv_timeout(left) else {
+                break;
+            };
+            for s in per_worker {
+                match merged.iter_mut().find(|m| m.kind == s.kind) {
+                    Some(m) => {
+                        for (name, v) in s.values {
+                            match m.values.iter_mut().find(|(n, _)| *n == name) {
+                                Some((_, total)) => *total += v,
+                                None => m.values.push((name, v)),
+                            }
+                        }
+                    }
+                    None => merged.push(s),
+                }
+            }
+        }
+        merged
     }
 
     /// Stops listening, lets every session drain what it has queued until

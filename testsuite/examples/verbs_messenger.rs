@@ -1,18 +1,24 @@
-//! Two messengers over the verbs backend, in one process (run inside the test
-//! guest: `verbs://127.0.0.1:PORT?dev=rxe0`, rxe0 sits on lo).
+//! Messengers over an RDMA backend, in one process, run inside the test guest
+//! with a bind address: `verbs://127.0.0.1:0?dev=rxe0` (rxe0 sits on lo),
+//! `rdmacm://198.51.100.1:0` (rxe1, RoCE) or `rdmacm://198.51.100.2:0` (siw0,
+//! iWARP); `tcp://127.0.0.1:0` runs the same over TCP as the reference.
 //!
 //! 1. Streams N messages of mixed sizes (0 B .. 200 KiB: small ones in one
-//!    send, large ones cut into several chunk-sized sends) with the lossless
-//!    policy, and verifies order and bytes on arrival.
+//!    send, larger ones cut into chunk-sized sends or read by rendezvous)
+//!    with the lossless policy, verifying order and bytes on arrival.
 //! 2. Halfway through, moves the client's QP to ERR for real
 //!    (`inject_fault(Abort)`); the session reconnects and replays, and the
 //!    receiver must still see every message exactly once, in order.
-//! 3. A 64-byte ping-pong for a latency figure.
+//! 3. Large messages (1 MiB .. 64 MiB) take the rendezvous path (RDMA read)
+//!    and arrive intact; the backend's counters must show the reads.
+//! 4. Starvation: three clients stream at once into a server whose pools are
+//!    tiny (16 receive slots: 2 credits per link; 4 send chunks): senders
+//!    slow down, nothing deadlocks, everything arrives exactly once.
+//! 5. A 64-byte ping-pong for a latency figure.
+//! 6. Leak check: every send chunk back in its pool, no rendezvous buffer or
+//!    read left, no received message held, no link left at shutdown.
 //!
-//!     verbs_messenger [DEVICE (default rxe0)] [N (default 3000)] [SCHEME (default verbs)]
-//!
-//! With SCHEME `tcp` the same run goes over the TCP backend: the reference
-//! for ratios in the same guest boot.
+//!     verbs_messenger BIND_ADDR [N (default 3000)]
 //!
 //! Exits 0 on success; every wait has a deadline.
 
@@ -37,6 +43,7 @@ fn pattern(n: u64, len: usize) -> Vec<u8> {
     v
 }
 
+/// Sizes of the mixed stream.
 fn size_of(n: u64) -> usize {
     match n % 10 {
         0 => (n as usize * 7919) % (200 << 10),
@@ -46,11 +53,16 @@ fn size_of(n: u64) -> usize {
 }
 
 fn message(stream: u32, n: u64, len: usize) -> Message {
-    let mut front = Vec::with_capacity(12);
+    let mut front = Vec::with_capacity(FRONT);
     front.extend_from_slice(&stream.to_le_bytes());
     front.extend_from_slice(&n.to_le_bytes());
+    front.extend_from_slice(&(len as u64).to_le_bytes());
     Message::new(7, front, pattern(n, len))
 }
+
+const FRONT: usize = 20;
+/// The ping-pong stream (echoed by the server).
+const PING: u32 = 2;
 
 #[derive(Default)]
 struct Log {
@@ -64,7 +76,8 @@ struct Log {
 
 #[derive(Default)]
 struct Recorder {
-    log: Mutex<Log>,
+    /// Per stream.
+    log: Mutex<std::collections::HashMap<u32, Log>>,
     resets: Mutex<Vec<String>>,
     /// Ping-pong: echoes of stream 2 received (client side).
     pongs: AtomicU64,
@@ -76,13 +89,14 @@ struct Recorder {
 impl Dispatcher for Recorder {
     fn on_message(&self, conn: &Connection, msg: Message) {
         let front = &msg.front;
-        if front.len() != 12 {
-            self.log.lock().unwrap().corrupt += 1;
+        if front.len() != FRONT {
+            self.log.lock().unwrap().entry(0).or_default().corrupt += 1;
             return;
         }
         let stream = u32::from_le_bytes(front[..4].try_into().unwrap());
         let n = u64::from_le_bytes(front[4..12].try_into().unwrap());
-        if stream == 2 {
+        let len = u64::from_le_bytes(front[12..20].try_into().unwrap()) as usize;
+        if stream == PING {
             if self.echo {
                 let _ = conn.send_timeout(msg, Duration::from_secs(10));
             } else {
@@ -92,8 +106,10 @@ impl Dispatcher for Recorder {
             }
             return;
         }
-        let mut l = self.log.lock().unwrap();
-        if msg.data.len() != size_of(n) || msg.data[..] != pattern(n, size_of(n))[..] {
+        let intact = msg.data.len() == len && msg.data[..] == pattern(n, len)[..];
+        let mut logs = self.log.lock().unwrap();
+        let l = logs.entry(stream).or_default();
+        if !intact {
             l.corrupt += 1;
         }
         if n <= l.last {
@@ -135,41 +151,94 @@ fn config() -> MessengerConfig {
     cfg
 }
 
+impl Recorder {
+    fn delivered(&self, stream: u32) -> u64 {
+        self.log
+            .lock()
+            .unwrap()
+            .get(&stream)
+            .map_or(0, |l| l.delivered)
+    }
+
+    /// Checks that `stream` got messages 1..=n exactly once, in order, intact.
+    fn check(&self, stream: u32, n: u64, bytes: u64, what: &str) -> Result<(), String> {
+        let logs = self.log.lock().unwrap();
+        let none = Log::default();
+        let l = logs.get(&stream).unwrap_or(&none);
+        println!(
+            "{what}: delivered {} of {n}, {} bytes (sent {bytes}), duplicates {}, gaps {}, corrupt {}",
+            l.delivered, l.bytes, l.duplicates, l.gaps, l.corrupt
+        );
+        let corrupt0 = logs.get(&0).map_or(0, |l| l.corrupt);
+        if l.delivered != n
+            || l.duplicates != 0
+            || l.gaps != 0
+            || l.corrupt != 0
+            || l.bytes != bytes
+            || corrupt0 != 0
+        {
+            return Err(format!("{what}: lossless delivery did not hold"));
+        }
+        Ok(())
+    }
+}
+
+fn stat(m: &Messenger, name: &str) -> u64 {
+    m.transport_stats()
+        .iter()
+        .flat_map(|s| s.values.iter())
+        .filter(|(n, _)| *n == name)
+        .map(|(_, v)| *v)
+        .sum()
+}
+
 fn main() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
     let args: Vec<String> = std::env::args().collect();
-    let dev = args.get(1).map_or("rxe0", String::as_str).to_owned();
+    let Some(bind) = args.get(1).cloned() else {
+        eprintln!("usage: verbs_messenger BIND_ADDR [N]");
+        std::process::exit(2);
+    };
     let n: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3000);
-    let scheme = args.get(3).map_or("verbs", String::as_str).to_owned();
-    if let Err(e) = run(&dev, n, &scheme) {
+    if let Err(e) = run(&bind, n) {
         eprintln!("verbs_messenger: FAILED: {e}");
         std::process::exit(1);
     }
     println!("verbs_messenger: OK");
 }
 
-fn run(dev: &str, n: u64, scheme: &str) -> Result<(), String> {
-    let bind = if scheme == "tcp" {
-        "tcp://127.0.0.1:0".to_owned()
-    } else {
-        format!("verbs://127.0.0.1:0?dev={dev}")
-    };
-    let bind: EntityAddr = bind.parse().map_err(|e| format!("address: {e}"))?;
-    println!("availability: {:?}", msgr::availability(&bind.transport));
-    let srv_rec = Arc::new(Recorder {
+fn server(bind: &EntityAddr, cfg: MessengerConfig) -> Result<(Messenger, Arc<Recorder>), String> {
+    let rec = Arc::new(Recorder {
         echo: true,
         ..Recorder::default()
     });
-    let mut srv = Messenger::builder(EntityName::server(1))
-        .config(config())
-        .bind(bind)
-        .start(srv_rec.clone())
+    let m = Messenger::builder(EntityName::server(1))
+        .config(cfg)
+        .bind(bind.clone())
+        .start(rec.clone())
         .map_err(|e| format!("start server: {e}"))?;
-    let cli_rec = Arc::new(Recorder::default());
-    let mut cli = Messenger::builder(EntityName::client(1))
-        .config(config())
-        .start(cli_rec.clone())
+    println!("server bound at {}", m.addr());
+    Ok((m, rec))
+}
+
+fn client(id: u64, cfg: MessengerConfig) -> Result<(Messenger, Arc<Recorder>), String> {
+    let rec = Arc::new(Recorder::default());
+    let m = Messenger::builder(EntityName::client(id))
+        .config(cfg)
+        .start(rec.clone())
         .map_err(|e| format!("start client: {e}"))?;
-    println!("server bound at {}", srv.addr());
+    Ok((m, rec))
+}
+
+fn run(bind: &str, n: u64) -> Result<(), String> {
+    let bind: EntityAddr = bind.parse().map_err(|e| format!("address: {e}"))?;
+    let rdma = bind.transport != msgr::TransportKind::Tcp;
+    println!("availability: {:?}", msgr::availability(&bind.transport));
+    let (mut srv, srv_rec) = server(&bind, config())?;
+    let (mut cli, cli_rec) = client(1, config())?;
     let conn = cli
         .connect_with(srv.addr(), Policy::LosslessClient)
         .map_err(|e| format!("connect: {e}"))?;
@@ -184,36 +253,23 @@ fn run(dev: &str, n: u64, scheme: &str) -> Result<(), String> {
             .map_err(|e| format!("send {i}: {e}"))?;
         if i == n / 2 {
             // Let some of it arrive, then break the QP under the stream.
-            wait_until(Duration::from_secs(30), || {
-                srv_rec.log.lock().unwrap().delivered >= n / 4
-            });
+            wait_until(Duration::from_secs(30), || srv_rec.delivered(1) >= n / 4);
             println!(
                 "injecting QP abort after {} delivered",
-                srv_rec.log.lock().unwrap().delivered
+                srv_rec.delivered(1)
             );
             conn.inject_fault(RealFault::Abort);
         }
     }
-    let ok = wait_until(Duration::from_secs(180), || {
-        srv_rec.log.lock().unwrap().delivered >= n
-    });
+    wait_until(Duration::from_secs(180), || srv_rec.delivered(1) >= n);
     let elapsed = t0.elapsed();
-    {
-        let l = srv_rec.log.lock().unwrap();
-        println!(
-            "stream: delivered {} of {n}, {} bytes (sent {sent_bytes}), duplicates {}, gaps {}, corrupt {}",
-            l.delivered, l.bytes, l.duplicates, l.gaps, l.corrupt
-        );
-        println!(
-            "stream: {:.1} ms, {:.0} msg/s, {:.1} MB/s (TCG guest: compare as ratios only)",
-            elapsed.as_secs_f64() * 1e3,
-            l.delivered as f64 / elapsed.as_secs_f64(),
-            l.bytes as f64 / elapsed.as_secs_f64() / 1e6
-        );
-        if !ok || l.duplicates != 0 || l.gaps != 0 || l.corrupt != 0 || l.bytes != sent_bytes {
-            return Err("lossless delivery did not hold".into());
-        }
-    }
+    srv_rec.check(1, n, sent_bytes, "stream")?;
+    println!(
+        "stream: {:.1} ms, {:.0} msg/s, {:.1} MB/s (TCG guest: compare as ratios only)",
+        elapsed.as_secs_f64() * 1e3,
+        n as f64 / elapsed.as_secs_f64(),
+        sent_bytes as f64 / elapsed.as_secs_f64() / 1e6
+    );
     let reconnects = cli.counters().reconnects.load(Ordering::Relaxed);
     println!(
         "reconnects after the abort: {reconnects}; resets seen: client {:?} server {:?}",
@@ -227,12 +283,45 @@ fn run(dev: &str, n: u64, scheme: &str) -> Result<(), String> {
         return Err("a lossless session was reset".into());
     }
 
-    // 3: ping-pong, 64 B.
+    // 3: large messages: the rendezvous path.
+    let sizes = [(1 << 20) + 3, 5 << 20, 16 << 20, 64 << 20, 300 << 10];
+    let t = Instant::now();
+    let mut large_bytes = 0u64;
+    for (i, &len) in sizes.iter().enumerate() {
+        large_bytes += len as u64;
+        conn.send_timeout(message(3, i as u64 + 1, len), Duration::from_secs(60))
+            .map_err(|e| format!("large send {i}: {e}"))?;
+    }
+    wait_until(Duration::from_secs(240), || {
+        srv_rec.delivered(3) >= sizes.len() as u64
+    });
+    srv_rec.check(3, sizes.len() as u64, large_bytes, "large")?;
+    println!(
+        "large: {} MiB in {:.1} ms",
+        large_bytes >> 20,
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    if rdma {
+        let reads = stat(&srv, "rendezvous_read");
+        println!("large: server rendezvous reads {reads}");
+        if reads < sizes.len() as u64 {
+            return Err(format!(
+                "large messages did not take the rendezvous path ({reads} reads)"
+            ));
+        }
+    }
+
+    // 4: starvation: tiny pools on the server, three clients at once.
+    if rdma {
+        starvation(&bind)?;
+    }
+
+    // 5: ping-pong, 64 B.
     let rounds = 1000u64;
     let mut rtts = Vec::with_capacity(rounds as usize);
     for i in 0..rounds {
         let t = Instant::now();
-        conn.send(message(2, i, 64 - 12))
+        conn.send(message(PING, i, 64 - FRONT))
             .map_err(|e| format!("ping: {e}"))?;
         let deadline = t + Duration::from_secs(10);
         let mut g = cli_rec.pong_lock.lock().unwrap();
@@ -253,11 +342,113 @@ fn run(dev: &str, n: u64, scheme: &str) -> Result<(), String> {
         rtts[rtts.len() * 99 / 100].as_secs_f64() * 1e6
     );
 
+    // 6: nothing held anywhere once quiet.
+    if rdma {
+        let pools = MessengerConfig::default().rdma;
+        for (who, m) in [("client", &cli), ("server", &srv)] {
+            let quiet = wait_until(Duration::from_secs(10), || {
+                stat(m, "tx_chunks_free") == u64::from(pools.tx_chunks)
+                    && stat(m, "rendezvous_out_bytes") == 0
+                    && stat(m, "reads_in_flight") == 0
+            });
+            println!(
+                "{who} backend stats: {}",
+                msgr::Counters::transport_prometheus(&m.transport_stats()).replace('\n', "; ")
+            );
+            if !quiet {
+                return Err(format!("{who}: RDMA buffers still held when quiet"));
+            }
+        }
+    }
+    for (who, m) in [("client", &cli), ("server", &srv)] {
+        if m.rx_held() != (0, 0) {
+            return Err(format!(
+                "{who}: received messages still held: {:?}",
+                m.rx_held()
+            ));
+        }
+    }
     let rc = cli.shutdown(Duration::from_secs(5));
     let rs = srv.shutdown(Duration::from_secs(5));
     println!("shutdown: client {rc:?} server {rs:?}");
     if rc.leaked_links != 0 || rs.leaked_links != 0 {
         return Err("links leaked".into());
     }
+    Ok(())
+}
+
+/// Three clients stream into a server with 16 receive slots (2 credits per
+/// link) and 4 send chunks; the clients have 4 send chunks too.
+fn starvation(bind: &EntityAddr) -> Result<(), String> {
+    let mut tiny = config();
+    tiny.set("rdma_rx_chunks", "16")
+        .map_err(|e| e.to_string())?;
+    tiny.set("rdma_tx_chunks", "4").map_err(|e| e.to_string())?;
+    let (mut srv, srv_rec) = server(bind, tiny.clone())?;
+    let per_client = 600u64;
+    let t = Instant::now();
+    let mut clients = Vec::new();
+    for c in 0..3u32 {
+        let (m, _) = client(10 + u64::from(c), tiny.clone())?;
+        let conn = m
+            .connect_with(srv.addr(), Policy::LosslessClient)
+            .map_err(|e| format!("connect: {e}"))?;
+        clients.push((m, conn, 10 + c));
+    }
+    let mut expected = Vec::new();
+    std::thread::scope(|s| -> Result<(), String> {
+        let handles: Vec<_> = clients
+            .iter()
+            .map(|(_, conn, stream)| {
+                s.spawn(move || -> Result<u64, String> {
+                    let mut bytes = 0;
+                    for i in 1..=per_client {
+                        let len = size_of(i * 7 + u64::from(*stream));
+                        bytes += len as u64;
+                        conn.send_timeout(message(*stream, i, len), Duration::from_secs(60))
+                            .map_err(|e| format!("starved send {i}: {e}"))?;
+                    }
+                    Ok(bytes)
+                })
+            })
+            .collect();
+        for h in handles {
+            expected.push(h.join().map_err(|_| "sender panicked".to_string())??);
+        }
+        Ok(())
+    })?;
+    wait_until(Duration::from_secs(240), || {
+        clients
+            .iter()
+            .all(|(_, _, stream)| srv_rec.delivered(*stream) >= per_client)
+    });
+    for ((_, _, stream), bytes) in clients.iter().zip(&expected) {
+        srv_rec.check(
+            *stream,
+            per_client,
+            *bytes,
+            &format!("starved stream {stream}"),
+        )?;
+    }
+    let stalls: u64 = clients
+        .iter()
+        .map(|(m, _, _)| stat(m, "credit_stalls"))
+        .sum();
+    let empty: u64 = clients
+        .iter()
+        .map(|(m, _, _)| stat(m, "tx_pool_empty"))
+        .sum();
+    println!(
+        "starvation: {} messages in {:.1} ms; client credit stalls {stalls}, send pool empty {empty}",
+        per_client * 3,
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    if stalls == 0 {
+        return Err("2 credits per link never stalled a sender: the test did not starve".into());
+    }
+    for (mut m, _, _) in clients {
+        m.shutdown(Duration::from_secs(5));
+    }
+    srv.shutdown(Duration::from_secs(5));
     Ok(())
 }

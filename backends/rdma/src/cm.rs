@@ -76,8 +76,11 @@ pub struct CmEvent {
     pub name: String,
     /// 0, or a negative errno / reject reason.
     pub status: i32,
-    /// Identifies the CmId the event is for (compare with [`CmId::handle`]).
+    /// Identifies the CmId the event is for (compare with [`CmId::handle`]);
+    /// for a `ConnectRequest`, the new connection's id.
     pub id_handle: usize,
+    /// For a `ConnectRequest`: the listening id it came to (else 0).
+    pub listen_handle: usize,
     /// The new connection of a `ConnectRequest`: accept or drop it.
     pub new_id: Option<CmId>,
     /// Private data of connect requests / responses / rejects.
@@ -150,6 +153,7 @@ impl EventChannel {
             name: event_name(e.event),
             status: e.status,
             id_handle: e.id as usize,
+            listen_handle: e.listen_id as usize,
             new_id,
             private_data,
             responder_resources: conn.responder_resources,
@@ -334,6 +338,39 @@ fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     (ss, len as libc::socklen_t)
 }
 
+/// Reads a socket address rdma_cm keeps in an id.
+///
+/// # Safety
+/// `p` is null or points to a sockaddr whose family says how much follows
+/// (rdma_cm's address unions are sockaddr_storage-sized).
+unsafe fn from_sockaddr(p: *const sys::sockaddr) -> Option<SocketAddr> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: p points to at least a sockaddr header (caller's contract).
+    let family =
+        i32::from(unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr>()) }.sa_family);
+    match family {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin = unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr_in>()) };
+            Some(SocketAddr::new(
+                std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()).into(),
+                u16::from_be(sin.sin_port),
+            ))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6 = unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr_in6>()) };
+            Some(SocketAddr::new(
+                std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into(),
+                u16::from_be(sin6.sin6_port),
+            ))
+        }
+        _ => None,
+    }
+}
+
 fn ms(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX).max(1)
 }
@@ -399,6 +436,19 @@ impl CmId {
             sys::rdma_bind_addr(self.ptr(), (&mut ss as *mut libc::sockaddr_storage).cast())
         };
         Self::check(ret, "rdma_bind_addr")
+    }
+
+    /// The local address (after bind, resolution or a connect request); with
+    /// port 0 bound, the port rdma_cm chose.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: live id; the pointer is into the id's route and read at once.
+        unsafe { from_sockaddr(sys::rdma_get_local_addr(self.ptr())) }
+    }
+
+    /// The peer's address (connections).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: as in local_addr.
+        unsafe { from_sockaddr(sys::rdma_get_peer_addr(self.ptr())) }
     }
 
     /// Starts address resolution; completes with `AddrResolved` on the channel.
@@ -515,6 +565,13 @@ mod tests {
         assert_eq!(sin.sin_family, libc::AF_INET as libc::sa_family_t);
         assert_eq!(u16::from_be(sin.sin_port), 7471);
         assert_eq!(sin.sin_addr.s_addr.to_ne_bytes(), [198, 51, 100, 1]);
+        // SAFETY: ss holds a sockaddr_in.
+        let back = unsafe { from_sockaddr((&ss as *const libc::sockaddr_storage).cast()) };
+        assert_eq!(back, Some("198.51.100.1:7471".parse().unwrap()));
+        let (ss6, _) = to_sockaddr(&"[::1]:9".parse().unwrap());
+        // SAFETY: ss6 holds a sockaddr_in6.
+        let back6 = unsafe { from_sockaddr((&ss6 as *const libc::sockaddr_storage).cast()) };
+        assert_eq!(back6, Some("[::1]:9".parse().unwrap()));
         let (_, len6) = to_sockaddr(&"[::1]:1".parse().unwrap());
         assert_eq!(len6 as usize, std::mem::size_of::<libc::sockaddr_in6>());
     }

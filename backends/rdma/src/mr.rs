@@ -120,22 +120,35 @@ unsafe impl<B: StableBuffer + Sync> Sync for MemoryRegion<B> {}
 
 impl<B: StableBuffer> MemoryRegion<B> {
     /// Registers `buf` with `pd`.
-    pub fn register(pd: &Arc<ProtectionDomain>, mut buf: B, access: Access) -> Result<Self> {
+    pub fn register(pd: &Arc<ProtectionDomain>, buf: B, access: Access) -> Result<Self> {
+        Self::try_register(pd, buf, access).map_err(|(e, _)| e)
+    }
+
+    /// Registers `buf` with `pd`; on failure the buffer comes back with the
+    /// error (so a caller can still use it another way).
+    pub fn try_register(
+        pd: &Arc<ProtectionDomain>,
+        mut buf: B,
+        access: Access,
+    ) -> std::result::Result<Self, (RdmaError, B)> {
         if buf.is_empty() {
-            return Err(RdmaError::InvalidArgument(
-                "cannot register an empty buffer".into(),
+            return Err((
+                RdmaError::InvalidArgument("cannot register an empty buffer".into()),
+                buf,
             ));
         }
         let (ptr, len) = (buf.as_mut_ptr(), buf.len());
         // SAFETY: ptr/len describe a live buffer that `self` keeps alive (and at
         // the same address, by StableBuffer) until ibv_dereg_mr in Drop.
         let mr = unsafe { sys::ibv_reg_mr(pd.as_ptr(), ptr.cast(), len, access.raw() as i32) };
-        let mr = NonNull::new(mr).ok_or_else(|| RdmaError::last_os("ibv_reg_mr"))?;
-        Ok(MemoryRegion {
-            mr,
-            buf,
-            _pd: pd.clone(),
-        })
+        match NonNull::new(mr) {
+            Some(mr) => Ok(MemoryRegion {
+                mr,
+                buf,
+                _pd: pd.clone(),
+            }),
+            None => Err((RdmaError::last_os("ibv_reg_mr"), buf)),
+        }
     }
 
     pub fn lkey(&self) -> u32 {

@@ -1,7 +1,7 @@
 use std::time::Instant;
 
 use msgr_addr::TransportKind;
-use msgr_backends::{DetachedLink, RealFault};
+use msgr_backends::{DetachedLink, RealFault, TransportStats};
 use msgr_proto::{control::Hello, LinkId, Message, Session};
 
 use crate::Connection;
@@ -27,6 +27,10 @@ pub(crate) enum Command {
         session: Box<Session>,
         hello: Box<Hello>,
         transport: TransportKind,
+    },
+    /// Report the backends' own counters.
+    Stats {
+        reply: std::sync::mpsc::Sender<Vec<TransportStats>>,
     },
     /// Stop listening, close sessions, stop by the deadline.
     Shutdown { deadline: Instant },

@@ -433,6 +433,9 @@ impl Worker {
                     }
                 }
             }
+            Command::Stats { reply } => {
+                let _ = reply.send(self.transports.iter().map(|t| t.stats()).collect());
+            }
             Command::Adopt {
                 link,
                 detached,

@@ -1,0 +1,421 @@
+//! The rdmacm backend's connection setup: rdma_cm resolves the address and
+//! the route, moves the QP through its states on connect/accept, and reports
+//! the peer's disconnect; its event channel fd sits in the worker's mio Poll
+//! beside the completion channel.
+//!
+//! The connect request and the accept carry [`LinkParams`] as private data
+//! (credits, chunk size, read depth). Works over RoCE (rxe) and iWARP (siw):
+//! no immediate data is used, and on iWARP the accepting side holds its
+//! sends until the connector's first message has arrived (MPA lets only the
+//! active side speak first).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mio::unix::SourceFd;
+use mio::{Interest, Token};
+use msgr_addr::{EntityAddr, TransportKind};
+use msgr_proto::LinkId;
+use msgr_rdma::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace, QpCaps, QpInit};
+use rustc_hash::FxHashMap;
+
+use super::device::{Device, MAX_READS, SQ_DEPTH};
+use super::link::{Conn, RdmaLink};
+use super::{rdma_err, LinkParams, RdmaTransport};
+use crate::{TransportError, TransportEvent};
+
+/// Bound on address and route resolution.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connection requests a listener queues.
+const BACKLOG: i32 = 128;
+
+/// Where rdma_cm's setup of a link stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CmStep {
+    ResolvingAddr,
+    ResolvingRoute,
+    /// Connector: `rdma_connect` sent, waiting for `Established`.
+    Connecting,
+    /// Acceptor: `rdma_accept` sent, waiting for `Established` (or a receive).
+    Accepting,
+    Up,
+}
+
+/// The rdma_cm side of an rdmacm link.
+pub(crate) struct CmConn {
+    pub(crate) id: CmId,
+    pub(crate) step: CmStep,
+}
+
+/// The transport's rdma_cm state: one event channel for every id.
+pub(crate) struct CmState {
+    channel: Arc<EventChannel>,
+    token: Token,
+    /// Listening ids by handle, with the worker's listener token.
+    listeners: FxHashMap<usize, (CmId, Token)>,
+    /// Connection ids by handle.
+    links: FxHashMap<usize, LinkId>,
+}
+
+impl CmState {
+    pub(crate) fn token(&self) -> Token {
+        self.token
+    }
+
+    pub(crate) fn owns_listener(&self, token: Token) -> bool {
+        self.listeners.values().any(|(_, t)| *t == token)
+    }
+
+    pub(crate) fn forget(&mut self, handle: usize) {
+        self.links.remove(&handle);
+    }
+
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.channel.fd()
+    }
+}
+
+fn cm_err(op: &'static str, e: msgr_rdma::RdmaError) -> TransportError {
+    rdma_err(TransportKind::RdmaCm, op, e)
+}
+
+fn cm(l: &mut RdmaLink) -> Option<&mut CmConn> {
+    match &mut l.conn {
+        Conn::Cm(c) => Some(c),
+        Conn::Oob(_) => None,
+    }
+}
+
+impl RdmaTransport {
+    /// The event channel, created and registered at first use.
+    fn cm_state(&mut self) -> Result<&mut CmState, TransportError> {
+        if self.cm.is_none() {
+            let channel =
+                EventChannel::new().map_err(|e| cm_err("rdma_create_event_channel", e))?;
+            channel
+                .set_nonblocking()
+                .map_err(|e| cm_err("rdma_cm channel", e))?;
+            let token = Token(self.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
+            self.registry
+                .register(&mut SourceFd(&channel.fd()), token, Interest::READABLE)
+                .map_err(|e| TransportError::io("register rdma_cm channel", e))?;
+            self.cm = Some(CmState {
+                channel,
+                token,
+                listeners: FxHashMap::default(),
+                links: FxHashMap::default(),
+            });
+        }
+        Ok(self.cm.as_mut().expect("just made"))
+    }
+
+    /// Opens the transport's device from the one rdma_cm picked for `id`.
+    fn cm_device(&mut self, id: &CmId) -> Result<(), TransportError> {
+        let Some(ctx) = id.context() else {
+            return Err(TransportError::Unavailable {
+                kind: TransportKind::RdmaCm,
+                reason: "rdma_cm bound no RDMA device to this address".into(),
+            });
+        };
+        match &self.dev {
+            Some(d) if d.ctx.name() != ctx.name() => Err(TransportError::Unavailable {
+                kind: TransportKind::RdmaCm,
+                reason: format!(
+                    "this worker's rdmacm transport uses {}, the address routes to {}: \
+                     one device per transport",
+                    d.ctx.name(),
+                    ctx.name()
+                ),
+            }),
+            Some(_) => Ok(()),
+            None => {
+                let d = Device::with_context(ctx, id.port_num(), &self.pools)
+                    .map_err(|e| cm_err("open rdma_cm device", e))?;
+                self.install_device(d)
+            }
+        }
+    }
+
+    /// A QP for `id` on the shared CQ and receive queue, and the link's share.
+    fn cm_qp(&mut self, id: &CmId) -> Result<(msgr_rdma::QueuePair, u32), TransportError> {
+        let dev = self.dev.as_mut().expect("device opened");
+        let share = dev
+            .take_share()
+            .ok_or_else(|| self.counters.share_refused(&TransportKind::RdmaCm))?;
+        let mut init = QpInit::new(&dev.cq, &dev.cq);
+        init.srq = Some(dev.srq.clone());
+        init.caps = QpCaps {
+            max_send_wr: SQ_DEPTH + MAX_READS,
+            max_recv_wr: 0,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        match id.create_qp(&dev.pd, init) {
+            Ok(qp) => Ok((qp, share)),
+            Err(e) => {
+                dev.return_share(share);
+                Err(cm_err("rdma_create_qp", e))
+            }
+        }
+    }
+
+    fn conn_param(&self, l: &RdmaLink, peer_depth: Option<(u8, u8)>) -> ConnParam {
+        let rd = self.dev.as_ref().map_or(1, |d| d.rd_atomic);
+        let (resp, init) = match peer_depth {
+            // Accept: answer the requester's initiator depth with at most as
+            // many responder resources, and vice versa.
+            Some((peer_init, peer_resp)) => (peer_init.min(rd), peer_resp.min(rd)),
+            None => (rd, rd),
+        };
+        ConnParam {
+            private_data: self.my_params(l).encode().to_vec(),
+            responder_resources: resp,
+            initiator_depth: init,
+            ..ConnParam::default()
+        }
+    }
+
+    pub(super) fn cm_listen(
+        &mut self,
+        addr: &EntityAddr,
+        token: Token,
+    ) -> Result<EntityAddr, TransportError> {
+        let channel = self.cm_state()?.channel.clone();
+        let id = CmId::new(&channel, PortSpace::Tcp).map_err(|e| cm_err("rdma_create_id", e))?;
+        id.bind_addr(addr.socket)
+            .map_err(|e| cm_err("rdma_bind_addr", e))?;
+        if id.context().is_some() {
+            self.cm_device(&id)?;
+        }
+        id.listen(BACKLOG).map_err(|e| cm_err("rdma_listen", e))?;
+        let mut bound = addr.clone();
+        if let Some(local) = id.local_addr() {
+            bound.socket = local;
+        }
+        let cm = self.cm.as_mut().expect("made above");
+        cm.listeners.insert(id.handle(), (id, token));
+        Ok(bound)
+    }
+
+    pub(super) fn cm_unlisten(&mut self, token: Token) {
+        if let Some(cm) = self.cm.as_mut() {
+            cm.listeners.retain(|_, (_, t)| *t != token);
+        }
+    }
+
+    pub(super) fn cm_connect(
+        &mut self,
+        link: LinkId,
+        addr: &EntityAddr,
+    ) -> Result<(), TransportError> {
+        let channel = self.cm_state()?.channel.clone();
+        let id = CmId::new(&channel, PortSpace::Tcp).map_err(|e| cm_err("rdma_create_id", e))?;
+        id.resolve_addr(None, addr.socket, RESOLVE_TIMEOUT)
+            .map_err(|e| cm_err("rdma_resolve_addr", e))?;
+        let handle = id.handle();
+        let l = RdmaLink::new(
+            Conn::Cm(CmConn {
+                id,
+                step: CmStep::ResolvingAddr,
+            }),
+            true,
+            None,
+            0,
+        );
+        self.insert_link(link, l);
+        self.cm
+            .as_mut()
+            .expect("made above")
+            .links
+            .insert(handle, link);
+        Ok(())
+    }
+
+    /// Reads every pending rdma_cm event.
+    pub(super) fn cm_ready(&mut self, events: &mut Vec<TransportEvent>) {
+        loop {
+            let Some(cm) = self.cm.as_ref() else {
+                return;
+            };
+            match cm.channel.get_event() {
+                Ok(Some(ev)) => self.on_cm_event(ev, events),
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::error!(error = %e, "rdma_get_cm_event failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_cm_event(&mut self, ev: CmEvent, events: &mut Vec<TransportEvent>) {
+        let cm = self.cm.as_mut().expect("events come from the channel");
+        if ev.kind == CmEventKind::ConnectRequest {
+            let token = cm.listeners.get(&ev.listen_handle).map(|(_, t)| *t);
+            if let (Some(token), Some(new_id)) = (token, ev.new_id) {
+                let depth = (ev.initiator_depth, ev.responder_resources);
+                if let Err(why) = self.cm_accept(token, new_id, &ev.private_data, depth) {
+                    tracing::warn!(%why, "refused an rdma_cm connection");
+                }
+            }
+            return;
+        }
+        let Some(&id) = cm.links.get(&ev.id_handle) else {
+            return; // a listener's or a released link's event
+        };
+        if let Err(why) = self.on_link_cm_event(id, &ev, events) {
+            self.poll_cq(events);
+            self.fail(id, why, events);
+        }
+    }
+
+    fn on_link_cm_event(
+        &mut self,
+        id: LinkId,
+        ev: &CmEvent,
+        events: &mut Vec<TransportEvent>,
+    ) -> Result<(), String> {
+        let failed = || format!("rdma_cm: {} (status {})", ev.name, ev.status);
+        if ev.status != 0 && ev.kind != CmEventKind::Disconnected {
+            return Err(failed());
+        }
+        let chunk = self.pools.chunk_size;
+        let l = self.links.get_mut(&id).ok_or("link gone")?;
+        let c = cm(l).ok_or("not an rdma_cm link")?;
+        match (ev.kind, c.step) {
+            (CmEventKind::AddrResolved, CmStep::ResolvingAddr) => {
+                c.step = CmStep::ResolvingRoute;
+                self.with_cm_id(id, |t, cmid| t.cm_device(cmid))?;
+                let c = cm(self.links.get_mut(&id).expect("present")).expect("cm");
+                c.id.resolve_route(RESOLVE_TIMEOUT)
+                    .map_err(|e| format!("rdma_resolve_route: {e}"))?;
+            }
+            (CmEventKind::RouteResolved, CmStep::ResolvingRoute) => {
+                let (qp, share) = self.with_cm_id(id, |t, cmid| t.cm_qp(cmid))?;
+                self.register_qp(id, &qp);
+                let l = self.links.get_mut(&id).expect("present");
+                l.qp = Some(qp);
+                l.share = share;
+                let param = self.conn_param(self.links.get(&id).expect("present"), None);
+                let c = cm(self.links.get_mut(&id).expect("present")).expect("cm");
+                c.id.connect(&param)
+                    .map_err(|e| format!("rdma_connect: {e}"))?;
+                c.step = CmStep::Connecting;
+            }
+            (CmEventKind::Established, CmStep::Connecting) => {
+                let peer = LinkParams::decode(&ev.private_data, chunk)?;
+                c.step = CmStep::Up;
+                l.credits = peer.credits;
+                self.mark_up(id, events);
+            }
+            (CmEventKind::Established, CmStep::Accepting) => {
+                c.step = CmStep::Up;
+                self.mark_up(id, events);
+            }
+            // The acceptor may have come up on its first receive already.
+            (CmEventKind::Established, CmStep::Up) => {}
+            (CmEventKind::TimewaitExit | CmEventKind::AddrChange, _) => {}
+            (CmEventKind::Disconnected, _) => return Err("peer disconnected (rdma_cm)".into()),
+            _ => return Err(failed()),
+        }
+        Ok(())
+    }
+
+    /// Runs `f` with link `id`'s rdma_cm id (the link is out of the map meanwhile).
+    fn with_cm_id<T>(
+        &mut self,
+        id: LinkId,
+        f: impl FnOnce(&mut Self, &CmId) -> Result<T, TransportError>,
+    ) -> Result<T, String> {
+        let l = self.links.remove(&id).ok_or("link gone")?;
+        let res = match &l.conn {
+            Conn::Cm(c) => f(self, &c.id).map_err(|e| e.to_string()),
+            Conn::Oob(_) => Err("not an rdma_cm link".to_string()),
+        };
+        self.links.insert(id, l);
+        res
+    }
+
+    fn cm_accept(
+        &mut self,
+        token: Token,
+        new_id: CmId,
+        private_data: &[u8],
+        depth: (u8, u8),
+    ) -> Result<(), String> {
+        let peer = match LinkParams::decode(private_data, self.pools.chunk_size) {
+            Ok(p) => p,
+            Err(why) => {
+                let _ = new_id.reject(b"msgr: bad link parameters");
+                return Err(why);
+            }
+        };
+        let qp_share = self.cm_device(&new_id).and_then(|()| self.cm_qp(&new_id));
+        let (qp, share) = match qp_share {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = new_id.reject(b"msgr: no resources");
+                return Err(e.to_string());
+            }
+        };
+        let link = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
+        let handle = new_id.handle();
+        let iwarp = self.dev.as_ref().is_some_and(|d| d.ctx.is_iwarp());
+        self.register_qp(link, &qp);
+        let mut l = RdmaLink::new(
+            Conn::Cm(CmConn {
+                id: new_id,
+                step: CmStep::Accepting,
+            }),
+            false,
+            Some(qp),
+            share,
+        );
+        l.credits = peer.credits;
+        l.listener = Some(token);
+        l.hold_tx = iwarp;
+        let param = self.conn_param(&l, Some(depth));
+        self.insert_link(link, l);
+        self.cm
+            .as_mut()
+            .expect("present")
+            .links
+            .insert(handle, link);
+        let c = cm(self.links.get_mut(&link).expect("present")).expect("cm");
+        if let Err(e) = c.id.accept(&param) {
+            let why = format!("rdma_accept: {e}");
+            self.drop_link(link);
+            return Err(why);
+        }
+        Ok(())
+    }
+
+    /// Whether an acceptor's first receive may stand for `Established` (the
+    /// event can come after the connector's first send has landed).
+    pub(super) fn cm_may_accept_on_recv(l: &mut RdmaLink) -> bool {
+        match cm(l) {
+            Some(c) if c.step == CmStep::Accepting => {
+                c.step = CmStep::Up;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Tears down an rdma_cm link's connection (the peer gets `Disconnected`).
+    pub(super) fn cm_release(&mut self, c: &CmConn) {
+        if c.step == CmStep::Up || c.step == CmStep::Accepting || c.step == CmStep::Connecting {
+            let _ = c.id.disconnect();
+        }
+        if let Some(cm) = self.cm.as_mut() {
+            cm.forget(c.id.handle());
+        }
+    }
+
+    /// The peer address of an accepted rdma_cm link.
+    pub(super) fn cm_peer(c: &CmConn) -> Option<std::net::SocketAddr> {
+        c.id.peer_addr()
+    }
+}

@@ -1,0 +1,258 @@
+//! One RDMA link: its RC queue pair, how it was set up (out-of-band TCP or
+//! rdma_cm), credits, the send queue of unit parts, the reassembly of
+//! received parts and the rendezvous buffers in both directions.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use msgr_proto::Inbound;
+use msgr_rdma::{MemoryRegion, QueuePair};
+use rustc_hash::FxHashMap;
+
+use super::cm::CmConn;
+use super::oob::OobConn;
+
+/// Bytes of the header in front of every send.
+pub(crate) const HDR: usize = 8;
+
+/// What a send carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Banner = 0,
+    Frame = 1,
+    /// Credits only: consumes no credit (lands in the link's spare slot).
+    Credit = 2,
+    /// A frame to fetch with an RDMA read: [`ReadDesc`] follows the header.
+    ReadReq = 3,
+    /// The reader fetched a [`Kind::ReadReq`]'s frame: its token follows.
+    ReadDone = 4,
+}
+
+impl Kind {
+    pub(crate) fn from_u8(v: u8) -> Option<Kind> {
+        match v {
+            0 => Some(Kind::Banner),
+            1 => Some(Kind::Frame),
+            2 => Some(Kind::Credit),
+            3 => Some(Kind::ReadReq),
+            4 => Some(Kind::ReadDone),
+            _ => None,
+        }
+    }
+}
+
+/// Flag: more parts of this unit follow.
+pub(crate) const MORE: u8 = 1;
+
+/// The per-send header: kind, flags, credits granted to the receiver's peer.
+pub(crate) fn header(kind: Kind, more: bool, credits: u32) -> [u8; HDR] {
+    let mut h = [0u8; HDR];
+    h[0] = kind as u8;
+    h[1] = if more { MORE } else { 0 };
+    h[4..8].copy_from_slice(&credits.to_le_bytes());
+    h
+}
+
+/// Where a rendezvous frame waits to be read: the body of a [`Kind::ReadReq`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReadDesc {
+    pub(crate) token: u32,
+    pub(crate) rkey: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+}
+
+impl ReadDesc {
+    pub(crate) const LEN: usize = 24;
+
+    pub(crate) fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..4].copy_from_slice(&self.token.to_le_bytes());
+        b[4..8].copy_from_slice(&self.rkey.to_le_bytes());
+        b[8..16].copy_from_slice(&self.addr.to_le_bytes());
+        b[16..24].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != Self::LEN {
+            return None;
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        Some(ReadDesc {
+            token: u32_at(0),
+            rkey: u32_at(4),
+            addr: u64_at(8),
+            len: u64_at(16),
+        })
+    }
+}
+
+/// One send's worth of a unit.
+#[derive(Debug)]
+pub(crate) struct Part {
+    pub(crate) kind: Kind,
+    pub(crate) more: bool,
+    pub(crate) bytes: Bytes,
+}
+
+/// How the link was (or is being) set up.
+pub(crate) enum Conn {
+    /// verbs: QP numbers exchanged over a TCP socket that stays open.
+    Oob(OobConn),
+    /// rdmacm: rdma_cm connected the QP; its events say when the peer goes.
+    Cm(CmConn),
+}
+
+/// A received unit in arrival order: ready, or a rendezvous read in flight
+/// (later units wait behind it, so delivery keeps the sender's order).
+#[derive(Debug)]
+pub(crate) enum RxItem {
+    Ready(Inbound),
+    Reading(u32),
+}
+
+/// A rendezvous read this link has in flight.
+pub(crate) struct ReadOp {
+    /// Where the frame lands (registered for the read).
+    pub(crate) buf: MemoryRegion<Vec<u8>>,
+    /// Where the frame lies at the sender, and the token to return.
+    pub(crate) desc: ReadDesc,
+    /// Bytes for which reads have been posted.
+    pub(crate) posted: u64,
+    /// Read work requests not completed yet.
+    pub(crate) pending: u32,
+    pub(crate) deadline: Instant,
+}
+
+pub(crate) struct RdmaLink {
+    pub(crate) conn: Conn,
+    pub(crate) outgoing: bool,
+    /// The listener an accepted link came from.
+    pub(crate) listener: Option<mio::Token>,
+    /// Both QPs can carry data; the worker was told (Connected / Accepted).
+    pub(crate) up: bool,
+    /// The QP (rdmacm connectors create it once the route is resolved).
+    pub(crate) qp: Option<QueuePair>,
+    /// Shared-receive-queue slots promised to this link (returned on release).
+    pub(crate) share: u32,
+    /// iWARP acceptors send nothing before the connector's first message.
+    pub(crate) hold_tx: bool,
+    /// Send chunks whose send has not completed.
+    pub(crate) tx_inflight: Vec<u32>,
+    /// Units not yet posted, cut into parts that fit a chunk.
+    pub(crate) queue: VecDeque<Part>,
+    pub(crate) queued_bytes: usize,
+    /// Data sends we may post (the peer's receive slots for us).
+    pub(crate) credits: u32,
+    /// Receives consumed whose credit the peer has not been given back.
+    pub(crate) to_grant: u32,
+    /// Credits kept back while reading is paused (backpressure).
+    pub(crate) withheld: u32,
+    /// The send chunk of the credit-only send in flight (at most one).
+    pub(crate) credit_chunk: Option<u32>,
+    /// Parts of the unit being received.
+    pub(crate) reasm: BytesMut,
+    pub(crate) paused: bool,
+    pub(crate) frozen: bool,
+    /// Received, not delivered yet: while paused, or behind a read.
+    pub(crate) held: VecDeque<RxItem>,
+    /// Our frames the peer is to read, by token (released on its ReadDone).
+    pub(crate) rdv_out: FxHashMap<u32, MemoryRegion<Vec<u8>>>,
+    pub(crate) rdv_out_bytes: usize,
+    pub(crate) next_token: u32,
+    /// The peer's frames we are reading, by read slot.
+    pub(crate) reads: FxHashMap<u32, ReadOp>,
+    pub(crate) next_read: u32,
+}
+
+impl std::fmt::Debug for RdmaLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaLink")
+            .field("qpn", &self.qp.as_ref().map(QueuePair::qp_num))
+            .field("up", &self.up)
+            .field("credits", &self.credits)
+            .field("queued_bytes", &self.queued_bytes)
+            .finish()
+    }
+}
+
+impl RdmaLink {
+    pub(crate) fn new(conn: Conn, outgoing: bool, qp: Option<QueuePair>, share: u32) -> Self {
+        RdmaLink {
+            conn,
+            outgoing,
+            listener: None,
+            up: false,
+            qp,
+            share,
+            hold_tx: false,
+            tx_inflight: Vec::new(),
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            credits: 0,
+            to_grant: 0,
+            withheld: 0,
+            credit_chunk: None,
+            reasm: BytesMut::new(),
+            paused: false,
+            frozen: false,
+            held: VecDeque::new(),
+            rdv_out: FxHashMap::default(),
+            rdv_out_bytes: 0,
+            next_token: 1,
+            reads: FxHashMap::default(),
+            next_read: 0,
+        }
+    }
+
+    /// Data credits this link grants its peer at setup (one slot of its share
+    /// is kept for credit-only messages).
+    pub(crate) fn initial_credits(&self) -> u32 {
+        self.share - 1
+    }
+
+    /// Queues `bytes` of one unit, cut into parts of at most `max` bytes.
+    pub(crate) fn push(&mut self, kind: Kind, bytes: Bytes, max: usize) {
+        self.queued_bytes += bytes.len();
+        let mut rest = bytes;
+        loop {
+            let take = rest.len().min(max);
+            let part = rest.split_to(take);
+            let more = !rest.is_empty();
+            self.queue.push_back(Part {
+                kind,
+                more,
+                bytes: part,
+            });
+            if !more {
+                return;
+            }
+        }
+    }
+
+    /// Whether sends may be posted now.
+    pub(crate) fn can_send(&self) -> bool {
+        self.up && !self.frozen && !self.hold_tx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_descriptors_round_trip_and_reject_bad_lengths() {
+        let d = ReadDesc {
+            token: 9,
+            rkey: 0xdead_beef,
+            addr: 0x7f00_0000_1000,
+            len: 64 << 20,
+        };
+        assert_eq!(ReadDesc::decode(&d.encode()), Some(d));
+        assert_eq!(ReadDesc::decode(&d.encode()[..20]), None);
+        assert_eq!(ReadDesc::decode(&[]), None);
+    }
+}

@@ -1,0 +1,1351 @@
+//! The RDMA backends: `verbs` (connection setup over an out-of-band TCP
+//! exchange, as Ceph's RDMAStack does — [`oob`]) and `rdmacm` (setup by
+//! rdma_cm, for RoCE and iWARP — [`cm`]), sharing one data path.
+//!
+//! - Device ([`device`]): one protection domain, one completion queue whose
+//!   channel fd sits in the worker's mio Poll, one shared receive queue and
+//!   two registered chunk pools per transport, sized from configuration
+//!   ([`crate::RdmaPoolConfig`]) and checked against the device's limits and
+//!   RLIMIT_MEMLOCK before anything is registered.
+//! - Eager path: a unit (banner or encoded frame) up to the rendezvous
+//!   threshold is copied into registered send chunks behind an 8-byte header
+//!   (kind, more-parts flag, credits granted); a unit larger than a chunk goes
+//!   as several sends that the receiver joins.
+//! - Rendezvous: a larger frame is registered where it lies and announced
+//!   with a [`link::ReadDesc`]; the receiver RDMA-reads it into a buffer of
+//!   its own (in pieces, a bounded number in flight), then answers
+//!   `ReadDone`, on which the sender releases it. Later units of the link
+//!   wait behind the read, so delivery keeps the sender's order. A read that
+//!   has not completed by [`READ_DEADLINE`] fails the link.
+//! - Credits: every link is promised a share of the shared receive queue
+//!   ([`device::Device::take_share`]): its peer's data credits plus one slot
+//!   for a credit-only message. A sender posts a data send only with a
+//!   credit; the receiver reposts the chunk once it has copied it out and
+//!   returns the credit in the header of its own sends, or in a credit-only
+//!   send when it has nothing to say. Credits never reach the session engine.
+//! - Progress: `progress` polls the CQ until empty, then arms it and polls
+//!   once more (a completion can land between the last poll and the arm); an
+//!   armed, empty CQ wakes the worker through the channel fd.
+//! - Faults: a failed work completion, the peer's disconnect (EOF on the
+//!   setup socket, rdma_cm's `Disconnected`) or a late read fails the link;
+//!   `inject(Abort)` moves the QP to ERR for real (its work requests flush).
+
+mod cm;
+mod device;
+mod link;
+mod oob;
+mod pool;
+mod wr;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mio::event::Event;
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+use msgr_addr::{EntityAddr, TransportKind};
+use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_rdma::{
+    Access, MemoryRegion, QueuePair, RdmaError, RemoteAddr, SendOp, SendWr, WcOpcode,
+    WorkCompletion,
+};
+use rustc_hash::FxHashMap;
+
+use crate::{
+    DetachedLink, RdmaPoolConfig, RealFault, Transport, TransportContext, TransportError,
+    TransportEvent, TransportStats,
+};
+use cm::CmState;
+use device::{Device, MAX_READS, SQ_DEPTH};
+use link::{header, Conn, Kind, RdmaLink, ReadDesc, ReadOp, RxItem, HDR};
+use oob::OobListener;
+use wr::WrKind;
+
+/// Completions reaped per poll call.
+const POLL_BATCH: usize = 32;
+/// Largest unit a link reassembles from eager parts (beyond: the link is corrupt).
+const MAX_UNIT: usize = 256 << 20;
+/// Longest a closed link's QP waits for its last sends to complete.
+const CLOSE_LINGER: Duration = Duration::from_secs(2);
+/// A rendezvous read must complete within this, or the link fails.
+pub const READ_DEADLINE: Duration = Duration::from_secs(30);
+/// Bytes per RDMA read work request of a rendezvous.
+const READ_PIECE: u64 = 4 << 20;
+
+/// Whether the verbs backend can run here: a device must exist.
+pub(crate) fn probe() -> Result<(), String> {
+    match msgr_rdma::device_names() {
+        Ok(names) if names.is_empty() => Err("no RDMA device: the device list is empty; \
+             run RDMA code on an RDMA-capable host or in the test guest (docs/GUEST.md)"
+            .into()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Whether the rdmacm backend can run here: a device and the rdma_cm device file.
+pub(crate) fn probe_cm() -> Result<(), String> {
+    probe()?;
+    msgr_rdma::EventChannel::new()
+        .map(drop)
+        .map_err(|e| format!("rdma_cm unavailable: {e}"))
+}
+
+fn rdma_err(kind: TransportKind, op: &'static str, e: RdmaError) -> TransportError {
+    match e {
+        RdmaError::NoDevice(reason) => TransportError::Unavailable {
+            kind,
+            reason: format!("no RDMA device: {reason}"),
+        },
+        other => TransportError::Io {
+            op,
+            source: std::io::Error::other(other.to_string()),
+        },
+    }
+}
+
+/// What both ends of a link tell each other at setup (in the verbs backend's
+/// [`oob::QpInfo`], and as rdma_cm private data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LinkParams {
+    /// Data credits the sender of this struct grants.
+    pub(crate) credits: u32,
+    /// Its chunk size (both ends must agree).
+    pub(crate) chunk: u32,
+    /// RDMA reads it may have outstanding / serve (min of both is used).
+    pub(crate) rd_atomic: u8,
+}
+
+impl LinkParams {
+    const MAGIC: [u8; 4] = *b"MRL1";
+    pub(crate) const LEN: usize = 16;
+
+    pub(crate) fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..4].copy_from_slice(&Self::MAGIC);
+        b[4..8].copy_from_slice(&self.credits.to_le_bytes());
+        b[8..12].copy_from_slice(&self.chunk.to_le_bytes());
+        b[12] = self.rd_atomic;
+        b
+    }
+
+    /// Decodes the peer's parameters; `chunk` is ours (they must match). Extra
+    /// trailing bytes are ignored (iWARP pads private data).
+    pub(crate) fn decode(b: &[u8], chunk: usize) -> Result<Self, String> {
+        if b.len() < Self::LEN || b[..4] != Self::MAGIC {
+            return Err("the peer is not a msgr RDMA endpoint (bad link parameters)".into());
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let p = LinkParams {
+            credits: u32_at(4),
+            chunk: u32_at(8),
+            rd_atomic: b[12].max(1),
+        };
+        if p.credits == 0 || p.chunk as usize != chunk {
+            return Err(format!(
+                "unsupported RDMA link parameters from the peer (credits {}, chunk {} \
+                 where ours is {chunk}: both ends need the same rdma_chunk_size)",
+                p.credits, p.chunk
+            ));
+        }
+        Ok(p)
+    }
+}
+
+/// The backend's counters (DESIGN §1); read through [`Transport::stats`].
+#[derive(Clone, Debug, Default)]
+struct RdmaCounters {
+    sends_posted: u64,
+    recvs: u64,
+    credit_only_sends: u64,
+    /// Times a link had data queued but no credit.
+    credit_stalls: u64,
+    /// Times a link had data and credit but the send pool was empty.
+    tx_pool_empty: u64,
+    /// Links refused because the receive queue was fully promised.
+    share_refused: u64,
+    failed_completions: u64,
+    rendezvous_sent: u64,
+    rendezvous_read: u64,
+    rendezvous_read_bytes: u64,
+    /// Rendezvous frames sent eagerly because registering them failed.
+    rendezvous_fallbacks: u64,
+    read_timeouts: u64,
+    qp_errors_injected: u64,
+}
+
+impl RdmaCounters {
+    fn share_refused(&mut self, kind: &TransportKind) -> TransportError {
+        self.share_refused += 1;
+        TransportError::Unavailable {
+            kind: kind.clone(),
+            reason: "every shared-receive-queue slot is promised to a link: raise \
+                     rdma_rx_chunks for more connections per worker"
+                .into(),
+        }
+    }
+}
+
+/// The verbs or rdmacm transport of one worker.
+pub struct RdmaTransport {
+    kind: TransportKind,
+    registry: Registry,
+    limits: FrameLimits,
+    link_ids: Arc<AtomicU64>,
+    pools: RdmaPoolConfig,
+    /// Opened at the first listen or connect (on the device the address names
+    /// or rdma_cm resolves).
+    dev: Option<Box<Device>>,
+    /// The completion channel's token.
+    cq_token: Token,
+    /// Whether the CQ is armed (its channel will fire at the next completion).
+    armed: bool,
+    /// rdmacm: the event channel and listening ids.
+    cm: Option<CmState>,
+    /// verbs: out-of-band TCP listeners.
+    oob_listeners: FxHashMap<Token, OobListener>,
+    links: FxHashMap<LinkId, RdmaLink>,
+    /// Receive completions name a QP number, not a link.
+    qpn_links: FxHashMap<u32, LinkId>,
+    /// Links with queued output or credits to return.
+    dirty: Vec<LinkId>,
+    /// Events produced outside `ready`/`flush`/`progress` (fault injection).
+    pending: Vec<TransportEvent>,
+    /// Links resumed with held units to deliver.
+    resumed: Vec<LinkId>,
+    /// Links closed with `flush` whose last sends have not completed yet: no
+    /// longer links to the worker, their QPs linger (as a TCP socket's unsent
+    /// data does) until the sends complete or [`CLOSE_LINGER`] passes.
+    closing: FxHashMap<LinkId, (RdmaLink, Instant)>,
+    counters: RdmaCounters,
+}
+
+impl std::fmt::Debug for RdmaTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaTransport")
+            .field("kind", &self.kind)
+            .field("dev", &self.dev)
+            .field("links", &self.links.len())
+            .finish()
+    }
+}
+
+impl RdmaTransport {
+    /// A verbs (`TransportKind::Verbs`) or rdmacm (`TransportKind::RdmaCm`)
+    /// transport registering its fds in `registry`. Fails (as unavailable)
+    /// when the machine has no RDMA device, or no rdma_cm for rdmacm.
+    pub fn new(
+        kind: TransportKind,
+        registry: &Registry,
+        ctx: &TransportContext,
+    ) -> Result<Self, TransportError> {
+        let probed = match kind {
+            TransportKind::RdmaCm => probe_cm(),
+            _ => probe(),
+        };
+        probed.map_err(|reason| TransportError::Unavailable {
+            kind: kind.clone(),
+            reason,
+        })?;
+        Ok(RdmaTransport {
+            kind,
+            registry: registry
+                .try_clone()
+                .map_err(|e| TransportError::io("clone mio registry", e))?,
+            limits: ctx.limits,
+            cq_token: Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize),
+            link_ids: ctx.link_ids.clone(),
+            pools: ctx.rdma,
+            dev: None,
+            armed: false,
+            cm: None,
+            oob_listeners: FxHashMap::default(),
+            links: FxHashMap::default(),
+            qpn_links: FxHashMap::default(),
+            dirty: Vec::new(),
+            pending: Vec::new(),
+            resumed: Vec::new(),
+            closing: FxHashMap::default(),
+            counters: RdmaCounters::default(),
+        })
+    }
+
+    /// Makes `d` this transport's device: its completion channel joins the Poll.
+    fn install_device(&mut self, d: Device) -> Result<(), TransportError> {
+        let fd = d.channel.fd();
+        self.registry
+            .register(&mut SourceFd(&fd), self.cq_token, Interest::READABLE)
+            .map_err(|e| TransportError::io("register completion channel", e))?;
+        tracing::debug!(device = ?d, "RDMA device open");
+        self.dev = Some(Box::new(d));
+        Ok(())
+    }
+
+    /// One device per transport: an address naming another is refused.
+    fn check_device_name(&self, addr: &EntityAddr) -> Result<(), TransportError> {
+        if let (Some(d), Some(want)) = (&self.dev, &addr.rdma.device) {
+            if want != d.ctx.name() {
+                return Err(TransportError::Unavailable {
+                    kind: self.kind.clone(),
+                    reason: format!(
+                        "this worker's transport uses {}; one device per messenger for now",
+                        d.ctx.name()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The parameters this end announces for `l`.
+    fn my_params(&self, l: &RdmaLink) -> LinkParams {
+        LinkParams {
+            credits: l.initial_credits(),
+            chunk: self.pools.chunk_size as u32,
+            rd_atomic: self.dev.as_ref().map_or(1, |d| d.rd_atomic),
+        }
+    }
+
+    fn register_qp(&mut self, id: LinkId, qp: &QueuePair) {
+        self.qpn_links.insert(qp.qp_num(), id);
+    }
+
+    fn insert_link(&mut self, id: LinkId, l: RdmaLink) {
+        if let Some(qp) = &l.qp {
+            self.qpn_links.insert(qp.qp_num(), id);
+        }
+        self.links.insert(id, l);
+    }
+
+    /// Setup finished: tells the worker (Connected / Accepted).
+    fn mark_up(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(l) = self.links.get_mut(&id) else {
+            return;
+        };
+        if l.up {
+            return;
+        }
+        l.up = true;
+        if l.outgoing {
+            events.push(TransportEvent::Connected(id));
+        } else {
+            let peer = match &l.conn {
+                Conn::Oob(o) => o.stream.peer_addr().ok(),
+                Conn::Cm(c) => Self::cm_peer(c),
+            }
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+            let listener = l.listener.unwrap_or(Token(crate::LISTENER_TOKEN_BASE));
+            events.push(TransportEvent::Accepted {
+                link: id,
+                peer,
+                listener,
+            });
+        }
+        if !l.queue.is_empty() || l.to_grant > 0 {
+            self.dirty.push(id);
+        }
+    }
+
+    /// Removes a link and releases it. Completions of the link still in the
+    /// CQ are ignored by id.
+    fn drop_link(&mut self, id: LinkId) -> Option<()> {
+        let l = self.links.remove(&id)?;
+        self.release(l);
+        Some(())
+    }
+
+    /// Destroys a link's QP (no more DMA into or out of its buffers), ends
+    /// its setup channel and returns its chunks and receive-queue share.
+    fn release(&mut self, l: RdmaLink) {
+        let RdmaLink {
+            mut conn,
+            qp,
+            tx_inflight,
+            share,
+            reads,
+            rdv_out,
+            ..
+        } = l;
+        if let Some(qp) = &qp {
+            self.qpn_links.remove(&qp.qp_num());
+        }
+        match &mut conn {
+            Conn::Oob(o) => self.oob_release(o),
+            Conn::Cm(c) => self.cm_release(c),
+        }
+        // The QP goes first: only then may the memory it reads and writes go.
+        drop(qp);
+        drop(reads);
+        drop(rdv_out);
+        drop(conn);
+        if let Some(dev) = self.dev.as_mut() {
+            for c in tx_inflight {
+                dev.tx.put(c);
+            }
+            dev.return_share(share);
+        }
+    }
+
+    /// A completion of a closing link: its sends drain, then it goes.
+    fn on_closing_completion(&mut self, id: LinkId, wc: &WorkCompletion) {
+        let (_, kind, chunk) = wr::parts(wc.wr_id());
+        let Some((l, _)) = self.closing.get_mut(&id) else {
+            return;
+        };
+        if wc.is_success() && kind == WrKind::Send {
+            if let Some(pos) = l.tx_inflight.iter().position(|&c| c == chunk) {
+                l.tx_inflight.swap_remove(pos);
+                if let Some(dev) = self.dev.as_mut() {
+                    dev.tx.put(chunk);
+                }
+            }
+        }
+        if !wc.is_success() || l.tx_inflight.is_empty() {
+            if let Some((l, _)) = self.closing.remove(&id) {
+                self.release(l);
+            }
+        }
+    }
+
+    /// Releases closing links past their linger deadline.
+    fn reap_closing(&mut self) {
+        if self.closing.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let late: Vec<LinkId> = self
+            .closing
+            .iter()
+            .filter(|(_, (_, t))| now >= *t)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            if let Some((l, _)) = self.closing.remove(&id) {
+                self.release(l);
+            }
+        }
+    }
+
+    /// Fails links whose rendezvous reads are past their deadline.
+    fn reap_late_reads(&mut self, events: &mut Vec<TransportEvent>) {
+        let now = Instant::now();
+        let late: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.reads.values().any(|r| now >= r.deadline))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            self.counters.read_timeouts += 1;
+            self.fail(
+                id,
+                format!("rendezvous read not complete after {READ_DEADLINE:?}"),
+                events,
+            );
+        }
+    }
+
+    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+        if self.drop_link(id).is_some() {
+            events.push(TransportEvent::Failed(id, why));
+        }
+    }
+
+    /// Polls the CQ until it is empty; if it then is not armed, arms it and
+    /// polls once more. Returns whether any completion was handled.
+    fn poll_cq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        let Some(dev) = self.dev.as_ref() else {
+            return false;
+        };
+        let cq = dev.cq.clone();
+        let mut wcs = [WorkCompletion::default(); POLL_BATCH];
+        let mut any = false;
+        loop {
+            let n = match cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(error = %e, "ibv_poll_cq failed");
+                    return any;
+                }
+            };
+            for wc in &wcs[..n] {
+                self.on_completion(wc, events);
+            }
+            if n > 0 {
+                any = true;
+                continue;
+            }
+            if self.armed {
+                return any;
+            }
+            if let Err(e) = cq.req_notify(false) {
+                tracing::error!(error = %e, "ibv_req_notify_cq failed");
+                return any;
+            }
+            self.armed = true;
+            // ...and poll once more: a completion may have landed before the arm.
+        }
+    }
+
+    fn on_completion(&mut self, wc: &WorkCompletion, events: &mut Vec<TransportEvent>) {
+        let (id, kind, index) = wr::parts(wc.wr_id());
+        if kind == WrKind::Recv {
+            let link = self.qpn_links.get(&wc.qp_num()).copied();
+            if !wc.is_success() || wc.opcode() != WcOpcode::Recv {
+                // A shared receive flushed or failed on a QP in error: the
+                // chunk goes back to the queue; the QP's link has failed.
+                self.repost(index);
+                if let Some(link) = link {
+                    self.counters.failed_completions += 1;
+                    self.fail(link, format!("verbs receive: {}", wc.status_str()), events);
+                }
+                return;
+            }
+            match link {
+                Some(link) if self.links.contains_key(&link) => {
+                    if let Err(e) = self.on_recv(link, index, wc.byte_len() as usize, events) {
+                        match e {
+                            RecvError::Corrupt(fe) => {
+                                self.drop_link(link);
+                                events
+                                    .push(TransportEvent::Corrupt(link, ProtocolError::Frame(fe)));
+                            }
+                            RecvError::Fail(why) => self.fail(link, why, events),
+                        }
+                    }
+                }
+                // A message for a link released meanwhile.
+                _ => self.repost(index),
+            }
+            return;
+        }
+        if !self.links.contains_key(&id) {
+            if self.closing.contains_key(&id) {
+                self.on_closing_completion(id, wc);
+            }
+            // Else a completion of a link already released: its chunks went
+            // back then.
+            return;
+        }
+        if !wc.is_success() {
+            self.counters.failed_completions += 1;
+            let why = match wc.ok() {
+                Err(e) => e.to_string(),
+                Ok(_) => "work completion failed".into(),
+            };
+            self.fail(id, format!("verbs: {why}"), events);
+            return;
+        }
+        match kind {
+            WrKind::Send => self.on_send_done(id, index),
+            WrKind::Read => self.on_read_done(id, index, events),
+            WrKind::Recv => {}
+        }
+    }
+
+    /// Gives receive chunk `c` back to the shared receive queue.
+    fn repost(&mut self, c: u32) {
+        if let Some(dev) = self.dev.as_mut() {
+            if let Err(e) = dev.post_recv(c) {
+                // The queue is one slot short from now on; shares still fit
+                // (RNR retry covers the gap) but say so.
+                tracing::error!(error = %e, chunk = c, "reposting a receive failed");
+                dev.rx.put(c);
+            }
+        }
+    }
+
+    fn on_send_done(&mut self, id: LinkId, chunk: u32) {
+        let dev = self.dev.as_mut().expect("device");
+        let Some(l) = self.links.get_mut(&id) else {
+            return;
+        };
+        if let Some(pos) = l.tx_inflight.iter().position(|&c| c == chunk) {
+            l.tx_inflight.swap_remove(pos);
+            dev.tx.put(chunk);
+        }
+        if l.credit_chunk == Some(chunk) {
+            l.credit_chunk = None;
+        }
+        // A send completion frees a chunk and a send-queue slot: links that
+        // waited for either may go on.
+        if !l.queue.is_empty() || l.to_grant > 0 {
+            self.dirty.push(id);
+        } else if dev.tx.available() > 0 {
+            // Another link may have waited for a chunk.
+            self.dirty.extend(
+                self.links
+                    .iter()
+                    .filter(|(_, l)| !l.queue.is_empty() && l.credits > 0)
+                    .map(|(id, _)| *id),
+            );
+        }
+    }
+
+    fn on_recv(
+        &mut self,
+        id: LinkId,
+        chunk: u32,
+        len: usize,
+        events: &mut Vec<TransportEvent>,
+    ) -> Result<(), RecvError> {
+        self.counters.recvs += 1;
+        let l = self.links.get_mut(&id).expect("caller checked");
+        if !l.up {
+            // An acceptor whose QP is ready may see the connector's first send
+            // before the ready byte / Established event.
+            if !l.outgoing && (Self::oob_may_accept_on_recv(l) || Self::cm_may_accept_on_recv(l)) {
+                self.mark_up(id, events);
+            } else {
+                self.repost(chunk);
+                return Err(RecvError::Fail(
+                    "RDMA: data before the link was set up".into(),
+                ));
+            }
+        }
+        let dev = self.dev.as_mut().expect("device");
+        let limits = self.limits;
+        let l = self.links.get_mut(&id).expect("caller checked");
+        if l.hold_tx {
+            // iWARP: the connector has spoken; we may send now.
+            l.hold_tx = false;
+            self.dirty.push(id);
+        }
+        if len < HDR {
+            self.repost(chunk);
+            return Err(RecvError::Fail(format!(
+                "RDMA: runt receive of {len} bytes"
+            )));
+        }
+        let data = dev.rx.bytes(chunk, len);
+        let Some(kind) = Kind::from_u8(data[0]) else {
+            let k = data[0];
+            self.repost(chunk);
+            return Err(RecvError::Fail(format!("RDMA: unknown send kind {k}")));
+        };
+        let more = data[1] & link::MORE != 0;
+        let granted = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
+        l.credits = l.credits.saturating_add(granted);
+        let payload = &data[HDR..];
+        let mut unit = None;
+        let mut read = None;
+        let mut read_done = None;
+        let mut bad = None;
+        match kind {
+            Kind::Credit => {}
+            Kind::Banner | Kind::Frame => {
+                if l.reasm.len() + payload.len() > MAX_UNIT {
+                    bad = Some(format!("RDMA: unit larger than {MAX_UNIT} bytes"));
+                } else if more || !l.reasm.is_empty() {
+                    l.reasm.extend_from_slice(payload);
+                    if !more {
+                        unit = Some(l.reasm.split().freeze());
+                    }
+                } else {
+                    unit = Some(Bytes::copy_from_slice(payload));
+                }
+            }
+            Kind::ReadReq => match ReadDesc::decode(payload) {
+                Some(d) => read = Some(d),
+                None => bad = Some("RDMA: malformed read request".into()),
+            },
+            Kind::ReadDone => match <[u8; 4]>::try_from(payload) {
+                Ok(t) => read_done = Some(u32::from_le_bytes(t)),
+                Err(_) => bad = Some("RDMA: malformed read completion".into()),
+            },
+        }
+        // The chunk is copied out: it goes back to the queue right away.
+        self.repost(chunk);
+        if let Some(why) = bad {
+            return Err(RecvError::Fail(why));
+        }
+        let l = self.links.get_mut(&id).expect("caller checked");
+        if kind != Kind::Credit {
+            if l.paused {
+                l.withheld += 1;
+            } else {
+                l.to_grant += 1;
+            }
+        }
+        if granted > 0 || l.to_grant >= l.initial_credits().div_ceil(2) {
+            self.dirty.push(id);
+        }
+        if let Some(token) = read_done {
+            if let Some(mr) = l.rdv_out.remove(&token) {
+                l.rdv_out_bytes -= mr.len();
+            }
+            return Ok(());
+        }
+        if let Some(desc) = read {
+            return self.start_read(id, desc, events);
+        }
+        let Some(bytes) = unit else {
+            return Ok(());
+        };
+        let inbound = match kind {
+            Kind::Banner => {
+                let raw: [u8; msgr_proto::banner::BANNER_LEN] =
+                    bytes.as_ref().try_into().map_err(|_| {
+                        RecvError::Fail(format!("RDMA: banner of {} bytes", bytes.len()))
+                    })?;
+                Inbound::Banner(raw)
+            }
+            _ => Inbound::Frame(Frame::decode_exact(bytes, &limits).map_err(RecvError::Corrupt)?),
+        };
+        self.deliver(id, RxItem::Ready(inbound), events);
+        Ok(())
+    }
+
+    /// Hands a received unit to the worker, or holds it while reading is
+    /// paused or an earlier rendezvous is still being read.
+    fn deliver(&mut self, id: LinkId, item: RxItem, events: &mut Vec<TransportEvent>) {
+        let Some(l) = self.links.get_mut(&id) else {
+            return;
+        };
+        match item {
+            RxItem::Ready(u) if !l.paused && l.held.is_empty() => {
+                events.push(TransportEvent::Received(id, u))
+            }
+            item => l.held.push_back(item),
+        }
+    }
+
+    /// Delivers held units from the front until a read in flight (or pause).
+    fn drain_held(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) -> bool {
+        let Some(l) = self.links.get_mut(&id) else {
+            return false;
+        };
+        let mut any = false;
+        while !l.paused {
+            match l.held.front() {
+                Some(RxItem::Ready(_)) => {
+                    if let Some(RxItem::Ready(u)) = l.held.pop_front() {
+                        events.push(TransportEvent::Received(id, u));
+                        any = true;
+                    }
+                }
+                _ => break,
+            }
+        }
+        any
+    }
+
+    /// A rendezvous announced: register a buffer and read the frame into it.
+    fn start_read(
+        &mut self,
+        id: LinkId,
+        desc: ReadDesc,
+        events: &mut Vec<TransportEvent>,
+    ) -> Result<(), RecvError> {
+        let max = self.limits.max_frame;
+        if desc.len == 0 || desc.len > max {
+            return Err(RecvError::Fail(format!(
+                "RDMA: rendezvous of {} bytes (limit {max})",
+                desc.len
+            )));
+        }
+        let dev = self.dev.as_ref().expect("device");
+        // iWARP read sinks must be remotely writable (the read response is a
+        // write into them).
+        let access = Access {
+            local_write: true,
+            remote_write: dev.ctx.is_iwarp(),
+            remote_read: false,
+            remote_atomic: false,
+        };
+        let buf = MemoryRegion::register(&dev.pd, vec![0u8; desc.len as usize], access)
+            .map_err(|e| RecvError::Fail(format!("RDMA: registering a read buffer: {e}")))?;
+        let l = self.links.get_mut(&id).expect("caller checked");
+        let slot = l.next_read;
+        l.next_read = (l.next_read + 1) & 0x00ff_ffff;
+        l.reads.insert(
+            slot,
+            ReadOp {
+                buf,
+                desc,
+                posted: 0,
+                pending: 0,
+                deadline: Instant::now() + READ_DEADLINE,
+            },
+        );
+        l.held.push_back(RxItem::Reading(slot));
+        self.pump_reads(id, events);
+        Ok(())
+    }
+
+    /// Posts read pieces of the link's rendezvous, at most [`MAX_READS`] in flight.
+    fn pump_reads(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(l) = self.links.get_mut(&id) else {
+            return;
+        };
+        let Some(qp) = l.qp.as_ref() else {
+            return;
+        };
+        let mut in_flight: u32 = l.reads.values().map(|r| r.pending).sum();
+        let mut slots: Vec<u32> = l.reads.keys().copied().collect();
+        slots.sort_unstable();
+        let mut err = None;
+        'ops: for slot in slots {
+            let op = l.reads.get_mut(&slot).expect("listed");
+            while op.posted < op.desc.len {
+                if in_flight >= MAX_READS {
+                    break 'ops;
+                }
+                let off = op.posted;
+                let n = (op.desc.len - off).min(READ_PIECE);
+                let res = op
+                    .buf
+                    .sge(off as usize..(off + n) as usize)
+                    .and_then(|sge| {
+                        let remote = RemoteAddr {
+                            addr: op.desc.addr + off,
+                            rkey: op.desc.rkey,
+                        };
+                        qp.post_send(&[SendWr::new(
+                            wr::of_link(id, WrKind::Read, slot),
+                            SendOp::RdmaRead(remote),
+                            &[sge],
+                        )])
+                    });
+                if let Err(e) = res {
+                    err = Some(format!("RDMA: post read: {e}"));
+                    break 'ops;
+                }
+                op.posted += n;
+                op.pending += 1;
+                in_flight += 1;
+            }
+        }
+        if let Some(why) = err {
+            self.fail(id, why, events);
+        }
+    }
+
+    fn on_read_done(&mut self, id: LinkId, slot: u32, events: &mut Vec<TransportEvent>) {
+        let limits = self.limits;
+        let Some(l) = self.links.get_mut(&id) else {
+            return;
+        };
+        let Some(op) = l.reads.get_mut(&slot) else {
+            return;
+        };
+        op.pending -= 1;
+        if op.pending > 0 || op.posted < op.desc.len {
+            self.pump_reads(id, events);
+            return;
+        }
+        let op = l.reads.remove(&slot).expect("present");
+        self.counters.rendezvous_read += 1;
+        self.counters.rendezvous_read_bytes += op.desc.len;
+        // Tell the sender it may release its buffer (ahead of queued data:
+        // it carries no unit, only frees memory).
+        l.queue.push_front(link::Part {
+            kind: Kind::ReadDone,
+            more: false,
+            bytes: Bytes::copy_from_slice(&op.desc.token.to_le_bytes()),
+        });
+        self.dirty.push(id);
+        let bytes = Bytes::from(op.buf.into_inner());
+        let inbound = match Frame::decode_exact(bytes, &limits) {
+            Ok(f) => Inbound::Frame(f),
+            Err(fe) => {
+                self.drop_link(id);
+                events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(fe)));
+                return;
+            }
+        };
+        if let Some(item) = l
+            .held
+            .iter_mut()
+            .find(|i| matches!(i, RxItem::Reading(s) if *s == slot))
+        {
+            *item = RxItem::Ready(inbound);
+        }
+        self.drain_held(id, events);
+        self.pump_reads(id, events);
+    }
+
+    /// Posts what credits, chunks and send-queue room allow on one link.
+    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(dev) = self.dev.as_mut() else {
+            return;
+        };
+        let Some(l) = self.links.get_mut(&id) else {
+            return;
+        };
+        if !l.can_send() {
+            return;
+        }
+        let Some(qp) = l.qp.as_ref() else {
+            return;
+        };
+        let mut posts: Vec<(u32, usize)> = Vec::new();
+        loop {
+            let room = (SQ_DEPTH as usize).saturating_sub(l.tx_inflight.len() + posts.len());
+            if room == 0 {
+                break;
+            }
+            let data = !l.queue.is_empty() && l.credits > 0;
+            if !l.queue.is_empty() && l.credits == 0 {
+                self.counters.credit_stalls += 1;
+            }
+            // A credit-only send when the peer is running low and we have no
+            // data to carry the credits (at most one in flight).
+            let credit_only = !data
+                && l.to_grant >= l.initial_credits().div_ceil(2)
+                && l.credit_chunk.is_none()
+                && l.queue.is_empty();
+            if !data && !credit_only {
+                break;
+            }
+            let Some(c) = dev.tx.take() else {
+                self.counters.tx_pool_empty += 1;
+                break;
+            };
+            let buf = dev.tx.bytes_mut(c);
+            let grant = std::mem::take(&mut l.to_grant);
+            let len = if data {
+                let p = l.queue.pop_front().expect("checked");
+                l.credits -= 1;
+                l.queued_bytes = l.queued_bytes.saturating_sub(p.bytes.len());
+                buf[..HDR].copy_from_slice(&header(p.kind, p.more, grant));
+                buf[HDR..HDR + p.bytes.len()].copy_from_slice(&p.bytes);
+                HDR + p.bytes.len()
+            } else {
+                l.credit_chunk = Some(c);
+                self.counters.credit_only_sends += 1;
+                buf[..HDR].copy_from_slice(&header(Kind::Credit, false, grant));
+                HDR
+            };
+            posts.push((c, len));
+        }
+        if posts.is_empty() {
+            return;
+        }
+        self.counters.sends_posted += posts.len() as u64;
+        let res = (|| -> Result<(), RdmaError> {
+            let sges = posts
+                .iter()
+                .map(|&(c, len)| dev.tx.sge(c, len))
+                .collect::<Result<Vec<_>, _>>()?;
+            let wrs: Vec<SendWr<'_>> = posts
+                .iter()
+                .zip(&sges)
+                .map(|(&(c, _), s)| {
+                    SendWr::new(
+                        wr::of_link(id, WrKind::Send, c),
+                        SendOp::Send,
+                        std::slice::from_ref(s),
+                    )
+                })
+                .collect();
+            qp.post_send(&wrs)
+        })();
+        l.tx_inflight.extend(posts.iter().map(|&(c, _)| c));
+        if let Err(e) = res {
+            self.fail(id, format!("RDMA: post send: {e}"), events);
+        }
+    }
+
+    fn push_unit(&mut self, link: LinkId, kind: Kind, bytes: Bytes) -> Result<(), TransportError> {
+        let max = self.pools.chunk_size - HDR;
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        l.push(kind, bytes, max);
+        self.dirty.push(link);
+        Ok(())
+    }
+
+    /// Queues a large frame for the peer to read: registered where it lies,
+    /// announced by a read request. Falls back to eager sends when it cannot
+    /// be registered (memlock exhausted, say).
+    fn push_rendezvous(&mut self, link: LinkId, frame: Vec<u8>) -> Result<(), TransportError> {
+        let dev = self.dev.as_ref().expect("links have a device");
+        let access = Access {
+            local_write: true,
+            remote_write: false,
+            remote_read: true,
+            remote_atomic: false,
+        };
+        let len = frame.len();
+        let mr = match MemoryRegion::try_register(&dev.pd, frame, access) {
+            Ok(mr) => mr,
+            Err((e, frame)) => {
+                tracing::debug!(error = %e, "rendezvous registration failed; sending eagerly");
+                self.counters.rendezvous_fallbacks += 1;
+                return self.push_unit(link, Kind::Frame, Bytes::from(frame));
+            }
+        };
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        let token = l.next_token;
+        l.next_token = l.next_token.wrapping_add(1);
+        let desc = ReadDesc {
+            token,
+            rkey: mr.rkey(),
+            addr: mr.addr(),
+            len: len as u64,
+        };
+        l.rdv_out.insert(token, mr);
+        l.rdv_out_bytes += len;
+        l.queue.push_back(link::Part {
+            kind: Kind::ReadReq,
+            more: false,
+            bytes: Bytes::copy_from_slice(&desc.encode()),
+        });
+        self.counters.rendezvous_sent += 1;
+        self.dirty.push(link);
+        Ok(())
+    }
+}
+
+enum RecvError {
+    Corrupt(FrameError),
+    Fail(String),
+}
+
+impl Transport for RdmaTransport {
+    fn kind(&self) -> TransportKind {
+        self.kind.clone()
+    }
+
+    fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError> {
+        match self.kind {
+            TransportKind::RdmaCm => self.cm_listen(addr, token),
+            _ => self.oob_listen(addr, token),
+        }
+    }
+
+    fn unlisten(&mut self, token: Token) {
+        self.oob_unlisten(token);
+        self.cm_unlisten(token);
+    }
+
+    fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
+        match self.kind {
+            TransportKind::RdmaCm => self.cm_connect(link, addr),
+            _ => self.oob_connect(link, addr),
+        }
+    }
+
+    fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
+        match unit {
+            Transmit::Banner(b) => self.push_unit(link, Kind::Banner, Bytes::copy_from_slice(&b)),
+            Transmit::Frame(f) => {
+                let bytes = f.encode_to_vec()?;
+                if bytes.len() > self.pools.rendezvous_threshold && self.dev.is_some() {
+                    return self.push_rendezvous(link, bytes);
+                }
+                self.push_unit(link, Kind::Frame, Bytes::from(bytes))
+            }
+        }
+    }
+
+    fn flush(&mut self, events: &mut Vec<TransportEvent>) {
+        if self.dirty.is_empty() {
+            return;
+        }
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for id in dirty {
+            self.flush_link(id, events);
+        }
+    }
+
+    fn ready(&mut self, event: &Event, events: &mut Vec<TransportEvent>) {
+        let token = event.token();
+        if token == self.cq_token {
+            if let Some(dev) = &self.dev {
+                // Acknowledge every channel event; the CQ must be re-armed.
+                loop {
+                    match dev.cq.get_event() {
+                        Ok(true) => self.armed = false,
+                        Ok(false) => break,
+                        Err(e) => {
+                            tracing::error!(error = %e, "ibv_get_cq_event failed");
+                            break;
+                        }
+                    }
+                }
+            }
+            self.poll_cq(events);
+            return;
+        }
+        if self.cm.as_ref().is_some_and(|c| c.token() == token) {
+            self.cm_ready(events);
+            return;
+        }
+        if self.oob_listeners.contains_key(&token) {
+            self.oob_accept_all(token, events);
+            return;
+        }
+        self.oob_ready(LinkId(token.0 as u64), event, events);
+    }
+
+    fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        let mut any = !self.pending.is_empty();
+        events.append(&mut self.pending);
+        for id in std::mem::take(&mut self.resumed) {
+            any |= self.drain_held(id, events);
+        }
+        any |= self.poll_cq(events);
+        self.reap_closing();
+        self.reap_late_reads(events);
+        any
+    }
+
+    fn close(&mut self, link: LinkId, flush: bool) {
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        if !(flush && l.can_send()) {
+            self.drop_link(link);
+            return;
+        }
+        // Post what credits allow now (the Close frame, typically); what the
+        // peer has no room for is dropped (the session replays what matters).
+        let mut ev = Vec::new();
+        self.flush_link(link, &mut ev);
+        self.pending.extend(ev);
+        let Some(mut l) = self.links.remove(&link) else {
+            return;
+        };
+        l.queue.clear();
+        l.queued_bytes = 0;
+        if l.tx_inflight.is_empty() {
+            self.release(l);
+        } else {
+            if let Conn::Oob(o) = &mut l.conn {
+                let _ = self.registry.deregister(&mut o.stream);
+            }
+            self.closing
+                .insert(link, (l, Instant::now() + CLOSE_LINGER));
+        }
+    }
+
+    fn pause_reading(&mut self, link: LinkId, paused: bool) {
+        if let Some(l) = self.links.get_mut(&link) {
+            if l.frozen || l.paused == paused {
+                return;
+            }
+            l.paused = paused;
+            if !paused {
+                l.to_grant += std::mem::take(&mut l.withheld);
+                self.dirty.push(link);
+                if !l.held.is_empty() {
+                    self.resumed.push(link);
+                }
+            }
+        }
+    }
+
+    fn backlog(&self, link: LinkId) -> usize {
+        self.links
+            .get(&link)
+            .map_or(0, |l| l.queued_bytes + l.rdv_out_bytes)
+    }
+
+    fn owns(&self, token: Token) -> bool {
+        token == self.cq_token
+            || self
+                .cm
+                .as_ref()
+                .is_some_and(|c| c.token() == token || c.owns_listener(token))
+            || self.oob_listeners.contains_key(&token)
+            || self.links.contains_key(&LinkId(token.0 as u64))
+    }
+
+    fn link_count(&self) -> usize {
+        self.links.len()
+    }
+
+    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        match fault {
+            RealFault::Abort => {
+                // For real: the QP goes to ERR, its posted work requests flush
+                // with errors, and the failed completions fail the link.
+                if let Some(qp) = &l.qp {
+                    qp.to_err()
+                        .map_err(|e| rdma_err(self.kind.clone(), "qp to ERR", e))?;
+                    self.counters.qp_errors_injected += 1;
+                }
+            }
+            RealFault::HalfClose => match &l.conn {
+                // No half-close on a QP: the setup channel tells the peer we
+                // are gone (EOF on the socket; rdma_cm's Disconnected).
+                Conn::Oob(o) => {
+                    oob::half_close(o).map_err(|e| TransportError::io("shutdown", e))?
+                }
+                Conn::Cm(c) => {
+                    c.id.disconnect()
+                        .map_err(|e| rdma_err(self.kind.clone(), "rdma_disconnect", e))?
+                }
+            },
+            RealFault::StopReading => {
+                l.paused = true;
+            }
+            RealFault::Freeze => {
+                l.paused = true;
+                l.frozen = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn send_corrupted(
+        &mut self,
+        link: LinkId,
+        unit: Transmit,
+        bit: u64,
+    ) -> Result<(), TransportError> {
+        let kind = match unit {
+            Transmit::Banner(_) => Kind::Banner,
+            Transmit::Frame(_) => Kind::Frame,
+        };
+        let bytes = crate::wire::corrupted(unit, bit)?;
+        self.push_unit(link, kind, Bytes::from(bytes))
+    }
+
+    fn detach(&mut self, _link: LinkId) -> Option<DetachedLink> {
+        // A QP belongs to its worker's CQ: RDMA links do not migrate.
+        None
+    }
+
+    fn attach(&mut self, _link: LinkId, _detached: DetachedLink) -> Result<(), TransportError> {
+        Err(TransportError::Unavailable {
+            kind: self.kind.clone(),
+            reason: "RDMA links do not move between workers".into(),
+        })
+    }
+
+    fn stats(&self) -> TransportStats {
+        let c = &self.counters;
+        let (tx_free, rx_budget) = self.dev.as_ref().map_or((0, 0), |d| {
+            (d.tx.available() as u64, u64::from(d.rx_budget))
+        });
+        let credits: u64 = self.links.values().map(|l| u64::from(l.credits)).sum();
+        let rdv_out: u64 = self.links.values().map(|l| l.rdv_out_bytes as u64).sum();
+        let reads: u64 = self.links.values().map(|l| l.reads.len() as u64).sum();
+        TransportStats {
+            kind: self.kind.clone(),
+            values: vec![
+                ("sends_posted", c.sends_posted),
+                ("recvs", c.recvs),
+                ("credit_only_sends", c.credit_only_sends),
+                ("credit_stalls", c.credit_stalls),
+                ("tx_pool_empty", c.tx_pool_empty),
+                ("links_refused_no_rx_share", c.share_refused),
+                ("failed_completions", c.failed_completions),
+                ("rendezvous_sent", c.rendezvous_sent),
+                ("rendezvous_read", c.rendezvous_read),
+                ("rendezvous_read_bytes", c.rendezvous_read_bytes),
+                ("rendezvous_fallbacks", c.rendezvous_fallbacks),
+                ("read_timeouts", c.read_timeouts),
+                ("qp_errors_injected", c.qp_errors_injected),
+                ("tx_chunks_free", tx_free),
+                ("rx_slots_unpromised", rx_budget),
+                ("credits_held", credits),
+                ("rendezvous_out_bytes", rdv_out),
+                ("reads_in_flight", reads),
+                ("links", self.links.len() as u64),
+            ],
+        }
+    }
+}
+
+impl Drop for RdmaTransport {
+    fn drop(&mut self) {
+        let ids: Vec<LinkId> = self.links.keys().copied().collect();
+        for id in ids {
+            self.drop_link(id);
+        }
+        for (_, (l, _)) in std::mem::take(&mut self.closing) {
+            self.release(l);
+        }
+        if let Some(dev) = &self.dev {
+            let fd = dev.channel.fd();
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
+        if let Some(cm) = &self.cm {
+            let fd = cm.fd();
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a host without RDMA (this project's development machines) the
+    /// backends say why they cannot run, in words an operator can act on.
+    #[test]
+    fn unavailable_without_a_device_says_why() {
+        if std::path::Path::new("/dev/infiniband/uverbs0").exists() {
+            return; // a machine with a device: nothing to check
+        }
+        for kind in [TransportKind::Verbs, TransportKind::RdmaCm] {
+            match crate::availability(&kind) {
+                crate::Availability::Unavailable(reason) => {
+                    assert!(reason.contains("no RDMA device"), "{reason}")
+                }
+                crate::Availability::Available => panic!("{kind:?} available without a device"),
+            }
+            let poll = mio::Poll::new().unwrap();
+            let ctx = TransportContext::new(FrameLimits::default());
+            match crate::open_transport(&kind, poll.registry(), &ctx) {
+                Err(TransportError::Unavailable { reason, .. }) => {
+                    assert!(reason.contains("no RDMA device"), "{reason}")
+                }
+                Err(e) => panic!("unexpected error: {e}"),
+                Ok(_) => panic!("opened {kind:?} without a device"),
+            }
+        }
+    }
+
+    #[test]
+    fn link_params_round_trip_and_reject_mismatches() {
+        let p = LinkParams {
+            credits: 32,
+            chunk: 32 << 10,
+            rd_atomic: 8,
+        };
+        assert_eq!(LinkParams::decode(&p.encode(), 32 << 10).unwrap(), p);
+        // iWARP may pad private data.
+        let mut padded = p.encode().to_vec();
+        padded.extend_from_slice(&[0; 40]);
+        assert_eq!(LinkParams::decode(&padded, 32 << 10).unwrap(), p);
+        assert!(LinkParams::decode(&p.encode(), 16 << 10).is_err());
+        assert!(LinkParams::decode(&p.encode()[..10], 32 << 10).is_err());
+        let zero = LinkParams { credits: 0, ..p };
+        assert!(LinkParams::decode(&zero.encode(), 32 << 10).is_err());
+    }
+
+    #[test]
+    fn parts_cover_the_unit() {
+        // Pure logic of cutting units into parts (no device needed).
+        let b = Bytes::from((0..100_000u32).map(|i| i as u8).collect::<Vec<_>>());
+        let max = (32 << 10) - HDR;
+        let n = b.len().div_ceil(max);
+        let mut joined = Vec::new();
+        let mut rest = b.clone();
+        for i in 0..n {
+            let part = rest.split_to(rest.len().min(max));
+            assert_eq!(i + 1 < n, !rest.is_empty());
+            joined.extend_from_slice(&part);
+        }
+        assert_eq!(joined, b);
+    }
+}
