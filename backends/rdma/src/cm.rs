@@ -505,7 +505,13 @@ impl CmId {
         let qp = NonNull::new(unsafe { (*self.ptr()).qp })
             .ok_or_else(|| RdmaError::InvalidArgument("rdma_create_qp left no QP".into()))?;
         *has = true;
-        Ok(QueuePair::from_cm(qp, self.inner.clone(), pd, init))
+        Ok(QueuePair::from_cm(
+            qp,
+            self.inner.clone(),
+            pd,
+            init,
+            &attr.cap,
+        ))
     }
 
     /// Active side: connect (after the route is resolved and the QP created);

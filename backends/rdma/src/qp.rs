@@ -287,6 +287,16 @@ enum Owner {
     Cm(Arc<CmIdInner>),
 }
 
+fn granted_caps(c: &sys::ibv_qp_cap) -> QpCaps {
+    QpCaps {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
 /// A reliable-connected queue pair.
 #[derive(Debug)]
 pub struct QueuePair {
@@ -294,6 +304,8 @@ pub struct QueuePair {
     owner: Owner,
     _pd: Arc<ProtectionDomain>,
     _init: QpInit,
+    /// The caps the device granted (it may round up what was asked).
+    caps: QpCaps,
 }
 
 // SAFETY: QP verbs are thread-safe.
@@ -314,6 +326,7 @@ impl QueuePair {
             owner: Owner::Verbs,
             _pd: pd.clone(),
             _init: init,
+            caps: granted_caps(&attr.cap),
         })
     }
 
@@ -322,13 +335,20 @@ impl QueuePair {
         id: Arc<CmIdInner>,
         pd: &Arc<ProtectionDomain>,
         init: QpInit,
+        granted: &sys::ibv_qp_cap,
     ) -> Self {
         QueuePair {
             qp,
             owner: Owner::Cm(id),
             _pd: pd.clone(),
             _init: init,
+            caps: granted_caps(granted),
         }
+    }
+
+    /// The queue sizes and inline limit the device granted.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
     }
 
     pub fn as_ptr(&self) -> *mut sys::ibv_qp {

@@ -17,10 +17,10 @@ use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use msgr_addr::{EntityAddr, TransportKind};
 use msgr_proto::LinkId;
-use msgr_rdma::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace, QpCaps, QpInit};
+use msgr_rdma::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 use rustc_hash::FxHashMap;
 
-use super::device::{Device, MAX_READS, SQ_DEPTH};
+use super::device::Device;
 use super::link::{Conn, RdmaLink};
 use super::{rdma_err, LinkParams, RdmaTransport};
 use crate::{TransportError, TransportEvent};
@@ -143,16 +143,8 @@ impl RdmaTransport {
         let share = dev
             .take_share()
             .ok_or_else(|| self.counters.share_refused(&TransportKind::RdmaCm))?;
-        let mut init = QpInit::new(&dev.cq, &dev.cq);
-        init.srq = Some(dev.srq.clone());
-        init.caps = QpCaps {
-            max_send_wr: SQ_DEPTH + MAX_READS,
-            max_recv_wr: 0,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        match id.create_qp(&dev.pd, init) {
+        let pd = dev.pd.clone();
+        match dev.create_qp(|init| id.create_qp(&pd, init)) {
             Ok(qp) => Ok((qp, share)),
             Err(e) => {
                 dev.return_share(share);

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use msgr_addr::RdmaLocation;
 use msgr_rdma::{
-    open_device, CompletionChannel, CompletionQueue, Context, Gid, Mtu, ProtectionDomain,
-    RdmaError, RecvWr, SharedReceiveQueue,
+    open_device, CompletionChannel, CompletionQueue, Context, Gid, Mtu, ProtectionDomain, QpCaps,
+    QpInit, QueuePair, RdmaError, RecvWr, SharedReceiveQueue,
 };
 
 use super::pool::Pool;
@@ -21,6 +21,8 @@ pub(crate) const SQ_DEPTH: u32 = 64;
 pub(crate) const MAX_READS: u32 = 8;
 /// Data credits a link is granted at most (receives the peer may fill).
 pub(crate) const MAX_LINK_CREDITS: u32 = 32;
+/// Inline data asked for per QP (falls back to none if the device refuses).
+const MAX_INLINE: u32 = 256;
 /// Fewest shared-receive-queue slots a link needs: two data credits and one
 /// slot for a credit-only message.
 pub(crate) const MIN_LINK_SHARE: u32 = 3;
@@ -39,6 +41,9 @@ pub(crate) struct Device {
     pub(crate) rx_budget: u32,
     /// RDMA reads this end may have outstanding or serve per QP.
     pub(crate) rd_atomic: u8,
+    /// Sends up to this many bytes are posted inline (copied into the work
+    /// request: no DMA read of the chunk, lower latency for tiny messages).
+    pub(crate) max_inline: u32,
     pub(crate) port: u8,
     pub(crate) gid_index: u8,
     pub(crate) gid: Gid,
@@ -139,6 +144,7 @@ impl Device {
                 .max_qp_rd_atom
                 .min(attr.max_qp_init_rd_atom)
                 .clamp(1, 16) as u8,
+            max_inline: MAX_INLINE,
             port,
             gid_index: 0,
             gid: Gid([0; 16]),
@@ -175,6 +181,34 @@ impl Device {
         }
         self.rx_budget -= share;
         Some(share)
+    }
+
+    /// Creates a link's QP with `create` (plain verbs or rdma_cm) on the
+    /// shared CQ and receive queue. Sends up to [`Device::max_inline`] bytes
+    /// go inline; a device that refuses inline data gets QPs without it from
+    /// then on.
+    pub(crate) fn create_qp(
+        &mut self,
+        create: impl Fn(QpInit) -> Result<QueuePair, RdmaError>,
+    ) -> Result<QueuePair, RdmaError> {
+        loop {
+            let mut init = QpInit::new(&self.cq, &self.cq);
+            init.srq = Some(self.srq.clone());
+            init.caps = QpCaps {
+                max_send_wr: SQ_DEPTH + MAX_READS,
+                max_recv_wr: 0,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: self.max_inline,
+            };
+            match create(init) {
+                Err(e) if self.max_inline > 0 => {
+                    tracing::debug!(error = %e, device = self.ctx.name(), "QP with inline data refused; going without");
+                    self.max_inline = 0;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Returns a released link's share.

@@ -934,8 +934,9 @@ impl RdmaTransport {
             let wrs: Vec<SendWr<'_>> = posts
                 .iter()
                 .zip(&sges)
-                .map(|(&(c, _), s)| {
-                    SendWr::new(
+                .map(|(&(c, len), s)| SendWr {
+                    inline: len <= qp.caps().max_inline_data as usize,
+                    ..SendWr::new(
                         wr::of_link(id, WrKind::Send, c),
                         SendOp::Send,
                         std::slice::from_ref(s),

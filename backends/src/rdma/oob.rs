@@ -18,9 +18,9 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
 use msgr_addr::{EntityAddr, TransportKind};
 use msgr_proto::LinkId;
-use msgr_rdma::{Gid, InitAttr, QpCaps, QpInit, QueuePair, RdmaError, RtrAttr, RtsAttr};
+use msgr_rdma::{Gid, InitAttr, QueuePair, RdmaError, RtrAttr, RtsAttr};
 
-use super::device::{Device, SQ_DEPTH};
+use super::device::Device;
 use super::link::{Conn, RdmaLink};
 use super::{rdma_err, LinkParams, RdmaTransport};
 use crate::wire::ConnectProgress;
@@ -184,16 +184,9 @@ impl RdmaTransport {
         let share = dev
             .take_share()
             .ok_or_else(|| self.counters.share_refused(&kind))?;
-        let mut init = QpInit::new(&dev.cq, &dev.cq);
-        init.srq = Some(dev.srq.clone());
-        init.caps = QpCaps {
-            max_send_wr: SQ_DEPTH + super::device::MAX_READS,
-            max_recv_wr: 0,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let qp = QueuePair::new(&dev.pd, init)
+        let pd = dev.pd.clone();
+        let qp = dev
+            .create_qp(|init| QueuePair::new(&pd, init))
             .and_then(|qp| {
                 qp.to_init(&InitAttr {
                     port: dev.port,
