@@ -47,6 +47,15 @@ fn ordering_and_integrity_100k_mixed_sizes() {
         wait_until(Duration::from_secs(10), || conn.queued() == (0, 0)),
         "acks drain the queue"
     );
+    // Every frame left intact: a CRC error would mean the sender scrambled
+    // its own output (the CRC makes the session recover, hiding it otherwise).
+    for (who, m) in [("client", &cli), ("server", &srv)] {
+        let errors = m.counters().protocol_errors.load(Ordering::Relaxed);
+        assert_eq!(
+            errors, 0,
+            "{who} saw {errors} protocol errors on a clean link"
+        );
+    }
     let r = cli.shutdown(Duration::from_secs(5));
     assert_eq!(r.undelivered, 0);
     assert_eq!(r.leaked_links, 0);
@@ -125,6 +134,13 @@ fn lossless_exactly_once_across_hundreds_of_cuts() {
     assert!(
         reconnects >= CUTS * 9 / 10,
         "sessions resumed after the cuts ({reconnects})"
+    );
+    // Cuts are the only faults: the replays after them arrive intact (a
+    // scrambled replay is caught by its CRC and costs another reconnect).
+    let errors = srv.counters().protocol_errors.load(Ordering::Relaxed);
+    assert_eq!(
+        errors, 0,
+        "replays reached the server corrupted {errors} times"
     );
     assert!(
         rec.resets.lock().unwrap().is_empty(),

@@ -361,6 +361,8 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
         }
     }
     for (who, m) in [("client", &cli), ("server", &srv)] {
+        // An echoed ping stays in the server's replay window until acked.
+        wait_until(Duration::from_secs(10), || m.rx_held() == (0, 0));
         if m.rx_held() != (0, 0) {
             return Err(format!(
                 "{who}: received messages still held: {:?}",
