@@ -21,6 +21,9 @@ pub struct TransportContext {
     pub copy_threshold: usize,
     /// Pool sizes of the RDMA backends.
     pub rdma: RdmaPoolConfig,
+    /// Wakes the worker from another thread (backends whose buffers are
+    /// returned by the application, like the RDMA receive chunks).
+    pub waker: Option<Arc<mio::Waker>>,
 }
 
 /// Sizes of the RDMA backends' registered memory, per worker: what the
@@ -61,6 +64,7 @@ impl TransportContext {
             link_ids: Arc::new(AtomicU64::new(1)),
             copy_threshold: 8 << 10,
             rdma: RdmaPoolConfig::default(),
+            waker: None,
         }
     }
 }

@@ -149,7 +149,13 @@ impl Messenger {
         // Each worker gets every available backend; unavailable ones are simply
         // not there, and connecting to such an address says why.
         let mut worker_transports = Vec::new();
-        for (poll, _, _, _) in &prepared {
+        for (poll, handle, _, _) in &prepared {
+            // Backends that take buffers back from the application wake
+            // their worker through it.
+            let ctx = TransportContext {
+                waker: Some(handle.waker()),
+                ..ctx.clone()
+            };
             let mut ts = Vec::new();
             // TCP always (when built), the bound transport too; others open on
             // first connect.

@@ -15,8 +15,10 @@
 //!    tiny (16 receive slots: 2 credits per link; 4 send chunks): senders
 //!    slow down, nothing deadlocks, everything arrives exactly once.
 //! 5. A 64-byte ping-pong for a latency figure.
-//! 6. Leak check: every send chunk back in its pool, no rendezvous buffer or
-//!    read left, no received message held, no link left at shutdown.
+//! 6. Leak check: every send chunk back in its pool, every receive chunk lent
+//!    to the application (messages that fit one chunk are not copied) back in
+//!    the queue, no rendezvous buffer or read left, no received message held,
+//!    no link left at shutdown.
 //!
 //!     verbs_messenger BIND_ADDR [N (default 3000)]
 //!
@@ -309,6 +311,11 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
                 "large messages did not take the rendezvous path ({reads} reads)"
             ));
         }
+        let lent = stat(&srv, "rx_chunks_lent_total");
+        println!("server: {lent} received units lent without a copy");
+        if lent == 0 {
+            return Err("no received unit was lent zero-copy".into());
+        }
     }
 
     // 4: starvation: tiny pools on the server, three clients at once.
@@ -350,6 +357,7 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
                 stat(m, "tx_chunks_free") == u64::from(pools.tx_chunks)
                     && stat(m, "rendezvous_out_bytes") == 0
                     && stat(m, "reads_in_flight") == 0
+                    && stat(m, "rx_chunks_lent") == 0
             });
             println!(
                 "{who} backend stats: {}",

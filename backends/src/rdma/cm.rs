@@ -290,6 +290,7 @@ impl RdmaTransport {
                 let l = self.links.get_mut(&id).expect("present");
                 l.qp = Some(qp);
                 l.share = share;
+                l.peer_credits = l.initial_credits();
                 let param = self.conn_param(self.links.get(&id).expect("present"), None);
                 let c = cm(self.links.get_mut(&id).expect("present")).expect("cm");
                 c.id.connect(&param)

@@ -138,6 +138,8 @@ pub(crate) struct RdmaLink {
     pub(crate) qp: Option<QueuePair>,
     /// Shared-receive-queue slots promised to this link (returned on release).
     pub(crate) share: u32,
+    /// Its receive chunks lent to the application now.
+    pub(crate) lent: u32,
     /// iWARP acceptors send nothing before the connector's first message.
     pub(crate) hold_tx: bool,
     /// Send chunks whose send has not completed.
@@ -149,6 +151,9 @@ pub(crate) struct RdmaLink {
     pub(crate) credits: u32,
     /// Receives consumed whose credit the peer has not been given back.
     pub(crate) to_grant: u32,
+    /// Data sends the peer may still post to us, as far as we know (what we
+    /// granted minus what arrived): when it runs low, credits go back alone.
+    pub(crate) peer_credits: u32,
     /// Credits kept back while reading is paused (backpressure).
     pub(crate) withheld: u32,
     /// The send chunk of the credit-only send in flight (at most one).
@@ -188,12 +193,14 @@ impl RdmaLink {
             up: false,
             qp,
             share,
+            lent: 0,
             hold_tx: false,
             tx_inflight: Vec::new(),
             queue: VecDeque::new(),
             queued_bytes: 0,
             credits: 0,
             to_grant: 0,
+            peer_credits: share.saturating_sub(1),
             withheld: 0,
             credit_chunk: None,
             reasm: BytesMut::new(),
@@ -231,6 +238,26 @@ impl RdmaLink {
                 return;
             }
         }
+    }
+
+    /// One of our receive slots is free again: its credit goes back to the
+    /// peer (held back while reading is paused).
+    pub(crate) fn grant_one(&mut self) {
+        if self.paused {
+            self.withheld += 1;
+        } else {
+            self.to_grant += 1;
+        }
+    }
+
+    /// Whether credits should go back now even without data to carry them:
+    /// half the window has piled up, or the peer is down to its last
+    /// quarter (returned chunks trickle in after the acks that could have
+    /// carried them went out).
+    pub(crate) fn should_return_credits(&self) -> bool {
+        let window = self.initial_credits();
+        self.to_grant > 0
+            && (self.to_grant >= window.div_ceil(2) || self.peer_credits <= (window / 4).max(1))
     }
 
     /// Whether sends may be posted now.

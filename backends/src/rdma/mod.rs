@@ -62,6 +62,7 @@ use cm::CmState;
 use device::{Device, MAX_READS, SQ_DEPTH};
 use link::{header, Conn, Kind, RdmaLink, ReadDesc, ReadOp, RxItem, HDR};
 use oob::OobListener;
+use pool::RxReturns;
 use wr::WrKind;
 
 /// Completions reaped per poll call.
@@ -72,6 +73,9 @@ const MAX_UNIT: usize = 256 << 20;
 const CLOSE_LINGER: Duration = Duration::from_secs(2);
 /// A rendezvous read must complete within this, or the link fails.
 pub const READ_DEADLINE: Duration = Duration::from_secs(30);
+/// Received units at least this large (and fitting one chunk) are lent to
+/// the application instead of copied.
+const LEND_MIN: usize = 4 << 10;
 /// Bytes per RDMA read work request of a rendezvous.
 const READ_PIECE: u64 = 4 << 20;
 
@@ -171,6 +175,8 @@ struct RdmaCounters {
     rendezvous_sent: u64,
     rendezvous_read: u64,
     rendezvous_read_bytes: u64,
+    /// Received units handed to the application without a copy.
+    rx_lent_total: u64,
     /// Rendezvous frames sent eagerly because registering them failed.
     rendezvous_fallbacks: u64,
     read_timeouts: u64,
@@ -220,6 +226,10 @@ pub struct RdmaTransport {
     /// longer links to the worker, their QPs linger (as a TCP socket's unsent
     /// data does) until the sends complete or [`CLOSE_LINGER`] passes.
     closing: FxHashMap<LinkId, (RdmaLink, Instant)>,
+    /// Receive chunks lent to the application and given back.
+    returns: Arc<RxReturns>,
+    /// Receive chunks lent out now.
+    lent: u64,
     counters: RdmaCounters,
 }
 
@@ -269,6 +279,8 @@ impl RdmaTransport {
             pending: Vec::new(),
             resumed: Vec::new(),
             closing: FxHashMap::default(),
+            returns: RxReturns::new(ctx.waker.clone()),
+            lent: 0,
             counters: RdmaCounters::default(),
         })
     }
@@ -365,6 +377,7 @@ impl RdmaTransport {
             qp,
             tx_inflight,
             share,
+            lent,
             reads,
             rdv_out,
             ..
@@ -385,7 +398,8 @@ impl RdmaTransport {
             for c in tx_inflight {
                 dev.tx.put(c);
             }
-            dev.return_share(share);
+            // Slots lent out come back with their chunks (take_returns).
+            dev.return_share(share - lent);
         }
     }
 
@@ -546,6 +560,33 @@ impl RdmaTransport {
         }
     }
 
+    /// Posts the receive chunks the application let go of again, and gives
+    /// their credits back to their links' peers.
+    fn take_returns(&mut self) -> bool {
+        let back = self.returns.take();
+        if back.is_empty() {
+            return false;
+        }
+        self.lent -= back.len() as u64;
+        for (link, chunk) in back {
+            self.repost(chunk);
+            if let Some(l) = self.links.get_mut(&link) {
+                l.lent -= 1;
+                l.grant_one();
+                if l.should_return_credits() {
+                    self.dirty.push(link);
+                }
+            } else if let Some((l, _)) = self.closing.get_mut(&link) {
+                // Its release returns the slot with the rest of its share.
+                l.lent -= 1;
+            } else if let Some(dev) = self.dev.as_mut() {
+                // The link is gone; its release kept this slot back.
+                dev.return_share(1);
+            }
+        }
+        true
+    }
+
     /// Gives receive chunk `c` back to the shared receive queue.
     fn repost(&mut self, c: u32) {
         if let Some(dev) = self.dev.as_mut() {
@@ -631,6 +672,7 @@ impl RdmaTransport {
         l.credits = l.credits.saturating_add(granted);
         let payload = &data[HDR..];
         let mut unit = None;
+        let mut lent = false;
         let mut read = None;
         let mut read_done = None;
         let mut bad = None;
@@ -644,6 +686,18 @@ impl RdmaTransport {
                     if !more {
                         unit = Some(l.reasm.split().freeze());
                     }
+                } else if payload.len() >= LEND_MIN && l.lent < l.share / 2 {
+                    // A whole unit in one chunk: lent, not copied; the chunk
+                    // and its credit come back when the message is dropped.
+                    // At most half a link's slots are lent: the application
+                    // may hold messages until the peer sends something (an
+                    // ack, say), and the peer needs credits to send it.
+                    // Small units are copied: cheap, and their credit rides
+                    // on the very next send (an ack) instead of trailing it.
+                    unit = Some(dev.rx.lend(chunk, HDR..len, id, &self.returns));
+                    l.lent += 1;
+                    lent = true;
+                    self.counters.rx_lent_total += 1;
                 } else {
                     unit = Some(Bytes::copy_from_slice(payload));
                 }
@@ -657,20 +711,23 @@ impl RdmaTransport {
                 Err(_) => bad = Some("RDMA: malformed read completion".into()),
             },
         }
-        // The chunk is copied out: it goes back to the queue right away.
-        self.repost(chunk);
+        if lent {
+            self.lent += 1;
+        } else {
+            // The chunk is copied out: it goes back to the queue right away.
+            self.repost(chunk);
+        }
         if let Some(why) = bad {
             return Err(RecvError::Fail(why));
         }
         let l = self.links.get_mut(&id).expect("caller checked");
-        if kind != Kind::Credit {
-            if l.paused {
-                l.withheld += 1;
-            } else {
-                l.to_grant += 1;
-            }
+        if kind != Kind::Credit && !lent {
+            l.grant_one();
         }
-        if granted > 0 || l.to_grant >= l.initial_credits().div_ceil(2) {
+        if kind != Kind::Credit {
+            l.peer_credits = l.peer_credits.saturating_sub(1);
+        }
+        if granted > 0 || l.should_return_credits() {
             self.dirty.push(id);
         }
         if let Some(token) = read_done {
@@ -895,9 +952,9 @@ impl RdmaTransport {
             // A credit-only send when the peer is running low and we have no
             // data to carry the credits (at most one in flight).
             let credit_only = !data
-                && l.to_grant >= l.initial_credits().div_ceil(2)
                 && l.credit_chunk.is_none()
-                && l.queue.is_empty();
+                && l.queue.is_empty()
+                && l.should_return_credits();
             if !data && !credit_only {
                 break;
             }
@@ -907,6 +964,7 @@ impl RdmaTransport {
             };
             let buf = dev.tx.bytes_mut(c);
             let grant = std::mem::take(&mut l.to_grant);
+            l.peer_credits += grant;
             let len = if data {
                 let p = l.queue.pop_front().expect("checked");
                 l.credits -= 1;
@@ -1092,7 +1150,8 @@ impl Transport for RdmaTransport {
     }
 
     fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        let mut any = !self.pending.is_empty();
+        let mut any = self.take_returns();
+        any |= !self.pending.is_empty();
         events.append(&mut self.pending);
         for id in std::mem::take(&mut self.resumed) {
             any |= self.drain_held(id, events);
@@ -1260,6 +1319,8 @@ impl Transport for RdmaTransport {
                 ("credits_held", credits),
                 ("rendezvous_out_bytes", rdv_out),
                 ("reads_in_flight", reads),
+                ("rx_chunks_lent", self.lent),
+                ("rx_chunks_lent_total", c.rx_lent_total),
                 ("links", self.links.len() as u64),
             ],
         }

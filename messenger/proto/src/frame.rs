@@ -281,19 +281,55 @@ impl Frame {
     }
 
     /// Decodes exactly one frame occupying all of `buf` (message-oriented
-    /// transports deliver one frame per receive).
+    /// transports deliver one frame per receive). The segments are slices of
+    /// `buf`: nothing is copied, so a registered receive buffer handed in as
+    /// `Bytes` lives on in the frame's segments.
     pub fn decode_exact(buf: Bytes, limits: &FrameLimits) -> Result<Frame, FrameError> {
-        let mut dec = FrameDecoder::new(*limits);
-        let mut b = BytesMut::from(&buf[..]);
-        match dec.decode(&mut b)? {
-            Some(frame) if b.is_empty() => Ok(frame),
-            Some(_) => Err(FrameError::TrailingBytes(b.len())),
-            None => Err(FrameError::Truncated {
+        let Some(raw) = buf.get(..PREAMBLE_LEN) else {
+            return Err(FrameError::Truncated {
                 have: buf.len(),
-                need: dec.needed().max(buf.len() + 1),
+                need: PREAMBLE_LEN,
+            });
+        };
+        let raw: &[u8; PREAMBLE_LEN] = raw.try_into().expect("sliced to the preamble length");
+        let pre = Preamble::decode(raw, limits)?;
+        let total = pre.frame_len() as usize;
+        match buf.len().cmp(&total) {
+            std::cmp::Ordering::Less => Err(FrameError::Truncated {
+                have: buf.len(),
+                need: total,
             }),
+            std::cmp::Ordering::Greater => Err(FrameError::TrailingBytes(buf.len() - total)),
+            std::cmp::Ordering::Equal => frame_body(&pre, buf),
         }
     }
+}
+
+/// Cuts a whole frame (`pre` already checked) into its segments and checks
+/// each one's CRC; the segments share `whole`'s memory.
+fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
+    whole.advance(PREAMBLE_LEN);
+    let count = usize::from(pre.segment_count);
+    let mut segments = Vec::with_capacity(count);
+    for len in &pre.segment_lens[..count] {
+        segments.push(whole.split_to(*len as usize));
+    }
+    for (i, seg) in segments.iter().enumerate() {
+        let wire = whole.get_u32_le();
+        let actual = crc32c::crc32c(seg);
+        if wire != actual {
+            return Err(FrameError::SegmentCrc {
+                index: i,
+                expected: wire,
+                actual,
+            });
+        }
+    }
+    Ok(Frame {
+        tag: pre.tag,
+        flags: pre.flags,
+        segments,
+    })
 }
 
 /// A frame ready for a vectored write: preamble, segments, epilogue.
@@ -386,29 +422,7 @@ impl FrameDecoder {
             return Ok(None);
         }
         self.pending = None;
-        let mut whole = buf.split_to(total).freeze();
-        whole.advance(PREAMBLE_LEN);
-        let count = usize::from(pre.segment_count);
-        let mut segments = Vec::with_capacity(count);
-        for len in &pre.segment_lens[..count] {
-            segments.push(whole.split_to(*len as usize));
-        }
-        for (i, seg) in segments.iter().enumerate() {
-            let wire = whole.get_u32_le();
-            let actual = crc32c::crc32c(seg);
-            if wire != actual {
-                return Err(FrameError::SegmentCrc {
-                    index: i,
-                    expected: wire,
-                    actual,
-                });
-            }
-        }
-        Ok(Some(Frame {
-            tag: pre.tag,
-            flags: pre.flags,
-            segments,
-        }))
+        frame_body(&pre, buf.split_to(total).freeze()).map(Some)
     }
 }
 

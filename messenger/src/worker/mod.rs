@@ -212,11 +212,11 @@ impl Worker {
         {
             return Ok(t);
         }
-        let t = open_transport(
-            &addr.transport,
-            self.poll.registry(),
-            &self.shared.transport_ctx,
-        )?;
+        let ctx = msgr_backends::TransportContext {
+            waker: Some(self.shared.workers[self.idx].waker()),
+            ..self.shared.transport_ctx.clone()
+        };
+        let t = open_transport(&addr.transport, self.poll.registry(), &ctx)?;
         self.transports.push(t);
         Ok(self.transports.len() - 1)
     }
