@@ -93,6 +93,14 @@ pub trait Transport {
     /// happened.
     fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool;
 
+    /// When this transport needs [`Transport::progress`] even if none of its
+    /// fds becomes ready: a provider without wait objects must be polled, and
+    /// a backend that keeps its own link deadlines must look at them. The
+    /// worker never blocks past it. `None` (the default): fds say it all.
+    fn wake_at(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// Closes `link`. With `flush`, queued output is written first.
     fn close(&mut self, link: LinkId, flush: bool);
 
@@ -148,9 +156,12 @@ pub enum AnyTransport {
     /// TCP.
     #[cfg(feature = "tcp")]
     Tcp(tcp::TcpTransport),
-    /// libfabric (FI_EP_MSG endpoints).
+    /// libfabric, FI_EP_MSG endpoints (connected).
     #[cfg(feature = "fabric")]
     Fabric(fabric::FabricTransport),
+    /// libfabric, FI_EP_RDM endpoints (links multiplexed on one endpoint).
+    #[cfg(feature = "fabric")]
+    FabricRdm(fabric::rdm::RdmTransport),
     /// RDMA verbs (RC queue pairs, out-of-band setup over TCP).
     #[cfg(feature = "verbs")]
     Verbs(verbs::VerbsTransport),

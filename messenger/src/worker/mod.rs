@@ -255,7 +255,12 @@ impl Worker {
                 if !self.rx.is_empty() || self.progress_transports() || !self.touched.is_empty() {
                     Some(Duration::ZERO)
                 } else {
-                    self.next_timer.map(|t| t.saturating_duration_since(now))
+                    let wake = self.transports.iter().filter_map(|t| t.wake_at()).min();
+                    let until = match (self.next_timer, wake) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    until.map(|t| t.saturating_duration_since(now))
                 }
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
@@ -601,10 +606,12 @@ impl Worker {
                     }
                 }
                 TransportEvent::Corrupt(link, err) => {
+                    tracing::debug!(link = link.0, error = %err, "link received bytes that do not decode");
                     Counters::add(&self.shared.counters.protocol_errors, 1);
                     self.link_gone(link, |s, now| s.handle_decode_error(link, err, now), now);
                 }
                 TransportEvent::Failed(link, why) => {
+                    tracing::debug!(link = link.0, %why, "link failed");
                     self.link_gone(link, |s, now| s.link_failed(link, why, now), now);
                 }
             }
