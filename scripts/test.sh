@@ -35,8 +35,8 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release
 
-step "cargo test: the fabric backend with libfabric's real tcp provider (FI_EP_MSG, loopback)"
-cargo test --release -p msgr --features fabric --test fabric_tcp
+step "cargo test: the fabric backend with real libfabric providers on loopback (tcp MSG, tcp;ofi_rxm RDM, shm RDM)"
+cargo test --release -p msgr --features fabric --test fabric
 
 step "stress suite: msgr-stress 60 s per available backend with faults, and the network-namespace run (docs/STRESS.md)"
 ensure_packages nftables iproute2
