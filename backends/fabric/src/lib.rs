@@ -419,6 +419,25 @@ impl Net {
         self.socket_names
     }
 
+    /// Whether endpoints are never closed (`shm`, see the crate docs).
+    pub fn never_closes(&self) -> bool {
+        self.leak
+    }
+
+    /// The provider's inject size: the largest send it completes by copying,
+    /// without the receiver's help (`tx_attr.inject_size`).
+    pub fn inject_size(&self) -> usize {
+        // SAFETY: info is a valid fi_info from fi_getinfo with a tx_attr.
+        unsafe {
+            let i = &*self.info.0;
+            if i.tx_attr.is_null() {
+                0
+            } else {
+                (*i.tx_attr).inject_size
+            }
+        }
+    }
+
     /// Whether buffers must be registered (`FI_MR_LOCAL`).
     pub fn mr_local(&self) -> bool {
         self.mr_local
@@ -925,6 +944,24 @@ impl std::fmt::Debug for RdmEp {
 impl Drop for RdmEp {
     fn drop(&mut self) {
         if self.leak {
+            // The region's name goes now (the mapping stays for whoever has
+            // it): nothing new can reach this endpoint, and /dev/shm does not
+            // keep it after the process. shm names are `fi_shm://NAME` or
+            // `fi_ns://NAME` for the file /dev/shm/NAME.
+            let file = self
+                .name
+                .split(|&b| b == 0)
+                .next()
+                .map(|n| match n.windows(3).position(|w| w == b"://") {
+                    Some(i) => &n[i + 3..],
+                    None => n,
+                })
+                .and_then(|n| CString::new(n).ok());
+            if let Some(file) = file {
+                // SAFETY: file is a NUL-terminated string; shm_unlink only
+                // removes a name.
+                unsafe { libc::shm_unlink(file.as_ptr()) };
+            }
             // The provider may still write into the receive slots and read
             // the transmit slots: they live as long as the process.
             std::mem::forget(std::mem::take(&mut self.rx));
@@ -1122,6 +1159,11 @@ impl RdmEp {
     /// Receive slots in the pool.
     pub fn rx_slots(&self) -> usize {
         self.rx.len() * self.rx_block
+    }
+
+    /// Bytes per slot.
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
     }
 
     /// Transmit slots.

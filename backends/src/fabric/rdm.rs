@@ -92,6 +92,11 @@ pub const KEEP_AFTER: Duration = Duration::from_secs(1);
 pub const LINK_DEADLINE: Duration = Duration::from_secs(10);
 /// How often a transport whose CQ has no wait fd is polled when idle.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(1);
+/// How soon a send the provider refused (-FI_EAGAIN) or that found no free
+/// slot is tried again.
+const RETRY_AFTER: Duration = Duration::from_micros(100);
+/// How long a CLOSE is retried before the peer is left to its deadline.
+const CLOSE_GIVE_UP: Duration = Duration::from_secs(1);
 /// How often link deadlines are looked at.
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
 /// Transmit slots per endpoint.
@@ -205,8 +210,9 @@ struct Port {
     free_tx: Vec<usize>,
     /// Per transmit slot: the link it carries (None: a CLOSE) and the peer.
     tx_use: Vec<Option<(Option<LinkId>, usize)>>,
-    /// CLOSE messages to send: (peer, the peer's end of the closed link).
-    closes: VecDeque<(usize, Dest)>,
+    /// CLOSE messages to send: (peer, the peer's end of the closed link,
+    /// when it was queued).
+    closes: VecDeque<(usize, Dest, Instant)>,
     /// Receive slots promised to links (plus one block for HELLOs).
     reserved: usize,
     /// Links on this endpoint.
@@ -427,6 +433,9 @@ fn io_err(op: &'static str, e: FabricError) -> TransportError {
 }
 
 /// libfabric RDM transport of one worker.
+///
+/// Messages are at most [`SLOT_SIZE`] bytes, or the provider's inject size
+/// for `shm` (see [`RdmTransport::new`]).
 pub struct RdmTransport {
     // Links and ports first: endpoints must close before the Net.
     links: FxHashMap<LinkId, RdmLink>,
@@ -440,9 +449,17 @@ pub struct RdmTransport {
     link_ids: Arc<AtomicU64>,
     cq_token: Token,
     cq_fd: Option<std::os::fd::RawFd>,
+    /// Bytes per message (header included), see [`RdmTransport::new`].
+    slot_size: usize,
     dirty: Vec<LinkId>,
-    /// Something could not be sent (no slot, -FI_EAGAIN): flush again.
+    /// A transmit slot came free or a CLOSE was queued: flush every link
+    /// with something to send at the next progress.
     retry: bool,
+    /// Something could not be sent (no free slot, or the provider said
+    /// -FI_EAGAIN): flush again at this time, without spinning meanwhile —
+    /// a peer that stopped progressing keeps saying -FI_EAGAIN until its
+    /// link's deadline.
+    retry_at: Option<Instant>,
     resumed: Vec<LinkId>,
     failed: Vec<(LinkId, String)>,
     next_housekeeping: Instant,
@@ -481,7 +498,18 @@ impl RdmTransport {
                 .register(&mut SourceFd(&fd), cq_token, Interest::READABLE)
                 .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
         }
+        // A provider whose endpoints are never closed (shm) leaves the
+        // endpoints of dropped transports without progress: a send to one
+        // must complete without the receiver's help, so messages stay within
+        // the inject size (shm: 4 KiB; larger ones wait for the receiver to
+        // copy them, and their slots would be held for ever).
+        let slot_size = if net.never_closes() {
+            net.inject_size().clamp(HEADER_LEN + 1, SLOT_SIZE)
+        } else {
+            SLOT_SIZE
+        };
         Ok(RdmTransport {
+            slot_size,
             links: FxHashMap::default(),
             ports: Vec::new(),
             out_port: None,
@@ -494,6 +522,7 @@ impl RdmTransport {
             cq_fd,
             dirty: Vec::new(),
             retry: false,
+            retry_at: None,
             resumed: Vec::new(),
             failed: Vec::new(),
             next_housekeeping: Instant::now() + HOUSEKEEPING,
@@ -509,7 +538,7 @@ impl RdmTransport {
     ) -> Result<usize, FabricError> {
         let ep = self
             .net
-            .rdm_endpoint(bind, TX_SLOTS, LINK_BLOCK, SLOT_SIZE)?;
+            .rdm_endpoint(bind, TX_SLOTS, LINK_BLOCK, self.slot_size)?;
         // Port indices are never reused: completions of a closed port's
         // endpoint could still be in the CQ.
         let idx = self.ports.len();
@@ -546,7 +575,7 @@ impl RdmTransport {
         match link.remote {
             // The CLOSE keeps the peer's address-vector entry in use until sent.
             Some(remote) => {
-                port.closes.push_back((link.peer, remote));
+                port.closes.push_back((link.peer, remote, Instant::now()));
                 self.retry = true;
             }
             None => port.release_peer(link.peer, true),
@@ -872,7 +901,9 @@ impl RdmTransport {
         let closed = link.close_after_flush && link.idle();
         match result {
             Ok(done) => {
-                self.retry |= !done;
+                if !done {
+                    self.retry_later();
+                }
                 if closed {
                     self.drop_link(id);
                 }
@@ -927,7 +958,7 @@ impl RdmTransport {
             let credits = link.take_credits();
             let seq = link.tx_seq;
             let rest = &link.queue[0][link.front_sent..];
-            let n = rest.len().min(SLOT_SIZE - HEADER_LEN);
+            let n = rest.len().min(port.ep.slot_size() - HEADER_LEN);
             let last = n == rest.len();
             let sent = port.post(pidx, link.peer, Some(id), |buf| {
                 write_header(
@@ -980,7 +1011,13 @@ impl RdmTransport {
             let Some(port) = port.as_mut() else {
                 continue;
             };
-            while let Some(&(peer, remote)) = port.closes.front() {
+            while let Some(&(peer, remote, queued)) = port.closes.front() {
+                if queued.elapsed() > CLOSE_GIVE_UP {
+                    // The peer does not take messages: its deadline tells it.
+                    port.closes.pop_front();
+                    port.release_peer(peer, true);
+                    continue;
+                }
                 match port.post(pidx, peer, None, |buf| {
                     write_header(buf, CLOSE, 0, remote, 0);
                     HEADER_LEN
@@ -1039,9 +1076,12 @@ impl RdmTransport {
         for id in std::mem::take(&mut self.resumed) {
             any |= self.hand_up(id, events);
         }
-        self.housekeeping(Instant::now(), events);
-        if std::mem::take(&mut self.retry) {
-            any = true;
+        let now = Instant::now();
+        self.housekeeping(now, events);
+        let again = self.retry_at.is_some_and(|t| t <= now);
+        any |= self.retry;
+        if std::mem::take(&mut self.retry) || again {
+            self.retry_at = None;
             let mut ids: Vec<LinkId> = self
                 .links
                 .iter()
@@ -1055,6 +1095,11 @@ impl RdmTransport {
             self.flush(events);
         }
         any
+    }
+
+    fn retry_later(&mut self) {
+        self.retry_at
+            .get_or_insert_with(|| Instant::now() + RETRY_AFTER);
     }
 
     fn queue(&mut self, link: LinkId, bytes: Vec<u8>) -> Result<(), TransportError> {
@@ -1098,7 +1143,16 @@ impl Transport for RdmTransport {
             let a = r
                 .local_addr()
                 .map_err(|e| TransportError::io("reserved port", e))?;
-            (a, Some(r))
+            if self.net.never_closes() {
+                // The endpoint outlives this transport (shm), and so does its
+                // name in the provider's list of this process's endpoints: the
+                // port stays reserved until the process ends, so no later
+                // endpoint of this process takes the same name.
+                std::mem::forget(r);
+                (a, None)
+            } else {
+                (a, Some(r))
+            }
         };
         let pidx = self
             .open_port(Some(bind), Some((token, bind)), reservation)
@@ -1169,7 +1223,7 @@ impl Transport for RdmTransport {
 
     fn flush(&mut self, events: &mut Vec<TransportEvent>) {
         if !self.flush_closes() {
-            self.retry = true;
+            self.retry_later();
         }
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
@@ -1200,10 +1254,7 @@ impl Transport for RdmTransport {
             None
         };
         let keep = (!self.links.is_empty()).then_some(self.next_housekeeping);
-        match (poll, keep) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [poll, keep, self.retry_at].into_iter().flatten().min()
     }
 
     fn close(&mut self, link: LinkId, flush: bool) {
