@@ -93,6 +93,15 @@ pub trait Transport {
     /// happened.
     fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool;
 
+    /// Called when the worker is about to block on its Poll after
+    /// [`Transport::progress`] found nothing: arm wait objects that need it
+    /// (`fi_trywait`). Returns false if something is pending already, and
+    /// the worker polls again instead of blocking. Kept out of `progress`,
+    /// which the busy-poll window calls in a tight loop. Default: true.
+    fn arm(&mut self) -> bool {
+        true
+    }
+
     /// When this transport needs [`Transport::progress`] even if none of its
     /// fds becomes ready: a provider without wait objects must be polled, and
     /// a backend that keeps its own link deadlines must look at them. The

@@ -629,12 +629,13 @@ impl Transport for FabricTransport {
     }
 
     fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        if self.poll_all(events) {
-            return true;
-        }
-        // Nothing found: arm the wait fds. If the provider has something
-        // pending already, say so, and the worker polls again before blocking.
-        !self.net.try_wait()
+        self.poll_all(events)
+    }
+
+    /// `fi_trywait` on the EQ and CQ: if the provider has something pending
+    /// already, the worker polls again instead of blocking.
+    fn arm(&mut self) -> bool {
+        self.net.try_wait()
     }
 
     fn close(&mut self, link: LinkId, flush: bool) {
@@ -755,7 +756,7 @@ pub(crate) mod tests {
                 std::time::Instant::now() < deadline,
                 "timed out: {events:?}"
             );
-            if !t.progress(&mut events) {
+            if !t.progress(&mut events) && t.arm() {
                 let mut timeout = std::time::Duration::from_millis(50);
                 if let Some(at) = t.wake_at() {
                     timeout = timeout.min(at.saturating_duration_since(std::time::Instant::now()));

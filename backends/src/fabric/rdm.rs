@@ -1238,10 +1238,13 @@ impl Transport for RdmTransport {
     }
 
     fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        if self.poll_all(events) {
-            return true;
-        }
-        !self.net.try_wait() && self.cq_fd.is_some()
+        self.poll_all(events)
+    }
+
+    /// `fi_trywait` on the CQ. A CQ without a wait fd (shm) cannot be armed:
+    /// the worker blocks until [`Transport::wake_at`] and polls it then.
+    fn arm(&mut self) -> bool {
+        self.cq_fd.is_none() || self.net.try_wait()
     }
 
     fn wake_at(&self) -> Option<Instant> {

@@ -252,7 +252,11 @@ impl Worker {
                 // command or completion is never stranded while we sleep.
                 self.sleeping.store(true, Ordering::SeqCst);
                 std::sync::atomic::fence(Ordering::SeqCst);
-                if !self.rx.is_empty() || self.progress_transports() || !self.touched.is_empty() {
+                if !self.rx.is_empty()
+                    || self.progress_transports()
+                    || !self.touched.is_empty()
+                    || !self.arm_transports()
+                {
                     Some(Duration::ZERO)
                 } else {
                     let wake = self.transports.iter().filter_map(|t| t.wake_at()).min();
@@ -303,6 +307,13 @@ impl Worker {
             self.handle_transport_events();
         }
         any
+    }
+
+    /// Arms every transport's wait objects before blocking; false as soon as
+    /// one has something pending already (the worker will not block, and
+    /// arms the rest next time).
+    fn arm_transports(&mut self) -> bool {
+        self.transports.iter_mut().all(|t| t.arm())
     }
 
     fn flush_transports(&mut self) {
