@@ -132,11 +132,14 @@ impl Drop for Info {
     }
 }
 
+/// `rma`: also ask for `FI_RMA | FI_READ | FI_REMOTE_READ` (the `fi_read`
+/// rendezvous).
 fn getinfo(
     provider: &str,
     ep: EpType,
     addr: Option<SocketAddr>,
     source: bool,
+    rma: bool,
 ) -> Result<Info, FabricError> {
     let no_provider = |reason: String| FabricError::NoProvider {
         provider: provider.to_owned(),
@@ -163,6 +166,9 @@ fn getinfo(
     let rc = unsafe {
         let h = &mut *hints.0;
         h.caps = u64::from(sys::FI_MSG);
+        if rma {
+            h.caps |= u64::from(sys::FI_RMA | sys::FI_READ | sys::FI_REMOTE_READ);
+        }
         h.mode = 0;
         (*h.ep_attr).type_ = ep.raw();
         if ep == EpType::Rdm {
@@ -195,7 +201,7 @@ fn getinfo(
 /// Whether `provider` offers `ep` endpoints with `FI_MSG` (and, for RDM,
 /// send-after-send ordering) here; the error says why not.
 pub fn probe(provider: &str, ep: EpType) -> Result<(), FabricError> {
-    getinfo(provider, ep, None, false).map(drop)
+    getinfo(provider, ep, None, false, false).map(drop)
 }
 
 fn close(fid: *mut sys::fid) {
@@ -233,6 +239,11 @@ pub struct Net {
     socket_names: bool,
     /// Never close (see the crate docs: `shm`).
     leak: bool,
+    /// RDM endpoints have `FI_RMA | FI_READ | FI_REMOTE_READ`.
+    rma: bool,
+    /// `mr_mode` bits that apply (`FI_MR_VIRT_ADDR`, `FI_MR_PROV_KEY`).
+    virt_addr: bool,
+    prov_key: bool,
     provider: String,
     ep: EpType,
     mr_local: bool,
@@ -351,7 +362,14 @@ fn sockaddr(p: *const u8, len: usize) -> Option<SocketAddr> {
 impl Net {
     /// Opens `provider` with `ep` endpoints: fabric, domain, EQ and CQ.
     pub fn open(provider: &str, ep: EpType, cq_size: usize) -> Result<Net, FabricError> {
-        let info = getinfo(provider, ep, None, false)?;
+        // RDM endpoints get the rendezvous capabilities when the provider has them.
+        let (info, rma) = match ep {
+            EpType::Rdm => match getinfo(provider, ep, None, false, true) {
+                Ok(i) => (i, true),
+                Err(_) => (getinfo(provider, ep, None, false, false)?, false),
+            },
+            EpType::Msg => (getinfo(provider, ep, None, false, false)?, false),
+        };
         let mut net = Net {
             info,
             fabric: ptr::null_mut(),
@@ -361,6 +379,9 @@ impl Net {
             cq_waitable: true,
             socket_names: false,
             leak: leaks_on_drop(provider),
+            rma,
+            virt_addr: false,
+            prov_key: false,
             provider: provider.to_owned(),
             ep,
             mr_local: false,
@@ -369,7 +390,10 @@ impl Net {
         // a field of `net`, closed by its Drop if set.
         unsafe {
             let i = &*net.info.0;
-            net.mr_local = ((*i.domain_attr).mr_mode as u32 & sys::FI_MR_LOCAL) != 0;
+            let mr_mode = (*i.domain_attr).mr_mode as u32;
+            net.mr_local = mr_mode & sys::FI_MR_LOCAL != 0;
+            net.virt_addr = mr_mode & sys::FI_MR_VIRT_ADDR != 0;
+            net.prov_key = mr_mode & sys::FI_MR_PROV_KEY != 0;
             net.socket_names = matches!(
                 i.addr_format,
                 sys::FI_SOCKADDR | sys::FI_SOCKADDR_IN | sys::FI_SOCKADDR_IN6
@@ -417,6 +441,12 @@ impl Net {
     /// `fi_ns://IP:PORT`, where the port is only part of a name.
     pub fn socket_names(&self) -> bool {
         self.socket_names
+    }
+
+    /// Whether RDM endpoints can `fi_read` from peers ([`RdmEp::expose`],
+    /// [`RdmEp::read`]).
+    pub fn rma(&self) -> bool {
+        self.rma
     }
 
     /// Whether endpoints are never closed (`shm`, see the crate docs).
@@ -559,7 +589,7 @@ impl Net {
 
     /// Listens on `addr` (port 0: the provider picks; see [`PassiveEp::addr`]).
     pub fn listen(&mut self, addr: SocketAddr) -> Result<PassiveEp, FabricError> {
-        let info = getinfo(&self.provider, self.ep, Some(addr), true)?;
+        let info = getinfo(&self.provider, self.ep, Some(addr), true, false)?;
         let mut pep = PassiveEp {
             pep: ptr::null_mut(),
             addr,
@@ -642,7 +672,7 @@ impl Net {
         slots: usize,
         slot_size: usize,
     ) -> Result<Ep, FabricError> {
-        let info = getinfo(&self.provider, self.ep, Some(addr), false)?;
+        let info = getinfo(&self.provider, self.ep, Some(addr), false, false)?;
         let ep = self.new_ep(info.0, slots, slot_size)?;
         // SAFETY: ep is enabled; dest_addr of the info is the peer's address.
         let rc = unsafe { sys::fi_connect(ep.ep, (*info.0).dest_addr, ptr::null(), 0) };
@@ -927,6 +957,44 @@ pub struct RdmEp {
     slot_size: usize,
     /// Never close (see the crate docs: `shm`).
     leak: bool,
+    rma: bool,
+    virt_addr: bool,
+    prov_key: bool,
+    /// Buffers peers may fi_read, by id.
+    exposed: std::collections::HashMap<u32, Region>,
+    next_exposed: u32,
+    /// Next key asked for when the provider does not pick keys.
+    next_key: u64,
+    /// Buffers being filled by fi_read, by operation context.
+    reading: std::collections::HashMap<u64, Region>,
+}
+
+/// Memory registered for an RMA operation, owned until the registration is
+/// closed.
+struct Region {
+    mem: Vec<u8>,
+    mr: *mut sys::fid_mr,
+}
+
+impl Region {
+    fn close(self) -> Vec<u8> {
+        close(self.mr as *mut sys::fid);
+        self.mem
+    }
+}
+
+/// What a peer needs to `fi_read` a buffer of ours ([`RdmEp::expose`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exposed {
+    /// Names the buffer for [`RdmEp::unexpose`].
+    pub id: u32,
+    /// The address to read from (a virtual address under
+    /// `FI_MR_VIRT_ADDR`, else an offset: 0).
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The registration's remote key.
+    pub key: u64,
 }
 
 // SAFETY: see `Net`.
@@ -965,12 +1033,20 @@ impl Drop for RdmEp {
             // The provider may still write into the receive slots and read
             // the transmit slots: they live as long as the process.
             std::mem::forget(std::mem::take(&mut self.rx));
+            std::mem::forget(std::mem::take(&mut self.exposed));
+            std::mem::forget(std::mem::take(&mut self.reading));
             std::mem::forget(std::mem::replace(&mut self.tx, Buffers::new(0, 0)));
             return;
         }
         // Endpoint first (the provider stops touching the buffers), then the
         // registrations and the address vector.
         close(self.ep as *mut sys::fid);
+        for r in self.exposed.drain().map(|(_, r)| r) {
+            r.close();
+        }
+        for r in self.reading.drain().map(|(_, r)| r) {
+            r.close();
+        }
         self.tx.close_mr();
         for b in &mut self.rx {
             b.close_mr();
@@ -992,7 +1068,7 @@ impl Net {
         rx_block: usize,
         slot_size: usize,
     ) -> Result<RdmEp, FabricError> {
-        let info = getinfo(&self.provider, EpType::Rdm, bind, bind.is_some())?;
+        let info = getinfo(&self.provider, EpType::Rdm, bind, bind.is_some(), self.rma)?;
         let mut ep = RdmEp {
             ep: ptr::null_mut(),
             av: ptr::null_mut(),
@@ -1005,6 +1081,13 @@ impl Net {
             rx_block,
             slot_size,
             leak: self.leak,
+            rma: self.rma,
+            virt_addr: self.virt_addr,
+            prov_key: self.prov_key,
+            exposed: Default::default(),
+            next_exposed: 0,
+            next_key: 1,
+            reading: Default::default(),
         };
         // SAFETY: info is valid; the CQ and domain outlive the endpoint (the
         // caller drops endpoints before the Net); ep's Drop closes what was
@@ -1058,7 +1141,7 @@ impl Net {
     /// The endpoint name a peer bound to `addr` has (what
     /// [`Net::rdm_endpoint`] with `bind` gives it), for [`RdmEp::insert`].
     pub fn resolve(&self, addr: SocketAddr) -> Result<Vec<u8>, FabricError> {
-        let info = getinfo(&self.provider, EpType::Rdm, Some(addr), false)?;
+        let info = getinfo(&self.provider, EpType::Rdm, Some(addr), false, self.rma)?;
         // SAFETY: dest_addr/dest_addrlen of a valid fi_info describe the
         // resolved address when set.
         let (p, len) = unsafe { ((*info.0).dest_addr as *const u8, (*info.0).dest_addrlen) };
@@ -1214,6 +1297,135 @@ impl RdmEp {
     /// A completed send: the slot may be refilled.
     pub fn send_done(&mut self, slot: usize) {
         self.tx.done(slot, 0);
+    }
+
+    /// Whether this endpoint can take part in `fi_read` ([`Net::rma`]).
+    pub fn rma(&self) -> bool {
+        self.rma
+    }
+
+    fn register(&mut self, mem: &[u8], access: u64) -> Result<*mut sys::fid_mr, FabricError> {
+        let key = if self.prov_key {
+            0
+        } else {
+            self.next_key += 1;
+            self.next_key
+        };
+        let mut mr: *mut sys::fid_mr = ptr::null_mut();
+        // SAFETY: mem is a live allocation the caller keeps (inside a
+        // Region) until the registration is closed; the domain outlives it.
+        let rc = unsafe {
+            sys::fi_mr_reg(
+                self.domain,
+                mem.as_ptr() as *const c_void,
+                mem.len(),
+                access,
+                0,
+                key,
+                0,
+                &mut mr,
+                ptr::null_mut(),
+            )
+        };
+        check("fi_mr_reg", rc as isize)?;
+        Ok(mr)
+    }
+
+    /// Registers `mem` for remote reads and keeps it until
+    /// [`RdmEp::unexpose`] (or the endpoint goes). On failure the buffer
+    /// comes back, so the caller can send it another way.
+    pub fn expose(&mut self, mem: Vec<u8>) -> Result<Exposed, (FabricError, Vec<u8>)> {
+        if !self.rma {
+            let e = FabricError::Call {
+                op: "fi_mr_reg",
+                code: sys::FI_ENOSYS as i32,
+                msg: "endpoint without FI_RMA".into(),
+            };
+            return Err((e, mem));
+        }
+        let mr = match self.register(&mem, u64::from(sys::FI_REMOTE_READ)) {
+            Ok(mr) => mr,
+            Err(e) => return Err((e, mem)),
+        };
+        // SAFETY: mr is an open registration.
+        let key = unsafe { sys::fi_mr_key(mr) };
+        let id = self.next_exposed;
+        self.next_exposed = self.next_exposed.wrapping_add(1);
+        let exposed = Exposed {
+            id,
+            addr: if self.virt_addr {
+                mem.as_ptr() as u64
+            } else {
+                0
+            },
+            len: mem.len() as u64,
+            key,
+        };
+        if let Some(old) = self.exposed.insert(id, Region { mem, mr }) {
+            old.close();
+        }
+        Ok(exposed)
+    }
+
+    /// Ends remote access to an exposed buffer and frees it.
+    pub fn unexpose(&mut self, id: u32) {
+        if let Some(r) = self.exposed.remove(&id) {
+            r.close();
+        }
+    }
+
+    /// Starts reading `len` bytes of a peer's exposed buffer into a new
+    /// buffer of ours, which the endpoint owns until [`RdmEp::read_done`]
+    /// with the same `context`.
+    pub fn read(
+        &mut self,
+        len: usize,
+        from: PeerAddr,
+        addr: u64,
+        key: u64,
+        context: u64,
+    ) -> Result<(), FabricError> {
+        if !self.rma || self.reading.contains_key(&context) {
+            return Err(FabricError::Slot(context as usize));
+        }
+        let mut mem = vec![0u8; len];
+        let mr = if self.mr_local {
+            self.register(&mem, u64::from(sys::FI_READ))?
+        } else {
+            ptr::null_mut()
+        };
+        let desc = if mr.is_null() {
+            ptr::null_mut()
+        } else {
+            // SAFETY: mr is an open registration.
+            unsafe { sys::fi_mr_desc(mr) }
+        };
+        // SAFETY: mem is moved into `reading` below (a Vec's heap buffer does
+        // not move with it) and stays there until read_done or the
+        // endpoint's close, so the provider writes into live memory.
+        let rc = unsafe {
+            sys::fi_read(
+                self.ep,
+                mem.as_mut_ptr() as *mut c_void,
+                len,
+                desc,
+                from.0,
+                addr,
+                key,
+                context as *mut c_void,
+            )
+        };
+        if let Err(e) = check("fi_read", rc) {
+            close(mr as *mut sys::fid);
+            return Err(e);
+        }
+        self.reading.insert(context, Region { mem, mr });
+        Ok(())
+    }
+
+    /// The buffer of a completed read (`None` if `context` is not one).
+    pub fn read_done(&mut self, context: u64) -> Option<Vec<u8>> {
+        self.reading.remove(&context).map(Region::close)
     }
 }
 

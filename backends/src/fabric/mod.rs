@@ -83,6 +83,29 @@ pub(crate) struct Reassembly {
 }
 
 impl Reassembly {
+    /// Whether no unit is half joined.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.partial.is_empty()
+    }
+
+    /// A whole unit that came in one buffer (the RDM rendezvous): a frame,
+    /// decoded without another copy. Must come at a unit boundary, after
+    /// the banner.
+    pub(crate) fn whole(
+        &mut self,
+        unit: Bytes,
+        limits: &FrameLimits,
+    ) -> Result<Inbound, PieceError> {
+        if !self.partial.is_empty() || !self.banner_seen {
+            return Err(PieceError::Malformed(
+                "a whole unit inside another or before the banner".into(),
+            ));
+        }
+        Frame::decode_exact(unit, limits)
+            .map(Inbound::Frame)
+            .map_err(PieceError::Corrupt)
+    }
+
     /// Adds one piece (`last`: the unit ends here); returns the unit once whole.
     /// A unit is bounded by the frame limit before anything is kept.
     pub(crate) fn push(

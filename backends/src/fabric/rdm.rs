@@ -52,6 +52,21 @@
 //! - Close: `CLOSE` tells the peer, whose link then fails as on
 //!   `FI_SHUTDOWN`; an injected abort does the same without flushing.
 //!
+//! # Rendezvous for large units
+//!
+//! Where the provider offers `FI_RMA` with reads (`tcp;ofi_rxm`; not `shm`,
+//! whose dropped endpoints never answer), a unit larger than
+//! [`RNDV_THRESHOLD`] is not copied through slots: the sender registers the
+//! encoded unit (`fi_mr_reg` with `FI_REMOTE_READ`, honouring the
+//! provider's `mr_mode`: `FI_MR_PROV_KEY` or a key of ours,
+//! `FI_MR_VIRT_ADDR` or offset 0, `FI_MR_LOCAL` for the reader's buffer)
+//! and sends a `RNDV` piece (address, length, key, id) in the link's ordered
+//! stream; the receiver `fi_read`s it into a buffer of its own, hands it up
+//! in order (later pieces wait), and answers `RNDV_DONE`, upon which the
+//! sender deregisters and frees it. At most [`RNDV_MAX`] units per link are
+//! exposed at once; a read that does not complete within [`LINK_DEADLINE`]
+//! fails the link.
+//!
 //! `shm` endpoints are never closed (they are leaked when dropped, see
 //! `msgr_fabric`): libfabric 1.17's `shm` crashes when an endpoint of this
 //! process that a peer talked to goes first.
@@ -66,6 +81,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -106,6 +122,14 @@ const LINK_BLOCK: usize = CREDITS as usize + CONTROL_SLACK;
 const CQ_BATCH: usize = 32;
 const CQ_ROUNDS: usize = 16;
 
+/// Units larger than this go by `fi_read` rendezvous where the provider
+/// offers `FI_RMA` (and its endpoints are closed normally: not shm).
+pub const RNDV_THRESHOLD: usize = 64 << 10;
+/// Rendezvous units a link may have exposed and not yet read by the peer.
+pub const RNDV_MAX: usize = 4;
+/// Bytes of a rendezvous descriptor: address, length, key, id.
+const RNDV_DESC_LEN: usize = 8 + 8 + 8 + 4;
+
 // Message kinds (first header byte).
 const HELLO: u8 = 1;
 const WELCOME: u8 = 2;
@@ -113,15 +137,25 @@ const DATA_MORE: u8 = 3;
 const DATA_LAST: u8 = 4;
 const KEEP: u8 = 5;
 const CLOSE: u8 = 6;
+/// A data piece that describes a unit to fetch with fi_read.
+const RNDV: u8 = 7;
+/// The unit of a RNDV was read: its buffer may go.
+const RNDV_DONE: u8 = 8;
 
 /// Bytes of a HELLO body before the name: link id, cookie, name length.
 const HELLO_FIXED: usize = 8 + 4 + 2;
 
 const RX_BIT: u64 = 1 << 39;
+/// Context bit of an fi_read (the low 32 bits number it within its port).
+const READ_BIT: u64 = 1 << 38;
 const SLOT_MASK: u64 = (1 << 32) - 1;
 
 fn context(port: usize, rx: bool, slot: usize) -> u64 {
     ((port as u64) << 40) | if rx { RX_BIT } else { 0 } | slot as u64
+}
+
+fn read_context(port: usize, n: u32) -> u64 {
+    ((port as u64) << 40) | READ_BIT | u64::from(n)
 }
 
 fn decode_context(c: u64) -> (usize, bool, usize) {
@@ -184,6 +218,24 @@ fn write_dest(buf: &mut [u8], d: Dest) -> usize {
     12
 }
 
+fn write_rndv(buf: &mut [u8], x: &msgr_fabric::Exposed) -> usize {
+    buf[..8].copy_from_slice(&x.addr.to_le_bytes());
+    buf[8..16].copy_from_slice(&x.len.to_le_bytes());
+    buf[16..24].copy_from_slice(&x.key.to_le_bytes());
+    buf[24..28].copy_from_slice(&x.id.to_le_bytes());
+    RNDV_DESC_LEN
+}
+
+fn read_rndv(body: &[u8]) -> Option<msgr_fabric::Exposed> {
+    let b = body.get(..RNDV_DESC_LEN)?;
+    Some(msgr_fabric::Exposed {
+        addr: u64::from_le_bytes(b[..8].try_into().ok()?),
+        len: u64::from_le_bytes(b[8..16].try_into().ok()?),
+        key: u64::from_le_bytes(b[16..24].try_into().ok()?),
+        id: u32::from_le_bytes(b[24..28].try_into().ok()?),
+    })
+}
+
 /// A peer in a port's address vector, shared by its links.
 #[derive(Debug)]
 struct Peer {
@@ -217,6 +269,9 @@ struct Port {
     reserved: usize,
     /// Links on this endpoint.
     links: usize,
+    /// fi_reads in flight: context -> link.
+    reads: FxHashMap<u64, LinkId>,
+    next_read: u32,
 }
 
 impl Port {
@@ -233,6 +288,8 @@ impl Port {
             tx_use: vec![None; tx],
             closes: VecDeque::new(),
             links: 0,
+            reads: FxHashMap::default(),
+            next_read: 0,
         }
     }
 
@@ -367,6 +424,17 @@ struct RdmLink {
     close_after_flush: bool,
     last_heard: Instant,
     last_sent: Instant,
+    /// Rendezvous, sending side: units exposed for the peer to read, oldest
+    /// first; and one exposed whose descriptor is not sent yet.
+    exposed: VecDeque<u32>,
+    unsent_rndv: Option<msgr_fabric::Exposed>,
+    /// The front unit could not be exposed: it goes eagerly.
+    eager_front: bool,
+    /// Rendezvous, receiving side: the fi_read in flight (context, since,
+    /// the sender's id for RNDV_DONE); later pieces wait for it.
+    reading: Option<(u64, Instant, u32)>,
+    /// RNDV_DONE messages to send (the sender's ids).
+    need_done: Vec<u32>,
 }
 
 impl RdmLink {
@@ -396,11 +464,19 @@ impl RdmLink {
             close_after_flush: false,
             last_heard: now,
             last_sent: now,
+            exposed: VecDeque::new(),
+            unsent_rndv: None,
+            eager_front: false,
+            reading: None,
+            need_done: Vec::new(),
         }
     }
 
     fn idle(&self) -> bool {
-        self.queue.is_empty() && self.inflight == 0
+        self.queue.is_empty()
+            && self.inflight == 0
+            && self.exposed.is_empty()
+            && self.unsent_rndv.is_none()
     }
 
     fn dest(&self, id: LinkId) -> Dest {
@@ -451,6 +527,10 @@ pub struct RdmTransport {
     cq_fd: Option<std::os::fd::RawFd>,
     /// Bytes per message (header included), see [`RdmTransport::new`].
     slot_size: usize,
+    /// Large units go by fi_read rendezvous (see [`RNDV_THRESHOLD`]).
+    rndv: bool,
+    /// Rendezvous units received (for tests and counters).
+    rndv_reads: u64,
     dirty: Vec<LinkId>,
     /// A transmit slot came free or a CLOSE was queued: flush every link
     /// with something to send at the next progress.
@@ -508,8 +588,13 @@ impl RdmTransport {
         } else {
             SLOT_SIZE
         };
+        // Rendezvous needs RMA, and a peer that can still answer the reads
+        // of its exposed buffers: not shm's never-closed endpoints.
+        let rndv = net.rma() && !net.never_closes();
         Ok(RdmTransport {
             slot_size,
+            rndv,
+            rndv_reads: 0,
             links: FxHashMap::default(),
             ports: Vec::new(),
             out_port: None,
@@ -567,6 +652,14 @@ impl RdmTransport {
         };
         port.reserved = port.reserved.saturating_sub(LINK_BLOCK);
         port.links = port.links.saturating_sub(1);
+        // Exposed units go (a peer still reading gets an error); a read in
+        // flight keeps its buffer in the endpoint until it completes.
+        for id in link.exposed.drain(..) {
+            port.ep.unexpose(id);
+        }
+        if let Some(x) = link.unsent_rndv.take() {
+            port.ep.unexpose(x.id);
+        }
         // Held receives go back to the pool.
         for (_, (slot, _)) in std::mem::take(&mut link.held) {
             port.ep.recv_done(slot, 0);
@@ -638,6 +731,9 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
+        if c.context & READ_BIT != 0 {
+            return self.read_complete(pidx, c, events);
+        }
         if rx {
             if let Some((code, what)) = c.error {
                 // A receive is not tied to a peer: repost and go on.
@@ -684,12 +780,15 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let (header, welcome, hello) = {
+        let (header, welcome, welcome_id, hello) = {
             let msg = port.ep.recv_done(slot, len);
             let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
             let h = read_header(msg);
             let hello = (h.as_ref().map(|h| h.kind) == Some(HELLO)).then(|| body.to_vec());
-            (h, read_dest(body), hello)
+            let id = body
+                .get(..4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            (h, read_dest(body), id, hello)
         };
         let Some(h) = header else {
             tracing::debug!(len, "RDM message shorter than its header, dropped");
@@ -742,7 +841,7 @@ impl RdmTransport {
                     _ => self.fail(id, "unexpected or short WELCOME".into(), events),
                 }
             }
-            DATA_MORE | DATA_LAST => {
+            DATA_MORE | DATA_LAST | RNDV => {
                 if h.seq < link.rx_seq
                     || h.seq - link.rx_seq >= u64::from(CREDITS)
                     || link.held.contains_key(&h.seq)
@@ -760,6 +859,27 @@ impl RdmTransport {
                 self.hand_up(id, events);
             }
             KEEP => self.repost(pidx, slot),
+            RNDV_DONE => {
+                self.repost(pidx, slot);
+                // The body starts with the id (read_dest reads 12 bytes; the
+                // id is the first 4 of them).
+                let id_done = welcome_id;
+                let (Some(link), Some(port)) = (
+                    self.links.get_mut(&id),
+                    self.ports.get_mut(pidx).and_then(Option::as_mut),
+                ) else {
+                    return;
+                };
+                match id_done.and_then(|d| link.exposed.iter().position(|&x| x == d)) {
+                    Some(i) => {
+                        if let Some(x) = link.exposed.remove(i) {
+                            port.ep.unexpose(x);
+                        }
+                        self.dirty.push(id);
+                    }
+                    None => self.fail(id, "RNDV_DONE for nothing exposed".into(), events),
+                }
+            }
             CLOSE => {
                 self.repost(pidx, slot);
                 if let Some(l) = self.links.get_mut(&id) {
@@ -780,7 +900,7 @@ impl RdmTransport {
     fn hand_up(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) -> bool {
         let mut any = false;
         while let Some(link) = self.links.get_mut(&id) {
-            if link.paused || link.frozen || link.remote.is_none() {
+            if link.paused || link.frozen || link.remote.is_none() || link.reading.is_some() {
                 break;
             }
             let Some((slot, len)) = link.held.remove(&link.rx_seq) else {
@@ -812,10 +932,42 @@ impl RdmTransport {
             return;
         };
         let msg = port.ep.recv_done(slot, len);
-        let last = msg.first() == Some(&DATA_LAST);
-        let outcome = link
-            .reasm
-            .push(last, msg.get(HEADER_LEN..).unwrap_or(&[]), &self.limits);
+        let kind = msg.first().copied();
+        let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
+        let outcome = if kind == Some(RNDV) {
+            // The unit comes by fi_read; later pieces wait for it (hand_up).
+            let max = self.limits.max_frame;
+            match read_rndv(body) {
+                Some(d) if d.len == 0 || d.len > max => Err(PieceError::Malformed(format!(
+                    "rendezvous of {} bytes (frame limit {max})",
+                    d.len
+                ))),
+                Some(_) if !link.reasm.is_idle() => {
+                    Err(PieceError::Malformed("rendezvous inside a unit".into()))
+                }
+                Some(d) => {
+                    let ctx = read_context(pidx, port.next_read);
+                    port.next_read = port.next_read.wrapping_add(1);
+                    let from = port
+                        .peers
+                        .get(link.peer)
+                        .and_then(Option::as_ref)
+                        .map(|p| p.addr);
+                    match from.map(|from| port.ep.read(d.len as usize, from, d.addr, d.key, ctx)) {
+                        Some(Ok(())) => {
+                            port.reads.insert(ctx, id);
+                            link.reading = Some((ctx, Instant::now(), d.id));
+                            Ok(None)
+                        }
+                        Some(Err(e)) => Err(PieceError::Malformed(format!("fi_read: {e}"))),
+                        None => Err(PieceError::Malformed("rendezvous from no peer".into())),
+                    }
+                }
+                None => Err(PieceError::Malformed("short rendezvous descriptor".into())),
+            }
+        } else {
+            link.reasm.push(kind == Some(DATA_LAST), body, &self.limits)
+        };
         if let Err(e) = port.ep.post_recv(slot, context(pidx, true, slot)) {
             tracing::warn!(error = %e, "repost of an RDM receive failed");
         }
@@ -835,6 +987,48 @@ impl RdmTransport {
                 self.fail(id, format!("malformed message: {why}"), events)
             }
         }
+    }
+
+    /// An fi_read completed: the rendezvous unit is handed up, the sender
+    /// told (RNDV_DONE), and the pieces that waited for it follow.
+    fn read_complete(&mut self, pidx: usize, c: &Completion, events: &mut Vec<TransportEvent>) {
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        let buf = port.ep.read_done(c.context);
+        let Some(id) = port.reads.remove(&c.context) else {
+            return;
+        };
+        let Some(link) = self.links.get_mut(&id) else {
+            return; // the link went while its read was in flight
+        };
+        let Some((_, _, their_id)) = link.reading.take() else {
+            return;
+        };
+        if let Some((code, what)) = c.error {
+            let why = format!(
+                "libfabric fi_read {what}: {}",
+                std::io::Error::from_raw_os_error(code)
+            );
+            return self.fail(id, why, events);
+        }
+        let Some(buf) = buf else {
+            return self.fail(id, "fi_read completed without a buffer".into(), events);
+        };
+        self.rndv_reads += 1;
+        link.need_done.push(their_id);
+        self.dirty.push(id);
+        match link.reasm.whole(Bytes::from(buf), &self.limits) {
+            Ok(unit) => events.push(TransportEvent::Received(id, unit)),
+            Err(PieceError::Corrupt(e)) => {
+                self.drop_link(id);
+                return events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
+            }
+            Err(PieceError::Malformed(why)) => {
+                return self.fail(id, format!("malformed rendezvous unit: {why}"), events)
+            }
+        }
+        self.hand_up(id, events);
     }
 
     /// A HELLO on port `pidx`: accept the link if the port listens.
@@ -897,7 +1091,7 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let result = Self::flush_into(id, link, pidx, port);
+        let result = Self::flush_into(id, link, pidx, port, self.rndv);
         let closed = link.close_after_flush && link.idle();
         match result {
             Ok(done) => {
@@ -918,6 +1112,7 @@ impl RdmTransport {
         link: &mut RdmLink,
         pidx: usize,
         port: &mut Port,
+        rndv: bool,
     ) -> Result<bool, FabricError> {
         let me = link.dest(id);
         if link.need_hello {
@@ -954,7 +1149,80 @@ impl RdmTransport {
             link.inflight += 1;
             link.last_sent = Instant::now();
         }
-        while link.credits > 0 && !link.queue.is_empty() {
+        for i in 0..link.need_done.len() {
+            let done = link.need_done[i];
+            let credits = link.take_credits();
+            let sent = port.post(pidx, link.peer, Some(id), |buf| {
+                write_header(buf, RNDV_DONE, credits, remote, 0);
+                buf[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&done.to_le_bytes());
+                HEADER_LEN + 4
+            })?;
+            if !sent {
+                link.to_return += u32::from(credits);
+                link.need_done.drain(..i);
+                return Ok(false);
+            }
+            link.inflight += 1;
+            link.last_sent = Instant::now();
+        }
+        link.need_done.clear();
+        loop {
+            // A large unit at a unit boundary goes by rendezvous: exposed
+            // here, its descriptor sent as the next data piece.
+            if rndv
+                && !link.eager_front
+                && link.unsent_rndv.is_none()
+                && link.front_sent == 0
+                && link.queue.front().is_some_and(|u| u.len() > RNDV_THRESHOLD)
+            {
+                if link.exposed.len() >= RNDV_MAX {
+                    break; // bounded: wait for a RNDV_DONE
+                }
+                if let Some(unit) = link.queue.pop_front() {
+                    let len = unit.len();
+                    match port.ep.expose(unit) {
+                        Ok(x) => {
+                            link.queued -= len;
+                            link.unsent_rndv = Some(x);
+                        }
+                        Err((e, unit)) => {
+                            tracing::debug!(error = %e, "rendezvous unavailable; sending eagerly");
+                            link.queue.push_front(unit);
+                            link.eager_front = true;
+                        }
+                    }
+                }
+            }
+            let Some(x) = link.unsent_rndv else {
+                break;
+            };
+            if link.credits == 0 {
+                return Ok(true);
+            }
+            let credits = link.take_credits();
+            let seq = link.tx_seq;
+            let sent = port.post(pidx, link.peer, Some(id), |buf| {
+                write_header(buf, RNDV, credits, remote, seq);
+                HEADER_LEN + write_rndv(&mut buf[HEADER_LEN..], &x)
+            })?;
+            if !sent {
+                link.to_return += u32::from(credits);
+                return Ok(false);
+            }
+            link.unsent_rndv = None;
+            link.exposed.push_back(x.id);
+            link.inflight += 1;
+            link.credits -= 1;
+            link.tx_seq += 1;
+            link.last_sent = Instant::now();
+        }
+        while link.credits > 0
+            && !link.queue.is_empty()
+            && !(rndv
+                && !link.eager_front
+                && link.front_sent == 0
+                && link.queue[0].len() > RNDV_THRESHOLD)
+        {
             let credits = link.take_credits();
             let seq = link.tx_seq;
             let rest = &link.queue[0][link.front_sent..];
@@ -983,6 +1251,7 @@ impl RdmTransport {
             if last {
                 link.queue.pop_front();
                 link.front_sent = 0;
+                link.eager_front = false;
             } else {
                 link.front_sent += n;
             }
@@ -1054,7 +1323,13 @@ impl RdmTransport {
             if l.frozen || l.close_after_flush {
                 continue;
             }
-            if now.duration_since(l.last_heard) > LINK_DEADLINE {
+            let stuck_read = l
+                .reading
+                .is_some_and(|(_, since, _)| now.duration_since(since) > LINK_DEADLINE);
+            // Exposed units are not timed on the sending side: a receiver
+            // that paused reading fetches them late, and a dead one trips
+            // `last_heard`.
+            if now.duration_since(l.last_heard) > LINK_DEADLINE || stuck_read {
                 dead.push(id);
             } else if l.remote.is_some() && now.duration_since(l.last_sent) > KEEP_AFTER {
                 l.need_keep = true;
@@ -1062,7 +1337,9 @@ impl RdmTransport {
             }
         }
         for id in dead {
-            let why = format!("peer silent for {LINK_DEADLINE:?} (dead or unreachable)");
+            let why = format!(
+                "peer silent, or a rendezvous read not done, for {LINK_DEADLINE:?} (dead or unreachable)"
+            );
             self.peer_gone(id, why, events);
         }
     }
@@ -1441,6 +1718,11 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+        // Every frame is above the threshold: fetched by fi_read where the
+        // provider has RMA (tcp;ofi_rxm), eagerly in pieces on shm.
+        assert_eq!(t.rndv, provider == "tcp", "{provider}: rendezvous enabled");
+        let expect = if t.rndv { frames.len() as u64 } else { 0 };
+        assert_eq!(t.rndv_reads, expect, "{provider}: rendezvous reads");
         t.inject(LinkId(1000), RealFault::Abort).unwrap();
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
         for id in [server, LinkId(1000)] {
