@@ -211,6 +211,30 @@ fn close(fid: *mut sys::fid) {
     }
 }
 
+/// Binds `ep` to `first` (its EQ or AV) and to `cq` for both directions,
+/// then enables it.
+///
+/// # Safety
+/// All three objects must be open and outlive the endpoint.
+unsafe fn bind_and_enable(
+    ep: *mut sys::fid_ep,
+    first: *mut sys::fid,
+    first_op: &'static str,
+    cq: *mut sys::fid_cq,
+) -> Result<(), FabricError> {
+    check(first_op, sys::fi_ep_bind(ep, first, 0) as isize)?;
+    check(
+        "fi_ep_bind(cq)",
+        sys::fi_ep_bind(
+            ep,
+            cq as *mut sys::fid,
+            u64::from(sys::FI_TRANSMIT | sys::FI_RECV),
+        ) as isize,
+    )?;
+    check("fi_enable", sys::fi_enable(ep) as isize)?;
+    Ok(())
+}
+
 fn wait_fd(fid: *mut sys::fid) -> Result<RawFd, FabricError> {
     let mut fd: c_int = -1;
     // SAFETY: FI_GETWAIT on an EQ/CQ opened with FI_WAIT_FD writes one int.
@@ -643,19 +667,7 @@ impl Net {
                 "fi_endpoint",
                 sys::fi_endpoint(self.domain, info, &mut ep.ep, ptr::null_mut()) as isize,
             )?;
-            check(
-                "fi_ep_bind(eq)",
-                sys::fi_ep_bind(ep.ep, self.eq as *mut sys::fid, 0) as isize,
-            )?;
-            check(
-                "fi_ep_bind(cq)",
-                sys::fi_ep_bind(
-                    ep.ep,
-                    self.cq as *mut sys::fid,
-                    u64::from(sys::FI_TRANSMIT | sys::FI_RECV),
-                ) as isize,
-            )?;
-            check("fi_enable", sys::fi_enable(ep.ep) as isize)?;
+            bind_and_enable(ep.ep, self.eq as *mut sys::fid, "fi_ep_bind(eq)", self.cq)?;
             if self.mr_local {
                 ep.tx.register(self.domain, u64::from(sys::FI_SEND))?;
                 ep.rx.register(self.domain, u64::from(sys::FI_RECV))?;
@@ -1106,19 +1118,7 @@ impl Net {
                 "fi_endpoint",
                 sys::fi_endpoint(self.domain, info.0, &mut ep.ep, ptr::null_mut()) as isize,
             )?;
-            check(
-                "fi_ep_bind(av)",
-                sys::fi_ep_bind(ep.ep, ep.av as *mut sys::fid, 0) as isize,
-            )?;
-            check(
-                "fi_ep_bind(cq)",
-                sys::fi_ep_bind(
-                    ep.ep,
-                    self.cq as *mut sys::fid,
-                    u64::from(sys::FI_TRANSMIT | sys::FI_RECV),
-                ) as isize,
-            )?;
-            check("fi_enable", sys::fi_enable(ep.ep) as isize)?;
+            bind_and_enable(ep.ep, ep.av as *mut sys::fid, "fi_ep_bind(av)", self.cq)?;
             if self.mr_local {
                 ep.tx.register(self.domain, u64::from(sys::FI_SEND))?;
             }

@@ -189,6 +189,22 @@ fn other_name(ep: EpType) -> &'static str {
     }
 }
 
+/// What `inject(HalfClose)` answers on every fabric link.
+fn no_half_close(kind: &TransportKind) -> TransportError {
+    TransportError::Unavailable {
+        kind: kind.clone(),
+        reason: "half-close has no libfabric equivalent".into(),
+    }
+}
+
+/// What `attach` answers: fabric links stay on the worker that made them.
+fn no_migration(kind: &TransportKind) -> TransportError {
+    TransportError::Unavailable {
+        kind: kind.clone(),
+        reason: "fabric links do not move between workers".into(),
+    }
+}
+
 fn fab_err(kind: &TransportKind, e: FabricError) -> TransportError {
     TransportError::Unavailable {
         kind: kind.clone(),
@@ -716,12 +732,7 @@ impl Transport for FabricTransport {
                 self.failed
                     .push((link, "injected abortive close (endpoint closed)".into()));
             }
-            RealFault::HalfClose => {
-                return Err(TransportError::Unavailable {
-                    kind: self.kind.clone(),
-                    reason: "half-close has no libfabric equivalent".into(),
-                })
-            }
+            RealFault::HalfClose => return Err(no_half_close(&self.kind)),
             RealFault::StopReading => l.paused = true,
             RealFault::Freeze => l.frozen = true,
         }
@@ -744,10 +755,7 @@ impl Transport for FabricTransport {
 
     fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
         let _ = (link, detached);
-        Err(TransportError::Unavailable {
-            kind: self.kind.clone(),
-            reason: "fabric links do not move between workers".into(),
-        })
+        Err(no_migration(&self.kind))
     }
 }
 

@@ -90,7 +90,7 @@ use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp};
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
-use super::{fab_err, probe, PieceError, Reassembly, SLOT_SIZE};
+use super::{fab_err, no_half_close, no_migration, probe, PieceError, Reassembly, SLOT_SIZE};
 use crate::{
     Availability, DetachedLink, RealFault, Transport, TransportContext, TransportError,
     TransportEvent,
@@ -484,6 +484,33 @@ impl RdmLink {
             link: id.0,
             cookie: self.cookie,
         }
+    }
+
+    /// Sends a control message of `kind` with `body` to the peer's end,
+    /// returning the credits owed in its header. `Ok(false)`: not sent now
+    /// (see [`Port::post`]); the credits stay owed.
+    fn post_control(
+        &mut self,
+        id: LinkId,
+        pidx: usize,
+        port: &mut Port,
+        kind: u8,
+        remote: Dest,
+        body: &[u8],
+    ) -> Result<bool, FabricError> {
+        let credits = self.take_credits();
+        let sent = port.post(pidx, self.peer, Some(id), |buf| {
+            write_header(buf, kind, credits, remote, 0);
+            buf[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
+            HEADER_LEN + body.len()
+        })?;
+        if sent {
+            self.inflight += 1;
+            self.last_sent = Instant::now();
+        } else {
+            self.to_return += u32::from(credits);
+        }
+        Ok(sent)
     }
 
     /// Credits to return in the next header (all owed, as a u16).
@@ -1136,36 +1163,19 @@ impl RdmTransport {
             return Ok(true); // waiting for WELCOME
         };
         if link.need_welcome {
-            let credits = link.take_credits();
-            let sent = port.post(pidx, link.peer, Some(id), |buf| {
-                write_header(buf, WELCOME, credits, remote, 0);
-                HEADER_LEN + write_dest(&mut buf[HEADER_LEN..], me)
-            })?;
-            if !sent {
-                link.to_return += u32::from(credits);
+            let mut body = [0u8; 12];
+            write_dest(&mut body, me);
+            if !link.post_control(id, pidx, port, WELCOME, remote, &body)? {
                 return Ok(false);
             }
             link.need_welcome = false;
-            link.inflight += 1;
-            link.last_sent = Instant::now();
         }
-        for i in 0..link.need_done.len() {
-            let done = link.need_done[i];
-            let credits = link.take_credits();
-            let sent = port.post(pidx, link.peer, Some(id), |buf| {
-                write_header(buf, RNDV_DONE, credits, remote, 0);
-                buf[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&done.to_le_bytes());
-                HEADER_LEN + 4
-            })?;
-            if !sent {
-                link.to_return += u32::from(credits);
-                link.need_done.drain(..i);
+        while let Some(&done) = link.need_done.last() {
+            if !link.post_control(id, pidx, port, RNDV_DONE, remote, &done.to_le_bytes())? {
                 return Ok(false);
             }
-            link.inflight += 1;
-            link.last_sent = Instant::now();
+            link.need_done.pop();
         }
-        link.need_done.clear();
         loop {
             // A large unit at a unit boundary goes by rendezvous: exposed
             // here, its descriptor sent as the next data piece.
@@ -1257,18 +1267,10 @@ impl RdmTransport {
             }
         }
         if link.need_keep || link.to_return >= CREDITS / 2 {
-            let credits = link.take_credits();
-            let sent = port.post(pidx, link.peer, Some(id), |buf| {
-                write_header(buf, KEEP, credits, remote, 0);
-                HEADER_LEN
-            })?;
-            if !sent {
-                link.to_return += u32::from(credits);
+            if !link.post_control(id, pidx, port, KEEP, remote, &[])? {
                 return Ok(false);
             }
             link.need_keep = false;
-            link.inflight += 1;
-            link.last_sent = Instant::now();
         }
         Ok(true)
     }
@@ -1593,12 +1595,7 @@ impl Transport for RdmTransport {
                 self.failed
                     .push((link, "injected abortive close (link dropped)".into()));
             }
-            RealFault::HalfClose => {
-                return Err(TransportError::Unavailable {
-                    kind: self.kind.clone(),
-                    reason: "half-close has no libfabric equivalent".into(),
-                })
-            }
+            RealFault::HalfClose => return Err(no_half_close(&self.kind)),
             RealFault::StopReading => l.paused = true,
             RealFault::Freeze => l.frozen = true,
         }
@@ -1621,10 +1618,7 @@ impl Transport for RdmTransport {
 
     fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
         let _ = (link, detached);
-        Err(TransportError::Unavailable {
-            kind: self.kind.clone(),
-            reason: "fabric links do not move between workers".into(),
-        })
+        Err(no_migration(&self.kind))
     }
 }
 
