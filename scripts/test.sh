@@ -35,13 +35,18 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release
 
-step "cargo test: the fabric backend with libfabric's real tcp provider (FI_EP_MSG, loopback)"
-cargo test --release -p msgr --features fabric --test fabric_tcp
+step "cargo test: the fabric backend with real libfabric providers on loopback (tcp MSG, tcp;ofi_rxm RDM, shm RDM)"
+cargo test --release -p msgr --features fabric --test fabric
 
 step "stress suite: msgr-stress 60 s per available backend with faults, and the network-namespace run (docs/STRESS.md)"
 ensure_packages nftables iproute2
 cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 60 --backend all --quiet
 cargo test --release -p msgr-testsuite --test stress_netns -- --ignored --nocapture
+
+step "stress suite over the libfabric backends: msgr-stress 20 s each with faults (real tcp, tcp;ofi_rxm and shm providers, loopback)"
+for backend in fabric+tcp 'fabric+tcp?ep=rdm' 'fabric+shm?ep=rdm'; do
+  cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 20 --backend "$backend" --quiet
+done
 
 step "RDMA guest: setup (packages, kernel, siw, initramfs; cached in \${MSGR_GUEST_CACHE:-/var/cache/msgr-guest})"
 guest_start=$(date +%s)

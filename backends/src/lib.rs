@@ -94,6 +94,23 @@ pub trait Transport {
     /// happened.
     fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool;
 
+    /// Called when the worker is about to block on its Poll after
+    /// [`Transport::progress`] found nothing: arm wait objects that need it
+    /// (`fi_trywait`). Returns false if something is pending already, and
+    /// the worker polls again instead of blocking. Kept out of `progress`,
+    /// which the busy-poll window calls in a tight loop. Default: true.
+    fn arm(&mut self) -> bool {
+        true
+    }
+
+    /// When this transport needs [`Transport::progress`] even if none of its
+    /// fds becomes ready: a provider without wait objects must be polled, and
+    /// a backend that keeps its own link deadlines must look at them. The
+    /// worker never blocks past it. `None` (the default): fds say it all.
+    fn wake_at(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// Closes `link`. With `flush`, queued output is written first.
     fn close(&mut self, link: LinkId, flush: bool);
 
@@ -170,9 +187,12 @@ pub enum AnyTransport {
     /// TCP.
     #[cfg(feature = "tcp")]
     Tcp(tcp::TcpTransport),
-    /// libfabric (FI_EP_MSG endpoints).
+    /// libfabric, FI_EP_MSG endpoints (connected).
     #[cfg(feature = "fabric")]
     Fabric(fabric::FabricTransport),
+    /// libfabric, FI_EP_RDM endpoints (links multiplexed on one endpoint).
+    #[cfg(feature = "fabric")]
+    FabricRdm(fabric::rdm::RdmTransport),
     /// RDMA: verbs (out-of-band setup over TCP) or rdmacm (setup by rdma_cm).
     #[cfg(any(feature = "verbs", feature = "rdmacm"))]
     Rdma(rdma::RdmaTransport),

@@ -135,6 +135,10 @@ pub fn open_transport(
             ctx,
         )?)),
         #[cfg(feature = "fabric")]
+        TransportKind::Fabric(p) if p.endpoint == msgr_addr::FabricEndpoint::Rdm => Ok(
+            AnyTransport::FabricRdm(crate::fabric::rdm::RdmTransport::new(p, registry, ctx)?),
+        ),
+        #[cfg(feature = "fabric")]
         TransportKind::Fabric(p) => Ok(AnyTransport::Fabric(crate::fabric::FabricTransport::new(
             p, registry, ctx,
         )?)),

@@ -11,6 +11,21 @@
 //!   and receive buffers (registered when the provider's `mr_mode` asks for
 //!   `FI_MR_LOCAL`), so a buffer can never be freed while the provider may
 //!   still touch it: the endpoint is closed before its buffers go.
+//! - [`RdmEp`]: an `FI_EP_RDM` endpoint with its own address vector, transmit
+//!   slots and a receive pool that grows by blocks (shared by every peer of the
+//!   endpoint, as an SRQ is); peers are [`PeerAddr`]s from [`RdmEp::insert`].
+//!
+//! `shm` endpoints are never closed: libfabric 1.17's `shm` keeps a raw
+//! pointer to the shared-memory region of every endpoint *of this process*
+//! a peer talked to (`smr_map_to_region` looks the name up in its list of
+//! local endpoints) and dereferences it after that endpoint is closed —
+//! a crash as soon as two endpoints of one process talk and one goes first.
+//! So a dropped `shm` [`RdmEp`] (and its [`Net`]) is leaked with its buffers
+//! instead; the memory goes with the process (only touched pages cost RAM).
+//!
+//! Providers without wait objects (`shm` in libfabric 1.17 refuses
+//! `FI_WAIT_FD` with `-FI_ENOSYS`) get a CQ with `FI_WAIT_NONE`:
+//! [`Net::cq_fd`] is then `None` and the caller must poll.
 //!
 //! Operation contexts are plain `u64`s chosen by the caller (not pointers):
 //! hints ask for no `FI_CONTEXT` mode, so the provider never writes through them.
@@ -117,11 +132,14 @@ impl Drop for Info {
     }
 }
 
+/// `rma`: also ask for `FI_RMA | FI_READ | FI_REMOTE_READ` (the `fi_read`
+/// rendezvous).
 fn getinfo(
     provider: &str,
     ep: EpType,
     addr: Option<SocketAddr>,
     source: bool,
+    rma: bool,
 ) -> Result<Info, FabricError> {
     let no_provider = |reason: String| FabricError::NoProvider {
         provider: provider.to_owned(),
@@ -148,8 +166,17 @@ fn getinfo(
     let rc = unsafe {
         let h = &mut *hints.0;
         h.caps = u64::from(sys::FI_MSG);
+        if rma {
+            h.caps |= u64::from(sys::FI_RMA | sys::FI_READ | sys::FI_REMOTE_READ);
+        }
         h.mode = 0;
         (*h.ep_attr).type_ = ep.raw();
+        if ep == EpType::Rdm {
+            // Units are split into several messages: they must arrive in the
+            // order they were sent (MSG endpoints are ordered streams anyway).
+            (*h.tx_attr).msg_order = u64::from(sys::FI_ORDER_SAS);
+            (*h.rx_attr).msg_order = u64::from(sys::FI_ORDER_SAS);
+        }
         (*h.domain_attr).mr_mode =
             (sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY)
                 as c_int;
@@ -171,9 +198,10 @@ fn getinfo(
     Ok(Info(out))
 }
 
-/// Whether `provider` offers `ep` endpoints with `FI_MSG` here; the error says why not.
+/// Whether `provider` offers `ep` endpoints with `FI_MSG` (and, for RDM,
+/// send-after-send ordering) here; the error says why not.
 pub fn probe(provider: &str, ep: EpType) -> Result<(), FabricError> {
-    getinfo(provider, ep, None, false).map(drop)
+    getinfo(provider, ep, None, false, false).map(drop)
 }
 
 fn close(fid: *mut sys::fid) {
@@ -181,6 +209,30 @@ fn close(fid: *mut sys::fid) {
         // SAFETY: fid is an open libfabric object owned by the caller, closed once.
         unsafe { sys::fi_close(fid) };
     }
+}
+
+/// Binds `ep` to `first` (its EQ or AV) and to `cq` for both directions,
+/// then enables it.
+///
+/// # Safety
+/// All three objects must be open and outlive the endpoint.
+unsafe fn bind_and_enable(
+    ep: *mut sys::fid_ep,
+    first: *mut sys::fid,
+    first_op: &'static str,
+    cq: *mut sys::fid_cq,
+) -> Result<(), FabricError> {
+    check(first_op, sys::fi_ep_bind(ep, first, 0) as isize)?;
+    check(
+        "fi_ep_bind(cq)",
+        sys::fi_ep_bind(
+            ep,
+            cq as *mut sys::fid,
+            u64::from(sys::FI_TRANSMIT | sys::FI_RECV),
+        ) as isize,
+    )?;
+    check("fi_enable", sys::fi_enable(ep) as isize)?;
+    Ok(())
 }
 
 fn wait_fd(fid: *mut sys::fid) -> Result<RawFd, FabricError> {
@@ -202,8 +254,20 @@ pub struct Net {
     info: Info,
     fabric: *mut sys::fid_fabric,
     domain: *mut sys::fid_domain,
+    /// Null for RDM (no connection management).
     eq: *mut sys::fid_eq,
     cq: *mut sys::fid_cq,
+    /// Whether the CQ has a wait fd (else it must be polled).
+    cq_waitable: bool,
+    /// Whether endpoint names are IP socket addresses (`tcp`), not strings (`shm`).
+    socket_names: bool,
+    /// Never close (see the crate docs: `shm`).
+    leak: bool,
+    /// RDM endpoints have `FI_RMA | FI_READ | FI_REMOTE_READ`.
+    rma: bool,
+    /// `mr_mode` bits that apply (`FI_MR_VIRT_ADDR`, `FI_MR_PROV_KEY`).
+    virt_addr: bool,
+    prov_key: bool,
     provider: String,
     ep: EpType,
     mr_local: bool,
@@ -221,12 +285,21 @@ impl std::fmt::Debug for Net {
             .field("provider", &self.provider)
             .field("ep", &self.ep)
             .field("mr_local", &self.mr_local)
+            .field("cq_waitable", &self.cq_waitable)
             .finish()
     }
 }
 
+/// Whether endpoints of `provider` must outlive the process (crate docs).
+fn leaks_on_drop(provider: &str) -> bool {
+    provider.split(';').next() == Some("shm")
+}
+
 impl Drop for Net {
     fn drop(&mut self) {
+        if self.leak {
+            return;
+        }
         close(self.cq as *mut sys::fid);
         close(self.eq as *mut sys::fid);
         close(self.domain as *mut sys::fid);
@@ -313,13 +386,26 @@ fn sockaddr(p: *const u8, len: usize) -> Option<SocketAddr> {
 impl Net {
     /// Opens `provider` with `ep` endpoints: fabric, domain, EQ and CQ.
     pub fn open(provider: &str, ep: EpType, cq_size: usize) -> Result<Net, FabricError> {
-        let info = getinfo(provider, ep, None, false)?;
+        // RDM endpoints get the rendezvous capabilities when the provider has them.
+        let (info, rma) = match ep {
+            EpType::Rdm => match getinfo(provider, ep, None, false, true) {
+                Ok(i) => (i, true),
+                Err(_) => (getinfo(provider, ep, None, false, false)?, false),
+            },
+            EpType::Msg => (getinfo(provider, ep, None, false, false)?, false),
+        };
         let mut net = Net {
             info,
             fabric: ptr::null_mut(),
             domain: ptr::null_mut(),
             eq: ptr::null_mut(),
             cq: ptr::null_mut(),
+            cq_waitable: true,
+            socket_names: false,
+            leak: leaks_on_drop(provider),
+            rma,
+            virt_addr: false,
+            prov_key: false,
             provider: provider.to_owned(),
             ep,
             mr_local: false,
@@ -328,7 +414,14 @@ impl Net {
         // a field of `net`, closed by its Drop if set.
         unsafe {
             let i = &*net.info.0;
-            net.mr_local = ((*i.domain_attr).mr_mode as u32 & sys::FI_MR_LOCAL) != 0;
+            let mr_mode = (*i.domain_attr).mr_mode as u32;
+            net.mr_local = mr_mode & sys::FI_MR_LOCAL != 0;
+            net.virt_addr = mr_mode & sys::FI_MR_VIRT_ADDR != 0;
+            net.prov_key = mr_mode & sys::FI_MR_PROV_KEY != 0;
+            net.socket_names = matches!(
+                i.addr_format,
+                sys::FI_SOCKADDR | sys::FI_SOCKADDR_IN | sys::FI_SOCKADDR_IN6
+            );
             check(
                 "fi_fabric",
                 sys::fi_fabric(i.fabric_attr, &mut net.fabric, ptr::null_mut()) as isize,
@@ -337,27 +430,66 @@ impl Net {
                 "fi_domain",
                 sys::fi_domain(net.fabric, net.info.0, &mut net.domain, ptr::null_mut()) as isize,
             )?;
-            let mut eq_attr = sys::fi_eq_attr {
-                size: 256,
-                wait_obj: sys::FI_WAIT_FD,
-                ..Default::default()
-            };
-            check(
-                "fi_eq_open",
-                sys::fi_eq_open(net.fabric, &mut eq_attr, &mut net.eq, ptr::null_mut()) as isize,
-            )?;
+            if ep == EpType::Msg {
+                let mut eq_attr = sys::fi_eq_attr {
+                    size: 256,
+                    wait_obj: sys::FI_WAIT_FD,
+                    ..Default::default()
+                };
+                check(
+                    "fi_eq_open",
+                    sys::fi_eq_open(net.fabric, &mut eq_attr, &mut net.eq, ptr::null_mut())
+                        as isize,
+                )?;
+            }
             let mut cq_attr = sys::fi_cq_attr {
                 size: cq_size,
                 format: sys::FI_CQ_FORMAT_MSG,
                 wait_obj: sys::FI_WAIT_FD,
                 ..Default::default()
             };
-            check(
-                "fi_cq_open",
-                sys::fi_cq_open(net.domain, &mut cq_attr, &mut net.cq, ptr::null_mut()) as isize,
-            )?;
+            let mut rc = sys::fi_cq_open(net.domain, &mut cq_attr, &mut net.cq, ptr::null_mut());
+            if rc == -(sys::FI_ENOSYS as c_int) {
+                // No wait objects in this provider: a polled CQ.
+                cq_attr.wait_obj = sys::FI_WAIT_NONE;
+                net.cq_waitable = false;
+                rc = sys::fi_cq_open(net.domain, &mut cq_attr, &mut net.cq, ptr::null_mut());
+            }
+            check("fi_cq_open", rc as isize)?;
         }
         Ok(net)
+    }
+
+    /// Whether endpoint names are IP socket addresses (an endpoint bound to
+    /// port 0 gets a port from the OS), rather than strings such as `shm`'s
+    /// `fi_ns://IP:PORT`, where the port is only part of a name.
+    pub fn socket_names(&self) -> bool {
+        self.socket_names
+    }
+
+    /// Whether RDM endpoints can `fi_read` from peers ([`RdmEp::expose`],
+    /// [`RdmEp::read`]).
+    pub fn rma(&self) -> bool {
+        self.rma
+    }
+
+    /// Whether endpoints are never closed (`shm`, see the crate docs).
+    pub fn never_closes(&self) -> bool {
+        self.leak
+    }
+
+    /// The provider's inject size: the largest send it completes by copying,
+    /// without the receiver's help (`tx_attr.inject_size`).
+    pub fn inject_size(&self) -> usize {
+        // SAFETY: info is a valid fi_info from fi_getinfo with a tx_attr.
+        unsafe {
+            let i = &*self.info.0;
+            if i.tx_attr.is_null() {
+                0
+            } else {
+                (*i.tx_attr).inject_size
+            }
+        }
     }
 
     /// Whether buffers must be registered (`FI_MR_LOCAL`).
@@ -365,22 +497,35 @@ impl Net {
         self.mr_local
     }
 
-    /// The EQ's wait fd (readable when connection events may be waiting).
-    pub fn eq_fd(&self) -> Result<RawFd, FabricError> {
-        wait_fd(self.eq as *mut sys::fid)
+    /// The EQ's wait fd (readable when connection events may be waiting);
+    /// `None` for RDM, which has no EQ.
+    pub fn eq_fd(&self) -> Result<Option<RawFd>, FabricError> {
+        if self.eq.is_null() {
+            return Ok(None);
+        }
+        wait_fd(self.eq as *mut sys::fid).map(Some)
     }
 
-    /// The CQ's wait fd (readable when completions may be waiting).
-    pub fn cq_fd(&self) -> Result<RawFd, FabricError> {
-        wait_fd(self.cq as *mut sys::fid)
+    /// The CQ's wait fd (readable when completions may be waiting); `None`
+    /// when the provider has no wait objects and the CQ must be polled.
+    pub fn cq_fd(&self) -> Result<Option<RawFd>, FabricError> {
+        if !self.cq_waitable {
+            return Ok(None);
+        }
+        wait_fd(self.cq as *mut sys::fid).map(Some)
     }
 
     /// `fi_trywait` on the EQ and CQ: true if it is safe to block on their fds
-    /// (nothing is pending inside the provider); false means poll again.
+    /// (nothing is pending inside the provider); false means poll again (and
+    /// always false for a polled CQ).
     pub fn try_wait(&mut self) -> bool {
+        if !self.cq_waitable {
+            return false;
+        }
         let mut fids = [self.cq as *mut sys::fid, self.eq as *mut sys::fid];
-        // SAFETY: both fids are open and belong to this fabric.
-        let rc = unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), 2) };
+        let count = if self.eq.is_null() { 1 } else { 2 };
+        // SAFETY: the first `count` fids are open and belong to this fabric.
+        let rc = unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), count) };
         rc == 0
     }
 
@@ -419,8 +564,11 @@ impl Net {
         0
     }
 
-    /// Reads one connection-management event, if any.
+    /// Reads one connection-management event, if any (never for RDM).
     pub fn read_eq(&mut self) -> Option<CmEvent> {
+        if self.eq.is_null() {
+            return None;
+        }
         let mut buf = [0u64; 32];
         let mut event: u32 = 0;
         // SAFETY: buf is 256 bytes, large enough for an fi_eq_cm_entry.
@@ -465,7 +613,7 @@ impl Net {
 
     /// Listens on `addr` (port 0: the provider picks; see [`PassiveEp::addr`]).
     pub fn listen(&mut self, addr: SocketAddr) -> Result<PassiveEp, FabricError> {
-        let info = getinfo(&self.provider, self.ep, Some(addr), true)?;
+        let info = getinfo(&self.provider, self.ep, Some(addr), true, false)?;
         let mut pep = PassiveEp {
             pep: ptr::null_mut(),
             addr,
@@ -519,19 +667,7 @@ impl Net {
                 "fi_endpoint",
                 sys::fi_endpoint(self.domain, info, &mut ep.ep, ptr::null_mut()) as isize,
             )?;
-            check(
-                "fi_ep_bind(eq)",
-                sys::fi_ep_bind(ep.ep, self.eq as *mut sys::fid, 0) as isize,
-            )?;
-            check(
-                "fi_ep_bind(cq)",
-                sys::fi_ep_bind(
-                    ep.ep,
-                    self.cq as *mut sys::fid,
-                    u64::from(sys::FI_TRANSMIT | sys::FI_RECV),
-                ) as isize,
-            )?;
-            check("fi_enable", sys::fi_enable(ep.ep) as isize)?;
+            bind_and_enable(ep.ep, self.eq as *mut sys::fid, "fi_ep_bind(eq)", self.cq)?;
             if self.mr_local {
                 ep.tx.register(self.domain, u64::from(sys::FI_SEND))?;
                 ep.rx.register(self.domain, u64::from(sys::FI_RECV))?;
@@ -548,7 +684,7 @@ impl Net {
         slots: usize,
         slot_size: usize,
     ) -> Result<Ep, FabricError> {
-        let info = getinfo(&self.provider, self.ep, Some(addr), false)?;
+        let info = getinfo(&self.provider, self.ep, Some(addr), false, false)?;
         let ep = self.new_ep(info.0, slots, slot_size)?;
         // SAFETY: ep is enabled; dest_addr of the info is the peer's address.
         let rc = unsafe { sys::fi_connect(ep.ep, (*info.0).dest_addr, ptr::null(), 0) };
@@ -601,10 +737,13 @@ impl Drop for PassiveEp {
     }
 }
 
-/// Fixed-size slots in one allocation, optionally registered.
+/// Fixed-size slots in one allocation, optionally registered. A slot handed
+/// to the provider is marked busy until its completion, so no safe accessor
+/// hands it out while the provider may read or write it.
 struct Buffers {
     mem: Vec<u8>,
     busy: Vec<bool>,
+    size: usize,
     mr: *mut sys::fid_mr,
     desc: *mut c_void,
 }
@@ -614,6 +753,7 @@ impl Buffers {
         Buffers {
             mem: vec![0u8; slots * size],
             busy: vec![false; slots],
+            size,
             mr: ptr::null_mut(),
             desc: ptr::null_mut(),
         }
@@ -643,6 +783,41 @@ impl Buffers {
         self.desc = sys::fi_mr_desc(self.mr);
         Ok(())
     }
+
+    /// The start of an idle slot whose first `len` bytes go to the provider.
+    fn idle_ptr(&mut self, slot: usize, len: usize) -> Result<*mut u8, FabricError> {
+        if self.busy.get(slot) != Some(&false) || len > self.size {
+            return Err(FabricError::Slot(slot));
+        }
+        Ok(self.mem[slot * self.size..].as_mut_ptr())
+    }
+
+    fn mark_busy(&mut self, slot: usize) {
+        self.busy[slot] = true;
+    }
+
+    /// Ends the provider's use of `slot` and returns its first `len` bytes.
+    fn done(&mut self, slot: usize, len: usize) -> &[u8] {
+        if let Some(b) = self.busy.get_mut(slot) {
+            *b = false;
+        }
+        let start = (slot * self.size).min(self.mem.len());
+        let end = (start + len.min(self.size)).min(self.mem.len());
+        &self.mem[start..end]
+    }
+
+    fn idle_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
+        if self.busy.get(slot) != Some(&false) {
+            return None;
+        }
+        let size = self.size;
+        Some(&mut self.mem[slot * size..(slot + 1) * size])
+    }
+
+    fn close_mr(&mut self) {
+        close(self.mr as *mut sys::fid);
+        self.mr = ptr::null_mut();
+    }
 }
 
 /// An active MSG endpoint with its own transmit and receive slots.
@@ -667,9 +842,63 @@ impl Drop for Ep {
         // Close the endpoint first: after fi_close the provider no longer
         // touches the buffers, which are then freed with `self`.
         close(self.ep as *mut sys::fid);
-        close(self.tx.mr as *mut sys::fid);
-        close(self.rx.mr as *mut sys::fid);
+        self.tx.close_mr();
+        self.rx.close_mr();
     }
+}
+
+/// Posts `fi_recv` of slot `slot` of `bufs` on `ep` from `from`.
+fn post_recv(
+    ep: *mut sys::fid_ep,
+    bufs: &mut Buffers,
+    slot: usize,
+    from: u64,
+    context: u64,
+) -> Result<(), FabricError> {
+    let size = bufs.size;
+    let p = bufs.idle_ptr(slot, size)?;
+    // SAFETY: the slot lies in memory owned by the endpoint's owner and freed
+    // only after the endpoint is closed; it is marked busy below so no safe
+    // accessor hands it out until its completion.
+    let rc = unsafe {
+        sys::fi_recv(
+            ep,
+            p as *mut c_void,
+            size,
+            bufs.desc,
+            from,
+            context as *mut c_void,
+        )
+    };
+    check("fi_recv", rc)?;
+    bufs.mark_busy(slot);
+    Ok(())
+}
+
+/// Posts `fi_send` of the first `len` bytes of slot `slot` of `bufs` to `to`.
+fn post_send(
+    ep: *mut sys::fid_ep,
+    bufs: &mut Buffers,
+    slot: usize,
+    len: usize,
+    to: u64,
+    context: u64,
+) -> Result<(), FabricError> {
+    let p = bufs.idle_ptr(slot, len)?;
+    // SAFETY: as in post_recv; the slot stays busy until its completion.
+    let rc = unsafe {
+        sys::fi_send(
+            ep,
+            p as *const c_void,
+            len,
+            bufs.desc,
+            to,
+            context as *mut c_void,
+        )
+    };
+    check("fi_send", rc)?;
+    bufs.mark_busy(slot);
+    Ok(())
 }
 
 impl Ep {
@@ -690,74 +919,513 @@ impl Ep {
 
     /// Posts receive slot `slot` with completion context `context`.
     pub fn post_recv(&mut self, slot: usize, context: u64) -> Result<(), FabricError> {
-        if self.rx.busy.get(slot) != Some(&false) {
-            return Err(FabricError::Slot(slot));
-        }
-        let size = self.slot_size;
-        let p = self.rx.mem[slot * size..].as_mut_ptr();
-        // SAFETY: the slot lies in rx.mem, owned by this endpoint and freed
-        // only after the endpoint is closed; it is marked busy so no safe
-        // accessor hands it out until its completion.
-        let rc = unsafe {
-            sys::fi_recv(
-                self.ep,
-                p as *mut c_void,
-                size,
-                self.rx.desc,
-                0,
-                context as *mut c_void,
-            )
-        };
-        check("fi_recv", rc)?;
-        self.rx.busy[slot] = true;
-        Ok(())
+        post_recv(self.ep, &mut self.rx, slot, 0, context)
     }
 
     /// A completed receive: frees the slot and returns its first `len` bytes.
     pub fn recv_done(&mut self, slot: usize, len: usize) -> &[u8] {
-        self.rx.busy[slot] = false;
-        let size = self.slot_size;
-        &self.rx.mem[slot * size..slot * size + len.min(size)]
+        self.rx.done(slot, len)
     }
 
     /// The transmit slot `slot` to fill, if it is not in flight.
     pub fn tx_slot(&mut self, slot: usize) -> Option<&mut [u8]> {
-        if self.tx.busy.get(slot) != Some(&false) {
-            return None;
-        }
-        let size = self.slot_size;
-        Some(&mut self.tx.mem[slot * size..(slot + 1) * size])
+        self.tx.idle_mut(slot)
     }
 
     /// Sends the first `len` bytes of transmit slot `slot`. `Err` with
     /// [`is_again`] means the provider's queue is full: retry later.
     pub fn send(&mut self, slot: usize, len: usize, context: u64) -> Result<(), FabricError> {
-        if self.tx.busy.get(slot) != Some(&false) || len > self.slot_size {
-            return Err(FabricError::Slot(slot));
-        }
-        let p = self.tx.mem[slot * self.slot_size..].as_ptr();
-        // SAFETY: as in post_recv; the slot is marked busy until send_done,
-        // so tx_slot cannot hand it out while the provider reads it.
-        let rc = unsafe {
-            sys::fi_send(
-                self.ep,
-                p as *const c_void,
-                len,
-                self.tx.desc,
-                0,
-                context as *mut c_void,
-            )
-        };
-        check("fi_send", rc)?;
-        self.tx.busy[slot] = true;
-        Ok(())
+        post_send(self.ep, &mut self.tx, slot, len, 0, context)
     }
 
     /// A completed send: the slot may be refilled.
     pub fn send_done(&mut self, slot: usize) {
-        if let Some(b) = self.tx.busy.get_mut(slot) {
-            *b = false;
+        self.tx.done(slot, 0);
+    }
+}
+
+/// `FI_ADDR_UNSPEC` (a macro in C): receive from any peer.
+const FI_ADDR_UNSPEC: u64 = u64::MAX;
+
+/// A peer in an [`RdmEp`]'s address vector (`fi_addr_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerAddr(u64);
+
+/// Longest endpoint name [`RdmEp::name`] returns or [`RdmEp::insert`] takes.
+pub const MAX_NAME_LEN: usize = 256;
+
+/// An `FI_EP_RDM` endpoint: address vector, transmit slots, and a receive
+/// pool shared by all its peers that grows by blocks of equal size.
+pub struct RdmEp {
+    ep: *mut sys::fid_ep,
+    av: *mut sys::fid_av,
+    domain: *mut sys::fid_domain,
+    mr_local: bool,
+    addr_format: u32,
+    name: Vec<u8>,
+    tx: Buffers,
+    rx: Vec<Buffers>,
+    rx_block: usize,
+    slot_size: usize,
+    /// Never close (see the crate docs: `shm`).
+    leak: bool,
+    rma: bool,
+    virt_addr: bool,
+    prov_key: bool,
+    /// Buffers peers may fi_read, by id.
+    exposed: std::collections::HashMap<u32, Region>,
+    next_exposed: u32,
+    /// Next key asked for when the provider does not pick keys.
+    next_key: u64,
+    /// Buffers being filled by fi_read, by operation context.
+    reading: std::collections::HashMap<u64, Region>,
+}
+
+/// Memory registered for an RMA operation, owned until the registration is
+/// closed.
+struct Region {
+    mem: Vec<u8>,
+    mr: *mut sys::fid_mr,
+}
+
+impl Region {
+    fn close(self) -> Vec<u8> {
+        close(self.mr as *mut sys::fid);
+        self.mem
+    }
+}
+
+/// What a peer needs to `fi_read` a buffer of ours ([`RdmEp::expose`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exposed {
+    /// Names the buffer for [`RdmEp::unexpose`].
+    pub id: u32,
+    /// The address to read from (a virtual address under
+    /// `FI_MR_VIRT_ADDR`, else an offset: 0).
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The registration's remote key.
+    pub key: u64,
+}
+
+// SAFETY: see `Net`.
+unsafe impl Send for RdmEp {}
+
+impl std::fmt::Debug for RdmEp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmEp")
+            .field("name", &String::from_utf8_lossy(&self.name))
+            .field("rx_slots", &self.rx_slots())
+            .finish()
+    }
+}
+
+impl Drop for RdmEp {
+    fn drop(&mut self) {
+        if self.leak {
+            // The region's name goes now (the mapping stays for whoever has
+            // it): nothing new can reach this endpoint, and /dev/shm does not
+            // keep it after the process. shm names are `fi_shm://NAME` or
+            // `fi_ns://NAME` for the file /dev/shm/NAME.
+            let file = self
+                .name
+                .split(|&b| b == 0)
+                .next()
+                .map(|n| match n.windows(3).position(|w| w == b"://") {
+                    Some(i) => &n[i + 3..],
+                    None => n,
+                })
+                .and_then(|n| CString::new(n).ok());
+            if let Some(file) = file {
+                // SAFETY: file is a NUL-terminated string; shm_unlink only
+                // removes a name.
+                unsafe { libc::shm_unlink(file.as_ptr()) };
+            }
+            // The provider may still write into the receive slots and read
+            // the transmit slots: they live as long as the process.
+            std::mem::forget(std::mem::take(&mut self.rx));
+            std::mem::forget(std::mem::take(&mut self.exposed));
+            std::mem::forget(std::mem::take(&mut self.reading));
+            std::mem::forget(std::mem::replace(&mut self.tx, Buffers::new(0, 0)));
+            return;
         }
+        // Endpoint first (the provider stops touching the buffers), then the
+        // registrations and the address vector.
+        close(self.ep as *mut sys::fid);
+        for r in self.exposed.drain().map(|(_, r)| r) {
+            r.close();
+        }
+        for r in self.reading.drain().map(|(_, r)| r) {
+            r.close();
+        }
+        self.tx.close_mr();
+        for b in &mut self.rx {
+            b.close_mr();
+        }
+        close(self.av as *mut sys::fid);
+    }
+}
+
+impl Net {
+    /// Opens an RDM endpoint. With `bind`, it is named after that address
+    /// (`FI_SOURCE`: for `tcp;ofi_rxm` the socket it listens on, port 0
+    /// picked by the provider; for `shm` the name `fi_ns://IP:PORT`); without,
+    /// the provider picks an anonymous name. The receive pool starts with one
+    /// block of `rx_block` slots (see [`RdmEp::grow_rx`]).
+    pub fn rdm_endpoint(
+        &mut self,
+        bind: Option<SocketAddr>,
+        tx_slots: usize,
+        rx_block: usize,
+        slot_size: usize,
+    ) -> Result<RdmEp, FabricError> {
+        let info = getinfo(&self.provider, EpType::Rdm, bind, bind.is_some(), self.rma)?;
+        let mut ep = RdmEp {
+            ep: ptr::null_mut(),
+            av: ptr::null_mut(),
+            domain: self.domain,
+            mr_local: self.mr_local,
+            addr_format: 0,
+            name: Vec::new(),
+            tx: Buffers::new(tx_slots, slot_size),
+            rx: Vec::new(),
+            rx_block,
+            slot_size,
+            leak: self.leak,
+            rma: self.rma,
+            virt_addr: self.virt_addr,
+            prov_key: self.prov_key,
+            exposed: Default::default(),
+            next_exposed: 0,
+            next_key: 1,
+            reading: Default::default(),
+        };
+        // SAFETY: info is valid; the CQ and domain outlive the endpoint (the
+        // caller drops endpoints before the Net); ep's Drop closes what was
+        // opened, endpoint before buffers.
+        unsafe {
+            ep.addr_format = (*info.0).addr_format;
+            let mut av_attr = sys::fi_av_attr {
+                type_: sys::FI_AV_MAP,
+                ..Default::default()
+            };
+            check(
+                "fi_av_open",
+                sys::fi_av_open(self.domain, &mut av_attr, &mut ep.av, ptr::null_mut()) as isize,
+            )?;
+            check(
+                "fi_endpoint",
+                sys::fi_endpoint(self.domain, info.0, &mut ep.ep, ptr::null_mut()) as isize,
+            )?;
+            bind_and_enable(ep.ep, ep.av as *mut sys::fid, "fi_ep_bind(av)", self.cq)?;
+            if self.mr_local {
+                ep.tx.register(self.domain, u64::from(sys::FI_SEND))?;
+            }
+            let mut raw = [0u8; MAX_NAME_LEN];
+            let mut len = raw.len();
+            check(
+                "fi_getname",
+                sys::fi_getname(
+                    ep.ep as *mut sys::fid,
+                    raw.as_mut_ptr() as *mut c_void,
+                    &mut len,
+                ) as isize,
+            )?;
+            ep.name = raw[..len.min(raw.len())].to_vec();
+        }
+        ep.grow_rx()?;
+        Ok(ep)
+    }
+
+    /// The endpoint name a peer bound to `addr` has (what
+    /// [`Net::rdm_endpoint`] with `bind` gives it), for [`RdmEp::insert`].
+    pub fn resolve(&self, addr: SocketAddr) -> Result<Vec<u8>, FabricError> {
+        let info = getinfo(&self.provider, EpType::Rdm, Some(addr), false, self.rma)?;
+        // SAFETY: dest_addr/dest_addrlen of a valid fi_info describe the
+        // resolved address when set.
+        let (p, len) = unsafe { ((*info.0).dest_addr as *const u8, (*info.0).dest_addrlen) };
+        if p.is_null() || len == 0 || len > MAX_NAME_LEN {
+            return Err(FabricError::Call {
+                op: "fi_getinfo(resolve)",
+                code: sys::FI_ENODATA as i32,
+                msg: format!("no destination address for {addr}"),
+            });
+        }
+        // SAFETY: p points to len readable bytes owned by info.
+        Ok(unsafe { std::slice::from_raw_parts(p, len) }.to_vec())
+    }
+}
+
+impl RdmEp {
+    /// This endpoint's name (`fi_getname`), what peers pass to [`RdmEp::insert`].
+    pub fn name(&self) -> &[u8] {
+        &self.name
+    }
+
+    /// The name as an IP socket address, when the provider's names are sockaddrs.
+    pub fn name_as_socket(name: &[u8]) -> Option<SocketAddr> {
+        sockaddr(name.as_ptr(), name.len())
+    }
+
+    /// Adds a peer to the address vector. `name` comes from the wire: it is
+    /// checked to be something the provider reads within bounds (a string
+    /// with its NUL, or at least as long as our own name).
+    pub fn insert(&mut self, name: &[u8]) -> Result<PeerAddr, FabricError> {
+        let bad = |why: &str| FabricError::Call {
+            op: "fi_av_insert",
+            code: sys::FI_EINVAL as i32,
+            msg: format!("peer name rejected: {why}"),
+        };
+        if name.len() > MAX_NAME_LEN {
+            return Err(bad("too long"));
+        }
+        if self.addr_format == sys::FI_ADDR_STR {
+            if !name.contains(&0) {
+                return Err(bad("not NUL-terminated"));
+            }
+        } else if name.len() < self.name.len() {
+            return Err(bad("shorter than an address of this provider"));
+        }
+        let mut out: sys::fi_addr_t = 0;
+        // SAFETY: `name` holds one address the provider reads within its
+        // bounds (checked above); `out` receives one fi_addr_t.
+        let rc = unsafe {
+            sys::fi_av_insert(
+                self.av,
+                name.as_ptr() as *const c_void,
+                1,
+                &mut out,
+                0,
+                ptr::null_mut(),
+            )
+        };
+        if rc != 1 {
+            return Err(FabricError::Call {
+                op: "fi_av_insert",
+                code: if rc < 0 { -rc } else { sys::FI_EINVAL as i32 },
+                msg: if rc < 0 {
+                    strerror(-rc)
+                } else {
+                    "address not inserted".into()
+                },
+            });
+        }
+        Ok(PeerAddr(out))
+    }
+
+    /// Removes a peer (no operation to it may be in flight).
+    pub fn remove(&mut self, peer: PeerAddr) {
+        let mut a = peer.0;
+        // SAFETY: `a` is one fi_addr_t inserted in this AV.
+        let rc = unsafe { sys::fi_av_remove(self.av, &mut a, 1, 0) };
+        if rc != 0 {
+            // Harmless: the entry stays until the endpoint closes.
+            let _ = strerror(-rc);
+        }
+    }
+
+    /// Adds a block of receive slots to the pool (registered if the provider
+    /// wants `FI_MR_LOCAL`); returns the new slots' index range. The caller
+    /// posts them.
+    pub fn grow_rx(&mut self) -> Result<std::ops::Range<usize>, FabricError> {
+        let mut b = Buffers::new(self.rx_block, self.slot_size);
+        if self.mr_local {
+            // SAFETY: the domain is open and outlives this endpoint.
+            unsafe { b.register(self.domain, u64::from(sys::FI_RECV))? };
+        }
+        let start = self.rx_slots();
+        self.rx.push(b);
+        Ok(start..start + self.rx_block)
+    }
+
+    /// Receive slots in the pool.
+    pub fn rx_slots(&self) -> usize {
+        self.rx.len() * self.rx_block
+    }
+
+    /// Bytes per slot.
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    /// Transmit slots.
+    pub fn tx_slots(&self) -> usize {
+        self.tx.busy.len()
+    }
+
+    fn rx_block(&mut self, slot: usize) -> Result<(&mut Buffers, usize), FabricError> {
+        let block = self.rx_block;
+        self.rx
+            .get_mut(slot / block)
+            .map(|b| (b, slot % block))
+            .ok_or(FabricError::Slot(slot))
+    }
+
+    /// Posts receive slot `slot` (from any peer) with completion context `context`.
+    pub fn post_recv(&mut self, slot: usize, context: u64) -> Result<(), FabricError> {
+        let ep = self.ep;
+        let (b, i) = self.rx_block(slot)?;
+        post_recv(ep, b, i, FI_ADDR_UNSPEC, context)
+    }
+
+    /// A completed receive: frees the slot and returns its first `len` bytes.
+    pub fn recv_done(&mut self, slot: usize, len: usize) -> &[u8] {
+        match self.rx_block(slot) {
+            Ok((b, i)) => b.done(i, len),
+            Err(_) => &[],
+        }
+    }
+
+    /// The transmit slot `slot` to fill, if it is not in flight.
+    pub fn tx_slot(&mut self, slot: usize) -> Option<&mut [u8]> {
+        self.tx.idle_mut(slot)
+    }
+
+    /// Sends the first `len` bytes of transmit slot `slot` to `to`. `Err`
+    /// with [`is_again`] means the provider's queue is full: retry later.
+    pub fn send(
+        &mut self,
+        slot: usize,
+        len: usize,
+        to: PeerAddr,
+        context: u64,
+    ) -> Result<(), FabricError> {
+        post_send(self.ep, &mut self.tx, slot, len, to.0, context)
+    }
+
+    /// A completed send: the slot may be refilled.
+    pub fn send_done(&mut self, slot: usize) {
+        self.tx.done(slot, 0);
+    }
+
+    /// Whether this endpoint can take part in `fi_read` ([`Net::rma`]).
+    pub fn rma(&self) -> bool {
+        self.rma
+    }
+
+    fn register(&mut self, mem: &[u8], access: u64) -> Result<*mut sys::fid_mr, FabricError> {
+        let key = if self.prov_key {
+            0
+        } else {
+            self.next_key += 1;
+            self.next_key
+        };
+        let mut mr: *mut sys::fid_mr = ptr::null_mut();
+        // SAFETY: mem is a live allocation the caller keeps (inside a
+        // Region) until the registration is closed; the domain outlives it.
+        let rc = unsafe {
+            sys::fi_mr_reg(
+                self.domain,
+                mem.as_ptr() as *const c_void,
+                mem.len(),
+                access,
+                0,
+                key,
+                0,
+                &mut mr,
+                ptr::null_mut(),
+            )
+        };
+        check("fi_mr_reg", rc as isize)?;
+        Ok(mr)
+    }
+
+    /// Registers `mem` for remote reads and keeps it until
+    /// [`RdmEp::unexpose`] (or the endpoint goes). On failure the buffer
+    /// comes back, so the caller can send it another way.
+    pub fn expose(&mut self, mem: Vec<u8>) -> Result<Exposed, (FabricError, Vec<u8>)> {
+        if !self.rma {
+            let e = FabricError::Call {
+                op: "fi_mr_reg",
+                code: sys::FI_ENOSYS as i32,
+                msg: "endpoint without FI_RMA".into(),
+            };
+            return Err((e, mem));
+        }
+        let mr = match self.register(&mem, u64::from(sys::FI_REMOTE_READ)) {
+            Ok(mr) => mr,
+            Err(e) => return Err((e, mem)),
+        };
+        // SAFETY: mr is an open registration.
+        let key = unsafe { sys::fi_mr_key(mr) };
+        let id = self.next_exposed;
+        self.next_exposed = self.next_exposed.wrapping_add(1);
+        let exposed = Exposed {
+            id,
+            addr: if self.virt_addr {
+                mem.as_ptr() as u64
+            } else {
+                0
+            },
+            len: mem.len() as u64,
+            key,
+        };
+        if let Some(old) = self.exposed.insert(id, Region { mem, mr }) {
+            old.close();
+        }
+        Ok(exposed)
+    }
+
+    /// Ends remote access to an exposed buffer and frees it.
+    pub fn unexpose(&mut self, id: u32) {
+        if let Some(r) = self.exposed.remove(&id) {
+            r.close();
+        }
+    }
+
+    /// Starts reading `len` bytes of a peer's exposed buffer into a new
+    /// buffer of ours, which the endpoint owns until [`RdmEp::read_done`]
+    /// with the same `context`.
+    pub fn read(
+        &mut self,
+        len: usize,
+        from: PeerAddr,
+        addr: u64,
+        key: u64,
+        context: u64,
+    ) -> Result<(), FabricError> {
+        if !self.rma || self.reading.contains_key(&context) {
+            return Err(FabricError::Slot(context as usize));
+        }
+        let mut mem = vec![0u8; len];
+        let mr = if self.mr_local {
+            self.register(&mem, u64::from(sys::FI_READ))?
+        } else {
+            ptr::null_mut()
+        };
+        let desc = if mr.is_null() {
+            ptr::null_mut()
+        } else {
+            // SAFETY: mr is an open registration.
+            unsafe { sys::fi_mr_desc(mr) }
+        };
+        // SAFETY: mem is moved into `reading` below (a Vec's heap buffer does
+        // not move with it) and stays there until read_done or the
+        // endpoint's close, so the provider writes into live memory.
+        let rc = unsafe {
+            sys::fi_read(
+                self.ep,
+                mem.as_mut_ptr() as *mut c_void,
+                len,
+                desc,
+                from.0,
+                addr,
+                key,
+                context as *mut c_void,
+            )
+        };
+        if let Err(e) = check("fi_read", rc) {
+            close(mr as *mut sys::fid);
+            return Err(e);
+        }
+        self.reading.insert(context, Region { mem, mr });
+        Ok(())
+    }
+
+    /// The buffer of a completed read (`None` if `context` is not one).
+    pub fn read_done(&mut self, context: u64) -> Option<Vec<u8>> {
+        self.reading.remove(&context).map(Region::close)
     }
 }
 
@@ -774,8 +1442,8 @@ mod tests {
     #[test]
     fn tcp_msg_ping() {
         let mut net = Net::open("tcp", EpType::Msg, 64).unwrap();
-        net.eq_fd().unwrap();
-        net.cq_fd().unwrap();
+        assert!(net.eq_fd().unwrap().is_some());
+        assert!(net.cq_fd().unwrap().is_some());
         let pep = net.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         assert_ne!(pep.addr().port(), 0);
         let mut c = net.connect(pep.addr(), 4, 1024).unwrap();
@@ -809,5 +1477,79 @@ mod tests {
         assert_eq!(r.context, 7);
         assert_eq!(s.recv_done(0, r.len), b"hello");
         drop((c, s, pep));
+    }
+
+    /// An anonymous RDM endpoint reaches one bound to a loopback address by
+    /// resolving it, sends its own name, and the bound one answers by that name.
+    fn rdm_exchange(provider: &str, port: u16) {
+        let mut net = Net::open(provider, EpType::Rdm, 64).unwrap();
+        assert!(net.eq_fd().unwrap().is_none());
+        let bind: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut server = net.rdm_endpoint(Some(bind), 2, 2, 512).unwrap();
+        let mut client = net.rdm_endpoint(None, 2, 2, 512).unwrap();
+        // Port 0: the provider picked one, found in the name (sockaddr names).
+        let bound = RdmEp::name_as_socket(server.name()).unwrap_or(bind);
+        let server_name = net.resolve(bound).unwrap();
+        assert_eq!(
+            server_name,
+            server.name(),
+            "{provider}: resolve gives the bound name"
+        );
+        server.post_recv(0, 1).unwrap();
+        client.post_recv(0, 2).unwrap();
+        let to_server = client.insert(&server_name).unwrap();
+        let name = client.name().to_vec();
+        client.tx_slot(0).unwrap()[..name.len()].copy_from_slice(&name);
+        let t0 = std::time::Instant::now();
+        let mut got = Vec::new();
+        // -FI_EAGAIN until the provider has set up its connection: progress
+        // (read the CQ) and retry.
+        while let Err(e) = client.send(0, name.len(), to_server, 3) {
+            assert!(
+                is_again(&e) && t0.elapsed().as_secs() < 10,
+                "{provider}: {e}"
+            );
+            net.read_cq(&mut got, 8);
+        }
+        let mut answered = false;
+        while !got.iter().any(|c: &Completion| c.context == 2) {
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "{provider}: timed out: {got:?}"
+            );
+            let from = got.len();
+            net.read_cq(&mut got, 8);
+            // A copy: answering reads the CQ into `got` again.
+            let fresh: Vec<Completion> = got[from..].to_owned();
+            for c in fresh {
+                assert!(c.error.is_none(), "{provider}: {c:?}");
+                if c.context == 1 && !answered {
+                    let peer_name = server.recv_done(0, c.len).to_vec();
+                    assert_eq!(peer_name, name);
+                    let to_client = server.insert(&peer_name).unwrap();
+                    server.tx_slot(0).unwrap()[..2].copy_from_slice(b"ok");
+                    while let Err(e) = server.send(0, 2, to_client, 4) {
+                        assert!(is_again(&e) && t0.elapsed().as_secs() < 10, "{e}");
+                        net.read_cq(&mut got, 8);
+                    }
+                    answered = true;
+                }
+            }
+        }
+        let c = got.iter().find(|c| c.context == 2).unwrap();
+        assert_eq!(client.recv_done(0, c.len), b"ok");
+        assert!(client.insert(b"no NUL and short").is_err() || provider != "shm");
+    }
+
+    #[test]
+    fn rdm_tcp_rxm_exchange() {
+        rdm_exchange("tcp;ofi_rxm", 0);
+    }
+
+    #[test]
+    fn rdm_shm_exchange() {
+        // A port from the OS keeps the shm name unique on this host.
+        let reserve = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        rdm_exchange("shm", reserve.local_addr().unwrap().port());
     }
 }

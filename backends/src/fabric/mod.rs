@@ -20,6 +20,8 @@
 //!   fail the link. Links do not migrate between workers ([`Transport::detach`]
 //!   returns `None`).
 
+pub mod rdm;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -33,7 +35,7 @@ use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider, TransportKind};
 use msgr_fabric::{CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp};
 use msgr_proto::banner::BANNER_LEN;
-use msgr_proto::{Frame, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use crate::{
@@ -63,6 +65,83 @@ fn decode_context(c: u64) -> (LinkId, bool, usize) {
     (LinkId(c >> 17), c & RX_BIT != 0, (c & 0xffff) as usize)
 }
 
+/// Why a received piece ends its link.
+#[derive(Debug)]
+pub(crate) enum PieceError {
+    /// Not what the sender of this backend sends (the link fails).
+    Malformed(String),
+    /// A whole unit that does not decode (reported as `Corrupt`).
+    Corrupt(FrameError),
+}
+
+/// A unit arriving in pieces (each at most a slot), joined and decoded: a
+/// link's first unit is its banner, every later one a frame.
+#[derive(Debug, Default)]
+pub(crate) struct Reassembly {
+    partial: BytesMut,
+    banner_seen: bool,
+}
+
+impl Reassembly {
+    /// Whether no unit is half joined.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.partial.is_empty()
+    }
+
+    /// A whole unit that came in one buffer (the RDM rendezvous): a frame,
+    /// decoded without another copy. Must come at a unit boundary, after
+    /// the banner.
+    pub(crate) fn whole(
+        &mut self,
+        unit: Bytes,
+        limits: &FrameLimits,
+    ) -> Result<Inbound, PieceError> {
+        if !self.partial.is_empty() || !self.banner_seen {
+            return Err(PieceError::Malformed(
+                "a whole unit inside another or before the banner".into(),
+            ));
+        }
+        Frame::decode_exact(unit, limits)
+            .map(Inbound::Frame)
+            .map_err(PieceError::Corrupt)
+    }
+
+    /// Adds one piece (`last`: the unit ends here); returns the unit once whole.
+    /// A unit is bounded by the frame limit before anything is kept.
+    pub(crate) fn push(
+        &mut self,
+        last: bool,
+        body: &[u8],
+        limits: &FrameLimits,
+    ) -> Result<Option<Inbound>, PieceError> {
+        let max = (limits.max_frame as usize).max(BANNER_LEN);
+        if self.partial.len() + body.len() > max {
+            return Err(PieceError::Malformed(format!(
+                "unit larger than the frame limit {max}"
+            )));
+        }
+        if !last {
+            self.partial.extend_from_slice(body);
+            return Ok(None);
+        }
+        let whole = if self.partial.is_empty() {
+            Bytes::copy_from_slice(body)
+        } else {
+            self.partial.extend_from_slice(body);
+            self.partial.split().freeze()
+        };
+        if !self.banner_seen {
+            let banner = <[u8; BANNER_LEN]>::try_from(&whole[..])
+                .map_err(|_| PieceError::Malformed(format!("banner of {} bytes", whole.len())))?;
+            self.banner_seen = true;
+            return Ok(Some(Inbound::Banner(banner)));
+        }
+        Frame::decode_exact(whole, limits)
+            .map(|f| Some(Inbound::Frame(f)))
+            .map_err(PieceError::Corrupt)
+    }
+}
+
 fn ep_type(p: &FabricProvider) -> EpType {
     match p.endpoint {
         FabricEndpoint::Msg => EpType::Msg,
@@ -70,15 +149,12 @@ fn ep_type(p: &FabricProvider) -> EpType {
     }
 }
 
-/// Whether the provider exists here with the endpoint type asked for
-/// (`fi_getinfo`), cached per provider (the probe loads every provider).
+/// Whether the provider exists here with the endpoint type asked for and
+/// what the backend needs of it (`fi_getinfo` with the backend's hints:
+/// `FI_MSG`, the `mr_mode` bits it honours, and for RDM send-after-send
+/// ordering), cached per provider (the probe loads every provider). A
+/// provider that offers only the other endpoint type says so.
 pub(crate) fn probe(p: &FabricProvider) -> Availability {
-    if p.endpoint == FabricEndpoint::Rdm {
-        return Availability::Unavailable(format!(
-            "fabric+{}: FI_EP_RDM endpoints are not implemented yet (only ?ep=msg)",
-            p.name
-        ));
-    }
     static CACHE: OnceLock<Mutex<FxHashMap<FabricProvider, Availability>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
@@ -86,9 +162,47 @@ pub(crate) fn probe(p: &FabricProvider) -> Availability {
         .entry(p.clone())
         .or_insert_with(|| match msgr_fabric::probe(&p.name, ep_type(p)) {
             Ok(()) => Availability::Available,
-            Err(e) => Availability::Unavailable(e.to_string()),
+            Err(e) => {
+                let (other, query) = match p.endpoint {
+                    FabricEndpoint::Msg => (EpType::Rdm, "?ep=rdm"),
+                    FabricEndpoint::Rdm => (EpType::Msg, "?ep=msg (or no ep)"),
+                };
+                if msgr_fabric::probe(&p.name, other).is_ok() {
+                    Availability::Unavailable(format!(
+                        "{e}; provider `{}` offers only FI_EP_{} endpoints here: use fabric+{}://…{query}",
+                        p.name,
+                        other_name(other),
+                        p.name
+                    ))
+                } else {
+                    Availability::Unavailable(e.to_string())
+                }
+            }
         })
         .clone()
+}
+
+fn other_name(ep: EpType) -> &'static str {
+    match ep {
+        EpType::Msg => "MSG",
+        EpType::Rdm => "RDM",
+    }
+}
+
+/// What `inject(HalfClose)` answers on every fabric link.
+fn no_half_close(kind: &TransportKind) -> TransportError {
+    TransportError::Unavailable {
+        kind: kind.clone(),
+        reason: "half-close has no libfabric equivalent".into(),
+    }
+}
+
+/// What `attach` answers: fabric links stay on the worker that made them.
+fn no_migration(kind: &TransportKind) -> TransportError {
+    TransportError::Unavailable {
+        kind: kind.clone(),
+        reason: "fabric links do not move between workers".into(),
+    }
 }
 
 fn fab_err(kind: &TransportKind, e: FabricError) -> TransportError {
@@ -110,8 +224,7 @@ struct FabricLink {
     queued: usize,
     free_tx: Vec<usize>,
     /// Pieces of a unit split over several messages.
-    partial: BytesMut,
-    banner_seen: bool,
+    reasm: Reassembly,
     paused: bool,
     frozen: bool,
     /// Receives completed while reading was paused: (slot, len).
@@ -129,8 +242,7 @@ impl FabricLink {
             queue: VecDeque::new(),
             front_sent: 0,
             queued: 0,
-            partial: BytesMut::new(),
-            banner_seen: false,
+            reasm: Reassembly::default(),
             paused: false,
             frozen: false,
             held: VecDeque::new(),
@@ -198,6 +310,16 @@ impl FabricTransport {
             Net::open(&provider.name, ep_type(provider), 8192).map_err(|e| fab_err(&kind, e))?;
         let eq_fd = net.eq_fd().map_err(|e| fab_err(&kind, e))?;
         let cq_fd = net.cq_fd().map_err(|e| fab_err(&kind, e))?;
+        let (Some(eq_fd), Some(cq_fd)) = (eq_fd, cq_fd) else {
+            return Err(fab_err(
+                &kind,
+                FabricError::NoProvider {
+                    provider: provider.name.clone(),
+                    endpoint: "msg",
+                    reason: "no wait fds for its event and completion queues".into(),
+                },
+            ));
+        };
         // Tokens from the worker's link-id allocator: unique among its links.
         let eq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
@@ -374,44 +496,15 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
-        let max = self.limits.max_frame as usize;
         let data = link.ep.recv_done(slot, len);
         let outcome = match data.split_first() {
-            None => Err("empty message".to_string()),
+            None => Err(PieceError::Malformed("empty message".into())),
             Some((&hdr, body)) if hdr == MORE || hdr == LAST => {
-                if link.partial.len() + body.len() > max.max(BANNER_LEN) {
-                    Err(format!("unit larger than the frame limit {max}"))
-                } else if hdr == MORE {
-                    link.partial.extend_from_slice(body);
-                    Ok(None)
-                } else {
-                    let whole = if link.partial.is_empty() {
-                        Bytes::copy_from_slice(body)
-                    } else {
-                        link.partial.extend_from_slice(body);
-                        link.partial.split().freeze()
-                    };
-                    if !link.banner_seen {
-                        match <[u8; BANNER_LEN]>::try_from(&whole[..]) {
-                            Ok(b) => {
-                                link.banner_seen = true;
-                                Ok(Some(Inbound::Banner(b)))
-                            }
-                            Err(_) => Err(format!("banner of {} bytes", whole.len())),
-                        }
-                    } else {
-                        match Frame::decode_exact(whole, &self.limits) {
-                            Ok(f) => Ok(Some(Inbound::Frame(f))),
-                            Err(e) => {
-                                self.drop_link(id);
-                                events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
-                                return;
-                            }
-                        }
-                    }
-                }
+                link.reasm.push(hdr == LAST, body, &self.limits)
             }
-            Some((&hdr, _)) => Err(format!("bad message header {hdr:#x}")),
+            Some((&hdr, _)) => Err(PieceError::Malformed(format!(
+                "bad message header {hdr:#x}"
+            ))),
         };
         match outcome {
             Ok(unit) => {
@@ -422,7 +515,11 @@ impl FabricTransport {
                     self.fail(id, format!("repost receive: {e}"), events);
                 }
             }
-            Err(why) => {
+            Err(PieceError::Corrupt(e)) => {
+                self.drop_link(id);
+                events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
+            }
+            Err(PieceError::Malformed(why)) => {
                 tracing::debug!(link = id.0, %why, "malformed fabric message");
                 self.fail(id, format!("malformed message: {why}"), events);
             }
@@ -571,12 +668,13 @@ impl Transport for FabricTransport {
     }
 
     fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        if self.poll_all(events) {
-            return true;
-        }
-        // Nothing found: arm the wait fds. If the provider has something
-        // pending already, say so, and the worker polls again before blocking.
-        !self.net.try_wait()
+        self.poll_all(events)
+    }
+
+    /// `fi_trywait` on the EQ and CQ: if the provider has something pending
+    /// already, the worker polls again instead of blocking.
+    fn arm(&mut self) -> bool {
+        self.net.try_wait()
     }
 
     fn close(&mut self, link: LinkId, flush: bool) {
@@ -634,12 +732,7 @@ impl Transport for FabricTransport {
                 self.failed
                     .push((link, "injected abortive close (endpoint closed)".into()));
             }
-            RealFault::HalfClose => {
-                return Err(TransportError::Unavailable {
-                    kind: self.kind.clone(),
-                    reason: "half-close has no libfabric equivalent".into(),
-                })
-            }
+            RealFault::HalfClose => return Err(no_half_close(&self.kind)),
             RealFault::StopReading => l.paused = true,
             RealFault::Freeze => l.frozen = true,
         }
@@ -662,15 +755,12 @@ impl Transport for FabricTransport {
 
     fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
         let _ = (link, detached);
-        Err(TransportError::Unavailable {
-            kind: self.kind.clone(),
-            reason: "fabric links do not move between workers".into(),
-        })
+        Err(no_migration(&self.kind))
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -683,22 +773,26 @@ mod tests {
         }
     }
 
-    fn drive(
-        t: &mut FabricTransport,
+    /// Runs `t` as a worker would until `until` holds (at most 20 s).
+    pub(crate) fn drive<T: Transport>(
+        t: &mut T,
         poll: &mut mio::Poll,
         until: impl Fn(&[TransportEvent]) -> bool,
     ) -> Vec<TransportEvent> {
         let mut events = Vec::new();
         let mut ready = mio::Events::with_capacity(16);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while !until(&events) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "timed out: {events:?}"
             );
-            if !t.progress(&mut events) {
-                poll.poll(&mut ready, Some(std::time::Duration::from_millis(50)))
-                    .unwrap();
+            if !t.progress(&mut events) && t.arm() {
+                let mut timeout = std::time::Duration::from_millis(50);
+                if let Some(at) = t.wake_at() {
+                    timeout = timeout.min(at.saturating_duration_since(std::time::Instant::now()));
+                }
+                poll.poll(&mut ready, Some(timeout)).unwrap();
                 for ev in ready.iter() {
                     t.ready(ev, &mut events);
                 }

@@ -252,10 +252,19 @@ impl Worker {
                 // command or completion is never stranded while we sleep.
                 self.sleeping.store(true, Ordering::SeqCst);
                 std::sync::atomic::fence(Ordering::SeqCst);
-                if !self.rx.is_empty() || self.progress_transports() || !self.touched.is_empty() {
+                if !self.rx.is_empty()
+                    || self.progress_transports()
+                    || !self.touched.is_empty()
+                    || !self.arm_transports()
+                {
                     Some(Duration::ZERO)
                 } else {
-                    self.next_timer.map(|t| t.saturating_duration_since(now))
+                    let wake = self.transports.iter().filter_map(|t| t.wake_at()).min();
+                    let until = match (self.next_timer, wake) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    until.map(|t| t.saturating_duration_since(now))
                 }
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
@@ -298,6 +307,13 @@ impl Worker {
             self.handle_transport_events();
         }
         any
+    }
+
+    /// Arms every transport's wait objects before blocking; false as soon as
+    /// one has something pending already (the worker will not block, and
+    /// arms the rest next time).
+    fn arm_transports(&mut self) -> bool {
+        self.transports.iter_mut().all(|t| t.arm())
     }
 
     fn flush_transports(&mut self) {
@@ -604,10 +620,12 @@ impl Worker {
                     }
                 }
                 TransportEvent::Corrupt(link, err) => {
+                    tracing::debug!(link = link.0, error = %err, "link received bytes that do not decode");
                     Counters::add(&self.shared.counters.protocol_errors, 1);
                     self.link_gone(link, |s, now| s.handle_decode_error(link, err, now), now);
                 }
                 TransportEvent::Failed(link, why) => {
+                    tracing::debug!(link = link.0, %why, "link failed");
                     self.link_gone(link, |s, now| s.link_failed(link, why, now), now);
                 }
             }

@@ -7,7 +7,7 @@
 //! in the workload changes.
 
 use msgr::{availability, Availability, EntityAddr, TransportKind};
-use msgr_addr::FabricProvider;
+use msgr_addr::{FabricEndpoint, FabricProvider};
 
 /// One backend the workload can run over.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,9 +37,18 @@ impl Backend {
     }
 }
 
+/// The name is the address scheme, plus `?ep=rdm` for libfabric RDM
+/// endpoints (as in the address), so `fabric+tcp` and `fabric+tcp?ep=rdm`
+/// are told apart.
 fn backend(kind: TransportKind, template: &str) -> Backend {
+    let name = match &kind {
+        TransportKind::Fabric(p) if p.endpoint == FabricEndpoint::Rdm => {
+            format!("{}?ep=rdm", kind.scheme())
+        }
+        _ => kind.scheme(),
+    };
     Backend {
-        name: kind.scheme(),
+        name,
         kind,
         bind_template: template.to_string(),
     }
@@ -58,8 +67,14 @@ pub fn candidates() -> Vec<Backend> {
             "fabric+tcp://127.0.0.1:0",
         ),
         backend(
-            TransportKind::Fabric(FabricProvider::new("shm")),
-            "fabric+shm://127.0.0.1:0",
+            TransportKind::Fabric(FabricProvider::new("tcp").with_endpoint(FabricEndpoint::Rdm)),
+            "fabric+tcp://127.0.0.1:0?ep=rdm",
+        ),
+        // shm offers only RDM endpoints; its names come from the address
+        // (fabric+shm://IP:PORT is the region fi_ns://IP:PORT).
+        backend(
+            TransportKind::Fabric(FabricProvider::new("shm").with_endpoint(FabricEndpoint::Rdm)),
+            "fabric+shm://127.0.0.1:0?ep=rdm",
         ),
     ]
 }
@@ -72,7 +87,8 @@ pub fn available_backends() -> Vec<Backend> {
         .collect()
 }
 
-/// Finds a candidate by name (`tcp`, `verbs`, `rdmacm`, `fabric+tcp`, ...).
+/// Finds a candidate by name (`tcp`, `verbs`, `rdmacm`, `fabric+tcp`,
+/// `fabric+tcp?ep=rdm`, `fabric+shm?ep=rdm`).
 pub fn backend_by_name(name: &str) -> Option<Backend> {
     candidates().into_iter().find(|b| b.name == name)
 }

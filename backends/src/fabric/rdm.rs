@@ -1,0 +1,1780 @@
+//! The libfabric backend over `FI_EP_RDM` endpoints
+//! (`fabric+PROV://IP:PORT?ep=rdm`): tested with `tcp` (libfabric stacks
+//! `ofi_rxm` on it: `tcp;ofi_rxm`) and `shm`.
+//!
+//! # Naming endpoints
+//!
+//! An RDM endpoint has a provider-specific name (`fi_getname`). The
+//! `EntityAddr` socket is turned into that name by `fi_getinfo` itself, so no
+//! side channel is needed:
+//! - `tcp;ofi_rxm`: the name is the socket address the endpoint listens on.
+//!   A listener bound to port 0 reads the port the OS chose from its name.
+//! - `shm`: an endpoint opened with `FI_SOURCE` and node `IP`, service `PORT`
+//!   is named `fi_ns://IP:PORT` (a shared-memory region of that name), and
+//!   the connector resolves the same address to the same name. The port is
+//!   only part of a name, so a listener keeps a loopback TCP socket bound to
+//!   it for its lifetime: that makes the name unique on the host, and port 0
+//!   picks a free one.
+//!
+//! Connecting links leave from one anonymous endpoint per transport; each
+//! listener has its own endpoint. All endpoints share the worker's CQ.
+//!
+//! # Links over a connectionless endpoint
+//!
+//! A link is (a peer in the endpoint's address vector, the link ids and
+//! cookies of both ends). Every message starts with a [`HEADER_LEN`]-byte
+//! header: kind, credits returned, and the receiving link's id and cookie (a
+//! random number per link, so a stale message for a reused id is dropped).
+//! - Connect: the connector sends `HELLO` (its link id, cookie and endpoint
+//!   name); the listener inserts the name in its address vector (once per
+//!   peer, reference-counted, removed when no link or send uses it, so a
+//!   restarted peer of the same name is mapped afresh), reports `Accepted`
+//!   and answers `WELCOME` (its id and cookie); the connector reports
+//!   `Connected`.
+//! - Data: units are split into pieces of at most a slot (`DATA_MORE` ...
+//!   `DATA_LAST`) and joined by the receiver as on MSG endpoints. Each piece
+//!   carries its number on the link: even with send-after-send ordering
+//!   (asked in the hints), receive *completions* can come out of order — a
+//!   small message sent after a large one completes first when the large one
+//!   goes by the provider's rendezvous protocol (`ofi_rxm` above 16 KiB) —
+//!   so the receiver holds early pieces (at most the link's credits) and
+//!   hands them up in order; a piece that overtook the `WELCOME` waits for it.
+//! - Flow control: receives come from one pool per endpoint, shared by its
+//!   links as an SRQ is. Each link may have [`CREDITS`] data messages
+//!   unconsumed at the receiver; the receiver returns credits in every
+//!   header it sends and in a `KEEP` message once half are owed. The pool
+//!   grows by [`CREDITS`] + [`CONTROL_SLACK`] slots per link (never shrinks),
+//!   so a sender never overruns it.
+//! - Liveness: a link that has sent nothing for [`KEEP_AFTER`] sends `KEEP`;
+//!   a link that has heard nothing for [`LINK_DEADLINE`] (including a
+//!   connect never welcomed) fails. A receiver that paused reading still
+//!   answers, so only a dead or hung peer trips the deadline.
+//! - Close: `CLOSE` tells the peer, whose link then fails as on
+//!   `FI_SHUTDOWN`; an injected abort does the same without flushing.
+//!
+//! # Rendezvous for large units
+//!
+//! Where the provider offers `FI_RMA` with reads (`tcp;ofi_rxm`; not `shm`,
+//! whose dropped endpoints never answer), a unit larger than
+//! [`RNDV_THRESHOLD`] is not copied through slots: the sender registers the
+//! encoded unit (`fi_mr_reg` with `FI_REMOTE_READ`, honouring the
+//! provider's `mr_mode`: `FI_MR_PROV_KEY` or a key of ours,
+//! `FI_MR_VIRT_ADDR` or offset 0, `FI_MR_LOCAL` for the reader's buffer)
+//! and sends a `RNDV` piece (address, length, key, id) in the link's ordered
+//! stream; the receiver `fi_read`s it into a buffer of its own, hands it up
+//! in order (later pieces wait), and answers `RNDV_DONE`, upon which the
+//! sender deregisters and frees it. At most [`RNDV_MAX`] units per link are
+//! exposed at once; a read that does not complete within [`LINK_DEADLINE`]
+//! fails the link.
+//!
+//! `shm` endpoints are never closed (they are leaked when dropped, see
+//! `msgr_fabric`): libfabric 1.17's `shm` crashes when an endpoint of this
+//! process that a peer talked to goes first.
+//!
+//! `shm` has no wait objects in libfabric 1.17: its CQ is polled, and
+//! [`Transport::wake_at`] asks the worker to wake every [`POLL_INTERVAL`]
+//! while the transport has endpoints.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mio::event::Event;
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
+use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp};
+use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
+use rustc_hash::FxHashMap;
+
+use super::{fab_err, no_half_close, no_migration, probe, PieceError, Reassembly, SLOT_SIZE};
+use crate::{
+    Availability, DetachedLink, RealFault, Transport, TransportContext, TransportError,
+    TransportEvent,
+};
+
+/// Bytes of the header every RDM message starts with.
+pub const HEADER_LEN: usize = 24;
+/// Data messages a link may have unconsumed at its receiver.
+pub const CREDITS: u32 = 16;
+/// Receive slots per link beyond its credits, for control messages.
+pub const CONTROL_SLACK: usize = 4;
+/// A link that has sent nothing for this long sends `KEEP`.
+pub const KEEP_AFTER: Duration = Duration::from_secs(1);
+/// A link that has heard nothing for this long fails.
+pub const LINK_DEADLINE: Duration = Duration::from_secs(10);
+/// How often a transport whose CQ has no wait fd is polled when idle.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(1);
+/// How soon a send the provider refused (-FI_EAGAIN) or that found no free
+/// slot is tried again.
+const RETRY_AFTER: Duration = Duration::from_micros(100);
+/// How long a CLOSE is retried before the peer is left to its deadline.
+const CLOSE_GIVE_UP: Duration = Duration::from_secs(1);
+/// How often link deadlines are looked at.
+const HOUSEKEEPING: Duration = Duration::from_millis(250);
+/// Transmit slots per endpoint.
+const TX_SLOTS: usize = 64;
+/// Receive slots per link (one pool block).
+const LINK_BLOCK: usize = CREDITS as usize + CONTROL_SLACK;
+const CQ_BATCH: usize = 32;
+const CQ_ROUNDS: usize = 16;
+
+/// Units larger than this go by `fi_read` rendezvous where the provider
+/// offers `FI_RMA` (and its endpoints are closed normally: not shm).
+pub const RNDV_THRESHOLD: usize = 64 << 10;
+/// Rendezvous units a link may have exposed and not yet read by the peer.
+pub const RNDV_MAX: usize = 4;
+/// Bytes of a rendezvous descriptor: address, length, key, id.
+const RNDV_DESC_LEN: usize = 8 + 8 + 8 + 4;
+
+// Message kinds (first header byte).
+const HELLO: u8 = 1;
+const WELCOME: u8 = 2;
+const DATA_MORE: u8 = 3;
+const DATA_LAST: u8 = 4;
+const KEEP: u8 = 5;
+const CLOSE: u8 = 6;
+/// A data piece that describes a unit to fetch with fi_read.
+const RNDV: u8 = 7;
+/// The unit of a RNDV was read: its buffer may go.
+const RNDV_DONE: u8 = 8;
+
+/// Bytes of a HELLO body before the name: link id, cookie, name length.
+const HELLO_FIXED: usize = 8 + 4 + 2;
+
+const RX_BIT: u64 = 1 << 39;
+/// Context bit of an fi_read (the low 32 bits number it within its port).
+const READ_BIT: u64 = 1 << 38;
+const SLOT_MASK: u64 = (1 << 32) - 1;
+
+fn context(port: usize, rx: bool, slot: usize) -> u64 {
+    ((port as u64) << 40) | if rx { RX_BIT } else { 0 } | slot as u64
+}
+
+fn read_context(port: usize, n: u32) -> u64 {
+    ((port as u64) << 40) | READ_BIT | u64::from(n)
+}
+
+fn decode_context(c: u64) -> (usize, bool, usize) {
+    (
+        (c >> 40) as usize,
+        c & RX_BIT != 0,
+        (c & SLOT_MASK) as usize,
+    )
+}
+
+/// The receiving end of a message: a link id and its cookie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Dest {
+    link: u64,
+    cookie: u32,
+}
+
+struct Header {
+    kind: u8,
+    credits: u16,
+    dest: Dest,
+    /// Data pieces: the piece's number on its link (from 0).
+    seq: u64,
+}
+
+fn write_header(buf: &mut [u8], kind: u8, credits: u16, dest: Dest, seq: u64) {
+    buf[0] = kind;
+    buf[1] = 0;
+    buf[2..4].copy_from_slice(&credits.to_le_bytes());
+    buf[4..8].copy_from_slice(&dest.cookie.to_le_bytes());
+    buf[8..16].copy_from_slice(&dest.link.to_le_bytes());
+    buf[16..24].copy_from_slice(&seq.to_le_bytes());
+}
+
+fn read_header(msg: &[u8]) -> Option<Header> {
+    let h = msg.get(..HEADER_LEN)?;
+    Some(Header {
+        kind: h[0],
+        credits: u16::from_le_bytes([h[2], h[3]]),
+        dest: Dest {
+            cookie: u32::from_le_bytes([h[4], h[5], h[6], h[7]]),
+            link: u64::from_le_bytes(h[8..16].try_into().ok()?),
+        },
+        seq: u64::from_le_bytes(h[16..24].try_into().ok()?),
+    })
+}
+
+/// (link id, cookie) of a body that starts with them (HELLO, WELCOME).
+fn read_dest(body: &[u8]) -> Option<Dest> {
+    let b = body.get(..12)?;
+    Some(Dest {
+        link: u64::from_le_bytes(b[..8].try_into().ok()?),
+        cookie: u32::from_le_bytes(b[8..12].try_into().ok()?),
+    })
+}
+
+fn write_dest(buf: &mut [u8], d: Dest) -> usize {
+    buf[..8].copy_from_slice(&d.link.to_le_bytes());
+    buf[8..12].copy_from_slice(&d.cookie.to_le_bytes());
+    12
+}
+
+fn write_rndv(buf: &mut [u8], x: &msgr_fabric::Exposed) -> usize {
+    buf[..8].copy_from_slice(&x.addr.to_le_bytes());
+    buf[8..16].copy_from_slice(&x.len.to_le_bytes());
+    buf[16..24].copy_from_slice(&x.key.to_le_bytes());
+    buf[24..28].copy_from_slice(&x.id.to_le_bytes());
+    RNDV_DESC_LEN
+}
+
+fn read_rndv(body: &[u8]) -> Option<msgr_fabric::Exposed> {
+    let b = body.get(..RNDV_DESC_LEN)?;
+    Some(msgr_fabric::Exposed {
+        addr: u64::from_le_bytes(b[..8].try_into().ok()?),
+        len: u64::from_le_bytes(b[8..16].try_into().ok()?),
+        key: u64::from_le_bytes(b[16..24].try_into().ok()?),
+        id: u32::from_le_bytes(b[24..28].try_into().ok()?),
+    })
+}
+
+/// A peer in a port's address vector, shared by its links.
+#[derive(Debug)]
+struct Peer {
+    name: Vec<u8>,
+    addr: PeerAddr,
+    /// Links (and queued CLOSE messages) that use it.
+    users: usize,
+    /// Sends to it not yet completed.
+    inflight: usize,
+    /// It stopped answering or its sends failed: remove it from the address
+    /// vector once nothing uses it, so a restarted peer of the same name is
+    /// mapped afresh.
+    dead: bool,
+}
+
+/// One RDM endpoint: the outgoing one, or a listener's.
+struct Port {
+    ep: RdmEp,
+    listener: Option<(Token, SocketAddr)>,
+    /// Keeps a name-only address (shm) unique on this host.
+    _reservation: Option<TcpListener>,
+    peers: Vec<Option<Peer>>,
+    peer_ids: FxHashMap<Vec<u8>, usize>,
+    free_tx: Vec<usize>,
+    /// Per transmit slot: the link it carries (None: a CLOSE) and the peer.
+    tx_use: Vec<Option<(Option<LinkId>, usize)>>,
+    /// CLOSE messages to send: (peer, the peer's end of the closed link,
+    /// when it was queued).
+    closes: VecDeque<(usize, Dest, Instant)>,
+    /// Receive slots promised to links (plus one block for HELLOs).
+    reserved: usize,
+    /// Links on this endpoint.
+    links: usize,
+    /// fi_reads in flight: context -> link.
+    reads: FxHashMap<u64, LinkId>,
+    next_read: u32,
+}
+
+impl Port {
+    fn new(ep: RdmEp, listener: Option<(Token, SocketAddr)>, res: Option<TcpListener>) -> Self {
+        let tx = ep.tx_slots();
+        Port {
+            reserved: ep.rx_slots(),
+            ep,
+            listener,
+            _reservation: res,
+            peers: Vec::new(),
+            peer_ids: FxHashMap::default(),
+            free_tx: (0..tx).rev().collect(),
+            tx_use: vec![None; tx],
+            closes: VecDeque::new(),
+            links: 0,
+            reads: FxHashMap::default(),
+            next_read: 0,
+        }
+    }
+
+    /// The peer named `name`, inserted into the address vector on first use.
+    fn peer(&mut self, name: &[u8]) -> Result<usize, FabricError> {
+        if let Some(&i) = self.peer_ids.get(name) {
+            if let Some(p) = self.peers[i].as_mut() {
+                p.users += 1;
+            }
+            return Ok(i);
+        }
+        let addr = self.ep.insert(name)?;
+        let peer = Peer {
+            name: name.to_vec(),
+            addr,
+            users: 1,
+            inflight: 0,
+            dead: false,
+        };
+        let i = match self.peers.iter().position(Option::is_none) {
+            Some(i) => {
+                self.peers[i] = Some(peer);
+                i
+            }
+            None => {
+                self.peers.push(Some(peer));
+                self.peers.len() - 1
+            }
+        };
+        self.peer_ids.insert(name.to_vec(), i);
+        Ok(i)
+    }
+
+    /// Drops a use (`user`) or an in-flight send of peer `i`; removes a dead
+    /// peer from the address vector when nothing uses it any more. A live
+    /// peer stays: `shm` keeps its own state of a peer that sent to us in the
+    /// address vector's map, and removing it under a peer that still sends
+    /// crashes the provider.
+    fn release_peer(&mut self, i: usize, user: bool) {
+        let Some(p) = self.peers.get_mut(i).and_then(Option::as_mut) else {
+            return;
+        };
+        if user {
+            p.users = p.users.saturating_sub(1);
+        } else {
+            p.inflight = p.inflight.saturating_sub(1);
+        }
+        if p.dead && p.users == 0 && p.inflight == 0 {
+            let addr = p.addr;
+            self.peer_ids.remove(&p.name);
+            self.peers[i] = None;
+            self.ep.remove(addr);
+        }
+    }
+
+    /// Grows the receive pool so it covers what is reserved; posts new slots.
+    fn reserve(&mut self, port: usize, slots: usize) -> Result<(), FabricError> {
+        self.reserved += slots;
+        self.links += 1;
+        while self.ep.rx_slots() < self.reserved {
+            for slot in self.ep.grow_rx()? {
+                self.ep.post_recv(slot, context(port, true, slot))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills a free transmit slot with `fill` (which returns the length) and
+    /// sends it to `peer`. `Ok(false)`: no slot or the provider said
+    /// -FI_EAGAIN; try again later.
+    fn post(
+        &mut self,
+        port: usize,
+        peer: usize,
+        link: Option<LinkId>,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<bool, FabricError> {
+        let Some(&slot) = self.free_tx.last() else {
+            return Ok(false);
+        };
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return Err(FabricError::Slot(peer));
+        };
+        let to = p.addr;
+        let Some(buf) = self.ep.tx_slot(slot) else {
+            return Err(FabricError::Slot(slot));
+        };
+        let len = fill(buf);
+        match self.ep.send(slot, len, to, context(port, false, slot)) {
+            Ok(()) => {
+                self.free_tx.pop();
+                self.tx_use[slot] = Some((link, peer));
+                p.inflight += 1;
+                Ok(true)
+            }
+            Err(e) if msgr_fabric::is_again(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RdmLink {
+    port: usize,
+    peer: usize,
+    cookie: u32,
+    /// The peer's end; known once welcomed (connector) or from the HELLO.
+    remote: Option<Dest>,
+    /// Accepted (the listener's token and the peer) or outgoing (`None`).
+    accepted: Option<(Token, SocketAddr)>,
+    need_hello: bool,
+    need_welcome: bool,
+    need_keep: bool,
+    credits: u32,
+    to_return: u32,
+    queue: VecDeque<Vec<u8>>,
+    front_sent: usize,
+    queued: usize,
+    /// Transmit slots in flight for this link.
+    inflight: usize,
+    reasm: Reassembly,
+    paused: bool,
+    frozen: bool,
+    /// Data pieces received and not yet handed up, by number: reading is
+    /// paused, or they overtook earlier ones (a provider completes a small
+    /// message sent after a large one first when the large one goes by its
+    /// rendezvous protocol). At most the link's credits.
+    held: BTreeMap<u64, (usize, usize)>,
+    /// Number of the next data piece to hand up / to send.
+    rx_seq: u64,
+    tx_seq: u64,
+    close_after_flush: bool,
+    last_heard: Instant,
+    last_sent: Instant,
+    /// Rendezvous, sending side: units exposed for the peer to read, oldest
+    /// first; and one exposed whose descriptor is not sent yet.
+    exposed: VecDeque<u32>,
+    unsent_rndv: Option<msgr_fabric::Exposed>,
+    /// The front unit could not be exposed: it goes eagerly.
+    eager_front: bool,
+    /// Rendezvous, receiving side: the fi_read in flight (context, since,
+    /// the sender's id for RNDV_DONE); later pieces wait for it.
+    reading: Option<(u64, Instant, u32)>,
+    /// RNDV_DONE messages to send (the sender's ids).
+    need_done: Vec<u32>,
+}
+
+impl RdmLink {
+    fn new(port: usize, peer: usize, accepted: Option<(Token, SocketAddr)>) -> Self {
+        let now = Instant::now();
+        RdmLink {
+            port,
+            peer,
+            cookie: rand_cookie(),
+            remote: None,
+            accepted,
+            need_hello: false,
+            need_welcome: false,
+            need_keep: false,
+            credits: 0,
+            to_return: 0,
+            queue: VecDeque::new(),
+            front_sent: 0,
+            queued: 0,
+            inflight: 0,
+            reasm: Reassembly::default(),
+            paused: false,
+            frozen: false,
+            held: BTreeMap::new(),
+            rx_seq: 0,
+            tx_seq: 0,
+            close_after_flush: false,
+            last_heard: now,
+            last_sent: now,
+            exposed: VecDeque::new(),
+            unsent_rndv: None,
+            eager_front: false,
+            reading: None,
+            need_done: Vec::new(),
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.queue.is_empty()
+            && self.inflight == 0
+            && self.exposed.is_empty()
+            && self.unsent_rndv.is_none()
+    }
+
+    fn dest(&self, id: LinkId) -> Dest {
+        Dest {
+            link: id.0,
+            cookie: self.cookie,
+        }
+    }
+
+    /// Sends a control message of `kind` with `body` to the peer's end,
+    /// returning the credits owed in its header. `Ok(false)`: not sent now
+    /// (see [`Port::post`]); the credits stay owed.
+    fn post_control(
+        &mut self,
+        id: LinkId,
+        pidx: usize,
+        port: &mut Port,
+        kind: u8,
+        remote: Dest,
+        body: &[u8],
+    ) -> Result<bool, FabricError> {
+        let credits = self.take_credits();
+        let sent = port.post(pidx, self.peer, Some(id), |buf| {
+            write_header(buf, kind, credits, remote, 0);
+            buf[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
+            HEADER_LEN + body.len()
+        })?;
+        if sent {
+            self.inflight += 1;
+            self.last_sent = Instant::now();
+        } else {
+            self.to_return += u32::from(credits);
+        }
+        Ok(sent)
+    }
+
+    /// Credits to return in the next header (all owed, as a u16).
+    fn take_credits(&mut self) -> u16 {
+        let n = self.to_return.min(u32::from(u16::MAX));
+        self.to_return -= n;
+        n as u16
+    }
+}
+
+/// A per-link random number: a message for a link id of an earlier
+/// incarnation (of this process or the peer) does not match it.
+fn rand_cookie() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(SEQ.fetch_add(1, Ordering::Relaxed));
+    h.finish() as u32
+}
+
+fn io_err(op: &'static str, e: FabricError) -> TransportError {
+    TransportError::io(op, std::io::Error::other(e.to_string()))
+}
+
+/// libfabric RDM transport of one worker.
+///
+/// Messages are at most [`SLOT_SIZE`] bytes, or the provider's inject size
+/// for `shm` (see [`RdmTransport::new`]).
+pub struct RdmTransport {
+    // Links and ports first: endpoints must close before the Net.
+    links: FxHashMap<LinkId, RdmLink>,
+    ports: Vec<Option<Port>>,
+    /// The port connecting links leave from, once opened.
+    out_port: Option<usize>,
+    net: Net,
+    kind: TransportKind,
+    registry: Registry,
+    limits: FrameLimits,
+    link_ids: Arc<AtomicU64>,
+    cq_token: Token,
+    cq_fd: Option<std::os::fd::RawFd>,
+    /// Bytes per message (header included), see [`RdmTransport::new`].
+    slot_size: usize,
+    /// Large units go by fi_read rendezvous (see [`RNDV_THRESHOLD`]).
+    rndv: bool,
+    /// Rendezvous units received (for tests and counters).
+    rndv_reads: u64,
+    dirty: Vec<LinkId>,
+    /// A transmit slot came free or a CLOSE was queued: flush every link
+    /// with something to send at the next progress.
+    retry: bool,
+    /// Something could not be sent (no free slot, or the provider said
+    /// -FI_EAGAIN): flush again at this time, without spinning meanwhile —
+    /// a peer that stopped progressing keeps saying -FI_EAGAIN until its
+    /// link's deadline.
+    retry_at: Option<Instant>,
+    resumed: Vec<LinkId>,
+    failed: Vec<(LinkId, String)>,
+    next_housekeeping: Instant,
+    completions: Vec<Completion>,
+}
+
+impl std::fmt::Debug for RdmTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmTransport")
+            .field("kind", &self.kind)
+            .field("links", &self.links.len())
+            .finish()
+    }
+}
+
+impl RdmTransport {
+    /// Opens `provider` (RDM) for one worker and registers its CQ's wait fd
+    /// (if it has one) in `registry`.
+    pub fn new(
+        provider: &FabricProvider,
+        registry: &Registry,
+        ctx: &TransportContext,
+    ) -> Result<Self, TransportError> {
+        let kind = TransportKind::Fabric(provider.clone());
+        if let Availability::Unavailable(reason) = probe(provider) {
+            return Err(TransportError::Unavailable { kind, reason });
+        }
+        let net = Net::open(&provider.name, EpType::Rdm, 8192).map_err(|e| fab_err(&kind, e))?;
+        let cq_fd = net.cq_fd().map_err(|e| fab_err(&kind, e))?;
+        let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
+        let registry = registry
+            .try_clone()
+            .map_err(|e| TransportError::io("clone mio registry", e))?;
+        if let Some(fd) = cq_fd {
+            registry
+                .register(&mut SourceFd(&fd), cq_token, Interest::READABLE)
+                .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
+        }
+        // A provider whose endpoints are never closed (shm) leaves the
+        // endpoints of dropped transports without progress: a send to one
+        // must complete without the receiver's help, so messages stay within
+        // the inject size (shm: 4 KiB; larger ones wait for the receiver to
+        // copy them, and their slots would be held for ever).
+        let slot_size = if net.never_closes() {
+            net.inject_size().clamp(HEADER_LEN + 1, SLOT_SIZE)
+        } else {
+            SLOT_SIZE
+        };
+        // Rendezvous needs RMA, and a peer that can still answer the reads
+        // of its exposed buffers: not shm's never-closed endpoints.
+        let rndv = net.rma() && !net.never_closes();
+        Ok(RdmTransport {
+            slot_size,
+            rndv,
+            rndv_reads: 0,
+            links: FxHashMap::default(),
+            ports: Vec::new(),
+            out_port: None,
+            net,
+            kind,
+            registry,
+            limits: ctx.limits,
+            link_ids: ctx.link_ids.clone(),
+            cq_token,
+            cq_fd,
+            dirty: Vec::new(),
+            retry: false,
+            retry_at: None,
+            resumed: Vec::new(),
+            failed: Vec::new(),
+            next_housekeeping: Instant::now() + HOUSEKEEPING,
+            completions: Vec::with_capacity(CQ_BATCH),
+        })
+    }
+
+    fn open_port(
+        &mut self,
+        bind: Option<SocketAddr>,
+        listener: Option<(Token, SocketAddr)>,
+        reservation: Option<TcpListener>,
+    ) -> Result<usize, FabricError> {
+        let ep = self
+            .net
+            .rdm_endpoint(bind, TX_SLOTS, LINK_BLOCK, self.slot_size)?;
+        // Port indices are never reused: completions of a closed port's
+        // endpoint could still be in the CQ.
+        let idx = self.ports.len();
+        let mut port = Port::new(ep, listener, reservation);
+        for slot in 0..port.ep.rx_slots() {
+            port.ep.post_recv(slot, context(idx, true, slot))?;
+        }
+        self.ports.push(Some(port));
+        Ok(idx)
+    }
+
+    fn out_port(&mut self) -> Result<usize, FabricError> {
+        if let Some(p) = self.out_port {
+            return Ok(p);
+        }
+        let p = self.open_port(None, None, None)?;
+        self.out_port = Some(p);
+        Ok(p)
+    }
+
+    /// Removes a link; a peer that knows its end hears `CLOSE`.
+    fn drop_link(&mut self, id: LinkId) -> Option<RdmLink> {
+        let mut link = self.links.remove(&id)?;
+        let Some(port) = self.ports.get_mut(link.port).and_then(Option::as_mut) else {
+            return Some(link);
+        };
+        port.reserved = port.reserved.saturating_sub(LINK_BLOCK);
+        port.links = port.links.saturating_sub(1);
+        // Exposed units go (a peer still reading gets an error); a read in
+        // flight keeps its buffer in the endpoint until it completes.
+        for id in link.exposed.drain(..) {
+            port.ep.unexpose(id);
+        }
+        if let Some(x) = link.unsent_rndv.take() {
+            port.ep.unexpose(x.id);
+        }
+        // Held receives go back to the pool.
+        for (_, (slot, _)) in std::mem::take(&mut link.held) {
+            port.ep.recv_done(slot, 0);
+            let _ = port.ep.post_recv(slot, context(link.port, true, slot));
+        }
+        match link.remote {
+            // The CLOSE keeps the peer's address-vector entry in use until sent.
+            Some(remote) => {
+                port.closes.push_back((link.peer, remote, Instant::now()));
+                self.retry = true;
+            }
+            None => port.release_peer(link.peer, true),
+        }
+        if port.links == 0 && port.listener.is_none() && self.out_port != Some(link.port) {
+            // An endpoint that stopped listening goes with its last link.
+            self.ports[link.port] = None;
+        }
+        Some(link)
+    }
+
+    /// Fails `id` because its peer is gone (silent past the deadline, or a
+    /// send to it failed): the peer's entry goes when unused.
+    fn peer_gone(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+        if let Some(l) = self.links.get(&id) {
+            let (pidx, peer) = (l.port, l.peer);
+            if let Some(p) = self
+                .ports
+                .get_mut(pidx)
+                .and_then(Option::as_mut)
+                .and_then(|port| port.peers.get_mut(peer))
+                .and_then(Option::as_mut)
+            {
+                p.dead = true;
+            }
+        }
+        self.fail(id, why, events);
+    }
+
+    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+        if self.drop_link(id).is_some() {
+            events.push(TransportEvent::Failed(id, why));
+        }
+    }
+
+    /// Reads completions in batches. Returns whether there were any.
+    fn drain_cq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        let mut any = false;
+        for _ in 0..CQ_ROUNDS {
+            let mut batch = std::mem::take(&mut self.completions);
+            batch.clear();
+            let n = self.net.read_cq(&mut batch, CQ_BATCH);
+            for c in &batch {
+                self.complete(c, events);
+            }
+            self.completions = batch;
+            if n == 0 {
+                break;
+            }
+            any = true;
+            if n < CQ_BATCH {
+                break;
+            }
+        }
+        any
+    }
+
+    fn complete(&mut self, c: &Completion, events: &mut Vec<TransportEvent>) {
+        let (pidx, rx, slot) = decode_context(c.context);
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        if c.context & READ_BIT != 0 {
+            return self.read_complete(pidx, c, events);
+        }
+        if rx {
+            if let Some((code, what)) = c.error {
+                // A receive is not tied to a peer: repost and go on.
+                tracing::debug!(code, what, "libfabric RDM receive error");
+                port.ep.recv_done(slot, 0);
+                if let Err(e) = port.ep.post_recv(slot, context(pidx, true, slot)) {
+                    tracing::warn!(error = %e, "repost after a receive error failed");
+                }
+                return;
+            }
+            self.receive(pidx, slot, c.len, events);
+            return;
+        }
+        port.ep.send_done(slot);
+        port.free_tx.push(slot);
+        let Some((link, peer)) = port.tx_use.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        port.release_peer(peer, false);
+        // A slot came free: whatever waited for one may go now.
+        self.retry = true;
+        let Some(id) = link else {
+            return;
+        };
+        let Some(l) = self.links.get_mut(&id) else {
+            return;
+        };
+        l.inflight = l.inflight.saturating_sub(1);
+        if let Some((code, what)) = c.error {
+            let why = format!(
+                "libfabric send {what}: {}",
+                std::io::Error::from_raw_os_error(code)
+            );
+            self.peer_gone(id, why, events);
+            return;
+        }
+        if l.close_after_flush && l.idle() {
+            self.drop_link(id);
+        }
+    }
+
+    /// Handles one received message in slot `slot` of port `pidx`.
+    fn receive(&mut self, pidx: usize, slot: usize, len: usize, events: &mut Vec<TransportEvent>) {
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        let (header, welcome, welcome_id, hello) = {
+            let msg = port.ep.recv_done(slot, len);
+            let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
+            let h = read_header(msg);
+            let hello = (h.as_ref().map(|h| h.kind) == Some(HELLO)).then(|| body.to_vec());
+            let id = body
+                .get(..4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            (h, read_dest(body), id, hello)
+        };
+        let Some(h) = header else {
+            tracing::debug!(len, "RDM message shorter than its header, dropped");
+            return self.repost(pidx, slot);
+        };
+        if let Some(body) = hello {
+            self.repost(pidx, slot);
+            return self.hello(pidx, &body, events);
+        }
+        let id = LinkId(h.dest.link);
+        let Some(link) = self.links.get_mut(&id) else {
+            tracing::debug!(
+                link = id.0,
+                kind = h.kind,
+                "RDM message for no link, dropped"
+            );
+            return self.repost(pidx, slot);
+        };
+        if link.port != pidx || link.cookie != h.dest.cookie {
+            tracing::debug!(
+                link = id.0,
+                "RDM message for an earlier link of this id, dropped"
+            );
+            return self.repost(pidx, slot);
+        }
+        link.last_heard = Instant::now();
+        link.credits = link
+            .credits
+            .saturating_add(u32::from(h.credits))
+            .min(CREDITS);
+        if h.credits > 0 && !link.queue.is_empty() {
+            self.dirty.push(id);
+        }
+        match h.kind {
+            WELCOME => {
+                let remote = welcome;
+                self.repost(pidx, slot);
+                let Some(link) = self.links.get_mut(&id) else {
+                    return;
+                };
+                match remote {
+                    Some(r) if link.remote.is_none() && link.accepted.is_none() => {
+                        link.remote = Some(r);
+                        link.credits = CREDITS;
+                        events.push(TransportEvent::Connected(id));
+                        self.dirty.push(id);
+                        // Data that overtook the WELCOME.
+                        self.hand_up(id, events);
+                    }
+                    _ => self.fail(id, "unexpected or short WELCOME".into(), events),
+                }
+            }
+            DATA_MORE | DATA_LAST | RNDV => {
+                if h.seq < link.rx_seq
+                    || h.seq - link.rx_seq >= u64::from(CREDITS)
+                    || link.held.contains_key(&h.seq)
+                {
+                    let why = format!(
+                        "data piece {} outside the window {}..{}",
+                        h.seq,
+                        link.rx_seq,
+                        link.rx_seq + u64::from(CREDITS)
+                    );
+                    self.repost(pidx, slot);
+                    return self.fail(id, why, events);
+                }
+                link.held.insert(h.seq, (slot, len));
+                self.hand_up(id, events);
+            }
+            KEEP => self.repost(pidx, slot),
+            RNDV_DONE => {
+                self.repost(pidx, slot);
+                // The body starts with the id (read_dest reads 12 bytes; the
+                // id is the first 4 of them).
+                let id_done = welcome_id;
+                let (Some(link), Some(port)) = (
+                    self.links.get_mut(&id),
+                    self.ports.get_mut(pidx).and_then(Option::as_mut),
+                ) else {
+                    return;
+                };
+                match id_done.and_then(|d| link.exposed.iter().position(|&x| x == d)) {
+                    Some(i) => {
+                        if let Some(x) = link.exposed.remove(i) {
+                            port.ep.unexpose(x);
+                        }
+                        self.dirty.push(id);
+                    }
+                    None => self.fail(id, "RNDV_DONE for nothing exposed".into(), events),
+                }
+            }
+            CLOSE => {
+                self.repost(pidx, slot);
+                if let Some(l) = self.links.get_mut(&id) {
+                    // The peer's end is gone: no CLOSE back.
+                    l.remote = None;
+                }
+                self.fail(id, "link closed by peer (CLOSE)".into(), events);
+            }
+            other => {
+                self.repost(pidx, slot);
+                self.fail(id, format!("unknown RDM message kind {other}"), events);
+            }
+        }
+    }
+
+    /// Hands up `id`'s held data pieces that are next in order, unless
+    /// reading is paused or the link is not set up yet.
+    fn hand_up(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) -> bool {
+        let mut any = false;
+        while let Some(link) = self.links.get_mut(&id) {
+            if link.paused || link.frozen || link.remote.is_none() || link.reading.is_some() {
+                break;
+            }
+            let Some((slot, len)) = link.held.remove(&link.rx_seq) else {
+                break;
+            };
+            link.rx_seq += 1;
+            any = true;
+            self.data(id, slot, len, events);
+        }
+        any
+    }
+
+    fn repost(&mut self, pidx: usize, slot: usize) {
+        if let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) {
+            if let Err(e) = port.ep.post_recv(slot, context(pidx, true, slot)) {
+                tracing::warn!(error = %e, "repost of an RDM receive failed");
+            }
+        }
+    }
+
+    /// A data piece for `id` in `slot`: joined, handed up, slot reposted and
+    /// its credit owed back.
+    fn data(&mut self, id: LinkId, slot: usize, len: usize, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        let pidx = link.port;
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        let msg = port.ep.recv_done(slot, len);
+        let kind = msg.first().copied();
+        let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
+        let outcome = if kind == Some(RNDV) {
+            // The unit comes by fi_read; later pieces wait for it (hand_up).
+            let max = self.limits.max_frame;
+            match read_rndv(body) {
+                Some(d) if d.len == 0 || d.len > max => Err(PieceError::Malformed(format!(
+                    "rendezvous of {} bytes (frame limit {max})",
+                    d.len
+                ))),
+                Some(_) if !link.reasm.is_idle() => {
+                    Err(PieceError::Malformed("rendezvous inside a unit".into()))
+                }
+                Some(d) => {
+                    let ctx = read_context(pidx, port.next_read);
+                    port.next_read = port.next_read.wrapping_add(1);
+                    let from = port
+                        .peers
+                        .get(link.peer)
+                        .and_then(Option::as_ref)
+                        .map(|p| p.addr);
+                    match from.map(|from| port.ep.read(d.len as usize, from, d.addr, d.key, ctx)) {
+                        Some(Ok(())) => {
+                            port.reads.insert(ctx, id);
+                            link.reading = Some((ctx, Instant::now(), d.id));
+                            Ok(None)
+                        }
+                        Some(Err(e)) => Err(PieceError::Malformed(format!("fi_read: {e}"))),
+                        None => Err(PieceError::Malformed("rendezvous from no peer".into())),
+                    }
+                }
+                None => Err(PieceError::Malformed("short rendezvous descriptor".into())),
+            }
+        } else {
+            link.reasm.push(kind == Some(DATA_LAST), body, &self.limits)
+        };
+        if let Err(e) = port.ep.post_recv(slot, context(pidx, true, slot)) {
+            tracing::warn!(error = %e, "repost of an RDM receive failed");
+        }
+        link.to_return += 1;
+        if link.to_return >= CREDITS / 2 {
+            link.need_keep = true;
+            self.dirty.push(id);
+        }
+        match outcome {
+            Ok(Some(unit)) => events.push(TransportEvent::Received(id, unit)),
+            Ok(None) => {}
+            Err(PieceError::Corrupt(e)) => {
+                self.drop_link(id);
+                events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
+            }
+            Err(PieceError::Malformed(why)) => {
+                self.fail(id, format!("malformed message: {why}"), events)
+            }
+        }
+    }
+
+    /// An fi_read completed: the rendezvous unit is handed up, the sender
+    /// told (RNDV_DONE), and the pieces that waited for it follow.
+    fn read_complete(&mut self, pidx: usize, c: &Completion, events: &mut Vec<TransportEvent>) {
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        let buf = port.ep.read_done(c.context);
+        let Some(id) = port.reads.remove(&c.context) else {
+            return;
+        };
+        let Some(link) = self.links.get_mut(&id) else {
+            return; // the link went while its read was in flight
+        };
+        let Some((_, _, their_id)) = link.reading.take() else {
+            return;
+        };
+        if let Some((code, what)) = c.error {
+            let why = format!(
+                "libfabric fi_read {what}: {}",
+                std::io::Error::from_raw_os_error(code)
+            );
+            return self.fail(id, why, events);
+        }
+        let Some(buf) = buf else {
+            return self.fail(id, "fi_read completed without a buffer".into(), events);
+        };
+        self.rndv_reads += 1;
+        link.need_done.push(their_id);
+        self.dirty.push(id);
+        match link.reasm.whole(Bytes::from(buf), &self.limits) {
+            Ok(unit) => events.push(TransportEvent::Received(id, unit)),
+            Err(PieceError::Corrupt(e)) => {
+                self.drop_link(id);
+                return events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
+            }
+            Err(PieceError::Malformed(why)) => {
+                return self.fail(id, format!("malformed rendezvous unit: {why}"), events)
+            }
+        }
+        self.hand_up(id, events);
+    }
+
+    /// A HELLO on port `pidx`: accept the link if the port listens.
+    fn hello(&mut self, pidx: usize, body: &[u8], events: &mut Vec<TransportEvent>) {
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some((token, _)) = port.listener else {
+            tracing::debug!("HELLO on a port that does not listen, dropped");
+            return;
+        };
+        let Some(remote) = read_dest(body) else {
+            tracing::debug!("short HELLO dropped");
+            return;
+        };
+        let name_len = body
+            .get(12..HELLO_FIXED)
+            .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as usize);
+        let Some(name) = body.get(HELLO_FIXED..HELLO_FIXED + name_len) else {
+            tracing::debug!("HELLO with a truncated name dropped");
+            return;
+        };
+        let peer = match port.peer(name) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(error = %e, "HELLO from an unusable name dropped");
+                return;
+            }
+        };
+        if let Err(e) = port.reserve(pidx, LINK_BLOCK) {
+            tracing::warn!(error = %e, "no receive buffers for a new RDM link; HELLO dropped");
+            port.release_peer(peer, true);
+            return;
+        }
+        let peer_addr = RdmEp::name_as_socket(name).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+        let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
+        let mut link = RdmLink::new(pidx, peer, Some((token, peer_addr)));
+        link.remote = Some(remote);
+        link.credits = CREDITS;
+        link.need_welcome = true;
+        self.links.insert(id, link);
+        self.dirty.push(id);
+        events.push(TransportEvent::Accepted {
+            link: id,
+            peer: peer_addr,
+            listener: token,
+        });
+    }
+
+    /// Sends what `id` has to send: handshake, data within its credits,
+    /// credits owed and keepalives.
+    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if link.frozen {
+            return;
+        }
+        let pidx = link.port;
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        let result = Self::flush_into(id, link, pidx, port, self.rndv);
+        let closed = link.close_after_flush && link.idle();
+        match result {
+            Ok(done) => {
+                if !done {
+                    self.retry_later();
+                }
+                if closed {
+                    self.drop_link(id);
+                }
+            }
+            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
+        }
+    }
+
+    /// Returns whether everything sendable went (else: out of slots or -FI_EAGAIN).
+    fn flush_into(
+        id: LinkId,
+        link: &mut RdmLink,
+        pidx: usize,
+        port: &mut Port,
+        rndv: bool,
+    ) -> Result<bool, FabricError> {
+        let me = link.dest(id);
+        if link.need_hello {
+            let name = port.ep.name().to_vec();
+            let sent = port.post(pidx, link.peer, Some(id), |buf| {
+                write_header(buf, HELLO, 0, Dest { link: 0, cookie: 0 }, 0);
+                let mut n = HEADER_LEN + write_dest(&mut buf[HEADER_LEN..], me);
+                buf[n..n + 2].copy_from_slice(&(name.len() as u16).to_le_bytes());
+                n += 2;
+                buf[n..n + name.len()].copy_from_slice(&name);
+                n + name.len()
+            })?;
+            if !sent {
+                return Ok(false);
+            }
+            link.need_hello = false;
+            link.inflight += 1;
+            link.last_sent = Instant::now();
+        }
+        let Some(remote) = link.remote else {
+            return Ok(true); // waiting for WELCOME
+        };
+        if link.need_welcome {
+            let mut body = [0u8; 12];
+            write_dest(&mut body, me);
+            if !link.post_control(id, pidx, port, WELCOME, remote, &body)? {
+                return Ok(false);
+            }
+            link.need_welcome = false;
+        }
+        while let Some(&done) = link.need_done.last() {
+            if !link.post_control(id, pidx, port, RNDV_DONE, remote, &done.to_le_bytes())? {
+                return Ok(false);
+            }
+            link.need_done.pop();
+        }
+        loop {
+            // A large unit at a unit boundary goes by rendezvous: exposed
+            // here, its descriptor sent as the next data piece.
+            if rndv
+                && !link.eager_front
+                && link.unsent_rndv.is_none()
+                && link.front_sent == 0
+                && link.queue.front().is_some_and(|u| u.len() > RNDV_THRESHOLD)
+            {
+                if link.exposed.len() >= RNDV_MAX {
+                    break; // bounded: wait for a RNDV_DONE
+                }
+                if let Some(unit) = link.queue.pop_front() {
+                    let len = unit.len();
+                    match port.ep.expose(unit) {
+                        Ok(x) => {
+                            link.queued -= len;
+                            link.unsent_rndv = Some(x);
+                        }
+                        Err((e, unit)) => {
+                            tracing::debug!(error = %e, "rendezvous unavailable; sending eagerly");
+                            link.queue.push_front(unit);
+                            link.eager_front = true;
+                        }
+                    }
+                }
+            }
+            let Some(x) = link.unsent_rndv else {
+                break;
+            };
+            if link.credits == 0 {
+                return Ok(true);
+            }
+            let credits = link.take_credits();
+            let seq = link.tx_seq;
+            let sent = port.post(pidx, link.peer, Some(id), |buf| {
+                write_header(buf, RNDV, credits, remote, seq);
+                HEADER_LEN + write_rndv(&mut buf[HEADER_LEN..], &x)
+            })?;
+            if !sent {
+                link.to_return += u32::from(credits);
+                return Ok(false);
+            }
+            link.unsent_rndv = None;
+            link.exposed.push_back(x.id);
+            link.inflight += 1;
+            link.credits -= 1;
+            link.tx_seq += 1;
+            link.last_sent = Instant::now();
+        }
+        while link.credits > 0
+            && !link.queue.is_empty()
+            && !(rndv
+                && !link.eager_front
+                && link.front_sent == 0
+                && link.queue[0].len() > RNDV_THRESHOLD)
+        {
+            let credits = link.take_credits();
+            let seq = link.tx_seq;
+            let rest = &link.queue[0][link.front_sent..];
+            let n = rest.len().min(port.ep.slot_size() - HEADER_LEN);
+            let last = n == rest.len();
+            let sent = port.post(pidx, link.peer, Some(id), |buf| {
+                write_header(
+                    buf,
+                    if last { DATA_LAST } else { DATA_MORE },
+                    credits,
+                    remote,
+                    seq,
+                );
+                buf[HEADER_LEN..HEADER_LEN + n].copy_from_slice(&rest[..n]);
+                HEADER_LEN + n
+            })?;
+            if !sent {
+                link.to_return += u32::from(credits);
+                return Ok(false);
+            }
+            link.inflight += 1;
+            link.credits -= 1;
+            link.tx_seq += 1;
+            link.queued -= n;
+            link.last_sent = Instant::now();
+            if last {
+                link.queue.pop_front();
+                link.front_sent = 0;
+                link.eager_front = false;
+            } else {
+                link.front_sent += n;
+            }
+        }
+        if link.need_keep || link.to_return >= CREDITS / 2 {
+            if !link.post_control(id, pidx, port, KEEP, remote, &[])? {
+                return Ok(false);
+            }
+            link.need_keep = false;
+        }
+        Ok(true)
+    }
+
+    /// Sends queued CLOSE messages of every port.
+    fn flush_closes(&mut self) -> bool {
+        let mut done = true;
+        for (pidx, port) in self.ports.iter_mut().enumerate() {
+            let Some(port) = port.as_mut() else {
+                continue;
+            };
+            while let Some(&(peer, remote, queued)) = port.closes.front() {
+                if queued.elapsed() > CLOSE_GIVE_UP {
+                    // The peer does not take messages: its deadline tells it.
+                    port.closes.pop_front();
+                    port.release_peer(peer, true);
+                    continue;
+                }
+                match port.post(pidx, peer, None, |buf| {
+                    write_header(buf, CLOSE, 0, remote, 0);
+                    HEADER_LEN
+                }) {
+                    Ok(true) => {
+                        port.closes.pop_front();
+                        port.release_peer(peer, true);
+                    }
+                    Ok(false) => {
+                        done = false;
+                        break;
+                    }
+                    Err(e) => {
+                        // The peer learns by its deadline instead.
+                        tracing::debug!(error = %e, "CLOSE not sent");
+                        port.closes.pop_front();
+                        port.release_peer(peer, true);
+                    }
+                }
+            }
+        }
+        done
+    }
+
+    /// Fails links that heard nothing within the deadline; asks quiet ones
+    /// to send `KEEP`.
+    fn housekeeping(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
+        if now < self.next_housekeeping {
+            return;
+        }
+        self.next_housekeeping = now + HOUSEKEEPING;
+        let mut dead = Vec::new();
+        for (&id, l) in &mut self.links {
+            if l.frozen || l.close_after_flush {
+                continue;
+            }
+            let stuck_read = l
+                .reading
+                .is_some_and(|(_, since, _)| now.duration_since(since) > LINK_DEADLINE);
+            // Exposed units are not timed on the sending side: a receiver
+            // that paused reading fetches them late, and a dead one trips
+            // `last_heard`.
+            if now.duration_since(l.last_heard) > LINK_DEADLINE || stuck_read {
+                dead.push(id);
+            } else if l.remote.is_some() && now.duration_since(l.last_sent) > KEEP_AFTER {
+                l.need_keep = true;
+                self.dirty.push(id);
+            }
+        }
+        for id in dead {
+            let why = format!(
+                "peer silent, or a rendezvous read not done, for {LINK_DEADLINE:?} (dead or unreachable)"
+            );
+            self.peer_gone(id, why, events);
+        }
+    }
+
+    fn poll_all(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        let mut any = !self.failed.is_empty();
+        for (id, why) in std::mem::take(&mut self.failed) {
+            events.push(TransportEvent::Failed(id, why));
+        }
+        any |= self.drain_cq(events);
+        for id in std::mem::take(&mut self.resumed) {
+            any |= self.hand_up(id, events);
+        }
+        let now = Instant::now();
+        self.housekeeping(now, events);
+        let again = self.retry_at.is_some_and(|t| t <= now);
+        any |= self.retry;
+        if std::mem::take(&mut self.retry) || again {
+            self.retry_at = None;
+            let mut ids: Vec<LinkId> = self
+                .links
+                .iter()
+                .filter(|(_, l)| {
+                    l.need_hello || l.need_welcome || l.need_keep || !l.queue.is_empty()
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            ids.append(&mut self.dirty);
+            self.dirty = ids;
+            self.flush(events);
+        }
+        any
+    }
+
+    fn retry_later(&mut self) {
+        self.retry_at
+            .get_or_insert_with(|| Instant::now() + RETRY_AFTER);
+    }
+
+    fn queue(&mut self, link: LinkId, bytes: Vec<u8>) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        l.queued += bytes.len();
+        l.queue.push_back(bytes);
+        self.dirty.push(link);
+        Ok(())
+    }
+}
+
+impl Drop for RdmTransport {
+    fn drop(&mut self) {
+        // Peers hear CLOSE now rather than at their deadline (best effort).
+        let ids: Vec<LinkId> = self.links.keys().copied().collect();
+        for id in ids {
+            self.drop_link(id);
+        }
+        self.flush_closes();
+        if let Some(fd) = self.cq_fd {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
+    }
+}
+
+impl Transport for RdmTransport {
+    fn kind(&self) -> TransportKind {
+        self.kind.clone()
+    }
+
+    fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError> {
+        let (bind, reservation) = if self.net.socket_names() {
+            (addr.socket, None)
+        } else {
+            // A name-only provider: a TCP port of our own makes the name unique.
+            let r = TcpListener::bind(addr.socket)
+                .map_err(|e| TransportError::io("reserve the port of an RDM name", e))?;
+            let a = r
+                .local_addr()
+                .map_err(|e| TransportError::io("reserved port", e))?;
+            if self.net.never_closes() {
+                // The endpoint outlives this transport (shm), and so does its
+                // name in the provider's list of this process's endpoints: the
+                // port stays reserved until the process ends, so no later
+                // endpoint of this process takes the same name.
+                std::mem::forget(r);
+                (a, None)
+            } else {
+                (a, Some(r))
+            }
+        };
+        let pidx = self
+            .open_port(Some(bind), Some((token, bind)), reservation)
+            .map_err(|e| io_err("open RDM endpoint", e))?;
+        let port_no = match self.ports[pidx].as_ref() {
+            Some(p) => RdmEp::name_as_socket(p.ep.name()).map_or(bind.port(), |s| s.port()),
+            None => bind.port(),
+        };
+        if let Some(p) = self.ports[pidx].as_mut() {
+            p.listener = Some((token, SocketAddr::new(bind.ip(), port_no)));
+        }
+        Ok(addr.clone().with_port(port_no))
+    }
+
+    fn unlisten(&mut self, token: Token) {
+        let found = self
+            .ports
+            .iter()
+            .position(|p| p.as_ref().and_then(|p| p.listener).map(|l| l.0) == Some(token));
+        let Some(pidx) = found else {
+            return;
+        };
+        // Accepted links live on the listener's endpoint: they keep it open
+        // (it just stops accepting) until the last one goes.
+        if let Some(p) = self.ports[pidx].as_mut() {
+            p.listener = None;
+            if p.links == 0 {
+                self.ports[pidx] = None;
+            }
+        }
+    }
+
+    fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
+        let name = self
+            .net
+            .resolve(addr.socket)
+            .map_err(|e| io_err("resolve RDM name", e))?;
+        let pidx = self
+            .out_port()
+            .map_err(|e| io_err("open RDM endpoint", e))?;
+        let Some(port) = self.ports[pidx].as_mut() else {
+            return Err(TransportError::NoSuchLink(link.0));
+        };
+        let peer = port.peer(&name).map_err(|e| {
+            TransportError::io("fi_av_insert", std::io::Error::other(e.to_string()))
+        })?;
+        if let Err(e) = port.reserve(pidx, LINK_BLOCK) {
+            port.release_peer(peer, true);
+            return Err(TransportError::io(
+                "RDM receive pool",
+                std::io::Error::other(e.to_string()),
+            ));
+        }
+        let mut l = RdmLink::new(pidx, peer, None);
+        l.need_hello = true;
+        self.links.insert(link, l);
+        self.dirty.push(link);
+        Ok(())
+    }
+
+    fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
+        let bytes = match unit {
+            Transmit::Banner(b) => b.to_vec(),
+            Transmit::Frame(f) => f.encode_to_vec()?,
+        };
+        self.queue(link, bytes)
+    }
+
+    fn flush(&mut self, events: &mut Vec<TransportEvent>) {
+        if !self.flush_closes() {
+            self.retry_later();
+        }
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for id in dirty {
+            self.flush_link(id, events);
+        }
+    }
+
+    fn ready(&mut self, _event: &Event, events: &mut Vec<TransportEvent>) {
+        self.poll_all(events);
+    }
+
+    fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        self.poll_all(events)
+    }
+
+    /// `fi_trywait` on the CQ. A CQ without a wait fd (shm) cannot be armed:
+    /// the worker blocks until [`Transport::wake_at`] and polls it then.
+    fn arm(&mut self) -> bool {
+        self.cq_fd.is_none() || self.net.try_wait()
+    }
+
+    fn wake_at(&self) -> Option<Instant> {
+        if self.ports.iter().all(Option::is_none) {
+            return None;
+        }
+        let poll = if self.cq_fd.is_none() {
+            Some(Instant::now() + POLL_INTERVAL)
+        } else {
+            None
+        };
+        let keep = (!self.links.is_empty()).then_some(self.next_housekeeping);
+        [poll, keep, self.retry_at].into_iter().flatten().min()
+    }
+
+    fn close(&mut self, link: LinkId, flush: bool) {
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        if flush && l.remote.is_some() && !l.frozen && !l.idle() {
+            l.close_after_flush = true;
+            self.dirty.push(link);
+        } else {
+            self.drop_link(link);
+        }
+    }
+
+    fn pause_reading(&mut self, link: LinkId, paused: bool) {
+        if let Some(l) = self.links.get_mut(&link) {
+            if l.frozen {
+                return;
+            }
+            l.paused = paused;
+            if !paused && !l.held.is_empty() {
+                self.resumed.push(link);
+            }
+        }
+    }
+
+    fn backlog(&self, link: LinkId) -> usize {
+        self.links.get(&link).map_or(0, |l| l.queued)
+    }
+
+    fn owns(&self, token: Token) -> bool {
+        token == self.cq_token
+            || self
+                .ports
+                .iter()
+                .flatten()
+                .any(|p| p.listener.map(|l| l.0) == Some(token))
+    }
+
+    /// Links closed with `flush` whose last sends are in flight are not
+    /// counted (see the MSG backend).
+    fn link_count(&self) -> usize {
+        self.links.values().filter(|l| !l.close_after_flush).count()
+    }
+
+    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        match fault {
+            RealFault::Abort => {
+                // The peer hears CLOSE at once (an RDM endpoint has no
+                // connection to reset); nothing queued is sent.
+                self.drop_link(link);
+                self.failed
+                    .push((link, "injected abortive close (link dropped)".into()));
+            }
+            RealFault::HalfClose => return Err(no_half_close(&self.kind)),
+            RealFault::StopReading => l.paused = true,
+            RealFault::Freeze => l.frozen = true,
+        }
+        Ok(())
+    }
+
+    fn send_corrupted(
+        &mut self,
+        link: LinkId,
+        unit: Transmit,
+        bit: u64,
+    ) -> Result<(), TransportError> {
+        let bytes = crate::wire::corrupted(unit, bit)?;
+        self.queue(link, bytes)
+    }
+
+    fn detach(&mut self, _link: LinkId) -> Option<DetachedLink> {
+        None
+    }
+
+    fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
+        let _ = (link, detached);
+        Err(no_migration(&self.kind))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::tests::drive;
+    use bytes::Bytes;
+    use msgr_addr::FabricEndpoint;
+    use msgr_proto::banner::BANNER_LEN;
+    use msgr_proto::{Frame, Inbound};
+
+    fn open(provider: &str, poll: &mio::Poll) -> RdmTransport {
+        let ctx = TransportContext::new(FrameLimits::default());
+        let p = FabricProvider::new(provider).with_endpoint(FabricEndpoint::Rdm);
+        RdmTransport::new(&p, poll.registry(), &ctx).unwrap()
+    }
+
+    #[test]
+    fn header_and_context_round_trip() {
+        let mut buf = [0u8; HEADER_LEN];
+        let d = Dest {
+            link: (1 << 40) - 3,
+            cookie: 0xdead_beef,
+        };
+        write_header(&mut buf, DATA_LAST, 513, d, u64::MAX - 1);
+        let h = read_header(&buf).unwrap();
+        assert_eq!(
+            (h.kind, h.credits, h.dest, h.seq),
+            (DATA_LAST, 513, d, u64::MAX - 1)
+        );
+        assert!(read_header(&buf[..HEADER_LEN - 1]).is_none());
+        assert_eq!(decode_context(context(3, true, 77)), (3, true, 77));
+        assert_eq!(decode_context(context(0, false, 0)), (0, false, 0));
+    }
+
+    /// One link over a real provider: handshake, units far beyond one
+    /// link's credits arrive whole and in order (credits come back), then an
+    /// abort is reported on both ends and nothing is left.
+    fn link_units_and_abort(provider: &str) {
+        let mut poll = mio::Poll::new().unwrap();
+        let mut t = open(provider, &poll);
+        let any: EntityAddr = format!("fabric+{provider}://127.0.0.1:0?ep=rdm")
+            .parse()
+            .unwrap();
+        let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+        assert_ne!(bound.socket.port(), 0);
+        t.connect(LinkId(1000), &bound).unwrap();
+        t.flush(&mut Vec::new());
+        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
+        let server = events
+            .iter()
+            .find_map(|e| match e {
+                TransportEvent::Accepted { link, .. } => Some(*link),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{provider}: no Accepted in {events:?}"));
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000)))));
+        t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
+            .unwrap();
+        // 6 units of 5 pieces each: 30 messages, twice a link's credits.
+        let frames: Vec<Frame> = (0..6u8)
+            .map(|i| {
+                Frame::new(
+                    msgr_proto::Tag::Message,
+                    vec![
+                        Bytes::from_static(b"header"),
+                        Bytes::new(),
+                        Bytes::from(vec![i; 300_000]),
+                    ],
+                )
+            })
+            .collect();
+        for f in &frames {
+            t.send(LinkId(1000), Transmit::Frame(f.clone())).unwrap();
+        }
+        t.flush(&mut Vec::new());
+        let events = drive(&mut t, &mut poll, |e| e.len() > frames.len());
+        assert!(
+            matches!(&events[0], TransportEvent::Received(l, Inbound::Banner(b)) if *l == server && b[0] == 7),
+            "{events:?}"
+        );
+        for (f, e) in frames.iter().zip(&events[1..]) {
+            match e {
+                TransportEvent::Received(l, Inbound::Frame(got)) => {
+                    assert_eq!(*l, server);
+                    assert_eq!(got.encode_to_vec().unwrap(), f.encode_to_vec().unwrap());
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Every frame is above the threshold: fetched by fi_read where the
+        // provider has RMA (tcp;ofi_rxm), eagerly in pieces on shm.
+        assert_eq!(t.rndv, provider == "tcp", "{provider}: rendezvous enabled");
+        let expect = if t.rndv { frames.len() as u64 } else { 0 };
+        assert_eq!(t.rndv_reads, expect, "{provider}: rendezvous reads");
+        t.inject(LinkId(1000), RealFault::Abort).unwrap();
+        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
+        for id in [server, LinkId(1000)] {
+            assert!(
+                events
+                    .iter()
+                    .any(|e| matches!(e, TransportEvent::Failed(l, _) if *l == id)),
+                "{id:?} {events:?}"
+            );
+        }
+        assert_eq!(t.link_count(), 0);
+    }
+
+    #[test]
+    fn tcp_rxm_link_units_and_abort() {
+        link_units_and_abort("tcp");
+    }
+
+    #[test]
+    fn shm_link_units_and_abort() {
+        link_units_and_abort("shm");
+    }
+
+    /// Nobody at the address: the connect fails (at once or as an event
+    /// within the link deadline), never hangs.
+    fn connect_to_nobody_fails(provider: &str) {
+        let mut poll = mio::Poll::new().unwrap();
+        let mut t = open(provider, &poll);
+        // A port just released: nothing listens there.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dead: EntityAddr = format!("fabric+{provider}://127.0.0.1:{port}?ep=rdm")
+            .parse()
+            .unwrap();
+        if let Err(e) = t.connect(LinkId(1000), &dead) {
+            println!("{provider}: connect refused at once: {e}");
+            return;
+        }
+        t.flush(&mut Vec::new());
+        let events = drive(&mut t, &mut poll, |e| !e.is_empty());
+        assert!(
+            matches!(&events[0], TransportEvent::Failed(LinkId(1000), _)),
+            "{events:?}"
+        );
+        println!("{provider}: {events:?}");
+        assert_eq!(t.link_count(), 0);
+    }
+
+    #[test]
+    fn tcp_rxm_connect_to_nobody_fails() {
+        connect_to_nobody_fails("tcp");
+    }
+
+    #[test]
+    fn shm_connect_to_nobody_fails() {
+        connect_to_nobody_fails("shm");
+    }
+}
