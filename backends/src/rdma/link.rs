@@ -128,6 +128,8 @@ pub(crate) struct ReadOp {
 }
 
 pub(crate) struct RdmaLink {
+    /// When the link was made (accepted links must finish setup in time).
+    pub(crate) since: Instant,
     pub(crate) conn: Conn,
     pub(crate) outgoing: bool,
     /// The listener an accepted link came from.
@@ -187,6 +189,7 @@ impl std::fmt::Debug for RdmaLink {
 impl RdmaLink {
     pub(crate) fn new(conn: Conn, outgoing: bool, qp: Option<QueuePair>, share: u32) -> Self {
         RdmaLink {
+            since: Instant::now(),
             conn,
             outgoing,
             listener: None,

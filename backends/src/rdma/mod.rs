@@ -76,6 +76,11 @@ pub const READ_DEADLINE: Duration = Duration::from_secs(30);
 /// Received units at least this large (and fitting one chunk) are lent to
 /// the application instead of copied.
 const LEND_MIN: usize = 4 << 10;
+/// Longest an accepted link may take to finish its setup. Until it does,
+/// only this transport knows it (the worker hears `Accepted` at the end), so
+/// without a deadline a peer that stops mid-setup would pin its QP and its
+/// share of the receive queue.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes per RDMA read work request of a rendezvous.
 const READ_PIECE: u64 = 4 << 20;
 
@@ -226,6 +231,8 @@ pub struct RdmaTransport {
     /// longer links to the worker, their QPs linger (as a TCP socket's unsent
     /// data does) until the sends complete or [`CLOSE_LINGER`] passes.
     closing: FxHashMap<LinkId, (RdmaLink, Instant)>,
+    /// Completions `arm` found after arming, handled by the next poll.
+    stashed: Vec<WorkCompletion>,
     /// Receive chunks lent to the application and given back.
     returns: Arc<RxReturns>,
     /// Receive chunks lent out now.
@@ -279,6 +286,7 @@ impl RdmaTransport {
             pending: Vec::new(),
             resumed: Vec::new(),
             closing: FxHashMap::default(),
+            stashed: Vec::new(),
             returns: RxReturns::new(ctx.waker.clone()),
             lent: 0,
             counters: RdmaCounters::default(),
@@ -468,15 +476,22 @@ impl RdmaTransport {
         }
     }
 
-    /// Polls the CQ until it is empty; if it then is not armed, arms it and
-    /// polls once more. Returns whether any completion was handled.
+    /// Handles the completions [`Transport::arm`] found, then polls the CQ
+    /// until it is empty. Returns whether any completion was handled. Does
+    /// not arm the CQ: while the worker busy-polls, arming after every
+    /// completion would cost a verbs command, a channel event, its read and
+    /// an epoll wake-up per completion, for nothing.
     fn poll_cq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        let stashed = std::mem::take(&mut self.stashed);
+        let mut any = !stashed.is_empty();
+        for wc in &stashed {
+            self.on_completion(wc, events);
+        }
         let Some(dev) = self.dev.as_ref() else {
-            return false;
+            return any;
         };
         let cq = dev.cq.clone();
         let mut wcs = [WorkCompletion::default(); POLL_BATCH];
-        let mut any = false;
         loop {
             let n = match cq.poll(&mut wcs) {
                 Ok(n) => n,
@@ -488,19 +503,31 @@ impl RdmaTransport {
             for wc in &wcs[..n] {
                 self.on_completion(wc, events);
             }
-            if n > 0 {
-                any = true;
-                continue;
-            }
-            if self.armed {
+            if n == 0 {
                 return any;
             }
-            if let Err(e) = cq.req_notify(false) {
-                tracing::error!(error = %e, "ibv_req_notify_cq failed");
-                return any;
-            }
-            self.armed = true;
-            // ...and poll once more: a completion may have landed before the arm.
+            any = true;
+        }
+    }
+
+    /// Drops accepted links whose setup has not finished by `deadline(link)`.
+    /// The worker has not heard of them (`Accepted` comes at the end of the
+    /// setup), so nothing is reported: the peer sees the connection close
+    /// and retries.
+    fn reap_half_open(&mut self, deadline: impl Fn(&RdmaLink) -> Instant) {
+        let now = Instant::now();
+        let late: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| !l.outgoing && !l.up && now >= deadline(l))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            tracing::debug!(
+                link = id.0,
+                "dropping an accepted RDMA link whose setup did not finish"
+            );
+            self.drop_link(id);
         }
     }
 
@@ -1085,6 +1112,12 @@ impl Transport for RdmaTransport {
     fn unlisten(&mut self, token: Token) {
         self.oob_unlisten(token);
         self.cm_unlisten(token);
+        // Accepted links still in setup were never reported to the worker,
+        // which therefore never closes them: they go with the listener (as
+        // a closed TCP listener resets connections not yet accepted). One
+        // listener per transport, as the messenger binds one address.
+        let now = Instant::now();
+        self.reap_half_open(|_| now);
     }
 
     fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
@@ -1159,7 +1192,52 @@ impl Transport for RdmaTransport {
         any |= self.poll_cq(events);
         self.reap_closing();
         self.reap_late_reads(events);
+        self.reap_half_open(|l| l.since + SETUP_TIMEOUT);
         any
+    }
+
+    fn arm(&mut self) -> bool {
+        let Some(dev) = self.dev.as_ref() else {
+            return true;
+        };
+        let cq = dev.cq.clone();
+        if !self.armed {
+            if let Err(e) = cq.req_notify(false) {
+                tracing::error!(error = %e, "ibv_req_notify_cq failed");
+                return false;
+            }
+            self.armed = true;
+        }
+        // A completion that landed between the last poll and the arm raises
+        // no event: look once more, and keep it for the next poll.
+        let mut wcs = [WorkCompletion::default(); POLL_BATCH];
+        match cq.poll(&mut wcs) {
+            Ok(0) => true,
+            Ok(n) => {
+                self.stashed.extend_from_slice(&wcs[..n]);
+                false
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "ibv_poll_cq failed");
+                true
+            }
+        }
+    }
+
+    fn wake_at(&self) -> Option<Instant> {
+        // The deadlines `progress` enforces: lingering closes, rendezvous
+        // reads, accepted links in setup.
+        let closing = self.closing.values().map(|(_, t)| *t);
+        let reads = self
+            .links
+            .values()
+            .flat_map(|l| l.reads.values().map(|r| r.deadline));
+        let setups = self
+            .links
+            .values()
+            .filter(|l| !l.outgoing && !l.up)
+            .map(|l| l.since + SETUP_TIMEOUT);
+        closing.chain(reads).chain(setups).min()
     }
 
     fn close(&mut self, link: LinkId, flush: bool) {
