@@ -7,7 +7,7 @@ use thiserror::Error;
 pub enum TransportError {
     /// The backend is not compiled in, or cannot run here; the reason says why
     /// (missing feature, no RDMA device, missing provider...).
-    #[error("transport {kind:?} is unavailable: {reason}")]
+    #[error("transport {scheme} is unavailable: {reason}", scheme = kind.scheme())]
     Unavailable {
         /// Which transport.
         kind: TransportKind,

@@ -90,7 +90,10 @@ pub fn availability(kind: &TransportKind) -> Availability {
         },
         #[cfg(not(feature = "verbs"))]
         TransportKind::Verbs => {
-            Availability::Unavailable("built without the `verbs` feature of msgr-backends".into())
+            Availability::Unavailable(
+                "built without the `verbs` cargo feature (msgr, msgr-tool and msgr-backends have it)"
+                    .into(),
+            )
         }
         #[cfg(feature = "rdmacm")]
         TransportKind::RdmaCm => match crate::rdma::probe_cm() {
@@ -98,14 +101,15 @@ pub fn availability(kind: &TransportKind) -> Availability {
             Err(reason) => Availability::Unavailable(reason),
         },
         #[cfg(not(feature = "rdmacm"))]
-        TransportKind::RdmaCm => {
-            Availability::Unavailable("built without the `rdmacm` feature of msgr-backends".into())
-        }
+        TransportKind::RdmaCm => Availability::Unavailable(
+            "built without the `rdmacm` cargo feature (msgr, msgr-tool and msgr-backends have it)"
+                .into(),
+        ),
         #[cfg(feature = "fabric")]
         TransportKind::Fabric(p) => crate::fabric::probe(p),
         #[cfg(not(feature = "fabric"))]
         TransportKind::Fabric(p) => Availability::Unavailable(format!(
-            "the libfabric backend (provider {}) is not part of this build yet",
+            "built without the `fabric` cargo feature (msgr, msgr-tool and msgr-backends have it; provider {})",
             p.name
         )),
     }

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod reference;
+pub mod tool;
 
 /// The guest's second stage, copied into every job directory.
 const STAGE2: &str = include_str!("../guest/stage2.sh");
@@ -50,10 +51,11 @@ pub const SIW_CM_ADDR: &str = "198.51.100.2";
 
 /// Builds host programs for the guest with the calling test binary's profile
 /// and target directory (so the guest runs exactly that build) and returns
-/// the profile's `examples` directory. `selection` is cargo's package and
-/// target selection, e.g. `["-p", "msgr-rdma", "--examples"]`. Panics with
-/// cargo's status if the build fails: a test cannot go on without it.
-pub fn build_examples(selection: &[&str]) -> PathBuf {
+/// the profile's directory (binaries land there, examples in its `examples`).
+/// `selection` is cargo's package, feature and target selection, e.g.
+/// `["-p", "msgr-tool", "--features", "verbs", "--bin", "msgr"]`. Panics
+/// with cargo's status if the build fails: a test cannot go on without it.
+pub fn build_programs(selection: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     // <target>/<profile>/deps/<test>-<hash>
     let profile_dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
@@ -86,7 +88,13 @@ pub fn build_examples(selection: &[&str]) -> PathBuf {
         status.success(),
         "cargo build {selection:?} failed: {status}"
     );
-    profile_dir.join("examples")
+    profile_dir.to_path_buf()
+}
+
+/// [`build_programs`] for examples: returns the profile's `examples`
+/// directory. `selection` is e.g. `["-p", "msgr-rdma", "--examples"]`.
+pub fn build_examples(selection: &[&str]) -> PathBuf {
+    build_programs(selection).join("examples")
 }
 
 /// True when running inside the msgr test guest (both markers present).

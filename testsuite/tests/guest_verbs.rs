@@ -107,54 +107,7 @@ fn messenger_over_verbs_in_the_guest() {
     );
 }
 
-/// `msgr ping` over verbs and over TCP vs `ib_send_lat`, in one guest boot.
-/// Needs a release `msgr` built with the verbs feature:
-///
-///     cargo build --release -p msgr-tool --features verbs
-///     MSGR_TOOL=target/release/msgr cargo test -p msgr-testsuite --features rdma \
-///         --test guest_verbs -- --ignored --nocapture
-#[test]
-#[ignore = "needs MSGR_TOOL (a release msgr built with --features verbs)"]
-fn tool_ping_over_verbs_vs_ib_send_lat() {
-    let tool = PathBuf::from(std::env::var("MSGR_TOOL").expect("MSGR_TOOL"));
-    let tool = std::fs::canonicalize(&tool).expect("MSGR_TOOL path");
-    let t = shell_quote_path(&tool);
-    let pair = |name: &str, addr: &str, busy_us: u32| {
-        GuestCommand::shell(
-            name,
-            format!(
-                "{t} --busy-poll-us {busy_us} serve '{addr}' --duration 40 >$TMPDIR/{name}.srv 2>&1 & \
-                 sleep 3; {t} --busy-poll-us {busy_us} ping '{addr}' --count 3000 --warmup 300; rc=$?; \
-                 wait; exit $rc"
-            ),
-        )
-        .timeout(Duration::from_secs(120))
-    };
-    // Busy-polling workers compete with rxe's kernel work for the guest's two
-    // vCPUs: measure with and without the busy-poll window.
-    let cmds = [
-        pair("msgr-ping-verbs", "verbs://127.0.0.1:18600?dev=rxe0", 2000),
-        pair(
-            "msgr-ping-verbs-nobusy",
-            "verbs://127.0.0.1:18602?dev=rxe0",
-            0,
-        ),
-        pair("msgr-ping-tcp", "tcp://127.0.0.1:18601", 2000),
-        GuestCommand::shell(
-            "ib_send_lat-rxe0",
-            "cd $TMPDIR; (ib_send_lat -d rxe0 -x 1 -p 18515 -s 64 -n 3000 >srv.log 2>&1 &); \
-             sleep 5; ib_send_lat -d rxe0 -x 1 -p 18515 -s 64 -n 3000 127.0.0.1",
-        )
-        .timeout(Duration::from_secs(120)),
-    ];
-    let runner = GuestRunner::from_env()
-        .unwrap_or_else(|e| panic!("the RDMA test guest is unavailable: {e}"));
-    let out = runner
-        .run(&cmds, Duration::from_secs(540))
-        .expect("guest run");
-    println!("{out}");
-    assert!(out.command("msgr-ping-verbs").unwrap().success(), "{out}");
-}
+// `msgr ping` / `msgr stream` over verbs against perftest: tests/guest_bench.rs.
 
 fn shell_quote_path(p: &std::path::Path) -> String {
     msgr_testsuite::guest::shell_quote(&p.to_string_lossy())

@@ -245,6 +245,35 @@ fn serve_answers_ping_and_stream_then_prints_counters_on_sigint() {
     assert!(rx >= 270 + 600, "server received {rx} messages");
 }
 
+/// Without an RDMA device (or without the verbs feature), serve, ping and
+/// stream over `verbs://` fail at once and say why, whatever the build.
+#[test]
+fn verbs_commands_without_rdma_fail_and_say_why() {
+    if std::path::Path::new("/sys/class/infiniband").exists() {
+        // A machine with RDMA: the guest tests (testsuite/tests/guest_bench.rs)
+        // run these commands for real.
+        eprintln!("SKIPPED: this machine has RDMA devices; see guest_bench");
+        return;
+    }
+    let addr = "verbs://127.0.0.1:6800?dev=rxe0";
+    for args in [
+        vec!["serve", addr, "--duration", "1"],
+        vec!["ping", addr, "--count", "1"],
+        vec!["stream", addr, "--count", "1"],
+    ] {
+        let o = run(&args, Duration::from_secs(20));
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(
+            o.stderr.contains("transport verbs is unavailable")
+                && (o.stderr.contains("no RDMA device")
+                    || o.stderr.contains("without the `verbs` cargo feature")),
+            "{args:?}: {}",
+            o.stderr
+        );
+        assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    }
+}
+
 #[test]
 fn bad_input_gives_a_clear_error_and_nonzero_exit() {
     let o = run(&["ping", "127.0.0.1:6800"], Duration::from_secs(20));

@@ -239,6 +239,67 @@ pub fn reference_commands(p: &ReferenceParams) -> Vec<GuestCommand> {
     cmds
 }
 
+/// Soft-RoCE on lo: the device msgr's verbs backend uses in the guest, where
+/// the peers set their QPs up over their own TCP exchange on 127.0.0.1
+/// (rdma_cm cannot resolve loopback addresses).
+pub const LOOPBACK_DEVICE: &str = "rxe0";
+/// GID index perftest uses on [`LOOPBACK_DEVICE`]: its RoCE v2 GID
+/// `::ffff:127.0.0.1` (index 0 is the link-local GID lo has no use for).
+pub const LOOPBACK_GID_INDEX: u32 = 1;
+
+/// How `ib_send_lat` waits for its completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CqWait {
+    /// Spins on `ibv_poll_cq` (perftest's default, and its best figure).
+    Poll,
+    /// Sleeps on the completion channel (`-e`): arm, block, wake, poll — the
+    /// path a messenger that does not spin takes.
+    Events,
+}
+
+/// `ib_send_lat` client and server on [`LOOPBACK_DEVICE`] (out-of-band
+/// exchange on 127.0.0.1), with the retries of [`reference_commands`];
+/// `base_port` and `base_port + 100`, `+ 200` must be free. Parse its output
+/// with [`parse_send_lat`].
+pub fn loopback_send_lat(
+    name: impl Into<String>,
+    bytes: u32,
+    iters: u32,
+    wait: CqWait,
+    base_port: u16,
+) -> GuestCommand {
+    let events = match wait {
+        CqWait::Poll => "",
+        CqWait::Events => " -e",
+    };
+    let tool = format!(
+        "ib_send_lat -d {LOOPBACK_DEVICE} -x {LOOPBACK_GID_INDEX} -p $PORT -s {bytes} -n {iters}{events}"
+    );
+    GuestCommand::shell(
+        name,
+        pair_script(base_port, &tool, &format!("{tool} 127.0.0.1")),
+    )
+    .timeout(Duration::from_secs(150))
+}
+
+/// `ib_write_bw` client and server on [`LOOPBACK_DEVICE`], like
+/// [`loopback_send_lat`]. Parse its output with [`parse_write_bw`].
+pub fn loopback_write_bw(
+    name: impl Into<String>,
+    bytes: u32,
+    iters: u32,
+    base_port: u16,
+) -> GuestCommand {
+    let tool = format!(
+        "ib_write_bw -d {LOOPBACK_DEVICE} -x {LOOPBACK_GID_INDEX} -p $PORT -s {bytes} -n {iters}"
+    );
+    GuestCommand::shell(
+        name,
+        pair_script(base_port, &tool, &format!("{tool} 127.0.0.1")),
+    )
+    .timeout(Duration::from_secs(150))
+}
+
 /// Extracts the figures of the commands [`reference_commands`] made.
 pub fn parse_reference(outcome: &GuestOutcome) -> ReferenceFigures {
     let output = |name: String| -> Result<&str, String> {
@@ -425,6 +486,27 @@ mod tests {
         assert_eq!(r.count, 200);
         assert!((r.per_ping_us() - 10.0).abs() < 1e-9);
         assert!(parse_rping("nothing").is_err());
+    }
+
+    #[test]
+    fn loopback_commands_are_valid_sh() {
+        let cmds = [
+            loopback_send_lat("lat", 2, 100, CqWait::Poll, 19000),
+            loopback_send_lat("lat-e", 64, 100, CqWait::Events, 19001),
+            loopback_write_bw("bw", 65536, 100, 19002),
+        ];
+        assert!(cmds[0]
+            .script
+            .contains("-d rxe0 -x 1 -p $PORT -s 2 -n 100 127.0.0.1"));
+        assert!(cmds[1].script.contains(" -e 127.0.0.1"));
+        assert!(!cmds[0].script.contains("-n 100 -e"));
+        for c in &cmds {
+            let out = std::process::Command::new("sh")
+                .args(["-n", "-c", &c.script])
+                .output()
+                .expect("sh");
+            assert!(out.status.success(), "{}: {out:?}\n{}", c.name, c.script);
+        }
     }
 
     #[test]

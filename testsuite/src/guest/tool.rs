@@ -1,0 +1,246 @@
+//! The `msgr` tool inside the guest: one `msgr serve` and a series of
+//! `msgr ping` / `msgr stream` clients against it in one guest command, each
+//! client's `--json` result on a line of its own, parsed back on the host.
+//!
+//! Used to set msgr's figures beside the reference peers of
+//! [`super::reference`] measured in the same guest boot (TCG figures mean
+//! nothing on their own).
+
+use super::{shell_quote, GuestCommand};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+/// One client run against the server.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ClientRun {
+    /// `msgr ping --size SIZE --count COUNT --warmup WARMUP`.
+    Ping { size: u32, count: u32, warmup: u32 },
+    /// `msgr stream --size SIZE --duration SECS`.
+    Stream { size: u32, secs: u32 },
+}
+
+impl ClientRun {
+    /// The label of its result line, e.g. `ping-64`, `stream-65536`.
+    pub fn label(&self) -> String {
+        match self {
+            ClientRun::Ping { size, .. } => format!("ping-{size}"),
+            ClientRun::Stream { size, .. } => format!("stream-{size}"),
+        }
+    }
+
+    fn args(&self) -> String {
+        match *self {
+            ClientRun::Ping {
+                size,
+                count,
+                warmup,
+            } => format!("ping \"$ADDR\" --size {size} --count {count} --warmup {warmup} --json"),
+            ClientRun::Stream { size, secs } => {
+                format!("stream \"$ADDR\" --size {size} --duration {secs} --json")
+            }
+        }
+    }
+}
+
+/// A guest command: `msgr serve ADDR` in the background (with `global`
+/// options such as `--busy-poll-us 0` for server and clients alike), then each
+/// run in order, each printing `result LABEL {json}`; then the server is
+/// stopped (SIGTERM: it prints its counters) and its output follows a
+/// `--- server ---` line. Fails if the server does not come up within 30 s,
+/// if any client fails or if the server exits non-zero. `addr` must name a
+/// fixed port (clients need it).
+pub fn serve_and_run(
+    name: impl Into<String>,
+    tool: &Path,
+    addr: &str,
+    global: &[&str],
+    runs: &[ClientRun],
+) -> GuestCommand {
+    let mut script = String::new();
+    let tool = shell_quote(&tool.to_string_lossy());
+    let global: Vec<String> = global.iter().map(|a| shell_quote(a)).collect();
+    let global = global.join(" ");
+    // `m` is the tool with the global options, for the clients; the server
+    // is started directly so that `$!` is its pid (not a subshell's).
+    let _ = writeln!(
+        script,
+        "m() {{ {tool} {global} \"$@\"; }}\n\
+         ADDR={}\n\
+         {tool} {global} serve \"$ADDR\" --duration 600 >$TMPDIR/serve.log 2>&1 &",
+        shell_quote(addr)
+    );
+    script.push_str(
+        "srv=$!\n\
+         n=0\n\
+         until grep -q '^listening on' $TMPDIR/serve.log; do\n\
+         \x20 n=$((n + 1))\n\
+         \x20 if [ $n -ge 300 ] || ! kill -0 $srv 2>/dev/null; then\n\
+         \x20   echo \"msgr serve $ADDR did not come up within 30 s\"; cat $TMPDIR/serve.log\n\
+         \x20   kill $srv 2>/dev/null; exit 1\n\
+         \x20 fi\n\
+         \x20 sleep 0.1\n\
+         done\n\
+         rc=0\n\
+         client() {\n\
+         \x20 label=$1; shift\n\
+         \x20 out=$(m \"$@\")\n\
+         \x20 r=$?\n\
+         \x20 if [ $r -eq 0 ]; then echo \"result $label $out\"; else echo \"$label: exit $r: $out\"; rc=1; fi\n\
+         }\n",
+    );
+    for run in runs {
+        let _ = writeln!(script, "client {} {}", run.label(), run.args());
+    }
+    script.push_str(
+        "kill -TERM $srv\n\
+         wait $srv\n\
+         src=$?\n\
+         echo '--- server ---'\n\
+         cat $TMPDIR/serve.log\n\
+         if [ $src -ne 0 ]; then echo \"msgr serve: exit $src\"; rc=1; fi\n\
+         exit $rc\n",
+    );
+    GuestCommand::shell(name, script).timeout(Duration::from_secs(180))
+}
+
+/// `msgr ping` figures (µs, one-way = RTT / 2).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PingFigures {
+    pub size: u64,
+    pub count: u64,
+    pub one_way_p50_us: f64,
+    pub one_way_mean_us: f64,
+    pub one_way_p99_us: f64,
+    pub one_way_min_us: f64,
+}
+
+/// `msgr stream` figures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamFigures {
+    pub size: u64,
+    pub messages: u64,
+    pub mib_per_s: f64,
+    pub msgs_per_s: f64,
+}
+
+fn result_json(out: &str, label: &str) -> Result<serde_json::Value, String> {
+    let prefix = format!("result {label} ");
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .ok_or_else(|| format!("{label}: no result line"))?;
+    serde_json::from_str(line).map_err(|e| format!("{label}: bad JSON ({e}): {line}"))
+}
+
+fn num(v: &serde_json::Value, path: &[&str], label: &str) -> Result<f64, String> {
+    let mut cur = v;
+    for p in path {
+        cur = cur
+            .get(p)
+            .ok_or_else(|| format!("{label}: no {}", path.join(".")))?;
+    }
+    let x = cur
+        .as_f64()
+        .ok_or_else(|| format!("{label}: {} is not a number", path.join(".")))?;
+    if x.is_finite() {
+        Ok(x)
+    } else {
+        Err(format!("{label}: {} is not finite", path.join(".")))
+    }
+}
+
+/// The figures of `msgr ping --size size` in `out` (a [`serve_and_run`]
+/// command's output). A run with no samples is an error.
+pub fn parse_ping(out: &str, size: u32) -> Result<PingFigures, String> {
+    let label = ClientRun::Ping {
+        size,
+        count: 0,
+        warmup: 0,
+    }
+    .label();
+    let v = result_json(out, &label)?;
+    let f = |p: &[&str]| num(&v, p, &label);
+    let figures = PingFigures {
+        size: f(&["ping", "size"])? as u64,
+        count: f(&["ping", "count"])? as u64,
+        one_way_p50_us: f(&["ping", "one_way", "p50_us"])?,
+        one_way_mean_us: f(&["ping", "one_way", "mean_us"])?,
+        one_way_p99_us: f(&["ping", "one_way", "p99_us"])?,
+        one_way_min_us: f(&["ping", "one_way", "min_us"])?,
+    };
+    if figures.count == 0 || figures.size != u64::from(size) {
+        return Err(format!("{label}: {figures:?}"));
+    }
+    Ok(figures)
+}
+
+/// The figures of `msgr stream --size size` in `out`. A run that moved
+/// nothing is an error.
+pub fn parse_stream(out: &str, size: u32) -> Result<StreamFigures, String> {
+    let label = ClientRun::Stream { size, secs: 0 }.label();
+    let v = result_json(out, &label)?;
+    let f = |p: &[&str]| num(&v, p, &label);
+    let figures = StreamFigures {
+        size: f(&["stream", "size"])? as u64,
+        messages: f(&["stream", "messages"])? as u64,
+        mib_per_s: f(&["stream", "mib_per_s"])?,
+        msgs_per_s: f(&["stream", "msgs_per_s"])?,
+    };
+    if figures.messages == 0 || figures.size != u64::from(size) {
+        return Err(format!("{label}: {figures:?}"));
+    }
+    Ok(figures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OUT: &str = r#"result ping-64 {"target":"verbs://127.0.0.1:18700?dev=rxe0","ping":{"size":64,"count":2000,"warmup":200,"rtt":{"samples":2000,"min_us":80.0,"p50_us":100.0,"p99_us":300.0,"p999_us":900.0,"mean_us":120.0,"max_us":1000.0},"one_way":{"samples":2000,"min_us":40.0,"p50_us":50.0,"p99_us":150.0,"p999_us":450.0,"mean_us":60.0,"max_us":500.0},"elapsed_s":0.24}}
+ping-2: exit 1: msgr: error: timed out
+result stream-65536 {"target":"tcp://127.0.0.1:18701","driver":"callback","stream":{"size":65536,"messages":1000,"bytes":65536000,"elapsed_s":1.0,"mib_per_s":62.5,"gbit_per_s":0.52,"msgs_per_s":1000.0},"server_totals":{"pings":0,"stream_messages":1000,"stream_bytes":65536000}}
+"#;
+
+    #[test]
+    fn parses_the_result_lines() {
+        let p = parse_ping(OUT, 64).unwrap();
+        assert_eq!((p.size, p.count), (64, 2000));
+        assert_eq!((p.one_way_p50_us, p.one_way_mean_us), (50.0, 60.0));
+        let s = parse_stream(OUT, 65536).unwrap();
+        assert_eq!((s.messages, s.mib_per_s), (1000, 62.5));
+        // A failed client has no result line: an error, never a figure.
+        assert!(parse_ping(OUT, 2).unwrap_err().contains("no result line"));
+        assert!(parse_ping("result ping-64 {\"ping\":{}}", 64).is_err());
+        assert!(parse_ping("result ping-64 not json", 64).is_err());
+    }
+
+    #[test]
+    fn the_script_is_valid_sh() {
+        let c = serve_and_run(
+            "x",
+            Path::new("/work/target/release/msgr"),
+            "verbs://127.0.0.1:18700?dev=rxe0",
+            &["--busy-poll-us", "0"],
+            &[
+                ClientRun::Ping {
+                    size: 2,
+                    count: 10,
+                    warmup: 1,
+                },
+                ClientRun::Stream {
+                    size: 65536,
+                    secs: 1,
+                },
+            ],
+        );
+        assert!(c.script.contains("ADDR='verbs://127.0.0.1:18700?dev=rxe0'"));
+        assert!(c.script.contains("client ping-2 ping \"$ADDR\" --size 2"));
+        assert!(c.script.contains("client stream-65536 stream"));
+        let out = std::process::Command::new("sh")
+            .args(["-n", "-c", &c.script])
+            .output()
+            .expect("sh");
+        assert!(out.status.success(), "{out:?}\n{}", c.script);
+    }
+}
