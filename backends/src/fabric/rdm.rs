@@ -345,15 +345,17 @@ impl Port {
         }
     }
 
-    /// Grows the receive pool so it covers what is reserved; posts new slots.
+    /// Counts a new link on this endpoint and grows the receive pool to cover
+    /// its `slots`; on failure nothing is counted (the slots already posted
+    /// stay in the pool).
     fn reserve(&mut self, port: usize, slots: usize) -> Result<(), FabricError> {
-        self.reserved += slots;
-        self.links += 1;
-        while self.ep.rx_slots() < self.reserved {
+        while self.ep.rx_slots() < self.reserved + slots {
             for slot in self.ep.grow_rx()? {
                 self.ep.post_recv(slot, context(port, true, slot))?;
             }
         }
+        self.reserved += slots;
+        self.links += 1;
         Ok(())
     }
 
