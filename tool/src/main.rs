@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use msgr::{availability, Availability, EntityName, Messenger, MessengerConfig, TransportKind};
-use msgr_addr::FabricProvider;
+use msgr_addr::{FabricEndpoint, FabricProvider};
 use serde::Serialize;
 
 use crate::error::{parse_addr, ToolError};
@@ -217,16 +217,21 @@ struct BackendRow {
 }
 
 fn backends(json: bool) -> Result<(), ToolError> {
+    let rdm = |name: &str| {
+        TransportKind::Fabric(FabricProvider::new(name).with_endpoint(FabricEndpoint::Rdm))
+    };
     let kinds = [
         TransportKind::Tcp,
         TransportKind::Verbs,
         TransportKind::RdmaCm,
         TransportKind::Fabric(FabricProvider::new("tcp")),
-        TransportKind::Fabric(FabricProvider::new("tcp;ofi_rxm")),
+        rdm("tcp"),
+        // shm has only RDM endpoints: its MSG row says so and names the query.
         TransportKind::Fabric(FabricProvider::new("shm")),
+        rdm("shm"),
         TransportKind::Fabric(FabricProvider::new("verbs")),
-        TransportKind::Fabric(FabricProvider::new("verbs;ofi_rxm")),
-        TransportKind::Fabric(FabricProvider::new("efa")),
+        rdm("verbs;ofi_rxm"),
+        rdm("efa"),
     ];
     let rows: Vec<BackendRow> = kinds
         .iter()
@@ -235,9 +240,15 @@ fn backends(json: bool) -> Result<(), ToolError> {
                 Availability::Available => (true, None),
                 Availability::Unavailable(r) => (false, Some(r)),
             };
+            // The query as in the address: fabric+tcp and fabric+tcp?ep=rdm
+            // are different transports.
+            let query = match k {
+                TransportKind::Fabric(p) if p.endpoint == FabricEndpoint::Rdm => "?ep=rdm",
+                _ => "",
+            };
             BackendRow {
-                kind: k.scheme(),
-                example: format!("{}://127.0.0.1:6800", k.scheme()),
+                kind: format!("{}{query}", k.scheme()),
+                example: format!("{}://127.0.0.1:6800{query}", k.scheme()),
                 available,
                 reason,
             }
@@ -250,10 +261,10 @@ fn backends(json: bool) -> Result<(), ToolError> {
         );
         return Ok(());
     }
-    println!("{:<22} {:<12} reason", "transport", "status");
+    println!("{:<28} {:<12} reason", "transport", "status");
     for r in &rows {
         println!(
-            "{:<22} {:<12} {}",
+            "{:<28} {:<12} {}",
             r.kind,
             if r.available {
                 "available"

@@ -86,7 +86,13 @@ fn backends_lists_tcp_available_and_verbs_unavailable_with_a_reason() {
         verbs.split("unavailable").nth(1).unwrap().trim().len() > 5,
         "no reason: {verbs}"
     );
-    for kind in ["rdmacm", "fabric+tcp", "fabric+shm"] {
+    for kind in [
+        "rdmacm",
+        "fabric+tcp",
+        "fabric+tcp?ep=rdm",
+        "fabric+shm",
+        "fabric+shm?ep=rdm",
+    ] {
         line(kind);
     }
 

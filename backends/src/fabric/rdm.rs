@@ -345,15 +345,17 @@ impl Port {
         }
     }
 
-    /// Grows the receive pool so it covers what is reserved; posts new slots.
+    /// Counts a new link on this endpoint and grows the receive pool to cover
+    /// its `slots`; on failure nothing is counted (the slots already posted
+    /// stay in the pool).
     fn reserve(&mut self, port: usize, slots: usize) -> Result<(), FabricError> {
-        self.reserved += slots;
-        self.links += 1;
-        while self.ep.rx_slots() < self.reserved {
+        while self.ep.rx_slots() < self.reserved + slots {
             for slot in self.ep.grow_rx()? {
                 self.ep.post_recv(slot, context(port, true, slot))?;
             }
         }
+        self.reserved += slots;
+        self.links += 1;
         Ok(())
     }
 
@@ -1331,17 +1333,17 @@ impl RdmTransport {
             // Exposed units are not timed on the sending side: a receiver
             // that paused reading fetches them late, and a dead one trips
             // `last_heard`.
-            if now.duration_since(l.last_heard) > LINK_DEADLINE || stuck_read {
-                dead.push(id);
+            if now.duration_since(l.last_heard) > LINK_DEADLINE {
+                dead.push((id, "peer silent"));
+            } else if stuck_read {
+                dead.push((id, "rendezvous fi_read not complete"));
             } else if l.remote.is_some() && now.duration_since(l.last_sent) > KEEP_AFTER {
                 l.need_keep = true;
                 self.dirty.push(id);
             }
         }
-        for id in dead {
-            let why = format!(
-                "peer silent, or a rendezvous read not done, for {LINK_DEADLINE:?} (dead or unreachable)"
-            );
+        for (id, what) in dead {
+            let why = format!("{what} for {LINK_DEADLINE:?} (peer dead or unreachable)");
             self.peer_gone(id, why, events);
         }
     }
@@ -1738,6 +1740,54 @@ mod tests {
     #[test]
     fn shm_link_units_and_abort() {
         link_units_and_abort("shm");
+    }
+
+    /// An established link whose peer stops answering (frozen: no data, no
+    /// keepalives, as a hung or vanished process) fails within the link
+    /// deadline, not earlier than it and not never.
+    fn silent_peer_fails_by_the_deadline(provider: &str) {
+        let mut poll = mio::Poll::new().unwrap();
+        let mut t = open(provider, &poll);
+        let any: EntityAddr = format!("fabric+{provider}://127.0.0.1:0?ep=rdm")
+            .parse()
+            .unwrap();
+        let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+        t.connect(LinkId(1000), &bound).unwrap();
+        t.flush(&mut Vec::new());
+        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
+        let server = events
+            .iter()
+            .find_map(|e| match e {
+                TransportEvent::Accepted { link, .. } => Some(*link),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{provider}: no Accepted in {events:?}"));
+        t.inject(LinkId(1000), RealFault::Freeze).unwrap();
+        let frozen_at = Instant::now();
+        let events = drive(&mut t, &mut poll, |e| {
+            e.iter()
+                .any(|e| matches!(e, TransportEvent::Failed(l, _) if *l == server))
+        });
+        let took = frozen_at.elapsed();
+        println!("{provider}: silent peer failed after {took:?}: {events:?}");
+        assert!(
+            took >= LINK_DEADLINE - KEEP_AFTER,
+            "{provider}: failed too early ({took:?})"
+        );
+        assert!(
+            took <= LINK_DEADLINE + KEEP_AFTER + HOUSEKEEPING,
+            "{provider}: failed too late ({took:?})"
+        );
+    }
+
+    #[test]
+    fn tcp_rxm_silent_peer_fails_by_the_deadline() {
+        silent_peer_fails_by_the_deadline("tcp");
+    }
+
+    #[test]
+    fn shm_silent_peer_fails_by_the_deadline() {
+        silent_peer_fails_by_the_deadline("shm");
     }
 
     /// Nobody at the address: the connect fails (at once or as an event
