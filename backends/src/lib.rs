@@ -19,6 +19,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(any(feature = "verbs", feature = "rdmacm", feature = "fabric"))]
+mod dirty;
 mod error;
 mod event;
 #[cfg(feature = "fabric")]

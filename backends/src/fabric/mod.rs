@@ -276,7 +276,7 @@ pub struct FabricTransport {
     eq_token: Token,
     cq_token: Token,
     fds: Vec<RawFd>,
-    dirty: Vec<LinkId>,
+    dirty: crate::dirty::DirtyLinks,
     /// Links that hit -FI_EAGAIN on send, retried on the next progress.
     retry: Vec<LinkId>,
     /// Links whose reading resumed with held receives.
@@ -348,7 +348,7 @@ impl FabricTransport {
             eq_token,
             cq_token,
             fds,
-            dirty: Vec::new(),
+            dirty: Default::default(),
             retry: Vec::new(),
             resumed: Vec::new(),
             failed: Vec::new(),
@@ -655,10 +655,7 @@ impl Transport for FabricTransport {
     }
 
     fn flush(&mut self, events: &mut Vec<TransportEvent>) {
-        let mut dirty = std::mem::take(&mut self.dirty);
-        dirty.sort_unstable();
-        dirty.dedup();
-        for id in dirty {
+        for id in self.dirty.take() {
             self.flush_link(id, events);
         }
     }

@@ -560,7 +560,7 @@ pub struct RdmTransport {
     rndv: bool,
     /// Rendezvous units received (for tests and counters).
     rndv_reads: u64,
-    dirty: Vec<LinkId>,
+    dirty: crate::dirty::DirtyLinks,
     /// A transmit slot came free or a CLOSE was queued: flush every link
     /// with something to send at the next progress.
     retry: bool,
@@ -634,7 +634,7 @@ impl RdmTransport {
             link_ids: ctx.link_ids.clone(),
             cq_token,
             cq_fd,
-            dirty: Vec::new(),
+            dirty: Default::default(),
             retry: false,
             retry_at: None,
             resumed: Vec::new(),
@@ -1363,7 +1363,7 @@ impl RdmTransport {
         any |= self.retry;
         if std::mem::take(&mut self.retry) || again {
             self.retry_at = None;
-            let mut ids: Vec<LinkId> = self
+            let ids: Vec<LinkId> = self
                 .links
                 .iter()
                 .filter(|(_, l)| {
@@ -1371,8 +1371,7 @@ impl RdmTransport {
                 })
                 .map(|(&id, _)| id)
                 .collect();
-            ids.append(&mut self.dirty);
-            self.dirty = ids;
+            self.dirty.extend(ids);
             self.flush(events);
         }
         any
@@ -1506,10 +1505,7 @@ impl Transport for RdmTransport {
         if !self.flush_closes() {
             self.retry_later();
         }
-        let mut dirty = std::mem::take(&mut self.dirty);
-        dirty.sort_unstable();
-        dirty.dedup();
-        for id in dirty {
+        for id in self.dirty.take() {
             self.flush_link(id, events);
         }
     }

@@ -222,7 +222,7 @@ pub struct RdmaTransport {
     /// Receive completions name a QP number, not a link.
     qpn_links: FxHashMap<u32, LinkId>,
     /// Links with queued output or credits to return.
-    dirty: Vec<LinkId>,
+    dirty: crate::dirty::DirtyLinks,
     /// Events produced outside `ready`/`flush`/`progress` (fault injection).
     pending: Vec<TransportEvent>,
     /// Links resumed with held units to deliver.
@@ -282,7 +282,7 @@ impl RdmaTransport {
             oob_listeners: FxHashMap::default(),
             links: FxHashMap::default(),
             qpn_links: FxHashMap::default(),
-            dirty: Vec::new(),
+            dirty: Default::default(),
             pending: Vec::new(),
             resumed: Vec::new(),
             closing: FxHashMap::default(),
@@ -1144,10 +1144,7 @@ impl Transport for RdmaTransport {
         if self.dirty.is_empty() {
             return;
         }
-        let mut dirty = std::mem::take(&mut self.dirty);
-        dirty.sort_unstable();
-        dirty.dedup();
-        for id in dirty {
+        for id in self.dirty.take() {
             self.flush_link(id, events);
         }
     }
