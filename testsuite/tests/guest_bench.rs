@@ -1,6 +1,6 @@
 //! The `msgr` tool over the verbs backend against perftest, in one guest
 //! boot: `ib_send_lat` (2 B, 64 B) and `ib_write_bw` (64 KiB) on rxe0 as the
-//! reference peers, then `msgr ping` (2 B, 64 B) and `msgr stream` (64 KiB
+//! reference peers (polling), then `msgr ping` (2 B, 64 B) and `msgr stream` (64 KiB
 //! messages) over `verbs://127.0.0.1:PORT?dev=rxe0`, and the same msgr runs
 //! over TCP for context. Prints a table of msgr / reference ratios.
 //!
@@ -78,20 +78,11 @@ fn commands(tool: &std::path::Path) -> Vec<GuestCommand> {
         ));
         port += 1;
     }
-    // The event-driven reference: what a messenger that blocks pays.
-    cmds.push(loopback_send_lat(
-        send_lat_name(64, CqWait::Events),
-        64,
-        LAT_ITERS,
-        CqWait::Events,
-        port,
-    ));
-    cmds.push(loopback_write_bw(
-        write_bw_name(),
-        BW_SIZE,
-        BW_ITERS,
-        port + 1,
-    ));
+    // No `ib_send_lat -e` (events) reference here, though it is the path a
+    // messenger that blocks takes: under TCG it hung for the whole command
+    // timeout in one boot of four, which would fail this test for perftest's
+    // sake. `loopback_send_lat(.., CqWait::Events, ..)` runs it by hand.
+    cmds.push(loopback_write_bw(write_bw_name(), BW_SIZE, BW_ITERS, port));
     let mut runs: Vec<ClientRun> = LAT_SIZES
         .iter()
         .map(|&size| ClientRun::Ping {
@@ -157,11 +148,7 @@ fn output<'a>(out: &'a GuestOutcome, name: &str) -> Result<&'a str, String> {
 
 fn parse(out: &GuestOutcome) -> Figures {
     let mut send_lat = Vec::new();
-    for (size, wait) in LAT_SIZES
-        .iter()
-        .map(|&s| (s, CqWait::Poll))
-        .chain([(64, CqWait::Events)])
-    {
+    for (size, wait) in LAT_SIZES.iter().map(|&s| (s, CqWait::Poll)) {
         let l = output(out, &send_lat_name(size, wait)).and_then(parse_send_lat);
         send_lat.push((size, wait, l));
     }
