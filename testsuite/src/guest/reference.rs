@@ -192,33 +192,66 @@ fn pair_script(base_port: u16, server: &str, client: &str) -> String {
     )
 }
 
+/// `ib_send_lat -R` (rdma_cm mode) client and server on fabric `f`, with the
+/// retries of [`reference_commands`] from `base_port` (`+100`, `+200` must be
+/// free too). Parse its output with [`parse_send_lat`].
+pub fn cm_send_lat(
+    name: impl Into<String>,
+    f: CmFabric,
+    bytes: u32,
+    iters: u32,
+    base_port: u16,
+) -> GuestCommand {
+    let lat = format!(
+        "ib_send_lat -R -d {} -p $PORT -s {bytes} -n {iters}",
+        f.device()
+    );
+    GuestCommand::shell(
+        name,
+        pair_script(base_port, &lat, &format!("{lat} {}", f.addr())),
+    )
+    .timeout(Duration::from_secs(150))
+}
+
+/// `ib_write_bw -R` on fabric `f`, like [`cm_send_lat`]. Parse its output
+/// with [`parse_write_bw`].
+pub fn cm_write_bw(
+    name: impl Into<String>,
+    f: CmFabric,
+    bytes: u32,
+    iters: u32,
+    base_port: u16,
+) -> GuestCommand {
+    let bw = format!(
+        "ib_write_bw -R -d {} -p $PORT -s {bytes} -n {iters}",
+        f.device()
+    );
+    GuestCommand::shell(
+        name,
+        pair_script(base_port, &bw, &format!("{bw} {}", f.addr())),
+    )
+    .timeout(Duration::from_secs(150))
+}
+
 /// The guest commands that run every reference peer on both fabrics.
 pub fn reference_commands(p: &ReferenceParams) -> Vec<GuestCommand> {
     let mut cmds = Vec::new();
     for f in CmFabric::ALL {
-        let (dev, addr) = (f.device(), f.addr());
-        let lat = format!(
-            "ib_send_lat -R -d {dev} -p $PORT -s {} -n {}",
-            p.lat_bytes, p.lat_iters
-        );
-        cmds.push(
-            GuestCommand::shell(
-                cmd_name("ib_send_lat", f),
-                pair_script(port(0, f), &lat, &format!("{lat} {addr}")),
-            )
-            .timeout(Duration::from_secs(150)),
-        );
-        let bw = format!(
-            "ib_write_bw -R -d {dev} -p $PORT -s {} -n {}",
-            p.bw_bytes, p.bw_iters
-        );
-        cmds.push(
-            GuestCommand::shell(
-                cmd_name("ib_write_bw", f),
-                pair_script(port(1, f), &bw, &format!("{bw} {addr}")),
-            )
-            .timeout(Duration::from_secs(150)),
-        );
+        let addr = f.addr();
+        cmds.push(cm_send_lat(
+            cmd_name("ib_send_lat", f),
+            f,
+            p.lat_bytes,
+            p.lat_iters,
+            port(0, f),
+        ));
+        cmds.push(cm_write_bw(
+            cmd_name("ib_write_bw", f),
+            f,
+            p.bw_bytes,
+            p.bw_iters,
+            port(1, f),
+        ));
         let rping = format!(
             "rping -a {addr} -p $PORT -S {} -C {}",
             p.rping_bytes, p.rping_count
