@@ -13,10 +13,6 @@ impl DirtyLinks {
         self.0.push(id);
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// Every link marked since the last call, once each, in id order.
     pub(crate) fn take(&mut self) -> Vec<LinkId> {
         let mut ids = std::mem::take(&mut self.0);
@@ -42,6 +38,6 @@ mod tests {
         d.push(LinkId(3));
         d.extend([LinkId(1), LinkId(3), LinkId(2)]);
         assert_eq!(d.take(), vec![LinkId(1), LinkId(2), LinkId(3)]);
-        assert!(d.is_empty());
+        assert!(d.take().is_empty());
     }
 }

@@ -1141,9 +1141,6 @@ impl Transport for RdmaTransport {
     }
 
     fn flush(&mut self, events: &mut Vec<TransportEvent>) {
-        if self.dirty.is_empty() {
-            return;
-        }
         for id in self.dirty.take() {
             self.flush_link(id, events);
         }
