@@ -684,6 +684,20 @@ impl Worker {
         // One span per session: its life-cycle events below nest in it.
         let _span = tracing::debug_span!("session", worker = self.idx, id = key).entered();
         loop {
+            // Deliver what arrived first, then take the sends its callbacks
+            // made: a reply then carries the ack (messages piggyback it)
+            // instead of following a standalone Ack frame — one unit per
+            // request/reply exchange on the wire, not two.
+            loop {
+                let Some(slot) = self.sessions.get_mut(&key) else {
+                    return;
+                };
+                let Some(ev) = slot.session.poll_event() else {
+                    break;
+                };
+                self.handle_session_event(key, ev, now);
+            }
+            self.take_local_commands();
             let Some(slot) = self.sessions.get_mut(&key) else {
                 return;
             };
