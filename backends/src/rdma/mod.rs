@@ -23,9 +23,12 @@
 //!   credit; the receiver reposts the chunk once it has copied it out and
 //!   returns the credit in the header of its own sends, or in a credit-only
 //!   send when it has nothing to say. Credits never reach the session engine.
-//! - Progress: `progress` polls the CQ until empty, then arms it and polls
-//!   once more (a completion can land between the last poll and the arm); an
-//!   armed, empty CQ wakes the worker through the channel fd.
+//! - Progress: `progress` polls the CQ until empty without arming it (the
+//!   worker's busy-poll window calls it in a loop); `arm`, called right
+//!   before the worker blocks, arms the CQ and polls once more (a completion
+//!   can land between the last poll and the arm); an armed, empty CQ wakes
+//!   the worker through the channel fd. Received chunks lent to the
+//!   application come back through `RxReturns`, which wakes the worker.
 //! - Faults: a failed work completion, the peer's disconnect (EOF on the
 //!   setup socket, rdma_cm's `Disconnected`) or a late read fails the link;
 //!   `inject(Abort)` moves the QP to ERR for real (its work requests flush).
