@@ -1,8 +1,8 @@
 //! The RDMA backends: `verbs` (connection setup over an out-of-band TCP
-//! exchange, as Ceph's RDMAStack does — [`oob`]) and `rdmacm` (setup by
-//! rdma_cm, for RoCE and iWARP — [`cm`]), sharing one data path.
+//! exchange, as Ceph's RDMAStack does — `oob.rs`) and `rdmacm` (setup by
+//! rdma_cm, for RoCE and iWARP — `cm.rs`), sharing one data path.
 //!
-//! - Device ([`device`]): one protection domain, one completion queue whose
+//! - Device (`device.rs`): one protection domain, one completion queue whose
 //!   channel fd sits in the worker's mio Poll, one shared receive queue and
 //!   two registered chunk pools per transport, sized from configuration
 //!   ([`crate::RdmaPoolConfig`]) and checked against the device's limits and
@@ -12,13 +12,13 @@
 //!   (kind, more-parts flag, credits granted); a unit larger than a chunk goes
 //!   as several sends that the receiver joins.
 //! - Rendezvous: a larger frame is registered where it lies and announced
-//!   with a [`link::ReadDesc`]; the receiver RDMA-reads it into a buffer of
+//!   with a `link::ReadDesc`; the receiver RDMA-reads it into a buffer of
 //!   its own (in pieces, a bounded number in flight), then answers
 //!   `ReadDone`, on which the sender releases it. Later units of the link
 //!   wait behind the read, so delivery keeps the sender's order. A read that
 //!   has not completed by [`READ_DEADLINE`] fails the link.
 //! - Credits: every link is promised a share of the shared receive queue
-//!   ([`device::Device::take_share`]): its peer's data credits plus one slot
+//!   (`Device::take_share`): its peer's data credits plus one slot
 //!   for a credit-only message. A sender posts a data send only with a
 //!   credit; the receiver reposts the chunk once it has copied it out and
 //!   returns the credit in the header of its own sends, or in a credit-only
