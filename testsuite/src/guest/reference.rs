@@ -202,15 +202,7 @@ pub fn cm_send_lat(
     iters: u32,
     base_port: u16,
 ) -> GuestCommand {
-    let lat = format!(
-        "ib_send_lat -R -d {} -p $PORT -s {bytes} -n {iters}",
-        f.device()
-    );
-    GuestCommand::shell(
-        name,
-        pair_script(base_port, &lat, &format!("{lat} {}", f.addr())),
-    )
-    .timeout(Duration::from_secs(150))
+    cm_perftest(name, "ib_send_lat", f, bytes, iters, base_port)
 }
 
 /// `ib_write_bw -R` on fabric `f`, like [`cm_send_lat`]. Parse its output
@@ -222,13 +214,22 @@ pub fn cm_write_bw(
     iters: u32,
     base_port: u16,
 ) -> GuestCommand {
-    let bw = format!(
-        "ib_write_bw -R -d {} -p $PORT -s {bytes} -n {iters}",
-        f.device()
-    );
+    cm_perftest(name, "ib_write_bw", f, bytes, iters, base_port)
+}
+
+/// A perftest pair in rdma_cm mode on fabric `f`.
+fn cm_perftest(
+    name: impl Into<String>,
+    tool: &str,
+    f: CmFabric,
+    bytes: u32,
+    iters: u32,
+    base_port: u16,
+) -> GuestCommand {
+    let cmd = format!("{tool} -R -d {} -p $PORT -s {bytes} -n {iters}", f.device());
     GuestCommand::shell(
         name,
-        pair_script(base_port, &bw, &format!("{bw} {}", f.addr())),
+        pair_script(base_port, &cmd, &format!("{cmd} {}", f.addr())),
     )
     .timeout(Duration::from_secs(150))
 }
