@@ -226,6 +226,8 @@ pub struct RdmaTransport {
     qpn_links: FxHashMap<u32, LinkId>,
     /// Links with queued output or credits to return.
     dirty: crate::dirty::DirtyLinks,
+    /// Links that found the send pool empty: flushed again when a chunk frees.
+    tx_waiting: Vec<LinkId>,
     /// Events produced outside `ready`/`flush`/`progress` (fault injection).
     pending: Vec<TransportEvent>,
     /// Links resumed with held units to deliver.
@@ -286,6 +288,7 @@ impl RdmaTransport {
             links: FxHashMap::default(),
             qpn_links: FxHashMap::default(),
             dirty: Default::default(),
+            tx_waiting: Vec::new(),
             pending: Vec::new(),
             resumed: Vec::new(),
             closing: FxHashMap::default(),
@@ -405,6 +408,9 @@ impl RdmaTransport {
         drop(reads);
         drop(rdv_out);
         drop(conn);
+        if !tx_inflight.is_empty() {
+            self.dirty.extend(self.tx_waiting.drain(..));
+        }
         if let Some(dev) = self.dev.as_mut() {
             for c in tx_inflight {
                 dev.tx.put(c);
@@ -426,6 +432,7 @@ impl RdmaTransport {
                 if let Some(dev) = self.dev.as_mut() {
                     dev.tx.put(chunk);
                 }
+                self.dirty.extend(self.tx_waiting.drain(..));
             }
         }
         if !wc.is_success() || l.tx_inflight.is_empty() {
@@ -641,19 +648,12 @@ impl RdmaTransport {
         if l.credit_chunk == Some(chunk) {
             l.credit_chunk = None;
         }
-        // A send completion frees a chunk and a send-queue slot: links that
-        // waited for either may go on.
+        // A send completion frees a chunk and a send-queue slot: this link
+        // may go on, and so may the links that found the pool empty.
         if !l.queue.is_empty() || l.to_grant > 0 {
             self.dirty.push(id);
-        } else if dev.tx.available() > 0 {
-            // Another link may have waited for a chunk.
-            self.dirty.extend(
-                self.links
-                    .iter()
-                    .filter(|(_, l)| !l.queue.is_empty() && l.credits > 0)
-                    .map(|(id, _)| *id),
-            );
         }
+        self.dirty.extend(self.tx_waiting.drain(..));
     }
 
     fn on_recv(
@@ -990,6 +990,8 @@ impl RdmaTransport {
             }
             let Some(c) = dev.tx.take() else {
                 self.counters.tx_pool_empty += 1;
+                // Woken by the next send completion (the next free chunk).
+                self.tx_waiting.push(id);
                 break;
             };
             let buf = dev.tx.bytes_mut(c);
