@@ -12,8 +12,9 @@
 //! 3. Large messages (1 MiB .. 64 MiB) take the rendezvous path (RDMA read)
 //!    and arrive intact; the backend's counters must show the reads.
 //! 4. Starvation: three clients stream at once into a server whose pools are
-//!    tiny (16 receive slots: 2 credits per link; 4 send chunks): senders
-//!    slow down, nothing deadlocks, everything arrives exactly once.
+//!    tiny (16 receive slots: 2 credits per link; 4 send chunks), each client
+//!    with a single send chunk: credits and the send pool both run out,
+//!    senders slow down, nothing deadlocks, everything arrives exactly once.
 //! 5. A 64-byte ping-pong for a latency figure.
 //! 6. Leak check: every send chunk back in its pool, every receive chunk lent
 //!    to the application (messages that fit one chunk are not copied) back in
@@ -388,13 +389,15 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
 }
 
 /// Three clients stream into a server with 16 receive slots (2 credits per
-/// link) and 4 send chunks; the clients have 4 send chunks too.
+/// link) and 4 send chunks; each client has 1 send chunk.
 fn starvation(bind: &EntityAddr) -> Result<(), String> {
     let mut tiny = config();
     tiny.set("rdma_rx_chunks", "16")
         .map_err(|e| e.to_string())?;
     tiny.set("rdma_tx_chunks", "4").map_err(|e| e.to_string())?;
     let (mut srv, srv_rec) = server(bind, tiny.clone())?;
+    // The clients have one send chunk for two credits: their pool runs dry.
+    tiny.set("rdma_tx_chunks", "1").map_err(|e| e.to_string())?;
     let per_client = 600u64;
     let t = Instant::now();
     let mut clients = Vec::new();
@@ -455,6 +458,9 @@ fn starvation(bind: &EntityAddr) -> Result<(), String> {
     );
     if stalls == 0 {
         return Err("2 credits per link never stalled a sender: the test did not starve".into());
+    }
+    if empty == 0 {
+        return Err("one send chunk never ran out: the test did not exhaust the pool".into());
     }
     for (mut m, _, _) in clients {
         m.shutdown(Duration::from_secs(5));
