@@ -487,7 +487,7 @@ impl GuestRunner {
             .arg(&self.initrd)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 quiet panic=-1 msgr.variant={variant}"
+                "console=ttyS0 quiet panic=-1 tsc=reliable clocksource=tsc msgr.variant={variant}"
             ))
             .arg("-virtfs")
             .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
