@@ -258,6 +258,15 @@ fn parse(out: &GuestOutcome, round: u16) -> Figures {
     }
 }
 
+/// A latency statistic: its name, perftest's column, how to read it from
+/// perftest's figures and from msgr's.
+type LatencyStat = (
+    &'static str,
+    &'static str,
+    fn(&Latency) -> f64,
+    fn(&PingFigures) -> f64,
+);
+
 /// One line of the table: a reference figure and msgr's over some of the
 /// transports, from one round.
 struct Row {
@@ -307,8 +316,7 @@ impl Figures {
     /// The rows of this round: rxe0 (msgr over verbs and, for context, TCP)
     /// against perftest, then siw0 (msgr over rdmacm) against perftest -R.
     fn rows(&self) -> Vec<Row> {
-        type Pick = fn(&PingFigures) -> f64;
-        let stats: [(&str, &str, fn(&Latency) -> f64, Pick); 2] = [
+        let stats: [LatencyStat; 2] = [
             (
                 "one-way p50",
                 "t_typical",
