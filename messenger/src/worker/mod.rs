@@ -135,6 +135,12 @@ pub(crate) struct Worker {
     touched: Vec<u64>,
     rng: StdRng,
     next_timer: Option<Instant>,
+    /// The loop's clock: read once per pass (after the poll returns, and
+    /// before computing how long to block), not per step. A pass takes
+    /// microseconds, far below any timer's resolution, and a clock read is
+    /// not free everywhere (a system call where the clocksource has no vDSO
+    /// path, as HPET in a TCG guest).
+    now: Instant,
     shutdown: Option<Instant>,
     rx_paused: bool,
     report: WorkerReport,
@@ -192,6 +198,7 @@ impl Worker {
             touched: Vec::new(),
             rng: StdRng::from_os_rng(),
             next_timer: None,
+            now: Instant::now(),
             shutdown: None,
             rx_paused: false,
             report: WorkerReport::default(),
@@ -226,7 +233,8 @@ impl Worker {
         LOCAL_WORKER.with(|l| *l.borrow_mut() = Some((self.shared.id, self.idx, Vec::new())));
         let mut events = Events::with_capacity(1024);
         let busy = self.shared.cfg.busy_poll;
-        let mut last_activity = Instant::now();
+        self.now = Instant::now();
+        let mut last_activity = self.now;
         loop {
             let mut active = self.take_commands();
             if active {
@@ -234,11 +242,10 @@ impl Worker {
                 self.drive_touched();
                 self.flush_transports();
             }
-            let now = Instant::now();
-            if self.finished(now) {
+            if self.finished(self.now) {
                 break;
             }
-            let timeout = if now.duration_since(last_activity) < busy {
+            let timeout = if self.now.duration_since(last_activity) < busy {
                 if !active {
                     // Spinning without work: let a peer thread that shares our
                     // core run (on an oversubscribed machine it may be the one
@@ -259,12 +266,13 @@ impl Worker {
                 {
                     Some(Duration::ZERO)
                 } else {
+                    self.now = Instant::now();
                     let wake = self.transports.iter().filter_map(|t| t.wake_at()).min();
                     let until = match (self.next_timer, wake) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
                     };
-                    until.map(|t| t.saturating_duration_since(now))
+                    until.map(|t| t.saturating_duration_since(self.now))
                 }
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
@@ -274,6 +282,7 @@ impl Worker {
                 }
             }
             self.sleeping.store(false, Ordering::SeqCst);
+            self.now = Instant::now();
             for ev in events.iter() {
                 if ev.token() == WAKER_TOKEN {
                     continue;
@@ -286,13 +295,13 @@ impl Worker {
             active |= self.progress_transports();
             active |= !self.tevents.is_empty();
             self.handle_transport_events();
-            self.fire_timers(Instant::now());
-            self.release_held(Instant::now());
+            self.fire_timers(self.now);
+            self.release_held(self.now);
             self.drive_touched();
             self.flush_transports();
             self.check_throttle();
             if active {
-                last_activity = Instant::now();
+                last_activity = self.now;
             }
         }
         self.stop()
@@ -395,7 +404,7 @@ impl Worker {
 
     fn take_commands(&mut self) -> bool {
         let mut any = false;
-        let now = Instant::now();
+        let now = self.now;
         while let Ok(cmd) = self.rx.try_recv() {
             any = true;
             self.handle_command(cmd, now);
@@ -415,7 +424,7 @@ impl Worker {
                 return any;
             }
             any = true;
-            let now = Instant::now();
+            let now = self.now;
             for c in cmds {
                 self.handle_command(c, now);
             }
@@ -554,7 +563,7 @@ impl Worker {
     // ---- transport events ---------------------------------------------------
 
     fn handle_transport_events(&mut self) {
-        let now = Instant::now();
+        let now = self.now;
         let mut evs = std::mem::take(&mut self.tevents);
         for ev in evs.drain(..) {
             tracing::trace!(worker = self.idx, event = ?ev, "transport event");
@@ -671,7 +680,7 @@ impl Worker {
 
     fn drive_touched(&mut self) {
         while !self.touched.is_empty() {
-            let now = Instant::now();
+            let now = self.now;
             for key in std::mem::take(&mut self.touched) {
                 self.drive(key, now);
             }
@@ -1093,7 +1102,7 @@ impl Worker {
     }
 
     fn refuse(&mut self, link: LinkId, t: usize, frame: msgr_proto::Frame) {
-        self.transmit(t, link, Transmit::Frame(frame), Instant::now());
+        self.transmit(t, link, Transmit::Frame(frame), self.now);
         if self.links.remove(&link).is_some() {
             self.shared
                 .counters
