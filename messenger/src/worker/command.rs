@@ -20,18 +20,23 @@ pub(crate) enum Command {
     Close { key: u64 },
     /// Produce a real fault on a session's link.
     Inject { key: u64, fault: RealFault },
-    /// Take over an accepted link whose session lives here.
-    Adopt {
-        link: LinkId,
-        detached: DetachedLink,
-        session: Box<Session>,
-        hello: Box<Hello>,
-        transport: TransportKind,
-    },
+    /// Take over an accepted link whose session lives here. Boxed: rare,
+    /// and five times the size of a `Send`, which every command would pay.
+    Adopt(Box<Adoption>),
     /// Report the backends' own counters.
     Stats {
         reply: std::sync::mpsc::Sender<Vec<TransportStats>>,
     },
     /// Stop listening, close sessions, stop by the deadline.
     Shutdown { deadline: Instant },
+}
+
+/// An accepted, identified link on its way to the worker that owns its
+/// session.
+pub(crate) struct Adoption {
+    pub(crate) link: LinkId,
+    pub(crate) detached: DetachedLink,
+    pub(crate) session: Session,
+    pub(crate) hello: Hello,
+    pub(crate) transport: TransportKind,
 }

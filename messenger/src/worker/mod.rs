@@ -28,6 +28,7 @@ use msgr_proto::{
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+use command::Adoption;
 pub(crate) use command::Command;
 
 use crate::connection::{Connection, ConnectionState, LOCAL_WORKER};
@@ -461,13 +462,14 @@ impl Worker {
             Command::Stats { reply } => {
                 let _ = reply.send(self.transports.iter().map(|t| t.stats()).collect());
             }
-            Command::Adopt {
-                link,
-                detached,
-                session,
-                hello,
-                transport,
-            } => {
+            Command::Adopt(adoption) => {
+                let Adoption {
+                    link,
+                    detached,
+                    session,
+                    hello,
+                    transport,
+                } = *adoption;
                 let Some(t) = self.transports.iter().position(|x| x.kind() == transport) else {
                     return;
                 };
@@ -479,7 +481,7 @@ impl Worker {
                             owner: Owner::Pending,
                         },
                     );
-                    self.route_local(link, t, *session, *hello, now);
+                    self.route_local(link, t, session, hello, now);
                 }
             }
             Command::Shutdown { deadline } => {
@@ -958,13 +960,13 @@ impl Worker {
             Some(detached) => {
                 self.links.remove(&link);
                 let transport = self.transports[t].kind();
-                self.shared.workers[owner].submit(Command::Adopt {
+                self.shared.workers[owner].submit(Command::Adopt(Box::new(Adoption {
                     link,
                     detached,
-                    session: Box::new(session),
-                    hello: Box::new(hello),
+                    session,
+                    hello,
                     transport,
-                });
+                })));
             }
             // A backend whose links cannot move: the session lives here.
             None => self.route_local(link, t, session, hello, now),
