@@ -16,7 +16,9 @@
 //!   its own (in pieces, a bounded number in flight), then answers
 //!   `ReadDone`, on which the sender releases it. Later units of the link
 //!   wait behind the read, so delivery keeps the sender's order. A read that
-//!   has not completed by [`READ_DEADLINE`] fails the link.
+//!   has not completed by its deadline (`rdma_read_timeout_ms`,
+//!   [`crate::RdmaPoolConfig::read_timeout`]; `wake_at` reports it) fails
+//!   the link, counted in `read_timeouts`.
 //! - Credits: every link is promised a share of the shared receive queue
 //!   (`Device::take_share`): its peer's data credits plus one slot
 //!   for a credit-only message. A sender posts a data send only with a
@@ -74,8 +76,6 @@ const POLL_BATCH: usize = 32;
 const MAX_UNIT: usize = 256 << 20;
 /// Longest a closed link's QP waits for its last sends to complete.
 const CLOSE_LINGER: Duration = Duration::from_secs(2);
-/// A rendezvous read must complete within this, or the link fails.
-pub const READ_DEADLINE: Duration = Duration::from_secs(30);
 /// Received units at least this large (and fitting one chunk) are lent to
 /// the application instead of copied.
 const LEND_MIN: usize = 4 << 10;
@@ -470,11 +470,12 @@ impl RdmaTransport {
             .filter(|(_, l)| l.reads.values().any(|r| now >= r.deadline))
             .map(|(id, _)| *id)
             .collect();
+        let timeout = self.pools.read_timeout;
         for id in late {
             self.counters.read_timeouts += 1;
             self.fail(
                 id,
-                format!("rendezvous read not complete after {READ_DEADLINE:?}"),
+                format!("rendezvous read not complete after {timeout:?} (rdma_read_timeout_ms)"),
                 events,
             );
         }
@@ -855,7 +856,7 @@ impl RdmaTransport {
                 desc,
                 posted: 0,
                 pending: 0,
-                deadline: Instant::now() + READ_DEADLINE,
+                deadline: Instant::now() + self.pools.read_timeout,
             },
         );
         l.held.push_back(RxItem::Reading(slot));
