@@ -59,6 +59,24 @@ pub enum RealFault {
     Freeze,
 }
 
+/// A fault a backend cannot produce for real, imitated inside the backend so
+/// that the code meant to handle it runs in tests. It is not the real thing:
+/// a test that uses one says so, and a backend that cannot imitate it
+/// refuses ([`Transport::simulate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SimulatedFault {
+    /// RDMA: the next rendezvous read this end of the link starts never
+    /// completes, as if the responder never answered. Each injection hangs
+    /// one more read. Only the completion is ignored: the read itself runs,
+    /// so its buffer stays registered and owned by the link until the link's
+    /// QP is destroyed. The read deadline (`rdma_read_timeout_ms`) must then
+    /// fail the link. Real RC transports (rxe, siw, hardware) end an
+    /// unanswered read with an error completion once their retries run out,
+    /// which is why this cannot be produced for real.
+    HungRead,
+}
+
 /// What every backend does. Methods never block.
 ///
 /// Link ids are chosen by the caller (the worker) and double as mio tokens for
@@ -132,6 +150,16 @@ pub trait Transport {
 
     /// Produces a real fault on `link`.
     fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError>;
+
+    /// Imitates a fault this backend cannot produce for real on `link`.
+    /// Default: refused, as unavailable.
+    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
+        let _ = link;
+        Err(TransportError::Unavailable {
+            kind: self.kind(),
+            reason: format!("this backend cannot simulate {fault:?}"),
+        })
+    }
 
     /// Queues `unit` with bit `bit` (modulo its encoded length) flipped after
     /// encoding, as line noise would: the receiver's CRC checks must catch it.

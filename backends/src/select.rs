@@ -2,6 +2,7 @@
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::time::Duration;
 
 use msgr_addr::TransportKind;
 use msgr_proto::FrameLimits;
@@ -26,9 +27,10 @@ pub struct TransportContext {
     pub waker: Option<Arc<mio::Waker>>,
 }
 
-/// Sizes of the RDMA backends' registered memory, per worker: what the
-/// `rdma_*` configuration keys set. Everything here is pinned at start-up
-/// (checked against RLIMIT_MEMLOCK and the device's limits first).
+/// Sizes of the RDMA backends' registered memory, per worker, and the
+/// deadline of their rendezvous reads: what the `rdma_*` configuration keys
+/// set. The pools are pinned at start-up (checked against RLIMIT_MEMLOCK and
+/// the device's limits first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RdmaPoolConfig {
     /// Bytes per send/receive chunk: the largest eager send (both ends of a
@@ -43,6 +45,13 @@ pub struct RdmaPoolConfig {
     /// Frames larger than this are not copied into chunks: the peer
     /// RDMA-reads them from where they lie (rendezvous).
     pub rendezvous_threshold: usize,
+    /// A rendezvous read not complete this long after it started fails its
+    /// link (the session engine then recovers per its policy). Leave it above
+    /// the time one read piece (at most 4 MiB) takes on a loaded link, and
+    /// below the session's keepalive timeout: frames behind a hung read are
+    /// held, keepalives included, so that timeout would fire first and the
+    /// fault would be counted as a silent peer.
+    pub read_timeout: Duration,
 }
 
 impl Default for RdmaPoolConfig {
@@ -52,6 +61,7 @@ impl Default for RdmaPoolConfig {
             rx_chunks: 1024,
             tx_chunks: 512,
             rendezvous_threshold: 128 << 10,
+            read_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -111,6 +111,10 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "RDMA frames above this are RDMA-read by the receiver instead of copied (default 131072)",
     ),
     (
+        "rdma_read_timeout_ms",
+        "an RDMA rendezvous read not complete after this fails its link (default 10000, below keepalive_timeout_ms; at least 1)",
+    ),
+    (
         "faults",
         "fault injection plan, e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20 (default off)",
     ),
@@ -143,7 +147,8 @@ pub struct MessengerConfig {
     /// Accepted links that may be mid-handshake at once, per worker; more are
     /// closed at once (bounds what unauthenticated peers can make us hold).
     pub max_handshakes: usize,
-    /// Registered memory of the RDMA backends, per worker.
+    /// Registered memory of the RDMA backends, per worker, and their
+    /// rendezvous read deadline.
     pub rdma: msgr_backends::RdmaPoolConfig,
     /// Faults to inject at the transport boundary (tests and fault drills).
     pub faults: Option<FaultPlan>,
@@ -229,6 +234,18 @@ impl MessengerConfig {
             "rdma_rx_chunks" => self.rdma.rx_chunks = parse_num(key, value)?,
             "rdma_tx_chunks" => self.rdma.tx_chunks = parse_num(key, value)?,
             "rdma_rendezvous_bytes" => self.rdma.rendezvous_threshold = parse_num(key, value)?,
+            "rdma_read_timeout_ms" => {
+                let t = ms(value)?;
+                if t.is_zero() {
+                    // Every read would fail its link at once.
+                    return Err(ConfigError::BadValue {
+                        key: key.into(),
+                        value: value.into(),
+                        why: "must be at least 1".into(),
+                    });
+                }
+                self.rdma.read_timeout = t;
+            }
             "faults" if value.trim().is_empty() || value.trim() == "off" => self.faults = None,
             "faults" => {
                 self.faults = Some(value.parse().map_err(|e: crate::faults::FaultPlanError| {
@@ -315,6 +332,19 @@ mod tests {
     }
 
     #[test]
+    fn rdma_read_timeout_is_milliseconds_and_never_zero() {
+        let mut cfg = MessengerConfig::default();
+        cfg.set("rdma_read_timeout_ms", "2000").unwrap();
+        assert_eq!(cfg.rdma.read_timeout, Duration::from_secs(2));
+        let err = cfg
+            .set("rdma_read_timeout_ms", "0")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rdma_read_timeout_ms"), "{err}");
+        assert_eq!(cfg.rdma.read_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
     fn file_keys_apply_and_errors_name_the_key() {
         let dir = std::env::temp_dir().join(format!("msgr-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -328,6 +358,7 @@ mod tests {
         assert_eq!(cfg.workers, 3);
         assert_eq!(cfg.policy, Policy::LossyClient);
         assert_eq!(cfg.session.keepalive_timeout, Duration::from_millis(250));
+        assert_eq!(cfg.rdma.read_timeout, Duration::from_secs(10));
         std::fs::write(&path, "workers = \"many\"\n").unwrap();
         let err = MessengerConfig::from_file(&path).unwrap_err().to_string();
         assert!(err.contains("workers") && err.contains("many"), "{err}");

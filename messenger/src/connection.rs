@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use msgr_addr::EntityAddr;
-use msgr_backends::RealFault;
+use msgr_backends::{RealFault, SimulatedFault};
 use msgr_proto::{Message, PeerInfo, Policy};
 use parking_lot::Mutex;
 use thiserror::Error;
 
 use crate::counters::Counters;
 use crate::messenger::Shared;
-use crate::worker::Command;
+use crate::worker::{Command, LinkFault};
 
 /// A message could not be sent.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -234,7 +234,18 @@ impl Connection {
     pub fn inject_fault(&self, fault: RealFault) {
         self.inner.dispatch(Command::Inject {
             key: self.inner.key,
-            fault,
+            fault: LinkFault::Real(fault),
+        });
+    }
+
+    /// Imitates, on the current link, a fault its backend cannot produce for
+    /// real (see [`SimulatedFault`]; for tests). A backend that cannot
+    /// imitate it ignores the request, as [`Connection::inject_fault`] does
+    /// with faults a backend does not have.
+    pub fn simulate_fault(&self, fault: SimulatedFault) {
+        self.inner.dispatch(Command::Inject {
+            key: self.inner.key,
+            fault: LinkFault::Simulated(fault),
         });
     }
 

@@ -15,8 +15,16 @@
 //!    tiny (16 receive slots: 2 credits per link; 4 send chunks), each client
 //!    with a single send chunk: credits and the send pool both run out,
 //!    senders slow down, nothing deadlocks, everything arrives exactly once.
-//! 5. A 64-byte ping-pong for a latency figure.
-//! 6. Leak check: every send chunk back in its pool, every receive chunk lent
+//! 5. A rendezvous read that never completes (SIMULATED: rxe and siw end an
+//!    unanswered read with an error completion, so the server's backend is
+//!    told to ignore the completion of its next read,
+//!    `simulate_fault(SimulatedFault::HungRead)`): with
+//!    `rdma_read_timeout_ms` = 2000 the deadline must fail the link
+//!    (`read_timeouts` = 1), the lossless session reconnects and replays,
+//!    every message arrives exactly once, in order, and the failed link's
+//!    buffers, reads and receive-queue share all come back.
+//! 6. A 64-byte ping-pong for a latency figure.
+//! 7. Leak check: every send chunk back in its pool, every receive chunk lent
 //!    to the application (messages that fit one chunk are not copied) back in
 //!    the queue, no rendezvous buffer or read left, no received message held,
 //!    no link left at shutdown.
@@ -31,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use msgr::{
     Connection, Dispatcher, EntityAddr, EntityName, FaultReason, Message, Messenger,
-    MessengerConfig, Policy, RealFault,
+    MessengerConfig, Policy, RealFault, SimulatedFault,
 };
 
 fn pattern(n: u64, len: usize) -> Vec<u8> {
@@ -240,8 +248,8 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
     let bind: EntityAddr = bind.parse().map_err(|e| format!("address: {e}"))?;
     let rdma = bind.transport != msgr::TransportKind::Tcp;
     println!("availability: {:?}", msgr::availability(&bind.transport));
-    let (mut srv, srv_rec) = server(&bind, config())?;
-    let (mut cli, cli_rec) = client(1, config())?;
+    let (srv, srv_rec) = server(&bind, config())?;
+    let (cli, cli_rec) = client(1, config())?;
     let conn = cli
         .connect_with(srv.addr(), Policy::LosslessClient)
         .map_err(|e| format!("connect: {e}"))?;
@@ -324,7 +332,12 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
         starvation(&bind)?;
     }
 
-    // 5: ping-pong, 64 B.
+    // 5: a rendezvous read that never completes.
+    if rdma {
+        hung_read(&bind)?;
+    }
+
+    // 6: ping-pong, 64 B.
     let rounds = 1000u64;
     let mut rtts = Vec::with_capacity(rounds as usize);
     for i in 0..rounds {
@@ -350,25 +363,38 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
         rtts[rtts.len() * 99 / 100].as_secs_f64() * 1e6
     );
 
-    // 6: nothing held anywhere once quiet.
+    // 7: nothing held anywhere once quiet.
     if rdma {
-        let pools = MessengerConfig::default().rdma;
         for (who, m) in [("client", &cli), ("server", &srv)] {
-            let quiet = wait_until(Duration::from_secs(10), || {
-                stat(m, "tx_chunks_free") == u64::from(pools.tx_chunks)
-                    && stat(m, "rendezvous_out_bytes") == 0
-                    && stat(m, "reads_in_flight") == 0
-                    && stat(m, "rx_chunks_lent") == 0
-            });
-            println!(
-                "{who} backend stats: {}",
-                msgr::Counters::transport_prometheus(&m.transport_stats()).replace('\n', "; ")
-            );
-            if !quiet {
-                return Err(format!("{who}: RDMA buffers still held when quiet"));
-            }
+            rdma_quiet(who, m)?;
         }
     }
+    held_and_shutdown(cli, srv)
+}
+
+/// Checks that `m`'s RDMA backend holds no send chunk, rendezvous buffer,
+/// read or lent receive chunk once traffic stops (bounded wait).
+fn rdma_quiet(who: &str, m: &Messenger) -> Result<(), String> {
+    let pools = MessengerConfig::default().rdma;
+    let quiet = wait_until(Duration::from_secs(10), || {
+        stat(m, "tx_chunks_free") == u64::from(pools.tx_chunks)
+            && stat(m, "rendezvous_out_bytes") == 0
+            && stat(m, "reads_in_flight") == 0
+            && stat(m, "rx_chunks_lent") == 0
+    });
+    println!(
+        "{who} backend stats: {}",
+        msgr::Counters::transport_prometheus(&m.transport_stats()).replace('\n', "; ")
+    );
+    if !quiet {
+        return Err(format!("{who}: RDMA buffers still held when quiet"));
+    }
+    Ok(())
+}
+
+/// Checks that neither side holds received messages, then shuts both down
+/// and checks that no link leaked.
+fn held_and_shutdown(mut cli: Messenger, mut srv: Messenger) -> Result<(), String> {
     for (who, m) in [("client", &cli), ("server", &srv)] {
         // An echoed ping stays in the server's replay window until acked.
         wait_until(Duration::from_secs(10), || m.rx_held() == (0, 0));
@@ -385,6 +411,147 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
     if rc.leaked_links != 0 || rs.leaked_links != 0 {
         return Err("links leaked".into());
     }
+    Ok(())
+}
+
+/// The server's next rendezvous read never completes (simulated, see the
+/// module doc): its read deadline must fail the link, and the lossless
+/// session must deliver everything exactly once over the next link.
+fn hung_read(bind: &EntityAddr) -> Result<(), String> {
+    const STREAM: u32 = 20;
+    let phase = Instant::now();
+    let read_timeout = Duration::from_millis(2000);
+    let mut srv_cfg = config();
+    srv_cfg
+        .set(
+            "rdma_read_timeout_ms",
+            &read_timeout.as_millis().to_string(),
+        )
+        .map_err(|e| e.to_string())?;
+    // Units behind the hung read, the client's keepalives among them, are
+    // held: the server's keepalive timeout must not fail the link first.
+    srv_cfg.session.keepalive_timeout = Duration::from_secs(60);
+    let (srv, srv_rec) = server(bind, srv_cfg)?;
+    let (cli, cli_rec) = client(20, config())?;
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .map_err(|e| format!("connect: {e}"))?;
+    // Message 1 opens the session, so the server has a connection to fault.
+    let sizes = [
+        100,
+        1 << 20,
+        64,
+        3000,
+        (1 << 20) + 5,
+        0,
+        200 << 10,
+        1 << 20,
+        40 << 10,
+        7,
+    ];
+    let big = sizes
+        .iter()
+        .filter(|&&len| len > MessengerConfig::default().rdma.rendezvous_threshold)
+        .count() as u64;
+    let mut bytes = sizes[0] as u64;
+    conn.send_timeout(message(STREAM, 1, sizes[0]), Duration::from_secs(30))
+        .map_err(|e| format!("hung read: send 1: {e}"))?;
+    if !wait_until(Duration::from_secs(30), || srv_rec.delivered(STREAM) >= 1) {
+        return Err("hung read: the session did not open".into());
+    }
+    let srv_conns = srv.connections();
+    let [srv_conn] = &srv_conns[..] else {
+        return Err(format!(
+            "hung read: the server has {} connections, not 1",
+            srv_conns.len()
+        ));
+    };
+    srv_conn.simulate_fault(SimulatedFault::HungRead);
+    // A stats round trip goes through the server's one worker after the
+    // fault request: the fault is armed when it returns.
+    let rx_unpromised = stat(&srv, "rx_slots_unpromised");
+    println!(
+        "hung read: SIMULATED fault: the server ignores the completion of its next \
+         rendezvous read (rxe/siw cannot hang a read for real); read timeout {read_timeout:?}"
+    );
+    let t = Instant::now();
+    for (i, &len) in sizes.iter().enumerate().skip(1) {
+        bytes += len as u64;
+        conn.send_timeout(message(STREAM, i as u64 + 1, len), Duration::from_secs(30))
+            .map_err(|e| format!("hung read: send {}: {e}", i + 1))?;
+    }
+    // Bounded: without the deadline nothing else fails this link (the
+    // keepalive timeout is above this wait), and this wait runs out.
+    let failed = wait_until(read_timeout + Duration::from_secs(20), || {
+        // Each look is a round trip to the worker: not every millisecond.
+        std::thread::sleep(Duration::from_millis(10));
+        stat(&srv, "read_timeouts") >= 1
+    });
+    let time_to_fail = t.elapsed();
+    if !failed {
+        return Err(format!(
+            "hung read: the link did not fail within {:.1} s (read timeout {read_timeout:?})",
+            time_to_fail.as_secs_f64()
+        ));
+    }
+    wait_until(Duration::from_secs(60), || {
+        srv_rec.delivered(STREAM) >= sizes.len() as u64
+    });
+    let recovered = t.elapsed();
+    srv_rec.check(STREAM, sizes.len() as u64, bytes, "hung read")?;
+    let read_timeouts = stat(&srv, "read_timeouts");
+    let hung = stat(&srv, "simulated_hung_reads");
+    let reads = stat(&srv, "rendezvous_read");
+    let reconnects = cli.counters().reconnects.load(Ordering::Relaxed);
+    println!(
+        "hung read: link failed after {:.2} s, all delivered after {:.2} s; \
+         read_timeouts {read_timeouts}, simulated_hung_reads {hung}, \
+         rendezvous reads completed {reads} ({big} large messages), client reconnects {reconnects}",
+        time_to_fail.as_secs_f64(),
+        recovered.as_secs_f64()
+    );
+    if read_timeouts != 1 || hung != 1 {
+        return Err(format!(
+            "hung read: expected 1 read timeout of 1 hung read, got {read_timeouts} of {hung}"
+        ));
+    }
+    // The read started after its send: failing sooner would ignore the deadline.
+    if time_to_fail < read_timeout {
+        return Err(format!(
+            "hung read: the link failed after {time_to_fail:?}, before the read timeout"
+        ));
+    }
+    if reads < big {
+        return Err(format!(
+            "hung read: {reads} rendezvous reads completed for {big} large messages"
+        ));
+    }
+    if reconnects == 0 {
+        return Err("hung read: the client did not reconnect".into());
+    }
+    if !cli_rec.resets.lock().unwrap().is_empty() {
+        return Err("hung read: a lossless session was reset".into());
+    }
+    // The failed link gave back its buffers, its read and its share of the
+    // receive queue; only the new link is left.
+    for (who, m) in [("client", &cli), ("server", &srv)] {
+        rdma_quiet(&format!("hung read: {who}"), m)?;
+        let links = stat(m, "links");
+        if links != 1 {
+            return Err(format!("hung read: {who} has {links} links, not 1"));
+        }
+    }
+    let rx_unpromised_now = stat(&srv, "rx_slots_unpromised");
+    if rx_unpromised_now != rx_unpromised {
+        return Err(format!(
+            "hung read: unpromised receive slots {rx_unpromised_now}, {rx_unpromised} before"
+        ));
+    }
+    held_and_shutdown(cli, srv)?;
+    println!(
+        "hung read: phase took {:.1} s",
+        phase.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

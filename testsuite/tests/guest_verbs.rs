@@ -95,6 +95,15 @@ fn messenger_over_verbs_in_the_guest() {
         assert!(o.contains("verbs_messenger: OK"), "{name}: {o}");
         assert!(o.contains("stream: delivered 3000 of 3000"), "{name}: {o}");
     }
+    // The hung-read phase (RDMA only; its fault is simulated, and says so).
+    for name in ["verbs-rxe0", "rdmacm-rxe1", "rdmacm-siw0"] {
+        let o = &out.command(name).expect("ran").output;
+        assert!(o.contains("hung read: SIMULATED fault"), "{name}: {o}");
+        assert!(
+            o.contains("hung read: delivered 10 of 10") && o.contains("read_timeouts 1,"),
+            "{name}: {o}"
+        );
+    }
     let m = out.command("rdmacm-siw0-memlock").expect("ran");
     assert!(
         !m.success(),

@@ -125,6 +125,8 @@ pub(crate) struct ReadOp {
     /// Read work requests not completed yet.
     pub(crate) pending: u32,
     pub(crate) deadline: Instant,
+    /// `SimulatedFault::HungRead`: its completions are ignored.
+    pub(crate) hung: bool,
 }
 
 pub(crate) struct RdmaLink {
@@ -173,6 +175,8 @@ pub(crate) struct RdmaLink {
     /// The peer's frames we are reading, by read slot.
     pub(crate) reads: FxHashMap<u32, ReadOp>,
     pub(crate) next_read: u32,
+    /// Reads still to start that are to hang (`SimulatedFault::HungRead`).
+    pub(crate) reads_to_hang: u32,
 }
 
 impl std::fmt::Debug for RdmaLink {
@@ -215,6 +219,7 @@ impl RdmaLink {
             next_token: 1,
             reads: FxHashMap::default(),
             next_read: 0,
+            reads_to_hang: 0,
         }
     }
 

@@ -16,7 +16,9 @@
 //!   its own (in pieces, a bounded number in flight), then answers
 //!   `ReadDone`, on which the sender releases it. Later units of the link
 //!   wait behind the read, so delivery keeps the sender's order. A read that
-//!   has not completed by [`READ_DEADLINE`] fails the link.
+//!   has not completed by its deadline (`rdma_read_timeout_ms`,
+//!   [`crate::RdmaPoolConfig::read_timeout`]; `wake_at` reports it) fails
+//!   the link, counted in `read_timeouts`.
 //! - Credits: every link is promised a share of the shared receive queue
 //!   (`Device::take_share`): its peer's data credits plus one slot
 //!   for a credit-only message. A sender posts a data send only with a
@@ -32,6 +34,12 @@
 //! - Faults: a failed work completion, the peer's disconnect (EOF on the
 //!   setup socket, rdma_cm's `Disconnected`) or a late read fails the link;
 //!   `inject(Abort)` moves the QP to ERR for real (its work requests flush).
+//!   A read that never completes cannot be had for real (an RC QP ends an
+//!   unanswered read with an error completion), so
+//!   `simulate(SimulatedFault::HungRead)` imitates one: the completion of
+//!   the link's next read is ignored (counted in `simulated_hung_reads`), its
+//!   buffer stays with the link until the QP is destroyed, and the deadline
+//!   must fail the link. The guest test `guest_verbs` drives it.
 
 mod cm;
 mod device;
@@ -58,8 +66,8 @@ use msgr_rdma::{
 use rustc_hash::FxHashMap;
 
 use crate::{
-    DetachedLink, RdmaPoolConfig, RealFault, Transport, TransportContext, TransportError,
-    TransportEvent, TransportStats,
+    DetachedLink, RdmaPoolConfig, RealFault, SimulatedFault, Transport, TransportContext,
+    TransportError, TransportEvent, TransportStats,
 };
 use cm::CmState;
 use device::{Device, MAX_READS, SQ_DEPTH};
@@ -74,8 +82,6 @@ const POLL_BATCH: usize = 32;
 const MAX_UNIT: usize = 256 << 20;
 /// Longest a closed link's QP waits for its last sends to complete.
 const CLOSE_LINGER: Duration = Duration::from_secs(2);
-/// A rendezvous read must complete within this, or the link fails.
-pub const READ_DEADLINE: Duration = Duration::from_secs(30);
 /// Received units at least this large (and fitting one chunk) are lent to
 /// the application instead of copied.
 const LEND_MIN: usize = 4 << 10;
@@ -189,6 +195,8 @@ struct RdmaCounters {
     rendezvous_fallbacks: u64,
     read_timeouts: u64,
     qp_errors_injected: u64,
+    /// Reads whose completion was ignored (`SimulatedFault::HungRead`).
+    simulated_hung_reads: u64,
 }
 
 impl RdmaCounters {
@@ -470,11 +478,12 @@ impl RdmaTransport {
             .filter(|(_, l)| l.reads.values().any(|r| now >= r.deadline))
             .map(|(id, _)| *id)
             .collect();
+        let timeout = self.pools.read_timeout;
         for id in late {
             self.counters.read_timeouts += 1;
             self.fail(
                 id,
-                format!("rendezvous read not complete after {READ_DEADLINE:?}"),
+                format!("rendezvous read not complete after {timeout:?} (rdma_read_timeout_ms)"),
                 events,
             );
         }
@@ -848,6 +857,11 @@ impl RdmaTransport {
         let l = self.links.get_mut(&id).expect("caller checked");
         let slot = l.next_read;
         l.next_read = (l.next_read + 1) & 0x00ff_ffff;
+        let hung = l.reads_to_hang > 0;
+        if hung {
+            l.reads_to_hang -= 1;
+            self.counters.simulated_hung_reads += 1;
+        }
         l.reads.insert(
             slot,
             ReadOp {
@@ -855,7 +869,8 @@ impl RdmaTransport {
                 desc,
                 posted: 0,
                 pending: 0,
-                deadline: Instant::now() + READ_DEADLINE,
+                deadline: Instant::now() + self.pools.read_timeout,
+                hung,
             },
         );
         l.held.push_back(RxItem::Reading(slot));
@@ -919,6 +934,12 @@ impl RdmaTransport {
         let Some(op) = l.reads.get_mut(&slot) else {
             return;
         };
+        if op.hung {
+            // Simulated: the responder never answered. The op stays, with
+            // its piece still counted in flight, until the deadline fails
+            // the link and `release` destroys the QP before the buffer.
+            return;
+        }
         op.pending -= 1;
         if op.pending > 0 || op.posted < op.desc.len {
             self.pump_reads(id, events);
@@ -1341,6 +1362,17 @@ impl Transport for RdmaTransport {
         Ok(())
     }
 
+    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        match fault {
+            SimulatedFault::HungRead => l.reads_to_hang += 1,
+        }
+        Ok(())
+    }
+
     fn send_corrupted(
         &mut self,
         link: LinkId,
@@ -1391,6 +1423,7 @@ impl Transport for RdmaTransport {
                 ("rendezvous_fallbacks", c.rendezvous_fallbacks),
                 ("read_timeouts", c.read_timeouts),
                 ("qp_errors_injected", c.qp_errors_injected),
+                ("simulated_hung_reads", c.simulated_hung_reads),
                 ("tx_chunks_free", tx_free),
                 ("rx_slots_unpromised", rx_budget),
                 ("credits_held", credits),

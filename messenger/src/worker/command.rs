@@ -1,7 +1,7 @@
 use std::time::Instant;
 
 use msgr_addr::TransportKind;
-use msgr_backends::{DetachedLink, RealFault, TransportStats};
+use msgr_backends::{DetachedLink, RealFault, SimulatedFault, TransportStats};
 use msgr_proto::{control::Hello, LinkId, Message, Session};
 
 use crate::Connection;
@@ -18,8 +18,8 @@ pub(crate) enum Command {
     MarkDown { key: u64 },
     /// End a session after draining.
     Close { key: u64 },
-    /// Produce a real fault on a session's link.
-    Inject { key: u64, fault: RealFault },
+    /// Produce (or imitate) a fault on a session's link.
+    Inject { key: u64, fault: LinkFault },
     /// Take over an accepted link whose session lives here. Boxed: rare,
     /// and five times the size of a `Send`, which every command would pay.
     Adopt(Box<Adoption>),
@@ -39,4 +39,11 @@ pub(crate) struct Adoption {
     pub(crate) session: Session,
     pub(crate) hello: Hello,
     pub(crate) transport: TransportKind,
+}
+
+/// A fault asked of a session's link: one the backend produces for real, or
+/// one it can only imitate.
+pub(crate) enum LinkFault {
+    Real(RealFault),
+    Simulated(SimulatedFault),
 }

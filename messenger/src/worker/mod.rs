@@ -29,7 +29,7 @@ use msgr_proto::{
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use command::Adoption;
-pub(crate) use command::Command;
+pub(crate) use command::{Command, LinkFault};
 
 use crate::connection::{Connection, ConnectionState, LOCAL_WORKER};
 use crate::counters::Counters;
@@ -453,7 +453,12 @@ impl Worker {
                 if let Some(link) = self.sessions.get(&key).and_then(|s| s.session.link()) {
                     if let Some(e) = self.links.get(&link) {
                         Counters::add(&self.shared.counters.injected_faults, 1);
-                        if let Err(err) = self.transports[e.transport].inject(link, fault) {
+                        let transport = &mut self.transports[e.transport];
+                        let done = match fault {
+                            LinkFault::Real(f) => transport.inject(link, f),
+                            LinkFault::Simulated(f) => transport.simulate(link, f),
+                        };
+                        if let Err(err) = done {
                             tracing::debug!(error = %err, "fault injection failed");
                         }
                     }
