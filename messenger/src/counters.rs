@@ -59,7 +59,7 @@ counters! {
     send_queue_full,
     /// Times reading paused because the receive throttle was full.
     rx_throttle_pauses,
-    /// Faults injected by a fault plan.
+    /// Faults injected: by a fault plan, `Connection::inject_fault` or `Connection::simulate_fault`.
     injected_faults,
     /// Accepted connections closed at once because too many handshakes were pending.
     handshakes_refused,
