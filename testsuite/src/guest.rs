@@ -294,6 +294,17 @@ pub struct GuestRunner {
 }
 
 static RUN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A boot whose init has not said "started" on the console by then is
+/// killed and tried again (a TCG boot takes about 10 s; minutes under load).
+const BOOT_WATCHDOG: Duration = Duration::from_secs(150);
+/// Boots tried again after the watchdog fired, per run.
+const BOOT_RETRIES: u32 = 1;
+
+/// Whether the guest's init has written to the serial console yet.
+fn console_shows_init(console: &Path) -> bool {
+    fs::read_to_string(console).is_ok_and(|c| c.contains("[guest-init]"))
+}
 static JOB_SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl GuestRunner {
@@ -399,25 +410,48 @@ impl GuestRunner {
 
         let console_path = job.path.join("console.log");
         let start = Instant::now();
-        let mut child = self.spawn(&job.path, &console_path)?;
         let mut deadline_hit = false;
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if start.elapsed() >= deadline => {
-                    deadline_hit = true;
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(100)),
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(GuestError::Io {
-                        path: job.path.clone(),
-                        source: e,
-                    });
+        let mut failed_boots = 0;
+        'boot: loop {
+            let attempt = Instant::now();
+            let mut child = self.spawn(&job.path, &console_path)?;
+            let mut started = false;
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break 'boot,
+                    Ok(None) if start.elapsed() >= deadline => {
+                        deadline_hit = true;
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break 'boot;
+                    }
+                    Ok(None) => {
+                        if !started && attempt.elapsed() >= BOOT_WATCHDOG {
+                            started = console_shows_init(&console_path);
+                            if !started && failed_boots < BOOT_RETRIES {
+                                // Seen once on a heavily loaded host: qemu ran
+                                // for minutes with an empty console. Nothing
+                                // of the job has run yet, so boot again.
+                                failed_boots += 1;
+                                eprintln!(
+                                    "guest: no init after {BOOT_WATCHDOG:?}; killing qemu and booting again"
+                                );
+                                let _ = child.kill();
+                                let _ = child.wait();
+                                continue 'boot;
+                            }
+                            started = true; // out of retries: the deadline decides
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(e) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return Err(GuestError::Io {
+                            path: job.path.clone(),
+                            source: e,
+                        });
+                    }
                 }
             }
         }
