@@ -261,7 +261,7 @@ impl Frame {
         let preamble = self.preamble()?.encode();
         let mut epilogue = [0u8; 4 * MAX_SEGMENTS];
         for (i, s) in self.segments.iter().enumerate() {
-            epilogue[4 * i..4 * i + 4].copy_from_slice(&crc32c::crc32c(s).to_le_bytes());
+            epilogue[4 * i..4 * i + 4].copy_from_slice(&segment_crc(s).to_le_bytes());
         }
         let epilogue_len = 4 * self.segments.len();
         Ok(EncodedFrame {
@@ -305,6 +305,17 @@ impl Frame {
     }
 }
 
+/// A segment's CRC32C. An empty segment's is 0 (the CRC of no bytes), and
+/// skipping the call for it saves the crc32c crate's fixed cost per call,
+/// a quarter of the checksum work of a small message with no data segment.
+fn segment_crc(seg: &[u8]) -> u32 {
+    if seg.is_empty() {
+        0
+    } else {
+        crc32c::crc32c(seg)
+    }
+}
+
 /// Cuts a whole frame (`pre` already checked) into its segments and checks
 /// each one's CRC; the segments share `whole`'s memory.
 fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
@@ -316,7 +327,7 @@ fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
     }
     for (i, seg) in segments.iter().enumerate() {
         let wire = whole.get_u32_le();
-        let actual = crc32c::crc32c(seg);
+        let actual = segment_crc(seg);
         if wire != actual {
             return Err(FrameError::SegmentCrc {
                 index: i,
@@ -429,6 +440,12 @@ impl FrameDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_segment_has_the_crc_of_no_bytes() {
+        assert_eq!(segment_crc(&[]), crc32c::crc32c(&[]));
+        assert_eq!(segment_crc(b"x"), crc32c::crc32c(b"x"));
+    }
 
     fn sample() -> Frame {
         Frame::new(
