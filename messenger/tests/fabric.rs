@@ -169,6 +169,48 @@ over!(tcp_msg, "fabric+tcp://127.0.0.1:0");
 over!(tcp_rdm, "fabric+tcp://127.0.0.1:0?ep=rdm");
 over!(shm_rdm, "fabric+shm://127.0.0.1:0?ep=rdm");
 
+/// The verbs provider on Soft-RoCE: rxe1 on the guest-only address
+/// 198.51.100.1 (the verbs provider resolves addresses through rdma_cm, which
+/// cannot resolve loopback addresses, so not rxe0 on lo). These exist only
+/// inside the QEMU guest (docs/GUEST.md): ignored here, run there by
+/// testsuite/tests/guest_fabric.rs with `--ignored`.
+const VERBS_RXE1: &str = "fabric+verbs://198.51.100.1:0";
+
+/// Panics unless this runs inside the test guest: on the host a TEST-NET-2
+/// address would route off the machine. The same markers as
+/// `msgr_testsuite::guest::in_guest` (which this crate cannot depend on).
+fn require_guest() {
+    let marked = std::env::var("MSGR_IN_GUEST").as_deref() == Ok("1")
+        && std::path::Path::new("/run/msgr-guest").exists();
+    assert!(
+        marked,
+        "{VERBS_RXE1} (rxe1) exists only inside the QEMU test guest: run testsuite/tests/guest_fabric.rs"
+    );
+}
+
+/// [`over!`] for the guest: ignored on the host, with the reason.
+macro_rules! in_guest_over {
+    ($module:ident, $addr:expr) => {
+        mod $module {
+            #[test]
+            #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
+            fn ordering_and_integrity_mixed_sizes() {
+                super::require_guest();
+                super::ordering_and_integrity_mixed_sizes($addr);
+            }
+
+            #[test]
+            #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
+            fn lossless_exactly_once_across_aborts() {
+                super::require_guest();
+                super::lossless_exactly_once_across_aborts($addr);
+            }
+        }
+    };
+}
+
+in_guest_over!(verbs_msg, super::VERBS_RXE1);
+
 #[test]
 fn availability_says_what_each_provider_offers() {
     for addr in [

@@ -33,7 +33,7 @@ use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider, TransportKind};
-use msgr_fabric::{CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp};
+use msgr_fabric::{CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp, Site};
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
@@ -308,34 +308,13 @@ impl FabricTransport {
         }
         let net =
             Net::open(&provider.name, ep_type(provider), 8192).map_err(|e| fab_err(&kind, e))?;
-        let eq_fd = net.eq_fd().map_err(|e| fab_err(&kind, e))?;
-        let cq_fd = net.cq_fd().map_err(|e| fab_err(&kind, e))?;
-        let (Some(eq_fd), Some(cq_fd)) = (eq_fd, cq_fd) else {
-            return Err(fab_err(
-                &kind,
-                FabricError::NoProvider {
-                    provider: provider.name.clone(),
-                    endpoint: "msg",
-                    reason: "no wait fds for its event and completion queues".into(),
-                },
-            ));
-        };
         // Tokens from the worker's link-id allocator: unique among its links.
         let eq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let registry = registry
             .try_clone()
             .map_err(|e| TransportError::io("clone mio registry", e))?;
-        let mut fds = Vec::new();
-        for (fd, token) in [(eq_fd, eq_token), (cq_fd, cq_token)] {
-            if fds.contains(&fd) {
-                continue;
-            }
-            registry
-                .register(&mut SourceFd(&fd), token, Interest::READABLE)
-                .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
-            fds.push(fd);
-        }
+        let fds = Self::register_wait_fds(&kind, &net, &registry, eq_token, cq_token)?;
         Ok(FabricTransport {
             links: FxHashMap::default(),
             listeners: FxHashMap::default(),
@@ -354,6 +333,67 @@ impl FabricTransport {
             failed: Vec::new(),
             completions: Vec::with_capacity(CQ_BATCH),
         })
+    }
+
+    /// Registers the Net's EQ and CQ wait fds under their tokens; returns
+    /// the fds registered (one if both queues share it).
+    fn register_wait_fds(
+        kind: &TransportKind,
+        net: &Net,
+        registry: &Registry,
+        eq_token: Token,
+        cq_token: Token,
+    ) -> Result<Vec<RawFd>, TransportError> {
+        let eq_fd = net.eq_fd().map_err(|e| fab_err(kind, e))?;
+        let cq_fd = net.cq_fd().map_err(|e| fab_err(kind, e))?;
+        let (Some(eq_fd), Some(cq_fd)) = (eq_fd, cq_fd) else {
+            return Err(TransportError::Unavailable {
+                kind: kind.clone(),
+                reason: "no wait fds for its event and completion queues".into(),
+            });
+        };
+        let mut fds = Vec::new();
+        for (fd, token) in [(eq_fd, eq_token), (cq_fd, cq_token)] {
+            if fds.contains(&fd) {
+                continue;
+            }
+            registry
+                .register(&mut SourceFd(&fd), token, Interest::READABLE)
+                .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
+            fds.push(fd);
+        }
+        Ok(fds)
+    }
+
+    /// Moves this worker's Net onto the domain that serves `site` while
+    /// nothing is open on it yet. Providers such as `verbs` have one domain
+    /// per RDMA device and open an endpoint only on the domain owning its
+    /// address, which is unknown until the first listen or connect (the Net
+    /// opened in [`FabricTransport::new`] sits on the provider's first
+    /// domain). Later addresses of another domain fail in [`Net::listen`] /
+    /// [`Net::connect`] with [`FabricError::OtherDomain`].
+    fn settle_domain(&mut self, site: Site) -> Result<(), TransportError> {
+        if !self.links.is_empty() || !self.listeners.is_empty() || self.net.serves(site) {
+            return Ok(());
+        }
+        let TransportKind::Fabric(provider) = &self.kind else {
+            unreachable!("a fabric transport has a fabric kind");
+        };
+        let net = Net::open_at(&provider.name, ep_type(provider), 8192, Some(site))
+            .map_err(|e| fab_err(&self.kind, e))?;
+        for fd in std::mem::take(&mut self.fds) {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
+        tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric worker moves to the domain of its first address");
+        self.net = net;
+        self.fds = Self::register_wait_fds(
+            &self.kind,
+            &self.net,
+            &self.registry,
+            self.eq_token,
+            self.cq_token,
+        )?;
+        Ok(())
     }
 
     fn drop_link(&mut self, id: LinkId) -> Option<FabricLink> {
@@ -621,6 +661,7 @@ impl Transport for FabricTransport {
     }
 
     fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError> {
+        self.settle_domain(Site::Local(addr.socket))?;
         let pep = self
             .net
             .listen(addr.socket)
@@ -635,6 +676,7 @@ impl Transport for FabricTransport {
     }
 
     fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
+        self.settle_domain(Site::Peer(addr.socket))?;
         let mut ep = self
             .net
             .connect(addr.socket, SLOTS, SLOT_SIZE)
