@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use mio::event::Event;
@@ -56,6 +57,10 @@ const CQ_BATCH: usize = 32;
 const CQ_ROUNDS: usize = 16;
 
 const RX_BIT: u64 = 1 << 16;
+/// An accepted endpoint that is not connected (no `FI_CONNECTED`) after this
+/// long is dropped: until then it belongs to no session, so nothing else
+/// would ever close it (a peer that gave up mid-connect).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn context(link: LinkId, rx: bool, slot: usize) -> u64 {
     (link.0 << 17) | if rx { RX_BIT } else { 0 } | slot as u64
@@ -284,6 +289,9 @@ pub struct FabricTransport {
     /// Link failures found outside an event-reporting call.
     failed: Vec<(LinkId, String)>,
     completions: Vec<Completion>,
+    /// Accepted links with their set-up deadline, oldest first (entries of
+    /// links that connected or went are skipped when they reach the front).
+    half_open: VecDeque<(Instant, LinkId)>,
 }
 
 impl std::fmt::Debug for FabricTransport {
@@ -332,6 +340,7 @@ impl FabricTransport {
             resumed: Vec::new(),
             failed: Vec::new(),
             completions: Vec::with_capacity(CQ_BATCH),
+            half_open: VecDeque::new(),
         })
     }
 
@@ -473,6 +482,8 @@ impl FabricTransport {
                 self.by_key.insert(ep.key(), id);
                 self.links
                     .insert(id, FabricLink::new(ep, Some((listener, peer))));
+                self.half_open
+                    .push_back((Instant::now() + SETUP_TIMEOUT, id));
             }
             Err(e) => tracing::warn!(error = %e, "fi_accept failed"),
         }
@@ -617,7 +628,30 @@ impl FabricTransport {
         Ok(())
     }
 
+    /// Drops accepted links whose set-up deadline passed unconnected; pops
+    /// entries of links that connected or went.
+    fn reap_half_open(&mut self) {
+        let mut now = None;
+        while let Some(&(deadline, id)) = self.half_open.front() {
+            match self.links.get(&id) {
+                Some(l) if !l.connected => {
+                    if deadline > *now.get_or_insert_with(Instant::now) {
+                        break;
+                    }
+                    tracing::debug!(
+                        ?id,
+                        "accepted fabric link not connected within {SETUP_TIMEOUT:?}: dropped"
+                    );
+                    self.drop_link(id);
+                }
+                _ => {}
+            }
+            self.half_open.pop_front();
+        }
+    }
+
     fn poll_all(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        self.reap_half_open();
         let mut any = !self.failed.is_empty();
         for (id, why) in std::mem::take(&mut self.failed) {
             events.push(TransportEvent::Failed(id, why));
@@ -671,8 +705,24 @@ impl Transport for FabricTransport {
         Ok(addr.clone().with_port(port))
     }
 
+    /// Also drops the listener's accepted links that are not connected yet:
+    /// they belong to no session, and a shutting-down messenger would
+    /// otherwise find them left over.
     fn unlisten(&mut self, token: Token) {
         self.listeners.remove(&token);
+        let half_open: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| !l.connected && matches!(l.accepted, Some((t, _)) if t == token))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in half_open {
+            self.drop_link(id);
+        }
+    }
+
+    fn wake_at(&self) -> Option<Instant> {
+        self.half_open.front().map(|&(deadline, _)| deadline)
     }
 
     fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
