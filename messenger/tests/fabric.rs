@@ -175,6 +175,8 @@ over!(shm_rdm, "fabric+shm://127.0.0.1:0?ep=rdm");
 /// inside the QEMU guest (docs/GUEST.md): ignored here, run there by
 /// testsuite/tests/guest_fabric.rs with `--ignored`.
 const VERBS_RXE1: &str = "fabric+verbs://198.51.100.1:0";
+/// The same device with RDM endpoints (`verbs;ofi_rxm`).
+const VERBS_RXE1_RDM: &str = "fabric+verbs://198.51.100.1:0?ep=rdm";
 
 /// Panics unless this runs inside the test guest: on the host a TEST-NET-2
 /// address would route off the machine. The same markers as
@@ -210,6 +212,45 @@ macro_rules! in_guest_over {
 }
 
 in_guest_over!(verbs_msg, super::VERBS_RXE1);
+
+/// RDM endpoints over verbs (`verbs;ofi_rxm`) do not work on Soft-RoCE with
+/// libfabric 1.17 (docs/GUEST.md): starting a messenger fails, and the error
+/// says why and what to use instead.
+mod verbs_rdm {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
+    fn refused_with_the_reason() {
+        require_guest();
+        assert!(
+            std::env::var_os("FI_UNIVERSE_SIZE").is_none(),
+            "FI_UNIVERSE_SIZE changes what this test checks"
+        );
+        let a: msgr::EntityAddr = VERBS_RXE1_RDM.parse().unwrap();
+        let started = Messenger::builder(EntityName::server(1))
+            .config(fast_config())
+            .bind(a)
+            .start(Arc::new(msgr::NullDispatcher));
+        let why = match started {
+            Ok(_) => panic!(
+                "{VERBS_RXE1_RDM} started: verbs;ofi_rxm works on rxe now, update docs/GUEST.md"
+            ),
+            Err(e) => e.to_string(),
+        };
+        println!("{VERBS_RXE1_RDM}: {why}");
+        for said in [
+            "provider verbs",
+            "ofi_rxm",
+            "fi_enable",
+            "max_cqe",
+            "FI_UNIVERSE_SIZE",
+            "FI_EP_MSG",
+        ] {
+            assert!(why.contains(said), "the error does not say `{said}`: {why}");
+        }
+    }
+}
 
 #[test]
 fn availability_says_what_each_provider_offers() {

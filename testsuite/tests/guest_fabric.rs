@@ -5,6 +5,8 @@
 //!   the `verbs_msg` module, ignored on the host): thousands of messages of
 //!   0 B–4 MiB intact and in order, links aborted under a lossless session
 //!   with every message delivered exactly once, nothing left at shutdown;
+//!   and `verbs_rdm`: RDM endpoints (`verbs;ofi_rxm`) are refused on rxe
+//!   with the reason (docs/GUEST.md);
 //! - the shared stress suite (`msgr-stress --backend fabric+verbs`) with the
 //!   default fault plan, server restarts and leak checks.
 //!
@@ -74,9 +76,9 @@ fn fabric_verbs_provider_in_the_guest() {
     let cmds = [
         // Only the guest-only tests (`--ignored`), one at a time.
         GuestCommand::shell(
-            "fabric-tests-verbs-msg",
+            "fabric-tests-verbs",
             format!(
-                "{} --ignored --test-threads 1 --nocapture verbs_msg::",
+                "{} --ignored --test-threads 1 --nocapture verbs_",
                 shell_quote(&integration.to_string_lossy())
             ),
         )
@@ -91,13 +93,14 @@ fn fabric_verbs_provider_in_the_guest() {
     println!("{out}");
 
     let tests = out
-        .command("fabric-tests-verbs-msg")
+        .command("fabric-tests-verbs")
         .unwrap_or_else(|| panic!("the integration tests did not run\n{out}"));
     assert!(tests.success(), "integration tests failed\n{out}");
     // With --nocapture a test's own lines come between its name and "ok".
     for name in [
         "verbs_msg::ordering_and_integrity_mixed_sizes",
         "verbs_msg::lossless_exactly_once_across_aborts",
+        "verbs_rdm::refused_with_the_reason",
     ] {
         assert!(
             tests.output.contains(&format!("test {name} ... ")),
@@ -105,8 +108,8 @@ fn fabric_verbs_provider_in_the_guest() {
         );
     }
     assert!(
-        tests.output.contains("test result: ok. 2 passed"),
-        "not exactly the two verbs tests ran\n{out}"
+        tests.output.contains("test result: ok. 3 passed"),
+        "not exactly the three verbs tests ran\n{out}"
     );
     let r = target.check(&out, shape);
     println!(

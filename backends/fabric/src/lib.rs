@@ -68,6 +68,19 @@ pub enum FabricError {
     /// A buffer slot that is busy or out of range.
     #[error("buffer slot {0} unavailable")]
     Slot(usize),
+    /// A call failed for a reason known from the provider's sources and
+    /// measurements, said in `why` with what to do.
+    #[error("provider {provider}: {op} failed (-{code}): {why}")]
+    ProviderLimit {
+        /// The provider name.
+        provider: String,
+        /// The call.
+        op: &'static str,
+        /// The positive libfabric error number.
+        code: i32,
+        /// The cause and the way out.
+        why: &'static str,
+    },
     /// No domain the provider lists could be opened; `tried` says why, per
     /// domain.
     #[error("provider {provider}: no domain opens here ({tried})")]
@@ -1240,7 +1253,39 @@ impl Drop for RdmEp {
     }
 }
 
+/// Why `verbs;ofi_rxm` endpoints fail `fi_enable` on Soft-RoCE (measured in
+/// the QEMU guest, docs/GUEST.md).
+const RXM_VERBS_CQ_LIMIT: &str = "ofi_rxm (libfabric 1.17) opens its verbs completion queue with \
+(MSG rx size + tx size) x FI_UNIVERSE_SIZE entries, (128 + 128) x 256 = 65536 by default, and the \
+device refuses more than its max_cqe (Soft-RoCE rxe: 32767), so ibv_create_cq fails \
+(\"vrb_cq_open: Unable to create verbs CQ\"); FI_UNIVERSE_SIZE=64 makes it fit, but then \
+libfabric 1.17 crashes (SIGSEGV) closing the endpoints over rxe: use FI_EP_MSG \
+(fabric+verbs:// without ?ep=rdm)";
+
 impl Net {
+    /// Turns an `fi_enable` failure whose cause is known into an error that
+    /// says it ([`FabricError::ProviderLimit`]); others pass unchanged.
+    fn known_enable_failure(&self, e: FabricError) -> FabricError {
+        match e {
+            FabricError::Call {
+                op: "fi_enable",
+                code,
+                ..
+            } if code == sys::FI_EINVAL as i32
+                && self.ep == EpType::Rdm
+                && self.provider.split(';').next() == Some("verbs") =>
+            {
+                FabricError::ProviderLimit {
+                    provider: self.provider.clone(),
+                    op: "fi_enable",
+                    code,
+                    why: RXM_VERBS_CQ_LIMIT,
+                }
+            }
+            other => other,
+        }
+    }
+
     /// Opens an RDM endpoint. With `bind`, it is named after that address
     /// (`FI_SOURCE`: for `tcp;ofi_rxm` the socket it listens on, port 0
     /// picked by the provider; for `shm` the name `fi_ns://IP:PORT`); without,
@@ -1303,7 +1348,8 @@ impl Net {
                 "fi_endpoint",
                 sys::fi_endpoint(self.domain, info.0, &mut ep.ep, ptr::null_mut()) as isize,
             )?;
-            bind_and_enable(ep.ep, ep.av as *mut sys::fid, "fi_ep_bind(av)", self.cq)?;
+            bind_and_enable(ep.ep, ep.av as *mut sys::fid, "fi_ep_bind(av)", self.cq)
+                .map_err(|e| self.known_enable_failure(e))?;
             if self.mr_local {
                 ep.tx.register(self.domain, u64::from(sys::FI_SEND))?;
             }
