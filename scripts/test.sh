@@ -52,8 +52,8 @@ step "RDMA guest: setup (packages, kernel, siw, initramfs; cached in \${MSGR_GUE
 guest_start=$(date +%s)
 bash testsuite/guest/setup.sh
 
-step "RDMA guest: tests in the QEMU guest (verbs and rdma_cm smoke on rxe and siw, reference peers, netem, the verbs and rdmacm backends, msgr tool vs perftest, stress over verbs)"
-cargo test --release -p msgr-testsuite --features rdma --test guest_rdma --test guest_verbs --test guest_bench --test guest_stress -- --nocapture --test-threads 1
+step "RDMA guest: tests in the QEMU guest (verbs and rdma_cm smoke on rxe and siw, reference peers, netem, the verbs and rdmacm backends, msgr tool vs perftest, stress over verbs, the fabric backend over libfabric's verbs provider)"
+cargo test --release -p msgr-testsuite --features rdma,fabric --test guest_rdma --test guest_verbs --test guest_bench --test guest_stress --test guest_fabric -- --nocapture --test-threads 1
 echo "RDMA guest part took $(($(date +%s) - guest_start)) s"
 
 step "fuzz: every cargo-fuzz target for 30 s (stable, --sanitizer none; see docs/FUZZING.md)"

@@ -169,6 +169,89 @@ over!(tcp_msg, "fabric+tcp://127.0.0.1:0");
 over!(tcp_rdm, "fabric+tcp://127.0.0.1:0?ep=rdm");
 over!(shm_rdm, "fabric+shm://127.0.0.1:0?ep=rdm");
 
+/// The verbs provider on Soft-RoCE: rxe1 on the guest-only address
+/// 198.51.100.1 (the verbs provider resolves addresses through rdma_cm, which
+/// cannot resolve loopback addresses, so not rxe0 on lo). These exist only
+/// inside the QEMU guest (docs/GUEST.md): ignored here, run there by
+/// testsuite/tests/guest_fabric.rs with `--ignored`.
+const VERBS_RXE1: &str = "fabric+verbs://198.51.100.1:0";
+/// The same device with RDM endpoints (`verbs;ofi_rxm`).
+const VERBS_RXE1_RDM: &str = "fabric+verbs://198.51.100.1:0?ep=rdm";
+
+/// Panics unless this runs inside the test guest: on the host a TEST-NET-2
+/// address would route off the machine. The same markers as
+/// `msgr_testsuite::guest::in_guest` (which this crate cannot depend on).
+fn require_guest() {
+    let marked = std::env::var("MSGR_IN_GUEST").as_deref() == Ok("1")
+        && std::path::Path::new("/run/msgr-guest").exists();
+    assert!(
+        marked,
+        "{VERBS_RXE1} (rxe1) exists only inside the QEMU test guest: run testsuite/tests/guest_fabric.rs"
+    );
+}
+
+/// [`over!`] for the guest: ignored on the host, with the reason.
+macro_rules! in_guest_over {
+    ($module:ident, $addr:expr) => {
+        mod $module {
+            #[test]
+            #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
+            fn ordering_and_integrity_mixed_sizes() {
+                super::require_guest();
+                super::ordering_and_integrity_mixed_sizes($addr);
+            }
+
+            #[test]
+            #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
+            fn lossless_exactly_once_across_aborts() {
+                super::require_guest();
+                super::lossless_exactly_once_across_aborts($addr);
+            }
+        }
+    };
+}
+
+in_guest_over!(verbs_msg, super::VERBS_RXE1);
+
+/// RDM endpoints over verbs (`verbs;ofi_rxm`) do not work on Soft-RoCE with
+/// libfabric 1.17 (docs/GUEST.md): starting a messenger fails, and the error
+/// says why and what to use instead.
+mod verbs_rdm {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
+    fn refused_with_the_reason() {
+        require_guest();
+        assert!(
+            std::env::var_os("FI_UNIVERSE_SIZE").is_none(),
+            "FI_UNIVERSE_SIZE changes what this test checks"
+        );
+        let a: msgr::EntityAddr = VERBS_RXE1_RDM.parse().unwrap();
+        let started = Messenger::builder(EntityName::server(1))
+            .config(fast_config())
+            .bind(a)
+            .start(Arc::new(msgr::NullDispatcher));
+        let why = match started {
+            Ok(_) => panic!(
+                "{VERBS_RXE1_RDM} started: verbs;ofi_rxm works on rxe now, update docs/GUEST.md"
+            ),
+            Err(e) => e.to_string(),
+        };
+        println!("{VERBS_RXE1_RDM}: {why}");
+        for said in [
+            "provider verbs",
+            "ofi_rxm",
+            "fi_enable",
+            "max_cqe",
+            "FI_UNIVERSE_SIZE",
+            "FI_EP_MSG",
+        ] {
+            assert!(why.contains(said), "the error does not say `{said}`: {why}");
+        }
+    }
+}
+
 #[test]
 fn availability_says_what_each_provider_offers() {
     for addr in [

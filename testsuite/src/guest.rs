@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod reference;
+pub mod stress;
 pub mod tool;
 
 /// The guest's second stage, copied into every job directory.
@@ -89,6 +90,49 @@ pub fn build_programs(selection: &[&str]) -> PathBuf {
         "cargo build {selection:?} failed: {status}"
     );
     profile_dir.to_path_buf()
+}
+
+/// Builds one integration-test binary (`cargo test --no-run`) for the guest
+/// with the calling test binary's profile and target directory, and returns
+/// its path (test binaries carry a hash in their name, so the path comes from
+/// cargo's JSON messages). `selection` is e.g. `["-p", "msgr", "--features",
+/// "fabric", "--test", "fabric"]`; `test` is the test target's name.
+pub fn build_test_binary(selection: &[&str], test: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("profile dir");
+    let target_dir = profile_dir.parent().expect("target dir");
+    // The dev profile builds into `debug`.
+    let profile = match profile_dir.file_name().expect("profile name").to_str() {
+        Some("debug") => "dev".to_string(),
+        other => other.expect("profile name is UTF-8").to_string(),
+    };
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args([
+        "test",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ])
+    .args(selection)
+    .arg("--manifest-path")
+    .arg(&manifest)
+    .arg("--target-dir")
+    .arg(target_dir)
+    .args(["--profile", profile.as_str()])
+    .stderr(Stdio::inherit());
+    let out = cmd.output().expect("run cargo test --no-run");
+    assert!(
+        out.status.success(),
+        "cargo test --no-run {selection:?} failed: {}",
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == test)
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .unwrap_or_else(|| panic!("cargo built no test binary `{test}` for {selection:?}"))
 }
 
 /// [`build_programs`] for examples: returns the profile's `examples`

@@ -68,6 +68,87 @@ pub enum FabricError {
     /// A buffer slot that is busy or out of range.
     #[error("buffer slot {0} unavailable")]
     Slot(usize),
+    /// A call failed for a reason known from the provider's sources and
+    /// measurements, said in `why` with what to do.
+    #[error("provider {provider}: {op} failed (-{code}): {why}")]
+    ProviderLimit {
+        /// The provider name.
+        provider: String,
+        /// The call.
+        op: &'static str,
+        /// The positive libfabric error number.
+        code: i32,
+        /// The cause and the way out.
+        why: &'static str,
+    },
+    /// No domain the provider lists could be opened; `tried` says why, per
+    /// domain.
+    #[error("provider {provider}: no domain opens here ({tried})")]
+    NoDomain {
+        /// The provider name.
+        provider: String,
+        /// Each domain tried and its error.
+        tried: String,
+    },
+    /// An address served by another domain (device) than the one this [`Net`]
+    /// opened: providers such as `verbs` have one domain per RDMA device and
+    /// open an endpoint only on the domain that owns its address.
+    #[error("{0}")]
+    OtherDomain(Box<OtherDomain>),
+}
+
+/// What [`FabricError::OtherDomain`] says (boxed: errors stay small).
+#[derive(Debug, Error)]
+#[error("provider {provider}: {site} is served by domain `{wanted}`, but this worker's endpoints live on domain `{opened}` (one domain per worker: bind and connect through addresses of one device)")]
+pub struct OtherDomain {
+    /// The provider name.
+    pub provider: String,
+    /// The address, with its role.
+    pub site: Site,
+    /// The domain `fi_getinfo` names for it.
+    pub wanted: String,
+    /// The domain this Net opened.
+    pub opened: String,
+}
+
+/// An address that picks a domain: one to listen on, or a peer to connect to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Site {
+    /// A local address (listening; `fi_getinfo` with `FI_SOURCE`).
+    Local(SocketAddr),
+    /// A peer's address (connecting).
+    Peer(SocketAddr),
+}
+
+impl Site {
+    /// `fi_getinfo`'s node/service and whether they name the source.
+    fn hint(self) -> (Option<SocketAddr>, bool) {
+        match self {
+            Site::Local(a) => (Some(a), true),
+            Site::Peer(a) => (Some(a), false),
+        }
+    }
+}
+
+impl std::fmt::Display for Site {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Site::Local(a) => write!(f, "local address {a}"),
+            Site::Peer(a) => write!(f, "peer {a}"),
+        }
+    }
+}
+
+/// The domain name of the first entry of an `fi_info` list.
+///
+/// # Safety
+/// `info` must be a valid `fi_info` (from `fi_getinfo` or an EQ event).
+unsafe fn domain_name(info: *const sys::fi_info) -> String {
+    let attr = (*info).domain_attr;
+    if attr.is_null() || (*attr).name.is_null() {
+        return String::new();
+    }
+    CStr::from_ptr((*attr).name).to_string_lossy().into_owned()
 }
 
 fn strerror(code: i32) -> String {
@@ -141,12 +222,28 @@ fn getinfo(
     source: bool,
     rma: bool,
 ) -> Result<Info, FabricError> {
+    getinfo_on(provider, ep, addr, source, rma, None)
+}
+
+/// [`getinfo`] restricted to the domain called `domain` when given.
+fn getinfo_on(
+    provider: &str,
+    ep: EpType,
+    addr: Option<SocketAddr>,
+    source: bool,
+    rma: bool,
+    domain: Option<&str>,
+) -> Result<Info, FabricError> {
     let no_provider = |reason: String| FabricError::NoProvider {
         provider: provider.to_owned(),
         endpoint: ep.name(),
         reason,
     };
     let prov = CString::new(provider).map_err(|_| no_provider("bad name".into()))?;
+    let domain = domain
+        .map(CString::new)
+        .transpose()
+        .map_err(|_| no_provider("bad domain name".into()))?;
     let (node, service) = match addr {
         Some(a) => (
             Some(CString::new(a.ip().to_string()).expect("no NUL in an IP")),
@@ -182,6 +279,9 @@ fn getinfo(
                 as c_int;
         (*h.domain_attr).threading = sys::FI_THREAD_DOMAIN;
         (*h.fabric_attr).prov_name = libc::strdup(prov.as_ptr());
+        if let Some(d) = &domain {
+            (*h.domain_attr).name = libc::strdup(d.as_ptr());
+        }
         sys::fi_getinfo(
             API_VERSION,
             node.as_ref().map_or(ptr::null(), |n| n.as_ptr()),
@@ -384,16 +484,64 @@ fn sockaddr(p: *const u8, len: usize) -> Option<SocketAddr> {
 }
 
 impl Net {
-    /// Opens `provider` with `ep` endpoints: fabric, domain, EQ and CQ.
+    /// Opens `provider` with `ep` endpoints: fabric, domain, EQ and CQ, on
+    /// the first domain the provider lists.
     pub fn open(provider: &str, ep: EpType, cq_size: usize) -> Result<Net, FabricError> {
+        Self::open_at(provider, ep, cq_size, None)
+    }
+
+    /// [`Net::open`] on the domain that serves `site` (with `None`, the first
+    /// the provider lists): `verbs` has one domain per RDMA device and opens
+    /// an endpoint only on the domain owning its address.
+    pub fn open_at(
+        provider: &str,
+        ep: EpType,
+        cq_size: usize,
+        site: Option<Site>,
+    ) -> Result<Net, FabricError> {
+        let (addr, source) = site.map_or((None, false), Site::hint);
         // RDM endpoints get the rendezvous capabilities when the provider has them.
         let (info, rma) = match ep {
-            EpType::Rdm => match getinfo(provider, ep, None, false, true) {
+            EpType::Rdm => match getinfo(provider, ep, addr, source, true) {
                 Ok(i) => (i, true),
-                Err(_) => (getinfo(provider, ep, None, false, false)?, false),
+                Err(_) => (getinfo(provider, ep, addr, source, false)?, false),
             },
-            EpType::Msg => (getinfo(provider, ep, None, false, false)?, false),
+            EpType::Msg => (getinfo(provider, ep, addr, source, false)?, false),
         };
+        // The first domain that opens: `verbs;ofi_rxm` lists rxe0 (on lo)
+        // first, and its fi_domain fails (rdma_cm cannot resolve loopback
+        // addresses) while rxe1's opens.
+        let mut tried = Vec::new();
+        let mut entry = info.0;
+        while !entry.is_null() {
+            // SAFETY: entry is an element of the list `info` owns (alive for
+            // the loop); fi_dupinfo copies that one entry (its `next` null).
+            let (one, next) = unsafe { (Info(sys::fi_dupinfo(entry)), (*entry).next) };
+            if one.0.is_null() {
+                break;
+            }
+            // SAFETY: one is a valid fi_info (fi_dupinfo).
+            let domain = unsafe { domain_name(one.0) };
+            match Self::open_info(provider, ep, cq_size, one, rma) {
+                Ok(net) => return Ok(net),
+                Err(e) => tried.push(format!("domain `{domain}`: {e}")),
+            }
+            entry = next;
+        }
+        Err(FabricError::NoDomain {
+            provider: provider.to_owned(),
+            tried: tried.join("; "),
+        })
+    }
+
+    /// Opens fabric, domain, EQ (MSG) and CQ from one `fi_info` entry.
+    fn open_info(
+        provider: &str,
+        ep: EpType,
+        cq_size: usize,
+        info: Info,
+        rma: bool,
+    ) -> Result<Net, FabricError> {
         let mut net = Net {
             info,
             fabric: ptr::null_mut(),
@@ -611,9 +759,47 @@ impl Net {
         }
     }
 
+    /// The name of the domain this Net opened (`rxe1` for `verbs`, an
+    /// interface name for `tcp`).
+    pub fn domain(&self) -> String {
+        // SAFETY: self.info is the valid fi_info the domain was opened from.
+        unsafe { domain_name(self.info.0) }
+    }
+
+    /// Whether endpoints for `site` can live on this Net's domain (`tcp`
+    /// lists every interface as a domain for any address: always; `verbs`
+    /// only the device rdma_cm resolves the address to).
+    pub fn serves(&self, site: Site) -> bool {
+        self.info_on_domain(site).is_ok()
+    }
+
+    /// `fi_getinfo` for `site` on this Net's domain; when the provider has
+    /// none there but another domain serves `site`, the error is
+    /// [`FabricError::OtherDomain`] naming both (an endpoint opened from the
+    /// other domain's info fails with a bare `-FI_EINVAL`).
+    fn info_on_domain(&self, site: Site) -> Result<Info, FabricError> {
+        let (addr, source) = site.hint();
+        let opened = self.domain();
+        getinfo_on(&self.provider, self.ep, addr, source, false, Some(&opened)).map_err(|e| {
+            match getinfo(&self.provider, self.ep, addr, source, false) {
+                Ok(info) => {
+                    // SAFETY: info is a valid fi_info from fi_getinfo.
+                    let wanted = unsafe { domain_name(info.0) };
+                    FabricError::OtherDomain(Box::new(OtherDomain {
+                        provider: self.provider.clone(),
+                        site,
+                        wanted,
+                        opened,
+                    }))
+                }
+                Err(_) => e,
+            }
+        })
+    }
+
     /// Listens on `addr` (port 0: the provider picks; see [`PassiveEp::addr`]).
     pub fn listen(&mut self, addr: SocketAddr) -> Result<PassiveEp, FabricError> {
-        let info = getinfo(&self.provider, self.ep, Some(addr), true, false)?;
+        let info = self.info_on_domain(Site::Local(addr))?;
         let mut pep = PassiveEp {
             pep: ptr::null_mut(),
             addr,
@@ -684,7 +870,7 @@ impl Net {
         slots: usize,
         slot_size: usize,
     ) -> Result<Ep, FabricError> {
-        let info = getinfo(&self.provider, self.ep, Some(addr), false, false)?;
+        let info = self.info_on_domain(Site::Peer(addr))?;
         let ep = self.new_ep(info.0, slots, slot_size)?;
         // SAFETY: ep is enabled; dest_addr of the info is the peer's address.
         let rc = unsafe { sys::fi_connect(ep.ep, (*info.0).dest_addr, ptr::null(), 0) };
@@ -1067,7 +1253,39 @@ impl Drop for RdmEp {
     }
 }
 
+/// Why `verbs;ofi_rxm` endpoints fail `fi_enable` on Soft-RoCE (measured in
+/// the QEMU guest, docs/GUEST.md).
+const RXM_VERBS_CQ_LIMIT: &str = "ofi_rxm (libfabric 1.17) opens its verbs completion queue with \
+(MSG rx size + tx size) x FI_UNIVERSE_SIZE entries, (128 + 128) x 256 = 65536 by default, and the \
+device refuses more than its max_cqe (Soft-RoCE rxe: 32767), so ibv_create_cq fails \
+(\"vrb_cq_open: Unable to create verbs CQ\"); FI_UNIVERSE_SIZE=64 makes it fit, but then \
+libfabric 1.17 crashes (SIGSEGV) closing the endpoints over rxe: use FI_EP_MSG \
+(fabric+verbs:// without ?ep=rdm)";
+
 impl Net {
+    /// Turns an `fi_enable` failure whose cause is known into an error that
+    /// says it ([`FabricError::ProviderLimit`]); others pass unchanged.
+    fn known_enable_failure(&self, e: FabricError) -> FabricError {
+        match e {
+            FabricError::Call {
+                op: "fi_enable",
+                code,
+                ..
+            } if code == sys::FI_EINVAL as i32
+                && self.ep == EpType::Rdm
+                && self.provider.split(';').next() == Some("verbs") =>
+            {
+                FabricError::ProviderLimit {
+                    provider: self.provider.clone(),
+                    op: "fi_enable",
+                    code,
+                    why: RXM_VERBS_CQ_LIMIT,
+                }
+            }
+            other => other,
+        }
+    }
+
     /// Opens an RDM endpoint. With `bind`, it is named after that address
     /// (`FI_SOURCE`: for `tcp;ofi_rxm` the socket it listens on, port 0
     /// picked by the provider; for `shm` the name `fi_ns://IP:PORT`); without,
@@ -1080,7 +1298,19 @@ impl Net {
         rx_block: usize,
         slot_size: usize,
     ) -> Result<RdmEp, FabricError> {
-        let info = getinfo(&self.provider, EpType::Rdm, bind, bind.is_some(), self.rma)?;
+        // Without a name, on this Net's domain (the provider's first one
+        // may belong to another device: verbs).
+        let info = match bind {
+            Some(_) => getinfo(&self.provider, EpType::Rdm, bind, true, self.rma)?,
+            None => getinfo_on(
+                &self.provider,
+                EpType::Rdm,
+                None,
+                false,
+                self.rma,
+                Some(&self.domain()),
+            )?,
+        };
         let mut ep = RdmEp {
             ep: ptr::null_mut(),
             av: ptr::null_mut(),
@@ -1118,7 +1348,8 @@ impl Net {
                 "fi_endpoint",
                 sys::fi_endpoint(self.domain, info.0, &mut ep.ep, ptr::null_mut()) as isize,
             )?;
-            bind_and_enable(ep.ep, ep.av as *mut sys::fid, "fi_ep_bind(av)", self.cq)?;
+            bind_and_enable(ep.ep, ep.av as *mut sys::fid, "fi_ep_bind(av)", self.cq)
+                .map_err(|e| self.known_enable_failure(e))?;
             if self.mr_local {
                 ep.tx.register(self.domain, u64::from(sys::FI_SEND))?;
             }

@@ -27,13 +27,14 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider, TransportKind};
-use msgr_fabric::{CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp};
+use msgr_fabric::{CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp, Site};
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
@@ -56,6 +57,10 @@ const CQ_BATCH: usize = 32;
 const CQ_ROUNDS: usize = 16;
 
 const RX_BIT: u64 = 1 << 16;
+/// An accepted endpoint that is not connected (no `FI_CONNECTED`) after this
+/// long is dropped: until then it belongs to no session, so nothing else
+/// would ever close it (a peer that gave up mid-connect).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn context(link: LinkId, rx: bool, slot: usize) -> u64 {
     (link.0 << 17) | if rx { RX_BIT } else { 0 } | slot as u64
@@ -284,6 +289,9 @@ pub struct FabricTransport {
     /// Link failures found outside an event-reporting call.
     failed: Vec<(LinkId, String)>,
     completions: Vec<Completion>,
+    /// Accepted links with their set-up deadline, oldest first (entries of
+    /// links that connected or went are skipped when they reach the front).
+    half_open: VecDeque<(Instant, LinkId)>,
 }
 
 impl std::fmt::Debug for FabricTransport {
@@ -308,34 +316,13 @@ impl FabricTransport {
         }
         let net =
             Net::open(&provider.name, ep_type(provider), 8192).map_err(|e| fab_err(&kind, e))?;
-        let eq_fd = net.eq_fd().map_err(|e| fab_err(&kind, e))?;
-        let cq_fd = net.cq_fd().map_err(|e| fab_err(&kind, e))?;
-        let (Some(eq_fd), Some(cq_fd)) = (eq_fd, cq_fd) else {
-            return Err(fab_err(
-                &kind,
-                FabricError::NoProvider {
-                    provider: provider.name.clone(),
-                    endpoint: "msg",
-                    reason: "no wait fds for its event and completion queues".into(),
-                },
-            ));
-        };
         // Tokens from the worker's link-id allocator: unique among its links.
         let eq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let registry = registry
             .try_clone()
             .map_err(|e| TransportError::io("clone mio registry", e))?;
-        let mut fds = Vec::new();
-        for (fd, token) in [(eq_fd, eq_token), (cq_fd, cq_token)] {
-            if fds.contains(&fd) {
-                continue;
-            }
-            registry
-                .register(&mut SourceFd(&fd), token, Interest::READABLE)
-                .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
-            fds.push(fd);
-        }
+        let fds = Self::register_wait_fds(&kind, &net, &registry, eq_token, cq_token)?;
         Ok(FabricTransport {
             links: FxHashMap::default(),
             listeners: FxHashMap::default(),
@@ -353,7 +340,69 @@ impl FabricTransport {
             resumed: Vec::new(),
             failed: Vec::new(),
             completions: Vec::with_capacity(CQ_BATCH),
+            half_open: VecDeque::new(),
         })
+    }
+
+    /// Registers the Net's EQ and CQ wait fds under their tokens; returns
+    /// the fds registered (one if both queues share it).
+    fn register_wait_fds(
+        kind: &TransportKind,
+        net: &Net,
+        registry: &Registry,
+        eq_token: Token,
+        cq_token: Token,
+    ) -> Result<Vec<RawFd>, TransportError> {
+        let eq_fd = net.eq_fd().map_err(|e| fab_err(kind, e))?;
+        let cq_fd = net.cq_fd().map_err(|e| fab_err(kind, e))?;
+        let (Some(eq_fd), Some(cq_fd)) = (eq_fd, cq_fd) else {
+            return Err(TransportError::Unavailable {
+                kind: kind.clone(),
+                reason: "no wait fds for its event and completion queues".into(),
+            });
+        };
+        let mut fds = Vec::new();
+        for (fd, token) in [(eq_fd, eq_token), (cq_fd, cq_token)] {
+            if fds.contains(&fd) {
+                continue;
+            }
+            registry
+                .register(&mut SourceFd(&fd), token, Interest::READABLE)
+                .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
+            fds.push(fd);
+        }
+        Ok(fds)
+    }
+
+    /// Moves this worker's Net onto the domain that serves `site` while
+    /// nothing is open on it yet. Providers such as `verbs` have one domain
+    /// per RDMA device and open an endpoint only on the domain owning its
+    /// address, which is unknown until the first listen or connect (the Net
+    /// opened in [`FabricTransport::new`] sits on the provider's first
+    /// domain). Later addresses of another domain fail in [`Net::listen`] /
+    /// [`Net::connect`] with [`FabricError::OtherDomain`].
+    fn settle_domain(&mut self, site: Site) -> Result<(), TransportError> {
+        if !self.links.is_empty() || !self.listeners.is_empty() || self.net.serves(site) {
+            return Ok(());
+        }
+        let TransportKind::Fabric(provider) = &self.kind else {
+            unreachable!("a fabric transport has a fabric kind");
+        };
+        let net = Net::open_at(&provider.name, ep_type(provider), 8192, Some(site))
+            .map_err(|e| fab_err(&self.kind, e))?;
+        for fd in std::mem::take(&mut self.fds) {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
+        tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric worker moves to the domain of its first address");
+        self.net = net;
+        self.fds = Self::register_wait_fds(
+            &self.kind,
+            &self.net,
+            &self.registry,
+            self.eq_token,
+            self.cq_token,
+        )?;
+        Ok(())
     }
 
     fn drop_link(&mut self, id: LinkId) -> Option<FabricLink> {
@@ -433,6 +482,8 @@ impl FabricTransport {
                 self.by_key.insert(ep.key(), id);
                 self.links
                     .insert(id, FabricLink::new(ep, Some((listener, peer))));
+                self.half_open
+                    .push_back((Instant::now() + SETUP_TIMEOUT, id));
             }
             Err(e) => tracing::warn!(error = %e, "fi_accept failed"),
         }
@@ -577,7 +628,30 @@ impl FabricTransport {
         Ok(())
     }
 
+    /// Drops accepted links whose set-up deadline passed unconnected; pops
+    /// entries of links that connected or went.
+    fn reap_half_open(&mut self) {
+        let mut now = None;
+        while let Some(&(deadline, id)) = self.half_open.front() {
+            match self.links.get(&id) {
+                Some(l) if !l.connected => {
+                    if deadline > *now.get_or_insert_with(Instant::now) {
+                        break;
+                    }
+                    tracing::debug!(
+                        ?id,
+                        "accepted fabric link not connected within {SETUP_TIMEOUT:?}: dropped"
+                    );
+                    self.drop_link(id);
+                }
+                _ => {}
+            }
+            self.half_open.pop_front();
+        }
+    }
+
     fn poll_all(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        self.reap_half_open();
         let mut any = !self.failed.is_empty();
         for (id, why) in std::mem::take(&mut self.failed) {
             events.push(TransportEvent::Failed(id, why));
@@ -621,6 +695,7 @@ impl Transport for FabricTransport {
     }
 
     fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError> {
+        self.settle_domain(Site::Local(addr.socket))?;
         let pep = self
             .net
             .listen(addr.socket)
@@ -630,11 +705,28 @@ impl Transport for FabricTransport {
         Ok(addr.clone().with_port(port))
     }
 
+    /// Also drops the listener's accepted links that are not connected yet:
+    /// they belong to no session, and a shutting-down messenger would
+    /// otherwise find them left over.
     fn unlisten(&mut self, token: Token) {
         self.listeners.remove(&token);
+        let half_open: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| !l.connected && matches!(l.accepted, Some((t, _)) if t == token))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in half_open {
+            self.drop_link(id);
+        }
+    }
+
+    fn wake_at(&self) -> Option<Instant> {
+        self.half_open.front().map(|&(deadline, _)| deadline)
     }
 
     fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
+        self.settle_domain(Site::Peer(addr.socket))?;
         let mut ep = self
             .net
             .connect(addr.socket, SLOTS, SLOT_SIZE)

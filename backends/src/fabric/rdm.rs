@@ -86,7 +86,7 @@ use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
-use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp};
+use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp, Site};
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
@@ -642,6 +642,36 @@ impl RdmTransport {
             next_housekeeping: Instant::now() + HOUSEKEEPING,
             completions: Vec::with_capacity(CQ_BATCH),
         })
+    }
+
+    /// Moves this worker's Net onto the domain that serves `site` while no
+    /// endpoint is open on it (see `FabricTransport::settle_domain`: verbs
+    /// has one domain per device).
+    fn settle_domain(&mut self, site: Site) -> Result<(), TransportError> {
+        if self.ports.iter().any(Option::is_some) || self.net.serves(site) {
+            return Ok(());
+        }
+        let net = Net::open_at(&self.net_provider(), EpType::Rdm, 8192, Some(site))
+            .map_err(|e| fab_err(&self.kind, e))?;
+        if let Some(fd) = self.cq_fd.take() {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
+        tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric RDM worker moves to the domain of its first address");
+        self.net = net;
+        self.cq_fd = self.net.cq_fd().map_err(|e| fab_err(&self.kind, e))?;
+        if let Some(fd) = self.cq_fd {
+            self.registry
+                .register(&mut SourceFd(&fd), self.cq_token, Interest::READABLE)
+                .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
+        }
+        Ok(())
+    }
+
+    fn net_provider(&self) -> String {
+        match &self.kind {
+            TransportKind::Fabric(p) => p.name.clone(),
+            _ => unreachable!("a fabric transport has a fabric kind"),
+        }
     }
 
     fn open_port(
@@ -1434,6 +1464,7 @@ impl Transport for RdmTransport {
                 (a, Some(r))
             }
         };
+        self.settle_domain(Site::Local(bind))?;
         let pidx = self
             .open_port(Some(bind), Some((token, bind)), reservation)
             .map_err(|e| io_err("open RDM endpoint", e))?;

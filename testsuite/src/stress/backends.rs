@@ -70,6 +70,12 @@ pub fn candidates() -> Vec<Backend> {
             TransportKind::Fabric(FabricProvider::new("tcp").with_endpoint(FabricEndpoint::Rdm)),
             "fabric+tcp://127.0.0.1:0?ep=rdm",
         ),
+        // The verbs provider needs an RDMA device (the QEMU guest's rxe1:
+        // run with --bind fabric+verbs://198.51.100.1:0, see tests/guest_fabric.rs).
+        backend(
+            TransportKind::Fabric(FabricProvider::new("verbs")),
+            "fabric+verbs://127.0.0.1:0",
+        ),
         // shm offers only RDM endpoints; its names come from the address
         // (fabric+shm://IP:PORT is the region fi_ns://IP:PORT).
         backend(
@@ -88,7 +94,7 @@ pub fn available_backends() -> Vec<Backend> {
 }
 
 /// Finds a candidate by name (`tcp`, `verbs`, `rdmacm`, `fabric+tcp`,
-/// `fabric+tcp?ep=rdm`, `fabric+shm?ep=rdm`).
+/// `fabric+tcp?ep=rdm`, `fabric+verbs`, `fabric+shm?ep=rdm`).
 pub fn backend_by_name(name: &str) -> Option<Backend> {
     candidates().into_iter().find(|b| b.name == name)
 }

@@ -1,0 +1,131 @@
+//! The shared stress workload (`msgr-stress`, docs/STRESS.md) as guest
+//! commands, and the checks every guest run of it must pass: used by
+//! tests/guest_stress.rs (verbs, rdmacm) and tests/guest_fabric.rs
+//! (libfabric's verbs provider).
+
+use super::{shell_quote, GuestCommand, GuestOutcome};
+use std::path::Path;
+use std::time::Duration;
+
+/// One backend the suite runs over in the guest.
+#[derive(Clone, Debug)]
+pub struct StressTarget {
+    /// The guest command's name.
+    pub name: &'static str,
+    /// The registry name (`msgr-stress --backend`).
+    pub backend: &'static str,
+    /// The servers' bind address.
+    pub bind: String,
+    /// Shell run first (siw enforces RLIMIT_MEMLOCK even for root).
+    pub prelude: &'static str,
+}
+
+/// How long and how big one run is.
+#[derive(Clone, Copy, Debug)]
+pub struct StressShape {
+    pub secs: u64,
+    pub servers: u32,
+    pub clients: u32,
+    pub seed: u64,
+}
+
+impl StressTarget {
+    /// `msgr-stress` arguments for this target (the first 12 reproduce it).
+    pub fn args(&self, shape: StressShape) -> Vec<String> {
+        vec![
+            "--backend".into(),
+            self.backend.into(),
+            "--bind".into(),
+            self.bind.clone(),
+            "--duration".into(),
+            shape.secs.to_string(),
+            "--servers".into(),
+            shape.servers.to_string(),
+            "--clients".into(),
+            shape.clients.to_string(),
+            "--seed".into(),
+            shape.seed.to_string(),
+            "--json".into(),
+            "--quiet".into(),
+        ]
+    }
+
+    /// The guest command running `bin` (msgr-stress) over this target.
+    pub fn command(&self, bin: &Path, shape: StressShape) -> GuestCommand {
+        let mut script = format!("{}{}", self.prelude, shell_quote(&bin.to_string_lossy()));
+        for a in self.args(shape) {
+            script.push(' ');
+            script.push_str(&shell_quote(&a));
+        }
+        // The report (JSON) and the log (stderr) apart, so the report parses.
+        script.push_str(
+            " >$TMPDIR/report.json 2>$TMPDIR/stress.log\n\
+             rc=$?\n\
+             cat $TMPDIR/stress.log\n\
+             echo '--- report ---'\n\
+             cat $TMPDIR/report.json\n\
+             exit $rc\n",
+        );
+        // The workload's own bounds: duration, a 90 s drain, its watchdog
+        // at duration + drain + 240 s; the command's timeout sits above.
+        GuestCommand::shell(self.name, script).timeout(Duration::from_secs(shape.secs + 360))
+    }
+
+    /// Checks this target's run: its report parses, no violation, progress,
+    /// faults, reconnects and no leaked link. Returns the report.
+    #[track_caller]
+    pub fn check(&self, out: &GuestOutcome, shape: StressShape) -> serde_json::Value {
+        let c = out
+            .command(self.name)
+            .unwrap_or_else(|| panic!("{} did not run\n{out}", self.name));
+        let repro = format!(
+            "{}: reproduce with MSGR_STRESS_SEED={} (in the guest: {}msgr-stress {})",
+            self.name,
+            shape.seed,
+            self.prelude.replace('\n', "; "),
+            self.args(shape)[..12].join(" ")
+        );
+        let (_, report) = c
+            .output
+            .split_once("--- report ---")
+            .unwrap_or_else(|| panic!("no report; {repro}\n{out}"));
+        let reports: serde_json::Value = serde_json::from_str(report.trim())
+            .unwrap_or_else(|e| panic!("report is not JSON ({e}); {repro}\n{out}"));
+        let r = reports
+            .as_array()
+            .and_then(|a| a.first())
+            .unwrap_or_else(|| panic!("no report; {repro}\n{out}"))
+            .clone();
+        let n = |k: &str| {
+            r[k].as_u64()
+                .unwrap_or_else(|| panic!("report has no {k}; {repro}\n{out}"))
+        };
+        assert_eq!(r["backend"], self.backend, "{repro}");
+        assert_eq!(
+            n("violation_count"),
+            0,
+            "violations: {}; {repro}",
+            r["violations"]
+        );
+        assert!(c.success(), "msgr-stress failed; {repro}\n{out}");
+        assert!(
+            n("delivered_messages") > 500,
+            "the run made progress; {repro}"
+        );
+        assert!(n("injected_faults") > 0, "faults were injected; {repro}");
+        assert!(
+            n("reconnects") > 0,
+            "sessions resumed after faults; {repro}"
+        );
+        assert_eq!(n("leaked_links"), 0, "{repro}");
+        r
+    }
+}
+
+/// A number from the environment (`MSGR_STRESS_SECS`, `MSGR_STRESS_SEED`).
+pub fn env_u64(key: &str) -> Option<u64> {
+    std::env::var(key).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{key}={v} is not a number"))
+    })
+}
