@@ -20,6 +20,7 @@ mod config;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use msgr_addr::{EntityAddr, EntityName};
 
 pub use config::{Policy, SessionConfig};
@@ -261,6 +262,8 @@ pub struct Session {
 
     ctrl: VecDeque<Transmit>,
     events: VecDeque<SessionEvent>,
+    /// Message headers are cut from here (see `Message::to_frame_in`).
+    headers: BytesMut,
     backoff: Duration,
     link_since: Instant,
     last_rx: Instant,
@@ -299,6 +302,7 @@ impl Session {
             acked_in_seq: 0,
             ctrl: VecDeque::new(),
             events: VecDeque::new(),
+            headers: BytesMut::new(),
             backoff,
             link_since: now,
             last_rx: now,
@@ -593,7 +597,7 @@ impl Session {
             let front = self.queue.front().map_or(self.sent_seq + 1, |m| m.seq);
             let idx = (self.sent_seq + 1 - front) as usize;
             let msg = self.queue.get(idx)?;
-            let frame = msg.to_frame(self.in_seq);
+            let frame = msg.to_frame_in(self.in_seq, &mut self.headers);
             self.stats.tx_messages += 1;
             self.stats.tx_bytes += msg.payload_len() as u64;
             self.acked_in_seq = self.in_seq;
