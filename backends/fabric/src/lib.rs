@@ -35,6 +35,8 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use libfabric_sys as sys;
 use thiserror::Error;
@@ -371,6 +373,7 @@ pub struct Net {
     provider: String,
     ep: EpType,
     mr_local: bool,
+    rma_gauge: Arc<RmaGauge>,
 }
 
 // SAFETY: the libfabric objects are only used through &mut self / owned
@@ -555,6 +558,7 @@ impl Net {
             provider: provider.to_owned(),
             ep,
             mr_local: false,
+            rma_gauge: Arc::default(),
         };
         // SAFETY: info is a valid fi_info from fi_getinfo; each out-pointer is
         // a field of `net`, closed by its Drop if set.
@@ -1143,11 +1147,6 @@ impl Ep {
         &mut self.rma
     }
 
-    /// Buffers exposed and reads in flight.
-    pub fn rma_in_use(&self) -> (usize, usize) {
-        self.rma.in_use()
-    }
-
     /// Starts reading `len` bytes of the connected peer's exposed buffer
     /// into a new buffer of ours, owned by the endpoint until
     /// [`RmaBuffers::read_done`] with the same `context`. A connected endpoint needs
@@ -1520,11 +1519,6 @@ impl RdmEp {
         &mut self.rma
     }
 
-    /// Buffers exposed and reads in flight.
-    pub fn rma_in_use(&self) -> (usize, usize) {
-        self.rma.in_use()
-    }
-
     /// Starts reading `len` bytes of a peer's exposed buffer into a new
     /// buffer of ours, which the endpoint owns until
     /// [`RmaBuffers::read_done`] with the same `context`.
@@ -1590,6 +1584,16 @@ pub struct RmaBuffers {
     next_exposed: u32,
     /// Buffers being filled by fi_read, by operation context.
     reading: std::collections::HashMap<u64, Region>,
+    /// The Net's count of both, over all its endpoints.
+    gauge: Arc<RmaGauge>,
+}
+
+/// Registrations for the rendezvous alive on a Net's endpoints
+/// ([`Net::rma_in_use`]).
+#[derive(Debug, Default)]
+struct RmaGauge {
+    exposed: AtomicUsize,
+    reading: AtomicUsize,
 }
 
 impl Net {
@@ -1604,7 +1608,18 @@ impl Net {
             exposed: Default::default(),
             next_exposed: 0,
             reading: Default::default(),
+            gauge: self.rma_gauge.clone(),
         }
+    }
+
+    /// Buffers exposed for peers and buffers being filled by reads, over
+    /// all endpoints of this Net, until their registrations close (with
+    /// the endpoint at the latest).
+    pub fn rma_in_use(&self) -> (usize, usize) {
+        (
+            self.rma_gauge.exposed.load(Ordering::Relaxed),
+            self.rma_gauge.reading.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -1671,8 +1686,13 @@ impl RmaBuffers {
             len: mem.len() as u64,
             key,
         };
-        if let Some(old) = self.exposed.insert(id, Region { mem, mr }) {
-            old.close();
+        match self.exposed.insert(id, Region { mem, mr }) {
+            Some(old) => {
+                old.close();
+            }
+            None => {
+                self.gauge.exposed.fetch_add(1, Ordering::Relaxed);
+            }
         }
         Ok(exposed)
     }
@@ -1681,6 +1701,7 @@ impl RmaBuffers {
     pub fn unexpose(&mut self, id: u32) {
         if let Some(r) = self.exposed.remove(&id) {
             r.close();
+            self.gauge.exposed.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -1730,32 +1751,33 @@ impl RmaBuffers {
             return Err(e);
         }
         self.reading.insert(context, Region { mem, mr });
+        self.gauge.reading.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// The buffer of a completed read (`None` if `context` is not one).
     pub fn read_done(&mut self, context: u64) -> Option<Vec<u8>> {
-        self.reading.remove(&context).map(Region::close)
-    }
-
-    /// Buffers exposed and reads in flight.
-    pub fn in_use(&self) -> (usize, usize) {
-        (self.exposed.len(), self.reading.len())
+        let r = self.reading.remove(&context)?;
+        self.gauge.reading.fetch_sub(1, Ordering::Relaxed);
+        Some(r.close())
     }
 
     /// Closes every registration; the caller closed the endpoint first, so
     /// the provider no longer touches the buffers.
     fn close_all(&mut self) {
+        let (exposed, reading) = (self.exposed.len(), self.reading.len());
         for r in self.exposed.drain().map(|(_, r)| r) {
             r.close();
         }
         for r in self.reading.drain().map(|(_, r)| r) {
             r.close();
         }
+        self.gauge.exposed.fetch_sub(exposed, Ordering::Relaxed);
+        self.gauge.reading.fetch_sub(reading, Ordering::Relaxed);
     }
 
     /// Keeps every buffer for the process's lifetime (an endpoint that is
-    /// never closed: the provider may still touch them).
+    /// never closed: the provider may still touch them); they stay counted.
     fn leak(&mut self) {
         std::mem::forget(std::mem::take(&mut self.exposed));
         std::mem::forget(std::mem::take(&mut self.reading));

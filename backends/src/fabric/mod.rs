@@ -64,7 +64,7 @@ use crate::{
     Availability, DetachedLink, RealFault, Transport, TransportContext, TransportError,
     TransportEvent, TransportStats,
 };
-use rendezvous::{Counters, DescError, Exposures, Reading};
+use rendezvous::{Counters, DescError, Exposures, Reading, Receiving};
 
 /// Bytes per transmit/receive slot (one message on the wire).
 pub const SLOT_SIZE: usize = 64 << 10;
@@ -302,11 +302,9 @@ struct FabricLink {
     close_after_flush: bool,
     /// Rendezvous, sending side: units exposed for the peer to read.
     exposures: Exposures,
-    /// Rendezvous, receiving side: the fi_read in flight; later messages
-    /// wait for it.
-    reading: Option<Reading>,
-    /// RNDV_DONE answers to send (the peer's ids).
-    need_done: Vec<u32>,
+    /// Rendezvous, receiving side: the fi_read in flight (later messages
+    /// wait for it) and the RNDV_DONE answers owed.
+    receiving: Receiving,
 }
 
 impl FabricLink {
@@ -327,8 +325,7 @@ impl FabricLink {
             behind_read_bytes: 0,
             close_after_flush: false,
             exposures: Exposures::default(),
-            reading: None,
-            need_done: Vec::new(),
+            receiving: Receiving::default(),
         }
     }
 
@@ -337,7 +334,7 @@ impl FabricLink {
         self.queue.is_empty()
             && self.free_tx.len() == self.ep.slots()
             && self.exposures.is_idle()
-            && self.need_done.is_empty()
+            && self.receiving.need_done.is_empty()
     }
 
     /// Whether received messages wait (in `held`) instead of being handled.
@@ -347,7 +344,7 @@ impl FabricLink {
 
     /// Whether a received message must wait behind a rendezvous read.
     fn behind_a_read(&self) -> bool {
-        self.reading.is_some() || !self.behind_read.is_empty()
+        self.receiving.reading.is_some() || !self.behind_read.is_empty()
     }
 
     /// Sends one message that `fill` writes into a free transmit slot
@@ -534,7 +531,7 @@ impl FabricTransport {
     fn drop_link(&mut self, id: LinkId) -> Option<FabricLink> {
         let link = self.links.remove(&id)?;
         self.by_key.remove(&link.ep.key());
-        if link.reading.is_some() {
+        if link.receiving.reading.is_some() {
             self.reads -= 1;
         }
         Some(link)
@@ -682,26 +679,23 @@ impl FabricTransport {
             return; // the link went while its read was in flight
         };
         let buf = link.ep.rma().read_done(c.context);
-        let Some(Reading { their_id, .. }) = link.reading.take() else {
-            return;
-        };
-        self.reads -= 1;
-        let unit = rendezvous::finish_read(
+        let Some(unit) = link.receiving.finish(
             c.error,
             buf,
             &mut link.reasm,
             &self.limits,
             &mut self.rndv_counters,
-        );
-        let unit = match unit {
-            Ok(unit) => unit,
+        ) else {
+            return;
+        };
+        self.reads -= 1;
+        match unit {
+            Ok(unit) => events.push(TransportEvent::Received(id, unit)),
             Err(e) => {
                 self.drop_link(id);
                 return events.push(e.event(id));
             }
-        };
-        events.push(TransportEvent::Received(id, unit));
-        link.need_done.push(their_id);
+        }
         self.dirty.push(id);
         if !link.held.is_empty() || !link.behind_read.is_empty() {
             self.resumed.push(id);
@@ -724,7 +718,7 @@ impl FabricTransport {
         link.ep
             .read(d.len as usize, d.addr, d.key, ctx)
             .map_err(|e| PieceError::Malformed(format!("fi_read: {e}")))?;
-        link.reading = Some(Reading {
+        link.receiving.reading = Some(Reading {
             context: ctx,
             since: Instant::now(),
             their_id: d.id,
@@ -768,7 +762,11 @@ impl FabricTransport {
         let overdue: Vec<LinkId> = self
             .links
             .iter()
-            .filter(|(_, l)| l.reading.is_some_and(|r| rendezvous::overdue(r.since, now)))
+            .filter(|(_, l)| {
+                l.receiving
+                    .reading
+                    .is_some_and(|r| rendezvous::overdue(r.since, now))
+            })
             .map(|(&id, _)| id)
             .collect();
         for id in overdue {
@@ -882,7 +880,7 @@ impl FabricTransport {
         rndv: bool,
         counters: &mut Counters,
     ) -> Result<(), FabricError> {
-        while let Some(&done) = link.need_done.last() {
+        while let Some(&done) = link.receiving.need_done.last() {
             let sent = link.post(id, |buf| {
                 buf[0] = RNDV_DONE;
                 buf[1..=rendezvous::DONE_LEN].copy_from_slice(&done.to_le_bytes());
@@ -891,7 +889,7 @@ impl FabricTransport {
             if !sent {
                 return Ok(());
             }
-            link.need_done.pop();
+            link.receiving.need_done.pop();
         }
         loop {
             let staged = link.exposures.stage(
@@ -986,7 +984,7 @@ impl FabricTransport {
             if link.holding() {
                 break;
             }
-            if link.reading.is_none() {
+            if link.receiving.reading.is_none() {
                 if let Some(copy) = link.behind_read.pop_front() {
                     link.behind_read_bytes -= copy.len();
                     any = true;
@@ -1195,14 +1193,9 @@ impl Transport for FabricTransport {
     }
 
     fn stats(&self) -> TransportStats {
-        let in_use = self
-            .links
-            .values()
-            .map(|l| l.ep.rma_in_use())
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         TransportStats {
             kind: self.kind.clone(),
-            values: self.rndv_counters.values(self.rndv, in_use),
+            values: self.rndv_counters.values(self.rndv, self.net.rma_in_use()),
         }
     }
 }

@@ -85,7 +85,7 @@ use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp, Site};
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
-use super::rendezvous::{self, Counters, DescError, Exposures, Reading};
+use super::rendezvous::{self, Counters, DescError, Exposures, Reading, Receiving};
 use super::{fab_err, no_half_close, no_migration, probe, PieceError, Reassembly, SLOT_SIZE};
 use crate::{
     Availability, DetachedLink, RealFault, Transport, TransportContext, TransportError,
@@ -403,11 +403,9 @@ struct RdmLink {
     last_sent: Instant,
     /// Rendezvous, sending side: units exposed for the peer to read.
     exposures: Exposures,
-    /// Rendezvous, receiving side: the fi_read in flight; later pieces
-    /// wait for it.
-    reading: Option<Reading>,
-    /// RNDV_DONE messages to send (the sender's ids).
-    need_done: Vec<u32>,
+    /// Rendezvous, receiving side: the fi_read in flight (later pieces
+    /// wait for it) and the RNDV_DONE answers owed.
+    receiving: Receiving,
 }
 
 impl RdmLink {
@@ -438,8 +436,7 @@ impl RdmLink {
             last_heard: now,
             last_sent: now,
             exposures: Exposures::default(),
-            reading: None,
-            need_done: Vec::new(),
+            receiving: Receiving::default(),
         }
     }
 
@@ -918,7 +915,11 @@ impl RdmTransport {
     fn hand_up(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) -> bool {
         let mut any = false;
         while let Some(link) = self.links.get_mut(&id) {
-            if link.paused || link.frozen || link.remote.is_none() || link.reading.is_some() {
+            if link.paused
+                || link.frozen
+                || link.remote.is_none()
+                || link.receiving.reading.is_some()
+            {
                 break;
             }
             let Some((slot, len)) = link.held.remove(&link.rx_seq) else {
@@ -967,7 +968,7 @@ impl RdmTransport {
                     match from.map(|from| port.ep.read(d.len as usize, from, d.addr, d.key, ctx)) {
                         Some(Ok(())) => {
                             port.reads.insert(ctx, id);
-                            link.reading = Some(Reading {
+                            link.receiving.reading = Some(Reading {
                                 context: ctx,
                                 since: Instant::now(),
                                 their_id: d.id,
@@ -1016,25 +1017,22 @@ impl RdmTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return; // the link went while its read was in flight
         };
-        let Some(Reading { their_id, .. }) = link.reading.take() else {
-            return;
-        };
-        let unit = rendezvous::finish_read(
+        let Some(unit) = link.receiving.finish(
             c.error,
             buf,
             &mut link.reasm,
             &self.limits,
             &mut self.rndv_counters,
-        );
-        let unit = match unit {
-            Ok(unit) => unit,
+        ) else {
+            return;
+        };
+        match unit {
+            Ok(unit) => events.push(TransportEvent::Received(id, unit)),
             Err(e) => {
                 self.drop_link(id);
                 return events.push(e.event(id));
             }
-        };
-        events.push(TransportEvent::Received(id, unit));
-        link.need_done.push(their_id);
+        }
         self.dirty.push(id);
         self.hand_up(id, events);
     }
@@ -1152,11 +1150,11 @@ impl RdmTransport {
             }
             link.need_welcome = false;
         }
-        while let Some(&done) = link.need_done.last() {
+        while let Some(&done) = link.receiving.need_done.last() {
             if !link.post_control(id, pidx, port, RNDV_DONE, remote, &done.to_le_bytes())? {
                 return Ok(false);
             }
-            link.need_done.pop();
+            link.receiving.need_done.pop();
         }
         // A large unit at a unit boundary goes by rendezvous: exposed here,
         // its descriptor sent as the next data piece.
@@ -1285,7 +1283,10 @@ impl RdmTransport {
             if l.frozen || l.close_after_flush {
                 continue;
             }
-            let stuck_read = l.reading.is_some_and(|r| rendezvous::overdue(r.since, now));
+            let stuck_read = l
+                .receiving
+                .reading
+                .is_some_and(|r| rendezvous::overdue(r.since, now));
             // Exposed units are not timed on the sending side: a receiver
             // that paused reading fetches them late, and a dead one trips
             // `last_heard`.
@@ -1575,15 +1576,9 @@ impl Transport for RdmTransport {
     }
 
     fn stats(&self) -> TransportStats {
-        let in_use = self
-            .ports
-            .iter()
-            .flatten()
-            .map(|p| p.ep.rma_in_use())
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         TransportStats {
             kind: self.kind.clone(),
-            values: self.rndv_counters.values(self.rndv, in_use),
+            values: self.rndv_counters.values(self.rndv, self.net.rma_in_use()),
         }
     }
 

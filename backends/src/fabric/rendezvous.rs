@@ -274,7 +274,37 @@ impl Exposures {
     }
 }
 
-/// The receiving side of one link: the read in flight.
+/// The receiving side of one link: the read in flight (later messages
+/// wait for it) and the answers owed to the sender.
+#[derive(Debug, Default)]
+pub struct Receiving {
+    /// The fi_read in flight.
+    pub reading: Option<Reading>,
+    /// Answers to send (the sender's ids).
+    pub need_done: Vec<u32>,
+}
+
+impl Receiving {
+    /// The link's read completed (see [`finish_read`]): on success its
+    /// answer is owed. `None`: no read was in flight.
+    pub(crate) fn finish(
+        &mut self,
+        error: Option<(i32, &'static str)>,
+        buf: Option<Vec<u8>>,
+        reasm: &mut Reassembly,
+        limits: &FrameLimits,
+        counters: &mut Counters,
+    ) -> Option<Result<Inbound, PieceError>> {
+        let reading = self.reading.take()?;
+        let unit = finish_read(error, buf, reasm, limits, counters);
+        if unit.is_ok() {
+            self.need_done.push(reading.their_id);
+        }
+        Some(unit)
+    }
+}
+
+/// A read in flight.
 #[derive(Clone, Copy, Debug)]
 pub struct Reading {
     /// The read's completion context.
