@@ -91,9 +91,13 @@ const RX_BIT: u64 = 1 << 16;
 /// Context bit of a link's fi_read (one at a time per link).
 const READ_BIT: u64 = 1 << 15;
 const SLOT_MASK: u64 = READ_BIT - 1;
-/// An accepted endpoint that is not connected (no `FI_CONNECTED`) after this
-/// long is dropped: until then it belongs to no session, so nothing else
-/// would ever close it (a peer that gave up mid-connect).
+/// An endpoint that is not connected (no `FI_CONNECTED`) after this long
+/// goes. An accepted one is dropped silently: until then it belongs to no
+/// session, so nothing else would ever close it (a peer that gave up
+/// mid-connect). An outgoing one fails: a listener that never answers (its
+/// messenger went between our request and its accept, and libfabric does
+/// not reject a request that is merely dropped) would otherwise leave the
+/// session `Connecting` for ever.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn context(link: LinkId, rx: bool, slot: usize) -> u64 {
@@ -398,7 +402,7 @@ pub struct FabricTransport {
     /// Link failures found outside an event-reporting call.
     failed: Vec<(LinkId, String)>,
     completions: Vec<Completion>,
-    /// Accepted links with their set-up deadline, oldest first (entries of
+    /// Links with their set-up deadline, oldest first (entries of
     /// links that connected or went are skipped when they reach the front).
     half_open: VecDeque<(Instant, LinkId)>,
     /// Large units go by fi_read rendezvous (the endpoints have FI_RMA).
@@ -953,8 +957,8 @@ impl FabricTransport {
         Ok(())
     }
 
-    /// Drops accepted links whose set-up deadline passed unconnected; pops
-    /// entries of links that connected or went.
+    /// Drops links whose set-up deadline passed unconnected (outgoing ones
+    /// are reported failed); pops entries of links that connected or went.
     fn reap_half_open(&mut self) {
         let mut now = None;
         while let Some(&(deadline, id)) = self.half_open.front() {
@@ -963,11 +967,17 @@ impl FabricTransport {
                     if deadline > *now.get_or_insert_with(Instant::now) {
                         break;
                     }
+                    let accepted = l.accepted.is_some();
                     tracing::debug!(
                         ?id,
-                        "accepted fabric link not connected within {SETUP_TIMEOUT:?}: dropped"
+                        accepted,
+                        "fabric link not connected within {SETUP_TIMEOUT:?}"
                     );
                     self.drop_link(id);
+                    if !accepted {
+                        let why = format!("not connected within {SETUP_TIMEOUT:?}");
+                        self.failed.push((id, why));
+                    }
                 }
                 _ => {}
             }
@@ -1080,6 +1090,8 @@ impl Transport for FabricTransport {
             .map_err(|e| TransportError::io("fi_recv", std::io::Error::other(e.to_string())))?;
         self.by_key.insert(ep.key(), link);
         self.links.insert(link, FabricLink::new(ep, None));
+        self.half_open
+            .push_back((Instant::now() + SETUP_TIMEOUT, link));
         Ok(())
     }
 
@@ -1255,13 +1267,18 @@ pub(crate) mod tests {
         events
     }
 
+    /// A `tcp` MSG transport and the Poll its wait fds are in.
+    fn tcp_transport() -> (mio::Poll, FabricTransport) {
+        let poll = mio::Poll::new().unwrap();
+        let ctx = TransportContext::new(FrameLimits::default());
+        let t = FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
+        (poll, t)
+    }
+
     /// A peer that is not there fails the connect (an event, not a hang).
     #[test]
     fn connect_to_a_dead_port_fails() {
-        let mut poll = mio::Poll::new().unwrap();
-        let ctx = TransportContext::new(FrameLimits::default());
-        let mut t =
-            FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
+        let (mut poll, mut t) = tcp_transport();
         let dead: EntityAddr = "fabric+tcp://127.0.0.1:1".parse().unwrap();
         t.connect(LinkId(1000), &dead).unwrap();
         let events = drive(&mut t, &mut poll, |e| !e.is_empty());
@@ -1277,10 +1294,7 @@ pub(crate) mod tests {
     /// on both sides.
     #[test]
     fn large_units_and_abort() {
-        let mut poll = mio::Poll::new().unwrap();
-        let ctx = TransportContext::new(FrameLimits::default());
-        let mut t =
-            FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
+        let (mut poll, mut t) = tcp_transport();
         let any: EntityAddr = "fabric+tcp://127.0.0.1:0".parse().unwrap();
         let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
         assert_ne!(bound.socket.port(), 0);
@@ -1354,6 +1368,27 @@ pub(crate) mod tests {
                 .any(|e| matches!(e, TransportEvent::Failed(LinkId(1000), _))),
             "{events:?}"
         );
+        assert_eq!(t.link_count(), 0);
+    }
+
+    /// A listener that takes the TCP connection but never answers
+    /// libfabric's connection request: the connect fails by the set-up
+    /// deadline instead of hanging.
+    #[test]
+    fn unanswered_connect_fails_by_the_deadline() {
+        let (mut poll, mut t) = tcp_transport();
+        let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr: EntityAddr = format!("fabric+tcp://{}", mute.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let t0 = Instant::now();
+        t.connect(LinkId(1000), &addr).unwrap();
+        let events = drive(&mut t, &mut poll, |e| !e.is_empty());
+        assert!(
+            matches!(&events[0], TransportEvent::Failed(LinkId(1000), why) if why.contains("not connected")),
+            "{events:?}"
+        );
+        assert!(t0.elapsed() >= SETUP_TIMEOUT, "{:?}", t0.elapsed());
         assert_eq!(t.link_count(), 0);
     }
 
