@@ -294,8 +294,9 @@ struct FabricLink {
     reasm: Reassembly,
     paused: bool,
     frozen: bool,
-    /// Receives completed while reading was paused: (slot, len). Their
-    /// slots stay taken, which stops the peer (backpressure).
+    /// Receives completed while reading was paused (and no read was in
+    /// flight) or the link frozen: (slot, len). Their slots stay taken,
+    /// which stops the peer (backpressure).
     held: VecDeque<(usize, usize)>,
     /// Messages that came while a rendezvous read was in flight, copied out
     /// so their slots go back at once: the provider may deliver the read's
@@ -341,7 +342,7 @@ impl FabricLink {
             && self.receiving.need_done.is_empty()
     }
 
-    /// Whether received messages wait (in `held`) instead of being handled.
+    /// Whether received messages wait instead of being handled.
     fn holding(&self) -> bool {
         self.paused || self.frozen
     }
@@ -668,7 +669,9 @@ impl FabricTransport {
             }
             return;
         }
-        if link.holding() {
+        // A paused link keeps its slots (backpressure), except while a read
+        // is in flight: its data may come behind them.
+        if link.frozen || (link.paused && link.receiving.reading.is_none()) {
             link.held.push_back((slot, c.len));
             return;
         }
