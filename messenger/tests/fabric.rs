@@ -34,10 +34,23 @@ fn assert_nothing_left(m: &mut Messenger, what: &str) {
     assert_eq!(m.rx_held(), (0, 0), "{what}: received data still held");
 }
 
-/// Thousands of messages from 0 B to 4 MiB (the large ones split over many
-/// slot-sized messages) arrive in order with intact bytes; both sides shut
-/// down with nothing left.
-fn ordering_and_integrity_mixed_sizes(addr: &str) {
+/// A fabric counter or gauge of `m`'s transports, summed over its workers.
+fn fabric_stat(m: &Messenger, name: &str) -> u64 {
+    m.transport_stats()
+        .iter()
+        .filter(|s| matches!(s.kind, msgr::TransportKind::Fabric(_)))
+        .flat_map(|s| s.values.iter())
+        .filter(|(n, _)| *n == name)
+        .map(|&(_, v)| v)
+        .sum()
+}
+
+/// Thousands of messages from 0 B to 4 MiB arrive in order with intact
+/// bytes; both sides shut down with nothing left. The large ones (above 64
+/// KiB) go by fi_read rendezvous where `rendezvous` says the provider has
+/// FI_RMA, else split over many slot-sized messages; either way no buffer
+/// stays exposed or half read once everything is acknowledged.
+fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool) {
     init_tracing();
     let seed: u64 = rand::random();
     println!("{addr}: seed {seed}");
@@ -81,6 +94,45 @@ fn ordering_and_integrity_mixed_sizes(addr: &str) {
         wait_until(Duration::from_secs(10), || conn.queued() == (0, 0)),
         "acks drain the queue"
     );
+    let sent = fabric_stat(&cli, "rendezvous_sent");
+    let read = fabric_stat(&srv, "rendezvous_read");
+    let read_bytes = fabric_stat(&srv, "rendezvous_read_bytes");
+    let fallbacks = fabric_stat(&cli, "rendezvous_fallbacks");
+    println!(
+        "{addr}: rendezvous sent {sent}, read {read} ({read_bytes} bytes), fallbacks {fallbacks}"
+    );
+    for m in [&cli, &srv] {
+        assert_eq!(
+            fabric_stat(m, "rendezvous_enabled") > 0,
+            rendezvous,
+            "{addr}: rendezvous enabled"
+        );
+    }
+    if rendezvous {
+        assert!(
+            read > 0 && read == sent,
+            "{addr}: large messages took the fi_read path"
+        );
+        assert!(
+            read_bytes > read * (64 << 10),
+            "{addr}: only units above 64 KiB"
+        );
+        assert_eq!(fallbacks, 0, "{addr}: no registration failed");
+    } else {
+        assert_eq!((sent, read), (0, 0), "{addr}: no rendezvous");
+    }
+    for (m, side) in [(&cli, "client"), (&srv, "server")] {
+        assert!(
+            wait_until(Duration::from_secs(10), || fabric_stat(
+                m,
+                "rendezvous_exposed"
+            ) + fabric_stat(
+                m,
+                "rendezvous_reading"
+            ) == 0),
+            "{addr}: {side} still has buffers exposed or being read"
+        );
+    }
     assert_nothing_left(&mut cli, "client");
     assert_nothing_left(&mut srv, "server");
 }
@@ -150,11 +202,11 @@ fn lossless_exactly_once_across_aborts(addr: &str) {
 
 /// The same tests over each provider and endpoint type.
 macro_rules! over {
-    ($module:ident, $addr:expr) => {
+    ($module:ident, $addr:expr, rendezvous: $rndv:expr) => {
         mod $module {
             #[test]
             fn ordering_and_integrity_mixed_sizes() {
-                super::ordering_and_integrity_mixed_sizes($addr);
+                super::ordering_and_integrity_mixed_sizes($addr, $rndv);
             }
 
             #[test]
@@ -165,9 +217,10 @@ macro_rules! over {
     };
 }
 
-over!(tcp_msg, "fabric+tcp://127.0.0.1:0");
-over!(tcp_rdm, "fabric+tcp://127.0.0.1:0?ep=rdm");
-over!(shm_rdm, "fabric+shm://127.0.0.1:0?ep=rdm");
+over!(tcp_msg, "fabric+tcp://127.0.0.1:0", rendezvous: true);
+over!(tcp_rdm, "fabric+tcp://127.0.0.1:0?ep=rdm", rendezvous: true);
+// shm endpoints are never closed, so they never expose buffers (rdm.rs).
+over!(shm_rdm, "fabric+shm://127.0.0.1:0?ep=rdm", rendezvous: false);
 
 /// The verbs provider on Soft-RoCE: rxe1 on the guest-only address
 /// 198.51.100.1 (the verbs provider resolves addresses through rdma_cm, which
@@ -192,13 +245,13 @@ fn require_guest() {
 
 /// [`over!`] for the guest: ignored on the host, with the reason.
 macro_rules! in_guest_over {
-    ($module:ident, $addr:expr) => {
+    ($module:ident, $addr:expr, rendezvous: $rndv:expr) => {
         mod $module {
             #[test]
             #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
             fn ordering_and_integrity_mixed_sizes() {
                 super::require_guest();
-                super::ordering_and_integrity_mixed_sizes($addr);
+                super::ordering_and_integrity_mixed_sizes($addr, $rndv);
             }
 
             #[test]
@@ -211,7 +264,7 @@ macro_rules! in_guest_over {
     };
 }
 
-in_guest_over!(verbs_msg, super::VERBS_RXE1);
+in_guest_over!(verbs_msg, super::VERBS_RXE1, rendezvous: true);
 
 /// RDM endpoints over verbs (`verbs;ofi_rxm`) do not work on Soft-RoCE with
 /// libfabric 1.17 (docs/GUEST.md): starting a messenger fails, and the error

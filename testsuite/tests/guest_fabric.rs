@@ -3,7 +3,8 @@
 //!
 //! - the messenger's fabric integration tests (messenger/tests/fabric.rs,
 //!   the `verbs_msg` module, ignored on the host): thousands of messages of
-//!   0 B–4 MiB intact and in order, links aborted under a lossless session
+//!   0 B–4 MiB intact and in order, those above 64 KiB fetched by `fi_read`
+//!   rendezvous (RDMA read on rxe; checked here too), links aborted under a lossless session
 //!   with every message delivered exactly once, nothing left at shutdown;
 //!   and `verbs_rdm`: RDM endpoints (`verbs;ofi_rxm`) are refused on rxe
 //!   with the reason (docs/GUEST.md);
@@ -39,6 +40,23 @@ fn fabric_verbs_unavailable_on_the_host_says_why() {
         Availability::Unavailable(reason) => assert!(reason.contains("verbs"), "{reason}"),
         Availability::Available => panic!("fabric+verbs available on a host without a device"),
     }
+}
+
+/// The `read N` of the line `ADDR: rendezvous sent S, read N (B bytes), …`
+/// that messenger/tests/fabric.rs prints.
+fn rendezvous_reads(output: &str) -> Option<u64> {
+    let line = output
+        .lines()
+        .find(|l| l.contains("198.51.100.1") && l.contains(": rendezvous sent "))?;
+    let (_, after) = line.split_once(", read ")?;
+    after.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn rendezvous_line_parses() {
+    let line = "fabric+verbs://198.51.100.1:0: rendezvous sent 7, read 7 (9 bytes), fallbacks 0";
+    assert_eq!(rendezvous_reads(line), Some(7));
+    assert_eq!(rendezvous_reads("nothing"), None);
 }
 
 #[test]
@@ -111,6 +129,12 @@ fn fabric_verbs_provider_in_the_guest() {
         tests.output.contains("test result: ok. 3 passed"),
         "not exactly the three verbs tests ran\n{out}"
     );
+    // Over verbs MSG endpoints the large messages go by fi_read (RDMA
+    // read on rxe): the integration test prints its rendezvous counters.
+    let reads = rendezvous_reads(&tests.output)
+        .unwrap_or_else(|| panic!("no rendezvous line from verbs_msg\n{out}"));
+    assert!(reads > 0, "no large message took the fi_read path\n{out}");
+    println!("fabric+verbs MSG: {reads} units fetched by fi_read");
     let r = target.check(&out, shape);
     println!(
         "fabric+verbs stress: {} delivered, {} injected faults, {} reconnects, {} leaked links",

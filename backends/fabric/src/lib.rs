@@ -35,6 +35,8 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use libfabric_sys as sys;
 use thiserror::Error;
@@ -363,7 +365,7 @@ pub struct Net {
     socket_names: bool,
     /// Never close (see the crate docs: `shm`).
     leak: bool,
-    /// RDM endpoints have `FI_RMA | FI_READ | FI_REMOTE_READ`.
+    /// Endpoints have `FI_RMA | FI_READ | FI_REMOTE_READ`.
     rma: bool,
     /// `mr_mode` bits that apply (`FI_MR_VIRT_ADDR`, `FI_MR_PROV_KEY`).
     virt_addr: bool,
@@ -371,6 +373,7 @@ pub struct Net {
     provider: String,
     ep: EpType,
     mr_local: bool,
+    rma_gauge: Arc<RmaGauge>,
 }
 
 // SAFETY: the libfabric objects are only used through &mut self / owned
@@ -500,13 +503,11 @@ impl Net {
         site: Option<Site>,
     ) -> Result<Net, FabricError> {
         let (addr, source) = site.map_or((None, false), Site::hint);
-        // RDM endpoints get the rendezvous capabilities when the provider has them.
-        let (info, rma) = match ep {
-            EpType::Rdm => match getinfo(provider, ep, addr, source, true) {
-                Ok(i) => (i, true),
-                Err(_) => (getinfo(provider, ep, addr, source, false)?, false),
-            },
-            EpType::Msg => (getinfo(provider, ep, addr, source, false)?, false),
+        // Endpoints get the rendezvous capabilities when the provider has
+        // them (decided once per Net).
+        let (info, rma) = match getinfo(provider, ep, addr, source, true) {
+            Ok(i) => (i, true),
+            Err(_) => (getinfo(provider, ep, addr, source, false)?, false),
         };
         // The first domain that opens: `verbs;ofi_rxm` lists rxe0 (on lo)
         // first, and its fi_domain fails (rdma_cm cannot resolve loopback
@@ -557,6 +558,7 @@ impl Net {
             provider: provider.to_owned(),
             ep,
             mr_local: false,
+            rma_gauge: Arc::default(),
         };
         // SAFETY: info is a valid fi_info from fi_getinfo; each out-pointer is
         // a field of `net`, closed by its Drop if set.
@@ -615,8 +617,8 @@ impl Net {
         self.socket_names
     }
 
-    /// Whether RDM endpoints can `fi_read` from peers ([`RdmEp::expose`],
-    /// [`RdmEp::read`]).
+    /// Whether endpoints can `fi_read` from peers ([`RmaBuffers::expose`],
+    /// [`Ep::read`], [`RdmEp::read`]).
     pub fn rma(&self) -> bool {
         self.rma
     }
@@ -780,8 +782,16 @@ impl Net {
     fn info_on_domain(&self, site: Site) -> Result<Info, FabricError> {
         let (addr, source) = site.hint();
         let opened = self.domain();
-        getinfo_on(&self.provider, self.ep, addr, source, false, Some(&opened)).map_err(|e| {
-            match getinfo(&self.provider, self.ep, addr, source, false) {
+        getinfo_on(
+            &self.provider,
+            self.ep,
+            addr,
+            source,
+            self.rma,
+            Some(&opened),
+        )
+        .map_err(|e| {
+            match getinfo(&self.provider, self.ep, addr, source, self.rma) {
                 Ok(info) => {
                     // SAFETY: info is a valid fi_info from fi_getinfo.
                     let wanted = unsafe { domain_name(info.0) };
@@ -844,6 +854,7 @@ impl Net {
             tx: Buffers::new(slots, slot_size),
             rx: Buffers::new(slots, slot_size),
             slot_size,
+            rma: self.rma_regions(),
         };
         // SAFETY: info is valid; the EQ and CQ outlive the endpoint (the
         // caller drops endpoints before the Net); the buffers are owned by the
@@ -1012,6 +1023,7 @@ pub struct Ep {
     tx: Buffers,
     rx: Buffers,
     slot_size: usize,
+    rma: RmaBuffers,
 }
 
 // SAFETY: see `Net`.
@@ -1028,6 +1040,7 @@ impl Drop for Ep {
         // Close the endpoint first: after fi_close the provider no longer
         // touches the buffers, which are then freed with `self`.
         close(self.ep as *mut sys::fid);
+        self.rma.close_all();
         self.tx.close_mr();
         self.rx.close_mr();
     }
@@ -1128,6 +1141,26 @@ impl Ep {
     pub fn send_done(&mut self, slot: usize) {
         self.tx.done(slot, 0);
     }
+
+    /// The endpoint's rendezvous buffers (for the connected peer to read).
+    pub fn rma(&mut self) -> &mut RmaBuffers {
+        &mut self.rma
+    }
+
+    /// Starts reading `len` bytes of the connected peer's exposed buffer
+    /// into a new buffer of ours, owned by the endpoint until
+    /// [`RmaBuffers::read_done`] with the same `context`. A connected endpoint needs
+    /// no peer address.
+    pub fn read(
+        &mut self,
+        len: usize,
+        addr: u64,
+        key: u64,
+        context: u64,
+    ) -> Result<(), FabricError> {
+        self.rma
+            .read(self.ep, len, FI_ADDR_UNSPEC, addr, key, context)
+    }
 }
 
 /// `FI_ADDR_UNSPEC` (a macro in C): receive from any peer.
@@ -1155,44 +1188,7 @@ pub struct RdmEp {
     slot_size: usize,
     /// Never close (see the crate docs: `shm`).
     leak: bool,
-    rma: bool,
-    virt_addr: bool,
-    prov_key: bool,
-    /// Buffers peers may fi_read, by id.
-    exposed: std::collections::HashMap<u32, Region>,
-    next_exposed: u32,
-    /// Next key asked for when the provider does not pick keys.
-    next_key: u64,
-    /// Buffers being filled by fi_read, by operation context.
-    reading: std::collections::HashMap<u64, Region>,
-}
-
-/// Memory registered for an RMA operation, owned until the registration is
-/// closed.
-struct Region {
-    mem: Vec<u8>,
-    mr: *mut sys::fid_mr,
-}
-
-impl Region {
-    fn close(self) -> Vec<u8> {
-        close(self.mr as *mut sys::fid);
-        self.mem
-    }
-}
-
-/// What a peer needs to `fi_read` a buffer of ours ([`RdmEp::expose`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Exposed {
-    /// Names the buffer for [`RdmEp::unexpose`].
-    pub id: u32,
-    /// The address to read from (a virtual address under
-    /// `FI_MR_VIRT_ADDR`, else an offset: 0).
-    pub addr: u64,
-    /// Bytes.
-    pub len: u64,
-    /// The registration's remote key.
-    pub key: u64,
+    rma: RmaBuffers,
 }
 
 // SAFETY: see `Net`.
@@ -1231,20 +1227,14 @@ impl Drop for RdmEp {
             // The provider may still write into the receive slots and read
             // the transmit slots: they live as long as the process.
             std::mem::forget(std::mem::take(&mut self.rx));
-            std::mem::forget(std::mem::take(&mut self.exposed));
-            std::mem::forget(std::mem::take(&mut self.reading));
+            self.rma.leak();
             std::mem::forget(std::mem::replace(&mut self.tx, Buffers::new(0, 0)));
             return;
         }
         // Endpoint first (the provider stops touching the buffers), then the
         // registrations and the address vector.
         close(self.ep as *mut sys::fid);
-        for r in self.exposed.drain().map(|(_, r)| r) {
-            r.close();
-        }
-        for r in self.reading.drain().map(|(_, r)| r) {
-            r.close();
-        }
+        self.rma.close_all();
         self.tx.close_mr();
         for b in &mut self.rx {
             b.close_mr();
@@ -1323,13 +1313,7 @@ impl Net {
             rx_block,
             slot_size,
             leak: self.leak,
-            rma: self.rma,
-            virt_addr: self.virt_addr,
-            prov_key: self.prov_key,
-            exposed: Default::default(),
-            next_exposed: 0,
-            next_key: 1,
-            reading: Default::default(),
+            rma: self.rma_regions(),
         };
         // SAFETY: info is valid; the CQ and domain outlive the endpoint (the
         // caller drops endpoints before the Net); ep's Drop closes what was
@@ -1530,21 +1514,126 @@ impl RdmEp {
         self.tx.done(slot, 0);
     }
 
-    /// Whether this endpoint can take part in `fi_read` ([`Net::rma`]).
-    pub fn rma(&self) -> bool {
-        self.rma
+    /// The endpoint's rendezvous buffers (for peers to read).
+    pub fn rma(&mut self) -> &mut RmaBuffers {
+        &mut self.rma
     }
 
+    /// Starts reading `len` bytes of a peer's exposed buffer into a new
+    /// buffer of ours, which the endpoint owns until
+    /// [`RmaBuffers::read_done`] with the same `context`.
+    pub fn read(
+        &mut self,
+        len: usize,
+        from: PeerAddr,
+        addr: u64,
+        key: u64,
+        context: u64,
+    ) -> Result<(), FabricError> {
+        self.rma.read(self.ep, len, from.0, addr, key, context)
+    }
+}
+
+/// Memory registered for an RMA operation, owned until the registration is
+/// closed.
+struct Region {
+    mem: Vec<u8>,
+    mr: *mut sys::fid_mr,
+}
+
+impl Region {
+    fn close(self) -> Vec<u8> {
+        close(self.mr as *mut sys::fid);
+        self.mem
+    }
+}
+
+/// What a peer needs to `fi_read` a buffer of ours
+/// ([`RmaBuffers::expose`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exposed {
+    /// Names the buffer for `unexpose`.
+    pub id: u32,
+    /// The address to read from (a virtual address under
+    /// `FI_MR_VIRT_ADDR`, else an offset: 0).
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The registration's remote key.
+    pub key: u64,
+}
+
+/// Keys asked for when the provider does not pick them (no
+/// `FI_MR_PROV_KEY`): they must be unique within a domain, which many
+/// endpoints share, so one counter serves the process.
+static NEXT_MR_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The `fi_read` rendezvous buffers of one endpoint (MSG or RDM): those
+/// peers may read, and those being filled by reads of ours. Registration
+/// honours the domain's `mr_mode` (`FI_MR_PROV_KEY` or a key of ours,
+/// `FI_MR_VIRT_ADDR` or offset 0, `FI_MR_LOCAL` for the reader's buffer).
+pub struct RmaBuffers {
+    domain: *mut sys::fid_domain,
+    /// The endpoint has `FI_RMA | FI_READ | FI_REMOTE_READ`.
+    enabled: bool,
+    mr_local: bool,
+    virt_addr: bool,
+    prov_key: bool,
+    /// Buffers peers may fi_read, by id.
+    exposed: std::collections::HashMap<u32, Region>,
+    next_exposed: u32,
+    /// Buffers being filled by fi_read, by operation context.
+    reading: std::collections::HashMap<u64, Region>,
+    /// The Net's count of both, over all its endpoints.
+    gauge: Arc<RmaGauge>,
+}
+
+/// Registrations for the rendezvous alive on a Net's endpoints
+/// ([`Net::rma_in_use`]).
+#[derive(Debug, Default)]
+struct RmaGauge {
+    exposed: AtomicUsize,
+    reading: AtomicUsize,
+}
+
+impl Net {
+    /// Empty rendezvous bookkeeping for an endpoint of this Net.
+    fn rma_regions(&self) -> RmaBuffers {
+        RmaBuffers {
+            domain: self.domain,
+            enabled: self.rma,
+            mr_local: self.mr_local,
+            virt_addr: self.virt_addr,
+            prov_key: self.prov_key,
+            exposed: Default::default(),
+            next_exposed: 0,
+            reading: Default::default(),
+            gauge: self.rma_gauge.clone(),
+        }
+    }
+
+    /// Buffers exposed for peers and buffers being filled by reads, over
+    /// all endpoints of this Net, until their registrations close (with
+    /// the endpoint at the latest).
+    pub fn rma_in_use(&self) -> (usize, usize) {
+        (
+            self.rma_gauge.exposed.load(Ordering::Relaxed),
+            self.rma_gauge.reading.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl RmaBuffers {
     fn register(&mut self, mem: &[u8], access: u64) -> Result<*mut sys::fid_mr, FabricError> {
         let key = if self.prov_key {
             0
         } else {
-            self.next_key += 1;
-            self.next_key
+            NEXT_MR_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         };
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
         // SAFETY: mem is a live allocation the caller keeps (inside a
-        // Region) until the registration is closed; the domain outlives it.
+        // Region) until the registration is closed; the domain outlives the
+        // endpoint that owns this Rma.
         let rc = unsafe {
             sys::fi_mr_reg(
                 self.domain,
@@ -1562,11 +1651,16 @@ impl RdmEp {
         Ok(mr)
     }
 
+    /// Whether the endpoint can take part in `fi_read` ([`Net::rma`]).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// Registers `mem` for remote reads and keeps it until
-    /// [`RdmEp::unexpose`] (or the endpoint goes). On failure the buffer
-    /// comes back, so the caller can send it another way.
+    /// [`RmaBuffers::unexpose`] (or the endpoint goes). On failure the
+    /// buffer comes back, so the caller can send it another way.
     pub fn expose(&mut self, mem: Vec<u8>) -> Result<Exposed, (FabricError, Vec<u8>)> {
-        if !self.rma {
+        if !self.enabled {
             let e = FabricError::Call {
                 op: "fi_mr_reg",
                 code: sys::FI_ENOSYS as i32,
@@ -1592,8 +1686,13 @@ impl RdmEp {
             len: mem.len() as u64,
             key,
         };
-        if let Some(old) = self.exposed.insert(id, Region { mem, mr }) {
-            old.close();
+        match self.exposed.insert(id, Region { mem, mr }) {
+            Some(old) => {
+                old.close();
+            }
+            None => {
+                self.gauge.exposed.fetch_add(1, Ordering::Relaxed);
+            }
         }
         Ok(exposed)
     }
@@ -1602,21 +1701,21 @@ impl RdmEp {
     pub fn unexpose(&mut self, id: u32) {
         if let Some(r) = self.exposed.remove(&id) {
             r.close();
+            self.gauge.exposed.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
-    /// Starts reading `len` bytes of a peer's exposed buffer into a new
-    /// buffer of ours, which the endpoint owns until [`RdmEp::read_done`]
-    /// with the same `context`.
-    pub fn read(
+    /// `fi_read` on `ep` (from `from`: ignored on connected endpoints).
+    fn read(
         &mut self,
+        ep: *mut sys::fid_ep,
         len: usize,
-        from: PeerAddr,
+        from: u64,
         addr: u64,
         key: u64,
         context: u64,
     ) -> Result<(), FabricError> {
-        if !self.rma || self.reading.contains_key(&context) {
+        if !self.enabled || self.reading.contains_key(&context) {
             return Err(FabricError::Slot(context as usize));
         }
         let mut mem = vec![0u8; len];
@@ -1631,16 +1730,17 @@ impl RdmEp {
             // SAFETY: mr is an open registration.
             unsafe { sys::fi_mr_desc(mr) }
         };
-        // SAFETY: mem is moved into `reading` below (a Vec's heap buffer does
-        // not move with it) and stays there until read_done or the
-        // endpoint's close, so the provider writes into live memory.
+        // SAFETY: ep is the open endpoint that owns this Rma; mem is moved
+        // into `reading` below (a Vec's heap buffer does not move with it)
+        // and stays there until read_done or the endpoint's close, so the
+        // provider writes into live memory.
         let rc = unsafe {
             sys::fi_read(
-                self.ep,
+                ep,
                 mem.as_mut_ptr() as *mut c_void,
                 len,
                 desc,
-                from.0,
+                from,
                 addr,
                 key,
                 context as *mut c_void,
@@ -1651,12 +1751,36 @@ impl RdmEp {
             return Err(e);
         }
         self.reading.insert(context, Region { mem, mr });
+        self.gauge.reading.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// The buffer of a completed read (`None` if `context` is not one).
     pub fn read_done(&mut self, context: u64) -> Option<Vec<u8>> {
-        self.reading.remove(&context).map(Region::close)
+        let r = self.reading.remove(&context)?;
+        self.gauge.reading.fetch_sub(1, Ordering::Relaxed);
+        Some(r.close())
+    }
+
+    /// Closes every registration; the caller closed the endpoint first, so
+    /// the provider no longer touches the buffers.
+    fn close_all(&mut self) {
+        let (exposed, reading) = (self.exposed.len(), self.reading.len());
+        for r in self.exposed.drain().map(|(_, r)| r) {
+            r.close();
+        }
+        for r in self.reading.drain().map(|(_, r)| r) {
+            r.close();
+        }
+        self.gauge.exposed.fetch_sub(exposed, Ordering::Relaxed);
+        self.gauge.reading.fetch_sub(reading, Ordering::Relaxed);
+    }
+
+    /// Keeps every buffer for the process's lifetime (an endpoint that is
+    /// never closed: the provider may still touch them); they stay counted.
+    fn leak(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.exposed));
+        std::mem::forget(std::mem::take(&mut self.reading));
     }
 }
 

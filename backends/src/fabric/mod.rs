@@ -1,5 +1,6 @@
-//! The libfabric backend (`fabric+<provider>://`), first increment: `FI_EP_MSG`
-//! endpoints (tested with the `tcp` provider on loopback).
+//! The libfabric backend (`fabric+<provider>://`) over `FI_EP_MSG`
+//! endpoints (tested with the `tcp` provider on loopback and `verbs` on
+//! Soft-RoCE in the QEMU guest); `FI_EP_RDM` endpoints are in [`rdm`].
 //!
 //! - One [`msgr_fabric::Net`] per worker: fabric, domain, one event queue (all
 //!   connection management) and one completion queue shared by every link.
@@ -11,16 +12,36 @@
 //!   bytes (registered when the provider wants `FI_MR_LOCAL`). Receives are
 //!   pre-posted; a unit is copied into transmit slots and sent eagerly, at most
 //!   `SLOTS` sends in flight per link; completions are reaped in batches.
-//! - Units larger than a slot are split: every message starts with one header
-//!   byte, [`MORE`] if the unit continues in the next message, [`LAST`] if it
-//!   ends here. The receiver joins the pieces (bounded by the frame limits)
-//!   and decodes the whole unit with `Frame::decode_exact`. An `fi_read`
-//!   rendezvous for large frames is the next increment.
+//! - Every message starts with one header byte (the kind):
+//!   - [`MORE`] / [`LAST`]: a piece of a unit that continues in the next
+//!     message / ends here. Units larger than a slot are split; the
+//!     receiver joins the pieces (bounded by the frame limits) and decodes
+//!     the whole unit with `Frame::decode_exact`.
+//!   - [`RNDV`] + a 28-byte descriptor (address, length, key, id; little
+//!     endian): a unit to fetch with `fi_read`.
+//!   - [`RNDV_DONE`] + the 4-byte id of a `RNDV`: its unit was read.
+//! - Rendezvous ([`rendezvous`], shared with the RDM transport): where the
+//!   provider offers `FI_RMA` with reads (`tcp`, `verbs`; decided once per
+//!   worker's Net, reported as `rendezvous_enabled`), a unit larger than
+//!   [`rendezvous::RNDV_THRESHOLD`] (64 KiB) at a unit boundary is not
+//!   copied through slots: the sender registers it where it lies
+//!   (`fi_mr_reg` with `FI_REMOTE_READ`, honouring the provider's
+//!   `mr_mode`) and sends `RNDV`; the receiver checks the descriptor (a
+//!   length of 0, above the frame limit, a short one, or one inside a
+//!   multi-piece unit fails the link), `fi_read`s the unit from the
+//!   connected peer (no address needed) into its own buffer, hands it up in
+//!   order — later messages wait behind the read — and answers
+//!   `RNDV_DONE`, upon which the sender deregisters and frees it. At most
+//!   [`rendezvous::RNDV_MAX`] units per link are exposed at once; a read not
+//!   complete within [`rendezvous::READ_DEADLINE`] fails the link; a unit
+//!   whose registration fails goes eagerly (`rendezvous_fallbacks`). A
+//!   link's exposed buffers and read go with its endpoint.
 //! - Faults from the provider (error completions, `FI_SHUTDOWN`, EQ errors)
 //!   fail the link. Links do not migrate between workers ([`Transport::detach`]
 //!   returns `None`).
 
 pub mod rdm;
+pub mod rendezvous;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -41,8 +62,9 @@ use rustc_hash::FxHashMap;
 
 use crate::{
     Availability, DetachedLink, RealFault, Transport, TransportContext, TransportError,
-    TransportEvent,
+    TransportEvent, TransportStats,
 };
+use rendezvous::{Counters, DescError, Exposures, Reading, Receiving};
 
 /// Bytes per transmit/receive slot (one message on the wire).
 pub const SLOT_SIZE: usize = 64 << 10;
@@ -52,22 +74,52 @@ pub const SLOTS: usize = 32;
 pub const MORE: u8 = 1;
 /// Header byte: the unit ends in this message.
 pub const LAST: u8 = 0;
+/// Header byte: the unit is to be fetched with `fi_read`; a rendezvous
+/// descriptor ([`rendezvous::DESC_LEN`] bytes) follows.
+pub const RNDV: u8 = 2;
+/// Header byte: the unit of a `RNDV` was read; its id
+/// ([`rendezvous::DONE_LEN`] bytes) follows, and its buffer may go.
+pub const RNDV_DONE: u8 = 3;
+/// Bytes of messages a link keeps behind one rendezvous read before it
+/// fails (a peer that floods while a read is in flight).
+const BEHIND_READ_MAX: usize = 64 << 20;
 /// Completions read per `fi_cq_read` batch, and most batches per call.
 const CQ_BATCH: usize = 32;
 const CQ_ROUNDS: usize = 16;
 
 const RX_BIT: u64 = 1 << 16;
-/// An accepted endpoint that is not connected (no `FI_CONNECTED`) after this
-/// long is dropped: until then it belongs to no session, so nothing else
-/// would ever close it (a peer that gave up mid-connect).
+/// Context bit of a link's fi_read (one at a time per link).
+const READ_BIT: u64 = 1 << 15;
+const SLOT_MASK: u64 = READ_BIT - 1;
+/// An endpoint that is not connected (no `FI_CONNECTED`) after this long
+/// goes. An accepted one is dropped silently: until then it belongs to no
+/// session, so nothing else would ever close it (a peer that gave up
+/// mid-connect). An outgoing one fails: a listener that never answers (its
+/// messenger went between our request and its accept, and libfabric does
+/// not reject a request that is merely dropped) would otherwise leave the
+/// session `Connecting` for ever.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn context(link: LinkId, rx: bool, slot: usize) -> u64 {
     (link.0 << 17) | if rx { RX_BIT } else { 0 } | slot as u64
 }
 
+fn read_context(link: LinkId) -> u64 {
+    (link.0 << 17) | READ_BIT
+}
+
 fn decode_context(c: u64) -> (LinkId, bool, usize) {
-    (LinkId(c >> 17), c & RX_BIT != 0, (c & 0xffff) as usize)
+    (LinkId(c >> 17), c & RX_BIT != 0, (c & SLOT_MASK) as usize)
+}
+
+fn is_read(c: u64) -> bool {
+    c & READ_BIT != 0
+}
+
+/// A received message: in its receive slot, or copied out of it.
+enum Message {
+    Slot(usize, usize),
+    Copy(Vec<u8>),
 }
 
 /// Why a received piece ends its link.
@@ -77,6 +129,16 @@ pub(crate) enum PieceError {
     Malformed(String),
     /// A whole unit that does not decode (reported as `Corrupt`).
     Corrupt(FrameError),
+}
+
+impl PieceError {
+    /// What link `id` reports as it ends for this error.
+    pub(crate) fn event(self, id: LinkId) -> TransportEvent {
+        match self {
+            PieceError::Malformed(why) => TransportEvent::Failed(id, why),
+            PieceError::Corrupt(e) => TransportEvent::Corrupt(id, ProtocolError::Frame(e)),
+        }
+    }
 }
 
 /// A unit arriving in pieces (each at most a slot), joined and decoded: a
@@ -232,9 +294,22 @@ struct FabricLink {
     reasm: Reassembly,
     paused: bool,
     frozen: bool,
-    /// Receives completed while reading was paused: (slot, len).
+    /// Receives completed while reading was paused (and no read was in
+    /// flight) or the link frozen: (slot, len). Their slots stay taken,
+    /// which stops the peer (backpressure).
     held: VecDeque<(usize, usize)>,
+    /// Messages that came while a rendezvous read was in flight, copied out
+    /// so their slots go back at once: the provider may deliver the read's
+    /// data only after them (tcp: the same stream), so holding slots could
+    /// stall the read. Handed up after the read's unit.
+    behind_read: VecDeque<Vec<u8>>,
+    behind_read_bytes: usize,
     close_after_flush: bool,
+    /// Rendezvous, sending side: units exposed for the peer to read.
+    exposures: Exposures,
+    /// Rendezvous, receiving side: the fi_read in flight (later messages
+    /// wait for it) and the RNDV_DONE answers owed.
+    receiving: Receiving,
 }
 
 impl FabricLink {
@@ -251,12 +326,51 @@ impl FabricLink {
             paused: false,
             frozen: false,
             held: VecDeque::new(),
+            behind_read: VecDeque::new(),
+            behind_read_bytes: 0,
             close_after_flush: false,
+            exposures: Exposures::default(),
+            receiving: Receiving::default(),
         }
     }
 
+    /// Nothing left to send, in flight, or exposed for the peer.
     fn idle(&self) -> bool {
-        self.queue.is_empty() && self.free_tx.len() == self.ep.slots()
+        self.queue.is_empty()
+            && self.free_tx.len() == self.ep.slots()
+            && self.exposures.is_idle()
+            && self.receiving.need_done.is_empty()
+    }
+
+    /// Whether received messages wait instead of being handled.
+    fn holding(&self) -> bool {
+        self.paused || self.frozen
+    }
+
+    /// Whether a received message must wait behind a rendezvous read.
+    fn behind_a_read(&self) -> bool {
+        self.receiving.reading.is_some() || !self.behind_read.is_empty()
+    }
+
+    /// Sends one message that `fill` writes into a free transmit slot
+    /// (returning its length). `Ok(false)`: no free slot now.
+    fn post(
+        &mut self,
+        id: LinkId,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<bool, FabricError> {
+        let Some(&slot) = self.free_tx.last() else {
+            return Ok(false);
+        };
+        let Some(buf) = self.ep.tx_slot(slot) else {
+            // In flight after all: not free.
+            self.free_tx.pop();
+            return Ok(false);
+        };
+        let n = fill(buf);
+        self.ep.send(slot, n, context(id, false, slot))?;
+        self.free_tx.pop();
+        Ok(true)
     }
 
     fn push(&mut self, bytes: Vec<u8>) {
@@ -289,9 +403,16 @@ pub struct FabricTransport {
     /// Link failures found outside an event-reporting call.
     failed: Vec<(LinkId, String)>,
     completions: Vec<Completion>,
-    /// Accepted links with their set-up deadline, oldest first (entries of
+    /// Links with their set-up deadline, oldest first (entries of
     /// links that connected or went are skipped when they reach the front).
     half_open: VecDeque<(Instant, LinkId)>,
+    /// Large units go by fi_read rendezvous (the endpoints have FI_RMA).
+    rndv: bool,
+    rndv_counters: Counters,
+    /// Links with a rendezvous read in flight, and when their deadlines
+    /// are looked at next.
+    reads: usize,
+    next_read_check: Instant,
 }
 
 impl std::fmt::Debug for FabricTransport {
@@ -327,7 +448,6 @@ impl FabricTransport {
             links: FxHashMap::default(),
             listeners: FxHashMap::default(),
             by_key: FxHashMap::default(),
-            net,
             kind,
             registry,
             limits: ctx.limits,
@@ -341,6 +461,11 @@ impl FabricTransport {
             failed: Vec::new(),
             completions: Vec::with_capacity(CQ_BATCH),
             half_open: VecDeque::new(),
+            rndv: net.rma(),
+            rndv_counters: Counters::default(),
+            reads: 0,
+            next_read_check: Instant::now(),
+            net,
         })
     }
 
@@ -395,6 +520,7 @@ impl FabricTransport {
         }
         tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric worker moves to the domain of its first address");
         self.net = net;
+        self.rndv = self.net.rma();
         self.fds = Self::register_wait_fds(
             &self.kind,
             &self.net,
@@ -405,9 +531,14 @@ impl FabricTransport {
         Ok(())
     }
 
+    /// Removes a link; its endpoint closes with it, and with the endpoint
+    /// its exposed buffers and a read in flight.
     fn drop_link(&mut self, id: LinkId) -> Option<FabricLink> {
         let link = self.links.remove(&id)?;
         self.by_key.remove(&link.ep.key());
+        if link.receiving.reading.is_some() {
+            self.reads -= 1;
+        }
         Some(link)
     }
 
@@ -512,6 +643,9 @@ impl FabricTransport {
     }
 
     fn complete(&mut self, c: &Completion, events: &mut Vec<TransportEvent>) {
+        if is_read(c.context) {
+            return self.read_complete(c, events);
+        }
         let (id, rx, slot) = decode_context(c.context);
         let Some(link) = self.links.get_mut(&id) else {
             return; // a closed link's flushed operation
@@ -535,11 +669,121 @@ impl FabricTransport {
             }
             return;
         }
-        if link.paused || link.frozen {
+        // A paused link keeps its slots (backpressure), except while a read
+        // is in flight: its data may come behind them.
+        if link.frozen || (link.paused && link.receiving.reading.is_none()) {
             link.held.push_back((slot, c.len));
             return;
         }
         self.receive(id, slot, c.len, events);
+    }
+
+    /// A rendezvous fi_read completed: the unit goes up, the sender is told
+    /// (RNDV_DONE), and the messages that waited behind it follow.
+    fn read_complete(&mut self, c: &Completion, events: &mut Vec<TransportEvent>) {
+        let (id, _, _) = decode_context(c.context);
+        let Some(link) = self.links.get_mut(&id) else {
+            return; // the link went while its read was in flight
+        };
+        let buf = link.ep.rma().read_done(c.context);
+        let Some(unit) = link.receiving.finish(
+            c.error,
+            buf,
+            &mut link.reasm,
+            &self.limits,
+            &mut self.rndv_counters,
+        ) else {
+            return;
+        };
+        self.reads -= 1;
+        match unit {
+            Ok(unit) => events.push(TransportEvent::Received(id, unit)),
+            Err(e) => {
+                self.drop_link(id);
+                return events.push(e.event(id));
+            }
+        }
+        self.dirty.push(id);
+        if !link.held.is_empty() || !link.behind_read.is_empty() {
+            self.resumed.push(id);
+        }
+    }
+
+    /// Starts the fi_read a RNDV message describes.
+    fn start_read(&mut self, id: LinkId, body: &[u8]) -> Result<Option<Inbound>, PieceError> {
+        let Some(link) = self.links.get_mut(&id) else {
+            return Ok(None);
+        };
+        let d = rendezvous::decode(body, self.limits.max_frame, !link.reasm.is_idle())
+            .map_err(|e| PieceError::Malformed(e.to_string()))?;
+        if !self.rndv {
+            return Err(PieceError::Malformed(
+                "rendezvous to an endpoint without FI_RMA".into(),
+            ));
+        }
+        let ctx = read_context(id);
+        link.ep
+            .read(d.len as usize, d.addr, d.key, ctx)
+            .map_err(|e| PieceError::Malformed(format!("fi_read: {e}")))?;
+        link.receiving.reading = Some(Reading {
+            context: ctx,
+            since: Instant::now(),
+            their_id: d.id,
+        });
+        if self.reads == 0 {
+            self.next_read_check = Instant::now() + rendezvous::READ_DEADLINE;
+        }
+        self.reads += 1;
+        Ok(None)
+    }
+
+    /// The peer read unit `their` of ours: it goes.
+    fn read_by_peer(&mut self, id: LinkId, body: &[u8]) -> Result<Option<Inbound>, PieceError> {
+        let Some(link) = self.links.get_mut(&id) else {
+            return Ok(None);
+        };
+        let done = rendezvous::decode_done(body);
+        match done.filter(|&d| link.exposures.done(d)) {
+            Some(d) => {
+                link.ep.rma().unexpose(d);
+                self.dirty.push(id);
+                Ok(None)
+            }
+            None => Err(PieceError::Malformed(
+                DescError::UnknownDone(done).to_string(),
+            )),
+        }
+    }
+
+    /// Fails links whose rendezvous read missed its deadline; looked at no
+    /// more often than the deadline's tenth while reads are in flight.
+    fn check_reads(&mut self, events: &mut Vec<TransportEvent>) {
+        if self.reads == 0 {
+            return;
+        }
+        let now = Instant::now();
+        if now < self.next_read_check {
+            return;
+        }
+        self.next_read_check = now + rendezvous::READ_DEADLINE / 10;
+        let overdue: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| {
+                l.receiving
+                    .reading
+                    .is_some_and(|r| rendezvous::overdue(r.since, now))
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in overdue {
+            self.rndv_counters.read_timeouts += 1;
+            let why = format!(
+                "rendezvous fi_read not complete within {:?}",
+                rendezvous::READ_DEADLINE
+            );
+            self.fail(id, why, events);
+        }
     }
 
     /// Handles one received message on `id` and reposts its slot.
@@ -547,23 +791,66 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
-        let data = link.ep.recv_done(slot, len);
+        if link.behind_a_read() {
+            let copy = link.ep.recv_done(slot, len).to_vec();
+            link.behind_read_bytes += copy.len();
+            link.behind_read.push_back(copy);
+            let too_much = link.behind_read_bytes > BEHIND_READ_MAX;
+            if let Err(e) = link.ep.post_recv(slot, context(id, true, slot)) {
+                self.fail(id, format!("repost receive: {e}"), events);
+            } else if too_much {
+                let why = format!("more than {BEHIND_READ_MAX} bytes behind a rendezvous read");
+                self.fail(id, why, events);
+            }
+            return;
+        }
+        self.handle(id, Message::Slot(slot, len), events);
+    }
+
+    /// Handles a message of `id` that waited for nothing else (and reposts
+    /// its slot).
+    fn handle(&mut self, id: LinkId, msg: Message, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        let data = match &msg {
+            Message::Slot(slot, len) => link.ep.recv_done(*slot, *len),
+            Message::Copy(bytes) => &bytes[..],
+        };
         let outcome = match data.split_first() {
             None => Err(PieceError::Malformed("empty message".into())),
             Some((&hdr, body)) if hdr == MORE || hdr == LAST => {
                 link.reasm.push(hdr == LAST, body, &self.limits)
             }
+            Some((&RNDV, body)) => {
+                // Copied out of the slot, which is reposted below.
+                let mut desc = [0u8; rendezvous::DESC_LEN];
+                let n = body.len().min(desc.len());
+                desc[..n].copy_from_slice(&body[..n]);
+                self.start_read(id, &desc[..n])
+            }
+            Some((&RNDV_DONE, body)) => {
+                let mut done = [0u8; rendezvous::DONE_LEN];
+                let n = body.len().min(done.len());
+                done[..n].copy_from_slice(&body[..n]);
+                self.read_by_peer(id, &done[..n])
+            }
             Some((&hdr, _)) => Err(PieceError::Malformed(format!(
                 "bad message header {hdr:#x}"
             ))),
+        };
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
         };
         match outcome {
             Ok(unit) => {
                 if let Some(unit) = unit {
                     events.push(TransportEvent::Received(id, unit));
                 }
-                if let Err(e) = link.ep.post_recv(slot, context(id, true, slot)) {
-                    self.fail(id, format!("repost receive: {e}"), events);
+                if let Message::Slot(slot, _) = msg {
+                    if let Err(e) = link.ep.post_recv(slot, context(id, true, slot)) {
+                        self.fail(id, format!("repost receive: {e}"), events);
+                    }
                 }
             }
             Err(PieceError::Corrupt(e)) => {
@@ -577,7 +864,9 @@ impl FabricTransport {
         }
     }
 
-    /// Copies queued units into free transmit slots and sends them.
+    /// Sends what a link has to send, in free transmit slots: RNDV_DONE
+    /// answers first, then queued units in order — a large one at a unit
+    /// boundary as a RNDV descriptor (exposed here), others copied in pieces.
     fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
         let Some(link) = self.links.get_mut(&id) else {
             return;
@@ -585,35 +874,78 @@ impl FabricTransport {
         if !link.connected || link.frozen {
             return;
         }
-        while let (Some(&slot), Some(front)) = (link.free_tx.last(), link.queue.front()) {
+        match Self::flush_into(id, link, self.rndv, &mut self.rndv_counters) {
+            Ok(()) => {}
+            Err(e) if msgr_fabric::is_again(&e) => self.retry.push(id),
+            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
+        }
+    }
+
+    fn flush_into(
+        id: LinkId,
+        link: &mut FabricLink,
+        rndv: bool,
+        counters: &mut Counters,
+    ) -> Result<(), FabricError> {
+        while let Some(&done) = link.receiving.need_done.last() {
+            let sent = link.post(id, |buf| {
+                buf[0] = RNDV_DONE;
+                buf[1..=rendezvous::DONE_LEN].copy_from_slice(&done.to_le_bytes());
+                1 + rendezvous::DONE_LEN
+            })?;
+            if !sent {
+                return Ok(());
+            }
+            link.receiving.need_done.pop();
+        }
+        loop {
+            let staged = link.exposures.stage(
+                rndv,
+                &mut link.queue,
+                link.front_sent,
+                &mut link.queued,
+                counters,
+                |unit| link.ep.rma().expose(unit),
+            );
+            if let Some(x) = staged {
+                if !link.post(id, |buf| {
+                    buf[0] = RNDV;
+                    1 + rendezvous::encode(&mut buf[1..], &x)
+                })? {
+                    return Ok(());
+                }
+                link.exposures.sent(counters);
+                continue;
+            }
+            let front_len = link.queue.front().map(Vec::len);
+            if front_len.is_none() || link.exposures.wants(rndv, link.front_sent, front_len) {
+                // Empty, or a large unit waiting for fewer exposed.
+                return Ok(());
+            }
+            let Some(front) = link.queue.front() else {
+                return Ok(());
+            };
             let rest = &front[link.front_sent..];
             let n = rest.len().min(SLOT_SIZE - 1);
             let last = n == rest.len();
+            let Some(&slot) = link.free_tx.last() else {
+                return Ok(());
+            };
             let Some(buf) = link.ep.tx_slot(slot) else {
                 link.free_tx.pop();
                 continue;
             };
             buf[0] = if last { LAST } else { MORE };
             buf[1..=n].copy_from_slice(&rest[..n]);
-            match link.ep.send(slot, n + 1, context(id, false, slot)) {
-                Ok(()) => {
-                    link.free_tx.pop();
-                    link.queued -= n;
-                    if last {
-                        link.queue.pop_front();
-                        link.front_sent = 0;
-                    } else {
-                        link.front_sent += n;
-                    }
-                }
-                Err(e) if msgr_fabric::is_again(&e) => {
-                    self.retry.push(id);
-                    return;
-                }
-                Err(e) => {
-                    self.fail(id, format!("fi_send: {e}"), events);
-                    return;
-                }
+            link.ep.send(slot, n + 1, context(id, false, slot))?;
+            link.free_tx.pop();
+            link.queued -= n;
+            if last {
+                link.queue.pop_front();
+                link.front_sent = 0;
+                link.exposures.front_gone();
+            } else {
+                link.front_sent += n;
             }
         }
     }
@@ -628,8 +960,8 @@ impl FabricTransport {
         Ok(())
     }
 
-    /// Drops accepted links whose set-up deadline passed unconnected; pops
-    /// entries of links that connected or went.
+    /// Drops links whose set-up deadline passed unconnected (outgoing ones
+    /// are reported failed); pops entries of links that connected or went.
     fn reap_half_open(&mut self) {
         let mut now = None;
         while let Some(&(deadline, id)) = self.half_open.front() {
@@ -638,11 +970,17 @@ impl FabricTransport {
                     if deadline > *now.get_or_insert_with(Instant::now) {
                         break;
                     }
+                    let accepted = l.accepted.is_some();
                     tracing::debug!(
                         ?id,
-                        "accepted fabric link not connected within {SETUP_TIMEOUT:?}: dropped"
+                        accepted,
+                        "fabric link not connected within {SETUP_TIMEOUT:?}"
                     );
                     self.drop_link(id);
+                    if !accepted {
+                        let why = format!("not connected within {SETUP_TIMEOUT:?}");
+                        self.failed.push((id, why));
+                    }
                 }
                 _ => {}
             }
@@ -650,8 +988,35 @@ impl FabricTransport {
         }
     }
 
+    /// Handles `id`'s messages that waited — behind a finished read first,
+    /// then those held while paused — until reading pauses or another read
+    /// starts (held slots are then copied behind it). Returns whether any.
+    fn hand_up_waiting(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) -> bool {
+        let mut any = false;
+        while let Some(link) = self.links.get_mut(&id) {
+            if link.holding() {
+                break;
+            }
+            if link.receiving.reading.is_none() {
+                if let Some(copy) = link.behind_read.pop_front() {
+                    link.behind_read_bytes -= copy.len();
+                    any = true;
+                    self.handle(id, Message::Copy(copy), events);
+                    continue;
+                }
+            }
+            let Some((slot, len)) = link.held.pop_front() else {
+                break;
+            };
+            any = true;
+            self.receive(id, slot, len, events);
+        }
+        any
+    }
+
     fn poll_all(&mut self, events: &mut Vec<TransportEvent>) -> bool {
         self.reap_half_open();
+        self.check_reads(events);
         let mut any = !self.failed.is_empty();
         for (id, why) in std::mem::take(&mut self.failed) {
             events.push(TransportEvent::Failed(id, why));
@@ -659,16 +1024,7 @@ impl FabricTransport {
         any |= self.drain_eq(events);
         any |= self.drain_cq(events);
         for id in std::mem::take(&mut self.resumed) {
-            while let Some(link) = self.links.get_mut(&id) {
-                if link.paused || link.frozen {
-                    break;
-                }
-                let Some((slot, len)) = link.held.pop_front() else {
-                    break;
-                };
-                any = true;
-                self.receive(id, slot, len, events);
-            }
+            any |= self.hand_up_waiting(id, events);
         }
         if !self.retry.is_empty() {
             any = true;
@@ -722,7 +1078,9 @@ impl Transport for FabricTransport {
     }
 
     fn wake_at(&self) -> Option<Instant> {
-        self.half_open.front().map(|&(deadline, _)| deadline)
+        let setup = self.half_open.front().map(|&(deadline, _)| deadline);
+        let reads = (self.reads > 0).then_some(self.next_read_check);
+        setup.into_iter().chain(reads).min()
     }
 
     fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
@@ -735,6 +1093,8 @@ impl Transport for FabricTransport {
             .map_err(|e| TransportError::io("fi_recv", std::io::Error::other(e.to_string())))?;
         self.by_key.insert(ep.key(), link);
         self.links.insert(link, FabricLink::new(ep, None));
+        self.half_open
+            .push_back((Instant::now() + SETUP_TIMEOUT, link));
         Ok(())
     }
 
@@ -784,7 +1144,7 @@ impl Transport for FabricTransport {
                 return;
             }
             l.paused = paused;
-            if !paused && !l.held.is_empty() {
+            if !paused && (!l.held.is_empty() || !l.behind_read.is_empty()) {
                 self.resumed.push(link);
             }
         }
@@ -846,6 +1206,13 @@ impl Transport for FabricTransport {
         let _ = (link, detached);
         Err(no_migration(&self.kind))
     }
+
+    fn stats(&self) -> TransportStats {
+        TransportStats {
+            kind: self.kind.clone(),
+            values: self.rndv_counters.values(self.rndv, self.net.rma_in_use()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -859,7 +1226,19 @@ pub(crate) mod tests {
                 decode_context(context(LinkId(id), rx, slot)),
                 (LinkId(id), rx, slot)
             );
+            assert!(!is_read(context(LinkId(id), rx, slot)));
         }
+        assert!(is_read(read_context(LinkId(5))));
+        assert_eq!(decode_context(read_context(LinkId(5))).0, LinkId(5));
+    }
+
+    /// A gauge or counter of `t`'s stats.
+    pub(crate) fn stat<T: Transport>(t: &T, name: &str) -> u64 {
+        t.stats()
+            .values
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or_else(|| panic!("no stat {name}"), |&(_, v)| v)
     }
 
     /// Runs `t` as a worker would until `until` holds (at most 20 s).
@@ -891,13 +1270,18 @@ pub(crate) mod tests {
         events
     }
 
+    /// A `tcp` MSG transport and the Poll its wait fds are in.
+    fn tcp_transport() -> (mio::Poll, FabricTransport) {
+        let poll = mio::Poll::new().unwrap();
+        let ctx = TransportContext::new(FrameLimits::default());
+        let t = FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
+        (poll, t)
+    }
+
     /// A peer that is not there fails the connect (an event, not a hang).
     #[test]
     fn connect_to_a_dead_port_fails() {
-        let mut poll = mio::Poll::new().unwrap();
-        let ctx = TransportContext::new(FrameLimits::default());
-        let mut t =
-            FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
+        let (mut poll, mut t) = tcp_transport();
         let dead: EntityAddr = "fabric+tcp://127.0.0.1:1".parse().unwrap();
         t.connect(LinkId(1000), &dead).unwrap();
         let events = drive(&mut t, &mut poll, |e| !e.is_empty());
@@ -908,14 +1292,12 @@ pub(crate) mod tests {
         assert_eq!(t.link_count(), 0);
     }
 
-    /// Units bigger than a slot are split and joined; an aborted endpoint is
-    /// reported on both sides.
+    /// Units bigger than a slot go by fi_read rendezvous (tcp has FI_RMA),
+    /// or split and joined where it is off; an aborted endpoint is reported
+    /// on both sides.
     #[test]
-    fn split_units_and_abort() {
-        let mut poll = mio::Poll::new().unwrap();
-        let ctx = TransportContext::new(FrameLimits::default());
-        let mut t =
-            FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
+    fn large_units_and_abort() {
+        let (mut poll, mut t) = tcp_transport();
         let any: EntityAddr = "fabric+tcp://127.0.0.1:0".parse().unwrap();
         let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
         assert_ne!(bound.socket.port(), 0);
@@ -951,6 +1333,30 @@ pub(crate) mod tests {
             }
             other => panic!("{other:?}"),
         }
+        assert!(t.rndv, "tcp MSG endpoints have FI_RMA");
+        assert_eq!(stat(&t, "rendezvous_sent"), 1);
+        assert_eq!(stat(&t, "rendezvous_read"), 1);
+        assert_eq!(stat(&t, "rendezvous_fallbacks"), 0);
+        // The sender frees the unit once told it was read.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stat(&t, "rendezvous_exposed") > 0 {
+            assert!(Instant::now() < deadline, "unit still exposed");
+            let mut events = Vec::new();
+            t.progress(&mut events);
+            t.flush(&mut events);
+            assert!(events.is_empty(), "{events:?}");
+        }
+        assert_eq!(stat(&t, "rendezvous_reading"), 0);
+        // A small unit after it still comes eagerly, in order.
+        let small = Frame::new(msgr_proto::Tag::Message, vec![Bytes::from_static(b"x")]);
+        t.send(LinkId(1000), Transmit::Frame(small.clone()))
+            .unwrap();
+        t.flush(&mut Vec::new());
+        let events = drive(&mut t, &mut poll, |e| !e.is_empty());
+        assert!(
+            matches!(&events[0], TransportEvent::Received(l, Inbound::Frame(f)) if *l == server && f.encode_to_vec().unwrap() == small.encode_to_vec().unwrap()),
+            "{events:?}"
+        );
         t.inject(LinkId(1000), RealFault::Abort).unwrap();
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
         assert!(
@@ -965,6 +1371,27 @@ pub(crate) mod tests {
                 .any(|e| matches!(e, TransportEvent::Failed(LinkId(1000), _))),
             "{events:?}"
         );
+        assert_eq!(t.link_count(), 0);
+    }
+
+    /// A listener that takes the TCP connection but never answers
+    /// libfabric's connection request: the connect fails by the set-up
+    /// deadline instead of hanging.
+    #[test]
+    fn unanswered_connect_fails_by_the_deadline() {
+        let (mut poll, mut t) = tcp_transport();
+        let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr: EntityAddr = format!("fabric+tcp://{}", mute.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let t0 = Instant::now();
+        t.connect(LinkId(1000), &addr).unwrap();
+        let events = drive(&mut t, &mut poll, |e| !e.is_empty());
+        assert!(
+            matches!(&events[0], TransportEvent::Failed(LinkId(1000), why) if why.contains("not connected")),
+            "{events:?}"
+        );
+        assert!(t0.elapsed() >= SETUP_TIMEOUT, "{:?}", t0.elapsed());
         assert_eq!(t.link_count(), 0);
     }
 

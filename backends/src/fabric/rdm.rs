@@ -56,16 +56,12 @@
 //!
 //! Where the provider offers `FI_RMA` with reads (`tcp;ofi_rxm`; not `shm`,
 //! whose dropped endpoints never answer), a unit larger than
-//! [`RNDV_THRESHOLD`] is not copied through slots: the sender registers the
-//! encoded unit (`fi_mr_reg` with `FI_REMOTE_READ`, honouring the
-//! provider's `mr_mode`: `FI_MR_PROV_KEY` or a key of ours,
-//! `FI_MR_VIRT_ADDR` or offset 0, `FI_MR_LOCAL` for the reader's buffer)
-//! and sends a `RNDV` piece (address, length, key, id) in the link's ordered
-//! stream; the receiver `fi_read`s it into a buffer of its own, hands it up
-//! in order (later pieces wait), and answers `RNDV_DONE`, upon which the
-//! sender deregisters and frees it. At most [`RNDV_MAX`] units per link are
-//! exposed at once; a read that does not complete within [`LINK_DEADLINE`]
-//! fails the link.
+//! [`RNDV_THRESHOLD`] goes by the `fi_read` rendezvous of
+//! [`super::rendezvous`] (shared with MSG endpoints): its descriptor is a
+//! `RNDV` data piece in the link's ordered stream (later pieces wait for
+//! the read), answered by `RNDV_DONE`. At most [`RNDV_MAX`] units per link
+//! are exposed at once; a read that does not complete within
+//! [`READ_DEADLINE`] fails the link.
 //!
 //! `shm` endpoints are never closed (they are leaked when dropped, see
 //! `msgr_fabric`): libfabric 1.17's `shm` crashes when an endpoint of this
@@ -81,7 +77,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -90,10 +85,11 @@ use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp, Site};
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
+use super::rendezvous::{self, Counters, DescError, Exposures, Reading, Receiving};
 use super::{fab_err, no_half_close, no_migration, probe, PieceError, Reassembly, SLOT_SIZE};
 use crate::{
     Availability, DetachedLink, RealFault, Transport, TransportContext, TransportError,
-    TransportEvent,
+    TransportEvent, TransportStats,
 };
 
 /// Bytes of the header every RDM message starts with.
@@ -122,13 +118,7 @@ const LINK_BLOCK: usize = CREDITS as usize + CONTROL_SLACK;
 const CQ_BATCH: usize = 32;
 const CQ_ROUNDS: usize = 16;
 
-/// Units larger than this go by `fi_read` rendezvous where the provider
-/// offers `FI_RMA` (and its endpoints are closed normally: not shm).
-pub const RNDV_THRESHOLD: usize = 64 << 10;
-/// Rendezvous units a link may have exposed and not yet read by the peer.
-pub const RNDV_MAX: usize = 4;
-/// Bytes of a rendezvous descriptor: address, length, key, id.
-const RNDV_DESC_LEN: usize = 8 + 8 + 8 + 4;
+pub use super::rendezvous::{READ_DEADLINE, RNDV_MAX, RNDV_THRESHOLD};
 
 // Message kinds (first header byte).
 const HELLO: u8 = 1;
@@ -144,6 +134,9 @@ const RNDV_DONE: u8 = 8;
 
 /// Bytes of a HELLO body before the name: link id, cookie, name length.
 const HELLO_FIXED: usize = 8 + 4 + 2;
+
+/// Why housekeeping fails a link whose rendezvous read is overdue.
+const STUCK_READ: &str = "rendezvous fi_read not complete";
 
 const RX_BIT: u64 = 1 << 39;
 /// Context bit of an fi_read (the low 32 bits number it within its port).
@@ -216,24 +209,6 @@ fn write_dest(buf: &mut [u8], d: Dest) -> usize {
     buf[..8].copy_from_slice(&d.link.to_le_bytes());
     buf[8..12].copy_from_slice(&d.cookie.to_le_bytes());
     12
-}
-
-fn write_rndv(buf: &mut [u8], x: &msgr_fabric::Exposed) -> usize {
-    buf[..8].copy_from_slice(&x.addr.to_le_bytes());
-    buf[8..16].copy_from_slice(&x.len.to_le_bytes());
-    buf[16..24].copy_from_slice(&x.key.to_le_bytes());
-    buf[24..28].copy_from_slice(&x.id.to_le_bytes());
-    RNDV_DESC_LEN
-}
-
-fn read_rndv(body: &[u8]) -> Option<msgr_fabric::Exposed> {
-    let b = body.get(..RNDV_DESC_LEN)?;
-    Some(msgr_fabric::Exposed {
-        addr: u64::from_le_bytes(b[..8].try_into().ok()?),
-        len: u64::from_le_bytes(b[8..16].try_into().ok()?),
-        key: u64::from_le_bytes(b[16..24].try_into().ok()?),
-        id: u32::from_le_bytes(b[24..28].try_into().ok()?),
-    })
 }
 
 /// A peer in a port's address vector, shared by its links.
@@ -426,17 +401,11 @@ struct RdmLink {
     close_after_flush: bool,
     last_heard: Instant,
     last_sent: Instant,
-    /// Rendezvous, sending side: units exposed for the peer to read, oldest
-    /// first; and one exposed whose descriptor is not sent yet.
-    exposed: VecDeque<u32>,
-    unsent_rndv: Option<msgr_fabric::Exposed>,
-    /// The front unit could not be exposed: it goes eagerly.
-    eager_front: bool,
-    /// Rendezvous, receiving side: the fi_read in flight (context, since,
-    /// the sender's id for RNDV_DONE); later pieces wait for it.
-    reading: Option<(u64, Instant, u32)>,
-    /// RNDV_DONE messages to send (the sender's ids).
-    need_done: Vec<u32>,
+    /// Rendezvous, sending side: units exposed for the peer to read.
+    exposures: Exposures,
+    /// Rendezvous, receiving side: the fi_read in flight (later pieces
+    /// wait for it) and the RNDV_DONE answers owed.
+    receiving: Receiving,
 }
 
 impl RdmLink {
@@ -466,19 +435,13 @@ impl RdmLink {
             close_after_flush: false,
             last_heard: now,
             last_sent: now,
-            exposed: VecDeque::new(),
-            unsent_rndv: None,
-            eager_front: false,
-            reading: None,
-            need_done: Vec::new(),
+            exposures: Exposures::default(),
+            receiving: Receiving::default(),
         }
     }
 
     fn idle(&self) -> bool {
-        self.queue.is_empty()
-            && self.inflight == 0
-            && self.exposed.is_empty()
-            && self.unsent_rndv.is_none()
+        self.queue.is_empty() && self.inflight == 0 && self.exposures.is_idle()
     }
 
     fn dest(&self, id: LinkId) -> Dest {
@@ -559,7 +522,7 @@ pub struct RdmTransport {
     /// Large units go by fi_read rendezvous (see [`RNDV_THRESHOLD`]).
     rndv: bool,
     /// Rendezvous units received (for tests and counters).
-    rndv_reads: u64,
+    rndv_counters: Counters,
     dirty: crate::dirty::DirtyLinks,
     /// A transmit slot came free or a CLOSE was queued: flush every link
     /// with something to send at the next progress.
@@ -623,7 +586,7 @@ impl RdmTransport {
         Ok(RdmTransport {
             slot_size,
             rndv,
-            rndv_reads: 0,
+            rndv_counters: Counters::default(),
             links: FxHashMap::default(),
             ports: Vec::new(),
             out_port: None,
@@ -713,11 +676,8 @@ impl RdmTransport {
         port.links = port.links.saturating_sub(1);
         // Exposed units go (a peer still reading gets an error); a read in
         // flight keeps its buffer in the endpoint until it completes.
-        for id in link.exposed.drain(..) {
-            port.ep.unexpose(id);
-        }
-        if let Some(x) = link.unsent_rndv.take() {
-            port.ep.unexpose(x.id);
+        for id in link.exposures.drain() {
+            port.ep.rma().unexpose(id);
         }
         // Held receives go back to the pool.
         for (_, (slot, _)) in std::mem::take(&mut link.held) {
@@ -839,15 +799,12 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let (header, welcome, welcome_id, hello) = {
+        let (header, welcome, done_id, hello) = {
             let msg = port.ep.recv_done(slot, len);
             let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
             let h = read_header(msg);
             let hello = (h.as_ref().map(|h| h.kind) == Some(HELLO)).then(|| body.to_vec());
-            let id = body
-                .get(..4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            (h, read_dest(body), id, hello)
+            (h, read_dest(body), rendezvous::decode_done(body), hello)
         };
         let Some(h) = header else {
             tracing::debug!(len, "RDM message shorter than its header, dropped");
@@ -920,23 +877,22 @@ impl RdmTransport {
             KEEP => self.repost(pidx, slot),
             RNDV_DONE => {
                 self.repost(pidx, slot);
-                // The body starts with the id (read_dest reads 12 bytes; the
-                // id is the first 4 of them).
-                let id_done = welcome_id;
+                let id_done = done_id;
                 let (Some(link), Some(port)) = (
                     self.links.get_mut(&id),
                     self.ports.get_mut(pidx).and_then(Option::as_mut),
                 ) else {
                     return;
                 };
-                match id_done.and_then(|d| link.exposed.iter().position(|&x| x == d)) {
-                    Some(i) => {
-                        if let Some(x) = link.exposed.remove(i) {
-                            port.ep.unexpose(x);
-                        }
+                match id_done.filter(|&d| link.exposures.done(d)) {
+                    Some(d) => {
+                        port.ep.rma().unexpose(d);
                         self.dirty.push(id);
                     }
-                    None => self.fail(id, "RNDV_DONE for nothing exposed".into(), events),
+                    None => {
+                        let why = DescError::UnknownDone(id_done).to_string();
+                        self.fail(id, why, events)
+                    }
                 }
             }
             CLOSE => {
@@ -959,7 +915,11 @@ impl RdmTransport {
     fn hand_up(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) -> bool {
         let mut any = false;
         while let Some(link) = self.links.get_mut(&id) {
-            if link.paused || link.frozen || link.remote.is_none() || link.reading.is_some() {
+            if link.paused
+                || link.frozen
+                || link.remote.is_none()
+                || link.receiving.reading.is_some()
+            {
                 break;
             }
             let Some((slot, len)) = link.held.remove(&link.rx_seq) else {
@@ -995,16 +955,9 @@ impl RdmTransport {
         let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
         let outcome = if kind == Some(RNDV) {
             // The unit comes by fi_read; later pieces wait for it (hand_up).
-            let max = self.limits.max_frame;
-            match read_rndv(body) {
-                Some(d) if d.len == 0 || d.len > max => Err(PieceError::Malformed(format!(
-                    "rendezvous of {} bytes (frame limit {max})",
-                    d.len
-                ))),
-                Some(_) if !link.reasm.is_idle() => {
-                    Err(PieceError::Malformed("rendezvous inside a unit".into()))
-                }
-                Some(d) => {
+            match rendezvous::decode(body, self.limits.max_frame, !link.reasm.is_idle()) {
+                Err(e) => Err(PieceError::Malformed(e.to_string())),
+                Ok(d) => {
                     let ctx = read_context(pidx, port.next_read);
                     port.next_read = port.next_read.wrapping_add(1);
                     let from = port
@@ -1015,14 +968,17 @@ impl RdmTransport {
                     match from.map(|from| port.ep.read(d.len as usize, from, d.addr, d.key, ctx)) {
                         Some(Ok(())) => {
                             port.reads.insert(ctx, id);
-                            link.reading = Some((ctx, Instant::now(), d.id));
+                            link.receiving.reading = Some(Reading {
+                                context: ctx,
+                                since: Instant::now(),
+                                their_id: d.id,
+                            });
                             Ok(None)
                         }
                         Some(Err(e)) => Err(PieceError::Malformed(format!("fi_read: {e}"))),
                         None => Err(PieceError::Malformed("rendezvous from no peer".into())),
                     }
                 }
-                None => Err(PieceError::Malformed("short rendezvous descriptor".into())),
             }
         } else {
             link.reasm.push(kind == Some(DATA_LAST), body, &self.limits)
@@ -1054,39 +1010,30 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let buf = port.ep.read_done(c.context);
+        let buf = port.ep.rma().read_done(c.context);
         let Some(id) = port.reads.remove(&c.context) else {
             return;
         };
         let Some(link) = self.links.get_mut(&id) else {
             return; // the link went while its read was in flight
         };
-        let Some((_, _, their_id)) = link.reading.take() else {
+        let Some(unit) = link.receiving.finish(
+            c.error,
+            buf,
+            &mut link.reasm,
+            &self.limits,
+            &mut self.rndv_counters,
+        ) else {
             return;
         };
-        if let Some((code, what)) = c.error {
-            let why = format!(
-                "libfabric fi_read {what}: {}",
-                std::io::Error::from_raw_os_error(code)
-            );
-            return self.fail(id, why, events);
-        }
-        let Some(buf) = buf else {
-            return self.fail(id, "fi_read completed without a buffer".into(), events);
-        };
-        self.rndv_reads += 1;
-        link.need_done.push(their_id);
-        self.dirty.push(id);
-        match link.reasm.whole(Bytes::from(buf), &self.limits) {
+        match unit {
             Ok(unit) => events.push(TransportEvent::Received(id, unit)),
-            Err(PieceError::Corrupt(e)) => {
+            Err(e) => {
                 self.drop_link(id);
-                return events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
-            }
-            Err(PieceError::Malformed(why)) => {
-                return self.fail(id, format!("malformed rendezvous unit: {why}"), events)
+                return events.push(e.event(id));
             }
         }
+        self.dirty.push(id);
         self.hand_up(id, events);
     }
 
@@ -1150,7 +1097,7 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let result = Self::flush_into(id, link, pidx, port, self.rndv);
+        let result = Self::flush_into(id, link, pidx, port, self.rndv, &mut self.rndv_counters);
         let closed = link.close_after_flush && link.idle();
         match result {
             Ok(done) => {
@@ -1172,6 +1119,7 @@ impl RdmTransport {
         pidx: usize,
         port: &mut Port,
         rndv: bool,
+        counters: &mut Counters,
     ) -> Result<bool, FabricError> {
         let me = link.dest(id);
         if link.need_hello {
@@ -1202,42 +1150,22 @@ impl RdmTransport {
             }
             link.need_welcome = false;
         }
-        while let Some(&done) = link.need_done.last() {
+        while let Some(&done) = link.receiving.need_done.last() {
             if !link.post_control(id, pidx, port, RNDV_DONE, remote, &done.to_le_bytes())? {
                 return Ok(false);
             }
-            link.need_done.pop();
+            link.receiving.need_done.pop();
         }
-        loop {
-            // A large unit at a unit boundary goes by rendezvous: exposed
-            // here, its descriptor sent as the next data piece.
-            if rndv
-                && !link.eager_front
-                && link.unsent_rndv.is_none()
-                && link.front_sent == 0
-                && link.queue.front().is_some_and(|u| u.len() > RNDV_THRESHOLD)
-            {
-                if link.exposed.len() >= RNDV_MAX {
-                    break; // bounded: wait for a RNDV_DONE
-                }
-                if let Some(unit) = link.queue.pop_front() {
-                    let len = unit.len();
-                    match port.ep.expose(unit) {
-                        Ok(x) => {
-                            link.queued -= len;
-                            link.unsent_rndv = Some(x);
-                        }
-                        Err((e, unit)) => {
-                            tracing::debug!(error = %e, "rendezvous unavailable; sending eagerly");
-                            link.queue.push_front(unit);
-                            link.eager_front = true;
-                        }
-                    }
-                }
-            }
-            let Some(x) = link.unsent_rndv else {
-                break;
-            };
+        // A large unit at a unit boundary goes by rendezvous: exposed here,
+        // its descriptor sent as the next data piece.
+        while let Some(x) = link.exposures.stage(
+            rndv,
+            &mut link.queue,
+            link.front_sent,
+            &mut link.queued,
+            counters,
+            |unit| port.ep.rma().expose(unit),
+        ) {
             if link.credits == 0 {
                 return Ok(true);
             }
@@ -1245,14 +1173,13 @@ impl RdmTransport {
             let seq = link.tx_seq;
             let sent = port.post(pidx, link.peer, Some(id), |buf| {
                 write_header(buf, RNDV, credits, remote, seq);
-                HEADER_LEN + write_rndv(&mut buf[HEADER_LEN..], &x)
+                HEADER_LEN + rendezvous::encode(&mut buf[HEADER_LEN..], &x)
             })?;
             if !sent {
                 link.to_return += u32::from(credits);
                 return Ok(false);
             }
-            link.unsent_rndv = None;
-            link.exposed.push_back(x.id);
+            link.exposures.sent(counters);
             link.inflight += 1;
             link.credits -= 1;
             link.tx_seq += 1;
@@ -1260,10 +1187,9 @@ impl RdmTransport {
         }
         while link.credits > 0
             && !link.queue.is_empty()
-            && !(rndv
-                && !link.eager_front
-                && link.front_sent == 0
-                && link.queue[0].len() > RNDV_THRESHOLD)
+            && !link
+                .exposures
+                .wants(rndv, link.front_sent, link.queue.front().map(Vec::len))
         {
             let credits = link.take_credits();
             let seq = link.tx_seq;
@@ -1293,7 +1219,7 @@ impl RdmTransport {
             if last {
                 link.queue.pop_front();
                 link.front_sent = 0;
-                link.eager_front = false;
+                link.exposures.front_gone();
             } else {
                 link.front_sent += n;
             }
@@ -1358,21 +1284,25 @@ impl RdmTransport {
                 continue;
             }
             let stuck_read = l
+                .receiving
                 .reading
-                .is_some_and(|(_, since, _)| now.duration_since(since) > LINK_DEADLINE);
+                .is_some_and(|r| rendezvous::overdue(r.since, now));
             // Exposed units are not timed on the sending side: a receiver
             // that paused reading fetches them late, and a dead one trips
             // `last_heard`.
             if now.duration_since(l.last_heard) > LINK_DEADLINE {
                 dead.push((id, "peer silent"));
             } else if stuck_read {
-                dead.push((id, "rendezvous fi_read not complete"));
+                dead.push((id, STUCK_READ));
             } else if l.remote.is_some() && now.duration_since(l.last_sent) > KEEP_AFTER {
                 l.need_keep = true;
                 self.dirty.push(id);
             }
         }
         for (id, what) in dead {
+            if what == STUCK_READ {
+                self.rndv_counters.read_timeouts += 1;
+            }
             let why = format!("{what} for {LINK_DEADLINE:?} (peer dead or unreachable)");
             self.peer_gone(id, why, events);
         }
@@ -1645,6 +1575,13 @@ impl Transport for RdmTransport {
         None
     }
 
+    fn stats(&self) -> TransportStats {
+        TransportStats {
+            kind: self.kind.clone(),
+            values: self.rndv_counters.values(self.rndv, self.net.rma_in_use()),
+        }
+    }
+
     fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
         let _ = (link, detached);
         Err(no_migration(&self.kind))
@@ -1745,7 +1682,8 @@ mod tests {
         // provider has RMA (tcp;ofi_rxm), eagerly in pieces on shm.
         assert_eq!(t.rndv, provider == "tcp", "{provider}: rendezvous enabled");
         let expect = if t.rndv { frames.len() as u64 } else { 0 };
-        assert_eq!(t.rndv_reads, expect, "{provider}: rendezvous reads");
+        assert_eq!(t.rndv_counters.read, expect, "{provider}: rendezvous reads");
+        assert_eq!(t.rndv_counters.sent, expect, "{provider}: rendezvous sent");
         t.inject(LinkId(1000), RealFault::Abort).unwrap();
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
         for id in [server, LinkId(1000)] {
