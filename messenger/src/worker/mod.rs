@@ -267,8 +267,12 @@ impl Worker {
                 {
                     Some(Duration::ZERO)
                 } else {
-                    self.now = Instant::now();
+                    // Clock read after `wake_at`: a transport that asks to
+                    // be polled "now" read the clock itself, later than any
+                    // earlier reading here, and a positive remainder of a few
+                    // nanoseconds would become a whole millisecond in epoll.
                     let wake = self.transports.iter().filter_map(|t| t.wake_at()).min();
+                    self.now = Instant::now();
                     let until = match (self.next_timer, wake) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
