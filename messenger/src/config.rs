@@ -45,6 +45,11 @@ pub enum ConfigError {
 pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ("workers", "event-loop worker threads (default 1)"),
     (
+        "payload_crc",
+        "CRC32C on message payloads (default true); false on both sides skips it, \
+         for transports that check integrity themselves (RDMA); headers stay checked",
+    ),
+    (
         "busy_poll_us",
         "busy-poll window after activity before blocking, in µs (default 200; 0 = never spin)",
     ),
@@ -218,6 +223,19 @@ impl MessengerConfig {
                     why: "expected lossy-client, lossless-client or lossless-peer".into(),
                 })?
             }
+            "payload_crc" => {
+                s.payload_crc = match value.trim() {
+                    "true" | "on" | "1" => true,
+                    "false" | "off" | "0" => false,
+                    _ => {
+                        return Err(ConfigError::BadValue {
+                            key: key.into(),
+                            value: value.into(),
+                            why: "expected true or false".into(),
+                        })
+                    }
+                }
+            }
             "keepalive_interval_ms" => s.keepalive_interval = ms(value)?,
             "keepalive_timeout_ms" => s.keepalive_timeout = ms(value)?,
             "handshake_timeout_ms" => s.handshake_timeout = ms(value)?,
@@ -284,6 +302,7 @@ impl MessengerConfig {
             let text = match value {
                 toml::Value::String(s) => s,
                 toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
                 other => return Err(file_err(format!("`{key}`: unsupported value {other}"))),
             };
             self.set(&key, &text)?;
@@ -323,12 +342,27 @@ mod tests {
             let value = match *key {
                 "policy" => "lossless-peer",
                 "faults" => "seed=1,fail=100",
+                "payload_crc" => "false",
                 _ => "3",
             };
             MessengerConfig::default()
                 .set(key, value)
                 .unwrap_or_else(|e| panic!("{key}: {e}"));
         }
+    }
+
+    #[test]
+    fn payload_crc_is_a_boolean() {
+        let mut cfg = MessengerConfig::default();
+        assert!(cfg.session.payload_crc);
+        cfg.set("payload_crc", "false").unwrap();
+        assert!(!cfg.session.payload_crc);
+        cfg.set("payload_crc", "on").unwrap();
+        assert!(cfg.session.payload_crc);
+        assert!(matches!(
+            cfg.set("payload_crc", "maybe"),
+            Err(ConfigError::BadValue { .. })
+        ));
     }
 
     #[test]

@@ -398,3 +398,46 @@ fn send_batch_orders_and_bounds() {
     cli.shutdown(Duration::from_secs(5));
     srv.shutdown(Duration::from_secs(5));
 }
+
+/// `payload_crc = false` is an agreement: with it on both sides payloads go
+/// unchecked, with it on one side they stay checked — either way every
+/// message arrives intact, in order, with no protocol error (a sender that
+/// flagged frames the receiver does not accept would show up as errors and
+/// reconnects).
+#[test]
+fn unchecked_payloads_both_sides_and_one_side() {
+    for (client_crc, server_crc) in [(false, false), (false, true), (true, false)] {
+        let cfg = |crc: bool| {
+            let mut c = fast_config();
+            c.session.payload_crc = crc;
+            c
+        };
+        let rec = Recorder::new();
+        let mut srv = server(cfg(server_crc), rec.clone());
+        let mut cli = client(cfg(client_crc), Arc::new(msgr::NullDispatcher));
+        let conn = cli.connect(srv.addr()).unwrap();
+        const N: u64 = 3000;
+        for n in 1..=N {
+            let len = if n % 100 == 0 {
+                300_000
+            } else {
+                (n as usize * 37) % 5000
+            };
+            send(&conn, probe_message(1, n, len));
+        }
+        assert!(
+            wait_until(Duration::from_secs(60), || rec.delivered(1) == N),
+            "client crc {client_crc}, server crc {server_crc}: delivered {} of {N}",
+            rec.delivered(1)
+        );
+        rec.assert_clean();
+        for (who, m) in [("client", &cli), ("server", &srv)] {
+            let c = m.counters();
+            let errors = c.protocol_errors.load(Ordering::Relaxed);
+            assert_eq!(errors, 0, "{who}: {errors} protocol errors");
+        }
+        let r = cli.shutdown(Duration::from_secs(5));
+        assert_eq!((r.undelivered, r.leaked_links), (0, 0));
+        srv.shutdown(Duration::from_secs(5));
+    }
+}

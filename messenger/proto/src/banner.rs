@@ -23,7 +23,13 @@ pub mod features {
     pub const CREDITS: u64 = 1 << 2;
     /// Data segments by rendezvous (RDMA read).
     pub const RENDEZVOUS: u64 = 1 << 3;
-    /// Everything this build supports.
+    /// This side does without CRCs on message payloads (front and data
+    /// segments): offered only when configured (`payload_crc = false`), in
+    /// use only when both sides offer it (`frame::FLAG_UNCHECKED_PAYLOAD`).
+    /// For transports with their own integrity check (RDMA's ICRC, iWARP's
+    /// MPA CRC, TLS) where the CRC is the largest per-byte cost left.
+    pub const UNCHECKED_PAYLOAD: u64 = 1 << 4;
+    /// Everything this build supports by default.
     pub const SUPPORTED: u64 = CRC32C | RECONNECT | CREDITS | RENDEZVOUS;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
@@ -51,6 +57,16 @@ impl Default for Banner {
 }
 
 impl Banner {
+    /// The banner of a side that checksums message payloads or not
+    /// (`payload_crc = false` offers [`features::UNCHECKED_PAYLOAD`]).
+    pub fn with_payload_crc(payload_crc: bool) -> Banner {
+        let mut b = Banner::default();
+        if !payload_crc {
+            b.supported |= features::UNCHECKED_PAYLOAD;
+        }
+        b
+    }
+
     /// Encodes the banner.
     pub fn encode(&self) -> [u8; BANNER_LEN] {
         let mut out = [0u8; BANNER_LEN];
@@ -116,6 +132,18 @@ mod tests {
         let d = Banner::decode(&b.encode()).unwrap();
         assert_eq!(b, d);
         assert_eq!(b.negotiate(&d), Ok(features::SUPPORTED));
+    }
+
+    #[test]
+    fn payloads_go_unchecked_only_when_both_sides_offer_it() {
+        let on = Banner::with_payload_crc(true);
+        let off = Banner::with_payload_crc(false);
+        assert_eq!(on, Banner::default());
+        let agreed = |a: &Banner, b: &Banner| a.negotiate(b).unwrap() & features::UNCHECKED_PAYLOAD;
+        assert_eq!(agreed(&off, &off), features::UNCHECKED_PAYLOAD);
+        assert_eq!(agreed(&off, &on), 0);
+        assert_eq!(agreed(&on, &off), 0);
+        assert_eq!(agreed(&on, &on), 0);
     }
 
     #[test]

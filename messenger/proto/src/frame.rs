@@ -14,6 +14,12 @@
 //! segments:        segment 0 .. segment n-1, back to back
 //! epilogue:        n x crc32c(segment i) u32
 //! ```
+//!
+//! One flag bit belongs to the frame layer rather than to the tag:
+//! [`FLAG_UNCHECKED_PAYLOAD`] — segments after the first carry no CRC (their
+//! epilogue words are 0), used only where both ends agreed to it in the
+//! banner (`features::UNCHECKED_PAYLOAD`). The preamble and the first
+//! segment (a message's header: sequence numbers, lengths) are always checked.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -25,6 +31,9 @@ pub const PREAMBLE_LEN: usize = 32;
 pub const MAX_SEGMENTS: usize = 4;
 /// Bytes of the preamble covered by its CRC.
 const PREAMBLE_CRC_OFFSET: usize = 28;
+/// Frame flag: segments after the first are not checksummed (epilogue words
+/// 0). Whether a peer may send it is negotiated; the decoder only honours it.
+pub const FLAG_UNCHECKED_PAYLOAD: u8 = 1 << 7;
 
 /// What a frame is. Unknown tags are a protocol error, never ignored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -260,7 +269,8 @@ impl Frame {
     pub fn into_encoded(self) -> Result<EncodedFrame, FrameError> {
         let preamble = self.preamble()?.encode();
         let mut epilogue = [0u8; 4 * MAX_SEGMENTS];
-        for (i, s) in self.segments.iter().enumerate() {
+        let checked = checked_segments(self.flags);
+        for (i, s) in self.segments.iter().enumerate().take(checked) {
             epilogue[4 * i..4 * i + 4].copy_from_slice(&segment_crc(s).to_le_bytes());
         }
         let epilogue_len = 4 * self.segments.len();
@@ -316,8 +326,18 @@ fn segment_crc(seg: &[u8]) -> u32 {
     }
 }
 
+/// How many leading segments carry a CRC in a frame with these flags.
+fn checked_segments(flags: u8) -> usize {
+    if flags & FLAG_UNCHECKED_PAYLOAD != 0 {
+        1
+    } else {
+        MAX_SEGMENTS
+    }
+}
+
 /// Cuts a whole frame (`pre` already checked) into its segments and checks
-/// each one's CRC; the segments share `whole`'s memory.
+/// each one's CRC (an unchecked segment's epilogue word must be 0); the
+/// segments share `whole`'s memory.
 fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
     whole.advance(PREAMBLE_LEN);
     let count = usize::from(pre.segment_count);
@@ -325,9 +345,10 @@ fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
     for len in &pre.segment_lens[..count] {
         segments.push(whole.split_to(*len as usize));
     }
+    let checked = checked_segments(pre.flags);
     for (i, seg) in segments.iter().enumerate() {
         let wire = whole.get_u32_le();
-        let actual = segment_crc(seg);
+        let actual = if i < checked { segment_crc(seg) } else { 0 };
         if wire != actual {
             return Err(FrameError::SegmentCrc {
                 index: i,
@@ -499,6 +520,56 @@ mod tests {
             matches!(r, Err(FrameError::SegmentCrc { index: 2, .. })),
             "{r:?}"
         );
+    }
+
+    #[test]
+    fn unchecked_payload_skips_all_but_the_first_segment() {
+        let mut f = sample();
+        f.flags = FLAG_UNCHECKED_PAYLOAD;
+        let enc = f.encode_to_vec().unwrap();
+        let epilogue = &enc[enc.len() - 12..];
+        assert_eq!(epilogue[..4], crc32c::crc32c(b"hdr").to_le_bytes());
+        assert_eq!(epilogue[4..], [0u8; 8], "payload segments carry no CRC");
+        let limits = FrameLimits::default();
+        assert_eq!(
+            Frame::decode_exact(Bytes::from(enc.clone()), &limits),
+            Ok(f)
+        );
+
+        // A flipped payload bit passes (that is the point of the flag) ...
+        let mut payload_hit = enc.clone();
+        payload_hit[PREAMBLE_LEN + 5] ^= 0x10;
+        let got = Frame::decode_exact(Bytes::from(payload_hit), &limits).unwrap();
+        assert_eq!(got.segments[2][2], 7 ^ 0x10);
+        // ... one in the header segment does not ...
+        let mut header_hit = enc.clone();
+        header_hit[PREAMBLE_LEN] ^= 1;
+        let r = Frame::decode_exact(Bytes::from(header_hit), &limits);
+        assert!(
+            matches!(r, Err(FrameError::SegmentCrc { index: 0, .. })),
+            "{r:?}"
+        );
+        // ... nor a nonzero epilogue word where no CRC is expected ...
+        let mut stray = enc.clone();
+        let at = stray.len() - 1;
+        stray[at] = 1;
+        let r = Frame::decode_exact(Bytes::from(stray), &limits);
+        assert!(
+            matches!(
+                r,
+                Err(FrameError::SegmentCrc {
+                    index: 2,
+                    actual: 0,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        // ... nor clearing the flag, which the preamble's CRC covers.
+        let mut unflagged = enc;
+        unflagged[1] = 0;
+        let r = Frame::decode_exact(Bytes::from(unflagged), &limits);
+        assert!(matches!(r, Err(FrameError::PreambleCrc { .. })), "{r:?}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use msgr_addr::{AddrVec, EntityAddr, EntityName};
 use msgr_proto::banner::{Banner, BANNER_LEN};
 use msgr_proto::control::{control_frame, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk};
-use msgr_proto::frame::{Preamble, MAX_SEGMENTS, PREAMBLE_LEN};
+use msgr_proto::frame::{Preamble, FLAG_UNCHECKED_PAYLOAD, MAX_SEGMENTS, PREAMBLE_LEN};
 use msgr_proto::session::{LinkId, LocalIdentity, Policy, Session, SessionConfig};
 use msgr_proto::sim::fuzz::{sample_frames, SampleKind, SamplePayload};
 use msgr_proto::{Frame, FrameDecoder, FrameLimits, Inbound, Message, StreamDecoder, Tag};
@@ -277,6 +277,52 @@ proptest! {
     }
 }
 
+/// A peer that sends a message with an unchecked payload on a link where
+/// payload CRCs were not agreed (its banner did not offer it, or ours did
+/// not) is refused with a protocol error, not believed.
+#[test]
+fn unchecked_payload_without_agreement_is_a_protocol_error() {
+    for (ours, theirs) in [(true, true), (true, false), (false, true)] {
+        let now = Instant::now();
+        let local = LocalIdentity {
+            name: EntityName::peer(1),
+            addr: EntityAddr::tcp(([10, 0, 0, 1], 6800).into()),
+        };
+        let peer = EntityAddr::tcp(([10, 0, 0, 2], 6800).into());
+        let cfg = SessionConfig {
+            payload_crc: ours,
+            ..SessionConfig::default()
+        };
+        let l = LinkId(1);
+        let mut s = Session::connect(cfg, local, peer.clone(), Policy::LosslessClient, now);
+        s.link_up(l, now);
+        let banner = Banner::with_payload_crc(theirs).encode();
+        s.handle_inbound(l, Inbound::Banner(banner), now).unwrap();
+        let ok = control_frame(
+            Tag::HelloOk,
+            &HelloOk {
+                name: EntityName::peer(2),
+                addr: peer,
+                cookie: 5,
+            },
+        );
+        s.handle_inbound(l, Inbound::Frame(ok), now).unwrap();
+        assert!(s.is_open());
+        let mut f = Message::new(1, &b"front"[..], &b"data"[..]).to_frame(0);
+        f.flags |= FLAG_UNCHECKED_PAYLOAD;
+        let f = Frame::decode_exact(
+            Bytes::from(f.encode_to_vec().unwrap()),
+            &FrameLimits::default(),
+        )
+        .unwrap();
+        let r = s.handle_inbound(l, Inbound::Frame(f), now);
+        assert!(
+            matches!(r, Err(msgr_proto::ProtocolError::Malformed { .. })),
+            "ours {ours} theirs {theirs}: {r:?}"
+        );
+    }
+}
+
 /// Every strict prefix of an encoded frame makes the decoders ask for more
 /// (`Ok(None)`), never an error or a different frame.
 #[test]
@@ -368,11 +414,34 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
 
     #[test]
-    fn a_flipped_bit_in_any_frame_is_detected(f in frame(), pos in any::<prop::sample::Index>(), bit in 0u8..8) {
+    fn a_flipped_bit_in_any_frame_is_detected(mut f in frame(), pos in any::<prop::sample::Index>(), bit in 0u8..8) {
+        f.flags &= !FLAG_UNCHECKED_PAYLOAD; // see the next property
         let mut enc = f.encode_to_vec().unwrap();
         let i = pos.index(enc.len());
         enc[i] ^= 1 << bit;
         let r = Frame::decode_exact(Bytes::from(enc), &FrameLimits::default());
         prop_assert!(r.is_err(), "flip at byte {} bit {} decoded as {:?}", i, bit, r);
+    }
+
+    /// With unchecked payloads (negotiated), a flip inside segments 1.. is
+    /// delivered as exactly that flip, and any other flip is still detected.
+    #[test]
+    fn unchecked_payload_flips_are_exactly_the_payload_ones(mut f in frame(), pos in any::<prop::sample::Index>(), bit in 0u8..8) {
+        f.flags |= FLAG_UNCHECKED_PAYLOAD;
+        let mut enc = f.encode_to_vec().unwrap();
+        let i = pos.index(enc.len());
+        enc[i] ^= 1 << bit;
+        let first = f.segments.first().map_or(0, Bytes::len);
+        let payload_end = PREAMBLE_LEN + f.segments.iter().map(Bytes::len).sum::<usize>();
+        let r = Frame::decode_exact(Bytes::from(enc), &FrameLimits::default());
+        if (PREAMBLE_LEN + first..payload_end).contains(&i) {
+            let got = r.expect("payload flips are not checked");
+            let mut want: Vec<u8> = f.segments[1..].concat();
+            want[i - PREAMBLE_LEN - first] ^= 1 << bit;
+            prop_assert_eq!(got.segments[1..].concat(), want);
+            prop_assert_eq!(&got.segments[0], &f.segments[0]);
+        } else {
+            prop_assert!(r.is_err(), "flip at byte {} bit {} decoded as {:?}", i, bit, r);
+        }
     }
 }

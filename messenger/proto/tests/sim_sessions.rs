@@ -108,6 +108,28 @@ fn messages_larger_than_a_piece_and_empty_ones_arrive_intact() {
     assert_eq!((got[1].msg_type, got[1].payload_len()), (4, 0));
 }
 
+#[test]
+fn unchecked_payloads_when_both_sides_agree() {
+    let mut cfg = SimConfig::default();
+    cfg.session.payload_crc = false;
+    let (mut sim, c, s) = client_server(3, cfg);
+    let id = sim.connect(c, s, Policy::LosslessClient);
+    let big = Message::new(3, vec![1u8; 5000], vec![2u8; 70_000]);
+    sim.send(c, id, big.clone()).unwrap();
+    send_all(&mut sim, c, id, "c", 0..20);
+    assert!(sim.run_until_pred(Duration::from_secs(5), |sim| sim.delivered(s).len() == 21));
+    let got: Vec<Message> = sim.delivered(s).into_iter().map(|(_, m)| m).collect();
+    assert_eq!((&got[0].front, &got[0].data), (&big.front, &big.data));
+    for (i, m) in got[1..].iter().enumerate() {
+        assert_eq!(
+            (&m.front, &m.data),
+            (&msg("c", i as u64).front, &msg("c", i as u64).data)
+        );
+    }
+    let agreed = sim.session(c, id).expect("session").features();
+    assert_ne!(agreed & msgr_proto::banner::features::UNCHECKED_PAYLOAD, 0);
+}
+
 /// Lossless client → server with echo, under the given cut schedule: both
 /// directions must deliver 0..n exactly once, in order.
 fn lossless_run(seed: u64, n: u64, byte_cuts: &[u64], faults: FaultRates) -> Sim {

@@ -57,6 +57,10 @@ pub struct SessionConfig {
     pub max_in_flight_messages: u64,
     /// Lossless: most payload bytes transmitted and not yet acknowledged.
     pub max_in_flight_bytes: usize,
+    /// Checksum message payloads (front and data segments) with CRC32C.
+    /// `false` on both sides of a link skips it (negotiated in the banner);
+    /// frame preambles and message headers are always checked.
+    pub payload_crc: bool,
 }
 
 impl Default for SessionConfig {
@@ -75,6 +79,7 @@ impl Default for SessionConfig {
 
             max_in_flight_messages: 16 * 1024,
             max_in_flight_bytes: 32 << 20,
+            payload_crc: true,
         }
     }
 }

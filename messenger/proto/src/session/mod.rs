@@ -25,12 +25,12 @@ use msgr_addr::{EntityAddr, EntityName};
 
 pub use config::{Policy, SessionConfig};
 
-use crate::banner::Banner;
+use crate::banner::{features, Banner};
 use crate::control::{
     control_frame, parse_control, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk,
 };
 use crate::error::ProtocolError;
-use crate::frame::{Frame, Tag};
+use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
 use crate::message::Message;
 use crate::stream::{Inbound, Transmit};
 
@@ -597,7 +597,10 @@ impl Session {
             let front = self.queue.front().map_or(self.sent_seq + 1, |m| m.seq);
             let idx = (self.sent_seq + 1 - front) as usize;
             let msg = self.queue.get(idx)?;
-            let frame = msg.to_frame_in(self.in_seq, &mut self.headers);
+            let mut frame = msg.to_frame_in(self.in_seq, &mut self.headers);
+            if self.features & features::UNCHECKED_PAYLOAD != 0 {
+                frame.flags |= FLAG_UNCHECKED_PAYLOAD;
+            }
             self.stats.tx_messages += 1;
             self.stats.tx_bytes += msg.payload_len() as u64;
             self.acked_in_seq = self.in_seq;
@@ -709,12 +712,17 @@ impl Session {
 
     // ---- internals ---------------------------------------------------------
 
+    /// Our banner, as configured.
+    fn banner(&self) -> Banner {
+        Banner::with_payload_crc(self.cfg.payload_crc)
+    }
+
     /// Starts a fresh link: our banner goes first.
     fn start_link(&mut self, link: LinkId, now: Instant) {
         self.attach_link(link, now);
         self.state = State::Banner(link);
         self.ctrl
-            .push_back(Transmit::Banner(Banner::default().encode()));
+            .push_back(Transmit::Banner(self.banner().encode()));
     }
 
     /// Adopts a link whose banners were already exchanged (by the acceptor
@@ -814,7 +822,7 @@ impl Session {
         let frame = match (self.state, unit) {
             (State::Banner(_), Inbound::Banner(raw)) => {
                 let peer = Banner::decode(&raw)?;
-                self.features = Banner::default().negotiate(&peer)?;
+                self.features = self.banner().negotiate(&peer)?;
                 if self.connector {
                     let hello = Hello {
                         name: self.local.name.clone(),
@@ -847,7 +855,18 @@ impl Session {
                     state: "exchanging banners",
                 })
             }
-            (_, Inbound::Frame(f)) => f,
+            (_, Inbound::Frame(f)) => {
+                if f.flags & FLAG_UNCHECKED_PAYLOAD != 0
+                    && self.features & features::UNCHECKED_PAYLOAD == 0
+                {
+                    // Its payload went unchecked, which we never agreed to.
+                    return Err(ProtocolError::Malformed {
+                        what: "frame",
+                        detail: "payload without CRC on a link that checks payloads".into(),
+                    });
+                }
+                f
+            }
         };
         match (self.state, frame.tag) {
             (State::AwaitHello(_), Tag::Hello) => {

@@ -682,7 +682,8 @@ fn fuzz_name(who: u8) -> EntityName {
 /// keep its invariants: bounded queue, transmits that encode and decode back,
 /// messages delivered in order without duplicates, nothing after the end.
 ///
-/// Input: a setup byte (bit 0: acceptor; bits 1-2: connector policy), then ops.
+/// Input: a setup byte (bit 0: acceptor; bits 1-2: connector policy; bit 3:
+/// unchecked payloads offered), then ops.
 pub fn session_engine(data: &[u8]) {
     let mut r = Reader::new(data);
     let setup = r.u8();
@@ -701,6 +702,7 @@ pub fn session_engine(data: &[u8]) {
         max_queued_bytes: 2048,
         max_in_flight_messages: 4,
         max_in_flight_bytes: 1024,
+        payload_crc: setup & 8 == 0,
     };
     let local = LocalIdentity {
         name: EntityName::peer(9),
