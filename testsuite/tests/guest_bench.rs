@@ -83,12 +83,22 @@ fn msgr_name(round: u16, transport: &str) -> String {
 }
 
 /// The transports msgr runs over, in table order: (label, address with
-/// `{port}` and `{siw}` to fill in, port in round 0).
-const MSGR_RUNS: [(&str, &str, u16); 3] = [
-    ("verbs", "verbs://127.0.0.1:{port}?dev=rxe0", 18830),
-    ("tcp", "tcp://127.0.0.1:{port}", 18831),
-    ("rdmacm", "rdmacm://{siw}:{port}", 18832),
+/// `{port}` and `{siw}` to fill in, port in round 0, global tool options).
+/// The `-nocrc` runs set `payload_crc=false` on both sides (perftest checks
+/// no data; RoCE's ICRC and siw's transport do), the others run defaults.
+const MSGR_RUNS: [(&str, &str, u16, &[&str]); 5] = [
+    ("verbs", "verbs://127.0.0.1:{port}?dev=rxe0", 18830, &[]),
+    (
+        "verbs-nocrc",
+        "verbs://127.0.0.1:{port}?dev=rxe0",
+        18833,
+        NO_CRC,
+    ),
+    ("tcp", "tcp://127.0.0.1:{port}", 18831, &[]),
+    ("rdmacm", "rdmacm://{siw}:{port}", 18832, &[]),
+    ("rdmacm-nocrc", "rdmacm://{siw}:{port}", 18834, NO_CRC),
 ];
+const NO_CRC: &[&str] = &["--set", "payload_crc=false"];
 
 fn commands(tool: &std::path::Path) -> Vec<GuestCommand> {
     let mut cmds = vec![GuestCommand::shell(
@@ -170,12 +180,12 @@ fn round_commands(tool: &std::path::Path, round: u16) -> Vec<GuestCommand> {
         size: BW_SIZE,
         secs: STREAM_SECS,
     });
-    for (transport, addr, port) in MSGR_RUNS {
+    for (transport, addr, port, global) in MSGR_RUNS {
         let addr = addr
             .replace("{port}", &(port + shift).to_string())
             .replace("{siw}", siw.addr());
-        let mut cmd = serve_and_run(msgr_name(round, transport), tool, &addr, &[], &runs);
-        if transport == "rdmacm" {
+        let mut cmd = serve_and_run(msgr_name(round, transport), tool, &addr, global, &runs);
+        if transport.starts_with("rdmacm") {
             cmd.script = format!("ulimit -l unlimited\n{}", cmd.script);
         }
         cmds.push(cmd);
@@ -235,7 +245,7 @@ fn parse(out: &GuestOutcome, round: u16) -> Figures {
     let siw_bw = output(out, &siw_bw_name(round)).and_then(parse_write_bw);
     let msgr = MSGR_RUNS
         .iter()
-        .map(|&(transport, _, _)| {
+        .map(|&(transport, _, _, _)| {
             let o = output(out, &msgr_name(round, transport));
             let pings = LAT_SIZES
                 .iter()
@@ -344,7 +354,7 @@ impl Figures {
                     reference: reference_name,
                     unit: "us",
                     reference_value: l.as_ref().ok().map(reference),
-                    msgr: ["verbs", "tcp"]
+                    msgr: ["verbs", "verbs-nocrc", "tcp"]
                         .into_iter()
                         .map(|t| (t, self.ping(t, *size).map(pick)))
                         .collect(),
@@ -357,7 +367,7 @@ impl Figures {
             reference: "rxe0 ib_write_bw BW average".into(),
             unit: "MiB/s",
             reference_value: self.write_bw.as_ref().ok().map(|b| b.bw_avg_mb_s),
-            msgr: ["verbs", "tcp"]
+            msgr: ["verbs", "verbs-nocrc", "tcp"]
                 .into_iter()
                 .map(|t| (t, self.stream(t)))
                 .collect(),
@@ -370,7 +380,10 @@ impl Figures {
                     reference: format!("siw0 ib_send_lat -R {col}"),
                     unit: "us",
                     reference_value: self.siw_lat[i].as_ref().ok().map(reference),
-                    msgr: vec![("rdmacm", self.ping("rdmacm", *size).map(pick))],
+                    msgr: ["rdmacm", "rdmacm-nocrc"]
+                        .into_iter()
+                        .map(|t| (t, self.ping(t, *size).map(pick)))
+                        .collect(),
                     target: lat_target.clone(),
                 });
             }
@@ -380,7 +393,10 @@ impl Figures {
             reference: "siw0 ib_write_bw -R BW average".into(),
             unit: "MiB/s",
             reference_value: self.siw_bw.as_ref().ok().map(|b| b.bw_avg_mb_s),
-            msgr: vec![("rdmacm", self.stream("rdmacm"))],
+            msgr: ["rdmacm", "rdmacm-nocrc"]
+                .into_iter()
+                .map(|t| (t, self.stream(t)))
+                .collect(),
             target: bw_target,
         });
         rows
@@ -410,12 +426,12 @@ fn table(rounds: &[Figures]) -> String {
         s,
         "msgr vs perftest, one TCG guest boot, {} rounds (compare ratios only); msgr default \
          config (1 worker, busy-poll 200 µs), lossless; ratio = median of per-round \
-         msgr/reference [min-max]",
+         msgr/reference [min-max]; -nocrc: payload_crc=false on both sides",
         rounds.len()
     );
     let _ = writeln!(
         s,
-        "{:<18} {:<32} {:>14} {:<7} {:>14} {:>22} {:>8}",
+        "{:<18} {:<32} {:>14} {:<12} {:>14} {:>22} {:>8}",
         "measure", "reference", "reference", "msgr", "msgr", "ratio [spread]", "target"
     );
     let Some(first) = per_round.first() else {
@@ -445,7 +461,7 @@ fn table(rounds: &[Figures]) -> String {
             let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2} {}", row.unit));
             let _ = writeln!(
                 s,
-                "{:<18} {:<32} {:>14} {:<7} {:>14} {:>22} {:>8}",
+                "{:<18} {:<32} {:>14} {:<12} {:>14} {:>22} {:>8}",
                 row.measure,
                 row.reference,
                 fmt(reference),
