@@ -614,9 +614,19 @@ impl FabricTransport {
         any
     }
 
+    /// Accepts a connection request on the listener it came to. One that
+    /// cannot be accepted before an endpoint takes it is rejected, so the
+    /// connector fails at once (`FI_ECONNREFUSED`) rather than by its set-up
+    /// deadline; after that, dropping the endpoint tells the connector.
     fn accept(&mut self, req: ConnReq) {
-        let Some(&listener) = self.listeners.keys().next() else {
-            return; // dropping the request rejects it
+        let Some((&listener, _)) = self
+            .listeners
+            .iter()
+            .find(|(_, pep)| pep.key() == req.listener())
+        else {
+            // Its listener is closed: nothing left to reject it with.
+            tracing::debug!("fabric connection request for a closed listener, dropped");
+            return;
         };
         let peer = req
             .peer()
@@ -634,7 +644,13 @@ impl FabricTransport {
                 self.half_open
                     .push_back((Instant::now() + SETUP_TIMEOUT, id));
             }
-            Err(e) => tracing::warn!(error = %e, "fi_accept failed"),
+            Err((e, req)) => {
+                tracing::warn!(error = %e, "fi_accept failed");
+                let rejected = req.zip(self.listeners.get_mut(&listener));
+                if let Some(Err(e)) = rejected.map(|(req, pep)| pep.reject(req)) {
+                    tracing::warn!(error = %e, "fi_reject failed");
+                }
+            }
         }
     }
 
