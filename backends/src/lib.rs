@@ -74,6 +74,13 @@ pub enum SimulatedFault {
     /// fail the link. Real RC transports (rxe, siw, hardware) end an
     /// unanswered read with an error completion once their retries run out,
     /// which is why this cannot be produced for real.
+    ///
+    /// libfabric (`fabric` MSG and RDM endpoints with the `fi_read`
+    /// rendezvous): the same, for the link's next `fi_read`; its buffer is
+    /// freed when the ignored completion comes (the provider is done with
+    /// it) or with the endpoint. `tcp` and `tcp;ofi_rxm` end a read whose
+    /// connection breaks with an error completion, so this is a fake too.
+    /// Endpoints without rendezvous (`shm`) refuse it.
     HungRead,
 }
 

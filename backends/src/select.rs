@@ -46,7 +46,8 @@ pub struct RdmaPoolConfig {
     /// RDMA-reads them from where they lie (rendezvous).
     pub rendezvous_threshold: usize,
     /// A rendezvous read not complete this long after it started fails its
-    /// link (the session engine then recovers per its policy). Leave it above
+    /// link (the session engine then recovers per its policy); the libfabric
+    /// backend's `fi_read` rendezvous uses it too. Leave it above
     /// the time one read piece (at most 4 MiB) takes on a loaded link, and
     /// below the session's keepalive timeout: frames behind a hung read are
     /// held, keepalives included, so that timeout would fire first and the

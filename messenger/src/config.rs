@@ -117,7 +117,7 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "rdma_read_timeout_ms",
-        "an RDMA rendezvous read not complete after this fails its link (default 10000, below keepalive_timeout_ms; at least 1)",
+        "an RDMA or libfabric rendezvous read not complete after this fails its link (default 10000, below keepalive_timeout_ms; at least 1)",
     ),
     (
         "faults",

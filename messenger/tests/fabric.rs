@@ -8,19 +8,31 @@ mod common;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
-use msgr::{Availability, ConnectionState, EntityName, Messenger, Policy, RealFault};
+use msgr::{
+    Availability, ConnectionState, EntityName, Messenger, MessengerConfig, Policy, RealFault,
+    SimulatedFault,
+};
 use rand::{Rng, SeedableRng};
 
 fn start(addr: &str, name: EntityName, d: Arc<dyn msgr::Dispatcher>) -> Messenger {
+    start_with(addr, name, fast_config(), d)
+}
+
+fn start_with(
+    addr: &str,
+    name: EntityName,
+    cfg: MessengerConfig,
+    d: Arc<dyn msgr::Dispatcher>,
+) -> Messenger {
     let a: msgr::EntityAddr = addr.parse().expect("addr");
     if let Availability::Unavailable(why) = msgr::availability(&a.transport) {
         panic!("{addr} cannot run on this host: {why}");
     }
     Messenger::builder(name)
-        .config(fast_config())
+        .config(cfg)
         .bind(a)
         .start(d)
         .unwrap_or_else(|e| panic!("start {addr}: {e}"))
@@ -200,6 +212,132 @@ fn lossless_exactly_once_across_aborts(addr: &str) {
     assert_nothing_left(&mut srv, "server");
 }
 
+/// A rendezvous read that never completes. SIMULATED: `tcp` and
+/// `tcp;ofi_rxm` end a read whose connection breaks with an error
+/// completion, so the server's backend is told to ignore the completion of
+/// its next read (`simulate_fault(SimulatedFault::HungRead)`). With a read
+/// timeout of 2 s the deadline must fail the link after about that long
+/// (`read_timeouts` = 1), the lossless session reconnects once and replays,
+/// every message arrives exactly once and in order, and no buffer stays
+/// registered. Without rendezvous (`shm`) the fault is refused: nothing
+/// hangs (`simulated_hung_reads` stays 0) and nothing fails.
+fn hung_read_fails_by_the_deadline(addr: &str, rendezvous: bool) {
+    init_tracing();
+    const READ_TIMEOUT: Duration = Duration::from_secs(2);
+    let rec = Recorder::new();
+    let mut srv_cfg = fast_config();
+    srv_cfg
+        .set(
+            "rdma_read_timeout_ms",
+            &READ_TIMEOUT.as_millis().to_string(),
+        )
+        .unwrap();
+    // Messages behind the hung read, the client's keepalives among them,
+    // wait: the server's keepalive timeout must not fail the link first.
+    srv_cfg.session.keepalive_timeout = Duration::from_secs(60);
+    let mut srv = start_with(addr, EntityName::server(1), srv_cfg, rec.clone());
+    let mut cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    // Message 1 opens the session, so the server has a connection to fault.
+    let sizes = [
+        100,
+        1 << 20,
+        64,
+        3000,
+        (1 << 20) + 5,
+        0,
+        200 << 10,
+        7,
+        100 << 10,
+        10,
+    ];
+    send(&conn, probe_message(1, 1, sizes[0]));
+    assert!(
+        wait_until(Duration::from_secs(10), || rec.delivered(1) == 1),
+        "{addr}: the session did not open"
+    );
+    let srv_conns = srv.connections();
+    assert_eq!(srv_conns.len(), 1, "{addr}: server connections");
+    srv_conns[0].simulate_fault(SimulatedFault::HungRead);
+    // A stats round trip goes through the server's worker after the fault
+    // request: the fault is armed when it returns.
+    assert_eq!(fabric_stat(&srv, "simulated_hung_reads"), 0);
+    if rendezvous {
+        println!(
+            "{addr}: SIMULATED hung read (tcp never hangs one); read timeout {READ_TIMEOUT:?}"
+        );
+    } else {
+        println!("{addr}: no rendezvous: the hung read is refused");
+    }
+    let t = Instant::now();
+    for (i, &len) in sizes.iter().enumerate().skip(1) {
+        send(&conn, probe_message(1, i as u64 + 1, len));
+    }
+    let n = sizes.len() as u64;
+    if rendezvous {
+        // Bounded: without the deadline nothing else fails this link (the
+        // server's keepalive timeout is far above this wait).
+        let failed = wait_until(READ_TIMEOUT + Duration::from_secs(10), || {
+            // Each look is a round trip to the workers: not every millisecond.
+            std::thread::sleep(Duration::from_millis(10));
+            fabric_stat(&srv, "read_timeouts") >= 1
+        });
+        let time_to_fail = t.elapsed();
+        assert!(
+            failed,
+            "{addr}: the hung read did not fail its link within {time_to_fail:?}"
+        );
+        // The read started after `t`: failing sooner ignores the deadline.
+        // The upper bound is loose (a loaded 2-core machine).
+        assert!(
+            time_to_fail >= READ_TIMEOUT && time_to_fail < READ_TIMEOUT + Duration::from_secs(5),
+            "{addr}: the link failed after {time_to_fail:?} (read timeout {READ_TIMEOUT:?})"
+        );
+        println!("{addr}: link failed after {time_to_fail:?}");
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || rec.delivered(1) == n),
+        "{addr}: delivered {} of {n}",
+        rec.delivered(1)
+    );
+    rec.assert_clean();
+    assert!(
+        rec.resets.lock().unwrap().is_empty(),
+        "{addr}: lossless sessions never reset"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || conn.queued() == (0, 0)),
+        "{addr}: acks drain the queue"
+    );
+    let hung = fabric_stat(&srv, "simulated_hung_reads");
+    let timeouts = fabric_stat(&srv, "read_timeouts");
+    let reconnects = cli.counters().reconnects.load(Ordering::Relaxed);
+    println!(
+        "{addr}: simulated_hung_reads {hung}, read_timeouts {timeouts}, reconnects {reconnects}"
+    );
+    let expect = u64::from(rendezvous);
+    assert_eq!(hung, expect, "{addr}: simulated_hung_reads");
+    assert_eq!(timeouts, expect, "{addr}: read_timeouts");
+    assert_eq!(reconnects, expect, "{addr}: client reconnects");
+    // The hung read's buffer, and the exposures of the failed link, are gone.
+    for (m, side) in [(&cli, "client"), (&srv, "server")] {
+        assert!(
+            wait_until(Duration::from_secs(10), || fabric_stat(
+                m,
+                "rendezvous_exposed"
+            ) + fabric_stat(
+                m,
+                "rendezvous_reading"
+            ) == 0),
+            "{addr}: {side} still has buffers exposed or being read"
+        );
+    }
+    assert_nothing_left(&mut cli, "client");
+    assert_nothing_left(&mut srv, "server");
+}
+
 /// The same tests over each provider and endpoint type.
 macro_rules! over {
     ($module:ident, $addr:expr, rendezvous: $rndv:expr) => {
@@ -212,6 +350,11 @@ macro_rules! over {
             #[test]
             fn lossless_exactly_once_across_aborts() {
                 super::lossless_exactly_once_across_aborts($addr);
+            }
+
+            #[test]
+            fn hung_read_fails_by_the_deadline() {
+                super::hung_read_fails_by_the_deadline($addr, $rndv);
             }
         }
     };

@@ -6,7 +6,10 @@
 //!   (connection management) and one completion queue shared by all of the
 //!   worker's endpoints, both with `FI_WAIT_FD` so their fds go in a mio Poll.
 //! - [`PassiveEp`]: `fi_listen` on a socket address; `FI_CONNREQ` events come
-//!   out of [`Net::read_eq`].
+//!   out of [`Net::read_eq`], and each request is either accepted
+//!   ([`Net::accept`]) or refused ([`PassiveEp::reject`]): a request that is
+//!   merely dropped stays pending in the provider (`fi_freeinfo` does not
+//!   release its handle), and its connector waits for its own timeout.
 //! - [`Ep`]: an active `FI_EP_MSG` endpoint that owns its fixed-size transmit
 //!   and receive buffers (registered when the provider's `mr_mode` asks for
 //!   `FI_MR_LOCAL`), so a buffer can never be freed while the provider may
@@ -427,7 +430,8 @@ pub struct Completion {
 /// Connection-management events.
 #[derive(Debug)]
 pub enum CmEvent {
-    /// An incoming connection request; pass it to [`Net::accept`] (or drop it).
+    /// An incoming connection request; pass it to [`Net::accept`] or to its
+    /// listener's [`PassiveEp::reject`].
     ConnReq(ConnReq),
     /// The endpoint with this key is connected.
     Connected(usize),
@@ -437,8 +441,9 @@ pub enum CmEvent {
     Error(usize, String),
 }
 
-/// A pending connection request.
-pub struct ConnReq(Info);
+/// A pending connection request, and the key of the listener it came to
+/// ([`PassiveEp::key`]).
+pub struct ConnReq(Info, usize);
 
 // SAFETY: an fi_info is plain data owned by this value.
 unsafe impl Send for ConnReq {}
@@ -450,6 +455,11 @@ impl std::fmt::Debug for ConnReq {
 }
 
 impl ConnReq {
+    /// The key of the listener the request came to ([`PassiveEp::key`]).
+    pub fn listener(&self) -> usize {
+        self.1
+    }
+
     /// The requester's address, when the provider reports it.
     pub fn peer(&self) -> Option<SocketAddr> {
         // SAFETY: the info from an FI_CONNREQ event is valid; dest_addr/len
@@ -746,7 +756,10 @@ impl Net {
         // SAFETY: a successful read wrote an fi_eq_cm_entry for CM events.
         let entry = unsafe { &*(buf.as_ptr() as *const sys::fi_eq_cm_entry) };
         match event {
-            sys::FI_CONNREQ => Some(CmEvent::ConnReq(ConnReq(Info(entry.info)))),
+            sys::FI_CONNREQ => Some(CmEvent::ConnReq(ConnReq(
+                Info(entry.info),
+                entry.fid as usize,
+            ))),
             sys::FI_CONNECTED => {
                 if !entry.info.is_null() {
                     drop(Info(entry.info));
@@ -849,6 +862,18 @@ impl Net {
         slots: usize,
         slot_size: usize,
     ) -> Result<Ep, FabricError> {
+        let mut ep = self.open_ep(info, slots, slot_size)?;
+        self.enable_ep(&mut ep)?;
+        Ok(ep)
+    }
+
+    /// `fi_endpoint` from `info`, with the endpoint's buffers.
+    fn open_ep(
+        &mut self,
+        info: *mut sys::fi_info,
+        slots: usize,
+        slot_size: usize,
+    ) -> Result<Ep, FabricError> {
         let mut ep = Ep {
             ep: ptr::null_mut(),
             tx: Buffers::new(slots, slot_size),
@@ -856,21 +881,27 @@ impl Net {
             slot_size,
             rma: self.rma_regions(),
         };
-        // SAFETY: info is valid; the EQ and CQ outlive the endpoint (the
+        // SAFETY: info is valid; ep.ep is closed by Ep::drop if set.
+        check("fi_endpoint", unsafe {
+            sys::fi_endpoint(self.domain, info, &mut ep.ep, ptr::null_mut())
+        } as isize)?;
+        Ok(ep)
+    }
+
+    /// Binds an opened endpoint to the EQ and CQ, enables it and registers
+    /// its buffers where the provider wants `FI_MR_LOCAL`.
+    fn enable_ep(&mut self, ep: &mut Ep) -> Result<(), FabricError> {
+        // SAFETY: ep.ep is open; the EQ and CQ outlive the endpoint (the
         // caller drops endpoints before the Net); the buffers are owned by the
         // endpoint and freed only after it is closed (Ep::drop).
         unsafe {
-            check(
-                "fi_endpoint",
-                sys::fi_endpoint(self.domain, info, &mut ep.ep, ptr::null_mut()) as isize,
-            )?;
             bind_and_enable(ep.ep, self.eq as *mut sys::fid, "fi_ep_bind(eq)", self.cq)?;
             if self.mr_local {
                 ep.tx.register(self.domain, u64::from(sys::FI_SEND))?;
                 ep.rx.register(self.domain, u64::from(sys::FI_RECV))?;
             }
         }
-        Ok(ep)
+        Ok(())
     }
 
     /// Opens an endpoint and starts connecting it to `addr`; `FI_CONNECTED`
@@ -889,17 +920,24 @@ impl Net {
         Ok(ep)
     }
 
-    /// Accepts a connection request; `FI_CONNECTED` follows on the EQ.
+    /// Accepts a connection request; `FI_CONNECTED` follows on the EQ. On
+    /// failure the request comes back if no endpoint took it, for the caller
+    /// to [`PassiveEp::reject`]; once an endpoint took it, the endpoint owns
+    /// the connection and closing it (on failure, here) tells the peer.
     pub fn accept(
         &mut self,
         req: ConnReq,
         slots: usize,
         slot_size: usize,
-    ) -> Result<Ep, FabricError> {
-        let ep = self.new_ep(req.0 .0, slots, slot_size)?;
+    ) -> Result<Ep, (FabricError, Option<ConnReq>)> {
+        let mut ep = match self.open_ep(req.0 .0, slots, slot_size) {
+            Ok(ep) => ep,
+            Err(e) => return Err((e, Some(req))),
+        };
+        self.enable_ep(&mut ep).map_err(|e| (e, None))?;
         // SAFETY: ep was created from the request's info and is enabled.
         let rc = unsafe { sys::fi_accept(ep.ep, ptr::null(), 0) };
-        check("fi_accept", rc as isize)?;
+        check("fi_accept", rc as isize).map_err(|e| (e, None))?;
         Ok(ep)
     }
 }
@@ -925,6 +963,35 @@ impl PassiveEp {
     /// The address actually bound.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The key under which connection requests name this listener
+    /// ([`ConnReq::listener`]).
+    pub fn key(&self) -> usize {
+        self.pep as usize
+    }
+
+    /// Refuses a connection request that came to this listener: the
+    /// connector's endpoint gets an `FI_ECONNREFUSED` error event at once
+    /// instead of waiting for its own timeout. A request of another
+    /// listener is not touched (an error).
+    pub fn reject(&mut self, req: ConnReq) -> Result<(), FabricError> {
+        if req.listener() != self.key() {
+            return Err(FabricError::Call {
+                op: "fi_reject",
+                code: sys::FI_EINVAL as i32,
+                msg: "a connection request of another listener".into(),
+            });
+        }
+        // SAFETY: self.pep is the open passive endpoint the request's
+        // FI_CONNREQ event came from, and the handle is the one the provider
+        // put in that event's info; no endpoint took it (`Net::accept` hands
+        // the request back only then) and `req` is consumed, so it is
+        // rejected at most once. The info itself is freed after the call,
+        // with `req` (fi_freeinfo does not touch the handle).
+        let rc = unsafe { sys::fi_reject(self.pep, (*req.0 .0).handle, ptr::null(), 0) };
+        check("fi_reject", rc as isize)?;
+        Ok(())
     }
 }
 
@@ -1832,6 +1899,33 @@ mod tests {
         assert_eq!(r.context, 7);
         assert_eq!(s.recv_done(0, r.len), b"hello");
         drop((c, s, pep));
+    }
+
+    /// A rejected request fails its connector at once, with
+    /// `FI_ECONNREFUSED` (not by a timeout).
+    #[test]
+    fn tcp_msg_reject() {
+        let mut net = Net::open("tcp", EpType::Msg, 64).unwrap();
+        let mut pep = net.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let c = net.connect(pep.addr(), 4, 1024).unwrap();
+        let t0 = std::time::Instant::now();
+        let mut refused = None;
+        while refused.is_none() {
+            assert!(t0.elapsed().as_secs() < 5, "no answer to the connector");
+            match net.read_eq() {
+                Some(CmEvent::ConnReq(r)) => {
+                    assert_eq!(r.listener(), pep.key());
+                    pep.reject(r).unwrap();
+                }
+                Some(CmEvent::Error(key, why)) => refused = Some((key, why)),
+                Some(other) => panic!("{other:?}"),
+                None => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        }
+        let (key, why) = refused.unwrap();
+        assert_eq!(key, c.key());
+        assert!(why.contains("refused"), "{why}");
+        drop((c, pep));
     }
 
     /// An anonymous RDM endpoint reaches one bound to a loopback address by

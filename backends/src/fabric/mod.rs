@@ -33,9 +33,15 @@
 //!   order — later messages wait behind the read — and answers
 //!   `RNDV_DONE`, upon which the sender deregisters and frees it. At most
 //!   [`rendezvous::RNDV_MAX`] units per link are exposed at once; a read not
-//!   complete within [`rendezvous::READ_DEADLINE`] fails the link; a unit
-//!   whose registration fails goes eagerly (`rendezvous_fallbacks`). A
-//!   link's exposed buffers and read go with its endpoint.
+//!   complete within the read timeout (`rdma_read_timeout_ms`) fails the
+//!   link (`read_timeouts`); a unit whose registration fails goes eagerly
+//!   (`rendezvous_fallbacks`). A link's exposed buffers and read go with
+//!   its endpoint.
+//! - `simulate(SimulatedFault::HungRead)` ignores the completion of the
+//!   link's next read (a fake: `tcp` never leaves a read hanging, see
+//!   [`rendezvous`]); the read's buffer is freed when the completion comes
+//!   anyway, or with the endpoint. Without rendezvous (no `FI_RMA`) it is
+//!   refused.
 //! - Faults from the provider (error completions, `FI_SHUTDOWN`, EQ errors)
 //!   fail the link. Links do not migrate between workers ([`Transport::detach`]
 //!   returns `None`).
@@ -61,10 +67,10 @@ use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError,
 use rustc_hash::FxHashMap;
 
 use crate::{
-    Availability, DetachedLink, RealFault, Transport, TransportContext, TransportError,
-    TransportEvent, TransportStats,
+    Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
+    TransportError, TransportEvent, TransportStats,
 };
-use rendezvous::{Counters, DescError, Exposures, Reading, Receiving};
+use rendezvous::{Counters, DescError, Exposures, Receiving};
 
 /// Bytes per transmit/receive slot (one message on the wire).
 pub const SLOT_SIZE: usize = 64 << 10;
@@ -264,6 +270,15 @@ fn no_half_close(kind: &TransportKind) -> TransportError {
     }
 }
 
+/// What `simulate(HungRead)` answers on an endpoint without rendezvous
+/// (`shm`, or a provider without `FI_RMA`): there is no read to hang.
+fn no_rendezvous(kind: &TransportKind, fault: SimulatedFault) -> TransportError {
+    TransportError::Unavailable {
+        kind: kind.clone(),
+        reason: format!("cannot simulate {fault:?}: no fi_read rendezvous on these endpoints"),
+    }
+}
+
 /// What `attach` answers: fabric links stay on the worker that made them.
 fn no_migration(kind: &TransportKind) -> TransportError {
     TransportError::Unavailable {
@@ -413,6 +428,8 @@ pub struct FabricTransport {
     /// are looked at next.
     reads: usize,
     next_read_check: Instant,
+    /// A read in flight longer than this fails its link.
+    read_timeout: Duration,
 }
 
 impl std::fmt::Debug for FabricTransport {
@@ -465,6 +482,7 @@ impl FabricTransport {
             rndv_counters: Counters::default(),
             reads: 0,
             next_read_check: Instant::now(),
+            read_timeout: ctx.rdma.read_timeout,
             net,
         })
     }
@@ -596,9 +614,19 @@ impl FabricTransport {
         any
     }
 
+    /// Accepts a connection request on the listener it came to. One that
+    /// cannot be accepted before an endpoint takes it is rejected, so the
+    /// connector fails at once (`FI_ECONNREFUSED`) rather than by its set-up
+    /// deadline; after that, dropping the endpoint tells the connector.
     fn accept(&mut self, req: ConnReq) {
-        let Some(&listener) = self.listeners.keys().next() else {
-            return; // dropping the request rejects it
+        let Some((&listener, _)) = self
+            .listeners
+            .iter()
+            .find(|(_, pep)| pep.key() == req.listener())
+        else {
+            // Its listener is closed: nothing left to reject it with.
+            tracing::debug!("fabric connection request for a closed listener, dropped");
+            return;
         };
         let peer = req
             .peer()
@@ -616,7 +644,13 @@ impl FabricTransport {
                 self.half_open
                     .push_back((Instant::now() + SETUP_TIMEOUT, id));
             }
-            Err(e) => tracing::warn!(error = %e, "fi_accept failed"),
+            Err((e, req)) => {
+                tracing::warn!(error = %e, "fi_accept failed");
+                let rejected = req.zip(self.listeners.get_mut(&listener));
+                if let Some(Err(e)) = rejected.map(|(req, pep)| pep.reject(req)) {
+                    tracing::warn!(error = %e, "fi_reject failed");
+                }
+            }
         }
     }
 
@@ -685,6 +719,8 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return; // the link went while its read was in flight
         };
+        // Freed here even if the completion is then ignored (a simulated
+        // hang): the provider is done with the buffer.
         let buf = link.ep.rma().read_done(c.context);
         let Some(unit) = link.receiving.finish(
             c.error,
@@ -725,13 +761,9 @@ impl FabricTransport {
         link.ep
             .read(d.len as usize, d.addr, d.key, ctx)
             .map_err(|e| PieceError::Malformed(format!("fi_read: {e}")))?;
-        link.receiving.reading = Some(Reading {
-            context: ctx,
-            since: Instant::now(),
-            their_id: d.id,
-        });
+        link.receiving.started(ctx, d.id, &mut self.rndv_counters);
         if self.reads == 0 {
-            self.next_read_check = Instant::now() + rendezvous::READ_DEADLINE;
+            self.next_read_check = Instant::now() + self.read_timeout;
         }
         self.reads += 1;
         Ok(None)
@@ -765,22 +797,22 @@ impl FabricTransport {
         if now < self.next_read_check {
             return;
         }
-        self.next_read_check = now + rendezvous::READ_DEADLINE / 10;
+        self.next_read_check = now + self.read_timeout / 10;
         let overdue: Vec<LinkId> = self
             .links
             .iter()
             .filter(|(_, l)| {
                 l.receiving
                     .reading
-                    .is_some_and(|r| rendezvous::overdue(r.since, now))
+                    .is_some_and(|r| rendezvous::overdue(r.since, now, self.read_timeout))
             })
             .map(|(&id, _)| id)
             .collect();
         for id in overdue {
             self.rndv_counters.read_timeouts += 1;
             let why = format!(
-                "rendezvous fi_read not complete within {:?}",
-                rendezvous::READ_DEADLINE
+                "rendezvous fi_read not complete within {:?} (rdma_read_timeout_ms)",
+                self.read_timeout
             );
             self.fail(id, why, events);
         }
@@ -1186,6 +1218,21 @@ impl Transport for FabricTransport {
             RealFault::Freeze => l.frozen = true,
         }
         Ok(())
+    }
+
+    /// `HungRead`: the link's next rendezvous read is hung (module docs).
+    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        match fault {
+            SimulatedFault::HungRead if !self.rndv => Err(no_rendezvous(&self.kind, fault)),
+            SimulatedFault::HungRead => {
+                l.receiving.reads_to_hang += 1;
+                Ok(())
+            }
+        }
     }
 
     fn send_corrupted(

@@ -60,8 +60,16 @@
 //! [`super::rendezvous`] (shared with MSG endpoints): its descriptor is a
 //! `RNDV` data piece in the link's ordered stream (later pieces wait for
 //! the read), answered by `RNDV_DONE`. At most [`RNDV_MAX`] units per link
-//! are exposed at once; a read that does not complete within
-//! [`READ_DEADLINE`] fails the link.
+//! are exposed at once; a read that does not complete within the read
+//! timeout (`rdma_read_timeout_ms`) fails the link (`read_timeouts`).
+//! The endpoint outlives its links, so a read still in flight when its
+//! link goes keeps its buffer in the endpoint until it completes.
+//!
+//! `simulate(SimulatedFault::HungRead)` ignores the completion of the
+//! link's next read (a fake: `tcp;ofi_rxm` never leaves a read hanging, see
+//! [`super::rendezvous`]); the buffer is freed when the completion comes
+//! anyway. On `shm` (no rendezvous) it is refused: there is no read to
+//! hang, and `simulated_hung_reads` stays 0.
 //!
 //! `shm` endpoints are never closed (they are leaked when dropped, see
 //! `msgr_fabric`): libfabric 1.17's `shm` crashes when an endpoint of this
@@ -86,11 +94,13 @@ use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp, Site};
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
-use super::rendezvous::{self, Counters, DescError, Exposures, Reading, Receiving};
-use super::{fab_err, no_half_close, no_migration, probe, PieceError, Reassembly, SLOT_SIZE};
+use super::rendezvous::{self, Counters, DescError, Exposures, Receiving};
+use super::{
+    fab_err, no_half_close, no_migration, no_rendezvous, probe, PieceError, Reassembly, SLOT_SIZE,
+};
 use crate::{
-    Availability, DetachedLink, RealFault, Transport, TransportContext, TransportError,
-    TransportEvent, TransportStats,
+    Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
+    TransportError, TransportEvent, TransportStats,
 };
 
 /// Bytes of the header every RDM message starts with.
@@ -122,7 +132,7 @@ const LINK_BLOCK: usize = CREDITS as usize + CONTROL_SLACK;
 const CQ_BATCH: usize = 32;
 const CQ_ROUNDS: usize = 16;
 
-pub use super::rendezvous::{READ_DEADLINE, RNDV_MAX, RNDV_THRESHOLD};
+pub use super::rendezvous::{RNDV_MAX, RNDV_THRESHOLD};
 
 // Message kinds (first header byte).
 const HELLO: u8 = 1;
@@ -527,6 +537,8 @@ pub struct RdmTransport {
     rndv: bool,
     /// Rendezvous units received (for tests and counters).
     rndv_counters: Counters,
+    /// A rendezvous read in flight longer than this fails its link.
+    read_timeout: Duration,
     dirty: crate::dirty::DirtyLinks,
     /// A transmit slot came free or a CLOSE was queued: flush every link
     /// with something to send at the next progress.
@@ -591,6 +603,7 @@ impl RdmTransport {
             slot_size,
             rndv,
             rndv_counters: Counters::default(),
+            read_timeout: ctx.rdma.read_timeout,
             links: FxHashMap::default(),
             ports: Vec::new(),
             out_port: None,
@@ -972,11 +985,7 @@ impl RdmTransport {
                     match from.map(|from| port.ep.read(d.len as usize, from, d.addr, d.key, ctx)) {
                         Some(Ok(())) => {
                             port.reads.insert(ctx, id);
-                            link.receiving.reading = Some(Reading {
-                                context: ctx,
-                                since: Instant::now(),
-                                their_id: d.id,
-                            });
+                            link.receiving.started(ctx, d.id, &mut self.rndv_counters);
                             Ok(None)
                         }
                         Some(Err(e)) => Err(PieceError::Malformed(format!("fi_read: {e}"))),
@@ -1014,6 +1023,8 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
+        // Freed here even if the completion is then ignored (a simulated
+        // hang) or its link went: the provider is done with the buffer.
         let buf = port.ep.rma().read_done(c.context);
         let Some(id) = port.reads.remove(&c.context) else {
             return;
@@ -1290,7 +1301,7 @@ impl RdmTransport {
             let stuck_read = l
                 .receiving
                 .reading
-                .is_some_and(|r| rendezvous::overdue(r.since, now));
+                .is_some_and(|r| rendezvous::overdue(r.since, now, self.read_timeout));
             // Exposed units are not timed on the sending side: a receiver
             // that paused reading fetches them late, and a dead one trips
             // `last_heard`.
@@ -1304,10 +1315,15 @@ impl RdmTransport {
             }
         }
         for (id, what) in dead {
-            if what == STUCK_READ {
+            let why = if what == STUCK_READ {
                 self.rndv_counters.read_timeouts += 1;
-            }
-            let why = format!("{what} for {LINK_DEADLINE:?} (peer dead or unreachable)");
+                format!(
+                    "{what} within {:?} (rdma_read_timeout_ms)",
+                    self.read_timeout
+                )
+            } else {
+                format!("{what} for {LINK_DEADLINE:?} (peer dead or unreachable)")
+            };
             self.peer_gone(id, why, events);
         }
     }
@@ -1575,6 +1591,22 @@ impl Transport for RdmTransport {
         Ok(())
     }
 
+    /// `HungRead`: the link's next rendezvous read is hung (module docs);
+    /// refused without rendezvous (`shm`).
+    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        match fault {
+            SimulatedFault::HungRead if !self.rndv => Err(no_rendezvous(&self.kind, fault)),
+            SimulatedFault::HungRead => {
+                l.receiving.reads_to_hang += 1;
+                Ok(())
+            }
+        }
+    }
+
     fn send_corrupted(
         &mut self,
         link: LinkId,
@@ -1659,6 +1691,21 @@ mod tests {
         assert!(events
             .iter()
             .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000)))));
+        // A hung read needs a read to hang: refused without rendezvous.
+        match t.simulate(server, SimulatedFault::HungRead) {
+            Ok(()) => assert!(t.rndv, "{provider}: hung read accepted without rendezvous"),
+            Err(TransportError::Unavailable { reason, .. }) => {
+                assert!(
+                    !t.rndv && reason.contains("rendezvous"),
+                    "{provider}: {reason}"
+                );
+            }
+            Err(e) => panic!("{provider}: {e}"),
+        }
+        // Undone where accepted, so every unit below is read.
+        if let Some(l) = t.links.get_mut(&server) {
+            l.receiving.reads_to_hang = 0;
+        }
         t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
             .unwrap();
         // 6 units of 5 pieces each: 30 messages, twice a link's credits.

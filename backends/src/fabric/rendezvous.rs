@@ -11,8 +11,19 @@
 //! hands it up in order (later messages wait behind it) and answers with the
 //! id, upon which the sender deregisters and frees the unit. At most
 //! [`RNDV_MAX`] units per link are exposed at once ([`Exposures`]); a read
-//! not complete within [`READ_DEADLINE`] fails the link ([`overdue`]); a
-//! unit whose registration fails goes eagerly (counted as a fallback).
+//! not complete within the read timeout (`rdma_read_timeout_ms`, shared
+//! with the RDMA backends: [`crate::RdmaPoolConfig::read_timeout`]) fails
+//! the link ([`overdue`], counted in `read_timeouts`); a unit whose
+//! registration fails goes eagerly (counted as a fallback).
+//!
+//! A read that never completes cannot be had for real from the providers
+//! tested here (`tcp`, `tcp;ofi_rxm`: a broken connection ends the read
+//! with an error completion), so `SimulatedFault::HungRead` imitates one
+//! ([`Receiving::reads_to_hang`]): the completion of the link's next read
+//! is ignored (counted in `simulated_hung_reads`) and the deadline must
+//! fail the link. The provider did write the buffer, and is done with it
+//! once it completes: the transport frees it then (`read_done`), or with
+//! the endpoint if no completion ever comes.
 //!
 //! What this module holds is transport-independent: the descriptor's
 //! encoding, the sending side's bookkeeping, the deadline and the counters.
@@ -36,8 +47,6 @@ pub const RNDV_MAX: usize = 4;
 pub const DESC_LEN: usize = 8 + 8 + 8 + 4;
 /// Bytes of the answer to a descriptor: the sender's id.
 pub const DONE_LEN: usize = 4;
-/// A read not complete after this long fails its link.
-pub const READ_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Why a received descriptor is refused (the link fails).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -113,9 +122,10 @@ pub fn decode_done(body: &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
-/// Whether a read started at `since` has missed its deadline at `now`.
-pub fn overdue(since: Instant, now: Instant) -> bool {
-    now.saturating_duration_since(since) > READ_DEADLINE
+/// Whether a read started at `since` has been in flight longer than
+/// `timeout` at `now`.
+pub fn overdue(since: Instant, now: Instant, timeout: Duration) -> bool {
+    now.saturating_duration_since(since) > timeout
 }
 
 /// A completed read (`error`: its completion's, `buf`: the endpoint's
@@ -159,6 +169,8 @@ pub struct Counters {
     pub fallbacks: u64,
     /// Links failed because a read missed its deadline.
     pub read_timeouts: u64,
+    /// Reads whose completion was ignored (`SimulatedFault::HungRead`).
+    pub simulated_hung_reads: u64,
 }
 
 impl Counters {
@@ -172,6 +184,7 @@ impl Counters {
             ("rendezvous_read_bytes", self.read_bytes),
             ("rendezvous_fallbacks", self.fallbacks),
             ("read_timeouts", self.read_timeouts),
+            ("simulated_hung_reads", self.simulated_hung_reads),
             ("rendezvous_exposed", in_use.0 as u64),
             ("rendezvous_reading", in_use.1 as u64),
         ]
@@ -282,11 +295,31 @@ pub struct Receiving {
     pub reading: Option<Reading>,
     /// Answers to send (the sender's ids).
     pub need_done: Vec<u32>,
+    /// Reads still to start whose completion is to be ignored
+    /// (`SimulatedFault::HungRead`).
+    pub reads_to_hang: u32,
 }
 
 impl Receiving {
+    /// The link posted the read of the sender's unit `their_id` under
+    /// `context`: it is in flight from now, and hung if one was asked for.
+    pub fn started(&mut self, context: u64, their_id: u32, counters: &mut Counters) {
+        let hung = self.reads_to_hang > 0;
+        if hung {
+            self.reads_to_hang -= 1;
+            counters.simulated_hung_reads += 1;
+        }
+        self.reading = Some(Reading {
+            context,
+            since: Instant::now(),
+            their_id,
+            hung,
+        });
+    }
+
     /// The link's read completed (see [`finish_read`]): on success its
-    /// answer is owed. `None`: no read was in flight.
+    /// answer is owed. `None`: no read was in flight, or its completion is
+    /// ignored (a simulated hang: it stays in flight until its deadline).
     pub(crate) fn finish(
         &mut self,
         error: Option<(i32, &'static str)>,
@@ -295,7 +328,8 @@ impl Receiving {
         limits: &FrameLimits,
         counters: &mut Counters,
     ) -> Option<Result<Inbound, PieceError>> {
-        let reading = self.reading.take()?;
+        let reading = self.reading.filter(|r| !r.hung)?;
+        self.reading = None;
         let unit = finish_read(error, buf, reasm, limits, counters);
         if unit.is_ok() {
             self.need_done.push(reading.their_id);
@@ -313,6 +347,8 @@ pub struct Reading {
     pub since: Instant,
     /// The sender's id, for the answer.
     pub their_id: u32,
+    /// Its completion is ignored (`SimulatedFault::HungRead`).
+    pub hung: bool,
 }
 
 #[cfg(test)]
@@ -376,6 +412,31 @@ mod tests {
             Err(DescError::InsideUnit)
         );
         assert_eq!(decode_done(&[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn a_hung_read_stays_in_flight_until_its_deadline() {
+        let mut r = Receiving::default();
+        let mut c = Counters::default();
+        r.reads_to_hang = 1;
+        r.started(5, 9, &mut c);
+        assert_eq!(c.simulated_hung_reads, 1);
+        let mut reasm = Reassembly::default();
+        let limits = FrameLimits::default();
+        // Its completion is ignored: still in flight, nothing owed.
+        assert!(r
+            .finish(None, Some(vec![1]), &mut reasm, &limits, &mut c)
+            .is_none());
+        let reading = r.reading.expect("still reading");
+        assert!(reading.hung && r.need_done.is_empty() && c.read == 0);
+        let t = Duration::from_secs(2);
+        assert!(!overdue(reading.since, reading.since + t, t));
+        assert!(overdue(reading.since, reading.since + t * 2, t));
+        // The next read is not hung.
+        r.reading = None;
+        r.started(6, 10, &mut c);
+        assert!(r.reading.is_some_and(|x| !x.hung));
+        assert_eq!(c.simulated_hung_reads, 1);
     }
 
     #[test]
