@@ -338,6 +338,44 @@ fn hung_read_fails_by_the_deadline(addr: &str, rendezvous: bool) {
     assert_nothing_left(&mut srv, "server");
 }
 
+/// Shutting down while a link is frozen (nothing moves either way, large
+/// units half sent or exposed) ends within its deadline and the process
+/// survives it: endpoints with operations still posted are torn down.
+fn shutdown_with_a_frozen_link(addr: &str) {
+    init_tracing();
+    let rec = Recorder::new();
+    let mut srv = start(addr, EntityName::server(1), rec.clone());
+    let mut cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    for n in 1..=20 {
+        send(&conn, probe_message(1, n, 1000));
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || rec.delivered(1) == 20),
+        "delivered {} of 20 before the freeze",
+        rec.delivered(1)
+    );
+    conn.inject_fault(RealFault::Freeze);
+    if let Some(c) = srv.connections().first() {
+        c.inject_fault(RealFault::Freeze);
+    }
+    for n in 21..=40 {
+        send(
+            &conn,
+            probe_message(1, n, if n % 4 == 0 { 300_000 } else { 1000 }),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let r = cli.shutdown(Duration::from_secs(3));
+    srv.shutdown(Duration::from_secs(3));
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    println!("{addr}: shutdown with a frozen link: {r:?}");
+    drop((cli, srv));
+}
+
 /// The same tests over each provider and endpoint type.
 macro_rules! over {
     ($module:ident, $addr:expr, rendezvous: $rndv:expr) => {
@@ -355,6 +393,11 @@ macro_rules! over {
             #[test]
             fn hung_read_fails_by_the_deadline() {
                 super::hung_read_fails_by_the_deadline($addr, $rndv);
+            }
+
+            #[test]
+            fn shutdown_with_a_frozen_link() {
+                super::shutdown_with_a_frozen_link($addr);
             }
         }
     };

@@ -522,6 +522,11 @@ pub struct RdmTransport {
     // Links and ports first: endpoints must close before the Net.
     links: FxHashMap<LinkId, RdmLink>,
     ports: Vec<Option<Port>>,
+    /// Ports no longer used, kept open until the transport goes: libfabric
+    /// 1.17's `ofi_rxm` crashes in `fi_trywait` on a CQ one of whose
+    /// endpoints was closed (a listener unbound while a link still runs).
+    /// Their completions name a port index that is empty now: ignored.
+    retired: Vec<Port>,
     /// The port connecting links leave from, once opened.
     out_port: Option<usize>,
     net: Net,
@@ -606,6 +611,7 @@ impl RdmTransport {
             read_timeout: ctx.rdma.read_timeout,
             links: FxHashMap::default(),
             ports: Vec::new(),
+            retired: Vec::new(),
             out_port: None,
             net,
             kind,
@@ -711,7 +717,7 @@ impl RdmTransport {
         }
         if port.links == 0 && port.listener.is_none() && self.out_port != Some(link.port) {
             // An endpoint that stopped listening goes with its last link.
-            self.ports[link.port] = None;
+            self.retire(link.port);
         }
         Some(link)
     }
@@ -1357,6 +1363,13 @@ impl RdmTransport {
         any
     }
 
+    /// Takes port `pidx` out of use (see `retired`).
+    fn retire(&mut self, pidx: usize) {
+        if let Some(port) = self.ports.get_mut(pidx).and_then(Option::take) {
+            self.retired.push(port);
+        }
+    }
+
     fn retry_later(&mut self) {
         self.retry_at
             .get_or_insert_with(|| Instant::now() + RETRY_AFTER);
@@ -1441,7 +1454,7 @@ impl Transport for RdmTransport {
         if let Some(p) = self.ports[pidx].as_mut() {
             p.listener = None;
             if p.links == 0 {
-                self.ports[pidx] = None;
+                self.retire(pidx);
             }
         }
     }
