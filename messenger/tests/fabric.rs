@@ -219,7 +219,7 @@ fn lossless_exactly_once_across_aborts(addr: &str) {
 /// timeout of 2 s the deadline must fail the link after about that long
 /// (`read_timeouts` = 1), the lossless session reconnects once and replays,
 /// every message arrives exactly once and in order, and no buffer stays
-/// registered. Without rendezvous (`shm`) the fault is refused: nothing
+/// registered. Without rendezvous (no `FI_RMA`) the fault is refused: nothing
 /// hangs (`simulated_hung_reads` stays 0) and nothing fails.
 fn hung_read_fails_by_the_deadline(addr: &str, rendezvous: bool) {
     init_tracing();
@@ -405,8 +405,7 @@ macro_rules! over {
 
 over!(tcp_msg, "fabric+tcp://127.0.0.1:0", rendezvous: true);
 over!(tcp_rdm, "fabric+tcp://127.0.0.1:0?ep=rdm", rendezvous: true);
-// shm endpoints are never closed, so they never expose buffers (rdm.rs).
-over!(shm_rdm, "fabric+shm://127.0.0.1:0?ep=rdm", rendezvous: false);
+over!(shm_rdm, "fabric+shm://127.0.0.1:0?ep=rdm", rendezvous: true);
 
 /// The verbs provider on Soft-RoCE: rxe1 on the guest-only address
 /// 198.51.100.1 (the verbs provider resolves addresses through rdma_cm, which

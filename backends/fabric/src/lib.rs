@@ -95,6 +95,16 @@ pub enum FabricError {
         /// Each domain tried and its error.
         tried: String,
     },
+    /// A rendezvous read whose buffer the peer withdrew before or while it
+    /// was read: the check word at its end was not the one the descriptor
+    /// named ([`RmaBuffers::read_done`]). What was read is not the unit.
+    #[error("fi_read: the peer withdrew the buffer (check word {found:#x}, want {want:#x})")]
+    Withdrawn {
+        /// The check word the descriptor named.
+        want: u64,
+        /// The one read.
+        found: u64,
+    },
     /// An address served by another domain (device) than the one this [`Net`]
     /// opened: providers such as `verbs` have one domain per RDMA device and
     /// open an endpoint only on the domain that owns its address.
@@ -1214,19 +1224,12 @@ impl Ep {
         &mut self.rma
     }
 
-    /// Starts reading `len` bytes of the connected peer's exposed buffer
-    /// into a new buffer of ours, owned by the endpoint until
-    /// [`RmaBuffers::read_done`] with the same `context`. A connected endpoint needs
-    /// no peer address.
-    pub fn read(
-        &mut self,
-        len: usize,
-        addr: u64,
-        key: u64,
-        context: u64,
-    ) -> Result<(), FabricError> {
-        self.rma
-            .read(self.ep, len, FI_ADDR_UNSPEC, addr, key, context)
+    /// Starts reading the connected peer's exposed buffer `x` into a new
+    /// buffer of ours, owned by the endpoint until
+    /// [`RmaBuffers::read_done`] with the same `context`. A connected
+    /// endpoint needs no peer address.
+    pub fn read(&mut self, x: &Exposed, context: u64) -> Result<(), FabricError> {
+        self.rma.read(self.ep, x, FI_ADDR_UNSPEC, context)
     }
 }
 
@@ -1586,26 +1589,21 @@ impl RdmEp {
         &mut self.rma
     }
 
-    /// Starts reading `len` bytes of a peer's exposed buffer into a new
+    /// Starts reading the exposed buffer `x` of peer `from` into a new
     /// buffer of ours, which the endpoint owns until
     /// [`RmaBuffers::read_done`] with the same `context`.
-    pub fn read(
-        &mut self,
-        len: usize,
-        from: PeerAddr,
-        addr: u64,
-        key: u64,
-        context: u64,
-    ) -> Result<(), FabricError> {
-        self.rma.read(self.ep, len, from.0, addr, key, context)
+    pub fn read(&mut self, x: &Exposed, from: PeerAddr, context: u64) -> Result<(), FabricError> {
+        self.rma.read(self.ep, x, from.0, context)
     }
 }
 
 /// Memory registered for an RMA operation, owned until the registration is
-/// closed.
+/// closed. `check`: the word its last [`CHECK_LEN`] bytes hold while exposed,
+/// or must hold once read.
 struct Region {
     mem: Vec<u8>,
     mr: *mut sys::fid_mr,
+    check: u64,
 }
 
 impl Region {
@@ -1613,6 +1611,37 @@ impl Region {
         close(self.mr as *mut sys::fid);
         self.mem
     }
+}
+
+/// Bytes of the check word [`RmaBuffers::expose`] appends to a buffer (give
+/// the buffer that much spare capacity and it is not reallocated).
+///
+/// Why: a read must never return memory that no longer holds the unit. Most
+/// providers check the key at the target, so a read of a withdrawn
+/// (deregistered) buffer fails. `shm` does not: with `FI_MR_VIRT_ADDR` and no
+/// RMA ordering it reads the peer's memory directly (`process_vm_readv`),
+/// key unchecked, so a late read of a freed buffer would return whatever
+/// the allocator put there since — a well-formed frame of another link,
+/// even. So every exposed buffer ends in a word unique to the exposure,
+/// zeroed before the buffer is freed, and the reader compares it. The kernel
+/// copies in address order and x86-64 makes stores visible in program
+/// order: a reader that finds the word intact read the rest before it was
+/// zeroed, hence before the memory was freed. (Weakly ordered CPUs narrow
+/// the window without closing it.)
+pub const CHECK_LEN: usize = 8;
+
+/// Check words: unique per process and never 0 (the zeroed value).
+static NEXT_CHECK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn next_check() -> u64 {
+    // splitmix64 of a counter: distinct for every exposure, and unlike the
+    // counter itself, unlikely to match bytes an allocator or a frame left.
+    let mut z = NEXT_CHECK
+        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) | 1
 }
 
 /// What a peer needs to `fi_read` a buffer of ours
@@ -1624,10 +1653,12 @@ pub struct Exposed {
     /// The address to read from (a virtual address under
     /// `FI_MR_VIRT_ADDR`, else an offset: 0).
     pub addr: u64,
-    /// Bytes.
+    /// Bytes to read: the buffer and its check word.
     pub len: u64,
     /// The registration's remote key.
     pub key: u64,
+    /// The word the buffer ends in while exposed ([`CHECK_LEN`]).
+    pub check: u64,
 }
 
 /// Keys asked for when the provider does not pick them (no
@@ -1723,10 +1754,11 @@ impl RmaBuffers {
         self.enabled
     }
 
-    /// Registers `mem` for remote reads and keeps it until
-    /// [`RmaBuffers::unexpose`] (or the endpoint goes). On failure the
-    /// buffer comes back, so the caller can send it another way.
-    pub fn expose(&mut self, mem: Vec<u8>) -> Result<Exposed, (FabricError, Vec<u8>)> {
+    /// Registers `mem` for remote reads, followed by a check word
+    /// ([`CHECK_LEN`]), and keeps it until [`RmaBuffers::unexpose`] (or the
+    /// endpoint goes). On failure the buffer comes back as it was, so the
+    /// caller can send it another way.
+    pub fn expose(&mut self, mut mem: Vec<u8>) -> Result<Exposed, (FabricError, Vec<u8>)> {
         if !self.enabled {
             let e = FabricError::Call {
                 op: "fi_mr_reg",
@@ -1735,9 +1767,14 @@ impl RmaBuffers {
             };
             return Err((e, mem));
         }
+        let check = next_check();
+        mem.extend_from_slice(&check.to_le_bytes());
         let mr = match self.register(&mem, u64::from(sys::FI_REMOTE_READ)) {
             Ok(mr) => mr,
-            Err(e) => return Err((e, mem)),
+            Err(e) => {
+                mem.truncate(mem.len() - CHECK_LEN);
+                return Err((e, mem));
+            }
         };
         // SAFETY: mr is an open registration.
         let key = unsafe { sys::fi_mr_key(mr) };
@@ -1752,8 +1789,9 @@ impl RmaBuffers {
             },
             len: mem.len() as u64,
             key,
+            check,
         };
-        match self.exposed.insert(id, Region { mem, mr }) {
+        match self.exposed.insert(id, Region { mem, mr, check }) {
             Some(old) => {
                 old.close();
             }
@@ -1764,25 +1802,33 @@ impl RmaBuffers {
         Ok(exposed)
     }
 
-    /// Ends remote access to an exposed buffer and frees it.
+    /// Ends remote access to an exposed buffer and frees it, its check word
+    /// zeroed first ([`CHECK_LEN`]).
     pub fn unexpose(&mut self, id: u32) {
         if let Some(r) = self.exposed.remove(&id) {
-            r.close();
+            let mut mem = r.close();
+            if let Some(word) = mem.last_chunk_mut::<CHECK_LEN>() {
+                // SAFETY: `word` is a live, aligned-enough byte array; a
+                // volatile store is not elided as dead before the free.
+                unsafe { ptr::write_volatile(word, [0; CHECK_LEN]) };
+            }
+            std::sync::atomic::fence(Ordering::SeqCst);
+            drop(mem);
             self.gauge.exposed.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
-    /// `fi_read` on `ep` (from `from`: ignored on connected endpoints).
+    /// `fi_read` of the peer's exposed buffer `x` on `ep` (from `from`:
+    /// ignored on connected endpoints).
     fn read(
         &mut self,
         ep: *mut sys::fid_ep,
-        len: usize,
+        x: &Exposed,
         from: u64,
-        addr: u64,
-        key: u64,
         context: u64,
     ) -> Result<(), FabricError> {
-        if !self.enabled || self.reading.contains_key(&context) {
+        let (len, addr, key) = (x.len as usize, x.addr, x.key);
+        if !self.enabled || self.reading.contains_key(&context) || len < CHECK_LEN {
             return Err(FabricError::Slot(context as usize));
         }
         let mut mem = vec![0u8; len];
@@ -1817,16 +1863,29 @@ impl RmaBuffers {
             close(mr as *mut sys::fid);
             return Err(e);
         }
-        self.reading.insert(context, Region { mem, mr });
+        let check = x.check;
+        self.reading.insert(context, Region { mem, mr, check });
         self.gauge.reading.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// The buffer of a completed read (`None` if `context` is not one).
-    pub fn read_done(&mut self, context: u64) -> Option<Vec<u8>> {
+    /// The buffer of a completed read, without its check word; `Err` if the
+    /// word was not the descriptor's (the peer withdrew the buffer: what
+    /// was read is not its unit). `None` if `context` is not a read.
+    pub fn read_done(&mut self, context: u64) -> Option<Result<Vec<u8>, FabricError>> {
         let r = self.reading.remove(&context)?;
         self.gauge.reading.fetch_sub(1, Ordering::Relaxed);
-        Some(r.close())
+        let want = r.check;
+        let mut mem = r.close();
+        let found = mem
+            .last_chunk::<CHECK_LEN>()
+            .map_or(0, |w| u64::from_le_bytes(*w));
+        Some(if found == want {
+            mem.truncate(mem.len() - CHECK_LEN);
+            Ok(mem)
+        } else {
+            Err(FabricError::Withdrawn { want, found })
+        })
     }
 
     /// Closes every registration; the caller closed the endpoint first, so
@@ -1988,6 +2047,85 @@ mod tests {
         let c = got.iter().find(|c| c.context == 2).unwrap();
         assert_eq!(client.recv_done(0, c.len), b"ok");
         assert!(client.insert(b"no NUL and short").is_err() || provider != "shm");
+    }
+
+    /// Reads of exposed memory on RDM endpoints: one of an exposed buffer
+    /// returns its bytes; one of a buffer withdrawn since (deregistered and
+    /// freed, as a link's drop does) must fail, never return whatever the
+    /// memory holds by then — the receiver would take it for a unit.
+    fn rdm_read_of_withdrawn_memory_fails(provider: &str, port: u16) {
+        let mut net = Net::open(provider, EpType::Rdm, 64).unwrap();
+        assert!(net.rma(), "{provider}: no FI_RMA");
+        let bind: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut server = net.rdm_endpoint(Some(bind), 2, 2, 512).unwrap();
+        let mut client = net.rdm_endpoint(None, 2, 2, 512).unwrap();
+        let bound = RdmEp::name_as_socket(server.name()).unwrap_or(bind);
+        let to_server = client.insert(&net.resolve(bound).unwrap()).unwrap();
+        let len = 200_000;
+        let t0 = std::time::Instant::now();
+        // The read's completion error, or what read_done made of its buffer.
+        let read = |net: &mut Net, client: &mut RdmEp, x: &Exposed, ctx: u64| {
+            while let Err(e) = client.read(x, to_server, ctx) {
+                assert!(
+                    is_again(&e) && t0.elapsed().as_secs() < 10,
+                    "{provider}: {e}"
+                );
+                net.read_cq(&mut Vec::new(), 8);
+            }
+            let mut got = Vec::new();
+            loop {
+                assert!(
+                    t0.elapsed().as_secs() < 20,
+                    "{provider}: read {ctx} never completed"
+                );
+                net.read_cq(&mut got, 8);
+                if let Some(c) = got.iter().find(|c| c.context == ctx) {
+                    let buf = client.rma().read_done(ctx).expect("a read's buffer");
+                    return match c.error {
+                        Some((code, what)) => Err(format!("completion {what} -{code}")),
+                        None => buf.map_err(|e| e.to_string()),
+                    };
+                }
+            }
+        };
+        let live = server.rma().expose(vec![7u8; len]).unwrap();
+        assert_eq!(live.len as usize, len + CHECK_LEN);
+        let buf = read(&mut net, &mut client, &live, 11).unwrap();
+        assert!(
+            buf.len() == len && buf.iter().all(|&b| b == 7),
+            "{provider}: the exposed bytes"
+        );
+        server.rma().unexpose(live.id);
+
+        // Withdrawn, and the memory exposed again at once for another unit
+        // (the allocator hands the same block back): a valid exposure lies
+        // where the old one was, and reading by the old descriptor must
+        // still fail.
+        let gone = server.rma().expose(vec![9u8; len]).unwrap();
+        server.rma().unexpose(gone.id);
+        let next = server.rma().expose(vec![5u8; len]).unwrap();
+        let r = read(&mut net, &mut client, &gone, 12);
+        println!(
+            "{provider}: read of a withdrawn buffer: {r:?} (same address again: {})",
+            next.addr == gone.addr
+        );
+        assert!(
+            r.is_err(),
+            "{provider}: a read of withdrawn memory returned data"
+        );
+        server.rma().unexpose(next.id);
+        assert_eq!(net.rma_in_use(), (0, 0), "{provider}: registrations left");
+    }
+
+    #[test]
+    fn rdm_tcp_rxm_read_of_withdrawn_memory_fails() {
+        rdm_read_of_withdrawn_memory_fails("tcp;ofi_rxm", 0);
+    }
+
+    #[test]
+    fn rdm_shm_read_of_withdrawn_memory_fails() {
+        let reserve = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        rdm_read_of_withdrawn_memory_fails("shm", reserve.local_addr().unwrap().port());
     }
 
     #[test]

@@ -759,7 +759,7 @@ impl FabricTransport {
         }
         let ctx = read_context(id);
         link.ep
-            .read(d.len as usize, d.addr, d.key, ctx)
+            .read(&d, ctx)
             .map_err(|e| PieceError::Malformed(format!("fi_read: {e}")))?;
         link.receiving.started(ctx, d.id, &mut self.rndv_counters);
         if self.reads == 0 {
@@ -1133,7 +1133,7 @@ impl Transport for FabricTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let bytes = match unit {
             Transmit::Banner(b) => b.to_vec(),
-            Transmit::Frame(f) => f.encode_to_vec()?,
+            Transmit::Frame(f) => rendezvous::encode_unit(&f)?,
         };
         self.queue(link, bytes)
     }

@@ -54,8 +54,8 @@
 //!
 //! # Rendezvous for large units
 //!
-//! Where the provider offers `FI_RMA` with reads (`tcp;ofi_rxm`; not `shm`,
-//! whose dropped endpoints never answer), a unit larger than
+//! Where the provider offers `FI_RMA` with reads (`tcp;ofi_rxm`, `shm`),
+//! a unit larger than
 //! [`RNDV_THRESHOLD`] goes by the `fi_read` rendezvous of
 //! [`super::rendezvous`] (shared with MSG endpoints): its descriptor is a
 //! `RNDV` data piece in the link's ordered stream (later pieces wait for
@@ -68,8 +68,16 @@
 //! `simulate(SimulatedFault::HungRead)` ignores the completion of the
 //! link's next read (a fake: `tcp;ofi_rxm` never leaves a read hanging, see
 //! [`super::rendezvous`]); the buffer is freed when the completion comes
-//! anyway. On `shm` (no rendezvous) it is refused: there is no read to
-//! hang, and `simulated_hung_reads` stays 0.
+//! anyway. A transport without rendezvous refuses it: there is no read
+//! to hang, and `simulated_hung_reads` stays 0.
+//!
+//! On `shm` a read is a `process_vm_readv` of the peer's memory, done by
+//! the reader alone and with the key unchecked: a read of a buffer the
+//! peer withdrew (its link dropped) would return whatever lies there now.
+//! The check word every exposed buffer ends in (`msgr_fabric::CHECK_LEN`)
+//! turns that into a failed read. A dropped `shm` transport leaks its
+//! endpoints with their exposed buffers, so reads of those still return
+//! the unit (the peer's link fails by CLOSE or deadline anyway).
 //!
 //! `shm` endpoints are never closed (they are leaked when dropped, see
 //! `msgr_fabric`): libfabric 1.17's `shm` crashes when an endpoint of this
@@ -601,9 +609,8 @@ impl RdmTransport {
         } else {
             SLOT_SIZE
         };
-        // Rendezvous needs RMA, and a peer that can still answer the reads
-        // of its exposed buffers: not shm's never-closed endpoints.
-        let rndv = net.rma() && !net.never_closes();
+        // Rendezvous needs RMA (shm too: see the module docs on its reads).
+        let rndv = net.rma();
         Ok(RdmTransport {
             slot_size,
             rndv,
@@ -988,7 +995,7 @@ impl RdmTransport {
                         .get(link.peer)
                         .and_then(Option::as_ref)
                         .map(|p| p.addr);
-                    match from.map(|from| port.ep.read(d.len as usize, from, d.addr, d.key, ctx)) {
+                    match from.map(|from| port.ep.read(&d, from, ctx)) {
                         Some(Ok(())) => {
                             port.reads.insert(ctx, id);
                             link.receiving.started(ctx, d.id, &mut self.rndv_counters);
@@ -1490,7 +1497,7 @@ impl Transport for RdmTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let bytes = match unit {
             Transmit::Banner(b) => b.to_vec(),
-            Transmit::Frame(f) => f.encode_to_vec()?,
+            Transmit::Frame(f) => rendezvous::encode_unit(&f)?,
         };
         self.queue(link, bytes)
     }
@@ -1752,10 +1759,10 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
-        // Every frame is above the threshold: fetched by fi_read where the
-        // provider has RMA (tcp;ofi_rxm), eagerly in pieces on shm.
-        assert_eq!(t.rndv, provider == "tcp", "{provider}: rendezvous enabled");
-        let expect = if t.rndv { frames.len() as u64 } else { 0 };
+        // Every frame is above the threshold: fetched by fi_read (both
+        // providers have RMA).
+        assert!(t.rndv, "{provider}: rendezvous enabled");
+        let expect = frames.len() as u64;
         assert_eq!(t.rndv_counters.read, expect, "{provider}: rendezvous reads");
         assert_eq!(t.rndv_counters.sent, expect, "{provider}: rendezvous sent");
         t.inject(LinkId(1000), RealFault::Abort).unwrap();

@@ -33,8 +33,8 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use msgr_fabric::{Exposed, FabricError};
-use msgr_proto::{FrameLimits, Inbound};
+use msgr_fabric::{Exposed, FabricError, CHECK_LEN};
+use msgr_proto::{Frame, FrameError, FrameLimits, Inbound};
 
 use super::{PieceError, Reassembly};
 
@@ -43,8 +43,8 @@ use super::{PieceError, Reassembly};
 pub const RNDV_THRESHOLD: usize = 64 << 10;
 /// Rendezvous units a link may have exposed and not yet read by the peer.
 pub const RNDV_MAX: usize = 4;
-/// Bytes of a rendezvous descriptor: address, length, key, id.
-pub const DESC_LEN: usize = 8 + 8 + 8 + 4;
+/// Bytes of a rendezvous descriptor: address, length, key, id, check word.
+pub const DESC_LEN: usize = 8 + 8 + 8 + 4 + 8;
 /// Bytes of the answer to a descriptor: the sender's id.
 pub const DONE_LEN: usize = 4;
 
@@ -54,7 +54,7 @@ pub enum DescError {
     /// Fewer bytes than a descriptor.
     #[error("short rendezvous descriptor ({0} bytes, want {DESC_LEN})")]
     Short(usize),
-    /// A unit of 0 bytes is never sent by rendezvous.
+    /// A unit of 0 bytes (only its check word) is never sent by rendezvous.
     #[error("rendezvous of 0 bytes")]
     Empty,
     /// Larger than any frame this side accepts.
@@ -80,6 +80,7 @@ pub fn encode(buf: &mut [u8], x: &Exposed) -> usize {
     buf[8..16].copy_from_slice(&x.len.to_le_bytes());
     buf[16..24].copy_from_slice(&x.key.to_le_bytes());
     buf[24..28].copy_from_slice(&x.id.to_le_bytes());
+    buf[28..36].copy_from_slice(&x.check.to_le_bytes());
     DESC_LEN
 }
 
@@ -100,11 +101,12 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Exposed, De
         len: word(8),
         key: word(16),
         id: u32::from_le_bytes([b[24], b[25], b[26], b[27]]),
+        check: word(28),
     };
     if mid_unit {
         return Err(DescError::InsideUnit);
     }
-    if x.len == 0 {
+    if x.len <= CHECK_LEN as u64 {
         return Err(DescError::Empty);
     }
     if x.len > max_frame {
@@ -114,6 +116,17 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Exposed, De
         });
     }
     Ok(x)
+}
+
+/// A frame encoded as one unit, with spare capacity for the check word
+/// when it is large enough to go by rendezvous (`expose` then appends it
+/// without copying the unit).
+pub fn encode_unit(f: &Frame) -> Result<Vec<u8>, FrameError> {
+    let len = f.encoded_len();
+    let spare = if len > RNDV_THRESHOLD { CHECK_LEN } else { 0 };
+    let mut out = Vec::with_capacity(len + spare);
+    f.encode()?.write_into(&mut out);
+    Ok(out)
 }
 
 /// The id at the start of an answer's body.
@@ -133,7 +146,7 @@ pub fn overdue(since: Instant, now: Instant, timeout: Duration) -> bool {
 /// why the link fails.
 pub(crate) fn finish_read(
     error: Option<(i32, &'static str)>,
-    buf: Option<Vec<u8>>,
+    buf: Option<Result<Vec<u8>, FabricError>>,
     reasm: &mut Reassembly,
     limits: &FrameLimits,
     counters: &mut Counters,
@@ -144,8 +157,9 @@ pub(crate) fn finish_read(
             std::io::Error::from_raw_os_error(code)
         )));
     }
-    let buf =
-        buf.ok_or_else(|| PieceError::Malformed("fi_read completed without a buffer".into()))?;
+    let buf = buf
+        .ok_or_else(|| PieceError::Malformed("fi_read completed without a buffer".into()))?
+        .map_err(|e| PieceError::Malformed(e.to_string()))?;
     counters.read += 1;
     counters.read_bytes += buf.len() as u64;
     reasm.whole(Bytes::from(buf), limits).map_err(|e| match e {
@@ -323,7 +337,7 @@ impl Receiving {
     pub(crate) fn finish(
         &mut self,
         error: Option<(i32, &'static str)>,
-        buf: Option<Vec<u8>>,
+        buf: Option<Result<Vec<u8>, FabricError>>,
         reasm: &mut Reassembly,
         limits: &FrameLimits,
         counters: &mut Counters,
@@ -364,6 +378,7 @@ mod tests {
                 addr: 0x1000,
                 len,
                 key: 42,
+                check: 0x5eed,
             },
         );
         b
@@ -378,7 +393,8 @@ mod tests {
                 id: 7,
                 addr: 0x1000,
                 len: 100_000,
-                key: 42
+                key: 42,
+                check: 0x5eed,
             }
         );
         assert_eq!(decode_done(&7u32.to_le_bytes()), Some(7));
@@ -393,6 +409,11 @@ mod tests {
             );
         }
         assert_eq!(decode(&desc(0), 1 << 20, false), Err(DescError::Empty));
+        assert_eq!(
+            decode(&desc(CHECK_LEN as u64), 1 << 20, false),
+            Err(DescError::Empty),
+            "a check word and nothing else"
+        );
         assert_eq!(
             decode(&desc((1 << 20) + 1), 1 << 20, false),
             Err(DescError::TooLarge {
@@ -425,7 +446,7 @@ mod tests {
         let limits = FrameLimits::default();
         // Its completion is ignored: still in flight, nothing owed.
         assert!(r
-            .finish(None, Some(vec![1]), &mut reasm, &limits, &mut c)
+            .finish(None, Some(Ok(vec![1])), &mut reasm, &limits, &mut c)
             .is_none());
         let reading = r.reading.expect("still reading");
         assert!(reading.hung && r.need_done.is_empty() && c.read == 0);
@@ -454,6 +475,7 @@ mod tests {
                     addr: 0,
                     len: m.len() as u64,
                     key: 1,
+                    check: 3,
                 })
             });
             assert!(got.is_some());
