@@ -1604,6 +1604,9 @@ struct Region {
     mem: Vec<u8>,
     mr: *mut sys::fid_mr,
     check: u64,
+    /// Bytes registered: `mem.len()` when exposed; a read's length, which
+    /// `mem` reaches once the read completed.
+    len: usize,
 }
 
 impl Region {
@@ -1722,21 +1725,28 @@ impl Net {
 }
 
 impl RmaBuffers {
-    fn register(&mut self, mem: &[u8], access: u64) -> Result<*mut sys::fid_mr, FabricError> {
+    /// Registers the `len` bytes at `mem` (initialised or not: the
+    /// provider only reads or writes them).
+    fn register(
+        &mut self,
+        mem: *const u8,
+        len: usize,
+        access: u64,
+    ) -> Result<*mut sys::fid_mr, FabricError> {
         let key = if self.prov_key {
             0
         } else {
             NEXT_MR_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         };
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
-        // SAFETY: mem is a live allocation the caller keeps (inside a
-        // Region) until the registration is closed; the domain outlives the
-        // endpoint that owns this Rma.
+        // SAFETY: mem..mem+len is a live allocation the caller keeps
+        // (inside a Region) until the registration is closed; the domain
+        // outlives the endpoint that owns this Rma.
         let rc = unsafe {
             sys::fi_mr_reg(
                 self.domain,
-                mem.as_ptr() as *const c_void,
-                mem.len(),
+                mem as *const c_void,
+                len,
                 access,
                 0,
                 key,
@@ -1769,7 +1779,7 @@ impl RmaBuffers {
         }
         let check = next_check();
         mem.extend_from_slice(&check.to_le_bytes());
-        let mr = match self.register(&mem, u64::from(sys::FI_REMOTE_READ)) {
+        let mr = match self.register(mem.as_ptr(), mem.len(), u64::from(sys::FI_REMOTE_READ)) {
             Ok(mr) => mr,
             Err(e) => {
                 mem.truncate(mem.len() - CHECK_LEN);
@@ -1791,7 +1801,16 @@ impl RmaBuffers {
             key,
             check,
         };
-        match self.exposed.insert(id, Region { mem, mr, check }) {
+        let len = mem.len();
+        match self.exposed.insert(
+            id,
+            Region {
+                mem,
+                mr,
+                check,
+                len,
+            },
+        ) {
             Some(old) => {
                 old.close();
             }
@@ -1831,9 +1850,11 @@ impl RmaBuffers {
         if !self.enabled || self.reading.contains_key(&context) || len < CHECK_LEN {
             return Err(FabricError::Slot(context as usize));
         }
-        let mut mem = vec![0u8; len];
+        // Not zeroed: the read fills it (a megabyte of memset otherwise);
+        // its length is set once the read completed (`read_done`).
+        let mut mem: Vec<u8> = Vec::with_capacity(len);
         let mr = if self.mr_local {
-            self.register(&mem, u64::from(sys::FI_READ))?
+            self.register(mem.as_ptr(), len, u64::from(sys::FI_READ))?
         } else {
             ptr::null_mut()
         };
@@ -1864,19 +1885,43 @@ impl RmaBuffers {
             return Err(e);
         }
         let check = x.check;
-        self.reading.insert(context, Region { mem, mr, check });
+        self.reading.insert(
+            context,
+            Region {
+                mem,
+                mr,
+                check,
+                len,
+            },
+        );
         self.gauge.reading.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// The buffer of a completed read, without its check word; `Err` if the
-    /// word was not the descriptor's (the peer withdrew the buffer: what
-    /// was read is not its unit). `None` if `context` is not a read.
-    pub fn read_done(&mut self, context: u64) -> Option<Result<Vec<u8>, FabricError>> {
+    /// Frees the registration of the read `context` whose completion came
+    /// (`succeeded`: without error) and returns its buffer, without the
+    /// check word; `Err` if the read failed or the word was not the
+    /// descriptor's (the peer withdrew the buffer: what was read is not its
+    /// unit). `None` if `context` is not a read.
+    pub fn read_done(
+        &mut self,
+        context: u64,
+        succeeded: bool,
+    ) -> Option<Result<Vec<u8>, FabricError>> {
         let r = self.reading.remove(&context)?;
         self.gauge.reading.fetch_sub(1, Ordering::Relaxed);
-        let want = r.check;
+        let (want, len) = (r.check, r.len);
         let mut mem = r.close();
+        if !succeeded {
+            return Some(Err(FabricError::Call {
+                op: "fi_read",
+                code: sys::FI_EIO as i32,
+                msg: "the read failed".into(),
+            }));
+        }
+        // SAFETY: the read completed without error, so the provider wrote
+        // all `len` bytes of the capacity `read` reserved for them.
+        unsafe { mem.set_len(len) };
         let found = mem
             .last_chunk::<CHECK_LEN>()
             .map_or(0, |w| u64::from_le_bytes(*w));
@@ -2080,7 +2125,10 @@ mod tests {
                 );
                 net.read_cq(&mut got, 8);
                 if let Some(c) = got.iter().find(|c| c.context == ctx) {
-                    let buf = client.rma().read_done(ctx).expect("a read's buffer");
+                    let buf = client
+                        .rma()
+                        .read_done(ctx, c.error.is_none())
+                        .expect("a read's buffer");
                     return match c.error {
                         Some((code, what)) => Err(format!("completion {what} -{code}")),
                         None => buf.map_err(|e| e.to_string()),

@@ -721,7 +721,7 @@ impl FabricTransport {
         };
         // Freed here even if the completion is then ignored (a simulated
         // hang): the provider is done with the buffer.
-        let buf = link.ep.rma().read_done(c.context);
+        let buf = link.ep.rma().read_done(c.context, c.error.is_none());
         let Some(unit) = link.receiving.finish(
             c.error,
             buf,

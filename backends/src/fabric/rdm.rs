@@ -1038,7 +1038,7 @@ impl RdmTransport {
         };
         // Freed here even if the completion is then ignored (a simulated
         // hang) or its link went: the provider is done with the buffer.
-        let buf = port.ep.rma().read_done(c.context);
+        let buf = port.ep.rma().read_done(c.context, c.error.is_none());
         let Some(id) = port.reads.remove(&c.context) else {
             return;
         };
