@@ -82,8 +82,9 @@ fi_run() {
         echo "fi_pingpong -p $1 -e $2 failed:" >&2; cat "$WORK/fic" "$WORK/fis" >&2; exit 1
     fi
     wait "$srv" || true
-    # The result line: fabtests print the size as 64, 64k or 1m.
-    awk 'NF >= 8 && $2 ~ /^[0-9]+$/ {v = $7} END {print v}' "$WORK/fic"
+    # The result line: fabtests abbreviate sizes and counts (64, 64k, 1m;
+    # 300, 10k), so match its shape, not a number.
+    awk 'NF >= 8 && $1 ~ /^[0-9]+[kmg]?$/ && $7 ~ /^[0-9.]+$/ {v = $7} END {print v}' "$WORK/fic"
 }
 
 # msgr_run BIND_ADDR OUT_JSON: msgr serve on BIND_ADDR, msgr ping against it.
