@@ -46,6 +46,26 @@ fn assert_nothing_left(m: &mut Messenger, what: &str) {
     assert_eq!(m.rx_held(), (0, 0), "{what}: received data still held");
 }
 
+/// No buffer stays exposed or half read on either side (within 10 s: the
+/// last answers may still be on their way), then both shut down with
+/// nothing left.
+fn assert_no_rma_then_nothing_left(addr: &str, cli: &mut Messenger, srv: &mut Messenger) {
+    for (m, side) in [(&*cli, "client"), (&*srv, "server")] {
+        assert!(
+            wait_until(Duration::from_secs(10), || fabric_stat(
+                m,
+                "rendezvous_exposed"
+            ) + fabric_stat(
+                m,
+                "rendezvous_reading"
+            ) == 0),
+            "{addr}: {side} still has buffers exposed or being read"
+        );
+    }
+    assert_nothing_left(cli, "client");
+    assert_nothing_left(srv, "server");
+}
+
 /// A fabric counter or gauge of `m`'s transports, summed over its workers.
 fn fabric_stat(m: &Messenger, name: &str) -> u64 {
     m.transport_stats()
@@ -133,20 +153,7 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool) {
     } else {
         assert_eq!((sent, read), (0, 0), "{addr}: no rendezvous");
     }
-    for (m, side) in [(&cli, "client"), (&srv, "server")] {
-        assert!(
-            wait_until(Duration::from_secs(10), || fabric_stat(
-                m,
-                "rendezvous_exposed"
-            ) + fabric_stat(
-                m,
-                "rendezvous_reading"
-            ) == 0),
-            "{addr}: {side} still has buffers exposed or being read"
-        );
-    }
-    assert_nothing_left(&mut cli, "client");
-    assert_nothing_left(&mut srv, "server");
+    assert_no_rma_then_nothing_left(addr, &mut cli, &mut srv);
 }
 
 /// Links are aborted under the session (injected Abort, alternating sides)
@@ -322,20 +329,7 @@ fn hung_read_fails_by_the_deadline(addr: &str, rendezvous: bool) {
     assert_eq!(timeouts, expect, "{addr}: read_timeouts");
     assert_eq!(reconnects, expect, "{addr}: client reconnects");
     // The hung read's buffer, and the exposures of the failed link, are gone.
-    for (m, side) in [(&cli, "client"), (&srv, "server")] {
-        assert!(
-            wait_until(Duration::from_secs(10), || fabric_stat(
-                m,
-                "rendezvous_exposed"
-            ) + fabric_stat(
-                m,
-                "rendezvous_reading"
-            ) == 0),
-            "{addr}: {side} still has buffers exposed or being read"
-        );
-    }
-    assert_nothing_left(&mut cli, "client");
-    assert_nothing_left(&mut srv, "server");
+    assert_no_rma_then_nothing_left(addr, &mut cli, &mut srv);
 }
 
 /// Shutting down while a link is frozen (nothing moves either way, large

@@ -270,15 +270,6 @@ fn no_half_close(kind: &TransportKind) -> TransportError {
     }
 }
 
-/// What `simulate(HungRead)` answers on an endpoint without rendezvous
-/// (`shm`, or a provider without `FI_RMA`): there is no read to hang.
-fn no_rendezvous(kind: &TransportKind, fault: SimulatedFault) -> TransportError {
-    TransportError::Unavailable {
-        kind: kind.clone(),
-        reason: format!("cannot simulate {fault:?}: no fi_read rendezvous on these endpoints"),
-    }
-}
-
 /// What `attach` answers: fabric links stay on the worker that made them.
 fn no_migration(kind: &TransportKind) -> TransportError {
     TransportError::Unavailable {
@@ -1231,13 +1222,7 @@ impl Transport for FabricTransport {
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
-        match fault {
-            SimulatedFault::HungRead if !self.rndv => Err(no_rendezvous(&self.kind, fault)),
-            SimulatedFault::HungRead => {
-                l.receiving.reads_to_hang += 1;
-                Ok(())
-            }
-        }
+        l.receiving.simulate(fault, self.rndv, &self.kind)
     }
 
     fn send_corrupted(

@@ -103,9 +103,7 @@ use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use super::rendezvous::{self, Counters, DescError, Exposures, Receiving};
-use super::{
-    fab_err, no_half_close, no_migration, no_rendezvous, probe, PieceError, Reassembly, SLOT_SIZE,
-};
+use super::{fab_err, no_half_close, no_migration, probe, PieceError, Reassembly, SLOT_SIZE};
 use crate::{
     Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
     TransportError, TransportEvent, TransportStats,
@@ -1616,20 +1614,13 @@ impl Transport for RdmTransport {
         Ok(())
     }
 
-    /// `HungRead`: the link's next rendezvous read is hung (module docs);
-    /// refused without rendezvous (`shm`).
+    /// `HungRead`: the link's next rendezvous read is hung (module docs).
     fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
         let l = self
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
-        match fault {
-            SimulatedFault::HungRead if !self.rndv => Err(no_rendezvous(&self.kind, fault)),
-            SimulatedFault::HungRead => {
-                l.receiving.reads_to_hang += 1;
-                Ok(())
-            }
-        }
+        l.receiving.simulate(fault, self.rndv, &self.kind)
     }
 
     fn send_corrupted(

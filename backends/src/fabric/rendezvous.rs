@@ -37,6 +37,8 @@ use msgr_fabric::{Exposed, FabricError, CHECK_LEN};
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound};
 
 use super::{PieceError, Reassembly};
+use crate::{SimulatedFault, TransportError};
+use msgr_addr::TransportKind;
 
 /// Units larger than this go by `fi_read` rendezvous where the endpoint
 /// has `FI_RMA`.
@@ -315,6 +317,28 @@ pub struct Receiving {
 }
 
 impl Receiving {
+    /// `SimulatedFault::HungRead`: the link's next read is hung. Refused
+    /// (`Unavailable`) by a transport without rendezvous (`rndv` false).
+    pub fn simulate(
+        &mut self,
+        fault: SimulatedFault,
+        rndv: bool,
+        kind: &TransportKind,
+    ) -> Result<(), TransportError> {
+        match fault {
+            SimulatedFault::HungRead if !rndv => Err(TransportError::Unavailable {
+                kind: kind.clone(),
+                reason: format!(
+                    "cannot simulate {fault:?}: no fi_read rendezvous on these endpoints"
+                ),
+            }),
+            SimulatedFault::HungRead => {
+                self.reads_to_hang += 1;
+                Ok(())
+            }
+        }
+    }
+
     /// The link posted the read of the sender's unit `their_id` under
     /// `context`: it is in flight from now, and hung if one was asked for.
     pub fn started(&mut self, context: u64, their_id: u32, counters: &mut Counters) {
