@@ -66,6 +66,19 @@ fn assert_no_rma_then_nothing_left(addr: &str, cli: &mut Messenger, srv: &mut Me
     assert_nothing_left(srv, "server");
 }
 
+/// A recording server and a client on `addr` (fast timers), and the
+/// client's lossless connection to the server.
+fn lossless_pair(addr: &str) -> (Arc<Recorder>, Messenger, Messenger, msgr::Connection) {
+    init_tracing();
+    let rec = Recorder::new();
+    let srv = start(addr, EntityName::server(1), rec.clone());
+    let cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    (rec, srv, cli, conn)
+}
+
 /// A fabric counter or gauge of `m`'s transports, summed over its workers.
 fn fabric_stat(m: &Messenger, name: &str) -> u64 {
     m.transport_stats()
@@ -160,13 +173,7 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool) {
 /// while a lossless stream flows: every message arrives exactly once, in
 /// order, and both sides shut down with nothing left.
 fn lossless_exactly_once_across_aborts(addr: &str) {
-    init_tracing();
-    let rec = Recorder::new();
-    let mut srv = start(addr, EntityName::server(1), rec.clone());
-    let mut cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
-    let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
-        .unwrap();
+    let (rec, mut srv, mut cli, conn) = lossless_pair(addr);
     const N: u64 = 20_000;
     const CUTS: u64 = 20;
     let sender = {
@@ -336,13 +343,7 @@ fn hung_read_fails_by_the_deadline(addr: &str, rendezvous: bool) {
 /// units half sent or exposed) ends within its deadline and the process
 /// survives it: endpoints with operations still posted are torn down.
 fn shutdown_with_a_frozen_link(addr: &str) {
-    init_tracing();
-    let rec = Recorder::new();
-    let mut srv = start(addr, EntityName::server(1), rec.clone());
-    let mut cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
-    let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
-        .unwrap();
+    let (rec, mut srv, mut cli, conn) = lossless_pair(addr);
     for n in 1..=20 {
         send(&conn, probe_message(1, n, 1000));
     }
