@@ -130,16 +130,6 @@ pub trait Transport {
         true
     }
 
-    /// Whether this transport's data moves only when [`Transport::progress`]
-    /// polls it (completion queues), its fds carrying connection setup and
-    /// the wake-up of a blocked worker. In the busy-poll window a worker
-    /// whose transports all say so looks at its fds only every few passes:
-    /// the epoll system call is otherwise most of an idle pass. Default:
-    /// false (readiness is how a TCP link hears of data).
-    fn polled(&self) -> bool {
-        false
-    }
-
     /// When this transport needs [`Transport::progress`] even if none of its
     /// fds becomes ready: a provider without wait objects must be polled, and
     /// a backend that keeps its own link deadlines must look at them. The

@@ -1100,11 +1100,6 @@ impl Transport for FabricTransport {
         }
     }
 
-    /// Data moves by completion-queue polls; fds carry setup and wake-ups.
-    fn polled(&self) -> bool {
-        true
-    }
-
     fn wake_at(&self) -> Option<Instant> {
         let setup = self.half_open.front().map(|&(deadline, _)| deadline);
         let reads = (self.reads > 0).then_some(self.next_read_check);

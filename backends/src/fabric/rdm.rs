@@ -1523,11 +1523,6 @@ impl Transport for RdmTransport {
         self.cq_fd.is_none() || self.net.try_wait()
     }
 
-    /// Data moves by completion-queue polls; fds carry setup and wake-ups.
-    fn polled(&self) -> bool {
-        true
-    }
-
     fn wake_at(&self) -> Option<Instant> {
         if self.ports.iter().all(Option::is_none) {
             return None;

@@ -1244,11 +1244,6 @@ impl Transport for RdmaTransport {
         }
     }
 
-    /// Data moves by completion-queue polls; fds carry setup and wake-ups.
-    fn polled(&self) -> bool {
-        true
-    }
-
     fn wake_at(&self) -> Option<Instant> {
         // The deadlines `progress` enforces: lingering closes, rendezvous
         // reads, accepted links in setup.

@@ -43,9 +43,6 @@ const TX_LOW_WATER: usize = 1 << 20;
 
 /// The token of each worker's waker.
 pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
-/// In the busy-poll window, a worker whose transports are all polled
-/// (`Transport::polled`) calls epoll on every this-many-th pass only.
-const EPOLL_EVERY: u32 = 16;
 
 /// How other threads reach a worker.
 pub(crate) struct WorkerHandle {
@@ -239,7 +236,6 @@ impl Worker {
         let busy = self.shared.cfg.busy_poll;
         self.now = Instant::now();
         let mut last_activity = self.now;
-        let mut busy_passes: u32 = 0;
         loop {
             let mut active = self.take_commands();
             if active {
@@ -250,8 +246,7 @@ impl Worker {
             if self.finished(self.now) {
                 break;
             }
-            let busy_pass = self.now.duration_since(last_activity) < busy;
-            let timeout = if busy_pass {
+            let timeout = if self.now.duration_since(last_activity) < busy {
                 if !active {
                     // Spinning without work: let a peer thread that shares our
                     // core run (on an oversubscribed machine it may be the one
@@ -285,20 +280,7 @@ impl Worker {
                     until.map(|t| t.saturating_duration_since(self.now))
                 }
             };
-            // Busy-polling transports that all make progress by polling:
-            // their fds (connection setup) are looked at every
-            // EPOLL_EVERY-th pass only, commands come by channel anyway.
-            busy_passes = if busy_pass {
-                busy_passes.wrapping_add(1)
-            } else {
-                0
-            };
-            let skip_epoll = busy_pass
-                && !busy_passes.is_multiple_of(EPOLL_EVERY)
-                && self.transports.iter().all(Transport::polled);
-            if skip_epoll {
-                events.clear();
-            } else if let Err(e) = self.poll.poll(&mut events, timeout) {
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "poll failed; worker stops");
                     break;
