@@ -550,6 +550,29 @@ impl RdmaTransport {
         }
     }
 
+    /// Fails outgoing links whose setup has not finished [`SETUP_TIMEOUT`]
+    /// after the connect: rdma_cm (siw above all) can leave a connect
+    /// without any event when the listener it reached went away meanwhile,
+    /// and the session only retries once the transport says the connect
+    /// failed (a guest stress run once left two lossless connections
+    /// `Connecting` to a restarted server for 90 s).
+    fn fail_stalled_connects(&mut self, events: &mut Vec<TransportEvent>) {
+        let now = Instant::now();
+        let late: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.outgoing && !l.up && now >= l.since + SETUP_TIMEOUT)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            self.fail(
+                id,
+                format!("connection not established within {SETUP_TIMEOUT:?}"),
+                events,
+            );
+        }
+    }
+
     fn on_completion(&mut self, wc: &WorkCompletion, events: &mut Vec<TransportEvent>) {
         let (id, kind, index) = wr::parts(wc.wr_id());
         if kind == WrKind::Recv {
@@ -1213,6 +1236,7 @@ impl Transport for RdmaTransport {
         self.reap_closing();
         self.reap_late_reads(events);
         self.reap_half_open(|l| l.since + SETUP_TIMEOUT);
+        self.fail_stalled_connects(events);
         any
     }
 
@@ -1246,7 +1270,7 @@ impl Transport for RdmaTransport {
 
     fn wake_at(&self) -> Option<Instant> {
         // The deadlines `progress` enforces: lingering closes, rendezvous
-        // reads, accepted links in setup.
+        // reads, links in setup (accepted or connecting).
         let closing = self.closing.values().map(|(_, t)| *t);
         let reads = self
             .links
@@ -1255,7 +1279,7 @@ impl Transport for RdmaTransport {
         let setups = self
             .links
             .values()
-            .filter(|l| !l.outgoing && !l.up)
+            .filter(|l| !l.up)
             .map(|l| l.since + SETUP_TIMEOUT);
         closing.chain(reads).chain(setups).min()
     }
