@@ -529,19 +529,23 @@ impl RdmaTransport {
         }
     }
 
+    /// Links of one direction (`outgoing` or accepted) still in setup at
+    /// `deadline(link)`.
+    fn late_setups(&self, outgoing: bool, deadline: impl Fn(&RdmaLink) -> Instant) -> Vec<LinkId> {
+        let now = Instant::now();
+        self.links
+            .iter()
+            .filter(|(_, l)| l.outgoing == outgoing && !l.up && now >= deadline(l))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Drops accepted links whose setup has not finished by `deadline(link)`.
     /// The worker has not heard of them (`Accepted` comes at the end of the
     /// setup), so nothing is reported: the peer sees the connection close
     /// and retries.
     fn reap_half_open(&mut self, deadline: impl Fn(&RdmaLink) -> Instant) {
-        let now = Instant::now();
-        let late: Vec<LinkId> = self
-            .links
-            .iter()
-            .filter(|(_, l)| !l.outgoing && !l.up && now >= deadline(l))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in late {
+        for id in self.late_setups(false, deadline) {
             tracing::debug!(
                 link = id.0,
                 "dropping an accepted RDMA link whose setup did not finish"
@@ -557,14 +561,7 @@ impl RdmaTransport {
     /// failed (a guest stress run once left two lossless connections
     /// `Connecting` to a restarted server for 90 s).
     fn fail_stalled_connects(&mut self, events: &mut Vec<TransportEvent>) {
-        let now = Instant::now();
-        let late: Vec<LinkId> = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.outgoing && !l.up && now >= l.since + SETUP_TIMEOUT)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in late {
+        for id in self.late_setups(true, |l| l.since + SETUP_TIMEOUT) {
             self.fail(
                 id,
                 format!("connection not established within {SETUP_TIMEOUT:?}"),
