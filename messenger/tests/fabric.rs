@@ -143,8 +143,9 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool) {
     let read = fabric_stat(&srv, "rendezvous_read");
     let read_bytes = fabric_stat(&srv, "rendezvous_read_bytes");
     let fallbacks = fabric_stat(&cli, "rendezvous_fallbacks");
+    let in_place = fabric_stat(&cli, "rendezvous_in_place");
     println!(
-        "{addr}: rendezvous sent {sent}, read {read} ({read_bytes} bytes), fallbacks {fallbacks}"
+        "{addr}: rendezvous sent {sent} ({in_place} in place), read {read} ({read_bytes} bytes), fallbacks {fallbacks}"
     );
     for m in [&cli, &srv] {
         assert_eq!(
@@ -163,6 +164,14 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool) {
             "{addr}: only units above 64 KiB"
         );
         assert_eq!(fallbacks, 0, "{addr}: no registration failed");
+        // Payloads are exposed where they lie, not copied, where the
+        // provider checks keys; shm reads need a check word after a copy.
+        let keys_checked = !addr.starts_with("fabric+shm");
+        assert_eq!(
+            in_place,
+            if keys_checked { sent } else { 0 },
+            "{addr}: units exposed in place"
+        );
     } else {
         assert_eq!((sent, read), (0, 0), "{addr}: no rendezvous");
     }

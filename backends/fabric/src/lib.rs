@@ -41,6 +41,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use libfabric_sys as sys;
 use thiserror::Error;
 
@@ -383,6 +384,8 @@ pub struct Net {
     /// `mr_mode` bits that apply (`FI_MR_VIRT_ADDR`, `FI_MR_PROV_KEY`).
     virt_addr: bool,
     prov_key: bool,
+    /// Reads of withdrawn registrations fail at the target ([`checks_keys`]).
+    keys_checked: bool,
     provider: String,
     ep: EpType,
     mr_local: bool,
@@ -409,6 +412,15 @@ impl std::fmt::Debug for Net {
 /// Whether endpoints of `provider` must outlive the process (crate docs).
 fn leaks_on_drop(provider: &str) -> bool {
     provider.split(';').next() == Some("shm")
+}
+
+/// Whether `provider`'s target looks the key of every read up and fails a
+/// read of a withdrawn registration: `tcp` (in software), `verbs` (in the
+/// device). Only then may memory be exposed without a check word
+/// ([`RmaBuffers::expose_in_place`]); providers not known to do so get the
+/// word (see [`CHECK_LEN`]: `shm` does not look keys up).
+fn checks_keys(provider: &str) -> bool {
+    matches!(provider.split(';').next(), Some("tcp" | "verbs"))
 }
 
 impl Drop for Net {
@@ -575,6 +587,7 @@ impl Net {
             rma,
             virt_addr: false,
             prov_key: false,
+            keys_checked: checks_keys(provider),
             provider: provider.to_owned(),
             ep,
             mr_local: false,
@@ -1225,11 +1238,19 @@ impl Ep {
     }
 
     /// Starts reading the connected peer's exposed buffer `x` into a new
-    /// buffer of ours, owned by the endpoint until
+    /// buffer of ours, at offset `at` of the bytes `around` (placed before
+    /// and after it; empty for a whole unit), owned by the endpoint until
     /// [`RmaBuffers::read_done`] with the same `context`. A connected
     /// endpoint needs no peer address.
-    pub fn read(&mut self, x: &Exposed, context: u64) -> Result<(), FabricError> {
-        self.rma.read(self.ep, x, FI_ADDR_UNSPEC, context)
+    pub fn read(
+        &mut self,
+        x: &Exposed,
+        context: u64,
+        around: &[u8],
+        at: usize,
+    ) -> Result<(), FabricError> {
+        self.rma
+            .read(self.ep, x, FI_ADDR_UNSPEC, context, around, at)
     }
 }
 
@@ -1590,29 +1611,44 @@ impl RdmEp {
     }
 
     /// Starts reading the exposed buffer `x` of peer `from` into a new
-    /// buffer of ours, which the endpoint owns until
+    /// buffer of ours, at offset `at` of the bytes `around` (as
+    /// [`Ep::read`]), which the endpoint owns until
     /// [`RmaBuffers::read_done`] with the same `context`.
-    pub fn read(&mut self, x: &Exposed, from: PeerAddr, context: u64) -> Result<(), FabricError> {
-        self.rma.read(self.ep, x, from.0, context)
+    pub fn read(
+        &mut self,
+        x: &Exposed,
+        from: PeerAddr,
+        context: u64,
+        around: &[u8],
+        at: usize,
+    ) -> Result<(), FabricError> {
+        self.rma.read(self.ep, x, from.0, context, around, at)
     }
 }
 
 /// Memory registered for an RMA operation, owned until the registration is
 /// closed. `check`: the word its last [`CHECK_LEN`] bytes hold while exposed,
-/// or must hold once read.
+/// or must hold once read; 0: none (exposed in place).
 struct Region {
     mem: Vec<u8>,
+    /// Exposed in place ([`RmaBuffers::expose_in_place`]): held, not owned.
+    shared: Option<Bytes>,
     mr: *mut sys::fid_mr,
     check: u64,
-    /// Bytes registered: `mem.len()` when exposed; a read's length, which
-    /// `mem` reaches once the read completed.
+    /// Bytes of `mem` once a read completed: what it filled and what was
+    /// placed around it ([`RmaBuffers::read`]); `mem.len()` when exposed.
     len: usize,
 }
 
 impl Region {
     fn close(self) -> Vec<u8> {
-        close(self.mr as *mut sys::fid);
-        self.mem
+        let Region {
+            mem, shared, mr, ..
+        } = self;
+        close(mr as *mut sys::fid);
+        // Memory held in place outlives its registration.
+        drop(shared);
+        mem
     }
 }
 
@@ -1660,7 +1696,8 @@ pub struct Exposed {
     pub len: u64,
     /// The registration's remote key.
     pub key: u64,
-    /// The word the buffer ends in while exposed ([`CHECK_LEN`]).
+    /// The word the buffer ends in while exposed ([`CHECK_LEN`]); 0 for a
+    /// buffer exposed in place, which has none.
     pub check: u64,
 }
 
@@ -1680,6 +1717,8 @@ pub struct RmaBuffers {
     mr_local: bool,
     virt_addr: bool,
     prov_key: bool,
+    /// See [`checks_keys`].
+    keys_checked: bool,
     /// Buffers peers may fi_read, by id.
     exposed: std::collections::HashMap<u32, Region>,
     next_exposed: u32,
@@ -1706,6 +1745,7 @@ impl Net {
             mr_local: self.mr_local,
             virt_addr: self.virt_addr,
             prov_key: self.prov_key,
+            keys_checked: self.keys_checked,
             exposed: Default::default(),
             next_exposed: 0,
             reading: Default::default(),
@@ -1802,15 +1842,70 @@ impl RmaBuffers {
             check,
         };
         let len = mem.len();
-        match self.exposed.insert(
+        self.keep_exposed(
             id,
             Region {
                 mem,
+                shared: None,
                 mr,
                 check,
                 len,
             },
-        ) {
+        );
+        Ok(exposed)
+    }
+
+    /// Registers `mem` for remote reads where it lies, without a copy and
+    /// without a check word, and holds it until [`RmaBuffers::unexpose`] (or
+    /// the endpoint goes): for large payloads the application handed over.
+    /// Only where the provider fails reads of withdrawn registrations
+    /// (`tcp`, `verbs`; a word cannot be appended to shared memory): elsewhere,
+    /// or when the registration fails, `mem` comes back with the error and
+    /// the caller copies it into a buffer for [`RmaBuffers::expose`].
+    pub fn expose_in_place(&mut self, mem: Bytes) -> Result<Exposed, (FabricError, Bytes)> {
+        if !self.enabled || !self.keys_checked || mem.is_empty() {
+            let e = FabricError::Call {
+                op: "fi_mr_reg",
+                code: sys::FI_ENOSYS as i32,
+                msg: "no in-place exposure on these endpoints".into(),
+            };
+            return Err((e, mem));
+        }
+        let mr = match self.register(mem.as_ptr(), mem.len(), u64::from(sys::FI_REMOTE_READ)) {
+            Ok(mr) => mr,
+            Err(e) => return Err((e, mem)),
+        };
+        // SAFETY: mr is an open registration.
+        let key = unsafe { sys::fi_mr_key(mr) };
+        let id = self.next_exposed;
+        self.next_exposed = self.next_exposed.wrapping_add(1);
+        let exposed = Exposed {
+            id,
+            addr: if self.virt_addr {
+                mem.as_ptr() as u64
+            } else {
+                0
+            },
+            len: mem.len() as u64,
+            key,
+            check: 0,
+        };
+        let len = mem.len();
+        self.keep_exposed(
+            id,
+            Region {
+                mem: Vec::new(),
+                shared: Some(mem),
+                mr,
+                check: 0,
+                len,
+            },
+        );
+        Ok(exposed)
+    }
+
+    fn keep_exposed(&mut self, id: u32, region: Region) {
+        match self.exposed.insert(id, region) {
             Some(old) => {
                 old.close();
             }
@@ -1818,13 +1913,13 @@ impl RmaBuffers {
                 self.gauge.exposed.fetch_add(1, Ordering::Relaxed);
             }
         }
-        Ok(exposed)
     }
 
     /// Ends remote access to an exposed buffer and frees it, its check word
-    /// zeroed first ([`CHECK_LEN`]).
+    /// zeroed first ([`CHECK_LEN`]); one exposed in place is let go.
     pub fn unexpose(&mut self, id: u32) {
         if let Some(r) = self.exposed.remove(&id) {
+            // Closes the registration before the held memory goes.
             let mut mem = r.close();
             if let Some(word) = mem.last_chunk_mut::<CHECK_LEN>() {
                 // SAFETY: `word` is a live, aligned-enough byte array; a
@@ -1838,23 +1933,46 @@ impl RmaBuffers {
     }
 
     /// `fi_read` of the peer's exposed buffer `x` on `ep` (from `from`:
-    /// ignored on connected endpoints).
+    /// ignored on connected endpoints) into a new buffer, at offset `at`
+    /// of `around`, whose bytes are placed before and after it: the buffer
+    /// then holds `around[..at]`, what was read, `around[at..]`. A buffer
+    /// with a check word has nothing after it.
     fn read(
         &mut self,
         ep: *mut sys::fid_ep,
         x: &Exposed,
         from: u64,
         context: u64,
+        around: &[u8],
+        at: usize,
     ) -> Result<(), FabricError> {
         let (len, addr, key) = (x.len as usize, x.addr, x.key);
-        if !self.enabled || self.reading.contains_key(&context) || len < CHECK_LEN {
+        let checked = x.check != 0;
+        if !self.enabled
+            || self.reading.contains_key(&context)
+            || (checked && (len < CHECK_LEN || at != around.len()))
+            || at > around.len()
+        {
             return Err(FabricError::Slot(context as usize));
         }
-        // Not zeroed: the read fills it (a megabyte of memset otherwise);
-        // its length is set once the read completed (`read_done`).
-        let mut mem: Vec<u8> = Vec::with_capacity(len);
+        let total = len
+            .checked_add(around.len())
+            .ok_or(FabricError::Slot(context as usize))?;
+        // Not zeroed: the read fills its part (a megabyte of memset
+        // otherwise) and the bytes around it are written here; the length
+        // is set once the read completed (`read_done`).
+        let mut mem: Vec<u8> = Vec::with_capacity(total);
+        let spare = mem.spare_capacity_mut();
+        for (dst, &b) in spare[..at].iter_mut().zip(&around[..at]) {
+            dst.write(b);
+        }
+        for (dst, &b) in spare[at + len..total].iter_mut().zip(&around[at..]) {
+            dst.write(b);
+        }
+        // SAFETY: `at + len <= total`, the capacity just allocated.
+        let target = unsafe { mem.as_mut_ptr().add(at) };
         let mr = if self.mr_local {
-            self.register(mem.as_ptr(), len, u64::from(sys::FI_READ))?
+            self.register(target, len, u64::from(sys::FI_READ))?
         } else {
             ptr::null_mut()
         };
@@ -1871,7 +1989,7 @@ impl RmaBuffers {
         let rc = unsafe {
             sys::fi_read(
                 ep,
-                mem.as_mut_ptr() as *mut c_void,
+                target as *mut c_void,
                 len,
                 desc,
                 from,
@@ -1889,9 +2007,10 @@ impl RmaBuffers {
             context,
             Region {
                 mem,
+                shared: None,
                 mr,
                 check,
-                len,
+                len: total,
             },
         );
         self.gauge.reading.fetch_add(1, Ordering::Relaxed);
@@ -1920,8 +2039,12 @@ impl RmaBuffers {
             }));
         }
         // SAFETY: the read completed without error, so the provider wrote
-        // all `len` bytes of the capacity `read` reserved for them.
+        // the bytes `read` reserved for it, and `read` wrote those around
+        // them: all `len` bytes of the capacity are initialised.
         unsafe { mem.set_len(len) };
+        if want == 0 {
+            return Some(Ok(mem));
+        }
         let found = mem
             .last_chunk::<CHECK_LEN>()
             .map_or(0, |w| u64::from_le_bytes(*w));
@@ -2109,8 +2232,15 @@ mod tests {
         let len = 200_000;
         let t0 = std::time::Instant::now();
         // The read's completion error, or what read_done made of its buffer.
-        let read = |net: &mut Net, client: &mut RdmEp, x: &Exposed, ctx: u64| {
-            while let Err(e) = client.read(x, to_server, ctx) {
+        // A failed read may cost the connection (tcp;ofi_rxm): each case
+        // that expects one reads from a client endpoint of its own.
+        let read_around = |net: &mut Net,
+                           (client, to): (&mut RdmEp, PeerAddr),
+                           x: &Exposed,
+                           ctx: u64,
+                           around: &[u8],
+                           at: usize| {
+            while let Err(e) = client.read(x, to, ctx, around, at) {
                 assert!(
                     is_again(&e) && t0.elapsed().as_secs() < 10,
                     "{provider}: {e}"
@@ -2135,6 +2265,9 @@ mod tests {
                     };
                 }
             }
+        };
+        let read = |net: &mut Net, client: &mut RdmEp, x: &Exposed, ctx: u64| {
+            read_around(net, (client, to_server), x, ctx, &[], 0)
         };
         let live = server.rma().expose(vec![7u8; len]).unwrap();
         assert_eq!(live.len as usize, len + CHECK_LEN);
@@ -2162,6 +2295,37 @@ mod tests {
             "{provider}: a read of withdrawn memory returned data"
         );
         server.rma().unexpose(next.id);
+
+        // In place: only where the provider checks keys, since the memory
+        // stays alive and unchanged after it is withdrawn (the application
+        // still holds it) and only the key can tell a late read.
+        let body = Bytes::from((0..len).map(|i| i as u8).collect::<Vec<_>>());
+        match server.rma().expose_in_place(body.clone()) {
+            Ok(x) => {
+                assert!(checks_keys(provider), "{provider}: exposed in place");
+                assert_eq!((x.len as usize, x.check), (len, 0));
+                let mut other = net.rdm_endpoint(None, 2, 2, 512).unwrap();
+                let to = other.insert(&net.resolve(bound).unwrap()).unwrap();
+                let buf = read_around(&mut net, (&mut other, to), &x, 13, b"headtail", 4).unwrap();
+                assert!(
+                    buf.len() == len + 8
+                        && buf[..4] == *b"head"
+                        && buf[4..4 + len] == body[..]
+                        && buf[4 + len..] == *b"tail",
+                    "{provider}: the segment between the bytes around it"
+                );
+                server.rma().unexpose(x.id);
+                let r = read_around(&mut net, (&mut other, to), &x, 14, b"headtail", 4);
+                assert!(
+                    r.is_err(),
+                    "{provider}: a read of a withdrawn in-place buffer returned data"
+                );
+            }
+            Err((e, back)) => {
+                assert!(!checks_keys(provider), "{provider}: {e}");
+                assert!(back == body, "{provider}: the bytes come back");
+            }
+        }
         assert_eq!(net.rma_in_use(), (0, 0), "{provider}: registrations left");
     }
 

@@ -70,7 +70,7 @@ use crate::{
     Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
     TransportError, TransportEvent, TransportStats,
 };
-use rendezvous::{Counters, DescError, Exposures, Receiving};
+use rendezvous::{Counters, DescError, Exposures, OutUnit, Receiving};
 
 /// Bytes per transmit/receive slot (one message on the wire).
 pub const SLOT_SIZE: usize = 64 << 10;
@@ -81,7 +81,8 @@ pub const MORE: u8 = 1;
 /// Header byte: the unit ends in this message.
 pub const LAST: u8 = 0;
 /// Header byte: the unit is to be fetched with `fi_read`; a rendezvous
-/// descriptor ([`rendezvous::DESC_LEN`] bytes) follows.
+/// descriptor ([`rendezvous::DESC_LEN`] bytes and the unit's inline ones,
+/// see [`rendezvous::encode`]) follows.
 pub const RNDV: u8 = 2;
 /// Header byte: the unit of a `RNDV` was read; its id
 /// ([`rendezvous::DONE_LEN`] bytes) follows, and its buffer may go.
@@ -292,7 +293,7 @@ struct FabricLink {
     accepted: Option<(Token, SocketAddr)>,
     connected: bool,
     /// Encoded units waiting for a transmit slot, and how far the front one went.
-    queue: VecDeque<Vec<u8>>,
+    queue: VecDeque<OutUnit>,
     front_sent: usize,
     queued: usize,
     free_tx: Vec<usize>,
@@ -379,9 +380,9 @@ impl FabricLink {
         Ok(true)
     }
 
-    fn push(&mut self, bytes: Vec<u8>) {
-        self.queued += bytes.len();
-        self.queue.push_back(bytes);
+    fn push(&mut self, unit: OutUnit) {
+        self.queued += unit.len();
+        self.queue.push_back(unit);
     }
 }
 
@@ -750,9 +751,9 @@ impl FabricTransport {
         }
         let ctx = read_context(id);
         link.ep
-            .read(&d, ctx)
+            .read(&d.x, ctx, d.inline, d.at)
             .map_err(|e| PieceError::Malformed(format!("fi_read: {e}")))?;
-        link.receiving.started(ctx, d.id, &mut self.rndv_counters);
+        link.receiving.started(ctx, d.x.id, &mut self.rndv_counters);
         if self.reads == 0 {
             self.next_read_check = Instant::now() + self.read_timeout;
         }
@@ -847,7 +848,7 @@ impl FabricTransport {
             }
             Some((&RNDV, body)) => {
                 // Copied out of the slot, which is reposted below.
-                let mut desc = [0u8; rendezvous::DESC_LEN];
+                let mut desc = [0u8; rendezvous::DESC_MAX];
                 let n = body.len().min(desc.len());
                 desc[..n].copy_from_slice(&body[..n]);
                 self.start_read(id, &desc[..n])
@@ -928,19 +929,19 @@ impl FabricTransport {
                 link.front_sent,
                 &mut link.queued,
                 counters,
-                |unit| link.ep.rma().expose(unit),
+                |unit| rendezvous::expose(link.ep.rma(), unit, SLOT_SIZE - 1),
             );
-            if let Some(x) = staged {
+            if let Some(d) = staged {
                 if !link.post(id, |buf| {
                     buf[0] = RNDV;
-                    1 + rendezvous::encode(&mut buf[1..], &x)
+                    1 + rendezvous::encode(&mut buf[1..], &d)
                 })? {
                     return Ok(());
                 }
                 link.exposures.sent(counters);
                 continue;
             }
-            let front_len = link.queue.front().map(Vec::len);
+            let front_len = link.queue.front().map(OutUnit::len);
             if front_len.is_none() || link.exposures.wants(rndv, link.front_sent, front_len) {
                 // Empty, or a large unit waiting for fewer exposed.
                 return Ok(());
@@ -948,9 +949,9 @@ impl FabricTransport {
             let Some(front) = link.queue.front() else {
                 return Ok(());
             };
-            let rest = &front[link.front_sent..];
-            let n = rest.len().min(SLOT_SIZE - 1);
-            let last = n == rest.len();
+            let left = front.len() - link.front_sent;
+            let n = left.min(SLOT_SIZE - 1);
+            let last = n == left;
             let Some(&slot) = link.free_tx.last() else {
                 return Ok(());
             };
@@ -959,7 +960,7 @@ impl FabricTransport {
                 continue;
             };
             buf[0] = if last { LAST } else { MORE };
-            buf[1..=n].copy_from_slice(&rest[..n]);
+            front.copy_out(link.front_sent, &mut buf[1..=n]);
             link.ep.send(slot, n + 1, context(id, false, slot))?;
             link.free_tx.pop();
             link.queued -= n;
@@ -973,12 +974,12 @@ impl FabricTransport {
         }
     }
 
-    fn queue(&mut self, link: LinkId, bytes: Vec<u8>) -> Result<(), TransportError> {
+    fn queue(&mut self, link: LinkId, unit: OutUnit) -> Result<(), TransportError> {
         let l = self
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
-        l.push(bytes);
+        l.push(unit);
         self.dirty.push(link);
         Ok(())
     }
@@ -1122,11 +1123,11 @@ impl Transport for FabricTransport {
     }
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
-        let bytes = match unit {
-            Transmit::Banner(b) => b.to_vec(),
-            Transmit::Frame(f) => rendezvous::encode_unit(&f)?,
+        let unit = match unit {
+            Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
+            Transmit::Frame(f) => rendezvous::encode_unit(f)?,
         };
-        self.queue(link, bytes)
+        self.queue(link, unit)
     }
 
     fn flush(&mut self, events: &mut Vec<TransportEvent>) {
@@ -1227,7 +1228,7 @@ impl Transport for FabricTransport {
         bit: u64,
     ) -> Result<(), TransportError> {
         let bytes = crate::wire::corrupted(unit, bit)?;
-        self.queue(link, bytes)
+        self.queue(link, OutUnit::Flat(bytes))
     }
 
     fn detach(&mut self, _link: LinkId) -> Option<DetachedLink> {

@@ -102,7 +102,7 @@ use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp, Site};
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
-use super::rendezvous::{self, Counters, DescError, Exposures, Receiving};
+use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
 use super::{fab_err, no_half_close, no_migration, probe, PieceError, Reassembly, SLOT_SIZE};
 use crate::{
     Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
@@ -402,7 +402,7 @@ struct RdmLink {
     need_keep: bool,
     credits: u32,
     to_return: u32,
-    queue: VecDeque<Vec<u8>>,
+    queue: VecDeque<OutUnit>,
     front_sent: usize,
     queued: usize,
     /// Transmit slots in flight for this link.
@@ -986,6 +986,8 @@ impl RdmTransport {
             match rendezvous::decode(body, self.limits.max_frame, !link.reasm.is_idle()) {
                 Err(e) => Err(PieceError::Malformed(e.to_string())),
                 Ok(d) => {
+                    // Out of the slot: the read borrows the endpoint.
+                    let (x, at, inline) = (d.x, d.at, d.inline.to_vec());
                     let ctx = read_context(pidx, port.next_read);
                     port.next_read = port.next_read.wrapping_add(1);
                     let from = port
@@ -993,10 +995,10 @@ impl RdmTransport {
                         .get(link.peer)
                         .and_then(Option::as_ref)
                         .map(|p| p.addr);
-                    match from.map(|from| port.ep.read(&d, from, ctx)) {
+                    match from.map(|from| port.ep.read(&x, from, ctx, &inline, at)) {
                         Some(Ok(())) => {
                             port.reads.insert(ctx, id);
-                            link.receiving.started(ctx, d.id, &mut self.rndv_counters);
+                            link.receiving.started(ctx, x.id, &mut self.rndv_counters);
                             Ok(None)
                         }
                         Some(Err(e)) => Err(PieceError::Malformed(format!("fi_read: {e}"))),
@@ -1190,7 +1192,10 @@ impl RdmTransport {
             link.front_sent,
             &mut link.queued,
             counters,
-            |unit| port.ep.rma().expose(unit),
+            |unit| {
+                let room = port.ep.slot_size() - HEADER_LEN;
+                rendezvous::expose(port.ep.rma(), unit, room)
+            },
         ) {
             if link.credits == 0 {
                 return Ok(true);
@@ -1215,13 +1220,15 @@ impl RdmTransport {
             && !link.queue.is_empty()
             && !link
                 .exposures
-                .wants(rndv, link.front_sent, link.queue.front().map(Vec::len))
+                .wants(rndv, link.front_sent, link.queue.front().map(OutUnit::len))
         {
             let credits = link.take_credits();
             let seq = link.tx_seq;
-            let rest = &link.queue[0][link.front_sent..];
-            let n = rest.len().min(port.ep.slot_size() - HEADER_LEN);
-            let last = n == rest.len();
+            let front = &link.queue[0];
+            let left = front.len() - link.front_sent;
+            let n = left.min(port.ep.slot_size() - HEADER_LEN);
+            let last = n == left;
+            let from = link.front_sent;
             let sent = port.post(pidx, link.peer, Some(id), |buf| {
                 write_header(
                     buf,
@@ -1230,7 +1237,7 @@ impl RdmTransport {
                     remote,
                     seq,
                 );
-                buf[HEADER_LEN..HEADER_LEN + n].copy_from_slice(&rest[..n]);
+                front.copy_out(from, &mut buf[HEADER_LEN..HEADER_LEN + n]);
                 HEADER_LEN + n
             })?;
             if !sent {
@@ -1380,13 +1387,13 @@ impl RdmTransport {
             .get_or_insert_with(|| Instant::now() + RETRY_AFTER);
     }
 
-    fn queue(&mut self, link: LinkId, bytes: Vec<u8>) -> Result<(), TransportError> {
+    fn queue(&mut self, link: LinkId, unit: OutUnit) -> Result<(), TransportError> {
         let l = self
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
-        l.queued += bytes.len();
-        l.queue.push_back(bytes);
+        l.queued += unit.len();
+        l.queue.push_back(unit);
         self.dirty.push(link);
         Ok(())
     }
@@ -1493,11 +1500,11 @@ impl Transport for RdmTransport {
     }
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
-        let bytes = match unit {
-            Transmit::Banner(b) => b.to_vec(),
-            Transmit::Frame(f) => rendezvous::encode_unit(&f)?,
+        let unit = match unit {
+            Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
+            Transmit::Frame(f) => rendezvous::encode_unit(f)?,
         };
-        self.queue(link, bytes)
+        self.queue(link, unit)
     }
 
     fn flush(&mut self, events: &mut Vec<TransportEvent>) {
@@ -1625,7 +1632,7 @@ impl Transport for RdmTransport {
         bit: u64,
     ) -> Result<(), TransportError> {
         let bytes = crate::wire::corrupted(unit, bit)?;
-        self.queue(link, bytes)
+        self.queue(link, OutUnit::Flat(bytes))
     }
 
     fn detach(&mut self, _link: LinkId) -> Option<DetachedLink> {
