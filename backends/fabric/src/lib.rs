@@ -656,6 +656,12 @@ impl Net {
         self.rma
     }
 
+    /// Whether endpoints may expose memory in place
+    /// ([`RmaBuffers::expose_in_place`]).
+    pub fn exposes_in_place(&self) -> bool {
+        self.rma && self.keys_checked
+    }
+
     /// Whether endpoints are never closed (`shm`, see the crate docs).
     pub fn never_closes(&self) -> bool {
         self.leak

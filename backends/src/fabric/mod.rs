@@ -1125,7 +1125,7 @@ impl Transport for FabricTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            Transmit::Frame(f) => rendezvous::encode_unit(f)?,
+            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.exposes_in_place())?,
         };
         self.queue(link, unit)
     }

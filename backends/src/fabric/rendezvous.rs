@@ -293,14 +293,15 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Offered<'_>
 }
 
 /// A frame as one unit to send: split around its largest segment when
-/// that is large enough to go by rendezvous and the rest fits inline in a
-/// descriptor ([`OutUnit::Split`]), else encoded into one buffer (with spare
-/// capacity for the check word when it is large enough to go by rendezvous,
-/// so `expose` appends it without copying the unit).
-pub fn encode_unit(f: Frame) -> Result<OutUnit, FrameError> {
+/// the endpoints expose `in_place`, that segment is large enough to go by
+/// rendezvous and the rest fits inline in a descriptor ([`OutUnit::Split`]);
+/// else encoded into one buffer (with spare capacity for the check word
+/// when it is large enough to go by rendezvous, so `expose` appends it
+/// without copying the unit).
+pub fn encode_unit(f: Frame, in_place: bool) -> Result<OutUnit, FrameError> {
     let len = f.encoded_len();
     let mut enc = f.into_encoded()?;
-    if len > RNDV_THRESHOLD {
+    if in_place && len > RNDV_THRESHOLD {
         let big = enc
             .segments
             .iter()
@@ -696,7 +697,12 @@ mod tests {
             (big_frame(1000, 0), false),
         ] {
             let want = frame.encode_to_vec().unwrap();
-            let unit = encode_unit(frame).unwrap();
+            assert_eq!(
+                encode_unit(frame.clone(), false).unwrap(),
+                OutUnit::Flat(want.clone()),
+                "without exposure in place: one buffer"
+            );
+            let unit = encode_unit(frame, true).unwrap();
             assert_eq!(matches!(unit, OutUnit::Split { .. }), split);
             assert_eq!(unit.len(), want.len());
             // Eager pieces of every size put it back together.
