@@ -74,7 +74,7 @@ impl Banner {
         out[8..10].copy_from_slice(&self.version.to_le_bytes());
         out[12..20].copy_from_slice(&self.supported.to_le_bytes());
         out[20..28].copy_from_slice(&self.required.to_le_bytes());
-        let crc = crc32c::crc32c(&out[..28]);
+        let crc = crate::checksum::crc32c(&out[..28]);
         out[28..].copy_from_slice(&crc.to_le_bytes());
         out
     }
@@ -87,7 +87,7 @@ impl Banner {
             return Err(BannerError::BadMagic(magic));
         }
         let crc = u32::from_le_bytes([raw[28], raw[29], raw[30], raw[31]]);
-        if crc != crc32c::crc32c(&raw[..28]) {
+        if crc != crate::checksum::crc32c(&raw[..28]) {
             return Err(BannerError::Crc);
         }
         let u64_at = |o: usize| {

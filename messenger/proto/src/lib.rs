@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod banner;
+pub mod checksum;
 pub mod codec;
 pub mod control;
 pub mod error;
