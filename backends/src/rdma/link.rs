@@ -95,7 +95,81 @@ impl ReadDesc {
 pub(crate) struct Part {
     pub(crate) kind: Kind,
     pub(crate) more: bool,
+    /// The part's bytes: these, then those of `then` in order (a frame's
+    /// preamble, a slice of its payload, its CRCs), gathered into the send
+    /// chunk by [`Part::copy_to`].
     pub(crate) bytes: Bytes,
+    pub(crate) then: Vec<Bytes>,
+}
+
+impl Part {
+    /// A part of one piece.
+    pub(crate) fn whole(kind: Kind, more: bool, bytes: Bytes) -> Self {
+        Part {
+            kind,
+            more,
+            bytes,
+            then: Vec::new(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len() + self.then.iter().map(Bytes::len).sum::<usize>()
+    }
+
+    /// Copies the part's bytes to the start of `dst` (at least
+    /// [`Part::len`] bytes); returns how many.
+    pub(crate) fn copy_to(&self, dst: &mut [u8]) -> usize {
+        let mut at = 0;
+        for p in std::iter::once(&self.bytes).chain(&self.then) {
+            dst[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        at
+    }
+}
+
+/// Appends to `queue` the parts of one unit made of `pieces` in order,
+/// each at most `max` bytes (all full but the last; an empty unit is one
+/// empty part); returns the unit's length.
+fn cut_into_parts<I>(kind: Kind, pieces: I, max: usize, queue: &mut VecDeque<Part>) -> usize
+where
+    I: IntoIterator<Item = Bytes>,
+    I::IntoIter: Clone,
+{
+    let pieces = pieces.into_iter();
+    let total: usize = pieces.clone().map(|p| p.len()).sum();
+    let mut left = total;
+    let mut part: Vec<Bytes> = Vec::new();
+    let mut room = max;
+    let mut emit = |more: bool, part: &mut Vec<Bytes>| {
+        let mut then = std::mem::take(part);
+        let bytes = if then.is_empty() {
+            Bytes::new()
+        } else {
+            then.remove(0)
+        };
+        queue.push_back(Part {
+            kind,
+            more,
+            bytes,
+            then,
+        });
+    };
+    for mut p in pieces {
+        while !p.is_empty() {
+            let take = p.len().min(room);
+            part.push(p.split_to(take));
+            room -= take;
+            left -= take;
+            if room == 0 && left > 0 {
+                emit(true, &mut part);
+                room = max;
+            }
+        }
+    }
+    emit(false, &mut part);
+    total
 }
 
 /// How the link was (or is being) set up.
@@ -231,21 +305,18 @@ impl RdmaLink {
 
     /// Queues `bytes` of one unit, cut into parts of at most `max` bytes.
     pub(crate) fn push(&mut self, kind: Kind, bytes: Bytes, max: usize) {
-        self.queued_bytes += bytes.len();
-        let mut rest = bytes;
-        loop {
-            let take = rest.len().min(max);
-            let part = rest.split_to(take);
-            let more = !rest.is_empty();
-            self.queue.push_back(Part {
-                kind,
-                more,
-                bytes: part,
-            });
-            if !more {
-                return;
-            }
-        }
+        self.push_pieces(kind, [bytes], max);
+    }
+
+    /// Queues one unit made of `pieces` in order (a frame's preamble,
+    /// segments and CRCs, which stay where they are until a part is copied
+    /// into its send chunk), cut into parts of at most `max` bytes.
+    pub(crate) fn push_pieces<I>(&mut self, kind: Kind, pieces: I, max: usize)
+    where
+        I: IntoIterator<Item = Bytes>,
+        I::IntoIter: Clone,
+    {
+        self.queued_bytes += cut_into_parts(kind, pieces, max, &mut self.queue);
     }
 
     /// One of our receive slots is free again: its credit goes back to the
@@ -277,6 +348,45 @@ impl RdmaLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn units_are_cut_into_full_parts_that_gather_back() {
+        let pieces = [
+            Bytes::from_static(b"preamble"),
+            Bytes::from((0..70_000u32).map(|i| i as u8).collect::<Vec<_>>()),
+            Bytes::new(),
+            Bytes::from_static(b"tail"),
+        ];
+        let want: Vec<u8> = pieces.iter().flat_map(|p| p.to_vec()).collect();
+        for max in [
+            1,
+            3,
+            4096,
+            32_760,
+            want.len() - 1,
+            want.len(),
+            want.len() + 1,
+        ] {
+            let mut q = VecDeque::new();
+            assert_eq!(
+                cut_into_parts(Kind::Frame, pieces.clone(), max, &mut q),
+                want.len()
+            );
+            let mut got = vec![0u8; want.len() + max];
+            let mut at = 0;
+            for (i, p) in q.iter().enumerate() {
+                let last = i == q.len() - 1;
+                assert_eq!(p.more, !last, "max {max}: part {i}");
+                assert!(p.len() <= max && (last || p.len() == max), "max {max}");
+                assert_eq!(p.copy_to(&mut got[at..]), p.len());
+                at += p.len();
+            }
+            assert!(got[..at] == want[..], "max {max}");
+        }
+        let mut q = VecDeque::new();
+        assert_eq!(cut_into_parts(Kind::Banner, [Bytes::new()], 8, &mut q), 0);
+        assert!(q.len() == 1 && !q[0].more && q[0].len() == 0);
+    }
 
     #[test]
     fn read_descriptors_round_trip_and_reject_bad_lengths() {

@@ -85,6 +85,10 @@ const CLOSE_LINGER: Duration = Duration::from_secs(2);
 /// Received units at least this large (and fitting one chunk) are lent to
 /// the application instead of copied.
 const LEND_MIN: usize = 4 << 10;
+/// Frames smaller than this are encoded into one buffer before they are cut
+/// into parts; larger ones are gathered from their segments straight into
+/// the send chunks, saving a copy of the payload.
+const GATHER_MIN: usize = 4 << 10;
 /// Longest an accepted link may take to finish its setup. Until it does,
 /// only this transport knows it (the worker hears `Accepted` at the end), so
 /// without a deadline a peer that stops mid-setup would pin its QP and its
@@ -970,11 +974,11 @@ impl RdmaTransport {
         self.counters.rendezvous_read_bytes += op.desc.len;
         // Tell the sender it may release its buffer (ahead of queued data:
         // it carries no unit, only frees memory).
-        l.queue.push_front(link::Part {
-            kind: Kind::ReadDone,
-            more: false,
-            bytes: Bytes::copy_from_slice(&op.desc.token.to_le_bytes()),
-        });
+        l.queue.push_front(link::Part::whole(
+            Kind::ReadDone,
+            false,
+            Bytes::copy_from_slice(&op.desc.token.to_le_bytes()),
+        ));
         self.dirty.push(id);
         let bytes = Bytes::from(op.buf.into_inner());
         let inbound = match Frame::decode_exact(bytes, &limits) {
@@ -1041,10 +1045,9 @@ impl RdmaTransport {
             let len = if data {
                 let p = l.queue.pop_front().expect("checked");
                 l.credits -= 1;
-                l.queued_bytes = l.queued_bytes.saturating_sub(p.bytes.len());
+                l.queued_bytes = l.queued_bytes.saturating_sub(p.len());
                 buf[..HDR].copy_from_slice(&header(p.kind, p.more, grant));
-                buf[HDR..HDR + p.bytes.len()].copy_from_slice(&p.bytes);
-                HDR + p.bytes.len()
+                HDR + p.copy_to(&mut buf[HDR..])
             } else {
                 l.credit_chunk = Some(c);
                 self.counters.credit_only_sends += 1;
@@ -1127,11 +1130,11 @@ impl RdmaTransport {
         };
         l.rdv_out.insert(token, mr);
         l.rdv_out_bytes += len;
-        l.queue.push_back(link::Part {
-            kind: Kind::ReadReq,
-            more: false,
-            bytes: Bytes::copy_from_slice(&desc.encode()),
-        });
+        l.queue.push_back(link::Part::whole(
+            Kind::ReadReq,
+            false,
+            Bytes::copy_from_slice(&desc.encode()),
+        ));
         self.counters.rendezvous_sent += 1;
         self.dirty.push(link);
         Ok(())
@@ -1177,11 +1180,27 @@ impl Transport for RdmaTransport {
         match unit {
             Transmit::Banner(b) => self.push_unit(link, Kind::Banner, Bytes::copy_from_slice(&b)),
             Transmit::Frame(f) => {
-                let bytes = f.encode_to_vec()?;
-                if bytes.len() > self.pools.rendezvous_threshold && self.dev.is_some() {
-                    return self.push_rendezvous(link, bytes);
+                let len = f.encoded_len();
+                if len > self.pools.rendezvous_threshold && self.dev.is_some() {
+                    return self.push_rendezvous(link, f.encode_to_vec()?);
                 }
-                self.push_unit(link, Kind::Frame, Bytes::from(bytes))
+                if len < GATHER_MIN {
+                    return self.push_unit(link, Kind::Frame, Bytes::from(f.encode_to_vec()?));
+                }
+                // Larger: the segments stay where they are until each part
+                // is copied into its send chunk (one copy, not two).
+                let enc = f.into_encoded()?;
+                let max = self.pools.chunk_size - HDR;
+                let l = self
+                    .links
+                    .get_mut(&link)
+                    .ok_or(TransportError::NoSuchLink(link.0))?;
+                let pieces = std::iter::once(Bytes::copy_from_slice(&enc.preamble))
+                    .chain(enc.segments.iter().cloned())
+                    .chain(std::iter::once(Bytes::copy_from_slice(enc.epilogue())));
+                l.push_pieces(Kind::Frame, pieces, max);
+                self.dirty.push(link);
+                Ok(())
             }
         }
     }
