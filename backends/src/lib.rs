@@ -28,6 +28,8 @@ pub mod fabric;
 #[cfg(any(feature = "verbs", feature = "rdmacm"))]
 pub mod rdma;
 mod select;
+#[cfg(any(feature = "verbs", feature = "rdmacm", feature = "fabric"))]
+mod split;
 mod sys;
 #[cfg(feature = "tcp")]
 pub mod tcp;

@@ -314,10 +314,21 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
     );
     if rdma {
         let reads = stat(&srv, "rendezvous_read");
-        println!("large: server rendezvous reads {reads}");
+        let (sent, in_place) = (
+            stat(&cli, "rendezvous_sent"),
+            stat(&cli, "rendezvous_in_place"),
+        );
+        println!("large: server rendezvous reads {reads}; client sent {sent}, {in_place} in place");
         if reads < sizes.len() as u64 {
             return Err(format!(
                 "large messages did not take the rendezvous path ({reads} reads)"
+            ));
+        }
+        // Payloads are registered where they lie, never copied first.
+        if in_place != sent {
+            return Err(format!(
+                "{} of {sent} rendezvous payloads were copied",
+                sent - in_place
             ));
         }
         let lent = stat(&srv, "rx_chunks_lent_total");

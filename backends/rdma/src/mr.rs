@@ -238,6 +238,99 @@ impl<B: StableBuffer> Drop for MemoryRegion<B> {
     }
 }
 
+/// Shared, immutable bytes registered for the peer's RDMA reads only (a
+/// payload the application handed over, read where it lies): the device
+/// never writes them, so no mutable access is needed or given. Holds the
+/// bytes until it is dropped, which deregisters them first.
+pub struct ReadOnlyRegion {
+    mr: NonNull<sys::ibv_mr>,
+    buf: bytes::Bytes,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the MR handle is thread-safe; Bytes is Send and Sync.
+unsafe impl Send for ReadOnlyRegion {}
+// SAFETY: shared access only reads the keys.
+unsafe impl Sync for ReadOnlyRegion {}
+
+impl ReadOnlyRegion {
+    /// Registers `buf` with `pd` for remote reads; on failure the bytes
+    /// come back with the error.
+    pub fn try_register(
+        pd: &Arc<ProtectionDomain>,
+        buf: bytes::Bytes,
+    ) -> std::result::Result<Self, (RdmaError, bytes::Bytes)> {
+        if buf.is_empty() {
+            return Err((
+                RdmaError::InvalidArgument("cannot register an empty buffer".into()),
+                buf,
+            ));
+        }
+        let access = Access {
+            remote_read: true,
+            ..Access::default()
+        };
+        // SAFETY: the bytes stay alive and at one address while `self` holds
+        // them (a Bytes' data does not move with the handle, and nothing can
+        // mutate shared Bytes) until ibv_dereg_mr in Drop; without local or
+        // remote write access the device only reads them, so the *mut the
+        // C signature asks for is never written through.
+        let mr = unsafe {
+            sys::ibv_reg_mr(
+                pd.as_ptr(),
+                buf.as_ptr() as *mut std::ffi::c_void,
+                buf.len(),
+                access.raw() as i32,
+            )
+        };
+        match NonNull::new(mr) {
+            Some(mr) => Ok(ReadOnlyRegion {
+                mr,
+                buf,
+                _pd: pd.clone(),
+            }),
+            None => Err((RdmaError::last_os("ibv_reg_mr"), buf)),
+        }
+    }
+
+    /// The key a peer reads with.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: mr is a live registration.
+        unsafe { self.mr.as_ref().rkey }
+    }
+
+    /// The address a peer reads at.
+    pub fn addr(&self) -> u64 {
+        self.buf.as_ptr() as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+impl Drop for ReadOnlyRegion {
+    fn drop(&mut self) {
+        // SAFETY: registered in `try_register`, deregistered once, before
+        // the bytes are released (fields drop after this).
+        unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+    }
+}
+
+impl std::fmt::Debug for ReadOnlyRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadOnlyRegion")
+            .field("addr", &self.addr())
+            .field("len", &self.len())
+            .field("rkey", &self.rkey())
+            .finish()
+    }
+}
+
 impl<B: StableBuffer> std::fmt::Debug for MemoryRegion<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryRegion")

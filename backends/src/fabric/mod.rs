@@ -47,7 +47,7 @@
 //!   returns `None`).
 
 pub mod rdm;
-pub mod rendezvous;
+pub(crate) mod rendezvous;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -753,7 +753,7 @@ impl FabricTransport {
         link.ep
             .read(&d.x, ctx, d.inline, d.at)
             .map_err(|e| PieceError::Malformed(format!("fi_read: {e}")))?;
-        link.receiving.started(ctx, d.x.id, &mut self.rndv_counters);
+        link.receiving.started(d.x.id, &mut self.rndv_counters);
         if self.reads == 0 {
             self.next_read_check = Instant::now() + self.read_timeout;
         }

@@ -998,7 +998,7 @@ impl RdmTransport {
                     match from.map(|from| port.ep.read(&x, from, ctx, &inline, at)) {
                         Some(Ok(())) => {
                             port.reads.insert(ctx, id);
-                            link.receiving.started(ctx, x.id, &mut self.rndv_counters);
+                            link.receiving.started(x.id, &mut self.rndv_counters);
                             Ok(None)
                         }
                         Some(Err(e)) => Err(PieceError::Malformed(format!("fi_read: {e}"))),

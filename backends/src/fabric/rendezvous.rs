@@ -42,11 +42,13 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, Bytes};
+use bytes::Bytes;
 use msgr_fabric::{Exposed, FabricError, RmaBuffers, CHECK_LEN};
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound};
 
 use super::{PieceError, Reassembly};
+use crate::split::INLINE_MAX;
+use crate::split::{split_frame, SplitFrame};
 use crate::{SimulatedFault, TransportError};
 use msgr_addr::TransportKind;
 
@@ -58,8 +60,6 @@ pub const RNDV_MAX: usize = 4;
 /// Bytes of a rendezvous descriptor before its inline bytes: address,
 /// length, key, id, check word, where the read lands among the inline bytes.
 pub const DESC_LEN: usize = 8 + 8 + 8 + 4 + 8 + 4;
-/// Bytes of a frame exposed in place that travel in its descriptor, at most.
-pub const INLINE_MAX: usize = 1024;
 /// The largest descriptor with its inline bytes.
 pub const DESC_MAX: usize = DESC_LEN + INLINE_MAX;
 /// Bytes of the answer to a descriptor: the sender's id.
@@ -104,15 +104,8 @@ pub enum OutUnit {
     /// Encoded in one buffer.
     Flat(Vec<u8>),
     /// A large frame whose largest segment stays where the application put
-    /// it: the bytes before it, the segment, the bytes after it.
-    Split {
-        /// The preamble and the segments before `body`.
-        head: Vec<u8>,
-        /// The segment, shared with the application's message.
-        body: Bytes,
-        /// The segments after `body` and the epilogue.
-        tail: Vec<u8>,
-    },
+    /// it.
+    Split(SplitFrame),
 }
 
 impl OutUnit {
@@ -120,13 +113,8 @@ impl OutUnit {
     pub fn len(&self) -> usize {
         match self {
             OutUnit::Flat(v) => v.len(),
-            OutUnit::Split { head, body, tail } => head.len() + body.len() + tail.len(),
+            OutUnit::Split(s) => s.len(),
         }
-    }
-
-    /// Whether the unit has no bytes (never for an encoded frame).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Copies the unit's bytes from `offset` into `dst`, as many as fit
@@ -134,7 +122,7 @@ impl OutUnit {
     pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> usize {
         let parts: [&[u8]; 3] = match self {
             OutUnit::Flat(v) => [v, &[], &[]],
-            OutUnit::Split { head, body, tail } => [head, body, tail],
+            OutUnit::Split(s) => [&s.head, &s.body, &s.tail],
         };
         let (mut skip, mut done) = (offset, 0);
         for p in parts {
@@ -157,11 +145,11 @@ impl OutUnit {
     fn flatten(self) -> Vec<u8> {
         match self {
             OutUnit::Flat(v) => v,
-            OutUnit::Split { head, body, tail } => {
-                let mut v = Vec::with_capacity(head.len() + body.len() + tail.len() + CHECK_LEN);
-                v.extend_from_slice(&head);
-                v.extend_from_slice(&body);
-                v.extend_from_slice(&tail);
+            OutUnit::Split(s) => {
+                let mut v = Vec::with_capacity(s.len() + CHECK_LEN);
+                v.extend_from_slice(&s.head);
+                v.extend_from_slice(&s.body);
+                v.extend_from_slice(&s.tail);
                 v
             }
         }
@@ -201,15 +189,12 @@ pub fn expose(
     room: usize,
 ) -> Result<Described, Box<(FabricError, OutUnit)>> {
     let unit = match unit {
-        OutUnit::Split { head, body, tail } if DESC_LEN + head.len() + tail.len() <= room => {
+        OutUnit::Split(s) if DESC_LEN + s.head.len() + s.tail.len() <= room => {
+            let (inline, at) = s.inline();
+            let SplitFrame { head, body, tail } = s;
             match rma.expose_in_place(body) {
-                Ok(x) => {
-                    let at = head.len();
-                    let mut inline = head;
-                    inline.extend_from_slice(&tail);
-                    return Ok(Described { x, inline, at });
-                }
-                Err((_, body)) => OutUnit::Split { head, body, tail },
+                Ok(x) => return Ok(Described { x, inline, at }),
+                Err((_, body)) => OutUnit::Split(SplitFrame { head, body, tail }),
             }
         }
         unit => unit,
@@ -302,25 +287,9 @@ pub fn encode_unit(f: Frame, in_place: bool) -> Result<OutUnit, FrameError> {
     let len = f.encoded_len();
     let mut enc = f.into_encoded()?;
     if in_place && len > RNDV_THRESHOLD {
-        let big = enc
-            .segments
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, s)| s.len())
-            .map(|(i, s)| (i, s.len()));
-        if let Some((i, n)) = big.filter(|&(_, n)| len - n <= INLINE_MAX) {
-            let body = std::mem::take(&mut enc.segments[i]);
-            let mut head = Vec::with_capacity(len - n);
-            head.put_slice(&enc.preamble);
-            for s in &enc.segments[..i] {
-                head.put_slice(s);
-            }
-            let mut tail = Vec::with_capacity(len - n - head.len());
-            for s in &enc.segments[i + 1..] {
-                tail.put_slice(s);
-            }
-            tail.put_slice(enc.epilogue());
-            return Ok(OutUnit::Split { head, body, tail });
+        match split_frame(enc) {
+            Ok(s) => return Ok(OutUnit::Split(s)),
+            Err(whole) => enc = whole,
         }
     }
     let spare = if len > RNDV_THRESHOLD { CHECK_LEN } else { 0 };
@@ -543,16 +512,15 @@ impl Receiving {
         }
     }
 
-    /// The link posted the read of the sender's unit `their_id` under
-    /// `context`: it is in flight from now, and hung if one was asked for.
-    pub fn started(&mut self, context: u64, their_id: u32, counters: &mut Counters) {
+    /// The link posted the read of the sender's unit `their_id`: it is in
+    /// flight from now, and hung if one was asked for.
+    pub fn started(&mut self, their_id: u32, counters: &mut Counters) {
         let hung = self.reads_to_hang > 0;
         if hung {
             self.reads_to_hang -= 1;
             counters.simulated_hung_reads += 1;
         }
         self.reading = Some(Reading {
-            context,
             since: Instant::now(),
             their_id,
             hung,
@@ -583,8 +551,6 @@ impl Receiving {
 /// A read in flight.
 #[derive(Clone, Copy, Debug)]
 pub struct Reading {
-    /// The read's completion context.
-    pub context: u64,
     /// When it was posted (see [`overdue`]).
     pub since: Instant,
     /// The sender's id, for the answer.
@@ -717,10 +683,10 @@ mod tests {
                 assert!(got == want, "piece {piece}");
             }
             // As the reader lays it out: head, what was read, tail.
-            if let OutUnit::Split { head, body, tail } = &unit {
-                let mut got = head.clone();
-                got.extend_from_slice(body);
-                got.extend_from_slice(tail);
+            if let OutUnit::Split(s) = &unit {
+                let mut got = s.head.clone();
+                got.extend_from_slice(&s.body);
+                got.extend_from_slice(&s.tail);
                 assert!(got == want);
             }
             assert!(unit.flatten() == want);
@@ -769,7 +735,7 @@ mod tests {
         let mut r = Receiving::default();
         let mut c = Counters::default();
         r.reads_to_hang = 1;
-        r.started(5, 9, &mut c);
+        r.started(9, &mut c);
         assert_eq!(c.simulated_hung_reads, 1);
         let mut reasm = Reassembly::default();
         let limits = FrameLimits::default();
@@ -784,7 +750,7 @@ mod tests {
         assert!(overdue(reading.since, reading.since + t * 2, t));
         // The next read is not hung.
         r.reading = None;
-        r.started(6, 10, &mut c);
+        r.started(10, &mut c);
         assert!(r.reading.is_some_and(|x| !x.hung));
         assert_eq!(c.simulated_hung_reads, 1);
     }

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use msgr_proto::Inbound;
-use msgr_rdma::{MemoryRegion, QueuePair};
+use msgr_rdma::{MemoryRegion, QueuePair, ReadOnlyRegion};
 use rustc_hash::FxHashMap;
 
 use super::cm::CmConn;
@@ -54,17 +54,20 @@ pub(crate) fn header(kind: Kind, more: bool, credits: u32) -> [u8; HDR] {
     h
 }
 
-/// Where a rendezvous frame waits to be read: the body of a [`Kind::ReadReq`].
+/// Where a rendezvous frame (or its largest segment) waits to be read: the
+/// start of a [`Kind::ReadReq`], whose other bytes are the rest of the
+/// frame, the read landing among them at `at` (`crate::split`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ReadDesc {
     pub(crate) token: u32,
     pub(crate) rkey: u32,
     pub(crate) addr: u64,
     pub(crate) len: u64,
+    pub(crate) at: u32,
 }
 
 impl ReadDesc {
-    pub(crate) const LEN: usize = 24;
+    pub(crate) const LEN: usize = 28;
 
     pub(crate) fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
@@ -72,21 +75,25 @@ impl ReadDesc {
         b[4..8].copy_from_slice(&self.rkey.to_le_bytes());
         b[8..16].copy_from_slice(&self.addr.to_le_bytes());
         b[16..24].copy_from_slice(&self.len.to_le_bytes());
+        b[24..28].copy_from_slice(&self.at.to_le_bytes());
         b
     }
 
-    pub(crate) fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != Self::LEN {
-            return None;
-        }
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-        Some(ReadDesc {
-            token: u32_at(0),
-            rkey: u32_at(4),
-            addr: u64_at(8),
-            len: u64_at(16),
-        })
+    /// The descriptor at the start of `b` and the inline bytes after it.
+    pub(crate) fn decode(b: &[u8]) -> Option<(Self, &[u8])> {
+        let (d, inline) = b.split_at_checked(Self::LEN)?;
+        let u32_at = |o: usize| u32::from_le_bytes(d[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(d[o..o + 8].try_into().expect("8 bytes"));
+        Some((
+            ReadDesc {
+                token: u32_at(0),
+                rkey: u32_at(4),
+                addr: u64_at(8),
+                len: u64_at(16),
+                at: u32_at(24),
+            },
+            inline,
+        ))
     }
 }
 
@@ -190,7 +197,8 @@ pub(crate) enum RxItem {
 
 /// A rendezvous read this link has in flight.
 pub(crate) struct ReadOp {
-    /// Where the frame lands (registered for the read).
+    /// Where the frame lands (registered for the read): the inline bytes
+    /// around a gap of `desc.len` at `desc.at` that the read fills.
     pub(crate) buf: MemoryRegion<Vec<u8>>,
     /// Where the frame lies at the sender, and the token to return.
     pub(crate) desc: ReadDesc,
@@ -242,8 +250,9 @@ pub(crate) struct RdmaLink {
     pub(crate) frozen: bool,
     /// Received, not delivered yet: while paused, or behind a read.
     pub(crate) held: VecDeque<RxItem>,
-    /// Our frames the peer is to read, by token (released on its ReadDone).
-    pub(crate) rdv_out: FxHashMap<u32, MemoryRegion<Vec<u8>>>,
+    /// Our frames (or their payloads) the peer is to read, by token
+    /// (released on its ReadDone).
+    pub(crate) rdv_out: FxHashMap<u32, ReadOnlyRegion>,
     pub(crate) rdv_out_bytes: usize,
     pub(crate) next_token: u32,
     /// The peer's frames we are reading, by read slot.
@@ -395,8 +404,12 @@ mod tests {
             rkey: 0xdead_beef,
             addr: 0x7f00_0000_1000,
             len: 64 << 20,
+            at: 40,
         };
-        assert_eq!(ReadDesc::decode(&d.encode()), Some(d));
+        assert_eq!(ReadDesc::decode(&d.encode()), Some((d, &[][..])));
+        let mut with_inline = d.encode().to_vec();
+        with_inline.extend_from_slice(b"inline");
+        assert_eq!(ReadDesc::decode(&with_inline), Some((d, &b"inline"[..])));
         assert_eq!(ReadDesc::decode(&d.encode()[..20]), None);
         assert_eq!(ReadDesc::decode(&[]), None);
     }

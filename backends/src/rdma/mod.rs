@@ -9,11 +9,15 @@
 //!   RLIMIT_MEMLOCK before anything is registered.
 //! - Eager path: a unit (banner or encoded frame) up to the rendezvous
 //!   threshold is copied into registered send chunks behind an 8-byte header
-//!   (kind, more-parts flag, credits granted); a unit larger than a chunk goes
-//!   as several sends that the receiver joins.
-//! - Rendezvous: a larger frame is registered where it lies and announced
-//!   with a `link::ReadDesc`; the receiver RDMA-reads it into a buffer of
-//!   its own (in pieces, a bounded number in flight), then answers
+//!   (kind, more-parts flag, credits granted), a frame of 4 KiB or more
+//!   gathered from its segments (`link::Part`); a unit larger than a chunk
+//!   goes as several sends that the receiver joins.
+//! - Rendezvous: a larger frame's largest segment is registered where it
+//!   lies, read-only (`msgr_rdma::ReadOnlyRegion`), and announced with a
+//!   `link::ReadDesc` followed by the rest of the frame (`crate::split`;
+//!   a frame whose rest does not fit is encoded into one buffer and
+//!   registered whole); the receiver RDMA-reads it into the gap of a buffer
+//!   of its own (in pieces, a bounded number in flight), then answers
 //!   `ReadDone`, on which the sender releases it. Later units of the link
 //!   wait behind the read, so delivery keeps the sender's order. A read that
 //!   has not completed by its deadline (`rdma_read_timeout_ms`,
@@ -58,13 +62,15 @@ use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, TransportKind};
+use msgr_proto::frame::EncodedFrame;
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use msgr_rdma::{
-    Access, MemoryRegion, QueuePair, RdmaError, RemoteAddr, SendOp, SendWr, WcOpcode,
-    WorkCompletion,
+    Access, MemoryRegion, QueuePair, RdmaError, ReadOnlyRegion, RemoteAddr, SendOp, SendWr,
+    WcOpcode, WorkCompletion,
 };
 use rustc_hash::FxHashMap;
 
+use crate::split;
 use crate::{
     DetachedLink, RdmaPoolConfig, RealFault, SimulatedFault, Transport, TransportContext,
     TransportError, TransportEvent, TransportStats,
@@ -191,6 +197,8 @@ struct RdmaCounters {
     share_refused: u64,
     failed_completions: u64,
     rendezvous_sent: u64,
+    /// Of those, payloads registered where they lay (not copied).
+    rendezvous_in_place: u64,
     rendezvous_read: u64,
     rendezvous_read_bytes: u64,
     /// Received units handed to the application without a copy.
@@ -766,7 +774,8 @@ impl RdmaTransport {
                 }
             }
             Kind::ReadReq => match ReadDesc::decode(payload) {
-                Some(d) => read = Some(d),
+                // The inline bytes are copied: the chunk is reposted below.
+                Some((d, inline)) => read = Some((d, inline.to_vec())),
                 None => bad = Some("RDMA: malformed read request".into()),
             },
             Kind::ReadDone => match <[u8; 4]>::try_from(payload) {
@@ -799,8 +808,8 @@ impl RdmaTransport {
             }
             return Ok(());
         }
-        if let Some(desc) = read {
-            return self.start_read(id, desc, events);
+        if let Some((desc, inline)) = read {
+            return self.start_read(id, desc, &inline, events);
         }
         let Some(bytes) = unit else {
             return Ok(());
@@ -858,15 +867,23 @@ impl RdmaTransport {
         &mut self,
         id: LinkId,
         desc: ReadDesc,
+        inline: &[u8],
         events: &mut Vec<TransportEvent>,
     ) -> Result<(), RecvError> {
         let max = self.limits.max_frame;
-        if desc.len == 0 || desc.len > max {
+        let Some(total) = split::placed_len(desc.len, inline.len(), u64::from(desc.at), max) else {
             return Err(RecvError::Fail(format!(
-                "RDMA: rendezvous of {} bytes (limit {max})",
-                desc.len
+                "RDMA: rendezvous of {} bytes at {} among {} inline (frame limit {max})",
+                desc.len,
+                desc.at,
+                inline.len()
             )));
-        }
+        };
+        // The unit: the inline bytes with a gap at `at` that the read fills.
+        let at = desc.at as usize;
+        let mut unit = vec![0u8; total as usize];
+        unit[..at].copy_from_slice(&inline[..at]);
+        unit[at + desc.len as usize..].copy_from_slice(&inline[at..]);
         let dev = self.dev.as_ref().expect("device");
         // iWARP read sinks must be remotely writable (the read response is a
         // write into them).
@@ -876,7 +893,7 @@ impl RdmaTransport {
             remote_read: false,
             remote_atomic: false,
         };
-        let buf = MemoryRegion::register(&dev.pd, vec![0u8; desc.len as usize], access)
+        let buf = MemoryRegion::register(&dev.pd, unit, access)
             .map_err(|e| RecvError::Fail(format!("RDMA: registering a read buffer: {e}")))?;
         let l = self.links.get_mut(&id).expect("caller checked");
         let slot = l.next_read;
@@ -922,20 +939,18 @@ impl RdmaTransport {
                 }
                 let off = op.posted;
                 let n = (op.desc.len - off).min(READ_PIECE);
-                let res = op
-                    .buf
-                    .sge(off as usize..(off + n) as usize)
-                    .and_then(|sge| {
-                        let remote = RemoteAddr {
-                            addr: op.desc.addr + off,
-                            rkey: op.desc.rkey,
-                        };
-                        qp.post_send(&[SendWr::new(
-                            wr::of_link(id, WrKind::Read, slot),
-                            SendOp::RdmaRead(remote),
-                            &[sge],
-                        )])
-                    });
+                let to = u64::from(op.desc.at) + off;
+                let res = op.buf.sge(to as usize..(to + n) as usize).and_then(|sge| {
+                    let remote = RemoteAddr {
+                        addr: op.desc.addr + off,
+                        rkey: op.desc.rkey,
+                    };
+                    qp.post_send(&[SendWr::new(
+                        wr::of_link(id, WrKind::Read, slot),
+                        SendOp::RdmaRead(remote),
+                        &[sge],
+                    )])
+                });
                 if let Err(e) = res {
                     err = Some(format!("RDMA: post read: {e}"));
                     break 'ops;
@@ -1096,24 +1111,51 @@ impl RdmaTransport {
         Ok(())
     }
 
-    /// Queues a large frame for the peer to read: registered where it lies,
-    /// announced by a read request. Falls back to eager sends when it cannot
-    /// be registered (memlock exhausted, say).
-    fn push_rendezvous(&mut self, link: LinkId, frame: Vec<u8>) -> Result<(), TransportError> {
+    /// Queues a large frame for the peer to read: its largest segment
+    /// registered where it lies, the rest of the frame inline in the read
+    /// request when it fits there (`crate::split`), else the whole frame
+    /// encoded into one buffer and registered. Falls back to eager sends
+    /// when the registration fails (memlock exhausted, say).
+    fn push_rendezvous(&mut self, link: LinkId, enc: EncodedFrame) -> Result<(), TransportError> {
         let dev = self.dev.as_ref().expect("links have a device");
-        let access = Access {
-            local_write: true,
-            remote_write: false,
-            remote_read: true,
-            remote_atomic: false,
+        let room = self.pools.chunk_size - HDR - ReadDesc::LEN;
+        let (body, inline, at) = match split::split_frame(enc) {
+            Ok(s) if s.head.len() + s.tail.len() <= room => {
+                let (inline, at) = s.inline();
+                (s.body, inline, at)
+            }
+            Ok(s) => {
+                let mut v = Vec::with_capacity(s.len());
+                v.extend_from_slice(&s.head);
+                v.extend_from_slice(&s.body);
+                v.extend_from_slice(&s.tail);
+                (Bytes::from(v), Vec::new(), 0)
+            }
+            Err(enc) => {
+                let mut v = Vec::with_capacity(enc.len());
+                enc.write_into(&mut v);
+                (Bytes::from(v), Vec::new(), 0)
+            }
         };
-        let len = frame.len();
-        let mr = match MemoryRegion::try_register(&dev.pd, frame, access) {
-            Ok(mr) => mr,
-            Err((e, frame)) => {
+        let region = match ReadOnlyRegion::try_register(&dev.pd, body) {
+            Ok(r) => r,
+            Err((e, body)) => {
                 tracing::debug!(error = %e, "rendezvous registration failed; sending eagerly");
                 self.counters.rendezvous_fallbacks += 1;
-                return self.push_unit(link, Kind::Frame, Bytes::from(frame));
+                let max = self.pools.chunk_size - HDR;
+                let l = self
+                    .links
+                    .get_mut(&link)
+                    .ok_or(TransportError::NoSuchLink(link.0))?;
+                let (head, tail) = inline.split_at(at);
+                let pieces = [
+                    Bytes::copy_from_slice(head),
+                    body,
+                    Bytes::copy_from_slice(tail),
+                ];
+                l.push_pieces(Kind::Frame, pieces, max);
+                self.dirty.push(link);
+                return Ok(());
             }
         };
         let l = self
@@ -1124,18 +1166,20 @@ impl RdmaTransport {
         l.next_token = l.next_token.wrapping_add(1);
         let desc = ReadDesc {
             token,
-            rkey: mr.rkey(),
-            addr: mr.addr(),
-            len: len as u64,
+            rkey: region.rkey(),
+            addr: region.addr(),
+            len: region.len() as u64,
+            at: at as u32,
         };
-        l.rdv_out.insert(token, mr);
-        l.rdv_out_bytes += len;
-        l.queue.push_back(link::Part::whole(
-            Kind::ReadReq,
-            false,
-            Bytes::copy_from_slice(&desc.encode()),
-        ));
+        let mut req = Vec::with_capacity(ReadDesc::LEN + inline.len());
+        req.extend_from_slice(&desc.encode());
+        req.extend_from_slice(&inline);
+        l.rdv_out_bytes += region.len();
+        l.rdv_out.insert(token, region);
+        l.queue
+            .push_back(link::Part::whole(Kind::ReadReq, false, Bytes::from(req)));
         self.counters.rendezvous_sent += 1;
+        self.counters.rendezvous_in_place += u64::from(!inline.is_empty());
         self.dirty.push(link);
         Ok(())
     }
@@ -1182,7 +1226,7 @@ impl Transport for RdmaTransport {
             Transmit::Frame(f) => {
                 let len = f.encoded_len();
                 if len > self.pools.rendezvous_threshold && self.dev.is_some() {
-                    return self.push_rendezvous(link, f.encode_to_vec()?);
+                    return self.push_rendezvous(link, f.into_encoded()?);
                 }
                 if len < GATHER_MIN {
                     return self.push_unit(link, Kind::Frame, Bytes::from(f.encode_to_vec()?));
@@ -1458,6 +1502,7 @@ impl Transport for RdmaTransport {
                 ("links_refused_no_rx_share", c.share_refused),
                 ("failed_completions", c.failed_completions),
                 ("rendezvous_sent", c.rendezvous_sent),
+                ("rendezvous_in_place", c.rendezvous_in_place),
                 ("rendezvous_read", c.rendezvous_read),
                 ("rendezvous_read_bytes", c.rendezvous_read_bytes),
                 ("rendezvous_fallbacks", c.rendezvous_fallbacks),
