@@ -1832,24 +1832,9 @@ impl RmaBuffers {
                 return Err((e, mem));
             }
         };
-        // SAFETY: mr is an open registration.
-        let key = unsafe { sys::fi_mr_key(mr) };
-        let id = self.next_exposed;
-        self.next_exposed = self.next_exposed.wrapping_add(1);
-        let exposed = Exposed {
-            id,
-            addr: if self.virt_addr {
-                mem.as_ptr() as u64
-            } else {
-                0
-            },
-            len: mem.len() as u64,
-            key,
-            check,
-        };
-        let len = mem.len();
-        self.keep_exposed(
-            id,
+        let (ptr, len) = (mem.as_ptr(), mem.len());
+        Ok(self.publish(
+            ptr,
             Region {
                 mem,
                 shared: None,
@@ -1857,8 +1842,7 @@ impl RmaBuffers {
                 check,
                 len,
             },
-        );
-        Ok(exposed)
+        ))
     }
 
     /// Registers `mem` for remote reads where it lies, without a copy and
@@ -1881,24 +1865,9 @@ impl RmaBuffers {
             Ok(mr) => mr,
             Err(e) => return Err((e, mem)),
         };
-        // SAFETY: mr is an open registration.
-        let key = unsafe { sys::fi_mr_key(mr) };
-        let id = self.next_exposed;
-        self.next_exposed = self.next_exposed.wrapping_add(1);
-        let exposed = Exposed {
-            id,
-            addr: if self.virt_addr {
-                mem.as_ptr() as u64
-            } else {
-                0
-            },
-            len: mem.len() as u64,
-            key,
-            check: 0,
-        };
-        let len = mem.len();
-        self.keep_exposed(
-            id,
+        let (ptr, len) = (mem.as_ptr(), mem.len());
+        Ok(self.publish(
+            ptr,
             Region {
                 mem: Vec::new(),
                 shared: Some(mem),
@@ -1906,11 +1875,23 @@ impl RmaBuffers {
                 check: 0,
                 len,
             },
-        );
-        Ok(exposed)
+        ))
     }
 
-    fn keep_exposed(&mut self, id: u32, region: Region) {
+    /// Keeps `region` (registered, its memory starting at `ptr`) exposed
+    /// under a new id and returns what a peer needs to read it.
+    fn publish(&mut self, ptr: *const u8, region: Region) -> Exposed {
+        // SAFETY: region.mr is an open registration.
+        let key = unsafe { sys::fi_mr_key(region.mr) };
+        let id = self.next_exposed;
+        self.next_exposed = self.next_exposed.wrapping_add(1);
+        let exposed = Exposed {
+            id,
+            addr: if self.virt_addr { ptr as u64 } else { 0 },
+            len: region.len as u64,
+            key,
+            check: region.check,
+        };
         match self.exposed.insert(id, region) {
             Some(old) => {
                 old.close();
@@ -1919,6 +1900,7 @@ impl RmaBuffers {
                 self.gauge.exposed.fetch_add(1, Ordering::Relaxed);
             }
         }
+        exposed
     }
 
     /// Ends remote access to an exposed buffer and frees it, its check word

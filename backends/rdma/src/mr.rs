@@ -140,14 +140,13 @@ impl<B: StableBuffer> MemoryRegion<B> {
         let (ptr, len) = (buf.as_mut_ptr(), buf.len());
         // SAFETY: ptr/len describe a live buffer that `self` keeps alive (and at
         // the same address, by StableBuffer) until ibv_dereg_mr in Drop.
-        let mr = unsafe { sys::ibv_reg_mr(pd.as_ptr(), ptr.cast(), len, access.raw() as i32) };
-        match NonNull::new(mr) {
-            Some(mr) => Ok(MemoryRegion {
+        match unsafe { reg_mr(pd, ptr, len, access) } {
+            Ok(mr) => Ok(MemoryRegion {
                 mr,
                 buf,
                 _pd: pd.clone(),
             }),
-            None => Err((RdmaError::last_os("ibv_reg_mr"), buf)),
+            Err(e) => Err((e, buf)),
         }
     }
 
@@ -238,6 +237,22 @@ impl<B: StableBuffer> Drop for MemoryRegion<B> {
     }
 }
 
+/// `ibv_reg_mr` of `len` bytes at `ptr` with `access`.
+///
+/// # Safety
+/// The bytes must stay alive, at that address, until the registration is
+/// deregistered; the device may write them if `access` allows it.
+unsafe fn reg_mr(
+    pd: &ProtectionDomain,
+    ptr: *mut u8,
+    len: usize,
+    access: Access,
+) -> Result<NonNull<sys::ibv_mr>> {
+    // SAFETY: the caller's promise; pd is a live protection domain.
+    let mr = unsafe { sys::ibv_reg_mr(pd.as_ptr(), ptr.cast(), len, access.raw() as i32) };
+    NonNull::new(mr).ok_or_else(|| RdmaError::last_os("ibv_reg_mr"))
+}
+
 /// Shared, immutable bytes registered for the peer's RDMA reads only (a
 /// payload the application handed over, read where it lies): the device
 /// never writes them, so no mutable access is needed or given. Holds the
@@ -275,21 +290,13 @@ impl ReadOnlyRegion {
         // mutate shared Bytes) until ibv_dereg_mr in Drop; without local or
         // remote write access the device only reads them, so the *mut the
         // C signature asks for is never written through.
-        let mr = unsafe {
-            sys::ibv_reg_mr(
-                pd.as_ptr(),
-                buf.as_ptr() as *mut std::ffi::c_void,
-                buf.len(),
-                access.raw() as i32,
-            )
-        };
-        match NonNull::new(mr) {
-            Some(mr) => Ok(ReadOnlyRegion {
+        match unsafe { reg_mr(pd, buf.as_ptr().cast_mut(), buf.len(), access) } {
+            Ok(mr) => Ok(ReadOnlyRegion {
                 mr,
                 buf,
                 _pd: pd.clone(),
             }),
-            None => Err((RdmaError::last_os("ibv_reg_mr"), buf)),
+            Err(e) => Err((e, buf)),
         }
     }
 
