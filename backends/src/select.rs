@@ -45,6 +45,11 @@ pub struct RdmaPoolConfig {
     /// Frames larger than this are not copied into chunks: the peer
     /// RDMA-reads them from where they lie (rendezvous).
     pub rendezvous_threshold: usize,
+    /// Sends up to this many bytes (header included) are posted inline: the
+    /// CPU copies them into the work request, so the device does not fetch
+    /// the chunk by DMA. 0: never. A device that refuses inline data at
+    /// this size gets QPs without it.
+    pub inline_bytes: u32,
     /// A rendezvous read not complete this long after it started fails its
     /// link (the session engine then recovers per its policy); the libfabric
     /// backend's `fi_read` rendezvous uses it too. Leave it above
@@ -62,6 +67,7 @@ impl Default for RdmaPoolConfig {
             rx_chunks: 1024,
             tx_chunks: 512,
             rendezvous_threshold: 128 << 10,
+            inline_bytes: 256,
             read_timeout: Duration::from_secs(10),
         }
     }

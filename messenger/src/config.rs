@@ -116,6 +116,10 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "RDMA frames above this are RDMA-read by the receiver instead of copied (default 131072)",
     ),
     (
+        "rdma_inline_bytes",
+        "RDMA sends up to this many bytes go inline in the work request, not fetched by DMA; 0: never (default 256)",
+    ),
+    (
         "rdma_read_timeout_ms",
         "an RDMA or libfabric rendezvous read not complete after this fails its link (default 10000, below keepalive_timeout_ms; at least 1)",
     ),
@@ -252,6 +256,7 @@ impl MessengerConfig {
             "rdma_rx_chunks" => self.rdma.rx_chunks = parse_num(key, value)?,
             "rdma_tx_chunks" => self.rdma.tx_chunks = parse_num(key, value)?,
             "rdma_rendezvous_bytes" => self.rdma.rendezvous_threshold = parse_num(key, value)?,
+            "rdma_inline_bytes" => self.rdma.inline_bytes = parse_num(key, value)?,
             "rdma_read_timeout_ms" => {
                 let t = ms(value)?;
                 if t.is_zero() {

@@ -86,8 +86,14 @@ fn msgr_name(round: u16, transport: &str) -> String {
 /// `{port}` and `{siw}` to fill in, port in round 0, global tool options).
 /// The `-nocrc` runs set `payload_crc=false` on both sides (perftest checks
 /// no data; RoCE's ICRC and siw's transport do), the others run defaults.
-const MSGR_RUNS: [(&str, &str, u16, &[&str]); 5] = [
+const MSGR_RUNS: [(&str, &str, u16, &[&str]); 6] = [
     ("verbs", "verbs://127.0.0.1:{port}?dev=rxe0", 18830, &[]),
+    (
+        "verbs-noinline",
+        "verbs://127.0.0.1:{port}?dev=rxe0",
+        18835,
+        NO_INLINE,
+    ),
     (
         "verbs-nocrc",
         "verbs://127.0.0.1:{port}?dev=rxe0",
@@ -99,6 +105,8 @@ const MSGR_RUNS: [(&str, &str, u16, &[&str]); 5] = [
     ("rdmacm-nocrc", "rdmacm://{siw}:{port}", 18834, NO_CRC),
 ];
 const NO_CRC: &[&str] = &["--set", "payload_crc=false"];
+/// Every send fetched by DMA: what inline sends of small frames save.
+const NO_INLINE: &[&str] = &["--set", "rdma_inline_bytes=0"];
 
 fn commands(tool: &std::path::Path) -> Vec<GuestCommand> {
     let mut cmds = vec![GuestCommand::shell(
@@ -354,7 +362,7 @@ impl Figures {
                     reference: reference_name,
                     unit: "us",
                     reference_value: l.as_ref().ok().map(reference),
-                    msgr: ["verbs", "verbs-nocrc", "tcp"]
+                    msgr: ["verbs", "verbs-nocrc", "verbs-noinline", "tcp"]
                         .into_iter()
                         .map(|t| (t, self.ping(t, *size).map(pick)))
                         .collect(),
@@ -367,7 +375,7 @@ impl Figures {
             reference: "rxe0 ib_write_bw BW average".into(),
             unit: "MiB/s",
             reference_value: self.write_bw.as_ref().ok().map(|b| b.bw_avg_mb_s),
-            msgr: ["verbs", "verbs-nocrc", "tcp"]
+            msgr: ["verbs", "verbs-nocrc", "verbs-noinline", "tcp"]
                 .into_iter()
                 .map(|t| (t, self.stream(t)))
                 .collect(),
@@ -426,12 +434,13 @@ fn table(rounds: &[Figures]) -> String {
         s,
         "msgr vs perftest, one TCG guest boot, {} rounds (compare ratios only); msgr default \
          config (1 worker, busy-poll 200 µs), lossless; ratio = median of per-round \
-         msgr/reference [min-max]; -nocrc: payload_crc=false on both sides",
+         msgr/reference [min-max]; -nocrc: payload_crc=false on both sides; -noinline: \
+         rdma_inline_bytes=0 (no inline sends)",
         rounds.len()
     );
     let _ = writeln!(
         s,
-        "{:<18} {:<32} {:>14} {:<12} {:>14} {:>22} {:>8}",
+        "{:<18} {:<32} {:>14} {:<14} {:>14} {:>22} {:>8}",
         "measure", "reference", "reference", "msgr", "msgr", "ratio [spread]", "target"
     );
     let Some(first) = per_round.first() else {
@@ -461,7 +470,7 @@ fn table(rounds: &[Figures]) -> String {
             let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2} {}", row.unit));
             let _ = writeln!(
                 s,
-                "{:<18} {:<32} {:>14} {:<12} {:>14} {:>22} {:>8}",
+                "{:<18} {:<32} {:>14} {:<14} {:>14} {:>22} {:>8}",
                 row.measure,
                 row.reference,
                 fmt(reference),

@@ -21,8 +21,6 @@ pub(crate) const SQ_DEPTH: u32 = 64;
 pub(crate) const MAX_READS: u32 = 8;
 /// Data credits a link is granted at most (receives the peer may fill).
 pub(crate) const MAX_LINK_CREDITS: u32 = 32;
-/// Inline data asked for per QP (falls back to none if the device refuses).
-const MAX_INLINE: u32 = 256;
 /// Fewest shared-receive-queue slots a link needs: two data credits and one
 /// slot for a credit-only message.
 pub(crate) const MIN_LINK_SHARE: u32 = 3;
@@ -144,7 +142,7 @@ impl Device {
                 .max_qp_rd_atom
                 .min(attr.max_qp_init_rd_atom)
                 .clamp(1, 16) as u8,
-            max_inline: MAX_INLINE,
+            max_inline: pools.inline_bytes,
             port,
             gid_index: 0,
             gid: Gid([0; 16]),
