@@ -82,6 +82,13 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Logs (to stderr, beside the progress lines) only when RUST_LOG asks.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     if args.list_backends {
         for b in candidates() {
             println!(

@@ -252,6 +252,91 @@ pub(crate) fn thread_count() -> usize {
         .unwrap_or(0)
 }
 
+/// Each thread of this process that is blocked in the kernel other than in
+/// an ordinary wait (epoll, futex, sleep): its name, state, wait channel
+/// and the top of its kernel stack (root only) — what a worker stuck in a
+/// system call looks like (a drain failure prints it).
+pub(crate) fn blocked_threads() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let mut out = Vec::new();
+    for task in dir.flatten() {
+        let path = task.path();
+        let comm = read(path.join("comm"));
+        let stat = read(path.join("stat"));
+        // The state follows the parenthesised name.
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        let wchan = read(path.join("wchan"));
+        // Waits are named differently across kernel versions.
+        let ordinary = [
+            "ep_poll",
+            "do_epoll_wait",
+            "futex_wait",
+            "futex_do_wait",
+            "hrtimer_nanosleep",
+            "do_nanosleep",
+        ]
+        .iter()
+        .any(|w| wchan.starts_with(w));
+        if state == Some("R") || ordinary {
+            continue;
+        }
+        let stack: Vec<String> = read(path.join("stack"))
+            .lines()
+            .take(8)
+            .map(|l| l.split_whitespace().nth(1).unwrap_or(l).to_string())
+            .collect();
+        out.push(format!(
+            "thread {} {} state {} wchan {} stack [{}]",
+            task.file_name().to_string_lossy(),
+            comm.trim(),
+            state.unwrap_or("?"),
+            if wchan.is_empty() { "?" } else { wchan.trim() },
+            stack.join(" < ")
+        ));
+    }
+    out
+}
+
 pub(crate) fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
+}
+
+#[cfg(test)]
+mod blocked_tests {
+    use super::*;
+    use std::io::Read;
+    use std::time::Instant;
+
+    #[test]
+    fn a_thread_blocked_in_a_read_is_listed() {
+        let (mut rx, tx) = std::io::pipe().expect("pipe");
+        let h = std::thread::Builder::new()
+            .name("blocked-probe".into())
+            .spawn(move || {
+                let mut b = [0u8; 1];
+                let _ = rx.read(&mut b);
+            })
+            .expect("spawn");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let found = loop {
+            let found = blocked_threads()
+                .into_iter()
+                .find(|t| t.contains("blocked-probe"));
+            if found.is_some() || Instant::now() >= deadline {
+                break found;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        drop(tx);
+        h.join().expect("probe thread");
+        let t = found.expect("the blocked thread is listed");
+        println!("{t}");
+        assert!(t.contains("state S"), "{t}");
+    }
 }

@@ -12,7 +12,7 @@ use msgr::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::report::{rss_kib, secs, thread_count, Progress, StressReport};
+use super::report::{blocked_threads, rss_kib, secs, thread_count, Progress, StressReport};
 use super::verify::{
     ClientEvents, EpochRecord, Pattern, Probe, ServerDispatcher, Verifier, Violations,
 };
@@ -717,6 +717,38 @@ pub fn run(cfg: &StressConfig) -> StressReport {
                     rec.remote_resets_at_start,
                     client_events[*c].reset_of(rec.conn.id()),
                 ));
+            }
+            // What the stuck sides' transports say (refused links, setups
+            // timed out, connects failed): the state of a link is not
+            // visible from the session alone.
+            let mut sides: Vec<(String, usize, usize)> = records
+                .iter()
+                .filter(|r| !settled(r))
+                .map(|(c, rec)| (format!("client {c}"), *c, rec.key.1 as usize))
+                .collect();
+            sides.dedup();
+            for (who, c, s) in sides.into_iter().take(3) {
+                let client = &clients[c];
+                violations.push(format!(
+                    "  {who}: reconnects {}, link faults {}; transport: {}",
+                    client.counters().reconnects.load(Ordering::Relaxed),
+                    client.counters().link_faults.load(Ordering::Relaxed),
+                    msgr::Counters::transport_prometheus(&client.transport_stats())
+                        .replace('\n', "; ")
+                ));
+                let server = run.servers[s].messenger.lock().expect("server lock");
+                if let Some(m) = server.as_ref() {
+                    violations.push(format!(
+                        "  server {s}: transport: {}",
+                        msgr::Counters::transport_prometheus(&m.transport_stats())
+                            .replace('\n', "; ")
+                    ));
+                }
+            }
+            // A worker stuck in a system call (an rdma_cm teardown waiting
+            // for its peer, say) stalls every session on it.
+            for t in blocked_threads() {
+                violations.push(format!("  {t}"));
             }
             break;
         }
