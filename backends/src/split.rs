@@ -70,7 +70,9 @@ pub(crate) fn split_frame(mut enc: EncodedFrame) -> Result<SplitFrame, EncodedFr
 
 /// Where a read of `len` bytes lands among `inline` bytes at `at`: the
 /// whole unit's length, if `at` lies within them and the unit within
-/// `max_frame`.
+/// `max_frame`. (The libfabric descriptor checks the same and more — a
+/// check word — with a typed error for each case.)
+#[cfg(any(feature = "verbs", feature = "rdmacm"))]
 pub(crate) fn placed_len(len: u64, inline: usize, at: u64, max_frame: u64) -> Option<u64> {
     let total = len.checked_add(inline as u64)?;
     (at <= inline as u64 && len > 0 && total <= max_frame).then_some(total)
@@ -115,6 +117,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(any(feature = "verbs", feature = "rdmacm"))]
     fn placements_outside_the_inline_bytes_or_the_limit_are_refused() {
         assert_eq!(placed_len(100, 8, 4, 1 << 20), Some(108));
         assert_eq!(placed_len(100, 8, 9, 1 << 20), None);
