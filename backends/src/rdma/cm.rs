@@ -11,7 +11,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
@@ -56,7 +56,16 @@ pub(crate) struct CmState {
     listeners: FxHashMap<usize, (CmId, Token)>,
     /// Connection ids by handle.
     links: FxHashMap<usize, LinkId>,
+    /// Ids of released links whose connect or accept had no answer yet,
+    /// with when they were parked: destroyed on their next event, or after
+    /// [`PARK_GRACE`]. The kernel's iWARP CM makes `rdma_destroy_id` sleep
+    /// while a connect or accept downcall is outstanding (until the MPA
+    /// exchange ends), and a worker asleep there stalls all its sessions.
+    parked: FxHashMap<usize, (CmId, Instant)>,
 }
+
+/// How long a parked id waits for its event before it is destroyed anyway.
+const PARK_GRACE: Duration = Duration::from_secs(30);
 
 impl CmState {
     pub(crate) fn token(&self) -> Token {
@@ -105,6 +114,7 @@ impl RdmaTransport {
                 token,
                 listeners: FxHashMap::default(),
                 links: FxHashMap::default(),
+                parked: FxHashMap::default(),
             });
         }
         Ok(self.cm.as_mut().expect("just made"))
@@ -255,7 +265,10 @@ impl RdmaTransport {
             return;
         }
         let Some(&id) = cm.links.get(&ev.id_handle) else {
-            return; // a listener's or a released link's event
+            // A listener's or a released link's event; a parked id's
+            // connect or accept has its answer: it may go now.
+            cm.parked.remove(&ev.id_handle);
+            return;
         };
         if let Err(why) = self.on_link_cm_event(id, &ev, events) {
             self.poll_cq(events);
@@ -404,6 +417,29 @@ impl RdmaTransport {
         }
         if let Some(cm) = self.cm.as_mut() {
             cm.forget(c.id.handle());
+        }
+    }
+
+    /// The last step of releasing an rdma_cm link, after its QP went: its
+    /// id is destroyed now, or parked (see [`CmState::parked`]) while its
+    /// connect or accept may still be outstanding.
+    pub(super) fn cm_destroy(&mut self, c: CmConn) {
+        let pending = matches!(c.step, CmStep::Connecting | CmStep::Accepting);
+        match self.cm.as_mut() {
+            Some(cm) if pending => {
+                cm.parked.insert(c.id.handle(), (c.id, Instant::now()));
+                self.counters.cm_ids_parked += 1;
+            }
+            _ => drop(c),
+        }
+    }
+
+    /// Destroys parked ids that waited [`PARK_GRACE`] for their event.
+    pub(super) fn reap_parked(&mut self) {
+        if let Some(cm) = self.cm.as_mut() {
+            let now = Instant::now();
+            cm.parked
+                .retain(|_, (_, since)| now.saturating_duration_since(*since) < PARK_GRACE);
         }
     }
 

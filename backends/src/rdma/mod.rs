@@ -207,6 +207,9 @@ struct RdmaCounters {
     rendezvous_fallbacks: u64,
     read_timeouts: u64,
     qp_errors_injected: u64,
+    /// rdma_cm ids of released links kept until their connect or accept
+    /// was answered (`cm::CmState::parked`).
+    cm_ids_parked: u64,
     /// Reads whose completion was ignored (`SimulatedFault::HungRead`).
     simulated_hung_reads: u64,
 }
@@ -427,7 +430,10 @@ impl RdmaTransport {
         drop(qp);
         drop(reads);
         drop(rdv_out);
-        drop(conn);
+        match conn {
+            Conn::Cm(c) => self.cm_destroy(c),
+            oob => drop(oob),
+        }
         if !tx_inflight.is_empty() {
             self.dirty.extend(self.tx_waiting.drain(..));
         }
@@ -1297,6 +1303,7 @@ impl Transport for RdmaTransport {
         self.reap_late_reads(events);
         self.reap_half_open(|l| l.since + SETUP_TIMEOUT);
         self.fail_stalled_connects(events);
+        self.reap_parked();
         any
     }
 
@@ -1508,6 +1515,7 @@ impl Transport for RdmaTransport {
                 ("rendezvous_fallbacks", c.rendezvous_fallbacks),
                 ("read_timeouts", c.read_timeouts),
                 ("qp_errors_injected", c.qp_errors_injected),
+                ("cm_ids_parked", c.cm_ids_parked),
                 ("simulated_hung_reads", c.simulated_hung_reads),
                 ("tx_chunks_free", tx_free),
                 ("rx_slots_unpromised", rx_budget),
