@@ -28,6 +28,16 @@ impl SplitFrame {
         self.head.len() + self.body.len() + self.tail.len()
     }
 
+    /// The frame in one buffer, with `spare` bytes of capacity after it
+    /// (for the fabric backend's check word).
+    pub(crate) fn into_vec(self, spare: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len() + spare);
+        v.extend_from_slice(&self.head);
+        v.extend_from_slice(&self.body);
+        v.extend_from_slice(&self.tail);
+        v
+    }
+
     /// The bytes around the body, head first, and where the body goes
     /// among them.
     pub(crate) fn inline(&self) -> (Vec<u8>, usize) {

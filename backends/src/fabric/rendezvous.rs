@@ -145,13 +145,7 @@ impl OutUnit {
     fn flatten(self) -> Vec<u8> {
         match self {
             OutUnit::Flat(v) => v,
-            OutUnit::Split(s) => {
-                let mut v = Vec::with_capacity(s.len() + CHECK_LEN);
-                v.extend_from_slice(&s.head);
-                v.extend_from_slice(&s.body);
-                v.extend_from_slice(&s.tail);
-                v
-            }
+            OutUnit::Split(s) => s.into_vec(CHECK_LEN),
         }
     }
 }

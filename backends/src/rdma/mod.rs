@@ -1130,13 +1130,7 @@ impl RdmaTransport {
                 let (inline, at) = s.inline();
                 (s.body, inline, at)
             }
-            Ok(s) => {
-                let mut v = Vec::with_capacity(s.len());
-                v.extend_from_slice(&s.head);
-                v.extend_from_slice(&s.body);
-                v.extend_from_slice(&s.tail);
-                (Bytes::from(v), Vec::new(), 0)
-            }
+            Ok(s) => (Bytes::from(s.into_vec(0)), Vec::new(), 0),
             Err(enc) => {
                 let mut v = Vec::with_capacity(enc.len());
                 enc.write_into(&mut v);
