@@ -164,14 +164,9 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool) {
             "{addr}: only units above 64 KiB"
         );
         assert_eq!(fallbacks, 0, "{addr}: no registration failed");
-        // Payloads are exposed where they lie, not copied, where the
-        // provider checks keys; shm reads need a check word after a copy.
-        let keys_checked = !addr.starts_with("fabric+shm");
-        assert_eq!(
-            in_place,
-            if keys_checked { sent } else { 0 },
-            "{addr}: units exposed in place"
-        );
+        // Payloads are exposed where they lie, not copied (over shm with
+        // a check word apart).
+        assert_eq!(in_place, sent, "{addr}: units exposed in place");
     } else {
         assert_eq!((sent, read), (0, 0), "{addr}: no rendezvous");
     }

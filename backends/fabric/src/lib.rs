@@ -97,8 +97,9 @@ pub enum FabricError {
         tried: String,
     },
     /// A rendezvous read whose buffer the peer withdrew before or while it
-    /// was read: the check word at its end was not the one the descriptor
-    /// named ([`RmaBuffers::read_done`]). What was read is not the unit.
+    /// was read: its check word (at its end, or read after it) was not the
+    /// one the descriptor named ([`RmaBuffers::read_done`]). What was read
+    /// is not the unit.
     #[error("fi_read: the peer withdrew the buffer (check word {found:#x}, want {want:#x})")]
     Withdrawn {
         /// The check word the descriptor named.
@@ -418,7 +419,8 @@ fn leaks_on_drop(provider: &str) -> bool {
 /// read of a withdrawn registration: `tcp` (in software), `verbs` (in the
 /// device). Only then may memory be exposed without a check word
 /// ([`RmaBuffers::expose_in_place`]); providers not known to do so get the
-/// word (see [`CHECK_LEN`]: `shm` does not look keys up).
+/// word (see [`CHECK_LEN`]: `shm` does not look keys up), apart from memory
+/// exposed in place.
 fn checks_keys(provider: &str) -> bool {
     matches!(provider.split(';').next(), Some("tcp" | "verbs"))
 }
@@ -654,12 +656,6 @@ impl Net {
     /// [`Ep::read`], [`RdmEp::read`]).
     pub fn rma(&self) -> bool {
         self.rma
-    }
-
-    /// Whether endpoints may expose memory in place
-    /// ([`RmaBuffers::expose_in_place`]).
-    pub fn exposes_in_place(&self) -> bool {
-        self.rma && self.keys_checked
     }
 
     /// Whether endpoints are never closed (`shm`, see the crate docs).
@@ -1633,13 +1629,18 @@ impl RdmEp {
 }
 
 /// Memory registered for an RMA operation, owned until the registration is
-/// closed. `check`: the word its last [`CHECK_LEN`] bytes hold while exposed,
-/// or must hold once read; 0: none (exposed in place).
+/// closed. `check`: the word the last [`CHECK_LEN`] bytes of `mem` hold
+/// while exposed, or must hold once read; 0: none (exposed in place where
+/// keys are checked).
 struct Region {
+    /// The buffer; for one exposed in place, only its check word (if any).
     mem: Vec<u8>,
     /// Exposed in place ([`RmaBuffers::expose_in_place`]): held, not owned.
     shared: Option<Bytes>,
     mr: *mut sys::fid_mr,
+    /// The registration of a check word kept apart from the buffer (`mem`
+    /// of one exposed in place); null if none.
+    word_mr: *mut sys::fid_mr,
     check: u64,
     /// Bytes of `mem` once a read completed: what it filled and what was
     /// placed around it ([`RmaBuffers::read`]); `mem.len()` when exposed.
@@ -1649,9 +1650,14 @@ struct Region {
 impl Region {
     fn close(self) -> Vec<u8> {
         let Region {
-            mem, shared, mr, ..
+            mem,
+            shared,
+            mr,
+            word_mr,
+            ..
         } = self;
         close(mr as *mut sys::fid);
+        close(word_mr as *mut sys::fid);
         // Memory held in place outlives its registration.
         drop(shared);
         mem
@@ -1673,6 +1679,13 @@ impl Region {
 /// order: a reader that finds the word intact read the rest before it was
 /// zeroed, hence before the memory was freed. (Weakly ordered CPUs narrow
 /// the window without closing it.)
+///
+/// Memory exposed in place ([`RmaBuffers::expose_in_place`]) is the
+/// application's: no word can follow it, and it stays alive and unchanged
+/// after it is withdrawn. There the word lies apart, in a registration of
+/// its own ([`Exposed::word`]), and the reader reads it only once the read
+/// of the buffer completed: a word still intact then was not yet zeroed,
+/// so the buffer was still exposed while it was read — on any CPU.
 pub const CHECK_LEN: usize = 8;
 
 /// Check words: unique per process and never 0 (the zeroed value).
@@ -1702,9 +1715,61 @@ pub struct Exposed {
     pub len: u64,
     /// The registration's remote key.
     pub key: u64,
-    /// The word the buffer ends in while exposed ([`CHECK_LEN`]); 0 for a
-    /// buffer exposed in place, which has none.
+    /// The check word ([`CHECK_LEN`]): the buffer ends in it while exposed,
+    /// or it lies apart at [`Exposed::word`]; 0 for a buffer exposed in
+    /// place where the provider checks keys, which needs none.
     pub check: u64,
+    /// Where the check word lies when it does not end the buffer (exposed
+    /// in place where keys are unchecked): read after the buffer.
+    pub word: Option<RemoteWord>,
+}
+
+impl Exposed {
+    /// Whether the buffer is the application's memory, exposed where it
+    /// lies ([`RmaBuffers::expose_in_place`]), rather than a copy.
+    pub fn in_place(&self) -> bool {
+        self.check == 0 || self.word.is_some()
+    }
+}
+
+/// A check word registered apart from the buffer it vouches for: what a
+/// peer needs to read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteWord {
+    /// Its address (as [`Exposed::addr`]).
+    pub addr: u64,
+    /// Its registration's remote key.
+    pub key: u64,
+}
+
+/// What [`RmaBuffers::read_done`] made of a read's completion.
+#[derive(Debug)]
+pub enum ReadDone {
+    /// The read is over: its buffer without the check word, or why it is
+    /// not the peer's unit.
+    Read(Result<Vec<u8>, FabricError>),
+    /// The buffer is filled and its check word, apart, is being read: the
+    /// read completes again under the same context.
+    WordNext,
+}
+
+impl ReadDone {
+    /// The buffer of a read that is over; `None` while its word is read.
+    pub fn finished(self) -> Option<Result<Vec<u8>, FabricError>> {
+        match self {
+            ReadDone::Read(r) => Some(r),
+            ReadDone::WordNext => None,
+        }
+    }
+}
+
+/// A check word to read apart once the buffer's read completes: where it
+/// lies and what it must be, and the endpoint (and peer) to read it on.
+struct WordRead {
+    ep: *mut sys::fid_ep,
+    from: u64,
+    word: RemoteWord,
+    check: u64,
 }
 
 /// Keys asked for when the provider does not pick them (no
@@ -1730,6 +1795,8 @@ pub struct RmaBuffers {
     next_exposed: u32,
     /// Buffers being filled by fi_read, by operation context.
     reading: std::collections::HashMap<u64, Region>,
+    /// Of those, the ones whose check word is read next, apart.
+    words_next: std::collections::HashMap<u64, WordRead>,
     /// The Net's count of both, over all its endpoints.
     gauge: Arc<RmaGauge>,
 }
@@ -1755,6 +1822,7 @@ impl Net {
             exposed: Default::default(),
             next_exposed: 0,
             reading: Default::default(),
+            words_next: Default::default(),
             gauge: self.rma_gauge.clone(),
         }
     }
@@ -1839,21 +1907,23 @@ impl RmaBuffers {
                 mem,
                 shared: None,
                 mr,
+                word_mr: ptr::null_mut(),
                 check,
                 len,
             },
         ))
     }
 
-    /// Registers `mem` for remote reads where it lies, without a copy and
-    /// without a check word, and holds it until [`RmaBuffers::unexpose`] (or
-    /// the endpoint goes): for large payloads the application handed over.
-    /// Only where the provider fails reads of withdrawn registrations
-    /// (`tcp`, `verbs`; a word cannot be appended to shared memory): elsewhere,
-    /// or when the registration fails, `mem` comes back with the error and
-    /// the caller copies it into a buffer for [`RmaBuffers::expose`].
+    /// Registers `mem` for remote reads where it lies, without a copy, and
+    /// holds it until [`RmaBuffers::unexpose`] (or the endpoint goes): for
+    /// large payloads the application handed over. Where the provider fails
+    /// reads of withdrawn registrations (`tcp`, `verbs`) that is all; else
+    /// (`shm`) a check word is registered apart ([`CHECK_LEN`]) for the
+    /// reader to read after the buffer. When a registration fails, `mem`
+    /// comes back with the error and the caller can copy it into a buffer
+    /// for [`RmaBuffers::expose`].
     pub fn expose_in_place(&mut self, mem: Bytes) -> Result<Exposed, (FabricError, Bytes)> {
-        if !self.enabled || !self.keys_checked || mem.is_empty() {
+        if !self.enabled || mem.is_empty() {
             let e = FabricError::Call {
                 op: "fi_mr_reg",
                 code: sys::FI_ENOSYS as i32,
@@ -1861,18 +1931,33 @@ impl RmaBuffers {
             };
             return Err((e, mem));
         }
-        let mr = match self.register(mem.as_ptr(), mem.len(), u64::from(sys::FI_REMOTE_READ)) {
+        let remote_read = u64::from(sys::FI_REMOTE_READ);
+        let (word, word_mr, check) = if self.keys_checked {
+            (Vec::new(), ptr::null_mut(), 0)
+        } else {
+            let check = next_check();
+            let word = check.to_le_bytes().to_vec();
+            match self.register(word.as_ptr(), CHECK_LEN, remote_read) {
+                Ok(mr) => (word, mr, check),
+                Err(e) => return Err((e, mem)),
+            }
+        };
+        let mr = match self.register(mem.as_ptr(), mem.len(), remote_read) {
             Ok(mr) => mr,
-            Err(e) => return Err((e, mem)),
+            Err(e) => {
+                close(word_mr as *mut sys::fid);
+                return Err((e, mem));
+            }
         };
         let (ptr, len) = (mem.as_ptr(), mem.len());
         Ok(self.publish(
             ptr,
             Region {
-                mem: Vec::new(),
+                mem: word,
                 shared: Some(mem),
                 mr,
-                check: 0,
+                word_mr,
+                check,
                 len,
             },
         ))
@@ -1883,6 +1968,15 @@ impl RmaBuffers {
     fn publish(&mut self, ptr: *const u8, region: Region) -> Exposed {
         // SAFETY: region.mr is an open registration.
         let key = unsafe { sys::fi_mr_key(region.mr) };
+        let word = (!region.word_mr.is_null()).then(|| RemoteWord {
+            addr: if self.virt_addr {
+                region.mem.as_ptr() as u64
+            } else {
+                0
+            },
+            // SAFETY: word_mr is an open registration.
+            key: unsafe { sys::fi_mr_key(region.word_mr) },
+        });
         let id = self.next_exposed;
         self.next_exposed = self.next_exposed.wrapping_add(1);
         let exposed = Exposed {
@@ -1891,6 +1985,7 @@ impl RmaBuffers {
             len: region.len as u64,
             key,
             check: region.check,
+            word,
         };
         match self.exposed.insert(id, region) {
             Some(old) => {
@@ -1906,16 +2001,17 @@ impl RmaBuffers {
     /// Ends remote access to an exposed buffer and frees it, its check word
     /// zeroed first ([`CHECK_LEN`]); one exposed in place is let go.
     pub fn unexpose(&mut self, id: u32) {
-        if let Some(r) = self.exposed.remove(&id) {
-            // Closes the registration before the held memory goes.
-            let mut mem = r.close();
-            if let Some(word) = mem.last_chunk_mut::<CHECK_LEN>() {
-                // SAFETY: `word` is a live, aligned-enough byte array; a
-                // volatile store is not elided as dead before the free.
-                unsafe { ptr::write_volatile(word, [0; CHECK_LEN]) };
+        if let Some(mut r) = self.exposed.remove(&id) {
+            if r.check != 0 {
+                if let Some(word) = r.mem.last_chunk_mut::<CHECK_LEN>() {
+                    // SAFETY: `word` is a live byte array; a volatile store
+                    // is not elided as dead before the free.
+                    unsafe { ptr::write_volatile(word, [0; CHECK_LEN]) };
+                }
             }
+            // The word is zeroed before memory held in place is let go.
             std::sync::atomic::fence(Ordering::SeqCst);
-            drop(mem);
+            drop(r.close());
             self.gauge.exposed.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -1924,7 +2020,8 @@ impl RmaBuffers {
     /// ignored on connected endpoints) into a new buffer, at offset `at`
     /// of `around`, whose bytes are placed before and after it: the buffer
     /// then holds `around[..at]`, what was read, `around[at..]`. A buffer
-    /// with a check word has nothing after it.
+    /// that ends in its check word has nothing after it; one whose word
+    /// lies apart has it read once the buffer is ([`RmaBuffers::read_done`]).
     fn read(
         &mut self,
         ep: *mut sys::fid_ep,
@@ -1935,10 +2032,11 @@ impl RmaBuffers {
         at: usize,
     ) -> Result<(), FabricError> {
         let (len, addr, key) = (x.len as usize, x.addr, x.key);
-        let checked = x.check != 0;
+        let word_at_end = x.check != 0 && x.word.is_none();
         if !self.enabled
             || self.reading.contains_key(&context)
-            || (checked && (len < CHECK_LEN || at != around.len()))
+            || (word_at_end && (len < CHECK_LEN || at != around.len()))
+            || (x.word.is_some() && x.check == 0)
             || at > around.len()
         {
             return Err(FabricError::Slot(context as usize));
@@ -1946,10 +2044,12 @@ impl RmaBuffers {
         let total = len
             .checked_add(around.len())
             .ok_or(FabricError::Slot(context as usize))?;
+        // A word read apart lands after everything else.
+        let word_room = if x.word.is_some() { CHECK_LEN } else { 0 };
         // Not zeroed: the read fills its part (a megabyte of memset
         // otherwise) and the bytes around it are written here; the length
         // is set once the read completed (`read_done`).
-        let mut mem: Vec<u8> = Vec::with_capacity(total);
+        let mut mem: Vec<u8> = Vec::with_capacity(total + word_room);
         let spare = mem.spare_capacity_mut();
         for (dst, &b) in spare[..at].iter_mut().zip(&around[..at]) {
             dst.write(b);
@@ -1990,13 +2090,24 @@ impl RmaBuffers {
             close(mr as *mut sys::fid);
             return Err(e);
         }
-        let check = x.check;
+        // The word read apart is checked when it is read, not now.
+        let check = if x.word.is_some() { 0 } else { x.check };
+        if let Some(word) = x.word {
+            let next = WordRead {
+                ep,
+                from,
+                word,
+                check: x.check,
+            };
+            self.words_next.insert(context, next);
+        }
         self.reading.insert(
             context,
             Region {
                 mem,
                 shared: None,
                 mr,
+                word_mr: ptr::null_mut(),
                 check,
                 len: total,
             },
@@ -2005,43 +2116,104 @@ impl RmaBuffers {
         Ok(())
     }
 
+    /// The buffer of read `context` is filled (`r`, its registration
+    /// closed): reads its check word, apart at `w`, into the spare room
+    /// after it, under the same context. The region then ends in the word,
+    /// as one read with the word at its end does.
+    fn read_word(&mut self, context: u64, mut r: Region, w: WordRead) -> Result<(), FabricError> {
+        // SAFETY: `read` allocated `r.len + CHECK_LEN` bytes of capacity.
+        let target = unsafe { r.mem.as_mut_ptr().add(r.len) };
+        let mr = if self.mr_local {
+            self.register(target, CHECK_LEN, u64::from(sys::FI_READ))?
+        } else {
+            ptr::null_mut()
+        };
+        let desc = if mr.is_null() {
+            ptr::null_mut()
+        } else {
+            // SAFETY: mr is an open registration.
+            unsafe { sys::fi_mr_desc(mr) }
+        };
+        // SAFETY: w.ep is the open endpoint that owns this Rma (as in
+        // `read`); `r.mem` goes back into `reading` below and stays there
+        // until read_done or the endpoint's close.
+        let rc = unsafe {
+            sys::fi_read(
+                w.ep,
+                target as *mut c_void,
+                CHECK_LEN,
+                desc,
+                w.from,
+                w.word.addr,
+                w.word.key,
+                context as *mut c_void,
+            )
+        };
+        if let Err(e) = check("fi_read", rc) {
+            close(mr as *mut sys::fid);
+            return Err(e);
+        }
+        r.mr = mr;
+        r.check = w.check;
+        r.len += CHECK_LEN;
+        self.reading.insert(context, r);
+        self.gauge.reading.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Frees the registration of the read `context` whose completion came
     /// (`succeeded`: without error) and returns its buffer, without the
     /// check word; `Err` if the read failed or the word was not the
     /// descriptor's (the peer withdrew the buffer: what was read is not its
-    /// unit). `None` if `context` is not a read.
-    pub fn read_done(
-        &mut self,
-        context: u64,
-        succeeded: bool,
-    ) -> Option<Result<Vec<u8>, FabricError>> {
+    /// unit). [`ReadDone::WordNext`] when the buffer is filled and its check
+    /// word, apart, is being read under the same context: a completion for
+    /// it follows. `None` if `context` is not a read.
+    pub fn read_done(&mut self, context: u64, succeeded: bool) -> Option<ReadDone> {
         let r = self.reading.remove(&context)?;
         self.gauge.reading.fetch_sub(1, Ordering::Relaxed);
+        let word_next = self.words_next.remove(&context);
+        let failed = || FabricError::Call {
+            op: "fi_read",
+            code: sys::FI_EIO as i32,
+            msg: "the read failed".into(),
+        };
+        if let Some(w) = word_next {
+            if !succeeded {
+                r.close();
+                return Some(ReadDone::Read(Err(failed())));
+            }
+            // The buffer's registration goes; its memory stays in `r`.
+            close(r.mr as *mut sys::fid);
+            let r = Region {
+                mr: ptr::null_mut(),
+                ..r
+            };
+            return Some(match self.read_word(context, r, w) {
+                Ok(()) => ReadDone::WordNext,
+                Err(e) => ReadDone::Read(Err(e)),
+            });
+        }
         let (want, len) = (r.check, r.len);
         let mut mem = r.close();
         if !succeeded {
-            return Some(Err(FabricError::Call {
-                op: "fi_read",
-                code: sys::FI_EIO as i32,
-                msg: "the read failed".into(),
-            }));
+            return Some(ReadDone::Read(Err(failed())));
         }
         // SAFETY: the read completed without error, so the provider wrote
         // the bytes `read` reserved for it, and `read` wrote those around
         // them: all `len` bytes of the capacity are initialised.
         unsafe { mem.set_len(len) };
         if want == 0 {
-            return Some(Ok(mem));
+            return Some(ReadDone::Read(Ok(mem)));
         }
         let found = mem
             .last_chunk::<CHECK_LEN>()
             .map_or(0, |w| u64::from_le_bytes(*w));
-        Some(if found == want {
+        Some(ReadDone::Read(if found == want {
             mem.truncate(mem.len() - CHECK_LEN);
             Ok(mem)
         } else {
             Err(FabricError::Withdrawn { want, found })
-        })
+        }))
     }
 
     /// Closes every registration; the caller closed the endpoint first, so
@@ -2054,6 +2226,7 @@ impl RmaBuffers {
         for r in self.reading.drain().map(|(_, r)| r) {
             r.close();
         }
+        self.words_next.clear();
         self.gauge.exposed.fetch_sub(exposed, Ordering::Relaxed);
         self.gauge.reading.fetch_sub(reading, Ordering::Relaxed);
     }
@@ -2242,11 +2415,14 @@ mod tests {
                     "{provider}: read {ctx} never completed"
                 );
                 net.read_cq(&mut got, 8);
-                if let Some(c) = got.iter().find(|c| c.context == ctx) {
-                    let buf = client
-                        .rma()
-                        .read_done(ctx, c.error.is_none())
-                        .expect("a read's buffer");
+                if let Some(i) = got.iter().position(|c| c.context == ctx) {
+                    let c = got.remove(i);
+                    let done = client.rma().read_done(ctx, c.error.is_none());
+                    let buf = match done.expect("a read's buffer") {
+                        // Its check word, apart, is read next.
+                        ReadDone::WordNext => continue,
+                        ReadDone::Read(buf) => buf,
+                    };
                     return match c.error {
                         Some((code, what)) => Err(format!("completion {what} -{code}")),
                         None => buf.map_err(|e| e.to_string()),
@@ -2284,36 +2460,44 @@ mod tests {
         );
         server.rma().unexpose(next.id);
 
-        // In place: only where the provider checks keys, since the memory
-        // stays alive and unchanged after it is withdrawn (the application
-        // still holds it) and only the key can tell a late read.
+        // In place: the memory stays alive and unchanged after it is
+        // withdrawn (the application still holds it), so only the key, or
+        // where keys are unchecked a word apart read after it, can tell a
+        // late read.
         let body = Bytes::from((0..len).map(|i| i as u8).collect::<Vec<_>>());
-        match server.rma().expose_in_place(body.clone()) {
-            Ok(x) => {
-                assert!(checks_keys(provider), "{provider}: exposed in place");
-                assert_eq!((x.len as usize, x.check), (len, 0));
-                let mut other = net.rdm_endpoint(None, 2, 2, 512).unwrap();
-                let to = other.insert(&net.resolve(bound).unwrap()).unwrap();
-                let buf = read_around(&mut net, (&mut other, to), &x, 13, b"headtail", 4).unwrap();
-                assert!(
-                    buf.len() == len + 8
-                        && buf[..4] == *b"head"
-                        && buf[4..4 + len] == body[..]
-                        && buf[4 + len..] == *b"tail",
-                    "{provider}: the segment between the bytes around it"
-                );
-                server.rma().unexpose(x.id);
-                let r = read_around(&mut net, (&mut other, to), &x, 14, b"headtail", 4);
-                assert!(
-                    r.is_err(),
-                    "{provider}: a read of a withdrawn in-place buffer returned data"
-                );
-            }
-            Err((e, back)) => {
-                assert!(!checks_keys(provider), "{provider}: {e}");
-                assert!(back == body, "{provider}: the bytes come back");
-            }
-        }
+        let x = server.rma().expose_in_place(body.clone()).unwrap();
+        assert_eq!(x.len as usize, len);
+        assert!(x.in_place(), "{provider}: {x:?}");
+        assert_eq!(
+            (x.check == 0, x.word.is_none()),
+            (checks_keys(provider), checks_keys(provider)),
+            "{provider}: a check word apart where keys are unchecked"
+        );
+        let mut other = net.rdm_endpoint(None, 2, 2, 512).unwrap();
+        let to = other.insert(&net.resolve(bound).unwrap()).unwrap();
+        let buf = read_around(&mut net, (&mut other, to), &x, 13, b"headtail", 4).unwrap();
+        assert!(
+            buf.len() == len + 8
+                && buf[..4] == *b"head"
+                && buf[4..4 + len] == body[..]
+                && buf[4 + len..] == *b"tail",
+            "{provider}: the segment between the bytes around it"
+        );
+        // Withdrawn and the same memory exposed again at once: a read by
+        // the old descriptor must fail although the bytes are the same.
+        server.rma().unexpose(x.id);
+        let again = server.rma().expose_in_place(body.clone()).unwrap();
+        let r = read_around(&mut net, (&mut other, to), &x, 14, b"headtail", 4);
+        println!(
+            "{provider}: read of a withdrawn in-place buffer: {r:?} (word at the same address: {})",
+            again.word.is_some() && again.word.map(|w| w.addr) == x.word.map(|w| w.addr)
+        );
+        assert!(
+            r.is_err(),
+            "{provider}: a read of a withdrawn in-place buffer returned data"
+        );
+        server.rma().unexpose(again.id);
+        drop(other);
         assert_eq!(net.rma_in_use(), (0, 0), "{provider}: registrations left");
     }
 

@@ -61,7 +61,9 @@ use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider, TransportKind};
-use msgr_fabric::{CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp, Site};
+use msgr_fabric::{
+    CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp, ReadDone, Site,
+};
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
@@ -712,8 +714,12 @@ impl FabricTransport {
             return; // the link went while its read was in flight
         };
         // Freed here even if the completion is then ignored (a simulated
-        // hang): the provider is done with the buffer.
-        let buf = link.ep.rma().read_done(c.context, c.error.is_none());
+        // hang): the provider is done with the buffer. Its check word may
+        // be read next, apart: then the read completes again.
+        let buf = match link.ep.rma().read_done(c.context, c.error.is_none()) {
+            Some(ReadDone::WordNext) => return,
+            done => done.and_then(ReadDone::finished),
+        };
         let Some(unit) = link.receiving.finish(
             c.error,
             buf,
@@ -1125,7 +1131,7 @@ impl Transport for FabricTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.exposes_in_place())?,
+            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.rma())?,
         };
         self.queue(link, unit)
     }

@@ -98,7 +98,7 @@ use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
-use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp, Site};
+use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp, ReadDone, Site};
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
@@ -1037,8 +1037,12 @@ impl RdmTransport {
             return;
         };
         // Freed here even if the completion is then ignored (a simulated
-        // hang) or its link went: the provider is done with the buffer.
-        let buf = port.ep.rma().read_done(c.context, c.error.is_none());
+        // hang) or its link went: the provider is done with the buffer. Its
+        // check word may be read next, apart: then the read completes again.
+        let buf = match port.ep.rma().read_done(c.context, c.error.is_none()) {
+            Some(ReadDone::WordNext) => return,
+            done => done.and_then(ReadDone::finished),
+        };
         let Some(id) = port.reads.remove(&c.context) else {
             return;
         };
@@ -1502,7 +1506,7 @@ impl Transport for RdmTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.exposes_in_place())?,
+            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.rma())?,
         };
         self.queue(link, unit)
     }

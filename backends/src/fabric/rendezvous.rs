@@ -25,15 +25,16 @@
 //! once it completes: the transport frees it then (`read_done`), or with
 //! the endpoint if no completion ever comes.
 //!
-//! A large frame is not copied into one buffer to be exposed where the
-//! provider checks keys ([`msgr_fabric::RmaBuffers::expose_in_place`]):
-//! its largest segment is exposed where the application put it and the
-//! rest of the frame (preamble, small segments, CRCs: at most
-//! [`INLINE_MAX`] bytes) travels inside the descriptor ([`OutUnit::Split`]);
-//! the receiver reads the segment into the gap between them. Elsewhere
-//! (`shm`: keys unchecked, so every exposure needs its check word) the
-//! frame is copied into one buffer as before. The copy was a tenth of a
-//! 1 MiB ping-pong's CPU over `tcp`.
+//! A large frame is not copied into one buffer to be exposed
+//! ([`msgr_fabric::RmaBuffers::expose_in_place`]): its largest segment is
+//! exposed where the application put it and the rest of the frame
+//! (preamble, small segments, CRCs: at most [`INLINE_MAX`] bytes) travels
+//! inside the descriptor ([`OutUnit::Split`]); the receiver reads the
+//! segment into the gap between them. Where the provider does not check
+//! keys (`shm`) the descriptor also names a check word registered apart,
+//! which the receiver reads after the segment ([`msgr_fabric::CHECK_LEN`]).
+//! The copy was a tenth of a 1 MiB ping-pong's CPU over `tcp`, and a third
+//! of its one-way time over `shm`.
 //!
 //! What this module holds is transport-independent: the descriptor's
 //! encoding, the sending side's bookkeeping, the deadline and the counters.
@@ -43,7 +44,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use msgr_fabric::{Exposed, FabricError, RmaBuffers, CHECK_LEN};
+use msgr_fabric::{Exposed, FabricError, RemoteWord, RmaBuffers, CHECK_LEN};
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound};
 
 use super::{PieceError, Reassembly};
@@ -58,8 +59,12 @@ pub const RNDV_THRESHOLD: usize = 64 << 10;
 /// Rendezvous units a link may have exposed and not yet read by the peer.
 pub const RNDV_MAX: usize = 4;
 /// Bytes of a rendezvous descriptor before its inline bytes: address,
-/// length, key, id, check word, where the read lands among the inline bytes.
-pub const DESC_LEN: usize = 8 + 8 + 8 + 4 + 8 + 4;
+/// length, key, id, check word, where the read lands among the inline
+/// bytes, the address and key of a check word apart and whether there is
+/// one ([`WORD_APART`]).
+pub const DESC_LEN: usize = 8 + 8 + 8 + 4 + 8 + 4 + 8 + 8 + 4;
+/// Descriptor flag: the check word lies apart ([`Exposed::word`]).
+const WORD_APART: u32 = 1;
 /// The largest descriptor with its inline bytes.
 pub const DESC_MAX: usize = DESC_LEN + INLINE_MAX;
 /// Bytes of the answer to a descriptor: the sender's id.
@@ -85,6 +90,9 @@ pub enum DescError {
     /// A descriptor where a unit's next piece should be.
     #[error("rendezvous inside a multi-piece unit")]
     InsideUnit,
+    /// A check word apart that is no check word (0), or unknown flags.
+    #[error("rendezvous descriptor with a check word apart of 0 or flags {0:#x}")]
+    BadWord(u32),
     /// The read would land outside the inline bytes, or after a check word.
     #[error("rendezvous read placed at {at} among {inline} inline bytes")]
     Placement {
@@ -213,6 +221,13 @@ pub fn encode(buf: &mut [u8], d: &Described) -> usize {
     buf[24..28].copy_from_slice(&x.id.to_le_bytes());
     buf[28..36].copy_from_slice(&x.check.to_le_bytes());
     buf[36..40].copy_from_slice(&(d.at as u32).to_le_bytes());
+    let (word, flags) = match x.word {
+        Some(w) => (w, WORD_APART),
+        None => (RemoteWord { addr: 0, key: 0 }, 0),
+    };
+    buf[40..48].copy_from_slice(&word.addr.to_le_bytes());
+    buf[48..56].copy_from_slice(&word.key.to_le_bytes());
+    buf[56..60].copy_from_slice(&flags.to_le_bytes());
     buf[DESC_LEN..DESC_LEN + d.inline.len()].copy_from_slice(&d.inline);
     DESC_LEN + d.inline.len()
 }
@@ -230,22 +245,33 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Offered<'_>
         w.copy_from_slice(&b[at..at + 8]);
         u64::from_le_bytes(w)
     };
+    let half = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let flags = half(56);
     let x = Exposed {
         addr: word(0),
         len: word(8),
         key: word(16),
-        id: u32::from_le_bytes([b[24], b[25], b[26], b[27]]),
+        id: half(24),
         check: word(28),
+        word: (flags & WORD_APART != 0).then(|| RemoteWord {
+            addr: word(40),
+            key: word(48),
+        }),
     };
-    let at = u64::from(u32::from_le_bytes([b[36], b[37], b[38], b[39]]));
+    let at = u64::from(half(36));
     if mid_unit {
         return Err(DescError::InsideUnit);
     }
-    // A check word ends the unit: nothing inline may follow it.
-    let placed = if x.check == 0 {
-        at <= inline.len() as u64
-    } else {
+    if flags & !WORD_APART != 0 || (x.word.is_some() && x.check == 0) {
+        return Err(DescError::BadWord(flags));
+    }
+    // A check word at the end of the read ends the unit: nothing inline
+    // may follow it.
+    let word_at_end = x.check != 0 && x.word.is_none();
+    let placed = if word_at_end {
         at == inline.len() as u64
+    } else {
+        at <= inline.len() as u64
     };
     if !placed {
         return Err(DescError::Placement {
@@ -253,7 +279,7 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Offered<'_>
             inline: inline.len(),
         });
     }
-    let word_len = if x.check == 0 { 0 } else { CHECK_LEN as u64 };
+    let word_len = if word_at_end { CHECK_LEN as u64 } else { 0 };
     if x.len <= word_len {
         return Err(DescError::Empty);
     }
@@ -272,7 +298,7 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Offered<'_>
 }
 
 /// A frame as one unit to send: split around its largest segment when
-/// the endpoints expose `in_place`, that segment is large enough to go by
+/// the endpoints can expose memory `in_place` (they have `FI_RMA`), that segment is large enough to go by
 /// rendezvous and the rest fits inline in a descriptor ([`OutUnit::Split`]);
 /// else encoded into one buffer (with spare capacity for the check word
 /// when it is large enough to go by rendezvous, so `expose` appends it
@@ -438,8 +464,7 @@ impl Exposures {
         if let Some(d) = self.unsent.take() {
             self.exposed.push_back(d.x.id);
             counters.sent += 1;
-            // No check word: exposed where the application put it.
-            counters.in_place += u64::from(d.x.check == 0);
+            counters.in_place += u64::from(d.x.in_place());
         }
     }
 
@@ -564,13 +589,26 @@ mod tests {
             len,
             key: 42,
             check,
+            word: None,
         }
     }
 
+    fn with_word(mut x: Exposed) -> Exposed {
+        x.word = Some(RemoteWord {
+            addr: 0x2000,
+            key: 43,
+        });
+        x
+    }
+
     fn described(len: u64, check: u64, inline: &[u8], at: usize) -> Vec<u8> {
+        describe(exposed(len, check), inline, at)
+    }
+
+    fn describe(x: Exposed, inline: &[u8], at: usize) -> Vec<u8> {
         let mut b = vec![0u8; DESC_MAX];
         let d = Described {
-            x: exposed(len, check),
+            x,
             inline: inline.to_vec(),
             at,
         };
@@ -605,7 +643,45 @@ mod tests {
                 at: 4
             }
         );
+        // A check word apart: the read may land among the inline bytes.
+        let x = with_word(exposed(100_000, 0x5eed));
+        let b = describe(x, b"headtail", 4);
+        let d = decode(&b, 1 << 20, false).unwrap();
+        assert_eq!(
+            d,
+            Offered {
+                x,
+                inline: b"headtail",
+                at: 4
+            }
+        );
+        assert!(x.in_place() && exposed(1, 0).in_place() && !exposed(1, 9).in_place());
         assert_eq!(decode_done(&7u32.to_le_bytes()), Some(7));
+    }
+
+    #[test]
+    fn check_words_apart_are_checked() {
+        // Apart, yet no word to compare.
+        let b = describe(with_word(exposed(100, 0)), b"ab", 1);
+        assert_eq!(decode(&b, 1 << 20, false), Err(DescError::BadWord(1)));
+        // Flags this side does not know.
+        let mut b = desc(100);
+        b[56] = 2;
+        assert_eq!(decode(&b, 1 << 20, false), Err(DescError::BadWord(2)));
+        // The word is not part of the read: a frame of the limit and no
+        // more, and a read of 8 bytes is not just a word.
+        let limit = with_word(exposed(1 << 20, 9));
+        assert!(decode(&describe(limit, &[], 0), 1 << 20, false).is_ok());
+        let over = with_word(exposed((1 << 20) + 1, 9));
+        assert_eq!(
+            decode(&describe(over, &[], 0), 1 << 20, false),
+            Err(DescError::TooLarge {
+                len: (1 << 20) + 1,
+                max: 1 << 20
+            })
+        );
+        let eight = with_word(exposed(CHECK_LEN as u64, 9));
+        assert!(decode(&describe(eight, &[], 0), 1 << 20, false).is_ok());
     }
 
     #[test]
@@ -768,6 +844,7 @@ mod tests {
                         len: m.len() as u64,
                         key: 1,
                         check: 3,
+                        word: None,
                     },
                     inline: Vec::new(),
                     at: 0,
