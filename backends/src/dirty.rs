@@ -5,26 +5,41 @@ use msgr_proto::LinkId;
 /// Links with queued output, credits to return or control to send: marked
 /// from wherever the work appears, drained once per flush, each link once
 /// and in id order (so a flush is deterministic and fair across links).
+/// The drained vector comes back ([`DirtyLinks::recycle`]) so a flush
+/// allocates nothing.
 #[derive(Debug, Default)]
-pub(crate) struct DirtyLinks(Vec<LinkId>);
+pub(crate) struct DirtyLinks {
+    marked: Vec<LinkId>,
+    spare: Vec<LinkId>,
+}
 
 impl DirtyLinks {
     pub(crate) fn push(&mut self, id: LinkId) {
-        self.0.push(id);
+        self.marked.push(id);
     }
 
     /// Every link marked since the last call, once each, in id order.
+    /// Links marked while the caller works through them wait for the next
+    /// call.
     pub(crate) fn take(&mut self) -> Vec<LinkId> {
-        let mut ids = std::mem::take(&mut self.0);
+        let mut ids = std::mem::replace(&mut self.marked, std::mem::take(&mut self.spare));
         ids.sort_unstable();
         ids.dedup();
         ids
+    }
+
+    /// Hands back a vector [`DirtyLinks::take`] returned, for its memory.
+    pub(crate) fn recycle(&mut self, mut ids: Vec<LinkId>) {
+        ids.clear();
+        if ids.capacity() > self.spare.capacity() {
+            self.spare = ids;
+        }
     }
 }
 
 impl Extend<LinkId> for DirtyLinks {
     fn extend<I: IntoIterator<Item = LinkId>>(&mut self, ids: I) {
-        self.0.extend(ids);
+        self.marked.extend(ids);
     }
 }
 
@@ -37,7 +52,11 @@ mod tests {
         let mut d = DirtyLinks::default();
         d.push(LinkId(3));
         d.extend([LinkId(1), LinkId(3), LinkId(2)]);
-        assert_eq!(d.take(), vec![LinkId(1), LinkId(2), LinkId(3)]);
+        let ids = d.take();
+        assert_eq!(ids, vec![LinkId(1), LinkId(2), LinkId(3)]);
+        d.push(LinkId(5));
+        d.recycle(ids);
+        assert_eq!(d.take(), vec![LinkId(5)]);
         assert!(d.take().is_empty());
     }
 }

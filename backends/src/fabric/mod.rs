@@ -1137,9 +1137,11 @@ impl Transport for FabricTransport {
     }
 
     fn flush(&mut self, events: &mut Vec<TransportEvent>) {
-        for id in self.dirty.take() {
+        let ids = self.dirty.take();
+        for &id in &ids {
             self.flush_link(id, events);
         }
+        self.dirty.recycle(ids);
     }
 
     fn ready(&mut self, _event: &Event, events: &mut Vec<TransportEvent>) {

@@ -1515,9 +1515,11 @@ impl Transport for RdmTransport {
         if !self.flush_closes() {
             self.retry_later();
         }
-        for id in self.dirty.take() {
+        let ids = self.dirty.take();
+        for &id in &ids {
             self.flush_link(id, events);
         }
+        self.dirty.recycle(ids);
     }
 
     fn ready(&mut self, _event: &Event, events: &mut Vec<TransportEvent>) {

@@ -1250,9 +1250,11 @@ impl Transport for RdmaTransport {
     }
 
     fn flush(&mut self, events: &mut Vec<TransportEvent>) {
-        for id in self.dirty.take() {
+        let ids = self.dirty.take();
+        for &id in &ids {
             self.flush_link(id, events);
         }
+        self.dirty.recycle(ids);
     }
 
     fn ready(&mut self, event: &Event, events: &mut Vec<TransportEvent>) {

@@ -134,6 +134,11 @@ pub(crate) struct Worker {
     pending: FxHashMap<LinkId, Session>,
     tevents: Vec<TransportEvent>,
     touched: Vec<u64>,
+    /// Emptied vectors kept for their memory: the sessions being driven
+    /// and the dispatcher callbacks' commands being handled swap with
+    /// these, so a message does not allocate for the bookkeeping.
+    touched_spare: Vec<u64>,
+    commands_spare: Vec<Command>,
     rng: StdRng,
     next_timer: Option<Instant>,
     /// The loop's clock: read once per pass (after the poll returns, and
@@ -197,6 +202,8 @@ impl Worker {
             pending: FxHashMap::default(),
             tevents: Vec::new(),
             touched: Vec::new(),
+            touched_spare: Vec::new(),
+            commands_spare: Vec::new(),
             rng: StdRng::from_os_rng(),
             next_timer: None,
             now: Instant::now(),
@@ -421,18 +428,21 @@ impl Worker {
     fn take_local_commands(&mut self) -> bool {
         let mut any = false;
         loop {
-            let cmds = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {
-                Some((_, _, q)) => std::mem::take(q),
-                None => Vec::new(),
+            let spare = std::mem::take(&mut self.commands_spare);
+            let mut cmds = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {
+                Some((_, _, q)) => std::mem::replace(q, spare),
+                None => spare,
             });
             if cmds.is_empty() {
+                self.commands_spare = cmds;
                 return any;
             }
             any = true;
             let now = self.now;
-            for c in cmds {
+            for c in cmds.drain(..) {
                 self.handle_command(c, now);
             }
+            self.commands_spare = cmds;
         }
     }
 
@@ -692,9 +702,12 @@ impl Worker {
     fn drive_touched(&mut self) {
         while !self.touched.is_empty() {
             let now = self.now;
-            for key in std::mem::take(&mut self.touched) {
+            let spare = std::mem::take(&mut self.touched_spare);
+            let mut keys = std::mem::replace(&mut self.touched, spare);
+            for key in keys.drain(..) {
                 self.drive(key, now);
             }
+            self.touched_spare = keys;
             self.take_local_commands();
         }
     }
