@@ -33,8 +33,8 @@
 //! segment into the gap between them. Where the provider does not check
 //! keys (`shm`) the descriptor also names a check word registered apart,
 //! which the receiver reads after the segment ([`msgr_fabric::CHECK_LEN`]).
-//! The copy was a tenth of a 1 MiB ping-pong's CPU over `tcp`, and a third
-//! of its one-way time over `shm`.
+//! The copy was a tenth of a 1 MiB ping-pong's CPU over `tcp`, and a
+//! quarter to a third of its one-way time over `shm`.
 //!
 //! What this module holds is transport-independent: the descriptor's
 //! encoding, the sending side's bookkeeping, the deadline and the counters.
