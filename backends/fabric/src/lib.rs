@@ -1648,6 +1648,18 @@ struct Region {
 }
 
 impl Region {
+    /// A buffer of ours under one registration.
+    fn owned(mem: Vec<u8>, mr: *mut sys::fid_mr, check: u64, len: usize) -> Region {
+        Region {
+            mem,
+            shared: None,
+            mr,
+            word_mr: ptr::null_mut(),
+            check,
+            len,
+        }
+    }
+
     fn close(self) -> Vec<u8> {
         let Region {
             mem,
@@ -1901,17 +1913,7 @@ impl RmaBuffers {
             }
         };
         let (ptr, len) = (mem.as_ptr(), mem.len());
-        Ok(self.publish(
-            ptr,
-            Region {
-                mem,
-                shared: None,
-                mr,
-                word_mr: ptr::null_mut(),
-                check,
-                len,
-            },
-        ))
+        Ok(self.publish(ptr, Region::owned(mem, mr, check, len)))
     }
 
     /// Registers `mem` for remote reads where it lies, without a copy, and
@@ -2059,6 +2061,48 @@ impl RmaBuffers {
         }
         // SAFETY: `at + len <= total`, the capacity just allocated.
         let target = unsafe { mem.as_mut_ptr().add(at) };
+        let remote = (from, addr, key);
+        // SAFETY: ep is the open endpoint that owns this Rma; mem is moved
+        // into `reading` below (a Vec's heap buffer does not move with it)
+        // and stays there until read_done or the endpoint's close, so the
+        // provider writes into live memory.
+        let mr = unsafe { self.post_read(ep, target, len, remote, context)? };
+        // The word read apart is checked when it is read, not now.
+        let check = if x.word.is_some() { 0 } else { x.check };
+        if let Some(word) = x.word {
+            let next = WordRead {
+                ep,
+                from,
+                word,
+                check: x.check,
+            };
+            self.words_next.insert(context, next);
+        }
+        self.reading
+            .insert(context, Region::owned(mem, mr, check, total));
+        self.gauge.reading.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Posts an `fi_read` of `len` bytes from the peer's `(from, addr, key)`
+    /// into `target` on `ep`, registering `target` first where the domain
+    /// wants local registrations (`FI_MR_LOCAL`); returns that
+    /// registration (null if none) for the caller to close once the read
+    /// completed.
+    ///
+    /// # Safety
+    ///
+    /// `ep` is the open endpoint that owns this `RmaBuffers`, and
+    /// `target..target + len` is memory the caller keeps alive and
+    /// untouched until the read's completion or the endpoint's close.
+    unsafe fn post_read(
+        &mut self,
+        ep: *mut sys::fid_ep,
+        target: *mut u8,
+        len: usize,
+        (from, addr, key): (u64, u64, u64),
+        context: u64,
+    ) -> Result<*mut sys::fid_mr, FabricError> {
         let mr = if self.mr_local {
             self.register(target, len, u64::from(sys::FI_READ))?
         } else {
@@ -2070,10 +2114,8 @@ impl RmaBuffers {
             // SAFETY: mr is an open registration.
             unsafe { sys::fi_mr_desc(mr) }
         };
-        // SAFETY: ep is the open endpoint that owns this Rma; mem is moved
-        // into `reading` below (a Vec's heap buffer does not move with it)
-        // and stays there until read_done or the endpoint's close, so the
-        // provider writes into live memory.
+        // SAFETY: the caller's contract: a live endpoint and memory that
+        // outlives the operation.
         let rc = unsafe {
             sys::fi_read(
                 ep,
@@ -2090,30 +2132,7 @@ impl RmaBuffers {
             close(mr as *mut sys::fid);
             return Err(e);
         }
-        // The word read apart is checked when it is read, not now.
-        let check = if x.word.is_some() { 0 } else { x.check };
-        if let Some(word) = x.word {
-            let next = WordRead {
-                ep,
-                from,
-                word,
-                check: x.check,
-            };
-            self.words_next.insert(context, next);
-        }
-        self.reading.insert(
-            context,
-            Region {
-                mem,
-                shared: None,
-                mr,
-                word_mr: ptr::null_mut(),
-                check,
-                len: total,
-            },
-        );
-        self.gauge.reading.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(mr)
     }
 
     /// The buffer of read `context` is filled (`r`, its registration
@@ -2123,36 +2142,11 @@ impl RmaBuffers {
     fn read_word(&mut self, context: u64, mut r: Region, w: WordRead) -> Result<(), FabricError> {
         // SAFETY: `read` allocated `r.len + CHECK_LEN` bytes of capacity.
         let target = unsafe { r.mem.as_mut_ptr().add(r.len) };
-        let mr = if self.mr_local {
-            self.register(target, CHECK_LEN, u64::from(sys::FI_READ))?
-        } else {
-            ptr::null_mut()
-        };
-        let desc = if mr.is_null() {
-            ptr::null_mut()
-        } else {
-            // SAFETY: mr is an open registration.
-            unsafe { sys::fi_mr_desc(mr) }
-        };
+        let remote = (w.from, w.word.addr, w.word.key);
         // SAFETY: w.ep is the open endpoint that owns this Rma (as in
         // `read`); `r.mem` goes back into `reading` below and stays there
         // until read_done or the endpoint's close.
-        let rc = unsafe {
-            sys::fi_read(
-                w.ep,
-                target as *mut c_void,
-                CHECK_LEN,
-                desc,
-                w.from,
-                w.word.addr,
-                w.word.key,
-                context as *mut c_void,
-            )
-        };
-        if let Err(e) = check("fi_read", rc) {
-            close(mr as *mut sys::fid);
-            return Err(e);
-        }
+        let mr = unsafe { self.post_read(w.ep, target, CHECK_LEN, remote, context)? };
         r.mr = mr;
         r.check = w.check;
         r.len += CHECK_LEN;
