@@ -348,6 +348,9 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
         hung_read(&bind)?;
     }
 
+    // 5b: both directions full at once.
+    both_ways(&bind)?;
+
     // 6: ping-pong, 64 B.
     let rounds = 1000u64;
     let mut rtts = Vec::with_capacity(rounds as usize);
@@ -563,6 +566,56 @@ fn hung_read(bind: &EntityAddr) -> Result<(), String> {
         "hung read: phase took {:.1} s",
         phase.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// A client floods the server with 40 KiB messages that the server echoes,
+/// all by rendezvous: both directions run out of credits with data queued, each side
+/// owing the other the credits it waits for. Credits must still go back
+/// (alone, when no data can carry them): a link that stalls until the
+/// keepalive timeout fails it, which this test counts as a failure.
+fn both_ways(bind: &EntityAddr) -> Result<(), String> {
+    // Every message by rendezvous: each side also owes the other an answer
+    // per read, sent only once the read is done (late), so the two
+    // directions' credits drain out of step.
+    let mut cfg = config();
+    cfg.set("rdma_rendezvous_bytes", "32768")
+        .map_err(|e| e.to_string())?;
+    let (mut srv, _) = server(bind, cfg.clone())?;
+    let (mut cli, cli_rec) = client(20, cfg)?;
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .map_err(|e| format!("connect: {e}"))?;
+    let count = 1500u64;
+    let t = Instant::now();
+    for i in 0..count {
+        conn.send_timeout(message(PING, i, 40 << 10), Duration::from_secs(30))
+            .map_err(|e| format!("both ways: send {i}: {e}"))?;
+    }
+    let all_back = wait_until(Duration::from_secs(120), || {
+        cli_rec.pongs.load(Ordering::Acquire) >= count
+    });
+    let faults: Vec<u64> = [&cli, &srv]
+        .iter()
+        .map(|m| m.counters().link_faults.load(Ordering::Relaxed))
+        .collect();
+    println!(
+        "both ways: {} of {count} echoes of 40 KiB (rendezvous) in {:.1} ms; link faults client {} server {}; credit-only sends client {} server {}",
+        cli_rec.pongs.load(Ordering::Acquire),
+        t.elapsed().as_secs_f64() * 1e3,
+        faults[0],
+        faults[1],
+        stat(&cli, "credit_only_sends"),
+        stat(&srv, "credit_only_sends"),
+    );
+    if !all_back {
+        return Err("both ways: echoes missing".into());
+    }
+    if faults.iter().any(|&f| f > 0) {
+        return Err("both ways: a link failed (stalled with credits owed both ways?)".into());
+    }
+    cli.shutdown(Duration::from_secs(5));
+    srv.shutdown(Duration::from_secs(5));
     Ok(())
 }
 

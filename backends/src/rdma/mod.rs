@@ -1045,12 +1045,15 @@ impl RdmaTransport {
             if !l.queue.is_empty() && l.credits == 0 {
                 self.counters.credit_stalls += 1;
             }
-            // A credit-only send when the peer is running low and we have no
-            // data to carry the credits (at most one in flight).
-            let credit_only = !data
-                && l.credit_chunk.is_none()
-                && l.queue.is_empty()
-                && l.should_return_credits();
+            // A credit-only send when the peer is running low and no data
+            // goes to carry the credits: none queued, or none we may send.
+            // The latter matters: with both sides out of credits, data
+            // queued both ways and each owing the other its window, only a
+            // credit-only send (which lands in the spare slot and needs no
+            // credit) breaks the wait; holding it back for the queued data
+            // stalled the link until the keepalive timeout failed it. At
+            // most one in flight.
+            let credit_only = !data && l.credit_chunk.is_none() && l.should_return_credits();
             if !data && !credit_only {
                 break;
             }
