@@ -375,6 +375,36 @@ fn shutdown_with_a_frozen_link(addr: &str) {
     drop((cli, srv));
 }
 
+/// Both directions full of rendezvous units at once: the client floods
+/// the server with 100 KiB messages, which the server echoes. Credits and
+/// read answers owed both ways must still flow: a link that stalls until
+/// the keepalive timeout (1.5 s here) fails, which counts as a failure.
+fn both_ways_without_a_fault(addr: &str) {
+    init_tracing();
+    let srv = start(addr, EntityName::server(1), Recorder::echoing());
+    let rec = Recorder::new();
+    let cli = start(addr, EntityName::client(1), rec.clone());
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    let count = 400u64;
+    for n in 1..=count {
+        send(&conn, probe_message(7, n, 100 << 10));
+    }
+    let back = wait_until(Duration::from_secs(60), || rec.delivered(7) >= count);
+    let faults = [&cli, &srv].map(|m| m.counters().link_faults.load(Ordering::Relaxed));
+    println!(
+        "{addr}: {} of {count} echoes, link faults {faults:?}, rendezvous sent {} + {}",
+        rec.delivered(7),
+        fabric_stat(&cli, "rendezvous_sent"),
+        fabric_stat(&srv, "rendezvous_sent")
+    );
+    assert!(back, "{addr}: echoes missing");
+    rec.assert_clean();
+    assert_eq!(faults, [0, 0], "{addr}: a link failed under load both ways");
+    drop((cli, srv));
+}
+
 /// The same tests over each provider and endpoint type.
 macro_rules! over {
     ($module:ident, $addr:expr, rendezvous: $rndv:expr) => {
@@ -397,6 +427,11 @@ macro_rules! over {
             #[test]
             fn shutdown_with_a_frozen_link() {
                 super::shutdown_with_a_frozen_link($addr);
+            }
+
+            #[test]
+            fn both_ways_without_a_fault() {
+                super::both_ways_without_a_fault($addr);
             }
         }
     };

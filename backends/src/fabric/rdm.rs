@@ -1202,7 +1202,10 @@ impl RdmTransport {
             },
         ) {
             if link.credits == 0 {
-                return Ok(true);
+                // Not a return: credits owed to the peer still go (KEEP,
+                // below), or two links out of credits both ways would wait
+                // on each other until the keepalive timeout.
+                break;
             }
             let credits = link.take_credits();
             let seq = link.tx_seq;
