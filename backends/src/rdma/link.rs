@@ -354,9 +354,66 @@ impl RdmaLink {
     }
 }
 
+/// What a link's next send carries ([`next_send`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NextSend {
+    /// The next queued part, with the credits owed riding in its header.
+    Data,
+    /// Only the credits owed (lands in the peer's spare slot, needs none).
+    CreditsAlone,
+    /// Nothing for now.
+    Nothing,
+}
+
+/// A link's next send from its state: queued data while it has a credit;
+/// else its credits alone when the peer needs them (`peer_needs`:
+/// [`RdmaLink::should_return_credits`]) and no credit-only send is in
+/// flight (at most one is). Credits go alone also while data waits for a
+/// credit: two ends out of credits, each with data queued and owing the
+/// other its window, would otherwise wait on each other for ever (the link
+/// stalled until the keepalive timeout failed it).
+pub(crate) fn next_send(
+    queued: bool,
+    credits: u32,
+    credits_in_flight: bool,
+    peer_needs: bool,
+) -> NextSend {
+    if queued && credits > 0 {
+        NextSend::Data
+    } else if !credits_in_flight && peer_needs {
+        NextSend::CreditsAlone
+    } else {
+        NextSend::Nothing
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credits_go_alone_whenever_no_data_can_carry_them() {
+        use NextSend::*;
+        // (queued, credits, credit-only in flight, peer needs credits)
+        for (args, want) in [
+            ((true, 1, false, true), Data),
+            ((true, 1, true, false), Data),
+            // Out of credits with data queued, owing the peer: the case
+            // that deadlocked when credits waited for the queue to empty.
+            ((true, 0, false, true), CreditsAlone),
+            ((false, 5, false, true), CreditsAlone),
+            ((true, 0, true, true), Nothing),
+            ((true, 0, false, false), Nothing),
+            ((false, 0, false, false), Nothing),
+        ] {
+            let (queued, credits, in_flight, needs) = args;
+            assert_eq!(
+                next_send(queued, credits, in_flight, needs),
+                want,
+                "{args:?}"
+            );
+        }
+    }
 
     #[test]
     fn units_are_cut_into_full_parts_that_gather_back() {

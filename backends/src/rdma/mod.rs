@@ -77,7 +77,7 @@ use crate::{
 };
 use cm::CmState;
 use device::{Device, MAX_READS, SQ_DEPTH};
-use link::{header, Conn, Kind, RdmaLink, ReadDesc, ReadOp, RxItem, HDR};
+use link::{header, next_send, Conn, Kind, NextSend, RdmaLink, ReadDesc, ReadOp, RxItem, HDR};
 use oob::OobListener;
 use pool::RxReturns;
 use wr::WrKind;
@@ -1041,22 +1041,19 @@ impl RdmaTransport {
             if room == 0 {
                 break;
             }
-            let data = !l.queue.is_empty() && l.credits > 0;
             if !l.queue.is_empty() && l.credits == 0 {
                 self.counters.credit_stalls += 1;
             }
-            // A credit-only send when the peer is running low and no data
-            // goes to carry the credits: none queued, or none we may send.
-            // The latter matters: with both sides out of credits, data
-            // queued both ways and each owing the other its window, only a
-            // credit-only send (which lands in the spare slot and needs no
-            // credit) breaks the wait; holding it back for the queued data
-            // stalled the link until the keepalive timeout failed it. At
-            // most one in flight.
-            let credit_only = !data && l.credit_chunk.is_none() && l.should_return_credits();
-            if !data && !credit_only {
-                break;
-            }
+            let data = match next_send(
+                !l.queue.is_empty(),
+                l.credits,
+                l.credit_chunk.is_some(),
+                l.should_return_credits(),
+            ) {
+                NextSend::Data => true,
+                NextSend::CreditsAlone => false,
+                NextSend::Nothing => break,
+            };
             let Some(c) = dev.tx.take() else {
                 self.counters.tx_pool_empty += 1;
                 // Woken by the next send completion (the next free chunk).
