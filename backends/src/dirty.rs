@@ -18,6 +18,16 @@ impl DirtyLinks {
         self.marked.push(id);
     }
 
+    /// Whether no link is marked (a flush with nothing to do returns at once).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.marked.is_empty()
+    }
+
+    /// Unmarks `id` (its link is gone).
+    pub(crate) fn remove(&mut self, id: LinkId) {
+        self.marked.retain(|l| *l != id);
+    }
+
     /// Every link marked since the last call, once each, in id order.
     /// Links marked while the caller works through them wait for the next
     /// call.

@@ -64,6 +64,7 @@ use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider, TransportKind};
 use msgr_fabric::{
     CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp, ReadDone, Site,
 };
+use msgr_proto::arena::ByteArena;
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
@@ -152,10 +153,27 @@ impl PieceError {
 
 /// A unit arriving in pieces (each at most a slot), joined and decoded: a
 /// link's first unit is its banner, every later one a frame.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Reassembly {
     partial: BytesMut,
     banner_seen: bool,
+    /// Where a unit that came in one piece is copied out of its receive
+    /// slot (small units share a chunk; see [`ByteArena`]).
+    arena: ByteArena,
+}
+
+/// Bytes of each chunk of a link's receive arena: units up to a quarter of
+/// it (4 KiB, an shm slot) are copied into it.
+const RX_ARENA: usize = 16 << 10;
+
+impl Default for Reassembly {
+    fn default() -> Self {
+        Reassembly {
+            partial: BytesMut::new(),
+            banner_seen: false,
+            arena: ByteArena::new(RX_ARENA),
+        }
+    }
 }
 
 impl Reassembly {
@@ -201,7 +219,7 @@ impl Reassembly {
             return Ok(None);
         }
         let whole = if self.partial.is_empty() {
-            Bytes::copy_from_slice(body)
+            self.arena.copy(body)
         } else {
             self.partial.extend_from_slice(body);
             self.partial.split().freeze()
@@ -787,11 +805,10 @@ impl FabricTransport {
 
     /// Fails links whose rendezvous read missed its deadline; looked at no
     /// more often than the deadline's tenth while reads are in flight.
-    fn check_reads(&mut self, events: &mut Vec<TransportEvent>) {
+    fn check_reads(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
         if self.reads == 0 {
             return;
         }
-        let now = Instant::now();
         if now < self.next_read_check {
             return;
         }
@@ -992,12 +1009,11 @@ impl FabricTransport {
 
     /// Drops links whose set-up deadline passed unconnected (outgoing ones
     /// are reported failed); pops entries of links that connected or went.
-    fn reap_half_open(&mut self) {
-        let mut now = None;
+    fn reap_half_open(&mut self, now: Instant) {
         while let Some(&(deadline, id)) = self.half_open.front() {
             match self.links.get(&id) {
                 Some(l) if !l.connected => {
-                    if deadline > *now.get_or_insert_with(Instant::now) {
+                    if deadline > now {
                         break;
                     }
                     let accepted = l.accepted.is_some();
@@ -1044,9 +1060,9 @@ impl FabricTransport {
         any
     }
 
-    fn poll_all(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        self.reap_half_open();
-        self.check_reads(events);
+    fn poll_all(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
+        self.reap_half_open(now);
+        self.check_reads(now, events);
         let mut any = !self.failed.is_empty();
         for (id, why) in std::mem::take(&mut self.failed) {
             events.push(TransportEvent::Failed(id, why));
@@ -1136,7 +1152,10 @@ impl Transport for FabricTransport {
         self.queue(link, unit)
     }
 
-    fn flush(&mut self, events: &mut Vec<TransportEvent>) {
+    fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {
+        if self.dirty.is_empty() {
+            return;
+        }
         let ids = self.dirty.take();
         for &id in &ids {
             self.flush_link(id, events);
@@ -1144,12 +1163,12 @@ impl Transport for FabricTransport {
         self.dirty.recycle(ids);
     }
 
-    fn ready(&mut self, _event: &Event, events: &mut Vec<TransportEvent>) {
-        self.poll_all(events);
+    fn ready(&mut self, _event: &Event, now: Instant, events: &mut Vec<TransportEvent>) {
+        self.poll_all(now, events);
     }
 
-    fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        self.poll_all(events)
+    fn progress(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
+        self.poll_all(now, events)
     }
 
     /// `fi_trywait` on the EQ and CQ: if the provider has something pending
@@ -1296,17 +1315,17 @@ pub(crate) mod tests {
                 std::time::Instant::now() < deadline,
                 "timed out: {events:?}"
             );
-            if !t.progress(&mut events) && t.arm() {
+            if !t.progress(std::time::Instant::now(), &mut events) && t.arm() {
                 let mut timeout = std::time::Duration::from_millis(50);
                 if let Some(at) = t.wake_at() {
                     timeout = timeout.min(at.saturating_duration_since(std::time::Instant::now()));
                 }
                 poll.poll(&mut ready, Some(timeout)).unwrap();
                 for ev in ready.iter() {
-                    t.ready(ev, &mut events);
+                    t.ready(ev, std::time::Instant::now(), &mut events);
                 }
             }
-            t.flush(&mut events);
+            t.flush(std::time::Instant::now(), &mut events);
         }
         events
     }
@@ -1362,7 +1381,7 @@ pub(crate) mod tests {
             ],
         );
         t.send(LinkId(1000), Transmit::Frame(big.clone())).unwrap();
-        t.flush(&mut Vec::new());
+        t.flush(Instant::now(), &mut Vec::new());
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
         assert!(
             matches!(&events[0], TransportEvent::Received(l, Inbound::Banner(b)) if *l == server && b[0] == 7)
@@ -1383,8 +1402,8 @@ pub(crate) mod tests {
         while stat(&t, "rendezvous_exposed") > 0 {
             assert!(Instant::now() < deadline, "unit still exposed");
             let mut events = Vec::new();
-            t.progress(&mut events);
-            t.flush(&mut events);
+            t.progress(Instant::now(), &mut events);
+            t.flush(Instant::now(), &mut events);
             assert!(events.is_empty(), "{events:?}");
         }
         assert_eq!(stat(&t, "rendezvous_reading"), 0);
@@ -1392,7 +1411,7 @@ pub(crate) mod tests {
         let small = Frame::new(msgr_proto::Tag::Message, vec![Bytes::from_static(b"x")]);
         t.send(LinkId(1000), Transmit::Frame(small.clone()))
             .unwrap();
-        t.flush(&mut Vec::new());
+        t.flush(Instant::now(), &mut Vec::new());
         let events = drive(&mut t, &mut poll, |e| !e.is_empty());
         assert!(
             matches!(&events[0], TransportEvent::Received(l, Inbound::Frame(f)) if *l == server && f.encode_to_vec().unwrap() == small.encode_to_vec().unwrap()),

@@ -88,7 +88,7 @@
 //! while the transport has endpoints — at once while a link is moving data
 //! and its peer answered within [`MOVING_WINDOW`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -414,7 +414,7 @@ struct RdmLink {
     /// paused, or they overtook earlier ones (a provider completes a small
     /// message sent after a large one first when the large one goes by its
     /// rendezvous protocol). At most the link's credits.
-    held: BTreeMap<u64, (usize, usize)>,
+    held: HeldPieces,
     /// Number of the next data piece to hand up / to send.
     rx_seq: u64,
     tx_seq: u64,
@@ -426,6 +426,53 @@ struct RdmLink {
     /// Rendezvous, receiving side: the fi_read in flight (later pieces
     /// wait for it) and the RNDV_DONE answers owed.
     receiving: Receiving,
+}
+
+/// A link's received data pieces not yet handed up, by number (receive
+/// slot and length). A piece is at most [`CREDITS`] ahead of the next one
+/// handed up (the sender's credits bound it; the receiver checks), so a
+/// ring of that many entries holds them: nothing is allocated per piece, as
+/// an ordered map did for every message.
+#[derive(Debug, Default)]
+struct HeldPieces {
+    ring: [Option<(usize, usize)>; CREDITS as usize],
+    count: usize,
+}
+
+impl HeldPieces {
+    fn at(seq: u64) -> usize {
+        (seq % u64::from(CREDITS)) as usize
+    }
+
+    /// Whether piece `seq` (within the window) is held already.
+    fn contains(&self, seq: u64) -> bool {
+        self.ring[Self::at(seq)].is_some()
+    }
+
+    /// Holds piece `seq`, which must be within the window and not held.
+    fn insert(&mut self, seq: u64, piece: (usize, usize)) {
+        let entry = &mut self.ring[Self::at(seq)];
+        debug_assert!(entry.is_none(), "piece {seq} held twice");
+        self.count += usize::from(entry.is_none());
+        *entry = Some(piece);
+    }
+
+    /// Takes piece `seq` if it is held.
+    fn take(&mut self, seq: u64) -> Option<(usize, usize)> {
+        let piece = self.ring[Self::at(seq)].take();
+        self.count -= usize::from(piece.is_some());
+        piece
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Takes every held piece.
+    fn drain(&mut self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.count = 0;
+        self.ring.iter_mut().filter_map(Option::take)
+    }
 }
 
 impl RdmLink {
@@ -449,7 +496,7 @@ impl RdmLink {
             reasm: Reassembly::default(),
             paused: false,
             frozen: false,
-            held: BTreeMap::new(),
+            held: HeldPieces::default(),
             rx_seq: 0,
             tx_seq: 0,
             close_after_flush: false,
@@ -473,16 +520,20 @@ impl RdmLink {
 
     /// Sends a control message of `kind` with `body` to the peer's end,
     /// returning the credits owed in its header. `Ok(false)`: not sent now
-    /// (see [`Port::post`]); the credits stay owed.
+    /// (see [`Port::post`]), or the peer's end is not known yet; the
+    /// credits stay owed.
     fn post_control(
         &mut self,
         id: LinkId,
         pidx: usize,
         port: &mut Port,
         kind: u8,
-        remote: Dest,
         body: &[u8],
+        now: Instant,
     ) -> Result<bool, FabricError> {
+        let Some(remote) = self.remote else {
+            return Ok(false);
+        };
         let credits = self.take_credits();
         let sent = port.post(pidx, self.peer, Some(id), |buf| {
             write_header(buf, kind, credits, remote, 0);
@@ -491,7 +542,7 @@ impl RdmLink {
         })?;
         if sent {
             self.inflight += 1;
-            self.last_sent = Instant::now();
+            self.last_sent = now;
         } else {
             self.to_return += u32::from(credits);
         }
@@ -551,6 +602,9 @@ pub struct RdmTransport {
     /// A rendezvous read in flight longer than this fails its link.
     read_timeout: Duration,
     dirty: crate::dirty::DirtyLinks,
+    /// The clock of the worker's current pass (set by `flush`, `ready` and
+    /// `progress`): liveness stamps and deadlines read it, not the clock.
+    now: Instant,
     /// A transmit slot came free or a CLOSE was queued: flush every link
     /// with something to send at the next progress.
     retry: bool,
@@ -630,6 +684,7 @@ impl RdmTransport {
             retry_at: None,
             resumed: Vec::new(),
             failed: Vec::new(),
+            now: Instant::now(),
             next_housekeeping: Instant::now() + HOUSEKEEPING,
             completions: Vec::with_capacity(CQ_BATCH),
         })
@@ -708,7 +763,7 @@ impl RdmTransport {
             port.ep.rma().unexpose(id);
         }
         // Held receives go back to the pool.
-        for (_, (slot, _)) in std::mem::take(&mut link.held) {
+        for (slot, _) in link.held.drain() {
             port.ep.recv_done(slot, 0);
             let _ = port.ep.post_recv(slot, context(link.port, true, slot));
         }
@@ -858,7 +913,7 @@ impl RdmTransport {
             );
             return self.repost(pidx, slot);
         }
-        link.last_heard = Instant::now();
+        link.last_heard = self.now;
         link.credits = link
             .credits
             .saturating_add(u32::from(h.credits))
@@ -888,7 +943,7 @@ impl RdmTransport {
             DATA_MORE | DATA_LAST | RNDV => {
                 if h.seq < link.rx_seq
                     || h.seq - link.rx_seq >= u64::from(CREDITS)
-                    || link.held.contains_key(&h.seq)
+                    || link.held.contains(h.seq)
                 {
                     let why = format!(
                         "data piece {} outside the window {}..{}",
@@ -950,7 +1005,7 @@ impl RdmTransport {
             {
                 break;
             }
-            let Some((slot, len)) = link.held.remove(&link.rx_seq) else {
+            let Some((slot, len)) = link.held.take(link.rx_seq) else {
                 break;
             };
             link.rx_seq += 1;
@@ -1129,7 +1184,15 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let result = Self::flush_into(id, link, pidx, port, self.rndv, &mut self.rndv_counters);
+        let result = Self::flush_into(
+            id,
+            link,
+            pidx,
+            port,
+            self.rndv,
+            &mut self.rndv_counters,
+            self.now,
+        );
         let closed = link.close_after_flush && link.idle();
         match result {
             Ok(done) => {
@@ -1152,6 +1215,7 @@ impl RdmTransport {
         port: &mut Port,
         rndv: bool,
         counters: &mut Counters,
+        now: Instant,
     ) -> Result<bool, FabricError> {
         let me = link.dest(id);
         if link.need_hello {
@@ -1169,7 +1233,7 @@ impl RdmTransport {
             }
             link.need_hello = false;
             link.inflight += 1;
-            link.last_sent = Instant::now();
+            link.last_sent = now;
         }
         let Some(remote) = link.remote else {
             return Ok(true); // waiting for WELCOME
@@ -1177,13 +1241,13 @@ impl RdmTransport {
         if link.need_welcome {
             let mut body = [0u8; 12];
             write_dest(&mut body, me);
-            if !link.post_control(id, pidx, port, WELCOME, remote, &body)? {
+            if !link.post_control(id, pidx, port, WELCOME, &body, now)? {
                 return Ok(false);
             }
             link.need_welcome = false;
         }
         while let Some(&done) = link.receiving.need_done.last() {
-            if !link.post_control(id, pidx, port, RNDV_DONE, remote, &done.to_le_bytes())? {
+            if !link.post_control(id, pidx, port, RNDV_DONE, &done.to_le_bytes(), now)? {
                 return Ok(false);
             }
             link.receiving.need_done.pop();
@@ -1221,7 +1285,7 @@ impl RdmTransport {
             link.inflight += 1;
             link.credits -= 1;
             link.tx_seq += 1;
-            link.last_sent = Instant::now();
+            link.last_sent = now;
         }
         while link.credits > 0
             && !link.queue.is_empty()
@@ -1255,7 +1319,7 @@ impl RdmTransport {
             link.credits -= 1;
             link.tx_seq += 1;
             link.queued -= n;
-            link.last_sent = Instant::now();
+            link.last_sent = now;
             if last {
                 link.queue.pop_front();
                 link.front_sent = 0;
@@ -1265,7 +1329,7 @@ impl RdmTransport {
             }
         }
         if link.need_keep || link.to_return >= CREDITS / 2 {
-            if !link.post_control(id, pidx, port, KEEP, remote, &[])? {
+            if !link.post_control(id, pidx, port, KEEP, &[], now)? {
                 return Ok(false);
             }
             link.need_keep = false;
@@ -1276,12 +1340,15 @@ impl RdmTransport {
     /// Sends queued CLOSE messages of every port.
     fn flush_closes(&mut self) -> bool {
         let mut done = true;
+        if self.ports.iter().flatten().all(|p| p.closes.is_empty()) {
+            return done;
+        }
         for (pidx, port) in self.ports.iter_mut().enumerate() {
             let Some(port) = port.as_mut() else {
                 continue;
             };
             while let Some(&(peer, remote, queued)) = port.closes.front() {
-                if queued.elapsed() > CLOSE_GIVE_UP {
+                if self.now.saturating_duration_since(queued) > CLOSE_GIVE_UP {
                     // The peer does not take messages: its deadline tells it.
                     port.closes.pop_front();
                     port.release_peer(peer, true);
@@ -1353,7 +1420,8 @@ impl RdmTransport {
         }
     }
 
-    fn poll_all(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+    fn poll_all(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
+        self.now = now;
         let mut any = !self.failed.is_empty();
         for (id, why) in std::mem::take(&mut self.failed) {
             events.push(TransportEvent::Failed(id, why));
@@ -1362,7 +1430,6 @@ impl RdmTransport {
         for id in std::mem::take(&mut self.resumed) {
             any |= self.hand_up(id, events);
         }
-        let now = Instant::now();
         self.housekeeping(now, events);
         let again = self.retry_at.is_some_and(|t| t <= now);
         any |= self.retry;
@@ -1377,7 +1444,7 @@ impl RdmTransport {
                 .map(|(&id, _)| id)
                 .collect();
             self.dirty.extend(ids);
-            self.flush(events);
+            self.flush(now, events);
         }
         any
     }
@@ -1390,8 +1457,7 @@ impl RdmTransport {
     }
 
     fn retry_later(&mut self) {
-        self.retry_at
-            .get_or_insert_with(|| Instant::now() + RETRY_AFTER);
+        self.retry_at.get_or_insert(self.now + RETRY_AFTER);
     }
 
     fn queue(&mut self, link: LinkId, unit: OutUnit) -> Result<(), TransportError> {
@@ -1514,9 +1580,13 @@ impl Transport for RdmTransport {
         self.queue(link, unit)
     }
 
-    fn flush(&mut self, events: &mut Vec<TransportEvent>) {
+    fn flush(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
+        self.now = now;
         if !self.flush_closes() {
             self.retry_later();
+        }
+        if self.dirty.is_empty() {
+            return;
         }
         let ids = self.dirty.take();
         for &id in &ids {
@@ -1525,12 +1595,12 @@ impl Transport for RdmTransport {
         self.dirty.recycle(ids);
     }
 
-    fn ready(&mut self, _event: &Event, events: &mut Vec<TransportEvent>) {
-        self.poll_all(events);
+    fn ready(&mut self, _event: &Event, now: Instant, events: &mut Vec<TransportEvent>) {
+        self.poll_all(now, events);
     }
 
-    fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        self.poll_all(events)
+    fn progress(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
+        self.poll_all(now, events)
     }
 
     /// `fi_trywait` on the CQ. A CQ without a wait fd (shm) cannot be armed:
@@ -1670,6 +1740,36 @@ mod tests {
     use msgr_proto::banner::BANNER_LEN;
     use msgr_proto::{Frame, Inbound};
 
+    /// Pieces that overtook earlier ones wait in the ring and come out in
+    /// order, across the ring's wrap, each once.
+    #[test]
+    fn held_pieces_come_out_in_order() {
+        let mut held = HeldPieces::default();
+        let mut next = 0u64;
+        let mut out = Vec::new();
+        // Windows of CREDITS pieces, each arriving last-to-first.
+        for window in 0..3u64 {
+            let base = window * u64::from(CREDITS);
+            for seq in (base..base + u64::from(CREDITS)).rev() {
+                assert!(!held.contains(seq));
+                held.insert(seq, (seq as usize, 1));
+                assert!(held.contains(seq));
+                while let Some((slot, _)) = held.take(next) {
+                    out.push(slot as u64);
+                    next += 1;
+                }
+            }
+            assert!(held.is_empty());
+        }
+        assert_eq!(out, (0..3 * u64::from(CREDITS)).collect::<Vec<_>>());
+        held.insert(next + 2, (7, 1));
+        held.insert(next + 5, (9, 1));
+        let mut drained: Vec<_> = held.drain().collect();
+        drained.sort_unstable();
+        assert_eq!(drained, vec![(7, 1), (9, 1)]);
+        assert!(held.is_empty());
+    }
+
     fn open(provider: &str, poll: &mio::Poll) -> RdmTransport {
         let ctx = TransportContext::new(FrameLimits::default());
         let p = FabricProvider::new(provider).with_endpoint(FabricEndpoint::Rdm);
@@ -1706,7 +1806,7 @@ mod tests {
         let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
         assert_ne!(bound.socket.port(), 0);
         t.connect(LinkId(1000), &bound).unwrap();
-        t.flush(&mut Vec::new());
+        t.flush(Instant::now(), &mut Vec::new());
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
         let server = events
             .iter()
@@ -1751,7 +1851,7 @@ mod tests {
         for f in &frames {
             t.send(LinkId(1000), Transmit::Frame(f.clone())).unwrap();
         }
-        t.flush(&mut Vec::new());
+        t.flush(Instant::now(), &mut Vec::new());
         let events = drive(&mut t, &mut poll, |e| e.len() > frames.len());
         assert!(
             matches!(&events[0], TransportEvent::Received(l, Inbound::Banner(b)) if *l == server && b[0] == 7),
@@ -1806,7 +1906,7 @@ mod tests {
             .unwrap();
         let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
         t.connect(LinkId(1000), &bound).unwrap();
-        t.flush(&mut Vec::new());
+        t.flush(Instant::now(), &mut Vec::new());
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
         let server = events
             .iter()
@@ -1861,7 +1961,7 @@ mod tests {
             println!("{provider}: connect refused at once: {e}");
             return;
         }
-        t.flush(&mut Vec::new());
+        t.flush(Instant::now(), &mut Vec::new());
         let events = drive(&mut t, &mut poll, |e| !e.is_empty());
         assert!(
             matches!(&events[0], TransportEvent::Failed(LinkId(1000), _)),

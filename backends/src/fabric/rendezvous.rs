@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use msgr_fabric::{Exposed, FabricError, RemoteWord, RmaBuffers, CHECK_LEN};
+use msgr_proto::frame::EncodedFrame;
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound};
 
 use super::{PieceError, Reassembly};
@@ -111,6 +112,9 @@ pub enum DescError {
 pub enum OutUnit {
     /// Encoded in one buffer.
     Flat(Vec<u8>),
+    /// A frame in its encoded parts, copied straight into the send slots
+    /// (a small frame is never assembled into a buffer of its own first).
+    Frame(EncodedFrame),
     /// A large frame whose largest segment stays where the application put
     /// it.
     Split(SplitFrame),
@@ -121,6 +125,7 @@ impl OutUnit {
     pub fn len(&self) -> usize {
         match self {
             OutUnit::Flat(v) => v.len(),
+            OutUnit::Frame(f) => f.len(),
             OutUnit::Split(s) => s.len(),
         }
     }
@@ -128,34 +133,49 @@ impl OutUnit {
     /// Copies the unit's bytes from `offset` into `dst`, as many as fit
     /// (the eager path's pieces); returns how many.
     pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> usize {
-        let parts: [&[u8]; 3] = match self {
-            OutUnit::Flat(v) => [v, &[], &[]],
-            OutUnit::Split(s) => [&s.head, &s.body, &s.tail],
-        };
-        let (mut skip, mut done) = (offset, 0);
-        for p in parts {
-            if skip >= p.len() {
-                skip -= p.len();
-                continue;
-            }
-            let n = (p.len() - skip).min(dst.len() - done);
-            dst[done..done + n].copy_from_slice(&p[skip..skip + n]);
-            done += n;
-            skip = 0;
-            if done == dst.len() {
-                break;
-            }
+        match self {
+            OutUnit::Flat(v) => copy_parts([&v[..]], offset, dst),
+            OutUnit::Frame(f) => copy_parts(f.parts(), offset, dst),
+            OutUnit::Split(s) => copy_parts([&s.head[..], &s.body, &s.tail], offset, dst),
         }
-        done
     }
 
     /// The unit in one buffer with room for a check word after it.
     fn flatten(self) -> Vec<u8> {
         match self {
             OutUnit::Flat(v) => v,
+            OutUnit::Frame(f) => {
+                let mut v = Vec::with_capacity(f.len() + CHECK_LEN);
+                f.write_into(&mut v);
+                v
+            }
             OutUnit::Split(s) => s.into_vec(CHECK_LEN),
         }
     }
+}
+
+/// Copies the bytes of `parts` (one unit, in order) from `offset` into
+/// `dst`, as many as fit; returns how many.
+fn copy_parts<'a>(
+    parts: impl IntoIterator<Item = &'a [u8]>,
+    offset: usize,
+    dst: &mut [u8],
+) -> usize {
+    let (mut skip, mut done) = (offset, 0);
+    for p in parts {
+        if skip >= p.len() {
+            skip -= p.len();
+            continue;
+        }
+        let n = (p.len() - skip).min(dst.len() - done);
+        dst[done..done + n].copy_from_slice(&p[skip..skip + n]);
+        done += n;
+        skip = 0;
+        if done == dst.len() {
+            break;
+        }
+    }
+    done
 }
 
 /// A unit of ours exposed for the peer: what its descriptor carries.
@@ -298,24 +318,21 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Offered<'_>
 }
 
 /// A frame as one unit to send: split around its largest segment when
-/// the endpoints can expose memory `in_place` (they have `FI_RMA`), that segment is large enough to go by
-/// rendezvous and the rest fits inline in a descriptor ([`OutUnit::Split`]);
-/// else encoded into one buffer (with spare capacity for the check word
-/// when it is large enough to go by rendezvous, so `expose` appends it
-/// without copying the unit).
+/// the endpoints can expose memory `in_place` (they have `FI_RMA`), that
+/// segment is large enough to go by rendezvous and the rest fits inline in
+/// a descriptor ([`OutUnit::Split`]); else kept in its encoded parts
+/// ([`OutUnit::Frame`]: copied once, into the send slots or into the
+/// buffer a rendezvous exposes).
 pub fn encode_unit(f: Frame, in_place: bool) -> Result<OutUnit, FrameError> {
     let len = f.encoded_len();
-    let mut enc = f.into_encoded()?;
+    let enc = f.into_encoded()?;
     if in_place && len > RNDV_THRESHOLD {
-        match split_frame(enc) {
-            Ok(s) => return Ok(OutUnit::Split(s)),
-            Err(whole) => enc = whole,
-        }
+        return Ok(match split_frame(enc) {
+            Ok(s) => OutUnit::Split(s),
+            Err(whole) => OutUnit::Frame(whole),
+        });
     }
-    let spare = if len > RNDV_THRESHOLD { CHECK_LEN } else { 0 };
-    let mut out = Vec::with_capacity(len + spare);
-    enc.write_into(&mut out);
-    Ok(OutUnit::Flat(out))
+    Ok(OutUnit::Frame(enc))
 }
 
 /// The id at the start of an answer's body.
@@ -735,8 +752,8 @@ mod tests {
             let want = frame.encode_to_vec().unwrap();
             assert_eq!(
                 encode_unit(frame.clone(), false).unwrap(),
-                OutUnit::Flat(want.clone()),
-                "without exposure in place: one buffer"
+                OutUnit::Frame(frame.clone().into_encoded().unwrap()),
+                "without exposure in place: the encoded frame as it is"
             );
             let unit = encode_unit(frame, true).unwrap();
             assert_eq!(matches!(unit, OutUnit::Split { .. }), split);

@@ -435,9 +435,8 @@ impl RdmaTransport {
     }
 
     /// Destroys parked ids that waited [`PARK_GRACE`] for their event.
-    pub(super) fn reap_parked(&mut self) {
+    pub(super) fn reap_parked(&mut self, now: Instant) {
         if let Some(cm) = self.cm.as_mut() {
-            let now = Instant::now();
             cm.parked
                 .retain(|_, (_, since)| now.saturating_duration_since(*since) < PARK_GRACE);
         }

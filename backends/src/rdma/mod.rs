@@ -469,11 +469,10 @@ impl RdmaTransport {
     }
 
     /// Releases closing links past their linger deadline.
-    fn reap_closing(&mut self) {
+    fn reap_closing(&mut self, now: Instant) {
         if self.closing.is_empty() {
             return;
         }
-        let now = Instant::now();
         let late: Vec<LinkId> = self
             .closing
             .iter()
@@ -488,8 +487,7 @@ impl RdmaTransport {
     }
 
     /// Fails links whose rendezvous reads are past their deadline.
-    fn reap_late_reads(&mut self, events: &mut Vec<TransportEvent>) {
-        let now = Instant::now();
+    fn reap_late_reads(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
         let late: Vec<LinkId> = self
             .links
             .iter()
@@ -549,8 +547,12 @@ impl RdmaTransport {
 
     /// Links of one direction (`outgoing` or accepted) still in setup at
     /// `deadline(link)`.
-    fn late_setups(&self, outgoing: bool, deadline: impl Fn(&RdmaLink) -> Instant) -> Vec<LinkId> {
-        let now = Instant::now();
+    fn late_setups(
+        &self,
+        outgoing: bool,
+        now: Instant,
+        deadline: impl Fn(&RdmaLink) -> Instant,
+    ) -> Vec<LinkId> {
         self.links
             .iter()
             .filter(|(_, l)| l.outgoing == outgoing && !l.up && now >= deadline(l))
@@ -562,8 +564,8 @@ impl RdmaTransport {
     /// The worker has not heard of them (`Accepted` comes at the end of the
     /// setup), so nothing is reported: the peer sees the connection close
     /// and retries.
-    fn reap_half_open(&mut self, deadline: impl Fn(&RdmaLink) -> Instant) {
-        for id in self.late_setups(false, deadline) {
+    fn reap_half_open(&mut self, now: Instant, deadline: impl Fn(&RdmaLink) -> Instant) {
+        for id in self.late_setups(false, now, deadline) {
             tracing::debug!(
                 link = id.0,
                 "dropping an accepted RDMA link whose setup did not finish"
@@ -578,8 +580,8 @@ impl RdmaTransport {
     /// and the session only retries once the transport says the connect
     /// failed (a guest stress run once left two lossless connections
     /// `Connecting` to a restarted server for 90 s).
-    fn fail_stalled_connects(&mut self, events: &mut Vec<TransportEvent>) {
-        for id in self.late_setups(true, |l| l.since + SETUP_TIMEOUT) {
+    fn fail_stalled_connects(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
+        for id in self.late_setups(true, now, |l| l.since + SETUP_TIMEOUT) {
             self.fail(
                 id,
                 format!("connection not established within {SETUP_TIMEOUT:?}"),
@@ -1210,7 +1212,7 @@ impl Transport for RdmaTransport {
         // a closed TCP listener resets connections not yet accepted). One
         // listener per transport, as the messenger binds one address.
         let now = Instant::now();
-        self.reap_half_open(|_| now);
+        self.reap_half_open(now, |_| now);
     }
 
     fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
@@ -1249,7 +1251,10 @@ impl Transport for RdmaTransport {
         }
     }
 
-    fn flush(&mut self, events: &mut Vec<TransportEvent>) {
+    fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {
+        if self.dirty.is_empty() {
+            return;
+        }
         let ids = self.dirty.take();
         for &id in &ids {
             self.flush_link(id, events);
@@ -1257,7 +1262,7 @@ impl Transport for RdmaTransport {
         self.dirty.recycle(ids);
     }
 
-    fn ready(&mut self, event: &Event, events: &mut Vec<TransportEvent>) {
+    fn ready(&mut self, event: &Event, _now: Instant, events: &mut Vec<TransportEvent>) {
         let token = event.token();
         if token == self.cq_token {
             if let Some(dev) = &self.dev {
@@ -1287,7 +1292,7 @@ impl Transport for RdmaTransport {
         self.oob_ready(LinkId(token.0 as u64), event, events);
     }
 
-    fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+    fn progress(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
         let mut any = self.take_returns();
         any |= !self.pending.is_empty();
         events.append(&mut self.pending);
@@ -1295,11 +1300,11 @@ impl Transport for RdmaTransport {
             any |= self.drain_held(id, events);
         }
         any |= self.poll_cq(events);
-        self.reap_closing();
-        self.reap_late_reads(events);
-        self.reap_half_open(|l| l.since + SETUP_TIMEOUT);
-        self.fail_stalled_connects(events);
-        self.reap_parked();
+        self.reap_closing(now);
+        self.reap_late_reads(now, events);
+        self.reap_half_open(now, |l| l.since + SETUP_TIMEOUT);
+        self.fail_stalled_connects(now, events);
+        self.reap_parked(now);
         any
     }
 

@@ -10,6 +10,7 @@ use rustc_hash::FxHashMap;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
@@ -40,7 +41,7 @@ pub struct TcpTransport {
     listeners: FxHashMap<Token, TcpListener>,
     links: FxHashMap<LinkId, TcpLink>,
     /// Links with queued output (flushed together at the end of a loop turn).
-    dirty: Vec<LinkId>,
+    dirty: crate::dirty::DirtyLinks,
     /// Links whose last read was cut short by the budget.
     read_pending: Vec<LinkId>,
     /// Links aborted by fault injection, reported on the next progress call.
@@ -62,7 +63,7 @@ impl TcpTransport {
             link_ids: ctx.link_ids.clone(),
             listeners: FxHashMap::default(),
             links: FxHashMap::default(),
-            dirty: Vec::new(),
+            dirty: Default::default(),
             read_pending: Vec::new(),
             aborted: Vec::new(),
             frozen_closed: Vec::new(),
@@ -244,13 +245,18 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
-    fn flush(&mut self, events: &mut Vec<TransportEvent>) {
-        for id in std::mem::take(&mut self.dirty) {
+    fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {
+        if self.dirty.is_empty() {
+            return;
+        }
+        let ids = self.dirty.take();
+        for &id in &ids {
             self.flush_link(id, events);
         }
+        self.dirty.recycle(ids);
     }
 
-    fn ready(&mut self, event: &Event, events: &mut Vec<TransportEvent>) {
+    fn ready(&mut self, event: &Event, _now: Instant, events: &mut Vec<TransportEvent>) {
         let token = event.token();
         if token.0 >= LISTENER_TOKEN_BASE {
             self.accept_all(token, events);
@@ -282,7 +288,7 @@ impl Transport for TcpTransport {
         }
     }
 
-    fn progress(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+    fn progress(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) -> bool {
         let aborted = !self.aborted.is_empty();
         for id in std::mem::take(&mut self.aborted) {
             events.push(TransportEvent::Failed(id, "injected abortive close".into()));
@@ -382,7 +388,7 @@ impl Transport for TcpTransport {
     }
 
     fn detach(&mut self, link: LinkId) -> Option<DetachedLink> {
-        self.dirty.retain(|l| *l != link);
+        self.dirty.remove(link);
         self.read_pending.retain(|l| *l != link);
         let mut l = self.drop_link(link)?;
         l.write_interest = false;

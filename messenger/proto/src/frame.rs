@@ -268,11 +268,7 @@ impl Frame {
     /// result: no reference counts touched).
     pub fn into_encoded(self) -> Result<EncodedFrame, FrameError> {
         let preamble = self.preamble()?.encode();
-        let mut epilogue = [0u8; 4 * MAX_SEGMENTS];
-        let checked = checked_segments(self.flags);
-        for (i, s) in self.segments.iter().enumerate().take(checked) {
-            epilogue[4 * i..4 * i + 4].copy_from_slice(&segment_crc(s).to_le_bytes());
-        }
+        let epilogue = self.epilogue();
         let epilogue_len = 4 * self.segments.len();
         Ok(EncodedFrame {
             preamble,
@@ -282,12 +278,29 @@ impl Frame {
         })
     }
 
-    /// Encodes the frame into one contiguous buffer (for small frames and tests).
+    /// Encodes the frame into one contiguous buffer (for small frames and
+    /// tests); the frame is left as it is, nothing of it cloned.
     pub fn encode_to_vec(&self) -> Result<Vec<u8>, FrameError> {
-        let enc = self.encode()?;
-        let mut out = Vec::with_capacity(enc.len());
-        enc.write_into(&mut out);
+        let preamble = self.preamble()?.encode();
+        let epilogue = self.epilogue();
+        let mut out = Vec::with_capacity(self.encoded_len());
+        out.extend_from_slice(&preamble);
+        for s in &self.segments {
+            out.extend_from_slice(s);
+        }
+        out.extend_from_slice(&epilogue[..4 * self.segments.len()]);
         Ok(out)
+    }
+
+    /// The epilogue's words: each checked segment's CRC, 0 for the rest.
+    /// Call after [`Frame::preamble`] has bounded the segment count.
+    fn epilogue(&self) -> [u8; 4 * MAX_SEGMENTS] {
+        let mut epilogue = [0u8; 4 * MAX_SEGMENTS];
+        let checked = checked_segments(self.flags);
+        for (i, s) in self.segments.iter().enumerate().take(checked) {
+            epilogue[4 * i..4 * i + 4].copy_from_slice(&segment_crc(s).to_le_bytes());
+        }
+        epilogue
     }
 
     /// Decodes exactly one frame occupying all of `buf` (message-oriented
@@ -365,7 +378,7 @@ fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
 }
 
 /// A frame ready for a vectored write: preamble, segments, epilogue.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EncodedFrame {
     /// The encoded preamble.
     pub preamble: [u8; PREAMBLE_LEN],
@@ -391,13 +404,19 @@ impl EncodedFrame {
         false
     }
 
+    /// The frame's bytes in wire order, in the pieces they lie in:
+    /// preamble, each segment, epilogue.
+    pub fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(&self.preamble[..])
+            .chain(self.segments.iter().map(|s| &s[..]))
+            .chain(std::iter::once(self.epilogue()))
+    }
+
     /// Appends the whole frame to `out` (copying the segments).
     pub fn write_into(&self, out: &mut impl BufMut) {
-        out.put_slice(&self.preamble);
-        for s in &self.segments {
-            out.put_slice(s);
+        for p in self.parts() {
+            out.put_slice(p);
         }
-        out.put_slice(self.epilogue());
     }
 }
 

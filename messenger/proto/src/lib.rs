@@ -1,5 +1,6 @@
 //! The msgr wire protocol, with no I/O in it.
 //!
+//! - [`arena`]: small byte strings copied into shared chunks.
 //! - [`frame`]: where a frame is encoded and decoded (preamble, segments, CRC32C).
 //! - [`banner`]: the first bytes of every connection; version and features.
 //! - [`message`]: application messages and their frame form; [`codec`] for typed payloads.
@@ -14,6 +15,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod arena;
 pub mod banner;
 pub mod checksum;
 pub mod codec;

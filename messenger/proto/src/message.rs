@@ -5,16 +5,17 @@
 //! by rendezvous). On the wire it is a [`Tag::Message`] frame whose segments are
 //! the 32-byte header, front and data.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::{de::DeserializeOwned, Serialize};
 
+use crate::arena::ByteArena;
 use crate::codec::{Codec, CodecError, Postcard};
 use crate::error::ProtocolError;
 use crate::frame::{Frame, Tag};
 
 /// Length of the encoded message header segment.
 pub const MESSAGE_HEADER_LEN: usize = 32;
-/// Bytes of the buffer [`Message::to_frame_in`] cuts headers from.
+/// Bytes of each chunk of the arena [`Message::to_frame_in`] copies headers into.
 pub const HEADER_ARENA: usize = 4096;
 
 /// An application message.
@@ -88,16 +89,13 @@ impl Message {
 
     /// Encodes the message as a frame, piggybacking `ack_seq`.
     pub fn to_frame(&self, ack_seq: u64) -> Frame {
-        self.to_frame_in(ack_seq, &mut BytesMut::new())
+        self.to_frame_in(ack_seq, &mut ByteArena::new(0))
     }
 
-    /// [`Message::to_frame`], cutting the header segment from `headers`,
-    /// a buffer the caller keeps from frame to frame: one allocation serves
-    /// [`HEADER_ARENA`] / 32 headers instead of one each.
-    pub fn to_frame_in(&self, ack_seq: u64, headers: &mut BytesMut) -> Frame {
-        if headers.capacity() - headers.len() < MESSAGE_HEADER_LEN {
-            *headers = BytesMut::with_capacity(HEADER_ARENA);
-        }
+    /// [`Message::to_frame`], copying the header segment into `headers`,
+    /// an arena the caller keeps from frame to frame (of [`HEADER_ARENA`]
+    /// bytes: one allocation serves 128 headers instead of one each).
+    pub fn to_frame_in(&self, ack_seq: u64, headers: &mut ByteArena) -> Frame {
         let mut h = [0u8; MESSAGE_HEADER_LEN];
         h[0..2].copy_from_slice(&self.msg_type.to_le_bytes());
         h[2] = self.priority;
@@ -106,14 +104,7 @@ impl Message {
         h[16..24].copy_from_slice(&ack_seq.to_le_bytes());
         Frame::new(
             Tag::Message,
-            vec![
-                {
-                    headers.extend_from_slice(&h);
-                    headers.split().freeze()
-                },
-                self.front.clone(),
-                self.data.clone(),
-            ],
+            vec![headers.copy(&h), self.front.clone(), self.data.clone()],
         )
     }
 
@@ -170,7 +161,7 @@ mod tests {
     /// stay the header of their own frame.
     #[test]
     fn headers_from_a_shared_buffer_stay_apart() {
-        let mut headers = BytesMut::new();
+        let mut headers = ByteArena::new(HEADER_ARENA);
         let n = 3 * HEADER_ARENA / MESSAGE_HEADER_LEN + 5;
         let frames: Vec<(Message, Frame)> = (0..n as u64)
             .map(|seq| {

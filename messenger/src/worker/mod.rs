@@ -301,7 +301,7 @@ impl Worker {
                 }
                 active = true;
                 if let Some(t) = self.transports.iter_mut().find(|t| t.owns(ev.token())) {
-                    t.ready(ev, &mut self.tevents);
+                    t.ready(ev, self.now, &mut self.tevents);
                 }
             }
             active |= self.progress_transports();
@@ -322,7 +322,7 @@ impl Worker {
     fn progress_transports(&mut self) -> bool {
         let mut any = false;
         for t in &mut self.transports {
-            any |= t.progress(&mut self.tevents);
+            any |= t.progress(self.now, &mut self.tevents);
         }
         if any {
             self.handle_transport_events();
@@ -340,7 +340,7 @@ impl Worker {
     fn flush_transports(&mut self) {
         loop {
             for t in &mut self.transports {
-                t.flush(&mut self.tevents);
+                t.flush(self.now, &mut self.tevents);
             }
             let unblocked = self.unblock_sessions();
             if self.tevents.is_empty() && !unblocked {
@@ -428,6 +428,13 @@ impl Worker {
     fn take_local_commands(&mut self) -> bool {
         let mut any = false;
         loop {
+            // Looked at several times per message and mostly empty: a
+            // glance first, the swap only when there is something.
+            let queued =
+                LOCAL_WORKER.with(|l| l.borrow().as_ref().is_some_and(|(_, _, q)| !q.is_empty()));
+            if !queued {
+                return any;
+            }
             let spare = std::mem::take(&mut self.commands_spare);
             let mut cmds = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {
                 Some((_, _, q)) => std::mem::replace(q, spare),

@@ -20,11 +20,11 @@ mod config;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use msgr_addr::{EntityAddr, EntityName};
 
 pub use config::{Policy, SessionConfig};
 
+use crate::arena::ByteArena;
 use crate::banner::{features, Banner};
 use crate::control::{
     control_frame, parse_control, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk,
@@ -262,8 +262,8 @@ pub struct Session {
 
     ctrl: VecDeque<Transmit>,
     events: VecDeque<SessionEvent>,
-    /// Message headers are cut from here (see `Message::to_frame_in`).
-    headers: BytesMut,
+    /// Message headers are copied into here (see `Message::to_frame_in`).
+    headers: ByteArena,
     backoff: Duration,
     link_since: Instant,
     last_rx: Instant,
@@ -302,7 +302,7 @@ impl Session {
             acked_in_seq: 0,
             ctrl: VecDeque::new(),
             events: VecDeque::new(),
-            headers: BytesMut::new(),
+            headers: ByteArena::new(crate::message::HEADER_ARENA),
             backoff,
             link_since: now,
             last_rx: now,
