@@ -22,6 +22,7 @@
 //! segment (a message's header: sequence numbers, lengths) are always checked.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use crate::error::FrameError;
 
@@ -200,6 +201,11 @@ impl Preamble {
     }
 }
 
+/// A frame's segments, held inline: up to [`MAX_SEGMENTS`] of them cost no
+/// allocation (every message frame, sent or received, used to allocate its
+/// segment list). More than that only in frames that fail to encode.
+pub type Segments = SmallVec<[Bytes; MAX_SEGMENTS]>;
+
 /// A frame: tag, flags and segments. Segments are [`Bytes`], so a frame built from
 /// received memory borrows it without copying.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -209,13 +215,22 @@ pub struct Frame {
     /// Per-tag flags.
     pub flags: u8,
     /// Up to [`MAX_SEGMENTS`] segments.
-    pub segments: Vec<Bytes>,
+    pub segments: Segments,
 }
 
 impl Frame {
     /// Builds a frame. Panics in debug builds if more than [`MAX_SEGMENTS`]
     /// segments are given: that is a bug in the caller, not wire input.
-    pub fn new(tag: Tag, segments: Vec<Bytes>) -> Frame {
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use msgr_proto::{Frame, Tag};
+    ///
+    /// let f = Frame::new(Tag::Message, [Bytes::from_static(b"h"), Bytes::new(), Bytes::new()]);
+    /// assert_eq!(f.segments.len(), 3);
+    /// ```
+    pub fn new(tag: Tag, segments: impl IntoIterator<Item = Bytes>) -> Frame {
+        let segments: Segments = segments.into_iter().collect();
         debug_assert!(segments.len() <= MAX_SEGMENTS);
         Frame {
             tag,
@@ -226,7 +241,7 @@ impl Frame {
 
     /// A frame with a single segment.
     pub fn single(tag: Tag, payload: impl Into<Bytes>) -> Frame {
-        Frame::new(tag, vec![payload.into()])
+        Frame::new(tag, [payload.into()])
     }
 
     /// The preamble this frame encodes to. Fails if a segment does not fit a u32
@@ -354,7 +369,7 @@ fn checked_segments(flags: u8) -> usize {
 fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
     whole.advance(PREAMBLE_LEN);
     let count = usize::from(pre.segment_count);
-    let mut segments = Vec::with_capacity(count);
+    let mut segments = Segments::new();
     for len in &pre.segment_lens[..count] {
         segments.push(whole.split_to(*len as usize));
     }
@@ -383,7 +398,7 @@ pub struct EncodedFrame {
     /// The encoded preamble.
     pub preamble: [u8; PREAMBLE_LEN],
     /// The segments, shared with the [`Frame`].
-    pub segments: Vec<Bytes>,
+    pub segments: Segments,
     epilogue: [u8; 4 * MAX_SEGMENTS],
     epilogue_len: usize,
 }

@@ -104,7 +104,7 @@ impl Message {
         h[16..24].copy_from_slice(&ack_seq.to_le_bytes());
         Frame::new(
             Tag::Message,
-            vec![headers.copy(&h), self.front.clone(), self.data.clone()],
+            [headers.copy(&h), self.front.clone(), self.data.clone()],
         )
     }
 

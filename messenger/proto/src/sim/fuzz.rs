@@ -355,7 +355,7 @@ fn read_frame(r: &mut Reader<'_>) -> Frame {
     let tag = Tag::from_u8(r.u8() % 14).unwrap_or(Tag::Message);
     let flags = r.u8();
     let count = usize::from(r.u8()) % (MAX_SEGMENTS + 1);
-    let mut segments = Vec::with_capacity(count);
+    let mut segments = crate::frame::Segments::new();
     for _ in 0..count {
         let len = usize::from(r.u16() % 2048);
         segments.push(Bytes::copy_from_slice(r.bytes(len)));
