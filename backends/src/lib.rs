@@ -137,6 +137,19 @@ pub trait Transport {
     /// happened.
     fn progress(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool;
 
+    /// Whether the busy-poll window must ask the worker's Poll on every
+    /// pass for this transport's links to move: true where data arrives
+    /// only as fd readiness (TCP sockets). Transports that poll their
+    /// completion queues in [`Transport::progress`] say false, and while
+    /// every transport does, a spinning worker calls `epoll_wait` only
+    /// every few passes (for listeners, connection set-up and the waker):
+    /// on a 64 B shm ping-pong the system call, with the `sched_yield` of
+    /// every idle pass, took a third of the spinning worker's time.
+    /// Default: true.
+    fn ready_every_pass(&self) -> bool {
+        true
+    }
+
     /// Called when the worker is about to block on its Poll after
     /// [`Transport::progress`] found nothing: arm wait objects that need it
     /// (`fi_trywait`). Returns false if something is pending already, and

@@ -1216,6 +1216,11 @@ impl Transport for FabricTransport {
     /// counted: they are no longer the worker's (as a closed TCP socket's
     /// unsent bytes belong to the kernel) and go when their sends complete,
     /// or with the transport.
+    /// `progress` reads the CQ and EQ itself.
+    fn ready_every_pass(&self) -> bool {
+        false
+    }
+
     fn link_count(&self) -> usize {
         self.links.values().filter(|l| !l.close_after_flush).count()
     }

@@ -1671,6 +1671,11 @@ impl Transport for RdmTransport {
 
     /// Links closed with `flush` whose last sends are in flight are not
     /// counted (see the MSG backend).
+    /// `progress` reads the CQ itself.
+    fn ready_every_pass(&self) -> bool {
+        false
+    }
+
     fn link_count(&self) -> usize {
         self.links.values().filter(|l| !l.close_after_flush).count()
     }

@@ -1413,6 +1413,12 @@ impl Transport for RdmaTransport {
             || self.links.contains_key(&LinkId(token.0 as u64))
     }
 
+    /// `progress` polls the CQ itself; the set-up sockets and the rdma_cm
+    /// channel can wait a few passes.
+    fn ready_every_pass(&self) -> bool {
+        false
+    }
+
     fn link_count(&self) -> usize {
         self.links.len()
     }

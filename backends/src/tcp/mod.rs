@@ -340,6 +340,11 @@ impl Transport for TcpTransport {
         self.listeners.contains_key(&token) || self.links.contains_key(&LinkId(token.0 as u64))
     }
 
+    /// A connected socket's bytes show only as readiness.
+    fn ready_every_pass(&self) -> bool {
+        !self.links.is_empty()
+    }
+
     fn link_count(&self) -> usize {
         self.links.len()
     }

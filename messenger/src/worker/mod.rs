@@ -43,6 +43,11 @@ const TX_LOW_WATER: usize = 1 << 20;
 
 /// The token of each worker's waker.
 pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
+/// While busy-polling, the worker makes its two system calls — `epoll_wait`
+/// (unless a transport needs it every pass) and, when idle, `sched_yield` —
+/// on one pass in this many. Both on every pass took a third of a spinning
+/// worker's time and made a 64 B shm ping-pong ~15% slower (docs/BENCHMARKS.md).
+const SPIN_SYSCALL_EVERY: u32 = 16;
 
 /// How other threads reach a worker.
 pub(crate) struct WorkerHandle {
@@ -243,7 +248,9 @@ impl Worker {
         let busy = self.shared.cfg.busy_poll;
         self.now = Instant::now();
         let mut last_activity = self.now;
+        let mut pass: u32 = 0;
         loop {
+            pass = pass.wrapping_add(1);
             let mut active = self.take_commands();
             if active {
                 // Commands touch sessions: do that work before any blocking poll.
@@ -253,11 +260,12 @@ impl Worker {
             if self.finished(self.now) {
                 break;
             }
-            let timeout = if self.now.duration_since(last_activity) < busy {
-                if !active {
-                    // Spinning without work: let a peer thread that shares our
-                    // core run (on an oversubscribed machine it may be the one
-                    // we are waiting for).
+            let spinning = self.now.duration_since(last_activity) < busy;
+            let timeout = if spinning {
+                if !active && pass.is_multiple_of(SPIN_SYSCALL_EVERY) {
+                    // Spinning without work: now and then let a peer thread
+                    // that shares our core run (on an oversubscribed machine
+                    // it may be the one we are waiting for).
                     std::thread::yield_now();
                 }
                 Some(Duration::ZERO)
@@ -287,7 +295,14 @@ impl Worker {
                     until.map(|t| t.saturating_duration_since(self.now))
                 }
             };
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
+            // While spinning, epoll only every few passes unless a transport
+            // needs it every pass (see `Transport::ready_every_pass`).
+            let ask_poll = !spinning
+                || pass.is_multiple_of(SPIN_SYSCALL_EVERY)
+                || self.transports.iter().any(|t| t.ready_every_pass());
+            if !ask_poll {
+                events.clear();
+            } else if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "poll failed; worker stops");
                     break;
