@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
+use msgr_proto::arena::ByteArena;
 use msgr_proto::Inbound;
 use msgr_rdma::{MemoryRegion, QueuePair, ReadOnlyRegion};
 use rustc_hash::FxHashMap;
@@ -44,6 +45,10 @@ impl Kind {
 
 /// Flag: more parts of this unit follow.
 pub(crate) const MORE: u8 = 1;
+
+/// Bytes of each chunk of a link's receive arena (copied units up to a
+/// quarter of it share one).
+const RX_ARENA: usize = 16 << 10;
 
 /// The per-send header: kind, flags, credits granted to the receiver's peer.
 pub(crate) fn header(kind: Kind, more: bool, credits: u32) -> [u8; HDR] {
@@ -246,6 +251,9 @@ pub(crate) struct RdmaLink {
     pub(crate) credit_chunk: Option<u32>,
     /// Parts of the unit being received.
     pub(crate) reasm: BytesMut,
+    /// Where small units are copied out of their receive chunk (they
+    /// share arena chunks; see [`msgr_proto::arena::ByteArena`]).
+    pub(crate) rx_arena: ByteArena,
     pub(crate) paused: bool,
     pub(crate) frozen: bool,
     /// Received, not delivered yet: while paused, or behind a read.
@@ -294,6 +302,7 @@ impl RdmaLink {
             withheld: 0,
             credit_chunk: None,
             reasm: BytesMut::new(),
+            rx_arena: ByteArena::new(RX_ARENA),
             paused: false,
             frozen: false,
             held: VecDeque::new(),

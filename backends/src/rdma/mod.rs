@@ -69,6 +69,7 @@ use msgr_rdma::{
     WcOpcode, WorkCompletion,
 };
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use crate::split;
 use crate::{
@@ -91,6 +92,8 @@ const CLOSE_LINGER: Duration = Duration::from_secs(2);
 /// Received units at least this large (and fitting one chunk) are lent to
 /// the application instead of copied.
 const LEND_MIN: usize = 4 << 10;
+/// Sends one flush of a link keeps inline (more spill to the heap).
+const POST_BATCH: usize = 8;
 /// Frames smaller than this are encoded into one buffer before they are cut
 /// into parts; larger ones are gathered from their segments straight into
 /// the send chunks, saving a copy of the payload.
@@ -778,7 +781,7 @@ impl RdmaTransport {
                     lent = true;
                     self.counters.rx_lent_total += 1;
                 } else {
-                    unit = Some(Bytes::copy_from_slice(payload));
+                    unit = Some(l.rx_arena.copy(payload));
                 }
             }
             Kind::ReadReq => match ReadDesc::decode(payload) {
@@ -1037,7 +1040,9 @@ impl RdmaTransport {
         let Some(qp) = l.qp.as_ref() else {
             return;
         };
-        let mut posts: Vec<(u32, usize)> = Vec::new();
+        // A flush posts a few sends at most (one per 64 B message in a
+        // ping-pong): kept inline, not allocated three times per flush.
+        let mut posts: SmallVec<[(u32, usize); POST_BATCH]> = SmallVec::new();
         loop {
             let room = (SQ_DEPTH as usize).saturating_sub(l.tx_inflight.len() + posts.len());
             if room == 0 {
@@ -1087,8 +1092,8 @@ impl RdmaTransport {
             let sges = posts
                 .iter()
                 .map(|&(c, len)| dev.tx.sge(c, len))
-                .collect::<Result<Vec<_>, _>>()?;
-            let wrs: Vec<SendWr<'_>> = posts
+                .collect::<Result<SmallVec<[_; POST_BATCH]>, _>>()?;
+            let wrs: SmallVec<[SendWr<'_>; POST_BATCH]> = posts
                 .iter()
                 .zip(&sges)
                 .map(|(&(c, len), s)| SendWr {
