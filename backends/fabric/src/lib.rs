@@ -1279,6 +1279,9 @@ pub struct RdmEp {
     rx: Vec<Buffers>,
     rx_block: usize,
     slot_size: usize,
+    /// The endpoint's `tx_attr.inject_size`: sends up to it may go by
+    /// [`RdmEp::inject`].
+    inject_size: usize,
     /// Never close (see the crate docs: `shm`).
     leak: bool,
     rma: RmaBuffers,
@@ -1405,6 +1408,7 @@ impl Net {
             rx: Vec::new(),
             rx_block,
             slot_size,
+            inject_size: 0,
             leak: self.leak,
             rma: self.rma_regions(),
         };
@@ -1413,6 +1417,10 @@ impl Net {
         // opened, endpoint before buffers.
         unsafe {
             ep.addr_format = (*info.0).addr_format;
+            let tx_attr = (*info.0).tx_attr;
+            if !tx_attr.is_null() {
+                ep.inject_size = (*tx_attr).inject_size;
+            }
             let mut av_attr = sys::fi_av_attr {
                 type_: sys::FI_AV_MAP,
                 ..Default::default()
@@ -1605,6 +1613,35 @@ impl RdmEp {
     /// A completed send: the slot may be refilled.
     pub fn send_done(&mut self, slot: usize) {
         self.tx.done(slot, 0);
+    }
+
+    /// The largest send [`RdmEp::inject`] takes (`tx_attr.inject_size`;
+    /// 0: the provider injects nothing).
+    pub fn inject_size(&self) -> usize {
+        self.inject_size
+    }
+
+    /// Sends the first `len` bytes of transmit slot `slot` to `to` by
+    /// `fi_inject`: the provider has copied them when it returns and
+    /// reports no completion, so the slot is free again at once. This is
+    /// how a small send avoids the completion queue (a completion written
+    /// by the provider and read back per message). `len` must be at most
+    /// [`RdmEp::inject_size`]; `Err` with [`is_again`]: retry later.
+    pub fn inject(&mut self, slot: usize, len: usize, to: PeerAddr) -> Result<(), FabricError> {
+        if len > self.inject_size {
+            return Err(FabricError::Call {
+                op: "fi_inject",
+                code: sys::FI_EMSGSIZE as i32,
+                msg: format!("{len} bytes above the inject size {}", self.inject_size),
+            });
+        }
+        let p = self.tx.idle_ptr(slot, len)?;
+        // SAFETY: p points to `len` bytes of an idle slot of the endpoint's
+        // transmit buffer, alive for the call; fi_inject copies them before
+        // it returns and keeps no reference to them or to a context.
+        let rc = unsafe { sys::fi_inject(self.ep, p as *const c_void, len, to.0) };
+        check("fi_inject", rc)?;
+        Ok(())
     }
 
     /// The endpoint's rendezvous buffers (for peers to read).

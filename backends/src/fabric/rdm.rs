@@ -267,6 +267,10 @@ struct Port {
     /// fi_reads in flight: context -> link.
     reads: FxHashMap<u64, LinkId>,
     next_read: u32,
+    /// Contexts of sends that went by `fi_inject`: done when posted, they
+    /// complete through the same path as the provider's completions, at
+    /// the next CQ poll (their slots stay taken until then).
+    injected: Vec<u64>,
 }
 
 impl Port {
@@ -285,6 +289,7 @@ impl Port {
             links: 0,
             reads: FxHashMap::default(),
             next_read: 0,
+            injected: Vec::new(),
         }
     }
 
@@ -375,7 +380,15 @@ impl Port {
             return Err(FabricError::Slot(slot));
         };
         let len = fill(buf);
-        match self.ep.send(slot, len, to, context(port, false, slot)) {
+        let ctx = context(port, false, slot);
+        let posted = if len <= self.ep.inject_size() {
+            self.ep
+                .inject(slot, len, to)
+                .map(|()| self.injected.push(ctx))
+        } else {
+            self.ep.send(slot, len, to, ctx)
+        };
+        match posted {
             Ok(()) => {
                 self.free_tx.pop();
                 self.tx_use[slot] = Some((link, peer));
@@ -809,6 +822,31 @@ impl RdmTransport {
     /// Reads completions in batches. Returns whether there were any.
     fn drain_cq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
         let mut any = false;
+        for pidx in 0..self.ports.len() {
+            let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+                continue;
+            };
+            if port.injected.is_empty() {
+                continue;
+            }
+            any = true;
+            let mut done = std::mem::take(&mut port.injected);
+            for &context in &done {
+                let c = Completion {
+                    context,
+                    len: 0,
+                    recv: false,
+                    error: None,
+                };
+                self.complete(&c, events);
+            }
+            done.clear();
+            // Keep the vector's memory (sends injected meanwhile stay queued).
+            if let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) {
+                done.append(&mut port.injected);
+                port.injected = done;
+            }
+        }
         for _ in 0..CQ_ROUNDS {
             let mut batch = std::mem::take(&mut self.completions);
             batch.clear();
