@@ -54,6 +54,11 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "busy-poll window after activity before blocking, in µs (default 200; 0 = never spin)",
     ),
     (
+        "busy_poll_syscall_every",
+        "while busy-polling, make the loop's system calls (epoll_wait, unless a transport \
+         needs it every pass; sched_yield when idle) on one pass in N (default 1: every pass)",
+    ),
+    (
         "policy",
         "policy of connections this side opens: lossy-client | lossless-client | lossless-peer",
     ),
@@ -145,6 +150,13 @@ pub struct MessengerConfig {
     pub workers: usize,
     /// How long a worker keeps polling without blocking after activity.
     pub busy_poll: Duration,
+    /// While busy-polling, a worker calls `epoll_wait` (unless a transport
+    /// needs it every pass: TCP) and, when idle, `sched_yield` on one pass
+    /// in this many (at least 1). Default 1: every pass, which keeps a
+    /// machine whose cores are shared fair (a soft RDMA device's kernel
+    /// threads, say). On dedicated cores 16 made a 64 B shm ping-pong ~5%
+    /// faster (docs/BENCHMARKS.md).
+    pub busy_poll_syscall_every: u32,
     /// Policy of connections opened with [`crate::Messenger::connect`].
     pub policy: Policy,
     /// Session tunables (timers, queue bounds, frame limits).
@@ -168,6 +180,7 @@ impl Default for MessengerConfig {
         MessengerConfig {
             workers: 1,
             busy_poll: Duration::from_micros(200),
+            busy_poll_syscall_every: 1,
             policy: Policy::LosslessClient,
             session: SessionConfig::default(),
             rx_throttle_messages: 64 * 1024,
@@ -220,6 +233,9 @@ impl MessengerConfig {
                 }
             }
             "busy_poll_us" => self.busy_poll = Duration::from_micros(parse_num(key, value)?),
+            "busy_poll_syscall_every" => {
+                self.busy_poll_syscall_every = parse_num::<u32>(key, value)?.max(1)
+            }
             "policy" => {
                 self.policy = parse_policy(value.trim()).ok_or_else(|| ConfigError::BadValue {
                     key: key.into(),

@@ -85,14 +85,16 @@ fn msgr_name(round: u16, transport: &str) -> String {
 /// The transports msgr runs over, in table order: (label, address with
 /// `{port}` and `{siw}` to fill in, port in round 0, global tool options).
 /// The `-nocrc` runs set `payload_crc=false` on both sides (perftest checks
-/// no data; RoCE's ICRC and siw's transport do), the others run defaults.
-const MSGR_RUNS: [(&str, &str, u16, &[&str]); 6] = [
+/// no data; RoCE's ICRC and siw's transport do), the `-sys1` runs make the
+/// busy-poll loop's system calls on every pass (the default before
+/// `busy_poll_syscall_every`), the others run defaults.
+const MSGR_RUNS: [(&str, &str, u16, &[&str]); 7] = [
     ("verbs", "verbs://127.0.0.1:{port}?dev=rxe0", 18830, &[]),
     (
-        "verbs-noinline",
+        "verbs-sys1",
         "verbs://127.0.0.1:{port}?dev=rxe0",
         18835,
-        NO_INLINE,
+        SYSCALL_EVERY_PASS,
     ),
     (
         "verbs-nocrc",
@@ -103,10 +105,16 @@ const MSGR_RUNS: [(&str, &str, u16, &[&str]); 6] = [
     ("tcp", "tcp://127.0.0.1:{port}", 18831, &[]),
     ("rdmacm", "rdmacm://{siw}:{port}", 18832, &[]),
     ("rdmacm-nocrc", "rdmacm://{siw}:{port}", 18834, NO_CRC),
+    (
+        "rdmacm-sys1",
+        "rdmacm://{siw}:{port}",
+        18836,
+        SYSCALL_EVERY_PASS,
+    ),
 ];
 const NO_CRC: &[&str] = &["--set", "payload_crc=false"];
-/// Every send fetched by DMA: what inline sends of small frames save.
-const NO_INLINE: &[&str] = &["--set", "rdma_inline_bytes=0"];
+/// `epoll_wait` and `sched_yield` on every busy-poll pass.
+const SYSCALL_EVERY_PASS: &[&str] = &["--set", "busy_poll_syscall_every=1"];
 
 fn commands(tool: &std::path::Path) -> Vec<GuestCommand> {
     let mut cmds = vec![GuestCommand::shell(
@@ -362,7 +370,7 @@ impl Figures {
                     reference: reference_name,
                     unit: "us",
                     reference_value: l.as_ref().ok().map(reference),
-                    msgr: ["verbs", "verbs-nocrc", "verbs-noinline", "tcp"]
+                    msgr: ["verbs", "verbs-nocrc", "verbs-sys1", "tcp"]
                         .into_iter()
                         .map(|t| (t, self.ping(t, *size).map(pick)))
                         .collect(),
@@ -375,7 +383,7 @@ impl Figures {
             reference: "rxe0 ib_write_bw BW average".into(),
             unit: "MiB/s",
             reference_value: self.write_bw.as_ref().ok().map(|b| b.bw_avg_mb_s),
-            msgr: ["verbs", "verbs-nocrc", "verbs-noinline", "tcp"]
+            msgr: ["verbs", "verbs-nocrc", "verbs-sys1", "tcp"]
                 .into_iter()
                 .map(|t| (t, self.stream(t)))
                 .collect(),
@@ -388,7 +396,7 @@ impl Figures {
                     reference: format!("siw0 ib_send_lat -R {col}"),
                     unit: "us",
                     reference_value: self.siw_lat[i].as_ref().ok().map(reference),
-                    msgr: ["rdmacm", "rdmacm-nocrc"]
+                    msgr: ["rdmacm", "rdmacm-nocrc", "rdmacm-sys1"]
                         .into_iter()
                         .map(|t| (t, self.ping(t, *size).map(pick)))
                         .collect(),
@@ -401,7 +409,7 @@ impl Figures {
             reference: "siw0 ib_write_bw -R BW average".into(),
             unit: "MiB/s",
             reference_value: self.siw_bw.as_ref().ok().map(|b| b.bw_avg_mb_s),
-            msgr: ["rdmacm", "rdmacm-nocrc"]
+            msgr: ["rdmacm", "rdmacm-nocrc", "rdmacm-sys1"]
                 .into_iter()
                 .map(|t| (t, self.stream(t)))
                 .collect(),
@@ -434,8 +442,8 @@ fn table(rounds: &[Figures]) -> String {
         s,
         "msgr vs perftest, one TCG guest boot, {} rounds (compare ratios only); msgr default \
          config (1 worker, busy-poll 200 µs), lossless; ratio = median of per-round \
-         msgr/reference [min-max]; -nocrc: payload_crc=false on both sides; -noinline: \
-         rdma_inline_bytes=0 (no inline sends)",
+         msgr/reference [min-max]; -nocrc: payload_crc=false on both sides; -sys1: \
+         busy_poll_syscall_every=1 (epoll_wait and sched_yield on every busy-poll pass)",
         rounds.len()
     );
     let _ = writeln!(

@@ -43,11 +43,6 @@ const TX_LOW_WATER: usize = 1 << 20;
 
 /// The token of each worker's waker.
 pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
-/// While busy-polling, the worker makes its two system calls — `epoll_wait`
-/// (unless a transport needs it every pass) and, when idle, `sched_yield` —
-/// on one pass in this many. Both on every pass took a third of a spinning
-/// worker's time and made a 64 B shm ping-pong ~15% slower (docs/BENCHMARKS.md).
-const SPIN_SYSCALL_EVERY: u32 = 16;
 
 /// How other threads reach a worker.
 pub(crate) struct WorkerHandle {
@@ -246,6 +241,11 @@ impl Worker {
         LOCAL_WORKER.with(|l| *l.borrow_mut() = Some((self.shared.id, self.idx, Vec::new())));
         let mut events = Events::with_capacity(1024);
         let busy = self.shared.cfg.busy_poll;
+        // While busy-polling, `epoll_wait` (unless a transport needs it every
+        // pass) and, when idle, `sched_yield` on one pass in this many
+        // (`busy_poll_syscall_every`; both took a third of a spinning
+        // worker's time, see docs/BENCHMARKS.md).
+        let syscall_every = self.shared.cfg.busy_poll_syscall_every.max(1);
         self.now = Instant::now();
         let mut last_activity = self.now;
         let mut pass: u32 = 0;
@@ -262,7 +262,7 @@ impl Worker {
             }
             let spinning = self.now.duration_since(last_activity) < busy;
             let timeout = if spinning {
-                if !active && pass.is_multiple_of(SPIN_SYSCALL_EVERY) {
+                if !active && pass.is_multiple_of(syscall_every) {
                     // Spinning without work: now and then let a peer thread
                     // that shares our core run (on an oversubscribed machine
                     // it may be the one we are waiting for).
@@ -298,7 +298,7 @@ impl Worker {
             // While spinning, epoll only every few passes unless a transport
             // needs it every pass (see `Transport::ready_every_pass`).
             let ask_poll = !spinning
-                || pass.is_multiple_of(SPIN_SYSCALL_EVERY)
+                || pass.is_multiple_of(syscall_every)
                 || self.transports.iter().any(|t| t.ready_every_pass());
             if !ask_poll {
                 events.clear();
