@@ -141,10 +141,9 @@ pub trait Transport {
     /// pass for this transport's links to move: true where data arrives
     /// only as fd readiness (TCP sockets). Transports that poll their
     /// completion queues in [`Transport::progress`] say false, and while
-    /// every transport does, a spinning worker configured to
-    /// (`busy_poll_syscall_every` above 1) calls `epoll_wait` only every few
-    /// passes (listeners, connection set-up and the waker can wait): on a
-    /// 64 B shm ping-pong the system call, with the `sched_yield` of every
+    /// every transport does, a spinning worker calls `epoll_wait` only every
+    /// few passes (listeners, connection set-up and the waker can wait): on
+    /// a 64 B shm ping-pong the system call, with the `sched_yield` of every
     /// idle pass, took a third of the spinning worker's time. Default: true.
     fn ready_every_pass(&self) -> bool {
         true

@@ -152,10 +152,11 @@ pub struct MessengerConfig {
     pub busy_poll: Duration,
     /// While busy-polling, a worker calls `epoll_wait` (unless a transport
     /// needs it every pass: TCP) and, when idle, `sched_yield` on one pass
-    /// in this many (at least 1). Default 1: every pass, which keeps a
-    /// machine whose cores are shared fair (a soft RDMA device's kernel
-    /// threads, say). On dedicated cores 16 made a 64 B shm ping-pong ~5%
-    /// faster (docs/BENCHMARKS.md).
+    /// in this many. Default 0: adaptive — epoll on one pass in 16 where no
+    /// transport needs it every pass, and a yield on every idle pass while
+    /// yields give the core to another thread (a soft RDMA device's kernel
+    /// threads, say), backing off to one in 64 while they find no one to
+    /// run. 1 is every pass, for both.
     pub busy_poll_syscall_every: u32,
     /// Policy of connections opened with [`crate::Messenger::connect`].
     pub policy: Policy,
@@ -180,7 +181,7 @@ impl Default for MessengerConfig {
         MessengerConfig {
             workers: 1,
             busy_poll: Duration::from_micros(200),
-            busy_poll_syscall_every: 1,
+            busy_poll_syscall_every: 0,
             policy: Policy::LosslessClient,
             session: SessionConfig::default(),
             rx_throttle_messages: 64 * 1024,
@@ -234,7 +235,7 @@ impl MessengerConfig {
             }
             "busy_poll_us" => self.busy_poll = Duration::from_micros(parse_num(key, value)?),
             "busy_poll_syscall_every" => {
-                self.busy_poll_syscall_every = parse_num::<u32>(key, value)?.max(1)
+                self.busy_poll_syscall_every = parse_num::<u32>(key, value)?
             }
             "policy" => {
                 self.policy = parse_policy(value.trim()).ok_or_else(|| ConfigError::BadValue {

@@ -8,6 +8,7 @@
 //! worker moves to the owner of its session once the peer said hello.
 
 mod command;
+mod spin;
 
 use std::collections::VecDeque;
 
@@ -241,11 +242,8 @@ impl Worker {
         LOCAL_WORKER.with(|l| *l.borrow_mut() = Some((self.shared.id, self.idx, Vec::new())));
         let mut events = Events::with_capacity(1024);
         let busy = self.shared.cfg.busy_poll;
-        // While busy-polling, `epoll_wait` (unless a transport needs it every
-        // pass) and, when idle, `sched_yield` on one pass in this many
-        // (`busy_poll_syscall_every`; both took a third of a spinning
-        // worker's time, see docs/BENCHMARKS.md).
-        let syscall_every = self.shared.cfg.busy_poll_syscall_every.max(1);
+        // Which spinning passes call `epoll_wait` and `sched_yield`.
+        let mut pacer = spin::SpinPacer::from_setting(self.shared.cfg.busy_poll_syscall_every);
         self.now = Instant::now();
         let mut last_activity = self.now;
         let mut pass: u32 = 0;
@@ -262,11 +260,13 @@ impl Worker {
             }
             let spinning = self.now.duration_since(last_activity) < busy;
             let timeout = if spinning {
-                if !active && pass.is_multiple_of(syscall_every) {
-                    // Spinning without work: now and then let a peer thread
-                    // that shares our core run (on an oversubscribed machine
-                    // it may be the one we are waiting for).
+                if !active && pacer.yield_now(pass) {
+                    // Spinning without work: let a thread that shares our
+                    // core run (on an oversubscribed machine it may be the
+                    // one we are waiting for).
+                    let before = Instant::now();
                     std::thread::yield_now();
+                    pacer.yielded(before.elapsed());
                 }
                 Some(Duration::ZERO)
             } else {
@@ -298,8 +298,7 @@ impl Worker {
             // While spinning, epoll only every few passes unless a transport
             // needs it every pass (see `Transport::ready_every_pass`).
             let ask_poll = !spinning
-                || pass.is_multiple_of(syscall_every)
-                || self.transports.iter().any(|t| t.ready_every_pass());
+                || pacer.poll_now(pass, self.transports.iter().any(|t| t.ready_every_pass()));
             if !ask_poll {
                 events.clear();
             } else if let Err(e) = self.poll.poll(&mut events, timeout) {
