@@ -54,9 +54,15 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "busy-poll window after activity before blocking, in µs (default 200; 0 = never spin)",
     ),
     (
+        "busy_poll_max_us",
+        "widest busy-poll window, in µs (default 2000): an idle gap up to this long that \
+         ended in activity widens the next window to twice the gap",
+    ),
+    (
         "busy_poll_syscall_every",
         "while busy-polling, make the loop's system calls (epoll_wait, unless a transport \
-         needs it every pass; sched_yield when idle) on one pass in N (default 1: every pass)",
+         needs it every pass; sched_yield when idle) on one pass in N (default 0: adaptive; \
+         1: every pass)",
     ),
     (
         "policy",
@@ -150,6 +156,13 @@ pub struct MessengerConfig {
     pub workers: usize,
     /// How long a worker keeps polling without blocking after activity.
     pub busy_poll: Duration,
+    /// The widest the busy-poll window grows: an idle gap no longer than
+    /// this that ended in activity makes the next window twice the gap (at
+    /// least `busy_poll`), so traffic with regular gaps a little past
+    /// `busy_poll` (a 1 MiB ping-pong) is not put to sleep between every
+    /// message; a longer gap takes the window back to `busy_poll`. Equal to
+    /// `busy_poll` or below: a fixed window.
+    pub busy_poll_max: Duration,
     /// While busy-polling, a worker calls `epoll_wait` (unless a transport
     /// needs it every pass: TCP) and, when idle, `sched_yield` on one pass
     /// in this many. Default 0: adaptive — epoll on one pass in 16 where no
@@ -181,6 +194,7 @@ impl Default for MessengerConfig {
         MessengerConfig {
             workers: 1,
             busy_poll: Duration::from_micros(200),
+            busy_poll_max: Duration::from_micros(2000),
             busy_poll_syscall_every: 0,
             policy: Policy::LosslessClient,
             session: SessionConfig::default(),
@@ -234,6 +248,9 @@ impl MessengerConfig {
                 }
             }
             "busy_poll_us" => self.busy_poll = Duration::from_micros(parse_num(key, value)?),
+            "busy_poll_max_us" => {
+                self.busy_poll_max = Duration::from_micros(parse_num(key, value)?)
+            }
             "busy_poll_syscall_every" => {
                 self.busy_poll_syscall_every = parse_num::<u32>(key, value)?
             }

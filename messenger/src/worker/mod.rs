@@ -241,7 +241,8 @@ impl Worker {
     pub(crate) fn run(mut self) -> WorkerReport {
         LOCAL_WORKER.with(|l| *l.borrow_mut() = Some((self.shared.id, self.idx, Vec::new())));
         let mut events = Events::with_capacity(1024);
-        let busy = self.shared.cfg.busy_poll;
+        let mut busy =
+            spin::BusyWindow::new(self.shared.cfg.busy_poll, self.shared.cfg.busy_poll_max);
         // Which spinning passes call `epoll_wait` and `sched_yield`.
         let mut pacer = spin::SpinPacer::from_setting(self.shared.cfg.busy_poll_syscall_every);
         self.now = Instant::now();
@@ -258,7 +259,7 @@ impl Worker {
             if self.finished(self.now) {
                 break;
             }
-            let spinning = self.now.duration_since(last_activity) < busy;
+            let spinning = self.now.duration_since(last_activity) < busy.get();
             let timeout = if spinning {
                 if !active && pacer.yield_now(pass) {
                     // Spinning without work: let a thread that shares our
@@ -327,6 +328,7 @@ impl Worker {
             self.flush_transports();
             self.check_throttle();
             if active {
+                busy.activity_after(self.now.saturating_duration_since(last_activity));
                 last_activity = self.now;
             }
         }

@@ -1,27 +1,26 @@
-//! How a busy-polling worker spends system calls: `epoll_wait` and
-//! `sched_yield` (`busy_poll_syscall_every`).
+//! How a busy-polling worker spins: how long it keeps polling after
+//! activity before it blocks ([`BusyWindow`]), and which passes spend
+//! system calls ([`SpinPacer`]).
 //!
-//! While it spins, a worker polls its transports' queues every pass. Two
-//! system calls per pass took a third of a spinning worker's time on a 64 B
-//! shm ping-pong (docs/BENCHMARKS.md), and they delay the pass that finds the
-//! next message:
-//! - `epoll_wait` is needed every pass only where data arrives as fd
-//!   readiness (TCP sockets: [`msgr_backends::Transport::ready_every_pass`]);
-//!   elsewhere listeners, connection set-up and the waker can wait a few
-//!   passes.
-//! - `sched_yield` on an idle pass lets a thread that shares the core run —
-//!   on an oversubscribed machine (a soft RDMA device's kernel threads in a
-//!   two-vCPU guest, say) it may be the one the worker waits for. Where no
-//!   one else wants the core, it is a system call for nothing.
+//! # The window
 //!
-//! The default ([`SpinPacer::adaptive`]) therefore polls epoll every pass only
-//! for transports that need it, and yields on every idle pass only while
-//! yielding gives the core away: a yield that returns about as fast as the
-//! quickest one seen found no one to run, and the next comes twice as many
-//! idle passes later (up to [`MAX_YIELD_EVERY`]); one that took markedly
-//! longer found someone, and yields go back to every idle pass. A fixed
-//! setting ([`SpinPacer::every`]) does both on one pass in N, as before.
-
+//! After activity a worker polls without blocking for `busy_poll_us`: a
+//! blocking wake-up costs ~25 µs each way on an idle machine of this kind,
+//! and a transport without wait objects (libfabric's `shm`) is only polled
+//! every millisecond while the worker sleeps. A fixed window fails traffic
+//! whose gaps are a little longer: a 1 MiB ping-pong leaves each side idle
+//! for ~200–300 µs per round trip, so both slept and paid the wake-up every
+//! message (tcp 1 MiB one-way ~285 µs against ~185 µs with a 2 ms window;
+//! shm sometimes a millisecond). So the window follows the traffic: an idle
+//! gap that ended in activity within `busy_poll_max_us` makes the next
+//! window twice that gap (at least `busy_poll_us`, at most the maximum); a
+//! gap longer than the maximum (the worker slept and traffic is sparse)
+//! takes it back to `busy_poll_us`. Gaps within the window change nothing,
+//! so a window widened by a burst of large messages stays until traffic
+//! stops, and costs one widened spin then.
+//!
+//! # System calls
+//!
 use std::time::Duration;
 
 /// While no transport needs it every pass, a spinning worker asks epoll on
@@ -33,6 +32,47 @@ pub(crate) const MAX_YIELD_EVERY: u32 = 64;
 /// than [`GAVE_FACTOR`] times it) gave the core to someone.
 const GAVE_MARGIN: Duration = Duration::from_micros(2);
 const GAVE_FACTOR: u32 = 4;
+
+/// How long a worker keeps polling after activity before it blocks
+/// (module docs).
+#[derive(Debug)]
+pub(crate) struct BusyWindow {
+    /// `busy_poll_us`: the window after isolated activity (0: never spin).
+    base: Duration,
+    /// `busy_poll_max_us`: the widest window traffic can ask for.
+    max: Duration,
+    /// The window now.
+    window: Duration,
+}
+
+impl BusyWindow {
+    /// From the `busy_poll_us` and `busy_poll_max_us` settings; a maximum
+    /// below the base is the base (no widening).
+    pub(crate) fn new(base: Duration, max: Duration) -> Self {
+        BusyWindow {
+            base,
+            max: max.max(base),
+            window: base,
+        }
+    }
+
+    /// The window now: how long after the last activity the worker spins.
+    pub(crate) fn get(&self) -> Duration {
+        self.window
+    }
+
+    /// Activity came `gap` after the previous activity.
+    pub(crate) fn activity_after(&mut self, gap: Duration) {
+        if self.base.is_zero() {
+            return;
+        }
+        if gap > self.max {
+            self.window = self.base;
+        } else if gap > self.base {
+            self.window = (gap * 2).clamp(self.base, self.max);
+        }
+    }
+}
 
 /// Decides, pass by pass, whether a spinning worker calls `epoll_wait` and
 /// `sched_yield` (module docs).
@@ -163,6 +203,42 @@ mod tests {
         // ...and one as slow as the first now counts as one.
         p.yielded(GAVE);
         assert_eq!(passes_to_yield(&mut p), 1);
+    }
+
+    const BASE: Duration = Duration::from_micros(200);
+    const MAX: Duration = Duration::from_micros(2000);
+
+    #[test]
+    fn the_window_covers_gaps_traffic_showed_and_shrinks_when_it_thins() {
+        let mut w = BusyWindow::new(BASE, MAX);
+        assert_eq!(w.get(), BASE);
+        // Gaps within the window change nothing.
+        w.activity_after(Duration::from_micros(3));
+        w.activity_after(BASE);
+        assert_eq!(w.get(), BASE);
+        // A 1 MiB ping-pong's gaps: twice the gap.
+        w.activity_after(Duration::from_micros(300));
+        assert_eq!(w.get(), Duration::from_micros(600));
+        // Back-to-back activity inside a burst keeps it.
+        w.activity_after(Duration::from_micros(2));
+        assert_eq!(w.get(), Duration::from_micros(600));
+        // Never wider than the maximum.
+        w.activity_after(Duration::from_micros(1500));
+        assert_eq!(w.get(), MAX);
+        // Traffic thinned out: the worker slept; back to the base.
+        w.activity_after(Duration::from_millis(50));
+        assert_eq!(w.get(), BASE);
+    }
+
+    #[test]
+    fn no_spinning_stays_no_spinning_and_max_below_base_is_base() {
+        let mut w = BusyWindow::new(Duration::ZERO, MAX);
+        w.activity_after(Duration::from_micros(300));
+        assert_eq!(w.get(), Duration::ZERO);
+        let mut w = BusyWindow::new(BASE, Duration::from_micros(50));
+        w.activity_after(Duration::from_micros(150));
+        w.activity_after(Duration::from_micros(300));
+        assert_eq!(w.get(), BASE);
     }
 
     #[test]
