@@ -154,7 +154,8 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
 pub struct MessengerConfig {
     /// Worker threads, each with its own event loop.
     pub workers: usize,
-    /// How long a worker keeps polling without blocking after activity.
+    /// How long a worker keeps polling without blocking after activity
+    /// (0: never); regular traffic widens it up to `busy_poll_max`.
     pub busy_poll: Duration,
     /// The widest the busy-poll window grows: an idle gap no longer than
     /// this that ended in activity makes the next window twice the gap (at
