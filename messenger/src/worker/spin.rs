@@ -8,10 +8,11 @@
 //! blocking wake-up costs ~25 µs each way on an idle machine of this kind,
 //! and a transport without wait objects (libfabric's `shm`) is only polled
 //! every millisecond while the worker sleeps. A fixed window fails traffic
-//! whose gaps are a little longer: a 1 MiB ping-pong leaves each side idle
-//! for ~200–300 µs per round trip, so both slept and paid the wake-up every
-//! message (tcp 1 MiB one-way ~285 µs against ~185 µs with a 2 ms window;
-//! shm sometimes a millisecond). So the window follows the traffic: an idle
+//! whose gaps are a little longer: a 1 MiB ping-pong can leave each side
+//! idle for longer than the window per round trip, so both sleep between
+//! messages — over `shm` that made whole rounds stall for up to a
+//! millisecond per message (p99 720–810 µs against ~170–210 µs with the
+//! window below; docs/BENCHMARKS.md). So the window follows the traffic: an idle
 //! gap that ended in activity within `busy_poll_max_us` makes the next
 //! window twice that gap (at least `busy_poll_us`, at most the maximum); a
 //! gap longer than the maximum (the worker slept and traffic is sparse)
@@ -21,13 +22,35 @@
 //!
 //! # System calls
 //!
+//! `epoll_wait` and `sched_yield` (`busy_poll_syscall_every`). While it
+//! spins, a worker polls its transports' queues every pass. Two system
+//! calls per pass took a third of a spinning worker's time on a 64 B shm
+//! ping-pong (docs/BENCHMARKS.md), and they delay the pass that finds the
+//! next message:
+//! - `epoll_wait` is needed every pass only where data arrives as fd
+//!   readiness (TCP sockets: [`msgr_backends::Transport::ready_every_pass`]);
+//!   elsewhere listeners, connection set-up and the waker can wait a few
+//!   passes.
+//! - `sched_yield` on an idle pass lets a thread that shares the core run —
+//!   on an oversubscribed machine (a soft RDMA device's kernel threads in a
+//!   two-vCPU guest, say) it may be the one the worker waits for. Where no
+//!   one else wants the core, it is a system call for nothing.
+//!
+//! The default ([`SpinPacer::adaptive`]) therefore polls epoll every pass
+//! only for transports that need it, and yields on every idle pass only
+//! while yielding gives the core away: a yield that returns about as fast
+//! as the quickest one seen found no one to run, and the next comes twice
+//! as many idle passes later (up to [`MAX_YIELD_EVERY`]); one that took
+//! markedly longer found someone, and yields go back to every idle pass. A
+//! fixed setting ([`SpinPacer::every`]) does both on one pass in N.
+
 use std::time::Duration;
 
 /// While no transport needs it every pass, a spinning worker asks epoll on
 /// one pass in this many.
-pub(crate) const EPOLL_EVERY: u32 = 16;
+const EPOLL_EVERY: u32 = 16;
 /// The longest run of idle passes between yields that found no one to run.
-pub(crate) const MAX_YIELD_EVERY: u32 = 64;
+const MAX_YIELD_EVERY: u32 = 64;
 /// A yield that took this much longer than the quickest one seen (and more
 /// than [`GAVE_FACTOR`] times it) gave the core to someone.
 const GAVE_MARGIN: Duration = Duration::from_micros(2);
@@ -121,10 +144,7 @@ impl SpinPacer {
     /// Whether spinning pass number `pass` asks epoll; `needed` says whether
     /// a transport needs it every pass.
     pub(crate) fn poll_now(&self, pass: u32, needed: bool) -> bool {
-        match self.fixed {
-            Some(n) => needed || pass.is_multiple_of(n),
-            None => needed || pass.is_multiple_of(EPOLL_EVERY),
-        }
+        needed || pass.is_multiple_of(self.fixed.unwrap_or(EPOLL_EVERY))
     }
 
     /// Whether this idle spinning pass (number `pass`) yields; if so, the
