@@ -66,7 +66,7 @@ struct ServerSlot {
     bind: EntityAddr,
     messenger: Mutex<Option<Messenger>>,
     addr: RwLock<EntityAddr>,
-    /// Bumped before a shutdown and after the restart.
+    /// Bumped before a shutdown and after the restart: odd while one is under way.
     generation: AtomicU64,
     incarnation: AtomicU64,
     dispatcher: Arc<ServerDispatcher>,
@@ -286,9 +286,15 @@ impl Client<'_, '_> {
             let reset = self.events.reset_of(id);
             if reset.is_some() || rec.conn.state() == ConnectionState::Closed {
                 let marked = rec.marked_down.load(Ordering::Relaxed);
+                // An odd generation is a restart under way: the connection may
+                // have been dialled to the old incarnation's address while the
+                // new one already listens on its port (WrongPeer), which is the
+                // restart's doing, not the messenger's.
+                let restart_under_way = generation % 2 == 1;
                 if self.policy != Policy::LossyClient
                     && !marked
                     && generation == link.conn_generation
+                    && !restart_under_way
                 {
                     self.run.violations.push(format!(
                         "lossless connection of client {} to server {s} was reset ({}) with no mark_down or server restart (epoch {:?}, sent {})",
