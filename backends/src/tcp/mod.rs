@@ -7,6 +7,7 @@
 mod link;
 
 use rustc_hash::FxHashMap;
+use std::io;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use crate::{
     DetachedLink, RealFault, Transport, TransportContext, TransportError, TransportEvent,
     LISTENER_TOKEN_BASE,
 };
-use link::{ReadOutcome, TcpLink};
+use link::{TcpLink, READ_BUDGET};
 
 /// A TCP connection moving between workers, with undecoded received bytes.
 #[derive(Debug)]
@@ -141,30 +142,41 @@ impl TcpTransport {
             return;
         }
         link.read_pending = false;
-        let outcome = link.read_some();
-        // Decode what arrived, even if the read then hit EOF or an error.
-        loop {
-            match link.next_unit() {
-                Ok(Some(unit)) => events.push(TransportEvent::Received(id, unit)),
-                Ok(None) => break,
-                Err(e) => {
-                    if let Some(l) = self.drop_link(id) {
-                        let _ = l.stream.shutdown(Shutdown::Both);
+        // Decode after every read, so that the next read is sized by the
+        // unit being read (TcpLink::read_once).
+        let mut total = 0;
+        let why = loop {
+            let read = link.read_once();
+            loop {
+                match link.next_unit() {
+                    Ok(Some(unit)) => events.push(TransportEvent::Received(id, unit)),
+                    Ok(None) => break,
+                    Err(e) => {
+                        if let Some(l) = self.drop_link(id) {
+                            let _ = l.stream.shutdown(Shutdown::Both);
+                        }
+                        events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
+                        return;
                     }
-                    events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
-                    return;
                 }
             }
-        }
-        match outcome {
-            Ok(ReadOutcome::Drained) => {}
-            Ok(ReadOutcome::MoreLater) => {
-                link.read_pending = true;
-                self.read_pending.push(id);
+            match read {
+                Ok(0) => break "connection closed by peer".to_string(),
+                Ok(k) => {
+                    total += k;
+                    if total >= READ_BUDGET {
+                        // More may be waiting: yield to the other links.
+                        link.read_pending = true;
+                        self.read_pending.push(id);
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break format!("read: {e}"),
             }
-            Ok(ReadOutcome::Eof) => self.fail(id, "connection closed by peer".into(), events),
-            Err(e) => self.fail(id, format!("read: {e}"), events),
-        }
+        };
+        self.fail(id, why, events);
     }
 
     fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
