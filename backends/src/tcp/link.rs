@@ -3,11 +3,14 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
+use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use mio::net::TcpStream;
 use msgr_proto::frame::PREAMBLE_LEN;
 use msgr_proto::{FrameLimits, Inbound, StreamDecoder, Transmit};
+
+use super::shelf::RxBufferShelf;
 
 /// The coalescing tail is sealed into a chunk once it holds this much, so
 /// a backlog of small frames is a list of bounded buffers: one growing
@@ -157,10 +160,19 @@ pub(crate) struct TcpLink {
     /// Received bytes moved from one buffer to another (what the sizing in
     /// [`TcpLink::read_once`] keeps small).
     rx_copied: usize,
+    /// Where large frames' buffers come from and go back to.
+    shelf: Arc<RxBufferShelf>,
+    /// `rx` is a whole buffer from the shelf, holding one large frame.
+    rx_lendable: bool,
 }
 
 impl TcpLink {
-    pub(crate) fn new(stream: TcpStream, connecting: bool, limits: FrameLimits) -> Self {
+    pub(crate) fn new(
+        stream: TcpStream,
+        connecting: bool,
+        limits: FrameLimits,
+        shelf: Arc<RxBufferShelf>,
+    ) -> Self {
         TcpLink {
             stream,
             connecting,
@@ -175,6 +187,8 @@ impl TcpLink {
             read_chunk: MIN_READ_CHUNK,
             after_large: false,
             rx_copied: 0,
+            shelf,
+            rx_lendable: false,
         }
     }
 
@@ -182,7 +196,7 @@ impl TcpLink {
     ///
     /// The read is sized by what the decoder knows (call [`TcpLink::next_unit`]
     /// between reads so that it knows the unit being read). A large frame is
-    /// read into a buffer of exactly its size and no further, and the read
+    /// read into a buffer of its size (from the shelf) and no further, and the read
     /// after a large frame takes only the next preamble. Otherwise the front
     /// of the next frame lands in the tail of this one's buffer and the
     /// buffer is regrown for it, which copies what it holds: about one extra
@@ -191,13 +205,15 @@ impl TcpLink {
         let needed = self.decoder.needed();
         let rest = needed.saturating_sub(self.rx.len());
         let cap = if needed >= LARGE_UNIT && rest > 0 {
-            if self.rx.capacity() < needed {
-                // What was read of it is at most a read chunk; copy that into
-                // a buffer of the frame's size rather than regrow this one.
-                let mut own = BytesMut::with_capacity(needed);
+            if !self.rx_lendable {
+                // What was read of it is at most a read chunk: copy that into
+                // a buffer of the frame's size, one the frame can take along
+                // and give back to the shelf, rather than regrow this one.
+                let mut own = self.shelf.take(needed);
                 own.extend_from_slice(&self.rx);
                 self.rx_copied += self.rx.len();
                 self.rx = own;
+                self.rx_lendable = true;
             }
             rest
         } else if self.after_large && self.rx.is_empty() {
@@ -231,8 +247,15 @@ impl TcpLink {
 
     /// Decodes the next complete unit from the receive buffer.
     pub(crate) fn next_unit(&mut self) -> Result<Option<Inbound>, msgr_proto::FrameError> {
-        let unit = self.decoder.decode(&mut self.rx)?;
+        let unit = if self.rx_lendable {
+            let shelf = &self.shelf;
+            self.decoder.decode_with(&mut self.rx, |b| shelf.lend(b))?
+        } else {
+            self.decoder.decode(&mut self.rx)?
+        };
         if let Some(unit) = &unit {
+            // A lent buffer left with the frame.
+            self.rx_lendable = false;
             self.after_large = matches!(unit, Inbound::Frame(f) if f.encoded_len() >= LARGE_UNIT);
         }
         Ok(unit)
@@ -315,7 +338,13 @@ mod tests {
         });
         let (s, _) = listener.accept().unwrap();
         s.set_nonblocking(true).unwrap();
-        let mut link = TcpLink::new(TcpStream::from_std(s), false, FrameLimits::default());
+        let shelf = Arc::new(RxBufferShelf::default());
+        let mut link = TcpLink::new(
+            TcpStream::from_std(s),
+            false,
+            FrameLimits::default(),
+            shelf.clone(),
+        );
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(30);
         while got.len() < frames.len() {
@@ -351,6 +380,11 @@ mod tests {
         }
         writer.join().unwrap();
         assert!(got == frames, "frames changed on the way");
+        drop(got);
+        assert!(
+            shelf.idle_bytes() >= 1 << 20,
+            "large frames' buffers did not go back to the shelf"
+        );
         // At most a read chunk per large frame that follows small ones, a
         // preamble per large frame that follows a large one; regrowing by
         // read chunks moved ~1.5x the 3.5 MiB of large frames.

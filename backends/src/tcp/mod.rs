@@ -5,6 +5,7 @@
 //! one system call, and large segments are written from the caller's buffers.
 
 mod link;
+mod shelf;
 
 use rustc_hash::FxHashMap;
 use std::io;
@@ -25,6 +26,7 @@ use crate::{
     LISTENER_TOKEN_BASE,
 };
 use link::{TcpLink, READ_BUDGET};
+use shelf::RxBufferShelf;
 
 /// A TCP connection moving between workers, with undecoded received bytes.
 #[derive(Debug)]
@@ -50,6 +52,8 @@ pub struct TcpTransport {
     /// Frozen links (fault injection) that were closed: a hung process never
     /// closes its socket, so neither do we until the transport goes away.
     frozen_closed: Vec<TcpLink>,
+    /// Buffers of large received frames, for reuse.
+    shelf: Arc<RxBufferShelf>,
 }
 
 impl TcpTransport {
@@ -68,6 +72,7 @@ impl TcpTransport {
             read_pending: Vec::new(),
             aborted: Vec::new(),
             frozen_closed: Vec::new(),
+            shelf: Arc::default(),
         })
     }
 
@@ -111,7 +116,7 @@ impl TcpTransport {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
-                    let link = TcpLink::new(stream, false, self.limits);
+                    let link = TcpLink::new(stream, false, self.limits, self.shelf.clone());
                     match self.add_link(id, link, Interest::READABLE) {
                         Ok(()) => events.push(TransportEvent::Accepted {
                             link: id,
@@ -239,7 +244,7 @@ impl Transport for TcpTransport {
         let _ = stream.set_nodelay(true);
         self.add_link(
             link,
-            TcpLink::new(stream, true, self.limits),
+            TcpLink::new(stream, true, self.limits, self.shelf.clone()),
             Interest::READABLE | Interest::WRITABLE,
         )
     }

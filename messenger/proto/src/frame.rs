@@ -470,6 +470,19 @@ impl FrameDecoder {
     /// `Ok(None)` means "need more bytes" ([`FrameDecoder::needed`] says how
     /// many). After an error the stream is unusable: close the connection.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        self.decode_with(buf, BytesMut::freeze)
+    }
+
+    /// As [`FrameDecoder::decode`], with the frame's bytes turned into
+    /// [`Bytes`] by `freeze`: for a buffer that should go back to a pool of
+    /// the caller's when the frame's last segment drops. Where the frame
+    /// fills `buf`, `freeze` gets `buf` itself (not a view split off it), so
+    /// a buffer built from a `Vec` converts back into it without a copy.
+    pub fn decode_with(
+        &mut self,
+        buf: &mut BytesMut,
+        freeze: impl FnOnce(BytesMut) -> Bytes,
+    ) -> Result<Option<Frame>, FrameError> {
         let pre = match self.pending {
             Some(p) => p,
             None => {
@@ -488,13 +501,55 @@ impl FrameDecoder {
             return Ok(None);
         }
         self.pending = None;
-        frame_body(&pre, buf.split_to(total).freeze()).map(Some)
+        let whole = if buf.len() == total {
+            std::mem::take(buf)
+        } else {
+            buf.split_to(total)
+        };
+        frame_body(&pre, freeze(whole)).map(Some)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A frame that fills the buffer reaches `freeze` as that very buffer
+    /// (so a pooled buffer can travel with it); one followed by more bytes
+    /// as a view split off, leaving the rest in place.
+    #[test]
+    fn decode_with_hands_over_a_buffer_the_frame_fills() {
+        let f = Frame::new(
+            Tag::Message,
+            [Bytes::from_static(b"hdr"), Bytes::from(vec![5u8; 1000])],
+        );
+        let wire = f.encode_to_vec().unwrap();
+        let mut buf = BytesMut::with_capacity(wire.len());
+        buf.extend_from_slice(&wire);
+        let start = buf.as_ptr();
+        let mut dec = FrameDecoder::new(FrameLimits::default());
+        let mut seen = None;
+        let got = dec
+            .decode_with(&mut buf, |b| {
+                seen = Some((b.as_ptr(), b.capacity()));
+                b.freeze()
+            })
+            .unwrap();
+        assert_eq!(got, Some(f.clone()));
+        assert_eq!(seen, Some((start, wire.len())));
+        assert!(buf.is_empty());
+
+        let mut two = BytesMut::new();
+        two.extend_from_slice(&wire);
+        two.extend_from_slice(&wire);
+        let mut lens = Vec::new();
+        let first = dec.decode_with(&mut two, |b| {
+            lens.push(b.len());
+            b.freeze()
+        });
+        assert_eq!(first.unwrap(), Some(f));
+        assert_eq!((lens, two.len()), (vec![wire.len()], wire.len()));
+    }
 
     #[test]
     fn an_empty_segment_has_the_crc_of_no_bytes() {

@@ -4,7 +4,7 @@
 //! carries frames. Message transports send each [`Transmit`] as one unit;
 //! byte-stream transports concatenate them and use [`StreamDecoder`] to split.
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use crate::banner::BANNER_LEN;
 use crate::error::FrameError;
@@ -55,6 +55,16 @@ impl StreamDecoder {
 
     /// Takes the next complete unit off `buf`, or `Ok(None)` for "need more".
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Inbound>, FrameError> {
+        self.decode_with(buf, BytesMut::freeze)
+    }
+
+    /// As [`StreamDecoder::decode`], with a frame's bytes turned into
+    /// [`Bytes`] by `freeze` (see [`FrameDecoder::decode_with`]).
+    pub fn decode_with(
+        &mut self,
+        buf: &mut BytesMut,
+        freeze: impl FnOnce(BytesMut) -> Bytes,
+    ) -> Result<Option<Inbound>, FrameError> {
         if !self.banner_seen {
             if buf.len() < BANNER_LEN {
                 return Ok(None);
@@ -64,6 +74,6 @@ impl StreamDecoder {
             self.banner_seen = true;
             return Ok(Some(Inbound::Banner(raw)));
         }
-        Ok(self.frames.decode(buf)?.map(Inbound::Frame))
+        Ok(self.frames.decode_with(buf, freeze)?.map(Inbound::Frame))
     }
 }
