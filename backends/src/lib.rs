@@ -33,6 +33,8 @@ pub mod fabric;
 #[cfg(any(feature = "verbs", feature = "rdmacm"))]
 pub mod rdma;
 mod select;
+#[cfg(feature = "tcp")]
+mod shelf;
 #[cfg(any(feature = "verbs", feature = "rdmacm", feature = "fabric"))]
 mod split;
 mod sys;

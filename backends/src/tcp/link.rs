@@ -10,7 +10,7 @@ use mio::net::TcpStream;
 use msgr_proto::frame::PREAMBLE_LEN;
 use msgr_proto::{FrameLimits, Inbound, StreamDecoder, Transmit};
 
-use super::shelf::RxBufferShelf;
+use crate::shelf::Shelf;
 
 /// The coalescing tail is sealed into a chunk once it holds this much, so
 /// a backlog of small frames is a list of bounded buffers: one growing
@@ -25,6 +25,8 @@ const MIN_READ_CHUNK: usize = 4 << 10;
 const MAX_READ_CHUNK: usize = 256 << 10;
 /// Frames at least this large are read into a buffer of their own size.
 const LARGE_UNIT: usize = 64 << 10;
+/// Most bytes of idle frame buffers a transport keeps for reuse.
+pub(crate) const SHELF_BYTES: usize = 8 << 20;
 /// Most bytes read for one readiness event before yielding to other links.
 pub(crate) const READ_BUDGET: usize = 4 << 20;
 
@@ -161,7 +163,7 @@ pub(crate) struct TcpLink {
     /// [`TcpLink::read_once`] keeps small).
     rx_copied: usize,
     /// Where large frames' buffers come from and go back to.
-    shelf: Arc<RxBufferShelf>,
+    shelf: Arc<Shelf<BytesMut>>,
     /// `rx` is a whole buffer from the shelf, holding one large frame.
     rx_lendable: bool,
 }
@@ -171,7 +173,7 @@ impl TcpLink {
         stream: TcpStream,
         connecting: bool,
         limits: FrameLimits,
-        shelf: Arc<RxBufferShelf>,
+        shelf: Arc<Shelf<BytesMut>>,
     ) -> Self {
         TcpLink {
             stream,
@@ -195,7 +197,7 @@ impl TcpLink {
     /// One `recv` into the receive buffer; `Ok(0)` is end of stream.
     ///
     /// The read is sized by what the decoder knows (call [`TcpLink::next_unit`]
-    /// between reads so that it knows the unit being read). A large frame is
+    /// between reads while [`TcpLink::reads_by_frame`]). A large frame is
     /// read into a buffer of its size (from the shelf) and no further, and the read
     /// after a large frame takes only the next preamble. Otherwise the front
     /// of the next frame lands in the tail of this one's buffer and the
@@ -209,7 +211,10 @@ impl TcpLink {
                 // What was read of it is at most a read chunk: copy that into
                 // a buffer of the frame's size, one the frame can take along
                 // and give back to the shelf, rather than regrow this one.
-                let mut own = self.shelf.take(needed);
+                let mut own = self
+                    .shelf
+                    .take(needed)
+                    .unwrap_or_else(|| BytesMut::with_capacity(needed));
                 own.extend_from_slice(&self.rx);
                 self.rx_copied += self.rx.len();
                 self.rx = own;
@@ -235,6 +240,12 @@ impl TcpLink {
         Ok(k)
     }
 
+    /// Whether the next read's size depends on the frame being read (a
+    /// large frame, or the preamble after one): decode before it.
+    pub(crate) fn reads_by_frame(&self) -> bool {
+        self.after_large || self.decoder.needed() >= LARGE_UNIT
+    }
+
     /// Makes room for `n` more received bytes.
     fn reserve_rx(&mut self, n: usize) {
         if self.rx.capacity() - self.rx.len() < n {
@@ -249,7 +260,10 @@ impl TcpLink {
     pub(crate) fn next_unit(&mut self) -> Result<Option<Inbound>, msgr_proto::FrameError> {
         let unit = if self.rx_lendable {
             let shelf = &self.shelf;
-            self.decoder.decode_with(&mut self.rx, |b| shelf.lend(b))?
+            self.decoder.decode_with(&mut self.rx, |b| {
+                let len = b.len();
+                shelf.lend(b, len)
+            })?
         } else {
             self.decoder.decode(&mut self.rx)?
         };
@@ -338,7 +352,7 @@ mod tests {
         });
         let (s, _) = listener.accept().unwrap();
         s.set_nonblocking(true).unwrap();
-        let shelf = Arc::new(RxBufferShelf::default());
+        let shelf = Arc::new(Shelf::new(SHELF_BYTES));
         let mut link = TcpLink::new(
             TcpStream::from_std(s),
             false,

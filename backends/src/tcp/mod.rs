@@ -5,7 +5,6 @@
 //! one system call, and large segments are written from the caller's buffers.
 
 mod link;
-mod shelf;
 
 use rustc_hash::FxHashMap;
 use std::io;
@@ -20,13 +19,14 @@ use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, TransportKind};
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 
+use crate::shelf::Shelf;
 use crate::wire::ConnectProgress;
 use crate::{
     DetachedLink, RealFault, Transport, TransportContext, TransportError, TransportEvent,
     LISTENER_TOKEN_BASE,
 };
-use link::{TcpLink, READ_BUDGET};
-use shelf::RxBufferShelf;
+use bytes::BytesMut;
+use link::{TcpLink, READ_BUDGET, SHELF_BYTES};
 
 /// A TCP connection moving between workers, with undecoded received bytes.
 #[derive(Debug)]
@@ -53,7 +53,7 @@ pub struct TcpTransport {
     /// closes its socket, so neither do we until the transport goes away.
     frozen_closed: Vec<TcpLink>,
     /// Buffers of large received frames, for reuse.
-    shelf: Arc<RxBufferShelf>,
+    shelf: Arc<Shelf<BytesMut>>,
 }
 
 impl TcpTransport {
@@ -72,7 +72,7 @@ impl TcpTransport {
             read_pending: Vec::new(),
             aborted: Vec::new(),
             frozen_closed: Vec::new(),
-            shelf: Arc::default(),
+            shelf: Arc::new(Shelf::new(SHELF_BYTES)),
         })
     }
 
@@ -147,35 +147,45 @@ impl TcpTransport {
             return;
         }
         link.read_pending = false;
-        // Decode after every read, so that the next read is sized by the
-        // unit being read (TcpLink::read_once).
         let mut total = 0;
         let why = loop {
             let read = link.read_once();
-            loop {
-                match link.next_unit() {
-                    Ok(Some(unit)) => events.push(TransportEvent::Received(id, unit)),
-                    Ok(None) => break,
-                    Err(e) => {
-                        if let Some(l) = self.drop_link(id) {
-                            let _ = l.stream.shutdown(Shutdown::Both);
+            if let Ok(k) = read {
+                total += k;
+            }
+            let last = match &read {
+                Ok(0) => true,
+                Ok(_) => total >= READ_BUDGET,
+                Err(e) => e.kind() != io::ErrorKind::Interrupted,
+            };
+            // Small frames are decoded once the reads end, from one buffer
+            // (decoding between reads would keep each read's buffer in use
+            // by its frames and so allocate one per read); a large frame
+            // between reads, so that the next read is sized by it.
+            if last || link.reads_by_frame() {
+                loop {
+                    match link.next_unit() {
+                        Ok(Some(unit)) => events.push(TransportEvent::Received(id, unit)),
+                        Ok(None) => break,
+                        Err(e) => {
+                            if let Some(l) = self.drop_link(id) {
+                                let _ = l.stream.shutdown(Shutdown::Both);
+                            }
+                            events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
+                            return;
                         }
-                        events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
-                        return;
                     }
                 }
             }
             match read {
                 Ok(0) => break "connection closed by peer".to_string(),
-                Ok(k) => {
-                    total += k;
-                    if total >= READ_BUDGET {
-                        // More may be waiting: yield to the other links.
-                        link.read_pending = true;
-                        self.read_pending.push(id);
-                        return;
-                    }
+                Ok(_) if total >= READ_BUDGET => {
+                    // More may be waiting: yield to the other links.
+                    link.read_pending = true;
+                    self.read_pending.push(id);
+                    return;
                 }
+                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => break format!("read: {e}"),
