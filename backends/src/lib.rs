@@ -33,7 +33,7 @@ pub mod fabric;
 #[cfg(any(feature = "verbs", feature = "rdmacm"))]
 pub mod rdma;
 mod select;
-#[cfg(feature = "tcp")]
+#[cfg(any(feature = "tcp", feature = "verbs", feature = "rdmacm"))]
 mod shelf;
 #[cfg(any(feature = "verbs", feature = "rdmacm", feature = "fabric"))]
 mod split;

@@ -95,6 +95,26 @@ fn messenger_over_verbs_in_the_guest() {
         assert!(o.contains("verbs_messenger: OK"), "{name}: {o}");
         assert!(o.contains("stream: delivered 3000 of 3000"), "{name}: {o}");
     }
+    // Rendezvous read sinks are reused once the application drops the
+    // messages on RoCE (rxe), never on iWARP (siw: remotely writable).
+    for (name, reuses) in [
+        ("verbs-rxe0", true),
+        ("rdmacm-rxe1", true),
+        ("rdmacm-siw0", false),
+    ] {
+        let o = &out.command(name).expect("ran").output;
+        let line = o
+            .lines()
+            .find(|l| l.contains("reads into reused sinks"))
+            .unwrap_or_else(|| panic!("{name}: no sink figure: {o}"));
+        let reused: u64 = line
+            .trim()
+            .strip_prefix("both ways: ")
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: {line}"));
+        assert_eq!(reused > 0, reuses, "{name}: {line}");
+    }
     // The hung-read phase (RDMA only; its fault is simulated, and says so).
     for name in ["verbs-rxe0", "rdmacm-rxe1", "rdmacm-siw0"] {
         let o = &out.command(name).expect("ran").output;

@@ -205,6 +205,8 @@ pub(crate) struct ReadOp {
     /// Where the frame lands (registered for the read): the inline bytes
     /// around a gap of `desc.len` at `desc.at` that the read fills.
     pub(crate) buf: MemoryRegion<Vec<u8>>,
+    /// The unit's length (`buf` may be a larger sink, reused).
+    pub(crate) len: usize,
     /// Where the frame lies at the sender, and the token to return.
     pub(crate) desc: ReadDesc,
     /// Bytes for which reads have been posted.

@@ -18,7 +18,11 @@
 //!   a frame whose rest does not fit is encoded into one buffer and
 //!   registered whole); the receiver RDMA-reads it into the gap of a buffer
 //!   of its own (in pieces, a bounded number in flight), then answers
-//!   `ReadDone`, on which the sender releases it. Later units of the link
+//!   `ReadDone`, on which the sender releases it. On RoCE the receiver's
+//!   buffer (a read sink) stays registered when the message is delivered
+//!   and goes back to a shelf (`crate::shelf`) when the application drops
+//!   it, so the next read needs no allocation or registration; iWARP sinks
+//!   are remotely writable and are deregistered before delivery. Later units of the link
 //!   wait behind the read, so delivery keeps the sender's order. A read that
 //!   has not completed by its deadline (`rdma_read_timeout_ms`,
 //!   [`crate::RdmaPoolConfig::read_timeout`]; `wake_at` reports it) fails
@@ -71,6 +75,7 @@ use msgr_rdma::{
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
+use crate::shelf::{Shelf, Shelvable};
 use crate::split;
 use crate::{
     DetachedLink, RdmaPoolConfig, RealFault, SimulatedFault, Transport, TransportContext,
@@ -82,6 +87,18 @@ use link::{header, next_send, Conn, Kind, NextSend, RdmaLink, ReadDesc, ReadOp, 
 use oob::OobListener;
 use pool::RxReturns;
 use wr::WrKind;
+
+/// Most bytes of idle read sinks a transport keeps registered for reuse.
+const SINK_SHELF_BYTES: usize = 4 << 20;
+
+impl Shelvable for MemoryRegion<Vec<u8>> {
+    fn room(&self) -> usize {
+        self.len()
+    }
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
 
 /// Completions reaped per poll call.
 const POLL_BATCH: usize = 32;
@@ -204,6 +221,9 @@ struct RdmaCounters {
     rendezvous_in_place: u64,
     rendezvous_read: u64,
     rendezvous_read_bytes: u64,
+    /// Of the reads, those into a sink back from the application (not
+    /// allocated and registered afresh).
+    read_sinks_reused: u64,
     /// Received units handed to the application without a copy.
     rx_lent_total: u64,
     /// Rendezvous frames sent eagerly because registering them failed.
@@ -268,6 +288,8 @@ pub struct RdmaTransport {
     returns: Arc<RxReturns>,
     /// Receive chunks lent out now.
     lent: u64,
+    /// Rendezvous read sinks, registered, back from the application.
+    sinks: Arc<Shelf<MemoryRegion<Vec<u8>>>>,
     counters: RdmaCounters,
 }
 
@@ -321,6 +343,7 @@ impl RdmaTransport {
             stashed: Vec::new(),
             returns: RxReturns::new(ctx.waker.clone()),
             lent: 0,
+            sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
             counters: RdmaCounters::default(),
         })
     }
@@ -891,21 +914,16 @@ impl RdmaTransport {
             )));
         };
         // The unit: the inline bytes with a gap at `at` that the read fills.
-        let at = desc.at as usize;
-        let mut unit = vec![0u8; total as usize];
-        unit[..at].copy_from_slice(&inline[..at]);
-        unit[at + desc.len as usize..].copy_from_slice(&inline[at..]);
-        let dev = self.dev.as_ref().expect("device");
-        // iWARP read sinks must be remotely writable (the read response is a
-        // write into them).
-        let access = Access {
-            local_write: true,
-            remote_write: dev.ctx.is_iwarp(),
-            remote_read: false,
-            remote_atomic: false,
+        let (at, total) = (desc.at as usize, total as usize);
+        let mut buf = match self.sinks.take(total) {
+            Some(sink) => {
+                self.counters.read_sinks_reused += 1;
+                sink
+            }
+            None => self.register_sink(total)?,
         };
-        let buf = MemoryRegion::register(&dev.pd, unit, access)
-            .map_err(|e| RecvError::Fail(format!("RDMA: registering a read buffer: {e}")))?;
+        buf[..at].copy_from_slice(&inline[..at]);
+        buf[at + desc.len as usize..total].copy_from_slice(&inline[at..]);
         let l = self.links.get_mut(&id).expect("caller checked");
         let slot = l.next_read;
         l.next_read = (l.next_read + 1) & 0x00ff_ffff;
@@ -918,6 +936,7 @@ impl RdmaTransport {
             slot,
             ReadOp {
                 buf,
+                len: total,
                 desc,
                 posted: 0,
                 pending: 0,
@@ -928,6 +947,27 @@ impl RdmaTransport {
         l.held.push_back(RxItem::Reading(slot));
         self.pump_reads(id, events);
         Ok(())
+    }
+
+    /// A new read sink of `len` bytes, registered. If registering fails
+    /// (RLIMIT_MEMLOCK, say), the idle sinks are unpinned and it is tried
+    /// once more.
+    fn register_sink(&self, len: usize) -> Result<MemoryRegion<Vec<u8>>, RecvError> {
+        let dev = self.dev.as_ref().expect("device");
+        // iWARP read sinks must be remotely writable (the read response is a
+        // write into them).
+        let access = Access {
+            local_write: true,
+            remote_write: dev.ctx.is_iwarp(),
+            remote_read: false,
+            remote_atomic: false,
+        };
+        MemoryRegion::try_register(&dev.pd, vec![0u8; len], access)
+            .or_else(|(_, unit)| {
+                self.sinks.clear();
+                MemoryRegion::register(&dev.pd, unit, access)
+            })
+            .map_err(|e| RecvError::Fail(format!("RDMA: registering a read buffer: {e}")))
     }
 
     /// Posts read pieces of the link's rendezvous, at most [`MAX_READS`] in flight.
@@ -1006,7 +1046,18 @@ impl RdmaTransport {
             Bytes::copy_from_slice(&op.desc.token.to_le_bytes()),
         ));
         self.dirty.push(id);
-        let bytes = Bytes::from(op.buf.into_inner());
+        let bytes = if self.dev.as_ref().is_some_and(|d| d.ctx.is_iwarp()) {
+            // An iWARP sink is remotely writable and the peer learned its
+            // key (the read response is a write into it): deregister it
+            // before the application sees its bytes.
+            let mut unit = op.buf.into_inner();
+            unit.truncate(op.len);
+            Bytes::from(unit)
+        } else {
+            // Only readable locally: it stays registered and goes back to
+            // the shelf when the message's last segment drops.
+            self.sinks.lend(op.buf, op.len)
+        };
         let inbound = match Frame::decode_exact(bytes, &limits) {
             Ok(f) => Inbound::Frame(f),
             Err(fe) => {
@@ -1524,6 +1575,7 @@ impl Transport for RdmaTransport {
                 ("rendezvous_in_place", c.rendezvous_in_place),
                 ("rendezvous_read", c.rendezvous_read),
                 ("rendezvous_read_bytes", c.rendezvous_read_bytes),
+                ("read_sinks_reused", c.read_sinks_reused),
                 ("rendezvous_fallbacks", c.rendezvous_fallbacks),
                 ("read_timeouts", c.read_timeouts),
                 ("qp_errors_injected", c.qp_errors_injected),
