@@ -208,8 +208,9 @@ impl TcpLink {
         let rest = needed.saturating_sub(self.rx.len());
         let cap = if needed >= LARGE_UNIT && rest > 0 {
             if !self.rx_lendable {
-                // What was read of it is at most a read chunk: copy that into
-                // a buffer of the frame's size, one the frame can take along
+                // Copy what was read of it (its preamble after a large
+                // frame; after small ones, up to a read budget) into a
+                // buffer of the frame's size, one the frame can take along
                 // and give back to the shelf, rather than regrow this one.
                 let mut own = self
                     .shelf
