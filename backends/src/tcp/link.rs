@@ -9,6 +9,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use mio::net::TcpStream;
 use msgr_proto::frame::PREAMBLE_LEN;
 use msgr_proto::{FrameLimits, Inbound, StreamDecoder, Transmit};
+use smallvec::SmallVec;
 
 use crate::shelf::Shelf;
 
@@ -98,7 +99,8 @@ impl SendQueue {
     /// Writes as much as the socket takes. Ok(true) when everything is out.
     pub(crate) fn write_to(&mut self, w: &mut impl Write) -> io::Result<bool> {
         while self.len > 0 {
-            let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(MAX_IOVECS);
+            // On the stack: a heap vector cost an allocation per write.
+            let mut iov: SmallVec<[IoSlice<'_>; MAX_IOVECS]> = SmallVec::new();
             for c in self.chunks.iter().take(MAX_IOVECS - 1) {
                 iov.push(IoSlice::new(c));
             }
@@ -106,7 +108,9 @@ impl SendQueue {
             if iov.len() == self.chunks.len() && !self.tail.is_empty() {
                 iov.push(IoSlice::new(&self.tail));
             }
-            let n = match w.write_vectored(&iov) {
+            let written = w.write_vectored(&iov);
+            drop(iov);
+            let n = match written {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
@@ -162,6 +166,9 @@ pub(crate) struct TcpLink {
     /// Received bytes moved from one buffer to another (what the sizing in
     /// [`TcpLink::read_once`] keeps small).
     rx_copied: usize,
+    /// Times the receive buffer had to make room (a new buffer, or this one
+    /// regrown or compacted).
+    rx_regrown: usize,
     /// Where large frames' buffers come from and go back to.
     shelf: Arc<Shelf<BytesMut>>,
     /// `rx` is a whole buffer from the shelf, holding one large frame.
@@ -189,6 +196,7 @@ impl TcpLink {
             read_chunk: MIN_READ_CHUNK,
             after_large: false,
             rx_copied: 0,
+            rx_regrown: 0,
             shelf,
             rx_lendable: false,
         }
@@ -229,7 +237,18 @@ impl TcpLink {
             // Idle and handshaking links read in small chunks (thousands of
             // them cost little memory); a link whose reads fill the buffer
             // grows its chunk, so streaming needs few system calls.
-            self.reserve_rx(rest.max(self.read_chunk));
+            //
+            // A read goes into the room left while that is at least a
+            // quarter of a chunk (and holds the frame under way). Decoded
+            // frames share the buffer, and while one is still held (an
+            // echo's reply keeps its request's bytes until acknowledged)
+            // making room means a new buffer: regrowing before every read
+            // allocated one per ping-pong round trip, this way one serves a
+            // few dozen small frames.
+            let room = self.rx.capacity() - self.rx.len();
+            if room < rest.max(self.read_chunk / 4) {
+                self.reserve_rx(rest.max(self.read_chunk));
+            }
             usize::MAX
         };
         let room = (self.rx.capacity() - self.rx.len()).min(cap);
@@ -253,6 +272,7 @@ impl TcpLink {
             // Regrowing moves what the buffer holds (an upper bound: the
             // buffer may grow in place).
             self.rx_copied += self.rx.len();
+            self.rx_regrown += 1;
         }
         self.rx.reserve(n);
     }
@@ -408,6 +428,65 @@ mod tests {
             link.rx_copied <= bound,
             "{} received bytes moved between buffers (at most {bound})",
             link.rx_copied
+        );
+    }
+
+    /// Small frames arriving one at a time, each still held when the next
+    /// is read (as an echo's reply holds its request's bytes until
+    /// acknowledged): many share one receive buffer. Making room before
+    /// every read took a new buffer per frame.
+    #[test]
+    fn held_small_frames_share_a_receive_buffer() {
+        use std::time::{Duration, Instant};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut writer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (s, _) = listener.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let mut link = TcpLink::new(
+            TcpStream::from_std(s),
+            false,
+            FrameLimits::default(),
+            Arc::new(Shelf::new(SHELF_BYTES)),
+        );
+        writer
+            .write_all(&[0u8; msgr_proto::banner::BANNER_LEN])
+            .unwrap();
+        let count = 200;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut held = Vec::new();
+        while held.len() < count {
+            let f = Frame::new(Tag::Message, [Bytes::from(vec![held.len() as u8; 64])]);
+            writer.write_all(&f.encode_to_vec().unwrap()).unwrap();
+            loop {
+                assert!(
+                    Instant::now() < deadline,
+                    "{} of {count} frames",
+                    held.len()
+                );
+                match link.read_once() {
+                    Ok(0) => panic!("end of stream"),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_micros(100))
+                    }
+                    Err(e) => panic!("read: {e}"),
+                }
+                match link.next_unit().unwrap() {
+                    Some(Inbound::Frame(got)) => {
+                        assert_eq!(got, f);
+                        held.push(got);
+                        break;
+                    }
+                    Some(Inbound::Banner(_)) | None => {}
+                }
+            }
+        }
+        // ~110 B a frame, a 4 KiB buffer refilled while a quarter is left:
+        // about 8 buffers for the 200.
+        assert!(
+            link.rx_regrown <= count / 10,
+            "the receive buffer made room {} times for {count} held frames",
+            link.rx_regrown
         );
     }
 

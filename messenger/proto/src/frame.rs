@@ -469,8 +469,13 @@ impl FrameDecoder {
     ///
     /// `Ok(None)` means "need more bytes" ([`FrameDecoder::needed`] says how
     /// many). After an error the stream is unusable: close the connection.
+    ///
+    /// The frame is split off the front even when it is all `buf` holds, so
+    /// `buf` keeps its allocation: once the frame drops, the next read
+    /// reuses it in place (handing the whole buffer over instead cost a
+    /// fresh buffer and its reallocation on every read of a ping-pong).
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
-        self.decode_with(buf, BytesMut::freeze)
+        self.next_frame(buf, |buf, total| buf.split_to(total).freeze())
     }
 
     /// As [`FrameDecoder::decode`], with the frame's bytes turned into
@@ -482,6 +487,22 @@ impl FrameDecoder {
         &mut self,
         buf: &mut BytesMut,
         freeze: impl FnOnce(BytesMut) -> Bytes,
+    ) -> Result<Option<Frame>, FrameError> {
+        self.next_frame(buf, |buf, total| {
+            if buf.len() == total {
+                freeze(std::mem::take(buf))
+            } else {
+                freeze(buf.split_to(total))
+            }
+        })
+    }
+
+    /// Checks the preamble once, waits for the whole frame, then lets `cut`
+    /// take its `total` bytes off the front of `buf`.
+    fn next_frame(
+        &mut self,
+        buf: &mut BytesMut,
+        cut: impl FnOnce(&mut BytesMut, usize) -> Bytes,
     ) -> Result<Option<Frame>, FrameError> {
         let pre = match self.pending {
             Some(p) => p,
@@ -501,12 +522,7 @@ impl FrameDecoder {
             return Ok(None);
         }
         self.pending = None;
-        let whole = if buf.len() == total {
-            std::mem::take(buf)
-        } else {
-            buf.split_to(total)
-        };
-        frame_body(&pre, freeze(whole)).map(Some)
+        frame_body(&pre, cut(buf, total)).map(Some)
     }
 }
 
@@ -549,6 +565,24 @@ mod tests {
         });
         assert_eq!(first.unwrap(), Some(f));
         assert_eq!((lens, two.len()), (vec![wire.len()], wire.len()));
+    }
+
+    /// Plain `decode` splits even a frame that fills the buffer off it: the
+    /// buffer keeps the rest of its allocation and, once the frame drops,
+    /// takes the next read in the same memory without allocating.
+    #[test]
+    fn decode_leaves_the_buffer_its_allocation() {
+        let wire = sample().encode_to_vec().unwrap();
+        let mut buf = BytesMut::with_capacity(4 * wire.len());
+        buf.extend_from_slice(&wire);
+        let start = buf.as_ptr();
+        let mut dec = FrameDecoder::new(FrameLimits::default());
+        let frame = dec.decode(&mut buf).unwrap().expect("a whole frame");
+        assert!(buf.is_empty());
+        assert_eq!(buf.capacity(), 3 * wire.len());
+        drop(frame);
+        buf.reserve(4 * wire.len());
+        assert_eq!(buf.as_ptr(), start, "the next read reuses the buffer");
     }
 
     #[test]

@@ -54,8 +54,13 @@ impl StreamDecoder {
     }
 
     /// Takes the next complete unit off `buf`, or `Ok(None)` for "need more".
+    /// A frame is split off `buf`, which keeps its allocation (see
+    /// [`FrameDecoder::decode`]).
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Inbound>, FrameError> {
-        self.decode_with(buf, BytesMut::freeze)
+        match self.take_banner(buf) {
+            Some(unit) => Ok(unit),
+            None => Ok(self.frames.decode(buf)?.map(Inbound::Frame)),
+        }
     }
 
     /// As [`StreamDecoder::decode`], with a frame's bytes turned into
@@ -65,15 +70,24 @@ impl StreamDecoder {
         buf: &mut BytesMut,
         freeze: impl FnOnce(BytesMut) -> Bytes,
     ) -> Result<Option<Inbound>, FrameError> {
-        if !self.banner_seen {
-            if buf.len() < BANNER_LEN {
-                return Ok(None);
-            }
-            let mut raw = [0u8; BANNER_LEN];
-            raw.copy_from_slice(&buf.split_to(BANNER_LEN));
-            self.banner_seen = true;
-            return Ok(Some(Inbound::Banner(raw)));
+        match self.take_banner(buf) {
+            Some(unit) => Ok(unit),
+            None => Ok(self.frames.decode_with(buf, freeze)?.map(Inbound::Frame)),
         }
-        Ok(self.frames.decode_with(buf, freeze)?.map(Inbound::Frame))
+    }
+
+    /// Before the banner: `Some` of the banner, or of `None` for "need
+    /// more". After it: `None` (frames follow).
+    fn take_banner(&mut self, buf: &mut BytesMut) -> Option<Option<Inbound>> {
+        if self.banner_seen {
+            return None;
+        }
+        if buf.len() < BANNER_LEN {
+            return Some(None);
+        }
+        let mut raw = [0u8; BANNER_LEN];
+        raw.copy_from_slice(&buf.split_to(BANNER_LEN));
+        self.banner_seen = true;
+        Some(Some(Inbound::Banner(raw)))
     }
 }
