@@ -8,6 +8,7 @@ use crate::mr::{Access, RemoteAddr, Sge};
 use crate::pd::ProtectionDomain;
 use crate::srq::SharedReceiveQueue;
 use rdma_cm_sys as sys;
+use smallvec::SmallVec;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -196,13 +197,13 @@ impl<'a> SendWr<'a> {
         }
     }
 
-    fn raw(&self, sg: *mut sys::ibv_sge) -> Result<sys::ibv_send_wr> {
+    /// The provider's form, over `num_sge` SGEs at `sg` (see [`post_chain`]).
+    fn raw(&self, sg: *mut sys::ibv_sge, num_sge: i32) -> sys::ibv_send_wr {
         // SAFETY: ibv_send_wr is plain old data; all-zero is valid.
         let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = self.wr_id;
         wr.sg_list = sg;
-        wr.num_sge = i32::try_from(self.sges.len())
-            .map_err(|_| RdmaError::InvalidArgument("too many SGEs".into()))?;
+        wr.num_sge = num_sge;
         let mut flags = 0;
         if self.signaled {
             flags |= sys::IBV_SEND_SIGNALED;
@@ -240,7 +241,7 @@ impl<'a> SendWr<'a> {
                 remote(&mut wr, r);
             }
         }
-        Ok(wr)
+        wr
     }
 }
 
@@ -251,25 +252,87 @@ pub struct RecvWr<'a> {
     pub sges: &'a [Sge],
 }
 
-/// Builds the linked list of raw receive WRs for `wrs`; `sges` keeps the SGEs.
-pub(crate) fn raw_recv_list(
+/// A work request with local memory to name (send or receive).
+pub(crate) trait LocalSges {
+    fn local_sges(&self) -> &[Sge];
+}
+
+impl LocalSges for SendWr<'_> {
+    fn local_sges(&self) -> &[Sge] {
+        self.sges
+    }
+}
+
+impl LocalSges for RecvWr<'_> {
+    fn local_sges(&self) -> &[Sge] {
+        self.sges
+    }
+}
+
+/// Posts `wrs` as one chain through `post`: `make` turns each into the
+/// provider's form over its SGE array and count, `set_next` links them.
+/// The SGEs and the chain live on the stack for the common post (a few
+/// requests of a few SGEs; a heap vector per request and two more per post
+/// were most of a 64 B echo's allocations), built in place and not moved
+/// once pointers into them exist. On failure the error names the first
+/// rejected request; requests before it were posted.
+pub(crate) fn post_chain<T: LocalSges, W>(
+    wrs: &[T],
+    op: &'static str,
+    make: impl Fn(&T, *mut sys::ibv_sge, i32) -> W,
+    set_next: impl Fn(&mut W, *mut W),
+    post: impl FnOnce(*mut W, &mut *mut W) -> i32,
+) -> Result<()> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    let mut sges: SmallVec<[sys::ibv_sge; 8]> = SmallVec::new();
+    for w in wrs {
+        for sge in w.local_sges() {
+            sges.push(sge.raw());
+        }
+    }
+    let mut raw: SmallVec<[W; 4]> = SmallVec::new();
+    let mut at = 0;
+    for w in wrs {
+        let n = w.local_sges().len();
+        let count =
+            i32::try_from(n).map_err(|_| RdmaError::InvalidArgument("too many SGEs".into()))?;
+        // In bounds: `sges` holds every request's SGEs in order (a request
+        // without any gets the end, which it never reads); it is complete,
+        // so it no longer moves.
+        raw.push(make(w, sges[at..].as_mut_ptr(), count));
+        at += n;
+    }
+    // Linked once every request is in place (a spill to the heap moves them).
+    link(&mut raw, set_next);
+    let mut bad: *mut W = std::ptr::null_mut();
+    let ret = post(raw.as_mut_ptr(), &mut bad);
+    if ret != 0 {
+        let idx = raw.iter().position(|w| std::ptr::eq(w, bad));
+        return Err(post_error(op, ret, idx));
+    }
+    Ok(())
+}
+
+/// Posts receive requests through `post` (to a QP's or an SRQ's queue).
+pub(crate) fn post_recv_chain(
     wrs: &[RecvWr<'_>],
-    sges: &mut Vec<Vec<sys::ibv_sge>>,
-) -> Result<Vec<sys::ibv_recv_wr>> {
-    sges.clear();
-    sges.extend(wrs.iter().map(|w| w.sges.iter().map(Sge::raw).collect()));
-    let mut raw: Vec<sys::ibv_recv_wr> = Vec::with_capacity(wrs.len());
-    for (w, sg) in wrs.iter().zip(sges.iter_mut()) {
-        raw.push(sys::ibv_recv_wr {
+    op: &'static str,
+    post: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> i32,
+) -> Result<()> {
+    post_chain(
+        wrs,
+        op,
+        |w, sg_list, num_sge| sys::ibv_recv_wr {
             wr_id: w.wr_id,
             next: std::ptr::null_mut(),
-            sg_list: sg.as_mut_ptr(),
-            num_sge: i32::try_from(sg.len())
-                .map_err(|_| RdmaError::InvalidArgument("too many SGEs".into()))?,
-        });
-    }
-    link(&mut raw, |w, next| w.next = next);
-    Ok(raw)
+            sg_list,
+            num_sge,
+        },
+        |w, next| w.next = next,
+        post,
+    )
 }
 
 fn link<T>(v: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
@@ -492,47 +555,28 @@ impl QueuePair {
     /// Posts send-queue work requests (as one chain). On failure the error
     /// names the first rejected request; requests before it were posted.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut sges: Vec<Vec<sys::ibv_sge>> = wrs
-            .iter()
-            .map(|w| w.sges.iter().map(Sge::raw).collect())
-            .collect();
-        let mut raw = wrs
-            .iter()
-            .zip(sges.iter_mut())
-            .map(|(w, sg)| w.raw(sg.as_mut_ptr()))
-            .collect::<Result<Vec<_>>>()?;
-        link(&mut raw, |w, next| w.next = next);
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: `raw` is a well-formed chain whose SGE arrays (`sges`) live
-        // until the call returns (the provider copies WRs at post time); every
-        // SGE lies inside a registered region (Sge is only made by
-        // MemoryRegion::sge), and remote keys are checked by the peer's device.
-        let ret = unsafe { sys::ibv_post_send(self.as_ptr(), raw.as_mut_ptr(), &mut bad) };
-        if ret != 0 {
-            let idx = raw.iter().position(|w| std::ptr::eq(w, bad));
-            return Err(post_error("ibv_post_send", ret, idx));
-        }
-        Ok(())
+        post_chain(
+            wrs,
+            "ibv_post_send",
+            |w, sg, num_sge| w.raw(sg, num_sge),
+            |w, next| w.next = next,
+            |head, bad| {
+                // SAFETY: `head` is a well-formed chain whose SGE arrays live
+                // until the call returns (the provider copies WRs at post
+                // time); every SGE lies inside a registered region (Sge is
+                // only made by MemoryRegion::sge), and remote keys are
+                // checked by the peer's device.
+                unsafe { sys::ibv_post_send(self.as_ptr(), head, bad) }
+            },
+        )
     }
 
     /// Posts receive work requests to this QP's own receive queue.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut sges = Vec::new();
-        let mut raw = raw_recv_list(wrs, &mut sges)?;
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: as in post_send: a well-formed chain over registered memory.
-        let ret = unsafe { sys::ibv_post_recv(self.as_ptr(), raw.as_mut_ptr(), &mut bad) };
-        if ret != 0 {
-            let idx = raw.iter().position(|w| std::ptr::eq(w, bad));
-            return Err(post_error("ibv_post_recv", ret, idx));
-        }
-        Ok(())
+        post_recv_chain(wrs, "ibv_post_recv", |head, bad| {
+            // SAFETY: as in post_send: a well-formed chain over registered memory.
+            unsafe { sys::ibv_post_recv(self.as_ptr(), head, bad) }
+        })
     }
 }
 

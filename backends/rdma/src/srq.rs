@@ -2,7 +2,7 @@
 
 use crate::error::{RdmaError, Result};
 use crate::pd::ProtectionDomain;
-use crate::qp::{post_error, raw_recv_list, RecvWr};
+use crate::qp::{post_recv_chain, RecvWr};
 use rdma_cm_sys as sys;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -49,19 +49,10 @@ impl SharedReceiveQueue {
     }
 
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut sges = Vec::new();
-        let mut raw = raw_recv_list(wrs, &mut sges)?;
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: a well-formed chain over registered memory (see QueuePair::post_recv).
-        let ret = unsafe { sys::ibv_post_srq_recv(self.as_ptr(), raw.as_mut_ptr(), &mut bad) };
-        if ret != 0 {
-            let idx = raw.iter().position(|w| std::ptr::eq(w, bad));
-            return Err(post_error("ibv_post_srq_recv", ret, idx));
-        }
-        Ok(())
+        post_recv_chain(wrs, "ibv_post_srq_recv", |head, bad| {
+            // SAFETY: a well-formed chain over registered memory (see QueuePair::post_recv).
+            unsafe { sys::ibv_post_srq_recv(self.as_ptr(), head, bad) }
+        })
     }
 }
 

@@ -66,6 +66,7 @@ use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, TransportKind};
+use msgr_proto::arena::ByteArena;
 use msgr_proto::frame::EncodedFrame;
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use msgr_rdma::{
@@ -115,6 +116,9 @@ const POST_BATCH: usize = 8;
 /// into parts; larger ones are gathered from their segments straight into
 /// the send chunks, saving a copy of the payload.
 const GATHER_MIN: usize = 4 << 10;
+/// Chunks the small frames are encoded into (a buffer each cost an
+/// allocation per message).
+const TX_ARENA: usize = 4 * GATHER_MIN;
 /// Longest an accepted link may take to finish its setup. Until it does,
 /// only this transport knows it (the worker hears `Accepted` at the end), so
 /// without a deadline a peer that stops mid-setup would pin its QP and its
@@ -284,6 +288,11 @@ pub struct RdmaTransport {
     closing: FxHashMap<LinkId, (RdmaLink, Instant)>,
     /// Completions `arm` found after arming, handled by the next poll.
     stashed: Vec<WorkCompletion>,
+    /// Where `ibv_poll_cq` writes, kept between polls: an array on the stack
+    /// was zeroed on every poll (1.5 KiB a busy-poll pass).
+    polled: Box<[WorkCompletion; POLL_BATCH]>,
+    /// Where frames below [`GATHER_MIN`] are encoded.
+    tx_arena: ByteArena,
     /// Receive chunks lent to the application and given back.
     returns: Arc<RxReturns>,
     /// Receive chunks lent out now.
@@ -341,6 +350,8 @@ impl RdmaTransport {
             resumed: Vec::new(),
             closing: FxHashMap::default(),
             stashed: Vec::new(),
+            polled: Box::new([WorkCompletion::default(); POLL_BATCH]),
+            tx_arena: ByteArena::new(TX_ARENA),
             returns: RxReturns::new(ctx.waker.clone()),
             lent: 0,
             sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
@@ -543,26 +554,28 @@ impl RdmaTransport {
     /// completion would cost a verbs command, a channel event, its read and
     /// an epoll wake-up per completion, for nothing.
     fn poll_cq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        let stashed = std::mem::take(&mut self.stashed);
-        let mut any = !stashed.is_empty();
-        for wc in &stashed {
-            self.on_completion(wc, events);
+        let mut any = !self.stashed.is_empty();
+        if any {
+            let stashed = std::mem::take(&mut self.stashed);
+            for wc in &stashed {
+                self.on_completion(wc, events);
+            }
         }
         let Some(dev) = self.dev.as_ref() else {
             return any;
         };
         let cq = dev.cq.clone();
-        let mut wcs = [WorkCompletion::default(); POLL_BATCH];
         loop {
-            let n = match cq.poll(&mut wcs) {
+            let n = match cq.poll(&mut self.polled[..]) {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::error!(error = %e, "ibv_poll_cq failed");
                     return any;
                 }
             };
-            for wc in &wcs[..n] {
-                self.on_completion(wc, events);
+            for i in 0..n {
+                let wc = self.polled[i];
+                self.on_completion(&wc, events);
             }
             if n == 0 {
                 return any;
@@ -1287,7 +1300,9 @@ impl Transport for RdmaTransport {
                     return self.push_rendezvous(link, f.into_encoded()?);
                 }
                 if len < GATHER_MIN {
-                    return self.push_unit(link, Kind::Frame, Bytes::from(f.encode_to_vec()?));
+                    let preamble = f.preamble()?;
+                    let bytes = self.tx_arena.fill(len, |b| f.write_encoded(&preamble, b));
+                    return self.push_unit(link, Kind::Frame, bytes);
                 }
                 // Larger: the segments stay where they are until each part
                 // is copied into its send chunk (one copy, not two).
@@ -1378,11 +1393,10 @@ impl Transport for RdmaTransport {
         }
         // A completion that landed between the last poll and the arm raises
         // no event: look once more, and keep it for the next poll.
-        let mut wcs = [WorkCompletion::default(); POLL_BATCH];
-        match cq.poll(&mut wcs) {
+        match cq.poll(&mut self.polled[..]) {
             Ok(0) => true,
             Ok(n) => {
-                self.stashed.extend_from_slice(&wcs[..n]);
+                self.stashed.extend_from_slice(&self.polled[..n]);
                 false
             }
             Err(e) => {

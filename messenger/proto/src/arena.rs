@@ -38,13 +38,40 @@ impl ByteArena {
 
     /// A copy of `src`.
     pub fn copy(&mut self, src: &[u8]) -> Bytes {
-        if src.len() > self.chunk_size / 4 {
-            return Bytes::copy_from_slice(src);
+        self.fill(src.len(), |b| b.extend_from_slice(src))
+    }
+
+    /// The `len` bytes `write` appends to the buffer it is given (it must
+    /// append exactly `len`): for a string assembled in place, such as a
+    /// small frame encoded straight into the arena.
+    ///
+    /// ```
+    /// use bytes::BufMut;
+    /// use msgr_proto::arena::ByteArena;
+    ///
+    /// let mut arena = ByteArena::new(4096);
+    /// let b = arena.fill(5, |buf| {
+    ///     buf.put_u8(1);
+    ///     buf.put_u32_le(7);
+    /// });
+    /// assert_eq!(&b[..], &[1, 7, 0, 0, 0]);
+    /// ```
+    pub fn fill(&mut self, len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
+        if len > self.chunk_size / 4 {
+            let mut own = BytesMut::with_capacity(len);
+            write(&mut own);
+            debug_assert_eq!(own.len(), len, "ByteArena::fill wrote another length");
+            return own.freeze();
         }
-        if self.chunk.capacity() - self.chunk.len() < src.len() {
+        if self.chunk.capacity() - self.chunk.len() < len {
             self.chunk = BytesMut::with_capacity(self.chunk_size);
         }
-        self.chunk.extend_from_slice(src);
+        write(&mut self.chunk);
+        debug_assert_eq!(
+            self.chunk.len(),
+            len,
+            "ByteArena::fill wrote another length"
+        );
         self.chunk.split().freeze()
     }
 }

@@ -303,15 +303,22 @@ impl Frame {
     /// Encodes the frame into one contiguous buffer (for small frames and
     /// tests); the frame is left as it is, nothing of it cloned.
     pub fn encode_to_vec(&self) -> Result<Vec<u8>, FrameError> {
-        let preamble = self.preamble()?.encode();
-        let epilogue = self.epilogue();
+        let preamble = self.preamble()?;
         let mut out = Vec::with_capacity(self.encoded_len());
-        out.extend_from_slice(&preamble);
-        for s in &self.segments {
-            out.extend_from_slice(s);
-        }
-        out.extend_from_slice(&epilogue[..4 * self.segments.len()]);
+        self.write_encoded(&preamble, &mut out);
         Ok(out)
+    }
+
+    /// Appends the encoded frame ([`Frame::encoded_len`] bytes) to `out`,
+    /// with `preamble` from [`Frame::preamble`] (which bounds what can go
+    /// wrong: nothing fails here). For a small frame encoded straight into
+    /// a buffer of the caller's, without an [`EncodedFrame`] in between.
+    pub fn write_encoded(&self, preamble: &Preamble, out: &mut impl BufMut) {
+        out.put_slice(&preamble.encode());
+        for s in &self.segments {
+            out.put_slice(s);
+        }
+        out.put_slice(&self.epilogue()[..4 * self.segments.len()]);
     }
 
     /// The epilogue's words: each checked segment's CRC, 0 for the rest.
