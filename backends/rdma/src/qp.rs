@@ -292,16 +292,17 @@ pub(crate) fn post_chain<T: LocalSges, W>(
             sges.push(sge.raw());
         }
     }
+    // `sges` is complete, so it no longer moves: one pointer to it serves
+    // every request (each gets its own run of it, in order; a request
+    // without any SGEs gets the end, which it never reads).
+    let base = sges.as_mut_ptr();
     let mut raw: SmallVec<[W; 4]> = SmallVec::new();
     let mut at = 0;
     for w in wrs {
         let n = w.local_sges().len();
         let count =
             i32::try_from(n).map_err(|_| RdmaError::InvalidArgument("too many SGEs".into()))?;
-        // In bounds: `sges` holds every request's SGEs in order (a request
-        // without any gets the end, which it never reads); it is complete,
-        // so it no longer moves.
-        raw.push(make(w, sges[at..].as_mut_ptr(), count));
+        raw.push(make(w, base.wrapping_add(at), count));
         at += n;
     }
     // Linked once every request is in place (a spill to the heap moves them).
