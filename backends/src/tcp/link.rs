@@ -169,10 +169,23 @@ pub(crate) struct TcpLink {
     /// Times the receive buffer had to make room (a new buffer, or this one
     /// regrown or compacted).
     rx_regrown: usize,
+    /// `recv` calls made, `WouldBlock` ones too (tests count them).
+    pub(crate) recvs: usize,
     /// Where large frames' buffers come from and go back to.
     shelf: Arc<Shelf<BytesMut>>,
     /// `rx` is a whole buffer from the shelf, holding one large frame.
     rx_lendable: bool,
+}
+
+/// What one [`TcpLink::read_once`] read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Recv {
+    /// Bytes read; 0 is end of stream.
+    pub(crate) len: usize,
+    /// Fewer bytes than there was room for: the socket's receive queue was
+    /// empty when `recv` returned, so (epoll being edge-triggered) bytes
+    /// arriving later raise a new readiness event.
+    pub(crate) short: bool,
 }
 
 impl TcpLink {
@@ -197,12 +210,14 @@ impl TcpLink {
             after_large: false,
             rx_copied: 0,
             rx_regrown: 0,
+            recvs: 0,
             shelf,
             rx_lendable: false,
         }
     }
 
-    /// One `recv` into the receive buffer; `Ok(0)` is end of stream.
+    /// One `recv` into the receive buffer (a [`Recv`] of length 0 is end of
+    /// stream).
     ///
     /// The read is sized by what the decoder knows (call [`TcpLink::next_unit`]
     /// between reads while [`TcpLink::reads_by_frame`]). A large frame is
@@ -211,7 +226,7 @@ impl TcpLink {
     /// of the next frame lands in the tail of this one's buffer and the
     /// buffer is regrown for it, which copies what it holds: about one extra
     /// copy of a 1 MiB stream's payload.
-    pub(crate) fn read_once(&mut self) -> io::Result<usize> {
+    pub(crate) fn read_once(&mut self) -> io::Result<Recv> {
         let needed = self.decoder.needed();
         let rest = needed.saturating_sub(self.rx.len());
         let cap = if needed >= LARGE_UNIT && rest > 0 {
@@ -252,12 +267,16 @@ impl TcpLink {
             usize::MAX
         };
         let room = (self.rx.capacity() - self.rx.len()).min(cap);
+        self.recvs += 1;
         let k =
             crate::sys::recv_into_spare(&socket2::SockRef::from(&self.stream), &mut self.rx, room)?;
         if k == room && cap == usize::MAX {
             self.read_chunk = (self.read_chunk * 2).min(MAX_READ_CHUNK);
         }
-        Ok(k)
+        Ok(Recv {
+            len: k,
+            short: k < room,
+        })
     }
 
     /// Whether the next read's size depends on the frame being read (a
@@ -393,7 +412,7 @@ mod tests {
             // whenever one ends, as in a busy stream.
             std::thread::sleep(Duration::from_millis(2));
             match link.read_once() {
-                Ok(0) => panic!("end of stream after {} frames", got.len()),
+                Ok(r) if r.len == 0 => panic!("end of stream after {} frames", got.len()),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => panic!("read: {e}"),
@@ -464,7 +483,7 @@ mod tests {
                     held.len()
                 );
                 match link.read_once() {
-                    Ok(0) => panic!("end of stream"),
+                    Ok(r) if r.len == 0 => panic!("end of stream"),
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         std::thread::sleep(Duration::from_micros(100))

@@ -138,7 +138,15 @@ impl TcpTransport {
     }
 
     /// Reads and decodes one link; reports units, EOF and errors.
-    fn read_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+    ///
+    /// Reads end at a short read (as tokio's do), which saves the `recv`
+    /// that would only say `WouldBlock` — one of the few system calls a
+    /// small message costs. Edge-triggered epoll reports bytes arriving
+    /// after the queue was emptied anew. Not so a close that arrived with
+    /// the bytes: after a readiness event that says the peer closed or
+    /// errored (`to_would_block`), and when resuming reads that were cut
+    /// short or paused, the link reads until `WouldBlock` or end of stream.
+    fn read_link(&mut self, id: LinkId, to_would_block: bool, events: &mut Vec<TransportEvent>) {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
@@ -150,12 +158,12 @@ impl TcpTransport {
         let mut total = 0;
         let why = loop {
             let read = link.read_once();
-            if let Ok(k) = read {
-                total += k;
+            if let Ok(r) = read {
+                total += r.len;
             }
+            let drained = !to_would_block && matches!(read, Ok(r) if r.short);
             let last = match &read {
-                Ok(0) => true,
-                Ok(_) => total >= READ_BUDGET,
+                Ok(r) => r.len == 0 || drained || total >= READ_BUDGET,
                 Err(e) => e.kind() != io::ErrorKind::Interrupted,
             };
             // Small frames are decoded once the reads end, from one buffer
@@ -178,13 +186,14 @@ impl TcpTransport {
                 }
             }
             match read {
-                Ok(0) => break "connection closed by peer".to_string(),
+                Ok(r) if r.len == 0 => break "connection closed by peer".to_string(),
                 Ok(_) if total >= READ_BUDGET => {
                     // More may be waiting: yield to the other links.
                     link.read_pending = true;
                     self.read_pending.push(id);
                     return;
                 }
+                Ok(_) if drained => return,
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -310,8 +319,9 @@ impl Transport for TcpTransport {
         } else if event.is_writable() {
             self.flush_link(id, events);
         }
-        if event.is_readable() || event.is_read_closed() || event.is_error() {
-            self.read_link(id, events);
+        let closing = event.is_read_closed() || event.is_error();
+        if event.is_readable() || closing {
+            self.read_link(id, closing, events);
         }
     }
 
@@ -324,7 +334,7 @@ impl Transport for TcpTransport {
             return aborted;
         }
         for id in std::mem::take(&mut self.read_pending) {
-            self.read_link(id, events);
+            self.read_link(id, true, events);
         }
         true
     }
@@ -437,5 +447,110 @@ impl Transport for TcpTransport {
             self.dirty.push(link);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use mio::{Events, Poll};
+    use msgr_proto::{banner::BANNER_LEN, Frame, Inbound, Tag};
+
+    /// A TCP transport listening on loopback, and the address it got.
+    fn listening() -> (Poll, TcpTransport, std::net::SocketAddr) {
+        let poll = Poll::new().unwrap();
+        let ctx = TransportContext {
+            limits: FrameLimits::default(),
+            link_ids: Arc::new(AtomicU64::new(1)),
+            copy_threshold: 4096,
+            rdma: Default::default(),
+            waker: None,
+        };
+        let mut t = TcpTransport::new(poll.registry(), &ctx).unwrap();
+        let bound = t
+            .listen(
+                &"tcp://127.0.0.1:0".parse().unwrap(),
+                Token(LISTENER_TOKEN_BASE),
+            )
+            .unwrap();
+        (poll, t, bound.socket)
+    }
+
+    /// A banner and one 64 B frame, as one write.
+    fn banner_and_frame() -> (Vec<u8>, Frame) {
+        let f = Frame::new(Tag::Message, [Bytes::from(vec![7u8; 64])]);
+        let mut bytes = vec![0u8; BANNER_LEN];
+        bytes.extend_from_slice(&f.encode_to_vec().unwrap());
+        (bytes, f)
+    }
+
+    /// Polls `t` until `done` says so (or fails the test after 10 s).
+    fn poll_until(
+        poll: &mut Poll,
+        t: &mut TcpTransport,
+        mut done: impl FnMut(&TcpTransport, &[TransportEvent]) -> bool,
+    ) -> Vec<TransportEvent> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut events = Events::with_capacity(16);
+        let mut seen = Vec::new();
+        while !done(t, &seen) {
+            assert!(Instant::now() < deadline, "events so far: {seen:?}");
+            poll.poll(&mut events, Some(Duration::from_millis(10)))
+                .unwrap();
+            for ev in events.iter() {
+                t.ready(ev, Instant::now(), &mut seen);
+            }
+            t.progress(Instant::now(), &mut seen);
+        }
+        seen
+    }
+
+    fn received(seen: &[TransportEvent]) -> Vec<&Frame> {
+        seen.iter()
+            .filter_map(|e| match e {
+                TransportEvent::Received(_, Inbound::Frame(f)) => Some(f),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A message that arrives whole is read with one `recv`: a short read
+    /// ends the reads, without a second `recv` that only says `WouldBlock`.
+    #[test]
+    fn a_short_read_ends_the_reads() {
+        let (mut poll, mut t, addr) = listening();
+        let mut client = std::net::TcpStream::connect(addr).unwrap();
+        let (bytes, f) = banner_and_frame();
+        client.write_all(&bytes).unwrap();
+        let seen = poll_until(&mut poll, &mut t, |_, seen| !received(seen).is_empty());
+        assert_eq!(received(&seen), [&f]);
+        let link = t.links.values().next().unwrap();
+        assert_eq!(
+            link.recvs, 1,
+            "recv calls for one message that arrived whole"
+        );
+        drop(client);
+    }
+
+    /// A peer that sends its last bytes and closes at once: the close can
+    /// come with the bytes in one readiness event, and no event follows a
+    /// short read then — the link must read on to the end of stream.
+    #[test]
+    fn a_close_that_comes_with_the_last_bytes_is_seen() {
+        for _ in 0..20 {
+            let (mut poll, mut t, addr) = listening();
+            let mut client = std::net::TcpStream::connect(addr).unwrap();
+            let (bytes, f) = banner_and_frame();
+            client.write_all(&bytes).unwrap();
+            drop(client);
+            let seen = poll_until(&mut poll, &mut t, |_, seen| {
+                seen.iter().any(|e| matches!(e, TransportEvent::Failed(..)))
+            });
+            assert_eq!(received(&seen), [&f]);
+        }
     }
 }
