@@ -430,6 +430,8 @@ pub struct FabricTransport {
     /// Link failures found outside an event-reporting call.
     failed: Vec<(LinkId, String)>,
     completions: Vec<Completion>,
+    /// Where small frames are encoded ([`OutUnit::Small`]).
+    tx_arena: ByteArena,
     /// Links with their set-up deadline, oldest first (entries of
     /// links that connected or went are skipped when they reach the front).
     half_open: VecDeque<(Instant, LinkId)>,
@@ -489,6 +491,7 @@ impl FabricTransport {
             resumed: Vec::new(),
             failed: Vec::new(),
             completions: Vec::with_capacity(CQ_BATCH),
+            tx_arena: ByteArena::new(rendezvous::SMALL_ARENA),
             half_open: VecDeque::new(),
             rndv: net.rma(),
             rndv_counters: Counters::default(),
@@ -1147,7 +1150,7 @@ impl Transport for FabricTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.rma())?,
+            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.rma(), &mut self.tx_arena)?,
         };
         self.queue(link, unit)
     }

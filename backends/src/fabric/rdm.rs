@@ -99,6 +99,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
 use msgr_fabric::{Completion, EpType, FabricError, Net, PeerAddr, RdmEp, ReadDone, Site};
+use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
@@ -630,6 +631,8 @@ pub struct RdmTransport {
     failed: Vec<(LinkId, String)>,
     next_housekeeping: Instant,
     completions: Vec<Completion>,
+    /// Where small frames are encoded ([`OutUnit::Small`]).
+    tx_arena: ByteArena,
 }
 
 impl std::fmt::Debug for RdmTransport {
@@ -700,6 +703,7 @@ impl RdmTransport {
             now: Instant::now(),
             next_housekeeping: Instant::now() + HOUSEKEEPING,
             completions: Vec::with_capacity(CQ_BATCH),
+            tx_arena: ByteArena::new(rendezvous::SMALL_ARENA),
         })
     }
 
@@ -1613,7 +1617,7 @@ impl Transport for RdmTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.rma())?,
+            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.rma(), &mut self.tx_arena)?,
         };
         self.queue(link, unit)
     }

@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use msgr_fabric::{Exposed, FabricError, RemoteWord, RmaBuffers, CHECK_LEN};
+use msgr_proto::arena::ByteArena;
 use msgr_proto::frame::EncodedFrame;
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound};
 
@@ -57,6 +58,12 @@ use msgr_addr::TransportKind;
 /// Units larger than this go by `fi_read` rendezvous where the endpoint
 /// has `FI_RMA`.
 pub const RNDV_THRESHOLD: usize = 64 << 10;
+/// Frames shorter than this are encoded at once into a shared chunk
+/// ([`OutUnit::Small`]); longer ones keep their segments until copied into
+/// the send slots.
+pub const SMALL_UNIT: usize = 4 << 10;
+/// The chunk size of a transport's arena for [`OutUnit::Small`] units.
+pub const SMALL_ARENA: usize = 4 * SMALL_UNIT;
 /// Rendezvous units a link may have exposed and not yet read by the peer.
 pub const RNDV_MAX: usize = 4;
 /// Bytes of a rendezvous descriptor before its inline bytes: address,
@@ -112,12 +119,16 @@ pub enum DescError {
 pub enum OutUnit {
     /// Encoded in one buffer.
     Flat(Vec<u8>),
+    /// A small frame (below [`SMALL_UNIT`]) encoded at once into a chunk
+    /// shared with others ([`Frame::encode_in`]).
+    Small(Bytes),
     /// A frame in its encoded parts, copied straight into the send slots
-    /// (a small frame is never assembled into a buffer of its own first).
-    Frame(EncodedFrame),
+    /// (never assembled into a buffer of its own first). Boxed, as the
+    /// split one: a queued unit stays small to move.
+    Frame(Box<EncodedFrame>),
     /// A large frame whose largest segment stays where the application put
     /// it.
-    Split(SplitFrame),
+    Split(Box<SplitFrame>),
 }
 
 impl OutUnit {
@@ -125,6 +136,7 @@ impl OutUnit {
     pub fn len(&self) -> usize {
         match self {
             OutUnit::Flat(v) => v.len(),
+            OutUnit::Small(b) => b.len(),
             OutUnit::Frame(f) => f.len(),
             OutUnit::Split(s) => s.len(),
         }
@@ -135,6 +147,7 @@ impl OutUnit {
     pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> usize {
         match self {
             OutUnit::Flat(v) => copy_parts([&v[..]], offset, dst),
+            OutUnit::Small(b) => copy_parts([&b[..]], offset, dst),
             OutUnit::Frame(f) => copy_parts(f.parts(), offset, dst),
             OutUnit::Split(s) => copy_parts([&s.head[..], &s.body, &s.tail], offset, dst),
         }
@@ -144,6 +157,11 @@ impl OutUnit {
     fn flatten(self) -> Vec<u8> {
         match self {
             OutUnit::Flat(v) => v,
+            OutUnit::Small(b) => {
+                let mut v = Vec::with_capacity(b.len() + CHECK_LEN);
+                v.extend_from_slice(&b);
+                v
+            }
             OutUnit::Frame(f) => {
                 let mut v = Vec::with_capacity(f.len() + CHECK_LEN);
                 f.write_into(&mut v);
@@ -213,10 +231,10 @@ pub fn expose(
     let unit = match unit {
         OutUnit::Split(s) if DESC_LEN + s.head.len() + s.tail.len() <= room => {
             let (inline, at) = s.inline();
-            let SplitFrame { head, body, tail } = s;
+            let SplitFrame { head, body, tail } = *s;
             match rma.expose_in_place(body) {
                 Ok(x) => return Ok(Described { x, inline, at }),
-                Err((_, body)) => OutUnit::Split(SplitFrame { head, body, tail }),
+                Err((_, body)) => OutUnit::Split(Box::new(SplitFrame { head, body, tail })),
             }
         }
         unit => unit,
@@ -317,22 +335,26 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Offered<'_>
     })
 }
 
-/// A frame as one unit to send: split around its largest segment when
-/// the endpoints can expose memory `in_place` (they have `FI_RMA`), that
-/// segment is large enough to go by rendezvous and the rest fits inline in
-/// a descriptor ([`OutUnit::Split`]); else kept in its encoded parts
-/// ([`OutUnit::Frame`]: copied once, into the send slots or into the
-/// buffer a rendezvous exposes).
-pub fn encode_unit(f: Frame, in_place: bool) -> Result<OutUnit, FrameError> {
+/// A frame as one unit to send: a small one encoded into a chunk of
+/// `arena` ([`OutUnit::Small`]); a large one split around its largest
+/// segment when the endpoints can expose memory `in_place` (they have
+/// `FI_RMA`), that segment is large enough to go by rendezvous and the rest
+/// fits inline in a descriptor ([`OutUnit::Split`]); else kept in its
+/// encoded parts ([`OutUnit::Frame`]: copied once, into the send slots or
+/// into the buffer a rendezvous exposes).
+pub fn encode_unit(f: Frame, in_place: bool, arena: &mut ByteArena) -> Result<OutUnit, FrameError> {
     let len = f.encoded_len();
+    if len < SMALL_UNIT {
+        return f.encode_in(arena).map(OutUnit::Small);
+    }
     let enc = f.into_encoded()?;
     if in_place && len > RNDV_THRESHOLD {
         return Ok(match split_frame(enc) {
-            Ok(s) => OutUnit::Split(s),
-            Err(whole) => OutUnit::Frame(whole),
+            Ok(s) => OutUnit::Split(Box::new(s)),
+            Err(whole) => OutUnit::Frame(Box::new(whole)),
         });
     }
-    Ok(OutUnit::Frame(enc))
+    Ok(OutUnit::Frame(Box::new(enc)))
 }
 
 /// The id at the start of an answer's body.
@@ -739,6 +761,13 @@ mod tests {
         )
     }
 
+    /// Queued units move on every push and pop: the large variants are
+    /// boxed so that a unit is a small frame's `Bytes` and a tag.
+    #[test]
+    fn a_queued_unit_is_small_to_move() {
+        assert!(std::mem::size_of::<OutUnit>() <= 40);
+    }
+
     #[test]
     fn units_split_around_their_largest_segment_and_read_back_whole() {
         for (frame, split) in [
@@ -746,17 +775,26 @@ mod tests {
             (big_frame(1 << 20, 100), true),
             // The rest does not fit a descriptor: one buffer.
             (big_frame(1 << 20, INLINE_MAX), false),
-            // Small: one buffer.
+            // Not that large: its encoded parts.
+            (big_frame(SMALL_UNIT, 0), false),
+            // Small: encoded into the arena.
             (big_frame(1000, 0), false),
         ] {
+            let mut arena = ByteArena::new(SMALL_ARENA);
             let want = frame.encode_to_vec().unwrap();
+            let small = want.len() < SMALL_UNIT;
             assert_eq!(
-                encode_unit(frame.clone(), false).unwrap(),
-                OutUnit::Frame(frame.clone().into_encoded().unwrap()),
+                encode_unit(frame.clone(), false, &mut arena).unwrap(),
+                if small {
+                    OutUnit::Small(Bytes::from(want.clone()))
+                } else {
+                    OutUnit::Frame(Box::new(frame.clone().into_encoded().unwrap()))
+                },
                 "without exposure in place: the encoded frame as it is"
             );
-            let unit = encode_unit(frame, true).unwrap();
+            let unit = encode_unit(frame, true, &mut arena).unwrap();
             assert_eq!(matches!(unit, OutUnit::Split { .. }), split);
+            assert_eq!(matches!(unit, OutUnit::Small(_)), small);
             assert_eq!(unit.len(), want.len());
             // Eager pieces of every size put it back together.
             for piece in [1, 7, 4096, 65_535, want.len()] {

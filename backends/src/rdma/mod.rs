@@ -1300,8 +1300,7 @@ impl Transport for RdmaTransport {
                     return self.push_rendezvous(link, f.into_encoded()?);
                 }
                 if len < GATHER_MIN {
-                    let preamble = f.preamble()?;
-                    let bytes = self.tx_arena.fill(len, |b| f.write_encoded(&preamble, b));
+                    let bytes = f.encode_in(&mut self.tx_arena)?;
                     return self.push_unit(link, Kind::Frame, bytes);
                 }
                 // Larger: the segments stay where they are until each part

@@ -309,6 +309,14 @@ impl Frame {
         Ok(out)
     }
 
+    /// The encoded frame as one [`Bytes`] cut from `arena`: how the
+    /// message-oriented transports send a small frame (one copy into a
+    /// shared chunk, no [`EncodedFrame`] in between).
+    pub fn encode_in(&self, arena: &mut crate::arena::ByteArena) -> Result<Bytes, FrameError> {
+        let preamble = self.preamble()?;
+        Ok(arena.fill(self.encoded_len(), |b| self.write_encoded(&preamble, b)))
+    }
+
     /// Appends the encoded frame ([`Frame::encoded_len`] bytes) to `out`,
     /// with `preamble` from [`Frame::preamble`] (which bounds what can go
     /// wrong: nothing fails here). For a small frame encoded straight into
