@@ -56,6 +56,15 @@ impl SendQueue {
     ) -> Result<(), msgr_proto::FrameError> {
         match unit {
             Transmit::Banner(b) => self.put_small(&b),
+            Transmit::Frame(f) if f.segments.iter().all(|s| s.len() <= copy_threshold) => {
+                // All copied anyway: encode straight into the tail, without
+                // an EncodedFrame in between.
+                let preamble = f.preamble()?;
+                let len = f.encoded_len();
+                self.room_for_small(len);
+                f.write_encoded(&preamble, &mut self.tail);
+                self.len += len;
+            }
             Transmit::Frame(f) => {
                 let mut enc = f.into_encoded()?;
                 self.put_small(&enc.preamble);
@@ -78,14 +87,19 @@ impl SendQueue {
     }
 
     fn put_small(&mut self, b: &[u8]) {
-        if !self.tail.is_empty() && self.tail.len() + b.len() > TAIL_MAX {
+        self.room_for_small(b.len());
+        self.tail.put_slice(b);
+        self.len += b.len();
+    }
+
+    /// Seals the tail if `n` more bytes would take it past [`TAIL_MAX`].
+    fn room_for_small(&mut self, n: usize) {
+        if !self.tail.is_empty() && self.tail.len() + n > TAIL_MAX {
             // A fresh buffer of full size: growing one from empty would
             // copy it a dozen times on the way.
             let sealed = std::mem::replace(&mut self.tail, BytesMut::with_capacity(TAIL_MAX));
             self.chunks.push_back(sealed.freeze());
         }
-        self.tail.put_slice(b);
-        self.len += b.len();
     }
 
     fn put_big(&mut self, b: Bytes) {
