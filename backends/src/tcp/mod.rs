@@ -146,6 +146,9 @@ impl TcpTransport {
     /// the bytes: after a readiness event that says the peer closed or
     /// errored (`to_would_block`), and when resuming reads that were cut
     /// short or paused, the link reads until `WouldBlock` or end of stream.
+    /// So does a link while a large frame arrives: more of it is on its
+    /// way, and the next read often finds it without a pass through the
+    /// worker's loop.
     fn read_link(&mut self, id: LinkId, to_would_block: bool, events: &mut Vec<TransportEvent>) {
         let Some(link) = self.links.get_mut(&id) else {
             return;
@@ -161,7 +164,8 @@ impl TcpTransport {
             if let Ok(r) = read {
                 total += r.len;
             }
-            let drained = !to_would_block && matches!(read, Ok(r) if r.short);
+            let drained =
+                !to_would_block && !link.reads_by_frame() && matches!(read, Ok(r) if r.short);
             let last = match &read {
                 Ok(r) => r.len == 0 || drained || total >= READ_BUDGET,
                 Err(e) => e.kind() != io::ErrorKind::Interrupted,
