@@ -214,8 +214,11 @@ impl Connection {
     }
 
     /// Ends the session now, dropping queued messages (the dispatcher hears
-    /// `on_reset` with [`msgr_proto::FaultReason::MarkedDown`]).
+    /// `on_reset` with [`msgr_proto::FaultReason::MarkedDown`]). A connect
+    /// to the same peer made after this call opens a new session, even
+    /// while this one is still being torn down.
     pub fn mark_down(&self) {
+        self.unregister();
         self.inner.dispatch(Command::MarkDown {
             key: self.inner.key,
         });
@@ -223,10 +226,23 @@ impl Connection {
 
     /// Ends the session once everything queued is delivered (bounded by the
     /// session's timers; use [`crate::Messenger::shutdown`] for a deadline).
+    /// A connect to the same peer made after this call opens a new session.
     pub fn close(&self) {
+        self.unregister();
         self.inner.dispatch(Command::Close {
             key: self.inner.key,
         });
+    }
+
+    /// Takes this connection out of the messenger's registry at once: the
+    /// worker ends the session later, and until then `connect` must not
+    /// hand out a connection that is about to end.
+    fn unregister(&self) {
+        let i = &self.inner;
+        i.shared.unregister(i.key, &i.target);
+        if let Some(peer) = i.peer.lock().as_ref() {
+            i.shared.unregister(i.key, &peer.addr);
+        }
     }
 
     /// Produces a real transport fault on the current link (for tests and

@@ -56,6 +56,16 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Forgets the connection of session `key` as the one to `addr`'s peer,
+    /// if it still is: the next connect to that peer opens a new session.
+    pub(crate) fn unregister(&self, key: u64, addr: &EntityAddr) {
+        let k = peer_key(addr);
+        let mut reg = self.registry.lock();
+        if reg.get(&k).is_some_and(|c| c.inner.key == key) {
+            reg.remove(&k);
+        }
+    }
+
     pub(crate) fn next_session_key(&self) -> u64 {
         self.session_keys.fetch_add(1, Ordering::Relaxed)
     }

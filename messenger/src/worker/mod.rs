@@ -916,15 +916,13 @@ impl Worker {
             .sessions_active
             .fetch_sub(1, Ordering::Relaxed);
         slot.conn.set_state(ConnectionState::Closed);
-        let pk = peer_key(slot.session.peer_addr().unwrap_or(&slot.conn.inner.target));
-        for k in [pk, peer_key(&slot.conn.inner.target)] {
+        let target = &slot.conn.inner.target;
+        for addr in [slot.session.peer_addr().unwrap_or(target), target] {
+            let k = peer_key(addr);
             if self.by_peer.get(&k) == Some(&key) {
                 self.by_peer.remove(&k);
             }
-            let mut reg = self.shared.registry.lock();
-            if reg.get(&k).is_some_and(|c| c.inner.key == key) {
-                reg.remove(&k);
-            }
+            self.shared.unregister(key, addr);
         }
         // Any link still registered to it goes too.
         let stale: Vec<LinkId> = self
@@ -1041,10 +1039,20 @@ impl Worker {
                         }
                         slot.transport = t;
                         self.touch(key);
+                        return;
                     }
-                    Takeover::Rejected(frame) => self.refuse(link, t, frame),
+                    Takeover::Rejected(frame) => {
+                        self.refuse(link, t, frame);
+                        return;
+                    }
+                    Takeover::Ending => {
+                        // A new session begins below and takes the peer's
+                        // routing and registry entries; the old one ends
+                        // on its own.
+                        self.by_peer.remove(&pk);
+                        self.shared.unregister(key, &hello.addr);
+                    }
                 }
-                return;
             }
         }
         if hello.cookie != 0 {

@@ -150,6 +150,11 @@ pub enum Takeover {
     Accepted,
     /// Refuse the link: send this frame on it, then close it.
     Rejected(Frame),
+    /// This session is ending (closed, or closing after `close` or
+    /// `mark_down`) and the hello asks for a new session: start one beside
+    /// it, as if this one were gone already. Refusing would make the peer
+    /// drop what it queued for a session that never began.
+    Ending,
 }
 
 /// Counters of one session's life; the owner sums them into messenger counters.
@@ -355,6 +360,12 @@ impl Session {
     /// Whether the session has ended; drop it once its events are drained.
     pub fn is_closed(&self) -> bool {
         self.state == State::Closed
+    }
+
+    /// Whether the session has ended or is ending (after `close` or
+    /// `mark_down`, or the peer's close): it takes no new link.
+    pub fn is_ending(&self) -> bool {
+        self.closing || self.is_closed()
     }
 
     /// The peer, once known.
@@ -656,7 +667,10 @@ impl Session {
         new_cookie: u64,
         now: Instant,
     ) -> Takeover {
-        if self.state == State::Closed || self.closing {
+        if self.is_ending() {
+            if hello.cookie == 0 {
+                return Takeover::Ending;
+            }
             return Takeover::Rejected(reset_frame());
         }
         // The peer restarted (new nonce): the old session is gone on its side.
@@ -912,7 +926,13 @@ impl Session {
                 self.resume(link, ok.in_seq, now)
             }
             (State::HelloSent(_), Tag::SessionReset) => {
-                self.remote_reset();
+                // A refused resume: the peer lost our session. A refused new
+                // session (cookie 0) lost nothing of ours — nothing queued
+                // since the last reset was ever sent — so the queue waits
+                // for the next attempt.
+                if self.cookie != 0 {
+                    self.remote_reset();
+                }
                 // The peer lost our session, typically by restarting: its
                 // next incarnation (a new nonce) is the one to talk to, or
                 // check_peer would refuse it forever.

@@ -623,30 +623,36 @@ impl Sim {
         let existing = self.nodes[node]
             .sessions
             .iter()
-            .filter(|(_, s)| !s.is_closed())
-            .find(|(_, s)| s.peer_addr().map(peer_key).as_ref() == Some(&key))
+            .filter(|(_, s)| s.peer_addr().map(peer_key).as_ref() == Some(&key))
+            // As in the messenger, a session that ended is still there until
+            // its owner drops it, and may have a successor beside it.
+            .min_by_key(|(_, s)| s.is_ending())
             .map(|(k, _)| *k);
         let cookie = self.rng.random_range(1..u64::MAX);
-        if let Some(eid) = existing {
+        let taken = existing.map(|eid| {
             let s = self.nodes[node]
                 .sessions
                 .get_mut(&eid)
                 .expect("found above");
-            match s.take_link(link, hello, features, cookie, now) {
-                Takeover::Accepted => self.set_owner(node, link, Some(eid)),
-                Takeover::Rejected(frame) => {
-                    self.stats.rejected += 1;
-                    self.write(node, link, encode(&frame));
-                    self.close_end(node, link, true);
-                }
+            (eid, s.take_link(link, hello, features, cookie, now))
+        });
+        match taken {
+            Some((eid, Takeover::Accepted)) => self.set_owner(node, link, Some(eid)),
+            Some((_, Takeover::Rejected(frame))) => {
+                self.stats.rejected += 1;
+                self.write(node, link, encode(&frame));
+                self.close_end(node, link, true);
             }
-        } else if hello.cookie != 0 {
-            self.stats.rejected += 1;
-            self.write(node, link, encode(&Session::reject_unknown()));
-            self.close_end(node, link, true);
-        } else {
-            p.accept_new(cookie, now);
-            self.nodes[node].sessions.insert(pid, p);
+            // No session with the peer, or one that is ending.
+            None | Some((_, Takeover::Ending)) if hello.cookie != 0 => {
+                self.stats.rejected += 1;
+                self.write(node, link, encode(&Session::reject_unknown()));
+                self.close_end(node, link, true);
+            }
+            None | Some((_, Takeover::Ending)) => {
+                p.accept_new(cookie, now);
+                self.nodes[node].sessions.insert(pid, p);
+            }
         }
     }
 
