@@ -48,7 +48,10 @@
 //! - Liveness: a link that has sent nothing for [`KEEP_AFTER`] sends `KEEP`;
 //!   a link that has heard nothing for [`LINK_DEADLINE`] (including a
 //!   connect never welcomed) fails. A receiver that paused reading still
-//!   answers, so only a dead or hung peer trips the deadline.
+//!   answers, so only a dead or hung peer trips the deadline. A connect
+//!   whose HELLO the provider refused (-FI_EAGAIN) all that time moves
+//!   later connects to a new outgoing endpoint
+//!   (`RdmTransport::replace_out_port`).
 //! - Close: `CLOSE` tells the peer, whose link then fails as on
 //!   `FI_SHUTDOWN`; an injected abort does the same without flushing.
 //!
@@ -158,6 +161,13 @@ const HELLO_FIXED: usize = 8 + 4 + 2;
 
 /// Why housekeeping fails a link whose rendezvous read is overdue.
 const STUCK_READ: &str = "rendezvous fi_read not complete";
+/// Why housekeeping fails a connecting link whose HELLO the provider kept
+/// refusing (see [`RdmTransport::replace_out_port`]).
+const REFUSED_HELLO: &str = "provider refused the HELLO (-FI_EAGAIN)";
+/// At most this many times in a transport's life is the outgoing endpoint
+/// replaced: each old one stays open (see `retired`), so this bounds the
+/// memory a peer that never answers can cost.
+const MAX_OUT_PORT_REPLACEMENTS: u64 = 8;
 
 const RX_BIT: u64 = 1 << 39;
 /// Context bit of an fi_read (the low 32 bits number it within its port).
@@ -600,6 +610,8 @@ pub struct RdmTransport {
     retired: Vec<Port>,
     /// The port connecting links leave from, once opened.
     out_port: Option<usize>,
+    /// Times the outgoing endpoint was replaced (`out_port_replacements`).
+    out_port_replacements: u64,
     net: Net,
     kind: TransportKind,
     registry: Registry,
@@ -688,6 +700,7 @@ impl RdmTransport {
             ports: Vec::new(),
             retired: Vec::new(),
             out_port: None,
+            out_port_replacements: 0,
             net,
             kind,
             registry,
@@ -764,6 +777,36 @@ impl RdmTransport {
         let p = self.open_port(None, None, None)?;
         self.out_port = Some(p);
         Ok(p)
+    }
+
+    /// Connects from now on leave from a new outgoing endpoint, because the
+    /// provider kept refusing `id`'s HELLO (-FI_EAGAIN) until the link
+    /// deadline: `ofi_rxm` (1.17) can keep its connection to a name that
+    /// restarted in a state that refuses every send, and removing the name
+    /// from the address vector and inserting it again does not reset it
+    /// (seen in the stress suite: a client dialling a restarted server for
+    /// good while other clients reached it). A new endpoint has no
+    /// connection state. The old one keeps its other links and is retired
+    /// with the last of them. Bounded by [`MAX_OUT_PORT_REPLACEMENTS`]; past
+    /// it such links just fail by the deadline.
+    fn replace_out_port(&mut self, id: LinkId) {
+        let Some(link) = self.links.get(&id) else {
+            return;
+        };
+        if self.out_port != Some(link.port) {
+            return;
+        }
+        if self.out_port_replacements >= MAX_OUT_PORT_REPLACEMENTS {
+            tracing::warn!(
+                replacements = self.out_port_replacements,
+                "libfabric RDM: a HELLO refused until the deadline; the outgoing endpoint was replaced too often to replace again"
+            );
+            return;
+        }
+        self.out_port_replacements += 1;
+        tracing::debug!(link = id.0, "libfabric RDM: HELLO refused until the deadline; a new outgoing endpoint for later connects");
+        // `drop_link` retires the old endpoint with its last link.
+        self.out_port = None;
     }
 
     /// Removes a link; a peer that knows its end hears `CLOSE`.
@@ -1439,7 +1482,9 @@ impl RdmTransport {
             // Exposed units are not timed on the sending side: a receiver
             // that paused reading fetches them late, and a dead one trips
             // `last_heard`.
-            if now.duration_since(l.last_heard) > LINK_DEADLINE {
+            if now.duration_since(l.last_heard) > LINK_DEADLINE && l.need_hello {
+                dead.push((id, REFUSED_HELLO));
+            } else if now.duration_since(l.last_heard) > LINK_DEADLINE {
                 dead.push((id, "peer silent"));
             } else if stuck_read {
                 dead.push((id, STUCK_READ));
@@ -1455,6 +1500,9 @@ impl RdmTransport {
                     "{what} within {:?} (rdma_read_timeout_ms)",
                     self.read_timeout
                 )
+            } else if what == REFUSED_HELLO {
+                self.replace_out_port(id);
+                format!("{what} for {LINK_DEADLINE:?}")
             } else {
                 format!("{what} for {LINK_DEADLINE:?} (peer dead or unreachable)")
             };
@@ -1600,6 +1648,7 @@ impl Transport for RdmTransport {
         let peer = port.peer(&name).map_err(|e| {
             TransportError::io("fi_av_insert", std::io::Error::other(e.to_string()))
         })?;
+
         if let Err(e) = port.reserve(pidx, LINK_BLOCK) {
             port.release_peer(peer, true);
             return Err(TransportError::io(
@@ -1768,7 +1817,11 @@ impl Transport for RdmTransport {
     fn stats(&self) -> TransportStats {
         TransportStats {
             kind: self.kind.clone(),
-            values: self.rndv_counters.values(self.rndv, self.net.rma_in_use()),
+            values: {
+                let mut v = self.rndv_counters.values(self.rndv, self.net.rma_in_use());
+                v.push(("out_port_replacements", self.out_port_replacements));
+                v
+            },
         }
     }
 
@@ -1781,7 +1834,7 @@ impl Transport for RdmTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::tests::drive;
+    use crate::fabric::tests::{drive, stat};
     use bytes::Bytes;
     use msgr_addr::FabricEndpoint;
     use msgr_proto::banner::BANNER_LEN;
@@ -2016,6 +2069,77 @@ mod tests {
         );
         println!("{provider}: {events:?}");
         assert_eq!(t.link_count(), 0);
+    }
+
+    /// A HELLO the provider refuses until the link deadline moves later
+    /// connects to a new outgoing endpoint, while the old endpoint's other
+    /// links go on. SIMULATED trigger: the refusal is `ofi_rxm`'s wedged
+    /// connection to a restarted name, which the stress suite meets only
+    /// now and then, so the link is made to look as if its HELLO waited
+    /// past the deadline (its clock set back before the first flush).
+    fn refused_hello_moves_connects_to_a_new_endpoint(provider: &str) {
+        let mut poll = mio::Poll::new().unwrap();
+        let mut t = open(provider, &poll);
+        let any: EntityAddr = format!("fabric+{provider}://127.0.0.1:0?ep=rdm")
+            .parse()
+            .unwrap();
+        let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+        t.connect(LinkId(1000), &bound).unwrap();
+        t.flush(Instant::now(), &mut Vec::new());
+        drive(&mut t, &mut poll, |e| {
+            e.iter()
+                .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000))))
+        });
+        let first = t.links[&LinkId(1000)].port;
+        t.connect(LinkId(1001), &bound).unwrap();
+        let now = Instant::now();
+        let stale = t.links.get_mut(&LinkId(1001)).unwrap();
+        assert_eq!(stale.port, first, "{provider}: connects share one endpoint");
+        stale.last_heard = now - LINK_DEADLINE - HOUSEKEEPING;
+        t.next_housekeeping = now;
+        let mut events = Vec::new();
+        t.progress(now, &mut events);
+        assert!(
+            events.iter().any(
+                |e| matches!(e, TransportEvent::Failed(LinkId(1001), why) if why.contains(REFUSED_HELLO))
+            ),
+            "{provider}: {events:?}"
+        );
+        assert_eq!(stat(&t, "out_port_replacements"), 1);
+        t.connect(LinkId(1002), &bound).unwrap();
+        t.flush(Instant::now(), &mut Vec::new());
+        drive(&mut t, &mut poll, |e| {
+            e.iter()
+                .any(|e| matches!(e, TransportEvent::Connected(LinkId(1002))))
+        });
+        assert_ne!(
+            t.links[&LinkId(1002)].port,
+            first,
+            "{provider}: a new endpoint"
+        );
+        // The old endpoint's link still carries units.
+        t.send(LinkId(1000), Transmit::Banner([9; BANNER_LEN]))
+            .unwrap();
+        t.flush(Instant::now(), &mut Vec::new());
+        let events = drive(&mut t, &mut poll, |e| {
+            e.iter().any(|e| matches!(e, TransportEvent::Received(..)))
+        });
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, TransportEvent::Failed(..))),
+            "{provider}: {events:?}"
+        );
+    }
+
+    #[test]
+    fn tcp_rxm_refused_hello_moves_connects_to_a_new_endpoint() {
+        refused_hello_moves_connects_to_a_new_endpoint("tcp");
+    }
+
+    #[test]
+    fn shm_refused_hello_moves_connects_to_a_new_endpoint() {
+        refused_hello_moves_connects_to_a_new_endpoint("shm");
     }
 
     #[test]
