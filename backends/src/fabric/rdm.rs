@@ -1876,6 +1876,20 @@ mod tests {
         RdmTransport::new(&p, poll.registry(), &ctx).unwrap()
     }
 
+    /// A transport listening on a loopback port of `provider` with link 1000
+    /// dialled to itself and its HELLO flushed; the listener's address.
+    fn listening_and_dialled(provider: &str) -> (mio::Poll, RdmTransport, EntityAddr) {
+        let poll = mio::Poll::new().unwrap();
+        let mut t = open(provider, &poll);
+        let any: EntityAddr = format!("fabric+{provider}://127.0.0.1:0?ep=rdm")
+            .parse()
+            .unwrap();
+        let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+        t.connect(LinkId(1000), &bound).unwrap();
+        t.flush(Instant::now(), &mut Vec::new());
+        (poll, t, bound)
+    }
+
     #[test]
     fn header_and_context_round_trip() {
         let mut buf = [0u8; HEADER_LEN];
@@ -1898,15 +1912,8 @@ mod tests {
     /// link's credits arrive whole and in order (credits come back), then an
     /// abort is reported on both ends and nothing is left.
     fn link_units_and_abort(provider: &str) {
-        let mut poll = mio::Poll::new().unwrap();
-        let mut t = open(provider, &poll);
-        let any: EntityAddr = format!("fabric+{provider}://127.0.0.1:0?ep=rdm")
-            .parse()
-            .unwrap();
-        let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+        let (mut poll, mut t, bound) = listening_and_dialled(provider);
         assert_ne!(bound.socket.port(), 0);
-        t.connect(LinkId(1000), &bound).unwrap();
-        t.flush(Instant::now(), &mut Vec::new());
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
         let server = events
             .iter()
@@ -1999,14 +2006,7 @@ mod tests {
     /// keepalives, as a hung or vanished process) fails within the link
     /// deadline, not earlier than it and not never.
     fn silent_peer_fails_by_the_deadline(provider: &str) {
-        let mut poll = mio::Poll::new().unwrap();
-        let mut t = open(provider, &poll);
-        let any: EntityAddr = format!("fabric+{provider}://127.0.0.1:0?ep=rdm")
-            .parse()
-            .unwrap();
-        let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
-        t.connect(LinkId(1000), &bound).unwrap();
-        t.flush(Instant::now(), &mut Vec::new());
+        let (mut poll, mut t, _) = listening_and_dialled(provider);
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
         let server = events
             .iter()
@@ -2078,14 +2078,7 @@ mod tests {
     /// now and then, so the link is made to look as if its HELLO waited
     /// past the deadline (its clock set back before the first flush).
     fn refused_hello_moves_connects_to_a_new_endpoint(provider: &str) {
-        let mut poll = mio::Poll::new().unwrap();
-        let mut t = open(provider, &poll);
-        let any: EntityAddr = format!("fabric+{provider}://127.0.0.1:0?ep=rdm")
-            .parse()
-            .unwrap();
-        let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
-        t.connect(LinkId(1000), &bound).unwrap();
-        t.flush(Instant::now(), &mut Vec::new());
+        let (mut poll, mut t, bound) = listening_and_dialled(provider);
         drive(&mut t, &mut poll, |e| {
             e.iter()
                 .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000))))
