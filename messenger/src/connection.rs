@@ -226,17 +226,19 @@ impl Connection {
 
     /// Ends the session once everything queued is delivered (bounded by the
     /// session's timers; use [`crate::Messenger::shutdown`] for a deadline).
-    /// A connect to the same peer made after this call opens a new session.
+    /// Until it has ended, a connect to the same peer returns this
+    /// connection, which refuses sends: a second session to the same peer
+    /// beside one still draining would take the peer's session from it.
     pub fn close(&self) {
-        self.unregister();
         self.inner.dispatch(Command::Close {
             key: self.inner.key,
         });
     }
 
-    /// Takes this connection out of the messenger's registry at once: the
-    /// worker ends the session later, and until then `connect` must not
-    /// hand out a connection that is about to end.
+    /// Takes this connection out of the messenger's registry at once (for
+    /// `mark_down`): the worker ends the session at its next command, before
+    /// any connect made after this, so `connect` must not hand out the
+    /// connection that is about to end.
     fn unregister(&self) {
         let i = &self.inner;
         i.shared.unregister(i.key, &i.target);

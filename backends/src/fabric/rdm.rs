@@ -49,7 +49,7 @@
 //!   a link that has heard nothing for [`LINK_DEADLINE`] (including a
 //!   connect never welcomed) fails. A receiver that paused reading still
 //!   answers, so only a dead or hung peer trips the deadline. A connect
-//!   whose HELLO the provider refused (-FI_EAGAIN) all that time moves
+//!   whose HELLO could not be posted all that time (-FI_EAGAIN) moves
 //!   later connects to a new outgoing endpoint
 //!   (`RdmTransport::replace_out_port`).
 //! - Close: `CLOSE` tells the peer, whose link then fails as on
@@ -161,9 +161,9 @@ const HELLO_FIXED: usize = 8 + 4 + 2;
 
 /// Why housekeeping fails a link whose rendezvous read is overdue.
 const STUCK_READ: &str = "rendezvous fi_read not complete";
-/// Why housekeeping fails a connecting link whose HELLO the provider kept
-/// refusing (see [`RdmTransport::replace_out_port`]).
-const REFUSED_HELLO: &str = "provider refused the HELLO (-FI_EAGAIN)";
+/// Why housekeeping fails a connecting link whose HELLO could never be
+/// posted (see [`RdmTransport::replace_out_port`]).
+const REFUSED_HELLO: &str = "HELLO never posted (-FI_EAGAIN or no free transmit slot)";
 /// At most this many times in a transport's life is the outgoing endpoint
 /// replaced: each old one stays open (see `retired`), so this bounds the
 /// memory a peer that never answers can cost.
@@ -779,9 +779,9 @@ impl RdmTransport {
         Ok(p)
     }
 
-    /// Connects from now on leave from a new outgoing endpoint, because the
-    /// provider kept refusing `id`'s HELLO (-FI_EAGAIN) until the link
-    /// deadline: `ofi_rxm` (1.17) can keep its connection to a name that
+    /// Connects from now on leave from a new outgoing endpoint, because
+    /// `id`'s HELLO could not be posted until the link deadline (the
+    /// provider said -FI_EAGAIN, or no transmit slot came free): `ofi_rxm` (1.17) can keep its connection to a name that
     /// restarted in a state that refuses every send, and removing the name
     /// from the address vector and inserting it again does not reset it
     /// (seen in the stress suite: a client dialling a restarted server for
@@ -1482,10 +1482,16 @@ impl RdmTransport {
             // Exposed units are not timed on the sending side: a receiver
             // that paused reading fetches them late, and a dead one trips
             // `last_heard`.
-            if now.duration_since(l.last_heard) > LINK_DEADLINE && l.need_hello {
-                dead.push((id, REFUSED_HELLO));
-            } else if now.duration_since(l.last_heard) > LINK_DEADLINE {
-                dead.push((id, "peer silent"));
+            if now.duration_since(l.last_heard) > LINK_DEADLINE {
+                // A HELLO never posted is the endpoint's fault, not the peer's.
+                dead.push((
+                    id,
+                    if l.need_hello {
+                        REFUSED_HELLO
+                    } else {
+                        "peer silent"
+                    },
+                ));
             } else if stuck_read {
                 dead.push((id, STUCK_READ));
             } else if l.remote.is_some() && now.duration_since(l.last_sent) > KEEP_AFTER {
@@ -1648,7 +1654,6 @@ impl Transport for RdmTransport {
         let peer = port.peer(&name).map_err(|e| {
             TransportError::io("fi_av_insert", std::io::Error::other(e.to_string()))
         })?;
-
         if let Err(e) = port.reserve(pidx, LINK_BLOCK) {
             port.release_peer(peer, true);
             return Err(TransportError::io(
@@ -1815,13 +1820,11 @@ impl Transport for RdmTransport {
     }
 
     fn stats(&self) -> TransportStats {
+        let mut values = self.rndv_counters.values(self.rndv, self.net.rma_in_use());
+        values.push(("out_port_replacements", self.out_port_replacements));
         TransportStats {
             kind: self.kind.clone(),
-            values: {
-                let mut v = self.rndv_counters.values(self.rndv, self.net.rma_in_use());
-                v.push(("out_port_replacements", self.out_port_replacements));
-                v
-            },
+            values,
         }
     }
 

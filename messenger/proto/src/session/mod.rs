@@ -933,8 +933,8 @@ impl Session {
                 if self.cookie != 0 {
                     self.remote_reset();
                 }
-                // The peer lost our session, typically by restarting: its
-                // next incarnation (a new nonce) is the one to talk to, or
+                // Either way the peer may have restarted: its next
+                // incarnation (a new nonce) is the one to talk to, or
                 // check_peer would refuse it forever.
                 if let Some(a) = self.peer_addr.as_mut() {
                     a.nonce = 0;
