@@ -51,7 +51,10 @@ use mio::Token;
 pub use error::TransportError;
 pub use event::TransportEvent;
 pub use msgr_proto::{Inbound, LinkId, Transmit};
-pub use select::{availability, open_transport, Availability, RdmaPoolConfig, TransportContext};
+pub use select::{
+    availability, open_transport, rendezvous_withheld, Availability, FabricRendezvous,
+    RdmaPoolConfig, TransportContext,
+};
 
 use msgr_addr::{EntityAddr, TransportKind};
 

@@ -58,6 +58,36 @@ pub struct RdmaPoolConfig {
     /// held, keepalives included, so that timeout would fire first and the
     /// fault would be counted as a silent peer.
     pub read_timeout: Duration,
+    /// Whether the libfabric backend's endpoints use the `fi_read`
+    /// rendezvous (the `fabric_rendezvous` key).
+    pub fabric_rendezvous: FabricRendezvous,
+}
+
+/// Whether the libfabric backend sends large units by `fi_read`
+/// rendezvous (`fabric_rendezvous = auto | off | on`).
+///
+/// `Auto` is right for nearly everyone: rendezvous where the provider has
+/// the reads and the libfabric loaded has no known bug in them (libfabric
+/// before 1.18 over `tcp` has one, so there it is off; the
+/// `rendezvous_enabled` counter tells). `Off` copies every unit through
+/// the send slots (to compare, or to steer around a provider's reads).
+/// `On` uses the reads despite a known bug: only for a libfabric patched
+/// past it.
+///
+/// ```
+/// use msgr_backends::{FabricRendezvous, RdmaPoolConfig};
+/// let cfg = RdmaPoolConfig { fabric_rendezvous: FabricRendezvous::Off, ..Default::default() };
+/// assert_eq!(cfg.fabric_rendezvous, FabricRendezvous::Off);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FabricRendezvous {
+    /// Where the provider has reads without a known bug here.
+    #[default]
+    Auto,
+    /// Never.
+    Off,
+    /// Wherever the provider has reads.
+    On,
 }
 
 impl Default for RdmaPoolConfig {
@@ -69,6 +99,7 @@ impl Default for RdmaPoolConfig {
             rendezvous_threshold: 128 << 10,
             inline_bytes: 256,
             read_timeout: Duration::from_secs(10),
+            fabric_rendezvous: FabricRendezvous::Auto,
         }
     }
 }
@@ -129,6 +160,23 @@ pub fn availability(kind: &TransportKind) -> Availability {
             "built without the `fabric` cargo feature (msgr, msgr-tool and msgr-backends have it; provider {})",
             p.name
         )),
+    }
+}
+
+/// Why `kind`'s large units do not go by rendezvous reads under the
+/// default configuration (`fabric_rendezvous = auto`) although its provider
+/// has them: a known bug in the libfabric loaded. `None` for every other
+/// transport.
+///
+/// ```
+/// use msgr_backends::rendezvous_withheld;
+/// assert_eq!(rendezvous_withheld(&msgr_addr::TransportKind::Tcp), None);
+/// ```
+pub fn rendezvous_withheld(kind: &TransportKind) -> Option<&'static str> {
+    match kind {
+        #[cfg(feature = "fabric")]
+        TransportKind::Fabric(p) => msgr_fabric::rma_withheld(&p.name),
+        _ => None,
     }
 }
 

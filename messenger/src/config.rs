@@ -135,6 +135,10 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "an RDMA or libfabric rendezvous read not complete after this fails its link (default 10000, below keepalive_timeout_ms; at least 1)",
     ),
     (
+        "fabric_rendezvous",
+        "libfabric large units by fi_read: auto (where this libfabric has no known bug in the provider's reads), off, on (default auto)",
+    ),
+    (
         "faults",
         "fault injection plan, e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20 (default off)",
     ),
@@ -304,6 +308,21 @@ impl MessengerConfig {
                 }
                 self.rdma.read_timeout = t;
             }
+            "fabric_rendezvous" => {
+                use msgr_backends::FabricRendezvous as R;
+                self.rdma.fabric_rendezvous = match value.trim() {
+                    "auto" => R::Auto,
+                    "off" => R::Off,
+                    "on" => R::On,
+                    _ => {
+                        return Err(ConfigError::BadValue {
+                            key: key.into(),
+                            value: value.into(),
+                            why: "auto, off or on".into(),
+                        })
+                    }
+                };
+            }
             "faults" if value.trim().is_empty() || value.trim() == "off" => self.faults = None,
             "faults" => {
                 self.faults = Some(value.parse().map_err(|e: crate::faults::FaultPlanError| {
@@ -383,6 +402,7 @@ mod tests {
                 "policy" => "lossless-peer",
                 "faults" => "seed=1,fail=100",
                 "payload_crc" => "false",
+                "fabric_rendezvous" => "off",
                 _ => "3",
             };
             MessengerConfig::default()
@@ -416,6 +436,20 @@ mod tests {
             .to_string();
         assert!(err.contains("rdma_read_timeout_ms"), "{err}");
         assert_eq!(cfg.rdma.read_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn fabric_rendezvous_is_auto_off_or_on() {
+        use msgr_backends::FabricRendezvous as R;
+        let mut cfg = MessengerConfig::default();
+        assert_eq!(cfg.rdma.fabric_rendezvous, R::Auto);
+        for (v, want) in [("off", R::Off), ("on", R::On), ("auto", R::Auto)] {
+            cfg.set("fabric_rendezvous", v).unwrap();
+            assert_eq!(cfg.rdma.fabric_rendezvous, want);
+        }
+        let err = cfg.set("fabric_rendezvous", "yes").unwrap_err().to_string();
+        assert!(err.contains("fabric_rendezvous"), "{err}");
+        assert_eq!(cfg.rdma.fabric_rendezvous, R::Auto);
     }
 
     #[test]

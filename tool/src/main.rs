@@ -15,7 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use msgr::{availability, Availability, EntityName, Messenger, MessengerConfig, TransportKind};
+use msgr::{
+    availability, rendezvous_withheld, Availability, EntityName, Messenger, MessengerConfig,
+    TransportKind,
+};
 use msgr_addr::{FabricEndpoint, FabricProvider};
 use serde::Serialize;
 
@@ -237,7 +240,10 @@ fn backends(json: bool) -> Result<(), ToolError> {
         .iter()
         .map(|k| {
             let (available, reason) = match availability(k) {
-                Availability::Available => (true, None),
+                Availability::Available => (
+                    true,
+                    rendezvous_withheld(k).map(|why| format!("rendezvous off: {why}")),
+                ),
                 Availability::Unavailable(r) => (false, Some(r)),
             };
             // The query as in the address: fabric+tcp and fabric+tcp?ep=rdm

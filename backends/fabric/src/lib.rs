@@ -520,28 +520,80 @@ fn sockaddr(p: *const u8, len: usize) -> Option<SocketAddr> {
     None
 }
 
+/// Whether a [`Net`]'s endpoints get `FI_RMA | FI_READ | FI_REMOTE_READ`
+/// (the `fi_read` rendezvous).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RmaChoice {
+    /// Where the provider offers them and this libfabric has no known bug
+    /// in them ([`rma_withheld`]).
+    #[default]
+    IfSound,
+    /// Never: every message goes through send/receive slots.
+    Never,
+    /// Where the provider offers them, known bugs or not (for a libfabric
+    /// patched past [`rma_withheld`]'s reason, and for tests of the reads
+    /// themselves).
+    Always,
+}
+
+/// libfabric's run-time version as (major, minor).
+pub fn version() -> (u32, u32) {
+    // SAFETY: fi_version takes nothing and returns a number.
+    let v = unsafe { sys::fi_version() };
+    (v >> 16, v & 0xffff)
+}
+
+/// Why `provider`'s endpoints get no `fi_read` in the libfabric loaded,
+/// if they get none under [`RmaChoice::IfSound`].
+///
+/// libfabric before 1.18, `tcp` (`ofi_rxm` over it passes reads down): an
+/// endpoint disabled while the response to one of its reads is arriving —
+/// closed by us, or by the peer — completes that read twice and frees its
+/// transfer entry twice; the pool then hands the one entry to two
+/// operations and the heap is corrupted (the stress suite's `malloc():
+/// unsorted double linked list corrupted`). Fixed upstream in 1.18
+/// (`prov/tcp: Suspicion of bug where RX entry is freed twice`). The test
+/// `tcp_read_flushed_mid_response_completes_once_unless_withheld` pins it.
+pub fn rma_withheld(provider: &str) -> Option<&'static str> {
+    let tcp = provider.split(';').next() == Some("tcp");
+    (tcp && version() < (1, 18)).then_some(
+        "libfabric before 1.18: the tcp provider frees a read's entry twice when its endpoint \
+         closes mid-response (heap corruption); fixed in 1.18",
+    )
+}
+
 impl Net {
     /// Opens `provider` with `ep` endpoints: fabric, domain, EQ and CQ, on
     /// the first domain the provider lists.
     pub fn open(provider: &str, ep: EpType, cq_size: usize) -> Result<Net, FabricError> {
-        Self::open_at(provider, ep, cq_size, None)
+        Self::open_at(provider, ep, cq_size, None, RmaChoice::IfSound)
     }
 
     /// [`Net::open`] on the domain that serves `site` (with `None`, the first
     /// the provider lists): `verbs` has one domain per RDMA device and opens
-    /// an endpoint only on the domain owning its address.
+    /// an endpoint only on the domain owning its address. `rma` says
+    /// whether endpoints get the rendezvous reads ([`Net::rma`] tells).
     pub fn open_at(
         provider: &str,
         ep: EpType,
         cq_size: usize,
         site: Option<Site>,
+        rma: RmaChoice,
     ) -> Result<Net, FabricError> {
         let (addr, source) = site.map_or((None, false), Site::hint);
-        // Endpoints get the rendezvous capabilities when the provider has
-        // them (decided once per Net).
-        let (info, rma) = match getinfo(provider, ep, addr, source, true) {
-            Ok(i) => (i, true),
-            Err(_) => (getinfo(provider, ep, addr, source, false)?, false),
+        let want_rma = match rma {
+            RmaChoice::IfSound => rma_withheld(provider).is_none(),
+            RmaChoice::Never => false,
+            RmaChoice::Always => true,
+        };
+        // Endpoints get the rendezvous capabilities when wanted and the
+        // provider has them (decided once per Net).
+        let with_rma = want_rma
+            .then(|| getinfo(provider, ep, addr, source, true).ok())
+            .flatten();
+        let (info, rma) = match with_rma {
+            Some(i) => (i, true),
+            None => (getinfo(provider, ep, addr, source, false)?, false),
         };
         // The first domain that opens: `verbs;ofi_rxm` lists rxe0 (on lo)
         // first, and its fi_domain fails (rdma_cm cannot resolve loopback
@@ -2353,6 +2405,83 @@ mod tests {
         drop((c, pep));
     }
 
+    /// A listener on `ns` and an endpoint of `nc` connected to it: (the
+    /// listener, the accepted endpoint, the connecting one). Two Nets, so
+    /// each side progresses only when its own queues are read.
+    fn tcp_msg_pair(ns: &mut Net, nc: &mut Net) -> (PassiveEp, Ep, Ep) {
+        let pep = ns.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let c = nc.connect(pep.addr(), 4, 1024).unwrap();
+        let mut s = None;
+        let (mut accepted, mut connected) = (false, false);
+        let t0 = std::time::Instant::now();
+        while !(accepted && connected) {
+            assert!(t0.elapsed().as_secs() < 10, "connect timed out");
+            match ns.read_eq() {
+                Some(CmEvent::ConnReq(r)) => s = Some(ns.accept(r, 4, 1024).unwrap()),
+                Some(CmEvent::Connected(_)) => accepted = true,
+                Some(other) => panic!("{other:?}"),
+                None => {}
+            }
+            match nc.read_eq() {
+                Some(CmEvent::Connected(_)) => connected = true,
+                Some(other) => panic!("{other:?}"),
+                None => {}
+            }
+        }
+        (pep, s.expect("an accepted endpoint"), c)
+    }
+
+    /// What [`rma_withheld`] says of `tcp`, checked against the provider
+    /// loaded: a read whose endpoint closes while its response is arriving
+    /// completes once — or, where the reads are withheld, the bug behind
+    /// that is still there (twice: the second completion is the entry freed
+    /// again, its context cleared), else the gate is stale.
+    #[test]
+    fn tcp_read_flushed_mid_response_completes_once_unless_withheld() {
+        let withheld = rma_withheld("tcp");
+        let mut seen = Vec::new();
+        for round in 0..10 {
+            let open = || Net::open_at("tcp", EpType::Msg, 64, None, RmaChoice::Always).unwrap();
+            let (mut ns, mut nc) = (open(), open());
+            assert!(ns.rma() && nc.rma(), "tcp offers FI_RMA");
+            let (pep, mut s, mut c) = tcp_msg_pair(&mut ns, &mut nc);
+            // 64 MiB: far more than the sockets hold, so after a few
+            // progress calls on each side the response is mid-way.
+            let x = s.rma().expose(vec![3u8; 64 << 20]).unwrap();
+            c.read(&x, 77, &[], 0).unwrap();
+            let (mut at_server, mut at_client) = (Vec::new(), Vec::new());
+            for _ in 0..2 + round {
+                ns.read_cq(&mut at_server, 8);
+                nc.read_cq(&mut at_client, 8);
+            }
+            assert!(at_client.is_empty(), "the read is not over: {at_client:?}");
+            drop(c);
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < std::time::Duration::from_millis(200) {
+                ns.read_cq(&mut at_server, 8);
+                nc.read_cq(&mut at_client, 8);
+            }
+            // Nothing but the read was posted on the client's endpoint.
+            assert!(at_client.iter().all(|c| c.error.is_some()), "{at_client:?}");
+            seen.push(at_client.len());
+            drop((s, pep));
+            if withheld.is_some() && at_client.len() > 1 {
+                break; // reproduced: stop before the doubled entry is reused
+            }
+        }
+        println!(
+            "libfabric {:?}: completions of the flushed read per round: {seen:?}",
+            version()
+        );
+        match withheld {
+            None => assert!(seen.iter().all(|&n| n == 1), "a read completed twice: {seen:?}"),
+            Some(why) => assert!(
+                seen.iter().any(|&n| n > 1),
+                "reads are withheld ({why}) but the flushed read completed once in every round: {seen:?}"
+            ),
+        }
+    }
+
     /// An anonymous RDM endpoint reaches one bound to a loopback address by
     /// resolving it, sends its own name, and the bound one answers by that name.
     fn rdm_exchange(provider: &str, port: u16) {
@@ -2420,7 +2549,9 @@ mod tests {
     /// freed, as a link's drop does) must fail, never return whatever the
     /// memory holds by then — the receiver would take it for a unit.
     fn rdm_read_of_withdrawn_memory_fails(provider: &str, port: u16) {
-        let mut net = Net::open(provider, EpType::Rdm, 64).unwrap();
+        // The reads even where they are withheld (`rma_withheld`): no
+        // endpoint here closes while a read's response is arriving.
+        let mut net = Net::open_at(provider, EpType::Rdm, 64, None, RmaChoice::Always).unwrap();
         assert!(net.rma(), "{provider}: no FI_RMA");
         let bind: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let mut server = net.rdm_endpoint(Some(bind), 2, 2, 512).unwrap();

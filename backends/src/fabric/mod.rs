@@ -62,7 +62,8 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider, TransportKind};
 use msgr_fabric::{
-    CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp, ReadDone, Site,
+    CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp, ReadDone, RmaChoice,
+    Site,
 };
 use msgr_proto::arena::ByteArena;
 use msgr_proto::banner::BANNER_LEN;
@@ -70,8 +71,8 @@ use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError,
 use rustc_hash::FxHashMap;
 
 use crate::{
-    Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
-    TransportError, TransportEvent, TransportStats,
+    Availability, DetachedLink, FabricRendezvous, RealFault, SimulatedFault, Transport,
+    TransportContext, TransportError, TransportEvent, TransportStats,
 };
 use rendezvous::{Counters, DescError, Exposures, OutUnit, Receiving};
 
@@ -299,6 +300,34 @@ fn no_migration(kind: &TransportKind) -> TransportError {
     }
 }
 
+/// Opens a worker's Net for `kind` (on the domain serving `site`, if
+/// given), with the rendezvous reads `mode` asks for. Where `Auto` finds
+/// them withheld in this libfabric ([`msgr_fabric::rma_withheld`]), says
+/// so once per process: large units then go through the send slots.
+fn open_net(
+    kind: &TransportKind,
+    site: Option<Site>,
+    mode: FabricRendezvous,
+) -> Result<Net, TransportError> {
+    let TransportKind::Fabric(p) = kind else {
+        unreachable!("a fabric transport has a fabric kind");
+    };
+    let choice = match mode {
+        FabricRendezvous::Auto => RmaChoice::IfSound,
+        FabricRendezvous::Off => RmaChoice::Never,
+        FabricRendezvous::On => RmaChoice::Always,
+    };
+    let net =
+        Net::open_at(&p.name, ep_type(p), 8192, site, choice).map_err(|e| fab_err(kind, e))?;
+    if let (FabricRendezvous::Auto, Some(why)) = (mode, msgr_fabric::rma_withheld(&p.name)) {
+        static NOTED: std::sync::Once = std::sync::Once::new();
+        NOTED.call_once(|| {
+            tracing::info!(provider = %p.name, reason = why, "fabric rendezvous off (fabric_rendezvous = auto)");
+        });
+    }
+    Ok(net)
+}
+
 fn fab_err(kind: &TransportKind, e: FabricError) -> TransportError {
     TransportError::Unavailable {
         kind: kind.clone(),
@@ -444,6 +473,8 @@ pub struct FabricTransport {
     next_read_check: Instant,
     /// A read in flight longer than this fails its link.
     read_timeout: Duration,
+    /// What the configuration asked of the rendezvous (for a reopened Net).
+    rendezvous: FabricRendezvous,
 }
 
 impl std::fmt::Debug for FabricTransport {
@@ -466,8 +497,8 @@ impl FabricTransport {
         if let Availability::Unavailable(reason) = probe(provider) {
             return Err(TransportError::Unavailable { kind, reason });
         }
-        let net =
-            Net::open(&provider.name, ep_type(provider), 8192).map_err(|e| fab_err(&kind, e))?;
+        let rendezvous = ctx.rdma.fabric_rendezvous;
+        let net = open_net(&kind, None, rendezvous)?;
         // Tokens from the worker's link-id allocator: unique among its links.
         let eq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
@@ -498,6 +529,7 @@ impl FabricTransport {
             reads: 0,
             next_read_check: Instant::now(),
             read_timeout: ctx.rdma.read_timeout,
+            rendezvous,
             net,
         })
     }
@@ -543,11 +575,7 @@ impl FabricTransport {
         if !self.links.is_empty() || !self.listeners.is_empty() || self.net.serves(site) {
             return Ok(());
         }
-        let TransportKind::Fabric(provider) = &self.kind else {
-            unreachable!("a fabric transport has a fabric kind");
-        };
-        let net = Net::open_at(&provider.name, ep_type(provider), 8192, Some(site))
-            .map_err(|e| fab_err(&self.kind, e))?;
+        let net = open_net(&self.kind, Some(site), self.rendezvous)?;
         for fd in std::mem::take(&mut self.fds) {
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
@@ -1338,12 +1366,36 @@ pub(crate) mod tests {
         events
     }
 
-    /// A `tcp` MSG transport and the Poll its wait fds are in.
+    /// A `tcp` MSG transport and the Poll its wait fds are in, with the
+    /// rendezvous reads even where `Auto` withholds them
+    /// ([`msgr_fabric::rma_withheld`]): no test here closes an endpoint
+    /// while a read's response is arriving.
     fn tcp_transport() -> (mio::Poll, FabricTransport) {
+        tcp_transport_with(FabricRendezvous::On)
+    }
+
+    fn tcp_transport_with(rendezvous: FabricRendezvous) -> (mio::Poll, FabricTransport) {
         let poll = mio::Poll::new().unwrap();
-        let ctx = TransportContext::new(FrameLimits::default());
+        let mut ctx = TransportContext::new(FrameLimits::default());
+        ctx.rdma.fabric_rendezvous = rendezvous;
         let t = FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
         (poll, t)
+    }
+
+    /// `fabric_rendezvous`: `auto` withholds the reads exactly where this
+    /// libfabric has a known bug in them, `off` always, `on` never.
+    #[test]
+    fn rendezvous_follows_the_configuration() {
+        let withheld = msgr_fabric::rma_withheld("tcp");
+        for (mode, want) in [
+            (FabricRendezvous::Auto, withheld.is_none()),
+            (FabricRendezvous::Off, false),
+            (FabricRendezvous::On, true),
+        ] {
+            let (_poll, t) = tcp_transport_with(mode);
+            assert_eq!(t.rndv, want, "{mode:?} (withheld: {withheld:?})");
+            assert_eq!(stat(&t, "rendezvous_enabled"), u64::from(want), "{mode:?}");
+        }
     }
 
     /// A peer that is not there fails the connect (an event, not a hang).
