@@ -457,17 +457,19 @@ pub enum CmEvent {
     /// An incoming connection request; pass it to [`Net::accept`] or to its
     /// listener's [`PassiveEp::reject`].
     ConnReq(ConnReq),
-    /// The endpoint with this key is connected.
-    Connected(usize),
+    /// The endpoint with this key is connected; on the connecting side
+    /// with the data the acceptor passed to [`Net::accept`] (empty if none).
+    Connected(usize, Vec<u8>),
     /// The endpoint with this key was shut down by the peer.
     Shutdown(usize),
     /// An error on the endpoint with this key (0: not tied to one).
     Error(usize, String),
 }
 
-/// A pending connection request, and the key of the listener it came to
-/// ([`PassiveEp::key`]).
-pub struct ConnReq(Info, usize);
+/// A pending connection request, the key of the listener it came to
+/// ([`PassiveEp::key`]) and the data the connector passed to
+/// [`Net::connect`].
+pub struct ConnReq(Info, usize, Vec<u8>);
 
 // SAFETY: an fi_info is plain data owned by this value.
 unsafe impl Send for ConnReq {}
@@ -482,6 +484,11 @@ impl ConnReq {
     /// The key of the listener the request came to ([`PassiveEp::key`]).
     pub fn listener(&self) -> usize {
         self.1
+    }
+
+    /// The data the connector passed to [`Net::connect`] (empty if none).
+    pub fn data(&self) -> &[u8] {
+        &self.2
     }
 
     /// The requester's address, when the provider reports it.
@@ -838,16 +845,24 @@ impl Net {
         }
         // SAFETY: a successful read wrote an fi_eq_cm_entry for CM events.
         let entry = unsafe { &*(buf.as_ptr() as *const sys::fi_eq_cm_entry) };
+        // Connection data follows the entry: the read's length says how much.
+        let data = || -> Vec<u8> {
+            let head = std::mem::size_of::<sys::fi_eq_cm_entry>();
+            let end = (n as usize).min(std::mem::size_of_val(&buf));
+            let bytes = buf.iter().flat_map(|w| w.to_ne_bytes());
+            bytes.take(end).skip(head).collect()
+        };
         match event {
             sys::FI_CONNREQ => Some(CmEvent::ConnReq(ConnReq(
                 Info(entry.info),
                 entry.fid as usize,
+                data(),
             ))),
             sys::FI_CONNECTED => {
                 if !entry.info.is_null() {
                     drop(Info(entry.info));
                 }
-                Some(CmEvent::Connected(entry.fid as usize))
+                Some(CmEvent::Connected(entry.fid as usize, data()))
             }
             sys::FI_SHUTDOWN => Some(CmEvent::Shutdown(entry.fid as usize)),
             other => Some(CmEvent::Error(
@@ -987,23 +1002,35 @@ impl Net {
         Ok(())
     }
 
-    /// Opens an endpoint and starts connecting it to `addr`; `FI_CONNECTED`
-    /// (or an error) comes out of [`Net::read_eq`] under [`Ep::key`].
+    /// Opens an endpoint and starts connecting it to `addr`, passing `data`
+    /// (a few bytes: the acceptor reads it with [`ConnReq::data`]);
+    /// `FI_CONNECTED` (or an error) comes out of [`Net::read_eq`] under
+    /// [`Ep::key`].
     pub fn connect(
         &mut self,
         addr: SocketAddr,
         slots: usize,
         slot_size: usize,
+        data: &[u8],
     ) -> Result<Ep, FabricError> {
         let info = self.info_on_domain(Site::Peer(addr))?;
         let ep = self.new_ep(info.0, slots, slot_size)?;
-        // SAFETY: ep is enabled; dest_addr of the info is the peer's address.
-        let rc = unsafe { sys::fi_connect(ep.ep, (*info.0).dest_addr, ptr::null(), 0) };
+        // SAFETY: ep is enabled; dest_addr of the info is the peer's address;
+        // the provider copies `data` before returning.
+        let rc = unsafe {
+            sys::fi_connect(
+                ep.ep,
+                (*info.0).dest_addr,
+                data.as_ptr() as *const c_void,
+                data.len(),
+            )
+        };
         check("fi_connect", rc as isize)?;
         Ok(ep)
     }
 
-    /// Accepts a connection request; `FI_CONNECTED` follows on the EQ. On
+    /// Accepts a connection request, passing `data` to the connector (its
+    /// `FI_CONNECTED` carries it); `FI_CONNECTED` follows on the EQ. On
     /// failure the request comes back if no endpoint took it, for the caller
     /// to [`PassiveEp::reject`]; once an endpoint took it, the endpoint owns
     /// the connection and closing it (on failure, here) tells the peer.
@@ -1012,14 +1039,16 @@ impl Net {
         req: ConnReq,
         slots: usize,
         slot_size: usize,
+        data: &[u8],
     ) -> Result<Ep, (FabricError, Option<ConnReq>)> {
         let mut ep = match self.open_ep(req.0 .0, slots, slot_size) {
             Ok(ep) => ep,
             Err(e) => return Err((e, Some(req))),
         };
         self.enable_ep(&mut ep).map_err(|e| (e, None))?;
-        // SAFETY: ep was created from the request's info and is enabled.
-        let rc = unsafe { sys::fi_accept(ep.ep, ptr::null(), 0) };
+        // SAFETY: ep was created from the request's info and is enabled; the
+        // provider copies `data` before returning.
+        let rc = unsafe { sys::fi_accept(ep.ep, data.as_ptr() as *const c_void, data.len()) };
         check("fi_accept", rc as isize).map_err(|e| (e, None))?;
         Ok(ep)
     }
@@ -2345,7 +2374,7 @@ mod tests {
         assert!(net.cq_fd().unwrap().is_some());
         let pep = net.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         assert_ne!(pep.addr().port(), 0);
-        let mut c = net.connect(pep.addr(), 4, 1024).unwrap();
+        let mut c = net.connect(pep.addr(), 4, 1024, b"hi").unwrap();
         let mut s = None;
         let mut connected = 0;
         let t0 = std::time::Instant::now();
@@ -2355,11 +2384,17 @@ mod tests {
             net.read_cq(&mut done, 8);
             match net.read_eq() {
                 Some(CmEvent::ConnReq(r)) => {
-                    let mut ep = net.accept(r, 4, 1024).unwrap();
+                    assert_eq!(r.data(), b"hi", "the connector's data");
+                    let mut ep = net.accept(r, 4, 1024, b"yo").unwrap();
                     ep.post_recv(0, 7).unwrap();
                     s = Some(ep);
                 }
-                Some(CmEvent::Connected(_)) => connected += 1,
+                Some(CmEvent::Connected(key, data)) => {
+                    // The acceptor's data reaches the connector only.
+                    let want: &[u8] = if key == c.key() { b"yo" } else { b"" };
+                    assert_eq!(data, want, "connection data at {key:#x}");
+                    connected += 1;
+                }
                 Some(other) => panic!("{other:?}"),
                 None => {}
             }
@@ -2384,7 +2419,7 @@ mod tests {
     fn tcp_msg_reject() {
         let mut net = Net::open("tcp", EpType::Msg, 64).unwrap();
         let mut pep = net.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-        let c = net.connect(pep.addr(), 4, 1024).unwrap();
+        let c = net.connect(pep.addr(), 4, 1024, &[]).unwrap();
         let t0 = std::time::Instant::now();
         let mut refused = None;
         while refused.is_none() {
@@ -2410,20 +2445,20 @@ mod tests {
     /// each side progresses only when its own queues are read.
     fn tcp_msg_pair(ns: &mut Net, nc: &mut Net) -> (PassiveEp, Ep, Ep) {
         let pep = ns.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-        let c = nc.connect(pep.addr(), 4, 1024).unwrap();
+        let c = nc.connect(pep.addr(), 4, 1024, &[]).unwrap();
         let mut s = None;
         let (mut accepted, mut connected) = (false, false);
         let t0 = std::time::Instant::now();
         while !(accepted && connected) {
             assert!(t0.elapsed().as_secs() < 10, "connect timed out");
             match ns.read_eq() {
-                Some(CmEvent::ConnReq(r)) => s = Some(ns.accept(r, 4, 1024).unwrap()),
-                Some(CmEvent::Connected(_)) => accepted = true,
+                Some(CmEvent::ConnReq(r)) => s = Some(ns.accept(r, 4, 1024, &[]).unwrap()),
+                Some(CmEvent::Connected(..)) => accepted = true,
                 Some(other) => panic!("{other:?}"),
                 None => {}
             }
             match nc.read_eq() {
-                Some(CmEvent::Connected(_)) => connected = true,
+                Some(CmEvent::Connected(..)) => connected = true,
                 Some(other) => panic!("{other:?}"),
                 None => {}
             }

@@ -36,7 +36,11 @@
 //!   complete within the read timeout (`rdma_read_timeout_ms`) fails the
 //!   link (`read_timeouts`); a unit whose registration fails goes eagerly
 //!   (`rendezvous_fallbacks`). A link's exposed buffers and read go with
-//!   its endpoint.
+//!   its endpoint. Each end tells the other in its connection data
+//!   (`fi_connect` / `fi_accept`, [`rendezvous::caps`]) whether it reads
+//!   rendezvous units; a unit goes by rendezvous only to a peer that does
+//!   (the reads may be withheld in the peer's libfabric:
+//!   [`msgr_fabric::rma_withheld`], `fabric_rendezvous`).
 //! - `simulate(SimulatedFault::HungRead)` ignores the completion of the
 //!   link's next read (a fake: `tcp` never leaves a read hanging, see
 //!   [`rendezvous`]); the read's buffer is freed when the completion comes
@@ -366,6 +370,9 @@ struct FabricLink {
     /// Rendezvous, receiving side: the fi_read in flight (later messages
     /// wait for it) and the RNDV_DONE answers owed.
     receiving: Receiving,
+    /// The peer reads rendezvous units (its connection data said so, see
+    /// [`rendezvous::caps`]); known before anything is sent.
+    peer_reads: bool,
 }
 
 impl FabricLink {
@@ -387,6 +394,7 @@ impl FabricLink {
             close_after_flush: false,
             exposures: Exposures::default(),
             receiving: Receiving::default(),
+            peer_reads: false,
         }
     }
 
@@ -623,7 +631,7 @@ impl FabricTransport {
             any = true;
             match ev {
                 CmEvent::ConnReq(req) => self.accept(req),
-                CmEvent::Connected(key) => {
+                CmEvent::Connected(key, caps) => {
                     let Some(&id) = self.by_key.get(&key) else {
                         continue;
                     };
@@ -631,6 +639,9 @@ impl FabricTransport {
                         continue;
                     };
                     link.connected = true;
+                    if link.accepted.is_none() {
+                        link.peer_reads = rendezvous::peer_reads(&caps);
+                    }
                     match link.accepted {
                         Some((listener, peer)) => events.push(TransportEvent::Accepted {
                             link: id,
@@ -675,15 +686,20 @@ impl FabricTransport {
             .peer()
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
-        match self.net.accept(req, SLOTS, SLOT_SIZE) {
+        let peer_reads = rendezvous::peer_reads(req.data());
+        match self
+            .net
+            .accept(req, SLOTS, SLOT_SIZE, &rendezvous::caps(self.rndv))
+        {
             Ok(mut ep) => {
                 if let Err(e) = Self::post_recvs(&mut ep, id) {
                     tracing::warn!(error = %e, "dropping accepted fabric connection");
                     return;
                 }
                 self.by_key.insert(ep.key(), id);
-                self.links
-                    .insert(id, FabricLink::new(ep, Some((listener, peer))));
+                let mut link = FabricLink::new(ep, Some((listener, peer)));
+                link.peer_reads = peer_reads;
+                self.links.insert(id, link);
                 self.half_open
                     .push_back((Instant::now() + SETUP_TIMEOUT, id));
             }
@@ -952,7 +968,8 @@ impl FabricTransport {
         if !link.connected || link.frozen {
             return;
         }
-        match Self::flush_into(id, link, self.rndv, &mut self.rndv_counters) {
+        let rndv = self.rndv && link.peer_reads;
+        match Self::flush_into(id, link, rndv, &mut self.rndv_counters) {
             Ok(()) => {}
             Err(e) if msgr_fabric::is_again(&e) => self.retry.push(id),
             Err(e) => self.fail(id, format!("fi_send: {e}"), events),
@@ -1164,7 +1181,7 @@ impl Transport for FabricTransport {
         self.settle_domain(Site::Peer(addr.socket))?;
         let mut ep = self
             .net
-            .connect(addr.socket, SLOTS, SLOT_SIZE)
+            .connect(addr.socket, SLOTS, SLOT_SIZE, &rendezvous::caps(self.rndv))
             .map_err(|e| TransportError::io("fi_connect", std::io::Error::other(e.to_string())))?;
         Self::post_recvs(&mut ep, link)
             .map_err(|e| TransportError::io("fi_recv", std::io::Error::other(e.to_string())))?;
@@ -1380,6 +1397,133 @@ pub(crate) mod tests {
         ctx.rdma.fabric_rendezvous = rendezvous;
         let t = FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
         (poll, t)
+    }
+
+    /// Large units between an end with the rendezvous reads (`reader`) and
+    /// one without (`plain`, as under a libfabric that withholds them),
+    /// either end dialling: the reader learns at set-up that its peer does
+    /// not read and sends through the slots (a descriptor would fail the
+    /// link), and the frame arrives intact both ways. `addr`: a loopback
+    /// address with port 0 of the transports' kind.
+    pub(crate) fn large_units_to_a_peer_that_does_not_read<T: Transport>(
+        open: impl Fn(FabricRendezvous) -> T,
+        addr: &str,
+    ) {
+        let any: EntityAddr = addr.parse().unwrap();
+        let big = Frame::new(
+            msgr_proto::Tag::Message,
+            vec![
+                Bytes::from_static(b"header"),
+                Bytes::new(),
+                Bytes::from((0..300_000u32).map(|i| i as u8).collect::<Vec<_>>()),
+            ],
+        );
+        let want = big.encode_to_vec().unwrap();
+        for reader_dials in [true, false] {
+            let (mut reader, mut plain) = (open(FabricRendezvous::On), open(FabricRendezvous::Off));
+            let mut ev = [Vec::new(), Vec::new()];
+            // Both ends run as workers would until `until` holds (20 s at most).
+            let pump = |reader: &mut T,
+                        plain: &mut T,
+                        ev: &mut [Vec<TransportEvent>; 2],
+                        until: &dyn Fn(&[Vec<TransportEvent>; 2]) -> bool| {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !until(ev) {
+                    assert!(Instant::now() < deadline, "{addr}: timed out: {ev:?}");
+                    let now = Instant::now();
+                    let busy = reader.progress(now, &mut ev[0]) | plain.progress(now, &mut ev[1]);
+                    reader.flush(now, &mut ev[0]);
+                    plain.flush(now, &mut ev[1]);
+                    if !busy {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            };
+            let token = Token(crate::LISTENER_TOKEN_BASE);
+            let bound = if reader_dials {
+                plain.listen(&any, token)
+            } else {
+                reader.listen(&any, token)
+            }
+            .unwrap();
+            let (dialler, listener) = if reader_dials { (0, 1) } else { (1, 0) };
+            if reader_dials {
+                reader.connect(LinkId(1000), &bound).unwrap();
+            } else {
+                plain.connect(LinkId(1000), &bound).unwrap();
+            }
+            let accepted = |e: &[TransportEvent]| {
+                e.iter().find_map(|e| match e {
+                    TransportEvent::Accepted { link, .. } => Some(*link),
+                    _ => None,
+                })
+            };
+            pump(&mut reader, &mut plain, &mut ev, &|ev| {
+                ev[dialler]
+                    .iter()
+                    .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000))))
+                    && accepted(&ev[listener]).is_some()
+            });
+            let served = accepted(&ev[listener]).unwrap();
+            let (at_reader, at_plain) = if reader_dials {
+                (LinkId(1000), served)
+            } else {
+                (served, LinkId(1000))
+            };
+            ev = [Vec::new(), Vec::new()];
+            // A link's first unit is its banner.
+            reader
+                .send(at_reader, Transmit::Banner([7; BANNER_LEN]))
+                .unwrap();
+            reader
+                .send(at_reader, Transmit::Frame(big.clone()))
+                .unwrap();
+            plain
+                .send(at_plain, Transmit::Banner([7; BANNER_LEN]))
+                .unwrap();
+            plain.send(at_plain, Transmit::Frame(big.clone())).unwrap();
+            let got = |e: &[TransportEvent], link: LinkId| {
+                e.iter().find_map(|e| match e {
+                    TransportEvent::Received(l, Inbound::Frame(f)) if *l == link => {
+                        Some(f.encode_to_vec().unwrap())
+                    }
+                    _ => None,
+                })
+            };
+            pump(&mut reader, &mut plain, &mut ev, &|ev| {
+                got(&ev[0], at_reader).is_some() && got(&ev[1], at_plain).is_some()
+            });
+            assert_eq!(
+                got(&ev[1], at_plain).unwrap(),
+                want,
+                "{addr}: at the end without reads"
+            );
+            assert_eq!(
+                got(&ev[0], at_reader).unwrap(),
+                want,
+                "{addr}: at the reader"
+            );
+            let failed: Vec<_> = ev
+                .iter()
+                .flatten()
+                .filter(|e| matches!(e, TransportEvent::Failed(..) | TransportEvent::Corrupt(..)))
+                .collect();
+            assert!(failed.is_empty(), "{addr}: {failed:?}");
+            assert_eq!(stat(&reader, "rendezvous_enabled"), 1, "{addr}");
+            assert_eq!(
+                stat(&reader, "rendezvous_sent"),
+                0,
+                "{addr}: offered to a peer that does not read (reader dials: {reader_dials})"
+            );
+        }
+    }
+
+    #[test]
+    fn large_units_to_a_peer_that_does_not_read_go_through_the_slots() {
+        large_units_to_a_peer_that_does_not_read(
+            |r| tcp_transport_with(r).1,
+            "fabric+tcp://127.0.0.1:0",
+        );
     }
 
     /// `fabric_rendezvous`: `auto` withholds the reads exactly where this

@@ -26,11 +26,12 @@
 //! header: kind, credits returned, and the receiving link's id and cookie (a
 //! random number per link, so a stale message for a reused id is dropped).
 //! - Connect: the connector sends `HELLO` (its link id, cookie and endpoint
-//!   name); the listener inserts the name in its address vector (once per
+//!   name, then whether it reads rendezvous units: [`rendezvous::caps`]);
+//!   the listener inserts the name in its address vector (once per
 //!   peer, reference-counted, removed when no link or send uses it, so a
 //!   restarted peer of the same name is mapped afresh), reports `Accepted`
-//!   and answers `WELCOME` (its id and cookie); the connector reports
-//!   `Connected`.
+//!   and answers `WELCOME` (its id and cookie, then its own capabilities);
+//!   the connector reports `Connected`.
 //! - Data: units are split into pieces of at most a slot (`DATA_MORE` ...
 //!   `DATA_LAST`) and joined by the receiver as on MSG endpoints. Each piece
 //!   carries its number on the link: even with send-after-send ordering
@@ -424,6 +425,9 @@ struct RdmLink {
     /// Accepted (the listener's token and the peer) or outgoing (`None`).
     accepted: Option<(Token, SocketAddr)>,
     need_hello: bool,
+    /// The peer reads rendezvous units (its HELLO or WELCOME said so, see
+    /// [`rendezvous::caps`]); known before any data is sent.
+    peer_reads: bool,
     need_welcome: bool,
     need_keep: bool,
     credits: u32,
@@ -511,6 +515,7 @@ impl RdmLink {
             remote: None,
             accepted,
             need_hello: false,
+            peer_reads: false,
             need_welcome: false,
             need_keep: false,
             credits: 0,
@@ -970,7 +975,10 @@ impl RdmTransport {
             let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
             let h = read_header(msg);
             let hello = (h.as_ref().map(|h| h.kind) == Some(HELLO)).then(|| body.to_vec());
-            (h, read_dest(body), rendezvous::decode_done(body), hello)
+            // A WELCOME: the acceptor's ids, then its capabilities.
+            let caps = rendezvous::peer_reads(body.get(12..).unwrap_or(&[]));
+            let welcome = read_dest(body).map(|d| (d, caps));
+            (h, welcome, rendezvous::decode_done(body), hello)
         };
         let Some(h) = header else {
             tracing::debug!(len, "RDM message shorter than its header, dropped");
@@ -1012,8 +1020,9 @@ impl RdmTransport {
                     return;
                 };
                 match remote {
-                    Some(r) if link.remote.is_none() && link.accepted.is_none() => {
+                    Some((r, reads)) if link.remote.is_none() && link.accepted.is_none() => {
                         link.remote = Some(r);
+                        link.peer_reads = reads;
                         link.credits = CREDITS;
                         events.push(TransportEvent::Connected(id));
                         self.dirty.push(id);
@@ -1227,6 +1236,8 @@ impl RdmTransport {
             tracing::debug!("HELLO with a truncated name dropped");
             return;
         };
+        // The connector's capabilities follow its name.
+        let peer_reads = rendezvous::peer_reads(&body[HELLO_FIXED + name_len..]);
         let peer = match port.peer(name) {
             Ok(p) => p,
             Err(e) => {
@@ -1243,6 +1254,7 @@ impl RdmTransport {
         let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
         let mut link = RdmLink::new(pidx, peer, Some((token, peer_addr)));
         link.remote = Some(remote);
+        link.peer_reads = peer_reads;
         link.credits = CREDITS;
         link.need_welcome = true;
         self.links.insert(id, link);
@@ -1290,26 +1302,32 @@ impl RdmTransport {
         }
     }
 
-    /// Returns whether everything sendable went (else: out of slots or -FI_EAGAIN).
+    /// Returns whether everything sendable went (else: out of slots or
+    /// -FI_EAGAIN). `reads`: this end reads rendezvous units (and may offer
+    /// them to a peer that reads too).
     fn flush_into(
         id: LinkId,
         link: &mut RdmLink,
         pidx: usize,
         port: &mut Port,
-        rndv: bool,
+        reads: bool,
         counters: &mut Counters,
         now: Instant,
     ) -> Result<bool, FabricError> {
         let me = link.dest(id);
+        let rndv = reads && link.peer_reads;
         if link.need_hello {
             let name = port.ep.name().to_vec();
+            let caps = rendezvous::caps(reads);
             let sent = port.post(pidx, link.peer, Some(id), |buf| {
                 write_header(buf, HELLO, 0, Dest { link: 0, cookie: 0 }, 0);
                 let mut n = HEADER_LEN + write_dest(&mut buf[HEADER_LEN..], me);
                 buf[n..n + 2].copy_from_slice(&(name.len() as u16).to_le_bytes());
                 n += 2;
                 buf[n..n + name.len()].copy_from_slice(&name);
-                n + name.len()
+                n += name.len();
+                buf[n..n + caps.len()].copy_from_slice(&caps);
+                n + caps.len()
             })?;
             if !sent {
                 return Ok(false);
@@ -1322,8 +1340,9 @@ impl RdmTransport {
             return Ok(true); // waiting for WELCOME
         };
         if link.need_welcome {
-            let mut body = [0u8; 12];
-            write_dest(&mut body, me);
+            let mut body = [0u8; 12 + rendezvous::CAPS_LEN];
+            let n = write_dest(&mut body, me);
+            body[n..].copy_from_slice(&rendezvous::caps(reads));
             if !link.post_control(id, pidx, port, WELCOME, &body, now)? {
                 return Ok(false);
             }
@@ -1875,10 +1894,34 @@ mod tests {
     /// ([`msgr_fabric::rma_withheld`]): no test here closes an endpoint
     /// while a read's response is arriving.
     fn open(provider: &str, poll: &mio::Poll) -> RdmTransport {
+        open_with(provider, poll, FabricRendezvous::On)
+    }
+
+    fn open_with(provider: &str, poll: &mio::Poll, rendezvous: FabricRendezvous) -> RdmTransport {
         let mut ctx = TransportContext::new(FrameLimits::default());
-        ctx.rdma.fabric_rendezvous = FabricRendezvous::On;
+        ctx.rdma.fabric_rendezvous = rendezvous;
         let p = FabricProvider::new(provider).with_endpoint(FabricEndpoint::Rdm);
         RdmTransport::new(&p, poll.registry(), &ctx).unwrap()
+    }
+
+    /// HELLO and WELCOME carry whether their end reads rendezvous units
+    /// (see the MSG test this runs).
+    fn large_units_to_a_peer_that_does_not_read(provider: &str) {
+        let poll = mio::Poll::new().unwrap();
+        crate::fabric::tests::large_units_to_a_peer_that_does_not_read(
+            |r| open_with(provider, &poll, r),
+            &format!("fabric+{provider}://127.0.0.1:0?ep=rdm"),
+        );
+    }
+
+    #[test]
+    fn tcp_rxm_large_units_to_a_peer_that_does_not_read_go_through_the_slots() {
+        large_units_to_a_peer_that_does_not_read("tcp;ofi_rxm");
+    }
+
+    #[test]
+    fn shm_large_units_to_a_peer_that_does_not_read_go_through_the_slots() {
+        large_units_to_a_peer_that_does_not_read("shm");
     }
 
     /// A transport listening on a loopback port of `provider` with link 1000

@@ -78,6 +78,33 @@ pub const DESC_MAX: usize = DESC_LEN + INLINE_MAX;
 /// Bytes of the answer to a descriptor: the sender's id.
 pub const DONE_LEN: usize = 4;
 
+/// What each end of a link tells the other at set-up (MSG: the connection
+/// data of `fi_connect` / `fi_accept`; RDM: after the HELLO's name and the
+/// WELCOME's ids): [`CAPS_TAG`] and a flags byte, [`CAPS_READS`] set when
+/// it reads rendezvous units. A sender offers a unit by rendezvous only to
+/// a peer that reads (its own endpoints may have reads while the peer's
+/// libfabric withholds them: `msgr_fabric::rma_withheld`).
+pub const CAPS_LEN: usize = 2;
+/// The first byte of the capabilities.
+const CAPS_TAG: u8 = b'm';
+/// Capability flag: this end `fi_read`s rendezvous units.
+const CAPS_READS: u8 = 1;
+
+/// The capabilities of an end that reads rendezvous units iff `reads`.
+pub fn caps(reads: bool) -> [u8; CAPS_LEN] {
+    [CAPS_TAG, if reads { CAPS_READS } else { 0 }]
+}
+
+/// Whether a peer whose set-up carried `caps` reads rendezvous units.
+/// Without them (an msgr from before they were sent, which always read
+/// where its endpoints could) it does.
+pub fn peer_reads(caps: &[u8]) -> bool {
+    match caps {
+        [CAPS_TAG, flags, ..] => flags & CAPS_READS != 0,
+        _ => true,
+    }
+}
+
 /// Why a received descriptor is refused (the link fails).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DescError {
