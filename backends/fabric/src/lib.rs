@@ -569,6 +569,19 @@ pub fn rma_withheld(provider: &str) -> Option<&'static str> {
     )
 }
 
+/// The largest message `provider` sends eagerly, if it sends larger ones
+/// by a rendezvous of its own — the receiver `fi_read`ing them with the
+/// core provider's reads, where [`rma_withheld`]'s bug strikes too:
+/// `ofi_rxm`, whose limit is its bounce buffer size (`FI_OFI_RXM_BUFFER_SIZE`,
+/// 16 KiB by default; the reported inject size is the core's, 64 over `tcp`).
+pub fn eager_limit(provider: &str) -> Option<usize> {
+    if !provider.split(';').any(|layer| layer == "ofi_rxm") {
+        return None;
+    }
+    let set = std::env::var("FI_OFI_RXM_BUFFER_SIZE").ok();
+    Some(set.and_then(|v| v.trim().parse().ok()).unwrap_or(16 << 10))
+}
+
 impl Net {
     /// Opens `provider` with `ep` endpoints: fabric, domain, EQ and CQ, on
     /// the first domain the provider lists.

@@ -482,7 +482,7 @@ pub struct FabricTransport {
     /// A read in flight longer than this fails its link.
     read_timeout: Duration,
     /// What the configuration asked of the rendezvous (for a reopened Net).
-    rendezvous: FabricRendezvous,
+    rndv_mode: FabricRendezvous,
 }
 
 impl std::fmt::Debug for FabricTransport {
@@ -505,8 +505,8 @@ impl FabricTransport {
         if let Availability::Unavailable(reason) = probe(provider) {
             return Err(TransportError::Unavailable { kind, reason });
         }
-        let rendezvous = ctx.rdma.fabric_rendezvous;
-        let net = open_net(&kind, None, rendezvous)?;
+        let rndv_mode = ctx.rdma.fabric_rendezvous;
+        let net = open_net(&kind, None, rndv_mode)?;
         // Tokens from the worker's link-id allocator: unique among its links.
         let eq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
@@ -537,7 +537,7 @@ impl FabricTransport {
             reads: 0,
             next_read_check: Instant::now(),
             read_timeout: ctx.rdma.read_timeout,
-            rendezvous,
+            rndv_mode,
             net,
         })
     }
@@ -583,7 +583,7 @@ impl FabricTransport {
         if !self.links.is_empty() || !self.listeners.is_empty() || self.net.serves(site) {
             return Ok(());
         }
-        let net = open_net(&self.kind, Some(site), self.rendezvous)?;
+        let net = open_net(&self.kind, Some(site), self.rndv_mode)?;
         for fd in std::mem::take(&mut self.fds) {
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }

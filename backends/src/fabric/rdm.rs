@@ -281,6 +281,9 @@ struct Port {
     /// fi_reads in flight: context -> link.
     reads: FxHashMap<u64, LinkId>,
     next_read: u32,
+    /// Bytes per message sent, header included (at most the slot size:
+    /// see [`RdmTransport::new`]).
+    send_limit: usize,
     /// Contexts of sends that went by `fi_inject`: done when posted, they
     /// complete through the same path as the provider's completions, at
     /// the next CQ poll (their slots stay taken until then).
@@ -288,9 +291,15 @@ struct Port {
 }
 
 impl Port {
-    fn new(ep: RdmEp, listener: Option<(Token, SocketAddr)>, res: Option<TcpListener>) -> Self {
+    fn new(
+        ep: RdmEp,
+        listener: Option<(Token, SocketAddr)>,
+        res: Option<TcpListener>,
+        send_limit: usize,
+    ) -> Self {
         let tx = ep.tx_slots();
         Port {
+            send_limit: send_limit.min(ep.slot_size()),
             reserved: ep.rx_slots(),
             ep,
             listener,
@@ -628,6 +637,9 @@ pub struct RdmTransport {
     cq_fd: Option<std::os::fd::RawFd>,
     /// Bytes per message (header included), see [`RdmTransport::new`].
     slot_size: usize,
+    /// Bytes per message sent (header included): the slot size, or less
+    /// where larger messages would go by the provider's own reads.
+    send_limit: usize,
     /// Large units go by fi_read rendezvous (see [`RNDV_THRESHOLD`]).
     rndv: bool,
     /// Rendezvous units received (for tests and counters).
@@ -635,7 +647,7 @@ pub struct RdmTransport {
     /// A rendezvous read in flight longer than this fails its link.
     read_timeout: Duration,
     /// What the configuration asked of the rendezvous (for a reopened Net).
-    rendezvous: FabricRendezvous,
+    rndv_mode: FabricRendezvous,
     dirty: crate::dirty::DirtyLinks,
     /// The clock of the worker's current pass (set by `flush`, `ready` and
     /// `progress`): liveness stamps and deadlines read it, not the clock.
@@ -677,8 +689,8 @@ impl RdmTransport {
         if let Availability::Unavailable(reason) = probe(provider) {
             return Err(TransportError::Unavailable { kind, reason });
         }
-        let rendezvous = ctx.rdma.fabric_rendezvous;
-        let net = open_net(&kind, None, rendezvous)?;
+        let rndv_mode = ctx.rdma.fabric_rendezvous;
+        let net = open_net(&kind, None, rndv_mode)?;
         let cq_fd = net.cq_fd().map_err(|e| fab_err(&kind, e))?;
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let registry = registry
@@ -699,14 +711,26 @@ impl RdmTransport {
         } else {
             SLOT_SIZE
         };
+        // Where the provider reads messages above its eager limit by a
+        // rendezvous of its own (`ofi_rxm`) and the core provider's reads
+        // have a known bug here (`tcp;ofi_rxm` before libfabric 1.18),
+        // messages sent stay within that limit (16 KiB). Receive slots keep
+        // their size: a peer without the bug sends whole slots.
+        let send_limit = msgr_fabric::eager_limit(&provider.name)
+            .filter(|_| rndv_mode != FabricRendezvous::On)
+            .filter(|_| msgr_fabric::rma_withheld(&provider.name).is_some())
+            .map_or(slot_size, |limit| {
+                limit.clamp(HEADER_LEN + rendezvous::DESC_MAX + 1, slot_size)
+            });
         // Rendezvous needs RMA (shm too: see the module docs on its reads).
         let rndv = net.rma();
         Ok(RdmTransport {
             slot_size,
+            send_limit,
             rndv,
             rndv_counters: Counters::default(),
             read_timeout: ctx.rdma.read_timeout,
-            rendezvous,
+            rndv_mode,
             links: FxHashMap::default(),
             ports: Vec::new(),
             retired: Vec::new(),
@@ -738,7 +762,7 @@ impl RdmTransport {
         if self.ports.iter().any(Option::is_some) || self.net.serves(site) {
             return Ok(());
         }
-        let net = open_net(&self.kind, Some(site), self.rendezvous)?;
+        let net = open_net(&self.kind, Some(site), self.rndv_mode)?;
         if let Some(fd) = self.cq_fd.take() {
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
@@ -765,7 +789,7 @@ impl RdmTransport {
         // Port indices are never reused: completions of a closed port's
         // endpoint could still be in the CQ.
         let idx = self.ports.len();
-        let mut port = Port::new(ep, listener, reservation);
+        let mut port = Port::new(ep, listener, reservation, self.send_limit);
         for slot in 0..port.ep.rx_slots() {
             port.ep.post_recv(slot, context(idx, true, slot))?;
         }
@@ -1363,7 +1387,7 @@ impl RdmTransport {
             &mut link.queued,
             counters,
             |unit| {
-                let room = port.ep.slot_size() - HEADER_LEN;
+                let room = port.send_limit - HEADER_LEN;
                 rendezvous::expose(port.ep.rma(), unit, room)
             },
         ) {
@@ -1399,7 +1423,7 @@ impl RdmTransport {
             let seq = link.tx_seq;
             let front = &link.queue[0];
             let left = front.len() - link.front_sent;
-            let n = left.min(port.ep.slot_size() - HEADER_LEN);
+            let n = left.min(port.send_limit - HEADER_LEN);
             let last = n == left;
             let from = link.front_sent;
             let sent = port.post(pidx, link.peer, Some(id), |buf| {
@@ -1902,6 +1926,26 @@ mod tests {
         ctx.rdma.fabric_rendezvous = rendezvous;
         let p = FabricProvider::new(provider).with_endpoint(FabricEndpoint::Rdm);
         RdmTransport::new(&p, poll.registry(), &ctx).unwrap()
+    }
+
+    /// Over `tcp;ofi_rxm`, where this libfabric's reads have the known bug,
+    /// `auto` keeps messages sent within ofi_rxm's eager limit (its own
+    /// rendezvous reads with them) and receives whole slots; `on` sends
+    /// whole slots.
+    #[test]
+    fn tcp_rxm_messages_stay_eager_where_reads_are_withheld() {
+        let poll = mio::Poll::new().unwrap();
+        let withheld = msgr_fabric::rma_withheld("tcp;ofi_rxm").is_some();
+        let auto = open_with("tcp;ofi_rxm", &poll, FabricRendezvous::Auto);
+        let want = if withheld { 16 << 10 } else { SLOT_SIZE };
+        assert_eq!(
+            (auto.send_limit, auto.slot_size),
+            (want, SLOT_SIZE),
+            "withheld: {withheld}"
+        );
+        assert_eq!(auto.rndv, !withheld);
+        let on = open_with("tcp;ofi_rxm", &poll, FabricRendezvous::On);
+        assert_eq!((on.send_limit, on.rndv), (SLOT_SIZE, true));
     }
 
     /// HELLO and WELCOME carry whether their end reads rendezvous units
