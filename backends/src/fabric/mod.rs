@@ -316,11 +316,7 @@ fn open_net(
     let TransportKind::Fabric(p) = kind else {
         unreachable!("a fabric transport has a fabric kind");
     };
-    let choice = match mode {
-        FabricRendezvous::Auto => RmaChoice::IfSound,
-        FabricRendezvous::Off => RmaChoice::Never,
-        FabricRendezvous::On => RmaChoice::Always,
-    };
+    let choice = rma_choice(mode);
     let net =
         Net::open_at(&p.name, ep_type(p), 8192, site, choice).map_err(|e| fab_err(kind, e))?;
     if let (FabricRendezvous::Auto, Some(why)) = (mode, msgr_fabric::rma_withheld(&p.name)) {
@@ -330,6 +326,15 @@ fn open_net(
         });
     }
     Ok(net)
+}
+
+/// What `fabric_rendezvous` asks of a Net's reads.
+fn rma_choice(mode: FabricRendezvous) -> RmaChoice {
+    match mode {
+        FabricRendezvous::Auto => RmaChoice::IfSound,
+        FabricRendezvous::Off => RmaChoice::Never,
+        FabricRendezvous::On => RmaChoice::Always,
+    }
 }
 
 fn fab_err(kind: &TransportKind, e: FabricError) -> TransportError {

@@ -109,7 +109,8 @@ use rustc_hash::FxHashMap;
 
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
 use super::{
-    fab_err, no_half_close, no_migration, open_net, probe, PieceError, Reassembly, SLOT_SIZE,
+    fab_err, no_half_close, no_migration, open_net, probe, rma_choice, PieceError, Reassembly,
+    SLOT_SIZE,
 };
 use crate::{
     Availability, DetachedLink, FabricRendezvous, RealFault, SimulatedFault, Transport,
@@ -717,8 +718,11 @@ impl RdmTransport {
         // messages sent stay within that limit (16 KiB). Receive slots keep
         // their size: a peer without the bug sends whole slots.
         let send_limit = msgr_fabric::eager_limit(&provider.name)
-            .filter(|_| rndv_mode != FabricRendezvous::On)
-            .filter(|_| msgr_fabric::rma_withheld(&provider.name).is_some())
+            .filter(|_| {
+                rma_choice(rndv_mode)
+                    .steers_around(&provider.name)
+                    .is_some()
+            })
             .map_or(slot_size, |limit| {
                 limit.clamp(HEADER_LEN + rendezvous::DESC_MAX + 1, slot_size)
             });
