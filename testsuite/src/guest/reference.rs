@@ -145,26 +145,45 @@ fn port(tool_index: u16, fabric: CmFabric) -> u16 {
     18515 + tool_index * 2 + u16::from(fabric == CmFabric::Siw)
 }
 
+/// Seconds one attempt of a reference pair may take (server and each client
+/// run alike); a normal one takes a few. Three attempts and their kill grace
+/// fit the pair commands' 150 s timeout.
+const ATTEMPT_SECS: u32 = 40;
+
 /// A client/server pair in one shell: server in the background, client in the
 /// foreground; prints the client's output, then the server's after a
-/// separator line. Both use port `$PORT`.
+/// separator line. Both use port `$PORT`; `client` is a script of its own
+/// (it ends with `exit`, not `return`).
 ///
-/// Under TCG on a loaded host the tools are flaky in two known ways: the
-/// server needs a moment to listen (every exec is slow), and perftest's CPU
+/// Under TCG on a loaded host the tools are flaky in three known ways: the
+/// server needs a moment to listen (every exec is slow), perftest's CPU
 /// clock calibration can fail ("Correlation coefficient r^2 < 0.9"), which
-/// makes it print `inf`. So a client that fails while the server still runs is
-/// retried, and a whole pair that fails or prints non-finite figures is run
+/// makes it print `inf`, and, rarely, an rdma_cm pair on siw0 never finishes
+/// (seen once in CI: a whole command timeout gone on one attempt). So a
+/// client that fails while the server still runs is retried, every server
+/// and client runs under `timeout` ([`ATTEMPT_SECS`]; `timeout` kills the
+/// whole process group, so no busy-polling perftest outlives its attempt),
+/// and a whole pair that fails, hangs or prints non-finite figures is run
 /// again (up to 3 times) on a fresh port (siw connections are real TCP
 /// connections: a port in TIME_WAIT would not listen again at once).
 fn pair_script(base_port: u16, server: &str, client: &str) -> String {
+    pair_script_within(base_port, server, client, ATTEMPT_SECS)
+}
+
+/// [`pair_script`] with `attempt_secs` per attempt.
+fn pair_script_within(base_port: u16, server: &str, client: &str, attempt_secs: u32) -> String {
+    let t = format!("timeout -k 5 {attempt_secs}");
     format!(
-        "attempt() {{\n\
-         {server} >$TMPDIR/server.log 2>&1 &\n\
+        "cat >$TMPDIR/client.sh <<'MSGR_CLIENT'\n\
+         {client}\n\
+         MSGR_CLIENT\n\
+         attempt() {{\n\
+         {t} {server} >$TMPDIR/server.log 2>&1 &\n\
          srv=$!\n\
          n=0\n\
          while :; do\n\
          \x20 sleep 1\n\
-         \x20 client\n\
+         \x20 {t} sh $TMPDIR/client.sh\n\
          \x20 rc=$?\n\
          \x20 n=$((n + 1))\n\
          \x20 if [ $rc -eq 0 ] || ! kill -0 $srv 2>/dev/null || [ $n -ge 5 ]; then break; fi\n\
@@ -173,13 +192,14 @@ fn pair_script(base_port: u16, server: &str, client: &str) -> String {
          wait $srv\n\
          src=$?\n\
          [ $rc -eq 0 ] && rc=$src\n\
+         [ $rc -eq 124 ] && echo \"attempt timed out after {attempt_secs} s\"\n\
          echo '--- server ---'\n\
          cat $TMPDIR/server.log\n\
          return $rc\n\
          }}\n\
-         client() {{\n{client}\n}}\n\
          for k in 0 1 2; do\n\
          \x20 PORT=$(({base_port} + 100 * k))\n\
+         \x20 export PORT\n\
          \x20 attempt >$TMPDIR/attempt.log 2>&1\n\
          \x20 rc=$?\n\
          \x20 if [ $rc -eq 0 ] && ! grep -Eqw 'inf|-?nan' $TMPDIR/attempt.log; then break; fi\n\
@@ -259,7 +279,7 @@ pub fn reference_commands(p: &ReferenceParams) -> Vec<GuestCommand> {
         );
         let client = format!(
             "s=$(date +%s%N)\n{rping} -c\nr=$?\ne=$(date +%s%N)\n\
-             echo \"rping_elapsed_ns $((e - s)) count {} bytes {}\"\nreturn $r",
+             echo \"rping_elapsed_ns $((e - s)) count {} bytes {}\"\nexit $r",
             p.rping_count, p.rping_bytes
         );
         cmds.push(
@@ -541,6 +561,39 @@ mod tests {
                 .expect("sh");
             assert!(out.status.success(), "{}: {out:?}\n{}", c.name, c.script);
         }
+    }
+
+    /// A pair that hangs on its first port is killed, with every process it
+    /// started, and run again on the next port.
+    #[test]
+    fn a_hung_attempt_is_killed_and_retried_on_a_fresh_port() {
+        let dir = std::env::temp_dir().join(format!("msgr-pair-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A marker no other process on the machine runs.
+        let hang = "sleep 123.4567";
+        let server = format!("sh -c '[ $PORT = 1000 ] && {hang}; echo served $PORT'");
+        let client = format!("[ $PORT = 1000 ] && {hang}\necho client $PORT\nexit 0");
+        let script = pair_script_within(1000, &server, &client, 2);
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env("TMPDIR", &dir)
+            .output()
+            .expect("sh");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(text.contains("attempt timed out after 2 s"), "{text}");
+        assert!(text.contains("=== attempt 0: exit 124"), "{text}");
+        let last = text.rsplit("=== end of attempt 0 ===").next().unwrap();
+        assert!(
+            last.contains("client 1100") && last.contains("served 1100"),
+            "{text}"
+        );
+        let left = std::process::Command::new("pgrep")
+            .args(["-f", hang])
+            .output()
+            .expect("pgrep");
+        assert!(left.stdout.is_empty(), "outlived its attempt: {left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
