@@ -895,6 +895,24 @@ impl Net {
         }
     }
 
+    /// The full name of the provider this Net opened, layers included:
+    /// `tcp;ofi_rxm` where RDM endpoints over `tcp` were asked for by the
+    /// core's name. Decisions about a layer's own protocol (its eager limit,
+    /// [`eager_limit`]) take this name, not the one asked for.
+    pub fn provider_name(&self) -> String {
+        // SAFETY: self.info is the valid fi_info the fabric was opened from;
+        // its fabric_attr and prov_name are checked before they are read.
+        unsafe {
+            let attr = (*self.info.0).fabric_attr;
+            if attr.is_null() || (*attr).prov_name.is_null() {
+                return self.provider.clone();
+            }
+            CStr::from_ptr((*attr).prov_name)
+                .to_string_lossy()
+                .into_owned()
+        }
+    }
+
     /// The name of the domain this Net opened (`rxe1` for `verbs`, an
     /// interface name for `tcp`).
     pub fn domain(&self) -> String {

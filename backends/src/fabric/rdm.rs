@@ -717,7 +717,9 @@ impl RdmTransport {
         // have a known bug here (`tcp;ofi_rxm` before libfabric 1.18),
         // messages sent stay within that limit (16 KiB). Receive slots keep
         // their size: a peer without the bug sends whole slots.
-        let send_limit = msgr_fabric::eager_limit(&provider.name)
+        // The opened provider's name: `fabric+tcp?ep=rdm` asks for `tcp`
+        // and gets `tcp;ofi_rxm`.
+        let send_limit = msgr_fabric::eager_limit(&net.provider_name())
             .filter(|_| {
                 rma_choice(rndv_mode)
                     .steers_around(&provider.name)
@@ -1935,21 +1937,27 @@ mod tests {
     /// Over `tcp;ofi_rxm`, where this libfabric's reads have the known bug,
     /// `auto` keeps messages sent within ofi_rxm's eager limit (its own
     /// rendezvous reads with them) and receives whole slots; `on` sends
-    /// whole slots.
+    /// whole slots. The same when RDM is asked of `tcp` by the core's name
+    /// (`fabric+tcp?ep=rdm`, which opens `tcp;ofi_rxm`): deciding by the
+    /// name asked for once let 64 KiB messages take ofi_rxm's reads there,
+    /// and the stress suite crashed closing endpoints.
     #[test]
     fn tcp_rxm_messages_stay_eager_where_reads_are_withheld() {
         let poll = mio::Poll::new().unwrap();
         let withheld = msgr_fabric::rma_withheld("tcp;ofi_rxm").is_some();
-        let auto = open_with("tcp;ofi_rxm", &poll, FabricRendezvous::Auto);
-        let want = if withheld { 16 << 10 } else { SLOT_SIZE };
-        assert_eq!(
-            (auto.send_limit, auto.slot_size),
-            (want, SLOT_SIZE),
-            "withheld: {withheld}"
-        );
-        assert_eq!(auto.rndv, !withheld);
-        let on = open_with("tcp;ofi_rxm", &poll, FabricRendezvous::On);
-        assert_eq!((on.send_limit, on.rndv), (SLOT_SIZE, true));
+        for name in ["tcp;ofi_rxm", "tcp"] {
+            let auto = open_with(name, &poll, FabricRendezvous::Auto);
+            assert_eq!(auto.net.provider_name(), "tcp;ofi_rxm");
+            let want = if withheld { 16 << 10 } else { SLOT_SIZE };
+            assert_eq!(
+                (auto.send_limit, auto.slot_size),
+                (want, SLOT_SIZE),
+                "{name}: withheld: {withheld}"
+            );
+            assert_eq!(auto.rndv, !withheld, "{name}");
+            let on = open_with(name, &poll, FabricRendezvous::On);
+            assert_eq!((on.send_limit, on.rndv), (SLOT_SIZE, true), "{name}");
+        }
     }
 
     /// HELLO and WELCOME carry whether their end reads rendezvous units
