@@ -716,15 +716,12 @@ impl RdmTransport {
         // rendezvous of its own (`ofi_rxm`) and the core provider's reads
         // have a known bug here (`tcp;ofi_rxm` before libfabric 1.18),
         // messages sent stay within that limit (16 KiB). Receive slots keep
-        // their size: a peer without the bug sends whole slots.
-        // The opened provider's name: `fabric+tcp?ep=rdm` asks for `tcp`
-        // and gets `tcp;ofi_rxm`.
-        let send_limit = msgr_fabric::eager_limit(&net.provider_name())
-            .filter(|_| {
-                rma_choice(rndv_mode)
-                    .steers_around(&provider.name)
-                    .is_some()
-            })
+        // their size: a peer without the bug sends whole slots. Decided by
+        // the provider opened: `fabric+tcp?ep=rdm` asks for `tcp` and gets
+        // `tcp;ofi_rxm`.
+        let opened = net.provider_name();
+        let send_limit = msgr_fabric::eager_limit(&opened)
+            .filter(|_| rma_choice(rndv_mode).steers_around(&opened).is_some())
             .map_or(slot_size, |limit| {
                 limit.clamp(HEADER_LEN + rendezvous::DESC_MAX + 1, slot_size)
             });
