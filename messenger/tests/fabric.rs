@@ -230,6 +230,91 @@ fn lossless_exactly_once_across_aborts(addr: &str) {
     assert_nothing_left(&mut srv, "server");
 }
 
+/// A completion queue that cannot be read. SIMULATED: no provider here
+/// fails `fi_cq_read` on demand, so the server's transport is told to fail
+/// its next read of the queue (`SimulatedFault::CqReadError`). Every link
+/// on it must fail (two clients' links here, not only the one the fault
+/// was asked through) and both lossless sessions recover: every message
+/// exactly once, in order, intact. On the old code the error read as an
+/// empty queue and nothing failed.
+fn cq_failure_fails_every_link(addr: &str) {
+    init_tracing();
+    let rec = Recorder::new();
+    let mut srv = start(addr, EntityName::server(1), rec.clone());
+    let clients: Vec<(Messenger, msgr::Connection)> = (1..=2u64)
+        .map(|i| {
+            let cli = start(addr, EntityName::client(i), Arc::new(msgr::NullDispatcher));
+            let conn = cli
+                .connect_with(srv.addr(), Policy::LosslessClient)
+                .unwrap();
+            (cli, conn)
+        })
+        .collect();
+    const N: u64 = 4_000;
+    let senders: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, (_, conn))| {
+            let conn = conn.clone();
+            std::thread::spawn(move || {
+                for n in 1..=N {
+                    send(&conn, probe_message(i as u32 + 1, n, (n % 2000) as usize));
+                }
+            })
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(10), || srv.connections().len() == 2
+            && rec.delivered(1) > 0
+            && rec.delivered(2) > 0),
+        "{addr}: both clients connected and delivering"
+    );
+    let link_faults = |m: &Messenger| m.counters().link_faults.load(Ordering::Relaxed);
+    let before: Vec<u64> = clients.iter().map(|(c, _)| link_faults(c)).collect();
+    assert_eq!(fabric_stat(&srv, "cq_failures"), 0);
+    srv.connections()[0].simulate_fault(SimulatedFault::CqReadError);
+    assert!(
+        wait_until(Duration::from_secs(10), || fabric_stat(&srv, "cq_failures")
+            == 1),
+        "{addr}: the server's transport read its failing queue"
+    );
+    for (i, (cli, _)) in clients.iter().enumerate() {
+        assert!(
+            wait_until(Duration::from_secs(20), || link_faults(cli) > before[i]),
+            "{addr}: client {} saw its link fail",
+            i + 1
+        );
+    }
+    for s in senders {
+        s.join().unwrap();
+    }
+    for stream in [1, 2] {
+        assert!(
+            wait_until(Duration::from_secs(60), || rec.delivered(stream) == N),
+            "{addr}: stream {stream} delivered {} of {N}",
+            rec.delivered(stream)
+        );
+    }
+    rec.assert_clean();
+    assert!(
+        rec.resets.lock().unwrap().is_empty(),
+        "lossless sessions never reset"
+    );
+    assert_eq!(
+        fabric_stat(&srv, "cq_failures"),
+        1,
+        "{addr}: one simulated failure, no real one"
+    );
+    for (mut cli, conn) in clients {
+        assert!(
+            wait_until(Duration::from_secs(10), || conn.queued() == (0, 0)),
+            "acks drain the queue"
+        );
+        assert_nothing_left(&mut cli, "client");
+    }
+    assert_nothing_left(&mut srv, "server");
+}
+
 /// A rendezvous read that never completes. SIMULATED: `tcp` and
 /// `tcp;ofi_rxm` end a read whose connection breaks with an error
 /// completion, so the server's backend is told to ignore the completion of
@@ -500,6 +585,11 @@ macro_rules! over {
             #[test]
             fn shutdown_with_a_frozen_link() {
                 super::shutdown_with_a_frozen_link($addr);
+            }
+
+            #[test]
+            fn cq_failure_fails_every_link() {
+                super::cq_failure_fails_every_link($addr);
             }
 
             #[test]

@@ -189,6 +189,16 @@ fn check(op: &'static str, rc: isize) -> Result<isize, FabricError> {
     }
 }
 
+/// A queue read that returned no entry: `-FI_EAGAIN` (and 0) is an empty
+/// queue, any other code an error of `op`.
+fn again_is_empty(op: &'static str, rc: isize) -> Result<usize, FabricError> {
+    match check(op, rc) {
+        Err(e) if is_again(&e) => Ok(0),
+        Err(e) => Err(e),
+        Ok(_) => Ok(0),
+    }
+}
+
 /// Whether a call's error is -FI_EAGAIN.
 pub fn is_again(e: &FabricError) -> bool {
     matches!(e, FabricError::Call { code, .. } if *code == sys::FI_EAGAIN as i32)
@@ -797,8 +807,13 @@ impl Net {
     }
 
     /// Reads up to `max` (at most 32) completions, appended to `out`; returns
-    /// how many.
-    pub fn read_cq(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+    /// how many (0: none yet). An error completion comes as one entry with
+    /// its `error` set. `Err` means the queue itself could not be read
+    /// (`fi_cq_read` or `fi_cq_readerr` failed with anything but
+    /// `-FI_EAGAIN`): its operations' fates are unknown, so the caller must
+    /// not go on as if it were merely empty — a CQ that kept failing would
+    /// otherwise stall every endpoint on it without a word.
+    pub fn read_cq(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize, FabricError> {
         // Not zeroed: the provider writes the entries it returns, and only
         // those are read (zeroing 1 KiB was a tenth of an idle poll's cost).
         let mut raw = [const { std::mem::MaybeUninit::<sys::fi_cq_msg_entry>::uninit() }; 32];
@@ -817,24 +832,25 @@ impl Net {
                     error: None,
                 });
             }
-            return n;
+            return Ok(n);
         }
-        if n == -(sys::FI_EAVAIL as isize) {
-            let mut err = sys::fi_cq_err_entry::default();
-            // SAFETY: err is a valid fi_cq_err_entry; err_data stays null so
-            // the provider uses its own buffer.
-            let k = unsafe { sys::fi_cq_readerr(self.cq, &mut err, 0) };
-            if k > 0 {
-                out.push(Completion {
-                    context: err.op_context as u64,
-                    len: 0,
-                    recv: err.flags & u64::from(sys::FI_RECV) != 0,
-                    error: Some((err.err, "completion error")),
-                });
-                return 1;
-            }
+        if n != -(sys::FI_EAVAIL as isize) {
+            return again_is_empty("fi_cq_read", n);
         }
-        0
+        let mut err = sys::fi_cq_err_entry::default();
+        // SAFETY: err is a valid fi_cq_err_entry; err_data stays null so
+        // the provider uses its own buffer.
+        let k = unsafe { sys::fi_cq_readerr(self.cq, &mut err, 0) };
+        if k <= 0 {
+            return again_is_empty("fi_cq_readerr", k);
+        }
+        out.push(Completion {
+            context: err.op_context as u64,
+            len: 0,
+            recv: err.flags & u64::from(sys::FI_RECV) != 0,
+            error: Some((err.err, "completion error")),
+        });
+        Ok(1)
     }
 
     /// Reads one connection-management event, if any (never for RDM).
@@ -2422,7 +2438,7 @@ mod tests {
         while connected < 2 {
             assert!(t0.elapsed().as_secs() < 10, "connect timed out");
             let mut done = Vec::new();
-            net.read_cq(&mut done, 8);
+            net.read_cq(&mut done, 8).expect("fi_cq_read");
             match net.read_eq() {
                 Some(CmEvent::ConnReq(r)) => {
                     assert_eq!(r.data(), b"hi", "the connector's data");
@@ -2446,7 +2462,7 @@ mod tests {
         let mut got = Vec::new();
         while got.len() < 2 {
             assert!(t0.elapsed().as_secs() < 10, "completion timed out");
-            net.read_cq(&mut got, 8);
+            net.read_cq(&mut got, 8).expect("fi_cq_read");
         }
         let r = got.iter().find(|c| c.recv).unwrap();
         assert_eq!(r.context, 7);
@@ -2528,15 +2544,15 @@ mod tests {
             c.read(&x, 77, &[], 0).unwrap();
             let (mut at_server, mut at_client) = (Vec::new(), Vec::new());
             for _ in 0..2 + round % 3 {
-                ns.read_cq(&mut at_server, 8);
-                nc.read_cq(&mut at_client, 8);
+                ns.read_cq(&mut at_server, 8).expect("fi_cq_read");
+                nc.read_cq(&mut at_client, 8).expect("fi_cq_read");
             }
             assert!(at_client.is_empty(), "the read is not over: {at_client:?}");
             drop(c);
             let t0 = std::time::Instant::now();
             while t0.elapsed() < std::time::Duration::from_millis(200) {
-                ns.read_cq(&mut at_server, 8);
-                nc.read_cq(&mut at_client, 8);
+                ns.read_cq(&mut at_server, 8).expect("fi_cq_read");
+                nc.read_cq(&mut at_client, 8).expect("fi_cq_read");
             }
             // Nothing but the read was posted on the client's endpoint.
             assert!(at_client.iter().all(|c| c.error.is_some()), "{at_client:?}");
@@ -2589,7 +2605,7 @@ mod tests {
                 is_again(&e) && t0.elapsed().as_secs() < 10,
                 "{provider}: {e}"
             );
-            net.read_cq(&mut got, 8);
+            net.read_cq(&mut got, 8).expect("fi_cq_read");
         }
         let mut answered = false;
         while !got.iter().any(|c: &Completion| c.context == 2) {
@@ -2598,7 +2614,7 @@ mod tests {
                 "{provider}: timed out: {got:?}"
             );
             let from = got.len();
-            net.read_cq(&mut got, 8);
+            net.read_cq(&mut got, 8).expect("fi_cq_read");
             // A copy: answering reads the CQ into `got` again.
             let fresh: Vec<Completion> = got[from..].to_owned();
             for c in fresh {
@@ -2610,7 +2626,7 @@ mod tests {
                     server.tx_slot(0).unwrap()[..2].copy_from_slice(b"ok");
                     while let Err(e) = server.send(0, 2, to_client, 4) {
                         assert!(is_again(&e) && t0.elapsed().as_secs() < 10, "{e}");
-                        net.read_cq(&mut got, 8);
+                        net.read_cq(&mut got, 8).expect("fi_cq_read");
                     }
                     answered = true;
                 }
@@ -2651,7 +2667,7 @@ mod tests {
                     is_again(&e) && t0.elapsed().as_secs() < 10,
                     "{provider}: {e}"
                 );
-                net.read_cq(&mut Vec::new(), 8);
+                net.read_cq(&mut Vec::new(), 8).expect("fi_cq_read");
             }
             let mut got = Vec::new();
             loop {
@@ -2659,7 +2675,7 @@ mod tests {
                     t0.elapsed().as_secs() < 20,
                     "{provider}: read {ctx} never completed"
                 );
-                net.read_cq(&mut got, 8);
+                net.read_cq(&mut got, 8).expect("fi_cq_read");
                 if let Some(i) = got.iter().position(|c| c.context == ctx) {
                     let c = got.remove(i);
                     let done = client.rma().read_done(ctx, c.error.is_none());

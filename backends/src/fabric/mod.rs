@@ -47,7 +47,11 @@
 //!   anyway, or with the endpoint. Without rendezvous (no `FI_RMA`) it is
 //!   refused.
 //! - Faults from the provider (error completions, `FI_SHUTDOWN`, EQ errors)
-//!   fail the link. Links do not migrate between workers ([`Transport::detach`]
+//!   fail the link. A completion queue that cannot be read (`fi_cq_read`
+//!   failing with anything but `-FI_EAGAIN`) fails every link on it
+//!   (`cq_failures`; [`CqFailures`], shared with the RDM transport):
+//!   their operations' fates are unknown. `simulate(SimulatedFault::
+//!   CqReadError)` fakes one, since no provider here fails a queue read. Links do not migrate between workers ([`Transport::detach`]
 //!   returns `None`).
 
 pub mod rdm;
@@ -101,6 +105,45 @@ const BEHIND_READ_MAX: usize = 64 << 20;
 /// Completions read per `fi_cq_read` batch, and most batches per call.
 const CQ_BATCH: usize = 32;
 const CQ_ROUNDS: usize = 16;
+
+/// A transport's completion-queue reads that failed: counted, and those
+/// still to be simulated ([`SimulatedFault::CqReadError`]).
+#[derive(Debug, Default)]
+pub(crate) struct CqFailures {
+    count: u64,
+    simulated: u32,
+}
+
+impl CqFailures {
+    /// One batch of completions (at most [`CQ_BATCH`]) into `batch`. `Err`
+    /// says why the queue could not be read: the caller fails every link
+    /// on it.
+    fn read(&mut self, net: &mut Net, batch: &mut Vec<Completion>) -> Result<usize, String> {
+        let read = if self.simulated > 0 {
+            self.simulated -= 1;
+            Err(FabricError::Call {
+                op: "fi_cq_read (SIMULATED)",
+                code: libc::EIO,
+                msg: std::io::Error::from_raw_os_error(libc::EIO).to_string(),
+            })
+        } else {
+            net.read_cq(batch, CQ_BATCH)
+        };
+        read.map_err(|e| {
+            self.count += 1;
+            tracing::error!(error = %e, "libfabric completion queue failed; failing every link on it");
+            format!("libfabric completion queue failed: {e}")
+        })
+    }
+
+    fn simulate(&mut self) {
+        self.simulated += 1;
+    }
+
+    fn count(&self) -> u64 {
+        self.count
+    }
+}
 
 const RX_BIT: u64 = 1 << 16;
 /// Context bit of a link's fi_read (one at a time per link).
@@ -488,6 +531,7 @@ pub struct FabricTransport {
     read_timeout: Duration,
     /// What the configuration asked of the rendezvous (for a reopened Net).
     rndv_mode: FabricRendezvous,
+    cq_failures: CqFailures,
 }
 
 impl std::fmt::Debug for FabricTransport {
@@ -543,6 +587,7 @@ impl FabricTransport {
             next_read_check: Instant::now(),
             read_timeout: ctx.rdma.read_timeout,
             rndv_mode,
+            cq_failures: CqFailures::default(),
             net,
         })
     }
@@ -724,11 +769,21 @@ impl FabricTransport {
         for _ in 0..CQ_ROUNDS {
             let mut batch = std::mem::take(&mut self.completions);
             batch.clear();
-            let n = self.net.read_cq(&mut batch, CQ_BATCH);
+            let read = self.cq_failures.read(&mut self.net, &mut batch);
             for c in &batch {
                 self.complete(c, events);
             }
             self.completions = batch;
+            let n = match read {
+                Ok(n) => n,
+                Err(why) => {
+                    let ids: Vec<LinkId> = self.links.keys().copied().collect();
+                    for id in ids {
+                        self.fail(id, why.clone(), events);
+                    }
+                    return true;
+                }
+            };
             if n == 0 {
                 break;
             }
@@ -1297,13 +1352,20 @@ impl Transport for FabricTransport {
         Ok(())
     }
 
-    /// `HungRead`: the link's next rendezvous read is hung (module docs).
+    /// `HungRead`: the link's next rendezvous read is hung; `CqReadError`:
+    /// the next CQ read fails (module docs).
     fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
         let l = self
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
-        l.receiving.simulate(fault, self.rndv, &self.kind)
+        match fault {
+            SimulatedFault::HungRead => l.receiving.hang_next_read(self.rndv, &self.kind),
+            SimulatedFault::CqReadError => {
+                self.cq_failures.simulate();
+                Ok(())
+            }
+        }
     }
 
     fn send_corrupted(
@@ -1328,7 +1390,11 @@ impl Transport for FabricTransport {
     fn stats(&self) -> TransportStats {
         TransportStats {
             kind: self.kind.clone(),
-            values: self.rndv_counters.values(self.rndv, self.net.rma_in_use()),
+            values: {
+                let mut v = self.rndv_counters.values(self.rndv, self.net.rma_in_use());
+                v.push(("cq_failures", self.cq_failures.count()));
+                v
+            },
         }
     }
 }

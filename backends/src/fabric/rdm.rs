@@ -73,7 +73,9 @@
 //! link's next read (a fake: `tcp;ofi_rxm` never leaves a read hanging, see
 //! [`super::rendezvous`]); the buffer is freed when the completion comes
 //! anyway. A transport without rendezvous refuses it: there is no read
-//! to hang, and `simulated_hung_reads` stays 0.
+//! to hang, and `simulated_hung_reads` stays 0. A completion queue that
+//! cannot be read fails every link, their peers' entries with them
+//! (`cq_failures`, as on MSG endpoints; `SimulatedFault::CqReadError`).
 //!
 //! On `shm` a read is a `process_vm_readv` of the peer's memory, done by
 //! the reader alone and with the key unchecked: a read of a buffer the
@@ -109,8 +111,8 @@ use rustc_hash::FxHashMap;
 
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
 use super::{
-    fab_err, no_half_close, no_migration, open_net, probe, rma_choice, PieceError, Reassembly,
-    SLOT_SIZE,
+    fab_err, no_half_close, no_migration, open_net, probe, rma_choice, CqFailures, PieceError,
+    Reassembly, CQ_BATCH, CQ_ROUNDS, SLOT_SIZE,
 };
 use crate::{
     Availability, DetachedLink, FabricRendezvous, RealFault, SimulatedFault, Transport,
@@ -143,8 +145,6 @@ const HOUSEKEEPING: Duration = Duration::from_millis(250);
 const TX_SLOTS: usize = 64;
 /// Receive slots per link (one pool block).
 const LINK_BLOCK: usize = CREDITS as usize + CONTROL_SLACK;
-const CQ_BATCH: usize = 32;
-const CQ_ROUNDS: usize = 16;
 
 pub use super::rendezvous::{RNDV_MAX, RNDV_THRESHOLD};
 
@@ -629,6 +629,7 @@ pub struct RdmTransport {
     out_port: Option<usize>,
     /// Times the outgoing endpoint was replaced (`out_port_replacements`).
     out_port_replacements: u64,
+    cq_failures: CqFailures,
     net: Net,
     kind: TransportKind,
     registry: Registry,
@@ -739,6 +740,7 @@ impl RdmTransport {
             retired: Vec::new(),
             out_port: None,
             out_port_replacements: 0,
+            cq_failures: CqFailures::default(),
             net,
             kind,
             registry,
@@ -927,11 +929,21 @@ impl RdmTransport {
         for _ in 0..CQ_ROUNDS {
             let mut batch = std::mem::take(&mut self.completions);
             batch.clear();
-            let n = self.net.read_cq(&mut batch, CQ_BATCH);
+            let read = self.cq_failures.read(&mut self.net, &mut batch);
             for c in &batch {
                 self.complete(c, events);
             }
             self.completions = batch;
+            let n = match read {
+                Ok(n) => n,
+                Err(why) => {
+                    let ids: Vec<LinkId> = self.links.keys().copied().collect();
+                    for id in ids {
+                        self.peer_gone(id, why.clone(), events);
+                    }
+                    return true;
+                }
+            };
             if n == 0 {
                 break;
             }
@@ -1840,13 +1852,20 @@ impl Transport for RdmTransport {
         Ok(())
     }
 
-    /// `HungRead`: the link's next rendezvous read is hung (module docs).
+    /// `HungRead`: the link's next rendezvous read is hung; `CqReadError`:
+    /// the next CQ read fails (module docs).
     fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
         let l = self
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
-        l.receiving.simulate(fault, self.rndv, &self.kind)
+        match fault {
+            SimulatedFault::HungRead => l.receiving.hang_next_read(self.rndv, &self.kind),
+            SimulatedFault::CqReadError => {
+                self.cq_failures.simulate();
+                Ok(())
+            }
+        }
     }
 
     fn send_corrupted(
@@ -1866,6 +1885,7 @@ impl Transport for RdmTransport {
     fn stats(&self) -> TransportStats {
         let mut values = self.rndv_counters.values(self.rndv, self.net.rma_in_use());
         values.push(("out_port_replacements", self.out_port_replacements));
+        values.push(("cq_failures", self.cq_failures.count()));
         TransportStats {
             kind: self.kind.clone(),
             values,

@@ -577,24 +577,22 @@ pub struct Receiving {
 impl Receiving {
     /// `SimulatedFault::HungRead`: the link's next read is hung. Refused
     /// (`Unavailable`) by a transport without rendezvous (`rndv` false).
-    pub fn simulate(
+    pub fn hang_next_read(
         &mut self,
-        fault: SimulatedFault,
         rndv: bool,
         kind: &TransportKind,
     ) -> Result<(), TransportError> {
-        match fault {
-            SimulatedFault::HungRead if !rndv => Err(TransportError::Unavailable {
+        if !rndv {
+            return Err(TransportError::Unavailable {
                 kind: kind.clone(),
                 reason: format!(
-                    "cannot simulate {fault:?}: no fi_read rendezvous on these endpoints"
+                    "cannot simulate {:?}: no fi_read rendezvous on these endpoints",
+                    SimulatedFault::HungRead
                 ),
-            }),
-            SimulatedFault::HungRead => {
-                self.reads_to_hang += 1;
-                Ok(())
-            }
+            });
         }
+        self.reads_to_hang += 1;
+        Ok(())
     }
 
     /// The link posted the read of the sender's unit `their_id`: it is in

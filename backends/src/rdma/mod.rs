@@ -239,6 +239,8 @@ struct RdmaCounters {
     cm_ids_parked: u64,
     /// Reads whose completion was ignored (`SimulatedFault::HungRead`).
     simulated_hung_reads: u64,
+    /// Times polling the CQ failed (every link failed with it).
+    cq_failures: u64,
 }
 
 impl RdmaCounters {
@@ -569,8 +571,18 @@ impl RdmaTransport {
             let n = match cq.poll(&mut self.polled[..]) {
                 Ok(n) => n,
                 Err(e) => {
-                    tracing::error!(error = %e, "ibv_poll_cq failed");
-                    return any;
+                    // The fates of every posted request are unknown: going
+                    // on as if the queue were empty would stall every link
+                    // without a word, so they all fail (sessions recover
+                    // per policy over new QPs).
+                    tracing::error!(error = %e, "ibv_poll_cq failed; failing every link");
+                    self.counters.cq_failures += 1;
+                    let why = format!("ibv_poll_cq failed: {e}");
+                    let ids: Vec<LinkId> = self.links.keys().copied().collect();
+                    for id in ids {
+                        self.fail(id, why.clone(), events);
+                    }
+                    return true;
                 }
             };
             for i in 0..n {
@@ -1536,6 +1548,12 @@ impl Transport for RdmaTransport {
             .ok_or(TransportError::NoSuchLink(link.0))?;
         match fault {
             SimulatedFault::HungRead => l.reads_to_hang += 1,
+            SimulatedFault::CqReadError => {
+                return Err(TransportError::Unavailable {
+                    kind: self.kind.clone(),
+                    reason: format!("cannot simulate {fault:?} over RDMA (libfabric only)"),
+                })
+            }
         }
         Ok(())
     }
@@ -1594,6 +1612,7 @@ impl Transport for RdmaTransport {
                 ("qp_errors_injected", c.qp_errors_injected),
                 ("cm_ids_parked", c.cm_ids_parked),
                 ("simulated_hung_reads", c.simulated_hung_reads),
+                ("cq_failures", c.cq_failures),
                 ("tx_chunks_free", tx_free),
                 ("rx_slots_unpromised", rx_budget),
                 ("credits_held", credits),

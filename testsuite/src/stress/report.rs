@@ -89,6 +89,9 @@ pub struct StressReport {
     pub injected_faults: u64,
     /// Real transport faults injected (`inject_fault`).
     pub real_faults: u64,
+    /// Faults no backend here produces for real, imitated
+    /// (`simulate_fault`): libfabric completion-queue read failures.
+    pub simulated_faults: u64,
     /// Link faults of any kind.
     pub link_faults: u64,
     /// Links closed for undecodable input (corruption caught by CRC).
@@ -177,9 +180,10 @@ impl StressReport {
         );
         let _ = writeln!(
             s,
-            "  faults        injected {}, real {}, link faults {}, crc/protocol {}, keepalive {}",
+            "  faults        injected {}, real {}, simulated {}, link faults {}, crc/protocol {}, keepalive {}",
             self.injected_faults,
             self.real_faults,
+            self.simulated_faults,
             self.link_faults,
             self.protocol_errors,
             self.keepalive_timeouts

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use msgr::{
     ConnectionState, Counters, EntityAddr, EntityName, Messenger, MessengerConfig, Policy,
-    RealFault, SendError,
+    RealFault, SendError, SimulatedFault, TransportKind,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -81,6 +81,7 @@ struct Stats {
     mark_downs: AtomicU64,
     restarts: AtomicU64,
     real_faults: AtomicU64,
+    simulated_faults: AtomicU64,
 }
 
 struct Run<'a> {
@@ -496,12 +497,22 @@ fn chaos(run: &Run<'_>) {
                 let conns = m.connections();
                 if !conns.is_empty() {
                     let c = &conns[rng.random_range(0..conns.len())];
-                    c.inject_fault(if rng.random_ratio(1, 10) {
-                        RealFault::HalfClose
+                    if matches!(m.addr().transport, TransportKind::Fabric(_))
+                        && rng.random_ratio(1, 20)
+                    {
+                        // SIMULATED (no provider fails a queue read on
+                        // demand): every link of the server's transport
+                        // that carries `c` fails at once.
+                        c.simulate_fault(SimulatedFault::CqReadError);
+                        run.stats.simulated_faults.fetch_add(1, Ordering::Relaxed);
                     } else {
-                        RealFault::Abort
-                    });
-                    run.stats.real_faults.fetch_add(1, Ordering::Relaxed);
+                        c.inject_fault(if rng.random_ratio(1, 10) {
+                            RealFault::HalfClose
+                        } else {
+                            RealFault::Abort
+                        });
+                        run.stats.real_faults.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
             fault_at = now + Duration::from_millis(rng.random_range(50..500));
@@ -901,6 +912,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
     report.mark_downs = st.mark_downs.load(Ordering::Relaxed);
     report.server_restarts = st.restarts.load(Ordering::Relaxed);
     report.real_faults = st.real_faults.load(Ordering::Relaxed);
+    report.simulated_faults = st.simulated_faults.load(Ordering::Relaxed);
     report.rss_kib = (rss_start, rss_kib());
     report.total_s = secs(t0.elapsed());
     report.violation_count = violations.count();
