@@ -854,9 +854,11 @@ impl Net {
     }
 
     /// Reads one connection-management event, if any (never for RDM).
-    pub fn read_eq(&mut self) -> Option<CmEvent> {
+    /// `Err` means the queue itself could not be read (as for
+    /// [`Net::read_cq`]): connection events may be lost.
+    pub fn read_eq(&mut self) -> Result<Option<CmEvent>, FabricError> {
         if self.eq.is_null() {
-            return None;
+            return Ok(None);
         }
         let mut buf = [0u64; 32];
         let mut event: u32 = 0;
@@ -875,12 +877,12 @@ impl Net {
             // SAFETY: err is a valid fi_eq_err_entry.
             let k = unsafe { sys::fi_eq_readerr(self.eq, &mut err, 0) };
             if k > 0 {
-                return Some(CmEvent::Error(err.fid as usize, strerror(err.err)));
+                return Ok(Some(CmEvent::Error(err.fid as usize, strerror(err.err))));
             }
-            return None;
+            return again_is_empty("fi_eq_readerr", k).map(|_| None);
         }
         if n <= 0 {
-            return None;
+            return again_is_empty("fi_eq_read", n).map(|_| None);
         }
         // SAFETY: a successful read wrote an fi_eq_cm_entry for CM events.
         let entry = unsafe { &*(buf.as_ptr() as *const sys::fi_eq_cm_entry) };
@@ -891,7 +893,7 @@ impl Net {
             let bytes = buf.iter().flat_map(|w| w.to_ne_bytes());
             bytes.take(end).skip(head).collect()
         };
-        match event {
+        Ok(match event {
             sys::FI_CONNREQ => Some(CmEvent::ConnReq(ConnReq(
                 Info(entry.info),
                 entry.fid as usize,
@@ -908,7 +910,7 @@ impl Net {
                 entry.fid as usize,
                 format!("unexpected EQ event {other}"),
             )),
-        }
+        })
     }
 
     /// The full name of the provider this Net opened, layers included:
@@ -2439,7 +2441,7 @@ mod tests {
             assert!(t0.elapsed().as_secs() < 10, "connect timed out");
             let mut done = Vec::new();
             net.read_cq(&mut done, 8).expect("fi_cq_read");
-            match net.read_eq() {
+            match net.read_eq().expect("fi_eq_read") {
                 Some(CmEvent::ConnReq(r)) => {
                     assert_eq!(r.data(), b"hi", "the connector's data");
                     let mut ep = net.accept(r, 4, 1024, b"yo").unwrap();
@@ -2481,7 +2483,7 @@ mod tests {
         let mut refused = None;
         while refused.is_none() {
             assert!(t0.elapsed().as_secs() < 5, "no answer to the connector");
-            match net.read_eq() {
+            match net.read_eq().expect("fi_eq_read") {
                 Some(CmEvent::ConnReq(r)) => {
                     assert_eq!(r.listener(), pep.key());
                     pep.reject(r).unwrap();
@@ -2508,13 +2510,13 @@ mod tests {
         let t0 = std::time::Instant::now();
         while !(accepted && connected) {
             assert!(t0.elapsed().as_secs() < 10, "connect timed out");
-            match ns.read_eq() {
+            match ns.read_eq().expect("fi_eq_read") {
                 Some(CmEvent::ConnReq(r)) => s = Some(ns.accept(r, 4, 1024, &[]).unwrap()),
                 Some(CmEvent::Connected(..)) => accepted = true,
                 Some(other) => panic!("{other:?}"),
                 None => {}
             }
-            match nc.read_eq() {
+            match nc.read_eq().expect("fi_eq_read") {
                 Some(CmEvent::Connected(..)) => connected = true,
                 Some(other) => panic!("{other:?}"),
                 None => {}

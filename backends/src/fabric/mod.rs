@@ -49,10 +49,12 @@
 //! - Faults from the provider (error completions, `FI_SHUTDOWN`, EQ errors)
 //!   fail the link. A completion queue that cannot be read (`fi_cq_read`
 //!   failing with anything but `-FI_EAGAIN`) fails every link on it
-//!   (`cq_failures`; [`CqFailures`], shared with the RDM transport):
-//!   their operations' fates are unknown. `simulate(SimulatedFault::
-//!   CqReadError)` fakes one, since no provider here fails a queue read. Links do not migrate between workers ([`Transport::detach`]
-//!   returns `None`).
+//!   (`cq_failures`; [`QueueFailures`], shared with the RDM transport):
+//!   their operations' fates are unknown; so does an event queue that
+//!   cannot be read (`eq_failures`), whose connection events may be lost.
+//!   `simulate(SimulatedFault::CqReadError)` fakes a CQ failure, since no
+//!   provider here fails a queue read on demand. Links do not migrate
+//!   between workers ([`Transport::detach`] returns `None`).
 
 pub mod rdm;
 pub(crate) mod rendezvous;
@@ -106,21 +108,24 @@ const BEHIND_READ_MAX: usize = 64 << 20;
 const CQ_BATCH: usize = 32;
 const CQ_ROUNDS: usize = 16;
 
-/// A transport's completion-queue reads that failed: counted, and those
-/// still to be simulated ([`SimulatedFault::CqReadError`]).
+/// A transport's queue reads that failed: counted per queue, and the
+/// completion-queue failures still to be simulated
+/// ([`SimulatedFault::CqReadError`]). A queue that cannot be read leaves
+/// the fates of its operations (CQ) or connection events (EQ) unknown, so
+/// the caller fails every link on it instead of taking it for empty.
 #[derive(Debug, Default)]
-pub(crate) struct CqFailures {
-    count: u64,
-    simulated: u32,
+pub(crate) struct QueueFailures {
+    cq: u64,
+    eq: u64,
+    simulated_cq: u32,
 }
 
-impl CqFailures {
-    /// One batch of completions (at most [`CQ_BATCH`]) into `batch`. `Err`
-    /// says why the queue could not be read: the caller fails every link
-    /// on it.
-    fn read(&mut self, net: &mut Net, batch: &mut Vec<Completion>) -> Result<usize, String> {
-        let read = if self.simulated > 0 {
-            self.simulated -= 1;
+impl QueueFailures {
+    /// One batch of completions (at most [`CQ_BATCH`]) into `batch`, or why
+    /// the completion queue could not be read.
+    fn read_cq(&mut self, net: &mut Net, batch: &mut Vec<Completion>) -> Result<usize, String> {
+        let read = if self.simulated_cq > 0 {
+            self.simulated_cq -= 1;
             Err(FabricError::Call {
                 op: "fi_cq_read (SIMULATED)",
                 code: libc::EIO,
@@ -129,19 +134,29 @@ impl CqFailures {
         } else {
             net.read_cq(batch, CQ_BATCH)
         };
-        read.map_err(|e| {
-            self.count += 1;
-            tracing::error!(error = %e, "libfabric completion queue failed; failing every link on it");
-            format!("libfabric completion queue failed: {e}")
-        })
+        read.map_err(|e| Self::failed(&mut self.cq, "completion", e))
     }
 
-    fn simulate(&mut self) {
-        self.simulated += 1;
+    /// One connection-management event, or why the event queue could not
+    /// be read.
+    fn read_eq(&mut self, net: &mut Net) -> Result<Option<CmEvent>, String> {
+        net.read_eq()
+            .map_err(|e| Self::failed(&mut self.eq, "event", e))
     }
 
-    fn count(&self) -> u64 {
-        self.count
+    fn failed(count: &mut u64, queue: &str, e: FabricError) -> String {
+        *count += 1;
+        tracing::error!(error = %e, "libfabric {queue} queue failed; failing every link on it");
+        format!("libfabric {queue} queue failed: {e}")
+    }
+
+    fn simulate_cq(&mut self) {
+        self.simulated_cq += 1;
+    }
+
+    /// `cq_failures` and `eq_failures`, for the transport's stats.
+    fn values(&self) -> [(&'static str, u64); 2] {
+        [("cq_failures", self.cq), ("eq_failures", self.eq)]
     }
 }
 
@@ -531,7 +546,7 @@ pub struct FabricTransport {
     read_timeout: Duration,
     /// What the configuration asked of the rendezvous (for a reopened Net).
     rndv_mode: FabricRendezvous,
-    cq_failures: CqFailures,
+    queue_failures: QueueFailures,
 }
 
 impl std::fmt::Debug for FabricTransport {
@@ -587,7 +602,7 @@ impl FabricTransport {
             next_read_check: Instant::now(),
             read_timeout: ctx.rdma.read_timeout,
             rndv_mode,
-            cq_failures: CqFailures::default(),
+            queue_failures: QueueFailures::default(),
             net,
         })
     }
@@ -667,6 +682,14 @@ impl FabricTransport {
         }
     }
 
+    /// Fails every link: a queue they all depend on cannot be read.
+    fn fail_all(&mut self, why: String, events: &mut Vec<TransportEvent>) {
+        let ids: Vec<LinkId> = self.links.keys().copied().collect();
+        for id in ids {
+            self.fail(id, why.clone(), events);
+        }
+    }
+
     fn post_recvs(ep: &mut Ep, id: LinkId) -> Result<(), FabricError> {
         for slot in 0..ep.slots() {
             ep.post_recv(slot, context(id, true, slot))?;
@@ -677,7 +700,15 @@ impl FabricTransport {
     /// Reads connection-management events. Returns whether there were any.
     fn drain_eq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
         let mut any = false;
-        while let Some(ev) = self.net.read_eq() {
+        loop {
+            let ev = match self.queue_failures.read_eq(&mut self.net) {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(why) => {
+                    self.fail_all(why, events);
+                    return true;
+                }
+            };
             any = true;
             match ev {
                 CmEvent::ConnReq(req) => self.accept(req),
@@ -769,7 +800,7 @@ impl FabricTransport {
         for _ in 0..CQ_ROUNDS {
             let mut batch = std::mem::take(&mut self.completions);
             batch.clear();
-            let read = self.cq_failures.read(&mut self.net, &mut batch);
+            let read = self.queue_failures.read_cq(&mut self.net, &mut batch);
             for c in &batch {
                 self.complete(c, events);
             }
@@ -777,10 +808,7 @@ impl FabricTransport {
             let n = match read {
                 Ok(n) => n,
                 Err(why) => {
-                    let ids: Vec<LinkId> = self.links.keys().copied().collect();
-                    for id in ids {
-                        self.fail(id, why.clone(), events);
-                    }
+                    self.fail_all(why, events);
                     return true;
                 }
             };
@@ -1362,7 +1390,7 @@ impl Transport for FabricTransport {
         match fault {
             SimulatedFault::HungRead => l.receiving.hang_next_read(self.rndv, &self.kind),
             SimulatedFault::CqReadError => {
-                self.cq_failures.simulate();
+                self.queue_failures.simulate_cq();
                 Ok(())
             }
         }
@@ -1392,7 +1420,7 @@ impl Transport for FabricTransport {
             kind: self.kind.clone(),
             values: {
                 let mut v = self.rndv_counters.values(self.rndv, self.net.rma_in_use());
-                v.push(("cq_failures", self.cq_failures.count()));
+                v.extend(self.queue_failures.values());
                 v
             },
         }

@@ -111,7 +111,7 @@ use rustc_hash::FxHashMap;
 
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
 use super::{
-    fab_err, no_half_close, no_migration, open_net, probe, rma_choice, CqFailures, PieceError,
+    fab_err, no_half_close, no_migration, open_net, probe, rma_choice, PieceError, QueueFailures,
     Reassembly, CQ_BATCH, CQ_ROUNDS, SLOT_SIZE,
 };
 use crate::{
@@ -629,7 +629,7 @@ pub struct RdmTransport {
     out_port: Option<usize>,
     /// Times the outgoing endpoint was replaced (`out_port_replacements`).
     out_port_replacements: u64,
-    cq_failures: CqFailures,
+    queue_failures: QueueFailures,
     net: Net,
     kind: TransportKind,
     registry: Registry,
@@ -740,7 +740,7 @@ impl RdmTransport {
             retired: Vec::new(),
             out_port: None,
             out_port_replacements: 0,
-            cq_failures: CqFailures::default(),
+            queue_failures: QueueFailures::default(),
             net,
             kind,
             registry,
@@ -929,7 +929,7 @@ impl RdmTransport {
         for _ in 0..CQ_ROUNDS {
             let mut batch = std::mem::take(&mut self.completions);
             batch.clear();
-            let read = self.cq_failures.read(&mut self.net, &mut batch);
+            let read = self.queue_failures.read_cq(&mut self.net, &mut batch);
             for c in &batch {
                 self.complete(c, events);
             }
@@ -1862,7 +1862,7 @@ impl Transport for RdmTransport {
         match fault {
             SimulatedFault::HungRead => l.receiving.hang_next_read(self.rndv, &self.kind),
             SimulatedFault::CqReadError => {
-                self.cq_failures.simulate();
+                self.queue_failures.simulate_cq();
                 Ok(())
             }
         }
@@ -1885,7 +1885,7 @@ impl Transport for RdmTransport {
     fn stats(&self) -> TransportStats {
         let mut values = self.rndv_counters.values(self.rndv, self.net.rma_in_use());
         values.push(("out_port_replacements", self.out_port_replacements));
-        values.push(("cq_failures", self.cq_failures.count()));
+        values.extend(self.queue_failures.values());
         TransportStats {
             kind: self.kind.clone(),
             values,
