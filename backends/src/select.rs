@@ -61,6 +61,12 @@ pub struct RdmaPoolConfig {
     /// Whether the libfabric backend's endpoints use the `fi_read`
     /// rendezvous (the `fabric_rendezvous` key).
     pub fabric_rendezvous: FabricRendezvous,
+    /// Bytes of rendezvous segments a worker keeps registered after their
+    /// send, so the same bytes sent again (a clone or slice of the same
+    /// `Bytes`) need no registration. Each kept segment stays alive and
+    /// pinned until evicted (least recently used first); segments above a
+    /// quarter of this are never kept. 0: register every rendezvous anew.
+    pub reg_cache_bytes: usize,
 }
 
 /// Whether the libfabric backend sends large units by `fi_read`
@@ -100,6 +106,7 @@ impl Default for RdmaPoolConfig {
             inline_bytes: 256,
             read_timeout: Duration::from_secs(10),
             fabric_rendezvous: FabricRendezvous::Auto,
+            reg_cache_bytes: 32 << 20,
         }
     }
 }

@@ -135,6 +135,10 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "an RDMA or libfabric rendezvous read not complete after this fails its link (default 10000, below keepalive_timeout_ms; at least 1)",
     ),
     (
+        "rdma_reg_cache_bytes",
+        "RDMA rendezvous segments kept registered for their next send (the same Bytes again); kept memory stays alive until evicted; 0: none (default 33554432)",
+    ),
+    (
         "fabric_rendezvous",
         "libfabric large units by fi_read: auto (where this libfabric has no known bug in the provider's reads), off, on (default auto)",
     ),
@@ -296,6 +300,7 @@ impl MessengerConfig {
             "rdma_tx_chunks" => self.rdma.tx_chunks = parse_num(key, value)?,
             "rdma_rendezvous_bytes" => self.rdma.rendezvous_threshold = parse_num(key, value)?,
             "rdma_inline_bytes" => self.rdma.inline_bytes = parse_num(key, value)?,
+            "rdma_reg_cache_bytes" => self.rdma.reg_cache_bytes = parse_num(key, value)?,
             "rdma_read_timeout_ms" => {
                 let t = ms(value)?;
                 if t.is_zero() {

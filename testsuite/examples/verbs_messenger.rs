@@ -10,7 +10,9 @@
 //!    (`inject_fault(Abort)`); the session reconnects and replays, and the
 //!    receiver must still see every message exactly once, in order.
 //! 3. Large messages (1 MiB .. 64 MiB) take the rendezvous path (RDMA read)
-//!    and arrive intact; the backend's counters must show the reads.
+//!    and arrive intact; the backend's counters must show the reads. Then
+//!    one 1 MiB buffer sent eight times (a clone of one `Bytes`) must be
+//!    registered once: the registration cache's hits and misses say so.
 //! 4. Starvation: three clients stream at once into a server whose pools are
 //!    tiny (16 receive slots: 2 credits per link; 4 send chunks), each client
 //!    with a single send chunk: credits and the send pool both run out,
@@ -64,16 +66,33 @@ fn size_of(n: u64) -> usize {
 }
 
 fn message(stream: u32, n: u64, len: usize) -> Message {
+    let data = pattern(data_key(stream, n), len);
+    Message::new(7, front(stream, n, len), data)
+}
+
+fn front(stream: u32, n: u64, len: usize) -> Vec<u8> {
     let mut front = Vec::with_capacity(FRONT);
     front.extend_from_slice(&stream.to_le_bytes());
     front.extend_from_slice(&n.to_le_bytes());
     front.extend_from_slice(&(len as u64).to_le_bytes());
-    Message::new(7, front, pattern(n, len))
+    front
+}
+
+/// Which pattern message `n` of `stream` carries: its own, but one for the
+/// whole [`SAME`] stream (every message sends the same buffer).
+fn data_key(stream: u32, n: u64) -> u64 {
+    if stream == SAME {
+        1
+    } else {
+        n
+    }
 }
 
 const FRONT: usize = 20;
 /// The ping-pong stream (echoed by the server).
 const PING: u32 = 2;
+/// The stream whose messages all send one buffer.
+const SAME: u32 = 4;
 
 #[derive(Default)]
 struct Log {
@@ -117,7 +136,7 @@ impl Dispatcher for Recorder {
             }
             return;
         }
-        let intact = msg.data.len() == len && msg.data[..] == pattern(n, len)[..];
+        let intact = msg.data.len() == len && msg.data[..] == pattern(data_key(stream, n), len)[..];
         let mut logs = self.log.lock().unwrap();
         let l = logs.entry(stream).or_default();
         if !intact {
@@ -336,6 +355,7 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
         if lent == 0 {
             return Err("no received unit was lent zero-copy".into());
         }
+        same_buffer(&conn, &cli, &srv_rec)?;
     }
 
     // 4: starvation: tiny pools on the server, three clients at once.
@@ -384,6 +404,33 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
         }
     }
     held_and_shutdown(cli, srv)
+}
+
+/// One 1 MiB buffer sent eight times, each message a clone of the same
+/// `Bytes`: every send after the first finds its registration cached.
+fn same_buffer(conn: &Connection, cli: &Messenger, srv_rec: &Recorder) -> Result<(), String> {
+    const TIMES: u64 = 8;
+    let len = (1 << 20) + 5;
+    let same = bytes::Bytes::from(pattern(data_key(SAME, 1), len));
+    let (hits0, misses0) = (stat(cli, "reg_cache_hits"), stat(cli, "reg_cache_misses"));
+    for n in 1..=TIMES {
+        let msg = Message::new(7, front(SAME, n, len), same.clone());
+        conn.send_timeout(msg, Duration::from_secs(60))
+            .map_err(|e| format!("same-buffer send {n}: {e}"))?;
+    }
+    wait_until(Duration::from_secs(120), || {
+        srv_rec.delivered(SAME) >= TIMES
+    });
+    srv_rec.check(SAME, TIMES, TIMES * len as u64, "same buffer")?;
+    let hits = stat(cli, "reg_cache_hits") - hits0;
+    let misses = stat(cli, "reg_cache_misses") - misses0;
+    println!("same buffer x {TIMES}: registration cache hits {hits}, registrations {misses}");
+    if misses != 1 || hits != TIMES - 1 {
+        return Err(format!(
+            "one buffer sent {TIMES} times was registered {misses} times ({hits} hits)"
+        ));
+    }
+    Ok(())
 }
 
 /// Checks that `m`'s RDMA backend holds no send chunk, rendezvous buffer,

@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap;
 
 use super::cm::CmConn;
 use super::oob::OobConn;
+use super::regcache::Lent;
 
 /// Bytes of the header in front of every send.
 pub(crate) const HDR: usize = 8;
@@ -262,7 +263,7 @@ pub(crate) struct RdmaLink {
     pub(crate) held: VecDeque<RxItem>,
     /// Our frames (or their payloads) the peer is to read, by token
     /// (released on its ReadDone).
-    pub(crate) rdv_out: FxHashMap<u32, ReadOnlyRegion>,
+    pub(crate) rdv_out: FxHashMap<u32, Lent<ReadOnlyRegion>>,
     pub(crate) rdv_out_bytes: usize,
     pub(crate) next_token: u32,
     /// The peer's frames we are reading, by read slot.

@@ -54,6 +54,7 @@ mod device;
 mod link;
 mod oob;
 mod pool;
+mod regcache;
 mod wr;
 
 use std::net::SocketAddr;
@@ -87,6 +88,7 @@ use device::{Device, MAX_READS, SQ_DEPTH};
 use link::{header, next_send, Conn, Kind, NextSend, RdmaLink, ReadDesc, ReadOp, RxItem, HDR};
 use oob::OobListener;
 use pool::RxReturns;
+use regcache::RegCache;
 use wr::WrKind;
 
 /// Most bytes of idle read sinks a transport keeps registered for reuse.
@@ -301,6 +303,9 @@ pub struct RdmaTransport {
     lent: u64,
     /// Rendezvous read sinks, registered, back from the application.
     sinks: Arc<Shelf<MemoryRegion<Vec<u8>>>>,
+    /// Registrations of segments exposed by rendezvous, kept for the next
+    /// send of the same bytes (`regcache.rs`).
+    reg_cache: RegCache<ReadOnlyRegion>,
     counters: RdmaCounters,
 }
 
@@ -357,6 +362,7 @@ impl RdmaTransport {
             returns: RxReturns::new(ctx.waker.clone()),
             lent: 0,
             sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
+            reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
             counters: RdmaCounters::default(),
         })
     }
@@ -862,8 +868,8 @@ impl RdmaTransport {
             self.dirty.push(id);
         }
         if let Some(token) = read_done {
-            if let Some(mr) = l.rdv_out.remove(&token) {
-                l.rdv_out_bytes -= mr.len();
+            if let Some(lent) = l.rdv_out.remove(&token) {
+                l.rdv_out_bytes -= lent.body.len();
             }
             return Ok(());
         }
@@ -1208,20 +1214,26 @@ impl RdmaTransport {
     fn push_rendezvous(&mut self, link: LinkId, enc: EncodedFrame) -> Result<(), TransportError> {
         let dev = self.dev.as_ref().expect("links have a device");
         let room = self.pools.chunk_size - HDR - ReadDesc::LEN;
-        let (body, inline, at) = match split::split_frame(enc) {
+        // `in_place`: the body is the application's own segment, which may
+        // be sent again (worth keeping registered); else a buffer encoded
+        // here for this one send.
+        let (body, inline, at, in_place) = match split::split_frame(enc) {
             Ok(s) if s.head.len() + s.tail.len() <= room => {
                 let (inline, at) = s.inline();
-                (s.body, inline, at)
+                (s.body, inline, at, true)
             }
-            Ok(s) => (Bytes::from(s.into_vec(0)), Vec::new(), 0),
+            Ok(s) => (Bytes::from(s.into_vec(0)), Vec::new(), 0, false),
             Err(enc) => {
                 let mut v = Vec::with_capacity(enc.len());
                 enc.write_into(&mut v);
-                (Bytes::from(v), Vec::new(), 0)
+                (Bytes::from(v), Vec::new(), 0, false)
             }
         };
-        let region = match ReadOnlyRegion::try_register(&dev.pd, body) {
-            Ok(r) => r,
+        let lent = self
+            .reg_cache
+            .get(body, in_place, |b| ReadOnlyRegion::try_register(&dev.pd, b));
+        let lent = match lent {
+            Ok(l) => l,
             Err((e, body)) => {
                 tracing::debug!(error = %e, "rendezvous registration failed; sending eagerly");
                 self.counters.rendezvous_fallbacks += 1;
@@ -1249,16 +1261,16 @@ impl RdmaTransport {
         l.next_token = l.next_token.wrapping_add(1);
         let desc = ReadDesc {
             token,
-            rkey: region.rkey(),
-            addr: region.addr(),
-            len: region.len() as u64,
+            rkey: lent.region.rkey(),
+            addr: lent.body.as_ptr() as u64,
+            len: lent.body.len() as u64,
             at: at as u32,
         };
         let mut req = Vec::with_capacity(ReadDesc::LEN + inline.len());
         req.extend_from_slice(&desc.encode());
         req.extend_from_slice(&inline);
-        l.rdv_out_bytes += region.len();
-        l.rdv_out.insert(token, region);
+        l.rdv_out_bytes += lent.body.len();
+        l.rdv_out.insert(token, lent);
         l.queue
             .push_back(link::Part::whole(Kind::ReadReq, false, Bytes::from(req)));
         self.counters.rendezvous_sent += 1;
@@ -1613,6 +1625,10 @@ impl Transport for RdmaTransport {
                 ("cm_ids_parked", c.cm_ids_parked),
                 ("simulated_hung_reads", c.simulated_hung_reads),
                 ("cq_failures", c.cq_failures),
+                ("reg_cache_hits", self.reg_cache.hits),
+                ("reg_cache_misses", self.reg_cache.misses),
+                ("reg_cache_evictions", self.reg_cache.evictions),
+                ("reg_cache_bytes", self.reg_cache.bytes() as u64),
                 ("tx_chunks_free", tx_free),
                 ("rx_slots_unpromised", rx_budget),
                 ("credits_held", credits),
