@@ -146,7 +146,10 @@ impl QueueFailures {
 
     fn failed(count: &mut u64, queue: &str, e: FabricError) -> String {
         *count += 1;
-        tracing::error!(error = %e, "libfabric {queue} queue failed; failing every link on it");
+        // A queue broken for good fails every pass: say so at 1, 2, 4, 8...
+        if count.is_power_of_two() {
+            tracing::error!(error = %e, failures = *count, "libfabric {queue} queue failed; failing every link on it");
+        }
         format!("libfabric {queue} queue failed: {e}")
     }
 
@@ -683,11 +686,14 @@ impl FabricTransport {
     }
 
     /// Fails every link: a queue they all depend on cannot be read.
-    fn fail_all(&mut self, why: String, events: &mut Vec<TransportEvent>) {
+    /// Returns whether there was any (a queue failing with no link left is
+    /// no activity: the worker may sleep rather than spin on it).
+    fn fail_all(&mut self, why: String, events: &mut Vec<TransportEvent>) -> bool {
         let ids: Vec<LinkId> = self.links.keys().copied().collect();
-        for id in ids {
+        for &id in &ids {
             self.fail(id, why.clone(), events);
         }
+        !ids.is_empty()
     }
 
     fn post_recvs(ep: &mut Ep, id: LinkId) -> Result<(), FabricError> {
@@ -704,10 +710,7 @@ impl FabricTransport {
             let ev = match self.queue_failures.read_eq(&mut self.net) {
                 Ok(Some(ev)) => ev,
                 Ok(None) => break,
-                Err(why) => {
-                    self.fail_all(why, events);
-                    return true;
-                }
+                Err(why) => return self.fail_all(why, events) || any,
             };
             any = true;
             match ev {
@@ -807,10 +810,7 @@ impl FabricTransport {
             self.completions = batch;
             let n = match read {
                 Ok(n) => n,
-                Err(why) => {
-                    self.fail_all(why, events);
-                    return true;
-                }
+                Err(why) => return self.fail_all(why, events) || any,
             };
             if n == 0 {
                 break;

@@ -937,11 +937,12 @@ impl RdmTransport {
             let n = match read {
                 Ok(n) => n,
                 Err(why) => {
+                    // As `FabricTransport::fail_all`, the peers' entries too.
                     let ids: Vec<LinkId> = self.links.keys().copied().collect();
-                    for id in ids {
+                    for &id in &ids {
                         self.peer_gone(id, why.clone(), events);
                     }
-                    return true;
+                    return any || !ids.is_empty();
                 }
             };
             if n == 0 {

@@ -581,14 +581,17 @@ impl RdmaTransport {
                     // on as if the queue were empty would stall every link
                     // without a word, so they all fail (sessions recover
                     // per policy over new QPs).
-                    tracing::error!(error = %e, "ibv_poll_cq failed; failing every link");
                     self.counters.cq_failures += 1;
+                    // A CQ broken for good fails every pass: say so at 1, 2, 4...
+                    if self.counters.cq_failures.is_power_of_two() {
+                        tracing::error!(error = %e, failures = self.counters.cq_failures, "ibv_poll_cq failed; failing every link");
+                    }
                     let why = format!("ibv_poll_cq failed: {e}");
                     let ids: Vec<LinkId> = self.links.keys().copied().collect();
-                    for id in ids {
+                    for &id in &ids {
                         self.fail(id, why.clone(), events);
                     }
-                    return true;
+                    return any || !ids.is_empty();
                 }
             };
             for i in 0..n {
