@@ -62,8 +62,9 @@ pub struct RdmaPoolConfig {
     /// rendezvous (the `fabric_rendezvous` key).
     pub fabric_rendezvous: FabricRendezvous,
     /// Bytes of rendezvous segments a worker keeps registered after their
-    /// send, so the same bytes sent again (a clone or slice of the same
-    /// `Bytes`) need no registration. Each kept segment stays alive and
+    /// send, so the same bytes sent again (a clone of the same `Bytes`;
+    /// not a slice of it, whose reader would get the whole region's key)
+    /// need no registration. Each kept segment stays alive and
     /// pinned until evicted (least recently used first); segments above a
     /// quarter of this are never kept. 0: register every rendezvous anew.
     pub reg_cache_bytes: usize,

@@ -136,7 +136,7 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "rdma_reg_cache_bytes",
-        "RDMA rendezvous segments kept registered for their next send (the same Bytes again); kept memory stays alive until evicted; 0: none (default 33554432)",
+        "RDMA rendezvous segments kept registered for their next send (a clone of the same Bytes); kept memory stays alive until evicted; 0: none (default 33554432)",
     ),
     (
         "fabric_rendezvous",

@@ -4,8 +4,14 @@
 //! needs a memory registration: on real hardware pinning the pages and
 //! loading the adapter's translation table, which for a large buffer can
 //! cost more than moving it. An application that sends from long-lived
-//! buffers (a block cache, a staging area: a clone of the same `Bytes`, or
-//! a slice of one) finds the registration here the next time.
+//! buffers (a block cache, a staging area: a clone of the same `Bytes`)
+//! finds the registration here the next time.
+//!
+//! Only the very bytes registered are a hit, not a slice of them: a
+//! rendezvous hands the peer the region's key, with which it can read the
+//! whole region, so a slice sent to one peer would expose the rest of a
+//! buffer sent to another. A key a peer keeps after its read lets it read
+//! again only bytes it was sent (they cannot change while cached).
 //!
 //! Sound without memory hooks (the usual caches intercept `munmap` and
 //! `free` to learn that memory went): each entry holds a clone of the
@@ -90,7 +96,7 @@ impl<R> RegCache<R> {
         if let Some(e) = self
             .entries
             .iter_mut()
-            .find(|e| e.start <= start && end <= e.end)
+            .find(|e| e.start == start && e.end == end)
         {
             e.used = self.tick;
             self.hits += 1;
@@ -163,22 +169,35 @@ mod tests {
     }
 
     #[test]
-    fn a_segment_sent_again_or_sliced_is_registered_once() {
+    fn a_segment_sent_again_is_registered_once() {
         let count = Cell::new(0);
         let mut c = RegCache::new(1 << 20);
         let buf = Bytes::from(vec![7u8; 64 << 10]);
         let first = c.get(buf.clone(), true, ok(&count)).unwrap();
         let again = c.get(buf.clone(), true, ok(&count)).unwrap();
-        let slice = c.get(buf.slice(100..5000), true, ok(&count)).unwrap();
         assert_eq!(count.get(), 1);
-        assert_eq!((c.hits, c.misses), (2, 1));
+        assert_eq!((c.hits, c.misses), (1, 1));
         assert!(Arc::ptr_eq(&first.region, &again.region));
-        assert!(Arc::ptr_eq(&first.region, &slice.region));
-        assert_eq!(slice.body.as_ptr(), buf[100..].as_ptr());
-        // The region registered is the first send's whole segment.
         assert_eq!(first.region.0.as_ptr(), buf.as_ptr());
         assert_eq!(first.region.0.len(), buf.len());
         assert_eq!(c.bytes(), 64 << 10);
+    }
+
+    /// A slice's reader would get the key of the whole region: it is
+    /// registered on its own (so is a wider view of the same memory).
+    #[test]
+    fn a_slice_of_a_kept_segment_is_not_a_hit() {
+        let count = Cell::new(0);
+        let mut c = RegCache::new(1 << 20);
+        let buf = Bytes::from(vec![7u8; 64 << 10]);
+        c.get(buf.slice(100..5000), true, ok(&count)).unwrap();
+        let whole = c.get(buf.clone(), true, ok(&count)).unwrap();
+        let slice = c.get(buf.slice(200..300), true, ok(&count)).unwrap();
+        assert_eq!(count.get(), 3);
+        assert_eq!(c.hits, 0);
+        assert_eq!(whole.region.0.len(), buf.len());
+        assert_eq!(slice.region.0.len(), 100);
+        assert_eq!(slice.body.as_ptr(), buf[200..].as_ptr());
     }
 
     #[test]
