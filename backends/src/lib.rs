@@ -96,14 +96,13 @@ pub enum SimulatedFault {
     /// connection breaks with an error completion, so this is a fake too.
     /// Endpoints without rendezvous (`shm`) refuse it.
     HungRead,
-    /// libfabric: the next read of the completion queue of the transport
-    /// carrying the link fails, as `fi_cq_read` on a broken queue would
-    /// (`-FI_EIO`). Every link on that transport then fails with the
-    /// error (counted in `cq_failures`), since the fates of their posted
-    /// operations are unknown, and sessions recover per policy. No provider
-    /// here can be made to fail a queue read for real, hence the fake.
-    /// RDMA backends refuse it (a verbs CQ that fails to poll is reported
-    /// the same way, but not simulated).
+    /// The next read of the completion queue of the transport carrying
+    /// the link fails, as `fi_cq_read` (libfabric) or `ibv_poll_cq` (RDMA)
+    /// on a broken queue would (`EIO`). Every link on that transport then
+    /// fails with the error (counted in `cq_failures`), since the fates of
+    /// their posted operations are unknown, and sessions recover per
+    /// policy. No provider or device here can be made to fail a queue read
+    /// for real, hence the fake. TCP has no such queue and refuses it.
     CqReadError,
 }
 

@@ -13,6 +13,11 @@
 //!    and arrive intact; the backend's counters must show the reads. Then
 //!    one 1 MiB buffer sent eight times (a clone of one `Bytes`) must be
 //!    registered once: the registration cache's hits and misses say so.
+//!    Then a completion queue that cannot be polled (SIMULATED: no device
+//!    fails `ibv_poll_cq` on demand, so the server's backend is told to
+//!    fail its next poll, `simulate_fault(SimulatedFault::CqReadError)`):
+//!    every link on it fails (`cq_failures` = 1), the lossless session
+//!    reconnects, and the messages sent meanwhile arrive exactly once.
 //! 4. Starvation: three clients stream at once into a server whose pools are
 //!    tiny (16 receive slots: 2 credits per link; 4 send chunks), each client
 //!    with a single send chunk: credits and the send pool both run out,
@@ -93,6 +98,8 @@ const FRONT: usize = 20;
 const PING: u32 = 2;
 /// The stream whose messages all send one buffer.
 const SAME: u32 = 4;
+/// The stream sent around a simulated CQ failure.
+const CQ_FAIL: u32 = 5;
 
 #[derive(Default)]
 struct Log {
@@ -356,6 +363,7 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
             return Err("no received unit was lent zero-copy".into());
         }
         same_buffer(&conn, &cli, &srv_rec)?;
+        cq_failure(&conn, &cli, &srv, &srv_rec)?;
     }
 
     // 4: starvation: tiny pools on the server, three clients at once.
@@ -428,6 +436,45 @@ fn same_buffer(conn: &Connection, cli: &Messenger, srv_rec: &Recorder) -> Result
     if misses != 1 || hits != TIMES - 1 {
         return Err(format!(
             "one buffer sent {TIMES} times was registered {misses} times ({hits} hits)"
+        ));
+    }
+    Ok(())
+}
+
+/// SIMULATED: the server's next CQ poll fails. Its link must fail, the
+/// session reconnect, and 200 messages sent around it arrive exactly once.
+fn cq_failure(
+    conn: &Connection,
+    cli: &Messenger,
+    srv: &Messenger,
+    srv_rec: &Recorder,
+) -> Result<(), String> {
+    const N: u64 = 200;
+    let reconnects = || cli.counters().reconnects.load(Ordering::Relaxed);
+    let before = reconnects();
+    if stat(srv, "cq_failures") != 0 {
+        return Err("cq_failures before any was simulated".into());
+    }
+    let srv_conn = srv
+        .connections()
+        .into_iter()
+        .next()
+        .ok_or("the server has no connection")?;
+    srv_conn.simulate_fault(SimulatedFault::CqReadError);
+    let mut bytes = 0u64;
+    for n in 1..=N {
+        let len = size_of(n);
+        bytes += len as u64;
+        conn.send_timeout(message(CQ_FAIL, n, len), Duration::from_secs(30))
+            .map_err(|e| format!("send {n} around the CQ failure: {e}"))?;
+    }
+    wait_until(Duration::from_secs(60), || srv_rec.delivered(CQ_FAIL) >= N);
+    srv_rec.check(CQ_FAIL, N, bytes, "around a CQ failure")?;
+    let (failures, reconnected) = (stat(srv, "cq_failures"), reconnects() - before);
+    println!("CQ failure (SIMULATED): cq_failures {failures}, client reconnects {reconnected}");
+    if failures != 1 || reconnected == 0 {
+        return Err(format!(
+            "a failed CQ poll gave cq_failures {failures} and {reconnected} reconnects"
         ));
     }
     Ok(())

@@ -47,7 +47,10 @@
 //!   `simulate(SimulatedFault::HungRead)` imitates one: the completion of
 //!   the link's next read is ignored (counted in `simulated_hung_reads`), its
 //!   buffer stays with the link until the QP is destroyed, and the deadline
-//!   must fail the link. The guest test `guest_verbs` drives it.
+//!   must fail the link. The guest test `guest_verbs` drives it. A CQ
+//!   that cannot be polled (`ibv_poll_cq` failing) fails every link
+//!   (`cq_failures`); `simulate(SimulatedFault::CqReadError)` fakes one,
+//!   as no device here fails a poll on demand.
 
 mod cm;
 mod device;
@@ -306,6 +309,8 @@ pub struct RdmaTransport {
     /// Registrations of segments exposed by rendezvous, kept for the next
     /// send of the same bytes (`regcache.rs`).
     reg_cache: RegCache<ReadOnlyRegion>,
+    /// CQ polls still to fail (`SimulatedFault::CqReadError`).
+    simulated_cq_failures: u32,
     counters: RdmaCounters,
 }
 
@@ -363,6 +368,7 @@ impl RdmaTransport {
             lent: 0,
             sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
             reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
+            simulated_cq_failures: 0,
             counters: RdmaCounters::default(),
         })
     }
@@ -574,7 +580,16 @@ impl RdmaTransport {
         };
         let cq = dev.cq.clone();
         loop {
-            let n = match cq.poll(&mut self.polled[..]) {
+            let polled = if self.simulated_cq_failures > 0 {
+                self.simulated_cq_failures -= 1;
+                Err(RdmaError::Os {
+                    op: "ibv_poll_cq (SIMULATED)",
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                })
+            } else {
+                cq.poll(&mut self.polled[..])
+            };
+            let n = match polled {
                 Ok(n) => n,
                 Err(e) => {
                     // The fates of every posted request are unknown: going
@@ -1563,12 +1578,7 @@ impl Transport for RdmaTransport {
             .ok_or(TransportError::NoSuchLink(link.0))?;
         match fault {
             SimulatedFault::HungRead => l.reads_to_hang += 1,
-            SimulatedFault::CqReadError => {
-                return Err(TransportError::Unavailable {
-                    kind: self.kind.clone(),
-                    reason: format!("cannot simulate {fault:?} over RDMA (libfabric only)"),
-                })
-            }
+            SimulatedFault::CqReadError => self.simulated_cq_failures += 1,
         }
         Ok(())
     }

@@ -90,7 +90,7 @@ pub struct StressReport {
     /// Real transport faults injected (`inject_fault`).
     pub real_faults: u64,
     /// Faults no backend here produces for real, imitated
-    /// (`simulate_fault`): libfabric completion-queue read failures.
+    /// (`simulate_fault`): completion-queue read failures (libfabric, RDMA).
     pub simulated_faults: u64,
     /// Link faults of any kind.
     pub link_faults: u64,

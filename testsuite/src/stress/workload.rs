@@ -497,12 +497,10 @@ fn chaos(run: &Run<'_>) {
                 let conns = m.connections();
                 if !conns.is_empty() {
                     let c = &conns[rng.random_range(0..conns.len())];
-                    if matches!(m.addr().transport, TransportKind::Fabric(_))
-                        && rng.random_ratio(1, 20)
-                    {
-                        // SIMULATED (no provider fails a queue read on
-                        // demand): every link of the server's transport
-                        // that carries `c` fails at once.
+                    if m.addr().transport != TransportKind::Tcp && rng.random_ratio(1, 20) {
+                        // SIMULATED (no provider or device fails a queue
+                        // read on demand): every link of the server's
+                        // transport that carries `c` fails at once.
                         c.simulate_fault(SimulatedFault::CqReadError);
                         run.stats.simulated_faults.fetch_add(1, Ordering::Relaxed);
                     } else {
