@@ -30,6 +30,8 @@ mod error;
 mod event;
 #[cfg(feature = "fabric")]
 pub mod fabric;
+#[cfg(any(feature = "verbs", feature = "rdmacm", feature = "fabric"))]
+mod queue_failure;
 #[cfg(any(feature = "verbs", feature = "rdmacm"))]
 pub mod rdma;
 mod select;

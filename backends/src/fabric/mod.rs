@@ -80,6 +80,7 @@ use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
+use crate::queue_failure::{fail_every_link, failed_read};
 use crate::{
     Availability, DetachedLink, FabricRendezvous, RealFault, SimulatedFault, Transport,
     TransportContext, TransportError, TransportEvent, TransportStats,
@@ -134,23 +135,14 @@ impl QueueFailures {
         } else {
             net.read_cq(batch, CQ_BATCH)
         };
-        read.map_err(|e| Self::failed(&mut self.cq, "completion", e))
+        read.map_err(|e| failed_read(&mut self.cq, "libfabric completion queue", &e))
     }
 
     /// One connection-management event, or why the event queue could not
     /// be read.
     fn read_eq(&mut self, net: &mut Net) -> Result<Option<CmEvent>, String> {
         net.read_eq()
-            .map_err(|e| Self::failed(&mut self.eq, "event", e))
-    }
-
-    fn failed(count: &mut u64, queue: &str, e: FabricError) -> String {
-        *count += 1;
-        // A queue broken for good fails every pass: say so at 1, 2, 4, 8...
-        if count.is_power_of_two() {
-            tracing::error!(error = %e, failures = *count, "libfabric {queue} queue failed; failing every link on it");
-        }
-        format!("libfabric {queue} queue failed: {e}")
+            .map_err(|e| failed_read(&mut self.eq, "libfabric event queue", &e))
     }
 
     fn simulate_cq(&mut self) {
@@ -685,15 +677,11 @@ impl FabricTransport {
         }
     }
 
-    /// Fails every link: a queue they all depend on cannot be read.
-    /// Returns whether there was any (a queue failing with no link left is
-    /// no activity: the worker may sleep rather than spin on it).
+    /// Fails every link: a queue they all depend on cannot be read
+    /// ([`fail_every_link`]).
     fn fail_all(&mut self, why: String, events: &mut Vec<TransportEvent>) -> bool {
-        let ids: Vec<LinkId> = self.links.keys().copied().collect();
-        for &id in &ids {
-            self.fail(id, why.clone(), events);
-        }
-        !ids.is_empty()
+        let ids = self.links.keys().copied().collect();
+        fail_every_link(ids, &why, |id, why| self.fail(id, why, events))
     }
 
     fn post_recvs(ep: &mut Ep, id: LinkId) -> Result<(), FabricError> {

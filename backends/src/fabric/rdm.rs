@@ -114,6 +114,7 @@ use super::{
     fab_err, no_half_close, no_migration, open_net, probe, rma_choice, PieceError, QueueFailures,
     Reassembly, CQ_BATCH, CQ_ROUNDS, SLOT_SIZE,
 };
+use crate::queue_failure::fail_every_link;
 use crate::{
     Availability, DetachedLink, FabricRendezvous, RealFault, SimulatedFault, Transport,
     TransportContext, TransportError, TransportEvent, TransportStats,
@@ -938,11 +939,10 @@ impl RdmTransport {
                 Ok(n) => n,
                 Err(why) => {
                     // As `FabricTransport::fail_all`, the peers' entries too.
-                    let ids: Vec<LinkId> = self.links.keys().copied().collect();
-                    for &id in &ids {
-                        self.peer_gone(id, why.clone(), events);
-                    }
-                    return any || !ids.is_empty();
+                    let ids = self.links.keys().copied().collect();
+                    let failed =
+                        fail_every_link(ids, &why, |id, why| self.peer_gone(id, why, events));
+                    return any || failed;
                 }
             };
             if n == 0 {

@@ -80,6 +80,7 @@ use msgr_rdma::{
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
+use crate::queue_failure::{fail_every_link, failed_read};
 use crate::shelf::{Shelf, Shelvable};
 use crate::split;
 use crate::{
@@ -592,21 +593,12 @@ impl RdmaTransport {
             let n = match polled {
                 Ok(n) => n,
                 Err(e) => {
-                    // The fates of every posted request are unknown: going
-                    // on as if the queue were empty would stall every link
-                    // without a word, so they all fail (sessions recover
-                    // per policy over new QPs).
-                    self.counters.cq_failures += 1;
-                    // A CQ broken for good fails every pass: say so at 1, 2, 4...
-                    if self.counters.cq_failures.is_power_of_two() {
-                        tracing::error!(error = %e, failures = self.counters.cq_failures, "ibv_poll_cq failed; failing every link");
-                    }
-                    let why = format!("ibv_poll_cq failed: {e}");
-                    let ids: Vec<LinkId> = self.links.keys().copied().collect();
-                    for &id in &ids {
-                        self.fail(id, why.clone(), events);
-                    }
-                    return any || !ids.is_empty();
+                    // The fates of every posted request are unknown: all
+                    // links fail (crate::queue_failure).
+                    let why = failed_read(&mut self.counters.cq_failures, "ibv_poll_cq", &e);
+                    let ids = self.links.keys().copied().collect();
+                    let failed = fail_every_link(ids, &why, |id, why| self.fail(id, why, events));
+                    return any || failed;
                 }
             };
             for i in 0..n {
