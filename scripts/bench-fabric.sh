@@ -5,7 +5,10 @@
 # (fabric+shm://…?ep=rdm) — and of msgr's TCP backend against fi_pingpong
 # tcp/msg and a blocking std::net ping-pong, all on 127.0.0.1 with the same
 # message size, several runs interleaved, medians, spreads and ratios at the
-# end. Every process is bounded by `timeout`.
+# end. Every process is bounded by `timeout`. Each msgr row has a second
+# figure beside it: the same ping-pong over the backend's Transport alone
+# (backends/examples/transport_ping.rs: wire format and backend, no session
+# engine, worker loop or dispatcher), which says which layer a gap is in.
 #
 #   scripts/bench-fabric.sh                 # 5 runs x 10000 round trips of 64 B
 #   RUNS=9 ITER=20000 scripts/bench-fabric.sh
@@ -30,6 +33,7 @@ PORT_BASE=${PORT_BASE:-$((21000 + RANDOM % 500 * 20))}
 cd "$(dirname "$0")/.."
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 MSGR="$TARGET_DIR/release/msgr"
+TPING="$TARGET_DIR/release/examples/transport_ping"
 WORK=$(mktemp -d /tmp/msgr-bench-fabric.XXXXXX)
 PIDS=()
 cleanup() {
@@ -55,6 +59,7 @@ command -v python3 >/dev/null || { echo "python3 is needed to parse JSON" >&2; e
 
 echo "building msgr (release)..." >&2
 cargo build --release -q -p msgr-tool --features fabric
+cargo build --release -q -p msgr-backends --features fabric --example transport_ping
 
 # CPU time of the whole machine (busy, total) in jiffies.
 cpu() { awk '/^cpu /{t=0; for(i=2;i<=9;i++) t+=$i; print t-$5-$6, t}' /proc/stat; }
@@ -102,9 +107,28 @@ msgr_run() {
     kill -INT "$srv"; wait "$srv" || true
 }
 
-# One line per (run, variant): label fi_us msgr_mean msgr_p50.
+# tp_run BIND_ADDR: transport_ping serve on BIND_ADDR, its ping against it;
+# prints the one-way mean and p50 in µs.
+tp_run() {
+    timeout 300 "$TPING" serve "$1" --seconds 240 >"$WORK/tserve" 2>"$WORK/tserve.err" &
+    local srv=$!; PIDS+=("$srv")
+    local addr=""
+    for _ in $(seq 1 100); do
+        addr=$(sed -n 's/^listening //p' "$WORK/tserve" | head -1)
+        [ -n "$addr" ] && break
+        sleep 0.1
+    done
+    [ -n "$addr" ] || { echo "transport_ping serve $1 did not start:" >&2; cat "$WORK/tserve.err" >&2; exit 1; }
+    timeout 120 "$TPING" ping "$addr" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 >"$WORK/tping"
+    # An RDM server may not notice its client go (no connection to close).
+    kill "$srv" 2>/dev/null || true; wait "$srv" || true
+    sed -n 's/^result //p' "$WORK/tping" >"$WORK/tping.json"
+    json "$WORK/tping.json" "'%.2f %.2f' % (d['mean_ns'] / 1e3, d['p50_ns'] / 1e3)"
+}
+
+# One line per (run, variant): label fi_us msgr_mean msgr_p50 tp_mean tp_p50.
 : >"$WORK/results"
-MSGR_MEAN=(); MSGR_P50=(); STD_MEAN=(); STD_P50=(); QUIET=(); FI_TCP=()
+MSGR_MEAN=(); MSGR_P50=(); TP_MEAN=(); TP_P50=(); STD_MEAN=(); STD_P50=(); QUIET=(); FI_TCP=()
 for run in $(seq 1 "$RUNS"); do
     port=$((PORT_BASE + 10 * run))  # fi_pingpong also uses the next port for data
     line="run $run: one-way µs"
@@ -115,8 +139,9 @@ for run in $(seq 1 "$RUNS"); do
         msgr_run "$addr" "$WORK/fping.json"
         mean=$(json "$WORK/fping.json" "d['ping']['one_way']['mean_us']")
         p50=$(json "$WORK/fping.json" "d['ping']['one_way']['p50_us']")
-        echo "$label $fi_us $mean $p50" >>"$WORK/results"
-        line="$line | $label fi_pingpong $fi_us msgr mean $mean p50 $p50"
+        read -r tmean tp50 < <(tp_run "$addr")
+        echo "$label $fi_us $mean $p50 $tmean $tp50" >>"$WORK/results"
+        line="$line | $label fi_pingpong $fi_us msgr mean $mean p50 $p50 transport mean $tmean p50 $tp50"
         if [ "$label" = tcp/msg ]; then FI_TCP+=("$fi_us"); fi
     done
 
@@ -125,24 +150,28 @@ for run in $(seq 1 "$RUNS"); do
     msgr_run tcp://127.0.0.1:0 "$WORK/ping.json"
     MSGR_MEAN+=("$(json "$WORK/ping.json" "d['ping']['one_way']['mean_us']")")
     MSGR_P50+=("$(json "$WORK/ping.json" "d['ping']['one_way']['p50_us']")")
+    read -r tmean tp50 < <(tp_run tcp://127.0.0.1:0)
+    TP_MEAN+=("$tmean"); TP_P50+=("$tp50")
     timeout 120 "$MSGR" bench --only latency --rounds 1 --json >"$WORK/bench.json"
     STD_MEAN+=("$(json "$WORK/bench.json" "d['latency']['rounds'][0]['reference']['one_way']['mean_us']")")
     STD_P50+=("$(json "$WORK/bench.json" "d['latency']['rounds'][0]['reference']['one_way']['p50_us']")")
     QUIET+=("$(json "$WORK/bench.json" "'quiet' if d['machine']['quiet'] else 'loaded'")")
-    printf '%s | tcp:// mean %s p50 %s | std mean %s p50 %s | %s\n' "$line" \
-        "${MSGR_MEAN[-1]}" "${MSGR_P50[-1]}" "${STD_MEAN[-1]}" "${STD_P50[-1]}" "${QUIET[-1]}"
+    printf '%s | tcp:// mean %s p50 %s transport mean %s p50 %s | std mean %s p50 %s | %s\n' "$line" \
+        "${MSGR_MEAN[-1]}" "${MSGR_P50[-1]}" "$tmean" "$tp50" "${STD_MEAN[-1]}" "${STD_P50[-1]}" "${QUIET[-1]}"
 done
 
 python3 - "$SIZE" "$ITER" "$RUNS" "$PRE_OTHERS" "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" \
-    "${FI_TCP[*]}" "${MSGR_MEAN[*]}" "${MSGR_P50[*]}" "${STD_MEAN[*]}" "${STD_P50[*]}" "${QUIET[*]}" "$WORK/results" <<'EOF'
+    "${FI_TCP[*]}" "${MSGR_MEAN[*]}" "${MSGR_P50[*]}" "${STD_MEAN[*]}" "${STD_P50[*]}" "${QUIET[*]}" "$WORK/results" \
+    "${TP_MEAN[*]}" "${TP_P50[*]}" <<'EOF'
 import statistics as st, sys
 size, it, runs, pre, cores, lb, la = sys.argv[1:8]
 fi, mm, mp, sm, sp = ([float(x) for x in a.split()] for a in sys.argv[8:13])
 quiet = sys.argv[13].split()
+tm, tp = ([float(x) for x in a.split()] for a in sys.argv[15:17])
 rows = {}
 for line in open(sys.argv[14]):
-    label, f, m, p = line.split()
-    rows.setdefault(label, []).append((float(f), float(m), float(p)))
+    label, *v = line.split()
+    rows.setdefault(label, []).append(tuple(float(x) for x in v))
 med = st.median
 def spread(v): return f"{min(v):.2f}–{max(v):.2f}"
 state = "quiet" if float(pre) < 0.2 and all(q == "quiet" for q in quiet) else "LOADED"
@@ -161,8 +190,12 @@ for label, rs in rows.items():
     r = med(m) / med(f)
     print(f"  {label}: fi_pingpong (busy-poll) {med(f):8.2f} ({spread(f)}) | msgr fabric mean {med(m):8.2f} ({spread(m)}) p50 {med(p):8.2f} ({spread(p)})")
     print(f"  {label}: msgr/fi_pingpong (medians of means) {r:.2f}x, per-run {spread(ratios)}  target <= 1.20x  {verdict(r, 1.2)}")
+    t = [r[3] for r in rs]; tq = [r[4] for r in rs]
+    print(f"  {label}: transport alone mean {med(t):8.2f} ({spread(t)}) p50 {med(tq):8.2f} ({spread(tq)}): "
+          f"{med(t) / med(f):.2f}x fi_pingpong; msgr is {med(m) / med(t):.2f}x the transport alone")
 print(f"  msgr ping tcp://, mean                    {med(mm):9.2f}  ({spread(mm)})")
 print(f"  msgr ping tcp://, p50                     {med(mp):9.2f}  ({spread(mp)})")
+print(f"  transport alone tcp://, mean / p50        {med(tm):9.2f} / {med(tp):.2f}: msgr is {med(mm) / med(tm):.2f}x the transport alone")
 r_fi = med(mm) / med(fi)
 print(f"  msgr tcp:// / fi_pingpong tcp msg (means) {r_fi:.2f}x  target <= 1.20x  {verdict(r_fi, 1.2)}")
 if size == "64":

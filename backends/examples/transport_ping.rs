@@ -1,0 +1,299 @@
+//! A ping-pong over one backend's [`Transport`] alone: frames go through the
+//! backend and the wire format (encode, CRC32C, decode) and nothing else —
+//! no session engine, no worker loop, no dispatcher. Set beside `msgr ping`
+//! (the whole messenger) and the provider's own tool (`ib_send_lat`,
+//! `fi_pingpong`) in one run, it says which layer a latency gap is in.
+//!
+//! ```text
+//! transport_ping serve ADDR [--seconds S] [--block 1]
+//! transport_ping ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1]
+//! ```
+//!
+//! `serve` binds `ADDR` (port 0 picks one), prints `listening ADDR` and
+//! echoes every frame until its client goes or `--seconds` (default 120)
+//! pass. `ping` sends `--count` frames (default 10 000, after `--warmup`
+//! 1 000) of one `--size`-byte segment (default 64) one at a time and prints
+//! `result {"count":…,"size":…,"p50_ns":…,"mean_ns":…,"p99_ns":…,"min_ns":…}`,
+//! one-way = round trip / 2, or fails after `--seconds` (default 60). Both
+//! poll without blocking, as a worker in its busy-poll window does; with
+//! `--block 1` an idle pass arms the transport and blocks in epoll (10 ms at
+//! most) instead, so a profiler such as callgrind counts the work per
+//! message, not the spinning.
+//!
+//! Build with the backend's feature, e.g.
+//! `cargo run --release -p msgr-backends --features fabric --example
+//! transport_ping -- ping fabric+tcp://127.0.0.1:PORT`.
+
+use std::collections::VecDeque;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mio::{Events, Poll, Token};
+use msgr_addr::EntityAddr;
+use msgr_backends::{
+    open_transport, AnyTransport, Inbound, LinkId, Transmit, Transport, TransportContext,
+    TransportEvent, LISTENER_TOKEN_BASE,
+};
+use msgr_proto::banner::BANNER_LEN;
+use msgr_proto::{Frame, FrameLimits, Tag};
+
+/// While no transport needs it every pass, epoll is asked on one pass in
+/// this many (as the worker's busy-poll loop does).
+const EPOLL_EVERY: u32 = 16;
+const WAKER: Token = Token(0);
+
+/// One end: a transport, its Poll and what it has reported.
+struct End {
+    poll: Poll,
+    transport: AnyTransport,
+    ready: Events,
+    /// The link-id allocator the transport shares (its own tokens come
+    /// from it too, so a link id must not be made up).
+    link_ids: Arc<AtomicU64>,
+    events: Vec<TransportEvent>,
+    /// Events reported and not yet waited for, oldest first.
+    pending: VecDeque<TransportEvent>,
+    pass: u32,
+    /// Block in epoll on an idle pass instead of spinning (`--block 1`).
+    block: bool,
+    deadline: Instant,
+    // Kept alive: backends that lend buffers to other threads wake through it.
+    _waker: Arc<mio::Waker>,
+}
+
+impl End {
+    fn open(addr: &EntityAddr, seconds: u64, block: bool) -> Result<End, String> {
+        let poll = Poll::new().map_err(|e| format!("epoll: {e}"))?;
+        let waker =
+            Arc::new(mio::Waker::new(poll.registry(), WAKER).map_err(|e| format!("waker: {e}"))?);
+        let mut ctx = TransportContext::new(FrameLimits::default());
+        ctx.waker = Some(waker.clone());
+        let transport = open_transport(&addr.transport, poll.registry(), &ctx)
+            .map_err(|e| format!("{addr}: {e}"))?;
+        Ok(End {
+            poll,
+            transport,
+            ready: Events::with_capacity(64),
+            link_ids: ctx.link_ids.clone(),
+            events: Vec::new(),
+            pending: VecDeque::new(),
+            pass: 0,
+            block,
+            deadline: Instant::now() + Duration::from_secs(seconds),
+            _waker: waker,
+        })
+    }
+
+    /// One busy-poll pass: queued output, completions, readiness, and what
+    /// they queued.
+    fn pass(&mut self) -> Result<(), String> {
+        let mut now = Instant::now();
+        if now >= self.deadline {
+            return Err(format!(
+                "timed out; events not waited for: {:?}",
+                self.pending
+            ));
+        }
+        // Out before a blocking poll can delay it.
+        self.transport.flush(now, &mut self.events);
+        self.pass = self.pass.wrapping_add(1);
+        let busy = self.transport.progress(now, &mut self.events);
+        let idle = !busy && self.events.is_empty();
+        let timeout = if self.block && idle && self.transport.arm() {
+            Some(Duration::from_millis(10))
+        } else if self.transport.ready_every_pass() || self.pass.is_multiple_of(EPOLL_EVERY) {
+            Some(Duration::ZERO)
+        } else {
+            None
+        };
+        if timeout.is_some() {
+            self.poll
+                .poll(&mut self.ready, timeout)
+                .map_err(|e| format!("epoll_wait: {e}"))?;
+            now = Instant::now();
+            for ev in self.ready.iter() {
+                if ev.token() != WAKER {
+                    self.transport.ready(ev, now, &mut self.events);
+                }
+            }
+        }
+        self.transport.flush(now, &mut self.events);
+        Ok(())
+    }
+
+    /// Passes until an event `pick` accepts arrives; events before it are
+    /// dropped, those after it kept, and a failure of the link ends the wait
+    /// with an error.
+    fn wait<T>(&mut self, mut pick: impl FnMut(TransportEvent) -> Option<T>) -> Result<T, String> {
+        loop {
+            while let Some(ev) = self.pending.pop_front() {
+                match ev {
+                    TransportEvent::Failed(link, why) => {
+                        return Err(format!("link {} failed: {why}", link.0))
+                    }
+                    TransportEvent::Corrupt(link, e) => {
+                        return Err(format!("link {} corrupt: {e}", link.0))
+                    }
+                    ev => {
+                        if let Some(t) = pick(ev) {
+                            return Ok(t);
+                        }
+                    }
+                }
+            }
+            self.pass()?;
+            self.pending.extend(self.events.drain(..));
+        }
+    }
+
+    fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), String> {
+        self.transport
+            .send(link, unit)
+            .map_err(|e| format!("send: {e}"))
+    }
+}
+
+fn frame_of(inbound: Inbound) -> Option<Frame> {
+    match inbound {
+        Inbound::Frame(f) => Some(f),
+        Inbound::Banner(_) => None,
+    }
+}
+
+fn serve(addr: &EntityAddr, seconds: u64, block: bool) -> Result<(), String> {
+    let mut end = End::open(addr, seconds, block)?;
+    let bound = end
+        .transport
+        .listen(addr, Token(LISTENER_TOKEN_BASE))
+        .map_err(|e| format!("listen on {addr}: {e}"))?;
+    println!("listening {bound}");
+    let link = end.wait(|ev| match ev {
+        TransportEvent::Accepted { link, .. } => Some(link),
+        _ => None,
+    })?;
+    end.send(link, Transmit::Banner([0; BANNER_LEN]))?;
+    let mut echoed = 0u64;
+    loop {
+        let next = end.wait(|ev| match ev {
+            TransportEvent::Received(_, inbound) => Some(frame_of(inbound)),
+            _ => None,
+        });
+        match next {
+            Ok(Some(frame)) => {
+                if let Err(why) = end.send(link, Transmit::Frame(frame)) {
+                    // The client went between its frame and our reply.
+                    println!("served {echoed} frames ({why})");
+                    return Ok(());
+                }
+                echoed += 1;
+            }
+            Ok(None) => {}
+            // The client closing its link ends the run.
+            Err(why) if why.contains("failed") => {
+                println!("served {echoed} frames ({why})");
+                return Ok(());
+            }
+            Err(why) => return Err(why),
+        }
+    }
+}
+
+struct PingOpts {
+    count: usize,
+    warmup: usize,
+    size: usize,
+    seconds: u64,
+    block: bool,
+}
+
+fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
+    let mut end = End::open(addr, o.seconds, o.block)?;
+    let link = LinkId(end.link_ids.fetch_add(1, Ordering::Relaxed));
+    end.transport
+        .connect(link, addr)
+        .map_err(|e| format!("connect to {addr}: {e}"))?;
+    end.wait(|ev| matches!(ev, TransportEvent::Connected(l) if l == link).then_some(()))?;
+    end.send(link, Transmit::Banner([0; BANNER_LEN]))?;
+    let payload = Bytes::from(vec![0x5a; o.size]);
+    let mut one_way = Vec::with_capacity(o.count);
+    for i in 0..o.warmup + o.count {
+        let start = Instant::now();
+        end.send(
+            link,
+            Transmit::Frame(Frame::single(Tag::Message, payload.clone())),
+        )?;
+        let back = end.wait(|ev| match ev {
+            TransportEvent::Received(_, inbound) => frame_of(inbound),
+            _ => None,
+        })?;
+        let rtt = start.elapsed();
+        if back.segments.first().map(|s| s.len()) != Some(o.size) {
+            return Err(format!("frame {i} came back changed"));
+        }
+        if i >= o.warmup {
+            one_way.push(rtt.as_nanos() as u64 / 2);
+        }
+    }
+    end.transport.close(link, true);
+    one_way.sort_unstable();
+    let pct = |p: usize| one_way[(one_way.len() - 1) * p / 100];
+    let mean = one_way.iter().sum::<u64>() / one_way.len() as u64;
+    println!(
+        "result {{\"count\":{},\"size\":{},\"p50_ns\":{},\"mean_ns\":{mean},\"p99_ns\":{},\"min_ns\":{}}}",
+        o.count,
+        o.size,
+        pct(50),
+        pct(99),
+        pct(0)
+    );
+    Ok(())
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    let usage = "usage: transport_ping serve ADDR [--seconds S] [--block 1] | \
+                 ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1]";
+    let (role, addr) = match args {
+        [role, addr, ..] => (role.as_str(), addr),
+        _ => return Err(usage.into()),
+    };
+    let addr: EntityAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let mut o = PingOpts {
+        count: 10_000,
+        warmup: 1_000,
+        size: 64,
+        seconds: if role == "serve" { 120 } else { 60 },
+        block: false,
+    };
+    let mut rest = args[2..].iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next().ok_or(usage)?;
+        let n: u64 = value.parse().map_err(|_| format!("{flag}: {value}"))?;
+        match flag.as_str() {
+            "--count" if n > 0 => o.count = n as usize,
+            "--warmup" => o.warmup = n as usize,
+            "--size" => o.size = n as usize,
+            "--seconds" => o.seconds = n,
+            "--block" => o.block = n != 0,
+            _ => return Err(usage.into()),
+        }
+    }
+    match role {
+        "serve" => serve(&addr, o.seconds, o.block),
+        "ping" => ping(&addr, &o),
+        _ => Err(usage.into()),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("transport_ping: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
