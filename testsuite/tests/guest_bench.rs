@@ -2,7 +2,10 @@
 //! boot, in three rounds (medians and spreads are reported): `ib_send_lat` (2 B, 64 B) and `ib_write_bw` (64 KiB) on rxe0 as the
 //! reference peers (polling), then `msgr ping` (2 B, 64 B) and `msgr stream` (64 KiB
 //! messages) over `verbs://127.0.0.1:PORT?dev=rxe0`, and the same msgr runs
-//! over TCP for context. Prints a table of msgr / reference ratios.
+//! over TCP for context; beside them, the same ping-pong over the backend's
+//! `Transport` alone (`transport_ping`: wire format and backend, no session
+//! engine, worker or dispatcher), which says which layer a gap is in. Prints
+//! a table of msgr / reference ratios.
 //!
 //!     cargo test --release -p msgr-testsuite --features rdma --test guest_bench -- --nocapture
 //!
@@ -18,7 +21,8 @@ use msgr_testsuite::guest::reference::{
     Bandwidth, CmFabric, CqWait, Latency, LOOPBACK_DEVICE,
 };
 use msgr_testsuite::guest::tool::{
-    parse_ping, parse_stream, serve_and_run, ClientRun, PingFigures, StreamFigures,
+    parse_ping, parse_stream, parse_transport_ping, serve_and_run, transport_ping_runs, ClientRun,
+    PingFigures, StreamFigures,
 };
 use msgr_testsuite::guest::{build_programs, GuestCommand, GuestOutcome, GuestRunner};
 use std::fmt::Write as _;
@@ -56,6 +60,21 @@ fn msgr_tool() -> PathBuf {
         "msgr",
     ])
     .join("msgr");
+    assert!(path.exists(), "{} missing", path.display());
+    path
+}
+
+/// backends/examples/transport_ping.rs, built like [`msgr_tool`].
+fn transport_ping() -> PathBuf {
+    let path = build_programs(&[
+        "-p",
+        "msgr-backends",
+        "--features",
+        "verbs,rdmacm",
+        "--example",
+        "transport_ping",
+    ])
+    .join("examples/transport_ping");
     assert!(path.exists(), "{} missing", path.display());
     path
 }
@@ -115,25 +134,40 @@ const MSGR_RUNS: [(&str, &str, u16, &[&str]); 7] = [
     ),
 ];
 const NO_CRC: &[&str] = &["--set", "payload_crc=false"];
+/// The ping-pongs over a backend's `Transport` alone: (label, address with
+/// `{port}` and `{siw}` to fill in, first port in round 0; one port per
+/// [`LAT_SIZES`] entry).
+const TRANSPORT_RUNS: [(&str, &str, u16); 2] = [
+    (
+        "verbs-transport",
+        "verbs://127.0.0.1:{port}?dev=rxe0",
+        18840,
+    ),
+    ("rdmacm-transport", "rdmacm://{siw}:{port}", 18850),
+];
 /// `epoll_wait` and `sched_yield` on every busy-poll pass (the default
 /// before the adaptive one).
 const SYSCALL_EVERY_PASS: &[&str] = &["--set", "busy_poll_syscall_every=1"];
 
-fn commands(tool: &std::path::Path) -> Vec<GuestCommand> {
+fn commands(tool: &std::path::Path, tping: &std::path::Path) -> Vec<GuestCommand> {
     let mut cmds = vec![GuestCommand::shell(
         "rxe0-gids",
         // Context for the report: the GIDs perftest and msgr pick from.
         format!("ibv_devinfo -v -d {LOOPBACK_DEVICE} | grep -E 'GID|state|active_mtu'"),
     )];
     for round in 0..ROUNDS {
-        cmds.extend(round_commands(tool, round));
+        cmds.extend(round_commands(tool, tping, round));
     }
     cmds
 }
 
 /// One round: every reference peer, then msgr over each transport. Ports
 /// move by 1000 a round so no round waits for the last one's sockets.
-fn round_commands(tool: &std::path::Path, round: u16) -> Vec<GuestCommand> {
+fn round_commands(
+    tool: &std::path::Path,
+    tping: &std::path::Path,
+    round: u16,
+) -> Vec<GuestCommand> {
     let shift = 1000 * round;
     let mut cmds = Vec::new();
     // Each perftest pair takes base_port, +100, +200 (retries).
@@ -209,6 +243,22 @@ fn round_commands(tool: &std::path::Path, round: u16) -> Vec<GuestCommand> {
         }
         cmds.push(cmd);
     }
+    for (label, addr, port) in TRANSPORT_RUNS {
+        let addr = addr.replace("{siw}", siw.addr());
+        let mut cmd = transport_ping_runs(
+            msgr_name(round, label),
+            tping,
+            &addr,
+            port + shift,
+            &LAT_SIZES,
+            LAT_ITERS,
+            LAT_WARMUP,
+        );
+        if label.starts_with("rdmacm") {
+            cmd.script = format!("ulimit -l unlimited\n{}", cmd.script);
+        }
+        cmds.push(cmd);
+    }
     cmds
 }
 
@@ -221,6 +271,9 @@ struct Figures {
     siw_bw: Result<Bandwidth, String>,
     /// One per [`MSGR_RUNS`] entry.
     msgr: Vec<MsgrFigures>,
+    /// One per [`TRANSPORT_RUNS`] entry: its label and one ping per
+    /// [`LAT_SIZES`] entry.
+    alone: Vec<(&'static str, Vec<Result<PingFigures, String>>)>,
 }
 
 /// msgr's figures over one transport.
@@ -278,12 +331,24 @@ fn parse(out: &GuestOutcome, round: u16) -> Figures {
             }
         })
         .collect();
+    let alone = TRANSPORT_RUNS
+        .iter()
+        .map(|&(label, _, _)| {
+            let o = output(out, &msgr_name(round, label));
+            let pings = LAT_SIZES
+                .iter()
+                .map(|&s| o.clone().and_then(|o| parse_transport_ping(o, s)))
+                .collect();
+            (label, pings)
+        })
+        .collect();
     Figures {
         send_lat,
         write_bw,
         siw_lat,
         siw_bw,
         msgr,
+        alone,
     }
 }
 
@@ -319,6 +384,11 @@ impl Figures {
             }
             e.extend(m.stream.as_ref().err().map(|x| format!("{t}: {x}")));
         }
+        for (t, pings) in &self.alone {
+            for p in pings {
+                e.extend(p.as_ref().err().map(|x| format!("{t}: {x}")));
+            }
+        }
         e
     }
 
@@ -353,8 +423,11 @@ impl Figures {
 
     fn ping(&self, transport: &str, size: u32) -> Option<&PingFigures> {
         let i = LAT_SIZES.iter().position(|&x| x == size)?;
-        let m = self.msgr.iter().find(|m| m.transport == transport)?;
-        m.pings[i].as_ref().ok()
+        let pings = match self.msgr.iter().find(|m| m.transport == transport) {
+            Some(m) => &m.pings,
+            None => &self.alone.iter().find(|(t, _)| *t == transport)?.1,
+        };
+        pings[i].as_ref().ok()
     }
 
     fn stream(&self, transport: &str) -> Option<f64> {
@@ -393,10 +466,16 @@ impl Figures {
                     reference: reference_name,
                     unit: "us",
                     reference_value: l.as_ref().ok().map(reference),
-                    msgr: ["verbs", "verbs-nocrc", "verbs-sys1", "tcp"]
-                        .into_iter()
-                        .map(|t| (t, self.ping(t, *size).map(pick)))
-                        .collect(),
+                    msgr: [
+                        "verbs",
+                        "verbs-nocrc",
+                        "verbs-sys1",
+                        "verbs-transport",
+                        "tcp",
+                    ]
+                    .into_iter()
+                    .map(|t| (t, self.ping(t, *size).map(pick)))
+                    .collect(),
                     target,
                 });
             }
@@ -419,7 +498,7 @@ impl Figures {
                     reference: format!("siw0 ib_send_lat -R {col}"),
                     unit: "us",
                     reference_value: self.siw_lat[i].as_ref().ok().map(reference),
-                    msgr: ["rdmacm", "rdmacm-nocrc", "rdmacm-sys1"]
+                    msgr: ["rdmacm", "rdmacm-nocrc", "rdmacm-sys1", "rdmacm-transport"]
                         .into_iter()
                         .map(|t| (t, self.ping(t, *size).map(pick)))
                         .collect(),
@@ -467,7 +546,8 @@ fn table(rounds: &[Figures]) -> String {
          config (1 worker, busy-poll 200 µs), lossless; ratio = median of per-round \
          msgr/reference [min-max]; -nocrc: payload_crc=false on both sides; -sys1: \
          busy_poll_syscall_every=1 (epoll_wait and sched_yield on every busy-poll pass; the \
-         default adapts)",
+         default adapts); -transport: the backend's Transport alone (transport_ping: no \
+         session engine, worker or dispatcher)",
         rounds.len()
     );
     let _ = writeln!(
@@ -523,10 +603,11 @@ fn table(rounds: &[Figures]) -> String {
 #[test]
 fn msgr_tool_against_perftest_in_the_guest() {
     let tool = msgr_tool();
+    let tping = transport_ping();
     let runner = GuestRunner::from_env()
         .unwrap_or_else(|e| panic!("the RDMA test guest is unavailable: {e}"));
     let out = runner
-        .run(&commands(&tool), Duration::from_secs(1200))
+        .run(&commands(&tool, &tping), Duration::from_secs(1200))
         .expect("guest run");
     println!("{out}");
     let rounds: Vec<Figures> = (0..ROUNDS).map(|r| parse(&out, r)).collect();
@@ -610,7 +691,10 @@ fn a_reference_fails_the_test_only_when_every_round_lost_it() {
 
 #[test]
 fn commands_are_valid_sh_and_stay_on_loopback() {
-    let cmds = commands(std::path::Path::new("/nonexistent/msgr"));
+    let cmds = commands(
+        std::path::Path::new("/nonexistent/msgr"),
+        std::path::Path::new("/nonexistent/transport_ping"),
+    );
     for c in &cmds {
         assert!(!c.script.contains("192.0.2."), "{}", c.script);
         let out = std::process::Command::new("sh")

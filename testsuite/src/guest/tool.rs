@@ -104,6 +104,79 @@ pub fn serve_and_run(
     GuestCommand::shell(name, script).timeout(Duration::from_secs(180))
 }
 
+/// A guest command: for each of `sizes`, `transport_ping serve ADDR` (the
+/// backend's `Transport` alone, backends/examples/transport_ping.rs) in the
+/// background and `transport_ping ping` against it, printing `result
+/// tping-SIZE {json}`. Fails if a server does not come up within 30 s or a
+/// ping fails. `addr` must name a fixed port; each size uses the next one.
+pub fn transport_ping_runs(
+    name: impl Into<String>,
+    program: &Path,
+    addr: &str,
+    port: u16,
+    sizes: &[u32],
+    count: u32,
+    warmup: u32,
+) -> GuestCommand {
+    let mut script = format!(
+        "t={}
+rc=0
+",
+        shell_quote(&program.to_string_lossy())
+    );
+    for (i, size) in sizes.iter().enumerate() {
+        let addr = addr.replace("{port}", &(port + i as u16).to_string());
+        let _ = write!(
+            script,
+            r#"ADDR={addr}
+$t serve "$ADDR" --seconds 150 >$TMPDIR/tserve.log 2>&1 &
+srv=$!
+n=0
+until grep -q '^listening ' $TMPDIR/tserve.log; do
+  n=$((n + 1))
+  if [ $n -ge 300 ] || ! kill -0 $srv 2>/dev/null; then
+    echo "transport_ping serve $ADDR did not come up within 30 s"; cat $TMPDIR/tserve.log
+    kill $srv 2>/dev/null; exit 1
+  fi
+  sleep 0.1
+done
+out=$($t ping "$ADDR" --size {size} --count {count} --warmup {warmup} --seconds 100)
+r=$?
+if [ $r -eq 0 ]; then echo "$out" | sed 's/^result /result tping-{size} /'; else echo "tping-{size}: exit $r: $out"; rc=1; fi
+kill $srv 2>/dev/null
+wait $srv
+cat $TMPDIR/tserve.log
+"#,
+            addr = shell_quote(&addr)
+        );
+    }
+    script.push_str(
+        "exit $rc
+",
+    );
+    GuestCommand::shell(name, script).timeout(Duration::from_secs(240))
+}
+
+/// The figures of `transport_ping ping --size size` in `out` (a
+/// [`transport_ping_runs`] command's output), as [`PingFigures`].
+pub fn parse_transport_ping(out: &str, size: u32) -> Result<PingFigures, String> {
+    let label = format!("tping-{size}");
+    let v = result_json(out, &label)?;
+    let f = |key: &str| num(&v, &[key], &label);
+    let figures = PingFigures {
+        size: f("size")? as u64,
+        count: f("count")? as u64,
+        one_way_p50_us: f("p50_ns")? / 1e3,
+        one_way_mean_us: f("mean_ns")? / 1e3,
+        one_way_p99_us: f("p99_ns")? / 1e3,
+        one_way_min_us: f("min_ns")? / 1e3,
+    };
+    if figures.count == 0 || figures.size != u64::from(size) {
+        return Err(format!("{label}: {figures:?}"));
+    }
+    Ok(figures)
+}
+
 /// `msgr ping` figures (µs, one-way = RTT / 2).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PingFigures {
@@ -213,6 +286,34 @@ result stream-65536 {"target":"tcp://127.0.0.1:18701","driver":"callback","strea
         assert!(parse_ping(OUT, 2).unwrap_err().contains("no result line"));
         assert!(parse_ping("result ping-64 {\"ping\":{}}", 64).is_err());
         assert!(parse_ping("result ping-64 not json", 64).is_err());
+    }
+
+    #[test]
+    fn parses_transport_ping_lines() {
+        let out = "result tping-64 {\"count\":2000,\"size\":64,\"p50_ns\":15000,\"mean_ns\":20000,\"p99_ns\":90000,\"min_ns\":9000}\ntping-2: exit 1: timed out";
+        let p = parse_transport_ping(out, 64).unwrap();
+        assert_eq!(
+            (p.count, p.one_way_p50_us, p.one_way_min_us),
+            (2000, 15.0, 9.0)
+        );
+        assert!(parse_transport_ping(out, 2)
+            .unwrap_err()
+            .contains("no result line"));
+        let c = transport_ping_runs(
+            "x",
+            Path::new("/t/transport_ping"),
+            "rdmacm://198.51.100.2:{port}",
+            19200,
+            &[2, 64],
+            10,
+            1,
+        );
+        assert!(c.script.contains("ADDR=rdmacm://198.51.100.2:19201\n"));
+        let out = std::process::Command::new("sh")
+            .args(["-n", "-c", &c.script])
+            .output()
+            .expect("sh");
+        assert!(out.status.success(), "{out:?}\n{}", c.script);
     }
 
     #[test]
