@@ -92,38 +92,38 @@ fi_run() {
     awk 'NF >= 8 && $1 ~ /^[0-9]+[kmg]?$/ && $7 ~ /^[0-9.]+$/ {v = $7} END {print v}' "$WORK/fic"
 }
 
-# msgr_run BIND_ADDR OUT_JSON: msgr serve on BIND_ADDR, msgr ping against it.
-msgr_run() {
-    timeout 300 "$MSGR" serve "$1" --duration 240 >"$WORK/serve" 2>"$WORK/serve.err" &
-    local srv=$!; PIDS+=("$srv")
-    local addr=""
+# start_server NAME PREFIX CMD...: runs CMD in the background, its output in
+# $WORK/NAME and $WORK/NAME.err, and waits (10 s at most) for the line
+# "PREFIX ADDR" it prints once listening; sets SRV (its pid) and ADDR.
+start_server() {
+    local name=$1 prefix=$2; shift 2
+    timeout 300 "$@" >"$WORK/$name" 2>"$WORK/$name.err" &
+    SRV=$!; PIDS+=("$SRV")
+    ADDR=""
     for _ in $(seq 1 100); do
-        addr=$(sed -n 's/^listening on //p' "$WORK/serve" | head -1)
-        [ -n "$addr" ] && break
+        ADDR=$(sed -n "s/^$prefix //p" "$WORK/$name" | head -1)
+        [ -n "$ADDR" ] && return 0
         sleep 0.1
     done
-    [ -n "$addr" ] || { echo "msgr serve $1 did not start:" >&2; cat "$WORK/serve.err" >&2; exit 1; }
-    timeout 120 "$MSGR" ping "$addr" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --json >"$2"
-    kill -INT "$srv"; wait "$srv" || true
+    echo "$* did not start:" >&2; cat "$WORK/$name.err" >&2; exit 1
 }
 
-# tp_run BIND_ADDR: transport_ping serve on BIND_ADDR, its ping against it;
-# prints the one-way mean and p50 in µs.
+# msgr_run BIND_ADDR OUT_JSON: msgr serve on BIND_ADDR, msgr ping against it.
+msgr_run() {
+    start_server serve "listening on" "$MSGR" serve "$1" --duration 240
+    timeout 120 "$MSGR" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --json >"$2"
+    kill -INT "$SRV"; wait "$SRV" || true
+}
+
+# tp_run BIND_ADDR OUT: transport_ping serve on BIND_ADDR, its ping against
+# it; writes the one-way mean and p50 in µs to OUT.
 tp_run() {
-    timeout 300 "$TPING" serve "$1" --seconds 240 >"$WORK/tserve" 2>"$WORK/tserve.err" &
-    local srv=$!; PIDS+=("$srv")
-    local addr=""
-    for _ in $(seq 1 100); do
-        addr=$(sed -n 's/^listening //p' "$WORK/tserve" | head -1)
-        [ -n "$addr" ] && break
-        sleep 0.1
-    done
-    [ -n "$addr" ] || { echo "transport_ping serve $1 did not start:" >&2; cat "$WORK/tserve.err" >&2; exit 1; }
-    timeout 120 "$TPING" ping "$addr" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 >"$WORK/tping"
+    start_server tserve listening "$TPING" serve "$1" --seconds 240
+    timeout 120 "$TPING" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 >"$WORK/tping"
     # An RDM server may not notice its client go (no connection to close).
-    kill "$srv" 2>/dev/null || true; wait "$srv" || true
+    kill "$SRV" 2>/dev/null || true; wait "$SRV" || true
     sed -n 's/^result //p' "$WORK/tping" >"$WORK/tping.json"
-    json "$WORK/tping.json" "'%.2f %.2f' % (d['mean_ns'] / 1e3, d['p50_ns'] / 1e3)"
+    json "$WORK/tping.json" "'%.2f %.2f' % (d['mean_ns'] / 1e3, d['p50_ns'] / 1e3)" >"$2"
 }
 
 # One line per (run, variant): label fi_us msgr_mean msgr_p50 tp_mean tp_p50.
@@ -139,7 +139,7 @@ for run in $(seq 1 "$RUNS"); do
         msgr_run "$addr" "$WORK/fping.json"
         mean=$(json "$WORK/fping.json" "d['ping']['one_way']['mean_us']")
         p50=$(json "$WORK/fping.json" "d['ping']['one_way']['p50_us']")
-        read -r tmean tp50 < <(tp_run "$addr")
+        tp_run "$addr" "$WORK/tp"; read -r tmean tp50 <"$WORK/tp"
         echo "$label $fi_us $mean $p50 $tmean $tp50" >>"$WORK/results"
         line="$line | $label fi_pingpong $fi_us msgr mean $mean p50 $p50 transport mean $tmean p50 $tp50"
         if [ "$label" = tcp/msg ]; then FI_TCP+=("$fi_us"); fi
@@ -150,7 +150,7 @@ for run in $(seq 1 "$RUNS"); do
     msgr_run tcp://127.0.0.1:0 "$WORK/ping.json"
     MSGR_MEAN+=("$(json "$WORK/ping.json" "d['ping']['one_way']['mean_us']")")
     MSGR_P50+=("$(json "$WORK/ping.json" "d['ping']['one_way']['p50_us']")")
-    read -r tmean tp50 < <(tp_run tcp://127.0.0.1:0)
+    tp_run tcp://127.0.0.1:0 "$WORK/tp"; read -r tmean tp50 <"$WORK/tp"
     TP_MEAN+=("$tmean"); TP_P50+=("$tp50")
     timeout 120 "$MSGR" bench --only latency --rounds 1 --json >"$WORK/bench.json"
     STD_MEAN+=("$(json "$WORK/bench.json" "d['latency']['rounds'][0]['reference']['one_way']['mean_us']")")
