@@ -12,7 +12,8 @@
 //! `serve` binds `ADDR` (port 0 picks one), prints `listening ADDR` and
 //! echoes every frame until its client goes or `--seconds` (default 120)
 //! pass. `ping` sends `--count` frames (default 10 000, after `--warmup`
-//! 1 000) of one `--size`-byte segment (default 64) one at a time and prints
+//! 1 000) laid out as msgr's messages are (a 32-byte header segment, an
+//! empty front, `--size` bytes of data, default 64) one at a time and prints
 //! `result {"count":…,"size":…,"p50_ns":…,"mean_ns":…,"p99_ns":…,"min_ns":…}`,
 //! one-way = round trip / 2, or fails after `--seconds` (default 60). Both
 //! poll without blocking, as a worker in its busy-poll window does; with
@@ -38,6 +39,7 @@ use msgr_backends::{
     TransportEvent, LISTENER_TOKEN_BASE,
 };
 use msgr_proto::banner::BANNER_LEN;
+use msgr_proto::message::MESSAGE_HEADER_LEN;
 use msgr_proto::{Frame, FrameLimits, Tag};
 
 /// While no transport needs it every pass, epoll is asked on one pass in
@@ -217,20 +219,24 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
         .map_err(|e| format!("connect to {addr}: {e}"))?;
     end.wait(|ev| matches!(ev, TransportEvent::Connected(l) if l == link).then_some(()))?;
     end.send(link, Transmit::Banner([0; BANNER_LEN]))?;
+    // The wire unit of a msgr message: a header segment of the message
+    // header's size, an empty front, the payload as data.
+    let header = Bytes::from(vec![0; MESSAGE_HEADER_LEN]);
     let payload = Bytes::from(vec![0x5a; o.size]);
     let mut one_way = Vec::with_capacity(o.count);
     for i in 0..o.warmup + o.count {
         let start = Instant::now();
-        end.send(
-            link,
-            Transmit::Frame(Frame::single(Tag::Message, payload.clone())),
-        )?;
+        let frame = Frame::new(
+            Tag::Message,
+            [header.clone(), Bytes::new(), payload.clone()],
+        );
+        end.send(link, Transmit::Frame(frame))?;
         let back = end.wait(|ev| match ev {
             TransportEvent::Received(_, inbound) => frame_of(inbound),
             _ => None,
         })?;
         let rtt = start.elapsed();
-        if back.segments.first().map(|s| s.len()) != Some(o.size) {
+        if back.segments.get(2).map(|s| s.len()) != Some(o.size) {
             return Err(format!("frame {i} came back changed"));
         }
         if i >= o.warmup {
