@@ -155,6 +155,27 @@ impl QueueFailures {
     }
 }
 
+/// `Transport::simulate` of both endpoint types: `HungRead` hangs the
+/// link's next rendezvous read, `CqReadError` fails the next CQ read
+/// (module docs). `receiving` is the link's, `None` if there is no such link.
+fn simulate_fault(
+    receiving: Option<&mut Receiving>,
+    link: LinkId,
+    fault: SimulatedFault,
+    rndv: bool,
+    kind: &TransportKind,
+    queue_failures: &mut QueueFailures,
+) -> Result<(), TransportError> {
+    let receiving = receiving.ok_or(TransportError::NoSuchLink(link.0))?;
+    match fault {
+        SimulatedFault::HungRead => receiving.hang_next_read(rndv, kind),
+        SimulatedFault::CqReadError => {
+            queue_failures.simulate_cq();
+            Ok(())
+        }
+    }
+}
+
 const RX_BIT: u64 = 1 << 16;
 /// Context bit of a link's fi_read (one at a time per link).
 const READ_BIT: u64 = 1 << 15;
@@ -1368,20 +1389,11 @@ impl Transport for FabricTransport {
         Ok(())
     }
 
-    /// `HungRead`: the link's next rendezvous read is hung; `CqReadError`:
-    /// the next CQ read fails (module docs).
+    /// As on both endpoint types (`simulate_fault`).
     fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
-        let l = self
-            .links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        match fault {
-            SimulatedFault::HungRead => l.receiving.hang_next_read(self.rndv, &self.kind),
-            SimulatedFault::CqReadError => {
-                self.queue_failures.simulate_cq();
-                Ok(())
-            }
-        }
+        let receiving = self.links.get_mut(&link).map(|l| &mut l.receiving);
+        let (rndv, kind) = (self.rndv, &self.kind);
+        simulate_fault(receiving, link, fault, rndv, kind, &mut self.queue_failures)
     }
 
     fn send_corrupted(

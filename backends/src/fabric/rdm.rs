@@ -111,8 +111,8 @@ use rustc_hash::FxHashMap;
 
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
 use super::{
-    fab_err, no_half_close, no_migration, open_net, probe, rma_choice, PieceError, QueueFailures,
-    Reassembly, CQ_BATCH, CQ_ROUNDS, SLOT_SIZE,
+    fab_err, no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, PieceError,
+    QueueFailures, Reassembly, CQ_BATCH, CQ_ROUNDS, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::{
@@ -1853,20 +1853,11 @@ impl Transport for RdmTransport {
         Ok(())
     }
 
-    /// `HungRead`: the link's next rendezvous read is hung; `CqReadError`:
-    /// the next CQ read fails (module docs).
+    /// As on both endpoint types (`simulate_fault`).
     fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
-        let l = self
-            .links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        match fault {
-            SimulatedFault::HungRead => l.receiving.hang_next_read(self.rndv, &self.kind),
-            SimulatedFault::CqReadError => {
-                self.queue_failures.simulate_cq();
-                Ok(())
-            }
-        }
+        let receiving = self.links.get_mut(&link).map(|l| &mut l.receiving);
+        let (rndv, kind) = (self.rndv, &self.kind);
+        simulate_fault(receiving, link, fault, rndv, kind, &mut self.queue_failures)
     }
 
     fn send_corrupted(
