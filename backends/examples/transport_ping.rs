@@ -129,15 +129,15 @@ impl End {
     /// Passes until an event `pick` accepts arrives; events before it are
     /// dropped, those after it kept, and a failure of the link ends the wait
     /// with an error.
-    fn wait<T>(&mut self, mut pick: impl FnMut(TransportEvent) -> Option<T>) -> Result<T, String> {
+    fn wait<T>(&mut self, mut pick: impl FnMut(TransportEvent) -> Option<T>) -> Result<T, Stop> {
         loop {
             while let Some(ev) = self.pending.pop_front() {
                 match ev {
                     TransportEvent::Failed(link, why) => {
-                        return Err(format!("link {} failed: {why}", link.0))
+                        return Err(Stop::Gone(format!("link {} failed: {why}", link.0)))
                     }
                     TransportEvent::Corrupt(link, e) => {
-                        return Err(format!("link {} corrupt: {e}", link.0))
+                        return Err(Stop::Error(format!("link {} corrupt: {e}", link.0)))
                     }
                     ev => {
                         if let Some(t) = pick(ev) {
@@ -146,7 +146,7 @@ impl End {
                     }
                 }
             }
-            self.pass()?;
+            self.pass().map_err(Stop::Error)?;
             self.pending.extend(self.events.drain(..));
         }
     }
@@ -155,6 +155,22 @@ impl End {
         self.transport
             .send(link, unit)
             .map_err(|e| format!("send: {e}"))
+    }
+}
+
+/// Why [`End::wait`] ended without the event it waited for.
+enum Stop {
+    /// The link failed: the peer closed it or went away.
+    Gone(String),
+    /// Anything else: a corrupt unit, the deadline, a failed poll.
+    Error(String),
+}
+
+impl From<Stop> for String {
+    fn from(stop: Stop) -> String {
+        match stop {
+            Stop::Gone(why) | Stop::Error(why) => why,
+        }
     }
 }
 
@@ -194,11 +210,11 @@ fn serve(addr: &EntityAddr, seconds: u64, block: bool) -> Result<(), String> {
             }
             Ok(None) => {}
             // The client closing its link ends the run.
-            Err(why) if why.contains("failed") => {
+            Err(Stop::Gone(why)) => {
                 println!("served {echoed} frames ({why})");
                 return Ok(());
             }
-            Err(why) => return Err(why),
+            Err(Stop::Error(why)) => return Err(why),
         }
     }
 }
