@@ -192,11 +192,13 @@ fn check(op: &'static str, rc: isize) -> Result<isize, FabricError> {
 /// A queue read that returned no entry: `-FI_EAGAIN` (and 0) is an empty
 /// queue, any other code an error of `op`.
 fn again_is_empty(op: &'static str, rc: isize) -> Result<usize, FabricError> {
-    match check(op, rc) {
-        Err(e) if is_again(&e) => Ok(0),
-        Err(e) => Err(e),
-        Ok(_) => Ok(0),
+    // Tested before an error is built: an empty queue is every idle poll's
+    // answer, and building the error (`fi_strerror`, a `String`) for it
+    // took ~5% of a spinning `tcp` transport's samples (perf).
+    if rc >= 0 || rc == -(sys::FI_EAGAIN as isize) {
+        return Ok(0);
     }
+    check(op, rc).map(|_| 0)
 }
 
 /// Whether a call's error is -FI_EAGAIN.
@@ -2419,6 +2421,20 @@ impl RmaBuffers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_queue_is_not_an_error() {
+        assert_eq!(
+            again_is_empty("fi_cq_read", -(sys::FI_EAGAIN as isize)).unwrap(),
+            0
+        );
+        assert_eq!(again_is_empty("fi_cq_read", 0).unwrap(), 0);
+        let e = again_is_empty("fi_cq_read", -(sys::FI_EIO as isize)).unwrap_err();
+        assert!(
+            matches!(e, FabricError::Call { op: "fi_cq_read", code, .. } if code == sys::FI_EIO as i32),
+            "{e}"
+        );
+    }
 
     #[test]
     fn missing_provider_is_named() {
