@@ -189,6 +189,16 @@ const SLOT_MASK: u64 = READ_BIT - 1;
 /// session `Connecting` for ever.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often a busy-polling worker reads the event queue while no link is
+/// being set up and its wait fd has not woken the worker. The EQ carries
+/// connection requests and set-up and shutdown events only, yet reading it
+/// is a system call over `tcp` (and rdma_cm's channel over `verbs`): read
+/// on every pass, it doubled the cost of a pass beside the completion queue
+/// a message is noticed on. A connection request waits at most this long to
+/// be accepted, a peer's shutdown to be heard (its link's receives fail
+/// anyway).
+const EQ_READ_EVERY: Duration = Duration::from_millis(1);
+
 fn context(link: LinkId, rx: bool, slot: usize) -> u64 {
     (link.0 << 17) | if rx { RX_BIT } else { 0 } | slot as u64
 }
@@ -551,6 +561,10 @@ pub struct FabricTransport {
     /// Links with their set-up deadline, oldest first (entries of
     /// links that connected or went are skipped when they reach the front).
     half_open: VecDeque<(Instant, LinkId)>,
+    /// The event queue is read on the next pass: its wait fd woke the
+    /// worker, or the worker is about to block ([`EQ_READ_EVERY`]).
+    eq_due: bool,
+    next_eq_read: Instant,
     /// Large units go by fi_read rendezvous (the endpoints have FI_RMA).
     rndv: bool,
     rndv_counters: Counters,
@@ -612,6 +626,8 @@ impl FabricTransport {
             completions: Vec::with_capacity(CQ_BATCH),
             tx_arena: ByteArena::new(rendezvous::SMALL_ARENA),
             half_open: VecDeque::new(),
+            eq_due: true,
+            next_eq_read: Instant::now(),
             rndv: net.rma(),
             rndv_counters: Counters::default(),
             reads: 0,
@@ -1212,7 +1228,11 @@ impl FabricTransport {
         for (id, why) in std::mem::take(&mut self.failed) {
             events.push(TransportEvent::Failed(id, why));
         }
-        any |= self.drain_eq(events);
+        if self.eq_due || !self.half_open.is_empty() || now >= self.next_eq_read {
+            self.eq_due = false;
+            self.next_eq_read = now + EQ_READ_EVERY;
+            any |= self.drain_eq(events);
+        }
         any |= self.drain_cq(events);
         for id in std::mem::take(&mut self.resumed) {
             any |= self.hand_up_waiting(id, events);
@@ -1308,7 +1328,9 @@ impl Transport for FabricTransport {
         self.dirty.recycle(ids);
     }
 
-    fn ready(&mut self, _event: &Event, now: Instant, events: &mut Vec<TransportEvent>) {
+    fn ready(&mut self, event: &Event, now: Instant, events: &mut Vec<TransportEvent>) {
+        // One fd may serve both queues (then it is registered as the EQ's).
+        self.eq_due |= event.token() == self.eq_token;
         self.poll_all(now, events);
     }
 
@@ -1319,6 +1341,10 @@ impl Transport for FabricTransport {
     /// `fi_trywait` on the EQ and CQ: if the provider has something pending
     /// already, the worker polls again instead of blocking.
     fn arm(&mut self) -> bool {
+        // An event left unread makes fi_trywait refuse; the pass it sends
+        // the worker back to must read it rather than spin until
+        // EQ_READ_EVERY.
+        self.eq_due = true;
         self.net.try_wait()
     }
 
