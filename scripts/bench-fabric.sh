@@ -16,6 +16,10 @@
 #       the same ping-pong (bandwidth = size / one-way time, so the ratio of
 #       one-way times is the inverse ratio of bandwidths); the std::net
 #       reference (msgr bench's) is 64 B only, so it is compared at 64 B only
+#   PAYLOAD_CRC=false SIZE=1048576 ... scripts/bench-fabric.sh
+#       msgr with payload_crc=false on both sides and transport_ping with
+#       --payload-crc 0 (data segments without CRC32C, as fi_pingpong's
+#       buffers go; the preamble and message header stay checked)
 #
 # Targets (docs/BENCHMARKS.md, DESIGN §7): msgr one-way latency within 1.2x of
 # fi_pingpong and within 1.15x of std::net. On this kind of VM a blocking
@@ -28,6 +32,12 @@ RUNS=${RUNS:-5}
 ITER=${ITER:-10000}
 SIZE=${SIZE:-64}
 WARMUP=${WARMUP:-1000}
+PAYLOAD_CRC=${PAYLOAD_CRC:-true}
+case "$PAYLOAD_CRC" in
+    true) MSGR_SET=(); TP_CRC=() ;;
+    false) MSGR_SET=(--set payload_crc=false); TP_CRC=(--payload-crc 0) ;;
+    *) echo "PAYLOAD_CRC must be true or false" >&2; exit 2 ;;
+esac
 # Below the ephemeral range: fi_pingpong binds without SO_REUSEADDR.
 PORT_BASE=${PORT_BASE:-$((21000 + RANDOM % 500 * 20))}
 cd "$(dirname "$0")/.."
@@ -110,8 +120,8 @@ start_server() {
 
 # msgr_run BIND_ADDR OUT_JSON: msgr serve on BIND_ADDR, msgr ping against it.
 msgr_run() {
-    start_server serve "listening on" "$MSGR" serve "$1" --duration 240
-    timeout 120 "$MSGR" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --json >"$2"
+    start_server serve "listening on" "$MSGR" serve "$1" --duration 240 "${MSGR_SET[@]}"
+    timeout 120 "$MSGR" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --json "${MSGR_SET[@]}" >"$2"
     kill -INT "$SRV"; wait "$SRV" || true
 }
 
@@ -119,7 +129,7 @@ msgr_run() {
 # it; writes the one-way mean and p50 in µs to OUT.
 tp_run() {
     start_server tserve listening "$TPING" serve "$1" --seconds 240
-    timeout 120 "$TPING" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 >"$WORK/tping"
+    timeout 120 "$TPING" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 "${TP_CRC[@]}" >"$WORK/tping"
     # An RDM server may not notice its client go (no connection to close).
     kill "$SRV" 2>/dev/null || true; wait "$SRV" || true
     sed -n 's/^result //p' "$WORK/tping" >"$WORK/tping.json"
@@ -162,7 +172,7 @@ done
 
 python3 - "$SIZE" "$ITER" "$RUNS" "$PRE_OTHERS" "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "${FI_TCP[*]}" "${MSGR_MEAN[*]}" "${MSGR_P50[*]}" "${STD_MEAN[*]}" "${STD_P50[*]}" "${QUIET[*]}" "$WORK/results" \
-    "${TP_MEAN[*]}" "${TP_P50[*]}" <<'EOF'
+    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" <<'EOF'
 import statistics as st, sys
 size, it, runs, pre, cores, lb, la = sys.argv[1:8]
 fi, mm, mp, sm, sp = ([float(x) for x in a.split()] for a in sys.argv[8:13])
@@ -182,7 +192,8 @@ def verdict(r, target):
         return "not judged (machine LOADED)"
     return "met" if r <= target else "MISSED"
 print()
-print(f"{size} B ping-pong on 127.0.0.1, {runs} runs x {it} round trips; one-way µs, median (spread)")
+crc = "" if sys.argv[17] == "true" else "; msgr and transport alone WITHOUT payload CRC (payload_crc=false)"
+print(f"{size} B ping-pong on 127.0.0.1, {runs} runs x {it} round trips; one-way µs, median (spread){crc}")
 print(f"machine {state}: others used {pre} of {cores} cores before; msgr bench saw {' '.join(quiet)}; loadavg {lb} before, {la} after")
 for label, rs in rows.items():
     f = [r[0] for r in rs]; m = [r[1] for r in rs]; p = [r[2] for r in rs]

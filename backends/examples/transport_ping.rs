@@ -7,6 +7,7 @@
 //! ```text
 //! transport_ping serve ADDR [--seconds S] [--block 1]
 //! transport_ping ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1]
+//!                     [--payload-crc 0]
 //! ```
 //!
 //! `serve` binds `ADDR` (port 0 picks one), prints `listening ADDR` and
@@ -19,7 +20,9 @@
 //! poll without blocking, as a worker in its busy-poll window does; with
 //! `--block 1` an idle pass arms the transport and blocks in epoll (10 ms at
 //! most) instead, so a profiler such as callgrind counts the work per
-//! message, not the spinning.
+//! message, not the spinning. `--payload-crc 0` sends frames whose data
+//! carries no CRC (`FLAG_UNCHECKED_PAYLOAD`, what msgr sends with
+//! `payload_crc = false` on both sides); the server echoes them as they came.
 //!
 //! Build with the backend's feature, e.g.
 //! `cargo run --release -p msgr-backends --features fabric --example
@@ -39,6 +42,7 @@ use msgr_backends::{
     TransportEvent, LISTENER_TOKEN_BASE,
 };
 use msgr_proto::banner::BANNER_LEN;
+use msgr_proto::frame::FLAG_UNCHECKED_PAYLOAD;
 use msgr_proto::message::MESSAGE_HEADER_LEN;
 use msgr_proto::{Frame, FrameLimits, Tag};
 
@@ -225,6 +229,7 @@ struct PingOpts {
     size: usize,
     seconds: u64,
     block: bool,
+    payload_crc: bool,
 }
 
 fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
@@ -242,10 +247,13 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
     let mut one_way = Vec::with_capacity(o.count);
     for i in 0..o.warmup + o.count {
         let start = Instant::now();
-        let frame = Frame::new(
+        let mut frame = Frame::new(
             Tag::Message,
             [header.clone(), Bytes::new(), payload.clone()],
         );
+        if !o.payload_crc {
+            frame.flags = FLAG_UNCHECKED_PAYLOAD;
+        }
         end.send(link, Transmit::Frame(frame))?;
         let back = end.wait(|ev| match ev {
             TransportEvent::Received(_, inbound) => frame_of(inbound),
@@ -276,7 +284,8 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
 
 fn run(args: &[String]) -> Result<(), String> {
     let usage = "usage: transport_ping serve ADDR [--seconds S] [--block 1] | \
-                 ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1]";
+                 ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1] \
+                 [--payload-crc 0]";
     let (role, addr) = match args {
         [role, addr, ..] => (role.as_str(), addr),
         _ => return Err(usage.into()),
@@ -288,6 +297,7 @@ fn run(args: &[String]) -> Result<(), String> {
         size: 64,
         seconds: if role == "serve" { 120 } else { 60 },
         block: false,
+        payload_crc: true,
     };
     let mut rest = args[2..].iter();
     while let Some(flag) = rest.next() {
@@ -299,6 +309,7 @@ fn run(args: &[String]) -> Result<(), String> {
             "--size" => o.size = n as usize,
             "--seconds" => o.seconds = n,
             "--block" => o.block = n != 0,
+            "--payload-crc" => o.payload_crc = n != 0,
             _ => return Err(usage.into()),
         }
     }
