@@ -1033,12 +1033,23 @@ impl Net {
         slots: usize,
         slot_size: usize,
     ) -> Result<Ep, FabricError> {
+        // SAFETY: info is valid (from fi_getinfo or a connection request).
+        let iov_limit = unsafe {
+            let tx = (*info).tx_attr;
+            if tx.is_null() {
+                0
+            } else {
+                (*tx).iov_limit
+            }
+        };
         let mut ep = Ep {
             ep: ptr::null_mut(),
             tx: Buffers::new(slots, slot_size),
             rx: Buffers::new(slots, slot_size),
             slot_size,
             rma: self.rma_regions(),
+            sends_in_place: !self.mr_local && iov_limit >= 2,
+            in_place: vec![None; slots],
         };
         // SAFETY: info is valid; ep.ep is closed by Ep::drop if set.
         check("fi_endpoint", unsafe {
@@ -1264,6 +1275,13 @@ pub struct Ep {
     rx: Buffers,
     slot_size: usize,
     rma: RmaBuffers,
+    /// The provider reads local buffers without registration and takes two
+    /// iovecs per send ([`Ep::send_in_place`]).
+    sends_in_place: bool,
+    /// Per transmit slot: the caller's bytes its send in flight reads in
+    /// place, held until [`Ep::send_done`] (or until the endpoint is closed:
+    /// fields drop after `Drop::drop` has closed it).
+    in_place: Vec<Option<Bytes>>,
 }
 
 // SAFETY: see `Net`.
@@ -1377,9 +1395,70 @@ impl Ep {
         post_send(self.ep, &mut self.tx, slot, len, 0, context)
     }
 
-    /// A completed send: the slot may be refilled.
+    /// A completed send: the slot may be refilled (and bytes it sent in
+    /// place are let go).
     pub fn send_done(&mut self, slot: usize) {
         self.tx.done(slot, 0);
+        if let Some(held) = self.in_place.get_mut(slot) {
+            *held = None;
+        }
+    }
+
+    /// Whether [`Ep::send_in_place`] can be used: the provider needs no
+    /// registration of local buffers (`FI_MR_LOCAL` unset) and gathers at
+    /// least two iovecs per send (`tcp`; not `verbs`).
+    pub fn sends_in_place(&self) -> bool {
+        self.sends_in_place
+    }
+
+    /// Sends the first `head` bytes of transmit slot `slot` followed by
+    /// `body`, without copying `body`: one `fi_sendv` of two iovecs. The
+    /// endpoint holds `body` (a reference to the caller's bytes, which
+    /// `Bytes` never lets anyone change) until [`Ep::send_done`] of the slot,
+    /// so the provider reads memory that stays put. Large pieces of a frame
+    /// go this way where [`Ep::sends_in_place`]; elsewhere this returns
+    /// [`FabricError::Slot`]. `Err` with [`is_again`]: retry later.
+    pub fn send_in_place(
+        &mut self,
+        slot: usize,
+        head: usize,
+        body: Bytes,
+        context: u64,
+    ) -> Result<(), FabricError> {
+        if !self.sends_in_place {
+            return Err(FabricError::Slot(slot));
+        }
+        let p = self.tx.idle_ptr(slot, head)?;
+        let iov = [
+            sys::iovec {
+                iov_base: p as *mut c_void,
+                iov_len: head,
+            },
+            sys::iovec {
+                iov_base: body.as_ptr() as *mut c_void,
+                iov_len: body.len(),
+            },
+        ];
+        // Only the slot has a registration; the provider wants none.
+        let mut desc = [self.tx.desc, ptr::null_mut()];
+        // SAFETY: the slot as in post_send; `body`'s memory is kept alive
+        // and unchanged by the handle stored in `in_place` below until the
+        // send completes (send_done) or the endpoint is closed (Ep::drop
+        // closes it before the fields drop). The provider only reads it.
+        let rc = unsafe {
+            sys::fi_sendv(
+                self.ep,
+                iov.as_ptr(),
+                desc.as_mut_ptr(),
+                2,
+                0,
+                context as *mut c_void,
+            )
+        };
+        check("fi_sendv", rc)?;
+        self.tx.mark_busy(slot);
+        self.in_place[slot] = Some(body);
+        Ok(())
     }
 
     /// The endpoint's rendezvous buffers (for the connected peer to read).

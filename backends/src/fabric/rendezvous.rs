@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use msgr_fabric::{Exposed, FabricError, RemoteWord, RmaBuffers, CHECK_LEN};
 use msgr_proto::arena::ByteArena;
-use msgr_proto::frame::EncodedFrame;
+use msgr_proto::frame::{EncodedFrame, PREAMBLE_LEN};
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound};
 
 use super::{PieceError, Reassembly};
@@ -177,6 +177,30 @@ impl OutUnit {
             OutUnit::Small(b) => copy_parts([&b[..]], offset, dst),
             OutUnit::Frame(f) => copy_parts(f.parts(), offset, dst),
             OutUnit::Split(s) => copy_parts([&s.head[..], &s.body, &s.tail], offset, dst),
+        }
+    }
+
+    /// The unit's bytes `offset..offset + len` as a slice of a segment the
+    /// unit shares with the application, if they lie inside one: a piece
+    /// that can be sent from where it is ([`msgr_fabric::Ep::send_in_place`]).
+    pub fn shared(&self, offset: usize, len: usize) -> Option<Bytes> {
+        let end = offset.checked_add(len)?;
+        let within = |at: usize, seg: &Bytes| {
+            (offset >= at && end <= at + seg.len()).then(|| seg.slice(offset - at..end - at))
+        };
+        match self {
+            OutUnit::Frame(f) => {
+                let mut at = PREAMBLE_LEN;
+                for seg in &f.segments {
+                    if let Some(b) = within(at, seg) {
+                        return Some(b);
+                    }
+                    at += seg.len();
+                }
+                None
+            }
+            OutUnit::Split(s) => within(s.head.len(), &s.body),
+            OutUnit::Flat(_) | OutUnit::Small(_) => None,
         }
     }
 
@@ -442,6 +466,9 @@ pub struct Counters {
     pub read_timeouts: u64,
     /// Reads whose completion was ignored (`SimulatedFault::HungRead`).
     pub simulated_hung_reads: u64,
+    /// Eager pieces sent from the application's bytes, not copied
+    /// (`Ep::send_in_place`; MSG endpoints).
+    pub pieces_in_place: u64,
 }
 
 impl Counters {
@@ -457,6 +484,7 @@ impl Counters {
             ("rendezvous_fallbacks", self.fallbacks),
             ("read_timeouts", self.read_timeouts),
             ("simulated_hung_reads", self.simulated_hung_reads),
+            ("pieces_in_place", self.pieces_in_place),
             ("rendezvous_exposed", in_use.0 as u64),
             ("rendezvous_reading", in_use.1 as u64),
         ]
