@@ -71,6 +71,14 @@ pub enum FabricError {
         /// `fi_strerror`.
         msg: String,
     },
+    /// `-FI_EAGAIN`: the provider's queue is full (or it wants progress
+    /// first); retry later. Apart from [`FabricError::Call`] so a refused
+    /// post — frequent when a link is saturated — builds no message.
+    #[error("{op}: resource temporarily unavailable (-FI_EAGAIN), retry later")]
+    Again {
+        /// The call.
+        op: &'static str,
+    },
     /// A buffer slot that is busy or out of range.
     #[error("buffer slot {0} unavailable")]
     Slot(usize),
@@ -177,7 +185,9 @@ fn strerror(code: i32) -> String {
 }
 
 fn check(op: &'static str, rc: isize) -> Result<isize, FabricError> {
-    if rc < 0 {
+    if rc == -(sys::FI_EAGAIN as isize) {
+        Err(FabricError::Again { op })
+    } else if rc < 0 {
         let code = (-rc) as i32;
         Err(FabricError::Call {
             op,
@@ -192,18 +202,18 @@ fn check(op: &'static str, rc: isize) -> Result<isize, FabricError> {
 /// A queue read that returned no entry: `-FI_EAGAIN` (and 0) is an empty
 /// queue, any other code an error of `op`.
 fn again_is_empty(op: &'static str, rc: isize) -> Result<usize, FabricError> {
-    // Tested before an error is built: an empty queue is every idle poll's
-    // answer, and building the error (`fi_strerror`, a `String`) for it
-    // took ~5% of a spinning `tcp` transport's samples (perf).
-    if rc >= 0 || rc == -(sys::FI_EAGAIN as isize) {
-        return Ok(0);
+    // An empty queue is every idle poll's answer; `check` builds no message
+    // for it (`Again`): building one (`fi_strerror`, a `String`) took ~5% of
+    // a spinning `tcp` transport's samples (perf).
+    match check(op, rc) {
+        Ok(_) | Err(FabricError::Again { .. }) => Ok(0),
+        Err(e) => Err(e),
     }
-    check(op, rc).map(|_| 0)
 }
 
 /// Whether a call's error is -FI_EAGAIN.
 pub fn is_again(e: &FabricError) -> bool {
-    matches!(e, FabricError::Call { code, .. } if *code == sys::FI_EAGAIN as i32)
+    matches!(e, FabricError::Again { .. })
 }
 
 /// Endpoint type.
@@ -2513,6 +2523,17 @@ mod tests {
             matches!(e, FabricError::Call { op: "fi_cq_read", code, .. } if code == sys::FI_EIO as i32),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_refused_post_is_again_and_other_codes_are_named() {
+        let e = check("fi_send", -(sys::FI_EAGAIN as isize)).unwrap_err();
+        assert!(matches!(e, FabricError::Again { op: "fi_send" }), "{e}");
+        assert!(is_again(&e));
+        let e = check("fi_send", -(sys::FI_EIO as isize)).unwrap_err();
+        assert!(!is_again(&e), "{e}");
+        assert!(e.to_string().starts_with("fi_send: "), "{e}");
+        assert_eq!(check("fi_send", 3).unwrap(), 3);
     }
 
     #[test]
