@@ -1059,7 +1059,6 @@ impl Net {
             slot_size,
             rma: self.rma_regions(),
             sends_in_place: !self.mr_local && iov_limit >= 2,
-            in_place: vec![None; slots],
         };
         // SAFETY: info is valid; ep.ep is closed by Ep::drop if set.
         check("fi_endpoint", unsafe {
@@ -1201,6 +1200,10 @@ impl Drop for PassiveEp {
 struct Buffers {
     mem: Vec<u8>,
     busy: Vec<bool>,
+    /// Per slot: the caller's bytes a send in flight reads in place
+    /// ([`post_send_in_place`]), held until the slot is done — or for as
+    /// long as the buffers, which outlive the endpoint (or are leaked with it).
+    held: Vec<Option<Bytes>>,
     size: usize,
     mr: *mut sys::fid_mr,
     desc: *mut c_void,
@@ -1211,6 +1214,7 @@ impl Buffers {
         Buffers {
             mem: vec![0u8; slots * size],
             busy: vec![false; slots],
+            held: vec![None; slots],
             size,
             mr: ptr::null_mut(),
             desc: ptr::null_mut(),
@@ -1259,6 +1263,9 @@ impl Buffers {
         if let Some(b) = self.busy.get_mut(slot) {
             *b = false;
         }
+        if let Some(held) = self.held.get_mut(slot) {
+            *held = None;
+        }
         let start = (slot * self.size).min(self.mem.len());
         let end = (start + len.min(self.size)).min(self.mem.len());
         &self.mem[start..end]
@@ -1288,10 +1295,6 @@ pub struct Ep {
     /// The provider reads local buffers without registration and takes two
     /// iovecs per send ([`Ep::send_in_place`]).
     sends_in_place: bool,
-    /// Per transmit slot: the caller's bytes its send in flight reads in
-    /// place, held until [`Ep::send_done`] (or until the endpoint is closed:
-    /// fields drop after `Drop::drop` has closed it).
-    in_place: Vec<Option<Bytes>>,
 }
 
 // SAFETY: see `Net`.
@@ -1368,6 +1371,60 @@ fn post_send(
     Ok(())
 }
 
+/// Posts `fi_sendv` of the first `head` bytes of slot `slot` of `bufs`
+/// followed by `body` to `to`, without copying `body`: `bufs` holds it (a
+/// reference to the caller's bytes, which `Bytes` lets no one change) until
+/// the slot is done, so the provider reads memory that stays put. Only for
+/// providers that want no registration of local buffers and gather two
+/// iovecs (`allowed`: the endpoint's `sends_in_place`; otherwise
+/// [`FabricError::Slot`]).
+#[allow(clippy::too_many_arguments)] // post_send's, and the body and its gate
+fn post_send_in_place(
+    ep: *mut sys::fid_ep,
+    bufs: &mut Buffers,
+    allowed: bool,
+    slot: usize,
+    head: usize,
+    body: Bytes,
+    to: u64,
+    context: u64,
+) -> Result<(), FabricError> {
+    if !allowed {
+        return Err(FabricError::Slot(slot));
+    }
+    let p = bufs.idle_ptr(slot, head)?;
+    let iov = [
+        sys::iovec {
+            iov_base: p as *mut c_void,
+            iov_len: head,
+        },
+        sys::iovec {
+            iov_base: body.as_ptr() as *mut c_void,
+            iov_len: body.len(),
+        },
+    ];
+    // Only the slot has a registration; the provider wants none.
+    let mut desc = [bufs.desc, ptr::null_mut()];
+    // SAFETY: the slot as in post_send; `body`'s memory is kept alive and
+    // unchanged by the handle stored in `bufs.held` below until the slot is
+    // done, and the buffers outlive the endpoint (closed first, or leaked
+    // with it). The provider only reads it.
+    let rc = unsafe {
+        sys::fi_sendv(
+            ep,
+            iov.as_ptr(),
+            desc.as_mut_ptr(),
+            2,
+            to,
+            context as *mut c_void,
+        )
+    };
+    check("fi_sendv", rc)?;
+    bufs.mark_busy(slot);
+    bufs.held[slot] = Some(body);
+    Ok(())
+}
+
 impl Ep {
     /// The key under which EQ events name this endpoint.
     pub fn key(&self) -> usize {
@@ -1409,9 +1466,6 @@ impl Ep {
     /// place are let go).
     pub fn send_done(&mut self, slot: usize) {
         self.tx.done(slot, 0);
-        if let Some(held) = self.in_place.get_mut(slot) {
-            *held = None;
-        }
     }
 
     /// Whether [`Ep::send_in_place`] can be used: the provider needs no
@@ -1422,12 +1476,9 @@ impl Ep {
     }
 
     /// Sends the first `head` bytes of transmit slot `slot` followed by
-    /// `body`, without copying `body`: one `fi_sendv` of two iovecs. The
-    /// endpoint holds `body` (a reference to the caller's bytes, which
-    /// `Bytes` never lets anyone change) until [`Ep::send_done`] of the slot,
-    /// so the provider reads memory that stays put. Large pieces of a frame
-    /// go this way where [`Ep::sends_in_place`]; elsewhere this returns
-    /// [`FabricError::Slot`]. `Err` with [`is_again`]: retry later.
+    /// `body`, without copying `body` ([`post_send_in_place`]): large pieces
+    /// of a frame go this way where [`Ep::sends_in_place`]; elsewhere this
+    /// returns [`FabricError::Slot`]. `Err` with [`is_again`]: retry later.
     pub fn send_in_place(
         &mut self,
         slot: usize,
@@ -1435,40 +1486,8 @@ impl Ep {
         body: Bytes,
         context: u64,
     ) -> Result<(), FabricError> {
-        if !self.sends_in_place {
-            return Err(FabricError::Slot(slot));
-        }
-        let p = self.tx.idle_ptr(slot, head)?;
-        let iov = [
-            sys::iovec {
-                iov_base: p as *mut c_void,
-                iov_len: head,
-            },
-            sys::iovec {
-                iov_base: body.as_ptr() as *mut c_void,
-                iov_len: body.len(),
-            },
-        ];
-        // Only the slot has a registration; the provider wants none.
-        let mut desc = [self.tx.desc, ptr::null_mut()];
-        // SAFETY: the slot as in post_send; `body`'s memory is kept alive
-        // and unchanged by the handle stored in `in_place` below until the
-        // send completes (send_done) or the endpoint is closed (Ep::drop
-        // closes it before the fields drop). The provider only reads it.
-        let rc = unsafe {
-            sys::fi_sendv(
-                self.ep,
-                iov.as_ptr(),
-                desc.as_mut_ptr(),
-                2,
-                0,
-                context as *mut c_void,
-            )
-        };
-        check("fi_sendv", rc)?;
-        self.tx.mark_busy(slot);
-        self.in_place[slot] = Some(body);
-        Ok(())
+        let (ep, allowed) = (self.ep, self.sends_in_place);
+        post_send_in_place(ep, &mut self.tx, allowed, slot, head, body, 0, context)
     }
 
     /// The endpoint's rendezvous buffers (for the connected peer to read).
@@ -1522,6 +1541,9 @@ pub struct RdmEp {
     /// Never close (see the crate docs: `shm`).
     leak: bool,
     rma: RmaBuffers,
+    /// The provider reads local buffers without registration and takes two
+    /// iovecs per send ([`RdmEp::send_in_place`]).
+    sends_in_place: bool,
 }
 
 // SAFETY: see `Net`.
@@ -1648,6 +1670,7 @@ impl Net {
             inject_size: 0,
             leak: self.leak,
             rma: self.rma_regions(),
+            sends_in_place: false,
         };
         // SAFETY: info is valid; the CQ and domain outlive the endpoint (the
         // caller drops endpoints before the Net); ep's Drop closes what was
@@ -1657,6 +1680,7 @@ impl Net {
             let tx_attr = (*info.0).tx_attr;
             if !tx_attr.is_null() {
                 ep.inject_size = (*tx_attr).inject_size;
+                ep.sends_in_place = !ep.mr_local && (*tx_attr).iov_limit >= 2;
             }
             let mut av_attr = sys::fi_av_attr {
                 type_: sys::FI_AV_MAP,
@@ -1847,9 +1871,33 @@ impl RdmEp {
         post_send(self.ep, &mut self.tx, slot, len, to.0, context)
     }
 
-    /// A completed send: the slot may be refilled.
+    /// A completed send: the slot may be refilled (and bytes it sent in
+    /// place are let go).
     pub fn send_done(&mut self, slot: usize) {
         self.tx.done(slot, 0);
+    }
+
+    /// Whether [`RdmEp::send_in_place`] can be used (as
+    /// [`Ep::sends_in_place`]: no local registration wanted, two iovecs
+    /// gathered — `tcp;ofi_rxm` and `shm`).
+    pub fn sends_in_place(&self) -> bool {
+        self.sends_in_place
+    }
+
+    /// Sends the first `head` bytes of transmit slot `slot` followed by
+    /// `body` to `to`, without copying `body` ([`post_send_in_place`]);
+    /// [`FabricError::Slot`] where [`RdmEp::sends_in_place`] is false. `Err`
+    /// with [`is_again`]: retry later.
+    pub fn send_in_place(
+        &mut self,
+        slot: usize,
+        head: usize,
+        body: Bytes,
+        to: PeerAddr,
+        context: u64,
+    ) -> Result<(), FabricError> {
+        let (ep, allowed) = (self.ep, self.sends_in_place);
+        post_send_in_place(ep, &mut self.tx, allowed, slot, head, body, to.0, context)
     }
 
     /// The largest send [`RdmEp::inject`] takes (`tx_attr.inject_size`;

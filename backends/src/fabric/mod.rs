@@ -107,11 +107,12 @@ pub const RNDV_DONE: u8 = 3;
 const BEHIND_READ_MAX: usize = 64 << 20;
 
 /// Pieces of at least this many bytes that lie inside one segment the
-/// application handed over are sent from there ([`Ep::send_in_place`])
-/// where the provider allows, instead of being copied into the slot: on
-/// a 1 MiB unit over `tcp` that is 14 of its 16 pieces. Below it the copy
-/// is cheaper than the second iovec.
-const IN_PLACE_MIN: usize = 4 << 10;
+/// application handed over are sent from there ([`Ep::send_in_place`],
+/// `RdmEp::send_in_place`) where the provider allows, instead of being
+/// copied into the slot: on a 1 MiB unit over `tcp` MSG that is 15 of its
+/// 17 pieces, over `tcp;ofi_rxm` (16 KiB pieces) 63 of 65. Below it the
+/// copy is cheaper than the second iovec (shm's pieces stay below it).
+pub(crate) const IN_PLACE_MIN: usize = 4 << 10;
 /// Completions read per `fi_cq_read` batch, and most batches per call.
 const CQ_BATCH: usize = 32;
 const CQ_ROUNDS: usize = 16;
@@ -1572,9 +1573,13 @@ pub(crate) mod tests {
     /// not read and sends through the slots (a descriptor would fail the
     /// link), and the frame arrives intact both ways. `addr`: a loopback
     /// address with port 0 of the transports' kind.
+    /// `in_place`: whether the eager pieces of the large segment are sent
+    /// from the application's bytes ([`IN_PLACE_MIN`]; not over shm, whose
+    /// pieces are smaller).
     pub(crate) fn large_units_to_a_peer_that_does_not_read<T: Transport>(
         open: impl Fn(FabricRendezvous) -> T,
         addr: &str,
+        in_place: bool,
     ) {
         let any: EntityAddr = addr.parse().unwrap();
         let big = Frame::new(
@@ -1682,6 +1687,12 @@ pub(crate) mod tests {
                 0,
                 "{addr}: offered to a peer that does not read (reader dials: {reader_dials})"
             );
+            assert_eq!(
+                stat(&plain, "pieces_in_place") > 0,
+                in_place,
+                "{addr}: pieces sent in place: {}",
+                stat(&plain, "pieces_in_place")
+            );
         }
     }
 
@@ -1690,6 +1701,7 @@ pub(crate) mod tests {
         large_units_to_a_peer_that_does_not_read(
             |r| tcp_transport_with(r).1,
             "fabric+tcp://127.0.0.1:0",
+            true,
         );
     }
 

@@ -100,6 +100,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -112,7 +113,7 @@ use rustc_hash::FxHashMap;
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
 use super::{
     fab_err, no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, PieceError,
-    QueueFailures, Reassembly, CQ_BATCH, CQ_ROUNDS, SLOT_SIZE,
+    QueueFailures, Reassembly, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::{
@@ -394,6 +395,19 @@ impl Port {
         link: Option<LinkId>,
         fill: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<bool, FabricError> {
+        self.post_with(port, peer, link, fill, None)
+    }
+
+    /// [`Port::post`], and with `body` the slot's bytes are followed by
+    /// `body`, sent from where it is ([`RdmEp::send_in_place`]).
+    fn post_with(
+        &mut self,
+        port: usize,
+        peer: usize,
+        link: Option<LinkId>,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+        body: Option<Bytes>,
+    ) -> Result<bool, FabricError> {
         let Some(&slot) = self.free_tx.last() else {
             return Ok(false);
         };
@@ -406,7 +420,9 @@ impl Port {
         };
         let len = fill(buf);
         let ctx = context(port, false, slot);
-        let posted = if len <= self.ep.inject_size() {
+        let posted = if let Some(body) = body {
+            self.ep.send_in_place(slot, len, body, to, ctx)
+        } else if len <= self.ep.inject_size() {
             self.ep
                 .inject(slot, len, to)
                 .map(|()| self.injected.push(ctx))
@@ -1442,21 +1458,35 @@ impl RdmTransport {
             let n = left.min(port.send_limit - HEADER_LEN);
             let last = n == left;
             let from = link.front_sent;
-            let sent = port.post(pidx, link.peer, Some(id), |buf| {
-                write_header(
-                    buf,
-                    if last { DATA_LAST } else { DATA_MORE },
-                    credits,
-                    remote,
-                    seq,
-                );
-                front.copy_out(from, &mut buf[HEADER_LEN..HEADER_LEN + n]);
-                HEADER_LEN + n
-            })?;
+            let shared = (n >= IN_PLACE_MIN && port.ep.sends_in_place())
+                .then(|| front.shared(from, n))
+                .flatten();
+            let in_place = shared.is_some();
+            let sent = port.post_with(
+                pidx,
+                link.peer,
+                Some(id),
+                |buf| {
+                    write_header(
+                        buf,
+                        if last { DATA_LAST } else { DATA_MORE },
+                        credits,
+                        remote,
+                        seq,
+                    );
+                    if in_place {
+                        return HEADER_LEN;
+                    }
+                    front.copy_out(from, &mut buf[HEADER_LEN..HEADER_LEN + n]);
+                    HEADER_LEN + n
+                },
+                shared,
+            )?;
             if !sent {
                 link.to_return += u32::from(credits);
                 return Ok(false);
             }
+            counters.pieces_in_place += u64::from(in_place);
             link.inflight += 1;
             link.credits -= 1;
             link.tx_seq += 1;
@@ -1971,22 +2001,23 @@ mod tests {
 
     /// HELLO and WELCOME carry whether their end reads rendezvous units
     /// (see the MSG test this runs).
-    fn large_units_to_a_peer_that_does_not_read(provider: &str) {
+    fn large_units_to_a_peer_that_does_not_read(provider: &str, in_place: bool) {
         let poll = mio::Poll::new().unwrap();
         crate::fabric::tests::large_units_to_a_peer_that_does_not_read(
             |r| open_with(provider, &poll, r),
             &format!("fabric+{provider}://127.0.0.1:0?ep=rdm"),
+            in_place,
         );
     }
 
     #[test]
     fn tcp_rxm_large_units_to_a_peer_that_does_not_read_go_through_the_slots() {
-        large_units_to_a_peer_that_does_not_read("tcp;ofi_rxm");
+        large_units_to_a_peer_that_does_not_read("tcp;ofi_rxm", true);
     }
 
     #[test]
     fn shm_large_units_to_a_peer_that_does_not_read_go_through_the_slots() {
-        large_units_to_a_peer_that_does_not_read("shm");
+        large_units_to_a_peer_that_does_not_read("shm", false);
     }
 
     /// A transport listening on a loopback port of `provider` with link 1000

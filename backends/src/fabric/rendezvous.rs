@@ -467,7 +467,7 @@ pub struct Counters {
     /// Reads whose completion was ignored (`SimulatedFault::HungRead`).
     pub simulated_hung_reads: u64,
     /// Eager pieces sent from the application's bytes, not copied
-    /// (`Ep::send_in_place`; MSG endpoints).
+    /// (`Ep::send_in_place`, `RdmEp::send_in_place`).
     pub pieces_in_place: u64,
 }
 
