@@ -78,6 +78,11 @@ read -r B0 T0 < <(cpu); sleep 1; read -r B1 T1 < <(cpu)
 PRE_OTHERS=$(awk -v b=$((B1-B0)) -v t=$((T1-T0)) -v c="$CORES" 'BEGIN{printf "%.2f", (t > 0) ? b / t * c : 0}')
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "before the runs: other processes used $PRE_OTHERS of $CORES cores (1 s sample), loadavg $LOAD_BEFORE"
+# Large messages over loopback TCP depend on it: under bbr (this VM's
+# default) fi_pingpong's 1 MiB tcp/msg one-way was 2.6x its time under
+# cubic (docs/BENCHMARKS.md), so the ratios of one are not the other's.
+CC=$(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown)
+echo "tcp congestion control: $CC"
 
 json() { python3 -c "import json,sys; d=json.load(open('$1')); print($2)"; }
 
@@ -172,7 +177,7 @@ done
 
 python3 - "$SIZE" "$ITER" "$RUNS" "$PRE_OTHERS" "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "${FI_TCP[*]}" "${MSGR_MEAN[*]}" "${MSGR_P50[*]}" "${STD_MEAN[*]}" "${STD_P50[*]}" "${QUIET[*]}" "$WORK/results" \
-    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" <<'EOF'
+    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" "$CC" <<'EOF'
 import statistics as st, sys
 size, it, runs, pre, cores, lb, la = sys.argv[1:8]
 fi, mm, mp, sm, sp = ([float(x) for x in a.split()] for a in sys.argv[8:13])
@@ -193,7 +198,7 @@ def verdict(r, target):
     return "met" if r <= target else "MISSED"
 print()
 crc = "" if sys.argv[17] == "true" else "; msgr and transport alone WITHOUT payload CRC (payload_crc=false)"
-print(f"{size} B ping-pong on 127.0.0.1, {runs} runs x {it} round trips; one-way µs, median (spread){crc}")
+print(f"{size} B ping-pong on 127.0.0.1, {runs} runs x {it} round trips; one-way µs, median (spread){crc}; tcp congestion control {sys.argv[18]}")
 print(f"machine {state}: others used {pre} of {cores} cores before; msgr bench saw {' '.join(quiet)}; loadavg {lb} before, {la} after")
 for label, rs in rows.items():
     f = [r[0] for r in rs]; m = [r[1] for r in rs]; p = [r[2] for r in rs]
