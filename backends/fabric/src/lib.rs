@@ -1043,22 +1043,16 @@ impl Net {
         slots: usize,
         slot_size: usize,
     ) -> Result<Ep, FabricError> {
-        // SAFETY: info is valid (from fi_getinfo or a connection request).
-        let iov_limit = unsafe {
-            let tx = (*info).tx_attr;
-            if tx.is_null() {
-                0
-            } else {
-                (*tx).iov_limit
-            }
-        };
+        // SAFETY: info is valid (from fi_getinfo or a connection request),
+        // and so is its tx_attr where it is not null.
+        let sends_in_place = unsafe { sends_in_place(self.mr_local, (*info).tx_attr) };
         let mut ep = Ep {
             ep: ptr::null_mut(),
             tx: Buffers::new(slots, slot_size),
             rx: Buffers::new(slots, slot_size),
             slot_size,
             rma: self.rma_regions(),
-            sends_in_place: !self.mr_local && iov_limit >= 2,
+            sends_in_place,
         };
         // SAFETY: info is valid; ep.ep is closed by Ep::drop if set.
         check("fi_endpoint", unsafe {
@@ -1371,6 +1365,17 @@ fn post_send(
     Ok(())
 }
 
+/// Whether an endpoint may send the caller's bytes in place
+/// ([`post_send_in_place`]): the provider wants no registration of local
+/// buffers and gathers at least two iovecs per send (`tx_attr`, null: no).
+///
+/// # Safety
+/// `tx_attr` is null or points to the endpoint's valid `fi_tx_attr`.
+unsafe fn sends_in_place(mr_local: bool, tx_attr: *const sys::fi_tx_attr) -> bool {
+    // SAFETY: as the caller promises.
+    !mr_local && !tx_attr.is_null() && unsafe { (*tx_attr).iov_limit } >= 2
+}
+
 /// Posts `fi_sendv` of the first `head` bytes of slot `slot` of `bufs`
 /// followed by `body` to `to`, without copying `body`: `bufs` holds it (a
 /// reference to the caller's bytes, which `Bytes` lets no one change) until
@@ -1680,8 +1685,8 @@ impl Net {
             let tx_attr = (*info.0).tx_attr;
             if !tx_attr.is_null() {
                 ep.inject_size = (*tx_attr).inject_size;
-                ep.sends_in_place = !ep.mr_local && (*tx_attr).iov_limit >= 2;
             }
+            ep.sends_in_place = sends_in_place(ep.mr_local, tx_attr);
             let mut av_attr = sys::fi_av_attr {
                 type_: sys::FI_AV_MAP,
                 ..Default::default()

@@ -1592,10 +1592,6 @@ pub(crate) mod tests {
         events
     }
 
-    /// A `tcp` MSG transport and the Poll its wait fds are in, with the
-    /// rendezvous reads even where `Auto` withholds them
-    /// ([`msgr_fabric::rma_withheld`]): no test here closes an endpoint
-    /// while a read's response is arriving.
     /// Listens on 127.0.0.1 (a port of its own), connects `LinkId(1000)`
     /// to it and drives both ends up; returns the accepted link.
     fn dial_itself(t: &mut FabricTransport, poll: &mut mio::Poll) -> LinkId {
@@ -1619,6 +1615,10 @@ pub(crate) mod tests {
             .expect("accepted")
     }
 
+    /// A `tcp` MSG transport and the Poll its wait fds are in, with the
+    /// rendezvous reads even where `Auto` withholds them
+    /// ([`msgr_fabric::rma_withheld`]): no test here closes an endpoint
+    /// while a read's response is arriving.
     fn tcp_transport() -> (mio::Poll, FabricTransport) {
         tcp_transport_with(FabricRendezvous::On)
     }
@@ -1785,12 +1785,13 @@ pub(crate) mod tests {
         }
     }
 
-    /// A peer that is not there fails the connect (an event, not a hang).
     /// Without rendezvous, a large segment's pieces go from the
     /// application's bytes (`fi_sendv`, no copy into the slot) where the
     /// provider allows, and arrive intact and in order with the pieces that
-    /// were copied around them. The segment is dropped by the sender
-    /// before anything completes: the endpoint's hold keeps it alive.
+    /// were copied around them. The test keeps no handle of the frames
+    /// (they are moved into `send`) and a unit leaves the queue once its
+    /// last piece is posted, so the endpoint's hold is what keeps the bytes
+    /// alive until the sends complete.
     #[test]
     fn large_segments_are_sent_in_place() {
         let (mut poll, mut t) = tcp_transport_with(FabricRendezvous::Off);
@@ -1839,6 +1840,7 @@ pub(crate) mod tests {
         assert_eq!(stat(&t, "pieces_in_place"), 3);
     }
 
+    /// A peer that is not there fails the connect (an event, not a hang).
     #[test]
     fn connect_to_a_dead_port_fails() {
         let (mut poll, mut t) = tcp_transport();
