@@ -70,16 +70,20 @@ pub struct RdmaPoolConfig {
     pub reg_cache_bytes: usize,
 }
 
-/// Whether the libfabric backend sends large units by `fi_read`
-/// rendezvous (`fabric_rendezvous = auto | off | on`).
+/// Whether and how the libfabric backend sends large units by rendezvous
+/// (`fabric_rendezvous = auto | off | on | write`).
 ///
-/// `Auto` is right for nearly everyone: rendezvous where the provider has
-/// the reads and the libfabric loaded has no known bug in them (libfabric
-/// before 1.18 over `tcp` has one, so there it is off; the
-/// `rendezvous_enabled` counter tells). `Off` copies every unit through
-/// the send slots (to compare, or to steer around a provider's reads).
-/// `On` uses the reads despite a known bug: only for a libfabric patched
-/// past it.
+/// `Auto` is right for nearly everyone: the receiver `fi_read`s the unit
+/// where the provider has reads and the libfabric loaded has no known bug
+/// in them; else, where the provider has writes and checks keys at the
+/// target (`tcp`, `verbs`), the receiver grants a buffer and the sender
+/// `fi_write`s the unit into it (libfabric before 1.18 over `tcp` has a
+/// bug in its reads, so there it is writes; the `rendezvous_enabled`,
+/// `rendezvous_read` and `rendezvous_writes` counters tell). `Off` copies
+/// every unit through the send slots (to compare, or to steer around a
+/// provider's RMA). `On` uses the reads despite a known bug: only for a
+/// libfabric patched past it. `Write` uses the writes even where reads
+/// would do (to compare).
 ///
 /// ```
 /// use msgr_backends::{FabricRendezvous, RdmaPoolConfig};
@@ -95,6 +99,9 @@ pub enum FabricRendezvous {
     Off,
     /// Wherever the provider has reads.
     On,
+    /// Writes into buffers the receiver grants, wherever the provider has
+    /// them and checks keys.
+    Write,
 }
 
 impl Default for RdmaPoolConfig {
@@ -173,8 +180,9 @@ pub fn availability(kind: &TransportKind) -> Availability {
 
 /// Why `kind`'s large units do not go by rendezvous reads under the
 /// default configuration (`fabric_rendezvous = auto`) although its provider
-/// has them: a known bug in the libfabric loaded. `None` for every other
-/// transport.
+/// has them: a known bug in the libfabric loaded (they go by writes into
+/// buffers the receiver grants instead where the provider has those and
+/// checks keys, as `tcp` does). `None` for every other transport.
 ///
 /// ```
 /// use msgr_backends::rendezvous_withheld;

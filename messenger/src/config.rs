@@ -140,7 +140,7 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "fabric_rendezvous",
-        "libfabric large units by fi_read: auto (where this libfabric has no known bug in the provider's reads), off, on (default auto)",
+        "libfabric large units by rendezvous: auto (fi_read where this libfabric has no known bug in the provider's reads, else fi_write into a buffer the receiver grants where the provider checks keys), off, on (reads despite a known bug), write (default auto)",
     ),
     (
         "faults",
@@ -319,11 +319,12 @@ impl MessengerConfig {
                     "auto" => R::Auto,
                     "off" => R::Off,
                     "on" => R::On,
+                    "write" => R::Write,
                     _ => {
                         return Err(ConfigError::BadValue {
                             key: key.into(),
                             value: value.into(),
-                            why: "auto, off or on".into(),
+                            why: "auto, off, on or write".into(),
                         })
                     }
                 };
@@ -444,11 +445,16 @@ mod tests {
     }
 
     #[test]
-    fn fabric_rendezvous_is_auto_off_or_on() {
+    fn fabric_rendezvous_is_auto_off_on_or_write() {
         use msgr_backends::FabricRendezvous as R;
         let mut cfg = MessengerConfig::default();
         assert_eq!(cfg.rdma.fabric_rendezvous, R::Auto);
-        for (v, want) in [("off", R::Off), ("on", R::On), ("auto", R::Auto)] {
+        for (v, want) in [
+            ("off", R::Off),
+            ("on", R::On),
+            ("write", R::Write),
+            ("auto", R::Auto),
+        ] {
             cfg.set("fabric_rendezvous", v).unwrap();
             assert_eq!(cfg.rdma.fabric_rendezvous, want);
         }

@@ -242,7 +242,8 @@ fn backends(json: bool) -> Result<(), ToolError> {
             let (available, reason) = match availability(k) {
                 Availability::Available => (
                     true,
-                    rendezvous_withheld(k).map(|why| format!("rendezvous off: {why}")),
+                    rendezvous_withheld(k)
+                        .map(|why| format!("rendezvous by fi_write, reads withheld: {why}")),
                 ),
                 Availability::Unavailable(r) => (false, Some(r)),
             };

@@ -19,7 +19,15 @@
 //!     the whole unit with `Frame::decode_exact`.
 //!   - [`RNDV`] + a 28-byte descriptor (address, length, key, id; little
 //!     endian): a unit to fetch with `fi_read`.
-//!   - [`RNDV_DONE`] + the 4-byte id of a `RNDV`: its unit was read.
+//!   - [`RNDV_DONE`] + the 4-byte id of a `RNDV`: its unit was read (or
+//!     written into our grant).
+//!   - [`RNDV_GRANT`] + the sender's id, an address and a key: the buffer
+//!     a unit held for a write goes into ([`rendezvous::encode_grant`]).
+//!   - [`RNDV_WRITTEN`] + the 4-byte id: the unit was `fi_write`n (posted
+//!     right behind the write, which it does not overtake).
+//!     Grants, "written" and answers are handled on arrival, never behind
+//!     a rendezvous: two ends each waiting for the other's unit would
+//!     otherwise each hold the grant the other waits for.
 //! - Rendezvous ([`rendezvous`], shared with the RDM transport): where the
 //!   provider offers `FI_RMA` with reads (`tcp`, `verbs`; decided once per
 //!   worker's Net, reported as `rendezvous_enabled`), a unit larger than
@@ -40,7 +48,13 @@
 //!   (`fi_connect` / `fi_accept`, [`rendezvous::caps`]) whether it reads
 //!   rendezvous units; a unit goes by rendezvous only to a peer that does
 //!   (the reads may be withheld in the peer's libfabric:
-//!   [`msgr_fabric::rma_withheld`], `fabric_rendezvous`).
+//!   [`msgr_fabric::rma_withheld`], `fabric_rendezvous`). Where they are
+//!   withheld and the provider checks keys (`tcp` on libfabric 1.17) the
+//!   endpoints write instead ([`RmaOp::Write`]): the sender holds the unit
+//!   and sends the same descriptor flagged, the receiver grants a zeroed
+//!   buffer registered for remote writes (`RNDV_GRANT`), the sender
+//!   `fi_write`s the unit into it and says `RNDV_WRITTEN`, and the
+//!   receiver hands the unit up and answers `RNDV_DONE`.
 //! - `simulate(SimulatedFault::HungRead)` ignores the completion of the
 //!   link's next read (a fake: `tcp` never leaves a read hanging, see
 //!   [`rendezvous`]); the read's buffer is freed when the completion comes
@@ -73,7 +87,7 @@ use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider, TransportKind};
 use msgr_fabric::{
     CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp, ReadDone, RmaChoice,
-    Site,
+    RmaOp, Site,
 };
 use msgr_proto::arena::ByteArena;
 use msgr_proto::banner::BANNER_LEN;
@@ -100,9 +114,16 @@ pub const LAST: u8 = 0;
 /// descriptor ([`rendezvous::DESC_LEN`] bytes and the unit's inline ones,
 /// see [`rendezvous::encode`]) follows.
 pub const RNDV: u8 = 2;
-/// Header byte: the unit of a `RNDV` was read; its id
-/// ([`rendezvous::DONE_LEN`] bytes) follows, and its buffer may go.
+/// Header byte: the unit of a `RNDV` was read (or written into a granted
+/// buffer); its id ([`rendezvous::DONE_LEN`] bytes) follows, and its
+/// buffer may go.
 pub const RNDV_DONE: u8 = 3;
+/// Header byte: the answer to a `RNDV` whose unit is held for a write: a
+/// buffer to write it into ([`rendezvous::encode_grant`]).
+pub const RNDV_GRANT: u8 = 4;
+/// Header byte: the unit of a `RNDV_GRANT` was written into its buffer
+/// (posted after the write, which it does not overtake); its id follows.
+pub const RNDV_WRITTEN: u8 = 5;
 /// Bytes of messages a link keeps behind one rendezvous read before it
 /// fails (a peer that floods while a read is in flight).
 const BEHIND_READ_MAX: usize = 64 << 20;
@@ -186,9 +207,12 @@ fn simulate_fault(
 }
 
 const RX_BIT: u64 = 1 << 16;
-/// Context bit of a link's fi_read (one at a time per link).
+/// Context bit of a link's fi_read or granted buffer (one at a time per
+/// link).
 const READ_BIT: u64 = 1 << 15;
-const SLOT_MASK: u64 = READ_BIT - 1;
+/// Context bit of a link's fi_write (the low bits: its unit's id).
+const WRITE_BIT: u64 = 1 << 14;
+const SLOT_MASK: u64 = WRITE_BIT - 1;
 /// An endpoint that is not connected (no `FI_CONNECTED`) after this long
 /// goes. An accepted one is dropped silently: until then it belongs to no
 /// session, so nothing else would ever close it (a peer that gave up
@@ -220,8 +244,16 @@ fn decode_context(c: u64) -> (LinkId, bool, usize) {
     (LinkId(c >> 17), c & RX_BIT != 0, (c & SLOT_MASK) as usize)
 }
 
+fn write_context(link: LinkId, unit: u32) -> u64 {
+    (link.0 << 17) | WRITE_BIT | (u64::from(unit) & SLOT_MASK)
+}
+
 fn is_read(c: u64) -> bool {
     c & READ_BIT != 0
+}
+
+fn is_write(c: u64) -> bool {
+    c & WRITE_BIT != 0
 }
 
 /// A received message: in its receive slot, or copied out of it.
@@ -438,7 +470,7 @@ fn open_net(
     if let (FabricRendezvous::Auto, Some(why)) = (mode, msgr_fabric::rma_withheld(&p.name)) {
         static NOTED: std::sync::Once = std::sync::Once::new();
         NOTED.call_once(|| {
-            tracing::info!(provider = %p.name, reason = why, "fabric rendezvous off (fabric_rendezvous = auto)");
+            tracing::info!(provider = %p.name, reason = why, rma = ?net.rma(), "fabric rendezvous reads withheld (fabric_rendezvous = auto)");
         });
     }
     Ok(net)
@@ -450,6 +482,7 @@ fn rma_choice(mode: FabricRendezvous) -> RmaChoice {
         FabricRendezvous::Auto => RmaChoice::IfSound,
         FabricRendezvous::Off => RmaChoice::Never,
         FabricRendezvous::On => RmaChoice::Always,
+        FabricRendezvous::Write => RmaChoice::Writes,
     }
 }
 
@@ -491,9 +524,9 @@ struct FabricLink {
     /// Rendezvous, receiving side: the fi_read in flight (later messages
     /// wait for it) and the RNDV_DONE answers owed.
     receiving: Receiving,
-    /// The peer reads rendezvous units (its connection data said so, see
-    /// [`rendezvous::caps`]); known before anything is sent.
-    peer_reads: bool,
+    /// How the peer moves rendezvous units (its connection data said so,
+    /// see [`rendezvous::caps`]); known before anything is sent.
+    peer_rndv: Option<RmaOp>,
 }
 
 impl FabricLink {
@@ -515,7 +548,7 @@ impl FabricLink {
             close_after_flush: false,
             exposures: Exposures::default(),
             receiving: Receiving::default(),
-            peer_reads: false,
+            peer_rndv: None,
         }
     }
 
@@ -525,6 +558,7 @@ impl FabricLink {
             && self.free_tx.len() == self.ep.slots()
             && self.exposures.is_idle()
             && self.receiving.need_done.is_empty()
+            && self.receiving.need_grant.is_empty()
     }
 
     /// Whether received messages wait instead of being handled.
@@ -597,8 +631,9 @@ pub struct FabricTransport {
     /// worker, or the worker is about to block ([`EQ_READ_EVERY`]).
     eq_due: bool,
     next_eq_read: Instant,
-    /// Large units go by fi_read rendezvous (the endpoints have FI_RMA).
-    rndv: bool,
+    /// How large units go by rendezvous (the endpoints have FI_RMA with
+    /// reads or writes), if they do.
+    rndv: Option<RmaOp>,
     rndv_counters: Counters,
     /// Links with a rendezvous read in flight, and when their deadlines
     /// are looked at next.
@@ -781,7 +816,7 @@ impl FabricTransport {
                     };
                     link.connected = true;
                     if link.accepted.is_none() {
-                        link.peer_reads = rendezvous::peer_reads(&caps);
+                        link.peer_rndv = rendezvous::peer_op(&caps);
                     }
                     match link.accepted {
                         Some((listener, peer)) => events.push(TransportEvent::Accepted {
@@ -827,7 +862,7 @@ impl FabricTransport {
             .peer()
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
-        let peer_reads = rendezvous::peer_reads(req.data());
+        let peer_rndv = rendezvous::peer_op(req.data());
         match self
             .net
             .accept(req, SLOTS, SLOT_SIZE, &rendezvous::caps(self.rndv))
@@ -839,7 +874,7 @@ impl FabricTransport {
                 }
                 self.by_key.insert(ep.key(), id);
                 let mut link = FabricLink::new(ep, Some((listener, peer)));
-                link.peer_reads = peer_reads;
+                link.peer_rndv = peer_rndv;
                 self.links.insert(id, link);
                 self.half_open
                     .push_back((Instant::now() + SETUP_TIMEOUT, id));
@@ -884,6 +919,9 @@ impl FabricTransport {
         if is_read(c.context) {
             return self.read_complete(c, events);
         }
+        if is_write(c.context) {
+            return self.write_complete(c, events);
+        }
         let (id, rx, slot) = decode_context(c.context);
         let Some(link) = self.links.get_mut(&id) else {
             return; // a closed link's flushed operation
@@ -920,18 +958,32 @@ impl FabricTransport {
     /// (RNDV_DONE), and the messages that waited behind it follow.
     fn read_complete(&mut self, c: &Completion, events: &mut Vec<TransportEvent>) {
         let (id, _, _) = decode_context(c.context);
+        self.rendezvous_arrived(id, c.context, c.error, events);
+    }
+
+    /// The unit of link `id`'s rendezvous under `context` arrived (its read
+    /// completed, with `error` if it failed, or the peer said it wrote it
+    /// into our grant): it goes up, the sender is told (RNDV_DONE), and the
+    /// messages that waited behind it follow.
+    fn rendezvous_arrived(
+        &mut self,
+        id: LinkId,
+        context: u64,
+        error: Option<(i32, &'static str)>,
+        events: &mut Vec<TransportEvent>,
+    ) {
         let Some(link) = self.links.get_mut(&id) else {
             return; // the link went while its read was in flight
         };
         // Freed here even if the completion is then ignored (a simulated
         // hang): the provider is done with the buffer. Its check word may
         // be read next, apart: then the read completes again.
-        let buf = match link.ep.rma().read_done(c.context, c.error.is_none()) {
+        let buf = match link.ep.rma().read_done(context, error.is_none()) {
             Some(ReadDone::WordNext) => return,
             done => done.and_then(ReadDone::finished),
         };
         let Some(unit) = link.receiving.finish(
-            c.error,
+            error,
             buf,
             &mut link.reasm,
             &self.limits,
@@ -953,23 +1005,43 @@ impl FabricTransport {
         }
     }
 
-    /// Starts the fi_read a RNDV message describes.
+    /// Starts the fi_read a RNDV message describes, or grants the buffer
+    /// its unit is to be written into.
     fn start_read(&mut self, id: LinkId, body: &[u8]) -> Result<Option<Inbound>, PieceError> {
         let Some(link) = self.links.get_mut(&id) else {
             return Ok(None);
         };
         let d = rendezvous::decode(body, self.limits.max_frame, !link.reasm.is_idle())
             .map_err(|e| PieceError::Malformed(e.to_string()))?;
-        if !self.rndv {
-            return Err(PieceError::Malformed(
-                "rendezvous to an endpoint without FI_RMA".into(),
-            ));
+        let offered = if d.x.write { RmaOp::Write } else { RmaOp::Read };
+        if self.rndv != Some(offered) {
+            let e = DescError::WrongOp {
+                offered,
+                ours: self.rndv,
+            };
+            return Err(PieceError::Malformed(e.to_string()));
         }
         let ctx = read_context(id);
-        link.ep
-            .read(&d.x, ctx, d.inline, d.at)
-            .map_err(|e| PieceError::Malformed(format!("fi_read: {e}")))?;
-        link.receiving.started(d.x.id, &mut self.rndv_counters);
+        let granted = match offered {
+            RmaOp::Read => {
+                link.ep
+                    .read(&d.x, ctx, d.inline, d.at)
+                    .map_err(|e| PieceError::Malformed(format!("fi_read: {e}")))?;
+                None
+            }
+            RmaOp::Write => {
+                let landing = link
+                    .ep
+                    .rma()
+                    .grant(&d.x, ctx, d.inline, d.at)
+                    .map_err(|e| PieceError::Malformed(format!("rendezvous grant: {e}")))?;
+                link.receiving.need_grant.push((d.x.id, landing));
+                self.dirty.push(id);
+                Some(ctx)
+            }
+        };
+        link.receiving
+            .started(d.x.id, granted, &mut self.rndv_counters);
         if self.reads == 0 {
             self.next_read_check = Instant::now() + self.read_timeout;
         }
@@ -992,6 +1064,61 @@ impl FabricTransport {
             None => Err(PieceError::Malformed(
                 DescError::UnknownDone(done).to_string(),
             )),
+        }
+    }
+
+    /// The peer granted a buffer for our unit `body` names: the unit is
+    /// written into it, and the peer told so right behind the write.
+    fn grant_received(&mut self, id: LinkId, body: &[u8]) -> Result<Option<Inbound>, PieceError> {
+        let Some(link) = self.links.get_mut(&id) else {
+            return Ok(None);
+        };
+        let grant = rendezvous::decode_grant(body);
+        let Some((unit, landing)) = grant.filter(|&(unit, _)| link.exposures.granted(unit)) else {
+            let e = DescError::UnknownGrant(grant.map(|(unit, _)| unit));
+            return Err(PieceError::Malformed(e.to_string()));
+        };
+        link.ep
+            .write(unit, landing, write_context(id, unit))
+            .map_err(|e| PieceError::Malformed(format!("fi_write: {e}")))?;
+        self.rndv_counters.writes += 1;
+        link.exposures.need_written.push(unit);
+        self.dirty.push(id);
+        Ok(None)
+    }
+
+    /// The peer says it wrote the unit this link waits for into our grant.
+    fn written_by_peer(
+        &mut self,
+        id: LinkId,
+        body: &[u8],
+        events: &mut Vec<TransportEvent>,
+    ) -> Result<Option<Inbound>, PieceError> {
+        let Some(link) = self.links.get_mut(&id) else {
+            return Ok(None);
+        };
+        let context = link
+            .receiving
+            .written(rendezvous::decode_done(body))
+            .map_err(|e| PieceError::Malformed(e.to_string()))?;
+        self.rendezvous_arrived(id, context, None, events);
+        Ok(None)
+    }
+
+    /// One of our writes completed: its unit may go once the peer answers
+    /// (RNDV_DONE); a failed write fails the link.
+    fn write_complete(&mut self, c: &Completion, events: &mut Vec<TransportEvent>) {
+        let (id, _, _) = decode_context(c.context);
+        let Some(link) = self.links.get_mut(&id) else {
+            return; // its endpoint closed, and its buffers went with it
+        };
+        link.ep.rma().write_done(c.context);
+        if let Some((code, what)) = c.error {
+            let why = format!(
+                "libfabric fi_write {what}: {}",
+                std::io::Error::from_raw_os_error(code)
+            );
+            self.fail(id, why, events);
         }
     }
 
@@ -1018,7 +1145,7 @@ impl FabricTransport {
         for id in overdue {
             self.rndv_counters.read_timeouts += 1;
             let why = format!(
-                "rendezvous fi_read not complete within {:?} (rdma_read_timeout_ms)",
+                "rendezvous unit not complete within {:?} (rdma_read_timeout_ms)",
                 self.read_timeout
             );
             self.fail(id, why, events);
@@ -1030,7 +1157,14 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
-        if link.behind_a_read() {
+        // Grants, "written" and answers go at once: the unit a read waits
+        // for may be the one a grant asks us to write, or the one "written"
+        // announces.
+        let control = matches!(
+            link.ep.recv_done(slot, len).first(),
+            Some(&(RNDV_GRANT | RNDV_WRITTEN | RNDV_DONE))
+        );
+        if link.behind_a_read() && !control {
             let copy = link.ep.recv_done(slot, len).to_vec();
             link.behind_read_bytes += copy.len();
             link.behind_read.push_back(copy);
@@ -1074,6 +1208,18 @@ impl FabricTransport {
                 done[..n].copy_from_slice(&body[..n]);
                 self.read_by_peer(id, &done[..n])
             }
+            Some((&RNDV_GRANT, body)) => {
+                let mut grant = [0u8; rendezvous::GRANT_LEN];
+                let n = body.len().min(grant.len());
+                grant[..n].copy_from_slice(&body[..n]);
+                self.grant_received(id, &grant[..n])
+            }
+            Some((&RNDV_WRITTEN, body)) => {
+                let mut written = [0u8; rendezvous::DONE_LEN];
+                let n = body.len().min(written.len());
+                written[..n].copy_from_slice(&body[..n]);
+                self.written_by_peer(id, &written[..n], events)
+            }
             Some((&hdr, _)) => Err(PieceError::Malformed(format!(
                 "bad message header {hdr:#x}"
             ))),
@@ -1113,7 +1259,7 @@ impl FabricTransport {
         if !link.connected || link.frozen {
             return;
         }
-        let rndv = self.rndv && link.peer_reads;
+        let rndv = rendezvous::link_op(self.rndv, link.peer_rndv).is_some();
         match Self::flush_into(id, link, rndv, &mut self.rndv_counters) {
             Ok(()) => {}
             Err(e) if msgr_fabric::is_again(&e) => self.retry.push(id),
@@ -1127,16 +1273,33 @@ impl FabricTransport {
         rndv: bool,
         counters: &mut Counters,
     ) -> Result<(), FabricError> {
-        while let Some(&done) = link.receiving.need_done.last() {
+        while let Some(&(unit, landing)) = link.receiving.need_grant.last() {
             let sent = link.post(id, |buf| {
-                buf[0] = RNDV_DONE;
-                buf[1..=rendezvous::DONE_LEN].copy_from_slice(&done.to_le_bytes());
-                1 + rendezvous::DONE_LEN
+                buf[0] = RNDV_GRANT;
+                1 + rendezvous::encode_grant(&mut buf[1..], unit, landing)
             })?;
             if !sent {
                 return Ok(());
             }
-            link.receiving.need_done.pop();
+            link.receiving.need_grant.pop();
+        }
+        type Owed = fn(&mut FabricLink) -> &mut Vec<u32>;
+        let owed: [(u8, Owed); 2] = [
+            (RNDV_WRITTEN, |l| &mut l.exposures.need_written),
+            (RNDV_DONE, |l| &mut l.receiving.need_done),
+        ];
+        for (kind, list) in owed {
+            while let Some(&unit) = list(link).last() {
+                let sent = link.post(id, |buf| {
+                    buf[0] = kind;
+                    buf[1..=rendezvous::DONE_LEN].copy_from_slice(&unit.to_le_bytes());
+                    1 + rendezvous::DONE_LEN
+                })?;
+                if !sent {
+                    return Ok(());
+                }
+                list(link).pop();
+            }
         }
         loop {
             let staged = link.exposures.stage(
@@ -1356,7 +1519,9 @@ impl Transport for FabricTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.rma(), &mut self.tx_arena)?,
+            Transmit::Frame(f) => {
+                rendezvous::encode_unit(f, self.net.rma().is_some(), &mut self.tx_arena)?
+            }
         };
         self.queue(link, unit)
     }
@@ -1462,7 +1627,7 @@ impl Transport for FabricTransport {
     /// As on both endpoint types (`simulate_fault`).
     fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
         let receiving = self.links.get_mut(&link).map(|l| &mut l.receiving);
-        let (rndv, kind) = (self.rndv, &self.kind);
+        let (rndv, kind) = (self.rndv.is_some(), &self.kind);
         simulate_fault(receiving, link, fault, rndv, kind, &mut self.queue_failures)
     }
 
@@ -1489,7 +1654,9 @@ impl Transport for FabricTransport {
         TransportStats {
             kind: self.kind.clone(),
             values: {
-                let mut v = self.rndv_counters.values(self.rndv, self.net.rma_in_use());
+                let mut v = self
+                    .rndv_counters
+                    .values(self.rndv.is_some(), self.net.rma_in_use());
                 v.extend(self.queue_failures.values());
                 v
             },
@@ -1770,18 +1937,26 @@ pub(crate) mod tests {
     }
 
     /// `fabric_rendezvous`: `auto` withholds the reads exactly where this
-    /// libfabric has a known bug in them, `off` always, `on` never.
+    /// libfabric has a known bug in them and writes instead (`tcp` checks
+    /// keys), `off` has neither, `on` reads, `write` writes.
     #[test]
     fn rendezvous_follows_the_configuration() {
         let withheld = msgr_fabric::rma_withheld("tcp");
+        let auto = if withheld.is_none() {
+            RmaOp::Read
+        } else {
+            RmaOp::Write
+        };
         for (mode, want) in [
-            (FabricRendezvous::Auto, withheld.is_none()),
-            (FabricRendezvous::Off, false),
-            (FabricRendezvous::On, true),
+            (FabricRendezvous::Auto, Some(auto)),
+            (FabricRendezvous::Off, None),
+            (FabricRendezvous::On, Some(RmaOp::Read)),
+            (FabricRendezvous::Write, Some(RmaOp::Write)),
         ] {
             let (_poll, t) = tcp_transport_with(mode);
             assert_eq!(t.rndv, want, "{mode:?} (withheld: {withheld:?})");
-            assert_eq!(stat(&t, "rendezvous_enabled"), u64::from(want), "{mode:?}");
+            let enabled = u64::from(want.is_some());
+            assert_eq!(stat(&t, "rendezvous_enabled"), enabled, "{mode:?}");
         }
     }
 
@@ -1796,7 +1971,7 @@ pub(crate) mod tests {
     fn large_segments_are_sent_in_place() {
         let (mut poll, mut t) = tcp_transport_with(FabricRendezvous::Off);
         let server = dial_itself(&mut t, &mut poll);
-        assert!(!t.rndv, "rendezvous is off");
+        assert_eq!(t.rndv, None, "rendezvous is off");
         t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
             .unwrap();
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
@@ -1854,12 +2029,22 @@ pub(crate) mod tests {
         assert_eq!(t.link_count(), 0);
     }
 
-    /// Units bigger than a slot go by fi_read rendezvous (tcp has FI_RMA),
-    /// or split and joined where it is off; an aborted endpoint is reported
-    /// on both sides.
+    /// Units bigger than a slot go by fi_read rendezvous (tcp has FI_RMA);
+    /// an aborted endpoint is reported on both sides.
     #[test]
-    fn large_units_and_abort() {
-        let (mut poll, mut t) = tcp_transport();
+    fn large_units_by_read_and_abort() {
+        large_units_by_rendezvous_and_abort(FabricRendezvous::On);
+    }
+
+    /// The same by the write rendezvous: the receiver grants a buffer, the
+    /// sender writes the unit into it and says so.
+    #[test]
+    fn large_units_by_write_and_abort() {
+        large_units_by_rendezvous_and_abort(FabricRendezvous::Write);
+    }
+
+    fn large_units_by_rendezvous_and_abort(mode: FabricRendezvous) {
+        let (mut poll, mut t) = tcp_transport_with(mode);
         let server = dial_itself(&mut t, &mut poll);
         t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
             .unwrap();
@@ -1884,9 +2069,12 @@ pub(crate) mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(t.rndv, "tcp MSG endpoints have FI_RMA");
+        let by_write = mode == FabricRendezvous::Write;
+        assert!(t.rndv.is_some(), "tcp MSG endpoints have FI_RMA");
         assert_eq!(stat(&t, "rendezvous_sent"), 1);
-        assert_eq!(stat(&t, "rendezvous_read"), 1);
+        assert_eq!(stat(&t, "rendezvous_read"), u64::from(!by_write));
+        assert_eq!(stat(&t, "rendezvous_writes"), u64::from(by_write));
+        assert_eq!(stat(&t, "rendezvous_landed"), u64::from(by_write));
         assert_eq!(stat(&t, "rendezvous_fallbacks"), 0);
         // The sender frees the unit once told it was read.
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -67,7 +67,12 @@
 //! are exposed at once; a read that does not complete within the read
 //! timeout (`rdma_read_timeout_ms`) fails the link (`read_timeouts`).
 //! The endpoint outlives its links, so a read still in flight when its
-//! link goes keeps its buffer in the endpoint until it completes.
+//! link goes keeps its buffer in the endpoint until it completes. Where
+//! the reads are withheld (`tcp;ofi_rxm` on libfabric 1.17) the units go
+//! by `fi_write` into a buffer the receiver grants (`RNDV_GRANT`, then
+//! `RNDV_WRITTEN` right behind the write; both control messages, handled
+//! on arrival); a granted buffer whose link goes before "written" stays
+//! with the endpoint until it closes, since a write may still land in it.
 //!
 //! `simulate(SimulatedFault::HungRead)` ignores the completion of the
 //! link's next read (a fake: `tcp;ofi_rxm` never leaves a read hanging, see
@@ -105,7 +110,7 @@ use mio::event::Event;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
-use msgr_fabric::{Completion, FabricError, Net, PeerAddr, RdmEp, ReadDone, Site};
+use msgr_fabric::{Completion, FabricError, Landing, Net, PeerAddr, RdmEp, ReadDone, RmaOp, Site};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
@@ -159,14 +164,20 @@ const KEEP: u8 = 5;
 const CLOSE: u8 = 6;
 /// A data piece that describes a unit to fetch with fi_read.
 const RNDV: u8 = 7;
-/// The unit of a RNDV was read: its buffer may go.
+/// The unit of a RNDV was read (or written into a grant): its buffer may go.
 const RNDV_DONE: u8 = 8;
+/// The answer to a RNDV whose unit is held for a write: the buffer to
+/// write it into ([`rendezvous::encode_grant`]).
+const RNDV_GRANT: u8 = 9;
+/// The unit of a RNDV_GRANT was written (posted after the write, which it
+/// does not overtake).
+const RNDV_WRITTEN: u8 = 10;
 
 /// Bytes of a HELLO body before the name: link id, cookie, name length.
 const HELLO_FIXED: usize = 8 + 4 + 2;
 
 /// Why housekeeping fails a link whose rendezvous read is overdue.
-const STUCK_READ: &str = "rendezvous fi_read not complete";
+const STUCK_READ: &str = "rendezvous unit not complete";
 /// Why housekeeping fails a connecting link whose HELLO could never be
 /// posted (see [`RdmTransport::replace_out_port`]).
 const REFUSED_HELLO: &str = "HELLO never posted (-FI_EAGAIN or no free transmit slot)";
@@ -176,8 +187,11 @@ const REFUSED_HELLO: &str = "HELLO never posted (-FI_EAGAIN or no free transmit 
 const MAX_OUT_PORT_REPLACEMENTS: u64 = 8;
 
 const RX_BIT: u64 = 1 << 39;
-/// Context bit of an fi_read (the low 32 bits number it within its port).
+/// Context bit of an fi_read or a granted buffer (the low 32 bits number
+/// it within its port).
 const READ_BIT: u64 = 1 << 38;
+/// Context bit of an fi_write (numbered as reads are).
+const WRITE_BIT: u64 = 1 << 37;
 const SLOT_MASK: u64 = (1 << 32) - 1;
 
 fn context(port: usize, rx: bool, slot: usize) -> u64 {
@@ -186,6 +200,10 @@ fn context(port: usize, rx: bool, slot: usize) -> u64 {
 
 fn read_context(port: usize, n: u32) -> u64 {
     ((port as u64) << 40) | READ_BIT | u64::from(n)
+}
+
+fn write_context(port: usize, n: u32) -> u64 {
+    ((port as u64) << 40) | WRITE_BIT | u64::from(n)
 }
 
 fn decode_context(c: u64) -> (usize, bool, usize) {
@@ -281,8 +299,9 @@ struct Port {
     reserved: usize,
     /// Links on this endpoint.
     links: usize,
-    /// fi_reads in flight: context -> link.
+    /// fi_reads and fi_writes in flight: context -> link.
     reads: FxHashMap<u64, LinkId>,
+    /// Numbers the next read, grant or write (see [`read_context`]).
     next_read: u32,
     /// Bytes per message sent, header included (at most the slot size:
     /// see [`RdmTransport::new`]).
@@ -452,9 +471,9 @@ struct RdmLink {
     /// Accepted (the listener's token and the peer) or outgoing (`None`).
     accepted: Option<(Token, SocketAddr)>,
     need_hello: bool,
-    /// The peer reads rendezvous units (its HELLO or WELCOME said so, see
-    /// [`rendezvous::caps`]); known before any data is sent.
-    peer_reads: bool,
+    /// How the peer moves rendezvous units (its HELLO or WELCOME said so,
+    /// see [`rendezvous::caps`]); known before any data is sent.
+    peer_rndv: Option<RmaOp>,
     need_welcome: bool,
     need_keep: bool,
     credits: u32,
@@ -542,7 +561,7 @@ impl RdmLink {
             remote: None,
             accepted,
             need_hello: false,
-            peer_reads: false,
+            peer_rndv: None,
             need_welcome: false,
             need_keep: false,
             credits: 0,
@@ -659,8 +678,9 @@ pub struct RdmTransport {
     /// Bytes per message sent (header included): the slot size, or less
     /// where larger messages would go by the provider's own reads.
     send_limit: usize,
-    /// Large units go by fi_read rendezvous (see [`RNDV_THRESHOLD`]).
-    rndv: bool,
+    /// How large units go by rendezvous (see [`RNDV_THRESHOLD`]), if they
+    /// do.
+    rndv: Option<RmaOp>,
     /// Rendezvous units received (for tests and counters).
     rndv_counters: Counters,
     /// A rendezvous read in flight longer than this fails its link.
@@ -980,6 +1000,9 @@ impl RdmTransport {
         if c.context & READ_BIT != 0 {
             return self.read_complete(pidx, c, events);
         }
+        if c.context & WRITE_BIT != 0 {
+            return self.write_complete(pidx, c, events);
+        }
         if rx {
             if let Some((code, what)) = c.error {
                 // A receive is not tied to a peer: repost and go on.
@@ -1026,15 +1049,16 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let (header, welcome, done_id, hello) = {
+        let (header, welcome, done_id, grant, hello) = {
             let msg = port.ep.recv_done(slot, len);
             let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
             let h = read_header(msg);
             let hello = (h.as_ref().map(|h| h.kind) == Some(HELLO)).then(|| body.to_vec());
             // A WELCOME: the acceptor's ids, then its capabilities.
-            let caps = rendezvous::peer_reads(body.get(12..).unwrap_or(&[]));
+            let caps = rendezvous::peer_op(body.get(12..).unwrap_or(&[]));
             let welcome = read_dest(body).map(|d| (d, caps));
-            (h, welcome, rendezvous::decode_done(body), hello)
+            let grant = rendezvous::decode_grant(body);
+            (h, welcome, rendezvous::decode_done(body), grant, hello)
         };
         let Some(h) = header else {
             tracing::debug!(len, "RDM message shorter than its header, dropped");
@@ -1076,9 +1100,9 @@ impl RdmTransport {
                     return;
                 };
                 match remote {
-                    Some((r, reads)) if link.remote.is_none() && link.accepted.is_none() => {
+                    Some((r, op)) if link.remote.is_none() && link.accepted.is_none() => {
                         link.remote = Some(r);
-                        link.peer_reads = reads;
+                        link.peer_rndv = op;
                         link.credits = CREDITS;
                         events.push(TransportEvent::Connected(id));
                         self.dirty.push(id);
@@ -1124,6 +1148,19 @@ impl RdmTransport {
                         let why = DescError::UnknownDone(id_done).to_string();
                         self.fail(id, why, events)
                     }
+                }
+            }
+            RNDV_GRANT => {
+                self.repost(pidx, slot);
+                self.grant_received(id, grant, events);
+            }
+            RNDV_WRITTEN => {
+                self.repost(pidx, slot);
+                let written = self.links.get(&id).map(|l| l.receiving.written(done_id));
+                match written {
+                    Some(Ok(context)) => self.rendezvous_arrived(pidx, id, context, None, events),
+                    Some(Err(e)) => self.fail(id, e.to_string(), events),
+                    None => {}
                 }
             }
             CLOSE => {
@@ -1185,9 +1222,34 @@ impl RdmTransport {
         let kind = msg.first().copied();
         let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
         let outcome = if kind == Some(RNDV) {
-            // The unit comes by fi_read; later pieces wait for it (hand_up).
-            match rendezvous::decode(body, self.limits.max_frame, !link.reasm.is_idle()) {
+            // The unit comes by fi_read or by the peer's write into a grant;
+            // later pieces wait for it (hand_up).
+            let decoded = rendezvous::decode(body, self.limits.max_frame, !link.reasm.is_idle());
+            let wrong_op = |d: &rendezvous::Offered<'_>| {
+                let offered = if d.x.write { RmaOp::Write } else { RmaOp::Read };
+                (self.rndv != Some(offered)).then_some(DescError::WrongOp {
+                    offered,
+                    ours: self.rndv,
+                })
+            };
+            match decoded.and_then(|d| wrong_op(&d).map_or(Ok(d), Err)) {
                 Err(e) => Err(PieceError::Malformed(e.to_string())),
+                Ok(d) if d.x.write => {
+                    // Out of the slot: the grant borrows the endpoint.
+                    let (x, at, inline) = (d.x, d.at, d.inline.to_vec());
+                    let ctx = read_context(pidx, port.next_read);
+                    port.next_read = port.next_read.wrapping_add(1);
+                    match port.ep.rma().grant(&x, ctx, &inline, at) {
+                        Ok(landing) => {
+                            link.receiving.need_grant.push((x.id, landing));
+                            link.receiving
+                                .started(x.id, Some(ctx), &mut self.rndv_counters);
+                            self.dirty.push(id);
+                            Ok(None)
+                        }
+                        Err(e) => Err(PieceError::Malformed(format!("rendezvous grant: {e}"))),
+                    }
+                }
                 Ok(d) => {
                     // Out of the slot: the read borrows the endpoint.
                     let (x, at, inline) = (d.x, d.at, d.inline.to_vec());
@@ -1201,7 +1263,7 @@ impl RdmTransport {
                     match from.map(|from| port.ep.read(&x, from, ctx, &inline, at)) {
                         Some(Ok(())) => {
                             port.reads.insert(ctx, id);
-                            link.receiving.started(x.id, &mut self.rndv_counters);
+                            link.receiving.started(x.id, None, &mut self.rndv_counters);
                             Ok(None)
                         }
                         Some(Err(e)) => Err(PieceError::Malformed(format!("fi_read: {e}"))),
@@ -1239,21 +1301,40 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
+        match port.reads.get(&c.context) {
+            Some(&id) => self.rendezvous_arrived(pidx, id, c.context, c.error, events),
+            None => drop(port.ep.rma().read_done(c.context, false)),
+        }
+    }
+
+    /// The unit of link `id`'s rendezvous under `context` on port `pidx`
+    /// arrived (its read completed, with `error` if it failed, or the peer
+    /// said it wrote it into our grant): it is handed up, the sender told
+    /// (RNDV_DONE), and the pieces that waited for it follow.
+    fn rendezvous_arrived(
+        &mut self,
+        pidx: usize,
+        id: LinkId,
+        context: u64,
+        error: Option<(i32, &'static str)>,
+        events: &mut Vec<TransportEvent>,
+    ) {
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
         // Freed here even if the completion is then ignored (a simulated
         // hang) or its link went: the provider is done with the buffer. Its
         // check word may be read next, apart: then the read completes again.
-        let buf = match port.ep.rma().read_done(c.context, c.error.is_none()) {
+        let buf = match port.ep.rma().read_done(context, error.is_none()) {
             Some(ReadDone::WordNext) => return,
             done => done.and_then(ReadDone::finished),
         };
-        let Some(id) = port.reads.remove(&c.context) else {
-            return;
-        };
+        port.reads.remove(&context);
         let Some(link) = self.links.get_mut(&id) else {
             return; // the link went while its read was in flight
         };
         let Some(unit) = link.receiving.finish(
-            c.error,
+            error,
             buf,
             &mut link.reasm,
             &self.limits,
@@ -1270,6 +1351,62 @@ impl RdmTransport {
         }
         self.dirty.push(id);
         self.hand_up(id, events);
+    }
+
+    /// The peer granted a buffer for our unit (`grant`, from a RNDV_GRANT):
+    /// the unit is written into it, and the peer told so right behind the
+    /// write (RNDV_WRITTEN).
+    fn grant_received(
+        &mut self,
+        id: LinkId,
+        grant: Option<(u32, Landing)>,
+        events: &mut Vec<TransportEvent>,
+    ) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        let pidx = link.port;
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some((unit, landing)) = grant.filter(|&(unit, _)| link.exposures.granted(unit)) else {
+            let why = DescError::UnknownGrant(grant.map(|(unit, _)| unit)).to_string();
+            return self.fail(id, why, events);
+        };
+        let to = port
+            .peers
+            .get(link.peer)
+            .and_then(Option::as_ref)
+            .map(|p| p.addr);
+        let ctx = write_context(pidx, port.next_read);
+        port.next_read = port.next_read.wrapping_add(1);
+        match to.map(|to| port.ep.write(unit, to, landing, ctx)) {
+            Some(Ok(())) => {
+                port.reads.insert(ctx, id);
+                self.rndv_counters.writes += 1;
+                link.exposures.need_written.push(unit);
+                self.dirty.push(id);
+            }
+            Some(Err(e)) => self.fail(id, format!("fi_write: {e}"), events),
+            None => self.fail(id, "rendezvous grant from no peer".into(), events),
+        }
+    }
+
+    /// One of our writes completed: its unit may go once the peer answers
+    /// (RNDV_DONE), or now if its link went; a failed write fails the link.
+    fn write_complete(&mut self, pidx: usize, c: &Completion, events: &mut Vec<TransportEvent>) {
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        port.ep.rma().write_done(c.context);
+        let id = port.reads.remove(&c.context);
+        if let (Some(id), Some((code, what))) = (id, c.error) {
+            let why = format!(
+                "libfabric fi_write {what}: {}",
+                std::io::Error::from_raw_os_error(code)
+            );
+            self.fail(id, why, events);
+        }
     }
 
     /// A HELLO on port `pidx`: accept the link if the port listens.
@@ -1293,7 +1430,7 @@ impl RdmTransport {
             return;
         };
         // The connector's capabilities follow its name.
-        let peer_reads = rendezvous::peer_reads(&body[HELLO_FIXED + name_len..]);
+        let peer_rndv = rendezvous::peer_op(&body[HELLO_FIXED + name_len..]);
         let peer = match port.peer(name) {
             Ok(p) => p,
             Err(e) => {
@@ -1310,7 +1447,7 @@ impl RdmTransport {
         let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
         let mut link = RdmLink::new(pidx, peer, Some((token, peer_addr)));
         link.remote = Some(remote);
-        link.peer_reads = peer_reads;
+        link.peer_rndv = peer_rndv;
         link.credits = CREDITS;
         link.need_welcome = true;
         self.links.insert(id, link);
@@ -1359,22 +1496,22 @@ impl RdmTransport {
     }
 
     /// Returns whether everything sendable went (else: out of slots or
-    /// -FI_EAGAIN). `reads`: this end reads rendezvous units (and may offer
-    /// them to a peer that reads too).
+    /// -FI_EAGAIN). `ours`: how this end moves rendezvous units (it offers
+    /// them to a peer that moves them the same way).
     fn flush_into(
         id: LinkId,
         link: &mut RdmLink,
         pidx: usize,
         port: &mut Port,
-        reads: bool,
+        ours: Option<RmaOp>,
         counters: &mut Counters,
         now: Instant,
     ) -> Result<bool, FabricError> {
         let me = link.dest(id);
-        let rndv = reads && link.peer_reads;
+        let rndv = rendezvous::link_op(ours, link.peer_rndv).is_some();
         if link.need_hello {
             let name = port.ep.name().to_vec();
-            let caps = rendezvous::caps(reads);
+            let caps = rendezvous::caps(ours);
             let sent = port.post(pidx, link.peer, Some(id), |buf| {
                 write_header(buf, HELLO, 0, Dest { link: 0, cookie: 0 }, 0);
                 let mut n = HEADER_LEN + write_dest(&mut buf[HEADER_LEN..], me);
@@ -1398,11 +1535,25 @@ impl RdmTransport {
         if link.need_welcome {
             let mut body = [0u8; 12 + rendezvous::CAPS_LEN];
             let n = write_dest(&mut body, me);
-            body[n..].copy_from_slice(&rendezvous::caps(reads));
+            body[n..].copy_from_slice(&rendezvous::caps(ours));
             if !link.post_control(id, pidx, port, WELCOME, &body, now)? {
                 return Ok(false);
             }
             link.need_welcome = false;
+        }
+        while let Some(&(unit, landing)) = link.receiving.need_grant.last() {
+            let mut body = [0u8; rendezvous::GRANT_LEN];
+            rendezvous::encode_grant(&mut body, unit, landing);
+            if !link.post_control(id, pidx, port, RNDV_GRANT, &body, now)? {
+                return Ok(false);
+            }
+            link.receiving.need_grant.pop();
+        }
+        while let Some(&unit) = link.exposures.need_written.last() {
+            if !link.post_control(id, pidx, port, RNDV_WRITTEN, &unit.to_le_bytes(), now)? {
+                return Ok(false);
+            }
+            link.exposures.need_written.pop();
         }
         while let Some(&done) = link.receiving.need_done.last() {
             if !link.post_control(id, pidx, port, RNDV_DONE, &done.to_le_bytes(), now)? {
@@ -1758,7 +1909,9 @@ impl Transport for RdmTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            Transmit::Frame(f) => rendezvous::encode_unit(f, self.net.rma(), &mut self.tx_arena)?,
+            Transmit::Frame(f) => {
+                rendezvous::encode_unit(f, self.net.rma().is_some(), &mut self.tx_arena)?
+            }
         };
         self.queue(link, unit)
     }
@@ -1887,7 +2040,14 @@ impl Transport for RdmTransport {
     fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
         let receiving = self.links.get_mut(&link).map(|l| &mut l.receiving);
         let (rndv, kind) = (self.rndv, &self.kind);
-        simulate_fault(receiving, link, fault, rndv, kind, &mut self.queue_failures)
+        simulate_fault(
+            receiving,
+            link,
+            fault,
+            rndv.is_some(),
+            kind,
+            &mut self.queue_failures,
+        )
     }
 
     fn send_corrupted(
@@ -1905,7 +2065,9 @@ impl Transport for RdmTransport {
     }
 
     fn stats(&self) -> TransportStats {
-        let mut values = self.rndv_counters.values(self.rndv, self.net.rma_in_use());
+        let mut values = self
+            .rndv_counters
+            .values(self.rndv.is_some(), self.net.rma_in_use());
         values.push(("out_port_replacements", self.out_port_replacements));
         values.extend(self.queue_failures.values());
         TransportStats {
@@ -1993,9 +2155,13 @@ mod tests {
                 (want, SLOT_SIZE),
                 "{name}: withheld: {withheld}"
             );
-            assert_eq!(auto.rndv, !withheld, "{name}");
+            // Where the reads are withheld, the writes stand in (`tcp`
+            // checks keys).
+            let op = if withheld { RmaOp::Write } else { RmaOp::Read };
+            assert_eq!(auto.rndv, Some(op), "{name}");
             let on = open_with(name, &poll, FabricRendezvous::On);
-            assert_eq!((on.send_limit, on.rndv), (SLOT_SIZE, true), "{name}");
+            let want = (SLOT_SIZE, Some(RmaOp::Read));
+            assert_eq!((on.send_limit, on.rndv), want, "{name}");
         }
     }
 
@@ -2071,10 +2237,13 @@ mod tests {
             .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000)))));
         // A hung read needs a read to hang: refused without rendezvous.
         match t.simulate(server, SimulatedFault::HungRead) {
-            Ok(()) => assert!(t.rndv, "{provider}: hung read accepted without rendezvous"),
+            Ok(()) => assert!(
+                t.rndv.is_some(),
+                "{provider}: hung read accepted without rendezvous"
+            ),
             Err(TransportError::Unavailable { reason, .. }) => {
                 assert!(
-                    !t.rndv && reason.contains("rendezvous"),
+                    t.rndv.is_none() && reason.contains("rendezvous"),
                     "{provider}: {reason}"
                 );
             }
@@ -2119,7 +2288,7 @@ mod tests {
         }
         // Every frame is above the threshold: fetched by fi_read (both
         // providers have RMA).
-        assert!(t.rndv, "{provider}: rendezvous enabled");
+        assert!(t.rndv.is_some(), "{provider}: rendezvous enabled");
         let expect = frames.len() as u64;
         assert_eq!(t.rndv_counters.read, expect, "{provider}: rendezvous reads");
         assert_eq!(t.rndv_counters.sent, expect, "{provider}: rendezvous sent");

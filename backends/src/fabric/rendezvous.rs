@@ -36,6 +36,22 @@
 //! The copy was a tenth of a 1 MiB ping-pong's CPU over `tcp`, and a
 //! quarter to a third of its one-way time over `shm`.
 //!
+//! Where the reads are withheld ([`msgr_fabric::rma_withheld`]: libfabric
+//! 1.17's `tcp`) and the provider checks keys, units go by `fi_write`
+//! instead ([`RmaOp::Write`]): the sender holds the unit (registered only
+//! where the domain wants local registrations) and sends its descriptor
+//! flagged [`WRITE_ME`], naming nothing to read; the receiver grants a
+//! zeroed buffer with the inline bytes in place, registered for remote
+//! writes ([`encode_grant`]); the sender writes the unit into it and says
+//! "written" by a send posted right behind the write (`FI_ORDER_SAW`); the
+//! receiver then hands the unit up and answers as after a read. A granted
+//! buffer is never freed while its endpoint is open and a write into it
+//! may be under way (RDM endpoints outlive their links: a link that goes
+//! with a grant outstanding leaves it to the endpoint's close). Over
+//! `tcp;ofi_rxm` the writes go to the core `tcp` endpoint in one piece,
+//! where eager messages were 16 KiB bounce-buffer copies: a 1 MiB one-way
+//! took about half the time.
+//!
 //! What this module holds is transport-independent: the descriptor's
 //! encoding, the sending side's bookkeeping, the deadline and the counters.
 //! Each transport frames the descriptor and the answer in its own header.
@@ -44,7 +60,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use msgr_fabric::{Exposed, FabricError, RemoteWord, RmaBuffers, CHECK_LEN};
+use msgr_fabric::{Exposed, FabricError, Landing, RemoteWord, RmaBuffers, RmaOp, CHECK_LEN};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::frame::{EncodedFrame, PREAMBLE_LEN};
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound};
@@ -73,6 +89,11 @@ pub const RNDV_MAX: usize = 4;
 pub const DESC_LEN: usize = 8 + 8 + 8 + 4 + 8 + 4 + 8 + 8 + 4;
 /// Descriptor flag: the check word lies apart ([`Exposed::word`]).
 const WORD_APART: u32 = 1;
+/// Descriptor flag: the unit is held for a write ([`Exposed::write`]): the
+/// receiver grants a buffer ([`encode_grant`]) instead of reading.
+const WRITE_ME: u32 = 2;
+/// Bytes of a grant: the sender's id, then where to write and the key.
+pub const GRANT_LEN: usize = 4 + 8 + 8;
 /// The largest descriptor with its inline bytes.
 pub const DESC_MAX: usize = DESC_LEN + INLINE_MAX;
 /// Bytes of the answer to a descriptor: the sender's id.
@@ -81,28 +102,47 @@ pub const DONE_LEN: usize = 4;
 /// What each end of a link tells the other at set-up (MSG: the connection
 /// data of `fi_connect` / `fi_accept`; RDM: after the HELLO's name and the
 /// WELCOME's ids): [`CAPS_TAG`] and a flags byte, [`CAPS_READS`] set when
-/// it reads rendezvous units. A sender offers a unit by rendezvous only to
-/// a peer that reads (its own endpoints may have reads while the peer's
-/// libfabric withholds them: `msgr_fabric::rma_withheld`).
+/// it reads rendezvous units, [`CAPS_WRITES`] when it grants buffers for
+/// them to be written into. A sender offers a unit by rendezvous only to a
+/// peer that moves them by the same operation as its own endpoints (they
+/// may have reads while the peer's libfabric withholds them:
+/// `msgr_fabric::rma_withheld`).
 pub const CAPS_LEN: usize = 2;
 /// The first byte of the capabilities.
 const CAPS_TAG: u8 = b'm';
 /// Capability flag: this end `fi_read`s rendezvous units.
 const CAPS_READS: u8 = 1;
+/// Capability flag: this end grants buffers for rendezvous units to be
+/// `fi_write`n into.
+const CAPS_WRITES: u8 = 2;
 
-/// The capabilities of an end that reads rendezvous units iff `reads`.
-pub fn caps(reads: bool) -> [u8; CAPS_LEN] {
-    [CAPS_TAG, if reads { CAPS_READS } else { 0 }]
+/// The capabilities of an end whose endpoints move rendezvous units by
+/// `op` (none: every unit through the slots).
+pub fn caps(op: Option<RmaOp>) -> [u8; CAPS_LEN] {
+    let flags = match op {
+        Some(RmaOp::Read) => CAPS_READS,
+        Some(RmaOp::Write) => CAPS_WRITES,
+        None => 0,
+    };
+    [CAPS_TAG, flags]
 }
 
-/// Whether a peer whose set-up carried `caps` reads rendezvous units.
-/// Without them (an msgr from before they were sent, which always read
-/// where its endpoints could) it does.
-pub fn peer_reads(caps: &[u8]) -> bool {
+/// How a peer whose set-up carried `caps` moves rendezvous units. Without
+/// them (an msgr from before they were sent, which always read where its
+/// endpoints could) it reads.
+pub fn peer_op(caps: &[u8]) -> Option<RmaOp> {
     match caps {
-        [CAPS_TAG, flags, ..] => flags & CAPS_READS != 0,
-        _ => true,
+        [CAPS_TAG, flags, ..] if flags & CAPS_READS != 0 => Some(RmaOp::Read),
+        [CAPS_TAG, flags, ..] if flags & CAPS_WRITES != 0 => Some(RmaOp::Write),
+        [CAPS_TAG, ..] => None,
+        _ => Some(RmaOp::Read),
     }
+}
+
+/// The rendezvous operation of a link between an end moving units by
+/// `ours` and a peer moving them by `theirs`: the same, or none.
+pub fn link_op(ours: Option<RmaOp>, theirs: Option<RmaOp>) -> Option<RmaOp> {
+    ours.filter(|&op| theirs == Some(op))
 }
 
 /// Why a received descriptor is refused (the link fails).
@@ -139,6 +179,22 @@ pub enum DescError {
     /// An answer for a unit this side has not exposed.
     #[error("rendezvous answer for nothing exposed ({0:?})")]
     UnknownDone(Option<u32>),
+    /// A grant for a unit this side does not hold for a write, or holds
+    /// and wrote already.
+    #[error("rendezvous grant for nothing held ({0:?})")]
+    UnknownGrant(Option<u32>),
+    /// A "written" for no buffer granted to the peer.
+    #[error("rendezvous write announced for nothing granted ({0:?})")]
+    UnknownWritten(Option<u32>),
+    /// A descriptor of the operation this side's endpoints do not take
+    /// part in.
+    #[error("rendezvous by {offered:?} to an endpoint moving units by {ours:?}")]
+    WrongOp {
+        /// What the descriptor asks.
+        offered: RmaOp,
+        /// What this side's endpoints do.
+        ours: Option<RmaOp>,
+    },
 }
 
 /// A unit queued to send.
@@ -256,6 +312,8 @@ pub struct Described {
     pub inline: Vec<u8>,
     /// Where in `inline` the exposed bytes belong.
     pub at: usize,
+    /// The exposed bytes are the application's, not a copy.
+    pub in_place: bool,
 }
 
 /// A peer's descriptor: what to read, and the bytes to place around it.
@@ -284,7 +342,14 @@ pub fn expose(
             let (inline, at) = s.inline();
             let SplitFrame { head, body, tail } = *s;
             match rma.expose_in_place(body) {
-                Ok(x) => return Ok(Described { x, inline, at }),
+                Ok(x) => {
+                    return Ok(Described {
+                        x,
+                        inline,
+                        at,
+                        in_place: true,
+                    })
+                }
                 Err((_, body)) => OutUnit::Split(Box::new(SplitFrame { head, body, tail })),
             }
         }
@@ -295,6 +360,7 @@ pub fn expose(
             x,
             inline: Vec::new(),
             at: 0,
+            in_place: false,
         }),
         Err((e, v)) => Err(Box::new((e, OutUnit::Flat(v)))),
     }
@@ -310,10 +376,13 @@ pub fn encode(buf: &mut [u8], d: &Described) -> usize {
     buf[24..28].copy_from_slice(&x.id.to_le_bytes());
     buf[28..36].copy_from_slice(&x.check.to_le_bytes());
     buf[36..40].copy_from_slice(&(d.at as u32).to_le_bytes());
-    let (word, flags) = match x.word {
+    let (word, mut flags) = match x.word {
         Some(w) => (w, WORD_APART),
         None => (RemoteWord { addr: 0, key: 0 }, 0),
     };
+    if x.write {
+        flags |= WRITE_ME;
+    }
     buf[40..48].copy_from_slice(&word.addr.to_le_bytes());
     buf[48..56].copy_from_slice(&word.key.to_le_bytes());
     buf[56..60].copy_from_slice(&flags.to_le_bytes());
@@ -346,12 +415,15 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Offered<'_>
             addr: word(40),
             key: word(48),
         }),
+        write: flags & WRITE_ME != 0,
     };
     let at = u64::from(half(36));
     if mid_unit {
         return Err(DescError::InsideUnit);
     }
-    if flags & !WORD_APART != 0 || (x.word.is_some() && x.check == 0) {
+    // A unit held for a write names nothing to read and has no check word.
+    let bad_write = x.write && (x.addr != 0 || x.key != 0 || x.check != 0 || x.word.is_some());
+    if flags & !(WORD_APART | WRITE_ME) != 0 || (x.word.is_some() && x.check == 0) || bad_write {
         return Err(DescError::BadWord(flags));
     }
     // A check word at the end of the read ends the unit: nothing inline
@@ -408,7 +480,30 @@ pub fn encode_unit(f: Frame, in_place: bool, arena: &mut ByteArena) -> Result<Ou
     Ok(OutUnit::Frame(Box::new(enc)))
 }
 
-/// The id at the start of an answer's body.
+/// Writes the grant of a buffer (`landing`) for the sender's unit `id` at
+/// the start of `buf` ([`GRANT_LEN`] bytes); returns its length.
+pub fn encode_grant(buf: &mut [u8], id: u32, landing: Landing) -> usize {
+    buf[..4].copy_from_slice(&id.to_le_bytes());
+    buf[4..12].copy_from_slice(&landing.addr.to_le_bytes());
+    buf[12..20].copy_from_slice(&landing.key.to_le_bytes());
+    GRANT_LEN
+}
+
+/// The sender's id and the buffer of a grant's body.
+pub fn decode_grant(body: &[u8]) -> Option<(u32, Landing)> {
+    let b: &[u8; GRANT_LEN] = body.get(..GRANT_LEN)?.try_into().ok()?;
+    let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    let id = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    Some((
+        id,
+        Landing {
+            addr: word(4),
+            key: word(12),
+        },
+    ))
+}
+
+/// The id at the start of an answer's body (a "done", or a "written").
 pub fn decode_done(body: &[u8]) -> Option<u32> {
     let b = body.get(..DONE_LEN)?;
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -426,6 +521,7 @@ pub fn overdue(since: Instant, now: Instant, timeout: Duration) -> bool {
 pub(crate) fn finish_read(
     error: Option<(i32, &'static str)>,
     buf: Option<Result<Vec<u8>, FabricError>>,
+    by_write: bool,
     reasm: &mut Reassembly,
     limits: &FrameLimits,
     counters: &mut Counters,
@@ -437,10 +533,15 @@ pub(crate) fn finish_read(
         )));
     }
     let buf = buf
-        .ok_or_else(|| PieceError::Malformed("fi_read completed without a buffer".into()))?
+        .ok_or_else(|| PieceError::Malformed("rendezvous unit without a buffer".into()))?
         .map_err(|e| PieceError::Malformed(e.to_string()))?;
-    counters.read += 1;
-    counters.read_bytes += buf.len() as u64;
+    if by_write {
+        counters.landed += 1;
+        counters.landed_bytes += buf.len() as u64;
+    } else {
+        counters.read += 1;
+        counters.read_bytes += buf.len() as u64;
+    }
     reasm.whole(Bytes::from(buf), limits).map_err(|e| match e {
         PieceError::Malformed(why) => {
             PieceError::Malformed(format!("malformed rendezvous unit: {why}"))
@@ -460,6 +561,12 @@ pub struct Counters {
     pub read: u64,
     /// Bytes fetched by `fi_read`.
     pub read_bytes: u64,
+    /// Units of ours written into buffers peers granted (`fi_write`).
+    pub writes: u64,
+    /// Units peers wrote into buffers granted here.
+    pub landed: u64,
+    /// Bytes of those units.
+    pub landed_bytes: u64,
     /// Units that went eagerly because their registration failed.
     pub fallbacks: u64,
     /// Links failed because a read missed its deadline.
@@ -481,6 +588,9 @@ impl Counters {
             ("rendezvous_in_place", self.in_place),
             ("rendezvous_read", self.read),
             ("rendezvous_read_bytes", self.read_bytes),
+            ("rendezvous_writes", self.writes),
+            ("rendezvous_landed", self.landed),
+            ("rendezvous_landed_bytes", self.landed_bytes),
             ("rendezvous_fallbacks", self.fallbacks),
             ("read_timeouts", self.read_timeouts),
             ("simulated_hung_reads", self.simulated_hung_reads),
@@ -495,16 +605,21 @@ impl Counters {
 /// oldest first, and one exposed whose descriptor is not sent yet.
 #[derive(Debug, Default)]
 pub struct Exposures {
-    exposed: VecDeque<u32>,
+    /// Ids exposed (or held for a write), oldest first, and whether a
+    /// write of the unit was posted.
+    exposed: VecDeque<(u32, bool)>,
     unsent: Option<Described>,
     /// The queue's front unit could not be exposed: it goes eagerly.
     eager_front: bool,
+    /// Units written into the peer's grants whose "written" is not sent
+    /// yet.
+    pub need_written: Vec<u32>,
 }
 
 impl Exposures {
     /// Nothing exposed, nothing waiting to be described.
     pub fn is_idle(&self) -> bool {
-        self.exposed.is_empty() && self.unsent.is_none()
+        self.exposed.is_empty() && self.unsent.is_none() && self.need_written.is_empty()
     }
 
     /// Whether the queue's front unit (`front_len` bytes, `front_sent` of
@@ -556,9 +671,9 @@ impl Exposures {
     /// The staged descriptor went: it now waits for its answer.
     pub fn sent(&mut self, counters: &mut Counters) {
         if let Some(d) = self.unsent.take() {
-            self.exposed.push_back(d.x.id);
+            self.exposed.push_back((d.x.id, false));
             counters.sent += 1;
-            counters.in_place += u64::from(d.x.in_place());
+            counters.in_place += u64::from(d.in_place);
         }
     }
 
@@ -571,7 +686,7 @@ impl Exposures {
     /// The peer read unit `id`: returns whether it was exposed (then the
     /// caller unexposes it).
     pub fn done(&mut self, id: u32) -> bool {
-        match self.exposed.iter().position(|&x| x == id) {
+        match self.exposed.iter().position(|&(x, _)| x == id) {
             Some(i) => {
                 self.exposed.remove(i);
                 true
@@ -583,9 +698,23 @@ impl Exposures {
     /// Every exposed unit's id, for a link that goes (the caller unexposes
     /// them).
     pub fn drain(&mut self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.exposed.drain(..).collect();
+        let mut ids: Vec<u32> = self.exposed.drain(..).map(|(x, _)| x).collect();
         ids.extend(self.unsent.take().map(|d| d.x.id));
+        self.need_written.clear();
         ids
+    }
+
+    /// The peer granted a buffer for unit `id`: returns whether it is ours
+    /// to write now (described, held for a write and not written yet); the
+    /// caller posts the write and then owes the peer a "written".
+    pub fn granted(&mut self, id: u32) -> bool {
+        match self.exposed.iter_mut().find(|(x, _)| *x == id) {
+            Some((_, written)) if !*written => {
+                *written = true;
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -597,6 +726,8 @@ pub struct Receiving {
     pub reading: Option<Reading>,
     /// Answers to send (the sender's ids).
     pub need_done: Vec<u32>,
+    /// Grants to send: the sender's id and the buffer its unit goes into.
+    pub need_grant: Vec<(u32, Landing)>,
     /// Reads still to start whose completion is to be ignored
     /// (`SimulatedFault::HungRead`).
     pub reads_to_hang: u32,
@@ -614,7 +745,7 @@ impl Receiving {
             return Err(TransportError::Unavailable {
                 kind: kind.clone(),
                 reason: format!(
-                    "cannot simulate {:?}: no fi_read rendezvous on these endpoints",
+                    "cannot simulate {:?}: no rendezvous on these endpoints",
                     SimulatedFault::HungRead
                 ),
             });
@@ -623,9 +754,11 @@ impl Receiving {
         Ok(())
     }
 
-    /// The link posted the read of the sender's unit `their_id`: it is in
-    /// flight from now, and hung if one was asked for.
-    pub fn started(&mut self, their_id: u32, counters: &mut Counters) {
+    /// The link posted the read of the sender's unit `their_id`, or granted
+    /// it the buffer kept under context `granted` (the unit comes by the
+    /// peer's write): it is in flight from now, and hung if one was asked
+    /// for.
+    pub fn started(&mut self, their_id: u32, granted: Option<u64>, counters: &mut Counters) {
         let hung = self.reads_to_hang > 0;
         if hung {
             self.reads_to_hang -= 1;
@@ -635,6 +768,7 @@ impl Receiving {
             since: Instant::now(),
             their_id,
             hung,
+            granted,
         });
     }
 
@@ -651,7 +785,8 @@ impl Receiving {
     ) -> Option<Result<Inbound, PieceError>> {
         let reading = self.reading.filter(|r| !r.hung)?;
         self.reading = None;
-        let unit = finish_read(error, buf, reasm, limits, counters);
+        let by_write = reading.granted.is_some();
+        let unit = finish_read(error, buf, by_write, reasm, limits, counters);
         if unit.is_ok() {
             self.need_done.push(reading.their_id);
         }
@@ -668,6 +803,19 @@ pub struct Reading {
     pub their_id: u32,
     /// Its completion is ignored (`SimulatedFault::HungRead`).
     pub hung: bool,
+    /// The unit comes by the peer's write into the buffer granted under
+    /// this context; `None`: by our `fi_read`.
+    pub granted: Option<u64>,
+}
+
+impl Receiving {
+    /// The peer says it wrote unit `their_id`: the context of the buffer
+    /// granted for it, if that is the unit this link waits for.
+    pub fn written(&self, their_id: Option<u32>) -> Result<u64, DescError> {
+        self.reading
+            .and_then(|r| r.granted.filter(|_| Some(r.their_id) == their_id))
+            .ok_or(DescError::UnknownWritten(their_id))
+    }
 }
 
 #[cfg(test)]
@@ -682,6 +830,7 @@ mod tests {
             key: 42,
             check,
             word: None,
+            write: false,
         }
     }
 
@@ -703,6 +852,7 @@ mod tests {
             x,
             inline: inline.to_vec(),
             at,
+            in_place: false,
         };
         let n = encode(&mut b, &d);
         b.truncate(n);
@@ -747,8 +897,117 @@ mod tests {
                 at: 4
             }
         );
-        assert!(x.in_place() && exposed(1, 0).in_place() && !exposed(1, 9).in_place());
         assert_eq!(decode_done(&7u32.to_le_bytes()), Some(7));
+    }
+
+    /// A unit held for a write: its descriptor names nothing to read and
+    /// round-trips with the flag; one that names an address, a key or a
+    /// check word anyway is refused. A grant round-trips too.
+    #[test]
+    fn write_descriptors_and_grants_round_trip() {
+        let held = Exposed {
+            addr: 0,
+            key: 0,
+            write: true,
+            ..exposed(100_000, 0)
+        };
+        let b = describe(held, b"headtail", 4);
+        let d = decode(&b, 1 << 20, false).unwrap();
+        assert_eq!(
+            d,
+            Offered {
+                x: held,
+                inline: b"headtail",
+                at: 4
+            }
+        );
+        for bad in [
+            Exposed { addr: 1, ..held },
+            Exposed { key: 1, ..held },
+            Exposed { check: 9, ..held },
+        ] {
+            let b = describe(bad, b"headtail", 4);
+            assert_eq!(
+                decode(&b, 1 << 20, false),
+                Err(DescError::BadWord(WRITE_ME))
+            );
+        }
+        let landing = Landing {
+            addr: 0xdead_beef,
+            key: 77,
+        };
+        let mut g = [0u8; GRANT_LEN];
+        assert_eq!(encode_grant(&mut g, 5, landing), GRANT_LEN);
+        assert_eq!(decode_grant(&g), Some((5, landing)));
+        assert_eq!(decode_grant(&g[..GRANT_LEN - 1]), None);
+    }
+
+    /// Capabilities: each end says how it moves units; a link uses an
+    /// operation only if both ends do.
+    #[test]
+    fn capabilities_name_the_operation() {
+        for op in [None, Some(RmaOp::Read), Some(RmaOp::Write)] {
+            assert_eq!(peer_op(&caps(op)), op);
+        }
+        // An msgr from before the capabilities read.
+        assert_eq!(peer_op(&[]), Some(RmaOp::Read));
+        let (r, w) = (Some(RmaOp::Read), Some(RmaOp::Write));
+        assert_eq!(link_op(r, r), r);
+        assert_eq!(link_op(w, w), w);
+        assert_eq!(link_op(r, w), None);
+        assert_eq!(link_op(None, None), None);
+    }
+
+    /// The sending side of a write: a grant is taken once, for a unit
+    /// described; the receiving side accepts "written" only for the unit
+    /// it granted.
+    #[test]
+    fn grants_and_written_are_checked() {
+        let mut x = Exposures::default();
+        let mut c = Counters::default();
+        let mut queue: VecDeque<OutUnit> = [OutUnit::Flat(vec![0u8; RNDV_THRESHOLD + 1])].into();
+        let mut queued = queue[0].len();
+        let held = Exposed {
+            id: 3,
+            write: true,
+            ..exposed(0, 0)
+        };
+        let staged = x.stage(true, &mut queue, 0, &mut queued, &mut c, |m| {
+            Ok(Described {
+                x: Exposed {
+                    len: m.len() as u64,
+                    ..held
+                },
+                inline: Vec::new(),
+                at: 0,
+                in_place: false,
+            })
+        });
+        assert!(staged.is_some());
+        assert!(!x.granted(3), "granted before its descriptor went");
+        x.sent(&mut c);
+        assert!(!x.granted(4), "a unit never described");
+        assert!(x.granted(3));
+        assert!(!x.granted(3), "granted twice");
+        assert!(x.done(3) && x.is_idle());
+
+        let mut r = Receiving::default();
+        assert_eq!(r.written(Some(1)), Err(DescError::UnknownWritten(Some(1))));
+        r.started(1, None, &mut c);
+        assert!(r.written(Some(1)).is_err(), "a read is not written");
+        r.started(2, Some(0x99), &mut c);
+        assert_eq!(r.written(Some(2)), Ok(0x99));
+        assert!(r.written(Some(1)).is_err() && r.written(None).is_err());
+        let mut reasm = Reassembly::default();
+        let done = r.finish(
+            None,
+            Some(Ok(vec![1])),
+            &mut reasm,
+            &FrameLimits::default(),
+            &mut c,
+        );
+        assert!(done.is_some_and(|u| u.is_err()), "one byte is no frame");
+        assert_eq!((c.landed, c.read), (1, 0), "counted as written, not read");
     }
 
     #[test]
@@ -913,7 +1172,7 @@ mod tests {
         let mut r = Receiving::default();
         let mut c = Counters::default();
         r.reads_to_hang = 1;
-        r.started(9, &mut c);
+        r.started(9, None, &mut c);
         assert_eq!(c.simulated_hung_reads, 1);
         let mut reasm = Reassembly::default();
         let limits = FrameLimits::default();
@@ -928,7 +1187,7 @@ mod tests {
         assert!(overdue(reading.since, reading.since + t * 2, t));
         // The next read is not hung.
         r.reading = None;
-        r.started(10, &mut c);
+        r.started(10, None, &mut c);
         assert!(r.reading.is_some_and(|x| !x.hung));
         assert_eq!(c.simulated_hung_reads, 1);
     }
@@ -953,9 +1212,11 @@ mod tests {
                         key: 1,
                         check: 3,
                         word: None,
+                        write: false,
                     },
                     inline: Vec::new(),
                     at: 0,
+                    in_place: false,
                 })
             });
             assert!(got.is_some());
