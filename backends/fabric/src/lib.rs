@@ -2230,6 +2230,12 @@ pub struct RmaBuffers {
     /// Buffers unexposed while a write from them was in flight: freed when
     /// their last write completes.
     retired: std::collections::HashMap<u32, Region>,
+    /// Buffers granted to a peer's write and given up before the peer said
+    /// it wrote ([`RmaBuffers::abandon`]): no write can start into them, but
+    /// one under way may still land, so they stay until the endpoint
+    /// closes; and their bytes.
+    abandoned: Vec<Vec<u8>>,
+    abandoned_bytes: usize,
     /// The Net's count of both, over all its endpoints.
     gauge: Arc<RmaGauge>,
 }
@@ -2258,6 +2264,8 @@ impl Net {
             words_next: Default::default(),
             writing: Default::default(),
             retired: Default::default(),
+            abandoned: Vec::new(),
+            abandoned_bytes: 0,
             gauge: self.rma_gauge.clone(),
         }
     }
@@ -2624,6 +2632,27 @@ impl RmaBuffers {
         Ok(landing)
     }
 
+    /// Gives up the buffer granted under `context` before the peer said it
+    /// wrote (its link went): its registration closes at once, so no write
+    /// into it can start, but one the provider has begun may still land
+    /// (an RDM endpoint's connection to the peer outlives the link), so
+    /// the memory stays until the endpoint closes
+    /// ([`RmaBuffers::abandoned_bytes`] counts it).
+    pub fn abandon(&mut self, context: u64) {
+        if let Some(r) = self.reading.remove(&context) {
+            self.gauge.reading.fetch_sub(1, Ordering::Relaxed);
+            let mem = r.close();
+            self.abandoned_bytes += mem.capacity();
+            self.abandoned.push(mem);
+        }
+    }
+
+    /// Bytes of the buffers [`RmaBuffers::abandon`] keeps until the
+    /// endpoint closes.
+    pub fn abandoned_bytes(&self) -> usize {
+        self.abandoned_bytes
+    }
+
     /// `fi_write` of our held unit `id` ([`Exposed::write`]) on `ep` into
     /// the buffer `landing` of peer `to` (ignored on connected endpoints).
     /// The unit stays held until the write completes
@@ -2832,6 +2861,8 @@ impl RmaBuffers {
             r.close();
         }
         self.writing.clear();
+        self.abandoned.clear();
+        self.abandoned_bytes = 0;
         for r in self.reading.drain().map(|(_, r)| r) {
             r.close();
         }
@@ -2845,6 +2876,7 @@ impl RmaBuffers {
     fn leak(&mut self) {
         std::mem::forget(std::mem::take(&mut self.exposed));
         std::mem::forget(std::mem::take(&mut self.retired));
+        std::mem::forget(std::mem::take(&mut self.abandoned));
         std::mem::forget(std::mem::take(&mut self.reading));
     }
 }
@@ -3096,6 +3128,34 @@ mod tests {
         };
         assert!(got == want, "the unit between the bytes around it");
         assert_eq!(nc.rma_in_use(), (0, 0));
+        drop((s, c, pep));
+    }
+
+    /// A grant given up (its link went) is closed to writes at once: the
+    /// buffer, kept until the endpoint closes, receives nothing of a write
+    /// that comes after.
+    #[test]
+    fn tcp_write_into_an_abandoned_grant_lands_nowhere() {
+        let open = || Net::open_at("tcp", EpType::Msg, 64, None, RmaChoice::Writes).unwrap();
+        let (mut ns, mut nc) = (open(), open());
+        let (pep, mut s, mut c) = tcp_msg_pair(&mut ns, &mut nc);
+        let x = s.rma().expose(vec![5u8; 100_000]).unwrap();
+        let landing = c.rma().grant(&x, 77, &[], 0).unwrap();
+        c.rma().abandon(77);
+        assert_eq!(nc.rma_in_use(), (0, 0), "no longer counted as granted");
+        assert!(c.rma().abandoned_bytes() >= 100_000);
+        s.write(x.id, landing, 88).unwrap();
+        let (mut at_server, mut at_client) = (Vec::new(), Vec::new());
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_millis(300) {
+            ns.read_cq(&mut at_server, 8).expect("fi_cq_read");
+            nc.read_cq(&mut at_client, 8).expect("fi_cq_read");
+        }
+        println!("the writer's completions: {at_server:?}; the target's: {at_client:?}");
+        assert!(
+            c.rma().abandoned.iter().all(|m| m.iter().all(|&b| b == 0)),
+            "a write landed in an abandoned grant"
+        );
         drop((s, c, pep));
     }
 

@@ -256,6 +256,12 @@ fn is_write(c: u64) -> bool {
     c & WRITE_BIT != 0
 }
 
+/// Whether a received message is a grant, a "written" or an answer: about
+/// rendezvous units, never waiting behind one or behind a pause.
+fn is_control(msg: &[u8]) -> bool {
+    matches!(msg.first(), Some(&(RNDV_GRANT | RNDV_WRITTEN | RNDV_DONE)))
+}
+
 /// A received message: in its receive slot, or copied out of it.
 enum Message {
     Slot(usize, usize),
@@ -946,8 +952,11 @@ impl FabricTransport {
             return;
         }
         // A paused link keeps its slots (backpressure), except while a read
-        // is in flight: its data may come behind them.
-        if link.frozen || (link.paused && link.receiving.reading.is_none()) {
+        // is in flight (its data may come behind them) and for grants,
+        // "written" and answers: a pause stops what comes in, not what
+        // this end sends.
+        let control = is_control(link.ep.recv_done(slot, c.len));
+        if link.frozen || (link.paused && link.receiving.reading.is_none() && !control) {
             link.held.push_back((slot, c.len));
             return;
         }
@@ -1160,10 +1169,7 @@ impl FabricTransport {
         // Grants, "written" and answers go at once: the unit a read waits
         // for may be the one a grant asks us to write, or the one "written"
         // announces.
-        let control = matches!(
-            link.ep.recv_done(slot, len).first(),
-            Some(&(RNDV_GRANT | RNDV_WRITTEN | RNDV_DONE))
-        );
+        let control = is_control(link.ep.recv_done(slot, len));
         if link.behind_a_read() && !control {
             let copy = link.ep.recv_done(slot, len).to_vec();
             link.behind_read_bytes += copy.len();

@@ -185,6 +185,13 @@ const REFUSED_HELLO: &str = "HELLO never posted (-FI_EAGAIN or no free transmit 
 /// replaced: each old one stays open (see `retired`), so this bounds the
 /// memory a peer that never answers can cost.
 const MAX_OUT_PORT_REPLACEMENTS: u64 = 8;
+/// Bytes of granted buffers an endpoint keeps for links that went before
+/// their peer's write was announced (`RmaBuffers::abandon`: a write under
+/// way may still land, and the endpoint outlives its links) before it
+/// grants no more: its links then fail a write descriptor, and new links
+/// are told it takes no writes (their large units go eagerly). Bounds what
+/// peers that offer units and never write them can pin.
+const ABANDONED_MAX: usize = 64 << 20;
 
 const RX_BIT: u64 = 1 << 39;
 /// Context bit of an fi_read or a granted buffer (the low 32 bits number
@@ -887,9 +894,14 @@ impl RdmTransport {
         port.reserved = port.reserved.saturating_sub(LINK_BLOCK);
         port.links = port.links.saturating_sub(1);
         // Exposed units go (a peer still reading gets an error); a read in
-        // flight keeps its buffer in the endpoint until it completes.
+        // flight keeps its buffer in the endpoint until it completes; a
+        // buffer granted to the peer's write stays with the endpoint, closed
+        // to new writes (one under way may still land).
         for id in link.exposures.drain() {
             port.ep.rma().unexpose(id);
+        }
+        if let Some(granted) = link.receiving.reading.and_then(|r| r.granted) {
+            port.ep.rma().abandon(granted);
         }
         // Held receives go back to the pool.
         for (slot, _) in link.held.drain() {
@@ -1218,6 +1230,7 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
+        let abandoned = port.ep.rma().abandoned_bytes();
         let msg = port.ep.recv_done(slot, len);
         let kind = msg.first().copied();
         let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
@@ -1234,6 +1247,11 @@ impl RdmTransport {
             };
             match decoded.and_then(|d| wrong_op(&d).map_or(Ok(d), Err)) {
                 Err(e) => Err(PieceError::Malformed(e.to_string())),
+                Ok(d) if d.x.write && abandoned >= ABANDONED_MAX => {
+                    Err(PieceError::Malformed(format!(
+                        "rendezvous write refused: {abandoned} bytes of grants abandoned on this endpoint"
+                    )))
+                }
                 Ok(d) if d.x.write => {
                     // Out of the slot: the grant borrows the endpoint.
                     let (x, at, inline) = (d.x, d.at, d.inline.to_vec());
@@ -1472,12 +1490,17 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
+        // No more writes offered or taken once too many grants were
+        // abandoned here (see ABANDONED_MAX).
+        let ours = self
+            .rndv
+            .filter(|&op| op != RmaOp::Write || port.ep.rma().abandoned_bytes() < ABANDONED_MAX);
         let result = Self::flush_into(
             id,
             link,
             pidx,
             port,
-            self.rndv,
+            ours,
             &mut self.rndv_counters,
             self.now,
         );
@@ -2303,6 +2326,76 @@ mod tests {
             );
         }
         assert_eq!(t.link_count(), 0);
+    }
+
+    /// An endpoint that keeps more than [`ABANDONED_MAX`] bytes of grants
+    /// given up by links that went takes no more writes: a new link hears
+    /// so at set-up, and its large units go eagerly, both ways, intact.
+    #[test]
+    fn tcp_rxm_abandoned_grants_stop_the_writes() {
+        let poll = mio::Poll::new().unwrap();
+        let mut t = open_with("tcp", &poll, FabricRendezvous::Write);
+        assert_eq!(t.rndv, Some(RmaOp::Write));
+        let any: EntityAddr = "fabric+tcp://127.0.0.1:0?ep=rdm".parse().unwrap();
+        let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+        // The listener's endpoint gives up a grant as large as the bound
+        // (zeroed memory: not touched until written).
+        let port = t
+            .ports
+            .iter_mut()
+            .flatten()
+            .next()
+            .expect("the listener's endpoint");
+        let offered = msgr_fabric::Exposed {
+            id: 0,
+            addr: 0,
+            len: ABANDONED_MAX as u64,
+            key: 0,
+            check: 0,
+            word: None,
+            write: true,
+        };
+        port.ep.rma().grant(&offered, 1, &[], 0).unwrap();
+        port.ep.rma().abandon(1);
+        assert!(port.ep.rma().abandoned_bytes() >= ABANDONED_MAX);
+        t.connect(LinkId(1000), &bound).unwrap();
+        t.flush(Instant::now(), &mut Vec::new());
+        let mut poll = poll;
+        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
+        let server = events
+            .iter()
+            .find_map(|e| match e {
+                TransportEvent::Accepted { link, .. } => Some(*link),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no Accepted in {events:?}"));
+        let big = Frame::new(
+            msgr_proto::Tag::Message,
+            vec![
+                Bytes::from_static(b"header"),
+                Bytes::from(vec![3u8; 300_000]),
+            ],
+        );
+        // A link's first unit is its banner.
+        for from in [LinkId(1000), server] {
+            t.send(from, Transmit::Banner([7; BANNER_LEN])).unwrap();
+            t.send(from, Transmit::Frame(big.clone())).unwrap();
+        }
+        t.flush(Instant::now(), &mut Vec::new());
+        let events = drive(&mut t, &mut poll, |e| e.len() >= 4);
+        for to in [server, LinkId(1000)] {
+            let got = events.iter().find_map(|e| match e {
+                TransportEvent::Received(l, Inbound::Frame(f)) if *l == to => Some(f),
+                _ => None,
+            });
+            let got = got.unwrap_or_else(|| panic!("nothing for {to:?}: {events:?}"));
+            assert_eq!(got.encode_to_vec().unwrap(), big.encode_to_vec().unwrap());
+        }
+        assert_eq!(
+            (t.rndv_counters.sent, t.rndv_counters.writes),
+            (0, 0),
+            "no unit offered by rendezvous"
+        );
     }
 
     #[test]
