@@ -425,6 +425,7 @@ pub struct Net {
     ep: EpType,
     mr_local: bool,
     rma_gauge: Arc<RmaGauge>,
+    landings: Arc<LandingPool>,
 }
 
 // SAFETY: the libfabric objects are only used through &mut self / owned
@@ -753,6 +754,7 @@ impl Net {
             ep,
             mr_local: false,
             rma_gauge: Arc::default(),
+            landings: Arc::default(),
         };
         // SAFETY: info is a valid fi_info from fi_getinfo; each out-pointer is
         // a field of `net`, closed by its Drop if set.
@@ -2033,6 +2035,81 @@ impl RdmEp {
     }
 }
 
+/// Buffers granted to peers' writes ([`RmaBuffers::grant`]), taken back
+/// when the unit that landed in one is dropped and handed out again: a
+/// granted buffer must be initialised (that the peer wrote all of it is
+/// the peer's word, not the provider's), and zeroing a fresh one cost a
+/// 1 MiB one-way over `tcp` 20–40 µs of its ~190. A reused buffer holds an
+/// earlier unit's bytes until the write replaces them. At most
+/// [`LandingPool::KEEP`] buffers of at most [`LandingPool::LARGEST`] bytes
+/// wait here; one Net's endpoints share them.
+#[derive(Debug, Default)]
+struct LandingPool {
+    free: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+impl LandingPool {
+    const KEEP: usize = 4;
+    const LARGEST: usize = 16 << 20;
+
+    /// `len` initialised bytes: the smallest free buffer that has them
+    /// (and not more than twice as many), else a zeroed new one.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let fits = |v: &Vec<u8>| v.len() >= len && v.len() / 2 <= len;
+        let best = (0..free.len())
+            .filter(|&i| fits(&free[i]))
+            .min_by_key(|&i| free[i].len());
+        match best {
+            Some(i) => {
+                let mut v = free.swap_remove(i);
+                v.truncate(len);
+                v
+            }
+            None => vec![0u8; len],
+        }
+    }
+
+    /// `mem` as the bytes of a unit, coming back here when dropped.
+    fn lend(self: &Arc<Self>, mem: Vec<u8>) -> Bytes {
+        Bytes::from_owner(Landed {
+            mem,
+            pool: Arc::downgrade(self),
+        })
+    }
+
+    fn give_back(&self, mem: Vec<u8>) {
+        if mem.capacity() > Self::LARGEST {
+            return;
+        }
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < Self::KEEP {
+            free.push(mem);
+        }
+    }
+}
+
+/// A unit's bytes in a buffer of the [`LandingPool`], which takes it back
+/// when the last `Bytes` of it goes.
+struct Landed {
+    mem: Vec<u8>,
+    pool: std::sync::Weak<LandingPool>,
+}
+
+impl AsRef<[u8]> for Landed {
+    fn as_ref(&self) -> &[u8] {
+        &self.mem
+    }
+}
+
+impl Drop for Landed {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.give_back(std::mem::take(&mut self.mem));
+        }
+    }
+}
+
 /// Memory registered for an RMA operation, owned until the registration is
 /// closed. `check`: the word the last [`CHECK_LEN`] bytes of `mem` hold
 /// while exposed, or must hold once read; 0: none (exposed in place where
@@ -2050,6 +2127,9 @@ struct Region {
     /// Bytes of `mem` once a read completed: what it filled and what was
     /// placed around it ([`RmaBuffers::read`]); `mem.len()` when exposed.
     len: usize,
+    /// `mem` came from the [`LandingPool`] and goes back to it once the
+    /// unit that landed in it is dropped.
+    pooled: bool,
 }
 
 impl Region {
@@ -2062,6 +2142,7 @@ impl Region {
             word_mr: ptr::null_mut(),
             check,
             len,
+            pooled: false,
         }
     }
 
@@ -2171,7 +2252,7 @@ pub struct RemoteWord {
 pub enum ReadDone {
     /// The read is over: its buffer without the check word, or why it is
     /// not the peer's unit.
-    Read(Result<Vec<u8>, FabricError>),
+    Read(Result<Bytes, FabricError>),
     /// The buffer is filled and its check word, apart, is being read: the
     /// read completes again under the same context.
     WordNext,
@@ -2179,7 +2260,7 @@ pub enum ReadDone {
 
 impl ReadDone {
     /// The buffer of a read that is over; `None` while its word is read.
-    pub fn finished(self) -> Option<Result<Vec<u8>, FabricError>> {
+    pub fn finished(self) -> Option<Result<Bytes, FabricError>> {
         match self {
             ReadDone::Read(r) => Some(r),
             ReadDone::WordNext => None,
@@ -2236,6 +2317,8 @@ pub struct RmaBuffers {
     /// closes; and their bytes.
     abandoned: Vec<Vec<u8>>,
     abandoned_bytes: usize,
+    /// Where granted buffers come from and go back to.
+    landings: Arc<LandingPool>,
     /// The Net's count of both, over all its endpoints.
     gauge: Arc<RmaGauge>,
 }
@@ -2267,6 +2350,7 @@ impl Net {
             abandoned: Vec::new(),
             abandoned_bytes: 0,
             gauge: self.rma_gauge.clone(),
+            landings: self.landings.clone(),
         }
     }
 
@@ -2353,6 +2437,7 @@ impl RmaBuffers {
             word_mr: ptr::null_mut(),
             check: 0,
             len,
+            pooled: false,
         };
         self.publish(ptr, region)
     }
@@ -2444,6 +2529,7 @@ impl RmaBuffers {
                 word_mr,
                 check,
                 len,
+                pooled: false,
             },
         ))
     }
@@ -2591,8 +2677,9 @@ impl RmaBuffers {
     /// for the peer to write into, and kept under `context` until
     /// [`RmaBuffers::read_done`] (once the peer says it wrote) or the
     /// endpoint's close — never freed while the endpoint is open, for a
-    /// write into it may be under way. The buffer is zeroed first: that the
-    /// peer wrote it all is the peer's word, not the provider's.
+    /// write into it may be under way. The buffer is initialised first
+    /// (that the peer wrote it all is the peer's word, not the provider's):
+    /// one a dropped unit gave back ([`LandingPool`]), else zeroed.
     pub fn grant(
         &mut self,
         x: &Exposed,
@@ -2612,7 +2699,7 @@ impl RmaBuffers {
         let total = len
             .checked_add(around.len())
             .ok_or(FabricError::Slot(context as usize))?;
-        let mut mem = vec![0u8; total];
+        let mut mem = self.landings.take(total);
         mem[..at].copy_from_slice(&around[..at]);
         mem[at + len..].copy_from_slice(&around[at..]);
         let target = &mem[at..at + len];
@@ -2626,8 +2713,11 @@ impl RmaBuffers {
             // SAFETY: mr is an open registration.
             key: unsafe { sys::fi_mr_key(mr) },
         };
-        self.reading
-            .insert(context, Region::owned(mem, mr, 0, total));
+        let region = Region {
+            pooled: true,
+            ..Region::owned(mem, mr, 0, total)
+        };
+        self.reading.insert(context, region);
         self.gauge.reading.fetch_add(1, Ordering::Relaxed);
         Ok(landing)
     }
@@ -2823,7 +2913,7 @@ impl RmaBuffers {
                 Err(e) => ReadDone::Read(Err(e)),
             });
         }
-        let (want, len) = (r.check, r.len);
+        let (want, len, pooled) = (r.check, r.len, r.pooled);
         let mut mem = r.close();
         if !succeeded {
             return Some(ReadDone::Read(Err(failed())));
@@ -2833,15 +2923,18 @@ impl RmaBuffers {
         // them (or `grant` zeroed them all): all `len` bytes of the
         // capacity are initialised.
         unsafe { mem.set_len(len) };
+        if pooled {
+            return Some(ReadDone::Read(Ok(self.landings.lend(mem))));
+        }
         if want == 0 {
-            return Some(ReadDone::Read(Ok(mem)));
+            return Some(ReadDone::Read(Ok(Bytes::from(mem))));
         }
         let found = mem
             .last_chunk::<CHECK_LEN>()
             .map_or(0, |w| u64::from_le_bytes(*w));
         Some(ReadDone::Read(if found == want {
             mem.truncate(mem.len() - CHECK_LEN);
-            Ok(mem)
+            Ok(Bytes::from(mem))
         } else {
             Err(FabricError::Withdrawn { want, found })
         }))
@@ -3129,6 +3222,37 @@ mod tests {
         assert!(got == want, "the unit between the bytes around it");
         assert_eq!(nc.rma_in_use(), (0, 0));
         drop((s, c, pep));
+    }
+
+    /// Granted buffers come back when the last handle of their unit is
+    /// dropped and are handed out again — the smallest that fits, never
+    /// one more than twice too large; a new one is zeroed; the pool keeps a
+    /// bounded number, and a unit that outlives its pool is simply freed.
+    #[test]
+    fn landing_buffers_are_reused() {
+        let pool = Arc::new(LandingPool::default());
+        let free = |pool: &LandingPool| pool.free.lock().unwrap().len();
+        let a = pool.take(1000);
+        assert!(a.len() == 1000 && a.iter().all(|&b| b == 0));
+        let p = a.as_ptr();
+        let unit = pool.lend(a);
+        let other = unit.slice(10..20);
+        drop(unit);
+        assert_eq!(free(&pool), 0, "still referenced");
+        drop(other);
+        assert_eq!(free(&pool), 1);
+        let b = pool.take(900);
+        assert_eq!((b.as_ptr(), b.len()), (p, 900), "reused");
+        assert_ne!(pool.take(900).as_ptr(), p, "handed out once");
+        drop(pool.lend(b));
+        assert_ne!(pool.take(400).as_ptr(), p, "not twice too large");
+        for _ in 0..10 {
+            drop(pool.lend(vec![0u8; 10]));
+        }
+        assert_eq!(free(&pool), LandingPool::KEEP);
+        let unit = pool.lend(vec![1]);
+        drop(pool);
+        drop(unit);
     }
 
     /// A grant given up (its link went) is closed to writes at once: the

@@ -520,7 +520,7 @@ pub fn overdue(since: Instant, now: Instant, timeout: Duration) -> bool {
 /// why the link fails.
 pub(crate) fn finish_read(
     error: Option<(i32, &'static str)>,
-    buf: Option<Result<Vec<u8>, FabricError>>,
+    buf: Option<Result<Bytes, FabricError>>,
     by_write: bool,
     reasm: &mut Reassembly,
     limits: &FrameLimits,
@@ -542,7 +542,7 @@ pub(crate) fn finish_read(
         counters.read += 1;
         counters.read_bytes += buf.len() as u64;
     }
-    reasm.whole(Bytes::from(buf), limits).map_err(|e| match e {
+    reasm.whole(buf, limits).map_err(|e| match e {
         PieceError::Malformed(why) => {
             PieceError::Malformed(format!("malformed rendezvous unit: {why}"))
         }
@@ -778,7 +778,7 @@ impl Receiving {
     pub(crate) fn finish(
         &mut self,
         error: Option<(i32, &'static str)>,
-        buf: Option<Result<Vec<u8>, FabricError>>,
+        buf: Option<Result<Bytes, FabricError>>,
         reasm: &mut Reassembly,
         limits: &FrameLimits,
         counters: &mut Counters,
@@ -1001,7 +1001,7 @@ mod tests {
         let mut reasm = Reassembly::default();
         let done = r.finish(
             None,
-            Some(Ok(vec![1])),
+            Some(Ok(Bytes::from_static(&[1]))),
             &mut reasm,
             &FrameLimits::default(),
             &mut c,
@@ -1178,7 +1178,13 @@ mod tests {
         let limits = FrameLimits::default();
         // Its completion is ignored: still in flight, nothing owed.
         assert!(r
-            .finish(None, Some(Ok(vec![1])), &mut reasm, &limits, &mut c)
+            .finish(
+                None,
+                Some(Ok(Bytes::from_static(&[1]))),
+                &mut reasm,
+                &limits,
+                &mut c
+            )
             .is_none());
         let reading = r.reading.expect("still reading");
         assert!(reading.hung && r.need_done.is_empty() && c.read == 0);
