@@ -92,19 +92,27 @@ fn fabric_stat(m: &Messenger, name: &str) -> u64 {
 
 /// Thousands of messages from 0 B to 4 MiB arrive in order with intact
 /// bytes; both sides shut down with nothing left. The large ones (above 64
-/// KiB) go by fi_read rendezvous where `rendezvous` says the provider has
-/// FI_RMA, else split over many slot-sized messages; either way no buffer
-/// stays exposed or half read once everything is acknowledged.
-fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool) {
+/// KiB) go by rendezvous where `rendezvous` says the provider has FI_RMA
+/// (`fi_read`, or `fi_write` where the reads are withheld or
+/// `fabric_rendezvous` is `mode`'s `write`), else split over many
+/// slot-sized messages; either way no buffer stays exposed, half read or
+/// granted once everything is acknowledged.
+fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool, mode: &str) {
     init_tracing();
     let seed: u64 = rand::random();
-    println!("{addr}: seed {seed}");
+    println!("{addr}: seed {seed}, fabric_rendezvous = {mode}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let rec = Recorder::new();
-    let mut srv = start(addr, EntityName::server(1), rec.clone());
+    let config = || {
+        let mut cfg = fast_config();
+        cfg.set("fabric_rendezvous", mode).unwrap();
+        cfg
+    };
+    let mut srv = start_with(addr, EntityName::server(1), config(), rec.clone());
     println!("server bound to {}", srv.addr());
     assert_ne!(srv.addr().socket.port(), 0);
-    let mut cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
+    let cli_dispatch = Arc::new(msgr::NullDispatcher);
+    let mut cli = start_with(addr, EntityName::client(1), config(), cli_dispatch);
     let conn = cli.connect(srv.addr()).unwrap();
     const N: u64 = 5_000;
     let mut big = 0;
@@ -169,9 +177,9 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool) {
             read > 0 && read == sent,
             "{addr}: large messages took the rendezvous"
         );
-        // By writes exactly where the reads are withheld.
+        // By writes exactly where the reads are withheld, or asked for.
         let a: EntityAddr = addr.parse().unwrap();
-        let by_write = msgr::rendezvous_withheld(&a.transport).is_some();
+        let by_write = mode == "write" || msgr::rendezvous_withheld(&a.transport).is_some();
         assert_eq!(writes, if by_write { sent } else { 0 }, "{addr}: fi_writes");
         assert!(
             read_bytes > read * (64 << 10),
@@ -583,7 +591,7 @@ macro_rules! over {
         mod $module {
             #[test]
             fn ordering_and_integrity_mixed_sizes() {
-                super::ordering_and_integrity_mixed_sizes($addr, $rndv);
+                super::ordering_and_integrity_mixed_sizes($addr, $rndv, "auto");
             }
 
             #[test]
@@ -677,7 +685,7 @@ macro_rules! in_guest_over {
             #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
             fn ordering_and_integrity_mixed_sizes() {
                 super::require_guest();
-                super::ordering_and_integrity_mixed_sizes($addr, $rndv);
+                super::ordering_and_integrity_mixed_sizes($addr, $rndv, "auto");
             }
 
             #[test]
@@ -691,6 +699,33 @@ macro_rules! in_guest_over {
 }
 
 in_guest_over!(verbs_msg, super::VERBS_RXE1, rendezvous: true);
+
+/// The write rendezvous where the reads would do (`fabric_rendezvous =
+/// write`): over `tcp` (the default on libfabric 1.17 anyway) and over
+/// `verbs` on rxe, whose `FI_MR_LOCAL` has the sender register the unit
+/// for the local side of its RDMA write.
+mod by_write {
+    #[test]
+    fn tcp_msg_ordering_and_integrity_mixed_sizes() {
+        super::ordering_and_integrity_mixed_sizes("fabric+tcp://127.0.0.1:0", true, "write");
+    }
+
+    #[test]
+    fn tcp_rdm_ordering_and_integrity_mixed_sizes() {
+        let addr = "fabric+tcp://127.0.0.1:0?ep=rdm";
+        super::ordering_and_integrity_mixed_sizes(addr, true, "write");
+    }
+}
+
+/// [`by_write`] over `verbs` on rxe, in the guest.
+mod verbs_msg_by_write {
+    #[test]
+    #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
+    fn ordering_and_integrity_mixed_sizes() {
+        super::require_guest();
+        super::ordering_and_integrity_mixed_sizes(super::VERBS_RXE1, true, "write");
+    }
+}
 
 /// RDM endpoints over verbs (`verbs;ofi_rxm`) do not work on Soft-RoCE with
 /// libfabric 1.17 (docs/GUEST.md): starting a messenger fails, and the error
