@@ -4,7 +4,9 @@
 //! - the messenger's fabric integration tests (messenger/tests/fabric.rs,
 //!   the `verbs_msg` module, ignored on the host): thousands of messages of
 //!   0 B–4 MiB intact and in order, those above 64 KiB fetched by `fi_read`
-//!   rendezvous (RDMA read on rxe; checked here too), links aborted under a lossless session
+//!   rendezvous (RDMA read on rxe; checked here too) and, in
+//!   `verbs_msg_by_write`, written by `fi_write` into buffers the receiver
+//!   grants (RDMA write), links aborted under a lossless session
 //!   with every message delivered exactly once, nothing left at shutdown;
 //!   and `verbs_rdm`: RDM endpoints (`verbs;ofi_rxm`) are refused on rxe
 //!   with the reason (docs/GUEST.md);
