@@ -262,6 +262,27 @@ fn is_control(msg: &[u8]) -> bool {
     matches!(msg.first(), Some(&(RNDV_GRANT | RNDV_WRITTEN | RNDV_DONE)))
 }
 
+/// The first `N` bytes (at most) of a message body, copied out of its
+/// receive slot so the transport can be borrowed again (a rendezvous
+/// descriptor, grant or answer: none longer than its `N`).
+struct OutOfSlot<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> OutOfSlot<N> {
+    fn new(body: &[u8]) -> Self {
+        let len = body.len().min(N);
+        let mut buf = [0u8; N];
+        buf[..len].copy_from_slice(&body[..len]);
+        OutOfSlot { buf, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
 /// A received message: in its receive slot, or copied out of it.
 enum Message {
     Slot(usize, usize),
@@ -1201,30 +1222,22 @@ impl FabricTransport {
             Some((&hdr, body)) if hdr == MORE || hdr == LAST => {
                 link.reasm.push(hdr == LAST, body, &self.limits)
             }
+            // Bodies are copied out of the slot, which is reposted below.
             Some((&RNDV, body)) => {
-                // Copied out of the slot, which is reposted below.
-                let mut desc = [0u8; rendezvous::DESC_MAX];
-                let n = body.len().min(desc.len());
-                desc[..n].copy_from_slice(&body[..n]);
-                self.start_read(id, &desc[..n])
+                let desc = OutOfSlot::<{ rendezvous::DESC_MAX }>::new(body);
+                self.start_read(id, desc.bytes())
             }
             Some((&RNDV_DONE, body)) => {
-                let mut done = [0u8; rendezvous::DONE_LEN];
-                let n = body.len().min(done.len());
-                done[..n].copy_from_slice(&body[..n]);
-                self.read_by_peer(id, &done[..n])
+                let done = OutOfSlot::<{ rendezvous::DONE_LEN }>::new(body);
+                self.read_by_peer(id, done.bytes())
             }
             Some((&RNDV_GRANT, body)) => {
-                let mut grant = [0u8; rendezvous::GRANT_LEN];
-                let n = body.len().min(grant.len());
-                grant[..n].copy_from_slice(&body[..n]);
-                self.grant_received(id, &grant[..n])
+                let grant = OutOfSlot::<{ rendezvous::GRANT_LEN }>::new(body);
+                self.grant_received(id, grant.bytes())
             }
             Some((&RNDV_WRITTEN, body)) => {
-                let mut written = [0u8; rendezvous::DONE_LEN];
-                let n = body.len().min(written.len());
-                written[..n].copy_from_slice(&body[..n]);
-                self.written_by_peer(id, &written[..n], events)
+                let written = OutOfSlot::<{ rendezvous::DONE_LEN }>::new(body);
+                self.written_by_peer(id, written.bytes(), events)
             }
             Some((&hdr, _)) => Err(PieceError::Malformed(format!(
                 "bad message header {hdr:#x}"
