@@ -976,8 +976,11 @@ impl FabricTransport {
         // is in flight (its data may come behind them) and for grants,
         // "written" and answers: a pause stops what comes in, not what
         // this end sends.
-        let control = is_control(link.ep.recv_done(slot, c.len));
-        if link.frozen || (link.paused && link.receiving.reading.is_none() && !control) {
+        if link.frozen
+            || (link.paused
+                && link.receiving.reading.is_none()
+                && !is_control(link.ep.recv_done(slot, c.len)))
+        {
             link.held.push_back((slot, c.len));
             return;
         }
@@ -1190,8 +1193,7 @@ impl FabricTransport {
         // Grants, "written" and answers go at once: the unit a read waits
         // for may be the one a grant asks us to write, or the one "written"
         // announces.
-        let control = is_control(link.ep.recv_done(slot, len));
-        if link.behind_a_read() && !control {
+        if link.behind_a_read() && !is_control(link.ep.recv_done(slot, len)) {
             let copy = link.ep.recv_done(slot, len).to_vec();
             link.behind_read_bytes += copy.len();
             link.behind_read.push_back(copy);
@@ -1749,6 +1751,14 @@ pub(crate) mod tests {
             .map_or_else(|| panic!("no stat {name}"), |&(_, v)| v)
     }
 
+    /// The link the first `Accepted` among `events` names.
+    pub(crate) fn accepted(events: &[TransportEvent]) -> Option<LinkId> {
+        events.iter().find_map(|e| match e {
+            TransportEvent::Accepted { link, .. } => Some(*link),
+            _ => None,
+        })
+    }
+
     /// Runs `t` as a worker would until `until` holds (at most 20 s).
     pub(crate) fn drive<T: Transport>(
         t: &mut T,
@@ -1792,13 +1802,7 @@ pub(crate) mod tests {
                 .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000)))),
             "{events:?}"
         );
-        events
-            .iter()
-            .find_map(|e| match e {
-                TransportEvent::Accepted { link, .. } => Some(*link),
-                _ => None,
-            })
-            .expect("accepted")
+        accepted(&events).expect("accepted")
     }
 
     /// A `tcp` MSG transport and the Poll its wait fds are in, with the
@@ -1874,12 +1878,6 @@ pub(crate) mod tests {
             } else {
                 plain.connect(LinkId(1000), &bound).unwrap();
             }
-            let accepted = |e: &[TransportEvent]| {
-                e.iter().find_map(|e| match e {
-                    TransportEvent::Accepted { link, .. } => Some(*link),
-                    _ => None,
-                })
-            };
             pump(&mut reader, &mut plain, &mut ev, &|ev| {
                 ev[dialler]
                     .iter()

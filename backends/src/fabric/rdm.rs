@@ -2108,7 +2108,7 @@ impl Transport for RdmTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::tests::{drive, stat};
+    use crate::fabric::tests::{accepted, drive, stat};
     use bytes::Bytes;
     use msgr_addr::FabricEndpoint;
     use msgr_proto::banner::BANNER_LEN;
@@ -2248,13 +2248,8 @@ mod tests {
         let (mut poll, mut t, bound) = listening_and_dialled(provider);
         assert_ne!(bound.socket.port(), 0);
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
-        let server = events
-            .iter()
-            .find_map(|e| match e {
-                TransportEvent::Accepted { link, .. } => Some(*link),
-                _ => None,
-            })
-            .unwrap_or_else(|| panic!("{provider}: no Accepted in {events:?}"));
+        let server =
+            accepted(&events).unwrap_or_else(|| panic!("{provider}: no Accepted in {events:?}"));
         assert!(events
             .iter()
             .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000)))));
@@ -2362,13 +2357,7 @@ mod tests {
         t.flush(Instant::now(), &mut Vec::new());
         let mut poll = poll;
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
-        let server = events
-            .iter()
-            .find_map(|e| match e {
-                TransportEvent::Accepted { link, .. } => Some(*link),
-                _ => None,
-            })
-            .unwrap_or_else(|| panic!("no Accepted in {events:?}"));
+        let server = accepted(&events).unwrap_or_else(|| panic!("no Accepted in {events:?}"));
         let big = Frame::new(
             msgr_proto::Tag::Message,
             vec![
@@ -2414,13 +2403,8 @@ mod tests {
     fn silent_peer_fails_by_the_deadline(provider: &str) {
         let (mut poll, mut t, _) = listening_and_dialled(provider);
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
-        let server = events
-            .iter()
-            .find_map(|e| match e {
-                TransportEvent::Accepted { link, .. } => Some(*link),
-                _ => None,
-            })
-            .unwrap_or_else(|| panic!("{provider}: no Accepted in {events:?}"));
+        let server =
+            accepted(&events).unwrap_or_else(|| panic!("{provider}: no Accepted in {events:?}"));
         t.inject(LinkId(1000), RealFault::Freeze).unwrap();
         let frozen_at = Instant::now();
         let events = drive(&mut t, &mut poll, |e| {

@@ -491,8 +491,12 @@ pub fn encode_grant(buf: &mut [u8], id: u32, landing: Landing) -> usize {
 
 /// The sender's id and the buffer of a grant's body.
 pub fn decode_grant(body: &[u8]) -> Option<(u32, Landing)> {
-    let b: &[u8; GRANT_LEN] = body.get(..GRANT_LEN)?.try_into().ok()?;
-    let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    let b = body.get(..GRANT_LEN)?;
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
     let id = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     Some((
         id,
