@@ -20,6 +20,13 @@
 #       msgr with payload_crc=false on both sides and transport_ping with
 #       --payload-crc 0 (data segments without CRC32C, as fi_pingpong's
 #       buffers go; the preamble and message header stay checked)
+#   REPLY=echo SIZE=1048576 ... scripts/bench-fabric.sh
+#       the servers send back the bytes they received (msgr ping --reply
+#       echo, transport_ping serve --echo 1) instead of as many bytes from a
+#       buffer of their own, which is what fi_pingpong's server does and the
+#       default here: an echoed megabyte was just written on the server's
+#       core, and the client's copy of it pulls every modified line across
+#       from there (a 1 MiB one-way over shm took ~1.3x as long, measured)
 #
 # Targets (docs/BENCHMARKS.md, DESIGN §7): msgr one-way latency within 1.2x of
 # fi_pingpong and within 1.15x of std::net. On this kind of VM a blocking
@@ -37,6 +44,12 @@ case "$PAYLOAD_CRC" in
     true) MSGR_SET=(); TP_CRC=() ;;
     false) MSGR_SET=(--set payload_crc=false); TP_CRC=(--payload-crc 0) ;;
     *) echo "PAYLOAD_CRC must be true or false" >&2; exit 2 ;;
+esac
+REPLY=${REPLY:-own}
+case "$REPLY" in
+    own) TP_ECHO=() ;;
+    echo) TP_ECHO=(--echo 1) ;;
+    *) echo "REPLY must be own or echo" >&2; exit 2 ;;
 esac
 # Below the ephemeral range: fi_pingpong binds without SO_REUSEADDR.
 PORT_BASE=${PORT_BASE:-$((21000 + RANDOM % 500 * 20))}
@@ -126,14 +139,14 @@ start_server() {
 # msgr_run BIND_ADDR OUT_JSON: msgr serve on BIND_ADDR, msgr ping against it.
 msgr_run() {
     start_server serve "listening on" "$MSGR" serve "$1" --duration 240 "${MSGR_SET[@]}"
-    timeout 120 "$MSGR" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --json "${MSGR_SET[@]}" >"$2"
+    timeout 120 "$MSGR" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --json --reply "$REPLY" "${MSGR_SET[@]}" >"$2"
     kill -INT "$SRV"; wait "$SRV" || true
 }
 
 # tp_run BIND_ADDR OUT: transport_ping serve on BIND_ADDR, its ping against
 # it; writes the one-way mean and p50 in µs to OUT.
 tp_run() {
-    start_server tserve listening "$TPING" serve "$1" --seconds 240
+    start_server tserve listening "$TPING" serve "$1" --seconds 240 "${TP_ECHO[@]}"
     timeout 120 "$TPING" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 "${TP_CRC[@]}" >"$WORK/tping"
     # An RDM server may not notice its client go (no connection to close).
     kill "$SRV" 2>/dev/null || true; wait "$SRV" || true
@@ -177,7 +190,7 @@ done
 
 python3 - "$SIZE" "$ITER" "$RUNS" "$PRE_OTHERS" "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "${FI_TCP[*]}" "${MSGR_MEAN[*]}" "${MSGR_P50[*]}" "${STD_MEAN[*]}" "${STD_P50[*]}" "${QUIET[*]}" "$WORK/results" \
-    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" "$CC" <<'EOF'
+    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" "$CC" "$REPLY" <<'EOF'
 import statistics as st, sys
 size, it, runs, pre, cores, lb, la = sys.argv[1:8]
 fi, mm, mp, sm, sp = ([float(x) for x in a.split()] for a in sys.argv[8:13])
@@ -198,7 +211,8 @@ def verdict(r, target):
     return "met" if r <= target else "MISSED"
 print()
 crc = "" if sys.argv[17] == "true" else "; msgr and transport alone WITHOUT payload CRC (payload_crc=false)"
-print(f"{size} B ping-pong on 127.0.0.1, {runs} runs x {it} round trips; one-way µs, median (spread){crc}; tcp congestion control {sys.argv[18]}")
+reply = "servers answer from their own buffers" if sys.argv[19] == "own" else "msgr's and the transport's servers ECHO the bytes they got"
+print(f"{size} B ping-pong on 127.0.0.1, {runs} runs x {it} round trips; one-way µs, median (spread){crc}; {reply}; tcp congestion control {sys.argv[18]}")
 print(f"machine {state}: others used {pre} of {cores} cores before; msgr bench saw {' '.join(quiet)}; loadavg {lb} before, {la} after")
 for label, rs in rows.items():
     f = [r[0] for r in rs]; m = [r[1] for r in rs]; p = [r[2] for r in rs]

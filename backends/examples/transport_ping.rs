@@ -5,14 +5,19 @@
 //! `fi_pingpong`) in one run, it says which layer a latency gap is in.
 //!
 //! ```text
-//! transport_ping serve ADDR [--seconds S] [--block 1]
+//! transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1]
 //! transport_ping ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1]
 //!                     [--payload-crc 0]
 //! ```
 //!
 //! `serve` binds `ADDR` (port 0 picks one), prints `listening ADDR` and
-//! echoes every frame until its client goes or `--seconds` (default 120)
-//! pass. `ping` sends `--count` frames (default 10 000, after `--warmup`
+//! answers every frame until its client goes or `--seconds` (default 120)
+//! pass: with a frame of the same layout whose data is its own buffer, as
+//! `fi_pingpong` and `ib_send_lat` answer from their own send buffers, or
+//! with `--echo 1` with the frame it received (whose bytes the receive has
+//! just written: the peer's copy of them then pulls modified cache lines
+//! from this core, which an echo of a megabyte pays and the references do
+//! not). `ping` sends `--count` frames (default 10 000, after `--warmup`
 //! 1 000) laid out as msgr's messages are (a 32-byte header segment, an
 //! empty front, `--size` bytes of data, default 64) one at a time and prints
 //! `result {"count":…,"size":…,"p50_ns":…,"mean_ns":…,"p99_ns":…,"min_ns":…}`,
@@ -185,7 +190,18 @@ fn frame_of(inbound: Inbound) -> Option<Frame> {
     }
 }
 
-fn serve(addr: &EntityAddr, seconds: u64, block: bool) -> Result<(), String> {
+/// The wire unit of a msgr message: a header segment of the message
+/// header's size, an empty front, the payload as data.
+fn message_unit(payload: Bytes, payload_crc: bool) -> Frame {
+    let header = Bytes::from_static(&[0; MESSAGE_HEADER_LEN]);
+    let mut frame = Frame::new(Tag::Message, [header, Bytes::new(), payload]);
+    if !payload_crc {
+        frame.flags = FLAG_UNCHECKED_PAYLOAD;
+    }
+    frame
+}
+
+fn serve(addr: &EntityAddr, seconds: u64, block: bool, echo: bool) -> Result<(), String> {
     let mut end = End::open(addr, seconds, block)?;
     let bound = end
         .transport
@@ -198,6 +214,8 @@ fn serve(addr: &EntityAddr, seconds: u64, block: bool) -> Result<(), String> {
     })?;
     end.send(link, Transmit::Banner([0; BANNER_LEN]))?;
     let mut echoed = 0u64;
+    // The data of the answers (`--echo 0`), made again when the size changes.
+    let mut own = Bytes::new();
     loop {
         let next = end.wait(|ev| match ev {
             TransportEvent::Received(_, inbound) => Some(frame_of(inbound)),
@@ -205,6 +223,15 @@ fn serve(addr: &EntityAddr, seconds: u64, block: bool) -> Result<(), String> {
         });
         match next {
             Ok(Some(frame)) => {
+                let frame = if echo {
+                    frame
+                } else {
+                    let len = frame.segments.get(2).map_or(0, |s| s.len());
+                    if own.len() != len {
+                        own = Bytes::from(vec![0xa5; len]);
+                    }
+                    message_unit(own.clone(), frame.flags & FLAG_UNCHECKED_PAYLOAD == 0)
+                };
                 if let Err(why) = end.send(link, Transmit::Frame(frame)) {
                     // The client went between its frame and our reply.
                     println!("served {echoed} frames ({why})");
@@ -240,28 +267,25 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
         .map_err(|e| format!("connect to {addr}: {e}"))?;
     end.wait(|ev| matches!(ev, TransportEvent::Connected(l) if l == link).then_some(()))?;
     end.send(link, Transmit::Banner([0; BANNER_LEN]))?;
-    // The wire unit of a msgr message: a header segment of the message
-    // header's size, an empty front, the payload as data.
-    let header = Bytes::from(vec![0; MESSAGE_HEADER_LEN]);
     let payload = Bytes::from(vec![0x5a; o.size]);
     let mut one_way = Vec::with_capacity(o.count);
     for i in 0..o.warmup + o.count {
         let start = Instant::now();
-        let mut frame = Frame::new(
-            Tag::Message,
-            [header.clone(), Bytes::new(), payload.clone()],
-        );
-        if !o.payload_crc {
-            frame.flags = FLAG_UNCHECKED_PAYLOAD;
-        }
-        end.send(link, Transmit::Frame(frame))?;
+        end.send(
+            link,
+            Transmit::Frame(message_unit(payload.clone(), o.payload_crc)),
+        )?;
         let back = end.wait(|ev| match ev {
             TransportEvent::Received(_, inbound) => frame_of(inbound),
             _ => None,
         })?;
         let rtt = start.elapsed();
-        if back.segments.get(2).map(|s| s.len()) != Some(o.size) {
-            return Err(format!("frame {i} came back changed"));
+        let got = back.segments.get(2).map(|s| s.len());
+        if got != Some(o.size) {
+            return Err(format!(
+                "the answer to frame {i} has {got:?} data bytes, not {}",
+                o.size
+            ));
         }
         if i >= o.warmup {
             one_way.push(rtt.as_nanos() as u64 / 2);
@@ -283,7 +307,7 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    let usage = "usage: transport_ping serve ADDR [--seconds S] [--block 1] | \
+    let usage = "usage: transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1] | \
                  ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1] \
                  [--payload-crc 0]";
     let (role, addr) = match args {
@@ -299,6 +323,7 @@ fn run(args: &[String]) -> Result<(), String> {
         block: false,
         payload_crc: true,
     };
+    let mut echo = false;
     let mut rest = args[2..].iter();
     while let Some(flag) = rest.next() {
         let value = rest.next().ok_or(usage)?;
@@ -310,11 +335,12 @@ fn run(args: &[String]) -> Result<(), String> {
             "--seconds" => o.seconds = n,
             "--block" => o.block = n != 0,
             "--payload-crc" => o.payload_crc = n != 0,
+            "--echo" if role == "serve" => echo = n != 0,
             _ => return Err(usage.into()),
         }
     }
     match role {
-        "serve" => serve(&addr, o.seconds, o.block),
+        "serve" => serve(&addr, o.seconds, o.block, echo),
         "ping" => ping(&addr, &o),
         _ => Err(usage.into()),
     }

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::error::{parse_addr, ToolError};
 use crate::machine::{MachineState, Watch};
-use crate::net::{self, Driver, Limit, PingOpts, Responder, StreamOpts};
+use crate::net::{self, Driver, Limit, PingOpts, Reply, Responder, StreamOpts};
 use crate::progress::Progress;
 use crate::reference;
 use crate::stats::{PingResult, StreamResult};
@@ -195,6 +195,8 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                     next(&mut progress, &format!("round {}: msgr ping", round + 1));
                     let p = PingOpts {
                         size: 64,
+                        // The std reference answers from one buffer too.
+                        reply: Reply::Own,
                         count: ping_count,
                         warmup,
                         timeout,

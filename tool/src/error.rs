@@ -45,6 +45,14 @@ pub enum ToolError {
         /// How long.
         after: Duration,
     },
+    /// The peer answered with something the run did not ask for.
+    #[error("{peer} answered wrongly: {what}")]
+    BadReply {
+        /// The peer.
+        peer: String,
+        /// What was wrong.
+        what: String,
+    },
     /// The connection ended while a test was running.
     #[error("connection to {peer} was reset: {reason}")]
     Reset {

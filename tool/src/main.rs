@@ -23,7 +23,7 @@ use msgr_addr::{FabricEndpoint, FabricProvider};
 use serde::Serialize;
 
 use crate::error::{parse_addr, ToolError};
-use crate::net::{Driver, Limit, PingOpts, Responder, StreamOpts};
+use crate::net::{Driver, Limit, PingOpts, Reply, Responder, StreamOpts};
 use crate::progress::Progress;
 
 #[derive(Parser, Debug)]
@@ -74,6 +74,10 @@ enum Cmd {
         /// Untimed round trips first.
         #[arg(long, default_value_t = 1_000)]
         warmup: u64,
+        /// What the server answers with: `own`, as many bytes from its own
+        /// buffer (as fi_pingpong and ib_send_lat do), or `echo`, the bytes it got.
+        #[arg(long, value_enum, default_value_t = Reply::Own)]
+        reply: Reply,
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 60.0, value_name = "SECS")]
         timeout: f64,
@@ -298,12 +302,14 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             size,
             count,
             warmup,
+            reply,
             timeout,
             json,
         } => {
             let target = parse_addr(&addr)?;
             let opts = PingOpts {
                 size,
+                reply,
                 count,
                 warmup,
                 timeout: secs("--timeout", timeout)?,
@@ -315,10 +321,14 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({ "target": target.to_string(), "ping": r })
+                    serde_json::json!({ "target": target.to_string(), "reply": reply, "ping": r })
                 );
             } else {
-                r.print(&format!("msgr ping {target}"));
+                let reply = match reply {
+                    Reply::Own => "answered from the server's own buffer",
+                    Reply::Echo => "echoed",
+                };
+                r.print(&format!("msgr ping {target} ({reply})"));
             }
             Ok(())
         }

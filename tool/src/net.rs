@@ -3,6 +3,8 @@
 //!
 //! Message types (payload in the data segment):
 //! - `PING` → the responder echoes it as `PONG` (same front and data).
+//! - `PING_OWN` → the responder answers `PONG` with as many data bytes from
+//!   a buffer of its own ([`Reply::Own`]).
 //! - `STREAM` → counted; if its front is non-empty the responder answers
 //!   `CREDIT` (the callback-driven sender's flow control).
 //! - `STREAM_END` → answered with `STREAM_DONE` carrying the responder's
@@ -28,6 +30,8 @@ use crate::stats::{PingResult, StreamResult};
 pub const PING: u16 = 0x6d01;
 /// Ping reply.
 pub const PONG: u16 = 0x6d02;
+/// Ping request answered from the responder's own buffer ([`Reply::Own`]).
+pub const PING_OWN: u16 = 0x6d07;
 /// A streamed message.
 pub const STREAM: u16 = 0x6d03;
 /// End of a stream.
@@ -48,10 +52,13 @@ pub struct Totals {
     pub stream_bytes: u64,
 }
 
-/// The server side: echoes pings, counts streams.
+/// The server side: answers pings, counts streams.
 #[derive(Default)]
 pub struct Responder {
     pings: AtomicU64,
+    /// The data `PING_OWN` is answered with: made for the last size asked,
+    /// then sent again and again, never written after.
+    own: Mutex<Bytes>,
     stream_messages: AtomicU64,
     stream_bytes: AtomicU64,
     /// Connections accepted.
@@ -77,6 +84,17 @@ impl Dispatcher for Responder {
             PING => {
                 self.pings.fetch_add(1, Ordering::Relaxed);
                 let _ = conn.send(Message::new(PONG, msg.front, msg.data));
+            }
+            PING_OWN => {
+                self.pings.fetch_add(1, Ordering::Relaxed);
+                let data = {
+                    let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+                    if own.len() != msg.data.len() {
+                        *own = Bytes::from(vec![0xa5; msg.data.len()]);
+                    }
+                    own.clone()
+                };
+                let _ = conn.send(Message::new(PONG, msg.front, data));
             }
             STREAM => {
                 self.stream_messages.fetch_add(1, Ordering::Relaxed);
@@ -172,11 +190,29 @@ pub fn send_blocking(conn: &Connection, msg: Message, deadline: Instant) -> Resu
     }
 }
 
+/// What the responder answers a ping with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reply {
+    /// As many bytes from a buffer of its own, sent again for every ping —
+    /// what `fi_pingpong` and `ib_send_lat` answer with, so the default
+    /// when comparing with them.
+    #[default]
+    Own,
+    /// The bytes it received. A large echo costs more than the references
+    /// pay: the receive has just written those bytes on the responder's
+    /// core, and the pinger's copy of them pulls each modified cache line
+    /// from there (a 1 MiB ping-pong over shm, measured: ~1.5× the time).
+    Echo,
+}
+
 /// Options of a ping-pong run.
 #[derive(Clone, Debug)]
 pub struct PingOpts {
     /// Payload bytes.
     pub size: usize,
+    /// What the responder answers with.
+    pub reply: Reply,
     /// Timed round trips.
     pub count: u64,
     /// Untimed round trips first.
@@ -197,22 +233,35 @@ struct PingState {
 struct PingClient {
     total: u64,
     warmup: u64,
+    /// `PING` or `PING_OWN`.
+    kind: u16,
     payload: Bytes,
     state: Mutex<PingState>,
     progress: AtomicU64,
     done: Mutex<Option<mpsc::Sender<Instant>>>,
     reset: Mutex<Option<String>>,
+    /// A reply that was not what the ping asked for (the run stops).
+    bad_reply: Mutex<Option<String>>,
 }
 
 impl PingClient {
     fn ping(&self) -> Message {
-        Message::new(PING, Bytes::new(), self.payload.clone())
+        Message::new(self.kind, Bytes::new(), self.payload.clone())
     }
 }
 
 impl Dispatcher for PingClient {
     fn on_message(&self, conn: &Connection, msg: Message) {
         if msg.msg_type != PONG {
+            return;
+        }
+        if msg.data.len() != self.payload.len() {
+            let why = format!(
+                "a reply of {} bytes to a ping of {}",
+                msg.data.len(),
+                self.payload.len()
+            );
+            *self.bad_reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
             return;
         }
         let now = Instant::now();
@@ -259,6 +308,10 @@ pub fn ping(
     let d = Arc::new(PingClient {
         total,
         warmup: opts.warmup,
+        kind: match opts.reply {
+            Reply::Own => PING_OWN,
+            Reply::Echo => PING,
+        },
         payload: Bytes::from(vec![0x5a; opts.size]),
         state: Mutex::new(PingState {
             sent_at: Instant::now(),
@@ -269,6 +322,7 @@ pub fn ping(
         progress: AtomicU64::new(0),
         done: Mutex::new(Some(tx)),
         reset: Mutex::new(None),
+        bad_reply: Mutex::new(None),
     });
     let (mut m, conn) = connect(cfg, target, d.clone(), opts.connect_timeout, &d.reset)?;
     let start = Instant::now();
@@ -291,6 +345,13 @@ pub fn ping(
                     break Err(ToolError::Reset {
                         peer: target.to_string(),
                         reason: r,
+                    });
+                }
+                let bad = d.bad_reply.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(what) = bad {
+                    break Err(ToolError::BadReply {
+                        peer: target.to_string(),
+                        what,
                     });
                 }
                 if Instant::now() >= deadline {

@@ -199,17 +199,20 @@ fn serve_answers_ping_and_stream_then_prints_counters_on_sigint() {
     let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("ping JSON");
     assert_eq!(v["ping"]["count"], 200);
     assert_eq!(v["ping"]["size"], 64);
+    assert_eq!(v["reply"], "own", "{v}");
     assert!(v["ping"]["one_way"]["p50_us"]
         .as_f64()
         .is_some_and(|x| x > 0.0));
 
     let o = run(
-        &["ping", &addr, "--count", "50", "--size", "4096"],
+        &[
+            "ping", &addr, "--count", "50", "--size", "4096", "--reply", "echo",
+        ],
         Duration::from_secs(60),
     );
     assert!(o.status.success(), "ping failed: {}", o.stderr);
     assert!(
-        o.stdout.contains("one-way") && o.stdout.contains("p99.9"),
+        o.stdout.contains("one-way") && o.stdout.contains("p99.9") && o.stdout.contains("echoed"),
         "{}",
         o.stdout
     );
