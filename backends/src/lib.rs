@@ -148,13 +148,14 @@ pub trait Transport {
     fn ready(&mut self, event: &Event, now: Instant, events: &mut Vec<TransportEvent>);
 
     /// Makes progress without readiness (busy-poll window): poll completion
-    /// queues, continue reads that were cut short. Returns whether anything
-    /// happened.
+    /// queues, continue reads that were cut short, read a TCP transport's
+    /// one or two links. Returns whether anything happened.
     fn progress(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool;
 
     /// Whether the busy-poll window must ask the worker's Poll on every
     /// pass for this transport's links to move: true where data arrives
-    /// only as fd readiness (TCP sockets). Transports that poll their
+    /// only as fd readiness (TCP sockets, unless the transport reads them in
+    /// `progress`, see the `tcp` module). Transports that poll their
     /// completion queues in [`Transport::progress`] say false, and while
     /// every transport does, a spinning worker calls `epoll_wait` only every
     /// few passes (listeners, connection set-up and the waker can wait): on

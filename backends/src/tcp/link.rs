@@ -173,6 +173,11 @@ pub(crate) struct TcpLink {
     /// Readable data may be waiting (edge-triggered readiness was not drained).
     pub(crate) read_pending: bool,
     pub(crate) write_interest: bool,
+    /// Bytes written since a read last brought some, and read since a write
+    /// last sent some: a link moving bulk either way is not read-polled
+    /// ([`TcpLink::read_polled`]).
+    pub(crate) written_since_read: usize,
+    pub(crate) read_since_write: usize,
     /// Current read granularity (grows while reads fill the buffer).
     read_chunk: usize,
     /// The last unit decoded was a large frame (see [`TcpLink::read_once`]).
@@ -220,6 +225,8 @@ impl TcpLink {
             frozen: false,
             read_pending: false,
             write_interest: false,
+            written_since_read: 0,
+            read_since_write: 0,
             read_chunk: MIN_READ_CHUNK,
             after_large: false,
             rx_copied: 0,
@@ -228,6 +235,45 @@ impl TcpLink {
             shelf,
             rx_lendable: false,
         }
+    }
+
+    /// Whether the link's traffic goes back and forth in small units: less
+    /// than [`super::READ_POLL_BULK`] each way since the other way last
+    /// moved anything.
+    fn small_exchanges(&self) -> bool {
+        self.written_since_read <= super::READ_POLL_BULK
+            && self.read_since_write <= super::READ_POLL_BULK
+    }
+
+    /// Bytes went out: the count since the last read grows, the count of
+    /// reads since a write starts again.
+    pub(crate) fn wrote(&mut self, n: usize) {
+        if n > 0 {
+            self.written_since_read += n;
+            self.read_since_write = 0;
+        }
+    }
+
+    /// Bytes came in (see [`TcpLink::wrote`]).
+    pub(crate) fn was_read(&mut self, n: usize) {
+        if n > 0 {
+            self.read_since_write += n;
+            self.written_since_read = 0;
+        }
+    }
+
+    /// Whether the transport reads this link on every spinning pass rather
+    /// than when epoll names it (module docs of [`super`]): it is connected,
+    /// reading, and its traffic is small exchanges.
+    pub(crate) fn read_polled(&self) -> bool {
+        !self.connecting && !self.paused && !self.frozen && self.small_exchanges()
+    }
+
+    /// Whether only epoll can tell what this link waits for: room to
+    /// connect or write, or bytes to read while it moves bulk (and is not
+    /// read-polled).
+    pub(crate) fn needs_epoll(&self) -> bool {
+        self.connecting || self.write_interest || !self.small_exchanges()
     }
 
     /// One `recv` into the receive buffer (a [`Recv`] of length 0 is end of

@@ -28,7 +28,8 @@
 //! ping-pong (docs/BENCHMARKS.md), and they delay the pass that finds the
 //! next message:
 //! - `epoll_wait` is needed every pass only where data arrives as fd
-//!   readiness (TCP sockets: [`msgr_backends::Transport::ready_every_pass`]);
+//!   readiness (TCP sockets, unless the TCP transport reads its one or two
+//!   links itself: [`msgr_backends::Transport::ready_every_pass`]);
 //!   elsewhere listeners, connection set-up and the waker can wait a few
 //!   passes.
 //! - `sched_yield` on an idle pass lets a thread that shares the core run —
