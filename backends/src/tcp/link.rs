@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use mio::net::TcpStream;
-use msgr_proto::frame::PREAMBLE_LEN;
-use msgr_proto::{FrameLimits, Inbound, StreamDecoder, Transmit};
+use msgr_proto::frame::{FLAG_UNCHECKED_PAYLOAD, PREAMBLE_LEN};
+use msgr_proto::{Frame, FrameLimits, Inbound, StreamDecoder, Transmit};
 use smallvec::SmallVec;
 
 use crate::shelf::Shelf;
@@ -30,11 +30,37 @@ const LARGE_UNIT: usize = 64 << 10;
 pub(crate) const SHELF_BYTES: usize = 8 << 20;
 /// Most bytes read for one readiness event before yielding to other links.
 pub(crate) const READ_BUDGET: usize = 4 << 20;
+/// A frame with at least this many checksummed bytes has its epilogue
+/// computed after its segments were written ([`Chunk::Epilogue`]).
+const DEFERRED_CRC_MIN: usize = 64 << 10;
+
+/// A piece of the send queue.
+#[derive(Debug)]
+enum Chunk {
+    /// Bytes to write.
+    Data(Bytes),
+    /// The epilogue of a large frame whose preamble and segments are queued
+    /// before it. If nothing is queued behind it, it is computed once they
+    /// have been written: the checksum of a megabyte (~15 µs) then runs
+    /// while the bytes travel and the peer reads them, rather than before
+    /// the first byte leaves ([`SendQueue::compute_epilogues`]). The wire is
+    /// the same.
+    Epilogue(Box<Frame>),
+}
+
+impl Chunk {
+    fn data(&self) -> Option<&Bytes> {
+        match self {
+            Chunk::Data(b) => Some(b),
+            Chunk::Epilogue(_) => None,
+        }
+    }
+}
 
 /// The outgoing byte queue of one link: `chunks` first, then `tail`.
 #[derive(Debug, Default)]
 pub(crate) struct SendQueue {
-    chunks: VecDeque<Bytes>,
+    chunks: VecDeque<Chunk>,
     tail: BytesMut,
     len: usize,
 }
@@ -48,11 +74,15 @@ impl SendQueue {
         self.len
     }
 
-    /// Appends a unit; segments above `copy_threshold` are referenced, not copied.
+    /// Appends a unit; segments above `copy_threshold` are referenced, not
+    /// copied. `defer_crc`: a large frame's epilogue may wait for its
+    /// segments to be written ([`Chunk::Epilogue`]); false on a link
+    /// streaming out, whose peer would wait for each late epilogue.
     pub(crate) fn push(
         &mut self,
         unit: Transmit,
         copy_threshold: usize,
+        defer_crc: bool,
     ) -> Result<(), msgr_proto::FrameError> {
         match unit {
             Transmit::Banner(b) => self.put_small(&b),
@@ -66,16 +96,28 @@ impl SendQueue {
                 self.len += len;
             }
             Transmit::Frame(f) => {
-                let mut enc = f.into_encoded()?;
-                self.put_small(&enc.preamble);
-                for seg in std::mem::take(&mut enc.segments) {
+                self.put_small(&f.preamble()?.encode());
+                for seg in &f.segments {
                     if seg.len() > copy_threshold {
-                        self.put_big(seg);
+                        self.put_big(seg.clone());
                     } else {
-                        self.put_small(&seg);
+                        self.put_small(seg);
                     }
                 }
-                self.put_small(enc.epilogue());
+                let checked = if f.flags & FLAG_UNCHECKED_PAYLOAD != 0 {
+                    1
+                } else {
+                    f.segments.len()
+                };
+                let checked_bytes: usize = f.segments.iter().take(checked).map(Bytes::len).sum();
+                if defer_crc && checked_bytes >= DEFERRED_CRC_MIN {
+                    self.seal_tail();
+                    self.len += 4 * f.segments.len();
+                    self.chunks.push_back(Chunk::Epilogue(Box::new(f)));
+                } else {
+                    let (epilogue, len) = f.epilogue_bytes();
+                    self.put_small(&epilogue[..len]);
+                }
             }
         }
         Ok(())
@@ -98,24 +140,38 @@ impl SendQueue {
             // A fresh buffer of full size: growing one from empty would
             // copy it a dozen times on the way.
             let sealed = std::mem::replace(&mut self.tail, BytesMut::with_capacity(TAIL_MAX));
-            self.chunks.push_back(sealed.freeze());
+            self.chunks.push_back(Chunk::Data(sealed.freeze()));
+        }
+    }
+
+    /// Moves what the tail holds into the chunks, so that a chunk can follow.
+    fn seal_tail(&mut self) {
+        if !self.tail.is_empty() {
+            self.chunks
+                .push_back(Chunk::Data(self.tail.split().freeze()));
         }
     }
 
     fn put_big(&mut self, b: Bytes) {
-        if !self.tail.is_empty() {
-            self.chunks.push_back(self.tail.split().freeze());
-        }
+        self.seal_tail();
         self.len += b.len();
-        self.chunks.push_back(b);
+        self.chunks.push_back(Chunk::Data(b));
     }
 
     /// Writes as much as the socket takes. Ok(true) when everything is out.
     pub(crate) fn write_to(&mut self, w: &mut impl Write) -> io::Result<bool> {
         while self.len > 0 {
+            self.compute_epilogues();
             // On the stack: a heap vector cost an allocation per write.
             let mut iov: SmallVec<[IoSlice<'_>; MAX_IOVECS]> = SmallVec::new();
-            for c in self.chunks.iter().take(MAX_IOVECS - 1) {
+            // Up to the first epilogue still to compute: what precedes it
+            // goes first.
+            for c in self
+                .chunks
+                .iter()
+                .take(MAX_IOVECS - 1)
+                .map_while(Chunk::data)
+            {
                 iov.push(IoSlice::new(c));
             }
             // The tail follows the last chunk: it may go only if every chunk did.
@@ -136,20 +192,47 @@ impl SendQueue {
         Ok(true)
     }
 
+    /// Computes the epilogues this write reaches, except the last thing
+    /// queued: its frame's bytes go first ([`Chunk::Epilogue`]). Behind a
+    /// stream the peer would wait for a late epilogue before the next
+    /// frame (1 MiB streaming lost a fifth of its bandwidth), so an epilogue
+    /// with anything queued after it is computed before it is written.
+    fn compute_epilogues(&mut self) {
+        let n = self.chunks.len();
+        for i in 0..n.min(MAX_IOVECS - 1) {
+            let Chunk::Epilogue(f) = &self.chunks[i] else {
+                continue;
+            };
+            let last = i + 1 == n && self.tail.is_empty();
+            if last && i > 0 {
+                return;
+            }
+            let (epilogue, len) = f.epilogue_bytes();
+            self.chunks[i] = Chunk::Data(Bytes::copy_from_slice(&epilogue[..len]));
+        }
+    }
+
     fn consume(&mut self, mut n: usize) {
         self.len -= n;
         while n > 0 {
-            if let Some(front) = self.chunks.front_mut() {
-                if n >= front.len() {
+            match self.chunks.front_mut() {
+                Some(Chunk::Data(front)) if n >= front.len() => {
                     n -= front.len();
                     self.chunks.pop_front();
-                } else {
+                }
+                Some(Chunk::Data(front)) => {
                     front.advance(n);
                     n = 0;
                 }
-            } else {
-                self.tail.advance(n);
-                n = 0;
+                Some(Chunk::Epilogue(_)) => {
+                    // Nothing behind an epilogue still to compute is written.
+                    debug_assert!(false, "{n} bytes written past an epilogue not computed");
+                    break;
+                }
+                None => {
+                    self.tail.advance(n);
+                    n = 0;
+                }
             }
         }
         if self.len == 0 && self.tail.capacity() > (1 << 20) {
@@ -241,8 +324,13 @@ impl TcpLink {
     /// than [`super::READ_POLL_BULK`] each way since the other way last
     /// moved anything.
     fn small_exchanges(&self) -> bool {
-        self.written_since_read <= super::READ_POLL_BULK
-            && self.read_since_write <= super::READ_POLL_BULK
+        !self.sending_bulk() && self.read_since_write <= super::READ_POLL_BULK
+    }
+
+    /// Whether the link has written more than [`super::READ_POLL_BULK`]
+    /// since it last read anything: it streams out.
+    pub(crate) fn sending_bulk(&self) -> bool {
+        self.written_since_read > super::READ_POLL_BULK
     }
 
     /// Bytes went out: the count since the last read grows, the count of
@@ -381,6 +469,77 @@ mod tests {
     use super::*;
     use msgr_proto::{Frame, Tag};
 
+    /// A writer that keeps what it is given and the size of each call.
+    #[derive(Default)]
+    struct Wire {
+        bytes: Vec<u8>,
+        calls: Vec<usize>,
+    }
+
+    impl Write for Wire {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.write_vectored(&[IoSlice::new(buf)])
+        }
+
+        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            let n = bufs.iter().map(|b| b.len()).sum();
+            bufs.iter().for_each(|b| self.bytes.extend_from_slice(b));
+            self.calls.push(n);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A large frame queued last has its segments written before its
+    /// epilogue is computed (one writev up to the epilogue, then the
+    /// epilogue); with a frame behind it, or small, or with its payload not
+    /// checksummed, it goes in one. The bytes are the encoding either way,
+    /// in order.
+    #[test]
+    fn a_large_frames_epilogue_follows_its_written_segments() {
+        let large = Frame::new(
+            Tag::Message,
+            [
+                Bytes::from(vec![1u8; 40]),
+                Bytes::new(),
+                Bytes::from(vec![9u8; 1 << 20]),
+            ],
+        );
+        let mut unchecked = large.clone();
+        unchecked.flags = FLAG_UNCHECKED_PAYLOAD;
+        let medium = Frame::new(Tag::Message, [Bytes::from(vec![3u8; 8 << 10])]);
+        let small = Frame::new(Tag::Message, [Bytes::from(vec![2u8; 64])]);
+        let cases = [
+            (&large, false, true),
+            (&large, true, false),
+            (&unchecked, false, false),
+            (&medium, false, false),
+        ];
+        for (first, then_small, split) in cases {
+            let mut q = SendQueue::default();
+            q.push(Transmit::Frame(first.clone()), 4096, true).unwrap();
+            let mut expected = first.encode_to_vec().unwrap();
+            if then_small {
+                q.push(Transmit::Frame(small.clone()), 4096, true).unwrap();
+                expected.extend(small.encode_to_vec().unwrap());
+            }
+            let mut wire = Wire::default();
+            assert!(q.write_to(&mut wire).unwrap());
+            assert!(wire.bytes == expected, "the wire is the encoding");
+            let before_epilogue = first.encoded_len() - 4 * first.segments.len();
+            let calls = if split {
+                vec![before_epilogue, expected.len() - before_epilogue]
+            } else {
+                vec![expected.len()]
+            };
+            assert_eq!(wire.calls, calls, "then a small frame: {then_small}");
+            assert!(q.is_empty());
+        }
+    }
+
     /// Many more referenced segments than one writev takes (a replay after a
     /// reconnect queues thousands): the coalesced tail must not jump ahead of
     /// the chunks left out of the iovec list.
@@ -404,7 +563,7 @@ mod tests {
         let mut expect = Vec::new();
         for i in 0..10_000u32 {
             let f = Frame::new(Tag::Message, vec![Bytes::from(i.to_le_bytes().repeat(5))]);
-            q.push(Transmit::Frame(f.clone()), 8 << 10).unwrap();
+            q.push(Transmit::Frame(f.clone()), 8 << 10, true).unwrap();
             expect.extend(f.encode_to_vec().unwrap());
         }
         assert!(
@@ -412,12 +571,15 @@ mod tests {
             "the test must seal several tails"
         );
         assert!(q.chunks.len() >= 4, "{} chunks", q.chunks.len());
-        assert!(q.chunks.iter().all(|c| c.len() <= TAIL_MAX));
+        assert!(q
+            .chunks
+            .iter()
+            .all(|c| c.data().is_some_and(|b| b.len() <= TAIL_MAX)));
         for trickle in [expect.len(), 65_537, 999] {
             let mut q2 = SendQueue::default();
             for i in 0..10_000u32 {
                 let f = Frame::new(Tag::Message, vec![Bytes::from(i.to_le_bytes().repeat(5))]);
-                q2.push(Transmit::Frame(f), 8 << 10).unwrap();
+                q2.push(Transmit::Frame(f), 8 << 10, true).unwrap();
             }
             assert_eq!(drain(&mut q2, trickle), expect, "trickle {trickle}");
         }
@@ -580,7 +742,7 @@ mod tests {
             .collect();
         let mut expect = Vec::new();
         for f in &frames {
-            q.push(Transmit::Frame(f.clone()), 8 << 10).unwrap();
+            q.push(Transmit::Frame(f.clone()), 8 << 10, true).unwrap();
             expect.extend(f.encode_to_vec().unwrap());
         }
         assert!(

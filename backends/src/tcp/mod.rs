@@ -343,7 +343,8 @@ impl Transport for TcpTransport {
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
         let was_empty = l.tx.is_empty();
-        l.tx.push(unit, self.copy_threshold)?;
+        let defer_crc = !l.sending_bulk();
+        l.tx.push(unit, self.copy_threshold, defer_crc)?;
         if was_empty {
             self.dirty.push(link);
         }

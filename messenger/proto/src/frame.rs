@@ -329,6 +329,24 @@ impl Frame {
         out.put_slice(&self.epilogue()[..4 * self.segments.len()]);
     }
 
+    /// The epilogue as it goes on the wire after the segments: its bytes
+    /// and how many of them count (4 per segment). For a writer that sends
+    /// the segments first and checksums them while they travel. Call after
+    /// [`Frame::preamble`] has bounded the segment count.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use msgr_proto::{Frame, Tag};
+    ///
+    /// let f = Frame::new(Tag::Message, [Bytes::from_static(b"h"), Bytes::from_static(b"data")]);
+    /// let (words, len) = f.epilogue_bytes();
+    /// let wire = f.encode_to_vec().unwrap();
+    /// assert_eq!(&wire[wire.len() - len..], &words[..len]);
+    /// ```
+    pub fn epilogue_bytes(&self) -> ([u8; 4 * MAX_SEGMENTS], usize) {
+        (self.epilogue(), 4 * self.segments.len().min(MAX_SEGMENTS))
+    }
+
     /// The epilogue's words: each checked segment's CRC, 0 for the rest.
     /// Call after [`Frame::preamble`] has bounded the segment count.
     fn epilogue(&self) -> [u8; 4 * MAX_SEGMENTS] {
