@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use mio::net::TcpStream;
-use msgr_proto::frame::{FLAG_UNCHECKED_PAYLOAD, PREAMBLE_LEN};
+use msgr_proto::frame::PREAMBLE_LEN;
 use msgr_proto::{Frame, FrameLimits, Inbound, StreamDecoder, Transmit};
 use smallvec::SmallVec;
 
@@ -104,13 +104,7 @@ impl SendQueue {
                         self.put_small(seg);
                     }
                 }
-                let checked = if f.flags & FLAG_UNCHECKED_PAYLOAD != 0 {
-                    1
-                } else {
-                    f.segments.len()
-                };
-                let checked_bytes: usize = f.segments.iter().take(checked).map(Bytes::len).sum();
-                if defer_crc && checked_bytes >= DEFERRED_CRC_MIN {
+                if defer_crc && f.checked_bytes() >= DEFERRED_CRC_MIN {
                     self.seal_tail();
                     self.len += 4 * f.segments.len();
                     self.chunks.push_back(Chunk::Epilogue(Box::new(f)));
@@ -509,7 +503,7 @@ mod tests {
             ],
         );
         let mut unchecked = large.clone();
-        unchecked.flags = FLAG_UNCHECKED_PAYLOAD;
+        unchecked.flags = msgr_proto::frame::FLAG_UNCHECKED_PAYLOAD;
         let medium = Frame::new(Tag::Message, [Bytes::from(vec![3u8; 8 << 10])]);
         let small = Frame::new(Tag::Message, [Bytes::from(vec![2u8; 64])]);
         let cases = [

@@ -347,6 +347,24 @@ impl Frame {
         (self.epilogue(), 4 * self.segments.len().min(MAX_SEGMENTS))
     }
 
+    /// How many bytes the epilogue checksums: every segment's, or with
+    /// [`FLAG_UNCHECKED_PAYLOAD`] the first segment's only.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use msgr_proto::frame::FLAG_UNCHECKED_PAYLOAD;
+    /// use msgr_proto::{Frame, Tag};
+    ///
+    /// let mut f = Frame::new(Tag::Message, [Bytes::from_static(b"head"), Bytes::from_static(b"data")]);
+    /// assert_eq!(f.checked_bytes(), 8);
+    /// f.flags = FLAG_UNCHECKED_PAYLOAD;
+    /// assert_eq!(f.checked_bytes(), 4);
+    /// ```
+    pub fn checked_bytes(&self) -> usize {
+        let checked = checked_segments(self.flags);
+        self.segments.iter().take(checked).map(|s| s.len()).sum()
+    }
+
     /// The epilogue's words: each checked segment's CRC, 0 for the rest.
     /// Call after [`Frame::preamble`] has bounded the segment count.
     fn epilogue(&self) -> [u8; 4 * MAX_SEGMENTS] {
