@@ -46,6 +46,7 @@ use crate::{
 };
 use bytes::BytesMut;
 use link::{TcpLink, READ_BUDGET, SHELF_BYTES};
+use smallvec::SmallVec;
 
 /// The most links a transport reads on every spinning pass instead of
 /// waiting for epoll to name them (module docs).
@@ -253,17 +254,14 @@ impl TcpTransport {
         if !self.reads_by_polling() {
             return false;
         }
-        let mut ids = [None; READ_POLLED_LINKS];
-        let polled = self
+        let ids: SmallVec<[LinkId; READ_POLLED_LINKS]> = self
             .links
             .iter()
             .filter(|(_, l)| l.read_polled())
-            .map(|(&id, _)| id);
-        for (slot, id) in ids.iter_mut().zip(polled) {
-            *slot = Some(id);
-        }
+            .map(|(&id, _)| id)
+            .collect();
         let mut any = false;
-        for id in ids.into_iter().flatten() {
+        for id in ids {
             any |= self.read_link(id, false, events);
         }
         any
@@ -619,8 +617,8 @@ mod tests {
         drop((client, idle));
     }
 
-    /// [`Transport::progress`] alone, no epoll: one `progress` call until
-    /// the frame is there (10 s at most).
+    /// [`Transport::progress`] alone, no epoll, called until a frame is
+    /// there or `within` has passed.
     fn progress_until_received(t: &mut TcpTransport, within: Duration) -> Vec<TransportEvent> {
         let deadline = Instant::now() + within;
         let mut seen = Vec::new();

@@ -290,8 +290,7 @@ impl Frame {
     /// result: no reference counts touched).
     pub fn into_encoded(self) -> Result<EncodedFrame, FrameError> {
         let preamble = self.preamble()?.encode();
-        let epilogue = self.epilogue();
-        let epilogue_len = 4 * self.segments.len();
+        let (epilogue, epilogue_len) = self.epilogue_bytes();
         Ok(EncodedFrame {
             preamble,
             segments: self.segments,
@@ -326,7 +325,8 @@ impl Frame {
         for s in &self.segments {
             out.put_slice(s);
         }
-        out.put_slice(&self.epilogue()[..4 * self.segments.len()]);
+        let (epilogue, len) = self.epilogue_bytes();
+        out.put_slice(&epilogue[..len]);
     }
 
     /// The epilogue as it goes on the wire after the segments: its bytes
