@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use msgr_addr::EntityAddr;
 use msgr_backends::{RealFault, SimulatedFault};
-use msgr_proto::{Message, PeerInfo, Policy};
+use msgr_proto::{FaultReason, Message, PeerInfo, Policy};
 use parking_lot::Mutex;
 use thiserror::Error;
 
@@ -51,6 +51,40 @@ pub enum ConnectionState {
     Closed,
 }
 
+/// Where a connection stands and why it last lost its link: what to log
+/// when a connection stays [`ConnectionState::Connecting`] for longer than
+/// expected. A snapshot, taken by [`Connection::status`].
+///
+/// ```no_run
+/// # fn f(conn: &msgr_messenger::Connection) {
+/// let st = conn.status();
+/// if let Some(why) = &st.last_fault {
+///     eprintln!("{} is {} after {} faults, the last: {why}", conn.target(), st.phase, st.faults);
+/// }
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectionStatus {
+    /// As [`Connection::state`].
+    pub state: ConnectionState,
+    /// The session's phase in words: "connecting" (waiting for the
+    /// transport), "standing by" (waiting to redial, or for the peer),
+    /// "exchanging banners", "open", "closed"...
+    pub phase: &'static str,
+    /// Links the connection lost so far (faults of any kind).
+    pub faults: u64,
+    /// Why the last link was lost, or why the connection ended.
+    pub last_fault: Option<FaultReason>,
+}
+
+/// The worker's last published [`ConnectionStatus`] fields.
+#[derive(Default)]
+struct PublishedStatus {
+    phase: &'static str,
+    faults: u64,
+    last_fault: Option<FaultReason>,
+}
+
 pub(crate) struct ConnInner {
     pub(crate) key: u64,
     pub(crate) worker: usize,
@@ -63,6 +97,8 @@ pub(crate) struct ConnInner {
     submitted: [AtomicU64; 2],
     /// ... and those that left the session queue (set by the worker).
     pub(crate) released: [AtomicU64; 2],
+    /// Set by the worker when the phase or the fault count changes.
+    status: Mutex<PublishedStatus>,
 }
 
 /// A handle on one session with one peer. Cheap to clone; all clones name the
@@ -108,6 +144,10 @@ impl Connection {
                 state: AtomicU8::new(STATE_CONNECTING),
                 submitted: Default::default(),
                 released: Default::default(),
+                status: Mutex::new(PublishedStatus {
+                    phase: "connecting",
+                    ..Default::default()
+                }),
             }),
         }
     }
@@ -288,6 +328,32 @@ impl Connection {
             STATE_CONNECTING => ConnectionState::Connecting,
             STATE_OPEN => ConnectionState::Open,
             _ => ConnectionState::Closed,
+        }
+    }
+
+    /// Where the connection stands and why it last lost its link (see
+    /// [`ConnectionStatus`]).
+    pub fn status(&self) -> ConnectionStatus {
+        let p = self.inner.status.lock();
+        ConnectionStatus {
+            state: self.state(),
+            phase: p.phase,
+            faults: p.faults,
+            last_fault: p.last_fault.clone(),
+        }
+    }
+
+    pub(crate) fn publish_status(
+        &self,
+        phase: &'static str,
+        faults: u64,
+        last_fault: Option<&FaultReason>,
+    ) {
+        let mut p = self.inner.status.lock();
+        p.phase = phase;
+        p.faults = faults;
+        if p.last_fault.as_ref() != last_fault {
+            p.last_fault = last_fault.cloned();
         }
     }
 

@@ -50,7 +50,7 @@ mod throttle;
 mod worker;
 
 pub use config::{parse_policy, ConfigError, MessengerConfig, CONFIG_KEYS};
-pub use connection::{Connection, ConnectionState, SendError};
+pub use connection::{Connection, ConnectionState, ConnectionStatus, SendError};
 pub use counters::Counters;
 pub use dispatcher::{Dispatcher, NullDispatcher};
 pub use faults::{FaultPlan, FaultPlanError};

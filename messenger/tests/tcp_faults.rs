@@ -68,3 +68,46 @@ fn lossless_delivery_holds_under_a_fault_plan() {
     cli.shutdown(Duration::from_secs(5));
     srv.shutdown(Duration::from_secs(5));
 }
+
+/// A connection that cannot reach its peer says why: its phase, its fault
+/// count and the transport's error, until the peer is there.
+#[test]
+fn status_tells_why_a_connection_is_not_open() {
+    // A port nobody listens on (bound, read, released).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let target: msgr::EntityAddr = format!("tcp://127.0.0.1:{port}").parse().unwrap();
+    let cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
+    let conn = cli.connect_with(&target, Policy::LosslessClient).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || conn.status().faults >= 2),
+        "redials fail: {:?}",
+        conn.status()
+    );
+    let st = conn.status();
+    assert_eq!(st.state, msgr::ConnectionState::Connecting, "{st:?}");
+    assert!(["connecting", "standing by"].contains(&st.phase), "{st:?}");
+    match &st.last_fault {
+        Some(msgr::FaultReason::Transport(why)) => {
+            assert!(why.to_lowercase().contains("refused"), "{st:?}")
+        }
+        other => panic!("a transport fault, not {other:?}"),
+    }
+
+    // Open: the phase follows, the history stays.
+    let srv = server(fast_config(), Recorder::new());
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || conn.state()
+            == msgr::ConnectionState::Open),
+        "{:?}",
+        conn.status()
+    );
+    let st = conn.status();
+    assert_eq!((st.phase, st.faults, st.last_fault), ("open", 0, None));
+}

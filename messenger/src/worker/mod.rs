@@ -107,6 +107,8 @@ struct Slot {
     transport: usize,
     accepted: bool,
     seen: SessionStats,
+    /// The phase last published to the connection's status.
+    seen_phase: &'static str,
 }
 
 #[derive(Clone, Copy)]
@@ -599,6 +601,7 @@ impl Worker {
                 transport: t,
                 accepted: false,
                 seen: SessionStats::default(),
+                seen_phase: "",
             },
         );
         self.touch(key);
@@ -796,6 +799,12 @@ impl Worker {
         Counters::add(&c.tx_messages, st.tx_messages - slot.seen.tx_messages);
         Counters::add(&c.tx_bytes, st.tx_bytes - slot.seen.tx_bytes);
         Counters::add(&c.duplicates_dropped, st.duplicates - slot.seen.duplicates);
+        let phase = slot.session.phase();
+        if st.faults != slot.seen.faults || phase != slot.seen_phase {
+            slot.seen_phase = phase;
+            slot.conn
+                .publish_status(phase, st.faults, slot.session.last_fault());
+        }
         slot.seen = st;
         slot.conn.set_state(if slot.session.is_open() {
             ConnectionState::Open
@@ -1089,6 +1098,7 @@ impl Worker {
                 transport: t,
                 accepted: true,
                 seen: SessionStats::default(),
+                seen_phase: "",
             },
         );
         self.touch(key);

@@ -716,11 +716,15 @@ pub fn run(cfg: &StressConfig) -> StressReport {
             ));
             for (c, rec) in records.iter().filter(|r| !settled(r)).take(5) {
                 let slot = &run.servers[rec.key.1 as usize];
+                let st = rec.conn.status();
                 violations.push(format!(
-                    "  undrained epoch {:?}: conn {} {:?} to {} queued {:?}, sent {}, delivered {}; server now at {} (generation {} / epoch began at {}); remote resets {} / {} at start; reset {:?}",
+                    "  undrained epoch {:?}: conn {} {:?} ({}, {} faults, the last: {}) to {} queued {:?}, sent {}, delivered {}; server now at {} (generation {} / epoch began at {}); remote resets {} / {} at start; reset {:?}",
                     rec.key,
                     rec.conn.id(),
-                    rec.conn.state(),
+                    st.state,
+                    st.phase,
+                    st.faults,
+                    st.last_fault.map_or_else(|| "none".into(), |f| f.to_string()),
                     rec.conn.target(),
                     rec.conn.queued(),
                     rec.sent.load(Ordering::Relaxed),

@@ -254,6 +254,8 @@ pub struct Session {
     state: State,
     established: bool,
     closing: bool,
+    /// Why the last link was lost or the session ended (for diagnostics).
+    last_fault: Option<FaultReason>,
 
     queue: VecDeque<Message>,
     queued_bytes: usize,
@@ -297,6 +299,7 @@ impl Session {
             state: State::Closed,
             established: false,
             closing: false,
+            last_fault: None,
             queue: VecDeque::new(),
             queued_bytes: 0,
             in_flight_bytes: 0,
@@ -350,6 +353,18 @@ impl Session {
     /// The link the session currently runs on (or is handshaking on).
     pub fn link(&self) -> Option<LinkId> {
         self.state.link()
+    }
+
+    /// Where the session stands, in words ("connecting", "standing by",
+    /// "open"...): for logs and for telling why a session is not open.
+    pub fn phase(&self) -> &'static str {
+        self.state.name()
+    }
+
+    /// Why the session last lost a link, or why it ended; `None` until the
+    /// first fault.
+    pub fn last_fault(&self) -> Option<&FaultReason> {
+        self.last_fault.as_ref()
     }
 
     /// Whether messages flow right now.
@@ -1068,6 +1083,7 @@ impl Session {
             return;
         }
         self.stats.faults += 1;
+        self.last_fault = Some(reason.clone());
         self.close_link_now();
         let lossless = self.lossless;
         let never_established_acceptor = !self.connector && !self.established;
@@ -1091,6 +1107,7 @@ impl Session {
         self.close_link_now();
         let undelivered = self.drop_queued();
         self.state = State::Closed;
+        self.last_fault = Some(reason.clone());
         let silent = !self.established && !self.connector;
         if !silent {
             self.events.push_back(SessionEvent::Reset {
