@@ -257,8 +257,10 @@ impl RdmaTransport {
         if ev.kind == CmEventKind::ConnectRequest {
             let token = cm.listeners.get(&ev.listen_handle).map(|(_, t)| *t);
             if let (Some(token), Some(new_id)) = (token, ev.new_id) {
+                self.counters.connect_requests += 1;
                 let depth = (ev.initiator_depth, ev.responder_resources);
                 if let Err(why) = self.cm_accept(token, new_id, &ev.private_data, depth) {
+                    self.counters.accepts_failed += 1;
                     tracing::warn!(%why, "refused an rdma_cm connection");
                 }
             }

@@ -247,6 +247,12 @@ struct RdmaCounters {
     simulated_hung_reads: u64,
     /// Times polling the CQ failed (every link failed with it).
     cq_failures: u64,
+    /// Connection requests heard by the listener (rdma_cm or out of band).
+    connect_requests: u64,
+    /// Of those, refused or failed before the link was up.
+    accepts_failed: u64,
+    /// Outgoing links that failed before they were up.
+    connects_failed: u64,
 }
 
 impl RdmaCounters {
@@ -558,6 +564,13 @@ impl RdmaTransport {
     }
 
     fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+        if let Some(l) = self.links.get(&id).filter(|l| !l.up) {
+            if l.outgoing {
+                self.counters.connects_failed += 1;
+            } else {
+                self.counters.accepts_failed += 1;
+            }
+        }
         if self.drop_link(id).is_some() {
             events.push(TransportEvent::Failed(id, why));
         }
@@ -637,6 +650,7 @@ impl RdmaTransport {
                 link = id.0,
                 "dropping an accepted RDMA link whose setup did not finish"
             );
+            self.counters.accepts_failed += 1;
             self.drop_link(id);
         }
     }
@@ -1630,6 +1644,9 @@ impl Transport for RdmaTransport {
                 ("cm_ids_parked", c.cm_ids_parked),
                 ("simulated_hung_reads", c.simulated_hung_reads),
                 ("cq_failures", c.cq_failures),
+                ("connect_requests", c.connect_requests),
+                ("accepts_failed", c.accepts_failed),
+                ("connects_failed", c.connects_failed),
                 ("reg_cache_hits", self.reg_cache.hits),
                 ("reg_cache_misses", self.reg_cache.misses),
                 ("reg_cache_evictions", self.reg_cache.evictions),

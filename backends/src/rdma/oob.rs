@@ -299,6 +299,7 @@ impl RdmaTransport {
             };
             match listener.accept() {
                 Ok((stream, _peer)) => {
+                    self.counters.connect_requests += 1;
                     let _ = stream.set_nodelay(true);
                     let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
                     match self.oob_link(id, stream, false) {
@@ -310,6 +311,7 @@ impl RdmaTransport {
                                 Interest::READABLE,
                             ) {
                                 tracing::warn!(error = %e, "dropping accepted verbs connection");
+                                self.counters.accepts_failed += 1;
                                 self.release(l);
                                 continue;
                             }
@@ -318,7 +320,10 @@ impl RdmaTransport {
                             // The connector's info may already be there.
                             self.read_oob(id, events);
                         }
-                        Err(e) => tracing::warn!(error = %e, "dropping accepted verbs connection"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "dropping accepted verbs connection");
+                            self.counters.accepts_failed += 1;
+                        }
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,

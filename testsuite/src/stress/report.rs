@@ -307,6 +307,45 @@ pub(crate) fn blocked_threads() -> Vec<String> {
     out
 }
 
+/// The TCP sockets listening in this network namespace, as `addr:port`
+/// (from /proc/net/tcp and tcp6). Over iWARP they include siw's own
+/// listeners (one per rdma_cm listening id): a drain failure prints them,
+/// so a server that rdma_cm calls listening but that refuses connections
+/// shows which it is.
+pub(crate) fn tcp_listeners() -> Vec<String> {
+    let mut out = Vec::new();
+    for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let mut f = line.split_whitespace();
+            let (Some(local), Some(state)) = (f.nth(1), f.nth(1)) else {
+                continue;
+            };
+            if state == "0A" {
+                out.push(proc_net_addr(local).unwrap_or_else(|| local.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// `0100007F:1F90` (IPv4, or 32 hex digits of IPv6, in host-order words)
+/// as `127.0.0.1:8080`.
+fn proc_net_addr(s: &str) -> Option<String> {
+    let (ip, port) = s.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let words: Option<Vec<u32>> = (0..ip.len() / 8)
+        .map(|i| u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16).ok())
+        .collect();
+    let bytes: Vec<u8> = words?.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let ip: std::net::IpAddr = match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok()?.into(),
+        16 => <[u8; 16]>::try_from(bytes).ok()?.into(),
+        _ => return None,
+    };
+    Some(std::net::SocketAddr::new(ip, port).to_string())
+}
+
 pub(crate) fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -314,6 +353,26 @@ pub(crate) fn secs(d: Duration) -> f64 {
 #[cfg(test)]
 mod blocked_tests {
     use super::*;
+
+    #[test]
+    fn listeners_are_read_from_proc() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let me = l.local_addr().unwrap().to_string();
+        assert!(
+            tcp_listeners().contains(&me),
+            "{me} in {:?}",
+            tcp_listeners()
+        );
+        assert_eq!(
+            proc_net_addr("0100007F:1F90").as_deref(),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(
+            proc_net_addr("00000000000000000000000001000000:0016").as_deref(),
+            Some("[::1]:22")
+        );
+        assert_eq!(proc_net_addr("zz:1"), None);
+    }
     use std::io::Read;
     use std::time::Instant;
 

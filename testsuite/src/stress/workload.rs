@@ -12,7 +12,9 @@ use msgr::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::report::{blocked_threads, rss_kib, secs, thread_count, Progress, StressReport};
+use super::report::{
+    blocked_threads, rss_kib, secs, tcp_listeners, thread_count, Progress, StressReport,
+};
 use super::verify::{
     ClientEvents, EpochRecord, Pattern, Probe, ServerDispatcher, Verifier, Violations,
 };
@@ -769,6 +771,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
             for t in blocked_threads() {
                 violations.push(format!("  {t}"));
             }
+            violations.push(format!("  TCP listeners: {}", tcp_listeners().join(" ")));
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
