@@ -17,18 +17,19 @@ use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use msgr_addr::{EntityAddr, TransportKind};
 use msgr_proto::LinkId;
-use msgr_rdma::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
+use msgr_rdma::{CmEvent, CmEventKind, CmId, ConnParam, Context, EventChannel, PortSpace};
 use rustc_hash::FxHashMap;
 
 use super::device::Device;
 use super::link::{Conn, RdmaLink};
+use super::listen::Listeners;
 use super::{rdma_err, LinkParams, RdmaTransport};
 use crate::{TransportError, TransportEvent};
 
 /// Bound on address and route resolution.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Connection requests a listener queues.
-const BACKLOG: i32 = 128;
+pub(super) const BACKLOG: i32 = 128;
 
 /// Where rdma_cm's setup of a link stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,8 +53,8 @@ pub(crate) struct CmConn {
 pub(crate) struct CmState {
     channel: Arc<EventChannel>,
     token: Token,
-    /// Listening ids by handle, with the worker's listener token.
-    listeners: FxHashMap<usize, (CmId, Token)>,
+    /// Listening ids, with the worker's listener tokens.
+    pub(super) listeners: Listeners,
     /// Connection ids by handle.
     links: FxHashMap<usize, LinkId>,
     /// Ids of released links whose connect or accept had no answer yet,
@@ -73,7 +74,11 @@ impl CmState {
     }
 
     pub(crate) fn owns_listener(&self, token: Token) -> bool {
-        self.listeners.values().any(|(_, t)| *t == token)
+        self.listeners.owns(token)
+    }
+
+    pub(super) fn channel(&self) -> Arc<EventChannel> {
+        self.channel.clone()
     }
 
     pub(crate) fn forget(&mut self, handle: usize) {
@@ -85,7 +90,7 @@ impl CmState {
     }
 }
 
-fn cm_err(op: &'static str, e: msgr_rdma::RdmaError) -> TransportError {
+pub(super) fn cm_err(op: &'static str, e: msgr_rdma::RdmaError) -> TransportError {
     rdma_err(TransportKind::RdmaCm, op, e)
 }
 
@@ -98,7 +103,7 @@ fn cm(l: &mut RdmaLink) -> Option<&mut CmConn> {
 
 impl RdmaTransport {
     /// The event channel, created and registered at first use.
-    fn cm_state(&mut self) -> Result<&mut CmState, TransportError> {
+    pub(super) fn cm_state(&mut self) -> Result<&mut CmState, TransportError> {
         if self.cm.is_none() {
             let channel =
                 EventChannel::new().map_err(|e| cm_err("rdma_create_event_channel", e))?;
@@ -112,7 +117,7 @@ impl RdmaTransport {
             self.cm = Some(CmState {
                 channel,
                 token,
-                listeners: FxHashMap::default(),
+                listeners: Listeners::default(),
                 links: FxHashMap::default(),
                 parked: FxHashMap::default(),
             });
@@ -121,7 +126,7 @@ impl RdmaTransport {
     }
 
     /// Opens the transport's device from the one rdma_cm picked for `id`.
-    fn cm_device(&mut self, id: &CmId) -> Result<(), TransportError> {
+    pub(super) fn cm_device(&mut self, id: &CmId) -> Result<(), TransportError> {
         let Some(ctx) = id.context() else {
             return Err(TransportError::Unavailable {
                 kind: TransportKind::RdmaCm,
@@ -140,11 +145,26 @@ impl RdmaTransport {
             }),
             Some(_) => Ok(()),
             None => {
+                let ctx = self.cm_anchor(id, &ctx).unwrap_or(ctx);
                 let d = Device::with_context(ctx, id.port_num(), &self.pools)
                     .map_err(|e| cm_err("open rdma_cm device", e))?;
                 self.install_device(d)
             }
         }
+    }
+
+    /// The device context of `id` (`found`), taken instead from an id of
+    /// the transport's own bound to the same address. A context keeps the
+    /// id it came from alive for as long as the device is open, and the
+    /// listener or link that happened to find the device must stay free to
+    /// go: a listener siw lost has to be destroyed before its port can be
+    /// listened on again (`listen`). `None`: keep `found`.
+    fn cm_anchor(&mut self, id: &CmId, found: &Context) -> Option<Arc<Context>> {
+        let ip = id.local_addr()?.ip();
+        let channel = self.cm_state().ok()?.channel();
+        let anchor = CmId::new(&channel, PortSpace::Tcp).ok()?;
+        anchor.bind_addr(std::net::SocketAddr::new(ip, 0)).ok()?;
+        anchor.context().filter(|c| c.name() == found.name())
     }
 
     /// A QP for `id` on the shared CQ and receive queue, and the link's share.
@@ -184,26 +204,14 @@ impl RdmaTransport {
         addr: &EntityAddr,
         token: Token,
     ) -> Result<EntityAddr, TransportError> {
-        let channel = self.cm_state()?.channel.clone();
-        let id = CmId::new(&channel, PortSpace::Tcp).map_err(|e| cm_err("rdma_create_id", e))?;
-        id.bind_addr(addr.socket)
-            .map_err(|e| cm_err("rdma_bind_addr", e))?;
-        if id.context().is_some() {
-            self.cm_device(&id)?;
-        }
-        id.listen(BACKLOG).map_err(|e| cm_err("rdma_listen", e))?;
         let mut bound = addr.clone();
-        if let Some(local) = id.local_addr() {
-            bound.socket = local;
-        }
-        let cm = self.cm.as_mut().expect("made above");
-        cm.listeners.insert(id.handle(), (id, token));
+        bound.socket = self.cm_listen_at(addr.socket, token)?;
         Ok(bound)
     }
 
     pub(super) fn cm_unlisten(&mut self, token: Token) {
         if let Some(cm) = self.cm.as_mut() {
-            cm.listeners.retain(|_, (_, t)| *t != token);
+            cm.listeners.remove_token(token);
         }
     }
 
@@ -255,7 +263,7 @@ impl RdmaTransport {
     fn on_cm_event(&mut self, ev: CmEvent, events: &mut Vec<TransportEvent>) {
         let cm = self.cm.as_mut().expect("events come from the channel");
         if ev.kind == CmEventKind::ConnectRequest {
-            let token = cm.listeners.get(&ev.listen_handle).map(|(_, t)| *t);
+            let token = cm.listeners.token_of(ev.listen_handle);
             if let (Some(token), Some(new_id)) = (token, ev.new_id) {
                 self.counters.connect_requests += 1;
                 let depth = (ev.initiator_depth, ev.responder_resources);

@@ -55,6 +55,7 @@
 mod cm;
 mod device;
 mod link;
+mod listen;
 mod oob;
 mod pool;
 mod regcache;
@@ -253,6 +254,9 @@ struct RdmaCounters {
     accepts_failed: u64,
     /// Outgoing links that failed before they were up.
     connects_failed: u64,
+    /// rdma_cm listeners created again after siw lost their socket
+    /// (`listen`).
+    listeners_restored: u64,
 }
 
 impl RdmaCounters {
@@ -1423,6 +1427,7 @@ impl Transport for RdmaTransport {
         self.reap_half_open(now, |l| l.since + SETUP_TIMEOUT);
         self.fail_stalled_connects(now, events);
         self.reap_parked(now);
+        self.check_listeners(now);
         any
     }
 
@@ -1455,7 +1460,8 @@ impl Transport for RdmaTransport {
 
     fn wake_at(&self) -> Option<Instant> {
         // The deadlines `progress` enforces: lingering closes, rendezvous
-        // reads, links in setup (accepted or connecting).
+        // reads, links in setup (accepted or connecting), the siw
+        // listeners' probe.
         let closing = self.closing.values().map(|(_, t)| *t);
         let reads = self
             .links
@@ -1466,7 +1472,8 @@ impl Transport for RdmaTransport {
             .values()
             .filter(|l| !l.up)
             .map(|l| l.since + SETUP_TIMEOUT);
-        closing.chain(reads).chain(setups).min()
+        let listeners = self.cm.as_ref().and_then(|c| c.listeners.wake_at());
+        closing.chain(reads).chain(setups).chain(listeners).min()
     }
 
     fn close(&mut self, link: LinkId, flush: bool) {
@@ -1647,6 +1654,7 @@ impl Transport for RdmaTransport {
                 ("connect_requests", c.connect_requests),
                 ("accepts_failed", c.accepts_failed),
                 ("connects_failed", c.connects_failed),
+                ("listeners_restored", c.listeners_restored),
                 ("reg_cache_hits", self.reg_cache.hits),
                 ("reg_cache_misses", self.reg_cache.misses),
                 ("reg_cache_evictions", self.reg_cache.evictions),
