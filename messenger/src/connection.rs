@@ -56,7 +56,7 @@ pub enum ConnectionState {
 /// expected. A snapshot, taken by [`Connection::status`].
 ///
 /// ```no_run
-/// # fn f(conn: &msgr_messenger::Connection) {
+/// # fn f(conn: &msgr::Connection) {
 /// let st = conn.status();
 /// if let Some(why) = &st.last_fault {
 ///     eprintln!("{} is {} after {} faults, the last: {why}", conn.target(), st.phase, st.faults);
