@@ -93,6 +93,7 @@ pub struct CmEvent {
 impl EventChannel {
     /// Fails with [`RdmaError::NoDevice`] when the kernel has no rdma_cm.
     pub fn new() -> Result<Arc<Self>> {
+        crate::error::clear_errno();
         // SAFETY: no arguments; NULL on failure with errno set.
         let ch = unsafe { sys::rdma_create_event_channel() };
         let ch = NonNull::new(ch).ok_or_else(|| RdmaError::last_os("rdma_create_event_channel"))?;

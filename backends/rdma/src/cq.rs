@@ -31,6 +31,7 @@ unsafe impl Sync for CompletionChannel {}
 
 impl CompletionChannel {
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>> {
+        crate::error::clear_errno();
         // SAFETY: live context.
         let ch = unsafe { sys::ibv_create_comp_channel(ctx.as_ptr()) };
         let ch = NonNull::new(ch).ok_or_else(|| RdmaError::last_os("ibv_create_comp_channel"))?;
@@ -219,6 +220,7 @@ impl CompletionQueue {
         }
         let cqe = i32::try_from(cqe).map_err(|_| RdmaError::InvalidArgument("cqe".into()))?;
         let ch_ptr = channel.map_or(std::ptr::null_mut(), |c| c.ch.as_ptr());
+        crate::error::clear_errno();
         // SAFETY: live context; the channel (if any) outlives the CQ (Arc kept).
         let cq = unsafe { sys::ibv_create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), ch_ptr, 0) };
         let cq = NonNull::new(cq).ok_or_else(|| {

@@ -29,6 +29,7 @@ struct DeviceList {
 impl DeviceList {
     fn new() -> Result<Self> {
         let mut n: libc::c_int = 0;
+        crate::error::clear_errno();
         // SAFETY: `n` is a valid out-pointer; the returned array is freed in Drop.
         let list = unsafe { sys::ibv_get_device_list(&mut n) };
         let list = NonNull::new(list).ok_or_else(|| RdmaError::last_os("ibv_get_device_list"))?;
@@ -64,6 +65,7 @@ impl DeviceList {
             }));
         };
         let name = device_name(dev);
+        crate::error::clear_errno();
         // SAFETY: `dev` comes from the live device list; the context stays valid
         // after the list is freed (documented by libibverbs).
         let ctx = unsafe { sys::ibv_open_device(dev) };

@@ -41,6 +41,13 @@ pub enum RdmaError {
 
 pub type Result<T, E = RdmaError> = std::result::Result<T, E>;
 
+/// Sets errno to 0 before a call that reports failure by returning NULL, so
+/// that [`RdmaError::last_os`] cannot blame an earlier call's error.
+pub(crate) fn clear_errno() {
+    // SAFETY: __errno_location returns this thread's errno, always valid.
+    unsafe { *libc::__errno_location() = 0 };
+}
+
 impl RdmaError {
     /// Maps the error of a failed call to a typed error. Without an RDMA
     /// device (kernel without uverbs/rdma_cm), `ibv_get_device_list` fails with
@@ -62,9 +69,21 @@ impl RdmaError {
         }
     }
 
-    /// The error of the last failed libc-style call (errno).
+    /// The error of the last failed libc-style call (errno). Callers clear
+    /// errno first ([`clear_errno`]): a provider that fails without setting
+    /// it (libsiw's CQ and SRQ creation under memory pressure) would
+    /// otherwise be reported with whatever an earlier call left there.
     pub(crate) fn last_os(op: &'static str) -> Self {
-        Self::from_os(op, io::Error::last_os_error())
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(0) {
+            return RdmaError::Os {
+                op,
+                source: io::Error::other(
+                    "failed without saying why (errno not set; out of memory or locked memory?)",
+                ),
+            };
+        }
+        Self::from_os(op, e)
     }
 
     /// Verbs calls that return a positive errno value instead of setting errno.
@@ -111,6 +130,24 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_call_that_sets_no_errno_is_not_blamed_on_an_earlier_one() {
+        // An earlier failure leaves errno set...
+        let _ = std::net::TcpStream::connect("0.0.0.0:0");
+        clear_errno();
+        // ...a NULL return after the clear says it has no reason.
+        let e = RdmaError::last_os("ibv_create_cq");
+        let text = e.to_string();
+        assert!(text.contains("without saying why"), "{text}");
+        // A set errno is still reported as itself.
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOMEM };
+        match RdmaError::last_os("ibv_create_cq") {
+            RdmaError::Os { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::ENOMEM)),
+            other => panic!("{other}"),
+        }
     }
 
     #[test]

@@ -248,6 +248,7 @@ unsafe fn reg_mr(
     len: usize,
     access: Access,
 ) -> Result<NonNull<sys::ibv_mr>> {
+    crate::error::clear_errno();
     // SAFETY: the caller's promise; pd is a live protection domain.
     let mr = unsafe { sys::ibv_reg_mr(pd.as_ptr(), ptr.cast(), len, access.raw() as i32) };
     NonNull::new(mr).ok_or_else(|| RdmaError::last_os("ibv_reg_mr"))

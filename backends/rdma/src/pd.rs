@@ -21,6 +21,7 @@ unsafe impl Sync for ProtectionDomain {}
 
 impl ProtectionDomain {
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>> {
+        crate::error::clear_errno();
         // SAFETY: the context is alive (we keep an Arc to it).
         let pd = unsafe { sys::ibv_alloc_pd(ctx.as_ptr()) };
         let pd = NonNull::new(pd).ok_or_else(|| RdmaError::last_os("ibv_alloc_pd"))?;

@@ -382,6 +382,7 @@ impl QueuePair {
     /// [`QueuePair::to_init`], [`QueuePair::to_rtr`], [`QueuePair::to_rts`].
     pub fn new(pd: &Arc<ProtectionDomain>, init: QpInit) -> Result<Self> {
         let mut attr = init.raw();
+        crate::error::clear_errno();
         // SAFETY: live PD; the CQs/SRQ in `attr` are kept alive by `init`.
         let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut attr) };
         let qp = NonNull::new(qp).ok_or_else(|| RdmaError::last_os("ibv_create_qp"))?;

@@ -35,6 +35,7 @@ impl SharedReceiveQueue {
                 srq_limit: limit,
             },
         };
+        crate::error::clear_errno();
         // SAFETY: live PD, valid attributes.
         let srq = unsafe { sys::ibv_create_srq(pd.as_ptr(), &mut attr) };
         let srq = NonNull::new(srq).ok_or_else(|| RdmaError::last_os("ibv_create_srq"))?;
