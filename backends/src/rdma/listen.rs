@@ -32,7 +32,7 @@ use super::RdmaTransport;
 use crate::TransportError;
 
 /// How often a listener backed by a kernel TCP socket is probed.
-pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
+const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// One listening rdma_cm id.
 struct CmListener {

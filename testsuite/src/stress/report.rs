@@ -353,6 +353,8 @@ pub(crate) fn secs(d: Duration) -> f64 {
 #[cfg(test)]
 mod blocked_tests {
     use super::*;
+    use std::io::Read;
+    use std::time::Instant;
 
     #[test]
     fn listeners_are_read_from_proc() {
@@ -373,8 +375,6 @@ mod blocked_tests {
         );
         assert_eq!(proc_net_addr("zz:1"), None);
     }
-    use std::io::Read;
-    use std::time::Instant;
 
     #[test]
     fn a_thread_blocked_in_a_read_is_listed() {

@@ -1083,7 +1083,6 @@ impl Session {
             return;
         }
         self.stats.faults += 1;
-        self.last_fault = Some(reason.clone());
         self.close_link_now();
         let lossless = self.lossless;
         let never_established_acceptor = !self.connector && !self.established;
@@ -1093,6 +1092,7 @@ impl Session {
             self.terminate(reason);
             return;
         }
+        self.last_fault = Some(reason);
         self.standby_since = now;
         if self.may_reconnect {
             let at = now + self.backoff;
