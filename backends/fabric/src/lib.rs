@@ -2743,6 +2743,39 @@ impl RmaBuffers {
         Ok(landing)
     }
 
+    /// Writes `bytes` as the last bytes of the unit landing under `context`
+    /// (a read in flight, or a buffer granted for a write), which lie among
+    /// the bytes placed around the read or the write, not in its target:
+    /// a unit's late epilogue, placed before the unit is taken
+    /// ([`RmaBuffers::read_done`]). The caller checked that they lie after
+    /// the target.
+    pub fn place_tail(&mut self, context: u64, bytes: &[u8]) -> Result<(), FabricError> {
+        let r = self
+            .reading
+            .get_mut(&context)
+            .ok_or(FabricError::Slot(context as usize))?;
+        // The check word, where there is one, ends the region by now (read
+        // with the unit, or apart once the unit is in: `read_word`).
+        let word = if r.check != 0 { CHECK_LEN } else { 0 };
+        let end = r.skip + r.len - word;
+        let start = end
+            .checked_sub(bytes.len())
+            .filter(|&start| start >= r.skip && end <= r.mem.capacity())
+            .ok_or(FabricError::Slot(context as usize))?;
+        // SAFETY: `start..end` lies within the buffer's capacity (checked
+        // above) and after the target the provider may be writing (the
+        // caller's word), so these bytes are the transport's alone; written
+        // through the raw pointer, no reference to the buffer is made while
+        // the provider writes another part of it.
+        unsafe {
+            r.mem
+                .as_mut_ptr()
+                .add(start)
+                .copy_from_nonoverlapping(bytes.as_ptr(), bytes.len());
+        }
+        Ok(())
+    }
+
     /// Gives up the buffer granted under `context` before the peer said it
     /// wrote (its link went): its registration closes at once, so no write
     /// into it can start, but one the provider has begun may still land
@@ -3448,13 +3481,15 @@ mod tests {
         let t0 = std::time::Instant::now();
         // The read's completion error, or what read_done made of its buffer.
         // A failed read may cost the connection (tcp;ofi_rxm): each case
-        // that expects one reads from a client endpoint of its own.
+        // that expects one reads from a client endpoint of its own. `tail`
+        // (a late epilogue) is placed over the unit's last bytes at every
+        // completion, the one before a word read apart included.
         let read_around = |net: &mut Net,
                            (client, to): (&mut RdmEp, PeerAddr),
                            x: &Exposed,
                            ctx: u64,
-                           around: &[u8],
-                           at: usize| {
+                           (around, at): (&[u8], usize),
+                           tail: &[u8]| {
             while let Err(e) = client.read(x, to, ctx, around, at) {
                 assert!(
                     is_again(&e) && t0.elapsed().as_secs() < 10,
@@ -3471,6 +3506,9 @@ mod tests {
                 net.read_cq(&mut got, 8).expect("fi_cq_read");
                 if let Some(i) = got.iter().position(|c| c.context == ctx) {
                     let c = got.remove(i);
+                    if !tail.is_empty() {
+                        client.rma().place_tail(ctx, tail).unwrap();
+                    }
                     let done = client.rma().read_done(ctx, c.error.is_none());
                     let buf = match done.expect("a read's buffer") {
                         // Its check word, apart, is read next.
@@ -3485,7 +3523,7 @@ mod tests {
             }
         };
         let read = |net: &mut Net, client: &mut RdmEp, x: &Exposed, ctx: u64| {
-            read_around(net, (client, to_server), x, ctx, &[], 0)
+            read_around(net, (client, to_server), x, ctx, (&[], 0), &[])
         };
         let live = server.rma().expose(vec![7u8; len]).unwrap();
         assert_eq!(live.len as usize, len + CHECK_LEN);
@@ -3529,7 +3567,8 @@ mod tests {
         );
         let mut other = net.rdm_endpoint(None, 2, 2, 512).unwrap();
         let to = other.insert(&net.resolve(bound).unwrap()).unwrap();
-        let buf = read_around(&mut net, (&mut other, to), &x, 13, b"headtail", 4).unwrap();
+        let around = (&b"headtail"[..], 4);
+        let buf = read_around(&mut net, (&mut other, to), &x, 13, around, &[]).unwrap();
         assert!(
             buf.len() == len + 8
                 && buf[..4] == *b"head"
@@ -3537,6 +3576,14 @@ mod tests {
                 && buf[4 + len..] == *b"tail",
             "{provider}: the segment between the bytes around it"
         );
+        // A late epilogue placed while the unit lands takes the unit's last
+        // bytes, not its check word's.
+        let buf = read_around(&mut net, (&mut other, to), &x, 15, around, b"TL").unwrap();
+        assert!(
+            buf.len() == len + 8 && buf[4..4 + len] == body[..] && buf[4 + len..] == *b"taTL",
+            "{provider}: the tail placed where the unit ends"
+        );
+        assert!(other.rma().place_tail(15, b"TL").is_err(), "no read 15 now");
         if net.virt_addr {
             assert_eq!(
                 buf[4..].as_ptr() as usize % READ_ALIGN,
@@ -3548,7 +3595,7 @@ mod tests {
         // the old descriptor must fail although the bytes are the same.
         server.rma().unexpose(x.id);
         let again = server.rma().expose_in_place(body.clone()).unwrap();
-        let r = read_around(&mut net, (&mut other, to), &x, 14, b"headtail", 4);
+        let r = read_around(&mut net, (&mut other, to), &x, 14, around, &[]);
         println!(
             "{provider}: read of a withdrawn in-place buffer: {r:?} (word at the same address: {})",
             again.word.is_some() && again.word.map(|w| w.addr) == x.word.map(|w| w.addr)

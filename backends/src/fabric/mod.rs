@@ -25,9 +25,12 @@
 //!     a unit held for a write goes into ([`rendezvous::encode_grant`]).
 //!   - [`RNDV_WRITTEN`] + the 4-byte id: the unit was `fi_write`n (posted
 //!     right behind the write, which it does not overtake).
-//!     Grants, "written" and answers are handled on arrival, never behind
-//!     a rendezvous: two ends each waiting for the other's unit would
-//!     otherwise each hold the grant the other waits for.
+//!   - [`RNDV_EPILOGUE`] + the 4-byte id, a length byte and the unit's
+//!     epilogue, between peers that take it late (computed while the unit
+//!     moves: [`rendezvous::LATE_EPILOGUE`]).
+//!     Grants, "written", epilogues and answers are handled on arrival,
+//!     never behind a rendezvous: two ends each waiting for the other's
+//!     unit would otherwise each hold the grant the other waits for.
 //! - Rendezvous ([`rendezvous`], shared with the RDM transport): where the
 //!   provider offers `FI_RMA` with reads (`tcp`, `verbs`; decided once per
 //!   worker's Net, reported as `rendezvous_enabled`), a unit larger than
@@ -124,6 +127,9 @@ pub const RNDV_GRANT: u8 = 4;
 /// Header byte: the unit of a `RNDV_GRANT` was written into its buffer
 /// (posted after the write, which it does not overtake); its id follows.
 pub const RNDV_WRITTEN: u8 = 5;
+/// Header byte: the epilogue of a `RNDV` flagged
+/// [`rendezvous::LATE_EPILOGUE`] ([`rendezvous::encode_epilogue`]).
+pub const RNDV_EPILOGUE: u8 = 6;
 /// Bytes of messages a link keeps behind one rendezvous read before it
 /// fails (a peer that floods while a read is in flight).
 const BEHIND_READ_MAX: usize = 64 << 20;
@@ -259,7 +265,10 @@ fn is_write(c: u64) -> bool {
 /// Whether a received message is a grant, a "written" or an answer: about
 /// rendezvous units, never waiting behind one or behind a pause.
 fn is_control(msg: &[u8]) -> bool {
-    matches!(msg.first(), Some(&(RNDV_GRANT | RNDV_WRITTEN | RNDV_DONE)))
+    matches!(
+        msg.first(),
+        Some(&(RNDV_GRANT | RNDV_WRITTEN | RNDV_DONE | RNDV_EPILOGUE))
+    )
 }
 
 /// The first `N` bytes (at most) of a message body, copied out of its
@@ -554,6 +563,9 @@ struct FabricLink {
     /// How the peer moves rendezvous units (its connection data said so,
     /// see [`rendezvous::caps`]); known before anything is sent.
     peer_rndv: Option<RmaOp>,
+    /// The peer takes a unit's epilogue after its descriptor
+    /// ([`rendezvous::peer_late_epilogue`]).
+    peer_late: bool,
 }
 
 impl FabricLink {
@@ -576,6 +588,7 @@ impl FabricLink {
             exposures: Exposures::default(),
             receiving: Receiving::default(),
             peer_rndv: None,
+            peer_late: false,
         }
     }
 
@@ -586,6 +599,22 @@ impl FabricLink {
             && self.exposures.is_idle()
             && self.receiving.need_done.is_empty()
             && self.receiving.need_grant.is_empty()
+    }
+
+    /// Sends the late epilogues owed (`RNDV_EPILOGUE`); false if one could
+    /// not go yet.
+    fn post_epilogues(&mut self, id: LinkId) -> Result<bool, FabricError> {
+        while let Some(&(unit, words, len)) = self.exposures.need_epilogue.first() {
+            let sent = self.post(id, |buf| {
+                buf[0] = RNDV_EPILOGUE;
+                1 + rendezvous::encode_epilogue(&mut buf[1..], unit, &words[..len])
+            })?;
+            if !sent {
+                return Ok(false);
+            }
+            self.exposures.need_epilogue.remove(0);
+        }
+        Ok(true)
     }
 
     /// Whether received messages wait instead of being handled.
@@ -844,6 +873,7 @@ impl FabricTransport {
                     link.connected = true;
                     if link.accepted.is_none() {
                         link.peer_rndv = rendezvous::peer_op(&caps);
+                        link.peer_late = rendezvous::peer_late_epilogue(&caps);
                     }
                     match link.accepted {
                         Some((listener, peer)) => events.push(TransportEvent::Accepted {
@@ -889,7 +919,10 @@ impl FabricTransport {
             .peer()
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
-        let peer_rndv = rendezvous::peer_op(req.data());
+        let (peer_rndv, peer_late) = (
+            rendezvous::peer_op(req.data()),
+            rendezvous::peer_late_epilogue(req.data()),
+        );
         match self
             .net
             .accept(req, SLOTS, SLOT_SIZE, &rendezvous::caps(self.rndv))
@@ -902,6 +935,7 @@ impl FabricTransport {
                 self.by_key.insert(ep.key(), id);
                 let mut link = FabricLink::new(ep, Some((listener, peer)));
                 link.peer_rndv = peer_rndv;
+                link.peer_late = peer_late;
                 self.links.insert(id, link);
                 self.half_open
                     .push_back((Instant::now() + SETUP_TIMEOUT, id));
@@ -1008,6 +1042,10 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return; // the link went while its read was in flight
         };
+        if let Err(e) = link.receiving.place_epilogue(link.ep.rma(), context) {
+            self.drop_link(id);
+            return events.push(e.event(id));
+        }
         // Freed here even if the completion is then ignored (a simulated
         // hang): the provider is done with the buffer. Its check word may
         // be read next, apart: then the read completes again.
@@ -1024,6 +1062,18 @@ impl FabricTransport {
         ) else {
             return;
         };
+        self.unit_arrived(id, unit, events);
+    }
+
+    /// Link `id`'s rendezvous unit is whole (read or written, its epilogue
+    /// in place): it goes up, its answer is sent, and the messages that
+    /// waited behind it follow; or the link fails.
+    fn unit_arrived(
+        &mut self,
+        id: LinkId,
+        unit: Result<Inbound, PieceError>,
+        events: &mut Vec<TransportEvent>,
+    ) {
         self.reads -= 1;
         match unit {
             Ok(unit) => events.push(TransportEvent::Received(id, unit)),
@@ -1032,10 +1082,36 @@ impl FabricTransport {
                 return events.push(e.event(id));
             }
         }
+        let Some(link) = self.links.get(&id) else {
+            return;
+        };
         self.dirty.push(id);
         if !link.held.is_empty() || !link.behind_read.is_empty() {
             self.resumed.push(id);
         }
+    }
+
+    /// The late epilogue of a unit of `id`'s came: the unit goes up if it
+    /// is there already (see [`Receiving::epilogue_arrived`]).
+    fn epilogue_arrived(
+        &mut self,
+        id: LinkId,
+        body: &[u8],
+        events: &mut Vec<TransportEvent>,
+    ) -> Result<Option<Inbound>, PieceError> {
+        let Some(link) = self.links.get_mut(&id) else {
+            return Ok(None);
+        };
+        let unit = link.receiving.epilogue_arrived(
+            body,
+            &mut link.reasm,
+            &self.limits,
+            &mut self.rndv_counters,
+        )?;
+        if let Some(unit) = unit {
+            self.unit_arrived(id, unit, events);
+        }
+        Ok(None)
     }
 
     /// Starts the fi_read a RNDV message describes, or grants the buffer
@@ -1074,7 +1150,7 @@ impl FabricTransport {
             }
         };
         link.receiving
-            .started(d.x.id, granted, &mut self.rndv_counters);
+            .started(d.x.id, granted, d.late_room(), &mut self.rndv_counters);
         if self.reads == 0 {
             self.next_read_check = Instant::now() + self.read_timeout;
         }
@@ -1115,7 +1191,7 @@ impl FabricTransport {
             .write(unit, landing, write_context(id, unit))
             .map_err(|e| PieceError::Malformed(format!("fi_write: {e}")))?;
         self.rndv_counters.writes += 1;
-        link.exposures.need_written.push(unit);
+        link.exposures.write_posted(unit, &mut self.rndv_counters);
         self.dirty.push(id);
         Ok(None)
     }
@@ -1241,6 +1317,10 @@ impl FabricTransport {
                 let written = OutOfSlot::<{ rendezvous::DONE_LEN }>::new(body);
                 self.written_by_peer(id, written.bytes(), events)
             }
+            Some((&RNDV_EPILOGUE, body)) => {
+                let epilogue = OutOfSlot::<{ rendezvous::EPILOGUE_MSG_MAX }>::new(body);
+                self.epilogue_arrived(id, epilogue.bytes(), events)
+            }
             Some((&hdr, _)) => Err(PieceError::Malformed(format!(
                 "bad message header {hdr:#x}"
             ))),
@@ -1294,6 +1374,11 @@ impl FabricTransport {
         rndv: bool,
         counters: &mut Counters,
     ) -> Result<(), FabricError> {
+        // Before "written": the receiver then has a unit's epilogue by the
+        // time its write is announced, and places it before taking it.
+        if !link.post_epilogues(id)? {
+            return Ok(());
+        }
         while let Some(&(unit, landing)) = link.receiving.need_grant.last() {
             let sent = link.post(id, |buf| {
                 buf[0] = RNDV_GRANT;
@@ -1339,6 +1424,9 @@ impl FabricTransport {
                     return Ok(());
                 }
                 link.exposures.sent(counters);
+                if !link.post_epilogues(id)? {
+                    return Ok(());
+                }
                 continue;
             }
             let front_len = link.queue.front().map(OutUnit::len);
@@ -1346,9 +1434,13 @@ impl FabricTransport {
                 // Empty, or a large unit waiting for fewer exposed.
                 return Ok(());
             }
-            let Some(front) = link.queue.front() else {
+            let Some(front) = link.queue.front_mut() else {
                 return Ok(());
             };
+            if link.front_sent == 0 {
+                front.resolve_epilogue();
+            }
+            let front = &*front;
             let left = front.len() - link.front_sent;
             let n = left.min(SLOT_SIZE - 1);
             let last = n == left;
@@ -1538,10 +1630,12 @@ impl Transport for FabricTransport {
     }
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
+        let late = self.links.get(&link).is_some_and(|l| l.peer_late);
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
             Transmit::Frame(f) => {
-                rendezvous::encode_unit(f, self.net.rma().is_some(), &mut self.tx_arena)?
+                let in_place = self.net.rma().is_some();
+                rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
             }
         };
         self.queue(link, unit)
@@ -2089,6 +2183,7 @@ pub(crate) mod tests {
         let by_write = mode == FabricRendezvous::Write;
         assert!(t.rndv.is_some(), "tcp MSG endpoints have FI_RMA");
         assert_eq!(stat(&t, "rendezvous_sent"), 1);
+        assert_eq!(stat(&t, "rendezvous_late_epilogues"), 1);
         assert_eq!(stat(&t, "rendezvous_read"), u64::from(!by_write));
         assert_eq!(stat(&t, "rendezvous_writes"), u64::from(by_write));
         assert_eq!(stat(&t, "rendezvous_landed"), u64::from(by_write));

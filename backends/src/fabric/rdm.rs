@@ -73,6 +73,9 @@
 //! `RNDV_WRITTEN` right behind the write; both control messages, handled
 //! on arrival); a granted buffer whose link goes before "written" stays
 //! with the endpoint until it closes, since a write may still land in it.
+//! Between peers that take it, a unit's epilogue follows its descriptor in
+//! a control message of its own (`RNDV_EPILOGUE`), computed while the unit
+//! moves (see [`super::rendezvous`]).
 //!
 //! `simulate(SimulatedFault::HungRead)` ignores the completion of the
 //! link's next read (a fake: `tcp;ofi_rxm` never leaves a read hanging, see
@@ -112,7 +115,7 @@ use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
 use msgr_fabric::{Completion, FabricError, Landing, Net, PeerAddr, RdmEp, ReadDone, RmaOp, Site};
 use msgr_proto::arena::ByteArena;
-use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
+use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
@@ -172,6 +175,9 @@ const RNDV_GRANT: u8 = 9;
 /// The unit of a RNDV_GRANT was written (posted after the write, which it
 /// does not overtake).
 const RNDV_WRITTEN: u8 = 10;
+/// The epilogue of a RNDV flagged `LATE_EPILOGUE`
+/// ([`rendezvous::encode_epilogue`]).
+const RNDV_EPILOGUE: u8 = 11;
 
 /// Bytes of a HELLO body before the name: link id, cookie, name length.
 const HELLO_FIXED: usize = 8 + 4 + 2;
@@ -481,6 +487,9 @@ struct RdmLink {
     /// How the peer moves rendezvous units (its HELLO or WELCOME said so,
     /// see [`rendezvous::caps`]); known before any data is sent.
     peer_rndv: Option<RmaOp>,
+    /// The peer takes a unit's epilogue after its descriptor
+    /// ([`rendezvous::peer_late_epilogue`]).
+    peer_late: bool,
     need_welcome: bool,
     need_keep: bool,
     credits: u32,
@@ -569,6 +578,7 @@ impl RdmLink {
             accepted,
             need_hello: false,
             peer_rndv: None,
+            peer_late: false,
             need_welcome: false,
             need_keep: false,
             credits: 0,
@@ -631,6 +641,26 @@ impl RdmLink {
             self.to_return += u32::from(credits);
         }
         Ok(sent)
+    }
+
+    /// Sends the late epilogues owed (`RNDV_EPILOGUE`); false if one could
+    /// not go yet.
+    fn post_epilogues(
+        &mut self,
+        id: LinkId,
+        pidx: usize,
+        port: &mut Port,
+        now: Instant,
+    ) -> Result<bool, FabricError> {
+        while let Some(&(unit, words, len)) = self.exposures.need_epilogue.first() {
+            let mut body = [0u8; rendezvous::EPILOGUE_MSG_MAX];
+            let n = rendezvous::encode_epilogue(&mut body, unit, &words[..len]);
+            if !self.post_control(id, pidx, port, RNDV_EPILOGUE, &body[..n], now)? {
+                return Ok(false);
+            }
+            self.exposures.need_epilogue.remove(0);
+        }
+        Ok(true)
     }
 
     /// Credits to return in the next header (all owed, as a u16).
@@ -1067,11 +1097,27 @@ impl RdmTransport {
             let h = read_header(msg);
             let hello = (h.as_ref().map(|h| h.kind) == Some(HELLO)).then(|| body.to_vec());
             // A WELCOME: the acceptor's ids, then its capabilities.
-            let caps = rendezvous::peer_op(body.get(12..).unwrap_or(&[]));
+            let caps = body.get(12..).unwrap_or(&[]);
+            let caps = (
+                rendezvous::peer_op(caps),
+                rendezvous::peer_late_epilogue(caps),
+            );
             let welcome = read_dest(body).map(|d| (d, caps));
             let grant = rendezvous::decode_grant(body);
             (h, welcome, rendezvous::decode_done(body), grant, hello)
         };
+        // Out of the slot, which is reposted before it is handled.
+        let mut epilogue = ([0u8; rendezvous::EPILOGUE_MSG_MAX], 0);
+        if header.as_ref().is_some_and(|h| h.kind == RNDV_EPILOGUE) {
+            let body = port
+                .ep
+                .recv_done(slot, len)
+                .get(HEADER_LEN..)
+                .unwrap_or(&[]);
+            let n = body.len().min(rendezvous::EPILOGUE_MSG_MAX);
+            epilogue.0[..n].copy_from_slice(&body[..n]);
+            epilogue.1 = n;
+        }
         let Some(h) = header else {
             tracing::debug!(len, "RDM message shorter than its header, dropped");
             return self.repost(pidx, slot);
@@ -1112,9 +1158,10 @@ impl RdmTransport {
                     return;
                 };
                 match remote {
-                    Some((r, op)) if link.remote.is_none() && link.accepted.is_none() => {
+                    Some((r, (op, late))) if link.remote.is_none() && link.accepted.is_none() => {
                         link.remote = Some(r);
                         link.peer_rndv = op;
+                        link.peer_late = late;
                         link.credits = CREDITS;
                         events.push(TransportEvent::Connected(id));
                         self.dirty.push(id);
@@ -1173,6 +1220,23 @@ impl RdmTransport {
                     Some(Ok(context)) => self.rendezvous_arrived(pidx, id, context, None, events),
                     Some(Err(e)) => self.fail(id, e.to_string(), events),
                     None => {}
+                }
+            }
+            RNDV_EPILOGUE => {
+                self.repost(pidx, slot);
+                let Some(link) = self.links.get_mut(&id) else {
+                    return;
+                };
+                let unit = link.receiving.epilogue_arrived(
+                    &epilogue.0[..epilogue.1],
+                    &mut link.reasm,
+                    &self.limits,
+                    &mut self.rndv_counters,
+                );
+                match unit {
+                    Ok(None) => {}
+                    Ok(Some(unit)) => self.unit_arrived(id, unit, events),
+                    Err(e) => self.unit_arrived(id, Err(e), events),
                 }
             }
             CLOSE => {
@@ -1254,14 +1318,14 @@ impl RdmTransport {
                 }
                 Ok(d) if d.x.write => {
                     // Out of the slot: the grant borrows the endpoint.
-                    let (x, at, inline) = (d.x, d.at, d.inline.to_vec());
+                    let (x, at, inline, late) = (d.x, d.at, d.inline.to_vec(), d.late_room());
                     let ctx = read_context(pidx, port.next_read);
                     port.next_read = port.next_read.wrapping_add(1);
                     match port.ep.rma().grant(&x, ctx, &inline, at) {
                         Ok(landing) => {
                             link.receiving.need_grant.push((x.id, landing));
                             link.receiving
-                                .started(x.id, Some(ctx), &mut self.rndv_counters);
+                                .started(x.id, Some(ctx), late, &mut self.rndv_counters);
                             self.dirty.push(id);
                             Ok(None)
                         }
@@ -1270,7 +1334,7 @@ impl RdmTransport {
                 }
                 Ok(d) => {
                     // Out of the slot: the read borrows the endpoint.
-                    let (x, at, inline) = (d.x, d.at, d.inline.to_vec());
+                    let (x, at, inline, late) = (d.x, d.at, d.inline.to_vec(), d.late_room());
                     let ctx = read_context(pidx, port.next_read);
                     port.next_read = port.next_read.wrapping_add(1);
                     let from = port
@@ -1281,7 +1345,8 @@ impl RdmTransport {
                     match from.map(|from| port.ep.read(&x, from, ctx, &inline, at)) {
                         Some(Ok(())) => {
                             port.reads.insert(ctx, id);
-                            link.receiving.started(x.id, None, &mut self.rndv_counters);
+                            let counters = &mut self.rndv_counters;
+                            link.receiving.started(x.id, None, late, counters);
                             Ok(None)
                         }
                         Some(Err(e)) => Err(PieceError::Malformed(format!("fi_read: {e}"))),
@@ -1340,14 +1405,28 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
+        let placed = match self.links.get_mut(&id) {
+            Some(link) => link.receiving.place_epilogue(port.ep.rma(), context),
+            None => Ok(()),
+        };
         // Freed here even if the completion is then ignored (a simulated
         // hang) or its link went: the provider is done with the buffer. Its
         // check word may be read next, apart: then the read completes again.
         let buf = match port.ep.rma().read_done(context, error.is_none()) {
-            Some(ReadDone::WordNext) => return,
+            // A placement that failed fails the link now; the word's read
+            // completes later, with the link gone, and frees the buffer.
+            Some(ReadDone::WordNext) => {
+                if let Err(e) = placed {
+                    self.unit_arrived(id, Err(e), events);
+                }
+                return;
+            }
             done => done.and_then(ReadDone::finished),
         };
         port.reads.remove(&context);
+        if let Err(e) = placed {
+            return self.unit_arrived(id, Err(e), events);
+        }
         let Some(link) = self.links.get_mut(&id) else {
             return; // the link went while its read was in flight
         };
@@ -1360,6 +1439,18 @@ impl RdmTransport {
         ) else {
             return;
         };
+        self.unit_arrived(id, unit, events);
+    }
+
+    /// Link `id`'s rendezvous unit is whole (read or written, its epilogue
+    /// in place): handed up, its answer sent, and the pieces that waited
+    /// for it follow; or the link fails.
+    fn unit_arrived(
+        &mut self,
+        id: LinkId,
+        unit: Result<Inbound, PieceError>,
+        events: &mut Vec<TransportEvent>,
+    ) {
         match unit {
             Ok(unit) => events.push(TransportEvent::Received(id, unit)),
             Err(e) => {
@@ -1402,7 +1493,7 @@ impl RdmTransport {
             Some(Ok(())) => {
                 port.reads.insert(ctx, id);
                 self.rndv_counters.writes += 1;
-                link.exposures.need_written.push(unit);
+                link.exposures.write_posted(unit, &mut self.rndv_counters);
                 self.dirty.push(id);
             }
             Some(Err(e)) => self.fail(id, format!("fi_write: {e}"), events),
@@ -1448,7 +1539,11 @@ impl RdmTransport {
             return;
         };
         // The connector's capabilities follow its name.
-        let peer_rndv = rendezvous::peer_op(&body[HELLO_FIXED + name_len..]);
+        let caps = &body[HELLO_FIXED + name_len..];
+        let (peer_rndv, peer_late) = (
+            rendezvous::peer_op(caps),
+            rendezvous::peer_late_epilogue(caps),
+        );
         let peer = match port.peer(name) {
             Ok(p) => p,
             Err(e) => {
@@ -1466,6 +1561,7 @@ impl RdmTransport {
         let mut link = RdmLink::new(pidx, peer, Some((token, peer_addr)));
         link.remote = Some(remote);
         link.peer_rndv = peer_rndv;
+        link.peer_late = peer_late;
         link.credits = CREDITS;
         link.need_welcome = true;
         self.links.insert(id, link);
@@ -1564,6 +1660,11 @@ impl RdmTransport {
             }
             link.need_welcome = false;
         }
+        // Before "written": the receiver then has a unit's epilogue by the
+        // time its write is announced, and places it before taking it.
+        if !link.post_epilogues(id, pidx, port, now)? {
+            return Ok(false);
+        }
         while let Some(&(unit, landing)) = link.receiving.need_grant.last() {
             let mut body = [0u8; rendezvous::GRANT_LEN];
             rendezvous::encode_grant(&mut body, unit, landing);
@@ -1618,6 +1719,9 @@ impl RdmTransport {
             link.credits -= 1;
             link.tx_seq += 1;
             link.last_sent = now;
+            if !link.post_epilogues(id, pidx, port, now)? {
+                return Ok(false);
+            }
         }
         while link.credits > 0
             && !link.queue.is_empty()
@@ -1627,6 +1731,9 @@ impl RdmTransport {
         {
             let credits = link.take_credits();
             let seq = link.tx_seq;
+            if link.front_sent == 0 {
+                link.queue[0].resolve_epilogue();
+            }
             let front = &link.queue[0];
             let left = front.len() - link.front_sent;
             let n = left.min(port.send_limit - HEADER_LEN);
@@ -1930,10 +2037,12 @@ impl Transport for RdmTransport {
     }
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
+        let late = self.links.get(&link).is_some_and(|l| l.peer_late);
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
             Transmit::Frame(f) => {
-                rendezvous::encode_unit(f, self.net.rma().is_some(), &mut self.tx_arena)?
+                let in_place = self.net.rma().is_some();
+                rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
             }
         };
         self.queue(link, unit)
@@ -2310,6 +2419,10 @@ mod tests {
         let expect = frames.len() as u64;
         assert_eq!(t.rndv_counters.read, expect, "{provider}: rendezvous reads");
         assert_eq!(t.rndv_counters.sent, expect, "{provider}: rendezvous sent");
+        assert_eq!(
+            t.rndv_counters.late_epilogues, expect,
+            "{provider}: epilogues after their descriptors"
+        );
         t.inject(LinkId(1000), RealFault::Abort).unwrap();
         let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
         for id in [server, LinkId(1000)] {

@@ -52,6 +52,18 @@
 //! where eager messages were 16 KiB bounce-buffer copies: a 1 MiB one-way
 //! took about half the time.
 //!
+//! The epilogue (the CRC32C of each segment) is the last of a split frame's
+//! inline bytes, and the checksum of a large segment takes as long as a
+//! good part of its move (a 1 MiB one-way over `shm`: ~20 µs of ~60).
+//! Between peers that both said so at set-up ([`CAPS_LATE_EPILOGUE`]), a
+//! split unit goes with its epilogue zeroed and its descriptor flagged
+//! [`LATE_EPILOGUE`]: the sender computes the epilogue once the descriptor
+//! is posted, while the receiver reads (or grants), and sends it in a
+//! message of its own ([`encode_epilogue`]); the receiver puts it in place
+//! and checks the unit once both the unit and its epilogue are there
+//! ([`Receiving::finish`], [`Receiving::epilogue_arrived`]). A unit whose
+//! epilogue never comes misses the read deadline as a hung read does.
+//!
 //! What this module holds is transport-independent: the descriptor's
 //! encoding, the sending side's bookkeeping, the deadline and the counters.
 //! Each transport frames the descriptor and the answer in its own header.
@@ -62,7 +74,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use msgr_fabric::{Exposed, FabricError, Landing, RemoteWord, RmaBuffers, RmaOp, CHECK_LEN};
 use msgr_proto::arena::ByteArena;
-use msgr_proto::frame::{EncodedFrame, PREAMBLE_LEN};
+use msgr_proto::frame::{EncodedFrame, MAX_SEGMENTS, PREAMBLE_LEN};
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound};
 
 use super::{PieceError, Reassembly};
@@ -92,6 +104,14 @@ const WORD_APART: u32 = 1;
 /// Descriptor flag: the unit is held for a write ([`Exposed::write`]): the
 /// receiver grants a buffer ([`encode_grant`]) instead of reading.
 const WRITE_ME: u32 = 2;
+/// Descriptor flag: the unit's epilogue (the last inline bytes) is zero
+/// here and follows in a message of its own ([`encode_epilogue`]).
+pub const LATE_EPILOGUE: u32 = 4;
+/// Bytes of an epilogue at most (a CRC32C per segment).
+pub const EPILOGUE_MAX: usize = 4 * MAX_SEGMENTS;
+/// Bytes of the message carrying a late epilogue at most: the sender's id,
+/// the epilogue's length, the epilogue.
+pub const EPILOGUE_MSG_MAX: usize = 4 + 1 + EPILOGUE_MAX;
 /// Bytes of a grant: the sender's id, then where to write and the key.
 pub const GRANT_LEN: usize = 4 + 8 + 8;
 /// The largest descriptor with its inline bytes.
@@ -115,16 +135,24 @@ const CAPS_READS: u8 = 1;
 /// Capability flag: this end grants buffers for rendezvous units to be
 /// `fi_write`n into.
 const CAPS_WRITES: u8 = 2;
+/// Capability flag: this end takes a unit's epilogue after its descriptor
+/// ([`LATE_EPILOGUE`]). An msgr from before it neither sends nor takes one.
+pub const CAPS_LATE_EPILOGUE: u8 = 4;
 
 /// The capabilities of an end whose endpoints move rendezvous units by
 /// `op` (none: every unit through the slots).
 pub fn caps(op: Option<RmaOp>) -> [u8; CAPS_LEN] {
     let flags = match op {
-        Some(RmaOp::Read) => CAPS_READS,
-        Some(RmaOp::Write) => CAPS_WRITES,
+        Some(RmaOp::Read) => CAPS_READS | CAPS_LATE_EPILOGUE,
+        Some(RmaOp::Write) => CAPS_WRITES | CAPS_LATE_EPILOGUE,
         None => 0,
     };
     [CAPS_TAG, flags]
+}
+
+/// Whether a peer whose set-up carried `caps` takes late epilogues.
+pub fn peer_late_epilogue(caps: &[u8]) -> bool {
+    matches!(caps, [CAPS_TAG, flags, ..] if flags & CAPS_LATE_EPILOGUE != 0)
 }
 
 /// How a peer whose set-up carried `caps` moves rendezvous units. Without
@@ -186,6 +214,10 @@ pub enum DescError {
     /// A "written" for no buffer granted to the peer.
     #[error("rendezvous write announced for nothing granted ({0:?})")]
     UnknownWritten(Option<u32>),
+    /// A late epilogue that is no epilogue, does not fit where its unit's
+    /// epilogue goes, or one more than units may be exposed.
+    #[error("late epilogue refused: {0}")]
+    BadEpilogue(&'static str),
     /// A descriptor of the operation this side's endpoints do not take
     /// part in.
     #[error("rendezvous by {offered:?} to an endpoint moving units by {ours:?}")]
@@ -212,6 +244,10 @@ pub enum OutUnit {
     /// A large frame whose largest segment stays where the application put
     /// it.
     Split(Box<SplitFrame>),
+    /// A split frame whose epilogue is still zero, for a peer that takes it
+    /// late ([`LATE_EPILOGUE`]); computed from the frame, whose segments
+    /// it shares.
+    SplitLate(Box<(SplitFrame, Frame)>),
 }
 
 impl OutUnit {
@@ -222,6 +258,7 @@ impl OutUnit {
             OutUnit::Small(b) => b.len(),
             OutUnit::Frame(f) => f.len(),
             OutUnit::Split(s) => s.len(),
+            OutUnit::SplitLate(s) => s.0.len(),
         }
     }
 
@@ -233,6 +270,31 @@ impl OutUnit {
             OutUnit::Small(b) => copy_parts([&b[..]], offset, dst),
             OutUnit::Frame(f) => copy_parts(f.parts(), offset, dst),
             OutUnit::Split(s) => copy_parts([&s.head[..], &s.body, &s.tail], offset, dst),
+            OutUnit::SplitLate(s) => {
+                // Only a unit that goes by rendezvous keeps its epilogue
+                // late (the eager paths resolve it first): these bytes
+                // would fail the peer's check.
+                debug_assert!(false, "a late epilogue sent eagerly");
+                let s = &s.0;
+                copy_parts([&s.head[..], &s.body, &s.tail], offset, dst)
+            }
+        }
+    }
+
+    /// Computes a late epilogue into the unit's tail ([`OutUnit::SplitLate`]
+    /// becomes [`OutUnit::Split`]): for a unit that goes otherwise than by a
+    /// rendezvous that takes it late — called as its first eager piece is
+    /// sent (with no rendezvous on the link, or none for this unit).
+    pub fn resolve_epilogue(&mut self) {
+        if let OutUnit::SplitLate(_) = self {
+            let OutUnit::SplitLate(s) = std::mem::replace(self, OutUnit::Flat(Vec::new())) else {
+                unreachable!("matched above");
+            };
+            let (mut split, frame) = *s;
+            let (words, len) = frame.epilogue_bytes();
+            let at = split.tail.len() - len;
+            split.tail[at..].copy_from_slice(&words[..len]);
+            *self = OutUnit::Split(Box::new(split));
         }
     }
 
@@ -256,12 +318,14 @@ impl OutUnit {
                 None
             }
             OutUnit::Split(s) => within(s.head.len(), &s.body),
+            OutUnit::SplitLate(s) => within(s.0.head.len(), &s.0.body),
             OutUnit::Flat(_) | OutUnit::Small(_) => None,
         }
     }
 
     /// The unit in one buffer with room for a check word after it.
-    fn flatten(self) -> Vec<u8> {
+    fn flatten(mut self) -> Vec<u8> {
+        self.resolve_epilogue();
         match self {
             OutUnit::Flat(v) => v,
             OutUnit::Small(b) => {
@@ -275,6 +339,7 @@ impl OutUnit {
                 v
             }
             OutUnit::Split(s) => s.into_vec(CHECK_LEN),
+            OutUnit::SplitLate(_) => unreachable!("resolved above"),
         }
     }
 }
@@ -314,6 +379,9 @@ pub struct Described {
     pub at: usize,
     /// The exposed bytes are the application's, not a copy.
     pub in_place: bool,
+    /// The frame whose epilogue follows the descriptor (the inline one is
+    /// zero): [`LATE_EPILOGUE`].
+    pub late: Option<Box<Frame>>,
 }
 
 /// A peer's descriptor: what to read, and the bytes to place around it.
@@ -325,6 +393,17 @@ pub struct Offered<'a> {
     pub inline: &'a [u8],
     /// Where in `inline` the read lands.
     pub at: usize,
+    /// The unit's epilogue follows in a message of its own
+    /// ([`LATE_EPILOGUE`]).
+    pub late: bool,
+}
+
+impl Offered<'_> {
+    /// Bytes at the unit's end a late epilogue may take (the inline bytes
+    /// after the read), if it has one.
+    pub fn late_room(&self) -> Option<usize> {
+        self.late.then(|| self.inline.len() - self.at)
+    }
 }
 
 /// Exposes a unit on `rma`: a split one in place, its head and tail inline
@@ -337,30 +416,45 @@ pub fn expose(
     unit: OutUnit,
     room: usize,
 ) -> Result<Described, Box<(FabricError, OutUnit)>> {
-    let unit = match unit {
-        OutUnit::Split(s) if DESC_LEN + s.head.len() + s.tail.len() <= room => {
-            let (inline, at) = s.inline();
-            let SplitFrame { head, body, tail } = *s;
-            match rma.expose_in_place(body) {
-                Ok(x) => {
-                    return Ok(Described {
-                        x,
-                        inline,
-                        at,
-                        in_place: true,
-                    })
-                }
-                Err((_, body)) => OutUnit::Split(Box::new(SplitFrame { head, body, tail })),
-            }
-        }
-        unit => unit,
+    let fits = |s: &SplitFrame| DESC_LEN + s.head.len() + s.tail.len() <= room;
+    let (split, late) = match unit {
+        OutUnit::Split(s) if fits(&s) => (*s, None),
+        OutUnit::SplitLate(s) if fits(&s.0) => (s.0, Some(Box::new(s.1))),
+        unit => return expose_whole(rma, unit),
     };
+    let (inline, at) = split.inline();
+    let SplitFrame { head, body, tail } = split;
+    match rma.expose_in_place(body) {
+        Ok(x) => Ok(Described {
+            x,
+            inline,
+            at,
+            in_place: true,
+            late,
+        }),
+        Err((_, body)) => {
+            let split = SplitFrame { head, body, tail };
+            let unit = match late {
+                Some(frame) => OutUnit::SplitLate(Box::new((split, *frame))),
+                None => OutUnit::Split(Box::new(split)),
+            };
+            expose_whole(rma, unit)
+        }
+    }
+}
+
+/// Exposes `unit` copied into one buffer with its check word.
+fn expose_whole(
+    rma: &mut RmaBuffers,
+    unit: OutUnit,
+) -> Result<Described, Box<(FabricError, OutUnit)>> {
     match rma.expose(unit.flatten()) {
         Ok(x) => Ok(Described {
             x,
             inline: Vec::new(),
             at: 0,
             in_place: false,
+            late: None,
         }),
         Err((e, v)) => Err(Box::new((e, OutUnit::Flat(v)))),
     }
@@ -382,6 +476,9 @@ pub fn encode(buf: &mut [u8], d: &Described) -> usize {
     };
     if x.write {
         flags |= WRITE_ME;
+    }
+    if d.late.is_some() {
+        flags |= LATE_EPILOGUE;
     }
     buf[40..48].copy_from_slice(&word.addr.to_le_bytes());
     buf[48..56].copy_from_slice(&word.key.to_le_bytes());
@@ -423,12 +520,17 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Offered<'_>
     }
     // A unit held for a write names nothing to read and has no check word.
     let bad_write = x.write && (x.addr != 0 || x.key != 0 || x.check != 0 || x.word.is_some());
-    if flags & !(WORD_APART | WRITE_ME) != 0 || (x.word.is_some() && x.check == 0) || bad_write {
+    // A check word at the end of the read ends the unit: nothing inline
+    // may follow it, a late epilogue included.
+    let word_at_end = x.check != 0 && x.word.is_none();
+    let late = flags & LATE_EPILOGUE != 0;
+    if flags & !(WORD_APART | WRITE_ME | LATE_EPILOGUE) != 0
+        || (x.word.is_some() && x.check == 0)
+        || bad_write
+        || (late && word_at_end)
+    {
         return Err(DescError::BadWord(flags));
     }
-    // A check word at the end of the read ends the unit: nothing inline
-    // may follow it.
-    let word_at_end = x.check != 0 && x.word.is_none();
     let placed = if word_at_end {
         at == inline.len() as u64
     } else {
@@ -455,29 +557,65 @@ pub fn decode(body: &[u8], max_frame: u64, mid_unit: bool) -> Result<Offered<'_>
         x,
         inline,
         at: at as usize,
+        late,
     })
+}
+
+/// Writes the late epilogue `words` of the sender's unit `id` at the start
+/// of `buf` ([`EPILOGUE_MSG_MAX`] bytes at least); returns its length.
+pub fn encode_epilogue(buf: &mut [u8], id: u32, words: &[u8]) -> usize {
+    buf[..4].copy_from_slice(&id.to_le_bytes());
+    buf[4] = words.len() as u8;
+    buf[5..5 + words.len()].copy_from_slice(words);
+    5 + words.len()
+}
+
+/// The sender's id and the epilogue of a late epilogue's body.
+pub fn decode_epilogue(body: &[u8]) -> Result<(u32, &[u8]), DescError> {
+    let [a, b, c, d, len, rest @ ..] = body else {
+        return Err(DescError::BadEpilogue("short"));
+    };
+    let len = usize::from(*len);
+    if len == 0 || len > EPILOGUE_MAX || len % 4 != 0 || rest.len() < len {
+        return Err(DescError::BadEpilogue("not a CRC per segment"));
+    }
+    Ok((u32::from_le_bytes([*a, *b, *c, *d]), &rest[..len]))
 }
 
 /// A frame as one unit to send: a small one encoded into a chunk of
 /// `arena` ([`OutUnit::Small`]); a large one split around its largest
 /// segment when the endpoints can expose memory `in_place` (they have
 /// `FI_RMA`), that segment is large enough to go by rendezvous and the rest
-/// fits inline in a descriptor ([`OutUnit::Split`]); else kept in its
-/// encoded parts ([`OutUnit::Frame`]: copied once, into the send slots or
-/// into the buffer a rendezvous exposes).
-pub fn encode_unit(f: Frame, in_place: bool, arena: &mut ByteArena) -> Result<OutUnit, FrameError> {
+/// fits inline in a descriptor ([`OutUnit::Split`], or
+/// [`OutUnit::SplitLate`] with its epilogue left to compute where the peer
+/// takes it `late`); else kept in its encoded parts ([`OutUnit::Frame`]:
+/// copied once, into the send slots or into the buffer a rendezvous
+/// exposes).
+pub fn encode_unit(
+    f: Frame,
+    in_place: bool,
+    late: bool,
+    arena: &mut ByteArena,
+) -> Result<OutUnit, FrameError> {
     let len = f.encoded_len();
     if len < SMALL_UNIT {
         return f.encode_in(arena).map(OutUnit::Small);
     }
-    let enc = f.into_encoded()?;
-    if in_place && len > RNDV_THRESHOLD {
+    if !(in_place && len > RNDV_THRESHOLD) {
+        return Ok(OutUnit::Frame(Box::new(f.into_encoded()?)));
+    }
+    if late {
+        let enc = f.clone().into_encoded_without_epilogue()?;
         return Ok(match split_frame(enc) {
-            Ok(s) => OutUnit::Split(Box::new(s)),
-            Err(whole) => OutUnit::Frame(Box::new(whole)),
+            Ok(s) => OutUnit::SplitLate(Box::new((s, f))),
+            // Not split: the whole frame is copied, checksummed now.
+            Err(_) => OutUnit::Frame(Box::new(f.into_encoded()?)),
         });
     }
-    Ok(OutUnit::Frame(Box::new(enc)))
+    Ok(match split_frame(f.into_encoded()?) {
+        Ok(s) => OutUnit::Split(Box::new(s)),
+        Err(whole) => OutUnit::Frame(Box::new(whole)),
+    })
 }
 
 /// Writes the grant of a buffer (`landing`) for the sender's unit `id` at
@@ -524,7 +662,7 @@ pub fn overdue(since: Instant, now: Instant, timeout: Duration) -> bool {
 /// why the link fails.
 pub(crate) fn finish_read(
     error: Option<(i32, &'static str)>,
-    buf: Option<Result<Bytes, FabricError>>,
+    buf: Option<Result<Bytes, String>>,
     by_write: bool,
     reasm: &mut Reassembly,
     limits: &FrameLimits,
@@ -538,7 +676,7 @@ pub(crate) fn finish_read(
     }
     let buf = buf
         .ok_or_else(|| PieceError::Malformed("rendezvous unit without a buffer".into()))?
-        .map_err(|e| PieceError::Malformed(e.to_string()))?;
+        .map_err(PieceError::Malformed)?;
     if by_write {
         counters.landed += 1;
         counters.landed_bytes += buf.len() as u64;
@@ -580,6 +718,8 @@ pub struct Counters {
     /// Eager pieces sent from the application's bytes, not copied
     /// (`Ep::send_in_place`, `RdmEp::send_in_place`).
     pub pieces_in_place: u64,
+    /// Units whose epilogue went after their descriptor ([`LATE_EPILOGUE`]).
+    pub late_epilogues: u64,
 }
 
 impl Counters {
@@ -599,6 +739,7 @@ impl Counters {
             ("read_timeouts", self.read_timeouts),
             ("simulated_hung_reads", self.simulated_hung_reads),
             ("pieces_in_place", self.pieces_in_place),
+            ("rendezvous_late_epilogues", self.late_epilogues),
             ("rendezvous_exposed", in_use.0 as u64),
             ("rendezvous_reading", in_use.1 as u64),
         ]
@@ -618,12 +759,20 @@ pub struct Exposures {
     /// Units written into the peer's grants whose "written" is not sent
     /// yet.
     pub need_written: Vec<u32>,
+    /// Late epilogues not sent yet: the unit's id, the words, their length.
+    pub need_epilogue: Vec<(u32, [u8; EPILOGUE_MAX], usize)>,
+    /// Units held for a write whose epilogue is computed once the write is
+    /// posted ([`Exposures::write_posted`]).
+    epilogue_after_write: Vec<(u32, Box<Frame>)>,
 }
 
 impl Exposures {
     /// Nothing exposed, nothing waiting to be described.
     pub fn is_idle(&self) -> bool {
-        self.exposed.is_empty() && self.unsent.is_none() && self.need_written.is_empty()
+        self.exposed.is_empty()
+            && self.unsent.is_none()
+            && self.need_written.is_empty()
+            && self.need_epilogue.is_empty()
     }
 
     /// Whether the queue's front unit (`front_len` bytes, `front_sent` of
@@ -672,13 +821,38 @@ impl Exposures {
         self.unsent.clone()
     }
 
-    /// The staged descriptor went: it now waits for its answer.
+    /// The staged descriptor went: it now waits for its answer. A late
+    /// epilogue is computed now, while the peer reads the unit, and owed
+    /// ([`Exposures::need_epilogue`]); that of a unit held for a write once
+    /// the write is posted ([`Exposures::write_posted`]), while the unit
+    /// moves.
     pub fn sent(&mut self, counters: &mut Counters) {
         if let Some(d) = self.unsent.take() {
             self.exposed.push_back((d.x.id, false));
             counters.sent += 1;
             counters.in_place += u64::from(d.in_place);
+            match d.late {
+                Some(frame) if d.x.write => self.epilogue_after_write.push((d.x.id, frame)),
+                Some(frame) => self.owe_epilogue(d.x.id, &frame, counters),
+                None => {}
+            }
         }
+    }
+
+    /// The write of unit `id` into the peer's grant is posted: its late
+    /// epilogue is computed now, and sent before its "written" (both owed).
+    pub fn write_posted(&mut self, id: u32, counters: &mut Counters) {
+        if let Some(i) = self.epilogue_after_write.iter().position(|e| e.0 == id) {
+            let (_, frame) = self.epilogue_after_write.swap_remove(i);
+            self.owe_epilogue(id, &frame, counters);
+        }
+        self.need_written.push(id);
+    }
+
+    fn owe_epilogue(&mut self, id: u32, frame: &Frame, counters: &mut Counters) {
+        let (words, len) = frame.epilogue_bytes();
+        self.need_epilogue.push((id, words, len));
+        counters.late_epilogues += 1;
     }
 
     /// The queue's front unit went (eagerly): the next one may go by
@@ -693,6 +867,7 @@ impl Exposures {
         match self.exposed.iter().position(|&(x, _)| x == id) {
             Some(i) => {
                 self.exposed.remove(i);
+                self.epilogue_after_write.retain(|e| e.0 != id);
                 true
             }
             None => false,
@@ -705,6 +880,8 @@ impl Exposures {
         let mut ids: Vec<u32> = self.exposed.drain(..).map(|(x, _)| x).collect();
         ids.extend(self.unsent.take().map(|d| d.x.id));
         self.need_written.clear();
+        self.need_epilogue.clear();
+        self.epilogue_after_write.clear();
         ids
     }
 
@@ -735,6 +912,12 @@ pub struct Receiving {
     /// Reads still to start whose completion is to be ignored
     /// (`SimulatedFault::HungRead`).
     pub reads_to_hang: u32,
+    /// Late epilogues that came before their unit did: the sender's id,
+    /// the words, their length. At most [`RNDV_MAX`]: no more units may be
+    /// exposed.
+    epilogues: Vec<(u32, [u8; EPILOGUE_MAX], usize)>,
+    /// The unit read (or written) whose late epilogue has not come yet.
+    parked: Option<Bytes>,
 }
 
 impl Receiving {
@@ -760,9 +943,16 @@ impl Receiving {
 
     /// The link posted the read of the sender's unit `their_id`, or granted
     /// it the buffer kept under context `granted` (the unit comes by the
-    /// peer's write): it is in flight from now, and hung if one was asked
-    /// for.
-    pub fn started(&mut self, their_id: u32, granted: Option<u64>, counters: &mut Counters) {
+    /// peer's write); its epilogue comes late into `late_room` bytes
+    /// ([`Offered::late_room`]) or not. It is in flight from now, and hung
+    /// if one was asked for.
+    pub fn started(
+        &mut self,
+        their_id: u32,
+        granted: Option<u64>,
+        late_room: Option<usize>,
+        counters: &mut Counters,
+    ) {
         let hung = self.reads_to_hang > 0;
         if hung {
             self.reads_to_hang -= 1;
@@ -773,6 +963,7 @@ impl Receiving {
             their_id,
             hung,
             granted,
+            late_room,
         });
     }
 
@@ -788,14 +979,135 @@ impl Receiving {
         counters: &mut Counters,
     ) -> Option<Result<Inbound, PieceError>> {
         let reading = self.reading.filter(|r| !r.hung)?;
+        let buf = match (reading.late_room, error, buf) {
+            (Some(_), None, Some(Ok(unit))) => {
+                // The epilogue is still on its way: the read stays in
+                // flight (and under its deadline) until it comes.
+                self.parked = Some(unit);
+                return None;
+            }
+            (_, _, buf) => buf.map(|b| b.map_err(|e| e.to_string())),
+        };
+        Some(self.finished(reading, error, buf, reasm, limits, counters))
+    }
+
+    /// The late epilogue of the unit in flight, if it came already: to be
+    /// placed where the unit lands ([`msgr_fabric::RmaBuffers::place_tail`],
+    /// before the unit is taken from the endpoint), from then on no longer
+    /// late. An error if it does not fit after the read.
+    pub fn epilogue_to_place(&mut self) -> Result<Option<Vec<u8>>, PieceError> {
+        let Some(reading) = self.reading.as_mut() else {
+            return Ok(None);
+        };
+        let Some(room) = reading.late_room else {
+            return Ok(None);
+        };
+        let Some(i) = self.epilogues.iter().position(|e| e.0 == reading.their_id) else {
+            return Ok(None);
+        };
+        let (_, words, len) = self.epilogues.swap_remove(i);
+        if len > room {
+            let e = DescError::BadEpilogue("larger than the bytes after the read");
+            return Err(PieceError::Malformed(e.to_string()));
+        }
+        reading.late_room = None;
+        Ok(Some(words[..len].to_vec()))
+    }
+
+    /// Places the late epilogue of the unit landing under `context` on
+    /// `rma`, if it came already ([`Receiving::epilogue_to_place`]).
+    pub(crate) fn place_epilogue(
+        &mut self,
+        rma: &mut RmaBuffers,
+        context: u64,
+    ) -> Result<(), PieceError> {
+        if let Some(words) = self.epilogue_to_place()? {
+            rma.place_tail(context, &words)
+                .map_err(|e| PieceError::Malformed(format!("late epilogue: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// A late epilogue came (`body`, see [`encode_epilogue`]): the unit it
+    /// completes, if that unit was read already and waits for it; else it
+    /// is kept for its unit ([`Receiving::epilogue_to_place`]). Refused if
+    /// malformed, or if it would be one more kept than units may be
+    /// exposed.
+    pub(crate) fn epilogue_arrived(
+        &mut self,
+        body: &[u8],
+        reasm: &mut Reassembly,
+        limits: &FrameLimits,
+        counters: &mut Counters,
+    ) -> Result<Option<Result<Inbound, PieceError>>, PieceError> {
+        let malformed = |e: DescError| PieceError::Malformed(e.to_string());
+        let (id, words) = decode_epilogue(body).map_err(malformed)?;
+        let waiting = self
+            .reading
+            .filter(|r| r.their_id == id && !r.hung && self.parked.is_some());
+        let Some(reading) = waiting else {
+            if self.epilogues.len() >= RNDV_MAX {
+                return Err(malformed(DescError::BadEpilogue(
+                    "more than units may be exposed",
+                )));
+            }
+            let mut kept = [0u8; EPILOGUE_MAX];
+            kept[..words.len()].copy_from_slice(words);
+            self.epilogues.push((id, kept, words.len()));
+            return Ok(None);
+        };
+        let (Some(room), Some(unit)) = (reading.late_room, self.parked.take()) else {
+            return Err(malformed(DescError::BadEpilogue(
+                "for a unit that has its own",
+            )));
+        };
+        let buf = Some(place_epilogue(unit, room, words));
+        Ok(Some(
+            self.finished(reading, None, buf, reasm, limits, counters),
+        ))
+    }
+
+    /// The unit of `reading` is whole: decoded and counted, its answer
+    /// owed if it is good.
+    fn finished(
+        &mut self,
+        reading: Reading,
+        error: Option<(i32, &'static str)>,
+        buf: Option<Result<Bytes, String>>,
+        reasm: &mut Reassembly,
+        limits: &FrameLimits,
+        counters: &mut Counters,
+    ) -> Result<Inbound, PieceError> {
         self.reading = None;
+        self.parked = None;
         let by_write = reading.granted.is_some();
         let unit = finish_read(error, buf, by_write, reasm, limits, counters);
         if unit.is_ok() {
             self.need_done.push(reading.their_id);
         }
-        Some(unit)
+        unit
     }
+}
+
+/// `unit` with `words` as its last bytes, where its zero epilogue lies
+/// (within the `room` bytes after what was read); why not, if they do not
+/// fit there.
+fn place_epilogue(unit: Bytes, room: usize, words: &[u8]) -> Result<Bytes, String> {
+    let Some(at) = unit
+        .len()
+        .checked_sub(words.len())
+        .filter(|_| words.len() <= room)
+    else {
+        return Err(DescError::BadEpilogue("larger than the bytes after the read").to_string());
+    };
+    // A read's buffer is the transport's alone by now: no copy (a granted
+    // one is lent by its pool, but a write's epilogue comes before its
+    // "written" and was placed already).
+    let mut unit = unit
+        .try_into_mut()
+        .unwrap_or_else(|shared| shared[..].into());
+    unit[at..].copy_from_slice(words);
+    Ok(unit.freeze())
 }
 
 /// A read in flight.
@@ -810,6 +1122,9 @@ pub struct Reading {
     /// The unit comes by the peer's write into the buffer granted under
     /// this context; `None`: by our `fi_read`.
     pub granted: Option<u64>,
+    /// The unit's epilogue comes late ([`LATE_EPILOGUE`]), into at most
+    /// this many bytes at its end.
+    pub late_room: Option<usize>,
 }
 
 impl Receiving {
@@ -857,6 +1172,7 @@ mod tests {
             inline: inline.to_vec(),
             at,
             in_place: false,
+            late: None,
         };
         let n = encode(&mut b, &d);
         b.truncate(n);
@@ -876,7 +1192,8 @@ mod tests {
             Offered {
                 x: exposed(100_000, 0x5eed),
                 inline: &[],
-                at: 0
+                at: 0,
+                late: false,
             }
         );
         let b = described(100_000, 0, b"headtail", 4);
@@ -886,7 +1203,8 @@ mod tests {
             Offered {
                 x: exposed(100_000, 0),
                 inline: b"headtail",
-                at: 4
+                at: 4,
+                late: false,
             }
         );
         // A check word apart: the read may land among the inline bytes.
@@ -898,7 +1216,8 @@ mod tests {
             Offered {
                 x,
                 inline: b"headtail",
-                at: 4
+                at: 4,
+                late: false,
             }
         );
         assert_eq!(decode_done(&7u32.to_le_bytes()), Some(7));
@@ -922,7 +1241,8 @@ mod tests {
             Offered {
                 x: held,
                 inline: b"headtail",
-                at: 4
+                at: 4,
+                late: false,
             }
         );
         for bad in [
@@ -985,6 +1305,7 @@ mod tests {
                 inline: Vec::new(),
                 at: 0,
                 in_place: false,
+                late: None,
             })
         });
         assert!(staged.is_some());
@@ -997,9 +1318,9 @@ mod tests {
 
         let mut r = Receiving::default();
         assert_eq!(r.written(Some(1)), Err(DescError::UnknownWritten(Some(1))));
-        r.started(1, None, &mut c);
+        r.started(1, None, None, &mut c);
         assert!(r.written(Some(1)).is_err(), "a read is not written");
-        r.started(2, Some(0x99), &mut c);
+        r.started(2, Some(0x99), None, &mut c);
         assert_eq!(r.written(Some(2)), Ok(0x99));
         assert!(r.written(Some(1)).is_err() && r.written(None).is_err());
         let mut reasm = Reassembly::default();
@@ -1077,6 +1398,209 @@ mod tests {
         )
     }
 
+    /// Only a peer whose set-up said so gets late epilogues: an msgr from
+    /// before them reads (or grants) without the flag.
+    #[test]
+    fn late_epilogues_are_negotiated() {
+        assert!(peer_late_epilogue(&caps(Some(RmaOp::Read))));
+        assert!(peer_late_epilogue(&caps(Some(RmaOp::Write))));
+        assert!(!peer_late_epilogue(&caps(None)));
+        for old in [&[CAPS_TAG, CAPS_READS][..], &[CAPS_TAG, CAPS_WRITES], &[]] {
+            assert!(!peer_late_epilogue(old), "{old:?}");
+        }
+        assert_eq!(peer_op(&caps(Some(RmaOp::Read))), Some(RmaOp::Read));
+        assert_eq!(peer_op(&caps(Some(RmaOp::Write))), Some(RmaOp::Write));
+    }
+
+    /// The flag round-trips and says where the epilogue may go; a unit
+    /// whose check word ends it has no room for one. The epilogue's own
+    /// message is checked before anything is taken from it.
+    #[test]
+    fn late_descriptors_and_epilogues_round_trip() {
+        let mut b = vec![0u8; DESC_MAX];
+        let d = Described {
+            x: with_word(exposed(100_000, 0x5eed)),
+            inline: b"headtail".to_vec(),
+            at: 4,
+            in_place: true,
+            late: Some(Box::new(big_frame(10, 0))),
+        };
+        let n = encode(&mut b, &d);
+        let got = decode(&b[..n], 1 << 20, false).unwrap();
+        assert!(got.late);
+        assert_eq!(got.late_room(), Some(4));
+        let plain = desc(100_000);
+        assert_eq!(decode(&plain, 1 << 20, false).unwrap().late_room(), None);
+        // A check word at the end of the read, and a late epilogue.
+        let at_end = Described {
+            x: exposed(100_000, 0x5eed),
+            inline: Vec::new(),
+            at: 0,
+            ..d
+        };
+        let n = encode(&mut b, &at_end);
+        assert_eq!(
+            decode(&b[..n], 1 << 20, false),
+            Err(DescError::BadWord(LATE_EPILOGUE))
+        );
+
+        let mut m = [0u8; EPILOGUE_MSG_MAX];
+        let n = encode_epilogue(&mut m, 9, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(
+            decode_epilogue(&m[..n]),
+            Ok((9, &[1, 2, 3, 4, 5, 6, 7, 8][..]))
+        );
+        let bad = DescError::BadEpilogue("not a CRC per segment");
+        for (body, why) in [
+            (&[9, 0, 0][..], DescError::BadEpilogue("short")),
+            (&[9, 0, 0, 0, 0], bad.clone()),
+            (&[9, 0, 0, 0, 3, 1, 2, 3], bad.clone()),
+            (&[9, 0, 0, 0, 20], bad.clone()),
+            (&[9, 0, 0, 0, 8, 1, 2, 3, 4], bad),
+        ] {
+            assert_eq!(decode_epilogue(body), Err(why), "{body:?}");
+        }
+    }
+
+    /// A unit for a peer that takes its epilogue late is the unit it would
+    /// otherwise be, once its epilogue is computed: in the slots (eager)
+    /// and in one buffer alike.
+    #[test]
+    fn late_units_resolve_to_the_frame() {
+        let frame = big_frame(1 << 20, 100);
+        let want = frame.encode_to_vec().unwrap();
+        let mut arena = ByteArena::new(SMALL_ARENA);
+        let unit = encode_unit(frame.clone(), true, true, &mut arena).unwrap();
+        assert!(matches!(unit, OutUnit::SplitLate(_)));
+        assert_eq!(unit.len(), want.len());
+        assert!(unit.flatten() == want);
+        let mut unit = encode_unit(frame.clone(), true, true, &mut arena).unwrap();
+        unit.resolve_epilogue();
+        assert_eq!(
+            unit,
+            encode_unit(frame.clone(), true, false, &mut arena).unwrap()
+        );
+        // Not late without exposure in place, nor below the threshold.
+        let unit = encode_unit(frame, false, true, &mut arena).unwrap();
+        assert!(matches!(unit, OutUnit::Frame(_)));
+        let unit = encode_unit(big_frame(1000, 0), true, true, &mut arena).unwrap();
+        assert!(matches!(unit, OutUnit::Small(_)));
+    }
+
+    /// A unit that landed before its late epilogue waits for it; an
+    /// epilogue that came first is handed out to be placed; a wrong one
+    /// fails the unit's checksum, one that does not fit or one too many
+    /// is refused.
+    #[test]
+    fn a_unit_waits_for_its_late_epilogue() {
+        let limits = FrameLimits::default();
+        let mut c = Counters::default();
+        let mut reasm = Reassembly::default();
+        let banner = [0u8; msgr_proto::banner::BANNER_LEN];
+        assert!(matches!(
+            reasm.push(true, &banner, &limits),
+            Ok(Some(Inbound::Banner(_)))
+        ));
+        let frame = big_frame(100_000, 0);
+        let want = frame.encode_to_vec().unwrap();
+        let (words, len) = frame.epilogue_bytes();
+        let words = &words[..len];
+        let landed = {
+            let mut v = want.clone();
+            let n = v.len();
+            v[n - len..].fill(0);
+            Bytes::from(v)
+        };
+        let room = Some(len + 40);
+        let epilogue = |id: u32, w: &[u8]| {
+            let mut m = [0u8; EPILOGUE_MSG_MAX];
+            let n = encode_epilogue(&mut m, id, w);
+            m[..n].to_vec()
+        };
+        let frame_of = |u: Result<Inbound, PieceError>| match u {
+            Ok(Inbound::Frame(f)) => f,
+            other => panic!("{other:?}"),
+        };
+
+        // Landed first: parked until the epilogue comes.
+        let mut r = Receiving::default();
+        r.started(5, None, room, &mut c);
+        assert!(r
+            .finish(None, Some(Ok(landed.clone())), &mut reasm, &limits, &mut c)
+            .is_none());
+        assert!(r.reading.is_some() && r.need_done.is_empty());
+        let got = r
+            .epilogue_arrived(&epilogue(5, words), &mut reasm, &limits, &mut c)
+            .unwrap()
+            .expect("the unit");
+        assert_eq!(frame_of(got), frame);
+        assert!(r.reading.is_none() && r.need_done == [5]);
+
+        // The epilogue first: kept, then handed out once its unit is in
+        // flight, and the unit is no longer late.
+        let mut r = Receiving::default();
+        let kept = r.epilogue_arrived(&epilogue(6, words), &mut reasm, &limits, &mut c);
+        assert!(matches!(kept, Ok(None)));
+        r.started(6, None, room, &mut c);
+        assert_eq!(r.epilogue_to_place().unwrap().as_deref(), Some(words));
+        assert_eq!(r.epilogue_to_place().unwrap(), None);
+        let unit = r.finish(
+            None,
+            Some(Ok(Bytes::from(want.clone()))),
+            &mut reasm,
+            &limits,
+            &mut c,
+        );
+        assert_eq!(frame_of(unit.expect("not parked")), frame);
+
+        // A wrong epilogue: the unit fails its check.
+        let mut r = Receiving::default();
+        r.started(7, None, room, &mut c);
+        assert!(r
+            .finish(None, Some(Ok(landed.clone())), &mut reasm, &limits, &mut c)
+            .is_none());
+        let wrong = vec![0xee; len];
+        let got = r.epilogue_arrived(&epilogue(7, &wrong), &mut reasm, &limits, &mut c);
+        assert!(
+            matches!(got, Ok(Some(Err(PieceError::Corrupt(_))))),
+            "{got:?}"
+        );
+
+        // Larger than the bytes after the read, parked or placed.
+        let mut r = Receiving::default();
+        r.started(8, None, Some(len - 4), &mut c);
+        assert!(r
+            .finish(None, Some(Ok(landed.clone())), &mut reasm, &limits, &mut c)
+            .is_none());
+        let got = r.epilogue_arrived(&epilogue(8, words), &mut reasm, &limits, &mut c);
+        assert!(
+            matches!(got, Ok(Some(Err(PieceError::Malformed(_))))),
+            "{got:?}"
+        );
+        let mut r = Receiving::default();
+        assert!(matches!(
+            r.epilogue_arrived(&epilogue(9, words), &mut reasm, &limits, &mut c),
+            Ok(None)
+        ));
+        r.started(9, None, Some(len - 4), &mut c);
+        assert!(matches!(
+            r.epilogue_to_place(),
+            Err(PieceError::Malformed(_))
+        ));
+
+        // No more kept than units may be exposed.
+        let mut r = Receiving::default();
+        for id in 0..RNDV_MAX as u32 {
+            let kept = r.epilogue_arrived(&epilogue(100 + id, words), &mut reasm, &limits, &mut c);
+            assert!(matches!(kept, Ok(None)));
+        }
+        let one_more = r.epilogue_arrived(&epilogue(200, words), &mut reasm, &limits, &mut c);
+        assert!(
+            matches!(one_more, Err(PieceError::Malformed(_))),
+            "{one_more:?}"
+        );
+    }
+
     /// Queued units move on every push and pop: the large variants are
     /// boxed so that a unit is a small frame's `Bytes` and a tag.
     #[test]
@@ -1100,7 +1624,7 @@ mod tests {
             let want = frame.encode_to_vec().unwrap();
             let small = want.len() < SMALL_UNIT;
             assert_eq!(
-                encode_unit(frame.clone(), false, &mut arena).unwrap(),
+                encode_unit(frame.clone(), false, false, &mut arena).unwrap(),
                 if small {
                     OutUnit::Small(Bytes::from(want.clone()))
                 } else {
@@ -1108,7 +1632,7 @@ mod tests {
                 },
                 "without exposure in place: the encoded frame as it is"
             );
-            let unit = encode_unit(frame, true, &mut arena).unwrap();
+            let unit = encode_unit(frame, true, false, &mut arena).unwrap();
             assert_eq!(matches!(unit, OutUnit::Split { .. }), split);
             assert_eq!(matches!(unit, OutUnit::Small(_)), small);
             assert_eq!(unit.len(), want.len());
@@ -1176,7 +1700,7 @@ mod tests {
         let mut r = Receiving::default();
         let mut c = Counters::default();
         r.reads_to_hang = 1;
-        r.started(9, None, &mut c);
+        r.started(9, None, None, &mut c);
         assert_eq!(c.simulated_hung_reads, 1);
         let mut reasm = Reassembly::default();
         let limits = FrameLimits::default();
@@ -1197,7 +1721,7 @@ mod tests {
         assert!(overdue(reading.since, reading.since + t * 2, t));
         // The next read is not hung.
         r.reading = None;
-        r.started(10, None, &mut c);
+        r.started(10, None, None, &mut c);
         assert!(r.reading.is_some_and(|x| !x.hung));
         assert_eq!(c.simulated_hung_reads, 1);
     }
@@ -1227,6 +1751,7 @@ mod tests {
                     inline: Vec::new(),
                     at: 0,
                     in_place: false,
+                    late: None,
                 })
             });
             assert!(got.is_some());

@@ -299,6 +299,32 @@ impl Frame {
         })
     }
 
+    /// Like [`Frame::into_encoded`], with the epilogue's words left zero:
+    /// for a sender that moves a large segment first and checksums it while
+    /// the peer receives (the libfabric rendezvous), computing the words
+    /// later with [`Frame::epilogue_bytes`] on a clone of the frame (whose
+    /// segments are shared, not copied).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use msgr_proto::{Frame, Tag};
+    ///
+    /// let f = Frame::new(Tag::Message, [Bytes::from_static(b"data")]);
+    /// let late = f.clone().into_encoded_without_epilogue().unwrap();
+    /// assert_eq!(late.epilogue(), &[0; 4]);
+    /// assert_eq!(late.epilogue().len(), f.epilogue_bytes().1);
+    /// ```
+    pub fn into_encoded_without_epilogue(self) -> Result<EncodedFrame, FrameError> {
+        let preamble = self.preamble()?.encode();
+        let epilogue_len = 4 * self.segments.len();
+        Ok(EncodedFrame {
+            preamble,
+            segments: self.segments,
+            epilogue: [0; 4 * MAX_SEGMENTS],
+            epilogue_len,
+        })
+    }
+
     /// Encodes the frame into one contiguous buffer (for small frames and
     /// tests); the frame is left as it is, nothing of it cloned.
     pub fn encode_to_vec(&self) -> Result<Vec<u8>, FrameError> {
