@@ -1630,11 +1630,13 @@ impl Transport for FabricTransport {
     }
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
-        let late = self.links.get(&link).is_some_and(|l| l.peer_late);
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
             Transmit::Frame(f) => {
                 let in_place = self.net.rma().is_some();
+                // Looked up for rendezvous units only: not per small message.
+                let late = f.encoded_len() > rendezvous::RNDV_THRESHOLD
+                    && self.links.get(&link).is_some_and(|l| l.peer_late);
                 rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
             }
         };
