@@ -2146,19 +2146,31 @@ pub(crate) mod tests {
     /// an aborted endpoint is reported on both sides.
     #[test]
     fn large_units_by_read_and_abort() {
-        large_units_by_rendezvous_and_abort(FabricRendezvous::On);
+        large_units_by_rendezvous_and_abort(FabricRendezvous::On, true);
+    }
+
+    /// To a peer that did not say it takes late epilogues (an msgr from
+    /// before them), units go with the epilogue in the descriptor, by
+    /// reads and by writes.
+    #[test]
+    fn large_units_to_a_peer_without_late_epilogues() {
+        large_units_by_rendezvous_and_abort(FabricRendezvous::On, false);
+        large_units_by_rendezvous_and_abort(FabricRendezvous::Write, false);
     }
 
     /// The same by the write rendezvous: the receiver grants a buffer, the
     /// sender writes the unit into it and says so.
     #[test]
     fn large_units_by_write_and_abort() {
-        large_units_by_rendezvous_and_abort(FabricRendezvous::Write);
+        large_units_by_rendezvous_and_abort(FabricRendezvous::Write, true);
     }
 
-    fn large_units_by_rendezvous_and_abort(mode: FabricRendezvous) {
+    fn large_units_by_rendezvous_and_abort(mode: FabricRendezvous, late: bool) {
         let (mut poll, mut t) = tcp_transport_with(mode);
         let server = dial_itself(&mut t, &mut poll);
+        if let Some(l) = t.links.get_mut(&LinkId(1000)) {
+            l.peer_late = late;
+        }
         t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
             .unwrap();
         let big = Frame::new(
@@ -2185,7 +2197,7 @@ pub(crate) mod tests {
         let by_write = mode == FabricRendezvous::Write;
         assert!(t.rndv.is_some(), "tcp MSG endpoints have FI_RMA");
         assert_eq!(stat(&t, "rendezvous_sent"), 1);
-        assert_eq!(stat(&t, "rendezvous_late_epilogues"), 1);
+        assert_eq!(stat(&t, "rendezvous_late_epilogues"), u64::from(late));
         assert_eq!(stat(&t, "rendezvous_read"), u64::from(!by_write));
         assert_eq!(stat(&t, "rendezvous_writes"), u64::from(by_write));
         assert_eq!(stat(&t, "rendezvous_landed"), u64::from(by_write));
