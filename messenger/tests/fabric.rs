@@ -130,7 +130,12 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool, mode: &str) 
             12..=20 => 0,
             _ => rng.random_range(1..=8192),
         };
-        send(&conn, probe_message(1, n, len));
+        // Every third one sealed: its checksum computed once, here.
+        let mut m = probe_message(1, n, len);
+        if n.is_multiple_of(3) {
+            m = m.with_data_checksum();
+        }
+        send(&conn, m);
     }
     assert!(
         wait_until(Duration::from_secs(120), || rec.delivered(1) == N),
@@ -138,10 +143,17 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool, mode: &str) 
         rec.delivered(1)
     );
     rec.assert_clean();
-    let bytes = rec.streams.lock().unwrap()[&1].bytes;
+    let (bytes, known) = {
+        let streams = rec.streams.lock().unwrap();
+        (streams[&1].bytes, streams[&1].checksum_known)
+    };
     println!(
         "{addr}: {N} messages ({big} of 64 KiB..4 MiB), {bytes} bytes in {:?}",
         t0.elapsed()
+    );
+    assert_eq!(
+        known, big,
+        "{addr}: large messages came knowing their checksum"
     );
     assert!(
         wait_until(Duration::from_secs(10), || conn.queued() == (0, 0)),

@@ -9,8 +9,9 @@
 //! (0.36 against 0.26 GB/s on 1 MiB, 3x on 64 bytes, in the QEMU guest's
 //! qemu64 CPU), so it stays. The choice is made once, on first use.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use crc_fast::CrcAlgorithm;
 
 /// The CRC32C of `data`.
@@ -26,6 +27,60 @@ pub fn crc32c(data: &[u8]) -> u32 {
         crc32c::crc32c(data)
     }
 }
+
+/// The CRC32C of one segment of a frame (or of a message's data) worked
+/// out earlier — checked on receipt, or computed when a message was
+/// sealed ([`crate::Message::with_data_checksum`]) — kept so that sending
+/// the same bytes again does not read them again. Reading a large buffer
+/// once more costs more than its arithmetic: on a 1 MiB ping-pong over
+/// libfabric's `shm` only touching each cache line of the sender's buffer
+/// made the peer's copy of it a third slower (docs/BENCHMARKS.md).
+///
+/// The memo holds a handle to the bytes it vouches for, so their memory
+/// cannot be freed and reused while it lives: a segment it is asked about
+/// is the same bytes if it starts at the same address with the same
+/// length. A memo is a cache, not part of the value it rides with: any
+/// two compare equal.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CrcMemo(Option<Arc<Memo>>);
+
+#[derive(Debug)]
+struct Memo {
+    segment: usize,
+    bytes: Bytes,
+    crc: u32,
+}
+
+impl CrcMemo {
+    /// No memo.
+    pub(crate) const NONE: CrcMemo = CrcMemo(None);
+
+    /// Remembers `crc` as the CRC32C of `bytes`, segment `segment` of its
+    /// frame. The caller vouches for it: it computed or checked it over
+    /// these very bytes.
+    pub(crate) fn new(segment: usize, bytes: &Bytes, crc: u32) -> CrcMemo {
+        CrcMemo(Some(Arc::new(Memo {
+            segment,
+            bytes: bytes.clone(),
+            crc,
+        })))
+    }
+
+    /// The CRC32C of `bytes` as segment `segment`, if remembered.
+    pub(crate) fn get(&self, segment: usize, bytes: &[u8]) -> Option<u32> {
+        let m = self.0.as_deref()?;
+        (m.segment == segment && m.bytes.as_ptr() == bytes.as_ptr() && m.bytes.len() == bytes.len())
+            .then_some(m.crc)
+    }
+}
+
+impl PartialEq for CrcMemo {
+    fn eq(&self, _: &CrcMemo) -> bool {
+        true
+    }
+}
+
+impl Eq for CrcMemo {}
 
 /// Whether `crc-fast` has a carry-less multiply path on this CPU.
 fn folding() -> bool {

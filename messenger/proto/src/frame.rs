@@ -24,6 +24,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 
+use crate::checksum::CrcMemo;
 use crate::error::FrameError;
 
 /// Size of the fixed preamble that starts every frame.
@@ -223,6 +224,10 @@ pub struct Frame {
     pub flags: u8,
     /// Up to [`MAX_SEGMENTS`] segments.
     pub segments: Segments,
+    /// The CRC32C of one large segment, if known already (checked on
+    /// receipt, or a sealed message's data): the epilogue takes it instead
+    /// of reading the segment again.
+    pub(crate) crc_memo: CrcMemo,
 }
 
 impl Frame {
@@ -243,7 +248,47 @@ impl Frame {
             tag,
             flags: 0,
             segments,
+            crc_memo: CrcMemo::NONE,
         }
+    }
+
+    /// This frame with the CRC32C of segment `index` computed now and kept,
+    /// so that encoding it and its clones takes it instead of reading the
+    /// segment again: for a frame sent more than once. What
+    /// [`crate::Message::with_data_checksum`] does for a message's data,
+    /// which says when not to. No segment `index`: the frame as it was.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use msgr_proto::{Frame, Tag};
+    ///
+    /// let f = Frame::new(Tag::Message, [Bytes::from(vec![1u8; 4096])]).with_segment_checksum(0);
+    /// assert_eq!(f.known_crc(0), Some(msgr_proto::checksum::crc32c(&f.segments[0])));
+    /// ```
+    pub fn with_segment_checksum(mut self, index: usize) -> Frame {
+        if let Some(seg) = self.segments.get(index) {
+            self.crc_memo = CrcMemo::new(index, seg, segment_crc(seg));
+        }
+        self
+    }
+
+    /// The CRC32C of segment `index` if it is known already (checked when
+    /// the frame was received, or computed when its message was sealed:
+    /// [`crate::Message::with_data_checksum`]), without reading it.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use msgr_proto::{Frame, FrameLimits, Tag};
+    ///
+    /// let data = Bytes::from(vec![7u8; 1 << 20]);
+    /// let sent = Frame::new(Tag::Message, [Bytes::from_static(b"h"), data.clone()]);
+    /// assert_eq!(sent.known_crc(1), None);
+    /// let wire = Bytes::from(sent.encode_to_vec().unwrap());
+    /// let got = Frame::decode_exact(wire, &FrameLimits::default()).unwrap();
+    /// assert_eq!(got.known_crc(1), Some(msgr_proto::checksum::crc32c(&data)));
+    /// ```
+    pub fn known_crc(&self, index: usize) -> Option<u32> {
+        self.crc_memo.get(index, self.segments.get(index)?)
     }
 
     /// A frame with a single segment.
@@ -397,7 +442,8 @@ impl Frame {
         let mut epilogue = [0u8; 4 * MAX_SEGMENTS];
         let checked = checked_segments(self.flags);
         for (i, s) in self.segments.iter().enumerate().take(checked) {
-            epilogue[4 * i..4 * i + 4].copy_from_slice(&segment_crc(s).to_le_bytes());
+            let crc = self.crc_memo.get(i, s).unwrap_or_else(|| segment_crc(s));
+            epilogue[4 * i..4 * i + 4].copy_from_slice(&crc.to_le_bytes());
         }
         epilogue
     }
@@ -458,6 +504,7 @@ fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
         segments.push(whole.split_to(*len as usize));
     }
     let checked = checked_segments(pre.flags);
+    let mut crc_memo = CrcMemo::NONE;
     for (i, seg) in segments.iter().enumerate() {
         let wire = whole.get_u32_le();
         let actual = if i < checked { segment_crc(seg) } else { 0 };
@@ -468,13 +515,23 @@ fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
                 actual,
             });
         }
+        if i < checked && seg.len() >= CRC_MEMO_MIN {
+            // Kept for one segment: a message's data is its only large one.
+            crc_memo = CrcMemo::new(i, seg, actual);
+        }
     }
     Ok(Frame {
         tag: pre.tag,
         flags: pre.flags,
         segments,
+        crc_memo,
     })
 }
+
+/// Segments of at least this many bytes have their checked CRC32C kept
+/// with a received frame ([`Frame::known_crc`]): below it, reading the
+/// segment again costs less than remembering it.
+pub const CRC_MEMO_MIN: usize = 64 << 10;
 
 /// A frame ready for a vectored write: preamble, segments, epilogue.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -687,6 +744,67 @@ mod tests {
     fn an_empty_segment_has_the_crc_of_no_bytes() {
         assert_eq!(segment_crc(&[]), crc32c::crc32c(&[]));
         assert_eq!(segment_crc(b"x"), crc32c::crc32c(b"x"));
+    }
+
+    /// A frame with a small header and a data segment of `len` bytes.
+    fn with_data(len: usize) -> Frame {
+        Frame::new(
+            Tag::Message,
+            [Bytes::from_static(b"hdr"), Bytes::from(vec![9u8; len])],
+        )
+    }
+
+    #[test]
+    fn a_received_large_segment_keeps_its_checked_crc() {
+        let limits = FrameLimits::default();
+        let big = with_data(CRC_MEMO_MIN);
+        let want = crate::checksum::crc32c(&big.segments[1]);
+        let wire = big.encode_to_vec().unwrap();
+        let exact = Frame::decode_exact(Bytes::from(wire.clone()), &limits).unwrap();
+        assert_eq!(exact.known_crc(1), Some(want));
+        assert_eq!(exact.known_crc(0), None, "small segments are not kept");
+        let mut buf = BytesMut::from(&wire[..]);
+        let streamed = FrameDecoder::new(limits).decode(&mut buf).unwrap().unwrap();
+        assert_eq!(streamed.known_crc(1), Some(want));
+        let small = with_data(CRC_MEMO_MIN - 1).encode_to_vec().unwrap();
+        let small = Frame::decode_exact(Bytes::from(small), &limits).unwrap();
+        assert_eq!(small.known_crc(1), None);
+    }
+
+    /// The epilogue takes a remembered CRC without reading the segment:
+    /// a wrong one goes out as it is, and the receiver catches it.
+    #[test]
+    fn a_remembered_crc_goes_in_the_epilogue_as_it_is() {
+        let mut f = with_data(100);
+        let right = crate::checksum::crc32c(&f.segments[1]);
+        f.crc_memo = CrcMemo::new(1, &f.segments[1], right ^ 1);
+        let (words, _) = f.epilogue_bytes();
+        assert_eq!(words[4..8], (right ^ 1).to_le_bytes());
+        let wire = Bytes::from(f.encode_to_vec().unwrap());
+        assert!(matches!(
+            Frame::decode_exact(wire, &FrameLimits::default()),
+            Err(FrameError::SegmentCrc { index: 1, .. })
+        ));
+    }
+
+    /// A memo vouches for the bytes it was made for only: a segment put in
+    /// their place (same length, other memory) or another index is read.
+    #[test]
+    fn a_memo_for_other_bytes_is_not_taken() {
+        let mut f = with_data(100).with_segment_checksum(1);
+        assert!(f.known_crc(1).is_some());
+        f.segments[1] = Bytes::from(vec![3u8; 100]);
+        assert_eq!(f.known_crc(1), None);
+        let (words, _) = f.epilogue_bytes();
+        assert_eq!(
+            words[4..8],
+            crate::checksum::crc32c(&f.segments[1]).to_le_bytes()
+        );
+        let moved = with_data(100).with_segment_checksum(1);
+        let mut f = Frame::new(Tag::Message, [moved.segments[1].clone()]);
+        f.crc_memo = moved.crc_memo.clone();
+        assert_eq!(f.known_crc(0), None, "the memo names segment 1");
+        assert_eq!(with_data(10).with_segment_checksum(5).known_crc(5), None);
     }
 
     fn sample() -> Frame {

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::arena::ByteArena;
+use crate::checksum::CrcMemo;
 use crate::codec::{Codec, CodecError, Postcard};
 use crate::error::ProtocolError;
 use crate::frame::{Frame, Tag};
@@ -45,7 +46,13 @@ pub struct Message {
     pub data: Bytes,
     /// Sequence number in its session, assigned when sent (0 until then).
     pub seq: u64,
+    /// The CRC32C of `data`, if known already: sealed
+    /// ([`Message::with_data_checksum`]) or checked on receipt.
+    data_crc: CrcMemo,
 }
+
+/// The index of a message frame's data segment (after header and front).
+const DATA_SEGMENT: usize = 2;
 
 impl Message {
     /// A message with the given type and segments.
@@ -82,6 +89,42 @@ impl Message {
         codec.decode(&self.front)
     }
 
+    /// This message with the CRC32C of its data computed now and kept:
+    /// each send of it or of its clones — to several peers, again after a
+    /// reconnect's replay — puts that checksum in the frame's epilogue
+    /// instead of reading the data again. Use it for a payload sent more
+    /// than once; a message as received already knows its data's checksum
+    /// (checked on the way in, for data of [`crate::frame::CRC_MEMO_MIN`]
+    /// bytes or more), so forwarding it unchanged costs no second pass.
+    ///
+    /// The checksum vouches for the bytes `data` holds now: replacing
+    /// `data` later drops it (the next send computes one again). Memory
+    /// that changes under a [`Bytes`] (an owner that is not immutable,
+    /// e.g. a shared file mapping) must not be sealed: the peer would find
+    /// the data corrupt, and every resend of it would fail the same way.
+    ///
+    /// ```
+    /// use msgr_proto::Message;
+    ///
+    /// let m = Message::new(1, &b""[..], vec![7u8; 1 << 20]).with_data_checksum();
+    /// assert_eq!(m.data_checksum(), Some(msgr_proto::checksum::crc32c(&m.data)));
+    /// let mut other = m.clone();
+    /// other.data = vec![8u8; 16].into();
+    /// assert_eq!(other.data_checksum(), None);
+    /// ```
+    pub fn with_data_checksum(mut self) -> Message {
+        let crc = crate::checksum::crc32c(&self.data);
+        self.data_crc = CrcMemo::new(DATA_SEGMENT, &self.data, crc);
+        self
+    }
+
+    /// The CRC32C of `data` if it is known without reading it: sealed by
+    /// [`Message::with_data_checksum`], or checked when the message was
+    /// received.
+    pub fn data_checksum(&self) -> Option<u32> {
+        self.data_crc.get(DATA_SEGMENT, &self.data)
+    }
+
     /// Bytes of payload (front + data), the unit throttles count.
     pub fn payload_len(&self) -> usize {
         self.front.len() + self.data.len()
@@ -102,10 +145,12 @@ impl Message {
         h[3] = self.flags;
         h[8..16].copy_from_slice(&self.seq.to_le_bytes());
         h[16..24].copy_from_slice(&ack_seq.to_le_bytes());
-        Frame::new(
+        let mut frame = Frame::new(
             Tag::Message,
             [headers.copy(&h), self.front.clone(), self.data.clone()],
-        )
+        );
+        frame.crc_memo = self.data_crc.clone();
+        frame
     }
 
     /// Decodes a [`Tag::Message`] frame into the message and its piggybacked ack.
@@ -117,6 +162,7 @@ impl Message {
         if frame.tag != Tag::Message {
             return Err(malformed("not a message frame"));
         }
+        let data_crc = frame.crc_memo;
         let mut segs = frame.segments.into_iter();
         let (Some(h), Some(front), Some(data), None) =
             (segs.next(), segs.next(), segs.next(), segs.next())
@@ -138,6 +184,7 @@ impl Message {
             seq: u64_at(8),
             front,
             data,
+            data_crc,
         };
         Ok((msg, u64_at(16)))
     }
@@ -146,6 +193,8 @@ impl Message {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::CRC_MEMO_MIN;
+    use crate::FrameLimits;
 
     #[test]
     fn frame_round_trip() {
@@ -155,6 +204,28 @@ mod tests {
         let (back, ack) = Message::from_frame(m.to_frame(17)).unwrap();
         assert_eq!(back, m);
         assert_eq!(ack, 17);
+    }
+
+    #[test]
+    fn a_sealed_message_carries_its_checksum_there_and_back() {
+        let m = Message::new(9, &b"front"[..], vec![1u8; CRC_MEMO_MIN]).with_data_checksum();
+        let crc = crate::checksum::crc32c(&m.data);
+        assert_eq!(m.data_checksum(), Some(crc));
+        let f = m.to_frame(3);
+        assert_eq!(f.known_crc(DATA_SEGMENT), Some(crc));
+        let wire = Bytes::from(f.encode_to_vec().unwrap());
+        let (back, _) =
+            Message::from_frame(Frame::decode_exact(wire, &FrameLimits::default()).unwrap())
+                .unwrap();
+        assert_eq!(back.data_checksum(), Some(crc), "checked on the way in");
+        assert_eq!(back, m, "the checksum is not part of the value");
+        assert_eq!(back.clone().data_checksum(), Some(crc));
+        // Unsealed and below the size a receiver keeps: read every time.
+        let small = Message::new(9, Bytes::new(), vec![1u8; 100]);
+        assert_eq!(small.data_checksum(), None);
+        let wire = Bytes::from(small.to_frame(0).encode_to_vec().unwrap());
+        let f = Frame::decode_exact(wire, &FrameLimits::default()).unwrap();
+        assert_eq!(Message::from_frame(f).unwrap().0.data_checksum(), None);
     }
 
     /// Headers cut from one reused buffer, across several refills, each

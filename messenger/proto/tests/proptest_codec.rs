@@ -27,10 +27,10 @@ fn frame() -> impl Strategy<Value = Frame> {
             0..=MAX_SEGMENTS,
         ),
     )
-        .prop_map(|(tag, flags, segs)| Frame {
-            tag,
-            flags,
-            segments: segs.into_iter().map(Bytes::from).collect(),
+        .prop_map(|(tag, flags, segs)| {
+            let mut f = Frame::new(tag, segs.into_iter().map(Bytes::from));
+            f.flags = flags;
+            f
         })
 }
 
@@ -222,8 +222,8 @@ proptest! {
         }
         // Message::from_frame on arbitrary segment shapes and contents.
         for n in 0..=MAX_SEGMENTS {
-            let segs = bytes.chunks(bytes.len() / (n + 1) + 1).take(n).map(Bytes::copy_from_slice).collect();
-            let _ = Message::from_frame(Frame { tag: Tag::Message, flags: 0, segments: segs });
+            let segs = bytes.chunks(bytes.len() / (n + 1) + 1).take(n).map(Bytes::copy_from_slice);
+            let _ = Message::from_frame(Frame::new(Tag::Message, segs));
         }
         if let Ok(s) = std::str::from_utf8(&bytes) {
             let _ = EntityAddr::from_str(s);
@@ -270,7 +270,7 @@ proptest! {
             s.handle_inbound(l, Inbound::Frame(ok), now).unwrap();
             prop_assert!(s.is_open());
         }
-        let f = Frame { tag: t, flags: 0, segments: segs.into_iter().map(Bytes::from).collect() };
+        let f = Frame::new(t, segs.into_iter().map(Bytes::from));
         let _ = s.handle_inbound(l, Inbound::Frame(f), now);
         while s.poll_transmit(now).is_some() {}
         while s.poll_event().is_some() {}

@@ -56,6 +56,9 @@ pub struct StreamLog {
     pub gaps: u64,
     pub corrupt: u64,
     pub bytes: u64,
+    /// Messages that came knowing their data's checksum (checked on the
+    /// way in: `Message::data_checksum`).
+    pub checksum_known: u64,
 }
 
 #[derive(Default)]
@@ -122,8 +125,14 @@ impl Dispatcher for Recorder {
         {
             let mut streams = self.streams.lock().unwrap();
             let s = streams.entry(p.stream).or_default();
-            if msg.data.len() != p.len as usize || crc32c::crc32c(&msg.data) != p.crc {
+            let crc = crc32c::crc32c(&msg.data);
+            if msg.data.len() != p.len as usize || crc != p.crc {
                 s.corrupt += 1;
+            }
+            match msg.data_checksum() {
+                Some(known) if known == crc => s.checksum_known += 1,
+                Some(_) => s.corrupt += 1,
+                None => {}
             }
             if p.n <= s.last {
                 s.duplicates += 1;

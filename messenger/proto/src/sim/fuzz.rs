@@ -360,11 +360,9 @@ fn read_frame(r: &mut Reader<'_>) -> Frame {
         let len = usize::from(r.u16() % 2048);
         segments.push(Bytes::copy_from_slice(r.bytes(len)));
     }
-    Frame {
-        tag,
-        flags,
-        segments,
-    }
+    let mut frame = Frame::new(tag, segments);
+    frame.flags = flags;
+    frame
 }
 
 fn write_frame(f: &Frame, out: &mut Vec<u8>) {
