@@ -20,6 +20,12 @@
 #       msgr with payload_crc=false on both sides and transport_ping with
 #       --payload-crc 0 (data segments without CRC32C, as fi_pingpong's
 #       buffers go; the preamble and message header stay checked)
+#   SEAL=false SIZE=1048576 ... scripts/bench-fabric.sh
+#       every send checksums its payload again (msgr ping --seal false,
+#       transport_ping --seal 0 on both ends), as for fresh data; by
+#       default each end checksums its one payload once and reuses it
+#       (Message::with_data_checksum), as an application sending the same
+#       bytes again would — and as fi_pingpong sends one buffer again
 #   REPLY=echo SIZE=1048576 ... scripts/bench-fabric.sh
 #       the servers send back the bytes they received (msgr ping --reply
 #       echo, transport_ping serve --echo 1) instead of as many bytes from a
@@ -44,6 +50,12 @@ case "$PAYLOAD_CRC" in
     true) MSGR_SET=(); TP_CRC=() ;;
     false) MSGR_SET=(--set payload_crc=false); TP_CRC=(--payload-crc 0) ;;
     *) echo "PAYLOAD_CRC must be true or false" >&2; exit 2 ;;
+esac
+SEAL=${SEAL:-true}
+case "$SEAL" in
+    true) TP_SEAL=() ;;
+    false) TP_SEAL=(--seal 0) ;;
+    *) echo "SEAL must be true or false" >&2; exit 2 ;;
 esac
 REPLY=${REPLY:-own}
 case "$REPLY" in
@@ -139,15 +151,15 @@ start_server() {
 # msgr_run BIND_ADDR OUT_JSON: msgr serve on BIND_ADDR, msgr ping against it.
 msgr_run() {
     start_server serve "listening on" "$MSGR" serve "$1" --duration 240 "${MSGR_SET[@]}"
-    timeout 120 "$MSGR" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --json --reply "$REPLY" "${MSGR_SET[@]}" >"$2"
+    timeout 120 "$MSGR" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --json --reply "$REPLY" --seal "$SEAL" "${MSGR_SET[@]}" >"$2"
     kill -INT "$SRV"; wait "$SRV" || true
 }
 
 # tp_run BIND_ADDR OUT: transport_ping serve on BIND_ADDR, its ping against
 # it; writes the one-way mean and p50 in µs to OUT.
 tp_run() {
-    start_server tserve listening "$TPING" serve "$1" --seconds 240 "${TP_ECHO[@]}"
-    timeout 120 "$TPING" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 "${TP_CRC[@]}" >"$WORK/tping"
+    start_server tserve listening "$TPING" serve "$1" --seconds 240 "${TP_ECHO[@]}" "${TP_SEAL[@]}"
+    timeout 120 "$TPING" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 "${TP_CRC[@]}" "${TP_SEAL[@]}" >"$WORK/tping"
     # An RDM server may not notice its client go (no connection to close).
     kill "$SRV" 2>/dev/null || true; wait "$SRV" || true
     sed -n 's/^result //p' "$WORK/tping" >"$WORK/tping.json"
@@ -190,7 +202,7 @@ done
 
 python3 - "$SIZE" "$ITER" "$RUNS" "$PRE_OTHERS" "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "${FI_TCP[*]}" "${MSGR_MEAN[*]}" "${MSGR_P50[*]}" "${STD_MEAN[*]}" "${STD_P50[*]}" "${QUIET[*]}" "$WORK/results" \
-    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" "$CC" "$REPLY" <<'EOF'
+    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" "$CC" "$REPLY" "$SEAL" <<'EOF'
 import statistics as st, sys
 size, it, runs, pre, cores, lb, la = sys.argv[1:8]
 fi, mm, mp, sm, sp = ([float(x) for x in a.split()] for a in sys.argv[8:13])
@@ -212,6 +224,8 @@ def verdict(r, target):
 print()
 crc = "" if sys.argv[17] == "true" else "; msgr and transport alone WITHOUT payload CRC (payload_crc=false)"
 reply = "servers answer from their own buffers" if sys.argv[19] == "own" else "msgr's and the transport's servers ECHO the bytes they got"
+if sys.argv[17] == "true":
+    reply += "; payloads checksummed once and the checksum reused (sealed)" if sys.argv[20] == "true" else "; every send checksums its payload again (SEAL=false)"
 print(f"{size} B ping-pong on 127.0.0.1, {runs} runs x {it} round trips; one-way µs, median (spread){crc}; {reply}; tcp congestion control {sys.argv[18]}")
 print(f"machine {state}: others used {pre} of {cores} cores before; msgr bench saw {' '.join(quiet)}; loadavg {lb} before, {la} after")
 for label, rs in rows.items():

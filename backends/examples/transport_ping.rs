@@ -5,9 +5,9 @@
 //! `fi_pingpong`) in one run, it says which layer a latency gap is in.
 //!
 //! ```text
-//! transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1]
+//! transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1] [--seal 0]
 //! transport_ping ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1]
-//!                     [--payload-crc 0]
+//!                     [--payload-crc 0] [--seal 0]
 //! ```
 //!
 //! `serve` binds `ADDR` (port 0 picks one), prints `listening ADDR` and
@@ -28,6 +28,10 @@
 //! message, not the spinning. `--payload-crc 0` sends frames whose data
 //! carries no CRC (`FLAG_UNCHECKED_PAYLOAD`, what msgr sends with
 //! `payload_crc = false` on both sides); the server echoes them as they came.
+//! Each end sends the same data again and again and checksums it once
+//! (`Frame::with_segment_checksum`; an echo reuses the checksum checked on
+//! the way in), as `msgr ping` does by default; `--seal 0` on both makes
+//! every send checksum its data again, as for fresh data.
 //!
 //! Build with the backend's feature, e.g.
 //! `cargo run --release -p msgr-backends --features fabric --example
@@ -207,17 +211,26 @@ fn frame_of(inbound: Inbound) -> Option<Frame> {
 }
 
 /// The wire unit of a msgr message: a header segment of the message
-/// header's size, an empty front, the payload as data.
-fn message_unit(payload: Bytes, payload_crc: bool) -> Frame {
+/// header's size, an empty front, the payload as data (checksummed now,
+/// once, if `seal`).
+fn message_unit(payload: Bytes, payload_crc: bool, seal: bool) -> Frame {
     let header = Bytes::from_static(&[0; MESSAGE_HEADER_LEN]);
     let mut frame = Frame::new(Tag::Message, [header, Bytes::new(), payload]);
     if !payload_crc {
         frame.flags = FLAG_UNCHECKED_PAYLOAD;
+    } else if seal {
+        frame = frame.with_segment_checksum(2);
     }
     frame
 }
 
-fn serve(addr: &EntityAddr, seconds: u64, block: bool, echo: bool) -> Result<(), String> {
+fn serve(
+    addr: &EntityAddr,
+    seconds: u64,
+    block: bool,
+    echo: bool,
+    seal: bool,
+) -> Result<(), String> {
     let mut end = End::open(addr, seconds, block)?;
     let bound = end
         .transport
@@ -230,8 +243,8 @@ fn serve(addr: &EntityAddr, seconds: u64, block: bool, echo: bool) -> Result<(),
     })?;
     end.send(link, Transmit::Banner([0; BANNER_LEN]))?;
     let mut echoed = 0u64;
-    // The data of the answers (`--echo 0`), made again when the size changes.
-    let mut own = Bytes::new();
+    // The answer (`--echo 0`), made again when its layout changes.
+    let mut own = message_unit(Bytes::new(), true, false);
     loop {
         let next = end.wait(|ev| match ev {
             TransportEvent::Received(_, inbound) => Some(frame_of(inbound)),
@@ -239,14 +252,19 @@ fn serve(addr: &EntityAddr, seconds: u64, block: bool, echo: bool) -> Result<(),
         });
         match next {
             Ok(Some(frame)) => {
-                let frame = if echo {
-                    frame
+                let frame = if echo && seal {
+                    frame // with the checksum checked on the way in
+                } else if echo {
+                    let mut again = Frame::new(frame.tag, frame.segments);
+                    again.flags = frame.flags;
+                    again
                 } else {
                     let len = frame.segments.get(2).map_or(0, |s| s.len());
-                    if own.len() != len {
-                        own = Bytes::from(vec![0xa5; len]);
+                    if own.segments[2].len() != len || own.flags != frame.flags {
+                        let crc = frame.flags & FLAG_UNCHECKED_PAYLOAD == 0;
+                        own = message_unit(Bytes::from(vec![0xa5; len]), crc, seal);
                     }
-                    message_unit(own.clone(), frame.flags & FLAG_UNCHECKED_PAYLOAD == 0)
+                    own.clone()
                 };
                 if let Err(why) = end.send(link, Transmit::Frame(frame)) {
                     // The client went between its frame and our reply.
@@ -273,6 +291,7 @@ struct PingOpts {
     seconds: u64,
     block: bool,
     payload_crc: bool,
+    seal: bool,
 }
 
 fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
@@ -283,14 +302,11 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
         .map_err(|e| format!("connect to {addr}: {e}"))?;
     end.wait(|ev| matches!(ev, TransportEvent::Connected(l) if l == link).then_some(()))?;
     end.send(link, Transmit::Banner([0; BANNER_LEN]))?;
-    let payload = Bytes::from(vec![0x5a; o.size]);
+    let unit = message_unit(Bytes::from(vec![0x5a; o.size]), o.payload_crc, o.seal);
     let mut one_way = Vec::with_capacity(o.count);
     for i in 0..o.warmup + o.count {
         let start = Instant::now();
-        end.send(
-            link,
-            Transmit::Frame(message_unit(payload.clone(), o.payload_crc)),
-        )?;
+        end.send(link, Transmit::Frame(unit.clone()))?;
         let back = end.wait(|ev| match ev {
             TransportEvent::Received(_, inbound) => frame_of(inbound),
             _ => None,
@@ -323,9 +339,10 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    let usage = "usage: transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1] | \
+    let usage =
+        "usage: transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1] [--seal 0] | \
                  ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1] \
-                 [--payload-crc 0]";
+                 [--payload-crc 0] [--seal 0]";
     let (role, addr) = match args {
         [role, addr, ..] => (role.as_str(), addr),
         _ => return Err(usage.into()),
@@ -338,6 +355,7 @@ fn run(args: &[String]) -> Result<(), String> {
         seconds: if role == "serve" { 120 } else { 60 },
         block: false,
         payload_crc: true,
+        seal: true,
     };
     let mut echo = false;
     let mut rest = args[2..].iter();
@@ -351,12 +369,13 @@ fn run(args: &[String]) -> Result<(), String> {
             "--seconds" => o.seconds = n,
             "--block" => o.block = n != 0,
             "--payload-crc" => o.payload_crc = n != 0,
+            "--seal" => o.seal = n != 0,
             "--echo" if role == "serve" => echo = n != 0,
             _ => return Err(usage.into()),
         }
     }
     match role {
-        "serve" => serve(&addr, o.seconds, o.block, echo),
+        "serve" => serve(&addr, o.seconds, o.block, echo, o.seal),
         "ping" => ping(&addr, &o),
         _ => Err(usage.into()),
     }

@@ -78,6 +78,13 @@ enum Cmd {
         /// buffer (as fi_pingpong and ib_send_lat do), or `echo`, the bytes it got.
         #[arg(long, value_enum, default_value_t = Reply::Own)]
         reply: Reply,
+        /// Checksum the payload once and reuse the checksum on every send
+        /// (`Message::with_data_checksum`), as an application sending the
+        /// same bytes again would, and have the server answer likewise;
+        /// `false`: both ends checksum every payload they send, as for
+        /// fresh data.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+        seal: bool,
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 60.0, value_name = "SECS")]
         timeout: f64,
@@ -303,6 +310,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             count,
             warmup,
             reply,
+            seal,
             timeout,
             json,
         } => {
@@ -314,6 +322,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                 warmup,
                 timeout: secs("--timeout", timeout)?,
                 connect_timeout,
+                seal,
             };
             let mut progress = Progress::new(count + warmup, json);
             let r = net::ping(&cfg, &target, &opts, &mut progress)?;

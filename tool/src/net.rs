@@ -32,6 +32,12 @@ pub const PING: u16 = 0x6d01;
 pub const PONG: u16 = 0x6d02;
 /// Ping request answered from the responder's own buffer ([`Reply::Own`]).
 pub const PING_OWN: u16 = 0x6d07;
+/// Ping flag: the client sends a payload whose checksum it computed once
+/// ([`Message::with_data_checksum`], `msgr ping --seal true`), and the
+/// responder answers in kind: from its own buffer sealed once, or echoing
+/// the message it got, whose checksum was checked on the way in. Without
+/// it both ends checksum every payload they send.
+pub const PING_SEALED: u8 = 1;
 /// A streamed message.
 pub const STREAM: u16 = 0x6d03;
 /// End of a stream.
@@ -56,9 +62,10 @@ pub struct Totals {
 #[derive(Default)]
 pub struct Responder {
     pings: AtomicU64,
-    /// The data `PING_OWN` is answered with: made for the last size asked,
-    /// then sent again and again, never written after.
-    own: Mutex<Bytes>,
+    /// The answer to `PING_OWN`: its data made for the last size asked,
+    /// then sent again and again, never written after, and sealed
+    /// ([`PING_SEALED`]).
+    own: Mutex<Message>,
     stream_messages: AtomicU64,
     stream_bytes: AtomicU64,
     /// Connections accepted.
@@ -83,18 +90,34 @@ impl Dispatcher for Responder {
         match msg.msg_type {
             PING => {
                 self.pings.fetch_add(1, Ordering::Relaxed);
-                let _ = conn.send(Message::new(PONG, msg.front, msg.data));
+                let reply = if msg.flags & PING_SEALED != 0 {
+                    // The message as received, checksum and all.
+                    let mut reply = msg;
+                    reply.msg_type = PONG;
+                    reply
+                } else {
+                    Message::new(PONG, msg.front, msg.data)
+                };
+                let _ = conn.send(reply);
             }
             PING_OWN => {
                 self.pings.fetch_add(1, Ordering::Relaxed);
-                let data = {
+                let own = {
                     let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
-                    if own.len() != msg.data.len() {
-                        *own = Bytes::from(vec![0xa5; msg.data.len()]);
+                    if own.data.len() != msg.data.len() {
+                        let data = vec![0xa5; msg.data.len()];
+                        *own = Message::new(PONG, Bytes::new(), data).with_data_checksum();
                     }
                     own.clone()
                 };
-                let _ = conn.send(Message::new(PONG, msg.front, data));
+                let reply = if msg.flags & PING_SEALED != 0 {
+                    let mut reply = own;
+                    reply.front = msg.front;
+                    reply
+                } else {
+                    Message::new(PONG, msg.front, own.data)
+                };
+                let _ = conn.send(reply);
             }
             STREAM => {
                 self.stream_messages.fetch_add(1, Ordering::Relaxed);
@@ -221,6 +244,25 @@ pub struct PingOpts {
     pub timeout: Duration,
     /// Bound on connecting.
     pub connect_timeout: Duration,
+    /// Checksum the payload once and reuse it ([`PING_SEALED`]), as an
+    /// application sending the same bytes again would; `false`: both ends
+    /// checksum every payload they send, as for fresh data.
+    pub seal: bool,
+}
+
+/// The ping every round trip sends.
+fn ping_message(opts: &PingOpts) -> Message {
+    let kind = match opts.reply {
+        Reply::Own => PING_OWN,
+        Reply::Echo => PING,
+    };
+    let ping = Message::new(kind, Bytes::new(), vec![0x5a; opts.size]);
+    if !opts.seal {
+        return ping;
+    }
+    let mut ping = ping.with_data_checksum();
+    ping.flags = PING_SEALED;
+    ping
 }
 
 struct PingState {
@@ -233,9 +275,8 @@ struct PingState {
 struct PingClient {
     total: u64,
     warmup: u64,
-    /// `PING` or `PING_OWN`.
-    kind: u16,
-    payload: Bytes,
+    /// What every ping sends (`PING` or `PING_OWN`, sealed or not).
+    ping: Message,
     state: Mutex<PingState>,
     progress: AtomicU64,
     done: Mutex<Option<mpsc::Sender<Instant>>>,
@@ -246,7 +287,7 @@ struct PingClient {
 
 impl PingClient {
     fn ping(&self) -> Message {
-        Message::new(self.kind, Bytes::new(), self.payload.clone())
+        self.ping.clone()
     }
 }
 
@@ -255,11 +296,11 @@ impl Dispatcher for PingClient {
         if msg.msg_type != PONG {
             return;
         }
-        if msg.data.len() != self.payload.len() {
+        if msg.data.len() != self.ping.data.len() {
             let why = format!(
                 "a reply of {} bytes to a ping of {}",
                 msg.data.len(),
-                self.payload.len()
+                self.ping.data.len()
             );
             *self.bad_reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
             return;
@@ -308,11 +349,7 @@ pub fn ping(
     let d = Arc::new(PingClient {
         total,
         warmup: opts.warmup,
-        kind: match opts.reply {
-            Reply::Own => PING_OWN,
-            Reply::Echo => PING,
-        },
-        payload: Bytes::from(vec![0x5a; opts.size]),
+        ping: ping_message(opts),
         state: Mutex::new(PingState {
             sent_at: Instant::now(),
             first_timed: None,
