@@ -588,7 +588,8 @@ pub fn decode_epilogue(body: &[u8]) -> Result<(u32, &[u8]), DescError> {
 /// `FI_RMA`), that segment is large enough to go by rendezvous and the rest
 /// fits inline in a descriptor ([`OutUnit::Split`], or
 /// [`OutUnit::SplitLate`] with its epilogue left to compute where the peer
-/// takes it `late`); else kept in its encoded parts ([`OutUnit::Frame`]:
+/// takes it `late` and it is not known already: [`Frame::checksums_known`]);
+/// else kept in its encoded parts ([`OutUnit::Frame`]:
 /// copied once, into the send slots or into the buffer a rendezvous
 /// exposes).
 pub fn encode_unit(
@@ -604,7 +605,9 @@ pub fn encode_unit(
     if !(in_place && len > RNDV_THRESHOLD) {
         return Ok(OutUnit::Frame(Box::new(f.into_encoded()?)));
     }
-    if late {
+    // An epilogue known already (a sealed payload) goes inline: late, it
+    // would only cost a message.
+    if late && !f.checksums_known() {
         let enc = f.clone().into_encoded_without_epilogue()?;
         return Ok(match split_frame(enc) {
             Ok(s) => OutUnit::SplitLate(Box::new((s, f))),
@@ -1480,7 +1483,12 @@ mod tests {
             unit,
             encode_unit(frame.clone(), true, false, &mut arena).unwrap()
         );
-        // Not late without exposure in place, nor below the threshold.
+        // Not late when the epilogue is known already (sealed data), nor
+        // without exposure in place, nor below the threshold.
+        let sealed = frame.clone().with_segment_checksum(2);
+        let unit = encode_unit(sealed, true, true, &mut arena).unwrap();
+        assert!(matches!(unit, OutUnit::Split(_)));
+        assert!(unit.flatten() == want);
         let unit = encode_unit(frame, false, true, &mut arena).unwrap();
         assert!(matches!(unit, OutUnit::Frame(_)));
         let unit = encode_unit(big_frame(1000, 0), true, true, &mut arena).unwrap();

@@ -272,6 +272,28 @@ impl Frame {
         self
     }
 
+    /// Whether the epilogue can be had without a pass over a large
+    /// segment: every checked segment of [`CRC_MEMO_MIN`] bytes or more
+    /// has its CRC32C known ([`Frame::known_crc`]). A sender that would
+    /// compute the epilogue while the segments travel needs not then.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use msgr_proto::{Frame, Tag};
+    ///
+    /// let f = Frame::new(Tag::Message, [Bytes::from_static(b"h"), Bytes::from(vec![1u8; 1 << 20])]);
+    /// assert!(!f.checksums_known());
+    /// assert!(f.with_segment_checksum(1).checksums_known());
+    /// ```
+    pub fn checksums_known(&self) -> bool {
+        let checked = checked_segments(self.flags);
+        self.segments
+            .iter()
+            .enumerate()
+            .take(checked)
+            .all(|(i, s)| s.len() < CRC_MEMO_MIN || self.crc_memo.get(i, s).is_some())
+    }
+
     /// The CRC32C of segment `index` if it is known already (checked when
     /// the frame was received, or computed when its message was sealed:
     /// [`crate::Message::with_data_checksum`]), without reading it.
