@@ -274,8 +274,8 @@ impl Frame {
 
     /// Whether the epilogue can be had without a pass over a large
     /// segment: every checked segment of [`CRC_MEMO_MIN`] bytes or more
-    /// has its CRC32C known ([`Frame::known_crc`]). A sender that would
-    /// compute the epilogue while the segments travel needs not then.
+    /// has its CRC32C known ([`Frame::known_crc`]): then a sender has no
+    /// reason to compute the epilogue late, while the segments travel.
     ///
     /// ```
     /// use bytes::Bytes;
