@@ -47,6 +47,28 @@ impl DirtyLinks {
     }
 }
 
+impl DirtyLinks {
+    /// Calls `each` for every link of `owner` marked since the last call,
+    /// once each and in id order ([`DirtyLinks::take`]), reusing the memory
+    /// ([`DirtyLinks::recycle`]): a transport's flush. `dirty` finds the
+    /// marks in `owner`, which `each` may change (links marked meanwhile
+    /// wait for the next call).
+    pub(crate) fn flush_each<T>(
+        owner: &mut T,
+        dirty: impl Fn(&mut T) -> &mut DirtyLinks,
+        mut each: impl FnMut(&mut T, LinkId),
+    ) {
+        if dirty(owner).is_empty() {
+            return;
+        }
+        let ids = dirty(owner).take();
+        for &id in &ids {
+            each(owner, id);
+        }
+        dirty(owner).recycle(ids);
+    }
+}
+
 impl Extend<LinkId> for DirtyLinks {
     fn extend<I: IntoIterator<Item = LinkId>>(&mut self, ids: I) {
         self.marked.extend(ids);

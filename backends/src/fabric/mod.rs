@@ -675,8 +675,13 @@ pub struct FabricTransport {
     retry: Vec<LinkId>,
     /// Links whose reading resumed with held receives.
     resumed: Vec<LinkId>,
-    /// Link failures found outside an event-reporting call.
-    failed: Vec<(LinkId, String)>,
+    /// Events found outside an event-reporting call (a set-up deadline,
+    /// an injected abort, a failed send posted by `send` itself), reported
+    /// by the next poll.
+    deferred_events: Vec<TransportEvent>,
+    /// Receive slots whose messages were handled, reposted once this pass's
+    /// sends are posted (`repost_handled`).
+    handled: Vec<(LinkId, usize)>,
     completions: Vec<Completion>,
     /// Where small frames are encoded ([`OutUnit::Small`]).
     tx_arena: ByteArena,
@@ -745,7 +750,8 @@ impl FabricTransport {
             dirty: Default::default(),
             retry: Vec::new(),
             resumed: Vec::new(),
-            failed: Vec::new(),
+            deferred_events: Vec::new(),
+            handled: Vec::new(),
             completions: Vec::with_capacity(CQ_BATCH),
             tx_arena: ByteArena::new(rendezvous::SMALL_ARENA),
             half_open: VecDeque::new(),
@@ -1285,8 +1291,23 @@ impl FabricTransport {
         self.handle(id, Message::Slot(slot, len), events);
     }
 
-    /// Handles a message of `id` that waited for nothing else (and reposts
-    /// its slot).
+    /// Reposts the receive slots of the messages handled since the last
+    /// call. Deferred from `handle` to the pass's flush (and the next poll):
+    /// the receive a 64 B request frees is not needed before the reply to
+    /// it is posted, which then goes sooner.
+    fn repost_handled(&mut self, events: &mut Vec<TransportEvent>) {
+        for (id, slot) in std::mem::take(&mut self.handled) {
+            let Some(link) = self.links.get_mut(&id) else {
+                continue; // its endpoint and slots went with it
+            };
+            if let Err(e) = link.ep.post_recv(slot, context(id, true, slot)) {
+                self.fail(id, format!("repost receive: {e}"), events);
+            }
+        }
+    }
+
+    /// Handles a message of `id` that waited for nothing else (its slot is
+    /// reposted by `repost_handled`).
     fn handle(&mut self, id: LinkId, msg: Message, events: &mut Vec<TransportEvent>) {
         let Some(link) = self.links.get_mut(&id) else {
             return;
@@ -1325,18 +1346,16 @@ impl FabricTransport {
                 "bad message header {hdr:#x}"
             ))),
         };
-        let Some(link) = self.links.get_mut(&id) else {
-            return;
-        };
+        if !self.links.contains_key(&id) {
+            return; // its endpoint and slots went with it
+        }
         match outcome {
             Ok(unit) => {
                 if let Some(unit) = unit {
                     events.push(TransportEvent::Received(id, unit));
                 }
                 if let Message::Slot(slot, _) = msg {
-                    if let Err(e) = link.ep.post_recv(slot, context(id, true, slot)) {
-                        self.fail(id, format!("repost receive: {e}"), events);
-                    }
+                    self.handled.push((id, slot));
                 }
             }
             Err(PieceError::Corrupt(e)) => {
@@ -1478,6 +1497,17 @@ impl FabricTransport {
         }
     }
 
+    /// Posts what `id` has queued now rather than at the pass's flush, for
+    /// a unit `send` queued behind nothing: a reply then leaves before the
+    /// rest of the worker's pass. Each unit is its own post here, so nothing
+    /// is lost by not waiting for more. A failure is reported at the next
+    /// poll.
+    fn flush_now(&mut self, id: LinkId) {
+        let mut events = Vec::new();
+        self.flush_link(id, &mut events);
+        self.deferred_events.append(&mut events);
+    }
+
     fn queue(&mut self, link: LinkId, unit: OutUnit) -> Result<(), TransportError> {
         let l = self
             .links
@@ -1506,7 +1536,7 @@ impl FabricTransport {
                     self.drop_link(id);
                     if !accepted {
                         let why = format!("not connected within {SETUP_TIMEOUT:?}");
-                        self.failed.push((id, why));
+                        self.deferred_events.push(TransportEvent::Failed(id, why));
                     }
                 }
                 _ => {}
@@ -1544,10 +1574,9 @@ impl FabricTransport {
     fn poll_all(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
         self.reap_half_open(now);
         self.check_reads(now, events);
-        let mut any = !self.failed.is_empty();
-        for (id, why) in std::mem::take(&mut self.failed) {
-            events.push(TransportEvent::Failed(id, why));
-        }
+        let mut any = !self.deferred_events.is_empty();
+        events.append(&mut self.deferred_events);
+        self.repost_handled(events);
         if self.eq_due || !self.half_open.is_empty() || now >= self.next_eq_read {
             self.eq_due = false;
             self.next_eq_read = now + EQ_READ_EVERY;
@@ -1640,18 +1669,17 @@ impl Transport for FabricTransport {
                 rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
             }
         };
-        self.queue(link, unit)
+        self.queue(link, unit)?;
+        if self.links.get(&link).is_some_and(|l| l.queue.len() == 1) {
+            self.flush_now(link);
+        }
+        Ok(())
     }
 
     fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {
-        if self.dirty.is_empty() {
-            return;
-        }
-        let ids = self.dirty.take();
-        for &id in &ids {
-            self.flush_link(id, events);
-        }
-        self.dirty.recycle(ids);
+        self.repost_handled(events);
+        let flush = |t: &mut Self, id| t.flush_link(id, events);
+        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.dirty, flush);
     }
 
     fn ready(&mut self, event: &Event, now: Instant, events: &mut Vec<TransportEvent>) {
@@ -1731,8 +1759,8 @@ impl Transport for FabricTransport {
             RealFault::Abort => {
                 // Closing the endpoint: the peer sees FI_SHUTDOWN.
                 self.drop_link(link);
-                self.failed
-                    .push((link, "injected abortive close (endpoint closed)".into()));
+                let why = "injected abortive close (endpoint closed)".into();
+                self.deferred_events.push(TransportEvent::Failed(link, why));
             }
             RealFault::HalfClose => return Err(no_half_close(&self.kind)),
             RealFault::StopReading => l.paused = true,
@@ -1899,6 +1927,71 @@ pub(crate) mod tests {
             "{events:?}"
         );
         accepted(&events).expect("accepted")
+    }
+
+    /// A small frame `i`: a header, an empty front and 64 bytes of `i`.
+    pub(crate) fn small_frame(i: u8) -> Frame {
+        let parts = vec![
+            Bytes::from_static(b"header"),
+            Bytes::new(),
+            vec![i; 64].into(),
+        ];
+        Frame::new(msgr_proto::Tag::Message, parts)
+    }
+
+    /// Checks that `events` are a banner of 7s and then `n` small frames
+    /// 0, 1, … ([`small_frame`]), all received on `link`.
+    pub(crate) fn in_order(events: &[TransportEvent], link: LinkId, n: usize) {
+        assert_eq!(events.len(), n + 1, "{events:?}");
+        assert!(
+            matches!(&events[0], TransportEvent::Received(l, Inbound::Banner(b)) if *l == link && b[0] == 7),
+            "{events:?}"
+        );
+        for (i, e) in events[1..].iter().enumerate() {
+            match e {
+                TransportEvent::Received(l, Inbound::Frame(got)) if *l == link => {
+                    assert_eq!(got.segments[2][..], [i as u8; 64], "unit {i}");
+                }
+                other => panic!("unit {i}: {other:?}"),
+            }
+        }
+    }
+
+    /// A unit sent to a link with nothing queued is posted by `send` itself,
+    /// units sent behind queued ones wait their turn (three times the
+    /// transmit slots without a poll in between: all arrive, in order), and
+    /// a received message's slot is posted again only by the flush after it.
+    #[test]
+    fn units_leave_from_send() {
+        let (mut poll, mut t) = tcp_transport();
+        let server = dial_itself(&mut t, &mut poll);
+        t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
+            .unwrap();
+        assert!(
+            t.links[&LinkId(1000)].queue.is_empty(),
+            "not posted by send"
+        );
+        let n = 3 * SLOTS;
+        for i in 0..n {
+            t.send(LinkId(1000), Transmit::Frame(small_frame(i as u8)))
+                .unwrap();
+        }
+        assert!(
+            !t.links[&LinkId(1000)].queue.is_empty(),
+            "beyond the slots, queued"
+        );
+        let mut events = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while events.is_empty() {
+            assert!(Instant::now() < deadline, "nothing received");
+            t.progress(Instant::now(), &mut events);
+        }
+        assert_eq!(t.handled.len(), events.len(), "{events:?}");
+        t.flush(Instant::now(), &mut Vec::new());
+        assert!(t.handled.is_empty());
+        let got = events.len();
+        events.extend(drive(&mut t, &mut poll, |e| got + e.len() > n));
+        in_order(&events, server, n);
     }
 
     /// A `tcp` MSG transport and the Poll its wait fds are in, with the

@@ -737,7 +737,13 @@ pub struct RdmTransport {
     /// link's deadline.
     retry_at: Option<Instant>,
     resumed: Vec<LinkId>,
-    failed: Vec<(LinkId, String)>,
+    /// Events found outside a poll (an injected abort, a failed send
+    /// posted by `send` itself), reported by the next one.
+    deferred_events: Vec<TransportEvent>,
+    /// Receive slots whose data pieces were handled, reposted (and their
+    /// credits owed back) once this pass's sends are posted: see
+    /// `repost_handled`.
+    handled: Vec<(usize, usize, LinkId)>,
     next_housekeeping: Instant,
     completions: Vec<Completion>,
     /// Where small frames are encoded ([`OutUnit::Small`]).
@@ -826,7 +832,8 @@ impl RdmTransport {
             retry: false,
             retry_at: None,
             resumed: Vec::new(),
-            failed: Vec::new(),
+            deferred_events: Vec::new(),
+            handled: Vec::new(),
             now: Instant::now(),
             next_housekeeping: Instant::now() + HOUSEKEEPING,
             completions: Vec::with_capacity(CQ_BATCH),
@@ -1284,8 +1291,28 @@ impl RdmTransport {
         }
     }
 
-    /// A data piece for `id` in `slot`: joined, handed up, slot reposted and
-    /// its credit owed back.
+    /// Reposts the receive slots of the data pieces handled since the last
+    /// call and owes their credits back. Deferred from `data` to the pass's
+    /// flush (and the next poll): the receive a 64 B request frees is not
+    /// needed before the reply to it is posted, which then goes ~50 ns
+    /// sooner. A credit is owed only for a slot posted again, so the peer
+    /// never sends into one that is not.
+    fn repost_handled(&mut self) {
+        for (pidx, slot, id) in std::mem::take(&mut self.handled) {
+            self.repost(pidx, slot);
+            let Some(link) = self.links.get_mut(&id) else {
+                continue;
+            };
+            link.to_return += 1;
+            if link.to_return >= CREDITS / 2 {
+                link.need_keep = true;
+                self.dirty.push(id);
+            }
+        }
+    }
+
+    /// A data piece for `id` in `slot`: joined and handed up; the slot is
+    /// reposted and its credit owed back by `repost_handled`.
     fn data(&mut self, id: LinkId, slot: usize, len: usize, events: &mut Vec<TransportEvent>) {
         let Some(link) = self.links.get_mut(&id) else {
             return;
@@ -1357,14 +1384,7 @@ impl RdmTransport {
         } else {
             link.reasm.push(kind == Some(DATA_LAST), body, &self.limits)
         };
-        if let Err(e) = port.ep.post_recv(slot, context(pidx, true, slot)) {
-            tracing::warn!(error = %e, "repost of an RDM receive failed");
-        }
-        link.to_return += 1;
-        if link.to_return >= CREDITS / 2 {
-            link.need_keep = true;
-            self.dirty.push(id);
-        }
+        self.handled.push((pidx, slot, id));
         match outcome {
             Ok(Some(unit)) => events.push(TransportEvent::Received(id, unit)),
             Ok(None) => {}
@@ -1886,10 +1906,9 @@ impl RdmTransport {
 
     fn poll_all(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
         self.now = now;
-        let mut any = !self.failed.is_empty();
-        for (id, why) in std::mem::take(&mut self.failed) {
-            events.push(TransportEvent::Failed(id, why));
-        }
+        let mut any = !self.deferred_events.is_empty();
+        events.append(&mut self.deferred_events);
+        self.repost_handled();
         any |= self.drain_cq(events);
         for id in std::mem::take(&mut self.resumed) {
             any |= self.hand_up(id, events);
@@ -1908,9 +1927,20 @@ impl RdmTransport {
                 .map(|(&id, _)| id)
                 .collect();
             self.dirty.extend(ids);
-            self.flush(now, events);
+            // Not `flush`: the slots handled in this poll are posted again
+            // after the worker has answered them.
+            self.flush_dirty(events);
         }
         any
+    }
+
+    /// Sends what the links marked dirty have to send, and the closes.
+    fn flush_dirty(&mut self, events: &mut Vec<TransportEvent>) {
+        if !self.flush_closes() {
+            self.retry_later();
+        }
+        let flush = |t: &mut Self, id| t.flush_link(id, events);
+        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.dirty, flush);
     }
 
     /// Takes port `pidx` out of use (see `retired`).
@@ -1918,6 +1948,17 @@ impl RdmTransport {
         if let Some(port) = self.ports.get_mut(pidx).and_then(Option::take) {
             self.retired.push(port);
         }
+    }
+
+    /// Posts what `id` has queued now rather than at the pass's flush, for
+    /// a unit `send` queued behind nothing: a reply then leaves before the
+    /// rest of the worker's pass (~0.1 µs of a 64 B shm one-way). Each unit
+    /// is its own post on these endpoints, so nothing is lost by not
+    /// waiting for more. A failure is reported at the next poll.
+    fn flush_now(&mut self, id: LinkId) {
+        let mut events = Vec::new();
+        self.flush_link(id, &mut events);
+        self.deferred_events.append(&mut events);
     }
 
     fn retry_later(&mut self) {
@@ -2047,22 +2088,17 @@ impl Transport for RdmTransport {
                 rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
             }
         };
-        self.queue(link, unit)
+        self.queue(link, unit)?;
+        if self.links.get(&link).is_some_and(|l| l.queue.len() == 1) {
+            self.flush_now(link);
+        }
+        Ok(())
     }
 
     fn flush(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
         self.now = now;
-        if !self.flush_closes() {
-            self.retry_later();
-        }
-        if self.dirty.is_empty() {
-            return;
-        }
-        let ids = self.dirty.take();
-        for &id in &ids {
-            self.flush_link(id, events);
-        }
-        self.dirty.recycle(ids);
+        self.repost_handled();
+        self.flush_dirty(events);
     }
 
     fn ready(&mut self, _event: &Event, now: Instant, events: &mut Vec<TransportEvent>) {
@@ -2160,8 +2196,8 @@ impl Transport for RdmTransport {
                 // The peer hears CLOSE at once (an RDM endpoint has no
                 // connection to reset); nothing queued is sent.
                 self.drop_link(link);
-                self.failed
-                    .push((link, "injected abortive close (link dropped)".into()));
+                let why = "injected abortive close (link dropped)".into();
+                self.deferred_events.push(TransportEvent::Failed(link, why));
             }
             RealFault::HalfClose => return Err(no_half_close(&self.kind)),
             RealFault::StopReading => l.paused = true,
@@ -2219,7 +2255,7 @@ impl Transport for RdmTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::tests::{accepted, drive, stat};
+    use crate::fabric::tests::{accepted, drive, in_order, small_frame, stat};
     use bytes::Bytes;
     use msgr_addr::FabricEndpoint;
     use msgr_proto::banner::BANNER_LEN;
@@ -2436,6 +2472,64 @@ mod tests {
             );
         }
         assert_eq!(t.link_count(), 0);
+    }
+
+    /// A unit sent to a link with nothing queued is posted by `send` itself,
+    /// units sent behind queued ones wait their turn (three links' worth of
+    /// credits without a poll in between: all arrive, in order), and a
+    /// received piece's slot is posted again and its credit owed only by
+    /// the flush after it.
+    fn units_leave_from_send(provider: &str) {
+        let (mut poll, mut t, _) = listening_and_dialled(provider);
+        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
+        let server =
+            accepted(&events).unwrap_or_else(|| panic!("{provider}: no Accepted in {events:?}"));
+        t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
+            .unwrap();
+        assert!(
+            t.links[&LinkId(1000)].queue.is_empty(),
+            "{provider}: not posted by send"
+        );
+        let n = 3 * CREDITS as usize;
+        for i in 0..n {
+            t.send(LinkId(1000), Transmit::Frame(small_frame(i as u8)))
+                .unwrap();
+        }
+        assert!(
+            !t.links[&LinkId(1000)].queue.is_empty(),
+            "{provider}: beyond the credits, queued"
+        );
+        // The first pieces' slots are not posted again, nor their credits
+        // owed, before a flush; without that, the units beyond the credits
+        // would never come.
+        let owed = t.links[&server].to_return;
+        let mut events = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while events.is_empty() {
+            assert!(Instant::now() < deadline, "{provider}: nothing received");
+            t.progress(Instant::now(), &mut events);
+        }
+        let l = t
+            .links
+            .get(&server)
+            .unwrap_or_else(|| panic!("{provider}: {events:?}"));
+        assert_eq!(l.to_return, owed, "{provider}");
+        assert_eq!(t.handled.len(), events.len(), "{provider}: {events:?}");
+        t.flush(Instant::now(), &mut Vec::new());
+        assert!(t.handled.is_empty());
+        let got = events.len();
+        events.extend(drive(&mut t, &mut poll, |e| got + e.len() > n));
+        in_order(&events, server, n);
+    }
+
+    #[test]
+    fn shm_units_leave_from_send() {
+        units_leave_from_send("shm");
+    }
+
+    #[test]
+    fn tcp_rxm_units_leave_from_send() {
+        units_leave_from_send("tcp;ofi_rxm");
     }
 
     /// An endpoint that keeps more than [`ABANDONED_MAX`] bytes of grants

@@ -1374,14 +1374,8 @@ impl Transport for RdmaTransport {
     }
 
     fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {
-        if self.dirty.is_empty() {
-            return;
-        }
-        let ids = self.dirty.take();
-        for &id in &ids {
-            self.flush_link(id, events);
-        }
-        self.dirty.recycle(ids);
+        let flush = |t: &mut Self, id| t.flush_link(id, events);
+        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.dirty, flush);
     }
 
     fn ready(&mut self, event: &Event, _now: Instant, events: &mut Vec<TransportEvent>) {
