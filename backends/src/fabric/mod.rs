@@ -317,6 +317,22 @@ impl PieceError {
     }
 }
 
+/// Reports a rendezvous unit of link `id` that is whole: `Received`, or
+/// the error that ends the link. Returns whether the link goes on (if not,
+/// the caller drops it).
+pub(crate) fn report_unit(
+    id: LinkId,
+    unit: Result<Inbound, PieceError>,
+    events: &mut Vec<TransportEvent>,
+) -> bool {
+    let (event, goes_on) = match unit {
+        Ok(unit) => (TransportEvent::Received(id, unit), true),
+        Err(e) => (e.event(id), false),
+    };
+    events.push(event);
+    goes_on
+}
+
 /// The frame length the preamble at the start of `first` announces, once
 /// its CRC and the limits are checked; 0 if `first` is shorter than a
 /// preamble (the whole unit is checked when it is decoded).
@@ -1081,12 +1097,9 @@ impl FabricTransport {
         events: &mut Vec<TransportEvent>,
     ) {
         self.reads -= 1;
-        match unit {
-            Ok(unit) => events.push(TransportEvent::Received(id, unit)),
-            Err(e) => {
-                self.drop_link(id);
-                return events.push(e.event(id));
-            }
+        if !report_unit(id, unit, events) {
+            self.drop_link(id);
+            return;
         }
         let Some(link) = self.links.get(&id) else {
             return;

@@ -1471,12 +1471,9 @@ impl RdmTransport {
         unit: Result<Inbound, PieceError>,
         events: &mut Vec<TransportEvent>,
     ) {
-        match unit {
-            Ok(unit) => events.push(TransportEvent::Received(id, unit)),
-            Err(e) => {
-                self.drop_link(id);
-                return events.push(e.event(id));
-            }
+        if !super::report_unit(id, unit, events) {
+            self.drop_link(id);
+            return;
         }
         self.dirty.push(id);
         self.hand_up(id, events);
