@@ -26,6 +26,11 @@
 #       default each end checksums its one payload once and reuses it
 #       (Message::with_data_checksum), as an application sending the same
 #       bytes again would — and as fi_pingpong sends one buffer again
+#   CQ_WAIT=poll scripts/bench-fabric.sh
+#       msgr with fabric_cq_wait=poll on both sides and transport_ping with
+#       --poll-cq 1: completion queues without wait objects, as fi_pingpong
+#       opens its own (by default each completion signals a wait fd, a
+#       write and a read per completion inside the provider)
 #   REPLY=echo SIZE=1048576 ... scripts/bench-fabric.sh
 #       the servers send back the bytes they received (msgr ping --reply
 #       echo, transport_ping serve --echo 1) instead of as many bytes from a
@@ -56,6 +61,12 @@ case "$SEAL" in
     true) TP_SEAL=() ;;
     false) TP_SEAL=(--seal 0) ;;
     *) echo "SEAL must be true or false" >&2; exit 2 ;;
+esac
+CQ_WAIT=${CQ_WAIT:-fd}
+case "$CQ_WAIT" in
+    fd) TP_CQ=() ;;
+    poll) MSGR_SET+=(--set fabric_cq_wait=poll); TP_CQ=(--poll-cq 1) ;;
+    *) echo "CQ_WAIT must be fd or poll" >&2; exit 2 ;;
 esac
 REPLY=${REPLY:-own}
 case "$REPLY" in
@@ -158,8 +169,8 @@ msgr_run() {
 # tp_run BIND_ADDR OUT: transport_ping serve on BIND_ADDR, its ping against
 # it; writes the one-way mean and p50 in µs to OUT.
 tp_run() {
-    start_server tserve listening "$TPING" serve "$1" --seconds 240 "${TP_ECHO[@]}" "${TP_SEAL[@]}"
-    timeout 120 "$TPING" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 "${TP_CRC[@]}" "${TP_SEAL[@]}" >"$WORK/tping"
+    start_server tserve listening "$TPING" serve "$1" --seconds 240 "${TP_ECHO[@]}" "${TP_SEAL[@]}" "${TP_CQ[@]}"
+    timeout 120 "$TPING" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 "${TP_CRC[@]}" "${TP_SEAL[@]}" "${TP_CQ[@]}" >"$WORK/tping"
     # An RDM server may not notice its client go (no connection to close).
     kill "$SRV" 2>/dev/null || true; wait "$SRV" || true
     sed -n 's/^result //p' "$WORK/tping" >"$WORK/tping.json"
@@ -202,7 +213,7 @@ done
 
 python3 - "$SIZE" "$ITER" "$RUNS" "$PRE_OTHERS" "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "${FI_TCP[*]}" "${MSGR_MEAN[*]}" "${MSGR_P50[*]}" "${STD_MEAN[*]}" "${STD_P50[*]}" "${QUIET[*]}" "$WORK/results" \
-    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" "$CC" "$REPLY" "$SEAL" <<'EOF'
+    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" "$CC" "$REPLY" "$SEAL" "$CQ_WAIT" <<'EOF'
 import statistics as st, sys
 size, it, runs, pre, cores, lb, la = sys.argv[1:8]
 fi, mm, mp, sm, sp = ([float(x) for x in a.split()] for a in sys.argv[8:13])
@@ -226,7 +237,8 @@ crc = "" if sys.argv[17] == "true" else "; msgr and transport alone WITHOUT payl
 reply = "servers answer from their own buffers" if sys.argv[19] == "own" else "msgr's and the transport's servers ECHO the bytes they got"
 if sys.argv[17] == "true":
     reply += "; payloads checksummed once and the checksum reused (sealed)" if sys.argv[20] == "true" else "; every send checksums its payload again (SEAL=false)"
-print(f"{size} B ping-pong on 127.0.0.1, {runs} runs x {it} round trips; one-way µs, median (spread){crc}; {reply}; tcp congestion control {sys.argv[18]}")
+cq = "; libfabric CQs polled (fabric_cq_wait=poll, as fi_pingpong's)" if sys.argv[21] == "poll" else ""
+print(f"{size} B ping-pong on 127.0.0.1, {runs} runs x {it} round trips; one-way µs, median (spread){crc}{cq}; {reply}; tcp congestion control {sys.argv[18]}")
 print(f"machine {state}: others used {pre} of {cores} cores before; msgr bench saw {' '.join(quiet)}; loadavg {lb} before, {la} after")
 for label, rs in rows.items():
     f = [r[0] for r in rs]; m = [r[1] for r in rs]; p = [r[2] for r in rs]

@@ -5,9 +5,9 @@
 //! `fi_pingpong`) in one run, it says which layer a latency gap is in.
 //!
 //! ```text
-//! transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1] [--seal 0]
+//! transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1] [--seal 0] [--poll-cq 1]
 //! transport_ping ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1]
-//!                     [--payload-crc 0] [--seal 0]
+//!                     [--payload-crc 0] [--seal 0] [--poll-cq 1]
 //! ```
 //!
 //! `serve` binds `ADDR` (port 0 picks one), prints `listening ADDR` and
@@ -31,7 +31,9 @@
 //! Each end sends the same data again and again and checksums it once
 //! (`Frame::with_segment_checksum`; an echo reuses the checksum checked on
 //! the way in), as `msgr ping` does by default; `--seal 0` on both makes
-//! every send checksum its data again, as for fresh data.
+//! every send checksum its data again, as for fresh data. `--poll-cq 1`
+//! opens a libfabric end's completion queue without a wait object
+//! (`fabric_cq_wait = poll`), as fi_pingpong opens its own.
 //!
 //! Build with the backend's feature, e.g.
 //! `cargo run --release -p msgr-backends --features fabric --example
@@ -47,8 +49,8 @@ use bytes::Bytes;
 use mio::{Events, Poll, Token};
 use msgr_addr::EntityAddr;
 use msgr_backends::{
-    open_transport, AnyTransport, Inbound, LinkId, Transmit, Transport, TransportContext,
-    TransportEvent, LISTENER_TOKEN_BASE,
+    open_transport, AnyTransport, FabricCqWait, Inbound, LinkId, Transmit, Transport,
+    TransportContext, TransportEvent, LISTENER_TOKEN_BASE,
 };
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::frame::FLAG_UNCHECKED_PAYLOAD;
@@ -87,12 +89,15 @@ struct End {
 }
 
 impl End {
-    fn open(addr: &EntityAddr, seconds: u64, block: bool) -> Result<End, String> {
+    fn open(addr: &EntityAddr, seconds: u64, block: bool, poll_cq: bool) -> Result<End, String> {
         let poll = Poll::new().map_err(|e| format!("epoll: {e}"))?;
         let waker =
             Arc::new(mio::Waker::new(poll.registry(), WAKER).map_err(|e| format!("waker: {e}"))?);
         let mut ctx = TransportContext::new(FrameLimits::default());
         ctx.waker = Some(waker.clone());
+        if poll_cq {
+            ctx.rdma.fabric_cq_wait = FabricCqWait::Poll;
+        }
         let transport = open_transport(&addr.transport, poll.registry(), &ctx)
             .map_err(|e| format!("{addr}: {e}"))?;
         Ok(End {
@@ -230,8 +235,9 @@ fn serve(
     block: bool,
     echo: bool,
     seal: bool,
+    poll_cq: bool,
 ) -> Result<(), String> {
-    let mut end = End::open(addr, seconds, block)?;
+    let mut end = End::open(addr, seconds, block, poll_cq)?;
     let bound = end
         .transport
         .listen(addr, Token(LISTENER_TOKEN_BASE))
@@ -292,10 +298,11 @@ struct PingOpts {
     block: bool,
     payload_crc: bool,
     seal: bool,
+    poll_cq: bool,
 }
 
 fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
-    let mut end = End::open(addr, o.seconds, o.block)?;
+    let mut end = End::open(addr, o.seconds, o.block, o.poll_cq)?;
     let link = LinkId(end.link_ids.fetch_add(1, Ordering::Relaxed));
     end.transport
         .connect(link, addr)
@@ -339,10 +346,9 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    let usage =
-        "usage: transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1] [--seal 0] | \
-                 ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] [--block 1] \
-                 [--payload-crc 0] [--seal 0]";
+    let usage = "usage: transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1] [--seal 0] \
+                 [--poll-cq 1] | ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] \
+                 [--block 1] [--payload-crc 0] [--seal 0] [--poll-cq 1]";
     let (role, addr) = match args {
         [role, addr, ..] => (role.as_str(), addr),
         _ => return Err(usage.into()),
@@ -356,6 +362,7 @@ fn run(args: &[String]) -> Result<(), String> {
         block: false,
         payload_crc: true,
         seal: true,
+        poll_cq: false,
     };
     let mut echo = false;
     let mut rest = args[2..].iter();
@@ -370,12 +377,13 @@ fn run(args: &[String]) -> Result<(), String> {
             "--block" => o.block = n != 0,
             "--payload-crc" => o.payload_crc = n != 0,
             "--seal" => o.seal = n != 0,
+            "--poll-cq" => o.poll_cq = n != 0,
             "--echo" if role == "serve" => echo = n != 0,
             _ => return Err(usage.into()),
         }
     }
     match role {
-        "serve" => serve(&addr, o.seconds, o.block, echo, o.seal),
+        "serve" => serve(&addr, o.seconds, o.block, echo, o.seal, o.poll_cq),
         "ping" => ping(&addr, &o),
         _ => Err(usage.into()),
     }

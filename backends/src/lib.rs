@@ -54,8 +54,8 @@ pub use error::TransportError;
 pub use event::TransportEvent;
 pub use msgr_proto::{Inbound, LinkId, Transmit};
 pub use select::{
-    availability, open_transport, rendezvous_withheld, Availability, FabricRendezvous,
-    RdmaPoolConfig, TransportContext,
+    availability, open_transport, rendezvous_withheld, Availability, FabricCqWait,
+    FabricRendezvous, RdmaPoolConfig, TransportContext,
 };
 
 use msgr_addr::{EntityAddr, TransportKind};

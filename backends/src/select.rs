@@ -61,6 +61,9 @@ pub struct RdmaPoolConfig {
     /// Whether the libfabric backend's endpoints use the `fi_read`
     /// rendezvous (the `fabric_rendezvous` key).
     pub fabric_rendezvous: FabricRendezvous,
+    /// How a libfabric worker waits for completions (the `fabric_cq_wait`
+    /// key).
+    pub fabric_cq_wait: FabricCqWait,
     /// Bytes of rendezvous segments a worker keeps registered after their
     /// send, so the same bytes sent again (a clone of the same `Bytes`;
     /// not a slice of it, whose reader would get the whole region's key)
@@ -104,6 +107,38 @@ pub enum FabricRendezvous {
     Write,
 }
 
+/// How the libfabric backend's workers wait for completions
+/// (`fabric_cq_wait = fd | poll`).
+///
+/// `Fd`, the default, opens each completion queue with a wait fd in the
+/// worker's epoll set: an idle worker sleeps and wakes as soon as a
+/// completion comes. The provider pays for it on every completion: it
+/// signals the fd (a `write`) and the read that empties the queue clears
+/// it (a `read`). With the `tcp` provider that is ~0.8 µs of a 64 B
+/// one-way of ~5.5 µs on the VMs measured here (docs/BENCHMARKS.md).
+///
+/// `Poll` opens it without a wait object, as busy-polling benchmarks such
+/// as `fi_pingpong` do: no signal per completion, and nothing to sleep on,
+/// so an idle worker polls the queue every millisecond (at once while a
+/// link is moving data), and a message that comes after an idle spell
+/// waits up to that millisecond. For workers that stay busy (their
+/// busy-poll window covers the gaps between messages) and want the lowest
+/// latency. `shm` has no wait objects and is always polled.
+///
+/// ```
+/// use msgr_backends::{FabricCqWait, RdmaPoolConfig};
+/// let cfg = RdmaPoolConfig { fabric_cq_wait: FabricCqWait::Poll, ..Default::default() };
+/// assert_eq!(cfg.fabric_cq_wait, FabricCqWait::Poll);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FabricCqWait {
+    /// A wait fd in the worker's epoll set.
+    #[default]
+    Fd,
+    /// No wait object: polled.
+    Poll,
+}
+
 impl Default for RdmaPoolConfig {
     fn default() -> Self {
         RdmaPoolConfig {
@@ -114,6 +149,7 @@ impl Default for RdmaPoolConfig {
             inline_bytes: 256,
             read_timeout: Duration::from_secs(10),
             fabric_rendezvous: FabricRendezvous::Auto,
+            fabric_cq_wait: FabricCqWait::Fd,
             reg_cache_bytes: 32 << 20,
         }
     }

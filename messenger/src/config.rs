@@ -143,6 +143,10 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "libfabric large units by rendezvous: auto (fi_read where this libfabric has no known bug in the provider's reads, else fi_write into a buffer the receiver grants where the provider checks keys), off, on (reads despite a known bug), write (default auto)",
     ),
     (
+        "fabric_cq_wait",
+        "how an idle libfabric worker waits for completions: fd (a wait fd in epoll; every completion costs the provider a signal) or poll (no wait object, as fi_pingpong: faster per message, but polled every 1 ms while idle) (default fd)",
+    ),
+    (
         "faults",
         "fault injection plan, e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20 (default off)",
     ),
@@ -329,6 +333,20 @@ impl MessengerConfig {
                     }
                 };
             }
+            "fabric_cq_wait" => {
+                use msgr_backends::FabricCqWait as W;
+                self.rdma.fabric_cq_wait = match value.trim() {
+                    "fd" => W::Fd,
+                    "poll" => W::Poll,
+                    _ => {
+                        return Err(ConfigError::BadValue {
+                            key: key.into(),
+                            value: value.into(),
+                            why: "fd or poll".into(),
+                        })
+                    }
+                };
+            }
             "faults" if value.trim().is_empty() || value.trim() == "off" => self.faults = None,
             "faults" => {
                 self.faults = Some(value.parse().map_err(|e: crate::faults::FaultPlanError| {
@@ -409,6 +427,7 @@ mod tests {
                 "faults" => "seed=1,fail=100",
                 "payload_crc" => "false",
                 "fabric_rendezvous" => "off",
+                "fabric_cq_wait" => "poll",
                 _ => "3",
             };
             MessengerConfig::default()
@@ -461,6 +480,23 @@ mod tests {
         let err = cfg.set("fabric_rendezvous", "yes").unwrap_err().to_string();
         assert!(err.contains("fabric_rendezvous"), "{err}");
         assert_eq!(cfg.rdma.fabric_rendezvous, R::Auto);
+    }
+
+    #[test]
+    fn fabric_cq_wait_is_fd_or_poll() {
+        use msgr_backends::FabricCqWait as W;
+        let mut cfg = MessengerConfig::default();
+        assert_eq!(cfg.rdma.fabric_cq_wait, W::Fd);
+        cfg.set("fabric_cq_wait", "poll").unwrap();
+        assert_eq!(cfg.rdma.fabric_cq_wait, W::Poll);
+        let err = cfg.set("fabric_cq_wait", "spin").unwrap_err().to_string();
+        assert!(
+            err.contains("fabric_cq_wait") && err.contains("fd or poll"),
+            "{err}"
+        );
+        assert_eq!(cfg.rdma.fabric_cq_wait, W::Poll);
+        cfg.set("fabric_cq_wait", "fd").unwrap();
+        assert_eq!(cfg.rdma.fabric_cq_wait, W::Fd);
     }
 
     #[test]

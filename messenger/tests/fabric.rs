@@ -93,19 +93,22 @@ fn fabric_stat(m: &Messenger, name: &str) -> u64 {
 /// Thousands of messages from 0 B to 4 MiB arrive in order with intact
 /// bytes; both sides shut down with nothing left. The large ones (above 64
 /// KiB) go by rendezvous where `rendezvous` says the provider has FI_RMA
-/// (`fi_read`, or `fi_write` where the reads are withheld or
-/// `fabric_rendezvous` is `mode`'s `write`), else split over many
-/// slot-sized messages; either way no buffer stays exposed, half read or
-/// granted once everything is acknowledged.
-fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool, mode: &str) {
+/// (`fi_read`, or `fi_write` where the reads are withheld or `settings`
+/// set `fabric_rendezvous = write`), else split over many slot-sized
+/// messages; either way no buffer stays exposed, half read or granted once
+/// everything is acknowledged. `settings`: configuration keys both ends
+/// set.
+fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool, settings: &[(&str, &str)]) {
     init_tracing();
     let seed: u64 = rand::random();
-    println!("{addr}: seed {seed}, fabric_rendezvous = {mode}");
+    println!("{addr}: seed {seed}, settings {settings:?}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let rec = Recorder::new();
     let config = || {
         let mut cfg = fast_config();
-        cfg.set("fabric_rendezvous", mode).unwrap();
+        for (key, value) in settings {
+            cfg.set(key, value).unwrap();
+        }
         cfg
     };
     let mut srv = start_with(addr, EntityName::server(1), config(), rec.clone());
@@ -191,7 +194,8 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool, mode: &str) 
         );
         // By writes exactly where the reads are withheld, or asked for.
         let a: EntityAddr = addr.parse().unwrap();
-        let by_write = mode == "write" || msgr::rendezvous_withheld(&a.transport).is_some();
+        let by_write = settings.contains(&("fabric_rendezvous", "write"))
+            || msgr::rendezvous_withheld(&a.transport).is_some();
         assert_eq!(writes, if by_write { sent } else { 0 }, "{addr}: fi_writes");
         assert!(
             read_bytes > read * (64 << 10),
@@ -603,7 +607,7 @@ macro_rules! over {
         mod $module {
             #[test]
             fn ordering_and_integrity_mixed_sizes() {
-                super::ordering_and_integrity_mixed_sizes($addr, $rndv, "auto");
+                super::ordering_and_integrity_mixed_sizes($addr, $rndv, &[]);
             }
 
             #[test]
@@ -697,7 +701,7 @@ macro_rules! in_guest_over {
             #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
             fn ordering_and_integrity_mixed_sizes() {
                 super::require_guest();
-                super::ordering_and_integrity_mixed_sizes($addr, $rndv, "auto");
+                super::ordering_and_integrity_mixed_sizes($addr, $rndv, &[]);
             }
 
             #[test]
@@ -719,13 +723,74 @@ in_guest_over!(verbs_msg, super::VERBS_RXE1, rendezvous: true);
 mod by_write {
     #[test]
     fn tcp_msg_ordering_and_integrity_mixed_sizes() {
-        super::ordering_and_integrity_mixed_sizes("fabric+tcp://127.0.0.1:0", true, "write");
+        let write = [("fabric_rendezvous", "write")];
+        super::ordering_and_integrity_mixed_sizes("fabric+tcp://127.0.0.1:0", true, &write);
     }
 
     #[test]
     fn tcp_rdm_ordering_and_integrity_mixed_sizes() {
         let addr = "fabric+tcp://127.0.0.1:0?ep=rdm";
-        super::ordering_and_integrity_mixed_sizes(addr, true, "write");
+        super::ordering_and_integrity_mixed_sizes(addr, true, &[("fabric_rendezvous", "write")]);
+    }
+}
+
+/// With `fabric_cq_wait = poll` no fd wakes an idle worker when a
+/// completion comes, so it looks at its CQ on a timer
+/// (`Transport::wake_at`): a message sent once both workers have gone to
+/// sleep arrives, though no other timer (keepalives every 60 s here) would
+/// wake them for a minute.
+fn polled_cq_wakes_after_an_idle_spell(addr: &str) {
+    init_tracing();
+    let mut cfg = fast_config();
+    cfg.set("fabric_cq_wait", "poll").unwrap();
+    cfg.session.keepalive_interval = Duration::from_secs(60);
+    cfg.session.keepalive_timeout = Duration::from_secs(120);
+    let rec = Recorder::new();
+    let srv = start_with(addr, EntityName::server(1), cfg.clone(), rec.clone());
+    let nobody = Arc::new(msgr::NullDispatcher);
+    let cli = start_with(addr, EntityName::client(1), cfg, nobody);
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    for n in 1..=3u64 {
+        // Both busy-poll windows (50 µs) long past: the workers sleep.
+        std::thread::sleep(Duration::from_millis(300));
+        send(&conn, probe_message(3, n, 64));
+        let got = wait_until(Duration::from_secs(10), || rec.delivered(3) >= n);
+        assert!(
+            got,
+            "{addr}: message {n}, sent after an idle spell, not delivered"
+        );
+    }
+    rec.assert_clean();
+    drop((cli, srv));
+}
+
+/// `fabric_cq_wait = poll`: completion queues without wait objects, polled
+/// (as `fi_pingpong` opens its own), over `tcp` MSG and `tcp;ofi_rxm` (`shm`
+/// has no wait objects: its rows above are polled anyway).
+mod polled_cq {
+    const POLL: [(&str, &str); 1] = [("fabric_cq_wait", "poll")];
+
+    #[test]
+    fn tcp_msg_ordering_and_integrity_mixed_sizes() {
+        super::ordering_and_integrity_mixed_sizes("fabric+tcp://127.0.0.1:0", true, &POLL);
+    }
+
+    #[test]
+    fn tcp_rdm_ordering_and_integrity_mixed_sizes() {
+        let addr = "fabric+tcp://127.0.0.1:0?ep=rdm";
+        super::ordering_and_integrity_mixed_sizes(addr, true, &POLL);
+    }
+
+    #[test]
+    fn tcp_msg_wakes_after_an_idle_spell() {
+        super::polled_cq_wakes_after_an_idle_spell("fabric+tcp://127.0.0.1:0");
+    }
+
+    #[test]
+    fn tcp_rdm_wakes_after_an_idle_spell() {
+        super::polled_cq_wakes_after_an_idle_spell("fabric+tcp://127.0.0.1:0?ep=rdm");
     }
 }
 
@@ -735,7 +800,8 @@ mod verbs_msg_by_write {
     #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
     fn ordering_and_integrity_mixed_sizes() {
         super::require_guest();
-        super::ordering_and_integrity_mixed_sizes(super::VERBS_RXE1, true, "write");
+        let write = [("fabric_rendezvous", "write")];
+        super::ordering_and_integrity_mixed_sizes(super::VERBS_RXE1, true, &write);
     }
 }
 

@@ -691,6 +691,20 @@ impl Net {
         site: Option<Site>,
         rma: RmaChoice,
     ) -> Result<Net, FabricError> {
+        Self::open_with(provider, ep, cq_size, site, rma, CqWait::Fd)
+    }
+
+    /// [`Net::open_at`] with the CQ's wait object chosen: under
+    /// [`CqWait::Poll`] the CQ has none (as under a provider without wait
+    /// objects: [`Net::cq_fd`] is `None` and the caller polls it).
+    pub fn open_with(
+        provider: &str,
+        ep: EpType,
+        cq_size: usize,
+        site: Option<Site>,
+        rma: RmaChoice,
+        cq_wait: CqWait,
+    ) -> Result<Net, FabricError> {
         let (addr, source) = site.map_or((None, false), Site::hint);
         // Endpoints get the first rendezvous operation wanted that the
         // provider has (decided once per Net).
@@ -717,7 +731,7 @@ impl Net {
             }
             // SAFETY: one is a valid fi_info (fi_dupinfo).
             let domain = unsafe { domain_name(one.0) };
-            match Self::open_info(provider, ep, cq_size, one, rma) {
+            match Self::open_info(provider, ep, cq_size, one, rma, cq_wait) {
                 Ok(net) => return Ok(net),
                 Err(e) => tried.push(format!("domain `{domain}`: {e}")),
             }
@@ -736,6 +750,7 @@ impl Net {
         cq_size: usize,
         info: Info,
         rma: Option<RmaOp>,
+        cq_wait: CqWait,
     ) -> Result<Net, FabricError> {
         let mut net = Net {
             info,
@@ -743,7 +758,7 @@ impl Net {
             domain: ptr::null_mut(),
             eq: ptr::null_mut(),
             cq: ptr::null_mut(),
-            cq_waitable: true,
+            cq_waitable: cq_wait == CqWait::Fd,
             socket_names: false,
             leak: leaks_on_drop(provider),
             rma,
@@ -794,8 +809,11 @@ impl Net {
                 wait_obj: sys::FI_WAIT_FD,
                 ..Default::default()
             };
+            if !net.cq_waitable {
+                cq_attr.wait_obj = sys::FI_WAIT_NONE;
+            }
             let mut rc = sys::fi_cq_open(net.domain, &mut cq_attr, &mut net.cq, ptr::null_mut());
-            if rc == -(sys::FI_ENOSYS as c_int) {
+            if rc == -(sys::FI_ENOSYS as c_int) && net.cq_waitable {
                 // No wait objects in this provider: a polled CQ.
                 cq_attr.wait_obj = sys::FI_WAIT_NONE;
                 net.cq_waitable = false;
@@ -856,6 +874,12 @@ impl Net {
 
     /// The CQ's wait fd (readable when completions may be waiting); `None`
     /// when the provider has no wait objects and the CQ must be polled.
+    /// Whether the CQ has no wait fd and must be polled ([`CqWait::Poll`],
+    /// or a provider without wait objects).
+    pub fn cq_polled(&self) -> bool {
+        !self.cq_waitable
+    }
+
     pub fn cq_fd(&self) -> Result<Option<RawFd>, FabricError> {
         if !self.cq_waitable {
             return Ok(None);
@@ -863,17 +887,28 @@ impl Net {
         wait_fd(self.cq as *mut sys::fid).map(Some)
     }
 
-    /// `fi_trywait` on the EQ and CQ: true if it is safe to block on their fds
-    /// (nothing is pending inside the provider); false means poll again (and
-    /// always false for a polled CQ).
+    /// `fi_trywait` on the EQ and the CQ (if it has a wait fd): true if it
+    /// is safe to block on their fds (nothing is pending inside the
+    /// provider); false means poll again. With neither (a polled CQ, no
+    /// EQ) true: nothing can be armed, and the caller polls on a timer.
     pub fn try_wait(&mut self) -> bool {
-        if !self.cq_waitable {
-            return false;
+        let mut fids = [ptr::null_mut::<sys::fid>(); 2];
+        let mut count = 0;
+        for (fid, waitable) in [
+            (self.cq as *mut sys::fid, self.cq_waitable),
+            (self.eq as *mut sys::fid, !self.eq.is_null()),
+        ] {
+            if waitable {
+                fids[count] = fid;
+                count += 1;
+            }
         }
-        let mut fids = [self.cq as *mut sys::fid, self.eq as *mut sys::fid];
-        let count = if self.eq.is_null() { 1 } else { 2 };
-        // SAFETY: the first `count` fids are open and belong to this fabric.
-        let rc = unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), count) };
+        if count == 0 {
+            return true;
+        }
+        // SAFETY: the first `count` fids are open, have wait objects and
+        // belong to this fabric.
+        let rc = unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), count as c_int) };
         rc == 0
     }
 
@@ -1583,6 +1618,19 @@ impl Ep {
         self.rma
             .write(self.ep, id, FI_ADDR_UNSPEC, landing, context)
     }
+}
+
+/// Whether a [`Net`]'s CQ has a wait fd ([`Net::open_with`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CqWait {
+    /// A wait fd the caller blocks on (`FI_WAIT_FD`): every completion the
+    /// provider adds signals it (a `write`), and a read that empties the
+    /// CQ clears it (a `read`) — with `tcp`, ~0.8 µs of a 64 B one-way.
+    #[default]
+    Fd,
+    /// No wait object (`FI_WAIT_NONE`), as busy-polling tools open theirs:
+    /// no signal per completion, and nothing to block on.
+    Poll,
 }
 
 /// `FI_ADDR_UNSPEC` (a macro in C): receive from any peer.

@@ -89,8 +89,8 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider, TransportKind};
 use msgr_fabric::{
-    CmEvent, Completion, ConnReq, Ep, EpType, FabricError, Net, PassiveEp, ReadDone, RmaChoice,
-    RmaOp, Site,
+    CmEvent, Completion, ConnReq, CqWait, Ep, EpType, FabricError, Net, PassiveEp, ReadDone,
+    RmaChoice, RmaOp, Site,
 };
 use msgr_proto::arena::ByteArena;
 use msgr_proto::banner::BANNER_LEN;
@@ -100,8 +100,8 @@ use rustc_hash::FxHashMap;
 
 use crate::queue_failure::{fail_every_link, failed_read};
 use crate::{
-    Availability, DetachedLink, FabricRendezvous, RealFault, SimulatedFault, Transport,
-    TransportContext, TransportError, TransportEvent, TransportStats,
+    Availability, DetachedLink, FabricCqWait, FabricRendezvous, RealFault, SimulatedFault,
+    Transport, TransportContext, TransportError, TransportEvent, TransportStats,
 };
 use rendezvous::{Counters, DescError, Exposures, OutUnit, Receiving};
 
@@ -505,20 +505,25 @@ fn no_migration(kind: &TransportKind) -> TransportError {
 }
 
 /// Opens a worker's Net for `kind` (on the domain serving `site`, if
-/// given), with the rendezvous reads `mode` asks for. Where `Auto` finds
-/// them withheld in this libfabric ([`msgr_fabric::rma_withheld`]), says
-/// so once per process: large units then go through the send slots.
+/// given), with the rendezvous reads and the CQ wait object `asked` asks
+/// for. Where `Auto` finds the reads withheld in this libfabric
+/// ([`msgr_fabric::rma_withheld`]), says so once per process: large units
+/// then go through the send slots.
 fn open_net(
     kind: &TransportKind,
     site: Option<Site>,
-    mode: FabricRendezvous,
+    asked: NetOptions,
 ) -> Result<Net, TransportError> {
     let TransportKind::Fabric(p) = kind else {
         unreachable!("a fabric transport has a fabric kind");
     };
-    let choice = rma_choice(mode);
-    let net =
-        Net::open_at(&p.name, ep_type(p), 8192, site, choice).map_err(|e| fab_err(kind, e))?;
+    let mode = asked.rendezvous;
+    let cq_wait = match asked.cq_wait {
+        FabricCqWait::Fd => CqWait::Fd,
+        FabricCqWait::Poll => CqWait::Poll,
+    };
+    let net = Net::open_with(&p.name, ep_type(p), 8192, site, rma_choice(mode), cq_wait)
+        .map_err(|e| fab_err(kind, e))?;
     if let (FabricRendezvous::Auto, Some(why)) = (mode, msgr_fabric::rma_withheld(&p.name)) {
         static NOTED: std::sync::Once = std::sync::Once::new();
         NOTED.call_once(|| {
@@ -526,6 +531,23 @@ fn open_net(
         });
     }
     Ok(net)
+}
+
+/// What the configuration asks of a worker's Net, kept to open it again
+/// on another domain.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NetOptions {
+    pub(crate) rendezvous: FabricRendezvous,
+    pub(crate) cq_wait: FabricCqWait,
+}
+
+impl NetOptions {
+    pub(crate) fn of(ctx: &TransportContext) -> Self {
+        NetOptions {
+            rendezvous: ctx.rdma.fabric_rendezvous,
+            cq_wait: ctx.rdma.fabric_cq_wait,
+        }
+    }
 }
 
 /// What `fabric_rendezvous` asks of a Net's reads.
@@ -576,6 +598,9 @@ struct FabricLink {
     /// Rendezvous, receiving side: the fi_read in flight (later messages
     /// wait for it) and the RNDV_DONE answers owed.
     receiving: Receiving,
+    /// When the peer was last heard from (a receive completed): a polled
+    /// CQ is looked at at once only for links heard from lately.
+    last_heard: Instant,
     /// How the peer moves rendezvous units (its connection data said so,
     /// see [`rendezvous::caps`]); known before anything is sent.
     peer_rndv: Option<RmaOp>,
@@ -605,7 +630,16 @@ impl FabricLink {
             receiving: Receiving::default(),
             peer_rndv: None,
             peer_late: false,
+            last_heard: Instant::now(),
         }
+    }
+
+    /// Whether the link is moving data that a polled CQ should be looked
+    /// at again for at once: output queued or in flight, or a unit half
+    /// received, with the peer heard from lately (not a silent one).
+    fn moving(&self, now: Instant) -> bool {
+        (!self.idle() || !self.reasm.is_idle())
+            && now.saturating_duration_since(self.last_heard) < rdm::MOVING_WINDOW
     }
 
     /// Nothing left to send, in flight, or exposed for the peer.
@@ -718,9 +752,11 @@ pub struct FabricTransport {
     next_read_check: Instant,
     /// A read in flight longer than this fails its link.
     read_timeout: Duration,
-    /// What the configuration asked of the rendezvous (for a reopened Net).
-    rndv_mode: FabricRendezvous,
+    /// What the configuration asked of the Net (to reopen it).
+    net_options: NetOptions,
     queue_failures: QueueFailures,
+    /// The clock of the worker's current poll.
+    now: Instant,
 }
 
 impl std::fmt::Debug for FabricTransport {
@@ -743,8 +779,8 @@ impl FabricTransport {
         if let Availability::Unavailable(reason) = probe(provider) {
             return Err(TransportError::Unavailable { kind, reason });
         }
-        let rndv_mode = ctx.rdma.fabric_rendezvous;
-        let net = open_net(&kind, None, rndv_mode)?;
+        let net_options = NetOptions::of(ctx);
+        let net = open_net(&kind, None, net_options)?;
         // Tokens from the worker's link-id allocator: unique among its links.
         let eq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
@@ -778,8 +814,9 @@ impl FabricTransport {
             reads: 0,
             next_read_check: Instant::now(),
             read_timeout: ctx.rdma.read_timeout,
-            rndv_mode,
+            net_options,
             queue_failures: QueueFailures::default(),
+            now: Instant::now(),
             net,
         })
     }
@@ -795,14 +832,17 @@ impl FabricTransport {
     ) -> Result<Vec<RawFd>, TransportError> {
         let eq_fd = net.eq_fd().map_err(|e| fab_err(kind, e))?;
         let cq_fd = net.cq_fd().map_err(|e| fab_err(kind, e))?;
-        let (Some(eq_fd), Some(cq_fd)) = (eq_fd, cq_fd) else {
+        let Some(eq_fd) = eq_fd else {
             return Err(TransportError::Unavailable {
                 kind: kind.clone(),
-                reason: "no wait fds for its event and completion queues".into(),
+                reason: "no wait fd for its event queue".into(),
             });
         };
+        // A polled CQ (`fabric_cq_wait = poll`) has none: `wake_at` says
+        // when to look at it.
+        let cq = cq_fd.map(|fd| (fd, cq_token));
         let mut fds = Vec::new();
-        for (fd, token) in [(eq_fd, eq_token), (cq_fd, cq_token)] {
+        for (fd, token) in std::iter::once((eq_fd, eq_token)).chain(cq) {
             if fds.contains(&fd) {
                 continue;
             }
@@ -825,7 +865,7 @@ impl FabricTransport {
         if !self.links.is_empty() || !self.listeners.is_empty() || self.net.serves(site) {
             return Ok(());
         }
-        let net = open_net(&self.kind, Some(site), self.rndv_mode)?;
+        let net = open_net(&self.kind, Some(site), self.net_options)?;
         for fd in std::mem::take(&mut self.fds) {
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
@@ -1028,6 +1068,7 @@ impl FabricTransport {
             }
             return;
         }
+        link.last_heard = self.now;
         // A paused link keeps its slots (backpressure), except while a read
         // is in flight (its data may come behind them) and for grants,
         // "written" and answers: a pause stops what comes in, not what
@@ -1585,6 +1626,7 @@ impl FabricTransport {
     }
 
     fn poll_all(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
+        self.now = now;
         self.reap_half_open(now);
         self.check_reads(now, events);
         let mut any = !self.deferred_events.is_empty();
@@ -1650,10 +1692,22 @@ impl Transport for FabricTransport {
         }
     }
 
+    /// With a polled CQ (`fabric_cq_wait = poll`), also when to look at
+    /// it: at once while a link is moving data, else every
+    /// [`rdm::POLL_INTERVAL`] (the RDM transport's rule for `shm`).
     fn wake_at(&self) -> Option<Instant> {
         let setup = self.half_open.front().map(|&(deadline, _)| deadline);
         let reads = (self.reads > 0).then_some(self.next_read_check);
-        setup.into_iter().chain(reads).min()
+        let poll = self.net.cq_polled().then(|| {
+            let now = Instant::now();
+            let moving = self.links.values().any(|l| l.moving(now));
+            if moving {
+                now
+            } else {
+                now + rdm::POLL_INTERVAL
+            }
+        });
+        setup.into_iter().chain(reads).chain(poll).min()
     }
 
     fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {

@@ -120,13 +120,13 @@ use rustc_hash::FxHashMap;
 
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
 use super::{
-    fab_err, no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, PieceError,
-    QueueFailures, Reassembly, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
+    fab_err, no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, NetOptions,
+    PieceError, QueueFailures, Reassembly, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::{
-    Availability, DetachedLink, FabricRendezvous, RealFault, SimulatedFault, Transport,
-    TransportContext, TransportError, TransportEvent, TransportStats,
+    Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
+    TransportError, TransportEvent, TransportStats,
 };
 
 /// Bytes of the header every RDM message starts with.
@@ -722,8 +722,8 @@ pub struct RdmTransport {
     rndv_counters: Counters,
     /// A rendezvous read in flight longer than this fails its link.
     read_timeout: Duration,
-    /// What the configuration asked of the rendezvous (for a reopened Net).
-    rndv_mode: FabricRendezvous,
+    /// What the configuration asked of the Net (to reopen it).
+    net_options: NetOptions,
     dirty: crate::dirty::DirtyLinks,
     /// The clock of the worker's current pass (set by `flush`, `ready` and
     /// `progress`): liveness stamps and deadlines read it, not the clock.
@@ -771,8 +771,8 @@ impl RdmTransport {
         if let Availability::Unavailable(reason) = probe(provider) {
             return Err(TransportError::Unavailable { kind, reason });
         }
-        let rndv_mode = ctx.rdma.fabric_rendezvous;
-        let net = open_net(&kind, None, rndv_mode)?;
+        let net_options = NetOptions::of(ctx);
+        let net = open_net(&kind, None, net_options)?;
         let cq_fd = net.cq_fd().map_err(|e| fab_err(&kind, e))?;
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let registry = registry
@@ -802,7 +802,11 @@ impl RdmTransport {
         // `tcp;ofi_rxm`.
         let opened = net.provider_name();
         let send_limit = msgr_fabric::eager_limit(&opened)
-            .filter(|_| rma_choice(rndv_mode).steers_around(&opened).is_some())
+            .filter(|_| {
+                rma_choice(net_options.rendezvous)
+                    .steers_around(&opened)
+                    .is_some()
+            })
             .map_or(slot_size, |limit| {
                 limit.clamp(HEADER_LEN + rendezvous::DESC_MAX + 1, slot_size)
             });
@@ -814,7 +818,7 @@ impl RdmTransport {
             rndv,
             rndv_counters: Counters::default(),
             read_timeout: ctx.rdma.read_timeout,
-            rndv_mode,
+            net_options,
             links: FxHashMap::default(),
             ports: Vec::new(),
             retired: Vec::new(),
@@ -848,7 +852,7 @@ impl RdmTransport {
         if self.ports.iter().any(Option::is_some) || self.net.serves(site) {
             return Ok(());
         }
-        let net = open_net(&self.kind, Some(site), self.rndv_mode)?;
+        let net = open_net(&self.kind, Some(site), self.net_options)?;
         if let Some(fd) = self.cq_fd.take() {
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
@@ -2253,6 +2257,7 @@ impl Transport for RdmTransport {
 mod tests {
     use super::*;
     use crate::fabric::tests::{accepted, drive, in_order, small_frame, stat};
+    use crate::FabricRendezvous;
     use bytes::Bytes;
     use msgr_addr::FabricEndpoint;
     use msgr_proto::banner::BANNER_LEN;
