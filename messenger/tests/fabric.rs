@@ -805,6 +805,18 @@ mod verbs_msg_by_write {
     }
 }
 
+/// [`polled_cq`] over `verbs` on rxe, in the guest: the verbs provider's
+/// completion queue without a completion channel.
+mod verbs_msg_polled_cq {
+    #[test]
+    #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
+    fn ordering_and_integrity_mixed_sizes() {
+        super::require_guest();
+        let poll = [("fabric_cq_wait", "poll")];
+        super::ordering_and_integrity_mixed_sizes(super::VERBS_RXE1, true, &poll);
+    }
+}
+
 /// RDM endpoints over verbs (`verbs;ofi_rxm`) do not work on Soft-RoCE with
 /// libfabric 1.17 (docs/GUEST.md): starting a messenger fails, and the error
 /// says why and what to use instead.

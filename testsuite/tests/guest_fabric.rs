@@ -6,7 +6,8 @@
 //!   0 B–4 MiB intact and in order, those above 64 KiB fetched by `fi_read`
 //!   rendezvous (RDMA read on rxe; checked here too) and, in
 //!   `verbs_msg_by_write`, written by `fi_write` into buffers the receiver
-//!   grants (RDMA write), links aborted under a lossless session
+//!   grants (RDMA write), in `verbs_msg_polled_cq` with the completion
+//!   queue polled (`fabric_cq_wait = poll`), links aborted under a lossless session
 //!   with every message delivered exactly once, nothing left at shutdown;
 //!   and `verbs_rdm`: RDM endpoints (`verbs;ofi_rxm`) are refused on rxe
 //!   with the reason (docs/GUEST.md);
@@ -121,6 +122,7 @@ fn fabric_verbs_provider_in_the_guest() {
         "verbs_msg::ordering_and_integrity_mixed_sizes",
         "verbs_msg::lossless_exactly_once_across_aborts",
         "verbs_msg_by_write::ordering_and_integrity_mixed_sizes",
+        "verbs_msg_polled_cq::ordering_and_integrity_mixed_sizes",
         "verbs_rdm::refused_with_the_reason",
     ] {
         assert!(
@@ -129,8 +131,8 @@ fn fabric_verbs_provider_in_the_guest() {
         );
     }
     assert!(
-        tests.output.contains("test result: ok. 4 passed"),
-        "not exactly the four verbs tests ran\n{out}"
+        tests.output.contains("test result: ok. 5 passed"),
+        "not exactly the five verbs tests ran\n{out}"
     );
     // Over verbs MSG endpoints the large messages go by fi_read (RDMA
     // read on rxe): the integration test prints its rendezvous counters.

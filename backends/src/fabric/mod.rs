@@ -1693,14 +1693,16 @@ impl Transport for FabricTransport {
     }
 
     /// With a polled CQ (`fabric_cq_wait = poll`), also when to look at
-    /// it: at once while a link is moving data, else every
+    /// it: at once while a link is moving data or a rendezvous unit is
+    /// under way, else every
     /// [`rdm::POLL_INTERVAL`] (the RDM transport's rule for `shm`).
     fn wake_at(&self) -> Option<Instant> {
         let setup = self.half_open.front().map(|&(deadline, _)| deadline);
         let reads = (self.reads > 0).then_some(self.next_read_check);
         let poll = self.net.cq_polled().then(|| {
             let now = Instant::now();
-            let moving = self.links.values().any(|l| l.moving(now));
+            // A unit being read or written into a grant is moving too.
+            let moving = self.reads > 0 || self.links.values().any(|l| l.moving(now));
             if moving {
                 now
             } else {
