@@ -112,13 +112,13 @@ pub enum FabricRendezvous {
 ///
 /// `Fd`, the default, opens each completion queue with a wait fd in the
 /// worker's epoll set: an idle worker sleeps and wakes as soon as a
-/// completion comes. The provider pays for it on every completion: it
-/// signals the fd (a `write`) and the read that empties the queue clears
-/// it (a `read`). With the `tcp` provider that is ~0.8 µs of a 64 B
-/// one-way of ~5.5 µs on the VMs measured here (docs/BENCHMARKS.md).
+/// completion comes. It costs every message time inside the provider:
+/// over `tcp` a 64 B one-way of ~5.5 µs took 0.7–0.9 µs longer than with
+/// `Poll` on the VMs measured here, with the same system calls per message
+/// either way (docs/BENCHMARKS.md).
 ///
 /// `Poll` opens it without a wait object, as busy-polling benchmarks such
-/// as `fi_pingpong` do: no signal per completion, and nothing to sleep on,
+/// as `fi_pingpong` do: nothing to sleep on,
 /// so an idle worker polls the queue every millisecond (at once while a
 /// link is moving data), and a message that comes after an idle spell
 /// waits up to that millisecond. For workers that stay busy (their

@@ -1623,13 +1623,13 @@ impl Ep {
 /// Whether a [`Net`]'s CQ has a wait fd ([`Net::open_with`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CqWait {
-    /// A wait fd the caller blocks on (`FI_WAIT_FD`): every completion the
-    /// provider adds signals it (a `write`), and a read that empties the
-    /// CQ clears it (a `read`) — with `tcp`, ~0.8 µs of a 64 B one-way.
+    /// A wait fd the caller blocks on (`FI_WAIT_FD`). The provider's
+    /// progress inside `fi_cq_read` then goes through the CQ's epoll set;
+    /// over `tcp` a 64 B one-way measured 0.7–0.9 µs slower than polled.
     #[default]
     Fd,
     /// No wait object (`FI_WAIT_NONE`), as busy-polling tools open theirs:
-    /// no signal per completion, and nothing to block on.
+    /// nothing to block on.
     Poll,
 }
 
