@@ -69,6 +69,11 @@ struct Args {
     /// pair with nftables drops/resets and link flaps (TCP; needs root, ip, nft).
     #[arg(long)]
     netns: bool,
+    /// A messenger configuration key for every messenger of the run, on top
+    /// of the suite's short timers (repeatable), e.g.
+    /// `--set fabric_cq_wait=poll`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    settings: Vec<String>,
     /// Print the final report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -159,6 +164,19 @@ fn main() -> ExitCode {
         cfg.mark_downs = !args.no_mark_down;
         cfg.max_message = args.max_message.max(1);
         cfg.bind = bind.clone();
+        for setting in &args.settings {
+            let applied = match setting.split_once('=') {
+                Some((key, value)) => cfg
+                    .messenger
+                    .set(key.trim(), value)
+                    .map_err(|e| e.to_string()),
+                None => Err("want KEY=VALUE".to_string()),
+            };
+            if let Err(e) = applied {
+                eprintln!("msgr-stress: --set {setting}: {e}");
+                return ExitCode::from(2);
+            }
+        }
         if !args.quiet {
             cfg.progress = Some(Arc::new(|p| {
                 let rss = std::fs::read_to_string("/proc/self/status")
@@ -174,12 +192,16 @@ fn main() -> ExitCode {
             }));
         }
         eprintln!(
-            "msgr-stress: seed {seed} backend {} servers {} clients {} duration {} s faults {}{}",
+            "msgr-stress: seed {seed} backend {} servers {} clients {} duration {} s faults {}{}{}",
             backend.name,
             cfg.servers,
             cfg.clients,
             args.duration,
             faults.as_ref().map_or("off".to_string(), |p| p.to_string()),
+            args.settings
+                .iter()
+                .map(|s| format!(" --set {s}"))
+                .collect::<String>(),
             if args.netns {
                 " (network namespaces)"
             } else {
