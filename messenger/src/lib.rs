@@ -57,8 +57,8 @@ pub use faults::{FaultPlan, FaultPlanError};
 pub use messenger::{Messenger, MessengerBuilder, MessengerError, ShutdownReport};
 pub use msgr_addr::{AddrVec, EntityAddr, EntityName, TransportKind};
 pub use msgr_backends::{
-    availability, rendezvous_withheld, Availability, FabricRendezvous, RdmaPoolConfig, RealFault,
-    SimulatedFault, TransportStats,
+    availability, rendezvous_withheld, Availability, FabricCqWait, FabricRendezvous,
+    RdmaPoolConfig, RealFault, SimulatedFault, TransportStats,
 };
 pub use msgr_proto::{
     Codec, CodecError, FaultReason, Message, PeerInfo, Policy, Postcard, SessionConfig,
