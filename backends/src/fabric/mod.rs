@@ -2026,6 +2026,26 @@ pub(crate) mod tests {
         }
     }
 
+    /// Sends `n` small frames 0, 1, … ([`small_frame`]) on `link`, with no
+    /// poll in between.
+    pub(crate) fn send_small_frames<T: Transport>(t: &mut T, link: LinkId, n: usize) {
+        for i in 0..n {
+            t.send(link, Transmit::Frame(small_frame(i as u8))).unwrap();
+        }
+    }
+
+    /// Polls `t` (progress only, no flush) until it reports something; at
+    /// most 20 s.
+    pub(crate) fn progress_until_events<T: Transport>(t: &mut T) -> Vec<TransportEvent> {
+        let mut events = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while events.is_empty() {
+            assert!(Instant::now() < deadline, "nothing received");
+            t.progress(Instant::now(), &mut events);
+        }
+        events
+    }
+
     /// A unit sent to a link with nothing queued is posted by `send` itself,
     /// units sent behind queued ones wait their turn (three times the
     /// transmit slots without a poll in between: all arrive, in order), and
@@ -2041,20 +2061,12 @@ pub(crate) mod tests {
             "not posted by send"
         );
         let n = 3 * SLOTS;
-        for i in 0..n {
-            t.send(LinkId(1000), Transmit::Frame(small_frame(i as u8)))
-                .unwrap();
-        }
+        send_small_frames(&mut t, LinkId(1000), n);
         assert!(
             !t.links[&LinkId(1000)].queue.is_empty(),
             "beyond the slots, queued"
         );
-        let mut events = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while events.is_empty() {
-            assert!(Instant::now() < deadline, "nothing received");
-            t.progress(Instant::now(), &mut events);
-        }
+        let mut events = progress_until_events(&mut t);
         assert_eq!(t.handled.len(), events.len(), "{events:?}");
         t.flush(Instant::now(), &mut Vec::new());
         assert!(t.handled.is_empty());

@@ -2256,7 +2256,9 @@ impl Transport for RdmTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::tests::{accepted, drive, in_order, small_frame, stat};
+    use crate::fabric::tests::{
+        accepted, drive, in_order, progress_until_events, send_small_frames, stat,
+    };
     use crate::FabricRendezvous;
     use bytes::Bytes;
     use msgr_addr::FabricEndpoint;
@@ -2493,10 +2495,7 @@ mod tests {
             "{provider}: not posted by send"
         );
         let n = 3 * CREDITS as usize;
-        for i in 0..n {
-            t.send(LinkId(1000), Transmit::Frame(small_frame(i as u8)))
-                .unwrap();
-        }
+        send_small_frames(&mut t, LinkId(1000), n);
         assert!(
             !t.links[&LinkId(1000)].queue.is_empty(),
             "{provider}: beyond the credits, queued"
@@ -2505,12 +2504,7 @@ mod tests {
         // owed, before a flush; without that, the units beyond the credits
         // would never come.
         let owed = t.links[&server].to_return;
-        let mut events = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while events.is_empty() {
-            assert!(Instant::now() < deadline, "{provider}: nothing received");
-            t.progress(Instant::now(), &mut events);
-        }
+        let mut events = progress_until_events(&mut t);
         let l = t
             .links
             .get(&server)
