@@ -110,8 +110,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use mio::event::Event;
-use mio::unix::SourceFd;
-use mio::{Interest, Registry, Token};
+use mio::{Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
 use msgr_fabric::{Completion, FabricError, Landing, Net, PeerAddr, RdmEp, ReadDone, RmaOp, Site};
 use msgr_proto::arena::ByteArena;
@@ -119,6 +118,7 @@ use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
+use super::wait_fd::CqWaitFd;
 use super::{
     fab_err, no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, NetOptions,
     PieceError, QueueFailures, Reassembly, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
@@ -708,8 +708,9 @@ pub struct RdmTransport {
     registry: Registry,
     limits: FrameLimits,
     link_ids: Arc<AtomicU64>,
-    cq_token: Token,
-    cq_fd: Option<std::os::fd::RawFd>,
+    /// The CQ's wait fd (none over `shm`), in the Poll only while the
+    /// worker sleeps.
+    cq_wait: CqWaitFd,
     /// Bytes per message (header included), see [`RdmTransport::new`].
     slot_size: usize,
     /// Bytes per message sent (header included): the slot size, or less
@@ -760,8 +761,8 @@ impl std::fmt::Debug for RdmTransport {
 }
 
 impl RdmTransport {
-    /// Opens `provider` (RDM) for one worker and registers its CQ's wait fd
-    /// (if it has one) in `registry`.
+    /// Opens `provider` (RDM) for one worker; its CQ's wait fd (if it has
+    /// one) goes into `registry` while the worker sleeps.
     pub fn new(
         provider: &FabricProvider,
         registry: &Registry,
@@ -778,11 +779,6 @@ impl RdmTransport {
         let registry = registry
             .try_clone()
             .map_err(|e| TransportError::io("clone mio registry", e))?;
-        if let Some(fd) = cq_fd {
-            registry
-                .register(&mut SourceFd(&fd), cq_token, Interest::READABLE)
-                .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
-        }
         // A provider whose endpoints are never closed (shm) leaves the
         // endpoints of dropped transports without progress: a send to one
         // must complete without the receiver's help, so messages stay within
@@ -830,8 +826,7 @@ impl RdmTransport {
             registry,
             limits: ctx.limits,
             link_ids: ctx.link_ids.clone(),
-            cq_token,
-            cq_fd,
+            cq_wait: CqWaitFd::new(cq_fd, cq_token),
             dirty: Default::default(),
             retry: false,
             retry_at: None,
@@ -853,17 +848,10 @@ impl RdmTransport {
             return Ok(());
         }
         let net = open_net(&self.kind, Some(site), self.net_options)?;
-        if let Some(fd) = self.cq_fd.take() {
-            let _ = self.registry.deregister(&mut SourceFd(&fd));
-        }
+        let fd = net.cq_fd().map_err(|e| fab_err(&self.kind, e))?;
+        self.cq_wait.replace(fd, &self.registry);
         tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric RDM worker moves to the domain of its first address");
         self.net = net;
-        self.cq_fd = self.net.cq_fd().map_err(|e| fab_err(&self.kind, e))?;
-        if let Some(fd) = self.cq_fd {
-            self.registry
-                .register(&mut SourceFd(&fd), self.cq_token, Interest::READABLE)
-                .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
-        }
         Ok(())
     }
 
@@ -1907,6 +1895,7 @@ impl RdmTransport {
 
     fn poll_all(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
         self.now = now;
+        self.cq_wait.disarm(&self.registry);
         let mut any = !self.deferred_events.is_empty();
         events.append(&mut self.deferred_events);
         self.repost_handled();
@@ -1986,9 +1975,7 @@ impl Drop for RdmTransport {
             self.drop_link(id);
         }
         self.flush_closes();
-        if let Some(fd) = self.cq_fd {
-            let _ = self.registry.deregister(&mut SourceFd(&fd));
-        }
+        self.cq_wait.disarm(&self.registry);
     }
 }
 
@@ -2110,17 +2097,22 @@ impl Transport for RdmTransport {
         self.poll_all(now, events)
     }
 
-    /// `fi_trywait` on the CQ. A CQ without a wait fd (shm) cannot be armed:
-    /// the worker blocks until [`Transport::wake_at`] and polls it then.
+    /// The CQ's wait fd into the Poll and `fi_trywait` on the CQ. A CQ
+    /// without a wait fd (shm) cannot be armed: the worker blocks until
+    /// [`Transport::wake_at`] and polls it then.
     fn arm(&mut self) -> bool {
-        self.cq_fd.is_none() || self.net.try_wait()
+        if self.cq_wait.fd().is_none() {
+            return true;
+        }
+        self.cq_wait.arm(&self.registry);
+        self.net.try_wait()
     }
 
     fn wake_at(&self) -> Option<Instant> {
         if self.ports.iter().all(Option::is_none) {
             return None;
         }
-        let poll = if self.cq_fd.is_none() {
+        let poll = if self.cq_wait.fd().is_none() || self.cq_wait.failed() {
             // No wait fd: while a link is moving data (output queued or in
             // flight, a unit half received) and heard from its peer lately,
             // poll again at once — a 1 MiB unit in 4 KiB pieces otherwise
@@ -2168,7 +2160,7 @@ impl Transport for RdmTransport {
     }
 
     fn owns(&self, token: Token) -> bool {
-        token == self.cq_token
+        token == self.cq_wait.token()
             || self
                 .ports
                 .iter()
@@ -2347,6 +2339,16 @@ mod tests {
             |r| open_with(provider, &poll, r),
             &format!("fabric+{provider}://127.0.0.1:0?ep=rdm"),
             in_place,
+        );
+    }
+
+    /// Over `tcp;ofi_rxm` too (`shm` has no wait fd).
+    #[test]
+    fn tcp_rxm_cq_fd_is_in_the_poll_only_while_the_worker_sleeps() {
+        crate::fabric::tests::cq_fd_in_the_poll_only_while_asleep(
+            |poll| open("tcp;ofi_rxm", poll),
+            |t| t.cq_wait.token(),
+            "fabric+tcp;ofi_rxm://127.0.0.1:0?ep=rdm",
         );
     }
 
