@@ -1350,7 +1350,9 @@ impl FabricTransport {
     /// the receive a 64 B request frees is not needed before the reply to
     /// it is posted, which then goes sooner.
     fn repost_handled(&mut self, events: &mut Vec<TransportEvent>) {
-        for (id, slot) in std::mem::take(&mut self.handled) {
+        // Drained, not dropped: its memory serves the next pass.
+        let mut handled = std::mem::take(&mut self.handled);
+        for (id, slot) in handled.drain(..) {
             let Some(link) = self.links.get_mut(&id) else {
                 continue; // its endpoint and slots went with it
             };
@@ -1358,6 +1360,8 @@ impl FabricTransport {
                 self.fail(id, format!("repost receive: {e}"), events);
             }
         }
+        handled.append(&mut self.handled);
+        self.handled = handled;
     }
 
     /// Handles a message of `id` that waited for nothing else (its slot is

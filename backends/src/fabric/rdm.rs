@@ -1290,7 +1290,9 @@ impl RdmTransport {
     /// sooner. A credit is owed only for a slot posted again, so the peer
     /// never sends into one that is not.
     fn repost_handled(&mut self) {
-        for (pidx, slot, id) in std::mem::take(&mut self.handled) {
+        // Drained, not dropped: its memory serves the next pass.
+        let mut handled = std::mem::take(&mut self.handled);
+        for (pidx, slot, id) in handled.drain(..) {
             self.repost(pidx, slot);
             let Some(link) = self.links.get_mut(&id) else {
                 continue;
@@ -1301,6 +1303,8 @@ impl RdmTransport {
                 self.dirty.push(id);
             }
         }
+        handled.append(&mut self.handled);
+        self.handled = handled;
     }
 
     /// A data piece for `id` in `slot`: joined and handed up; the slot is
