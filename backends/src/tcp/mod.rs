@@ -11,7 +11,14 @@
 //! [`Transport::progress`] call (a `recv` that finds nothing costs about
 //! what an empty `epoll_wait` does) and lets the worker ask epoll only every
 //! few passes, for listeners, connection set-up and writability: one system
-//! call between arrival and bytes. A minimal spinning 64 B ping-pong between
+//! call between arrival and bytes. Such a link also leaves the worker's Poll
+//! while the worker spins (once it has awaited nothing but bytes for
+//! [`LEAVE_POLL_AFTER`]) and goes back in before it sleeps
+//! ([`Transport::arm`]): registered, every segment that arrives runs epoll's
+//! wake-up callback on the sending core, ~0.2 µs of a 64 B one-way over
+//! loopback (docs/BENCHMARKS.md, "2026-12-03 15:20–16:40 UTC"); the socket
+//! is read every pass anyway. At most [`READ_POLLED_LINKS`] links are out,
+//! so going to sleep costs at most that many `epoll_ctl` calls each way. A minimal spinning 64 B ping-pong between
 //! two processes here: 3.01 µs one-way through `epoll_wait` + `recv`, 2.70 µs
 //! by `recv` alone. With more links a `recv` per link per pass would cost more
 //! than the one `epoll_wait` it saves, and epoll stays. So does it while a
@@ -30,7 +37,7 @@ use std::io;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
@@ -54,6 +61,9 @@ pub const READ_POLLED_LINKS: usize = 2;
 /// A link that moved more than this one way since the other way last moved
 /// anything is not read-polled (module docs).
 pub const READ_POLL_BULK: usize = 16 << 10;
+/// How long a read-polled link must await nothing but bytes before it
+/// leaves the worker's Poll ([`TcpLink::may_leave_poll`]).
+pub const LEAVE_POLL_AFTER: Duration = Duration::from_millis(1);
 
 /// A TCP connection moving between workers, with undecoded received bytes.
 #[derive(Debug)]
@@ -74,8 +84,11 @@ pub struct TcpTransport {
     dirty: crate::dirty::DirtyLinks,
     /// Links whose last read was cut short by the budget.
     read_pending: Vec<LinkId>,
-    /// Links aborted by fault injection, reported on the next progress call.
-    aborted: Vec<LinkId>,
+    /// Links failed outside a progress call (an injected abort, a socket
+    /// that could not go back into the Poll), reported by the next one.
+    aborted: Vec<(LinkId, String)>,
+    /// Links out of the Poll ([`TcpLink::in_poll`]).
+    out_of_poll: usize,
     /// Frozen links (fault injection) that were closed: a hung process never
     /// closes its socket, so neither do we until the transport goes away.
     frozen_closed: Vec<TcpLink>,
@@ -98,6 +111,7 @@ impl TcpTransport {
             dirty: Default::default(),
             read_pending: Vec::new(),
             aborted: Vec::new(),
+            out_of_poll: 0,
             frozen_closed: Vec::new(),
             shelf: Arc::new(Shelf::new(SHELF_BYTES)),
         })
@@ -117,14 +131,75 @@ impl TcpTransport {
             .register(&mut link.stream, Self::token(id), interest)
             .map_err(|e| TransportError::io("register tcp link", e))?;
         link.write_interest = interest.is_writable();
+        link.in_poll = true;
         self.links.insert(id, link);
         Ok(())
     }
 
     fn drop_link(&mut self, id: LinkId) -> Option<TcpLink> {
         let mut link = self.links.remove(&id)?;
-        let _ = self.registry.deregister(&mut link.stream);
+        if link.in_poll {
+            let _ = self.registry.deregister(&mut link.stream);
+        } else {
+            self.out_of_poll -= 1;
+        }
+        link.in_poll = false;
         Some(link)
+    }
+
+    /// The interest `link` registers with: writability too while it
+    /// connects or waits for room to write.
+    fn interest(link: &TcpLink) -> Interest {
+        if link.write_interest {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        }
+    }
+
+    /// Puts link `id` into the Poll (`true`) or takes it out; registers
+    /// anew a link whose interest changed. `Err`: it could not go in.
+    fn place_in_poll(&mut self, id: LinkId, in_poll: bool) -> io::Result<()> {
+        let Some(link) = self.links.get_mut(&id) else {
+            return Ok(());
+        };
+        let (token, interest) = (Self::token(id), Self::interest(link));
+        match (link.in_poll, in_poll) {
+            (true, true) => self.registry.reregister(&mut link.stream, token, interest),
+            (false, true) => {
+                self.registry.register(&mut link.stream, token, interest)?;
+                link.in_poll = true;
+                self.out_of_poll -= 1;
+                Ok(())
+            }
+            (true, false) => {
+                link.in_poll = false;
+                self.out_of_poll += 1;
+                // Fails only for a socket not registered, which is out too.
+                let _ = self.registry.deregister(&mut link.stream);
+                Ok(())
+            }
+            (false, false) => Ok(()),
+        }
+    }
+
+    /// Puts every link that is out back into the Poll; a link that cannot
+    /// go in fails (reported by the next progress call): asleep, the worker
+    /// would never hear of it.
+    fn all_into_poll(&mut self) {
+        if self.out_of_poll == 0 {
+            return;
+        }
+        let out: Vec<LinkId> = (self.links.iter())
+            .filter(|(_, l)| !l.in_poll)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in out {
+            if let Err(e) = self.place_in_poll(id, true) {
+                self.drop_link(id);
+                self.aborted.push((id, format!("register tcp link: {e}")));
+            }
+        }
     }
 
     fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
@@ -250,19 +325,27 @@ impl TcpTransport {
 
     /// Reads each link [`TcpLink::read_polled`] (module docs); returns
     /// whether any had something.
-    fn poll_reads(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+    /// A read-polled link that has awaited nothing but bytes for
+    /// [`LEAVE_POLL_AFTER`] is taken out of the Poll, every other link is
+    /// (put back) in it.
+    fn poll_reads(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
         if !self.reads_by_polling() {
+            self.all_into_poll();
             return false;
         }
-        let ids: SmallVec<[LinkId; READ_POLLED_LINKS]> = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.read_polled())
-            .map(|(&id, _)| id)
+        let ids: SmallVec<[(LinkId, bool, bool); READ_POLLED_LINKS]> = (self.links.iter_mut())
+            .map(|(&id, l)| (id, l.read_polled(), l.may_leave_poll(now)))
             .collect();
         let mut any = false;
-        for id in ids {
-            any |= self.read_link(id, false, events);
+        for (id, polled, may_leave) in ids {
+            if let Err(e) = self.place_in_poll(id, !may_leave) {
+                self.fail(id, format!("register tcp link: {e}"), events);
+                any = true;
+                continue;
+            }
+            if polled {
+                any |= self.read_link(id, false, events);
+            }
         }
         any
     }
@@ -285,21 +368,18 @@ impl TcpTransport {
                     }
                 } else if link.write_interest {
                     link.write_interest = false;
-                    let _ = self.registry.reregister(
-                        &mut link.stream,
-                        Self::token(id),
-                        Interest::READABLE,
-                    );
+                    if link.in_poll {
+                        let _ = self.place_in_poll(id, true);
+                    }
                 }
             }
             Ok(false) => {
                 if !link.write_interest {
+                    // Only epoll says when there is room again.
                     link.write_interest = true;
-                    let _ = self.registry.reregister(
-                        &mut link.stream,
-                        Self::token(id),
-                        Interest::READABLE | Interest::WRITABLE,
-                    );
+                    if let Err(e) = self.place_in_poll(id, true) {
+                        self.fail(id, format!("register tcp link: {e}"), events);
+                    }
                 }
             }
             Err(e) => self.fail(id, format!("write: {e}"), events),
@@ -387,10 +467,10 @@ impl Transport for TcpTransport {
         }
     }
 
-    fn progress(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) -> bool {
+    fn progress(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
         let mut any = !self.aborted.is_empty();
-        for id in std::mem::take(&mut self.aborted) {
-            events.push(TransportEvent::Failed(id, "injected abortive close".into()));
+        for (id, why) in std::mem::take(&mut self.aborted) {
+            events.push(TransportEvent::Failed(id, why));
         }
         if !self.read_pending.is_empty() {
             any = true;
@@ -398,7 +478,7 @@ impl Transport for TcpTransport {
                 self.read_link(id, true, events);
             }
         }
-        any | self.poll_reads(events)
+        any | self.poll_reads(now, events)
     }
 
     fn close(&mut self, link: LinkId, flush: bool) {
@@ -439,6 +519,14 @@ impl Transport for TcpTransport {
         self.listeners.contains_key(&token) || self.links.contains_key(&LinkId(token.0 as u64))
     }
 
+    /// Puts the links taken out of the Poll while the worker spun back in
+    /// (module docs); false if one could not go in (reported by the next
+    /// progress call).
+    fn arm(&mut self) -> bool {
+        self.all_into_poll();
+        self.aborted.is_empty()
+    }
+
     /// A connected socket's bytes show only as readiness, unless
     /// [`Transport::progress`] reads the links itself (module docs).
     fn ready_every_pass(&self) -> bool {
@@ -465,7 +553,7 @@ impl Transport for TcpTransport {
                     .map_err(|e| TransportError::io("SO_LINGER", e))?;
                 // Closing with linger 0 sends RST to the peer.
                 self.drop_link(link);
-                self.aborted.push(link);
+                self.aborted.push((link, "injected abortive close".into()));
             }
             RealFault::HalfClose => {
                 sock.shutdown(Shutdown::Write)
@@ -620,6 +708,60 @@ mod tests {
             t.progress(Instant::now(), &mut seen);
         }
         seen
+    }
+
+    /// A read-polled link is out of the worker's Poll while the worker
+    /// spins, once it has awaited nothing but bytes for [`LEAVE_POLL_AFTER`]
+    /// (bytes for it raise no readiness: `progress` reads them), and back
+    /// in once armed to sleep, where bytes already waiting wake the worker;
+    /// with more links than are read-polled, every link is in.
+    #[test]
+    fn read_polled_links_leave_the_poll_while_the_worker_spins() {
+        let (mut poll, mut t, addr) = listening();
+        let mut client = std::net::TcpStream::connect(addr).unwrap();
+        poll_until(&mut poll, &mut t, |t, _| t.links.len() == 1);
+        let id = *t.links.keys().next().unwrap();
+        let mut seen = Vec::new();
+        // Passes over LEAVE_POLL_AFTER, by the clock they are given.
+        let spin = |t: &mut TcpTransport, seen: &mut Vec<TransportEvent>| {
+            let start = Instant::now();
+            t.progress(start, seen);
+            t.progress(start + LEAVE_POLL_AFTER, seen);
+        };
+        t.progress(Instant::now(), &mut seen);
+        assert!(t.links[&id].in_poll, "out after one pass");
+        spin(&mut t, &mut seen);
+        assert!(!t.links[&id].in_poll && t.out_of_poll == 1);
+        let (bytes, f) = banner_and_frame();
+        client.write_all(&bytes).unwrap();
+        let mut events = Events::with_capacity(16);
+        let names = |events: &Events| events.iter().any(|e| e.token() == TcpTransport::token(id));
+        poll.poll(&mut events, Some(Duration::from_millis(200)))
+            .unwrap();
+        assert!(!names(&events), "readiness for a link out of the Poll");
+        assert!(t.arm());
+        assert!(t.links[&id].in_poll && t.out_of_poll == 0);
+        poll.poll(&mut events, Some(Duration::from_secs(10)))
+            .unwrap();
+        assert!(
+            names(&events),
+            "bytes waiting did not wake a sleeping worker"
+        );
+        for ev in events.iter() {
+            t.ready(ev, Instant::now(), &mut seen);
+        }
+        assert_eq!(received(&seen), [&f]);
+
+        spin(&mut t, &mut seen);
+        assert!(!t.links[&id].in_poll, "out again while spinning");
+        let more: Vec<_> = (0..READ_POLLED_LINKS)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        poll_until(&mut poll, &mut t, |t, _| t.links.len() == more.len() + 1);
+        t.progress(Instant::now(), &mut seen);
+        assert!(!t.reads_by_polling());
+        assert!(t.links.values().all(|l| l.in_poll) && t.out_of_poll == 0);
+        drop((client, more));
     }
 
     /// A lone link is read by `progress` without epoll naming it, and the
