@@ -110,12 +110,12 @@ pub enum FabricRendezvous {
 /// How the libfabric backend's workers wait for completions
 /// (`fabric_cq_wait = fd | poll`).
 ///
-/// `Fd`, the default, opens each completion queue with a wait fd in the
-/// worker's epoll set: an idle worker sleeps and wakes as soon as a
-/// completion comes. It costs every message time inside the provider:
-/// over `tcp` a 64 B one-way of ~5.5 µs took 0.7–0.9 µs longer than with
-/// `Poll` on the VMs measured here, with the same system calls per message
-/// either way (docs/BENCHMARKS.md).
+/// `Fd`, the default, opens each completion queue with a wait fd, put into
+/// the worker's epoll set while the worker sleeps: an idle worker wakes as
+/// soon as a completion comes. Over `tcp` the wait fd is an epoll set of
+/// the provider's sockets, and every arriving segment runs its wake-up
+/// callback: a 64 B one-way of ~4.5 µs takes 0.2–0.3 µs longer than with
+/// `Poll` on the VMs measured here (docs/BENCHMARKS.md).
 ///
 /// `Poll` opens it without a wait object, as busy-polling benchmarks such
 /// as `fi_pingpong` do: nothing to sleep on,
