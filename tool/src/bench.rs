@@ -223,6 +223,9 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         driver: opts.driver,
                         timeout,
                         connect_timeout,
+                        // Fresh data, checksummed on every send: the stricter
+                        // measure (sealed it is ~4% faster here, 2026-12-03).
+                        seal: false,
                     };
                     let (m, _) = net::stream(cfg, &target, &s, &mut step_bar)?;
                     next(
@@ -246,6 +249,8 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         driver: opts.driver,
                         timeout,
                         connect_timeout,
+                        // 64 B: a checksum pass costs nanoseconds either way.
+                        seal: false,
                     };
                     let (m, _) = net::stream(cfg, &target, &s, &mut step_bar)?;
                     next(

@@ -108,6 +108,12 @@ enum Cmd {
         /// Who sends: the main thread, or the dispatcher's callbacks paced by credits.
         #[arg(long, value_enum, default_value_t = Driver::Callback)]
         driver: Driver,
+        /// Checksum the payload once and reuse the checksum on every send
+        /// (`Message::with_data_checksum`): the stream sends one buffer
+        /// again and again; `false`: every send checksums it, as for fresh
+        /// data. The server checks every byte either way.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+        seal: bool,
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 120.0, value_name = "SECS")]
         timeout: f64,
@@ -347,6 +353,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             count,
             duration,
             driver,
+            seal,
             timeout,
             json,
         } => {
@@ -365,6 +372,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                 driver,
                 timeout: secs("--timeout", timeout)?,
                 connect_timeout,
+                seal,
             };
             let mut progress = Progress::new(0, json);
             let (r, totals) = net::stream(&cfg, &target, &opts, &mut progress)?;

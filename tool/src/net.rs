@@ -458,6 +458,12 @@ pub struct StreamOpts {
     pub timeout: Duration,
     /// Bound on connecting.
     pub connect_timeout: Duration,
+    /// Checksum the payload once and reuse the checksum on every send
+    /// ([`Message::with_data_checksum`]): the stream sends one buffer
+    /// again and again, as an application re-sending the same bytes would;
+    /// `false`: every send checksums it, as for fresh data. The receiver
+    /// checks every byte either way.
+    pub seal: bool,
 }
 
 struct StreamState {
@@ -466,7 +472,9 @@ struct StreamState {
 }
 
 struct StreamClient {
-    payload: Bytes,
+    /// What every message sends (its front says whether it asks for a
+    /// credit), sealed or not.
+    template: Message,
     /// Messages per credit (callback driver).
     batch: u64,
     max: Option<u64>,
@@ -479,12 +487,11 @@ struct StreamClient {
 
 impl StreamClient {
     fn msg(&self, credit: bool) -> Message {
-        let front = if credit {
-            Bytes::from_static(b"c")
-        } else {
-            Bytes::new()
-        };
-        Message::new(STREAM, front, self.payload.clone())
+        let mut m = self.template.clone();
+        if credit {
+            m.front = Bytes::from_static(b"c");
+        }
+        m
     }
 
     fn fail(&self, e: impl ToString) {
@@ -574,8 +581,13 @@ pub fn stream(
     let (tx, rx) = mpsc::channel();
     // Callback driver: two batches of ~4 MiB (at most 4096 messages) in flight.
     let batch = ((4usize << 20) / opts.size.max(1)).clamp(1, 4096) as u64;
+    let template = Message::new(STREAM, Bytes::new(), vec![0xa5; opts.size]);
     let d = Arc::new(StreamClient {
-        payload: Bytes::from(vec![0xa5; opts.size]),
+        template: if opts.seal {
+            template.with_data_checksum()
+        } else {
+            template
+        },
         batch,
         max: match opts.limit {
             Limit::Count(n) => Some(n),

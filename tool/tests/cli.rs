@@ -217,10 +217,12 @@ fn serve_answers_ping_and_stream_then_prints_counters_on_sigint() {
         o.stdout
     );
 
-    for driver in ["callback", "main"] {
+    // Sealed and not: the server checks every payload's checksum either way.
+    for (driver, seal) in [("callback", "true"), ("main", "false")] {
         let o = run(
             &[
-                "stream", &addr, "--size", "65536", "--count", "300", "--driver", driver, "--json",
+                "stream", &addr, "--size", "65536", "--count", "300", "--driver", driver, "--seal",
+                seal, "--json",
             ],
             Duration::from_secs(60),
         );
