@@ -722,8 +722,9 @@ pub struct FabricTransport {
     link_ids: Arc<AtomicU64>,
     eq_token: Token,
     /// The EQ's wait fd, in the worker's Poll for good (connection events
-    /// are rare; the CQ's fd may be the same one).
-    eq_fd: RawFd,
+    /// are rare; the CQ's fd may be the same one). None only after a move
+    /// to another domain failed to register the new one.
+    eq_fd: Option<RawFd>,
     /// The CQ's own wait fd, in the Poll only while the worker sleeps.
     cq_wait: CqWaitFd,
     dirty: crate::dirty::DirtyLinks,
@@ -795,6 +796,7 @@ impl FabricTransport {
             .try_clone()
             .map_err(|e| TransportError::io("clone mio registry", e))?;
         let (eq_fd, cq_wait) = Self::register_wait_fds(&kind, &net, &registry, eq_token, cq_token)?;
+        let eq_fd = Some(eq_fd);
         Ok(FabricTransport {
             links: FxHashMap::default(),
             listeners: FxHashMap::default(),
@@ -867,18 +869,24 @@ impl FabricTransport {
             return Ok(());
         }
         let net = open_net(&self.kind, Some(site), self.net_options)?;
-        let _ = self.registry.deregister(&mut SourceFd(&self.eq_fd));
-        self.cq_wait.disarm(&self.registry);
+        // Out with the old queues' fds before they close: a number reused
+        // later must not be taken for theirs.
+        if let Some(fd) = self.eq_fd.take() {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
+        self.cq_wait.replace(None, &self.registry);
         tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric worker moves to the domain of its first address");
         self.net = net;
         self.rndv = self.net.rma();
-        (self.eq_fd, self.cq_wait) = Self::register_wait_fds(
+        let (eq_fd, cq_wait) = Self::register_wait_fds(
             &self.kind,
             &self.net,
             &self.registry,
             self.eq_token,
             self.cq_wait.token(),
         )?;
+        self.eq_fd = Some(eq_fd);
+        self.cq_wait = cq_wait;
         Ok(())
     }
 
@@ -1659,7 +1667,9 @@ impl FabricTransport {
 
 impl Drop for FabricTransport {
     fn drop(&mut self) {
-        let _ = self.registry.deregister(&mut SourceFd(&self.eq_fd));
+        if let Some(fd) = self.eq_fd {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        }
         self.cq_wait.disarm(&self.registry);
     }
 }

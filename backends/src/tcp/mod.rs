@@ -11,14 +11,7 @@
 //! [`Transport::progress`] call (a `recv` that finds nothing costs about
 //! what an empty `epoll_wait` does) and lets the worker ask epoll only every
 //! few passes, for listeners, connection set-up and writability: one system
-//! call between arrival and bytes. Such a link also leaves the worker's Poll
-//! while the worker spins (once it has awaited nothing but bytes for
-//! [`LEAVE_POLL_AFTER`]) and goes back in before it sleeps
-//! ([`Transport::arm`]): registered, every segment that arrives runs epoll's
-//! wake-up callback on the sending core, ~0.2 µs of a 64 B one-way over
-//! loopback (docs/BENCHMARKS.md, "2026-12-03 15:20–16:40 UTC"); the socket
-//! is read every pass anyway. At most [`READ_POLLED_LINKS`] links are out,
-//! so going to sleep costs at most that many `epoll_ctl` calls each way. A minimal spinning 64 B ping-pong between
+//! call between arrival and bytes. A minimal spinning 64 B ping-pong between
 //! two processes here: 3.01 µs one-way through `epoll_wait` + `recv`, 2.70 µs
 //! by `recv` alone. With more links a `recv` per link per pass would cost more
 //! than the one `epoll_wait` it saves, and epoll stays. So does it while a
@@ -29,6 +22,15 @@
 //! left to epoll: a `recv` per pass on either end of a stream (each takes the
 //! socket's lock, and a reader this eager takes the bytes in small reads)
 //! cut `msgr bench`'s 64 B message rate from 3.7–3.8 to 2.3–3.5 M/s.
+//!
+//! A read-polled link also leaves the worker's Poll while the worker spins,
+//! once it has awaited nothing but bytes for [`LEAVE_POLL_AFTER`], and goes
+//! back in before the worker sleeps ([`Transport::arm`]) or as soon as it
+//! needs epoll again. Registered, every segment that arrives runs epoll's
+//! wake-up callback on the sending core, ~0.2 µs of a 64 B one-way over
+//! loopback (docs/BENCHMARKS.md, "2026-12-03 15:20–16:40 UTC"), though the
+//! socket is read every pass anyway. At most [`READ_POLLED_LINKS`] links are
+//! out, so a sleep costs at most that many `epoll_ctl` calls each way.
 
 mod link;
 
