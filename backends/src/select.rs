@@ -110,20 +110,20 @@ pub enum FabricRendezvous {
 /// How the libfabric backend's workers wait for completions
 /// (`fabric_cq_wait = fd | poll`).
 ///
-/// `Fd`, the default, opens each completion queue with a wait fd, put into
-/// the worker's epoll set while the worker sleeps: an idle worker wakes as
-/// soon as a completion comes. Over `tcp` the wait fd is an epoll set of
-/// the provider's sockets, and every arriving segment runs its wake-up
-/// callback: a 64 B one-way of ~4.5 µs takes 0.2–0.3 µs longer than with
-/// `Poll` on the VMs measured here (docs/BENCHMARKS.md).
+/// `Fd`, the default, opens each completion queue with wait fds (over
+/// `tcp` the provider's own sockets, `FI_WAIT_POLLFD`; elsewhere one fd),
+/// put into the worker's epoll set while the worker sleeps: an idle worker
+/// wakes as soon as a completion comes, and a busy one pays nothing per
+/// message for it (docs/BENCHMARKS.md). A sleep costs an `epoll_ctl` per
+/// endpoint each way.
 ///
 /// `Poll` opens it without a wait object, as busy-polling benchmarks such
 /// as `fi_pingpong` do: nothing to sleep on,
 /// so an idle worker polls the queue every millisecond (at once while a
 /// link is moving data), and a message that comes after an idle spell
-/// waits up to that millisecond. For workers that stay busy (their
-/// busy-poll window covers the gaps between messages) and want the lowest
-/// latency. `shm` has no wait objects and is always polled.
+/// waits up to that millisecond. Over `tcp` no faster than `Fd` since
+/// 2026-12-03; kept for providers whose wait objects cost more, and for
+/// comparisons. `shm` has no wait objects and is always polled.
 ///
 /// ```
 /// use msgr_backends::{FabricCqWait, RdmaPoolConfig};

@@ -853,8 +853,8 @@ impl FabricTransport {
             .map_err(|e| TransportError::io("register libfabric wait fd", e))?;
         // A polled CQ (`fabric_cq_wait = poll`) has none: `wake_at` says
         // when to look at it.
-        let cq_fd = cq_fd.filter(|&fd| fd != eq_fd);
-        Ok((eq_fd, CqWaitFd::new(cq_fd, cq_token)))
+        let wakes = !net.cq_polled() && cq_fd != Some(eq_fd);
+        Ok((eq_fd, CqWaitFd::new(wakes, cq_token)))
     }
 
     /// Moves this worker's Net onto the domain that serves `site` while
@@ -874,7 +874,7 @@ impl FabricTransport {
         if let Some(fd) = self.eq_fd.take() {
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
-        self.cq_wait.replace(None, &self.registry);
+        self.cq_wait.replace(false, &self.registry);
         tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric worker moves to the domain of its first address");
         self.net = net;
         self.rndv = self.net.rma();
@@ -1783,7 +1783,7 @@ impl Transport for FabricTransport {
         // the worker back to must read it rather than spin until
         // EQ_READ_EVERY.
         self.eq_due = true;
-        self.cq_wait.arm(&self.registry);
+        self.cq_wait.arm(&self.registry, &mut self.net);
         self.net.try_wait()
     }
 
@@ -2315,9 +2315,13 @@ pub(crate) mod tests {
         spin(&mut tx, &mut rx, &mut ev, &|ev| frames(&ev[1]) == 2);
     }
 
+    /// Over `tcp` the CQ's wait object is the provider's list of fds
+    /// (`FI_WAIT_POLLFD`), not an epoll set holding them.
     #[test]
     fn cq_fd_is_in_the_poll_only_while_the_worker_sleeps() {
         let ctx = TransportContext::new(FrameLimits::default());
+        let (_poll, t) = tcp_transport();
+        assert!(!t.net.cq_polled() && t.net.cq_fd().unwrap().is_none());
         cq_fd_in_the_poll_only_while_asleep(
             |poll| {
                 FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap()

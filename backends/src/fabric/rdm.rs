@@ -120,7 +120,7 @@ use rustc_hash::FxHashMap;
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
 use super::wait_fd::CqWaitFd;
 use super::{
-    fab_err, no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, NetOptions,
+    no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, NetOptions,
     PieceError, QueueFailures, Reassembly, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
@@ -774,8 +774,8 @@ impl RdmTransport {
         }
         let net_options = NetOptions::of(ctx);
         let net = open_net(&kind, None, net_options)?;
-        let cq_fd = net.cq_fd().map_err(|e| fab_err(&kind, e))?;
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
+        let cq_wait = CqWaitFd::new(!net.cq_polled(), cq_token);
         let registry = registry
             .try_clone()
             .map_err(|e| TransportError::io("clone mio registry", e))?;
@@ -826,7 +826,7 @@ impl RdmTransport {
             registry,
             limits: ctx.limits,
             link_ids: ctx.link_ids.clone(),
-            cq_wait: CqWaitFd::new(cq_fd, cq_token),
+            cq_wait,
             dirty: Default::default(),
             retry: false,
             retry_at: None,
@@ -848,8 +848,7 @@ impl RdmTransport {
             return Ok(());
         }
         let net = open_net(&self.kind, Some(site), self.net_options)?;
-        let fd = net.cq_fd().map_err(|e| fab_err(&self.kind, e))?;
-        self.cq_wait.replace(fd, &self.registry);
+        self.cq_wait.replace(!net.cq_polled(), &self.registry);
         tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric RDM worker moves to the domain of its first address");
         self.net = net;
         Ok(())
@@ -2105,10 +2104,10 @@ impl Transport for RdmTransport {
     /// without a wait fd (shm) cannot be armed: the worker blocks until
     /// [`Transport::wake_at`] and polls it then.
     fn arm(&mut self) -> bool {
-        if self.cq_wait.fd().is_none() {
+        if self.net.cq_polled() {
             return true;
         }
-        self.cq_wait.arm(&self.registry);
+        self.cq_wait.arm(&self.registry, &mut self.net);
         self.net.try_wait()
     }
 
@@ -2116,7 +2115,7 @@ impl Transport for RdmTransport {
         if self.ports.iter().all(Option::is_none) {
             return None;
         }
-        let poll = if self.cq_wait.fd().is_none() || self.cq_wait.failed() {
+        let poll = if self.net.cq_polled() || self.cq_wait.failed() {
             // No wait fd: while a link is moving data (output queued or in
             // flight, a unit half received) and heard from its peer lately,
             // poll again at once — a 1 MiB unit in 4 KiB pieces otherwise

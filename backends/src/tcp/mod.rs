@@ -28,7 +28,7 @@
 //! back in before the worker sleeps ([`Transport::arm`]) or as soon as it
 //! needs epoll again. Registered, every segment that arrives runs epoll's
 //! wake-up callback on the sending core, ~0.2 µs of a 64 B one-way over
-//! loopback (docs/BENCHMARKS.md, "2026-12-03 15:20–16:40 UTC"), though the
+//! loopback (docs/BENCHMARKS.md, "2026-12-03 15:20–17:20 UTC"), though the
 //! socket is read every pass anyway. At most [`READ_POLLED_LINKS`] links are
 //! out, so a sleep costs at most that many `epoll_ctl` calls each way.
 
