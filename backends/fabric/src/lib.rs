@@ -3216,7 +3216,12 @@ mod tests {
     fn tcp_msg_ping() {
         let mut net = Net::open("tcp", EpType::Msg, 64).unwrap();
         assert!(net.eq_fd().unwrap().is_some());
-        assert!(net.cq_fd().unwrap().is_some());
+        // tcp's CQ waits on a list of fds (FI_WAIT_POLLFD), not one.
+        assert!(!net.cq_polled() && net.cq_fd().unwrap().is_none());
+        let mut listed = Vec::new();
+        net.cq_wait_fds(&mut listed).unwrap();
+        let idle = listed.len();
+        assert!(idle > 0, "the provider's signal fd at least");
         let pep = net.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         assert_ne!(pep.addr().port(), 0);
         let mut c = net.connect(pep.addr(), 4, 1024, b"hi").unwrap();
@@ -3255,6 +3260,9 @@ mod tests {
         let r = got.iter().find(|c| c.recv).unwrap();
         assert_eq!(r.context, 7);
         assert_eq!(s.recv_done(0, r.len), b"hello");
+        // Both connected endpoints' sockets are on the list now.
+        net.cq_wait_fds(&mut listed).unwrap();
+        assert!(listed.len() >= idle + 2, "{idle} then {listed:?}");
         drop((c, s, pep));
     }
 
