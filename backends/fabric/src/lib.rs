@@ -844,6 +844,8 @@ impl Net {
                 cq_attr.wait_obj = sys::FI_WAIT_NONE;
             }
             if rc != 0 {
+                // Nothing of the refused attempt is closed by Drop.
+                net.cq = ptr::null_mut();
                 rc = sys::fi_cq_open(net.domain, &mut cq_attr, &mut net.cq, ptr::null_mut());
             }
             if rc == -(sys::FI_ENOSYS as c_int) && net.cq_waitable {

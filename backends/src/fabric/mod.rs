@@ -725,7 +725,7 @@ pub struct FabricTransport {
     /// are rare; the CQ's fd may be the same one). None only after a move
     /// to another domain failed to register the new one.
     eq_fd: Option<RawFd>,
-    /// The CQ's own wait fd, in the Poll only while the worker sleeps.
+    /// The CQ's own wait fds, in the Poll only while the worker sleeps.
     cq_wait: CqWaitFd,
     dirty: crate::dirty::DirtyLinks,
     /// Links that hit -FI_EAGAIN on send, retried on the next progress.
@@ -1775,7 +1775,7 @@ impl Transport for FabricTransport {
         self.poll_all(now, events)
     }
 
-    /// The CQ's wait fd into the Poll and `fi_trywait` on the EQ and CQ: if
+    /// The CQ's wait fds into the Poll and `fi_trywait` on the EQ and CQ: if
     /// the provider has something pending already, the worker polls again
     /// instead of blocking.
     fn arm(&mut self) -> bool {

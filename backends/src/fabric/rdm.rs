@@ -708,7 +708,7 @@ pub struct RdmTransport {
     registry: Registry,
     limits: FrameLimits,
     link_ids: Arc<AtomicU64>,
-    /// The CQ's wait fd (none over `shm`), in the Poll only while the
+    /// The CQ's wait fds (none over `shm`), in the Poll only while the
     /// worker sleeps.
     cq_wait: CqWaitFd,
     /// Bytes per message (header included), see [`RdmTransport::new`].
@@ -761,8 +761,8 @@ impl std::fmt::Debug for RdmTransport {
 }
 
 impl RdmTransport {
-    /// Opens `provider` (RDM) for one worker; its CQ's wait fd (if it has
-    /// one) goes into `registry` while the worker sleeps.
+    /// Opens `provider` (RDM) for one worker; its CQ's wait fds (if it has
+    /// any) go into `registry` while the worker sleeps.
     pub fn new(
         provider: &FabricProvider,
         registry: &Registry,
@@ -2100,8 +2100,8 @@ impl Transport for RdmTransport {
         self.poll_all(now, events)
     }
 
-    /// The CQ's wait fd into the Poll and `fi_trywait` on the CQ. A CQ
-    /// without a wait fd (shm) cannot be armed: the worker blocks until
+    /// The CQ's wait fds into the Poll and `fi_trywait` on the CQ. A CQ
+    /// without a wait object (shm) cannot be armed: the worker blocks until
     /// [`Transport::wake_at`] and polls it then.
     fn arm(&mut self) -> bool {
         if self.net.cq_polled() {
