@@ -670,6 +670,12 @@ impl FabricLink {
         Ok(true)
     }
 
+    /// Whether the link has something to post: queued units, or control
+    /// and a staged descriptor that wait outside the queue for a slot.
+    fn has_output(&self) -> bool {
+        !self.queue.is_empty() || self.exposures.owes_posts() || self.receiving.owes_posts()
+    }
+
     /// Whether received messages wait instead of being handled.
     fn holding(&self) -> bool {
         self.paused || self.frozen
@@ -1071,7 +1077,7 @@ impl FabricTransport {
             link.free_tx.push(slot);
             if link.close_after_flush && link.idle() {
                 self.drop_link(id);
-            } else if !link.queue.is_empty() {
+            } else if link.has_output() {
                 self.dirty.push(id);
             }
             return;
@@ -1358,6 +1364,9 @@ impl FabricTransport {
     /// the receive a 64 B request frees is not needed before the reply to
     /// it is posted, which then goes sooner.
     fn repost_handled(&mut self, events: &mut Vec<TransportEvent>) {
+        if self.handled.is_empty() {
+            return; // every idle pass of a spinning worker comes here
+        }
         // Drained, not dropped: its memory serves the next pass.
         let mut handled = std::mem::take(&mut self.handled);
         for (id, slot) in handled.drain(..) {
@@ -1574,13 +1583,21 @@ impl FabricTransport {
         self.deferred_events.append(&mut events);
     }
 
+    /// Queues `unit` on `link`: one queued behind nothing is posted at once
+    /// ([`FabricTransport::flush_now`]); the link is marked for the pass's
+    /// flush only if something is left to post.
     fn queue(&mut self, link: LinkId, unit: OutUnit) -> Result<(), TransportError> {
         let l = self
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
         l.push(unit);
-        self.dirty.push(link);
+        if l.queue.len() == 1 {
+            self.flush_now(link);
+        }
+        if self.links.get(&link).is_some_and(FabricLink::has_output) {
+            self.dirty.push(link);
+        }
         Ok(())
     }
 
@@ -1752,11 +1769,7 @@ impl Transport for FabricTransport {
                 rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
             }
         };
-        self.queue(link, unit)?;
-        if self.links.get(&link).is_some_and(|l| l.queue.len() == 1) {
-            self.flush_now(link);
-        }
-        Ok(())
+        self.queue(link, unit)
     }
 
     fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {
@@ -1974,14 +1987,25 @@ pub(crate) mod tests {
         poll: &mut mio::Poll,
         until: impl Fn(&[TransportEvent]) -> bool,
     ) -> Vec<TransportEvent> {
+        drive_within(t, poll, Duration::from_secs(20), until)
+            .unwrap_or_else(|events| panic!("timed out: {events:?}"))
+    }
+
+    /// [`drive`] for at most `within`: `Err` with the events so far if
+    /// `until` did not hold by then.
+    pub(crate) fn drive_within<T: Transport>(
+        t: &mut T,
+        poll: &mut mio::Poll,
+        within: Duration,
+        until: impl Fn(&[TransportEvent]) -> bool,
+    ) -> Result<Vec<TransportEvent>, Vec<TransportEvent>> {
         let mut events = Vec::new();
         let mut ready = mio::Events::with_capacity(16);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + within;
         while !until(&events) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out: {events:?}"
-            );
+            if std::time::Instant::now() >= deadline {
+                return Err(events);
+            }
             if !t.progress(std::time::Instant::now(), &mut events) && t.arm() {
                 let mut timeout = std::time::Duration::from_millis(50);
                 if let Some(at) = t.wake_at() {
@@ -1994,7 +2018,7 @@ pub(crate) mod tests {
             }
             t.flush(std::time::Instant::now(), &mut events);
         }
-        events
+        Ok(events)
     }
 
     /// Listens on 127.0.0.1 (a port of its own), connects `LinkId(1000)`
@@ -2012,6 +2036,14 @@ pub(crate) mod tests {
             "{events:?}"
         );
         accepted(&events).expect("accepted")
+    }
+
+    /// A frame well above the rendezvous threshold: a header, an empty
+    /// front and 300 000 bytes counting up.
+    pub(crate) fn large_frame() -> Frame {
+        let data: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
+        let parts = vec![Bytes::from_static(b"header"), Bytes::new(), data.into()];
+        Frame::new(msgr_proto::Tag::Message, parts)
     }
 
     /// A small frame `i`: a header, an empty front and 64 bytes of `i`.
@@ -2091,6 +2123,70 @@ pub(crate) mod tests {
         in_order(&events, server, n);
     }
 
+    /// A large unit whose descriptor was staged while the link could post
+    /// nothing more — `eager` small frames after the banner, sent with no
+    /// poll in between, hold every transmit slot (MSG) or credit (RDM) —
+    /// leaves as soon as one frees, though nothing is queued behind it to
+    /// mark the link (`staged` checks that it waits outside the queue).
+    /// It must not wait for a later send, nor (RDM) the keepalive a second
+    /// later: everything arrives within half of [`rdm::KEEP_AFTER`], the
+    /// large unit intact.
+    pub(crate) fn staged_descriptor_goes_when_a_slot_frees<T: Transport>(
+        t: &mut T,
+        poll: &mut mio::Poll,
+        (client, server): (LinkId, LinkId),
+        eager: usize,
+        staged: impl Fn(&T) -> bool,
+    ) {
+        let big = large_frame();
+        let want = big.encode_to_vec().unwrap();
+        t.send(client, Transmit::Banner([7; BANNER_LEN])).unwrap();
+        send_small_frames(t, client, eager);
+        t.send(client, Transmit::Frame(big)).unwrap();
+        // The worker's flush at the end of the pass that sent them, before
+        // any completion is reaped: it finds nothing it can post.
+        let mut early = Vec::new();
+        t.flush(Instant::now(), &mut early);
+        assert!(early.is_empty(), "{early:?}");
+        assert!(staged(t), "the descriptor is not waiting outside the queue");
+        let n = eager + 2;
+        let received = |events: &[TransportEvent]| {
+            events
+                .iter()
+                .filter(|e| matches!(e, TransportEvent::Received(l, _) if *l == server))
+                .count()
+        };
+        let events = drive_within(t, poll, rdm::KEEP_AFTER / 2, |e| received(e) >= n)
+            .unwrap_or_else(|events| {
+                panic!("{} of {n} units arrived: {events:?}", received(&events))
+            });
+        let last = events
+            .iter()
+            .filter_map(|e| match e {
+                TransportEvent::Received(l, Inbound::Frame(f)) if *l == server => Some(f),
+                _ => None,
+            })
+            .last()
+            .expect("frames received");
+        assert_eq!(last.encode_to_vec().unwrap(), want, "large unit corrupted");
+    }
+
+    #[test]
+    fn staged_descriptor_goes_when_a_transmit_slot_frees() {
+        let (mut poll, mut t) = tcp_transport();
+        let server = dial_itself(&mut t, &mut poll);
+        staged_descriptor_goes_when_a_slot_frees(
+            &mut t,
+            &mut poll,
+            (LinkId(1000), server),
+            SLOTS - 1,
+            |t| {
+                let l = &t.links[&LinkId(1000)];
+                l.free_tx.is_empty() && l.queue.is_empty() && l.exposures.owes_posts()
+            },
+        );
+    }
+
     /// A `tcp` MSG transport and the Poll its wait fds are in, with the
     /// rendezvous reads even where `Auto` withholds them
     /// ([`msgr_fabric::rma_withheld`]): no test here closes an endpoint
@@ -2122,14 +2218,7 @@ pub(crate) mod tests {
         in_place: bool,
     ) {
         let any: EntityAddr = addr.parse().unwrap();
-        let big = Frame::new(
-            msgr_proto::Tag::Message,
-            vec![
-                Bytes::from_static(b"header"),
-                Bytes::new(),
-                Bytes::from((0..300_000u32).map(|i| i as u8).collect::<Vec<_>>()),
-            ],
-        );
+        let big = large_frame();
         let want = big.encode_to_vec().unwrap();
         for reader_dials in [true, false] {
             let (mut reader, mut plain) = (open(FabricRendezvous::On), open(FabricRendezvous::Off));

@@ -605,6 +605,18 @@ impl RdmLink {
         self.queue.is_empty() && self.inflight == 0 && self.exposures.is_idle()
     }
 
+    /// Whether the link has something to post once a slot or credit frees:
+    /// handshake, a keepalive, queued units, or control and a staged
+    /// descriptor that wait outside the queue.
+    fn has_output(&self) -> bool {
+        self.need_hello
+            || self.need_welcome
+            || self.need_keep
+            || !self.queue.is_empty()
+            || self.exposures.owes_posts()
+            || self.receiving.owes_posts()
+    }
+
     fn dest(&self, id: LinkId) -> Dest {
         Dest {
             link: id.0,
@@ -1145,7 +1157,7 @@ impl RdmTransport {
             .credits
             .saturating_add(u32::from(h.credits))
             .min(CREDITS);
-        if h.credits > 0 && !link.queue.is_empty() {
+        if h.credits > 0 && link.has_output() {
             self.dirty.push(id);
         }
         match h.kind {
@@ -1289,6 +1301,9 @@ impl RdmTransport {
     /// sooner. A credit is owed only for a slot posted again, so the peer
     /// never sends into one that is not.
     fn repost_handled(&mut self) {
+        if self.handled.is_empty() {
+            return; // every idle pass of a spinning worker comes here
+        }
         // Drained, not dropped: its memory serves the next pass.
         let mut handled = std::mem::take(&mut self.handled);
         for (pidx, slot, id) in handled.drain(..) {
@@ -1914,9 +1929,7 @@ impl RdmTransport {
             let ids: Vec<LinkId> = self
                 .links
                 .iter()
-                .filter(|(_, l)| {
-                    l.need_hello || l.need_welcome || l.need_keep || !l.queue.is_empty()
-                })
+                .filter(|(_, l)| l.has_output())
                 .map(|(&id, _)| id)
                 .collect();
             self.dirty.extend(ids);
@@ -1958,6 +1971,9 @@ impl RdmTransport {
         self.retry_at.get_or_insert(self.now + RETRY_AFTER);
     }
 
+    /// Queues `unit` on `link`: one queued behind nothing is posted at once
+    /// ([`RdmTransport::flush_now`]); the link is marked for the pass's
+    /// flush only if something is left to post.
     fn queue(&mut self, link: LinkId, unit: OutUnit) -> Result<(), TransportError> {
         let l = self
             .links
@@ -1965,7 +1981,12 @@ impl RdmTransport {
             .ok_or(TransportError::NoSuchLink(link.0))?;
         l.queued += unit.len();
         l.queue.push_back(unit);
-        self.dirty.push(link);
+        if l.queue.len() == 1 {
+            self.flush_now(link);
+        }
+        if self.links.get(&link).is_some_and(RdmLink::has_output) {
+            self.dirty.push(link);
+        }
         Ok(())
     }
 }
@@ -2079,11 +2100,7 @@ impl Transport for RdmTransport {
                 rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
             }
         };
-        self.queue(link, unit)?;
-        if self.links.get(&link).is_some_and(|l| l.queue.len() == 1) {
-            self.flush_now(link);
-        }
-        Ok(())
+        self.queue(link, unit)
     }
 
     fn flush(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
@@ -2252,7 +2269,8 @@ impl Transport for RdmTransport {
 mod tests {
     use super::*;
     use crate::fabric::tests::{
-        accepted, drive, in_order, progress_until_events, send_small_frames, stat,
+        accepted, drive, in_order, progress_until_events, send_small_frames,
+        staged_descriptor_goes_when_a_slot_frees, stat,
     };
     use crate::FabricRendezvous;
     use bytes::Bytes;
@@ -2521,6 +2539,35 @@ mod tests {
         let got = events.len();
         events.extend(drive(&mut t, &mut poll, |e| got + e.len() > n));
         in_order(&events, server, n);
+    }
+
+    /// See [`staged_descriptor_goes_when_a_slot_frees`]: here the banner
+    /// and the small frames take every credit of the link.
+    fn staged_descriptor_goes_when_credits_return(provider: &str) {
+        let (mut poll, mut t, _) = listening_and_dialled(provider);
+        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
+        let server =
+            accepted(&events).unwrap_or_else(|| panic!("{provider}: no Accepted in {events:?}"));
+        staged_descriptor_goes_when_a_slot_frees(
+            &mut t,
+            &mut poll,
+            (LinkId(1000), server),
+            CREDITS as usize - 1,
+            |t| {
+                let l = &t.links[&LinkId(1000)];
+                l.credits == 0 && l.queue.is_empty() && l.exposures.owes_posts()
+            },
+        );
+    }
+
+    #[test]
+    fn shm_staged_descriptor_goes_when_credits_return() {
+        staged_descriptor_goes_when_credits_return("shm");
+    }
+
+    #[test]
+    fn tcp_rxm_staged_descriptor_goes_when_credits_return() {
+        staged_descriptor_goes_when_credits_return("tcp;ofi_rxm");
     }
 
     #[test]

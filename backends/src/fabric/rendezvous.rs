@@ -778,6 +778,14 @@ impl Exposures {
             && self.need_epilogue.is_empty()
     }
 
+    /// Whether something of this side waits for a transmit slot (or a
+    /// credit) outside the link's queue: a descriptor staged but not sent,
+    /// "written" or late epilogues owed. A link whose queue is empty still
+    /// has output then, and must be flushed when a slot or credit frees.
+    pub fn owes_posts(&self) -> bool {
+        self.unsent.is_some() || !self.need_written.is_empty() || !self.need_epilogue.is_empty()
+    }
+
     /// Whether the queue's front unit (`front_len` bytes, `front_sent` of
     /// them sent eagerly) goes by rendezvous: it then must not be sent in
     /// pieces, even while [`RNDV_MAX`] units are exposed.
@@ -924,6 +932,12 @@ pub struct Receiving {
 }
 
 impl Receiving {
+    /// Whether answers or grants wait for a transmit slot (as
+    /// [`Exposures::owes_posts`]).
+    pub fn owes_posts(&self) -> bool {
+        !self.need_done.is_empty() || !self.need_grant.is_empty()
+    }
+
     /// `SimulatedFault::HungRead`: the link's next read is hung. Refused
     /// (`Unavailable`) by a transport without rendezvous (`rndv` false).
     pub fn hang_next_read(
