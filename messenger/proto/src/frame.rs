@@ -515,20 +515,37 @@ fn checked_segments(flags: u8) -> usize {
     }
 }
 
-/// Cuts a whole frame (`pre` already checked) into its segments and checks
-/// each one's CRC (an unchecked segment's epilogue word must be 0); the
-/// segments share `whole`'s memory.
+/// Cuts a whole frame (`pre` already checked, `whole` exactly its length)
+/// into its segments and checks each one's CRC (an unchecked segment's
+/// epilogue word must be 0); the segments share `whole`'s memory.
+///
+/// The epilogue is read and cut off first, so the last segment is what is
+/// left of `whole`, moved rather than shared: each shared [`Bytes`] costs
+/// an atomic count up and one down (~8 ns each here), and a message frame
+/// had two more of them than it needs.
 fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
     whole.advance(PREAMBLE_LEN);
     let count = usize::from(pre.segment_count);
+    let Some(segments_len) = whole.len().checked_sub(4 * count) else {
+        return Err(FrameError::Truncated {
+            have: whole.len(),
+            need: 4 * count,
+        });
+    };
+    let mut words = [0u8; 4 * MAX_SEGMENTS];
+    words[..4 * count].copy_from_slice(&whole[segments_len..]);
+    whole.truncate(segments_len);
     let mut segments = Segments::new();
     for len in &pre.segment_lens[..count] {
+        // The preamble's lengths add up to `segments_len` (unused ones are
+        // 0), so the last split takes all that is left, without sharing.
         segments.push(whole.split_to(*len as usize));
     }
     let checked = checked_segments(pre.flags);
     let mut crc_memo = CrcMemo::NONE;
+    let mut words = &words[..4 * count];
     for (i, seg) in segments.iter().enumerate() {
-        let wire = whole.get_u32_le();
+        let wire = words.get_u32_le();
         let actual = if i < checked { segment_crc(seg) } else { 0 };
         if wire != actual {
             return Err(FrameError::SegmentCrc {
