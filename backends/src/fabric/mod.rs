@@ -1583,6 +1583,37 @@ impl FabricTransport {
         self.deferred_events.append(&mut events);
     }
 
+    /// Posts a small frame from `send` straight into a transmit slot,
+    /// encoded there — no copy into the arena first, no queue — when `id`
+    /// is connected with nothing queued or owed and a slot is free: what a
+    /// reply in a ping-pong finds. Gives the frame back where it must go
+    /// the queue's way (which also retries a failed post and reports the
+    /// failure).
+    fn post_small(&mut self, id: LinkId, f: Frame) -> Result<Option<Frame>, TransportError> {
+        let Some(link) = self.links.get_mut(&id) else {
+            return Ok(Some(f));
+        };
+        let len = f.encoded_len();
+        if !link.connected
+            || link.frozen
+            || link.close_after_flush
+            || link.has_output()
+            || len >= rendezvous::SMALL_UNIT
+        {
+            return Ok(Some(f));
+        }
+        let pre = f.preamble()?;
+        let fill = |buf: &mut [u8]| {
+            buf[0] = LAST;
+            f.write_encoded(&pre, &mut &mut buf[1..]);
+            1 + len
+        };
+        match link.post(id, fill) {
+            Ok(true) => Ok(None),
+            Ok(false) | Err(_) => Ok(Some(f)),
+        }
+    }
+
     /// Queues `unit` on `link`: one queued behind nothing is posted at once
     /// ([`FabricTransport::flush_now`]); the link is marked for the pass's
     /// flush only if something is left to post.
@@ -1762,6 +1793,9 @@ impl Transport for FabricTransport {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
             Transmit::Frame(f) => {
+                let Some(f) = self.post_small(link, f)? else {
+                    return Ok(());
+                };
                 let in_place = self.net.rma().is_some();
                 // Looked up for rendezvous units only: not per small message.
                 let late = f.encoded_len() > rendezvous::RNDV_THRESHOLD

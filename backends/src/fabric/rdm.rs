@@ -114,7 +114,7 @@ use mio::{Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
 use msgr_fabric::{Completion, FabricError, Landing, Net, PeerAddr, RdmEp, ReadDone, RmaOp, Site};
 use msgr_proto::arena::ByteArena;
-use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{Frame, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
@@ -672,6 +672,41 @@ impl RdmLink {
             }
             self.exposures.need_epilogue.remove(0);
         }
+        Ok(true)
+    }
+
+    /// Posts the link's next data piece (`kind`: `DATA_MORE`, `DATA_LAST`
+    /// or `RNDV`) through `port` (index and port): the header, then the
+    /// body `fill` writes into the rest of the slot (returning its length)
+    /// or, with `body`, bytes sent from where they lie. It spends a credit
+    /// and a sequence number and returns the credits owed to the peer.
+    /// `Ok(false)`: no slot or -FI_EAGAIN; nothing is spent.
+    #[allow(clippy::too_many_arguments)] // the post's: link, port, peer, piece
+    fn post_data(
+        &mut self,
+        id: LinkId,
+        (pidx, port): (usize, &mut Port),
+        remote: Dest,
+        kind: u8,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+        body: Option<Bytes>,
+        now: Instant,
+    ) -> Result<bool, FabricError> {
+        let credits = self.take_credits();
+        let seq = self.tx_seq;
+        let header = |buf: &mut [u8]| {
+            write_header(buf, kind, credits, remote, seq);
+            HEADER_LEN + fill(&mut buf[HEADER_LEN..])
+        };
+        let sent = port.post_with(pidx, self.peer, Some(id), header, body);
+        if !matches!(sent, Ok(true)) {
+            self.to_return += u32::from(credits);
+            return sent;
+        }
+        self.inflight += 1;
+        self.credits -= 1;
+        self.tx_seq += 1;
+        self.last_sent = now;
         Ok(true)
     }
 
@@ -1731,21 +1766,11 @@ impl RdmTransport {
                 // on each other until the keepalive timeout.
                 break;
             }
-            let credits = link.take_credits();
-            let seq = link.tx_seq;
-            let sent = port.post(pidx, link.peer, Some(id), |buf| {
-                write_header(buf, RNDV, credits, remote, seq);
-                HEADER_LEN + rendezvous::encode(&mut buf[HEADER_LEN..], &x)
-            })?;
-            if !sent {
-                link.to_return += u32::from(credits);
+            let fill = |body: &mut [u8]| rendezvous::encode(body, &x);
+            if !link.post_data(id, (pidx, port), remote, RNDV, fill, None, now)? {
                 return Ok(false);
             }
             link.exposures.sent(counters);
-            link.inflight += 1;
-            link.credits -= 1;
-            link.tx_seq += 1;
-            link.last_sent = now;
             if !link.post_epilogues(id, pidx, port, now)? {
                 return Ok(false);
             }
@@ -1756,12 +1781,14 @@ impl RdmTransport {
                 .exposures
                 .wants(rndv, link.front_sent, link.queue.front().map(OutUnit::len))
         {
-            let credits = link.take_credits();
-            let seq = link.tx_seq;
             if link.front_sent == 0 {
                 link.queue[0].resolve_epilogue();
             }
-            let front = &link.queue[0];
+            // Out of the queue while its piece is posted (the post takes
+            // the link); back at the front unless this was its last.
+            let Some(front) = link.queue.pop_front() else {
+                break;
+            };
             let left = front.len() - link.front_sent;
             let n = left.min(port.send_limit - HEADER_LEN);
             let last = n == left;
@@ -1770,38 +1797,24 @@ impl RdmTransport {
                 .then(|| front.shared(from, n))
                 .flatten();
             let in_place = shared.is_some();
-            let sent = port.post_with(
-                pidx,
-                link.peer,
-                Some(id),
-                |buf| {
-                    write_header(
-                        buf,
-                        if last { DATA_LAST } else { DATA_MORE },
-                        credits,
-                        remote,
-                        seq,
-                    );
-                    if in_place {
-                        return HEADER_LEN;
-                    }
-                    front.copy_out(from, &mut buf[HEADER_LEN..HEADER_LEN + n]);
-                    HEADER_LEN + n
-                },
-                shared,
-            )?;
-            if !sent {
-                link.to_return += u32::from(credits);
+            let kind = if last { DATA_LAST } else { DATA_MORE };
+            let fill = |body: &mut [u8]| {
+                if in_place {
+                    return 0;
+                }
+                front.copy_out(from, &mut body[..n]);
+                n
+            };
+            let sent = link.post_data(id, (pidx, port), remote, kind, fill, shared, now);
+            if !last || !matches!(sent, Ok(true)) {
+                link.queue.push_front(front);
+            }
+            if !sent? {
                 return Ok(false);
             }
             counters.pieces_in_place += u64::from(in_place);
-            link.inflight += 1;
-            link.credits -= 1;
-            link.tx_seq += 1;
             link.queued -= n;
-            link.last_sent = now;
             if last {
-                link.queue.pop_front();
                 link.front_sent = 0;
                 link.exposures.front_gone();
             } else {
@@ -1971,6 +1984,44 @@ impl RdmTransport {
         self.retry_at.get_or_insert(self.now + RETRY_AFTER);
     }
 
+    /// Posts a small frame from `send` straight into a transmit slot,
+    /// encoded there — no copy into the arena first, no queue — when `id`
+    /// is up with nothing queued or owed and a credit and a slot are free:
+    /// what a reply in a ping-pong finds. Gives the frame back where it
+    /// must go the queue's way (which also retries a failed post and
+    /// reports the failure).
+    fn post_small(&mut self, id: LinkId, f: Frame) -> Result<Option<Frame>, TransportError> {
+        let Some(link) = self.links.get_mut(&id) else {
+            return Ok(Some(f));
+        };
+        let Some(remote) = link.remote else {
+            return Ok(Some(f));
+        };
+        let pidx = link.port;
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return Ok(Some(f));
+        };
+        let len = f.encoded_len();
+        if link.frozen
+            || link.close_after_flush
+            || link.credits == 0
+            || link.has_output()
+            || len >= rendezvous::SMALL_UNIT
+            || HEADER_LEN + len > port.send_limit
+        {
+            return Ok(Some(f));
+        }
+        let pre = f.preamble()?;
+        let fill = |mut body: &mut [u8]| {
+            f.write_encoded(&pre, &mut body);
+            len
+        };
+        match link.post_data(id, (pidx, port), remote, DATA_LAST, fill, None, self.now) {
+            Ok(true) => Ok(None),
+            Ok(false) | Err(_) => Ok(Some(f)),
+        }
+    }
+
     /// Queues `unit` on `link`: one queued behind nothing is posted at once
     /// ([`RdmTransport::flush_now`]); the link is marked for the pass's
     /// flush only if something is left to post.
@@ -2093,6 +2144,9 @@ impl Transport for RdmTransport {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
             Transmit::Frame(f) => {
+                let Some(f) = self.post_small(link, f)? else {
+                    return Ok(());
+                };
                 let in_place = self.net.rma().is_some();
                 // Looked up for rendezvous units only: not per small message.
                 let late = f.encoded_len() > rendezvous::RNDV_THRESHOLD
@@ -2276,7 +2330,7 @@ mod tests {
     use bytes::Bytes;
     use msgr_addr::FabricEndpoint;
     use msgr_proto::banner::BANNER_LEN;
-    use msgr_proto::{Frame, Inbound};
+    use msgr_proto::Inbound;
 
     /// Pieces that overtook earlier ones wait in the ring and come out in
     /// order, across the ring's wrap, each once.
