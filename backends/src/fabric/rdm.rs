@@ -264,6 +264,58 @@ fn read_header(msg: &[u8]) -> Option<Header> {
     })
 }
 
+/// What a received control message carries after its header, taken out
+/// of the receive slot (reposted before the message is handled) and
+/// parsed for its kind alone; data pieces stay where they are.
+enum Body {
+    /// Nothing to take (data pieces, `KEEP`, `CLOSE`).
+    Empty,
+    /// `HELLO`: the connector's ids, name and capabilities.
+    Hello(Vec<u8>),
+    /// `WELCOME`: the acceptor's ids and its rendezvous capabilities
+    /// (`None`: too short).
+    Welcome(Option<(Dest, (Option<RmaOp>, bool))>),
+    /// `RNDV_DONE` and `RNDV_WRITTEN`: a unit's id.
+    Done(Option<u32>),
+    /// `RNDV_GRANT`: a unit's id and the buffer granted it.
+    Grant(Option<(u32, Landing)>),
+    /// `RNDV_EPILOGUE`: its bytes and their length.
+    Epilogue([u8; rendezvous::EPILOGUE_MSG_MAX], usize),
+}
+
+impl Body {
+    fn of(kind: u8, body: &[u8]) -> Body {
+        match kind {
+            HELLO => Body::Hello(body.to_vec()),
+            WELCOME => Body::Welcome(read_dest(body).map(|d| {
+                let caps = body.get(12..).unwrap_or(&[]);
+                let caps = (
+                    rendezvous::peer_op(caps),
+                    rendezvous::peer_late_epilogue(caps),
+                );
+                (d, caps)
+            })),
+            RNDV_DONE | RNDV_WRITTEN => Body::Done(rendezvous::decode_done(body)),
+            RNDV_GRANT => Body::Grant(rendezvous::decode_grant(body)),
+            RNDV_EPILOGUE => {
+                let mut words = [0u8; rendezvous::EPILOGUE_MSG_MAX];
+                let n = body.len().min(words.len());
+                words[..n].copy_from_slice(&body[..n]);
+                Body::Epilogue(words, n)
+            }
+            _ => Body::Empty,
+        }
+    }
+
+    /// The unit id of a `Done` body.
+    fn done(&self) -> Option<u32> {
+        match self {
+            Body::Done(id) => *id,
+            _ => None,
+        }
+    }
+}
+
 /// (link id, cookie) of a body that starts with them (HELLO, WELCOME).
 fn read_dest(body: &[u8]) -> Option<Dest> {
     let b = body.get(..12)?;
@@ -1136,38 +1188,13 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let (header, welcome, done_id, grant, hello) = {
-            let msg = port.ep.recv_done(slot, len);
-            let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
-            let h = read_header(msg);
-            let hello = (h.as_ref().map(|h| h.kind) == Some(HELLO)).then(|| body.to_vec());
-            // A WELCOME: the acceptor's ids, then its capabilities.
-            let caps = body.get(12..).unwrap_or(&[]);
-            let caps = (
-                rendezvous::peer_op(caps),
-                rendezvous::peer_late_epilogue(caps),
-            );
-            let welcome = read_dest(body).map(|d| (d, caps));
-            let grant = rendezvous::decode_grant(body);
-            (h, welcome, rendezvous::decode_done(body), grant, hello)
-        };
-        // Out of the slot, which is reposted before it is handled.
-        let mut epilogue = ([0u8; rendezvous::EPILOGUE_MSG_MAX], 0);
-        if header.as_ref().is_some_and(|h| h.kind == RNDV_EPILOGUE) {
-            let body = port
-                .ep
-                .recv_done(slot, len)
-                .get(HEADER_LEN..)
-                .unwrap_or(&[]);
-            let n = body.len().min(rendezvous::EPILOGUE_MSG_MAX);
-            epilogue.0[..n].copy_from_slice(&body[..n]);
-            epilogue.1 = n;
-        }
-        let Some(h) = header else {
+        let msg = port.ep.recv_done(slot, len);
+        let Some(h) = read_header(msg) else {
             tracing::debug!(len, "RDM message shorter than its header, dropped");
             return self.repost(pidx, slot);
         };
-        if let Some(body) = hello {
+        let body = Body::of(h.kind, msg.get(HEADER_LEN..).unwrap_or(&[]));
+        if let Body::Hello(body) = body {
             self.repost(pidx, slot);
             return self.hello(pidx, &body, events);
         }
@@ -1197,7 +1224,10 @@ impl RdmTransport {
         }
         match h.kind {
             WELCOME => {
-                let remote = welcome;
+                let remote = match body {
+                    Body::Welcome(w) => w,
+                    _ => None,
+                };
                 self.repost(pidx, slot);
                 let Some(link) = self.links.get_mut(&id) else {
                     return;
@@ -1236,7 +1266,7 @@ impl RdmTransport {
             KEEP => self.repost(pidx, slot),
             RNDV_DONE => {
                 self.repost(pidx, slot);
-                let id_done = done_id;
+                let id_done = body.done();
                 let (Some(link), Some(port)) = (
                     self.links.get_mut(&id),
                     self.ports.get_mut(pidx).and_then(Option::as_mut),
@@ -1256,11 +1286,18 @@ impl RdmTransport {
             }
             RNDV_GRANT => {
                 self.repost(pidx, slot);
+                let grant = match body {
+                    Body::Grant(g) => g,
+                    _ => None,
+                };
                 self.grant_received(id, grant, events);
             }
             RNDV_WRITTEN => {
                 self.repost(pidx, slot);
-                let written = self.links.get(&id).map(|l| l.receiving.written(done_id));
+                let written = self
+                    .links
+                    .get(&id)
+                    .map(|l| l.receiving.written(body.done()));
                 match written {
                     Some(Ok(context)) => self.rendezvous_arrived(pidx, id, context, None, events),
                     Some(Err(e)) => self.fail(id, e.to_string(), events),
@@ -1272,8 +1309,12 @@ impl RdmTransport {
                 let Some(link) = self.links.get_mut(&id) else {
                     return;
                 };
+                let words = match &body {
+                    Body::Epilogue(words, n) => &words[..*n],
+                    _ => &[],
+                };
                 let unit = link.receiving.epilogue_arrived(
-                    &epilogue.0[..epilogue.1],
+                    words,
                     &mut link.reasm,
                     &self.limits,
                     &mut self.rndv_counters,
