@@ -103,11 +103,11 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "rx_throttle_messages",
-        "received messages the application may hold before reading pauses (default 65536)",
+        "received messages the application may hold before reading pauses (default 65536, at most 4194304)",
     ),
     (
         "rx_throttle_bytes",
-        "received payload bytes the application may hold before reading pauses (default 512 MiB)",
+        "received payload bytes the application may hold before reading pauses (default 512 MiB, at most 512 GiB)",
     ),
     (
         "max_handshakes",
@@ -188,9 +188,11 @@ pub struct MessengerConfig {
     pub policy: Policy,
     /// Session tunables (timers, queue bounds, frame limits).
     pub session: SessionConfig,
-    /// Received messages the application may hold before reading pauses.
+    /// Received messages the application may hold before reading pauses
+    /// (at most 4 Mi: larger values count as that).
     pub rx_throttle_messages: usize,
-    /// Received payload bytes the application may hold before reading pauses.
+    /// Received payload bytes the application may hold before reading pauses
+    /// (at most 512 GiB: larger values count as that).
     pub rx_throttle_bytes: usize,
     /// Accepted links that may be mid-handshake at once, per worker; more are
     /// closed at once (bounds what unauthenticated peers can make us hold).

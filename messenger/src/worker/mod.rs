@@ -841,6 +841,19 @@ impl Worker {
             }
             other => tracing::debug!(event = ?other, "session event"),
         }
+        if let SessionEvent::Message(mut msg) = ev {
+            // The hot case, borrowing the connection: a clone of it is an
+            // atomic count up and down per message.
+            let Some(slot) = self.sessions.get(&key) else {
+                return;
+            };
+            let c = &self.shared.counters;
+            Counters::add(&c.rx_messages, 1);
+            Counters::add(&c.rx_bytes, msg.payload_len() as u64);
+            self.shared.throttle.charge(&mut msg);
+            self.shared.dispatcher.on_message(&slot.conn, msg);
+            return;
+        }
         let Some(slot) = self.sessions.get_mut(&key) else {
             return;
         };
@@ -888,12 +901,7 @@ impl Worker {
                 Counters::add(&c.reconnects, 1);
                 Counters::add(&c.replayed_messages, replayed);
             }
-            SessionEvent::Message(mut msg) => {
-                Counters::add(&c.rx_messages, 1);
-                Counters::add(&c.rx_bytes, msg.payload_len() as u64);
-                self.shared.throttle.charge(&mut msg);
-                d.on_message(&conn, msg);
-            }
+            SessionEvent::Message(_) => {} // delivered above
             SessionEvent::Reset {
                 reason,
                 undelivered,
