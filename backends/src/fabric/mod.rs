@@ -276,7 +276,7 @@ fn is_control(msg: &[u8]) -> bool {
 
 /// The first `N` bytes (at most) of a message body, copied out of its
 /// receive slot so the transport can be borrowed again (a rendezvous
-/// descriptor, grant or answer: none longer than its `N`).
+/// descriptor, grant, answer or late epilogue: none longer than its `N`).
 struct OutOfSlot<const N: usize> {
     buf: [u8; N],
     len: usize,

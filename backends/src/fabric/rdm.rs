@@ -121,7 +121,7 @@ use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving
 use super::wait_fd::CqWaitFd;
 use super::{
     no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, NetOptions,
-    PieceError, QueueFailures, Reassembly, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
+    OutOfSlot, PieceError, QueueFailures, Reassembly, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::{
@@ -279,8 +279,8 @@ enum Body {
     Done(Option<u32>),
     /// `RNDV_GRANT`: a unit's id and the buffer granted it.
     Grant(Option<(u32, Landing)>),
-    /// `RNDV_EPILOGUE`: its bytes and their length.
-    Epilogue([u8; rendezvous::EPILOGUE_MSG_MAX], usize),
+    /// `RNDV_EPILOGUE`: its bytes.
+    Epilogue(OutOfSlot<{ rendezvous::EPILOGUE_MSG_MAX }>),
 }
 
 impl Body {
@@ -297,12 +297,7 @@ impl Body {
             })),
             RNDV_DONE | RNDV_WRITTEN => Body::Done(rendezvous::decode_done(body)),
             RNDV_GRANT => Body::Grant(rendezvous::decode_grant(body)),
-            RNDV_EPILOGUE => {
-                let mut words = [0u8; rendezvous::EPILOGUE_MSG_MAX];
-                let n = body.len().min(words.len());
-                words[..n].copy_from_slice(&body[..n]);
-                Body::Epilogue(words, n)
-            }
+            RNDV_EPILOGUE => Body::Epilogue(OutOfSlot::new(body)),
             _ => Body::Empty,
         }
     }
@@ -1310,7 +1305,7 @@ impl RdmTransport {
                     return;
                 };
                 let words = match &body {
-                    Body::Epilogue(words, n) => &words[..*n],
+                    Body::Epilogue(words) => words.bytes(),
                     _ => &[],
                 };
                 let unit = link.receiving.epilogue_arrived(
