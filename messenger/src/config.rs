@@ -65,6 +65,12 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
          1: every pass)",
     ),
     (
+        "worker_cpus",
+        "CPUs to pin the workers to, as taskset -c writes them (0,2-3): worker i on the \
+         i-th, round robin; busy-polling workers each want one of their own (default: \
+         none, the scheduler places them)",
+    ),
+    (
         "policy",
         "policy of connections this side opens: lossy-client | lossless-client | lossless-peer",
     ),
@@ -184,6 +190,21 @@ pub struct MessengerConfig {
     /// threads, say), backing off to one in 64 while they find no one to
     /// run. 1 is every pass, for both.
     pub busy_poll_syscall_every: u32,
+    /// CPUs the workers are pinned to: worker `i` runs on
+    /// `worker_cpus[i % len]`. Empty (the default): the scheduler places
+    /// them. A busy-polling worker that shares its CPU with another busy
+    /// thread gets half of it until the scheduler moves one of them
+    /// (`worker` module `affinity` says what was measured); pin where
+    /// latency matters and a CPU can be spared per worker.
+    ///
+    /// ```
+    /// let mut cfg = msgr::MessengerConfig::default();
+    /// cfg.set("worker_cpus", "0").unwrap();
+    /// assert_eq!(cfg.worker_cpus, vec![0]);
+    /// // A CPU this process may not run on is refused at once.
+    /// assert!(cfg.set("worker_cpus", "100000").is_err());
+    /// ```
+    pub worker_cpus: Vec<usize>,
     /// Policy of connections opened with [`crate::Messenger::connect`].
     pub policy: Policy,
     /// Session tunables (timers, queue bounds, frame limits).
@@ -211,6 +232,7 @@ impl Default for MessengerConfig {
             busy_poll: Duration::from_micros(200),
             busy_poll_max: Duration::from_micros(2000),
             busy_poll_syscall_every: 0,
+            worker_cpus: Vec::new(),
             policy: Policy::LosslessClient,
             session: SessionConfig::default(),
             rx_throttle_messages: 64 * 1024,
@@ -234,6 +256,28 @@ where
             value: value.into(),
             why: e.to_string(),
         })
+}
+
+/// `worker_cpus`: a CPU list (empty or `none`: no pinning), each CPU one
+/// this process may run on.
+fn parse_worker_cpus(key: &str, value: &str) -> Result<Vec<usize>, ConfigError> {
+    let bad = |why: String| ConfigError::BadValue {
+        key: key.into(),
+        value: value.into(),
+        why,
+    };
+    let value = value.trim();
+    if value.is_empty() || value == "none" {
+        return Ok(Vec::new());
+    }
+    let cpus = crate::worker::affinity::parse_cpu_list(value).map_err(bad)?;
+    let allowed = crate::worker::affinity::allowed_cpus();
+    if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
+        return Err(bad(format!(
+            "CPU {c} is not one this process may run on ({allowed:?})"
+        )));
+    }
+    Ok(cpus)
 }
 
 /// Parses a policy name as written in configuration.
@@ -269,6 +313,7 @@ impl MessengerConfig {
             "busy_poll_syscall_every" => {
                 self.busy_poll_syscall_every = parse_num::<u32>(key, value)?
             }
+            "worker_cpus" => self.worker_cpus = parse_worker_cpus(key, value)?,
             "policy" => {
                 self.policy = parse_policy(value.trim()).ok_or_else(|| ConfigError::BadValue {
                     key: key.into(),
@@ -430,6 +475,7 @@ mod tests {
                 "payload_crc" => "false",
                 "fabric_rendezvous" => "off",
                 "fabric_cq_wait" => "poll",
+                "worker_cpus" => "0",
                 _ => "3",
             };
             MessengerConfig::default()

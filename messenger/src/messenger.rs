@@ -240,9 +240,20 @@ impl Messenger {
                 Vec::new()
             };
             let w = Worker::new(idx, shared.clone(), poll, rx, sleeping, ts, l);
+            let cpus = &shared.cfg.worker_cpus;
+            let cpu = (!cpus.is_empty()).then(|| cpus[idx % cpus.len()]);
             let th = std::thread::Builder::new()
                 .name(format!("msgr-worker-{idx}"))
-                .spawn(move || w.run())
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        // Checked when configured; the process's own mask
+                        // may have shrunk since.
+                        if let Err(e) = crate::worker::affinity::pin_current_thread(cpu) {
+                            tracing::warn!(worker = idx, cpu, error = %e, "worker not pinned");
+                        }
+                    }
+                    w.run()
+                })
                 .map_err(MessengerError::Spawn)?;
             threads.push(th);
         }

@@ -7,6 +7,7 @@
 //! Sessions are sharded over workers by peer address; a link accepted by one
 //! worker moves to the owner of its session once the peer said hello.
 
+pub(crate) mod affinity;
 mod command;
 mod spin;
 

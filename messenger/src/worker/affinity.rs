@@ -1,0 +1,86 @@
+//! Which CPU a worker thread runs on (`worker_cpus`).
+//!
+//! A busy-polling worker wants a CPU of its own. The scheduler places a new
+//! thread, and a thread woken by a peer, where it sees fit; two
+//! busy-polling threads it puts on one CPU (this worker and a peer's, in a
+//! ping-pong on one host) each get half of it until its load balancer moves
+//! one. Measured on a 2-vCPU VM (docs/BENCHMARKS.md, 2026-12-03): a 1 MiB
+//! one-way over libfabric's `shm` took twice as long for the first 10–20 ms
+//! of about half the runs, and for a whole run now and then; with each end
+//! pinned to a CPU of its own, in none of 14. Pinning the workers
+//! (`worker_cpus`, as Ceph's `ms_async_affinity_cores` does) takes the
+//! placement out of the scheduler's hands.
+
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
+
+/// The CPUs this process may run on now (its affinity mask).
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    // Pid 0: the calling thread.
+    let Ok(set) = sched_getaffinity(Pid::from_raw(0)) else {
+        return Vec::new();
+    };
+    (0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`.
+pub(crate) fn pin_current_thread(cpu: usize) -> nix::Result<()> {
+    let mut set = CpuSet::new();
+    set.set(cpu)?;
+    sched_setaffinity(Pid::from_raw(0), &set)
+}
+
+/// Parses a CPU list as `taskset -c` and the kernel write them — `2`,
+/// `0,2`, `0-3,8` — into CPU numbers in the order given.
+pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
+    let mut cpus = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let num = |s: &str| {
+            s.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{s}` is not a CPU number"))
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b {
+                    return Err(format!("range `{part}` runs backwards"));
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(num(part)?),
+        }
+    }
+    Ok(cpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_as_taskset_writes_them() {
+        assert_eq!(parse_cpu_list("2"), Ok(vec![2]));
+        assert_eq!(parse_cpu_list("1, 0"), Ok(vec![1, 0]));
+        assert_eq!(parse_cpu_list("0-2,7"), Ok(vec![0, 1, 2, 7]));
+        assert!(parse_cpu_list("3-1").is_err());
+        assert!(parse_cpu_list("x").is_err());
+        assert!(parse_cpu_list("1,").is_err());
+    }
+
+    #[test]
+    fn a_thread_pinned_to_an_allowed_cpu_runs_only_there() {
+        let cpu = *allowed_cpus()
+            .last()
+            .expect("this process may run somewhere");
+        let after = std::thread::spawn(move || {
+            pin_current_thread(cpu).expect("pin");
+            allowed_cpus()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(after, vec![cpu]);
+    }
+}
