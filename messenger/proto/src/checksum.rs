@@ -66,6 +66,17 @@ impl CrcMemo {
         })))
     }
 
+    /// The memo of a sender that will send `bytes` (segment `segment` of
+    /// its frames) more than once, its CRC32C computed now; none for bytes
+    /// shorter than [`crate::frame::CRC_MEMO_MIN`], which cost less to read
+    /// again than the memo's shared handle costs every clone and frame.
+    pub(crate) fn sealed(segment: usize, bytes: &Bytes) -> CrcMemo {
+        if bytes.len() < crate::frame::CRC_MEMO_MIN {
+            return CrcMemo::NONE;
+        }
+        CrcMemo::new(segment, bytes, crc32c(bytes))
+    }
+
     /// The CRC32C of `bytes` as segment `segment`, if remembered.
     pub(crate) fn get(&self, segment: usize, bytes: &[u8]) -> Option<u32> {
         let m = self.0.as_deref()?;

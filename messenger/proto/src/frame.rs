@@ -256,18 +256,21 @@ impl Frame {
     /// so that encoding it and its clones takes it instead of reading the
     /// segment again: for a frame sent more than once. What
     /// [`crate::Message::with_data_checksum`] does for a message's data,
-    /// which says when not to. No segment `index`: the frame as it was.
+    /// which says when not to; as there, a segment shorter than
+    /// [`CRC_MEMO_MIN`] keeps none. No segment `index`: the frame as it was.
     ///
     /// ```
     /// use bytes::Bytes;
     /// use msgr_proto::{Frame, Tag};
     ///
-    /// let f = Frame::new(Tag::Message, [Bytes::from(vec![1u8; 4096])]).with_segment_checksum(0);
+    /// let f = Frame::new(Tag::Message, [Bytes::from(vec![1u8; 1 << 16])]).with_segment_checksum(0);
     /// assert_eq!(f.known_crc(0), Some(msgr_proto::checksum::crc32c(&f.segments[0])));
+    /// let small = Frame::new(Tag::Message, [Bytes::from(vec![1u8; 64])]).with_segment_checksum(0);
+    /// assert_eq!(small.known_crc(0), None);
     /// ```
     pub fn with_segment_checksum(mut self, index: usize) -> Frame {
         if let Some(seg) = self.segments.get(index) {
-            self.crc_memo = CrcMemo::new(index, seg, segment_crc(seg));
+            self.crc_memo = CrcMemo::sealed(index, seg);
         }
         self
     }
@@ -830,16 +833,16 @@ mod tests {
     /// their place (same length, other memory) or another index is read.
     #[test]
     fn a_memo_for_other_bytes_is_not_taken() {
-        let mut f = with_data(100).with_segment_checksum(1);
+        let mut f = with_data(CRC_MEMO_MIN).with_segment_checksum(1);
         assert!(f.known_crc(1).is_some());
-        f.segments[1] = Bytes::from(vec![3u8; 100]);
+        f.segments[1] = Bytes::from(vec![3u8; CRC_MEMO_MIN]);
         assert_eq!(f.known_crc(1), None);
         let (words, _) = f.epilogue_bytes();
         assert_eq!(
             words[4..8],
             crate::checksum::crc32c(&f.segments[1]).to_le_bytes()
         );
-        let moved = with_data(100).with_segment_checksum(1);
+        let moved = with_data(CRC_MEMO_MIN).with_segment_checksum(1);
         let mut f = Frame::new(Tag::Message, [moved.segments[1].clone()]);
         f.crc_memo = moved.crc_memo.clone();
         assert_eq!(f.known_crc(0), None, "the memo names segment 1");
