@@ -38,6 +38,16 @@
 #       default here: an echoed megabyte was just written on the server's
 #       core, and the client's copy of it pulls every modified line across
 #       from there (a 1 MiB one-way over shm took ~1.3x as long, measured)
+#   PIN=0 scripts/bench-fabric.sh
+#       leaves process placement to the scheduler; by default (with two
+#       CPUs or more) every server runs on CPU 0 and every client on CPU 1
+#       (taskset), fi_pingpong's as msgr's: two busy-polling threads the
+#       scheduler puts on one CPU share it until it moves one, and it placed
+#       msgr's workers (threads started after the process) so in about half
+#       the runs for their first 10-20 ms (a 1 MiB shm one-way at 2x there)
+#       and now and then for a whole run (docs/BENCHMARKS.md, 2026-12-03).
+#       The std::net reference (msgr bench's, both ends in one process) is
+#       not pinned.
 #
 # Targets (docs/BENCHMARKS.md, DESIGN §7): msgr one-way latency within 1.2x of
 # fi_pingpong and within 1.15x of std::net. On this kind of VM a blocking
@@ -68,6 +78,13 @@ case "$CQ_WAIT" in
     poll) MSGR_SET+=(--set fabric_cq_wait=poll); TP_CQ=(--poll-cq 1) ;;
     *) echo "CQ_WAIT must be fd or poll" >&2; exit 2 ;;
 esac
+PIN=${PIN:-1}
+SRV_PIN=(); CLI_PIN=()
+if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+    SRV_PIN=(taskset -c 0); CLI_PIN=(taskset -c 1)
+elif [ "$PIN" = 1 ]; then
+    PIN=0  # one CPU or no taskset: nothing to pin to
+fi
 REPLY=${REPLY:-own}
 case "$REPLY" in
     own) TP_ECHO=() ;;
@@ -131,10 +148,10 @@ VARIANTS=("tcp/msg tcp msg fabric+tcp://127.0.0.1:0"
 # fi_run PROV EP PORT: prints fi_pingpong's one-way µs (usec/xfer; fabtests
 # count both directions as transfers).
 fi_run() {
-    timeout 120 fi_pingpong -p "$1" -e "$2" -I "$ITER" -S "$SIZE" -B "$3" >"$WORK/fis" 2>&1 &
+    "${SRV_PIN[@]}" timeout 120 fi_pingpong -p "$1" -e "$2" -I "$ITER" -S "$SIZE" -B "$3" >"$WORK/fis" 2>&1 &
     local srv=$!; PIDS+=("$srv")
     sleep 0.3
-    if ! timeout 120 fi_pingpong -p "$1" -e "$2" -I "$ITER" -S "$SIZE" -P "$3" 127.0.0.1 >"$WORK/fic" 2>&1; then
+    if ! "${CLI_PIN[@]}" timeout 120 fi_pingpong -p "$1" -e "$2" -I "$ITER" -S "$SIZE" -P "$3" 127.0.0.1 >"$WORK/fic" 2>&1; then
         echo "fi_pingpong -p $1 -e $2 failed:" >&2; cat "$WORK/fic" "$WORK/fis" >&2; exit 1
     fi
     wait "$srv" || true
@@ -148,7 +165,7 @@ fi_run() {
 # "PREFIX ADDR" it prints once listening; sets SRV (its pid) and ADDR.
 start_server() {
     local name=$1 prefix=$2; shift 2
-    timeout 300 "$@" >"$WORK/$name" 2>"$WORK/$name.err" &
+    "${SRV_PIN[@]}" timeout 300 "$@" >"$WORK/$name" 2>"$WORK/$name.err" &
     SRV=$!; PIDS+=("$SRV")
     ADDR=""
     for _ in $(seq 1 100); do
@@ -162,7 +179,7 @@ start_server() {
 # msgr_run BIND_ADDR OUT_JSON: msgr serve on BIND_ADDR, msgr ping against it.
 msgr_run() {
     start_server serve "listening on" "$MSGR" serve "$1" --duration 240 "${MSGR_SET[@]}"
-    timeout 120 "$MSGR" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --json --reply "$REPLY" --seal "$SEAL" "${MSGR_SET[@]}" >"$2"
+    "${CLI_PIN[@]}" timeout 120 "$MSGR" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --json --reply "$REPLY" --seal "$SEAL" "${MSGR_SET[@]}" >"$2"
     kill -INT "$SRV"; wait "$SRV" || true
 }
 
@@ -170,7 +187,7 @@ msgr_run() {
 # it; writes the one-way mean and p50 in µs to OUT.
 tp_run() {
     start_server tserve listening "$TPING" serve "$1" --seconds 240 "${TP_ECHO[@]}" "${TP_SEAL[@]}" "${TP_CQ[@]}"
-    timeout 120 "$TPING" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 "${TP_CRC[@]}" "${TP_SEAL[@]}" "${TP_CQ[@]}" >"$WORK/tping"
+    "${CLI_PIN[@]}" timeout 120 "$TPING" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup "$WARMUP" --seconds 100 "${TP_CRC[@]}" "${TP_SEAL[@]}" "${TP_CQ[@]}" >"$WORK/tping"
     # An RDM server may not notice its client go (no connection to close).
     kill "$SRV" 2>/dev/null || true; wait "$SRV" || true
     sed -n 's/^result //p' "$WORK/tping" >"$WORK/tping.json"
@@ -213,7 +230,7 @@ done
 
 python3 - "$SIZE" "$ITER" "$RUNS" "$PRE_OTHERS" "$CORES" "$LOAD_BEFORE" "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "${FI_TCP[*]}" "${MSGR_MEAN[*]}" "${MSGR_P50[*]}" "${STD_MEAN[*]}" "${STD_P50[*]}" "${QUIET[*]}" "$WORK/results" \
-    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" "$CC" "$REPLY" "$SEAL" "$CQ_WAIT" <<'EOF'
+    "${TP_MEAN[*]}" "${TP_P50[*]}" "$PAYLOAD_CRC" "$CC" "$REPLY" "$SEAL" "$CQ_WAIT" "$PIN" <<'EOF'
 import statistics as st, sys
 size, it, runs, pre, cores, lb, la = sys.argv[1:8]
 fi, mm, mp, sm, sp = ([float(x) for x in a.split()] for a in sys.argv[8:13])
@@ -238,6 +255,7 @@ reply = "servers answer from their own buffers" if sys.argv[19] == "own" else "m
 if sys.argv[17] == "true":
     reply += "; payloads checksummed once and the checksum reused (sealed)" if sys.argv[20] == "true" else "; every send checksums its payload again (SEAL=false)"
 cq = "; libfabric CQs polled (fabric_cq_wait=poll, as fi_pingpong's)" if sys.argv[21] == "poll" else ""
+cq += "; servers on CPU 0, clients on CPU 1 (std::net's not pinned)" if sys.argv[22] == "1" else "; placement left to the scheduler (PIN=0)"
 print(f"{size} B ping-pong on 127.0.0.1, {runs} runs x {it} round trips; one-way µs, median (spread){crc}{cq}; {reply}; tcp congestion control {sys.argv[18]}")
 print(f"machine {state}: others used {pre} of {cores} cores before; msgr bench saw {' '.join(quiet)}; loadavg {lb} before, {la} after")
 for label, rs in rows.items():
