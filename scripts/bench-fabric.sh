@@ -220,6 +220,9 @@ for run in $(seq 1 "$RUNS"); do
     MSGR_P50+=("$(json "$WORK/ping.json" "d['ping']['one_way']['p50_us']")")
     tp_run tcp://127.0.0.1:0 "$WORK/tp"; read -r tmean tp50 <"$WORK/tp"
     TP_MEAN+=("$tmean"); TP_P50+=("$tp50")
+    # msgr bench judges the machine by the CPU others used in the half
+    # second before it: let the servers just stopped finish going first.
+    sleep 1
     timeout 120 "$MSGR" bench --only latency --rounds 1 --json >"$WORK/bench.json"
     STD_MEAN+=("$(json "$WORK/bench.json" "d['latency']['rounds'][0]['reference']['one_way']['mean_us']")")
     STD_P50+=("$(json "$WORK/bench.json" "d['latency']['rounds'][0]['reference']['one_way']['p50_us']")")
