@@ -62,8 +62,24 @@ fn other_cores(a: &CpuSample, b: &CpuSample, cores: f64) -> f64 {
     if total <= 0.0 {
         return 0.0;
     }
-    let others = b.busy.saturating_sub(a.busy).saturating_sub(b.own - a.own) as f64;
+    let others = other_jiffies(a, b) as f64;
     (others / total * cores).max(0.0)
+}
+
+/// Jiffies other processes spent between two samples.
+fn other_jiffies(a: &CpuSample, b: &CpuSample) -> u64 {
+    b.busy
+        .saturating_sub(a.busy)
+        .saturating_sub(b.own.saturating_sub(a.own))
+}
+
+/// Whether other processes' CPU time over a window counts as load: at
+/// least [`QUIET_OTHER_CORES`] on average, and more than one jiffy — the
+/// counters' resolution (10 ms of CPU), which over a latency run of a
+/// tenth of a second alone would read as 0.17 cores of "others" (the
+/// kernel's accounting of a tick, not another process).
+fn loaded(cores_used: f64, jiffies: u64) -> bool {
+    jiffies > 1 && cores_used >= QUIET_OTHER_CORES
 }
 
 /// Starts watching; [`Watch::finish`] says what happened meanwhile.
@@ -114,16 +130,17 @@ impl Watch {
     /// What the machine did since [`Watch::start`].
     pub fn finish(&self) -> MachineState {
         let end = read_cpu();
-        let (others, own) = match (&self.start, &end) {
+        let (others, own, load_during) = match (&self.start, &end) {
             (Some(a), Some(b)) => {
                 let total = b.total.saturating_sub(a.total).max(1) as f64;
                 let own = (b.own - a.own) as f64 / total * self.cores as f64;
-                (Some(other_cores(a, b, self.cores as f64)), Some(own))
+                let others = other_cores(a, b, self.cores as f64);
+                let load = loaded(others, other_jiffies(a, b));
+                (Some(others), Some(own), load)
             }
-            _ => (None, None),
+            _ => (None, None, true),
         };
-        let quiet = self.idle_before.unwrap_or(f64::INFINITY) < QUIET_OTHER_CORES
-            && others.unwrap_or(f64::INFINITY) < QUIET_OTHER_CORES;
+        let quiet = self.idle_before.unwrap_or(f64::INFINITY) < QUIET_OTHER_CORES && !load_during;
         MachineState {
             cores: self.cores,
             loadavg_before: self.load_before,
@@ -153,5 +170,17 @@ impl MachineState {
             self.loadavg_before[2],
             self.loadavg_after[0],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_jiffy_of_others_is_resolution_not_load() {
+        assert!(!loaded(0.17, 1), "a tick over a short run");
+        assert!(loaded(0.3, 2));
+        assert!(!loaded(0.1, 50), "little, over a long run");
     }
 }
