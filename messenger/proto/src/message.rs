@@ -151,12 +151,18 @@ impl Message {
         h[3] = self.flags;
         h[8..16].copy_from_slice(&self.seq.to_le_bytes());
         h[16..24].copy_from_slice(&ack_seq.to_le_bytes());
-        let mut frame = Frame::new(
-            Tag::Message,
-            [headers.copy(&h), self.front.clone(), self.data.clone()],
-        );
-        frame.crc_memo = self.data_crc.clone();
-        frame
+        Frame {
+            tag: Tag::Message,
+            flags: 0,
+            // In place: collecting an array of segments through an iterator
+            // moved each twice more.
+            segments: crate::frame::Segments::from_buf([
+                headers.copy(&h),
+                self.front.clone(),
+                self.data.clone(),
+            ]),
+            crc_memo: self.data_crc.clone(),
+        }
     }
 
     /// Decodes a [`Tag::Message`] frame into the message and its piggybacked ack.
