@@ -25,9 +25,9 @@ counters! {
     tx_messages,
     /// Payload bytes handed to a transport (replays included).
     tx_bytes,
-    /// Messages delivered to the dispatcher.
+    /// Messages delivered to the dispatcher (counted once the worker is done with the session's batch: after the `on_message` calls).
     rx_messages,
-    /// Payload bytes delivered to the dispatcher.
+    /// Payload bytes delivered to the dispatcher (counted as `rx_messages`).
     rx_bytes,
     /// Sessions established by connecting.
     sessions_connected,

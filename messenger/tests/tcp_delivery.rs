@@ -47,6 +47,25 @@ fn ordering_and_integrity_100k_mixed_sizes() {
         wait_until(Duration::from_secs(10), || conn.queued() == (0, 0)),
         "acks drain the queue"
     );
+    // The counters agree with what went and came: on a clean link nothing
+    // is sent twice, so the client's tx figures are the server's rx ones
+    // (which the worker adds once it is done with a batch: soon after the
+    // dispatcher saw the last message).
+    let (c, s) = (cli.counters(), srv.counters());
+    let counted = wait_until(Duration::from_secs(10), || {
+        s.rx_messages.load(Ordering::Relaxed) == N
+    });
+    assert!(
+        counted,
+        "server counted {} of {N}",
+        s.rx_messages.load(Ordering::Relaxed)
+    );
+    assert_eq!(c.tx_messages.load(Ordering::Relaxed), N);
+    assert_eq!(
+        s.rx_bytes.load(Ordering::Relaxed),
+        c.tx_bytes.load(Ordering::Relaxed),
+        "payload bytes received = sent"
+    );
     // Every frame left intact: a CRC error would mean the sender scrambled
     // its own output (the CRC makes the session recover, hiding it otherwise).
     for (who, m) in [("client", &cli), ("server", &srv)] {

@@ -799,6 +799,8 @@ impl Worker {
         let c = &self.shared.counters;
         Counters::add(&c.tx_messages, st.tx_messages - slot.seen.tx_messages);
         Counters::add(&c.tx_bytes, st.tx_bytes - slot.seen.tx_bytes);
+        Counters::add(&c.rx_messages, st.rx_messages - slot.seen.rx_messages);
+        Counters::add(&c.rx_bytes, st.rx_bytes - slot.seen.rx_bytes);
         Counters::add(&c.duplicates_dropped, st.duplicates - slot.seen.duplicates);
         let phase = slot.session.phase();
         if st.faults != slot.seen.faults || phase != slot.seen_phase {
@@ -848,9 +850,8 @@ impl Worker {
             let Some(slot) = self.sessions.get(&key) else {
                 return;
             };
-            let c = &self.shared.counters;
-            Counters::add(&c.rx_messages, 1);
-            Counters::add(&c.rx_bytes, msg.payload_len() as u64);
+            // Counted with the session's other figures once it is driven
+            // (`drive`): not two atomic additions before every delivery.
             self.shared.throttle.charge(&mut msg);
             self.shared.dispatcher.on_message(&slot.conn, msg);
             return;
