@@ -29,7 +29,7 @@
 //! carries no CRC (`FLAG_UNCHECKED_PAYLOAD`, what msgr sends with
 //! `payload_crc = false` on both sides); the server echoes them as they came.
 //! Each end sends the same data again and again and checksums it once
-//! (`Frame::with_segment_checksum`; an echo reuses the checksum checked on
+//! (`Message::with_data_checksum`; an echo reuses the checksum checked on
 //! the way in), as `msgr ping` does by default; `--seal 0` on both makes
 //! every send checksum its data again, as for fresh data. `--poll-cq 1`
 //! opens a libfabric end's completion queue without a wait object
@@ -54,8 +54,8 @@ use msgr_backends::{
 };
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::frame::FLAG_UNCHECKED_PAYLOAD;
-use msgr_proto::message::MESSAGE_HEADER_LEN;
-use msgr_proto::{Frame, FrameLimits, Tag};
+use msgr_proto::message::MessageFrame;
+use msgr_proto::{FrameLimits, Message};
 
 /// While no transport needs it every pass, epoll is asked on one pass in
 /// this many (as the worker's busy-poll loop does).
@@ -208,25 +208,33 @@ impl From<Stop> for String {
     }
 }
 
-fn frame_of(inbound: Inbound) -> Option<Frame> {
+/// The message a received unit carries (as every receive path decodes
+/// it, or as a frame some path assembled), with its ack and flags.
+fn message_of(inbound: Inbound) -> Option<MessageFrame> {
     match inbound {
-        Inbound::Frame(f) => Some(f),
+        Inbound::Message(m) => Some(m),
+        Inbound::Frame(f) => {
+            let flags = f.flags;
+            let (msg, ack) = Message::from_frame(f).ok()?;
+            Some(MessageFrame { msg, ack, flags })
+        }
         Inbound::Banner(_) => None,
     }
 }
 
-/// The wire unit of a msgr message: a header segment of the message
-/// header's size, an empty front, the payload as data (checksummed now,
-/// once, if `seal`).
-fn message_unit(payload: Bytes, payload_crc: bool, seal: bool) -> Frame {
-    let header = Bytes::from_static(&[0; MESSAGE_HEADER_LEN]);
-    let mut frame = Frame::new(Tag::Message, [header, Bytes::new(), payload]);
-    if !payload_crc {
-        frame.flags = FLAG_UNCHECKED_PAYLOAD;
-    } else if seal {
-        frame = frame.with_segment_checksum(2);
+/// The wire unit of a msgr message: an empty front, the payload as data
+/// (checksummed now, once, if `seal`), sent as the session sends one.
+fn message_unit(payload: Bytes, payload_crc: bool, seal: bool) -> MessageFrame {
+    let mut msg = Message::new(0, Bytes::new(), payload);
+    if payload_crc && seal {
+        msg = msg.with_data_checksum();
     }
-    frame
+    let flags = if payload_crc {
+        0
+    } else {
+        FLAG_UNCHECKED_PAYLOAD
+    };
+    MessageFrame { msg, ack: 0, flags }
 }
 
 fn serve(
@@ -253,26 +261,28 @@ fn serve(
     let mut own = message_unit(Bytes::new(), true, false);
     loop {
         let next = end.wait(|ev| match ev {
-            TransportEvent::Received(_, inbound) => Some(frame_of(inbound)),
+            TransportEvent::Received(_, inbound) => Some(message_of(inbound)),
             _ => None,
         });
         match next {
-            Ok(Some(frame)) => {
-                let frame = if echo && seal {
-                    frame // with the checksum checked on the way in
+            Ok(Some(got)) => {
+                let answer = if echo && seal {
+                    got // with the checksum checked on the way in
                 } else if echo {
-                    let mut again = Frame::new(frame.tag, frame.segments);
-                    again.flags = frame.flags;
-                    again
+                    let m = got.msg;
+                    MessageFrame {
+                        msg: Message::new(m.msg_type, m.front, m.data),
+                        ..got
+                    }
                 } else {
-                    let len = frame.segments.get(2).map_or(0, |s| s.len());
-                    if own.segments[2].len() != len || own.flags != frame.flags {
-                        let crc = frame.flags & FLAG_UNCHECKED_PAYLOAD == 0;
+                    let len = got.msg.data.len();
+                    if own.msg.data.len() != len || own.flags != got.flags {
+                        let crc = got.flags & FLAG_UNCHECKED_PAYLOAD == 0;
                         own = message_unit(Bytes::from(vec![0xa5; len]), crc, seal);
                     }
                     own.clone()
                 };
-                if let Err(why) = end.send(link, Transmit::Frame(frame)) {
+                if let Err(why) = end.send(link, Transmit::Message(answer)) {
                     // The client went between its frame and our reply.
                     println!("served {echoed} frames ({why})");
                     return Ok(());
@@ -313,13 +323,13 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
     let mut one_way = Vec::with_capacity(o.count);
     for i in 0..o.warmup + o.count {
         let start = Instant::now();
-        end.send(link, Transmit::Frame(unit.clone()))?;
+        end.send(link, Transmit::Message(unit.clone()))?;
         let back = end.wait(|ev| match ev {
-            TransportEvent::Received(_, inbound) => frame_of(inbound),
+            TransportEvent::Received(_, inbound) => message_of(inbound),
             _ => None,
         })?;
         let rtt = start.elapsed();
-        let got = back.segments.get(2).map(|s| s.len());
+        let got = Some(back.msg.data.len());
         if got != Some(o.size) {
             return Err(format!(
                 "the answer to frame {i} has {got:?} data bytes, not {}",

@@ -48,10 +48,7 @@ pub(crate) fn bind_listener(
 /// Encodes `unit` and flips bit `bit` (modulo its length), as line noise
 /// would: what a backend sends for [`crate::Transport::send_corrupted`].
 pub(crate) fn corrupted(unit: Transmit, bit: u64) -> Result<Vec<u8>, TransportError> {
-    let mut bytes = match unit {
-        Transmit::Banner(b) => b.to_vec(),
-        Transmit::Frame(f) => f.encode_to_vec()?,
-    };
+    let mut bytes = unit.encode_to_vec()?;
     let bit = bit % (bytes.len() as u64 * 8);
     bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
     Ok(bytes)

@@ -17,7 +17,7 @@
 //!   - [`MORE`] / [`LAST`]: a piece of a unit that continues in the next
 //!     message / ends here. Units larger than a slot are split; the
 //!     receiver joins the pieces (bounded by the frame limits) and decodes
-//!     the whole unit with `Frame::decode_exact`.
+//!     the whole unit with `Inbound::decode_exact`.
 //!   - [`RNDV`] + a 28-byte descriptor (address, length, key, id; little
 //!     endian): a unit to fetch with `fi_read`.
 //!   - [`RNDV_DONE`] + the 4-byte id of a `RNDV`: its unit was read (or
@@ -97,7 +97,7 @@ use msgr_fabric::{
 use msgr_proto::arena::ByteArena;
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::frame::{Preamble, PREAMBLE_LEN};
-use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use crate::queue_failure::{fail_every_link, failed_read};
@@ -397,9 +397,7 @@ impl Reassembly {
                 "a whole unit inside another or before the banner".into(),
             ));
         }
-        Frame::decode_exact(unit, limits)
-            .map(Inbound::Frame)
-            .map_err(PieceError::Corrupt)
+        Inbound::decode_exact(unit, limits).map_err(PieceError::Corrupt)
     }
 
     /// Adds one piece (`last`: the unit ends here); returns the unit once whole.
@@ -438,8 +436,8 @@ impl Reassembly {
             self.banner_seen = true;
             return Ok(Some(Inbound::Banner(banner)));
         }
-        Frame::decode_exact(whole, limits)
-            .map(|f| Some(Inbound::Frame(f)))
+        Inbound::decode_exact(whole, limits)
+            .map(Some)
             .map_err(PieceError::Corrupt)
     }
 }
@@ -1589,7 +1587,7 @@ impl FabricTransport {
     /// reply in a ping-pong finds. Gives the frame back where it must go
     /// the queue's way (which also retries a failed post and reports the
     /// failure).
-    fn post_small(&mut self, id: LinkId, f: Frame) -> Result<Option<Frame>, TransportError> {
+    fn post_small(&mut self, id: LinkId, f: Transmit) -> Result<Option<Transmit>, TransportError> {
         let Some(link) = self.links.get_mut(&id) else {
             return Ok(Some(f));
         };
@@ -1602,10 +1600,10 @@ impl FabricTransport {
         {
             return Ok(Some(f));
         }
-        let pre = f.preamble()?;
+        let unit = f.checked()?;
         let fill = |buf: &mut [u8]| {
             buf[0] = LAST;
-            f.write_encoded(&pre, &mut &mut buf[1..]);
+            unit.write(&mut &mut buf[1..]);
             1 + len
         };
         match link.post(id, fill) {
@@ -1792,8 +1790,8 @@ impl Transport for FabricTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            Transmit::Frame(f) => {
-                let Some(f) = self.post_small(link, f)? else {
+            unit => {
+                let Some(f) = self.post_small(link, unit)? else {
                     return Ok(());
                 };
                 let in_place = self.net.rma().is_some();
@@ -1944,6 +1942,7 @@ impl Transport for FabricTransport {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use msgr_proto::Frame;
 
     /// A unit in pieces: the first piece's preamble is checked at once
     /// (a bad one fails the link before the limit's worth of pieces is

@@ -114,7 +114,7 @@ use mio::{Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
 use msgr_fabric::{Completion, FabricError, Landing, Net, PeerAddr, RdmEp, ReadDone, RmaOp, Site};
 use msgr_proto::arena::ByteArena;
-use msgr_proto::{Frame, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
@@ -2026,7 +2026,7 @@ impl RdmTransport {
     /// what a reply in a ping-pong finds. Gives the frame back where it
     /// must go the queue's way (which also retries a failed post and
     /// reports the failure).
-    fn post_small(&mut self, id: LinkId, f: Frame) -> Result<Option<Frame>, TransportError> {
+    fn post_small(&mut self, id: LinkId, f: Transmit) -> Result<Option<Transmit>, TransportError> {
         let Some(link) = self.links.get_mut(&id) else {
             return Ok(Some(f));
         };
@@ -2047,9 +2047,9 @@ impl RdmTransport {
         {
             return Ok(Some(f));
         }
-        let pre = f.preamble()?;
+        let unit = f.checked()?;
         let fill = |mut body: &mut [u8]| {
-            f.write_encoded(&pre, &mut body);
+            unit.write(&mut body);
             len
         };
         match link.post_data(id, (pidx, port), remote, DATA_LAST, fill, None, self.now) {
@@ -2179,8 +2179,8 @@ impl Transport for RdmTransport {
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let unit = match unit {
             Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            Transmit::Frame(f) => {
-                let Some(f) = self.post_small(link, f)? else {
+            unit => {
+                let Some(f) = self.post_small(link, unit)? else {
                     return Ok(());
                 };
                 let in_place = self.net.rma().is_some();
@@ -2366,7 +2366,7 @@ mod tests {
     use bytes::Bytes;
     use msgr_addr::FabricEndpoint;
     use msgr_proto::banner::BANNER_LEN;
-    use msgr_proto::Inbound;
+    use msgr_proto::{Frame, Inbound};
 
     /// Pieces that overtook earlier ones wait in the ring and come out in
     /// order, across the ring's wrap, each once.

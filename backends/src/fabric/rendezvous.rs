@@ -75,7 +75,7 @@ use bytes::Bytes;
 use msgr_fabric::{Exposed, FabricError, Landing, RemoteWord, RmaBuffers, RmaOp, CHECK_LEN};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::frame::{EncodedFrame, MAX_SEGMENTS, PREAMBLE_LEN};
-use msgr_proto::{Frame, FrameError, FrameLimits, Inbound};
+use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, Transmit};
 
 use super::{PieceError, Reassembly};
 use crate::split::INLINE_MAX;
@@ -582,8 +582,8 @@ pub fn decode_epilogue(body: &[u8]) -> Result<(u32, &[u8]), DescError> {
     Ok((u32::from_le_bytes([*a, *b, *c, *d]), &rest[..len]))
 }
 
-/// A frame as one unit to send: a small one encoded into a chunk of
-/// `arena` ([`OutUnit::Small`]); a large one split around its largest
+/// A frame or message as one unit to send: a small one encoded into a
+/// chunk of `arena` ([`OutUnit::Small`]); a large one (as a [`Frame`]) split around its largest
 /// segment when the endpoints can expose memory `in_place` (they have
 /// `FI_RMA`), that segment is large enough to go by rendezvous and the rest
 /// fits inline in a descriptor ([`OutUnit::Split`], or
@@ -593,15 +593,20 @@ pub fn decode_epilogue(body: &[u8]) -> Result<(u32, &[u8]), DescError> {
 /// copied once, into the send slots or into the buffer a rendezvous
 /// exposes).
 pub fn encode_unit(
-    f: Frame,
+    unit: Transmit,
     in_place: bool,
     late: bool,
     arena: &mut ByteArena,
 ) -> Result<OutUnit, FrameError> {
-    let len = f.encoded_len();
+    let len = unit.encoded_len();
     if len < SMALL_UNIT {
-        return f.encode_in(arena).map(OutUnit::Small);
+        let checked = unit.checked()?;
+        return Ok(OutUnit::Small(arena.fill(len, |b| checked.write(b))));
     }
+    let f = match unit.into_frame() {
+        Ok(f) => f,
+        Err(banner) => return Ok(OutUnit::Flat(banner.to_vec())),
+    };
     if !(in_place && len > RNDV_THRESHOLD) {
         return Ok(OutUnit::Frame(Box::new(f.into_encoded()?)));
     }
@@ -1487,25 +1492,26 @@ mod tests {
         let frame = big_frame(1 << 20, 100);
         let want = frame.encode_to_vec().unwrap();
         let mut arena = ByteArena::new(SMALL_ARENA);
-        let unit = encode_unit(frame.clone(), true, true, &mut arena).unwrap();
+        let unit = encode_unit(Transmit::Frame(frame.clone()), true, true, &mut arena).unwrap();
         assert!(matches!(unit, OutUnit::SplitLate(_)));
         assert_eq!(unit.len(), want.len());
         assert!(unit.flatten() == want);
-        let mut unit = encode_unit(frame.clone(), true, true, &mut arena).unwrap();
+        let mut unit = encode_unit(Transmit::Frame(frame.clone()), true, true, &mut arena).unwrap();
         unit.resolve_epilogue();
         assert_eq!(
             unit,
-            encode_unit(frame.clone(), true, false, &mut arena).unwrap()
+            encode_unit(Transmit::Frame(frame.clone()), true, false, &mut arena).unwrap()
         );
         // Not late when the epilogue is known already (sealed data), nor
         // without exposure in place, nor below the threshold.
         let sealed = frame.clone().with_segment_checksum(2);
-        let unit = encode_unit(sealed, true, true, &mut arena).unwrap();
+        let unit = encode_unit(Transmit::Frame(sealed), true, true, &mut arena).unwrap();
         assert!(matches!(unit, OutUnit::Split(_)));
         assert!(unit.flatten() == want);
-        let unit = encode_unit(frame, false, true, &mut arena).unwrap();
+        let unit = encode_unit(Transmit::Frame(frame), false, true, &mut arena).unwrap();
         assert!(matches!(unit, OutUnit::Frame(_)));
-        let unit = encode_unit(big_frame(1000, 0), true, true, &mut arena).unwrap();
+        let unit =
+            encode_unit(Transmit::Frame(big_frame(1000, 0)), true, true, &mut arena).unwrap();
         assert!(matches!(unit, OutUnit::Small(_)));
     }
 
@@ -1714,7 +1720,7 @@ mod tests {
             let want = frame.encode_to_vec().unwrap();
             let small = want.len() < SMALL_UNIT;
             assert_eq!(
-                encode_unit(frame.clone(), false, false, &mut arena).unwrap(),
+                encode_unit(Transmit::Frame(frame.clone()), false, false, &mut arena).unwrap(),
                 if small {
                     OutUnit::Small(Bytes::from(want.clone()))
                 } else {
@@ -1722,7 +1728,7 @@ mod tests {
                 },
                 "without exposure in place: the encoded frame as it is"
             );
-            let unit = encode_unit(frame, true, false, &mut arena).unwrap();
+            let unit = encode_unit(Transmit::Frame(frame), true, false, &mut arena).unwrap();
             assert_eq!(matches!(unit, OutUnit::Split { .. }), split);
             assert_eq!(matches!(unit, OutUnit::Small(_)), small);
             assert_eq!(unit.len(), want.len());

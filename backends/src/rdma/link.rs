@@ -32,6 +32,15 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
+    /// How a unit the session sends goes: a banner as one, anything else
+    /// as a frame.
+    pub(crate) fn of(unit: &msgr_proto::Transmit) -> Kind {
+        match unit {
+            msgr_proto::Transmit::Banner(_) => Kind::Banner,
+            msgr_proto::Transmit::Frame(_) | msgr_proto::Transmit::Message(_) => Kind::Frame,
+        }
+    }
+
     pub(crate) fn from_u8(v: u8) -> Option<Kind> {
         match v {
             0 => Some(Kind::Banner),

@@ -73,7 +73,7 @@ use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, TransportKind};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::frame::EncodedFrame;
-use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use msgr_rdma::{
     Access, MemoryRegion, QueuePair, RdmaError, ReadOnlyRegion, RemoteAddr, SendOp, SendWr,
     WcOpcode, WorkCompletion,
@@ -915,7 +915,7 @@ impl RdmaTransport {
                     })?;
                 Inbound::Banner(raw)
             }
-            _ => Inbound::Frame(Frame::decode_exact(bytes, &limits).map_err(RecvError::Corrupt)?),
+            _ => Inbound::decode_exact(bytes, &limits).map_err(RecvError::Corrupt)?,
         };
         self.deliver(id, RxItem::Ready(inbound), events);
         Ok(())
@@ -1117,8 +1117,8 @@ impl RdmaTransport {
             // the shelf when the message's last segment drops.
             self.sinks.lend(op.buf, op.len)
         };
-        let inbound = match Frame::decode_exact(bytes, &limits) {
-            Ok(f) => Inbound::Frame(f),
+        let inbound = match Inbound::decode_exact(bytes, &limits) {
+            Ok(unit) => unit,
             Err(fe) => {
                 self.drop_link(id);
                 events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(fe)));
@@ -1344,16 +1344,19 @@ impl Transport for RdmaTransport {
     }
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
-        match unit {
-            Transmit::Banner(b) => self.push_unit(link, Kind::Banner, Bytes::copy_from_slice(&b)),
-            Transmit::Frame(f) => {
-                let len = f.encoded_len();
-                if len > self.pools.rendezvous_threshold && self.dev.is_some() {
+        let len = unit.encoded_len();
+        let rendezvous = len > self.pools.rendezvous_threshold && self.dev.is_some();
+        if !rendezvous && len < GATHER_MIN {
+            let kind = Kind::of(&unit);
+            let checked = unit.checked()?;
+            let bytes = self.tx_arena.fill(len, |b| checked.write(b));
+            return self.push_unit(link, kind, bytes);
+        }
+        match unit.into_frame() {
+            Err(banner) => self.push_unit(link, Kind::Banner, Bytes::copy_from_slice(&banner)),
+            Ok(f) => {
+                if rendezvous {
                     return self.push_rendezvous(link, f.into_encoded()?);
-                }
-                if len < GATHER_MIN {
-                    let bytes = f.encode_in(&mut self.tx_arena)?;
-                    return self.push_unit(link, Kind::Frame, bytes);
                 }
                 // Larger: the segments stay where they are until each part
                 // is copied into its send chunk (one copy, not two).
@@ -1596,10 +1599,7 @@ impl Transport for RdmaTransport {
         unit: Transmit,
         bit: u64,
     ) -> Result<(), TransportError> {
-        let kind = match unit {
-            Transmit::Banner(_) => Kind::Banner,
-            Transmit::Frame(_) => Kind::Frame,
-        };
+        let kind = Kind::of(&unit);
         let bytes = crate::wire::corrupted(unit, bit)?;
         self.push_unit(link, kind, Bytes::from(bytes))
     }

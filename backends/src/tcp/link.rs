@@ -85,18 +85,19 @@ impl SendQueue {
         copy_threshold: usize,
         defer_crc: bool,
     ) -> Result<(), msgr_proto::FrameError> {
-        match unit {
-            Transmit::Banner(b) => self.put_small(&b),
-            Transmit::Frame(f) if f.segments.iter().all(|s| s.len() <= copy_threshold) => {
-                // All copied anyway: encode straight into the tail, without
-                // an EncodedFrame in between.
-                let preamble = f.preamble()?;
-                let len = f.encoded_len();
-                self.room_for_small(len);
-                f.write_encoded(&preamble, &mut self.tail);
-                self.len += len;
-            }
-            Transmit::Frame(f) => {
+        if unit.largest_segment() <= copy_threshold {
+            // All copied anyway: encode straight into the tail, without an
+            // EncodedFrame (or, for a message, a Frame) in between.
+            let checked = unit.checked()?;
+            let len = unit.encoded_len();
+            self.room_for_small(len);
+            checked.write(&mut self.tail);
+            self.len += len;
+            return Ok(());
+        }
+        match unit.into_frame() {
+            Err(banner) => self.put_small(&banner),
+            Ok(f) => {
                 self.put_small(&f.preamble()?.encode());
                 for seg in &f.segments {
                     if seg.len() > copy_threshold {
@@ -477,7 +478,7 @@ impl TcpLink {
         if let Some(unit) = &unit {
             // A lent buffer left with the frame.
             self.rx_lendable = false;
-            self.after_large = matches!(unit, Inbound::Frame(f) if f.encoded_len() >= LARGE_UNIT);
+            self.after_large = unit.encoded_len() >= LARGE_UNIT;
         }
         Ok(unit)
     }
@@ -738,6 +739,7 @@ mod tests {
                         break;
                     }
                     Some(Inbound::Banner(_)) | None => {}
+                    Some(other) => panic!("not the frame sent: {other:?}"),
                 }
             }
         }

@@ -8,7 +8,7 @@
 //!
 //! - `request_reply`: a 64 B message from one open session to the other
 //!   and a reply back, each through `send`, `poll_transmit` (the message
-//!   becomes a frame, the ack rides with it), `handle_inbound` and
+//!   goes out as a `MessageFrame`, the ack riding with it), `handle_inbound` and
 //!   `poll_event`, the frames handed over as they are (no encoding: that is
 //!   `--bench codec`). Two messages, both sides' work for each.
 //! - `copy (reference)`: the two messages' 64 bytes copied into a shared
@@ -32,6 +32,7 @@ fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
         let unit = match t {
             Transmit::Banner(b) => Inbound::Banner(b),
             Transmit::Frame(f) => Inbound::Frame(f),
+            Transmit::Message(m) => Inbound::Message(m),
         };
         to.handle_inbound(link, unit, now).expect("a valid unit");
     }

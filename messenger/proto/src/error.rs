@@ -49,7 +49,7 @@ pub enum FrameError {
         max: u64,
     },
     /// Reserved bytes are not zero (a newer or broken peer).
-    #[error("reserved preamble bits set")]
+    #[error("reserved bits set (preamble or message header)")]
     ReservedBitsSet,
     /// A whole-frame buffer ended before the frame did.
     #[error("truncated frame: have {have} bytes, need {need}")]

@@ -478,30 +478,36 @@ impl Frame {
     /// `buf`: nothing is copied, so a registered receive buffer handed in as
     /// `Bytes` lives on in the frame's segments.
     pub fn decode_exact(buf: Bytes, limits: &FrameLimits) -> Result<Frame, FrameError> {
-        let Some(raw) = buf.get(..PREAMBLE_LEN) else {
-            return Err(FrameError::Truncated {
-                have: buf.len(),
-                need: PREAMBLE_LEN,
-            });
-        };
-        let raw: &[u8; PREAMBLE_LEN] = raw.try_into().expect("sliced to the preamble length");
-        let pre = Preamble::decode(raw, limits)?;
-        let total = pre.frame_len() as usize;
-        match buf.len().cmp(&total) {
-            std::cmp::Ordering::Less => Err(FrameError::Truncated {
-                have: buf.len(),
-                need: total,
-            }),
-            std::cmp::Ordering::Greater => Err(FrameError::TrailingBytes(buf.len() - total)),
-            std::cmp::Ordering::Equal => frame_body(&pre, buf),
-        }
+        let pre = exact_preamble(&buf, limits)?;
+        frame_body(&pre, buf)
+    }
+}
+
+/// The checked preamble of a frame that must fill all of `buf`: truncated
+/// or trailing bytes are errors.
+pub(crate) fn exact_preamble(buf: &[u8], limits: &FrameLimits) -> Result<Preamble, FrameError> {
+    let Some(raw) = buf.first_chunk::<PREAMBLE_LEN>() else {
+        return Err(FrameError::Truncated {
+            have: buf.len(),
+            need: PREAMBLE_LEN,
+        });
+    };
+    let pre = Preamble::decode(raw, limits)?;
+    let total = pre.frame_len() as usize;
+    match buf.len().cmp(&total) {
+        std::cmp::Ordering::Less => Err(FrameError::Truncated {
+            have: buf.len(),
+            need: total,
+        }),
+        std::cmp::Ordering::Greater => Err(FrameError::TrailingBytes(buf.len() - total)),
+        std::cmp::Ordering::Equal => Ok(pre),
     }
 }
 
 /// A segment's CRC32C. An empty segment's is 0 (the CRC of no bytes), and
 /// skipping the call for it saves the checksum's fixed cost per call,
 /// a quarter of the checksum work of a small message with no data segment.
-fn segment_crc(seg: &[u8]) -> u32 {
+pub(crate) fn segment_crc(seg: &[u8]) -> u32 {
     if seg.is_empty() {
         0
     } else {
@@ -510,7 +516,7 @@ fn segment_crc(seg: &[u8]) -> u32 {
 }
 
 /// How many leading segments carry a CRC in a frame with these flags.
-fn checked_segments(flags: u8) -> usize {
+pub(crate) fn checked_segments(flags: u8) -> usize {
     if flags & FLAG_UNCHECKED_PAYLOAD != 0 {
         1
     } else {
@@ -519,35 +525,57 @@ fn checked_segments(flags: u8) -> usize {
 }
 
 /// Cuts a whole frame (`pre` already checked, `whole` exactly its length)
-/// into its segments and checks each one's CRC (an unchecked segment's
-/// epilogue word must be 0); the segments share `whole`'s memory.
+/// into its segments and checks each one's CRC.
+pub(crate) fn frame_body(pre: &Preamble, whole: Bytes) -> Result<Frame, FrameError> {
+    let (segments, crc_memo) = checked_body::<MAX_SEGMENTS>(pre, whole)?;
+    let count = usize::from(pre.segment_count);
+    Ok(Frame {
+        tag: pre.tag,
+        flags: pre.flags,
+        segments: segments.into_iter().take(count).collect(),
+        crc_memo,
+    })
+}
+
+/// The segments of a whole frame (`pre` already checked, `whole` exactly
+/// its length), in the first `pre.segment_count` of `N` places (the rest
+/// empty), each one's CRC checked (an unchecked segment's epilogue word
+/// must be 0), and the checksum kept of a large one. The segments share
+/// `whole`'s memory.
 ///
 /// The epilogue is read and cut off first, so the last segment is what is
 /// left of `whole`, moved rather than shared: each shared [`Bytes`] costs
 /// an atomic count up and one down (~8 ns each here), and a message frame
 /// had two more of them than it needs.
-fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
-    whole.advance(PREAMBLE_LEN);
+pub(crate) fn checked_body<const N: usize>(
+    pre: &Preamble,
+    mut whole: Bytes,
+) -> Result<([Bytes; N], CrcMemo), FrameError> {
     let count = usize::from(pre.segment_count);
-    let Some(segments_len) = whole.len().checked_sub(4 * count) else {
+    if count > N {
+        return Err(FrameError::TooManySegments(pre.segment_count));
+    }
+    if whole.len() as u64 != pre.frame_len() {
         return Err(FrameError::Truncated {
             have: whole.len(),
-            need: 4 * count,
+            need: pre.frame_len() as usize,
         });
-    };
+    }
+    // The preamble's lengths add up to this (unused ones are 0).
+    let segments_len = whole.len() - PREAMBLE_LEN - 4 * count;
+    whole.advance(PREAMBLE_LEN);
     let mut words = [0u8; 4 * MAX_SEGMENTS];
     words[..4 * count].copy_from_slice(&whole[segments_len..]);
     whole.truncate(segments_len);
-    let mut segments = Segments::new();
-    for len in &pre.segment_lens[..count] {
-        // The preamble's lengths add up to `segments_len` (unused ones are
-        // 0), so the last split takes all that is left, without sharing.
-        segments.push(whole.split_to(*len as usize));
+    let mut segments: [Bytes; N] = std::array::from_fn(|_| Bytes::new());
+    for (seg, len) in segments.iter_mut().zip(&pre.segment_lens[..count]) {
+        // The last split takes all that is left, without sharing.
+        *seg = whole.split_to(*len as usize);
     }
     let checked = checked_segments(pre.flags);
     let mut crc_memo = CrcMemo::NONE;
     let mut words = &words[..4 * count];
-    for (i, seg) in segments.iter().enumerate() {
+    for (i, seg) in segments.iter().enumerate().take(count) {
         let wire = words.get_u32_le();
         let actual = if i < checked { segment_crc(seg) } else { 0 };
         if wire != actual {
@@ -562,12 +590,7 @@ fn frame_body(pre: &Preamble, mut whole: Bytes) -> Result<Frame, FrameError> {
             crc_memo = CrcMemo::new(i, seg, actual);
         }
     }
-    Ok(Frame {
-        tag: pre.tag,
-        flags: pre.flags,
-        segments,
-        crc_memo,
-    })
+    Ok((segments, crc_memo))
 }
 
 /// Segments of at least this many bytes have their checked CRC32C kept
@@ -658,7 +681,7 @@ impl FrameDecoder {
     /// reuses it in place (handing the whole buffer over instead cost a
     /// fresh buffer and its reallocation on every read of a ping-pong).
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
-        self.next_frame(buf, |buf, total| buf.split_to(total).freeze())
+        self.next_frame(buf, split_off_front, frame_body)
     }
 
     /// As [`FrameDecoder::decode`], with the frame's bytes turned into
@@ -671,31 +694,24 @@ impl FrameDecoder {
         buf: &mut BytesMut,
         freeze: impl FnOnce(BytesMut) -> Bytes,
     ) -> Result<Option<Frame>, FrameError> {
-        self.next_frame(buf, |buf, total| {
-            if buf.len() == total {
-                freeze(std::mem::take(buf))
-            } else {
-                freeze(buf.split_to(total))
-            }
-        })
+        self.next_frame(buf, handing_over(freeze), frame_body)
     }
 
     /// Checks the preamble once, waits for the whole frame, then lets `cut`
-    /// take its `total` bytes off the front of `buf`.
-    fn next_frame(
+    /// take its `total` bytes off the front of `buf` and `body` decode them.
+    pub(crate) fn next_frame<T>(
         &mut self,
         buf: &mut BytesMut,
         cut: impl FnOnce(&mut BytesMut, usize) -> Bytes,
-    ) -> Result<Option<Frame>, FrameError> {
+        body: impl FnOnce(&Preamble, Bytes) -> Result<T, FrameError>,
+    ) -> Result<Option<T>, FrameError> {
         let pre = match self.pending {
             Some(p) => p,
             None => {
-                if buf.len() < PREAMBLE_LEN {
+                let Some(raw) = buf.first_chunk::<PREAMBLE_LEN>() else {
                     return Ok(None);
-                }
-                let mut raw = [0u8; PREAMBLE_LEN];
-                raw.copy_from_slice(&buf[..PREAMBLE_LEN]);
-                let p = Preamble::decode(&raw, &self.limits)?;
+                };
+                let p = Preamble::decode(raw, &self.limits)?;
                 self.pending = Some(p);
                 p
             }
@@ -705,7 +721,28 @@ impl FrameDecoder {
             return Ok(None);
         }
         self.pending = None;
-        frame_body(&pre, cut(buf, total)).map(Some)
+        body(&pre, cut(buf, total)).map(Some)
+    }
+}
+
+/// A frame's `total` bytes split off the front of `buf`, even when they
+/// are all it holds: `buf` keeps its allocation (see [`FrameDecoder::decode`]).
+pub(crate) fn split_off_front(buf: &mut BytesMut, total: usize) -> Bytes {
+    buf.split_to(total).freeze()
+}
+
+/// A frame's `total` bytes taken off the front of `buf` and frozen by
+/// `freeze`, which gets `buf` itself where the frame fills it (see
+/// [`FrameDecoder::decode_with`]).
+pub(crate) fn handing_over(
+    freeze: impl FnOnce(BytesMut) -> Bytes,
+) -> impl FnOnce(&mut BytesMut, usize) -> Bytes {
+    move |buf, total| {
+        if buf.len() == total {
+            freeze(std::mem::take(buf))
+        } else {
+            freeze(buf.split_to(total))
+        }
     }
 }
 

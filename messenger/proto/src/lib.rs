@@ -37,4 +37,4 @@ pub use session::{
     FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, SendError, Session, SessionConfig,
     SessionEvent, SessionStats, Takeover,
 };
-pub use stream::{Inbound, StreamDecoder, Transmit};
+pub use stream::{CheckedUnit, Inbound, StreamDecoder, Transmit};

@@ -772,7 +772,7 @@ impl Worker {
                 let Some(tx) = slot.session.poll_transmit(now) else {
                     break;
                 };
-                room = room.saturating_sub(unit_len(&tx.1));
+                room = room.saturating_sub(Transmit::encoded_len(&tx.1));
                 out.push(tx);
             }
             if room == 0 && link.is_some() && slot.session.wants_transmit() {
@@ -1257,13 +1257,6 @@ fn is_handshake(unit: &Transmit) -> bool {
             f.tag,
             Tag::Hello | Tag::HelloOk | Tag::ReconnectOk | Tag::SessionReset | Tag::Wait
         ),
-    }
-}
-
-/// Bytes a unit occupies on the wire.
-fn unit_len(unit: &Transmit) -> usize {
-    match unit {
-        Transmit::Banner(b) => b.len(),
-        Transmit::Frame(f) => f.encoded_len(),
+        Transmit::Message(_) => false,
     }
 }

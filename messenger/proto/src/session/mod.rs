@@ -24,14 +24,13 @@ use msgr_addr::{EntityAddr, EntityName};
 
 pub use config::{Policy, SessionConfig};
 
-use crate::arena::ByteArena;
 use crate::banner::{features, Banner};
 use crate::control::{
     control_frame, parse_control, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk,
 };
 use crate::error::ProtocolError;
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
-use crate::message::Message;
+use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
 
 /// Names one transport link (connection) for the engine; chosen by the caller.
@@ -269,8 +268,6 @@ pub struct Session {
 
     ctrl: VecDeque<Transmit>,
     events: VecDeque<SessionEvent>,
-    /// Message headers are copied into here (see `Message::to_frame_in`).
-    headers: ByteArena,
     backoff: Duration,
     link_since: Instant,
     last_rx: Instant,
@@ -310,7 +307,6 @@ impl Session {
             acked_in_seq: 0,
             ctrl: VecDeque::new(),
             events: VecDeque::new(),
-            headers: ByteArena::new(crate::message::HEADER_ARENA),
             backoff,
             link_since: now,
             last_rx: now,
@@ -623,10 +619,16 @@ impl Session {
             let front = self.queue.front().map_or(self.sent_seq + 1, |m| m.seq);
             let idx = (self.sent_seq + 1 - front) as usize;
             let msg = self.queue.get(idx)?;
-            let mut frame = msg.to_frame_in(self.in_seq, &mut self.headers);
-            if self.features & features::UNCHECKED_PAYLOAD != 0 {
-                frame.flags |= FLAG_UNCHECKED_PAYLOAD;
-            }
+            let flags = if self.features & features::UNCHECKED_PAYLOAD != 0 {
+                FLAG_UNCHECKED_PAYLOAD
+            } else {
+                0
+            };
+            let frame = MessageFrame {
+                msg: msg.clone(),
+                ack: self.in_seq,
+                flags,
+            };
             self.stats.tx_messages += 1;
             self.stats.tx_bytes += msg.payload_len() as u64;
             self.acked_in_seq = self.in_seq;
@@ -639,7 +641,7 @@ impl Session {
                 self.acked_seq = self.sent_seq;
             }
             self.last_tx = now;
-            return Some((link, Transmit::Frame(frame)));
+            return Some((link, Transmit::Message(frame)));
         }
         if self.in_seq > self.acked_in_seq {
             self.acked_in_seq = self.in_seq;
@@ -885,16 +887,18 @@ impl Session {
                 })
             }
             (_, Inbound::Frame(f)) => {
-                if f.flags & FLAG_UNCHECKED_PAYLOAD != 0
-                    && self.features & features::UNCHECKED_PAYLOAD == 0
-                {
-                    // Its payload went unchecked, which we never agreed to.
-                    return Err(ProtocolError::Malformed {
-                        what: "frame",
-                        detail: "payload without CRC on a link that checks payloads".into(),
-                    });
-                }
+                self.check_flags(f.flags)?;
                 f
+            }
+            (State::Open(_), Inbound::Message(m)) => {
+                self.check_flags(m.flags)?;
+                return self.receive_message(m.msg, m.ack);
+            }
+            (state, Inbound::Message(_)) => {
+                return Err(ProtocolError::Unexpected {
+                    tag: Tag::Message,
+                    state: state.name(),
+                })
             }
         };
         match (self.state, frame.tag) {
@@ -971,22 +975,7 @@ impl Session {
             }
             (State::Open(_), Tag::Message) => {
                 let (msg, ack) = Message::from_frame(frame)?;
-                self.apply_ack(ack)?;
-                if msg.seq <= self.in_seq {
-                    self.stats.duplicates += 1;
-                    return Ok(());
-                }
-                if msg.seq != self.in_seq + 1 {
-                    return Err(ProtocolError::SequenceGap {
-                        last: self.in_seq,
-                        got: msg.seq,
-                    });
-                }
-                self.in_seq = msg.seq;
-                self.stats.rx_messages += 1;
-                self.stats.rx_bytes += msg.payload_len() as u64;
-                self.events.push_back(SessionEvent::Message(msg));
-                Ok(())
+                self.receive_message(msg, ack)
             }
             (State::Open(_), Tag::Ack) => {
                 let ack: Ack = parse_control(&frame, "ack")?;
@@ -1019,6 +1008,38 @@ impl Session {
                 state: state.name(),
             }),
         }
+    }
+
+    /// Refuses a frame whose payload went unchecked on a link that never
+    /// agreed to that.
+    fn check_flags(&self, flags: u8) -> Result<(), ProtocolError> {
+        if flags & FLAG_UNCHECKED_PAYLOAD != 0 && self.features & features::UNCHECKED_PAYLOAD == 0 {
+            return Err(ProtocolError::Malformed {
+                what: "frame",
+                detail: "payload without CRC on a link that checks payloads".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A message received on the open link, with the ack it carried.
+    fn receive_message(&mut self, msg: Message, ack: u64) -> Result<(), ProtocolError> {
+        self.apply_ack(ack)?;
+        if msg.seq <= self.in_seq {
+            self.stats.duplicates += 1;
+            return Ok(());
+        }
+        if msg.seq != self.in_seq + 1 {
+            return Err(ProtocolError::SequenceGap {
+                last: self.in_seq,
+                got: msg.seq,
+            });
+        }
+        self.in_seq = msg.seq;
+        self.stats.rx_messages += 1;
+        self.stats.rx_bytes += msg.payload_len() as u64;
+        self.events.push_back(SessionEvent::Message(msg));
+        Ok(())
     }
 
     /// Removes the oldest queued message, keeping the byte count and stats right.

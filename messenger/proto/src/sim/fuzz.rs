@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 use crate::banner::{Banner, BANNER_LEN};
 use crate::codec::{Codec, Postcard};
 use crate::control::{control_frame, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk};
+use crate::error::FrameError;
 use crate::frame::{Frame, FrameDecoder, FrameLimits, Preamble, Tag, MAX_SEGMENTS, PREAMBLE_LEN};
-use crate::message::Message;
+use crate::message::{Message, MessageFrame};
 use crate::session::{
     LinkId, LocalIdentity, Policy, Session, SessionConfig, SessionEvent, Takeover,
 };
@@ -217,7 +218,29 @@ pub fn frame_decode(data: &[u8]) {
                             let exact =
                                 Frame::decode_exact(Bytes::copy_from_slice(original), &limits);
                             assert_eq!(exact.as_ref(), Ok(&f));
-                            let _ = Message::from_frame(f);
+                            let direct = message_of(Inbound::decode_exact(
+                                Bytes::copy_from_slice(original),
+                                &limits,
+                            ));
+                            assert_eq!(
+                                direct,
+                                Message::from_frame(f).ok(),
+                                "a message decodes alike with and without a Frame"
+                            );
+                        }
+                        Inbound::Message(m) => {
+                            let enc = Transmit::Message(m.clone())
+                                .encode_to_vec()
+                                .expect("decoded message re-encodes");
+                            assert_eq!(enc, original, "message re-encodes to other bytes");
+                            let exact =
+                                Inbound::decode_exact(Bytes::copy_from_slice(original), &limits);
+                            assert_eq!(exact.as_ref(), Ok(&Inbound::Message(m.clone())));
+                            let via_frame =
+                                Frame::decode_exact(Bytes::copy_from_slice(original), &limits)
+                                    .ok()
+                                    .and_then(|f| Message::from_frame(f).ok());
+                            assert_eq!(via_frame, Some((m.msg, m.ack)), "the Frame path disagrees");
                         }
                     }
                     consumed += used;
@@ -237,7 +260,16 @@ pub fn frame_decode(data: &[u8]) {
         }
     }
     // Whatever is whole, decode_exact must agree on it not panicking either.
+    let _ = Inbound::decode_exact(Bytes::copy_from_slice(&stream), &limits);
     let _ = Frame::decode_exact(Bytes::from(stream), &limits);
+}
+
+/// The message and ack of a unit decoded as a message, if it was one.
+fn message_of(unit: Result<Inbound, FrameError>) -> Option<(Message, u64)> {
+    match unit {
+        Ok(Inbound::Message(m)) => Some((m.msg, m.ack)),
+        _ => None,
+    }
 }
 
 /// Rewrites the CRCs of the frames laid out in `stream` from `start` on.
@@ -382,12 +414,34 @@ pub fn message_decode(data: &[u8]) {
     let mut r = Reader::new(data);
     let frame = read_frame(&mut r);
     // The frame itself round-trips through the wire encoding.
-    let enc = frame.encode_to_vec().expect("small frame encodes");
-    let back = Frame::decode_exact(Bytes::from(enc), &FrameLimits::default());
+    let enc = Bytes::from(frame.encode_to_vec().expect("small frame encodes"));
+    let back = Frame::decode_exact(enc.clone(), &FrameLimits::default());
     assert_eq!(back.as_ref(), Ok(&frame));
-    if let Ok((msg, ack)) = Message::from_frame(frame) {
+    // Decoded straight as a message, the same bytes give the same verdict.
+    let direct = message_of(Inbound::decode_exact(enc, &FrameLimits::default()));
+    let flags = frame.flags;
+    let via_frame = Message::from_frame(frame);
+    assert_eq!(
+        direct,
+        via_frame.clone().ok(),
+        "the two message decoders disagree"
+    );
+    if let Ok((msg, ack)) = via_frame {
         let again = Message::from_frame(msg.to_frame(ack)).expect("re-encoded message decodes");
         assert_eq!(again, (msg.clone(), ack));
+        // Written straight from the message, it is the same frame.
+        let straight = MessageFrame {
+            msg: msg.clone(),
+            ack,
+            flags,
+        };
+        let mut as_frame = msg.to_frame(ack);
+        as_frame.flags = flags;
+        assert_eq!(
+            Transmit::Message(straight).encode_to_vec(),
+            as_frame.encode_to_vec(),
+            "a message's two encoders disagree"
+        );
         if let Ok(p) = msg.decode::<SamplePayload>() {
             let m2 = Message::encode(msg.msg_type, &p).expect("payload encodes");
             assert_eq!(m2.decode::<SamplePayload>().as_ref(), Ok(&p));
@@ -776,7 +830,14 @@ fn apply(s: &mut Session, op: &Op, now: &mut Instant, decoders: &mut [(StreamDec
         } => {
             let mut m = Message::new(1, vec![*len; usize::from(*len)], Bytes::new());
             m.seq = *seq;
-            let _ = s.handle_inbound(l(link), Inbound::Frame(m.to_frame(*ack)), *now);
+            // Both ways a message arrives: decoded straight (what every
+            // transport's receive path gives) or as a frame (assembled).
+            let unit = if seq % 2 == 0 {
+                Inbound::Message(MessageFrame::new(m, *ack))
+            } else {
+                Inbound::Frame(m.to_frame(*ack))
+            };
+            let _ = s.handle_inbound(l(link), unit, *now);
         }
         Op::RawFrame(x, f) => {
             let _ = s.handle_inbound(l(x), Inbound::Frame(f.clone()), *now);

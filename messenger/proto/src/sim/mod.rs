@@ -37,7 +37,6 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::banner::Banner;
-use crate::frame::Frame;
 use crate::message::Message;
 use crate::session::{
     LinkId, LocalIdentity, Policy, SendError, Session, SessionConfig, SessionEvent, Takeover,
@@ -561,11 +560,7 @@ impl Sim {
         }
         let progress = !out.is_empty() || !events.is_empty();
         for (link, t) in out {
-            let bytes = match t {
-                Transmit::Banner(b) => Bytes::copy_from_slice(&b),
-                Transmit::Frame(f) => encode(&f),
-            };
-            self.write(node, link, bytes);
+            self.write(node, link, encode(&t));
         }
         for e in events {
             self.handle_event(node, id, pending, e);
@@ -612,11 +607,7 @@ impl Sim {
             first.push(t);
         }
         for t in first {
-            let b = match t {
-                Transmit::Banner(b) => Bytes::copy_from_slice(&b),
-                Transmit::Frame(f) => encode(&f),
-            };
-            self.write(node, link, b);
+            self.write(node, link, encode(&t));
         }
         let features = p.features();
         let key = peer_key(&hello.addr);
@@ -640,13 +631,17 @@ impl Sim {
             Some((eid, Takeover::Accepted)) => self.set_owner(node, link, Some(eid)),
             Some((_, Takeover::Rejected(frame))) => {
                 self.stats.rejected += 1;
-                self.write(node, link, encode(&frame));
+                self.write(node, link, encode(&Transmit::Frame(frame)));
                 self.close_end(node, link, true);
             }
             // No session with the peer, or one that is ending.
             None | Some((_, Takeover::Ending)) if hello.cookie != 0 => {
                 self.stats.rejected += 1;
-                self.write(node, link, encode(&Session::reject_unknown()));
+                self.write(
+                    node,
+                    link,
+                    encode(&Transmit::Frame(Session::reject_unknown())),
+                );
                 self.close_end(node, link, true);
             }
             None | Some((_, Takeover::Ending)) => {
@@ -976,9 +971,9 @@ pub fn peer_key(addr: &EntityAddr) -> EntityAddr {
     }
 }
 
-fn encode(f: &Frame) -> Bytes {
-    // Frames built by the engine always fit their u32 lengths.
-    Bytes::from(f.encode_to_vec().expect("engine frames encode"))
+fn encode(t: &Transmit) -> Bytes {
+    // Units built by the engine always fit their u32 lengths.
+    Bytes::from(t.encode_to_vec().expect("engine frames encode"))
 }
 
 /// A banner's bytes, for tests that speak to a session directly.
