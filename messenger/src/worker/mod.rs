@@ -264,13 +264,14 @@ impl Worker {
             }
             let spinning = self.now.duration_since(last_activity) < busy.get();
             let timeout = if spinning {
-                if !active && pacer.yield_now(pass) {
+                if !active && pacer.yield_now(self.now, pass) {
                     // Spinning without work: let a thread that shares our
                     // core run (on an oversubscribed machine it may be the
                     // one we are waiting for).
                     let before = Instant::now();
                     std::thread::yield_now();
-                    pacer.yielded(before.elapsed());
+                    let after = Instant::now();
+                    pacer.yielded(after - before, after);
                 }
                 Some(Duration::ZERO)
             } else {
@@ -299,10 +300,12 @@ impl Worker {
                     until.map(|t| t.saturating_duration_since(self.now))
                 }
             };
-            // While spinning, epoll only every few passes unless a transport
+            // While spinning, epoll paced by its price unless a transport
             // needs it every pass (see `Transport::ready_every_pass`).
-            let ask_poll = !spinning
-                || pacer.poll_now(pass, self.transports.iter().any(|t| t.ready_every_pass()));
+            let needed = !spinning || self.transports.iter().any(|t| t.ready_every_pass());
+            let ask_poll = needed || pacer.poll_now(self.now, pass);
+            // A paced call is timed: its price sets the pace.
+            let paced_since = (!needed && ask_poll && pacer.adapts()).then(Instant::now);
             if !ask_poll {
                 events.clear();
             } else if let Err(e) = self.poll.poll(&mut events, timeout) {
@@ -313,6 +316,9 @@ impl Worker {
             }
             self.sleeping.store(false, Ordering::SeqCst);
             self.now = Instant::now();
+            if let Some(since) = paced_since {
+                pacer.polled(self.now - since, self.now);
+            }
             for ev in events.iter() {
                 if ev.token() == WAKER_TOKEN {
                     continue;

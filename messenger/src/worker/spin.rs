@@ -31,27 +31,43 @@
 //!   readiness (TCP sockets, unless the TCP transport reads its one or two
 //!   links itself: [`msgr_backends::Transport::ready_every_pass`]);
 //!   elsewhere listeners, connection set-up and the waker can wait a few
-//!   passes.
+//!   microseconds.
 //! - `sched_yield` on an idle pass lets a thread that shares the core run —
 //!   on an oversubscribed machine (a soft RDMA device's kernel threads in a
 //!   two-vCPU guest, say) it may be the one the worker waits for. Where no
 //!   one else wants the core, it is a system call for nothing.
 //!
-//! The default ([`SpinPacer::adaptive`]) therefore polls epoll every pass
-//! only for transports that need it, and yields on every idle pass only
-//! while yielding gives the core away: a yield that returns about as fast
-//! as the quickest one seen found no one to run, and the next comes twice
-//! as many idle passes later (up to [`MAX_YIELD_EVERY`]); one that took
-//! markedly longer found someone, and yields go back to every idle pass. A
-//! fixed setting ([`SpinPacer::every`]) does both on one pass in N.
+//! The default ([`SpinPacer::adaptive`]) gates each call twice:
+//! - by passes: `epoll_wait` on one pass in [`EPOLL_EVERY`] (every pass
+//!   only for transports that need it); `sched_yield` on every idle pass
+//!   while yields give the core away — a yield that takes markedly longer
+//!   than the quickest one seen found someone to run — and, while they
+//!   find no one, twice as many idle passes later each time (up to
+//!   [`MAX_YIELD_EVERY`]);
+//! - by price: the worker times the calls, and after one the next waits
+//!   [`CALL_SHARE`] times the quickest such call seen (at most
+//!   [`MAX_CALL_GAP`]), so fruitless calls take at most about
+//!   1/[`CALL_SHARE`] of a spinning worker's time. What a pass and a
+//!   system call cost differs between machines: on the Firecracker guest
+//!   of docs/BENCHMARKS.md (2026-12-04) `epoll_wait` took 185 ns and a
+//!   yield that found no one 612 ns, and the pass gate alone spent them on
+//!   nearly every round trip of a 64 B shm ping-pong.
+//!
+//! A fixed setting ([`SpinPacer::every`]) does both on one pass in N.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// While no transport needs it every pass, a spinning worker asks epoll on
-/// one pass in this many.
+/// at most one pass in this many.
 const EPOLL_EVERY: u32 = 16;
 /// The longest run of idle passes between yields that found no one to run.
 const MAX_YIELD_EVERY: u32 = 64;
+/// A paced system call waits this many times its quickest run before it
+/// is made again: at most about 1/64 of a spinning worker's time goes to it.
+const CALL_SHARE: u32 = 64;
+/// The longest the price gate holds a call back, whatever the price (the
+/// pass gate may hold it longer, as it always did).
+const MAX_CALL_GAP: Duration = Duration::from_micros(50);
 /// A yield that took this much longer than the quickest one seen (and more
 /// than [`GAVE_FACTOR`] times it) gave the core to someone.
 const GAVE_MARGIN: Duration = Duration::from_micros(2);
@@ -98,6 +114,33 @@ impl BusyWindow {
     }
 }
 
+/// The price gate of one system call of the spin loop (module docs).
+#[derive(Debug, Default)]
+struct PriceGate {
+    /// The quickest run seen: what the call costs when it finds nothing.
+    quickest: Option<Duration>,
+    /// Not before this; `None`: now.
+    next: Option<Instant>,
+}
+
+impl PriceGate {
+    fn open(&self, now: Instant) -> bool {
+        self.next.is_none_or(|next| now >= next)
+    }
+
+    /// The call ended at `end` after `took`; `found` says whether it found
+    /// something to do (then the gate stays open).
+    fn made(&mut self, took: Duration, end: Instant, found: bool) {
+        let quickest = self.quickest.map_or(took, |q| q.min(took));
+        self.quickest = Some(quickest);
+        self.next = if found {
+            None
+        } else {
+            Some(end + (quickest * CALL_SHARE).min(MAX_CALL_GAP))
+        };
+    }
+}
+
 /// Decides, pass by pass, whether a spinning worker calls `epoll_wait` and
 /// `sched_yield` (module docs).
 #[derive(Debug)]
@@ -109,8 +152,8 @@ pub(crate) struct SpinPacer {
     yield_every: u32,
     /// Idle passes since the last yield.
     idle: u32,
-    /// The quickest yield seen: what one costs when no one else runs.
-    quickest: Option<Duration>,
+    epoll_price: PriceGate,
+    yield_price: PriceGate,
 }
 
 impl SpinPacer {
@@ -124,13 +167,14 @@ impl SpinPacer {
     }
 
     /// Epoll every pass only where a transport needs it; yields while they
-    /// give the core away.
+    /// give the core away; both no more often than their price allows.
     pub(crate) fn adaptive() -> Self {
         SpinPacer {
             fixed: None,
             yield_every: 1,
             idle: 0,
-            quickest: None,
+            epoll_price: PriceGate::default(),
+            yield_price: PriceGate::default(),
         }
     }
 
@@ -142,34 +186,60 @@ impl SpinPacer {
         }
     }
 
-    /// Whether spinning pass number `pass` asks epoll; `needed` says whether
-    /// a transport needs it every pass.
-    pub(crate) fn poll_now(&self, pass: u32, needed: bool) -> bool {
-        needed || pass.is_multiple_of(self.fixed.unwrap_or(EPOLL_EVERY))
+    /// Whether the pacer learns the calls' price (not a fixed setting): the
+    /// caller times the calls it asks for only then.
+    pub(crate) fn adapts(&self) -> bool {
+        self.fixed.is_none()
     }
 
-    /// Whether this idle spinning pass (number `pass`) yields; if so, the
-    /// caller reports how long the yield took with [`SpinPacer::yielded`].
-    pub(crate) fn yield_now(&mut self, pass: u32) -> bool {
+    /// Whether spinning pass number `pass`, at `now`, asks epoll where no
+    /// transport needs it every pass; if so, the caller reports the call
+    /// with [`SpinPacer::polled`].
+    pub(crate) fn poll_now(&self, now: Instant, pass: u32) -> bool {
+        match self.fixed {
+            Some(n) => pass.is_multiple_of(n),
+            None => pass.is_multiple_of(EPOLL_EVERY) && self.epoll_price.open(now),
+        }
+    }
+
+    /// The paced `epoll_wait` [`SpinPacer::poll_now`] asked for took
+    /// `took` and ended at `end`. What it found is handled in this pass;
+    /// the next one waits its turn either way (an fd that stays busy —
+    /// a `tcp` provider's sockets — would otherwise keep the gate open).
+    pub(crate) fn polled(&mut self, took: Duration, end: Instant) {
+        if self.fixed.is_none() {
+            self.epoll_price.made(took, end, false);
+        }
+    }
+
+    /// Whether this idle spinning pass (number `pass`, at `now`) yields; if
+    /// so, the caller reports how long the yield took with
+    /// [`SpinPacer::yielded`].
+    pub(crate) fn yield_now(&mut self, now: Instant, pass: u32) -> bool {
         if let Some(n) = self.fixed {
             return pass.is_multiple_of(n);
         }
         self.idle += 1;
-        if self.idle < self.yield_every {
+        if self.idle < self.yield_every || !self.yield_price.open(now) {
             return false;
         }
         self.idle = 0;
         true
     }
 
-    /// How long the yield [`SpinPacer::yield_now`] asked for took.
-    pub(crate) fn yielded(&mut self, took: Duration) {
+    /// The yield [`SpinPacer::yield_now`] asked for took `took` and ended at
+    /// `end`.
+    pub(crate) fn yielded(&mut self, took: Duration, end: Instant) {
         if self.fixed.is_some() {
             return;
         }
-        let quickest = self.quickest.map_or(took, |q| q.min(took));
-        self.quickest = Some(quickest);
-        let gave = took > quickest * GAVE_FACTOR && took > quickest + GAVE_MARGIN;
+        // Judged against the quickest yield seen before this one: the first
+        // cannot be told from the price of a yield here.
+        let gave = self
+            .yield_price
+            .quickest
+            .is_some_and(|quickest| took > quickest * GAVE_FACTOR && took > quickest + GAVE_MARGIN);
+        self.yield_price.made(took, end, gave);
         self.yield_every = if gave {
             1
         } else {
@@ -184,46 +254,103 @@ mod tests {
 
     const QUICK: Duration = Duration::from_nanos(400);
     const GAVE: Duration = Duration::from_micros(50);
+    const US: Duration = Duration::from_micros(1);
+    /// Far enough apart that no price gate is closed.
+    const LATER: Duration = Duration::from_millis(1);
 
-    /// Idle passes until the next yield.
-    fn passes_to_yield(p: &mut SpinPacer) -> u32 {
+    /// Idle passes until the next yield, `LATER` apart (the price gate
+    /// open): the pass gate alone.
+    fn passes_to_yield(p: &mut SpinPacer, t: &mut Instant) -> u32 {
         (1..=MAX_YIELD_EVERY + 1)
-            .find(|&i| p.yield_now(i))
+            .find(|&i| {
+                *t += LATER;
+                p.yield_now(*t, i)
+            })
             .expect("yields within MAX_YIELD_EVERY passes")
     }
 
     #[test]
     fn yields_back_off_while_no_one_runs_and_return_when_someone_does() {
+        let mut t = Instant::now();
         let mut p = SpinPacer::adaptive();
         let mut gaps = Vec::new();
         for _ in 0..9 {
-            gaps.push(passes_to_yield(&mut p));
-            p.yielded(QUICK);
+            gaps.push(passes_to_yield(&mut p, &mut t));
+            p.yielded(QUICK, t);
         }
         assert_eq!(gaps, [1, 2, 4, 8, 16, 32, 64, 64, 64]);
         // A yield that took long: someone ran, so every idle pass again.
-        p.yielded(GAVE);
-        assert_eq!(passes_to_yield(&mut p), 1);
-        assert_eq!(passes_to_yield(&mut p), 1);
+        p.yielded(GAVE, t);
+        assert_eq!(passes_to_yield(&mut p, &mut t), 1);
+        assert_eq!(passes_to_yield(&mut p, &mut t), 1);
     }
 
     #[test]
     fn the_quickest_yield_is_the_yardstick() {
+        let mut t = Instant::now();
         let mut p = SpinPacer::adaptive();
         // The first yield was slow, but nothing quicker was seen yet: it
         // cannot be told from the cost of a yield here.
-        passes_to_yield(&mut p);
-        p.yielded(GAVE);
-        assert_eq!(passes_to_yield(&mut p), 2);
+        passes_to_yield(&mut p, &mut t);
+        p.yielded(GAVE, t);
+        assert_eq!(passes_to_yield(&mut p, &mut t), 2);
         // A quick one sets the yardstick lower...
-        p.yielded(QUICK);
-        assert_eq!(passes_to_yield(&mut p), 4);
+        p.yielded(QUICK, t);
+        assert_eq!(passes_to_yield(&mut p, &mut t), 4);
         // ...slightly slower than it is noise, not a hand-over...
-        p.yielded(QUICK + Duration::from_nanos(300));
-        assert_eq!(passes_to_yield(&mut p), 8);
+        p.yielded(QUICK + Duration::from_nanos(300), t);
+        assert_eq!(passes_to_yield(&mut p, &mut t), 8);
         // ...and one as slow as the first now counts as one.
-        p.yielded(GAVE);
-        assert_eq!(passes_to_yield(&mut p), 1);
+        p.yielded(GAVE, t);
+        assert_eq!(passes_to_yield(&mut p, &mut t), 1);
+    }
+
+    #[test]
+    fn a_yield_that_found_no_one_also_waits_its_price_times_the_share() {
+        let t = Instant::now();
+        let mut p = SpinPacer::adaptive();
+        assert!(p.yield_now(t, 1), "the first idle pass yields");
+        p.yielded(QUICK, t);
+        // The pass gate opens after two idle passes; the price gate at
+        // 64 × 400 ns.
+        let gap = QUICK * CALL_SHARE;
+        assert!((2..100).all(|pass| !p.yield_now(t + gap - US, pass)));
+        assert!(p.yield_now(t + gap, 100));
+        // A yield that gave the core away opens both gates.
+        p.yielded(GAVE, t + gap);
+        assert!(p.yield_now(t + gap, 101));
+    }
+
+    #[test]
+    fn epoll_waits_for_both_its_pass_and_its_price() {
+        let t = Instant::now();
+        let mut p = SpinPacer::adaptive();
+        assert!(!p.poll_now(t, 1));
+        assert!(p.poll_now(t, EPOLL_EVERY));
+        let epoll = Duration::from_nanos(185);
+        p.polled(epoll, t);
+        let gap = epoll * CALL_SHARE; // 11.84 µs
+        assert!(!p.poll_now(t + gap - US, 2 * EPOLL_EVERY), "price gate");
+        assert!(!p.poll_now(t + gap, 2 * EPOLL_EVERY + 1), "pass gate");
+        assert!(p.poll_now(t + gap, 3 * EPOLL_EVERY));
+        // A slower call does not move the yardstick.
+        p.polled(epoll * 10, t + gap);
+        assert!(p.poll_now(t + gap * 2, 4 * EPOLL_EVERY));
+    }
+
+    #[test]
+    fn the_price_gate_holds_no_call_longer_than_the_longest_gap() {
+        let t = Instant::now();
+        let mut p = SpinPacer::adaptive();
+        let slow = Duration::from_micros(20); // × 64: 1.28 ms
+        p.polled(slow, t);
+        assert!(!p.poll_now(t + MAX_CALL_GAP - US, EPOLL_EVERY));
+        assert!(p.poll_now(t + MAX_CALL_GAP, EPOLL_EVERY));
+        assert!(p.yield_now(t, 1));
+        p.yielded(slow, t);
+        assert!(!p.yield_now(t + MAX_CALL_GAP - US, 2));
+        assert!(!p.yield_now(t + MAX_CALL_GAP - US, 3));
+        assert!(p.yield_now(t + MAX_CALL_GAP, 4));
     }
 
     const BASE: Duration = Duration::from_micros(200);
@@ -263,24 +390,18 @@ mod tests {
     }
 
     #[test]
-    fn epoll_every_pass_only_when_a_transport_needs_it() {
-        let p = SpinPacer::adaptive();
-        assert!((1..=64).all(|pass| p.poll_now(pass, true)));
-        let asked = (1..=64).filter(|&pass| p.poll_now(pass, false)).count();
-        assert_eq!(asked, 64 / EPOLL_EVERY as usize);
-    }
-
-    #[test]
     fn a_fixed_setting_does_not_adapt() {
+        let t = Instant::now();
         let mut p = SpinPacer::from_setting(1);
-        assert!((1..=10).all(|pass| p.poll_now(pass, false)));
         for pass in 1..=10 {
-            assert!(p.yield_now(pass));
-            p.yielded(QUICK);
+            assert!(p.poll_now(t, pass));
+            p.polled(QUICK, t);
+            assert!(p.yield_now(t, pass));
+            p.yielded(QUICK, t);
         }
         let mut p = SpinPacer::from_setting(4);
-        let yields = (1..=16).filter(|&pass| p.yield_now(pass)).count();
+        let yields = (1..=16).filter(|&pass| p.yield_now(t, pass)).count();
         assert_eq!(yields, 4);
-        assert_eq!((1..=16).filter(|&pass| p.poll_now(pass, false)).count(), 4);
+        assert_eq!((1..=16).filter(|&pass| p.poll_now(t, pass)).count(), 4);
     }
 }
