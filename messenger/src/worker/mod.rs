@@ -617,6 +617,10 @@ impl Worker {
     // ---- transport events ---------------------------------------------------
 
     fn handle_transport_events(&mut self) {
+        // Every pass asks, and most have nothing: no swap of the buffers then.
+        if self.tevents.is_empty() {
+            return;
+        }
         let now = self.now;
         let mut evs = std::mem::take(&mut self.tevents);
         for ev in evs.drain(..) {
