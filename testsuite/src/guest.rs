@@ -240,6 +240,12 @@ pub struct GuestOutcome {
     pub setup_log: String,
     /// The overall deadline killed qemu.
     pub deadline_hit: bool,
+    /// The guest kernel locked up (its console's line saying so) and qemu
+    /// was killed then, not at the deadline ([`GuestRunner::run`]).
+    pub kernel_lockup: Option<String>,
+    /// Boots of this job before this one whose kernel locked up (their
+    /// console lines): the job ran again from the start.
+    pub lockups_before: Vec<String>,
     /// Wall time from qemu start to its exit.
     pub elapsed: Duration,
 }
@@ -247,7 +253,9 @@ pub struct GuestOutcome {
 impl GuestOutcome {
     /// Every command ran and exited 0.
     pub fn all_succeeded(&self) -> bool {
-        !self.deadline_hit && self.commands.iter().all(CommandOutcome::success)
+        !self.deadline_hit
+            && self.kernel_lockup.is_none()
+            && self.commands.iter().all(CommandOutcome::success)
     }
 
     /// The outcome of the command called `name`.
@@ -274,6 +282,16 @@ impl fmt::Display for GuestOutcome {
                 ""
             }
         )?;
+        if let Some(line) = &self.kernel_lockup {
+            writeln!(f, "--- GUEST KERNEL LOCKED UP, qemu killed: {line}")?;
+        }
+        for line in &self.lockups_before {
+            writeln!(
+                f,
+                "--- an earlier boot of this job was killed when its kernel locked up ({line}); \
+                 the job ran again from the start in this one"
+            )?;
+        }
         for c in &self.commands {
             let status = match (c.exit_status, c.timed_out) {
                 (_, true) => "TIMED OUT".to_string(),
@@ -321,6 +339,8 @@ pub enum GuestError {
         reason: String,
         console_tail: String,
     },
+    #[error("the guest kernel locked up before its command loop ({line})\n{console_tail}")]
+    KernelLockup { line: String, console_tail: String },
 }
 
 /// Boots the test guest and runs commands in it. One guest at a time per
@@ -344,6 +364,23 @@ static RUN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 const BOOT_WATCHDOG: Duration = Duration::from_secs(150);
 /// Boots tried again after the watchdog fired, per run.
 const BOOT_RETRIES: u32 = 1;
+
+/// How often a running guest's console is read for a kernel lockup.
+const LOCKUP_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The first line of the guest's console that says its kernel locked up: a
+/// CPU stuck in the kernel for over 20 s (the soft-lockup watchdog). Nothing
+/// in user space comes back from that, so waiting for the deadline is
+/// minutes for nothing. Seen once (2026-12-04, 1 run in ~11): both vCPUs
+/// stuck after rdma_cm destroyed a siw listener whose socket siw had
+/// released (Linux 6.1's siw puts that endpoint twice:
+/// `msgr_backends` rdma `listen.rs`, which `verbs_messenger` exercises).
+fn kernel_lockup(console: &str) -> Option<String> {
+    console
+        .lines()
+        .find(|l| l.contains("BUG: soft lockup") || l.contains("hard LOCKUP"))
+        .map(|l| l.trim().to_string())
+}
 
 /// Whether the guest's init has written to the serial console yet.
 fn console_shows_init(console: &Path) -> bool {
@@ -429,7 +466,40 @@ impl GuestRunner {
     /// then says `deadline_hit` and the unfinished commands have no status.
     /// Errors only when the guest could not be started or never reached the
     /// command loop; a failing command is an `Ok` outcome that says so.
+    ///
+    /// A guest whose kernel locks up (a soft-lockup report on its console)
+    /// is killed at once and the whole job runs again in a fresh boot, once,
+    /// saying so on stderr and in the outcome (`lockups_before`); a second
+    /// lockup is the outcome (`kernel_lockup`), which no test passes.
     pub fn run(
+        &self,
+        commands: &[GuestCommand],
+        deadline: Duration,
+    ) -> Result<GuestOutcome, GuestError> {
+        let first = self.run_once(commands, deadline);
+        let line = match &first {
+            Ok(out) => out.kernel_lockup.clone(),
+            Err(GuestError::KernelLockup { line, .. }) => Some(line.clone()),
+            Err(_) => None,
+        };
+        let Some(line) = line else {
+            return first;
+        };
+        match &first {
+            Ok(out) => eprintln!("{out}"),
+            Err(e) => eprintln!("{e}"),
+        }
+        eprintln!(
+            "guest: THE GUEST KERNEL LOCKED UP ({line}); qemu was killed. Running the whole \
+             job again in a fresh boot, once."
+        );
+        let mut again = self.run_once(commands, deadline)?;
+        again.lockups_before.push(line);
+        Ok(again)
+    }
+
+    /// One boot of [`GuestRunner::run`].
+    fn run_once(
         &self,
         commands: &[GuestCommand],
         deadline: Duration,
@@ -455,11 +525,13 @@ impl GuestRunner {
         let console_path = job.path.join("console.log");
         let start = Instant::now();
         let mut deadline_hit = false;
+        let mut lockup = None;
         let mut failed_boots = 0;
         'boot: loop {
             let attempt = Instant::now();
             let mut child = self.spawn(&job.path, &console_path)?;
             let mut started = false;
+            let mut next_lockup_check = Instant::now() + LOCKUP_CHECK_EVERY;
             loop {
                 match child.try_wait() {
                     Ok(Some(_)) => break 'boot,
@@ -468,6 +540,16 @@ impl GuestRunner {
                         let _ = child.kill();
                         let _ = child.wait();
                         break 'boot;
+                    }
+                    Ok(None) if Instant::now() >= next_lockup_check => {
+                        next_lockup_check = Instant::now() + LOCKUP_CHECK_EVERY;
+                        let console = fs::read_to_string(&console_path).unwrap_or_default();
+                        if let Some(line) = kernel_lockup(&console) {
+                            lockup = Some(line);
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            break 'boot;
+                        }
                     }
                     Ok(None) => {
                         if !started && attempt.elapsed() >= BOOT_WATCHDOG {
@@ -505,6 +587,11 @@ impl GuestRunner {
         let status = job.read("status");
         let status = status.trim();
         if status.is_empty() || status == "setup-failed" {
+            let tail: Vec<&str> = console.lines().rev().take(40).collect();
+            let console_tail = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+            if let Some(line) = lockup {
+                return Err(GuestError::KernelLockup { line, console_tail });
+            }
             let reason = if deadline_hit {
                 format!("overall deadline of {deadline:?} hit")
             } else if status == "setup-failed" {
@@ -517,11 +604,9 @@ impl GuestRunner {
                     init_err
                 }
             };
-            let tail: Vec<&str> = console.lines().rev().take(40).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
             return Err(GuestError::Boot {
                 reason,
-                console_tail: tail.join("\n"),
+                console_tail,
             });
         }
         let commands = commands
@@ -543,6 +628,8 @@ impl GuestRunner {
             console,
             setup_log,
             deadline_hit,
+            kernel_lockup: lockup,
+            lockups_before: Vec::new(),
             elapsed,
         })
     }
@@ -692,6 +779,24 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn a_kernel_lockup_is_read_off_the_console() {
+        let quiet = "[    1.2] siw: iWARP device siw0 added\n[guest-init] started\n";
+        assert_eq!(kernel_lockup(quiet), None);
+        // An RCU stall warning alone is not a lockup: a loaded TCG guest
+        // can print one and recover.
+        let stall = "[ 580.38] rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:\n";
+        assert_eq!(kernel_lockup(stall), None);
+        let locked = format!(
+            "{quiet}{stall}[  544.827532] watchdog: BUG: soft lockup - CPU#1 stuck for 455s! \
+             [msgr-worker-0:205]\n[  572.8] watchdog: BUG: soft lockup - CPU#1 stuck for 481s!\n"
+        );
+        assert_eq!(
+            kernel_lockup(&locked).as_deref(),
+            Some("[  544.827532] watchdog: BUG: soft lockup - CPU#1 stuck for 455s! [msgr-worker-0:205]")
+        );
     }
 
     #[test]

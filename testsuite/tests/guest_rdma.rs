@@ -84,6 +84,39 @@ fn overall_deadline_kills_the_guest() {
     }
 }
 
+/// A guest whose kernel locks up is killed within seconds, not at the
+/// deadline, and the job runs once more in a fresh boot. FAKE: a real
+/// lockup cannot be produced on purpose, so the command writes the kernel
+/// watchdog's report to the kernel log itself (at KERN_CRIT, which reaches
+/// the console) — in both boots, so the outcome is the second lockup.
+#[test]
+fn a_kernel_lockup_is_cut_short_and_the_job_runs_again() {
+    let started = std::time::Instant::now();
+    let deadline = Duration::from_secs(300);
+    let out = runner()
+        .run(
+            &[GuestCommand::shell(
+                "locks-up",
+                "echo '<2>watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [fake:1] \
+                 (FAKE: written by the test)' >/dev/kmsg; sleep 600",
+            )
+            .timeout(Duration::from_secs(600))],
+            deadline,
+        )
+        .expect("guest run");
+    let line = out.kernel_lockup.as_deref().expect("the lockup was seen");
+    assert!(
+        line.contains("soft lockup") && line.contains("FAKE"),
+        "{line}"
+    );
+    assert_eq!(out.lockups_before.len(), 1, "{out}");
+    assert!(!out.deadline_hit && !out.all_succeeded(), "{out}");
+    assert_eq!(out.commands[0].exit_status, None, "{out}");
+    // Two boots cut short, far from two deadlines.
+    assert!(started.elapsed() < deadline, "took {:?}", started.elapsed());
+    println!("{out}");
+}
+
 /// The project's own programs over the real RDMA stack, in one guest boot:
 /// verbs (two RC QPs on rxe0), rdma_cm over Soft-RoCE and over soft-iWARP.
 #[test]
