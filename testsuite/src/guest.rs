@@ -541,17 +541,17 @@ impl GuestRunner {
                         let _ = child.wait();
                         break 'boot;
                     }
-                    Ok(None) if Instant::now() >= next_lockup_check => {
-                        next_lockup_check = Instant::now() + LOCKUP_CHECK_EVERY;
-                        let console = fs::read_to_string(&console_path).unwrap_or_default();
-                        if let Some(line) = kernel_lockup(&console) {
-                            lockup = Some(line);
-                            let _ = child.kill();
-                            let _ = child.wait();
-                            break 'boot;
-                        }
-                    }
                     Ok(None) => {
+                        if Instant::now() >= next_lockup_check {
+                            next_lockup_check = Instant::now() + LOCKUP_CHECK_EVERY;
+                            let console = fs::read_to_string(&console_path).unwrap_or_default();
+                            if let Some(line) = kernel_lockup(&console) {
+                                lockup = Some(line);
+                                let _ = child.kill();
+                                let _ = child.wait();
+                                break 'boot;
+                            }
+                        }
                         if !started && attempt.elapsed() >= BOOT_WATCHDOG {
                             started = console_shows_init(&console_path);
                             if !started && failed_boots < BOOT_RETRIES {
