@@ -42,6 +42,8 @@ cargo test --workspace --release
 
 step "cargo test: the fabric backend with real libfabric providers on loopback (tcp MSG, tcp;ofi_rxm RDM, shm RDM)"
 cargo test --release -p msgr --features fabric --test fabric
+# The msgr tool's serve, ping, stream and bench with fabric addresses.
+cargo test --release -p msgr-tool --features fabric --test cli
 
 step "stress suite: msgr-stress 60 s per available backend with faults, and the network-namespace run (docs/STRESS.md)"
 ensure_packages nftables iproute2

@@ -63,6 +63,7 @@ pub use msgr_backends::{
 pub use msgr_proto::{
     Codec, CodecError, FaultReason, Message, PeerInfo, Policy, Postcard, SessionConfig,
 };
+pub use worker::affinity::allowed_cpus;
 
 /// The README's example, compiled and run as a doctest so it cannot rot.
 #[doc = include_str!("../../README.md")]

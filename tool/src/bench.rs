@@ -33,10 +33,22 @@ pub enum Part {
     Rate,
 }
 
+/// The address a bench server binds: `transport` on 127.0.0.1 with a port
+/// the kernel picks, its options (`?ep=rdm`) after the address.
+///
+/// `fabric+shm?ep=rdm` becomes `fabric+shm://127.0.0.1:0?ep=rdm`.
+pub fn loopback_addr(transport: &str) -> String {
+    match transport.split_once('?') {
+        Some((scheme, query)) => format!("{scheme}://127.0.0.1:0?{query}"),
+        None => format!("{transport}://127.0.0.1:0"),
+    }
+}
+
 /// Options of a bench run.
 #[derive(Clone, Debug)]
 pub struct BenchOpts {
-    /// Transport scheme, e.g. `tcp`.
+    /// Transport scheme, e.g. `tcp`, with the address's options after `?`
+    /// (`fabric+shm?ep=rdm`); see [`loopback_addr`].
     pub transport: String,
     /// Short run for tests.
     pub quick: bool,
@@ -46,6 +58,8 @@ pub struct BenchOpts {
     pub parts: Vec<Part>,
     /// Who sends msgr's streams.
     pub driver: Driver,
+    /// Whether to pin the two messengers' workers ([`Placement`]).
+    pub pin: bool,
     /// JSON output.
     pub json: bool,
 }
@@ -101,6 +115,9 @@ pub struct BenchReport {
     pub workers: usize,
     /// Busy-poll window, µs.
     pub busy_poll_us: u64,
+    /// The CPUs the server's and the client's workers were pinned to, if
+    /// msgr bench pinned them ([`Placement`]).
+    pub pinned: Option<[usize; 2]>,
     /// How busy the machine was.
     pub machine: MachineState,
     /// Wall time, seconds.
@@ -159,9 +176,45 @@ fn compare<T: Serialize>(
     }
 }
 
+/// Where the server's and the client's workers run. Both busy-poll; two
+/// busy pollers the scheduler puts on one CPU each get half of it until its
+/// load balancer moves one (`worker_cpus`' documentation), which made the
+/// msgr rows of a run depend on where the threads happened to start. With
+/// two CPUs or more, one worker each (the default) and no `worker_cpus`
+/// given, the server's worker is pinned to the first CPU this process may
+/// use and the client's to the second — as `scripts/bench-fabric.sh` pins
+/// its servers and clients — unless `--pin false` says not to. Otherwise
+/// the configuration stands as given.
+struct Placement {
+    server: MessengerConfig,
+    client: MessengerConfig,
+    pinned: Option<[usize; 2]>,
+}
+
+impl Placement {
+    fn new(cfg: &MessengerConfig, pin: bool) -> Placement {
+        let cpus = msgr::allowed_cpus();
+        let pinned = match cpus[..] {
+            [a, b, ..] if pin && cfg.workers == 1 && cfg.worker_cpus.is_empty() => Some([a, b]),
+            _ => None,
+        };
+        let (mut server, mut client) = (cfg.clone(), cfg.clone());
+        if let Some([a, b]) = pinned {
+            server.worker_cpus = vec![a];
+            client.worker_cpus = vec![b];
+        }
+        Placement {
+            server,
+            client,
+            pinned,
+        }
+    }
+}
+
 /// Runs the benchmark and prints the table (or JSON).
 pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolError> {
-    let bind = parse_addr(&format!("{}://127.0.0.1:0", opts.transport))?;
+    let place = Placement::new(cfg, opts.pin);
+    let bind = parse_addr(&loopback_addr(&opts.transport))?;
     let (ping_count, warmup, secs) = if opts.quick {
         (2_000u64, 200u64, Duration::from_millis(300))
     } else {
@@ -172,7 +225,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let watch = Watch::start(Duration::from_millis(if opts.quick { 100 } else { 500 }));
     let started = Instant::now();
     let mut server = Messenger::builder(EntityName::server(0))
-        .config(cfg.clone())
+        .config(place.server.clone())
         .bind(bind)
         .start(Arc::new(Responder::default()))?;
     let target = server.addr().clone();
@@ -204,7 +257,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         // 64 B: a checksum pass costs nanoseconds either way.
                         seal: false,
                     };
-                    let m = net::ping(cfg, &target, &p, &mut step_bar)?;
+                    let m = net::ping(&place.client, &target, &p, &mut step_bar)?;
                     next(&mut progress, &format!("round {}: std ping", round + 1));
                     let r = reference::ping(64, warmup, ping_count, timeout)?;
                     lat.push(Round {
@@ -227,7 +280,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         // measure (sealed it is ~4% faster here, 2026-12-03).
                         seal: false,
                     };
-                    let (m, _) = net::stream(cfg, &target, &s, &mut step_bar)?;
+                    let (m, _) = net::stream(&place.client, &target, &s, &mut step_bar)?;
                     next(
                         &mut progress,
                         &format!("round {}: std 1 MiB stream", round + 1),
@@ -252,7 +305,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         // 64 B: a checksum pass costs nanoseconds either way.
                         seal: false,
                     };
-                    let (m, _) = net::stream(cfg, &target, &s, &mut step_bar)?;
+                    let (m, _) = net::stream(&place.client, &target, &s, &mut step_bar)?;
                     next(
                         &mut progress,
                         &format!("round {}: raw 64 B stream", round + 1),
@@ -309,6 +362,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         driver: opts.driver,
         workers: cfg.workers,
         busy_poll_us: cfg.busy_poll.as_micros() as u64,
+        pinned: place.pinned,
         machine,
         elapsed_s: started.elapsed().as_secs_f64(),
         latency,
@@ -358,6 +412,12 @@ impl BenchReport {
             self.driver,
             self.elapsed_s
         );
+        match self.pinned {
+            Some([server, client]) => println!(
+                "workers pinned: the server's to CPU {server}, the client's to CPU {client} (the std::net references are not)"
+            ),
+            None => println!("workers not pinned: placed by the scheduler"),
+        }
         println!("{}", self.machine.describe());
         println!();
         println!(

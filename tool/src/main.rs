@@ -123,7 +123,8 @@ enum Cmd {
     },
     /// Server and client in one process on loopback, against std::net references.
     Bench {
-        /// Transport scheme (tcp, verbs, rdmacm, fabric+PROVIDER).
+        /// Transport scheme (tcp, verbs, rdmacm, fabric+PROVIDER), with the
+        /// address's options after `?` where it needs them (fabric+shm?ep=rdm).
         #[arg(long, default_value = "tcp")]
         transport: String,
         /// A short run (for tests and smoke checks).
@@ -138,6 +139,11 @@ enum Cmd {
         /// Who sends msgr's streams.
         #[arg(long, value_enum, default_value_t = Driver::Callback)]
         driver: Driver,
+        /// Pin the server's worker to one CPU and the client's to another
+        /// (with two CPUs or more, one worker each and no `worker_cpus`
+        /// set); `false` leaves their placement to the scheduler.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+        pin: bool,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
@@ -397,9 +403,10 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             rounds,
             only,
             driver,
+            pin,
             json,
         } => {
-            let kind = parse_addr(&format!("{transport}://127.0.0.1:0"))?.transport;
+            let kind = parse_addr(&bench::loopback_addr(&transport))?.transport;
             if let Availability::Unavailable(reason) = availability(&kind) {
                 return Err(ToolError::Usage(format!(
                     "transport {transport} is not usable here: {reason}"
@@ -424,6 +431,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                 rounds,
                 parts,
                 driver,
+                pin,
                 json,
             };
             let report = bench::run(&cfg, &opts)?;

@@ -122,6 +122,12 @@ fn bench_quick_json_has_the_expected_fields() {
         serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", o.stdout));
     assert_eq!(v["transport"], "tcp");
     assert_eq!(v["quick"], true);
+    // Each messenger's worker on a CPU of its own, where there are two.
+    let expected = match msgr::allowed_cpus()[..] {
+        [a, b, ..] => serde_json::json!([a, b]),
+        _ => serde_json::Value::Null,
+    };
+    assert_eq!(v["pinned"], expected);
     assert!(v["machine"]["quiet"].is_boolean());
     assert!(v["machine"]["cores"].as_u64().is_some_and(|c| c >= 1));
     assert!(v["machine"]["loadavg_before"].is_array());
@@ -149,11 +155,12 @@ fn bench_quick_json_has_the_expected_fields() {
     assert_eq!(v["message_rate"]["rounds"][0]["msgr"]["size"], 64);
 }
 
-#[test]
-fn serve_answers_ping_and_stream_then_prints_counters_on_sigint() {
+/// Starts `msgr serve BIND` for at most a minute: the server, its stdout
+/// lines as they come, and the address it says it listens on.
+fn serve(bind: &str) -> (Guard, mpsc::Receiver<String>, String) {
     let mut server = Guard(
         Command::new(MSGR)
-            .args(["serve", "tcp://127.0.0.1:0", "--duration", "60"])
+            .args(["serve", bind, "--duration", "60"])
             .env_remove("MSGR_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -179,6 +186,12 @@ fn serve_answers_ping_and_stream_then_prints_counters_on_sigint() {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
         .to_owned();
+    (server, lines, addr)
+}
+
+#[test]
+fn serve_answers_ping_and_stream_then_prints_counters_on_sigint() {
+    let (mut server, lines, addr) = serve("tcp://127.0.0.1:0");
     assert!(addr.starts_with("tcp://127.0.0.1:"), "{addr}");
 
     let o = run(
@@ -341,4 +354,92 @@ fn bad_input_gives_a_clear_error_and_nonzero_exit() {
     );
     assert!(!o.status.success());
     assert!(o.stderr.contains("msgr: error:"), "{}", o.stderr);
+}
+
+/// `msgr serve`, `ping` and `stream` over libfabric's real `tcp` (MSG) and
+/// `shm` (RDM) providers on loopback: small messages eagerly, 1 MiB through
+/// the rendezvous, every payload checked by its receiver.
+#[cfg(feature = "fabric")]
+#[test]
+fn serve_ping_and_stream_over_fabric_addresses() {
+    for bind in [
+        "fabric+tcp://127.0.0.1:0",
+        "fabric+shm://127.0.0.1:0?ep=rdm",
+    ] {
+        let (_server, _lines, addr) = serve(bind);
+        let scheme = bind.split("://").next().unwrap();
+        assert!(
+            addr.starts_with(&format!("{scheme}://127.0.0.1:")),
+            "{addr}"
+        );
+        for size in ["64", "1048576"] {
+            let o = run(
+                &[
+                    "ping",
+                    &addr,
+                    "--count",
+                    "100",
+                    "--warmup",
+                    "10",
+                    "--size",
+                    size,
+                    "--json",
+                    "--timeout",
+                    "30",
+                ],
+                Duration::from_secs(60),
+            );
+            assert!(o.status.success(), "ping {addr} {size} B: {}", o.stderr);
+            let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("ping JSON");
+            assert_eq!(v["ping"]["count"], 100, "{v}");
+            assert_eq!(v["ping"]["size"].to_string(), size, "{v}");
+        }
+        let o = run(
+            &[
+                "stream", &addr, "--size", "1048576", "--count", "40", "--seal", "false", "--json",
+            ],
+            Duration::from_secs(60),
+        );
+        assert!(o.status.success(), "stream {addr}: {}", o.stderr);
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("stream JSON");
+        assert_eq!(v["stream"]["messages"], 40, "{v}");
+        assert_eq!(v["stream"]["bytes"], 40 << 20, "{v}");
+    }
+}
+
+/// `msgr bench` over an address with options (`?ep=rdm`), and the
+/// placement it reports: each messenger's worker on a CPU of its own where
+/// there are two, nothing pinned with `--pin false`.
+#[cfg(feature = "fabric")]
+#[test]
+fn bench_over_fabric_shm_pins_server_and_client_apart() {
+    let cpus = msgr::allowed_cpus();
+    for pin in ["true", "false"] {
+        let o = run(
+            &[
+                "bench",
+                "--transport",
+                "fabric+shm?ep=rdm",
+                "--quick",
+                "--only",
+                "latency",
+                "--pin",
+                pin,
+                "--json",
+            ],
+            Duration::from_secs(120),
+        );
+        assert!(o.status.success(), "bench: {}", o.stderr);
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("bench JSON");
+        assert_eq!(v["transport"], "fabric+shm?ep=rdm");
+        assert!(
+            v["latency"]["msgr"].as_f64().is_some_and(|x| x > 0.0),
+            "{v}"
+        );
+        let expected = match (pin, &cpus[..]) {
+            ("true", [a, b, ..]) => serde_json::json!([a, b]),
+            _ => serde_json::Value::Null,
+        };
+        assert_eq!(v["pinned"], expected, "--pin {pin}, CPUs {cpus:?}");
+    }
 }

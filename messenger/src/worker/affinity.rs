@@ -14,8 +14,21 @@
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
-/// The CPUs this process may run on now (its affinity mask).
-pub(crate) fn allowed_cpus() -> Vec<usize> {
+/// The CPUs the calling thread may run on now (its affinity mask, as
+/// `taskset` set it), in ascending order: what [`crate::MessengerConfig`]'s
+/// `worker_cpus` may name. Empty if the kernel would not say.
+///
+/// Use it to give each busy-polling messenger of one process a CPU of its
+/// own — a server and a client in one benchmark, say:
+///
+/// ```
+/// let cpus = msgr::allowed_cpus();
+/// let mut cfg = msgr::MessengerConfig::default();
+/// if let Some(&cpu) = cpus.first() {
+///     cfg.set("worker_cpus", &cpu.to_string()).unwrap();
+/// }
+/// ```
+pub fn allowed_cpus() -> Vec<usize> {
     // Pid 0: the calling thread.
     let Ok(set) = sched_getaffinity(Pid::from_raw(0)) else {
         return Vec::new();
