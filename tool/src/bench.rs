@@ -256,6 +256,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         connect_timeout,
                         // 64 B: a checksum pass costs nanoseconds either way.
                         seal: false,
+                        samples_to: None,
                     };
                     let m = net::ping(&place.client, &target, &p, &mut step_bar)?;
                     next(&mut progress, &format!("round {}: std ping", round + 1));

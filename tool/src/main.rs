@@ -88,6 +88,11 @@ enum Cmd {
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 60.0, value_name = "SECS")]
         timeout: f64,
+        /// Write every timed round trip's time to FILE, in the order they
+        /// ran (nanoseconds, one a line): whether the slow ones come alone
+        /// or in stretches, which percentiles do not say.
+        #[arg(long, value_name = "FILE")]
+        samples: Option<std::path::PathBuf>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -324,6 +329,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             reply,
             seal,
             timeout,
+            samples,
             json,
         } => {
             let target = parse_addr(&addr)?;
@@ -335,6 +341,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                 timeout: secs("--timeout", timeout)?,
                 connect_timeout,
                 seal,
+                samples_to: samples,
             };
             let mut progress = Progress::new(count + warmup, json);
             let r = net::ping(&cfg, &target, &opts, &mut progress)?;

@@ -248,6 +248,9 @@ pub struct PingOpts {
     /// application sending the same bytes again would; `false`: both ends
     /// checksum every payload they send, as for fresh data.
     pub seal: bool,
+    /// Where to write every timed round trip's time, in the order they
+    /// ran (ns, one a line): whether slow ones come alone or in stretches.
+    pub samples_to: Option<std::path::PathBuf>,
 }
 
 /// The ping every round trip sends.
@@ -416,6 +419,13 @@ pub fn ping(
         },
     );
     let elapsed = end.duration_since(st.first_timed.unwrap_or(start));
+    if let Some(path) = &opts.samples_to {
+        let text: String = st.samples.iter().map(|ns| format!("{ns}\n")).collect();
+        std::fs::write(path, text).map_err(|source| ToolError::Io {
+            what: format!("writing the round trips to {}", path.display()),
+            source,
+        })?;
+    }
     Ok(PingResult::new(
         opts.size,
         opts.warmup,

@@ -194,6 +194,7 @@ fn serve_answers_ping_and_stream_then_prints_counters_on_sigint() {
     let (mut server, lines, addr) = serve("tcp://127.0.0.1:0");
     assert!(addr.starts_with("tcp://127.0.0.1:"), "{addr}");
 
+    let samples = std::env::temp_dir().join(format!("msgr-cli-samples-{}", std::process::id()));
     let o = run(
         &[
             "ping",
@@ -205,12 +206,25 @@ fn serve_answers_ping_and_stream_then_prints_counters_on_sigint() {
             "--json",
             "--timeout",
             "30",
+            "--samples",
+            samples.to_str().expect("UTF-8 temp path"),
         ],
         Duration::from_secs(60),
     );
     assert!(o.status.success(), "ping failed: {}", o.stderr);
     let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("ping JSON");
     assert_eq!(v["ping"]["count"], 200);
+    // Every timed round trip, in order, in ns: as many as counted, none
+    // below the fastest the summary saw.
+    let text = std::fs::read_to_string(&samples).expect("samples file");
+    let _ = std::fs::remove_file(&samples);
+    let rtts: Vec<u64> = text.lines().map(|l| l.parse().expect("ns")).collect();
+    assert_eq!(rtts.len(), 200);
+    let min_ns = v["ping"]["rtt"]["min_us"].as_f64().expect("rtt min") * 1e3;
+    assert!(
+        rtts.iter().all(|&ns| ns as f64 >= min_ns - 1.0),
+        "{min_ns} {rtts:?}"
+    );
     assert_eq!(v["ping"]["size"], 64);
     assert_eq!(v["reply"], "own", "{v}");
     assert!(v["ping"]["one_way"]["p50_us"]
