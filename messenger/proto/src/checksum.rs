@@ -1,13 +1,19 @@
 //! CRC32C (Castagnoli): the checksum of banners, preambles and segments.
 //!
-//! Two implementations, one picked per process by what the CPU offers.
-//! Where it can multiply without carries (x86-64 PCLMULQDQ/VPCLMULQDQ,
-//! AArch64 PMULL), `crc-fast` folds many bytes per step: on this project's
-//! x86-64 hosts (AVX-512) it did 74 GB/s on 1 MiB against 21 GB/s for the
-//! `crc32c` crate's SSE4.2 loop, and 8 ns against 12 ns on 64 bytes.
-//! Elsewhere both fall back to tables, and there `crc32c`'s are the faster
-//! (0.36 against 0.26 GB/s on 1 MiB, 3x on 64 bytes, in the QEMU guest's
-//! qemu64 CPU), so it stays. The choice is made once, on first use.
+//! Two implementations, picked per process by what the CPU offers and per
+//! call by the input's length. Where it can multiply without carries
+//! (x86-64 PCLMULQDQ/VPCLMULQDQ, AArch64 PMULL), `crc-fast` folds many
+//! bytes per step: on x86-64 hosts with AVX-512 it did 74 GB/s on 1 MiB
+//! against 21 GB/s for the `crc32c` crate's SSE4.2 loop, and 8 ns against
+//! 12 ns on 64 bytes, so it takes every input there. Without AVX-512 it
+//! folds 128 bits at a time, and on an AMD EPYC with AVX2 (2026-12-04) that
+//! was the slower from 384 bytes up — 108 against 70 ns on 512 B, 520
+//! against 272 ns on 4 KiB, 18 against 22 GB/s on 1 MiB — while still the
+//! faster below 256 bytes (7 against 11 ns on 64 B): there inputs from
+//! `SSE_FOLDING_BELOW` (256) bytes go to `crc32c`. Without carry-less multiply
+//! both fall back to tables, and there `crc32c`'s are the faster (0.36
+//! against 0.26 GB/s on 1 MiB, 3x on 64 bytes, in the QEMU guest's qemu64
+//! CPU), so it takes every input. The choice is made once, on first use.
 
 use std::sync::{Arc, OnceLock};
 
@@ -20,13 +26,17 @@ use crc_fast::CrcAlgorithm;
 /// assert_eq!(msgr_proto::checksum::crc32c(b"123456789"), 0xe306_9283);
 /// ```
 pub fn crc32c(data: &[u8]) -> u32 {
-    if folding() {
+    if data.len() < folding_below() {
         // Truncation: a 32-bit CRC's value in crc-fast's u64.
         crc_fast::checksum(CrcAlgorithm::Crc32Iscsi, data) as u32
     } else {
         crc32c::crc32c(data)
     }
 }
+
+/// Inputs shorter than this go to `crc-fast` where it folds without
+/// AVX-512 (its SSE tiers); longer ones to `crc32c` (see the module docs).
+const SSE_FOLDING_BELOW: usize = 256;
 
 /// The CRC32C of one segment of a frame (or of a message's data) worked
 /// out earlier — checked on receipt, or computed when a message was
@@ -93,12 +103,29 @@ impl PartialEq for CrcMemo {
 
 impl Eq for CrcMemo {}
 
-/// Whether `crc-fast` has a carry-less multiply path on this CPU.
-fn folding() -> bool {
-    static FOLDING: OnceLock<bool> = OnceLock::new();
-    *FOLDING.get_or_init(|| {
-        !crc_fast::get_calculator_target(CrcAlgorithm::Crc32Iscsi).starts_with("software")
-    })
+/// `crc-fast` computes inputs shorter than this on this CPU, `crc32c` the
+/// rest: all of them where crc-fast folds with AVX-512 (or on AArch64),
+/// the short ones where it folds with SSE, none where it has no carry-less
+/// multiply.
+fn folding_below() -> usize {
+    static FOLDING_BELOW: OnceLock<usize> = OnceLock::new();
+    *FOLDING_BELOW.get_or_init(|| folding_below_for(&calculator()))
+}
+
+/// crc-fast's name for its CRC32C path on this CPU (`x86_64-avx512-vpclmulqdq`,
+/// `x86-sse-pclmulqdq`, `aarch64-neon-pmull`, `software-fallback-tables`…).
+fn calculator() -> String {
+    crc_fast::get_calculator_target(CrcAlgorithm::Crc32Iscsi)
+}
+
+fn folding_below_for(calculator: &str) -> usize {
+    if calculator.starts_with("software") {
+        0
+    } else if calculator.contains("-sse-") {
+        SSE_FOLDING_BELOW
+    } else {
+        usize::MAX
+    }
 }
 
 #[cfg(test)]
@@ -112,13 +139,19 @@ mod tests {
         assert_eq!(crc32c(b"123456789"), 0xe306_9283);
         assert_eq!(crc32c(&[]), 0);
         println!(
-            "crc32c by {}",
-            if folding() {
-                crc_fast::get_calculator_target(CrcAlgorithm::Crc32Iscsi)
-            } else {
-                "the crc32c crate".into()
-            }
+            "crc32c: crc-fast ({}) below {} bytes, the crc32c crate from there",
+            calculator(),
+            folding_below()
         );
+    }
+
+    #[test]
+    fn the_split_follows_the_folding_path() {
+        assert_eq!(folding_below_for("x86_64-avx512-vpclmulqdq"), usize::MAX);
+        assert_eq!(folding_below_for("aarch64-neon-pmull-sha3"), usize::MAX);
+        assert_eq!(folding_below_for("x86-sse-pclmulqdq"), SSE_FOLDING_BELOW);
+        assert_eq!(folding_below_for("x86_64-sse-pclmulqdq"), SSE_FOLDING_BELOW);
+        assert_eq!(folding_below_for("software-fallback-tables"), 0);
     }
 
     proptest! {
