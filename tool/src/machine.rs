@@ -127,6 +127,12 @@ impl Watch {
         }
     }
 
+    /// Cores other processes kept busy in the sample before the start
+    /// (None if /proc could not be read).
+    pub fn others_before(&self) -> Option<f64> {
+        self.idle_before
+    }
+
     /// What the machine did since [`Watch::start`].
     pub fn finish(&self) -> MachineState {
         let end = read_cpu();

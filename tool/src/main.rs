@@ -145,8 +145,9 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = Driver::Callback)]
         driver: Driver,
         /// Pin the server's worker to one CPU and the client's to another
-        /// (with two CPUs or more, one worker each and no `worker_cpus`
-        /// set); `false` leaves their placement to the scheduler.
+        /// (with two CPUs or more, one worker each, no `worker_cpus` set and
+        /// the machine quiet before the run); `false` leaves their
+        /// placement to the scheduler.
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
         pin: bool,
         /// Print one JSON object instead of the table.
