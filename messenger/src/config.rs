@@ -198,7 +198,12 @@ pub struct MessengerConfig {
     /// them. A busy-polling worker that shares its CPU with another busy
     /// thread gets half of it until the scheduler moves one of them
     /// (`worker` module `affinity` says what was measured); pin where
-    /// latency matters and a CPU can be spared per worker.
+    /// latency matters and a CPU can be spared per worker. Only then: a
+    /// pinned busy-polling worker whose CPU another busy process also
+    /// wants cannot move away and waits out that process's time slices —
+    /// a 64 B round trip measured ~2 ms pinned against 15–60 µs placed by
+    /// the scheduler, with a build on both cores (docs/BENCHMARKS.md,
+    /// 2026-12-04).
     ///
     /// ```
     /// let mut cfg = msgr::MessengerConfig::default();
