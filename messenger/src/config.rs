@@ -198,12 +198,14 @@ pub struct MessengerConfig {
     /// them. A busy-polling worker that shares its CPU with another busy
     /// thread gets half of it until the scheduler moves one of them
     /// (`worker` module `affinity` says what was measured); pin where
-    /// latency matters and a CPU can be spared per worker. Only then: a
-    /// pinned busy-polling worker whose CPU another busy process also
-    /// wants cannot move away and waits out that process's time slices —
-    /// a 64 B round trip measured ~2 ms pinned against 15–60 µs placed by
-    /// the scheduler, with a build on both cores (docs/BENCHMARKS.md,
-    /// 2026-12-04).
+    /// latency matters and a CPU can be spared per worker. A pinned
+    /// busy-polling worker whose CPU another busy thread also wants cannot
+    /// move away, and spinning there waits out that thread's time slices
+    /// (a 64 B round trip measured ~2 ms against 15–60 µs placed by the
+    /// scheduler, with a build on both cores; docs/BENCHMARKS.md,
+    /// 2026-12-04): when a yield hands such a thread a whole slice, the
+    /// worker sleeps on its wait fds instead of spinning for a while
+    /// (counter `spin_pauses`; the worker's `spin` module).
     ///
     /// ```
     /// let mut cfg = msgr::MessengerConfig::default();

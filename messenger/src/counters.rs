@@ -63,6 +63,8 @@ counters! {
     injected_faults,
     /// Accepted connections closed at once because too many handshakes were pending.
     handshakes_refused,
+    /// Times a worker confined to one CPU stopped spinning for a while because a yield handed a whole time slice to a busy thread sharing that CPU.
+    spin_pauses,
 }
 
 impl Counters {

@@ -54,6 +54,22 @@
 //!   nearly every round trip of a 64 B shm ping-pong.
 //!
 //! A fixed setting ([`SpinPacer::every`]) does both on one pass in N.
+//!
+//! # A CPU shared with a busy thread
+//!
+//! A worker that may run on one CPU only (`worker_cpus`, or a process
+//! under `taskset -c N`) cannot be moved off a CPU that another busy thread
+//! also wants. Spinning there hands that thread whole time slices — each
+//! yield, and each time the worker's own slice ends — while the worker's
+//! peer waits: a 64 B round trip measured ~2 ms pinned against 15–60 µs
+//! placed by the scheduler (docs/BENCHMARKS.md, 2026-12-04). A yield that
+//! took [`WHOLE_SLICE`] or more is such a hand-over (a slice is 0.75 ms
+//! and up; a short helper — a soft RDMA device's kernel thread — gives the
+//! core back sooner), and a worker confined to one CPU then stops spinning
+//! for [`SHARED_CPU_PAUSE`]: it sleeps on its wait fds, and a thread woken
+//! from sleep preempts a busy one within microseconds where a spinning one
+//! waits its turn. Transports without wait objects are polled once a
+//! millisecond meanwhile, as whenever the worker sleeps.
 
 use std::time::{Duration, Instant};
 
@@ -72,6 +88,12 @@ const MAX_CALL_GAP: Duration = Duration::from_micros(50);
 /// than [`GAVE_FACTOR`] times it) gave the core to someone.
 const GAVE_MARGIN: Duration = Duration::from_micros(2);
 const GAVE_FACTOR: u32 = 4;
+/// A yield that took this long handed a whole time slice to a thread that
+/// wanted the CPU for itself (module docs).
+pub(crate) const WHOLE_SLICE: Duration = Duration::from_micros(500);
+/// How long a worker confined to one CPU sleeps instead of spinning after
+/// a yield handed a whole slice away; then it spins again, and finds out.
+pub(crate) const SHARED_CPU_PAUSE: Duration = Duration::from_millis(50);
 
 /// How long a worker keeps polling after activity before it blocks
 /// (module docs).
