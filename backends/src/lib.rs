@@ -174,6 +174,16 @@ pub trait Transport {
         true
     }
 
+    /// Whether data arriving for this transport wakes a sleeping worker (its
+    /// wait objects are in the worker's Poll). False for a provider without
+    /// wait objects (libfabric's `shm`, CQs opened without one), which is
+    /// polled every millisecond or so while the worker sleeps: a worker
+    /// with such a transport does not trade spinning for sleep when a busy
+    /// thread shares its CPU (the worker's `spin` module). Default: true.
+    fn wakes_the_worker(&self) -> bool {
+        true
+    }
+
     /// When this transport needs [`Transport::progress`] even if none of its
     /// fds becomes ready: a provider without wait objects must be polled, and
     /// a backend that keeps its own link deadlines must look at them. The

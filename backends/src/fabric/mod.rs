@@ -1756,6 +1756,10 @@ impl Transport for FabricTransport {
     /// it: at once while a link is moving data or a rendezvous unit is
     /// under way, else every
     /// [`rdm::POLL_INTERVAL`] (the RDM transport's rule for `shm`).
+    fn wakes_the_worker(&self) -> bool {
+        !(self.net.cq_polled() || self.cq_wait.failed())
+    }
+
     fn wake_at(&self) -> Option<Instant> {
         let setup = self.half_open.front().map(|&(deadline, _)| deadline);
         let reads = (self.reads > 0).then_some(self.next_read_check);

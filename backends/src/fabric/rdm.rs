@@ -2218,6 +2218,10 @@ impl Transport for RdmTransport {
         self.net.try_wait()
     }
 
+    fn wakes_the_worker(&self) -> bool {
+        !(self.net.cq_polled() || self.cq_wait.failed())
+    }
+
     fn wake_at(&self) -> Option<Instant> {
         if self.ports.iter().all(Option::is_none) {
             return None;

@@ -248,11 +248,9 @@ impl Worker {
             spin::BusyWindow::new(self.shared.cfg.busy_poll, self.shared.cfg.busy_poll_max);
         // Which spinning passes call `epoll_wait` and `sched_yield`.
         let mut pacer = spin::SpinPacer::from_setting(self.shared.cfg.busy_poll_syscall_every);
-        // Pinned (or run under `taskset -c N`): the scheduler cannot move
+        // Pinned (or run under `taskset -c N`), the scheduler cannot move
         // this thread off a CPU a busy thread shares (spin module docs).
-        let one_cpu = affinity::allowed_cpus().len() == 1;
-        // While set, spinning gives way to sleeping on the wait fds.
-        let mut spin_paused_until: Option<Instant> = None;
+        let mut shared_cpu = spin::SharedCpu::new(affinity::allowed_cpus().len() == 1);
         self.now = Instant::now();
         let mut last_activity = self.now;
         let mut pass: u32 = 0;
@@ -267,8 +265,8 @@ impl Worker {
             if self.finished(self.now) {
                 break;
             }
-            let spinning = self.now.duration_since(last_activity) < busy.get()
-                && spin_paused_until.is_none_or(|until| self.now >= until);
+            let spinning =
+                self.now.duration_since(last_activity) < busy.get() && !shared_cpu.paused(self.now);
             let timeout = if spinning {
                 if !active && pacer.yield_now(self.now, pass) {
                     // Spinning without work: let a thread that shares our
@@ -278,8 +276,10 @@ impl Worker {
                     std::thread::yield_now();
                     let after = Instant::now();
                     pacer.yielded(after - before, after);
-                    if one_cpu && after - before >= spin::WHOLE_SLICE {
-                        spin_paused_until = Some(after + spin::SHARED_CPU_PAUSE);
+                    // Sleeping is prompt only where every transport's
+                    // arrivals wake the worker; a polled one keeps spinning.
+                    let can_sleep = self.transports.iter().all(|t| t.wakes_the_worker());
+                    if can_sleep && shared_cpu.yielded(after - before, after) {
                         Counters::add(&self.shared.counters.spin_pauses, 1);
                         tracing::debug!(
                             worker = self.idx,

@@ -65,11 +65,17 @@
 //! placed by the scheduler (docs/BENCHMARKS.md, 2026-12-04). A yield that
 //! took [`WHOLE_SLICE`] or more is such a hand-over (a slice is 0.75 ms
 //! and up; a short helper — a soft RDMA device's kernel thread — gives the
-//! core back sooner), and a worker confined to one CPU then stops spinning
-//! for [`SHARED_CPU_PAUSE`]: it sleeps on its wait fds, and a thread woken
-//! from sleep preempts a busy one within microseconds where a spinning one
-//! waits its turn. Transports without wait objects are polled once a
-//! millisecond meanwhile, as whenever the worker sleeps.
+//! core back sooner), or a moment the hypervisor took the whole virtual
+//! CPU away, which a VM sees now and then on a quiet machine. Two of them
+//! within [`SHARED_CPU_EVIDENCE`] are a busy thread (it takes about every
+//! other yield), and a worker confined to one CPU then stops spinning for
+//! [`SHARED_CPU_PAUSE`] ([`SharedCpu`]): it sleeps on its wait fds, and a
+//! thread woken from sleep preempts a busy one within microseconds where
+//! a spinning one waits its turn. Not where a transport has no wait
+//! objects (libfabric's `shm`, polled CQs: `Transport::wakes_the_worker`):
+//! asleep it is polled once a millisecond, and a ping-pong over shm with a
+//! busy thread on each end's CPU went from a median of ~2 µs (a mean of
+//! 0.5–0.7 ms) spinning to ~550 µs (the same mean) sleeping.
 
 use std::time::{Duration, Instant};
 
@@ -90,10 +96,59 @@ const GAVE_MARGIN: Duration = Duration::from_micros(2);
 const GAVE_FACTOR: u32 = 4;
 /// A yield that took this long handed a whole time slice to a thread that
 /// wanted the CPU for itself (module docs).
-pub(crate) const WHOLE_SLICE: Duration = Duration::from_micros(500);
-/// How long a worker confined to one CPU sleeps instead of spinning after
-/// a yield handed a whole slice away; then it spins again, and finds out.
-pub(crate) const SHARED_CPU_PAUSE: Duration = Duration::from_millis(50);
+const WHOLE_SLICE: Duration = Duration::from_micros(500);
+/// Two yields of a whole slice this close together show a busy thread on
+/// the CPU, not the hypervisor's rare hiccup.
+const SHARED_CPU_EVIDENCE: Duration = Duration::from_millis(20);
+/// How long a worker confined to one CPU sleeps instead of spinning once
+/// it found a busy thread there; then it spins again, and finds out.
+const SHARED_CPU_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether a worker confined to one CPU should stop spinning because a
+/// busy thread shares that CPU (module docs).
+#[derive(Debug)]
+pub(crate) struct SharedCpu {
+    /// The worker may run on one CPU only; otherwise it never pauses.
+    confined: bool,
+    /// When the last yield of a whole slice ended, if it is the only one
+    /// lately.
+    last_whole_slice: Option<Instant>,
+    /// Spinning is paused until then.
+    paused_until: Option<Instant>,
+}
+
+impl SharedCpu {
+    /// For a worker that may run on one CPU only (`confined`) or not.
+    pub(crate) fn new(confined: bool) -> Self {
+        SharedCpu {
+            confined,
+            last_whole_slice: None,
+            paused_until: None,
+        }
+    }
+
+    /// Whether spinning is paused at `now` (the worker sleeps instead).
+    pub(crate) fn paused(&self, now: Instant) -> bool {
+        self.paused_until.is_some_and(|until| now < until)
+    }
+
+    /// A yield took `took` and ended at `end`; true if that starts a pause.
+    pub(crate) fn yielded(&mut self, took: Duration, end: Instant) -> bool {
+        if !self.confined || took < WHOLE_SLICE {
+            return false;
+        }
+        let again = self
+            .last_whole_slice
+            .is_some_and(|last| end.saturating_duration_since(last) <= SHARED_CPU_EVIDENCE);
+        if !again {
+            self.last_whole_slice = Some(end);
+            return false;
+        }
+        self.last_whole_slice = None;
+        self.paused_until = Some(end + SHARED_CPU_PAUSE);
+        true
+    }
+}
 
 /// How long a worker keeps polling after activity before it blocks
 /// (module docs).
@@ -273,6 +328,39 @@ impl SpinPacer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_whole_slices_close_together_pause_a_confined_worker() {
+        let t0 = Instant::now();
+        let slice = Duration::from_millis(1);
+        let mut c = SharedCpu::new(true);
+        // Short yields never count.
+        assert!(!c.yielded(Duration::from_micros(100), t0));
+        // One whole slice alone: the hypervisor, perhaps.
+        assert!(!c.yielded(slice, t0 + slice));
+        assert!(!c.paused(t0 + slice));
+        // Another within the evidence window: a busy thread.
+        let end = t0 + Duration::from_millis(5);
+        assert!(c.yielded(slice, end));
+        assert!(c.paused(end));
+        assert!(c.paused(end + SHARED_CPU_PAUSE - Duration::from_millis(1)));
+        assert!(!c.paused(end + SHARED_CPU_PAUSE));
+        // Two whole slices far apart do not.
+        let later = end + Duration::from_secs(1);
+        assert!(!c.yielded(slice, later));
+        assert!(!c.yielded(slice, later + SHARED_CPU_EVIDENCE + slice));
+        assert!(!c.paused(later + SHARED_CPU_EVIDENCE + slice));
+    }
+
+    #[test]
+    fn a_worker_free_to_move_never_pauses() {
+        let t0 = Instant::now();
+        let mut c = SharedCpu::new(false);
+        for i in 0..10 {
+            assert!(!c.yielded(Duration::from_millis(3), t0 + Duration::from_millis(i)));
+        }
+        assert!(!c.paused(t0 + Duration::from_millis(10)));
+    }
 
     const QUICK: Duration = Duration::from_nanos(400);
     const GAVE: Duration = Duration::from_micros(50);
