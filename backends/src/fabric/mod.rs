@@ -1752,14 +1752,16 @@ impl Transport for FabricTransport {
         }
     }
 
-    /// With a polled CQ (`fabric_cq_wait = poll`), also when to look at
-    /// it: at once while a link is moving data or a rendezvous unit is
-    /// under way, else every
-    /// [`rdm::POLL_INTERVAL`] (the RDM transport's rule for `shm`).
+    /// Not with a polled CQ (`fabric_cq_wait = poll`) or a wait fd that
+    /// could not be registered.
     fn wakes_the_worker(&self) -> bool {
         !(self.net.cq_polled() || self.cq_wait.failed())
     }
 
+    /// With a polled CQ (`fabric_cq_wait = poll`), also when to look at
+    /// it: at once while a link is moving data or a rendezvous unit is
+    /// under way, else every
+    /// [`rdm::POLL_INTERVAL`] (the RDM transport's rule for `shm`).
     fn wake_at(&self) -> Option<Instant> {
         let setup = self.half_open.front().map(|&(deadline, _)| deadline);
         let reads = (self.reads > 0).then_some(self.next_read_check);

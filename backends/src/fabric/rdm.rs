@@ -2218,6 +2218,8 @@ impl Transport for RdmTransport {
         self.net.try_wait()
     }
 
+    /// Not where the CQ has no wait object (`shm`, `fabric_cq_wait = poll`)
+    /// or its wait fd could not be registered.
     fn wakes_the_worker(&self) -> bool {
         !(self.net.cq_polled() || self.cq_wait.failed())
     }
