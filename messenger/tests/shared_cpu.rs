@@ -9,20 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
-
-/// The first CPU this process may run on.
-fn first_allowed_cpu() -> usize {
-    let set = sched_getaffinity(Pid::from_raw(0)).expect("sched_getaffinity");
-    (0..CpuSet::count())
-        .find(|&c| set.is_set(c).unwrap_or(false))
-        .expect("a CPU to run on")
-}
 
 #[test]
 fn a_pinned_worker_sharing_its_cpu_with_a_busy_thread_stops_spinning() {
-    let cpu = first_allowed_cpu();
+    let cpu = *msgr::allowed_cpus().first().expect("a CPU to run on");
     // The server's one worker on `cpu`, spinning long after each message.
     let mut cfg = fast_config();
     cfg.set("worker_cpus", &cpu.to_string()).unwrap();

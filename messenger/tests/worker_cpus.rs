@@ -33,18 +33,7 @@ fn worker_masks() -> BTreeMap<String, String> {
 
 #[test]
 fn each_worker_runs_on_its_cpu_round_robin() {
-    let allowed = fs::read_to_string("/proc/self/status")
-        .expect("status")
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(str::to_string))
-        .expect("Cpus_allowed_list");
-    // The first allowed CPU ("0-1" -> 0, "2,5" -> 2).
-    let first: usize = allowed
-        .trim()
-        .split([',', '-'])
-        .next()
-        .and_then(|c| c.parse().ok())
-        .expect("a CPU");
+    let first = *msgr::allowed_cpus().first().expect("a CPU to run on");
     let mut cfg = common::fast_config();
     cfg.set("workers", "3").unwrap();
     cfg.set("worker_cpus", &first.to_string()).unwrap();
