@@ -117,11 +117,12 @@ use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
+use super::reassembly::{PieceError, Reassembly};
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
 use super::wait_fd::CqWaitFd;
 use super::{
     no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, NetOptions,
-    OutOfSlot, PieceError, QueueFailures, Reassembly, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
+    OutOfSlot, QueueFailures, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::{

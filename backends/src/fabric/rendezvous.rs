@@ -77,7 +77,7 @@ use msgr_proto::arena::ByteArena;
 use msgr_proto::frame::{EncodedFrame, MAX_SEGMENTS, PREAMBLE_LEN};
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, Transmit};
 
-use super::{PieceError, Reassembly};
+use super::reassembly::{PieceError, Reassembly};
 use crate::split::INLINE_MAX;
 use crate::split::{split_frame, SplitFrame};
 use crate::{SimulatedFault, TransportError};
