@@ -44,8 +44,6 @@ use crate::{
 pub use msg::{
     FabricTransport, LAST, MORE, RNDV, RNDV_DONE, RNDV_EPILOGUE, RNDV_GRANT, RNDV_WRITTEN, SLOTS,
 };
-// The RDM transport reports its whole rendezvous units as `super::report_unit`.
-use reassembly::report_unit;
 use rendezvous::Receiving;
 
 /// Bytes per transmit/receive slot (one message on the wire).

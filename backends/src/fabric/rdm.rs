@@ -117,7 +117,7 @@ use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
-use super::reassembly::{PieceError, Reassembly};
+use super::reassembly::{self, PieceError, Reassembly};
 use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
 use super::wait_fd::CqWaitFd;
 use super::{
@@ -1553,7 +1553,7 @@ impl RdmTransport {
         unit: Result<Inbound, PieceError>,
         events: &mut Vec<TransportEvent>,
     ) {
-        if !super::report_unit(id, unit, events) {
+        if !reassembly::report_unit(id, unit, events) {
             self.drop_link(id);
             return;
         }
