@@ -14,17 +14,17 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// A read's target sits as the peer's buffer does modulo this many bytes:
+/// a copy between buffers that are misaligned within a cache line is
+/// slower (a 1 MiB `process_vm_readv` here: ~52 µs against ~46).
+const READ_ALIGN: usize = 64;
+
 /// Buffers granted to peers' writes ([`RmaBuffers::grant`]), taken back
 /// when the unit that landed in one is dropped and handed out again: a
 /// granted buffer must be initialised (that the peer wrote all of it is
 /// the peer's word, not the provider's), and zeroing a fresh one cost a
 /// 1 MiB one-way over `tcp` 20–40 µs of its ~190. A reused buffer holds an
 /// earlier unit's bytes until the write replaces them. At most
-/// A read's target sits as the peer's buffer does modulo this many bytes:
-/// a copy between buffers that are misaligned within a cache line is
-/// slower (a 1 MiB `process_vm_readv` here: ~52 µs against ~46).
-const READ_ALIGN: usize = 64;
-
 /// [`LandingPool::KEEP`] buffers of at most [`LandingPool::LARGEST`] bytes
 /// wait here; one Net's endpoints share them.
 #[derive(Debug, Default)]
