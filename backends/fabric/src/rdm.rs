@@ -294,15 +294,14 @@ impl RdmEp {
         Ok(PeerAddr(out))
     }
 
-    /// Removes a peer (no operation to it may be in flight).
-    pub fn remove(&mut self, peer: PeerAddr) {
+    /// Removes a peer (no operation to it may be in flight). A failure is
+    /// harmless (the entry stays until the endpoint closes); it is returned
+    /// for the caller to log.
+    pub fn remove(&mut self, peer: PeerAddr) -> Result<(), FabricError> {
         let mut a = peer.0;
         // SAFETY: `a` is one fi_addr_t inserted in this AV.
         let rc = unsafe { sys::fi_av_remove(self.av, &mut a, 1, 0) };
-        if rc != 0 {
-            // Harmless: the entry stays until the endpoint closes.
-            let _ = strerror(-rc);
-        }
+        check("fi_av_remove", rc as isize).map(drop)
     }
 
     /// Adds a block of receive slots to the pool (registered if the provider
