@@ -1,7 +1,7 @@
 //! Reliable datagram endpoints (`FI_EP_RDM`): [`RdmEp`], its address vector
 //! of peers ([`PeerAddr`]), and the [`Net`] methods that open and resolve them.
 
-use crate::error::{check, strerror, FabricError};
+use crate::error::{check, strerror, FabricError, Site};
 use crate::info::{getinfo, getinfo_on, EpType};
 use crate::net::{bind_and_enable, close, sockaddr, Net};
 use crate::rma::{Exposed, Landing, RmaBuffers};
@@ -146,10 +146,12 @@ impl Net {
         rx_block: usize,
         slot_size: usize,
     ) -> Result<RdmEp, FabricError> {
-        // Without a name, on this Net's domain (the provider's first one
-        // may belong to another device: verbs).
+        // On this Net's domain (the provider's first one may belong to
+        // another device: verbs); a bound address another domain serves is
+        // `OtherDomain`, not the bare -FI_EINVAL of an endpoint opened
+        // from that domain's info.
         let info = match bind {
-            Some(_) => getinfo(&self.provider, EpType::Rdm, bind, true, self.rma)?,
+            Some(addr) => self.info_on_domain(Site::Local(addr))?,
             None => getinfo_on(
                 &self.provider,
                 EpType::Rdm,
