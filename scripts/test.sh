@@ -37,6 +37,9 @@ step "cargo clippy (default features, then every feature: RDMA and libfabric cra
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+step "cargo doc (every feature) -D warnings: no broken or private intra-doc links"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps -q
+
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release
 

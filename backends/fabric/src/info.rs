@@ -244,7 +244,7 @@ impl RmaChoice {
 }
 
 /// Whether the write rendezvous is sound on `provider`: its target must
-/// look up the key of every incoming write ([`checks_keys`]), so that a
+/// look up the key of every incoming write (`checks_keys`), so that a
 /// buffer granted to a peer and withdrawn is never written into once it is
 /// freed.
 pub fn writes_sound(provider: &str) -> bool {

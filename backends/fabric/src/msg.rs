@@ -334,7 +334,7 @@ impl Ep {
     }
 
     /// Sends the first `head` bytes of transmit slot `slot` followed by
-    /// `body`, without copying `body` ([`post_send_in_place`]): large pieces
+    /// `body`, without copying `body` (`post_send_in_place`): large pieces
     /// of a frame go this way where [`Ep::sends_in_place`]; elsewhere this
     /// returns [`FabricError::Slot`]. `Err` with [`is_again`]: retry later.
     pub fn send_in_place(

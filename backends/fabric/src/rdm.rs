@@ -389,7 +389,7 @@ impl RdmEp {
     }
 
     /// Sends the first `head` bytes of transmit slot `slot` followed by
-    /// `body` to `to`, without copying `body` ([`post_send_in_place`]);
+    /// `body` to `to`, without copying `body` (`post_send_in_place`);
     /// [`FabricError::Slot`] where [`RdmEp::sends_in_place`] is false. `Err`
     /// with [`is_again`]: retry later.
     pub fn send_in_place(

@@ -673,13 +673,13 @@ impl RmaBuffers {
 
     /// Under [`RmaOp::Write`]: a new buffer for the peer's unit `x` (held
     /// there for a write), with `x.len` bytes of room at offset `at` of
-    /// `around`, placed as [`RmaBuffers::read`] places a read, registered
+    /// `around`, placed as `RmaBuffers::read` places a read, registered
     /// for the peer to write into, and kept under `context` until
     /// [`RmaBuffers::read_done`] (once the peer says it wrote) or the
     /// endpoint's close — never freed while the endpoint is open, for a
     /// write into it may be under way. The buffer is initialised first
     /// (that the peer wrote it all is the peer's word, not the provider's):
-    /// one a dropped unit gave back ([`LandingPool`]), else zeroed.
+    /// one a dropped unit gave back (`LandingPool`), else zeroed.
     pub fn grant(
         &mut self,
         x: &Exposed,

@@ -117,21 +117,21 @@ pub const MORE: u8 = 1;
 /// Header byte: the unit ends in this message.
 pub const LAST: u8 = 0;
 /// Header byte: the unit is to be fetched with `fi_read`; a rendezvous
-/// descriptor ([`rendezvous::DESC_LEN`] bytes and the unit's inline ones,
-/// see [`rendezvous::encode`]) follows.
+/// descriptor (`rendezvous::DESC_LEN` bytes and the unit's inline ones,
+/// see `rendezvous::encode`) follows.
 pub const RNDV: u8 = 2;
 /// Header byte: the unit of a `RNDV` was read (or written into a granted
-/// buffer); its id ([`rendezvous::DONE_LEN`] bytes) follows, and its
+/// buffer); its id (`rendezvous::DONE_LEN` bytes) follows, and its
 /// buffer may go.
 pub const RNDV_DONE: u8 = 3;
 /// Header byte: the answer to a `RNDV` whose unit is held for a write: a
-/// buffer to write it into ([`rendezvous::encode_grant`]).
+/// buffer to write it into (`rendezvous::encode_grant`).
 pub const RNDV_GRANT: u8 = 4;
 /// Header byte: the unit of a `RNDV_GRANT` was written into its buffer
 /// (posted after the write, which it does not overtake); its id follows.
 pub const RNDV_WRITTEN: u8 = 5;
 /// Header byte: the epilogue of a `RNDV` flagged
-/// [`rendezvous::LATE_EPILOGUE`] ([`rendezvous::encode_epilogue`]).
+/// `rendezvous::LATE_EPILOGUE` (`rendezvous::encode_epilogue`).
 pub const RNDV_EPILOGUE: u8 = 6;
 /// Bytes of messages a link keeps behind one rendezvous read before it
 /// fails (a peer that floods while a read is in flight).

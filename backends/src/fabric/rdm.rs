@@ -26,7 +26,7 @@
 //! header: kind, credits returned, and the receiving link's id and cookie (a
 //! random number per link, so a stale message for a reused id is dropped).
 //! - Connect: the connector sends `HELLO` (its link id, cookie and endpoint
-//!   name, then whether it reads rendezvous units: [`rendezvous::caps`]);
+//!   name, then whether it reads rendezvous units: `rendezvous::caps`);
 //!   the listener inserts the name in its address vector (once per
 //!   peer, reference-counted, removed when no link or send uses it, so a
 //!   restarted peer of the same name is mapped afresh), reports `Accepted`
@@ -61,7 +61,7 @@
 //! Where the provider offers `FI_RMA` with reads (`tcp;ofi_rxm`, `shm`),
 //! a unit larger than
 //! [`RNDV_THRESHOLD`] goes by the `fi_read` rendezvous of
-//! [`super::rendezvous`] (shared with MSG endpoints): its descriptor is a
+//! `super::rendezvous` (shared with MSG endpoints): its descriptor is a
 //! `RNDV` data piece in the link's ordered stream (later pieces wait for
 //! the read), answered by `RNDV_DONE`. At most [`RNDV_MAX`] units per link
 //! are exposed at once; a read that does not complete within the read
@@ -75,11 +75,11 @@
 //! with the endpoint until it closes, since a write may still land in it.
 //! Between peers that take it, a unit's epilogue follows its descriptor in
 //! a control message of its own (`RNDV_EPILOGUE`), computed while the unit
-//! moves (see [`super::rendezvous`]).
+//! moves (see `super::rendezvous`).
 //!
 //! `simulate(SimulatedFault::HungRead)` ignores the completion of the
 //! link's next read (a fake: `tcp;ofi_rxm` never leaves a read hanging, see
-//! [`super::rendezvous`]); the buffer is freed when the completion comes
+//! `super::rendezvous`); the buffer is freed when the completion comes
 //! anyway. A transport without rendezvous refuses it: there is no read
 //! to hang, and `simulated_hung_reads` stays 0. A completion queue that
 //! cannot be read fails every link, their peers' entries with them

@@ -4,8 +4,8 @@
 //! Where the endpoint has `FI_RMA` with reads (decided once per worker,
 //! [`msgr_fabric::Net::rma`]), a unit larger than [`RNDV_THRESHOLD`] at a
 //! unit boundary is not copied through slots: the sender registers it where
-//! it lies ([`msgr_fabric::Ep::expose`] / [`msgr_fabric::RdmEp::expose`],
-//! which honour the provider's `mr_mode`) and sends a descriptor (address,
+//! it lies ([`msgr_fabric::RmaBuffers::expose`] of the endpoint,
+//! which honours the provider's `mr_mode`) and sends a descriptor (address,
 //! length, key, id: [`encode`]) in the link's ordered stream. The receiver
 //! checks it ([`decode`]), `fi_read`s the unit into a buffer of its own,
 //! hands it up in order (later messages wait behind it) and answers with the

@@ -64,7 +64,7 @@ pub const READ_POLLED_LINKS: usize = 2;
 /// anything is not read-polled (module docs).
 pub const READ_POLL_BULK: usize = 16 << 10;
 /// How long a read-polled link must await nothing but bytes before it
-/// leaves the worker's Poll ([`TcpLink::may_leave_poll`]).
+/// leaves the worker's Poll (`TcpLink::may_leave_poll`).
 pub const LEAVE_POLL_AFTER: Duration = Duration::from_millis(1);
 
 /// A TCP connection moving between workers, with undecoded received bytes.

@@ -5,7 +5,7 @@
 //! (the messenger) for a few nodes:
 //!
 //! - links are byte streams: a [`Transmit`] is encoded with
-//!   [`Banner::encode`] / [`Frame::encode_to_vec`], written into a pipe in
+//!   [`Banner::encode`] / [`Frame::encode_to_vec`](crate::Frame::encode_to_vec), written into a pipe in
 //!   random pieces, and read back with a [`StreamDecoder`] — exactly what a
 //!   TCP backend does;
 //! - time is virtual: nothing waits, [`Sim::run_for`] jumps from one due
@@ -167,7 +167,7 @@ struct End {
 struct Link {
     /// [dialer, acceptor].
     ends: [End; 2],
-    /// pipes[i] carries what end i writes, to end 1 - i.
+    /// `pipes[i]` carries what end i writes, to end 1 - i.
     pipes: [Pipe; 2],
     blackhole: bool,
 }
