@@ -34,6 +34,8 @@ pub mod fabric;
 mod queue_failure;
 #[cfg(any(feature = "verbs", feature = "rdmacm"))]
 pub mod rdma;
+#[cfg(any(feature = "verbs", feature = "rdmacm", feature = "fabric"))]
+mod regcache;
 mod select;
 #[cfg(any(feature = "tcp", feature = "verbs", feature = "rdmacm"))]
 mod shelf;

@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 
 use super::cm::CmConn;
 use super::oob::OobConn;
-use super::regcache::Lent;
+use crate::regcache::Lent;
 
 /// Bytes of the header in front of every send.
 pub(crate) const HDR: usize = 8;

@@ -58,7 +58,6 @@ mod link;
 mod listen;
 mod oob;
 mod pool;
-mod regcache;
 mod wr;
 
 use std::net::SocketAddr;
@@ -82,6 +81,7 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::queue_failure::{fail_every_link, failed_read};
+use crate::regcache::RegCache;
 use crate::shelf::{Shelf, Shelvable};
 use crate::split;
 use crate::{
@@ -93,7 +93,6 @@ use device::{Device, MAX_READS, SQ_DEPTH};
 use link::{header, next_send, Conn, Kind, NextSend, RdmaLink, ReadDesc, ReadOp, RxItem, HDR};
 use oob::OobListener;
 use pool::RxReturns;
-use regcache::RegCache;
 use wr::WrKind;
 
 /// Most bytes of idle read sinks a transport keeps registered for reuse.
@@ -318,7 +317,7 @@ pub struct RdmaTransport {
     /// Rendezvous read sinks, registered, back from the application.
     sinks: Arc<Shelf<MemoryRegion<Vec<u8>>>>,
     /// Registrations of segments exposed by rendezvous, kept for the next
-    /// send of the same bytes (`regcache.rs`).
+    /// send of the same bytes (`crate::regcache`).
     reg_cache: RegCache<ReadOnlyRegion>,
     /// CQ polls still to fail (`SimulatedFault::CqReadError`).
     simulated_cq_failures: u32,
@@ -1624,44 +1623,42 @@ impl Transport for RdmaTransport {
         let credits: u64 = self.links.values().map(|l| u64::from(l.credits)).sum();
         let rdv_out: u64 = self.links.values().map(|l| l.rdv_out_bytes as u64).sum();
         let reads: u64 = self.links.values().map(|l| l.reads.len() as u64).sum();
+        let mut values = vec![
+            ("sends_posted", c.sends_posted),
+            ("recvs", c.recvs),
+            ("credit_only_sends", c.credit_only_sends),
+            ("credit_stalls", c.credit_stalls),
+            ("tx_pool_empty", c.tx_pool_empty),
+            ("links_refused_no_rx_share", c.share_refused),
+            ("failed_completions", c.failed_completions),
+            ("rendezvous_sent", c.rendezvous_sent),
+            ("rendezvous_in_place", c.rendezvous_in_place),
+            ("rendezvous_read", c.rendezvous_read),
+            ("rendezvous_read_bytes", c.rendezvous_read_bytes),
+            ("read_sinks_reused", c.read_sinks_reused),
+            ("rendezvous_fallbacks", c.rendezvous_fallbacks),
+            ("read_timeouts", c.read_timeouts),
+            ("qp_errors_injected", c.qp_errors_injected),
+            ("cm_ids_parked", c.cm_ids_parked),
+            ("simulated_hung_reads", c.simulated_hung_reads),
+            ("cq_failures", c.cq_failures),
+            ("connect_requests", c.connect_requests),
+            ("accepts_failed", c.accepts_failed),
+            ("connects_failed", c.connects_failed),
+            ("listeners_restored", c.listeners_restored),
+            ("tx_chunks_free", tx_free),
+            ("rx_slots_unpromised", rx_budget),
+            ("credits_held", credits),
+            ("rendezvous_out_bytes", rdv_out),
+            ("reads_in_flight", reads),
+            ("rx_chunks_lent", self.lent),
+            ("rx_chunks_lent_total", c.rx_lent_total),
+            ("links", self.links.len() as u64),
+        ];
+        values.extend(self.reg_cache.values());
         TransportStats {
             kind: self.kind.clone(),
-            values: vec![
-                ("sends_posted", c.sends_posted),
-                ("recvs", c.recvs),
-                ("credit_only_sends", c.credit_only_sends),
-                ("credit_stalls", c.credit_stalls),
-                ("tx_pool_empty", c.tx_pool_empty),
-                ("links_refused_no_rx_share", c.share_refused),
-                ("failed_completions", c.failed_completions),
-                ("rendezvous_sent", c.rendezvous_sent),
-                ("rendezvous_in_place", c.rendezvous_in_place),
-                ("rendezvous_read", c.rendezvous_read),
-                ("rendezvous_read_bytes", c.rendezvous_read_bytes),
-                ("read_sinks_reused", c.read_sinks_reused),
-                ("rendezvous_fallbacks", c.rendezvous_fallbacks),
-                ("read_timeouts", c.read_timeouts),
-                ("qp_errors_injected", c.qp_errors_injected),
-                ("cm_ids_parked", c.cm_ids_parked),
-                ("simulated_hung_reads", c.simulated_hung_reads),
-                ("cq_failures", c.cq_failures),
-                ("connect_requests", c.connect_requests),
-                ("accepts_failed", c.accepts_failed),
-                ("connects_failed", c.connects_failed),
-                ("listeners_restored", c.listeners_restored),
-                ("reg_cache_hits", self.reg_cache.hits),
-                ("reg_cache_misses", self.reg_cache.misses),
-                ("reg_cache_evictions", self.reg_cache.evictions),
-                ("reg_cache_bytes", self.reg_cache.bytes() as u64),
-                ("tx_chunks_free", tx_free),
-                ("rx_slots_unpromised", rx_budget),
-                ("credits_held", credits),
-                ("rendezvous_out_bytes", rdv_out),
-                ("reads_in_flight", reads),
-                ("rx_chunks_lent", self.lent),
-                ("rx_chunks_lent_total", c.rx_lent_total),
-                ("links", self.links.len() as u64),
-            ],
+            values,
         }
     }
 }

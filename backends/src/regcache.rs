@@ -1,4 +1,5 @@
-//! Registrations of the application's large segments, kept for reuse.
+//! Registrations of the application's large segments, kept for reuse by
+//! the RDMA backends and, where the provider checks keys, the libfabric one.
 //!
 //! A rendezvous exposes a frame's largest segment where it lies, and that
 //! needs a memory registration: on real hardware pinning the pages and
@@ -80,6 +81,17 @@ impl<R> RegCache<R> {
         self.bytes
     }
 
+    /// `reg_cache_hits`, `_misses`, `_evictions` and `_bytes`, for the
+    /// transport's stats.
+    pub(crate) fn values(&self) -> [(&'static str, u64); 4] {
+        [
+            ("reg_cache_hits", self.hits),
+            ("reg_cache_misses", self.misses),
+            ("reg_cache_evictions", self.evictions),
+            ("reg_cache_bytes", self.bytes() as u64),
+        ]
+    }
+
     /// The registration of `body`: a cached one that covers it, else one
     /// made by `register` (kept when `reuse` says the segment may come again
     /// and it fits the budget). A failed registration is tried once more
@@ -137,6 +149,12 @@ impl<R> RegCache<R> {
         let e = self.entries.swap_remove(i);
         self.bytes -= e.end - e.start;
         self.evictions += 1;
+    }
+
+    /// Drops every entry (a registration still lent goes with its last
+    /// holder): before the domain the registrations belong to closes.
+    pub(crate) fn clear(&mut self) {
+        self.evict_all();
     }
 
     fn evict_all(&mut self) {
