@@ -59,4 +59,4 @@ pub use info::{EpType, RmaChoice, RmaOp, API_VERSION};
 pub use msg::{ConnReq, Ep, PassiveEp};
 pub use net::{CmEvent, Completion, CqWait, Net, WaitFd};
 pub use rdm::{PeerAddr, RdmEp, MAX_NAME_LEN};
-pub use rma::{Exposed, Landing, ReadDone, RemoteWord, RmaBuffers, CHECK_LEN};
+pub use rma::{Exposed, Landing, ReadDone, ReadRegion, RemoteWord, RmaBuffers, CHECK_LEN};

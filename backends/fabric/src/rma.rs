@@ -119,6 +119,10 @@ struct Region {
     /// `mem` came from the [`LandingPool`] and goes back to it once the
     /// unit that landed in it is dropped.
     pooled: bool,
+    /// A registration the caller keeps across exposures
+    /// ([`RmaBuffers::expose_registered`]): `mr` is its, closed when the
+    /// last holder lets it go, not with this region.
+    kept: Option<Arc<ReadRegion>>,
 }
 
 impl Region {
@@ -133,6 +137,7 @@ impl Region {
             len,
             skip: 0,
             pooled: false,
+            kept: None,
         }
     }
 
@@ -142,13 +147,58 @@ impl Region {
             shared,
             mr,
             word_mr,
+            kept,
             ..
         } = self;
-        close(mr as *mut sys::fid);
+        if kept.is_none() {
+            close(mr as *mut sys::fid);
+        }
         close(word_mr as *mut sys::fid);
         // Memory held in place outlives its registration.
-        drop(shared);
+        drop((shared, kept));
         mem
+    }
+}
+
+/// Bytes of the application's registered for peers' reads and kept by the
+/// caller across exposures ([`RmaBuffers::register_for_reads`],
+/// [`RmaBuffers::expose_registered`]) instead of registered for each and
+/// closed after it: on hardware a registration pins the pages and loads
+/// the adapter's translation table, which for a large buffer can cost more
+/// than moving it. Holds the bytes, so they can be neither freed nor
+/// changed while registered. Closes its registration when the last holder
+/// drops it; like an endpoint, it must go before its [`Net`].
+pub struct ReadRegion {
+    mem: Bytes,
+    mr: *mut sys::fid_mr,
+}
+
+// SAFETY: the registration is only closed, once, by Drop; libfabric's
+// registrations may be used and closed from any thread (the domain's
+// threading model covers its endpoints' operations, which run on the
+// worker that owns the endpoint and this region).
+unsafe impl Send for ReadRegion {}
+// SAFETY: no method mutates through `&self`.
+unsafe impl Sync for ReadRegion {}
+
+impl ReadRegion {
+    /// The registered bytes.
+    pub fn bytes(&self) -> &Bytes {
+        &self.mem
+    }
+}
+
+impl std::fmt::Debug for ReadRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadRegion")
+            .field("len", &self.mem.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ReadRegion {
+    fn drop(&mut self) {
+        close(self.mr as *mut sys::fid);
     }
 }
 
@@ -429,6 +479,7 @@ impl RmaBuffers {
             len,
             skip: 0,
             pooled: false,
+            kept: None,
         };
         self.publish(ptr, region)
     }
@@ -522,6 +573,73 @@ impl RmaBuffers {
                 len,
                 skip: 0,
                 pooled: false,
+                kept: None,
+            },
+        ))
+    }
+
+    /// Whether exposures in place may use registrations the caller keeps
+    /// ([`RmaBuffers::register_for_reads`]): under [`RmaOp::Read`] where the
+    /// provider checks keys (`tcp`, `verbs`), so a peer's read of a region
+    /// no longer exposed fails at the target or returns the very bytes it
+    /// was sent, which cannot change while registered. Elsewhere (`shm`)
+    /// each exposure needs its own check word ([`CHECK_LEN`]).
+    pub fn keeps_registrations(&self) -> bool {
+        self.op == Some(RmaOp::Read) && self.keys_checked
+    }
+
+    /// Registers `mem` for peers' reads, for the caller to keep and expose
+    /// again and again ([`RmaBuffers::expose_registered`]); where
+    /// [`RmaBuffers::keeps_registrations`] is false, or when the
+    /// registration fails, `mem` comes back with the error.
+    pub fn register_for_reads(&mut self, mem: Bytes) -> Result<ReadRegion, (FabricError, Bytes)> {
+        if !self.keeps_registrations() || mem.is_empty() {
+            let e = FabricError::Call {
+                op: "fi_mr_reg",
+                code: sys::FI_ENOSYS as i32,
+                msg: "no registrations kept on these endpoints".into(),
+            };
+            return Err((e, mem));
+        }
+        match self.register(mem.as_ptr(), mem.len(), u64::from(sys::FI_REMOTE_READ)) {
+            Ok(mr) => Ok(ReadRegion { mem, mr }),
+            Err(e) => Err((e, mem)),
+        }
+    }
+
+    /// Exposes `body`, the very bytes of `region` (registered on this
+    /// endpoint's domain by [`RmaBuffers::register_for_reads`]; a clone of
+    /// them), for a peer to read, as [`RmaBuffers::expose_in_place`] does,
+    /// without registering them again; `unexpose` lets this exposure go and
+    /// leaves the registration to its other holders. Other bytes (a slice,
+    /// which a peer holding the whole region's key could read past) are
+    /// [`FabricError::Call`] (`FI_EINVAL`) and come back.
+    pub fn expose_registered(
+        &mut self,
+        region: Arc<ReadRegion>,
+        body: Bytes,
+    ) -> Result<Exposed, (FabricError, Bytes)> {
+        if body.as_ptr_range() != region.mem.as_ptr_range() {
+            let e = FabricError::Call {
+                op: "fi_mr_reg",
+                code: sys::FI_EINVAL as i32,
+                msg: "not the registered bytes".into(),
+            };
+            return Err((e, body));
+        }
+        let (ptr, len) = (body.as_ptr(), body.len());
+        Ok(self.publish(
+            ptr,
+            Region {
+                mem: Vec::new(),
+                shared: Some(body),
+                mr: region.mr,
+                word_mr: ptr::null_mut(),
+                check: 0,
+                len,
+                skip: 0,
+                pooled: false,
+                kept: Some(region),
             },
         ))
     }
@@ -1424,6 +1542,55 @@ mod tests {
             "{provider}: a read of a withdrawn in-place buffer returned data"
         );
         server.rma().unexpose(again.id);
+
+        // A registration kept across exposures (where keys are checked):
+        // exposed twice under one key, readable while any holder keeps it,
+        // by an old descriptor too (the very bytes it was sent, which
+        // cannot change while registered), and not once the last goes.
+        if !server.rma().keeps_registrations() {
+            let (_, back) = server.rma().register_for_reads(body.clone()).unwrap_err();
+            assert_eq!(back, body, "{provider}: the bytes come back");
+            assert!(
+                !checks_keys(provider),
+                "{provider}: keys checked, yet none kept"
+            );
+        } else {
+            // A fresh reader: the failed read above may have taken its
+            // connection down (`tcp;ofi_rxm`: -FI_ENOTCONN after it).
+            let mut other = net.rdm_endpoint(None, 2, 2, 512).unwrap();
+            let to = other.insert(&net.resolve(bound).unwrap()).unwrap();
+            let region = Arc::new(server.rma().register_for_reads(body.clone()).unwrap());
+            let (_, back) = server
+                .rma()
+                .expose_registered(region.clone(), body.slice(1..))
+                .unwrap_err();
+            assert_eq!(back, body.slice(1..), "{provider}: a slice is refused");
+            let x1 = server
+                .rma()
+                .expose_registered(region.clone(), body.clone())
+                .unwrap();
+            let x2 = server
+                .rma()
+                .expose_registered(region.clone(), body.clone())
+                .unwrap();
+            assert_eq!((x1.key, x1.addr, x1.len), (x2.key, x2.addr, x2.len));
+            assert!(x1.word.is_none() && x1.check == 0, "{provider}: {x1:?}");
+            server.rma().unexpose(x1.id);
+            let buf = read_around(&mut net, (&mut other, to), &x2, 16, around, &[]).unwrap();
+            assert!(buf[4..4 + len] == body[..], "{provider}: the kept bytes");
+            server.rma().unexpose(x2.id);
+            let buf = read_around(&mut net, (&mut other, to), &x1, 17, around, &[]).unwrap();
+            assert!(
+                buf[4..4 + len] == body[..],
+                "{provider}: the same bytes again"
+            );
+            drop(region);
+            let r = read_around(&mut net, (&mut other, to), &x1, 18, around, &[]);
+            assert!(
+                r.is_err(),
+                "{provider}: read after the last holder let go: {r:?}"
+            );
+        }
         drop(other);
         assert_eq!(net.rma_in_use(), (0, 0), "{provider}: registrations left");
     }
