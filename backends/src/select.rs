@@ -70,6 +70,8 @@ pub struct RdmaPoolConfig {
     /// need no registration. Each kept segment stays alive and
     /// pinned until evicted (least recently used first); segments above a
     /// quarter of this are never kept. 0: register every rendezvous anew.
+    /// The RDMA backends and, where the provider checks keys (`tcp`,
+    /// `verbs`: not `shm`) and the endpoints read, the libfabric backend.
     pub reg_cache_bytes: usize,
 }
 

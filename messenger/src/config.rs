@@ -142,7 +142,7 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "rdma_reg_cache_bytes",
-        "RDMA rendezvous segments kept registered for their next send (a clone of the same Bytes); kept memory stays alive until evicted; 0: none (default 33554432)",
+        "RDMA and libfabric (reads, provider checks keys: tcp, verbs) rendezvous segments kept registered for their next send (a clone of the same Bytes); kept memory stays alive until evicted; 0: none (default 33554432)",
     ),
     (
         "fabric_rendezvous",

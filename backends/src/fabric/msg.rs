@@ -91,7 +91,8 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
 use msgr_fabric::{
-    CmEvent, Completion, ConnReq, Ep, FabricError, Net, PassiveEp, ReadDone, RmaOp, Site,
+    CmEvent, Completion, ConnReq, Ep, FabricError, Net, PassiveEp, ReadDone, ReadRegion, RmaOp,
+    Site,
 };
 use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
@@ -105,6 +106,7 @@ use super::{
     OutOfSlot, QueueFailures, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
+use crate::regcache::RegCache;
 use crate::{
     Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
     TransportError, TransportEvent, TransportStats,
@@ -391,6 +393,10 @@ pub struct FabricTransport {
     /// reads or writes), if they do.
     rndv: Option<RmaOp>,
     rndv_counters: Counters,
+    /// Registrations of payloads exposed in place, kept for their next
+    /// send where the provider checks keys (`rdma_reg_cache_bytes`; must
+    /// go before the Net, see `Drop`).
+    reg_cache: RegCache<ReadRegion>,
     /// Links with a rendezvous read in flight, and when their deadlines
     /// are looked at next.
     reads: usize,
@@ -458,6 +464,7 @@ impl FabricTransport {
             next_eq_read: Instant::now(),
             rndv: net.rma(),
             rndv_counters: Counters::default(),
+            reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
             reads: 0,
             next_read_check: Instant::now(),
             read_timeout: ctx.rdma.read_timeout,
@@ -514,6 +521,8 @@ impl FabricTransport {
         }
         self.cq_wait.replace(false, &self.registry);
         tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric worker moves to the domain of its first address");
+        // Kept registrations belong to the old domain: out before it closes.
+        self.reg_cache.clear();
         self.net = net;
         self.rndv = self.net.rma();
         let (eq_fd, cq_wait) = Self::register_wait_fds(
@@ -1087,7 +1096,7 @@ impl FabricTransport {
             return;
         }
         let rndv = rendezvous::link_op(self.rndv, link.peer_rndv).is_some();
-        match Self::flush_into(id, link, rndv, &mut self.rndv_counters) {
+        match Self::flush_into(id, link, rndv, &mut self.rndv_counters, &mut self.reg_cache) {
             Ok(()) => {}
             Err(e) if msgr_fabric::is_again(&e) => self.retry.push(id),
             Err(e) => self.fail(id, format!("fi_send: {e}"), events),
@@ -1099,6 +1108,7 @@ impl FabricTransport {
         link: &mut FabricLink,
         rndv: bool,
         counters: &mut Counters,
+        reg_cache: &mut RegCache<ReadRegion>,
     ) -> Result<(), FabricError> {
         // Before "written": the receiver then has a unit's epilogue by the
         // time its write is announced, and places it before taking it.
@@ -1140,7 +1150,7 @@ impl FabricTransport {
                 link.front_sent,
                 &mut link.queued,
                 counters,
-                |unit| rendezvous::expose(link.ep.rma(), unit, SLOT_SIZE - 1),
+                |unit| rendezvous::expose(link.ep.rma(), reg_cache, unit, SLOT_SIZE - 1),
             );
             if let Some(d) = staged {
                 if !link.post(id, |buf| {
@@ -1351,6 +1361,10 @@ impl Drop for FabricTransport {
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
         self.cq_wait.disarm(&self.registry);
+        // Kept registrations before the Net (declared after it: dropped
+        // after it); those still lent go with their endpoints, which are
+        // declared before it.
+        self.reg_cache.clear();
     }
 }
 
@@ -1573,6 +1587,7 @@ impl Transport for FabricTransport {
                     .rndv_counters
                     .values(self.rndv.is_some(), self.net.rma_in_use());
                 v.extend(self.queue_failures.values());
+                v.extend(self.reg_cache.values());
                 v
             },
         }
@@ -1897,6 +1912,19 @@ mod tests {
             "{events:?}"
         );
         assert_eq!(t.link_count(), 0);
+    }
+
+    /// Over `tcp` with the reads on (it checks keys): the payload's
+    /// registration is kept for its next send.
+    #[test]
+    fn a_payload_sent_again_is_registered_once() {
+        let (_poll, t) = tcp_transport_with(FabricRendezvous::On);
+        assert_eq!(t.rndv, Some(RmaOp::Read));
+        crate::fabric::tests::a_payload_sent_again_is_registered_once(
+            t,
+            "fabric+tcp://127.0.0.1:0",
+            true,
+        );
     }
 
     /// A listener that takes the TCP connection but never answers

@@ -112,7 +112,9 @@ use bytes::Bytes;
 use mio::event::Event;
 use mio::{Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
-use msgr_fabric::{Completion, FabricError, Landing, Net, PeerAddr, RdmEp, ReadDone, RmaOp, Site};
+use msgr_fabric::{
+    Completion, FabricError, Landing, Net, PeerAddr, RdmEp, ReadDone, ReadRegion, RmaOp, Site,
+};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
@@ -125,6 +127,7 @@ use super::{
     OutOfSlot, QueueFailures, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
+use crate::regcache::RegCache;
 use crate::{
     Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
     TransportError, TransportEvent, TransportStats,
@@ -819,6 +822,10 @@ pub struct RdmTransport {
     rndv: Option<RmaOp>,
     /// Rendezvous units received (for tests and counters).
     rndv_counters: Counters,
+    /// Registrations of payloads exposed in place, kept for their next
+    /// send where the provider checks keys (`rdma_reg_cache_bytes`; must
+    /// go before the Net, see `Drop`).
+    reg_cache: RegCache<ReadRegion>,
     /// A rendezvous read in flight longer than this fails its link.
     read_timeout: Duration,
     /// What the configuration asked of the Net (to reopen it).
@@ -911,6 +918,7 @@ impl RdmTransport {
             send_limit,
             rndv,
             rndv_counters: Counters::default(),
+            reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
             read_timeout: ctx.rdma.read_timeout,
             net_options,
             links: FxHashMap::default(),
@@ -948,6 +956,8 @@ impl RdmTransport {
         let net = open_net(&self.kind, Some(site), self.net_options)?;
         self.cq_wait.replace(!net.cq_polled(), &self.registry);
         tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric RDM worker moves to the domain of its first address");
+        // Kept registrations belong to the old domain: out before it closes.
+        self.reg_cache.clear();
         self.net = net;
         Ok(())
     }
@@ -1696,10 +1706,10 @@ impl RdmTransport {
         let result = Self::flush_into(
             id,
             link,
-            pidx,
-            port,
+            (pidx, port),
             ours,
             &mut self.rndv_counters,
+            &mut self.reg_cache,
             self.now,
         );
         let closed = link.close_after_flush && link.idle();
@@ -1722,10 +1732,10 @@ impl RdmTransport {
     fn flush_into(
         id: LinkId,
         link: &mut RdmLink,
-        pidx: usize,
-        port: &mut Port,
+        (pidx, port): (usize, &mut Port),
         ours: Option<RmaOp>,
         counters: &mut Counters,
+        reg_cache: &mut RegCache<ReadRegion>,
         now: Instant,
     ) -> Result<bool, FabricError> {
         let me = link.dest(id);
@@ -1797,7 +1807,7 @@ impl RdmTransport {
             counters,
             |unit| {
                 let room = port.send_limit - HEADER_LEN;
-                rendezvous::expose(port.ep.rma(), unit, room)
+                rendezvous::expose(port.ep.rma(), reg_cache, unit, room)
             },
         ) {
             if link.credits == 0 {
@@ -2091,6 +2101,8 @@ impl Drop for RdmTransport {
         }
         self.flush_closes();
         self.cq_wait.disarm(&self.registry);
+        // Before the Net (declared after the ports, dropped after them).
+        self.reg_cache.clear();
     }
 }
 
@@ -2353,6 +2365,7 @@ impl Transport for RdmTransport {
             .values(self.rndv.is_some(), self.net.rma_in_use());
         values.push(("out_port_replacements", self.out_port_replacements));
         values.extend(self.queue_failures.values());
+        values.extend(self.reg_cache.values());
         TransportStats {
             kind: self.kind.clone(),
             values,
@@ -2449,6 +2462,23 @@ mod tests {
             let on = open_with(name, &poll, FabricRendezvous::On);
             let want = (SLOT_SIZE, Some(RmaOp::Read));
             assert_eq!((on.send_limit, on.rndv), want, "{name}");
+        }
+    }
+
+    /// Over `tcp;ofi_rxm` (keys checked) a payload sent again keeps its
+    /// registration; over `shm` (keys not checked: every exposure has its
+    /// own check word) nothing is kept.
+    #[test]
+    fn a_payload_sent_again_is_registered_once() {
+        let poll = mio::Poll::new().unwrap();
+        for (provider, kept) in [("tcp;ofi_rxm", true), ("shm", false)] {
+            let t = open(provider, &poll);
+            assert_eq!(t.rndv, Some(RmaOp::Read), "{provider}");
+            crate::fabric::tests::a_payload_sent_again_is_registered_once(
+                t,
+                &format!("fabric+{provider}://127.0.0.1:0?ep=rdm"),
+                kept,
+            );
         }
     }
 

@@ -72,12 +72,15 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use msgr_fabric::{Exposed, FabricError, Landing, RemoteWord, RmaBuffers, RmaOp, CHECK_LEN};
+use msgr_fabric::{
+    Exposed, FabricError, Landing, ReadRegion, RemoteWord, RmaBuffers, RmaOp, CHECK_LEN,
+};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::frame::{EncodedFrame, MAX_SEGMENTS, PREAMBLE_LEN};
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, Transmit};
 
 use super::reassembly::{PieceError, Reassembly};
+use crate::regcache::RegCache;
 use crate::split::INLINE_MAX;
 use crate::split::{split_frame, SplitFrame};
 use crate::{SimulatedFault, TransportError};
@@ -407,12 +410,15 @@ impl Offered<'_> {
 }
 
 /// Exposes a unit on `rma`: a split one in place, its head and tail inline
-/// if they fit a descriptor of at most `room` bytes; otherwise (or where
-/// the provider allows no exposure in place) the unit copied into one
-/// buffer with its check word. On failure the unit comes back (flattened
-/// if it got that far) to go eagerly.
+/// if they fit a descriptor of at most `room` bytes (under a registration
+/// kept in `cache` where the endpoint allows: a payload sent again is not
+/// registered again); otherwise (or where the provider allows no exposure
+/// in place) the unit copied into one buffer with its check word. On
+/// failure the unit comes back (flattened if it got that far) to go
+/// eagerly.
 pub fn expose(
     rma: &mut RmaBuffers,
+    cache: &mut RegCache<ReadRegion>,
     unit: OutUnit,
     room: usize,
 ) -> Result<Described, Box<(FabricError, OutUnit)>> {
@@ -424,7 +430,14 @@ pub fn expose(
     };
     let (inline, at) = split.inline();
     let SplitFrame { head, body, tail } = split;
-    match rma.expose_in_place(body) {
+    let exposed = if rma.keeps_registrations() {
+        cache
+            .get(body, true, |b| rma.register_for_reads(b))
+            .and_then(|lent| rma.expose_registered(lent.region, lent.body))
+    } else {
+        rma.expose_in_place(body)
+    };
+    match exposed {
         Ok(x) => Ok(Described {
             x,
             inline,

@@ -382,3 +382,83 @@ fn missing_provider_is_named() {
         Availability::Available => panic!("nosuchprov available"),
     }
 }
+
+/// Sends one payload (a clone of the same `Bytes`) again and again and
+/// one of equal bytes elsewhere, each a unit large enough for the
+/// rendezvous, over a link `t` makes to itself on `addr` (a loopback
+/// address with port 0 of its kind). Where `kept` (the endpoints read and
+/// the provider checks keys) the payload is registered by its first send
+/// only and the other anew; elsewhere nothing is kept. Every unit arrives
+/// intact and no exposure outlives its read.
+pub(crate) fn a_payload_sent_again_is_registered_once<T: Transport>(
+    mut t: T,
+    addr: &str,
+    kept: bool,
+) {
+    // Runs `t` as a worker would until `until` holds (20 s at most).
+    let pump =
+        |t: &mut T, ev: &mut Vec<TransportEvent>, until: &dyn Fn(&T, &[TransportEvent]) -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !until(t, ev) {
+                assert!(Instant::now() < deadline, "{addr}: timed out: {ev:?}");
+                let now = Instant::now();
+                let busy = t.progress(now, ev);
+                t.flush(now, ev);
+                if !busy {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        };
+    let any: EntityAddr = addr.parse().unwrap();
+    let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+    t.connect(LinkId(1000), &bound).unwrap();
+    let mut ev = Vec::new();
+    pump(&mut t, &mut ev, &|_, ev| {
+        ev.iter()
+            .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000))))
+            && accepted(ev).is_some()
+    });
+    let served = accepted(&ev).unwrap();
+    t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
+        .unwrap();
+    let data: Bytes = (0..300_000u32)
+        .map(|i| (i * 7) as u8)
+        .collect::<Vec<_>>()
+        .into();
+    let elsewhere = Bytes::from(data.to_vec());
+    for (i, payload) in [&data, &data, &elsewhere, &data].into_iter().enumerate() {
+        let parts = vec![Bytes::from_static(b"header"), Bytes::new(), payload.clone()];
+        let unit = Frame::new(msgr_proto::Tag::Message, parts);
+        let want = unit.encode_to_vec().unwrap();
+        ev.clear();
+        t.send(LinkId(1000), Transmit::Frame(unit)).unwrap();
+        let got = |ev: &[TransportEvent]| {
+            ev.iter().find_map(|e| match e {
+                TransportEvent::Received(l, Inbound::Frame(f)) if *l == served => {
+                    Some(f.encode_to_vec().unwrap())
+                }
+                _ => None,
+            })
+        };
+        pump(&mut t, &mut ev, &|t, ev| {
+            got(ev).is_some() && stat(t, "rendezvous_exposed") == 0
+        });
+        assert!(
+            got(&ev) == Some(want.clone()),
+            "{addr}: unit {i} not intact"
+        );
+    }
+    assert_eq!(stat(&t, "rendezvous_sent"), 4, "{addr}");
+    assert_eq!(stat(&t, "rendezvous_fallbacks"), 0, "{addr}");
+    let cache = [
+        stat(&t, "reg_cache_hits"),
+        stat(&t, "reg_cache_misses"),
+        stat(&t, "reg_cache_bytes"),
+    ];
+    let want = if kept {
+        [2, 2, 2 * data.len() as u64]
+    } else {
+        [0, 0, 0]
+    };
+    assert_eq!(cache, want, "{addr}: hits, misses, bytes");
+}
