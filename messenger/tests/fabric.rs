@@ -601,6 +601,87 @@ fn server_restart_on_the_same_port(addr: &str, frozen: bool) {
     srv.shutdown(Duration::from_secs(2));
 }
 
+/// One 1 MiB payload (clones of the same `Bytes`) sent 20 times, every one
+/// by rendezvous and intact, in order. Where `kept` (the endpoints read and
+/// the provider checks keys) the client registers it once and finds it
+/// registered 19 times; elsewhere nothing is kept. No buffer stays exposed
+/// and nothing is left at shutdown.
+fn a_payload_sent_again_keeps_its_registration(addr: &str, settings: &[(&str, &str)], kept: bool) {
+    init_tracing();
+    let config = || {
+        let mut cfg = fast_config();
+        for (key, value) in settings {
+            cfg.set(key, value).unwrap();
+        }
+        cfg
+    };
+    let rec = Recorder::new();
+    let mut srv = start_with(addr, EntityName::server(1), config(), rec.clone());
+    let cli_dispatch = Arc::new(msgr::NullDispatcher);
+    let mut cli = start_with(addr, EntityName::client(1), config(), cli_dispatch);
+    let conn = cli.connect(srv.addr()).unwrap();
+    const N: u64 = 20;
+    let data = pattern(1, 0, 1 << 20);
+    for n in 1..=N {
+        let probe = Probe {
+            stream: 1,
+            n,
+            len: data.len() as u32,
+            crc: crc32c::crc32c(&data),
+        };
+        let mut m = msgr::Message::encode(7, &probe).unwrap();
+        m.data = data.clone();
+        send(&conn, m);
+    }
+    assert!(
+        wait_until(Duration::from_secs(60), || rec.delivered(1) == N),
+        "{addr}: delivered {} of {N}",
+        rec.delivered(1)
+    );
+    rec.assert_clean();
+    let stats = ["reg_cache_hits", "reg_cache_misses", "reg_cache_bytes"]
+        .map(|name| fabric_stat(&cli, name));
+    println!(
+        "{addr}: rendezvous sent {}, registration cache hits, misses, bytes {stats:?}",
+        fabric_stat(&cli, "rendezvous_sent")
+    );
+    assert_eq!(
+        fabric_stat(&cli, "rendezvous_sent"),
+        N,
+        "{addr}: every one by rendezvous"
+    );
+    let want = if kept { [N - 1, 1, 1 << 20] } else { [0, 0, 0] };
+    assert_eq!(
+        stats, want,
+        "{addr}: registration cache hits, misses, bytes"
+    );
+    drop(conn);
+    assert_no_rma_then_nothing_left(addr, &mut cli, &mut srv);
+}
+
+/// Over `tcp` with the reads on (it checks keys; `auto` writes on
+/// libfabric 1.17) and `shm` (keys unchecked: never kept).
+mod kept_registrations {
+    #[test]
+    fn tcp_msg_with_reads() {
+        let on = [("fabric_rendezvous", "on")];
+        super::a_payload_sent_again_keeps_its_registration("fabric+tcp://127.0.0.1:0", &on, true);
+    }
+
+    #[test]
+    fn tcp_rdm_with_reads() {
+        let on = [("fabric_rendezvous", "on")];
+        let addr = "fabric+tcp://127.0.0.1:0?ep=rdm";
+        super::a_payload_sent_again_keeps_its_registration(addr, &on, true);
+    }
+
+    #[test]
+    fn shm_rdm_keeps_none() {
+        let addr = "fabric+shm://127.0.0.1:0?ep=rdm";
+        super::a_payload_sent_again_keeps_its_registration(addr, &[], false);
+    }
+}
+
 /// The same tests over each provider and endpoint type.
 macro_rules! over {
     ($module:ident, $addr:expr, rendezvous: $rndv:expr) => {
@@ -715,6 +796,16 @@ macro_rules! in_guest_over {
 }
 
 in_guest_over!(verbs_msg, super::VERBS_RXE1, rendezvous: true);
+
+/// On rxe a registration pins the payload's pages (`ibv_reg_mr`): kept.
+mod verbs_msg_kept_registrations {
+    #[test]
+    #[ignore = "needs the QEMU guest's Soft-RoCE (testsuite/tests/guest_fabric.rs)"]
+    fn a_payload_sent_again_keeps_its_registration() {
+        super::require_guest();
+        super::a_payload_sent_again_keeps_its_registration(super::VERBS_RXE1, &[], true);
+    }
+}
 
 /// The write rendezvous where the reads would do (`fabric_rendezvous =
 /// write`): over `tcp` (the default on libfabric 1.17 anyway) and over

@@ -9,8 +9,9 @@
 //!   grants (RDMA write), in `verbs_msg_polled_cq` with the completion
 //!   queue polled (`fabric_cq_wait = poll`), links aborted under a lossless session
 //!   with every message delivered exactly once, nothing left at shutdown;
-//!   and `verbs_rdm`: RDM endpoints (`verbs;ofi_rxm`) are refused on rxe
-//!   with the reason (docs/GUEST.md);
+//!   in `verbs_msg_kept_registrations` a payload sent again by rendezvous
+//!   registered (pinned, on rxe) once; and `verbs_rdm`: RDM endpoints
+//!   (`verbs;ofi_rxm`) are refused on rxe with the reason (docs/GUEST.md);
 //! - the shared stress suite (`msgr-stress --backend fabric+verbs`) with the
 //!   default fault plan, server restarts and leak checks.
 //!
@@ -124,6 +125,7 @@ fn fabric_verbs_provider_in_the_guest() {
         "verbs_msg_by_write::ordering_and_integrity_mixed_sizes",
         "verbs_msg_polled_cq::ordering_and_integrity_mixed_sizes",
         "verbs_rdm::refused_with_the_reason",
+        "verbs_msg_kept_registrations::a_payload_sent_again_keeps_its_registration",
     ] {
         assert!(
             tests.output.contains(&format!("test {name} ... ")),
@@ -131,8 +133,8 @@ fn fabric_verbs_provider_in_the_guest() {
         );
     }
     assert!(
-        tests.output.contains("test result: ok. 5 passed"),
-        "not exactly the five verbs tests ran\n{out}"
+        tests.output.contains("test result: ok. 6 passed"),
+        "not exactly the six verbs tests ran\n{out}"
     );
     // Over verbs MSG endpoints the large messages go by fi_read (RDMA
     // read on rxe): the integration test prints its rendezvous counters.
