@@ -38,6 +38,15 @@ fn start_with(
         .unwrap_or_else(|e| panic!("start {addr}: {e}"))
 }
 
+/// [`fast_config`] with `settings` (configuration keys and values) set.
+fn config_with(settings: &[(&str, &str)]) -> MessengerConfig {
+    let mut cfg = fast_config();
+    for (key, value) in settings {
+        cfg.set(key, value).unwrap();
+    }
+    cfg
+}
+
 /// Everything a messenger held is gone once it shut down.
 fn assert_nothing_left(m: &mut Messenger, what: &str) {
     let r = m.shutdown(Duration::from_secs(5));
@@ -104,13 +113,7 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool, settings: &[
     println!("{addr}: seed {seed}, settings {settings:?}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let rec = Recorder::new();
-    let config = || {
-        let mut cfg = fast_config();
-        for (key, value) in settings {
-            cfg.set(key, value).unwrap();
-        }
-        cfg
-    };
+    let config = || config_with(settings);
     let mut srv = start_with(addr, EntityName::server(1), config(), rec.clone());
     println!("server bound to {}", srv.addr());
     assert_ne!(srv.addr().socket.port(), 0);
@@ -608,13 +611,7 @@ fn server_restart_on_the_same_port(addr: &str, frozen: bool) {
 /// and nothing is left at shutdown.
 fn a_payload_sent_again_keeps_its_registration(addr: &str, settings: &[(&str, &str)], kept: bool) {
     init_tracing();
-    let config = || {
-        let mut cfg = fast_config();
-        for (key, value) in settings {
-            cfg.set(key, value).unwrap();
-        }
-        cfg
-    };
+    let config = || config_with(settings);
     let rec = Recorder::new();
     let mut srv = start_with(addr, EntityName::server(1), config(), rec.clone());
     let cli_dispatch = Arc::new(msgr::NullDispatcher);

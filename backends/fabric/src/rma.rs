@@ -173,12 +173,13 @@ pub struct ReadRegion {
     mr: *mut sys::fid_mr,
 }
 
-// SAFETY: the registration is only closed, once, by Drop; libfabric's
-// registrations may be used and closed from any thread (the domain's
-// threading model covers its endpoints' operations, which run on the
-// worker that owns the endpoint and this region).
+// SAFETY: the handle is a plain pointer to a registration of the domain,
+// closed once, by Drop; moving it to another thread moves no thread-bound
+// state (the endpoints whose operations use it go with it: one worker owns
+// the domain, its endpoints and its regions).
 unsafe impl Send for ReadRegion {}
-// SAFETY: no method mutates through `&self`.
+// SAFETY: through `&self` only the bytes (immutable) and the handle's value
+// (read by `expose_registered`, on the owning worker) are reached.
 unsafe impl Sync for ReadRegion {}
 
 impl ReadRegion {
