@@ -28,7 +28,8 @@
 //!   peer of the endpoint, as an SRQ is); peers are [`PeerAddr`]s from
 //!   [`RdmEp::insert`].
 //! - [`RmaBuffers`] (`rma`): an endpoint's memory registered for the
-//!   rendezvous, read by peers ([`Exposed`]) or written by them ([`Landing`]).
+//!   rendezvous, read by peers ([`Exposed`]) or written by them ([`Landing`]),
+//!   and [`ReadRegion`]s, registrations the caller keeps for the next send.
 //!
 //! `shm` endpoints are never closed: libfabric 1.17's `shm` keeps a raw
 //! pointer to the shared-memory region of every endpoint *of this process*

@@ -1,6 +1,7 @@
 //! The rendezvous: memory registered for `fi_read` and `fi_write`
 //! ([`RmaBuffers`], one per endpoint), with the check words ([`CHECK_LEN`])
-//! that keep a late read from returning freed memory.
+//! that keep a late read from returning freed memory, and registrations a
+//! caller keeps across exposures where keys are checked ([`ReadRegion`]).
 
 use crate::error::{check, FabricError};
 use crate::info::RmaOp;
