@@ -121,7 +121,7 @@ impl<R> RegCache<R> {
         let region = match register(body.clone()) {
             Ok(r) => Arc::new(r),
             Err((_, body)) if !self.entries.is_empty() => {
-                self.evict_all();
+                self.clear();
                 Arc::new(register(body.clone())?)
             }
             Err(e) => return Err(e),
@@ -152,12 +152,9 @@ impl<R> RegCache<R> {
     }
 
     /// Drops every entry (a registration still lent goes with its last
-    /// holder): before the domain the registrations belong to closes.
+    /// holder): after a refused registration, and before the domain the
+    /// registrations belong to closes.
     pub(crate) fn clear(&mut self) {
-        self.evict_all();
-    }
-
-    fn evict_all(&mut self) {
         self.evictions += self.entries.len() as u64;
         self.entries.clear();
         self.bytes = 0;

@@ -620,15 +620,7 @@ fn a_payload_sent_again_keeps_its_registration(addr: &str, settings: &[(&str, &s
     const N: u64 = 20;
     let data = pattern(1, 0, 1 << 20);
     for n in 1..=N {
-        let probe = Probe {
-            stream: 1,
-            n,
-            len: data.len() as u32,
-            crc: crc32c::crc32c(&data),
-        };
-        let mut m = msgr::Message::encode(7, &probe).unwrap();
-        m.data = data.clone();
-        send(&conn, m);
+        send(&conn, probe_message_of(1, n, data.clone()));
     }
     assert!(
         wait_until(Duration::from_secs(60), || rec.delivered(1) == N),

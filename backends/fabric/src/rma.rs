@@ -183,13 +183,6 @@ unsafe impl Send for ReadRegion {}
 // (read by `expose_registered`, on the owning worker) are reached.
 unsafe impl Sync for ReadRegion {}
 
-impl ReadRegion {
-    /// The registered bytes.
-    pub fn bytes(&self) -> &Bytes {
-        &self.mem
-    }
-}
-
 impl std::fmt::Debug for ReadRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadRegion")
@@ -201,6 +194,15 @@ impl std::fmt::Debug for ReadRegion {
 impl Drop for ReadRegion {
     fn drop(&mut self) {
         close(self.mr as *mut sys::fid);
+    }
+}
+
+/// Why a registration was not even tried (`code`: the libfabric errno).
+fn refused(code: u32, why: &str) -> FabricError {
+    FabricError::Call {
+        op: "fi_mr_reg",
+        code: code as i32,
+        msg: why.into(),
     }
 }
 
@@ -501,11 +503,7 @@ impl RmaBuffers {
                 };
             }
             None => {
-                let e = FabricError::Call {
-                    op: "fi_mr_reg",
-                    code: sys::FI_ENOSYS as i32,
-                    msg: "endpoint without FI_RMA".into(),
-                };
+                let e = refused(sys::FI_ENOSYS, "endpoint without FI_RMA");
                 return Err((e, mem));
             }
         }
@@ -538,11 +536,7 @@ impl RmaBuffers {
             };
         }
         if self.op != Some(RmaOp::Read) || mem.is_empty() {
-            let e = FabricError::Call {
-                op: "fi_mr_reg",
-                code: sys::FI_ENOSYS as i32,
-                msg: "no in-place exposure on these endpoints".into(),
-            };
+            let e = refused(sys::FI_ENOSYS, "no in-place exposure on these endpoints");
             return Err((e, mem));
         }
         let remote_read = u64::from(sys::FI_REMOTE_READ);
@@ -596,11 +590,7 @@ impl RmaBuffers {
     /// registration fails, `mem` comes back with the error.
     pub fn register_for_reads(&mut self, mem: Bytes) -> Result<ReadRegion, (FabricError, Bytes)> {
         if !self.keeps_registrations() || mem.is_empty() {
-            let e = FabricError::Call {
-                op: "fi_mr_reg",
-                code: sys::FI_ENOSYS as i32,
-                msg: "no registrations kept on these endpoints".into(),
-            };
+            let e = refused(sys::FI_ENOSYS, "no registrations kept on these endpoints");
             return Err((e, mem));
         }
         match self.register(mem.as_ptr(), mem.len(), u64::from(sys::FI_REMOTE_READ)) {
@@ -622,11 +612,7 @@ impl RmaBuffers {
         body: Bytes,
     ) -> Result<Exposed, (FabricError, Bytes)> {
         if body.as_ptr_range() != region.mem.as_ptr_range() {
-            let e = FabricError::Call {
-                op: "fi_mr_reg",
-                code: sys::FI_EINVAL as i32,
-                msg: "not the registered bytes".into(),
-            };
+            let e = refused(sys::FI_EINVAL, "not the registered bytes");
             return Err((e, body));
         }
         let (ptr, len) = (body.as_ptr(), body.len());

@@ -1918,10 +1918,11 @@ mod tests {
     /// registration is kept for its next send.
     #[test]
     fn a_payload_sent_again_is_registered_once() {
-        let (_poll, t) = tcp_transport_with(FabricRendezvous::On);
+        let (mut poll, t) = tcp_transport_with(FabricRendezvous::On);
         assert_eq!(t.rndv, Some(RmaOp::Read));
         crate::fabric::tests::a_payload_sent_again_is_registered_once(
             t,
+            &mut poll,
             "fabric+tcp://127.0.0.1:0",
             true,
         );

@@ -2470,12 +2470,13 @@ mod tests {
     /// own check word) nothing is kept.
     #[test]
     fn a_payload_sent_again_is_registered_once() {
-        let poll = mio::Poll::new().unwrap();
+        let mut poll = mio::Poll::new().unwrap();
         for (provider, kept) in [("tcp;ofi_rxm", true), ("shm", false)] {
             let t = open(provider, &poll);
             assert_eq!(t.rndv, Some(RmaOp::Read), "{provider}");
             crate::fabric::tests::a_payload_sent_again_is_registered_once(
                 t,
+                &mut poll,
                 &format!("fabric+{provider}://127.0.0.1:0?ep=rdm"),
                 kept,
             );

@@ -385,35 +385,21 @@ fn missing_provider_is_named() {
 
 /// Sends one payload (a clone of the same `Bytes`) again and again and
 /// one of equal bytes elsewhere, each a unit large enough for the
-/// rendezvous, over a link `t` makes to itself on `addr` (a loopback
-/// address with port 0 of its kind). Where `kept` (the endpoints read and
-/// the provider checks keys) the payload is registered by its first send
-/// only and the other anew; elsewhere nothing is kept. Every unit arrives
-/// intact and no exposure outlives its read.
+/// rendezvous, over a link `t` (registered in `poll`) makes to itself on
+/// `addr` (a loopback address with port 0 of its kind). Where `kept` (the
+/// endpoints read and the provider checks keys) the payload is registered
+/// by its first send only and the other anew; elsewhere nothing is kept.
+/// Every unit arrives intact and no exposure outlives its read.
 pub(crate) fn a_payload_sent_again_is_registered_once<T: Transport>(
     mut t: T,
+    poll: &mut mio::Poll,
     addr: &str,
     kept: bool,
 ) {
-    // Runs `t` as a worker would until `until` holds (20 s at most).
-    let pump =
-        |t: &mut T, ev: &mut Vec<TransportEvent>, until: &dyn Fn(&T, &[TransportEvent]) -> bool| {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !until(t, ev) {
-                assert!(Instant::now() < deadline, "{addr}: timed out: {ev:?}");
-                let now = Instant::now();
-                let busy = t.progress(now, ev);
-                t.flush(now, ev);
-                if !busy {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        };
     let any: EntityAddr = addr.parse().unwrap();
     let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
     t.connect(LinkId(1000), &bound).unwrap();
-    let mut ev = Vec::new();
-    pump(&mut t, &mut ev, &|_, ev| {
+    let ev = drive(&mut t, poll, |ev| {
         ev.iter()
             .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000))))
             && accepted(ev).is_some()
@@ -426,27 +412,30 @@ pub(crate) fn a_payload_sent_again_is_registered_once<T: Transport>(
         .collect::<Vec<_>>()
         .into();
     let elsewhere = Bytes::from(data.to_vec());
+    let got = |ev: &[TransportEvent]| {
+        ev.iter().find_map(|e| match e {
+            TransportEvent::Received(l, Inbound::Frame(f)) if *l == served => {
+                Some(f.encode_to_vec().unwrap())
+            }
+            _ => None,
+        })
+    };
     for (i, payload) in [&data, &data, &elsewhere, &data].into_iter().enumerate() {
         let parts = vec![Bytes::from_static(b"header"), Bytes::new(), payload.clone()];
         let unit = Frame::new(msgr_proto::Tag::Message, parts);
         let want = unit.encode_to_vec().unwrap();
-        ev.clear();
         t.send(LinkId(1000), Transmit::Frame(unit)).unwrap();
-        let got = |ev: &[TransportEvent]| {
-            ev.iter().find_map(|e| match e {
-                TransportEvent::Received(l, Inbound::Frame(f)) if *l == served => {
-                    Some(f.encode_to_vec().unwrap())
-                }
-                _ => None,
-            })
-        };
-        pump(&mut t, &mut ev, &|t, ev| {
-            got(ev).is_some() && stat(t, "rendezvous_exposed") == 0
-        });
-        assert!(
-            got(&ev) == Some(want.clone()),
-            "{addr}: unit {i} not intact"
-        );
+        let ev = drive(&mut t, poll, |ev| got(ev).is_some());
+        assert!(got(&ev) == Some(want), "{addr}: unit {i} not intact");
+    }
+    // The sender lets each exposure go once told it was read.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stat(&t, "rendezvous_exposed") > 0 {
+        assert!(Instant::now() < deadline, "{addr}: a unit still exposed");
+        let mut events = Vec::new();
+        t.progress(Instant::now(), &mut events);
+        t.flush(Instant::now(), &mut events);
+        assert!(events.is_empty(), "{addr}: {events:?}");
     }
     assert_eq!(stat(&t, "rendezvous_sent"), 4, "{addr}");
     assert_eq!(stat(&t, "rendezvous_fallbacks"), 0, "{addr}");

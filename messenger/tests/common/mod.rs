@@ -34,11 +34,16 @@ pub fn pattern(stream: u32, n: u64, len: usize) -> Bytes {
 }
 
 pub fn probe_message(stream: u32, n: u64, len: usize) -> Message {
-    let data = pattern(stream, n, len);
+    probe_message_of(stream, n, pattern(stream, n, len))
+}
+
+/// Message `n` of `stream` carrying `data` (the same bytes may go in
+/// several messages).
+pub fn probe_message_of(stream: u32, n: u64, data: Bytes) -> Message {
     let probe = Probe {
         stream,
         n,
-        len: len as u32,
+        len: data.len() as u32,
         crc: crc32c::crc32c(&data),
     };
     let mut m = Message::encode(7, &probe).expect("encode probe");
