@@ -43,6 +43,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps -q
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release
 
+step "cargo test: the backends' own tests with every backend feature (libfabric's over real tcp, tcp;ofi_rxm and shm providers; the RDMA backends' that need no device)"
+cargo test --release -p msgr-backends --all-features --lib
+
 step "cargo test: the fabric backend with real libfabric providers on loopback (tcp MSG, tcp;ofi_rxm RDM, shm RDM)"
 cargo test --release -p msgr --features fabric --test fabric
 # The msgr tool's serve, ping, stream and bench with fabric addresses.
