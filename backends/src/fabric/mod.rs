@@ -16,13 +16,16 @@
 //! - `msg`: the `FI_EP_MSG` transport — its links and slots, header bytes,
 //!   completion contexts, connection set-up, sending and receiving;
 //! - [`rdm`]: the `FI_EP_RDM` transport;
+//! - `outbox`: a link's queued units, cut into pieces to send;
 //! - `reassembly`: received pieces joined into a unit and decoded;
-//! - `rendezvous`: large units moved by `fi_read` or `fi_write`;
+//! - `rendezvous`: large units moved by `fi_read` or `fi_write`, and the
+//!   messages a link owes its peer for them (`Owed`);
 //! - `wait_fd`: a completion queue's wait fds, in the worker's Poll only
 //!   while it sleeps;
 //! - `tests` (tests only): fixtures both transports' tests run.
 
 mod msg;
+mod outbox;
 pub mod rdm;
 mod reassembly;
 pub(crate) mod rendezvous;

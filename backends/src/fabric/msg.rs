@@ -98,12 +98,15 @@ use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
+use super::outbox::Outbox;
 use super::reassembly::{report_unit, PieceError, Reassembly};
-use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
+use super::rendezvous::{
+    self, Counters, DescError, Exposures, OutUnit, Owed, OwedKinds, Receiving,
+};
 use super::wait_fd::CqWaitFd;
 use super::{
     fab_err, no_half_close, no_migration, open_net, probe, rdm, simulate_fault, NetOptions,
-    OutOfSlot, QueueFailures, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
+    OutOfSlot, QueueFailures, CQ_BATCH, CQ_ROUNDS, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
@@ -135,6 +138,13 @@ pub const RNDV_WRITTEN: u8 = 5;
 /// Header byte: the epilogue of a `RNDV` flagged
 /// `rendezvous::LATE_EPILOGUE` (`rendezvous::encode_epilogue`).
 pub const RNDV_EPILOGUE: u8 = 6;
+/// The rendezvous messages besides descriptors, as this wire numbers them.
+const OWED_KINDS: OwedKinds = OwedKinds {
+    epilogue: RNDV_EPILOGUE,
+    grant: RNDV_GRANT,
+    written: RNDV_WRITTEN,
+    done: RNDV_DONE,
+};
 /// Bytes of messages a link keeps behind one rendezvous read before it
 /// fails (a peer that floods while a read is in flight).
 const BEHIND_READ_MAX: usize = 64 << 20;
@@ -210,10 +220,8 @@ struct FabricLink {
     /// Accepted (the listener's token and the peer) or outgoing (`None`).
     accepted: Option<(Token, SocketAddr)>,
     connected: bool,
-    /// Encoded units waiting for a transmit slot, and how far the front one went.
-    queue: VecDeque<OutUnit>,
-    front_sent: usize,
-    queued: usize,
+    /// Encoded units waiting for a transmit slot.
+    outbox: Outbox,
     free_tx: Vec<usize>,
     /// Pieces of a unit split over several messages.
     reasm: Reassembly,
@@ -253,9 +261,7 @@ impl FabricLink {
             ep,
             accepted,
             connected: false,
-            queue: VecDeque::new(),
-            front_sent: 0,
-            queued: 0,
+            outbox: Outbox::default(),
             reasm: Reassembly::default(),
             paused: false,
             frozen: false,
@@ -281,25 +287,25 @@ impl FabricLink {
 
     /// Nothing left to send, in flight, or exposed for the peer.
     fn idle(&self) -> bool {
-        self.queue.is_empty()
+        self.outbox.is_empty()
             && self.free_tx.len() == self.ep.slots()
             && self.exposures.is_idle()
             && self.receiving.need_done.is_empty()
             && self.receiving.need_grant.is_empty()
     }
 
-    /// Sends the late epilogues owed (`RNDV_EPILOGUE`); false if one could
-    /// not go yet.
-    fn post_epilogues(&mut self, id: LinkId) -> Result<bool, FabricError> {
-        while let Some(&(unit, words, len)) = self.exposures.need_epilogue.first() {
-            let sent = self.post(id, |buf| {
-                buf[0] = RNDV_EPILOGUE;
-                1 + rendezvous::encode_epilogue(&mut buf[1..], unit, &words[..len])
-            })?;
-            if !sent {
+    /// Sends what the link owes its peer besides data ([`Owed`]); false
+    /// if one could not go yet.
+    fn post_owed(&mut self, id: LinkId) -> Result<bool, FabricError> {
+        while let Some(owed) = Owed::next(&self.exposures, &self.receiving) {
+            let kind = owed.kind(&OWED_KINDS);
+            if !self.post(id, |buf| {
+                buf[0] = kind;
+                1 + owed.encode(&mut buf[1..])
+            })? {
                 return Ok(false);
             }
-            self.exposures.need_epilogue.remove(0);
+            owed.posted(&mut self.exposures, &mut self.receiving);
         }
         Ok(true)
     }
@@ -307,7 +313,7 @@ impl FabricLink {
     /// Whether the link has something to post: queued units, or control
     /// and a staged descriptor that wait outside the queue for a slot.
     fn has_output(&self) -> bool {
-        !self.queue.is_empty() || self.exposures.owes_posts() || self.receiving.owes_posts()
+        !self.outbox.is_empty() || self.exposures.owes_posts() || self.receiving.owes_posts()
     }
 
     /// Whether received messages wait instead of being handled.
@@ -339,11 +345,6 @@ impl FabricLink {
         self.ep.send(slot, n, context(id, false, slot))?;
         self.free_tx.pop();
         Ok(true)
-    }
-
-    fn push(&mut self, unit: OutUnit) {
-        self.queued += unit.len();
-        self.queue.push_back(unit);
     }
 }
 
@@ -600,7 +601,7 @@ impl FabricTransport {
                         }),
                         None => events.push(TransportEvent::Connected(id)),
                     }
-                    if !link.queue.is_empty() {
+                    if !link.outbox.is_empty() {
                         self.dirty.push(id);
                     }
                 }
@@ -1110,48 +1111,15 @@ impl FabricTransport {
         counters: &mut Counters,
         reg_cache: &mut RegCache<ReadRegion>,
     ) -> Result<(), FabricError> {
-        // Before "written": the receiver then has a unit's epilogue by the
-        // time its write is announced, and places it before taking it.
-        if !link.post_epilogues(id)? {
-            return Ok(());
-        }
-        while let Some(&(unit, landing)) = link.receiving.need_grant.last() {
-            let sent = link.post(id, |buf| {
-                buf[0] = RNDV_GRANT;
-                1 + rendezvous::encode_grant(&mut buf[1..], unit, landing)
-            })?;
-            if !sent {
+        loop {
+            if !link.post_owed(id)? {
                 return Ok(());
             }
-            link.receiving.need_grant.pop();
-        }
-        type Owed = fn(&mut FabricLink) -> &mut Vec<u32>;
-        let owed: [(u8, Owed); 2] = [
-            (RNDV_WRITTEN, |l| &mut l.exposures.need_written),
-            (RNDV_DONE, |l| &mut l.receiving.need_done),
-        ];
-        for (kind, list) in owed {
-            while let Some(&unit) = list(link).last() {
-                let sent = link.post(id, |buf| {
-                    buf[0] = kind;
-                    buf[1..=rendezvous::DONE_LEN].copy_from_slice(&unit.to_le_bytes());
-                    1 + rendezvous::DONE_LEN
-                })?;
-                if !sent {
-                    return Ok(());
-                }
-                list(link).pop();
-            }
-        }
-        loop {
-            let staged = link.exposures.stage(
-                rndv,
-                &mut link.queue,
-                link.front_sent,
-                &mut link.queued,
-                counters,
-                |unit| rendezvous::expose(link.ep.rma(), reg_cache, unit, SLOT_SIZE - 1),
-            );
+            let staged = link
+                .exposures
+                .stage(rndv, &mut link.outbox, counters, |unit| {
+                    rendezvous::expose(link.ep.rma(), reg_cache, unit, SLOT_SIZE - 1)
+                });
             if let Some(d) = staged {
                 if !link.post(id, |buf| {
                     buf[0] = RNDV;
@@ -1160,57 +1128,37 @@ impl FabricTransport {
                     return Ok(());
                 }
                 link.exposures.sent(counters);
-                if !link.post_epilogues(id)? {
-                    return Ok(());
-                }
-                continue;
+                continue; // its late epilogue (owed now) goes next
             }
-            let front_len = link.queue.front().map(OutUnit::len);
-            if front_len.is_none() || link.exposures.wants(rndv, link.front_sent, front_len) {
-                // Empty, or a large unit waiting for fewer exposed.
-                return Ok(());
-            }
-            let Some(front) = link.queue.front_mut() else {
+            let in_place = link.ep.sends_in_place();
+            let Some(mut piece) =
+                link.outbox
+                    .next_piece(&link.exposures, rndv, SLOT_SIZE - 1, in_place)
+            else {
                 return Ok(());
             };
-            if link.front_sent == 0 {
-                front.resolve_epilogue();
-            }
-            let front = &*front;
-            let left = front.len() - link.front_sent;
-            let n = left.min(SLOT_SIZE - 1);
-            let last = n == left;
             let Some(&slot) = link.free_tx.last() else {
                 return Ok(());
             };
-            let shared = (n >= IN_PLACE_MIN && link.ep.sends_in_place())
-                .then(|| front.shared(link.front_sent, n))
-                .flatten();
             let Some(buf) = link.ep.tx_slot(slot) else {
                 link.free_tx.pop();
                 continue;
             };
-            buf[0] = if last { LAST } else { MORE };
-            match shared {
+            buf[0] = if piece.last { LAST } else { MORE };
+            match piece.shared.take() {
                 Some(body) => {
                     link.ep
                         .send_in_place(slot, 1, body, context(id, false, slot))?;
                     counters.pieces_in_place += 1;
                 }
                 None => {
-                    front.copy_out(link.front_sent, &mut buf[1..=n]);
-                    link.ep.send(slot, n + 1, context(id, false, slot))?;
+                    link.outbox.copy_out(&piece, &mut buf[1..]);
+                    link.ep
+                        .send(slot, piece.len + 1, context(id, false, slot))?;
                 }
             }
             link.free_tx.pop();
-            link.queued -= n;
-            if last {
-                link.queue.pop_front();
-                link.front_sent = 0;
-                link.exposures.front_gone();
-            } else {
-                link.front_sent += n;
-            }
+            link.outbox.piece_sent(&piece, &mut link.exposures);
         }
     }
 
@@ -1264,8 +1212,8 @@ impl FabricTransport {
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
-        l.push(unit);
-        if l.queue.len() == 1 {
+        l.outbox.push(unit);
+        if l.outbox.len() == 1 {
             self.flush_now(link);
         }
         if self.links.get(&link).is_some_and(FabricLink::has_output) {
@@ -1511,7 +1459,7 @@ impl Transport for FabricTransport {
     }
 
     fn backlog(&self, link: LinkId) -> usize {
-        self.links.get(&link).map_or(0, |l| l.queued)
+        self.links.get(&link).map_or(0, |l| l.outbox.backlog())
     }
 
     fn owns(&self, token: Token) -> bool {
@@ -1649,13 +1597,13 @@ mod tests {
         t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
             .unwrap();
         assert!(
-            t.links[&LinkId(1000)].queue.is_empty(),
+            t.links[&LinkId(1000)].outbox.is_empty(),
             "not posted by send"
         );
         let n = 3 * SLOTS;
         send_small_frames(&mut t, LinkId(1000), n);
         assert!(
-            !t.links[&LinkId(1000)].queue.is_empty(),
+            !t.links[&LinkId(1000)].outbox.is_empty(),
             "beyond the slots, queued"
         );
         let mut events = progress_until_events(&mut t);
@@ -1678,7 +1626,7 @@ mod tests {
             SLOTS - 1,
             |t| {
                 let l = &t.links[&LinkId(1000)];
-                l.free_tx.is_empty() && l.queue.is_empty() && l.exposures.owes_posts()
+                l.free_tx.is_empty() && l.outbox.is_empty() && l.exposures.owes_posts()
             },
         );
     }

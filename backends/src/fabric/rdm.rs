@@ -119,12 +119,15 @@ use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
+use super::outbox::Outbox;
 use super::reassembly::{self, PieceError, Reassembly};
-use super::rendezvous::{self, Counters, DescError, Exposures, OutUnit, Receiving};
+use super::rendezvous::{
+    self, Counters, DescError, Exposures, OutUnit, Owed, OwedKinds, Receiving,
+};
 use super::wait_fd::CqWaitFd;
 use super::{
     no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, NetOptions,
-    OutOfSlot, QueueFailures, CQ_BATCH, CQ_ROUNDS, IN_PLACE_MIN, SLOT_SIZE,
+    OutOfSlot, QueueFailures, CQ_BATCH, CQ_ROUNDS, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
@@ -182,6 +185,13 @@ const RNDV_WRITTEN: u8 = 10;
 /// The epilogue of a RNDV flagged `LATE_EPILOGUE`
 /// ([`rendezvous::encode_epilogue`]).
 const RNDV_EPILOGUE: u8 = 11;
+/// The rendezvous messages besides descriptors, as this wire numbers them.
+const OWED_KINDS: OwedKinds = OwedKinds {
+    epilogue: RNDV_EPILOGUE,
+    grant: RNDV_GRANT,
+    written: RNDV_WRITTEN,
+    done: RNDV_DONE,
+};
 
 /// Bytes of a HELLO body before the name: link id, cookie, name length.
 const HELLO_FIXED: usize = 8 + 4 + 2;
@@ -548,9 +558,7 @@ struct RdmLink {
     need_keep: bool,
     credits: u32,
     to_return: u32,
-    queue: VecDeque<OutUnit>,
-    front_sent: usize,
-    queued: usize,
+    outbox: Outbox,
     /// Transmit slots in flight for this link.
     inflight: usize,
     reasm: Reassembly,
@@ -637,9 +645,7 @@ impl RdmLink {
             need_keep: false,
             credits: 0,
             to_return: 0,
-            queue: VecDeque::new(),
-            front_sent: 0,
-            queued: 0,
+            outbox: Outbox::default(),
             inflight: 0,
             reasm: Reassembly::default(),
             paused: false,
@@ -656,7 +662,7 @@ impl RdmLink {
     }
 
     fn idle(&self) -> bool {
-        self.queue.is_empty() && self.inflight == 0 && self.exposures.is_idle()
+        self.outbox.is_empty() && self.inflight == 0 && self.exposures.is_idle()
     }
 
     /// Whether the link has something to post once a slot or credit frees:
@@ -666,7 +672,7 @@ impl RdmLink {
         self.need_hello
             || self.need_welcome
             || self.need_keep
-            || !self.queue.is_empty()
+            || !self.outbox.is_empty()
             || self.exposures.owes_posts()
             || self.receiving.owes_posts()
     }
@@ -709,22 +715,22 @@ impl RdmLink {
         Ok(sent)
     }
 
-    /// Sends the late epilogues owed (`RNDV_EPILOGUE`); false if one could
-    /// not go yet.
-    fn post_epilogues(
+    /// Sends what the link owes its peer besides data ([`Owed`]); false
+    /// if one could not go yet.
+    fn post_owed(
         &mut self,
         id: LinkId,
         pidx: usize,
         port: &mut Port,
         now: Instant,
     ) -> Result<bool, FabricError> {
-        while let Some(&(unit, words, len)) = self.exposures.need_epilogue.first() {
-            let mut body = [0u8; rendezvous::EPILOGUE_MSG_MAX];
-            let n = rendezvous::encode_epilogue(&mut body, unit, &words[..len]);
-            if !self.post_control(id, pidx, port, RNDV_EPILOGUE, &body[..n], now)? {
+        while let Some(owed) = Owed::next(&self.exposures, &self.receiving) {
+            let mut body = [0u8; rendezvous::OWED_MAX];
+            let n = owed.encode(&mut body);
+            if !self.post_control(id, pidx, port, owed.kind(&OWED_KINDS), &body[..n], now)? {
                 return Ok(false);
             }
-            self.exposures.need_epilogue.remove(0);
+            owed.posted(&mut self.exposures, &mut self.receiving);
         }
         Ok(true)
     }
@@ -1772,44 +1778,18 @@ impl RdmTransport {
             }
             link.need_welcome = false;
         }
-        // Before "written": the receiver then has a unit's epilogue by the
-        // time its write is announced, and places it before taking it.
-        if !link.post_epilogues(id, pidx, port, now)? {
+        if !link.post_owed(id, pidx, port, now)? {
             return Ok(false);
-        }
-        while let Some(&(unit, landing)) = link.receiving.need_grant.last() {
-            let mut body = [0u8; rendezvous::GRANT_LEN];
-            rendezvous::encode_grant(&mut body, unit, landing);
-            if !link.post_control(id, pidx, port, RNDV_GRANT, &body, now)? {
-                return Ok(false);
-            }
-            link.receiving.need_grant.pop();
-        }
-        while let Some(&unit) = link.exposures.need_written.last() {
-            if !link.post_control(id, pidx, port, RNDV_WRITTEN, &unit.to_le_bytes(), now)? {
-                return Ok(false);
-            }
-            link.exposures.need_written.pop();
-        }
-        while let Some(&done) = link.receiving.need_done.last() {
-            if !link.post_control(id, pidx, port, RNDV_DONE, &done.to_le_bytes(), now)? {
-                return Ok(false);
-            }
-            link.receiving.need_done.pop();
         }
         // A large unit at a unit boundary goes by rendezvous: exposed here,
         // its descriptor sent as the next data piece.
-        while let Some(x) = link.exposures.stage(
-            rndv,
-            &mut link.queue,
-            link.front_sent,
-            &mut link.queued,
-            counters,
-            |unit| {
+        while let Some(x) = link
+            .exposures
+            .stage(rndv, &mut link.outbox, counters, |unit| {
                 let room = port.send_limit - HEADER_LEN;
                 rendezvous::expose(port.ep.rma(), reg_cache, unit, room)
-            },
-        ) {
+            })
+        {
             if link.credits == 0 {
                 // Not a return: credits owed to the peer still go (KEEP,
                 // below), or two links out of credits both ways would wait
@@ -1821,55 +1801,36 @@ impl RdmTransport {
                 return Ok(false);
             }
             link.exposures.sent(counters);
-            if !link.post_epilogues(id, pidx, port, now)? {
-                return Ok(false);
+            if !link.post_owed(id, pidx, port, now)? {
+                return Ok(false); // its late epilogue
             }
         }
-        while link.credits > 0
-            && !link.queue.is_empty()
-            && !link
-                .exposures
-                .wants(rndv, link.front_sent, link.queue.front().map(OutUnit::len))
-        {
-            if link.front_sent == 0 {
-                link.queue[0].resolve_epilogue();
-            }
-            // Out of the queue while its piece is posted (the post takes
-            // the link); back at the front unless this was its last.
-            let Some(front) = link.queue.pop_front() else {
+        let (max, in_place) = (port.send_limit - HEADER_LEN, port.ep.sends_in_place());
+        while link.credits > 0 {
+            let Some(mut piece) = link.outbox.next_piece(&link.exposures, rndv, max, in_place)
+            else {
                 break;
             };
-            let left = front.len() - link.front_sent;
-            let n = left.min(port.send_limit - HEADER_LEN);
-            let last = n == left;
-            let from = link.front_sent;
-            let shared = (n >= IN_PLACE_MIN && port.ep.sends_in_place())
-                .then(|| front.shared(from, n))
-                .flatten();
-            let in_place = shared.is_some();
-            let kind = if last { DATA_LAST } else { DATA_MORE };
+            // Out of the link while its piece is posted (the post takes
+            // the link).
+            let outbox = std::mem::take(&mut link.outbox);
+            let shared = piece.shared.take();
+            let from_slot = shared.is_none();
+            let kind = if piece.last { DATA_LAST } else { DATA_MORE };
             let fill = |body: &mut [u8]| {
-                if in_place {
+                if !from_slot {
                     return 0;
                 }
-                front.copy_out(from, &mut body[..n]);
-                n
+                outbox.copy_out(&piece, body);
+                piece.len
             };
             let sent = link.post_data(id, (pidx, port), remote, kind, fill, shared, now);
-            if !last || !matches!(sent, Ok(true)) {
-                link.queue.push_front(front);
-            }
+            link.outbox = outbox;
             if !sent? {
                 return Ok(false);
             }
-            counters.pieces_in_place += u64::from(in_place);
-            link.queued -= n;
-            if last {
-                link.front_sent = 0;
-                link.exposures.front_gone();
-            } else {
-                link.front_sent += n;
-            }
+            counters.pieces_in_place += u64::from(!from_slot);
+            link.outbox.piece_sent(&piece, &mut link.exposures);
         }
         if link.need_keep || link.to_return >= CREDITS / 2 {
             if !link.post_control(id, pidx, port, KEEP, &[], now)? {
@@ -2080,9 +2041,8 @@ impl RdmTransport {
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
-        l.queued += unit.len();
-        l.queue.push_back(unit);
-        if l.queue.len() == 1 {
+        l.outbox.push(unit);
+        if l.outbox.len() == 1 {
             self.flush_now(link);
         }
         if self.links.get(&link).is_some_and(RdmLink::has_output) {
@@ -2288,7 +2248,7 @@ impl Transport for RdmTransport {
     }
 
     fn backlog(&self, link: LinkId) -> usize {
-        self.links.get(&link).map_or(0, |l| l.queued)
+        self.links.get(&link).map_or(0, |l| l.outbox.backlog())
     }
 
     fn owns(&self, token: Token) -> bool {
@@ -2645,13 +2605,13 @@ mod tests {
         t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
             .unwrap();
         assert!(
-            t.links[&LinkId(1000)].queue.is_empty(),
+            t.links[&LinkId(1000)].outbox.is_empty(),
             "{provider}: not posted by send"
         );
         let n = 3 * CREDITS as usize;
         send_small_frames(&mut t, LinkId(1000), n);
         assert!(
-            !t.links[&LinkId(1000)].queue.is_empty(),
+            !t.links[&LinkId(1000)].outbox.is_empty(),
             "{provider}: beyond the credits, queued"
         );
         // The first pieces' slots are not posted again, nor their credits
@@ -2686,7 +2646,7 @@ mod tests {
             CREDITS as usize - 1,
             |t| {
                 let l = &t.links[&LinkId(1000)];
-                l.credits == 0 && l.queue.is_empty() && l.exposures.owes_posts()
+                l.credits == 0 && l.outbox.is_empty() && l.exposures.owes_posts()
             },
         );
     }

@@ -79,6 +79,7 @@ use msgr_proto::arena::ByteArena;
 use msgr_proto::frame::{EncodedFrame, MAX_SEGMENTS, PREAMBLE_LEN};
 use msgr_proto::{Frame, FrameError, FrameLimits, Inbound, Transmit};
 
+use super::outbox::Outbox;
 use super::reassembly::{PieceError, Reassembly};
 use crate::regcache::RegCache;
 use crate::split::INLINE_MAX;
@@ -821,28 +822,22 @@ impl Exposures {
     pub fn stage(
         &mut self,
         enabled: bool,
-        queue: &mut VecDeque<OutUnit>,
-        front_sent: usize,
-        queued: &mut usize,
+        outbox: &mut Outbox,
         counters: &mut Counters,
         expose: impl FnOnce(OutUnit) -> Result<Described, Box<(FabricError, OutUnit)>>,
     ) -> Option<Described> {
         if self.unsent.is_none()
             && self.exposed.len() < RNDV_MAX
-            && self.wants(enabled, front_sent, queue.front().map(OutUnit::len))
+            && self.wants(enabled, outbox.front_sent(), outbox.front_len())
         {
-            let unit = queue.pop_front()?;
-            let len = unit.len();
+            let unit = outbox.take_front()?;
             match expose(unit) {
-                Ok(x) => {
-                    *queued -= len;
-                    self.unsent = Some(x);
-                }
+                Ok(x) => self.unsent = Some(x),
                 Err(refused) => {
                     let (e, unit) = *refused;
                     tracing::debug!(error = %e, "rendezvous registration failed; sending eagerly");
                     counters.fallbacks += 1;
-                    queue.push_front(unit);
+                    outbox.put_front(unit);
                     self.eager_front = true;
                 }
             }
@@ -924,6 +919,86 @@ impl Exposures {
                 true
             }
             _ => false,
+        }
+    }
+}
+
+/// A rendezvous message a link owes its peer besides its data: a late
+/// epilogue, a grant, "written" or an answer (`RNDV_DONE`). Both endpoint
+/// types send them in the order [`Owed::next`] gives, each under their own
+/// kind of message, with the body [`Owed::encode`] writes.
+#[derive(Clone, Copy, Debug)]
+pub enum Owed {
+    /// A unit's late epilogue: the unit's id, the words, their length.
+    Epilogue(u32, [u8; EPILOGUE_MAX], usize),
+    /// A buffer granted for the peer's unit to be written into.
+    Grant(u32, Landing),
+    /// Our unit was written into the peer's grant.
+    Written(u32),
+    /// The peer's unit arrived: it may let it go.
+    Done(u32),
+}
+
+/// The kinds of message a transport sends [`Owed`] as on its wire.
+#[derive(Clone, Copy, Debug)]
+pub struct OwedKinds {
+    pub epilogue: u8,
+    pub grant: u8,
+    pub written: u8,
+    pub done: u8,
+}
+
+/// Bytes of an [`Owed`] message's body at most.
+pub const OWED_MAX: usize = EPILOGUE_MSG_MAX;
+const _: () = assert!(OWED_MAX >= GRANT_LEN && OWED_MAX >= DONE_LEN);
+
+impl Owed {
+    /// What the link owes next, if anything. Late epilogues go first,
+    /// oldest first: a receiver then has a unit's epilogue by the time its
+    /// write is announced, and places it before taking the unit.
+    pub fn next(x: &Exposures, r: &Receiving) -> Option<Owed> {
+        if let Some(&(unit, words, len)) = x.need_epilogue.first() {
+            return Some(Owed::Epilogue(unit, words, len));
+        }
+        if let Some(&(unit, landing)) = r.need_grant.last() {
+            return Some(Owed::Grant(unit, landing));
+        }
+        if let Some(&unit) = x.need_written.last() {
+            return Some(Owed::Written(unit));
+        }
+        r.need_done.last().map(|&unit| Owed::Done(unit))
+    }
+
+    /// Its kind of message on a wire that numbers them `kinds`.
+    pub fn kind(&self, kinds: &OwedKinds) -> u8 {
+        match self {
+            Owed::Epilogue(..) => kinds.epilogue,
+            Owed::Grant(..) => kinds.grant,
+            Owed::Written(_) => kinds.written,
+            Owed::Done(_) => kinds.done,
+        }
+    }
+
+    /// Writes the message's body into `buf` (at least [`OWED_MAX`] bytes);
+    /// returns its length.
+    pub fn encode(&self, buf: &mut [u8]) -> usize {
+        match *self {
+            Owed::Epilogue(unit, words, len) => encode_epilogue(buf, unit, &words[..len]),
+            Owed::Grant(unit, landing) => encode_grant(buf, unit, landing),
+            Owed::Written(unit) | Owed::Done(unit) => {
+                buf[..DONE_LEN].copy_from_slice(&unit.to_le_bytes());
+                DONE_LEN
+            }
+        }
+    }
+
+    /// It was posted: no longer owed.
+    pub fn posted(self, x: &mut Exposures, r: &mut Receiving) {
+        match self {
+            Owed::Epilogue(..) => drop(x.need_epilogue.remove(0)),
+            Owed::Grant(..) => drop(r.need_grant.pop()),
+            Owed::Written(_) => drop(x.need_written.pop()),
+            Owed::Done(_) => drop(r.need_done.pop()),
         }
     }
 }
@@ -1324,14 +1399,14 @@ mod tests {
     fn grants_and_written_are_checked() {
         let mut x = Exposures::default();
         let mut c = Counters::default();
-        let mut queue: VecDeque<OutUnit> = [OutUnit::Flat(vec![0u8; RNDV_THRESHOLD + 1])].into();
-        let mut queued = queue[0].len();
+        let mut queue = Outbox::default();
+        queue.push(OutUnit::Flat(vec![0u8; RNDV_THRESHOLD + 1]));
         let held = Exposed {
             id: 3,
             write: true,
             ..exposed(0, 0)
         };
-        let staged = x.stage(true, &mut queue, 0, &mut queued, &mut c, |m| {
+        let staged = x.stage(true, &mut queue, &mut c, |m| {
             Ok(Described {
                 x: Exposed {
                     len: m.len() as u64,
@@ -1839,13 +1914,13 @@ mod tests {
     fn exposures_bound_and_fall_back() {
         let mut x = Exposures::default();
         let mut c = Counters::default();
-        let mut queue: VecDeque<OutUnit> = (0..6)
-            .map(|_| OutUnit::Flat(vec![0u8; RNDV_THRESHOLD + 1]))
-            .collect();
-        let mut queued = queue.iter().map(OutUnit::len).sum::<usize>();
+        let mut queue = Outbox::default();
+        for _ in 0..6 {
+            queue.push(OutUnit::Flat(vec![0u8; RNDV_THRESHOLD + 1]));
+        }
         let mut next = 0;
         for _ in 0..RNDV_MAX {
-            let got = x.stage(true, &mut queue, 0, &mut queued, &mut c, |m| {
+            let got = x.stage(true, &mut queue, &mut c, |m| {
                 next += 1;
                 Ok(Described {
                     x: Exposed {
@@ -1868,17 +1943,17 @@ mod tests {
         }
         // Full: nothing staged, and the front must not go eagerly either.
         assert!(x
-            .stage(true, &mut queue, 0, &mut queued, &mut c, |_| unreachable!())
+            .stage(true, &mut queue, &mut c, |_| unreachable!())
             .is_none());
-        assert!(x.wants(true, 0, queue.front().map(OutUnit::len)));
+        assert!(x.wants(true, 0, queue.front_len()));
         assert!(x.done(1) && !x.done(1));
         // A failed registration: the unit stays in front, goes eagerly.
-        let got = x.stage(true, &mut queue, 0, &mut queued, &mut c, |m| {
+        let got = x.stage(true, &mut queue, &mut c, |m| {
             Err(Box::new((FabricError::Slot(0), m)))
         });
         assert!(got.is_none());
         assert_eq!(queue.len(), 2);
-        assert!(!x.wants(true, 0, queue.front().map(OutUnit::len)));
+        assert!(!x.wants(true, 0, queue.front_len()));
         x.front_gone();
         assert_eq!((c.sent, c.fallbacks), (RNDV_MAX as u64, 1));
         assert_eq!(x.drain().len(), RNDV_MAX - 1);
