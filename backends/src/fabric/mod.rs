@@ -109,6 +109,42 @@ impl QueueFailures {
     }
 }
 
+/// How a transport reaches its completion queue: the failures counted,
+/// the Net, the batch buffer kept between reads.
+type CqParts<T> =
+    for<'a> fn(&'a mut T) -> (&'a mut QueueFailures, &'a mut Net, &'a mut Vec<Completion>);
+
+/// Reads `t`'s completion queue in batches of [`CQ_BATCH`], at most
+/// [`CQ_ROUNDS`] of them (a full batch may mean more), handing each
+/// completion to `complete`. Returns whether any came, or, with that, why
+/// the queue could not be read: the caller then fails every link on it.
+fn read_completions<T>(
+    t: &mut T,
+    cq: CqParts<T>,
+    mut complete: impl FnMut(&mut T, &Completion),
+) -> Result<bool, (bool, String)> {
+    let mut any = false;
+    for _ in 0..CQ_ROUNDS {
+        let (failures, net, kept) = cq(t);
+        let mut batch = std::mem::take(kept);
+        batch.clear();
+        let read = failures.read_cq(net, &mut batch);
+        for c in &batch {
+            complete(t, c);
+        }
+        *cq(t).2 = batch;
+        let n = read.map_err(|why| (any, why))?;
+        if n == 0 {
+            break;
+        }
+        any = true;
+        if n < CQ_BATCH {
+            break;
+        }
+    }
+    Ok(any)
+}
+
 /// `Transport::simulate` of both endpoint types: `HungRead` hangs the
 /// link's next rendezvous read, `CqReadError` fails the next CQ read
 /// (module docs). `receiving` is the link's, `None` if there is no such link.

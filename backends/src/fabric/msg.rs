@@ -105,8 +105,8 @@ use super::rendezvous::{
 };
 use super::wait_fd::CqWaitFd;
 use super::{
-    fab_err, no_half_close, no_migration, open_net, probe, rdm, simulate_fault, NetOptions,
-    OutOfSlot, QueueFailures, CQ_BATCH, CQ_ROUNDS, SLOT_SIZE,
+    fab_err, no_half_close, no_migration, open_net, probe, rdm, read_completions, simulate_fault,
+    CqParts, NetOptions, OutOfSlot, QueueFailures, CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
@@ -670,28 +670,11 @@ impl FabricTransport {
 
     /// Reads completions in batches. Returns whether there were any.
     fn drain_cq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        let mut any = false;
-        for _ in 0..CQ_ROUNDS {
-            let mut batch = std::mem::take(&mut self.completions);
-            batch.clear();
-            let read = self.queue_failures.read_cq(&mut self.net, &mut batch);
-            for c in &batch {
-                self.complete(c, events);
-            }
-            self.completions = batch;
-            let n = match read {
-                Ok(n) => n,
-                Err(why) => return self.fail_all(why, events) || any,
-            };
-            if n == 0 {
-                break;
-            }
-            any = true;
-            if n < CQ_BATCH {
-                break;
-            }
+        let cq: CqParts<Self> = |t| (&mut t.queue_failures, &mut t.net, &mut t.completions);
+        match read_completions(self, cq, |t, c| t.complete(c, events)) {
+            Ok(any) => any,
+            Err((any, why)) => self.fail_all(why, events) || any,
         }
-        any
     }
 
     fn complete(&mut self, c: &Completion, events: &mut Vec<TransportEvent>) {

@@ -126,8 +126,8 @@ use super::rendezvous::{
 };
 use super::wait_fd::CqWaitFd;
 use super::{
-    no_half_close, no_migration, open_net, probe, rma_choice, simulate_fault, NetOptions,
-    OutOfSlot, QueueFailures, CQ_BATCH, CQ_ROUNDS, SLOT_SIZE,
+    no_half_close, no_migration, open_net, probe, read_completions, rma_choice, simulate_fault,
+    CqParts, NetOptions, OutOfSlot, QueueFailures, CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
@@ -1117,33 +1117,16 @@ impl RdmTransport {
                 port.injected = done;
             }
         }
-        for _ in 0..CQ_ROUNDS {
-            let mut batch = std::mem::take(&mut self.completions);
-            batch.clear();
-            let read = self.queue_failures.read_cq(&mut self.net, &mut batch);
-            for c in &batch {
-                self.complete(c, events);
-            }
-            self.completions = batch;
-            let n = match read {
-                Ok(n) => n,
-                Err(why) => {
-                    // As `FabricTransport::fail_all`, the peers' entries too.
-                    let ids = self.links.keys().copied().collect();
-                    let failed =
-                        fail_every_link(ids, &why, |id, why| self.peer_gone(id, why, events));
-                    return any || failed;
-                }
-            };
-            if n == 0 {
-                break;
-            }
-            any = true;
-            if n < CQ_BATCH {
-                break;
+        let cq: CqParts<Self> = |t| (&mut t.queue_failures, &mut t.net, &mut t.completions);
+        match read_completions(self, cq, |t, c| t.complete(c, events)) {
+            Ok(read) => any || read,
+            Err((read, why)) => {
+                // As `FabricTransport::fail_all`, the peers' entries too.
+                let ids = self.links.keys().copied().collect();
+                let failed = fail_every_link(ids, &why, |id, why| self.peer_gone(id, why, events));
+                any || read || failed
             }
         }
-        any
     }
 
     fn complete(&mut self, c: &Completion, events: &mut Vec<TransportEvent>) {
