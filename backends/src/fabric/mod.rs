@@ -24,6 +24,8 @@
 //!   while it sleeps;
 //! - `tests` (tests only): fixtures both transports' tests run.
 
+#[cfg(test)]
+mod hostile;
 mod msg;
 mod outbox;
 pub mod rdm;
