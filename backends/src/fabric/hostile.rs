@@ -1,50 +1,330 @@
 //! Hostile peers: a peer that speaks the fabric wire through libfabric
 //! itself (the safe layer, no msgr above it) and sends what no msgr peer
 //! sends. Each bad message must end its link with a typed event (`Failed`
-//! or `Corrupt`) and close its endpoint — no panic, no hang — and the
-//! transport must go on serving the next peer.
+//! or `Corrupt`) and close it — no panic, no hang — and the transport
+//! must go on serving the next peer.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use mio::Token;
-use msgr_addr::{EntityAddr, FabricProvider};
-use msgr_fabric::{CmEvent, Completion, Ep, EpType, Exposed, Net, RmaOp};
+use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider};
+use msgr_fabric::{CmEvent, Completion, Ep, EpType, Exposed, Net, PeerAddr, RdmEp, RmaOp};
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::{FrameLimits, LinkId, Transmit};
 
-use super::msg::{
-    FabricTransport, LAST, MORE, RNDV, RNDV_DONE, RNDV_EPILOGUE, RNDV_GRANT, RNDV_WRITTEN,
-};
+use super::rdm::{RdmTransport, HEADER_LEN};
 use super::rendezvous::{self, Described};
 use super::tests::{accepted, drive_within, in_order, send_small_frames};
-use super::SLOT_SIZE;
+use super::{msg, FabricTransport, SLOT_SIZE};
 use crate::{FabricRendezvous, Transport, TransportContext, TransportEvent};
 
 /// How long a bad message may take to end its link: more than the read
 /// deadline set here (2 s: a descriptor of memory never exposed may end by
-/// it), less than the 10 s set-up deadline (an end by that would be no
-/// answer to the message).
+/// it), less than the 10 s set-up and link deadlines (an end by those
+/// would be no answer to the message).
 const ENDS_WITHIN: Duration = Duration::from_secs(5);
 
 /// A frame limit small enough that a unit that never ends passes it
-/// within a few slots.
+/// within a few messages.
 const MAX_FRAME: u64 = 256 << 10;
 
-/// Context bit of the raw peer's receives.
+/// Bytes of a data piece the raw peers send: within every transport's
+/// receive slots (`shm`'s are its 4 KiB inject size).
+const PIECE: usize = 4000;
+
+/// Context bit of the raw peers' receives.
 const RECV_BIT: u64 = 1 << 32;
 
+/// The transports' configuration here: rendezvous reads, the small frame
+/// limit, a short read deadline.
+fn context() -> TransportContext {
+    let limits = FrameLimits {
+        max_frame: MAX_FRAME,
+        ..FrameLimits::default()
+    };
+    let mut ctx = TransportContext::new(limits);
+    ctx.rdma.fabric_rendezvous = FabricRendezvous::On;
+    ctx.rdma.read_timeout = Duration::from_secs(2);
+    ctx
+}
+
+/// `t` listening on loopback at `addr` (port 0); returns the address bound.
+fn listen<T: Transport>(t: &mut T, addr: &str) -> EntityAddr {
+    let at: EntityAddr = addr.parse().unwrap();
+    t.listen(&at, Token(crate::LISTENER_TOKEN_BASE)).unwrap()
+}
+
+/// What a raw peer must do while the transport runs: read its own queues
+/// (its sends complete, the provider answers what the transport asks of its
+/// memory, what the transport sends arrives).
+trait RawPeer {
+    fn progress(&mut self);
+
+    /// The transport's events seen while the peer waited to send, for the
+    /// next `drive` or `run_for`.
+    fn pending(&mut self) -> &mut Vec<TransportEvent>;
+
+    /// Drives `t` until `until` holds of its events, the peer's queues
+    /// read in between; at most 20 s.
+    fn drive<T: Transport>(
+        &mut self,
+        t: &mut T,
+        poll: &mut mio::Poll,
+        until: impl Fn(&[TransportEvent]) -> bool,
+    ) -> Vec<TransportEvent> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut events = std::mem::take(self.pending());
+        while !until(&events) {
+            assert!(Instant::now() < deadline, "timed out: {events:?}");
+            let more = drive_within(t, poll, Duration::from_millis(5), |e| !e.is_empty());
+            events.extend(more.unwrap_or_else(|e| e));
+            self.progress();
+        }
+        events
+    }
+
+    /// Drives `t` (and the peer) for `time`; returns `t`'s events.
+    fn run_for<T: Transport>(
+        &mut self,
+        t: &mut T,
+        poll: &mut mio::Poll,
+        time: Duration,
+    ) -> Vec<TransportEvent> {
+        let deadline = Instant::now() + time;
+        let mut events = std::mem::take(self.pending());
+        while Instant::now() < deadline {
+            let more = drive_within(t, poll, Duration::from_millis(5), |_| false);
+            events.extend(more.unwrap_or_else(|e| e));
+            self.progress();
+        }
+        events
+    }
+
+    /// Drives `t` (and the peer) until `done` holds of the peer, at most
+    /// [`ENDS_WITHIN`]; returns whether it did.
+    fn wait_for<T: Transport>(
+        &mut self,
+        t: &mut T,
+        poll: &mut mio::Poll,
+        done: impl Fn(&Self) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + ENDS_WITHIN;
+        while !done(self) && Instant::now() < deadline {
+            let _ = drive_within(t, poll, Duration::from_millis(5), |_| false);
+            self.progress();
+        }
+        done(self)
+    }
+}
+
+/// How a raw peer fills transmit slot `slot` with a message and sends it:
+/// `None` if the slot is in flight.
+type PostRaw<P> = fn(&mut P, usize, &[u8]) -> Option<Result<(), msgr_fabric::FabricError>>;
+
+/// A hostile case: what it is, and the messages that make it.
+type Case<M> = (&'static str, Vec<M>);
+
+/// Sends `bytes` from the next transmit slot of `slots` (`post`: fill
+/// it, send it), waiting for one to come free and for the provider to take
+/// the send (-FI_EAGAIN: a first send may wait for the transport `t` to
+/// answer a connection request of the provider's own), `t` and the peer
+/// running meanwhile.
+fn send_raw<P: RawPeer, T: Transport>(
+    (peer, t, poll): (&mut P, &mut T, &mut mio::Poll),
+    slots: usize,
+    next: fn(&mut P) -> &mut usize,
+    post: PostRaw<P>,
+    bytes: &[u8],
+) {
+    let deadline = Instant::now() + ENDS_WITHIN;
+    loop {
+        peer.progress();
+        let slot = *next(peer) % slots;
+        match post(peer, slot, bytes) {
+            Some(Ok(())) => {
+                *next(peer) += 1;
+                return;
+            }
+            Some(Err(e)) if !msgr_fabric::is_again(&e) => panic!("raw send: {e}"),
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "raw peer: the send was never taken"
+        );
+        let more = drive_within(t, poll, Duration::from_millis(1), |_| false);
+        peer.pending().extend(more.unwrap_or_else(|e| e));
+    }
+}
+
+/// The rendezvous messages a hostile peer sends (each transport numbers
+/// them on its own wire).
+#[derive(Clone, Copy, Debug)]
+enum Rndv {
+    Descriptor,
+    Done,
+    Grant,
+    Written,
+    Epilogue,
+}
+
+/// A descriptor's body of `len` bytes at an address and key the
+/// transport was never given.
+fn descriptor(len: u64) -> Vec<u8> {
+    let d = Described {
+        x: Exposed {
+            id: 1,
+            addr: 0x10_0000,
+            len,
+            key: 0xdead_beef,
+            check: 0x5eed,
+            word: None,
+            write: false,
+        },
+        inline: Vec::new(),
+        at: 0,
+        in_place: false,
+        late: None,
+    };
+    let mut buf = vec![0; rendezvous::DESC_MAX];
+    let n = rendezvous::encode(&mut buf, &d);
+    buf.truncate(n);
+    buf
+}
+
+/// Rendezvous messages no msgr peer sends, one case a link: what it is
+/// and its messages.
+fn rendezvous_cases() -> Vec<Case<(Rndv, Vec<u8>)>> {
+    let epilogue = |unit: u32| {
+        let mut body = [0u8; rendezvous::EPILOGUE_MSG_MAX];
+        let n = rendezvous::encode_epilogue(&mut body, unit, &[1, 2, 3, 4]);
+        (Rndv::Epilogue, body[..n].to_vec())
+    };
+    vec![
+        (
+            "a short descriptor",
+            vec![(Rndv::Descriptor, vec![1, 2, 3])],
+        ),
+        (
+            "a descriptor beyond the frame limit",
+            vec![(Rndv::Descriptor, descriptor(u64::MAX))],
+        ),
+        (
+            "a descriptor of memory never exposed",
+            vec![(Rndv::Descriptor, descriptor(100_000))],
+        ),
+        (
+            "an answer for no unit",
+            vec![(Rndv::Done, 7u32.to_le_bytes().to_vec())],
+        ),
+        (
+            "a grant for no unit",
+            vec![(Rndv::Grant, vec![9; rendezvous::GRANT_LEN])],
+        ),
+        (
+            "\"written\" with nothing granted",
+            vec![(Rndv::Written, 3u32.to_le_bytes().to_vec())],
+        ),
+        (
+            "a garbled epilogue",
+            vec![(Rndv::Epilogue, vec![1, 0, 0, 0, 0xff])],
+        ),
+        (
+            "more early epilogues than units may be exposed",
+            (0..=rendezvous::RNDV_MAX as u32).map(epilogue).collect(),
+        ),
+    ]
+}
+
+/// Whether `e` ends `link` (`Failed` or `Corrupt`).
+fn ends(e: &TransportEvent, link: LinkId) -> bool {
+    matches!(e, TransportEvent::Failed(l, _) | TransportEvent::Corrupt(l, _) if *l == link)
+}
+
+/// Drives `t` until `link` ends; checks it ends in time and hands nothing
+/// up first. Returns why it ended.
+fn ended<P: RawPeer, T: Transport>(
+    peer: &mut P,
+    t: &mut T,
+    poll: &mut mio::Poll,
+    link: LinkId,
+    what: &str,
+) -> String {
+    let started = Instant::now();
+    let events = peer.drive(t, poll, |e| e.iter().any(|e| ends(e, link)));
+    let took = started.elapsed();
+    assert!(
+        took < ENDS_WITHIN,
+        "{what}: ended after {took:?}: {events:?}"
+    );
+    let end = events.iter().find(|e| ends(e, link));
+    eprintln!("{what}: {end:?}");
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, TransportEvent::Received(l, _) if *l == link)),
+        "{what}: something was handed up: {events:?}"
+    );
+    match end {
+        Some(TransportEvent::Failed(_, why)) => why.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A well-behaved peer (`dialer`, another transport) still gets a banner
+/// and three units through to `t` at `to`.
+fn good_peer_gets_through<T: Transport, D: Transport>(
+    (t, poll): (&mut T, &mut mio::Poll),
+    (mut dialer, mut dial_poll): (D, mio::Poll),
+    to: &EntityAddr,
+) {
+    let link = LinkId(1 << 40);
+    dialer.connect(link, to).unwrap();
+    dialer
+        .send(link, Transmit::Banner([7; BANNER_LEN]))
+        .unwrap();
+    send_small_frames(&mut dialer, link, 3);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut events = Vec::new();
+    let received = |e: &[TransportEvent]| {
+        e.iter()
+            .filter(|e| matches!(e, TransportEvent::Received(..)))
+            .count()
+    };
+    while received(&events) < 4 {
+        assert!(Instant::now() < deadline, "a good peer's units: {events:?}");
+        let _ = drive_within(
+            &mut dialer,
+            &mut dial_poll,
+            Duration::from_millis(5),
+            |_| false,
+        );
+        let more = drive_within(t, poll, Duration::from_millis(5), |e| !e.is_empty());
+        events.extend(more.unwrap_or_else(|e| e));
+    }
+    let server = accepted(&events).expect("accepted");
+    let units: Vec<TransportEvent> = events
+        .into_iter()
+        .filter(|e| matches!(e, TransportEvent::Received(..)))
+        .collect();
+    in_order(&units, server, 3);
+}
+
+// ---- FI_EP_MSG -------------------------------------------------------
+
 /// A connection made with libfabric alone: its own Net, one endpoint.
-struct RawPeer {
-    net: Net,
+struct RawMsgPeer {
     ep: Ep,
+    net: Net,
     next_slot: usize,
     completions: Vec<Completion>,
     /// The other end closed the connection.
     closed: bool,
+    pending: Vec<TransportEvent>,
 }
 
-impl RawPeer {
+impl RawMsgPeer {
     const SLOTS: usize = 8;
 
     /// Connects to `addr`, telling the acceptor `caps` (as a msgr peer's
@@ -54,7 +334,7 @@ impl RawPeer {
         poll: &mut mio::Poll,
         addr: SocketAddr,
         caps: &[u8],
-    ) -> (RawPeer, LinkId) {
+    ) -> (RawMsgPeer, LinkId) {
         let mut net = Net::open("tcp", EpType::Msg, 64).expect("raw peer's Net");
         let mut ep = net
             .connect(addr, Self::SLOTS, SLOT_SIZE, caps)
@@ -64,44 +344,40 @@ impl RawPeer {
         for slot in 0..Self::SLOTS {
             ep.post_recv(slot, RECV_BIT | slot as u64).expect("fi_recv");
         }
-        let mut peer = RawPeer {
+        let mut peer = RawMsgPeer {
             net,
             ep,
             next_slot: 0,
             completions: Vec::new(),
             closed: false,
+            pending: Vec::new(),
         };
         let events = peer.drive(t, poll, |e| accepted(e).is_some());
         let link = accepted(&events).expect("accepted");
         (peer, link)
     }
 
-    /// Sends `bytes` as one message (a free slot's turn: the peer waits
-    /// for nothing, so its sends complete as the transport reposts).
-    fn send(&mut self, bytes: &[u8]) {
-        let deadline = Instant::now() + ENDS_WITHIN;
-        loop {
-            self.progress();
-            let slot = self.next_slot % Self::SLOTS;
-            if let Some(buf) = self.ep.tx_slot(slot) {
-                buf[..bytes.len()].copy_from_slice(bytes);
-                match self.ep.send(slot, bytes.len(), slot as u64) {
-                    Ok(()) => {
-                        self.next_slot += 1;
-                        return;
-                    }
-                    Err(e) if msgr_fabric::is_again(&e) => {}
-                    Err(e) => panic!("raw fi_send: {e}"),
-                }
-            }
-            assert!(Instant::now() < deadline, "raw peer: no slot came free");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+    fn send(&mut self, t: &mut FabricTransport, poll: &mut mio::Poll, bytes: &[u8]) {
+        let post = |p: &mut Self, slot: usize, bytes: &[u8]| {
+            let buf = p.ep.tx_slot(slot)?;
+            buf[..bytes.len()].copy_from_slice(bytes);
+            Some(p.ep.send(slot, bytes.len(), slot as u64))
+        };
+        send_raw(
+            (self, t, poll),
+            Self::SLOTS,
+            |p| &mut p.next_slot,
+            post,
+            bytes,
+        );
+    }
+}
+
+impl RawPeer for RawMsgPeer {
+    fn pending(&mut self) -> &mut Vec<TransportEvent> {
+        &mut self.pending
     }
 
-    /// Reads the raw peer's own queues: its sends complete, the provider
-    /// answers what the transport asks of its memory, and an end of the
-    /// connection is noted.
     fn progress(&mut self) {
         self.completions.clear();
         // An error entry (a send to an endpoint that went) is expected.
@@ -120,191 +396,300 @@ impl RawPeer {
             self.closed |= k == key;
         }
     }
-
-    /// Drives `t` until `until` holds of its events, the raw peer's
-    /// queues read in between; at most 20 s.
-    fn drive(
-        &mut self,
-        t: &mut FabricTransport,
-        poll: &mut mio::Poll,
-        until: impl Fn(&[TransportEvent]) -> bool,
-    ) -> Vec<TransportEvent> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut events = Vec::new();
-        while !until(&events) {
-            assert!(Instant::now() < deadline, "timed out: {events:?}");
-            let more = drive_within(t, poll, Duration::from_millis(5), |e| !e.is_empty())
-                .unwrap_or_else(|e| e);
-            events.extend(more);
-            self.progress();
-        }
-        events
-    }
-
-    /// Waits (while `t` runs) for the connection to be closed by the other
-    /// end: `FI_SHUTDOWN`, or the receives posted on it cancelled.
-    fn sees_close(&mut self, t: &mut FabricTransport, poll: &mut mio::Poll) -> bool {
-        let deadline = Instant::now() + ENDS_WITHIN;
-        while !self.closed && Instant::now() < deadline {
-            let _ = drive_within(t, poll, Duration::from_millis(5), |_| false);
-            self.progress();
-        }
-        self.closed
-    }
-}
-
-/// A `tcp` MSG transport with rendezvous reads, a small frame limit and
-/// a short read deadline, listening on loopback.
-fn listening() -> (mio::Poll, FabricTransport, SocketAddr) {
-    let poll = mio::Poll::new().unwrap();
-    let limits = FrameLimits {
-        max_frame: MAX_FRAME,
-        ..FrameLimits::default()
-    };
-    let mut ctx = TransportContext::new(limits);
-    ctx.rdma.fabric_rendezvous = FabricRendezvous::On;
-    ctx.rdma.read_timeout = Duration::from_secs(2);
-    let mut t = FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
-    let at: EntityAddr = "fabric+tcp://127.0.0.1:0".parse().unwrap();
-    let bound = t.listen(&at, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
-    (poll, t, bound.socket)
-}
-
-/// A descriptor (`RNDV` and its body) of `len` bytes at an address and
-/// key the transport was never given.
-fn descriptor(len: u64) -> Vec<u8> {
-    let d = Described {
-        x: Exposed {
-            id: 1,
-            addr: 0x10_0000,
-            len,
-            key: 0xdead_beef,
-            check: 0x5eed,
-            word: None,
-            write: false,
-        },
-        inline: Vec::new(),
-        at: 0,
-        in_place: false,
-        late: None,
-    };
-    let mut buf = vec![RNDV; 1 + rendezvous::DESC_MAX];
-    let n = rendezvous::encode(&mut buf[1..], &d);
-    buf.truncate(1 + n);
-    buf
-}
-
-fn with_kind(kind: u8, body: &[u8]) -> Vec<u8> {
-    [&[kind][..], body].concat()
-}
-
-/// What a hostile peer sends, message by message, on one connection.
-fn hostile_cases() -> Vec<(&'static str, Vec<Vec<u8>>)> {
-    let epilogue = |unit: u32| {
-        let mut body = [0u8; rendezvous::EPILOGUE_MSG_MAX];
-        let n = rendezvous::encode_epilogue(&mut body, unit, &[1, 2, 3, 4]);
-        with_kind(RNDV_EPILOGUE, &body[..n])
-    };
-    let piece = with_kind(MORE, &vec![0x5a; SLOT_SIZE - 1]);
-    vec![
-        ("an empty message", vec![vec![]]),
-        ("an unknown header byte", vec![vec![0x7f, 1, 2, 3]]),
-        ("a unit of garbage", vec![with_kind(LAST, &[0xab; 64])]),
-        (
-            "a unit longer than a frame may be",
-            vec![piece; (MAX_FRAME as usize).div_ceil(SLOT_SIZE - 1) + 1],
-        ),
-        ("a short descriptor", vec![with_kind(RNDV, &[1, 2, 3])]),
-        (
-            "a descriptor beyond the frame limit",
-            vec![descriptor(u64::MAX)],
-        ),
-        (
-            "a descriptor of memory never exposed",
-            vec![descriptor(100_000)],
-        ),
-        (
-            "an answer for no unit",
-            vec![with_kind(RNDV_DONE, &7u32.to_le_bytes())],
-        ),
-        (
-            "a grant for no unit",
-            vec![with_kind(RNDV_GRANT, &[9; rendezvous::GRANT_LEN])],
-        ),
-        (
-            "\"written\" with nothing granted",
-            vec![with_kind(RNDV_WRITTEN, &3u32.to_le_bytes())],
-        ),
-        (
-            "a garbled epilogue",
-            vec![with_kind(RNDV_EPILOGUE, &[1, 0, 0, 0, 0xff])],
-        ),
-        (
-            "more early epilogues than units may be exposed",
-            (0..=rendezvous::RNDV_MAX as u32).map(epilogue).collect(),
-        ),
-    ]
 }
 
 /// Over `tcp` MSG: each hostile message ends its link with `Failed` or
 /// `Corrupt` and closes the connection; afterwards the transport holds no
-/// link and still carries a well-behaved peer's units.
+/// link and carries a well-behaved peer's units.
 #[test]
 fn tcp_msg_bad_messages_end_their_link() {
-    let (mut poll, mut t, addr) = listening();
-    let caps = rendezvous::caps(Some(RmaOp::Read));
-    for (what, messages) in hostile_cases() {
-        let (mut peer, link) = RawPeer::connect(&mut t, &mut poll, addr, &caps);
-        for m in &messages {
-            peer.send(m);
-        }
-        let ended = |e: &[TransportEvent]| {
-            e.iter().any(|e| {
-                matches!(e, TransportEvent::Failed(l, _) | TransportEvent::Corrupt(l, _) if *l == link)
-            })
+    let mut poll = mio::Poll::new().unwrap();
+    let mut t =
+        FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &context()).unwrap();
+    let bound = listen(&mut t, "fabric+tcp://127.0.0.1:0");
+    let with_kind = |kind: u8, body: &[u8]| [&[kind][..], body].concat();
+    let piece = with_kind(msg::MORE, &[0x5a; PIECE]);
+    let mut cases: Vec<Case<Vec<u8>>> = vec![
+        ("an empty message", vec![vec![]]),
+        ("an unknown header byte", vec![vec![0x7f, 1, 2, 3]]),
+        ("a unit of garbage", vec![with_kind(msg::LAST, &[0xab; 64])]),
+        (
+            "a unit longer than a frame may be",
+            vec![piece; MAX_FRAME as usize / PIECE + 1],
+        ),
+    ];
+    for (what, messages) in rendezvous_cases() {
+        let kind = |r| match r {
+            Rndv::Descriptor => msg::RNDV,
+            Rndv::Done => msg::RNDV_DONE,
+            Rndv::Grant => msg::RNDV_GRANT,
+            Rndv::Written => msg::RNDV_WRITTEN,
+            Rndv::Epilogue => msg::RNDV_EPILOGUE,
         };
-        let started = Instant::now();
-        let events = peer.drive(&mut t, &mut poll, ended);
-        assert!(
-            started.elapsed() < ENDS_WITHIN,
-            "{what}: ended only after {:?}: {events:?}",
-            started.elapsed()
-        );
-        let end = events.iter().find(|e| ended(std::slice::from_ref(e)));
-        eprintln!("{what}: {end:?}");
-        assert!(
-            !events
-                .iter()
-                .any(|e| matches!(e, TransportEvent::Received(l, _) if *l == link)),
-            "{what}: something was handed up: {events:?}"
-        );
-        assert!(
-            peer.sees_close(&mut t, &mut poll),
-            "{what}: the connection stayed open"
-        );
+        let messages = messages.iter().map(|(r, b)| with_kind(kind(*r), b));
+        cases.push((what, messages.collect()));
+    }
+    let caps = rendezvous::caps(Some(RmaOp::Read));
+    for (what, messages) in cases {
+        let (mut peer, link) = RawMsgPeer::connect(&mut t, &mut poll, bound.socket, &caps);
+        for m in &messages {
+            peer.send(&mut t, &mut poll, m);
+        }
+        ended(&mut peer, &mut t, &mut poll, link, what);
+        let closed = peer.wait_for(&mut t, &mut poll, |p| p.closed);
+        assert!(closed, "{what}: the connection stayed open");
         assert_eq!(t.link_count(), 0, "{what}: its link is still there");
     }
-    // A msgr peer still gets through.
-    let (mut poll2, mut dialer, _) = listening();
-    let link = LinkId(1 << 40);
-    let to = format!("fabric+tcp://{addr}").parse().unwrap();
-    dialer.connect(link, &to).unwrap();
-    dialer
-        .send(link, Transmit::Banner([7; BANNER_LEN]))
-        .unwrap();
-    send_small_frames(&mut dialer, link, 3);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut events = Vec::new();
-    while events.len() < 5 {
-        assert!(Instant::now() < deadline, "a good peer's units: {events:?}");
-        let _ = drive_within(&mut dialer, &mut poll2, Duration::from_millis(5), |_| false);
-        events.extend(
-            drive_within(&mut t, &mut poll, Duration::from_millis(5), |e| {
-                !e.is_empty()
-            })
-            .unwrap_or_else(|e| e),
+    let dial_poll = mio::Poll::new().unwrap();
+    let ctx = context();
+    let dialer = FabricTransport::new(&FabricProvider::new("tcp"), dial_poll.registry(), &ctx);
+    good_peer_gets_through((&mut t, &mut poll), (dialer.unwrap(), dial_poll), &bound);
+}
+
+// ---- FI_EP_RDM -------------------------------------------------------
+
+/// The RDM wire as a peer writes it (rdm.rs): the kinds of message, and
+/// a header of kind, a zero byte, credits returned (u16), the receiver's
+/// cookie (u32) and link id (u64), and the data piece's number (u64).
+mod rdm_wire {
+    pub const HELLO: u8 = 1;
+    pub const WELCOME: u8 = 2;
+    pub const DATA_MORE: u8 = 3;
+    pub const DATA_LAST: u8 = 4;
+    pub const CLOSE: u8 = 6;
+    pub const RNDV: u8 = 7;
+    pub const RNDV_DONE: u8 = 8;
+    pub const RNDV_GRANT: u8 = 9;
+    pub const RNDV_WRITTEN: u8 = 10;
+    pub const RNDV_EPILOGUE: u8 = 11;
+
+    /// A message of `kind` to link `(link, cookie)`, piece `seq`, `body`.
+    pub fn message(kind: u8, (link, cookie): (u64, u32), seq: u64, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![kind, 0, 0, 0];
+        m.extend_from_slice(&cookie.to_le_bytes());
+        m.extend_from_slice(&link.to_le_bytes());
+        m.extend_from_slice(&seq.to_le_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// A link's end in a HELLO or WELCOME body: its id and cookie.
+    pub fn end((link, cookie): (u64, u32)) -> Vec<u8> {
+        [&link.to_le_bytes()[..], &cookie.to_le_bytes()].concat()
+    }
+}
+
+/// An RDM endpoint opened with libfabric alone, sending to one transport.
+struct RawRdmPeer {
+    ep: RdmEp,
+    net: Net,
+    to: PeerAddr,
+    next_slot: usize,
+    completions: Vec<Completion>,
+    /// Every message received, as it came.
+    received: Vec<Vec<u8>>,
+    pending: Vec<TransportEvent>,
+    /// Keeps the port of a name-only provider's endpoint name ours.
+    _port: Option<TcpListener>,
+}
+
+impl RawRdmPeer {
+    const SLOTS: usize = 8;
+
+    /// Opens an endpoint of `provider` on loopback and puts `to` in its
+    /// address vector.
+    fn open(provider: &str, to: SocketAddr) -> RawRdmPeer {
+        let mut net = Net::open(provider, EpType::Rdm, 64).expect("raw peer's Net");
+        let (bind, port) = if net.socket_names() {
+            (SocketAddr::from(([127, 0, 0, 1], 0)), None)
+        } else {
+            let r = TcpListener::bind("127.0.0.1:0").unwrap();
+            (r.local_addr().unwrap(), Some(r))
+        };
+        let mut ep = net
+            .rdm_endpoint(Some(bind), Self::SLOTS, Self::SLOTS, SLOT_SIZE)
+            .expect("raw RDM endpoint");
+        for slot in 0..ep.rx_slots() {
+            ep.post_recv(slot, RECV_BIT | slot as u64).expect("fi_recv");
+        }
+        let name = net.resolve(to).expect("the transport's name");
+        let to = ep.insert(&name).expect("fi_av_insert");
+        RawRdmPeer {
+            net,
+            ep,
+            to,
+            next_slot: 0,
+            completions: Vec::new(),
+            received: Vec::new(),
+            pending: Vec::new(),
+            _port: port,
+        }
+    }
+
+    fn send(&mut self, t: &mut RdmTransport, poll: &mut mio::Poll, bytes: &[u8]) {
+        let post = |p: &mut Self, slot: usize, bytes: &[u8]| {
+            let to = p.to;
+            let buf = p.ep.tx_slot(slot)?;
+            buf[..bytes.len()].copy_from_slice(bytes);
+            Some(p.ep.send(slot, bytes.len(), to, slot as u64))
+        };
+        send_raw(
+            (self, t, poll),
+            Self::SLOTS,
+            |p| &mut p.next_slot,
+            post,
+            bytes,
         );
     }
-    let server = accepted(&events).expect("accepted");
-    in_order(&events[1..], server, 3);
+
+    /// Sends a HELLO for our link `me`, with our name and `caps`.
+    fn hello(&mut self, t: &mut RdmTransport, poll: &mut mio::Poll, me: (u64, u32), caps: &[u8]) {
+        let name = self.ep.name().to_vec();
+        let mut body = rdm_wire::end(me);
+        body.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        body.extend_from_slice(&name);
+        body.extend_from_slice(caps);
+        self.send(
+            t,
+            poll,
+            &rdm_wire::message(rdm_wire::HELLO, (0, 0), 0, &body),
+        );
+    }
+
+    /// Messages of `kind` received for our link `me`, their bodies.
+    fn bodies(&self, kind: u8, me: (u64, u32)) -> impl Iterator<Item = &[u8]> {
+        let header = rdm_wire::message(kind, me, 0, &[]);
+        // Kind and receiver; the credits returned may be any.
+        self.received
+            .iter()
+            .filter(move |m| m.len() >= HEADER_LEN && m[0] == kind && m[4..16] == header[4..16])
+            .map(|m| &m[HEADER_LEN..])
+    }
+
+    /// The transport's end of our link `me`, once its WELCOME came.
+    fn welcomed(&self, me: (u64, u32)) -> Option<(u64, u32)> {
+        let b = self.bodies(rdm_wire::WELCOME, me).next()?;
+        let link = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+        let cookie = u32::from_le_bytes(b.get(8..12)?.try_into().ok()?);
+        Some((link, cookie))
+    }
+}
+
+impl RawPeer for RawRdmPeer {
+    fn pending(&mut self) -> &mut Vec<TransportEvent> {
+        &mut self.pending
+    }
+
+    fn progress(&mut self) {
+        self.completions.clear();
+        let _ = self.net.read_cq(&mut self.completions, 16);
+        for c in &self.completions {
+            if c.context & RECV_BIT == 0 {
+                self.ep.send_done(c.context as usize);
+                continue;
+            }
+            let slot = (c.context & !RECV_BIT) as usize;
+            let len = if c.error.is_some() { 0 } else { c.len };
+            let m = self.ep.recv_done(slot, len).to_vec();
+            if c.error.is_none() {
+                self.received.push(m);
+            }
+            self.ep.post_recv(slot, c.context).expect("repost");
+        }
+    }
+}
+
+/// Over an RDM provider: messages the transport cannot place (shorter
+/// than a header, a HELLO with its name cut short, one for no link) are
+/// dropped and fail nothing; each hostile message on a link ends that
+/// link with `Failed` or `Corrupt` and the peer hears CLOSE; afterwards
+/// the transport holds no link and carries a well-behaved peer's units.
+fn rdm_bad_messages_end_their_link(provider: &str) {
+    use rdm_wire::*;
+    let p = FabricProvider::new(provider).with_endpoint(FabricEndpoint::Rdm);
+    let mut poll = mio::Poll::new().unwrap();
+    let mut t = RdmTransport::new(&p, poll.registry(), &context()).unwrap();
+    let bound = listen(&mut t, &format!("fabric+{provider}://127.0.0.1:0?ep=rdm"));
+    let mut peer = RawRdmPeer::open(provider, bound.socket);
+
+    peer.send(&mut t, &mut poll, &[HELLO; HEADER_LEN - 1]);
+    let mut cut = message(HELLO, (0, 0), 0, &end((1, 1)));
+    cut.extend_from_slice(&200u16.to_le_bytes());
+    cut.extend_from_slice(&[1; 20]);
+    peer.send(&mut t, &mut poll, &cut);
+    let stray = message(DATA_LAST, (999, 1), 0, &[0xab; 64]);
+    peer.send(&mut t, &mut poll, &stray);
+    let quiet = peer.run_for(&mut t, &mut poll, Duration::from_millis(500));
+    assert!(quiet.is_empty(), "{quiet:?}");
+
+    let piece = |seq: u64| (DATA_MORE, seq, vec![0x5a; PIECE]);
+    let mut cases: Vec<Case<(u8, u64, Vec<u8>)>> = vec![
+        ("an unknown kind", vec![(0x7f, 0, vec![1, 2, 3])]),
+        ("a unit of garbage", vec![(DATA_LAST, 0, vec![0xab; 64])]),
+        (
+            "a piece far outside the window",
+            vec![(DATA_LAST, 1000, vec![0xab; 64])],
+        ),
+        (
+            "a unit longer than a frame may be",
+            (0..=(MAX_FRAME as usize / PIECE) as u64)
+                .map(piece)
+                .collect(),
+        ),
+        (
+            "a WELCOME to the accepting end",
+            vec![(WELCOME, 0, end((5, 5)))],
+        ),
+        ("a CLOSE", vec![(CLOSE, 0, vec![])]),
+    ];
+    for (what, messages) in rendezvous_cases() {
+        let kind = |r| match r {
+            Rndv::Descriptor => RNDV,
+            Rndv::Done => RNDV_DONE,
+            Rndv::Grant => RNDV_GRANT,
+            Rndv::Written => RNDV_WRITTEN,
+            Rndv::Epilogue => RNDV_EPILOGUE,
+        };
+        let messages = messages.into_iter().map(|(r, b)| (kind(r), 0, b));
+        cases.push((what, messages.collect()));
+    }
+    let caps = rendezvous::caps(Some(RmaOp::Read));
+    for (i, (what, messages)) in cases.into_iter().enumerate() {
+        let me = (100 + i as u64, 0xc0ff_ee00 + i as u32);
+        peer.hello(&mut t, &mut poll, me, &caps);
+        let events = peer.drive(&mut t, &mut poll, |e| accepted(e).is_some());
+        let link = accepted(&events).expect("accepted");
+        assert!(
+            peer.wait_for(&mut t, &mut poll, |p| p.welcomed(me).is_some()),
+            "{what}: no WELCOME"
+        );
+        let there = peer.welcomed(me).unwrap();
+        for (kind, seq, body) in &messages {
+            peer.send(&mut t, &mut poll, &message(*kind, there, *seq, body));
+        }
+        let why = ended(&mut peer, &mut t, &mut poll, link, what);
+        // The peer hears CLOSE, unless it sent one, or the provider failed
+        // the read of its bogus descriptor: `tcp;ofi_rxm` then drops its
+        // connection to the peer (the read completes -FI_ECANCELED), and
+        // the CLOSE with it; the next HELLO makes a new one.
+        let provider_failed = why.contains("fi_read completion error");
+        if messages[0].0 != CLOSE && !provider_failed {
+            let told = peer.wait_for(&mut t, &mut poll, |p| p.bodies(CLOSE, me).count() > 0);
+            assert!(told, "{what}: no CLOSE");
+        }
+        assert_eq!(t.link_count(), 0, "{what}: its link is still there");
+    }
+    let dial_poll = mio::Poll::new().unwrap();
+    let dialer = RdmTransport::new(&p, dial_poll.registry(), &context()).unwrap();
+    good_peer_gets_through((&mut t, &mut poll), (dialer, dial_poll), &bound);
+}
+
+#[test]
+fn tcp_rxm_bad_messages_end_their_link() {
+    rdm_bad_messages_end_their_link("tcp");
+}
+
+#[test]
+fn shm_bad_messages_end_their_link() {
+    rdm_bad_messages_end_their_link("shm");
 }
