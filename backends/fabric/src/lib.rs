@@ -31,6 +31,12 @@
 //!   rendezvous, read by peers ([`Exposed`]) or written by them ([`Landing`]),
 //!   and [`ReadRegion`]s, registrations the caller keeps for the next send.
 //!
+//! Everything opened from a [`Net`] — endpoints, listeners, kept
+//! registrations — holds the Net's fabric, domain and queues open until it
+//! is closed itself, so they may be dropped in any order: libfabric objects
+//! are closed only after everything opened on them (a domain closed under
+//! an endpoint with receives posted crashed the provider).
+//!
 //! `shm` endpoints are never closed: libfabric 1.17's `shm` keeps a raw
 //! pointer to the shared-memory region of every endpoint *of this process*
 //! a peer talked to (`smr_map_to_region` looks the name up in its list of

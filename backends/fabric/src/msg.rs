@@ -5,7 +5,7 @@ use crate::error::{check, FabricError, Site};
 use crate::info::Info;
 #[cfg(doc)]
 use crate::is_again;
-use crate::net::{bind_and_enable, close, sockaddr, Net};
+use crate::net::{bind_and_enable, close, sockaddr, Net, NetObjects};
 use crate::rdm::FI_ADDR_UNSPEC;
 use crate::rma::{Exposed, Landing, RmaBuffers};
 use crate::slots::{post_recv, post_send, post_send_in_place, sends_in_place, Buffers};
@@ -14,6 +14,7 @@ use libfabric_sys as sys;
 use std::net::SocketAddr;
 use std::os::raw::c_void;
 use std::ptr;
+use std::sync::Arc;
 
 /// A pending connection request, the key of the listener it came to
 /// ([`PassiveEp::key`]) and the data the connector passed to
@@ -58,17 +59,19 @@ impl Net {
         let mut pep = PassiveEp {
             pep: ptr::null_mut(),
             addr,
+            _net: self.objects.clone(),
         };
-        // SAFETY: info is valid; pep.pep is closed by its Drop if set; the EQ
-        // outlives the passive endpoint (the caller drops endpoints first).
+        // SAFETY: info is valid; pep.pep is closed by its Drop if set; the
+        // fabric and EQ outlive the passive endpoint (it holds them open).
         unsafe {
             check(
                 "fi_passive_ep",
-                sys::fi_passive_ep(self.fabric, info.0, &mut pep.pep, ptr::null_mut()) as isize,
+                sys::fi_passive_ep(self.objects.fabric, info.0, &mut pep.pep, ptr::null_mut())
+                    as isize,
             )?;
             check(
                 "fi_pep_bind(eq)",
-                sys::fi_pep_bind(pep.pep, self.eq as *mut sys::fid, 0) as isize,
+                sys::fi_pep_bind(pep.pep, self.objects.eq as *mut sys::fid, 0) as isize,
             )?;
             check("fi_listen", sys::fi_listen(pep.pep) as isize)?;
             let mut raw = [0u8; 128];
@@ -116,10 +119,11 @@ impl Net {
             slot_size,
             rma: self.rma_regions(),
             sends_in_place,
+            _net: self.objects.clone(),
         };
         // SAFETY: info is valid; ep.ep is closed by Ep::drop if set.
         check("fi_endpoint", unsafe {
-            sys::fi_endpoint(self.domain, info, &mut ep.ep, ptr::null_mut())
+            sys::fi_endpoint(self.objects.domain, info, &mut ep.ep, ptr::null_mut())
         } as isize)?;
         Ok(ep)
     }
@@ -127,14 +131,15 @@ impl Net {
     /// Binds an opened endpoint to the EQ and CQ, enables it and registers
     /// its buffers where the provider wants `FI_MR_LOCAL`.
     fn enable_ep(&mut self, ep: &mut Ep) -> Result<(), FabricError> {
-        // SAFETY: ep.ep is open; the EQ and CQ outlive the endpoint (the
-        // caller drops endpoints before the Net); the buffers are owned by the
-        // endpoint and freed only after it is closed (Ep::drop).
+        let o = &self.objects;
+        // SAFETY: ep.ep is open; the EQ and CQ outlive the endpoint (it holds
+        // them open: `Ep::_net`); the buffers are owned by the endpoint and
+        // freed only after it is closed (Ep::drop).
         unsafe {
-            bind_and_enable(ep.ep, self.eq as *mut sys::fid, "fi_ep_bind(eq)", self.cq)?;
+            bind_and_enable(ep.ep, o.eq as *mut sys::fid, "fi_ep_bind(eq)", o.cq)?;
             if self.mr_local {
-                ep.tx.register(self.domain, u64::from(sys::FI_SEND))?;
-                ep.rx.register(self.domain, u64::from(sys::FI_RECV))?;
+                ep.tx.register(o.domain, u64::from(sys::FI_SEND))?;
+                ep.rx.register(o.domain, u64::from(sys::FI_RECV))?;
             }
         }
         Ok(())
@@ -196,6 +201,8 @@ impl Net {
 pub struct PassiveEp {
     pep: *mut sys::fid_pep,
     addr: SocketAddr,
+    /// Keeps the fabric and EQ open until after `pep` is closed.
+    _net: Arc<NetObjects>,
 }
 
 // SAFETY: see `Net`.
@@ -261,6 +268,9 @@ pub struct Ep {
     /// The provider reads local buffers without registration and takes two
     /// iovecs per send ([`Ep::send_in_place`]).
     sends_in_place: bool,
+    /// Keeps the domain and queues open until after the endpoint and its
+    /// registrations are closed (fields drop after `Drop::drop`, in order).
+    _net: Arc<NetObjects>,
 }
 
 // SAFETY: see `Net`.

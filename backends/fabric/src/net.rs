@@ -72,16 +72,48 @@ pub struct WaitFd {
     pub writable: bool,
 }
 
-/// One opened provider: fabric, domain, one EQ (`FI_WAIT_FD`) and one CQ
-/// (`FI_WAIT_POLLFD` where the provider offers it, else `FI_WAIT_FD`, or
-/// none: [`CqWait`]).
-pub struct Net {
-    info: Info,
+/// The libfabric objects a [`Net`] opens, which everything opened from
+/// them needs open: shared (an `Arc`) by the Net and by every endpoint,
+/// listener and kept registration made from it, and closed — queues,
+/// domain, fabric — when the last of them goes. So no order of drops can
+/// close the domain or a queue under an endpoint (which crashed the
+/// provider when a Net went before its endpoints: `what_a_net_opened_outlives_it`).
+pub(crate) struct NetObjects {
     pub(crate) fabric: *mut sys::fid_fabric,
     pub(crate) domain: *mut sys::fid_domain,
     /// Null for RDM (no connection management).
     pub(crate) eq: *mut sys::fid_eq,
     pub(crate) cq: *mut sys::fid_cq,
+    /// Never close (see the crate docs: `shm`).
+    leak: bool,
+}
+
+// SAFETY: plain handles, closed once, by Drop, on whichever thread drops
+// the last holder; shared references reach only their values (each holder
+// uses them through its own `&mut self`, on one thread at a time, as for
+// `Net`).
+unsafe impl Send for NetObjects {}
+// SAFETY: as above.
+unsafe impl Sync for NetObjects {}
+
+impl Drop for NetObjects {
+    fn drop(&mut self) {
+        if self.leak {
+            return;
+        }
+        close(self.cq as *mut sys::fid);
+        close(self.eq as *mut sys::fid);
+        close(self.domain as *mut sys::fid);
+        close(self.fabric as *mut sys::fid);
+    }
+}
+
+/// One opened provider: fabric, domain, one EQ (`FI_WAIT_FD`) and one CQ
+/// (`FI_WAIT_POLLFD` where the provider offers it, else `FI_WAIT_FD`, or
+/// none: [`CqWait`]). What is opened from it (endpoints, listeners, kept
+/// registrations) may be dropped before or after it.
+pub struct Net {
+    info: Info,
     /// Whether the CQ has a wait object (else it must be polled).
     cq_waitable: bool,
     /// The CQ's wait object is a list of fds (`FI_WAIT_POLLFD`), not one.
@@ -104,6 +136,8 @@ pub struct Net {
     pub(crate) mr_local: bool,
     pub(crate) rma_gauge: Arc<RmaGauge>,
     pub(crate) landings: Arc<LandingPool>,
+    /// Last: registered landing buffers close before the domain.
+    pub(crate) objects: Arc<NetObjects>,
 }
 
 // SAFETY: the libfabric objects are only used through &mut self / owned
@@ -120,18 +154,6 @@ impl std::fmt::Debug for Net {
             .field("mr_local", &self.mr_local)
             .field("cq_waitable", &self.cq_waitable)
             .finish()
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        if self.leak {
-            return;
-        }
-        close(self.cq as *mut sys::fid);
-        close(self.eq as *mut sys::fid);
-        close(self.domain as *mut sys::fid);
-        close(self.fabric as *mut sys::fid);
     }
 }
 
@@ -269,17 +291,14 @@ impl Net {
         rma: Option<RmaOp>,
         cq_wait: CqWait,
     ) -> Result<Net, FabricError> {
+        let leak = leaks_on_drop(provider);
         let mut net = Net {
             info,
-            fabric: ptr::null_mut(),
-            domain: ptr::null_mut(),
-            eq: ptr::null_mut(),
-            cq: ptr::null_mut(),
             cq_waitable: cq_wait == CqWait::Fd,
             cq_pollfd: false,
             pollfds: Vec::new(),
             socket_names: false,
-            leak: leaks_on_drop(provider),
+            leak,
             rma,
             virt_addr: false,
             prov_key: false,
@@ -289,9 +308,19 @@ impl Net {
             mr_local: false,
             rma_gauge: Arc::default(),
             landings: Arc::default(),
+            objects: Arc::new(NetObjects {
+                fabric: ptr::null_mut(),
+                domain: ptr::null_mut(),
+                eq: ptr::null_mut(),
+                cq: ptr::null_mut(),
+                leak,
+            }),
+        };
+        let Some(o) = Arc::get_mut(&mut net.objects) else {
+            unreachable!("not shared while it is opened");
         };
         // SAFETY: info is a valid fi_info from fi_getinfo; each out-pointer is
-        // a field of `net`, closed by its Drop if set.
+        // a field of `o`, closed by its Drop if set.
         unsafe {
             let i = &*net.info.0;
             let mr_mode = (*i.domain_attr).mr_mode as u32;
@@ -304,11 +333,11 @@ impl Net {
             );
             check(
                 "fi_fabric",
-                sys::fi_fabric(i.fabric_attr, &mut net.fabric, ptr::null_mut()) as isize,
+                sys::fi_fabric(i.fabric_attr, &mut o.fabric, ptr::null_mut()) as isize,
             )?;
             check(
                 "fi_domain",
-                sys::fi_domain(net.fabric, net.info.0, &mut net.domain, ptr::null_mut()) as isize,
+                sys::fi_domain(o.fabric, net.info.0, &mut o.domain, ptr::null_mut()) as isize,
             )?;
             if ep == EpType::Msg {
                 let mut eq_attr = sys::fi_eq_attr {
@@ -318,8 +347,7 @@ impl Net {
                 };
                 check(
                     "fi_eq_open",
-                    sys::fi_eq_open(net.fabric, &mut eq_attr, &mut net.eq, ptr::null_mut())
-                        as isize,
+                    sys::fi_eq_open(o.fabric, &mut eq_attr, &mut o.eq, ptr::null_mut()) as isize,
                 )?;
             }
             let mut cq_attr = sys::fi_cq_attr {
@@ -336,7 +364,7 @@ impl Net {
                 // socket is in any epoll set, whose wake-up callback every
                 // arriving segment would run (wait_fd.rs in the backend).
                 cq_attr.wait_obj = sys::FI_WAIT_POLLFD;
-                rc = sys::fi_cq_open(net.domain, &mut cq_attr, &mut net.cq, ptr::null_mut());
+                rc = sys::fi_cq_open(o.domain, &mut cq_attr, &mut o.cq, ptr::null_mut());
                 net.cq_pollfd = rc == 0;
                 cq_attr.wait_obj = sys::FI_WAIT_FD;
             } else {
@@ -344,14 +372,14 @@ impl Net {
             }
             if rc != 0 {
                 // Nothing of the refused attempt is closed by Drop.
-                net.cq = ptr::null_mut();
-                rc = sys::fi_cq_open(net.domain, &mut cq_attr, &mut net.cq, ptr::null_mut());
+                o.cq = ptr::null_mut();
+                rc = sys::fi_cq_open(o.domain, &mut cq_attr, &mut o.cq, ptr::null_mut());
             }
             if rc == -(sys::FI_ENOSYS as c_int) && net.cq_waitable {
                 // No wait objects in this provider: a polled CQ.
                 cq_attr.wait_obj = sys::FI_WAIT_NONE;
                 net.cq_waitable = false;
-                rc = sys::fi_cq_open(net.domain, &mut cq_attr, &mut net.cq, ptr::null_mut());
+                rc = sys::fi_cq_open(o.domain, &mut cq_attr, &mut o.cq, ptr::null_mut());
             }
             check("fi_cq_open", rc as isize)?;
         }
@@ -400,10 +428,10 @@ impl Net {
     /// The EQ's wait fd (readable when connection events may be waiting);
     /// `None` for RDM, which has no EQ.
     pub fn eq_fd(&self) -> Result<Option<RawFd>, FabricError> {
-        if self.eq.is_null() {
+        if self.objects.eq.is_null() {
             return Ok(None);
         }
-        wait_fd(self.eq as *mut sys::fid).map(Some)
+        wait_fd(self.objects.eq as *mut sys::fid).map(Some)
     }
 
     /// Whether the CQ has no wait object and must be polled
@@ -419,7 +447,7 @@ impl Net {
         if !self.cq_waitable || self.cq_pollfd {
             return Ok(None);
         }
-        wait_fd(self.cq as *mut sys::fid).map(Some)
+        wait_fd(self.objects.cq as *mut sys::fid).map(Some)
     }
 
     /// Replaces `out` with the fds a sleeping caller must watch to wake for
@@ -450,7 +478,7 @@ impl Net {
             // there are, failing with -FI_ETOOSMALL if they do not fit.
             let rc = unsafe {
                 sys::fi_control(
-                    self.cq as *mut sys::fid,
+                    self.objects.cq as *mut sys::fid,
                     sys::FI_GETWAIT as c_int,
                     &mut list as *mut sys::fi_wait_pollfd as *mut c_void,
                 )
@@ -484,8 +512,8 @@ impl Net {
         let mut fids = [ptr::null_mut::<sys::fid>(); 2];
         let mut count = 0;
         for (fid, waitable) in [
-            (self.cq as *mut sys::fid, self.cq_waitable),
-            (self.eq as *mut sys::fid, !self.eq.is_null()),
+            (self.objects.cq as *mut sys::fid, self.cq_waitable),
+            (self.objects.eq as *mut sys::fid, !self.objects.eq.is_null()),
         ] {
             if waitable {
                 fids[count] = fid;
@@ -497,7 +525,7 @@ impl Net {
         }
         // SAFETY: the first `count` fids are open, have wait objects and
         // belong to this fabric.
-        let rc = unsafe { sys::fi_trywait(self.fabric, fids.as_mut_ptr(), count as c_int) };
+        let rc = unsafe { sys::fi_trywait(self.objects.fabric, fids.as_mut_ptr(), count as c_int) };
         rc == 0
     }
 
@@ -514,7 +542,7 @@ impl Net {
         let mut raw = [const { std::mem::MaybeUninit::<sys::fi_cq_msg_entry>::uninit() }; 32];
         let want = max.min(raw.len());
         // SAFETY: raw has room for `want` fi_cq_msg_entry (the CQ's format).
-        let n = unsafe { sys::fi_cq_read(self.cq, raw.as_mut_ptr() as *mut c_void, want) };
+        let n = unsafe { sys::fi_cq_read(self.objects.cq, raw.as_mut_ptr() as *mut c_void, want) };
         if n > 0 {
             let n = (n as usize).min(want);
             for e in &raw[..n] {
@@ -535,7 +563,7 @@ impl Net {
         let mut err = sys::fi_cq_err_entry::default();
         // SAFETY: err is a valid fi_cq_err_entry; err_data stays null so
         // the provider uses its own buffer.
-        let k = unsafe { sys::fi_cq_readerr(self.cq, &mut err, 0) };
+        let k = unsafe { sys::fi_cq_readerr(self.objects.cq, &mut err, 0) };
         if k <= 0 {
             return again_is_empty("fi_cq_readerr", k);
         }
@@ -552,7 +580,7 @@ impl Net {
     /// `Err` means the queue itself could not be read (as for
     /// [`Net::read_cq`]): connection events may be lost.
     pub fn read_eq(&mut self) -> Result<Option<CmEvent>, FabricError> {
-        if self.eq.is_null() {
+        if self.objects.eq.is_null() {
             return Ok(None);
         }
         let mut buf = [0u64; 32];
@@ -560,7 +588,7 @@ impl Net {
         // SAFETY: buf is 256 bytes, large enough for an fi_eq_cm_entry.
         let n = unsafe {
             sys::fi_eq_read(
-                self.eq,
+                self.objects.eq,
                 &mut event,
                 buf.as_mut_ptr() as *mut c_void,
                 std::mem::size_of_val(&buf),
@@ -570,7 +598,7 @@ impl Net {
         if n == -(sys::FI_EAVAIL as isize) {
             let mut err = sys::fi_eq_err_entry::default();
             // SAFETY: err is a valid fi_eq_err_entry.
-            let k = unsafe { sys::fi_eq_readerr(self.eq, &mut err, 0) };
+            let k = unsafe { sys::fi_eq_readerr(self.objects.eq, &mut err, 0) };
             if k > 0 {
                 return Ok(Some(CmEvent::Error(err.fid as usize, strerror(err.err))));
             }

@@ -3,7 +3,7 @@
 
 use crate::error::{check, strerror, FabricError, Site};
 use crate::info::{getinfo, getinfo_on, EpType};
-use crate::net::{bind_and_enable, close, sockaddr, Net};
+use crate::net::{bind_and_enable, close, sockaddr, Net, NetObjects};
 use crate::rma::{Exposed, Landing, RmaBuffers};
 use crate::slots::{post_recv, post_send, post_send_in_place, sends_in_place, Buffers};
 #[cfg(doc)]
@@ -14,6 +14,7 @@ use std::ffi::CString;
 use std::net::SocketAddr;
 use std::os::raw::c_void;
 use std::ptr;
+use std::sync::Arc;
 
 /// `FI_ADDR_UNSPEC` (a macro in C): receive from any peer.
 pub(crate) const FI_ADDR_UNSPEC: u64 = u64::MAX;
@@ -30,7 +31,6 @@ pub const MAX_NAME_LEN: usize = 256;
 pub struct RdmEp {
     ep: *mut sys::fid_ep,
     av: *mut sys::fid_av,
-    domain: *mut sys::fid_domain,
     mr_local: bool,
     addr_format: u32,
     name: Vec<u8>,
@@ -47,6 +47,10 @@ pub struct RdmEp {
     /// The provider reads local buffers without registration and takes two
     /// iovecs per send ([`RdmEp::send_in_place`]).
     sends_in_place: bool,
+    /// Keeps the domain and CQ open until after the endpoint, its address
+    /// vector and its registrations are closed (fields drop after
+    /// `Drop::drop`, in order).
+    net: Arc<NetObjects>,
 }
 
 // SAFETY: see `Net`.
@@ -164,7 +168,6 @@ impl Net {
         let mut ep = RdmEp {
             ep: ptr::null_mut(),
             av: ptr::null_mut(),
-            domain: self.domain,
             mr_local: self.mr_local,
             addr_format: 0,
             name: Vec::new(),
@@ -176,10 +179,12 @@ impl Net {
             leak: self.leak,
             rma: self.rma_regions(),
             sends_in_place: false,
+            net: self.objects.clone(),
         };
-        // SAFETY: info is valid; the CQ and domain outlive the endpoint (the
-        // caller drops endpoints before the Net); ep's Drop closes what was
-        // opened, endpoint before buffers.
+        let o = &self.objects;
+        // SAFETY: info is valid; the CQ and domain outlive the endpoint (it
+        // holds them open: `RdmEp::net`); ep's Drop closes what was opened,
+        // endpoint before buffers.
         unsafe {
             ep.addr_format = (*info.0).addr_format;
             let tx_attr = (*info.0).tx_attr;
@@ -193,16 +198,16 @@ impl Net {
             };
             check(
                 "fi_av_open",
-                sys::fi_av_open(self.domain, &mut av_attr, &mut ep.av, ptr::null_mut()) as isize,
+                sys::fi_av_open(o.domain, &mut av_attr, &mut ep.av, ptr::null_mut()) as isize,
             )?;
             check(
                 "fi_endpoint",
-                sys::fi_endpoint(self.domain, info.0, &mut ep.ep, ptr::null_mut()) as isize,
+                sys::fi_endpoint(o.domain, info.0, &mut ep.ep, ptr::null_mut()) as isize,
             )?;
-            bind_and_enable(ep.ep, ep.av as *mut sys::fid, "fi_ep_bind(av)", self.cq)
+            bind_and_enable(ep.ep, ep.av as *mut sys::fid, "fi_ep_bind(av)", o.cq)
                 .map_err(|e| self.known_enable_failure(e))?;
             if self.mr_local {
-                ep.tx.register(self.domain, u64::from(sys::FI_SEND))?;
+                ep.tx.register(o.domain, u64::from(sys::FI_SEND))?;
             }
             let mut raw = [0u8; MAX_NAME_LEN];
             let mut len = raw.len();
@@ -312,8 +317,8 @@ impl RdmEp {
     pub fn grow_rx(&mut self) -> Result<std::ops::Range<usize>, FabricError> {
         let mut b = Buffers::new(self.rx_block, self.slot_size);
         if self.mr_local {
-            // SAFETY: the domain is open and outlives this endpoint.
-            unsafe { b.register(self.domain, u64::from(sys::FI_RECV))? };
+            // SAFETY: the domain is open and outlives this endpoint (`net`).
+            unsafe { b.register(self.net.domain, u64::from(sys::FI_RECV))? };
         }
         let start = self.rx_slots();
         self.rx.push(b);

@@ -5,7 +5,7 @@
 
 use crate::error::{check, FabricError};
 use crate::info::RmaOp;
-use crate::net::{close, Net};
+use crate::net::{close, Net, NetObjects};
 #[cfg(doc)]
 use crate::{info::checks_keys, Ep, RdmEp};
 use bytes::Bytes;
@@ -168,10 +168,13 @@ impl Region {
 /// the adapter's translation table, which for a large buffer can cost more
 /// than moving it. Holds the bytes, so they can be neither freed nor
 /// changed while registered. Closes its registration when the last holder
-/// drops it; like an endpoint, it must go before its [`Net`].
+/// drops it (it holds the domain open meanwhile, and may outlive its
+/// [`Net`]).
 pub struct ReadRegion {
     mem: Bytes,
     mr: *mut sys::fid_mr,
+    /// Keeps the domain open until after `mr` is closed.
+    _net: Arc<NetObjects>,
 }
 
 // SAFETY: the handle is a plain pointer to a registration of the domain,
@@ -334,7 +337,10 @@ static NEXT_MR_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 /// of ours, `FI_MR_VIRT_ADDR` or offset 0, `FI_MR_LOCAL` for the local
 /// side of an operation).
 pub struct RmaBuffers {
-    domain: *mut sys::fid_domain,
+    /// The domain registrations are made on, held open until the last
+    /// registration made here (a [`ReadRegion`] may outlive the endpoint)
+    /// is closed.
+    net: Arc<NetObjects>,
     /// The endpoint's one-sided operation ([`Net::rma`]).
     op: Option<RmaOp>,
     mr_local: bool,
@@ -379,7 +385,7 @@ impl Net {
     /// Empty rendezvous bookkeeping for an endpoint of this Net.
     pub(crate) fn rma_regions(&self) -> RmaBuffers {
         RmaBuffers {
-            domain: self.domain,
+            net: self.objects.clone(),
             op: self.rma,
             mr_local: self.mr_local,
             virt_addr: self.virt_addr,
@@ -425,11 +431,11 @@ impl RmaBuffers {
         };
         let mut mr: *mut sys::fid_mr = ptr::null_mut();
         // SAFETY: mem..mem+len is a live allocation the caller keeps
-        // (inside a Region) until the registration is closed; the domain
-        // outlives the endpoint that owns this Rma.
+        // (inside a Region or ReadRegion) until the registration is closed;
+        // the domain outlives the registration (`net`, held by both).
         let rc = unsafe {
             sys::fi_mr_reg(
-                self.domain,
+                self.net.domain,
                 mem as *const c_void,
                 len,
                 access,
@@ -594,7 +600,11 @@ impl RmaBuffers {
             return Err((e, mem));
         }
         match self.register(mem.as_ptr(), mem.len(), u64::from(sys::FI_REMOTE_READ)) {
-            Ok(mr) => Ok(ReadRegion { mem, mr }),
+            Ok(mr) => Ok(ReadRegion {
+                mem,
+                mr,
+                _net: self.net.clone(),
+            }),
             Err(e) => Err((e, mem)),
         }
     }
@@ -1158,6 +1168,71 @@ mod tests {
             }
         }
         (pep, s.expect("an accepted endpoint"), c)
+    }
+
+    /// Endpoints, a listener and a kept registration hold open the fabric,
+    /// domain and queues of the Net they came from: dropped after it, in
+    /// any order, nothing of theirs is closed under them (each round a
+    /// pair that sent a message, receives still posted, then the Nets, then
+    /// the rest). Before they held them, the first round crashed (SIGSEGV
+    /// in the provider).
+    #[test]
+    fn what_a_net_opened_outlives_it() {
+        for round in 0..12 {
+            let open = || Net::open_at("tcp", EpType::Msg, 64, None, RmaChoice::Always).unwrap();
+            let (mut ns, mut nc) = (open(), open());
+            let (pep, mut s, mut c) = tcp_msg_pair(&mut ns, &mut nc);
+            let region = s
+                .rma()
+                .register_for_reads(Bytes::from(vec![1u8; 1 << 20]))
+                .unwrap();
+            s.post_recv(0, 1).unwrap();
+            c.tx_slot(0).unwrap()[..2].copy_from_slice(b"hi");
+            c.send(0, 2, 2).unwrap();
+            let (mut got, t0) = (Vec::new(), std::time::Instant::now());
+            while got.is_empty() {
+                assert!(t0.elapsed().as_secs() < 10, "no message");
+                ns.read_cq(&mut got, 8).expect("fi_cq_read");
+            }
+            for slot in 1..4 {
+                s.post_recv(slot, 10 + slot as u64).unwrap();
+                c.post_recv(slot, 20 + slot as u64).unwrap();
+            }
+            drop((ns, nc));
+            match round % 3 {
+                0 => drop((s, c, pep, region)),
+                1 => drop((region, c, pep, s)),
+                _ => drop((pep, s, region, c)),
+            }
+        }
+        // RDM endpoints over tcp;ofi_rxm, one of which sent to the other,
+        // receives still posted.
+        for round in 0..4 {
+            let mut net = Net::open("tcp", EpType::Rdm, 64).unwrap();
+            let bind: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            let mut server = net.rdm_endpoint(Some(bind), 2, 2, 512).unwrap();
+            let mut client = net.rdm_endpoint(None, 2, 2, 512).unwrap();
+            let bound = RdmEp::name_as_socket(server.name()).unwrap();
+            let to = client.insert(&net.resolve(bound).unwrap()).unwrap();
+            server.post_recv(0, 1).unwrap();
+            server.post_recv(1, 2).unwrap();
+            client.tx_slot(0).unwrap()[..2].copy_from_slice(b"hi");
+            let (mut got, t0) = (Vec::new(), std::time::Instant::now());
+            while let Err(e) = client.send(0, 2, to, 3) {
+                assert!(is_again(&e) && t0.elapsed().as_secs() < 10, "{e}");
+                net.read_cq(&mut got, 8).expect("fi_cq_read");
+            }
+            while !got.iter().any(|c: &Completion| c.recv) {
+                assert!(t0.elapsed().as_secs() < 10, "no message");
+                net.read_cq(&mut got, 8).expect("fi_cq_read");
+            }
+            drop(net);
+            if round % 2 == 0 {
+                drop((client, server));
+            } else {
+                drop((server, client));
+            }
+        }
     }
 
     /// What [`rma_withheld`] says of `tcp`, checked against the provider

@@ -350,8 +350,8 @@ impl FabricLink {
 
 /// libfabric transport of one worker.
 pub struct FabricTransport {
-    // Links and listeners come first: fields drop in order, and endpoints must
-    // close before the Net's queues, domain and fabric.
+    // Links and listeners come first: fields drop in order, and endpoints
+    // close before the Net (which otherwise stays open until they do).
     links: FxHashMap<LinkId, FabricLink>,
     listeners: FxHashMap<Token, PassiveEp>,
     /// Accepted endpoints not yet connected (FI_CONNECTED pending).
@@ -395,8 +395,8 @@ pub struct FabricTransport {
     rndv: Option<RmaOp>,
     rndv_counters: Counters,
     /// Registrations of payloads exposed in place, kept for their next
-    /// send where the provider checks keys (`rdma_reg_cache_bytes`; must
-    /// go before the Net, see `Drop`).
+    /// send where the provider checks keys (`rdma_reg_cache_bytes`;
+    /// cleared with the transport, see `Drop`).
     reg_cache: RegCache<ReadRegion>,
     /// Links with a rendezvous read in flight, and when their deadlines
     /// are looked at next.
@@ -1292,9 +1292,9 @@ impl Drop for FabricTransport {
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
         self.cq_wait.disarm(&self.registry);
-        // Kept registrations before the Net (declared after it: dropped
-        // after it); those still lent go with their endpoints, which are
-        // declared before it.
+        // Kept registrations go with the transport, not after the Net
+        // (declared after it; each would hold its domain open); those still
+        // lent go with their endpoints.
         self.reg_cache.clear();
     }
 }
