@@ -1,0 +1,302 @@
+//! [`RdmLink`]: one link over a [`Port`], and its out-of-order [`HeldPieces`].
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use mio::Token;
+use msgr_fabric::{FabricError, RmaOp};
+use msgr_proto::LinkId;
+
+use super::port::Port;
+use super::wire::{write_header, Dest, HEADER_LEN, OWED_KINDS};
+use super::CREDITS;
+use crate::fabric::outbox::Outbox;
+use crate::fabric::reassembly::Reassembly;
+use crate::fabric::rendezvous::{self, Exposures, Owed, Receiving};
+
+#[derive(Debug)]
+pub(super) struct RdmLink {
+    pub(super) port: usize,
+    pub(super) peer: usize,
+    pub(super) cookie: u32,
+    /// The peer's end; known once welcomed (connector) or from the HELLO.
+    pub(super) remote: Option<Dest>,
+    /// Accepted (the listener's token and the peer) or outgoing (`None`).
+    pub(super) accepted: Option<(Token, SocketAddr)>,
+    pub(super) need_hello: bool,
+    /// How the peer moves rendezvous units (its HELLO or WELCOME said so,
+    /// see [`rendezvous::caps`]); known before any data is sent.
+    pub(super) peer_rndv: Option<RmaOp>,
+    /// The peer takes a unit's epilogue after its descriptor
+    /// ([`rendezvous::peer_late_epilogue`]).
+    pub(super) peer_late: bool,
+    pub(super) need_welcome: bool,
+    pub(super) need_keep: bool,
+    pub(super) credits: u32,
+    pub(super) to_return: u32,
+    pub(super) outbox: Outbox,
+    /// Transmit slots in flight for this link.
+    pub(super) inflight: usize,
+    pub(super) reasm: Reassembly,
+    pub(super) paused: bool,
+    pub(super) frozen: bool,
+    /// Data pieces received and not yet handed up, by number: reading is
+    /// paused, or they overtook earlier ones (a provider completes a small
+    /// message sent after a large one first when the large one goes by its
+    /// rendezvous protocol). At most the link's credits.
+    pub(super) held: HeldPieces,
+    /// Number of the next data piece to hand up / to send.
+    pub(super) rx_seq: u64,
+    tx_seq: u64,
+    pub(super) close_after_flush: bool,
+    pub(super) last_heard: Instant,
+    pub(super) last_sent: Instant,
+    /// Rendezvous, sending side: units exposed for the peer to read.
+    pub(super) exposures: Exposures,
+    /// Rendezvous, receiving side: the fi_read in flight (later pieces
+    /// wait for it) and the RNDV_DONE answers owed.
+    pub(super) receiving: Receiving,
+}
+
+/// A link's received data pieces not yet handed up, by number (receive
+/// slot and length). A piece is at most [`CREDITS`] ahead of the next one
+/// handed up (the sender's credits bound it; the receiver checks), so a
+/// ring of that many entries holds them: nothing is allocated per piece, as
+/// an ordered map did for every message.
+#[derive(Debug, Default)]
+pub(super) struct HeldPieces {
+    ring: [Option<(usize, usize)>; CREDITS as usize],
+    count: usize,
+}
+
+impl HeldPieces {
+    fn at(seq: u64) -> usize {
+        (seq % u64::from(CREDITS)) as usize
+    }
+
+    /// Whether piece `seq` (within the window) is held already.
+    pub(super) fn contains(&self, seq: u64) -> bool {
+        self.ring[Self::at(seq)].is_some()
+    }
+
+    /// Holds piece `seq`, which must be within the window and not held.
+    pub(super) fn insert(&mut self, seq: u64, piece: (usize, usize)) {
+        let entry = &mut self.ring[Self::at(seq)];
+        debug_assert!(entry.is_none(), "piece {seq} held twice");
+        self.count += usize::from(entry.is_none());
+        *entry = Some(piece);
+    }
+
+    /// Takes piece `seq` if it is held.
+    pub(super) fn take(&mut self, seq: u64) -> Option<(usize, usize)> {
+        let piece = self.ring[Self::at(seq)].take();
+        self.count -= usize::from(piece.is_some());
+        piece
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Takes every held piece.
+    pub(super) fn drain(&mut self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.count = 0;
+        self.ring.iter_mut().filter_map(Option::take)
+    }
+}
+
+impl RdmLink {
+    pub(super) fn new(port: usize, peer: usize, accepted: Option<(Token, SocketAddr)>) -> Self {
+        let now = Instant::now();
+        RdmLink {
+            port,
+            peer,
+            cookie: rand_cookie(),
+            remote: None,
+            accepted,
+            need_hello: false,
+            peer_rndv: None,
+            peer_late: false,
+            need_welcome: false,
+            need_keep: false,
+            credits: 0,
+            to_return: 0,
+            outbox: Outbox::default(),
+            inflight: 0,
+            reasm: Reassembly::default(),
+            paused: false,
+            frozen: false,
+            held: HeldPieces::default(),
+            rx_seq: 0,
+            tx_seq: 0,
+            close_after_flush: false,
+            last_heard: now,
+            last_sent: now,
+            exposures: Exposures::default(),
+            receiving: Receiving::default(),
+        }
+    }
+
+    pub(super) fn idle(&self) -> bool {
+        self.outbox.is_empty() && self.inflight == 0 && self.exposures.is_idle()
+    }
+
+    /// Whether the link has something to post once a slot or credit frees:
+    /// handshake, a keepalive, queued units, or control and a staged
+    /// descriptor that wait outside the queue.
+    pub(super) fn has_output(&self) -> bool {
+        self.need_hello
+            || self.need_welcome
+            || self.need_keep
+            || !self.outbox.is_empty()
+            || self.exposures.owes_posts()
+            || self.receiving.owes_posts()
+    }
+
+    pub(super) fn dest(&self, id: LinkId) -> Dest {
+        Dest {
+            link: id.0,
+            cookie: self.cookie,
+        }
+    }
+
+    /// Sends a control message of `kind` with `body` to the peer's end,
+    /// returning the credits owed in its header. `Ok(false)`: not sent now
+    /// (see [`Port::post`]), or the peer's end is not known yet; the
+    /// credits stay owed.
+    pub(super) fn post_control(
+        &mut self,
+        id: LinkId,
+        pidx: usize,
+        port: &mut Port,
+        kind: u8,
+        body: &[u8],
+        now: Instant,
+    ) -> Result<bool, FabricError> {
+        let Some(remote) = self.remote else {
+            return Ok(false);
+        };
+        let credits = self.take_credits();
+        let sent = port.post(pidx, self.peer, Some(id), |buf| {
+            write_header(buf, kind, credits, remote, 0);
+            buf[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
+            HEADER_LEN + body.len()
+        })?;
+        if sent {
+            self.inflight += 1;
+            self.last_sent = now;
+        } else {
+            self.to_return += u32::from(credits);
+        }
+        Ok(sent)
+    }
+
+    /// Sends what the link owes its peer besides data ([`Owed`]); false
+    /// if one could not go yet.
+    pub(super) fn post_owed(
+        &mut self,
+        id: LinkId,
+        pidx: usize,
+        port: &mut Port,
+        now: Instant,
+    ) -> Result<bool, FabricError> {
+        while let Some(owed) = Owed::next(&self.exposures, &self.receiving) {
+            let mut body = [0u8; rendezvous::OWED_MAX];
+            let n = owed.encode(&mut body);
+            if !self.post_control(id, pidx, port, owed.kind(&OWED_KINDS), &body[..n], now)? {
+                return Ok(false);
+            }
+            owed.posted(&mut self.exposures, &mut self.receiving);
+        }
+        Ok(true)
+    }
+
+    /// Posts the link's next data piece (`kind`: `DATA_MORE`, `DATA_LAST`
+    /// or `RNDV`) through `port` (index and port): the header, then the
+    /// body `fill` writes into the rest of the slot (returning its length)
+    /// or, with `body`, bytes sent from where they lie. It spends a credit
+    /// and a sequence number and returns the credits owed to the peer.
+    /// `Ok(false)`: no slot or -FI_EAGAIN; nothing is spent.
+    #[allow(clippy::too_many_arguments)] // the post's: link, port, peer, piece
+    pub(super) fn post_data(
+        &mut self,
+        id: LinkId,
+        (pidx, port): (usize, &mut Port),
+        remote: Dest,
+        kind: u8,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+        body: Option<Bytes>,
+        now: Instant,
+    ) -> Result<bool, FabricError> {
+        let credits = self.take_credits();
+        let seq = self.tx_seq;
+        let header = |buf: &mut [u8]| {
+            write_header(buf, kind, credits, remote, seq);
+            HEADER_LEN + fill(&mut buf[HEADER_LEN..])
+        };
+        let sent = port.post_with(pidx, self.peer, Some(id), header, body);
+        if !matches!(sent, Ok(true)) {
+            self.to_return += u32::from(credits);
+            return sent;
+        }
+        self.inflight += 1;
+        self.credits -= 1;
+        self.tx_seq += 1;
+        self.last_sent = now;
+        Ok(true)
+    }
+
+    /// Credits to return in the next header (all owed, as a u16).
+    fn take_credits(&mut self) -> u16 {
+        let n = self.to_return.min(u32::from(u16::MAX));
+        self.to_return -= n;
+        n as u16
+    }
+}
+
+/// A per-link random number: a message for a link id of an earlier
+/// incarnation (of this process or the peer) does not match it.
+fn rand_cookie() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(SEQ.fetch_add(1, Ordering::Relaxed));
+    h.finish() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pieces that overtook earlier ones wait in the ring and come out in
+    /// order, across the ring's wrap, each once.
+    #[test]
+    fn held_pieces_come_out_in_order() {
+        let mut held = HeldPieces::default();
+        let mut next = 0u64;
+        let mut out = Vec::new();
+        // Windows of CREDITS pieces, each arriving last-to-first.
+        for window in 0..3u64 {
+            let base = window * u64::from(CREDITS);
+            for seq in (base..base + u64::from(CREDITS)).rev() {
+                assert!(!held.contains(seq));
+                held.insert(seq, (seq as usize, 1));
+                assert!(held.contains(seq));
+                while let Some((slot, _)) = held.take(next) {
+                    out.push(slot as u64);
+                    next += 1;
+                }
+            }
+            assert!(held.is_empty());
+        }
+        assert_eq!(out, (0..3 * u64::from(CREDITS)).collect::<Vec<_>>());
+        held.insert(next + 2, (7, 1));
+        held.insert(next + 5, (9, 1));
+        let mut drained: Vec<_> = held.drain().collect();
+        drained.sort_unstable();
+        assert_eq!(drained, vec![(7, 1), (9, 1)]);
+        assert!(held.is_empty());
+    }
+}

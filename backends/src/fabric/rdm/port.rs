@@ -1,0 +1,212 @@
+//! [`Port`]: an RDM endpoint its links share, with its address-vector [`Peer`]s.
+
+use std::collections::VecDeque;
+use std::net::{SocketAddr, TcpListener};
+use std::time::Instant;
+
+use bytes::Bytes;
+use mio::Token;
+use msgr_fabric::{FabricError, PeerAddr, RdmEp};
+use msgr_proto::LinkId;
+use rustc_hash::FxHashMap;
+
+use super::context::context;
+use super::wire::Dest;
+
+/// A peer in a port's address vector, shared by its links.
+#[derive(Debug)]
+pub(super) struct Peer {
+    name: Vec<u8>,
+    pub(super) addr: PeerAddr,
+    /// Links (and queued CLOSE messages) that use it.
+    users: usize,
+    /// Sends to it not yet completed.
+    inflight: usize,
+    /// It stopped answering or its sends failed: remove it from the address
+    /// vector once nothing uses it, so a restarted peer of the same name is
+    /// mapped afresh.
+    pub(super) dead: bool,
+}
+
+/// One RDM endpoint: the outgoing one, or a listener's.
+pub(super) struct Port {
+    pub(super) ep: RdmEp,
+    pub(super) listener: Option<(Token, SocketAddr)>,
+    /// Keeps a name-only address (shm) unique on this host.
+    _reservation: Option<TcpListener>,
+    pub(super) peers: Vec<Option<Peer>>,
+    peer_ids: FxHashMap<Vec<u8>, usize>,
+    pub(super) free_tx: Vec<usize>,
+    /// Per transmit slot: the link it carries (None: a CLOSE) and the peer.
+    pub(super) tx_use: Vec<Option<(Option<LinkId>, usize)>>,
+    /// CLOSE messages to send: (peer, the peer's end of the closed link,
+    /// when it was queued).
+    pub(super) closes: VecDeque<(usize, Dest, Instant)>,
+    /// Receive slots promised to links (plus one block for HELLOs).
+    pub(super) reserved: usize,
+    /// Links on this endpoint.
+    pub(super) links: usize,
+    /// fi_reads and fi_writes in flight: context -> link.
+    pub(super) reads: FxHashMap<u64, LinkId>,
+    /// Numbers the next read, grant or write (see [`read_context`](super::context::read_context)).
+    pub(super) next_read: u32,
+    /// Bytes per message sent, header included (at most the slot size:
+    /// see [`RdmTransport::new`](super::RdmTransport::new)).
+    pub(super) send_limit: usize,
+    /// Contexts of sends that went by `fi_inject`: done when posted, they
+    /// complete through the same path as the provider's completions, at
+    /// the next CQ poll (their slots stay taken until then).
+    pub(super) injected: Vec<u64>,
+}
+
+impl Port {
+    pub(super) fn new(
+        ep: RdmEp,
+        listener: Option<(Token, SocketAddr)>,
+        res: Option<TcpListener>,
+        send_limit: usize,
+    ) -> Self {
+        let tx = ep.tx_slots();
+        Port {
+            send_limit: send_limit.min(ep.slot_size()),
+            reserved: ep.rx_slots(),
+            ep,
+            listener,
+            _reservation: res,
+            peers: Vec::new(),
+            peer_ids: FxHashMap::default(),
+            free_tx: (0..tx).rev().collect(),
+            tx_use: vec![None; tx],
+            closes: VecDeque::new(),
+            links: 0,
+            reads: FxHashMap::default(),
+            next_read: 0,
+            injected: Vec::new(),
+        }
+    }
+
+    /// The peer named `name`, inserted into the address vector on first use.
+    pub(super) fn peer(&mut self, name: &[u8]) -> Result<usize, FabricError> {
+        if let Some(&i) = self.peer_ids.get(name) {
+            if let Some(p) = self.peers[i].as_mut() {
+                p.users += 1;
+            }
+            return Ok(i);
+        }
+        let addr = self.ep.insert(name)?;
+        let peer = Peer {
+            name: name.to_vec(),
+            addr,
+            users: 1,
+            inflight: 0,
+            dead: false,
+        };
+        let i = match self.peers.iter().position(Option::is_none) {
+            Some(i) => {
+                self.peers[i] = Some(peer);
+                i
+            }
+            None => {
+                self.peers.push(Some(peer));
+                self.peers.len() - 1
+            }
+        };
+        self.peer_ids.insert(name.to_vec(), i);
+        Ok(i)
+    }
+
+    /// Drops a use (`user`) or an in-flight send of peer `i`; removes a dead
+    /// peer from the address vector when nothing uses it any more. A live
+    /// peer stays: `shm` keeps its own state of a peer that sent to us in the
+    /// address vector's map, and removing it under a peer that still sends
+    /// crashes the provider.
+    pub(super) fn release_peer(&mut self, i: usize, user: bool) {
+        let Some(p) = self.peers.get_mut(i).and_then(Option::as_mut) else {
+            return;
+        };
+        if user {
+            p.users = p.users.saturating_sub(1);
+        } else {
+            p.inflight = p.inflight.saturating_sub(1);
+        }
+        if p.dead && p.users == 0 && p.inflight == 0 {
+            let addr = p.addr;
+            self.peer_ids.remove(&p.name);
+            self.peers[i] = None;
+            if let Err(e) = self.ep.remove(addr) {
+                // Harmless: the entry stays until the endpoint closes.
+                tracing::debug!(error = %e, "libfabric RDM: peer address not removed");
+            }
+        }
+    }
+
+    /// Counts a new link on this endpoint and grows the receive pool to cover
+    /// its `slots`; on failure nothing is counted (the slots already posted
+    /// stay in the pool).
+    pub(super) fn reserve(&mut self, port: usize, slots: usize) -> Result<(), FabricError> {
+        while self.ep.rx_slots() < self.reserved + slots {
+            for slot in self.ep.grow_rx()? {
+                self.ep.post_recv(slot, context(port, true, slot))?;
+            }
+        }
+        self.reserved += slots;
+        self.links += 1;
+        Ok(())
+    }
+
+    /// Fills a free transmit slot with `fill` (which returns the length) and
+    /// sends it to `peer`. `Ok(false)`: no slot or the provider said
+    /// -FI_EAGAIN; try again later.
+    pub(super) fn post(
+        &mut self,
+        port: usize,
+        peer: usize,
+        link: Option<LinkId>,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<bool, FabricError> {
+        self.post_with(port, peer, link, fill, None)
+    }
+
+    /// [`Port::post`], and with `body` the slot's bytes are followed by
+    /// `body`, sent from where it is ([`RdmEp::send_in_place`]).
+    pub(super) fn post_with(
+        &mut self,
+        port: usize,
+        peer: usize,
+        link: Option<LinkId>,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+        body: Option<Bytes>,
+    ) -> Result<bool, FabricError> {
+        let Some(&slot) = self.free_tx.last() else {
+            return Ok(false);
+        };
+        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+            return Err(FabricError::Slot(peer));
+        };
+        let to = p.addr;
+        let Some(buf) = self.ep.tx_slot(slot) else {
+            return Err(FabricError::Slot(slot));
+        };
+        let len = fill(buf);
+        let ctx = context(port, false, slot);
+        let posted = if let Some(body) = body {
+            self.ep.send_in_place(slot, len, body, to, ctx)
+        } else if len <= self.ep.inject_size() {
+            self.ep
+                .inject(slot, len, to)
+                .map(|()| self.injected.push(ctx))
+        } else {
+            self.ep.send(slot, len, to, ctx)
+        };
+        match posted {
+            Ok(()) => {
+                self.free_tx.pop();
+                self.tx_use[slot] = Some((link, peer));
+                p.inflight += 1;
+                Ok(true)
+            }
+            Err(e) if msgr_fabric::is_again(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
