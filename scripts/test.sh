@@ -37,8 +37,10 @@ step "cargo clippy (default features, then every feature: RDMA and libfabric cra
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-step "cargo doc (every feature) -D warnings: no broken or private intra-doc links"
+step "cargo doc (every feature, public and private items) -D warnings: no broken or private intra-doc links"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps -q
+# Private items too: links inside crate-private modules resolve only here.
+RUSTDOCFLAGS="-D warnings --document-private-items" cargo doc --workspace --all-features --no-deps -q
 
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release

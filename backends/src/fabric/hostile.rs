@@ -448,9 +448,11 @@ fn tcp_msg_bad_messages_end_their_link() {
 
 // ---- FI_EP_RDM -------------------------------------------------------
 
-/// The RDM wire as a peer writes it (rdm.rs): the kinds of message, and
-/// a header of kind, a zero byte, credits returned (u16), the receiver's
-/// cookie (u32) and link id (u64), and the data piece's number (u64).
+/// The RDM wire as a peer writes it, from its description (rdm/wire.rs),
+/// not with the transport's own encoder — a change to the format shows
+/// here: the kinds of message, and a header of kind, a zero byte, credits
+/// returned (u16), the receiver's cookie (u32) and link id (u64), and the
+/// data piece's number (u64).
 mod rdm_wire {
     pub const HELLO: u8 = 1;
     pub const WELCOME: u8 = 2;

@@ -15,14 +15,18 @@
 //!   provider probe, opening a worker's `Net`;
 //! - `msg`: the `FI_EP_MSG` transport — its links and slots, header bytes,
 //!   completion contexts, connection set-up, sending and receiving;
-//! - [`rdm`]: the `FI_EP_RDM` transport;
+//! - [`rdm`]: the `FI_EP_RDM` transport (its wire format, shared
+//!   endpoints and links in modules of their own);
 //! - `outbox`: a link's queued units, cut into pieces to send;
 //! - `reassembly`: received pieces joined into a unit and decoded;
-//! - `rendezvous`: large units moved by `fi_read` or `fi_write`, and the
-//!   messages a link owes its peer for them (`Owed`);
+//! - `rendezvous`: large units moved by `fi_read` or `fi_write` — the
+//!   descriptors on the wire, queued units, the sending side (and the
+//!   messages a link owes its peer, `Owed`) and the receiving side;
 //! - `wait_fd`: a completion queue's wait fds, in the worker's Poll only
 //!   while it sleeps;
-//! - `tests` (tests only): fixtures both transports' tests run.
+//! - `tests` (tests only): fixtures both transports' tests run;
+//! - `hostile` (tests only): peers that speak the wire through libfabric
+//!   alone and send what no msgr peer sends.
 
 #[cfg(test)]
 mod hostile;

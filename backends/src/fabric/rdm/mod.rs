@@ -101,6 +101,20 @@
 //! [`Transport::wake_at`] asks the worker to wake every [`POLL_INTERVAL`]
 //! while the transport has endpoints — at once while a link is moving data
 //! and its peer answered within [`MOVING_WINDOW`].
+//!
+//! # Where each part lives
+//!
+//! - this module: [`RdmTransport`] — connect, listen, receive and hand up,
+//!   flush within credits, housekeeping (keepalives, deadlines, CLOSEs);
+//! - `wire`: the messages' kinds, the header, control bodies (HELLO,
+//!   WELCOME);
+//! - `context`: what an operation's completion context says (port, slot,
+//!   receive, read or write);
+//! - `port`: an endpoint the links share, its address-vector peers and
+//!   receive pool;
+//! - `link`: one link's state — credits, sequence numbers, pieces held
+//!   until their turn;
+//! - `tests` (tests only).
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -200,7 +214,8 @@ fn io_err(op: &'static str, e: FabricError) -> TransportError {
 /// Messages are at most [`SLOT_SIZE`] bytes, or the provider's inject size
 /// for `shm` (see [`RdmTransport::new`]).
 pub struct RdmTransport {
-    // Links and ports first: endpoints must close before the Net.
+    // Links and ports first: endpoints close before the Net (which
+    // otherwise stays open until they do).
     links: FxHashMap<LinkId, RdmLink>,
     ports: Vec<Option<Port>>,
     /// Ports no longer used, kept open until the transport goes: libfabric
@@ -232,8 +247,8 @@ pub struct RdmTransport {
     /// Rendezvous units received (for tests and counters).
     rndv_counters: Counters,
     /// Registrations of payloads exposed in place, kept for their next
-    /// send where the provider checks keys (`rdma_reg_cache_bytes`; must
-    /// go before the Net, see `Drop`).
+    /// send where the provider checks keys (`rdma_reg_cache_bytes`;
+    /// cleared with the transport, see `Drop`).
     reg_cache: RegCache<ReadRegion>,
     /// A rendezvous read in flight longer than this fails its link.
     read_timeout: Duration,
@@ -1447,7 +1462,8 @@ impl Drop for RdmTransport {
         }
         self.flush_closes();
         self.cq_wait.disarm(&self.registry);
-        // Before the Net (declared after the ports, dropped after them).
+        // With the transport, not after the Net (declared after the ports;
+        // each would hold its domain open).
         self.reg_cache.clear();
     }
 }
