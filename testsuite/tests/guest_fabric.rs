@@ -12,6 +12,10 @@
 //!   in `verbs_msg_kept_registrations` a payload sent again by rendezvous
 //!   registered (pinned, on rxe) once; and `verbs_rdm`: RDM endpoints
 //!   (`verbs;ofi_rxm`) are refused on rxe with the reason (docs/GUEST.md);
+//! - the backend's hostile-peer test over verbs MSG endpoints
+//!   (backends/src/fabric/hostile.rs): a peer speaking the wire through
+//!   libfabric alone sends what no msgr peer sends (an RDMA read of a key
+//!   never given among it), and each bad message ends its link;
 //! - the shared stress suite (`msgr-stress --backend fabric+verbs`) with the
 //!   default fault plan, server restarts and leak checks.
 //!
@@ -79,6 +83,10 @@ fn fabric_verbs_provider_in_the_guest() {
         &["-p", "msgr", "--features", "fabric", "--test", "fabric"],
         "fabric",
     );
+    let backend_tests = build_test_binary(
+        &["-p", "msgr-backends", "--features", "fabric", "--lib"],
+        "msgr_backends",
+    );
     let stress = build_programs(&[
         "-p",
         "msgr-testsuite",
@@ -105,6 +113,14 @@ fn fabric_verbs_provider_in_the_guest() {
             ),
         )
         .timeout(Duration::from_secs(300)),
+        GuestCommand::shell(
+            "fabric-hostile-verbs",
+            format!(
+                "{} --ignored --exact --nocapture fabric::hostile::verbs_msg_bad_messages_end_their_link",
+                shell_quote(&backend_tests.to_string_lossy())
+            ),
+        )
+        .timeout(Duration::from_secs(120)),
         target.command(&stress, shape),
     ];
     let runner = GuestRunner::from_env()
@@ -142,6 +158,16 @@ fn fabric_verbs_provider_in_the_guest() {
         .unwrap_or_else(|| panic!("no rendezvous line from verbs_msg\n{out}"));
     assert!(reads > 0, "no large message took the fi_read path\n{out}");
     println!("fabric+verbs MSG: {reads} units fetched by fi_read");
+    let hostile = out
+        .command("fabric-hostile-verbs")
+        .unwrap_or_else(|| panic!("the hostile-peer test did not run\n{out}"));
+    assert!(
+        hostile.success()
+            && hostile
+                .output
+                .contains("test fabric::hostile::verbs_msg_bad_messages_end_their_link ... ok"),
+        "the hostile-peer test over verbs failed\n{out}"
+    );
     let r = target.check(&out, shape);
     println!(
         "fabric+verbs stress: {} delivered, {} injected faults, {} reconnects, {} leaked links",
