@@ -104,7 +104,8 @@ trait RawPeer {
     }
 
     /// Drives `t` (and the peer) until `done` holds of the peer, at most
-    /// [`ENDS_WITHIN`]; returns whether it did.
+    /// [`ENDS_WITHIN`]; returns whether it did (`t`'s events meanwhile are
+    /// kept for the next `drive`).
     fn wait_for<T: Transport>(
         &mut self,
         t: &mut T,
@@ -113,7 +114,8 @@ trait RawPeer {
     ) -> bool {
         let deadline = Instant::now() + ENDS_WITHIN;
         while !done(self) && Instant::now() < deadline {
-            let _ = drive_within(t, poll, Duration::from_millis(5), |_| false);
+            let more = drive_within(t, poll, Duration::from_millis(5), |_| false);
+            self.pending().extend(more.unwrap_or_else(|e| e));
             self.progress();
         }
         done(self)
