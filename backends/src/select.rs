@@ -73,6 +73,11 @@ pub struct RdmaPoolConfig {
     /// The RDMA backends and, where the provider checks keys (`tcp`,
     /// `verbs`: not `shm`) and the endpoints read, the libfabric backend.
     pub reg_cache_bytes: usize,
+    /// Bytes of send and receive buffers a libfabric worker's links may
+    /// hold (the `fabric_link_bytes` key): a link beyond it is refused.
+    /// A MSG link holds its own slots (4 MiB), an RDM link its share of
+    /// the endpoint's receive pool (`tcp;ofi_rxm` 1.25 MiB, `shm` 80 KiB).
+    pub fabric_link_bytes: usize,
 }
 
 /// Whether and how the libfabric backend sends large units by rendezvous
@@ -153,6 +158,7 @@ impl Default for RdmaPoolConfig {
             fabric_rendezvous: FabricRendezvous::Auto,
             fabric_cq_wait: FabricCqWait::Fd,
             reg_cache_bytes: 32 << 20,
+            fabric_link_bytes: 1 << 30,
         }
     }
 }

@@ -153,6 +153,10 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "how an idle libfabric worker waits for completions: fd (a wait fd in epoll; a 64 B tcp one-way ~0.8 us slower) or poll (no wait object, as fi_pingpong: faster per message, but polled every 1 ms while idle) (default fd)",
     ),
     (
+        "fabric_link_bytes",
+        "send and receive buffers a libfabric worker's links may hold; a link beyond it is refused (links_refused): a MSG link holds 4 MiB, an RDM link 1.25 MiB over tcp, 80 KiB over shm (default 1073741824)",
+    ),
+    (
         "faults",
         "fault injection plan, e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20 (default off)",
     ),
@@ -362,6 +366,7 @@ impl MessengerConfig {
             "rdma_rendezvous_bytes" => self.rdma.rendezvous_threshold = parse_num(key, value)?,
             "rdma_inline_bytes" => self.rdma.inline_bytes = parse_num(key, value)?,
             "rdma_reg_cache_bytes" => self.rdma.reg_cache_bytes = parse_num(key, value)?,
+            "fabric_link_bytes" => self.rdma.fabric_link_bytes = parse_num(key, value)?,
             "rdma_read_timeout_ms" => {
                 let t = ms(value)?;
                 if t.is_zero() {

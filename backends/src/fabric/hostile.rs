@@ -17,7 +17,7 @@ use msgr_proto::{FrameLimits, LinkId, Transmit};
 
 use super::rdm::{RdmTransport, HEADER_LEN};
 use super::rendezvous::{self, Described};
-use super::tests::{accepted, drive_within, in_order, send_small_frames};
+use super::tests::{accepted, drive_within, in_order, send_small_frames, stat};
 use super::{msg, FabricTransport, SLOT_SIZE};
 use crate::{FabricRendezvous, Transport, TransportContext, TransportEvent};
 
@@ -323,7 +323,7 @@ struct RawMsgPeer {
     net: Net,
     next_slot: usize,
     completions: Vec<Completion>,
-    /// The other end closed the connection.
+    /// The other end closed the connection, or refused it.
     closed: bool,
     pending: Vec<TransportEvent>,
 }
@@ -337,9 +337,17 @@ impl RawMsgPeer {
     fn connect(
         t: &mut FabricTransport,
         poll: &mut mio::Poll,
-        (provider, addr): (&str, SocketAddr),
+        to: (&str, SocketAddr),
         caps: &[u8],
     ) -> (RawMsgPeer, LinkId) {
+        let mut peer = RawMsgPeer::start(to, caps);
+        let events = peer.drive(t, poll, |e| accepted(e).is_some());
+        let link = accepted(&events).expect("accepted");
+        (peer, link)
+    }
+
+    /// Starts connecting to `addr` over `provider` (see `connect`).
+    fn start((provider, addr): (&str, SocketAddr), caps: &[u8]) -> RawMsgPeer {
         // On the domain that reaches `addr` (verbs: the device serving it).
         let site = Some(Site::Peer(addr));
         let mut net = Net::open_at(provider, EpType::Msg, 64, site, RmaChoice::IfSound)
@@ -352,17 +360,14 @@ impl RawMsgPeer {
         for slot in 0..Self::SLOTS {
             ep.post_recv(slot, RECV_BIT | slot as u64).expect("fi_recv");
         }
-        let mut peer = RawMsgPeer {
+        RawMsgPeer {
             net,
             ep,
             next_slot: 0,
             completions: Vec::new(),
             closed: false,
             pending: Vec::new(),
-        };
-        let events = peer.drive(t, poll, |e| accepted(e).is_some());
-        let link = accepted(&events).expect("accepted");
-        (peer, link)
+        }
     }
 
     fn send(&mut self, t: &mut FabricTransport, poll: &mut mio::Poll, bytes: &[u8]) {
@@ -400,7 +405,8 @@ impl RawPeer for RawMsgPeer {
             }
         }
         let key = self.ep.key();
-        if let Ok(Some(CmEvent::Shutdown(k))) = self.net.read_eq() {
+        // Shut down, or refused (an error on the connecting endpoint).
+        if let Ok(Some(CmEvent::Shutdown(k) | CmEvent::Error(k, _))) = self.net.read_eq() {
             self.closed |= k == key;
         }
     }
@@ -475,6 +481,40 @@ fn verbs_msg_bad_messages_end_their_link() {
         "rxe1 (198.51.100.1) exists only inside the QEMU test guest"
     );
     msg_bad_messages_end_their_link("verbs", "198.51.100.1");
+}
+
+/// A worker's links hold at most `fabric_link_bytes` of buffers: with room
+/// for one MSG link, a second connection is rejected (the peer hears it at
+/// once), an outgoing connect fails with the reason, both counted
+/// (`links_refused`); once the first link goes, a new one is accepted.
+#[test]
+fn tcp_msg_links_beyond_the_buffer_budget_are_refused() {
+    let mut poll = mio::Poll::new().unwrap();
+    let mut ctx = context();
+    ctx.rdma.fabric_link_bytes = 2 * msg::SLOTS * SLOT_SIZE;
+    let p = FabricProvider::new("tcp");
+    let mut t = FabricTransport::new(&p, poll.registry(), &ctx).unwrap();
+    let bound = listen(&mut t, "fabric+tcp://127.0.0.1:0");
+    let to = ("tcp", bound.socket);
+    let (first, link) = RawMsgPeer::connect(&mut t, &mut poll, to, &[]);
+    let mut second = RawMsgPeer::start(to, &[]);
+    assert!(
+        second.wait_for(&mut t, &mut poll, |p| p.closed),
+        "the second connection was not refused"
+    );
+    let events = second.run_for(&mut t, &mut poll, Duration::from_millis(200));
+    assert!(accepted(&events).is_none(), "{events:?}");
+    let err = t.connect(LinkId(1 << 40), &bound).unwrap_err().to_string();
+    assert!(err.contains("fabric_link_bytes"), "{err}");
+    assert_eq!(stat(&t, "links_refused"), 2);
+    drop(first);
+    let mut third = RawMsgPeer::start(to, &[]);
+    let events = third.drive(&mut t, &mut poll, |e| accepted(e).is_some());
+    assert!(
+        events.iter().any(|e| ends(e, link)),
+        "the first link went: {events:?}"
+    );
+    assert_eq!(stat(&t, "links_refused"), 2);
 }
 
 // ---- FI_EP_RDM -------------------------------------------------------
@@ -715,6 +755,39 @@ fn rdm_bad_messages_end_their_link(provider: &str) {
     let dial_poll = mio::Poll::new().unwrap();
     let dialer = RdmTransport::new(&p, dial_poll.registry(), &context()).unwrap();
     good_peer_gets_through((&mut t, &mut poll), (dialer, dial_poll), &bound);
+}
+
+/// With no room for a link's share of the receive pool
+/// (`fabric_link_bytes`), a HELLO is dropped (the connector's link fails by
+/// its deadline), an outgoing connect fails with the reason, both counted;
+/// the pool does not grow.
+fn rdm_links_beyond_the_buffer_budget_are_refused(provider: &str) {
+    let p = FabricProvider::new(provider).with_endpoint(FabricEndpoint::Rdm);
+    let mut poll = mio::Poll::new().unwrap();
+    let mut ctx = context();
+    ctx.rdma.fabric_link_bytes = 1;
+    let mut t = RdmTransport::new(&p, poll.registry(), &ctx).unwrap();
+    let bound = listen(&mut t, &format!("fabric+{provider}://127.0.0.1:0?ep=rdm"));
+    let mut peer = RawRdmPeer::open(provider, bound.socket);
+    let me = (7, 0xc0ff_ee07);
+    peer.hello(&mut t, &mut poll, me, &[]);
+    let events = peer.run_for(&mut t, &mut poll, Duration::from_millis(500));
+    assert!(accepted(&events).is_none(), "{events:?}");
+    assert!(peer.welcomed(me).is_none(), "welcomed");
+    let err = t.connect(LinkId(1 << 40), &bound).unwrap_err().to_string();
+    assert!(err.contains("fabric_link_bytes"), "{err}");
+    assert_eq!(stat(&t, "links_refused"), 2);
+    assert_eq!(t.link_count(), 0);
+}
+
+#[test]
+fn tcp_rxm_links_beyond_the_buffer_budget_are_refused() {
+    rdm_links_beyond_the_buffer_budget_are_refused("tcp");
+}
+
+#[test]
+fn shm_links_beyond_the_buffer_budget_are_refused() {
+    rdm_links_beyond_the_buffer_budget_are_refused("shm");
 }
 
 #[test]

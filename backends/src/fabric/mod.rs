@@ -151,6 +151,56 @@ fn read_completions<T>(
     Ok(any)
 }
 
+/// The bound on the buffers a worker's links hold (`fabric_link_bytes`):
+/// a link that would pass it is refused — an accept rejected, a HELLO
+/// dropped, a connect failed with the reason — and counted
+/// (`links_refused`). Without it a peer could make a worker allocate
+/// buffers for every link it opens (MSG: each has its own slots; RDM: an
+/// endpoint's receive pool grows per link and never shrinks) before any
+/// handshake, which bounds only the messenger's own state.
+#[derive(Debug)]
+pub(crate) struct LinkBudget {
+    /// Buffer bytes one link holds.
+    per_link: usize,
+    max: usize,
+    refused: u64,
+}
+
+impl LinkBudget {
+    pub(crate) fn new(per_link: usize, max: usize) -> Self {
+        LinkBudget {
+            per_link,
+            max,
+            refused: 0,
+        }
+    }
+
+    /// Whether one more link fits beside `links`; a refusal is counted.
+    pub(crate) fn admits(&mut self, links: usize) -> bool {
+        let fits = (links + 1).saturating_mul(self.per_link) <= self.max;
+        self.refused += u64::from(!fits);
+        fits
+    }
+
+    /// What a connect the budget refused fails with.
+    pub(crate) fn refusal(&self, links: usize) -> TransportError {
+        let why = format!(
+            "{links} links hold {} bytes of buffers; one more would pass fabric_link_bytes ({})",
+            links.saturating_mul(self.per_link),
+            self.max
+        );
+        TransportError::io(
+            "fabric link buffers",
+            std::io::Error::new(std::io::ErrorKind::OutOfMemory, why),
+        )
+    }
+
+    /// `links_refused`, for the transport's stats.
+    pub(crate) fn values(&self) -> [(&'static str, u64); 1] {
+        [("links_refused", self.refused)]
+    }
+}
+
 /// `Transport::simulate` of both endpoint types: `HungRead` hangs the
 /// link's next rendezvous read, `CqReadError` fails the next CQ read
 /// (module docs). `receiving` is the link's, `None` if there is no such link.

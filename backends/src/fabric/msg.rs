@@ -106,7 +106,7 @@ use super::rendezvous::{
 use super::wait_fd::CqWaitFd;
 use super::{
     fab_err, no_half_close, no_migration, open_net, probe, rdm, read_completions, simulate_fault,
-    CqParts, NetOptions, OutOfSlot, QueueFailures, CQ_BATCH, SLOT_SIZE,
+    CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures, CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
@@ -407,6 +407,8 @@ pub struct FabricTransport {
     /// What the configuration asked of the Net (to reopen it).
     net_options: NetOptions,
     queue_failures: QueueFailures,
+    /// The bound on the links' buffers (`fabric_link_bytes`).
+    link_budget: LinkBudget,
     /// The clock of the worker's current poll.
     now: Instant,
 }
@@ -471,6 +473,7 @@ impl FabricTransport {
             read_timeout: ctx.rdma.read_timeout,
             net_options,
             queue_failures: QueueFailures::default(),
+            link_budget: LinkBudget::new(2 * SLOTS * SLOT_SIZE, ctx.rdma.fabric_link_bytes),
             now: Instant::now(),
             net,
         })
@@ -624,15 +627,22 @@ impl FabricTransport {
     /// connector fails at once (`FI_ECONNREFUSED`) rather than by its set-up
     /// deadline; after that, dropping the endpoint tells the connector.
     fn accept(&mut self, req: ConnReq) {
-        let Some((&listener, _)) = self
+        let Some((&listener, pep)) = self
             .listeners
-            .iter()
+            .iter_mut()
             .find(|(_, pep)| pep.key() == req.listener())
         else {
             // Its listener is closed: nothing left to reject it with.
             tracing::debug!("fabric connection request for a closed listener, dropped");
             return;
         };
+        if !self.link_budget.admits(self.links.len()) {
+            tracing::debug!("fabric connection refused: fabric_link_bytes reached");
+            if let Err(e) = pep.reject(req) {
+                tracing::warn!(error = %e, "fi_reject failed");
+            }
+            return;
+        }
         let peer = req
             .peer()
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
@@ -1358,6 +1368,9 @@ impl Transport for FabricTransport {
     }
 
     fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
+        if !self.link_budget.admits(self.links.len()) {
+            return Err(self.link_budget.refusal(self.links.len()));
+        }
         self.settle_domain(Site::Peer(addr.socket))?;
         let mut ep = self
             .net
@@ -1519,6 +1532,7 @@ impl Transport for FabricTransport {
                     .values(self.rndv.is_some(), self.net.rma_in_use());
                 v.extend(self.queue_failures.values());
                 v.extend(self.reg_cache.values());
+                v.extend(self.link_budget.values());
                 v
             },
         }

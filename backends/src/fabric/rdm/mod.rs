@@ -136,7 +136,7 @@ use super::rendezvous::{self, Counters, DescError, OutUnit};
 use super::wait_fd::CqWaitFd;
 use super::{
     no_half_close, no_migration, open_net, probe, read_completions, rma_choice, simulate_fault,
-    CqParts, NetOptions, QueueFailures, CQ_BATCH, SLOT_SIZE,
+    CqParts, LinkBudget, NetOptions, QueueFailures, CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
@@ -228,6 +228,9 @@ pub struct RdmTransport {
     /// Times the outgoing endpoint was replaced (`out_port_replacements`).
     out_port_replacements: u64,
     queue_failures: QueueFailures,
+    /// The bound on the links' share of the receive pools
+    /// (`fabric_link_bytes`).
+    link_budget: LinkBudget,
     net: Net,
     kind: TransportKind,
     registry: Registry,
@@ -351,6 +354,7 @@ impl RdmTransport {
             out_port: None,
             out_port_replacements: 0,
             queue_failures: QueueFailures::default(),
+            link_budget: LinkBudget::new(LINK_BLOCK * slot_size, ctx.rdma.fabric_link_bytes),
             net,
             kind,
             registry,
@@ -1063,6 +1067,11 @@ impl RdmTransport {
             rendezvous::peer_op(caps),
             rendezvous::peer_late_epilogue(caps),
         );
+        if !self.link_budget.admits(self.links.len()) {
+            // The connector's link fails by its deadline, never welcomed.
+            tracing::debug!("HELLO dropped: fabric_link_bytes reached");
+            return;
+        }
         let peer = match port.peer(name) {
             Ok(p) => p,
             Err(e) => {
@@ -1527,6 +1536,9 @@ impl Transport for RdmTransport {
     }
 
     fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
+        if !self.link_budget.admits(self.links.len()) {
+            return Err(self.link_budget.refusal(self.links.len()));
+        }
         let name = self
             .net
             .resolve(addr.socket)
@@ -1728,6 +1740,7 @@ impl Transport for RdmTransport {
         values.push(("out_port_replacements", self.out_port_replacements));
         values.extend(self.queue_failures.values());
         values.extend(self.reg_cache.values());
+        values.extend(self.link_budget.values());
         TransportStats {
             kind: self.kind.clone(),
             values,
