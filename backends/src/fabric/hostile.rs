@@ -9,14 +9,12 @@ use std::time::{Duration, Instant};
 
 use mio::Token;
 use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider};
-use msgr_fabric::{
-    CmEvent, Completion, Ep, EpType, Exposed, Net, PeerAddr, RdmEp, RmaChoice, RmaOp, Site,
-};
+use msgr_fabric::{CmEvent, Completion, Ep, EpType, Net, PeerAddr, RdmEp, RmaChoice, RmaOp, Site};
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::{FrameLimits, LinkId, Transmit};
 
 use super::rdm::{RdmTransport, HEADER_LEN};
-use super::rendezvous::{self, Described};
+use super::rendezvous;
 use super::tests::{accepted, drive_within, in_order, send_small_frames, stat};
 use super::{msg, FabricTransport, SLOT_SIZE};
 use crate::{FabricRendezvous, Transport, TransportContext, TransportEvent};
@@ -173,30 +171,6 @@ enum Rndv {
     Epilogue,
 }
 
-/// A descriptor's body of `len` bytes at an address and key the
-/// transport was never given.
-fn descriptor(len: u64) -> Vec<u8> {
-    let d = Described {
-        x: Exposed {
-            id: 1,
-            addr: 0x10_0000,
-            len,
-            key: 0xdead_beef,
-            check: 0x5eed,
-            word: None,
-            write: false,
-        },
-        inline: Vec::new(),
-        at: 0,
-        in_place: false,
-        late: None,
-    };
-    let mut buf = vec![0; rendezvous::DESC_MAX];
-    let n = rendezvous::encode(&mut buf, &d);
-    buf.truncate(n);
-    buf
-}
-
 /// Rendezvous messages no msgr peer sends, one case a link: what it is
 /// and its messages.
 fn rendezvous_cases() -> Vec<Case<(Rndv, Vec<u8>)>> {
@@ -212,11 +186,11 @@ fn rendezvous_cases() -> Vec<Case<(Rndv, Vec<u8>)>> {
         ),
         (
             "a descriptor beyond the frame limit",
-            vec![(Rndv::Descriptor, descriptor(u64::MAX))],
+            vec![(Rndv::Descriptor, rendezvous::test_descriptor(u64::MAX))],
         ),
         (
             "a descriptor of memory never exposed",
-            vec![(Rndv::Descriptor, descriptor(100_000))],
+            vec![(Rndv::Descriptor, rendezvous::test_descriptor(100_000))],
         ),
         (
             "an answer for no unit",

@@ -76,6 +76,9 @@ mod wire;
 pub use receiving::*;
 pub use sending::*;
 pub use unit::*;
+/// A descriptor no endpoint exposed, for tests (the hostile peers').
+#[cfg(test)]
+pub(crate) use wire::tests::desc as test_descriptor;
 pub use wire::*;
 
 use std::time::{Duration, Instant};

@@ -281,7 +281,7 @@ pub fn decode_done(body: &[u8]) -> Option<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     use super::super::tests::{big_frame, exposed};
@@ -312,7 +312,9 @@ mod tests {
         b
     }
 
-    fn desc(len: u64) -> Vec<u8> {
+    /// A descriptor's body of `len` bytes, at a fixture's address and key
+    /// (never registered anywhere) with check word 0x5eed.
+    pub(crate) fn desc(len: u64) -> Vec<u8> {
         described(len, 0x5eed, &[], 0)
     }
 
