@@ -50,6 +50,12 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
          for transports that check integrity themselves (RDMA); headers stay checked",
     ),
     (
+        "batch_max_bytes",
+        "largest batch frame a session writes (default 16384; 0 = a frame per message, or \
+         256..=65536): messages of at most a quarter of it that are queued together travel \
+         in one frame with one CRC32C (docs/PROTOCOL.md)",
+    ),
+    (
         "busy_poll_us",
         "busy-poll window after activity before blocking, in µs (default 200; 0 = never spin)",
     ),
@@ -355,6 +361,21 @@ impl MessengerConfig {
             "backoff_max_ms" => s.backoff_max = ms(value)?,
             "max_queued_messages" => s.max_queued_messages = parse_num(key, value)?,
             "max_queued_bytes" => s.max_queued_bytes = parse_num(key, value)?,
+            "batch_max_bytes" => {
+                let n: usize = parse_num(key, value)?;
+                // A batch must hold at least one small message, and fit the
+                // header-segment limit (64 KiB) every peer enforces.
+                const MIN: usize = 256;
+                let max = s.limits.max_segment[0] as usize;
+                if n != 0 && !(MIN..=max).contains(&n) {
+                    return Err(ConfigError::BadValue {
+                        key: key.into(),
+                        value: value.into(),
+                        why: format!("0 (no batches) or {MIN} to {max}"),
+                    });
+                }
+                s.batch_max_bytes = n;
+            }
             "max_front_bytes" => s.limits.max_segment[1] = parse_num(key, value)?,
             "max_data_bytes" => s.limits.max_segment[2] = parse_num(key, value)?,
             "rx_throttle_messages" => self.rx_throttle_messages = parse_num(key, value)?,
@@ -491,12 +512,27 @@ mod tests {
                 "fabric_rendezvous" => "off",
                 "fabric_cq_wait" => "poll",
                 "worker_cpus" => "0",
+                "batch_max_bytes" => "4096",
                 _ => "3",
             };
             MessengerConfig::default()
                 .set(key, value)
                 .unwrap_or_else(|e| panic!("{key}: {e}"));
         }
+    }
+
+    #[test]
+    fn batch_max_bytes_is_zero_or_within_a_header_segment() {
+        let mut cfg = MessengerConfig::default();
+        assert_eq!(cfg.session.batch_max_bytes, 16 << 10);
+        cfg.set("batch_max_bytes", "0").unwrap();
+        assert_eq!(cfg.session.batch_max_bytes, 0);
+        cfg.set("batch_max_bytes", "65536").unwrap();
+        for bad in ["1", "255", "65537"] {
+            let e = cfg.set("batch_max_bytes", bad).unwrap_err().to_string();
+            assert!(e.contains("256 to 65536"), "{bad}: {e}");
+        }
+        assert_eq!(cfg.session.batch_max_bytes, 65536);
     }
 
     #[test]

@@ -372,6 +372,11 @@ impl Connection {
     }
 }
 
+/// Bytes of a connection handle's shared part (one per session).
+pub(crate) fn handle_bytes() -> usize {
+    std::mem::size_of::<ConnInner>()
+}
+
 impl ConnInner {
     /// Hands a command to the owning worker: directly if we are on that
     /// worker's thread (a dispatcher callback), else through its channel.

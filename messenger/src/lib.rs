@@ -54,7 +54,7 @@ pub use connection::{Connection, ConnectionState, ConnectionStatus, SendError};
 pub use counters::Counters;
 pub use dispatcher::{Dispatcher, NullDispatcher};
 pub use faults::{FaultPlan, FaultPlanError};
-pub use messenger::{Messenger, MessengerBuilder, MessengerError, ShutdownReport};
+pub use messenger::{MemoryUse, Messenger, MessengerBuilder, MessengerError, ShutdownReport};
 pub use msgr_addr::{AddrVec, EntityAddr, EntityName, TransportKind};
 pub use msgr_backends::{
     availability, rendezvous_withheld, Availability, FabricCqWait, FabricRendezvous,

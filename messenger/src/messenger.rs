@@ -368,6 +368,51 @@ impl Messenger {
     /// m.shutdown(std::time::Duration::from_secs(1));
     /// ```
     pub fn transport_stats(&self) -> Vec<TransportStats> {
+        self.worker_stats().0
+    }
+
+    /// The memory this messenger holds for its connections, as its parts
+    /// account for it: session state (engines, queue capacity, the
+    /// workers' per-session slots and handles) and the transports' link
+    /// buffers (TCP: send queues and receive buffers). Queued and
+    /// delivered payloads are not in it (the application's: see
+    /// [`Messenger::rx_held`]), nor the kernel's socket buffers, nor the
+    /// RDMA and libfabric backends' pools (sized at start, not per
+    /// connection: see their `transport_stats`). Divide by the sessions
+    /// for what an idle connection costs ([`MemoryUse::per_session`]).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, NullDispatcher};
+    /// let mut m = Messenger::builder(EntityName::client(1))
+    ///     .start(Arc::new(NullDispatcher))
+    ///     .unwrap();
+    /// let mem = m.memory();
+    /// assert_eq!((mem.sessions, mem.per_session()), (0, 0));
+    /// m.shutdown(std::time::Duration::from_secs(1));
+    /// ```
+    pub fn memory(&self) -> MemoryUse {
+        let (transports, sessions, session_bytes) = self.worker_stats();
+        let gauge = |name| {
+            transports
+                .iter()
+                .flat_map(|t| &t.values)
+                .filter(|(n, _)| *n == name)
+                .map(|(_, v)| *v as usize)
+                .sum()
+        };
+        MemoryUse {
+            sessions,
+            session_bytes,
+            links: gauge("links"),
+            link_buffer_bytes: gauge("buffer_bytes"),
+        }
+    }
+
+    /// Every worker's transport stats, merged by backend, and the sessions'
+    /// count and bytes. A worker that does not answer within a second is
+    /// left out.
+    fn worker_stats(&self) -> (Vec<TransportStats>, usize, usize) {
         let (tx, rx) = std::sync::mpsc::channel();
         for w in &self.shared.workers {
             w.submit(Command::Stats { reply: tx.clone() });
@@ -375,12 +420,15 @@ impl Messenger {
         drop(tx);
         let deadline = Instant::now() + Duration::from_secs(1);
         let mut merged: Vec<TransportStats> = Vec::new();
+        let (mut sessions, mut session_bytes) = (0, 0);
         for _ in 0..self.shared.workers.len() {
             let left = deadline.saturating_duration_since(Instant::now());
             let Ok(per_worker) = rx.recv_timeout(left) else {
                 break;
             };
-            for s in per_worker {
+            sessions += per_worker.sessions;
+            session_bytes += per_worker.session_bytes;
+            for s in per_worker.transports {
                 match merged.iter_mut().find(|m| m.kind == s.kind) {
                     Some(m) => {
                         for (name, v) in s.values {
@@ -394,7 +442,7 @@ impl Messenger {
                 }
             }
         }
-        merged
+        (merged, sessions, session_bytes)
     }
 
     /// Stops listening, lets every session drain what it has queued until
@@ -422,6 +470,30 @@ impl Messenger {
         self.shared.registry.lock().clear();
         self.report = Some(report);
         report
+    }
+}
+
+/// Memory a messenger holds for its connections ([`Messenger::memory`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// Sessions alive (handshakes under way included).
+    pub sessions: usize,
+    /// Bytes of session state: engines, queue capacity, per-session slots.
+    pub session_bytes: usize,
+    /// Transport links open (backends that count them: TCP).
+    pub links: usize,
+    /// Bytes of the links' buffers (backends that count them: TCP).
+    pub link_buffer_bytes: usize,
+}
+
+impl MemoryUse {
+    /// Bytes per session, session state and link buffers together: what
+    /// one idle connection costs when the messenger holds only idle ones.
+    /// 0 without sessions.
+    pub fn per_session(&self) -> usize {
+        (self.session_bytes + self.link_buffer_bytes)
+            .checked_div(self.sessions)
+            .unwrap_or(0)
     }
 }
 

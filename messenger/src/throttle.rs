@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use msgr_proto::Message;
+use msgr_proto::batch::{BATCH_HEADER_LEN, MIN_ENTRY_LEN};
+use msgr_proto::{Inbound, Message, Tag};
 use parking_lot::Mutex;
 
 /// Bits of [`RxThrottle::held`] that count bytes; the messages are above.
@@ -72,22 +73,62 @@ impl RxThrottle {
     /// carrying the guard is dropped everywhere.
     pub(crate) fn charge(self: &Arc<Self>, msg: &mut Message) {
         let len = msg.payload_len();
-        self.held.fetch_add(charge_of(len), Ordering::AcqRel);
         let seg = if msg.data.is_empty() {
             &mut msg.front
         } else {
             &mut msg.data
         };
+        self.guard(seg, 1, len);
+    }
+
+    /// Charges what a unit received for a session will deliver, before the
+    /// session reads it: a message frame its message; a batch frame its
+    /// entries and its body's bytes, with one guard on the body that every
+    /// message of the batch shares (one allocation and one atomic add per
+    /// batch, not per message; the charge returns when the last of them
+    /// drops, which is when the body's memory is freed). Control frames
+    /// are not charged.
+    pub(crate) fn charge_unit(self: &Arc<Self>, unit: &mut Inbound) {
+        match unit {
+            Inbound::Message(m) => self.charge(&mut m.msg),
+            Inbound::Frame(f) if f.tag == Tag::MessageBatch => {
+                if let Some(body) = f.segments.first_mut() {
+                    // The claim is checked by the session after this: bound it
+                    // by what the body can hold so a hostile count cannot
+                    // overflow the message bits.
+                    let claimed = msgr_proto::batch::claimed_count(body) as usize;
+                    let room = body.len().saturating_sub(BATCH_HEADER_LEN) / MIN_ENTRY_LEN;
+                    let n = claimed.min(room).max(1);
+                    let len = body.len();
+                    self.guard(body, n as u64, len);
+                }
+            }
+            // A message frame a transport assembled from pieces: header,
+            // front, data.
+            Inbound::Frame(f) if f.tag == Tag::Message && f.segments.len() == 3 => {
+                let len = f.segments[1].len() + f.segments[2].len();
+                let at = if f.segments[2].is_empty() { 1 } else { 2 };
+                self.guard(&mut f.segments[at], 1, len);
+            }
+            _ => {}
+        }
+    }
+
+    /// Wraps `seg` in a guard that holds `messages` messages and `len`
+    /// bytes charged until it is dropped everywhere.
+    fn guard(self: &Arc<Self>, seg: &mut Bytes, messages: u64, len: usize) {
+        let charge = charge_of(messages, len);
+        self.held.fetch_add(charge, Ordering::AcqRel);
         let inner = std::mem::take(seg);
         *seg = Bytes::from_owner(Guarded {
             throttle: self.clone(),
-            len,
+            charge,
             inner,
         });
     }
 
-    fn release(&self, len: usize) {
-        self.held.fetch_sub(charge_of(len), Ordering::AcqRel);
+    fn release(&self, charge: u64) {
+        self.held.fetch_sub(charge, Ordering::AcqRel);
         if self.paused.load(Ordering::SeqCst)
             && !self.full()
             && self.paused.swap(false, Ordering::SeqCst)
@@ -99,10 +140,11 @@ impl RxThrottle {
     }
 }
 
-/// What one message of `len` payload bytes adds to [`RxThrottle::held`]
-/// (a frame's limit keeps `len` far below 2^40).
-fn charge_of(len: usize) -> u64 {
-    (1 << BYTE_BITS) | (len as u64 & BYTE_MASK)
+/// What `messages` messages of `len` payload bytes add to
+/// [`RxThrottle::held`] (a frame's limit keeps `len` far below 2^40, and
+/// a frame's bytes bound its messages far below 2^24).
+fn charge_of(messages: u64, len: usize) -> u64 {
+    (messages << BYTE_BITS) | (len as u64 & BYTE_MASK)
 }
 
 /// [`RxThrottle::held`] as (messages, bytes).
@@ -113,7 +155,8 @@ fn split(held: u64) -> (usize, usize) {
 /// A segment that returns its throttle charge when dropped.
 struct Guarded {
     throttle: Arc<RxThrottle>,
-    len: usize,
+    /// What [`RxThrottle::held`] was charged.
+    charge: u64,
     inner: Bytes,
 }
 
@@ -125,7 +168,7 @@ impl AsRef<[u8]> for Guarded {
 
 impl Drop for Guarded {
     fn drop(&mut self) {
-        self.throttle.release(self.len);
+        self.throttle.release(self.charge);
     }
 }
 
@@ -150,6 +193,49 @@ mod tests {
         assert!(!t.full());
         assert_eq!(&a.front[..], b"abc");
         drop(a);
+        assert_eq!(t.held(), (0, 0));
+    }
+
+    /// A batch frame is charged once, for all its entries and its body's
+    /// bytes, and stays charged until the last message read from it drops;
+    /// a hostile entry count is bounded by what the body could hold.
+    #[test]
+    fn a_batch_is_charged_once_until_its_last_message_drops() {
+        use msgr_proto::batch::{BatchReader, BatchWriter};
+        use msgr_proto::Frame;
+        let t = RxThrottle::new(1 << 20, 1 << 30);
+        let mut buf = bytes::BytesMut::new();
+        let mut w = BatchWriter::begin(&mut buf, 1, 0, 4096);
+        for i in 0..3u8 {
+            assert!(w.push(&Message::new(1, Bytes::new(), vec![i; 64])));
+        }
+        let body = w.finish();
+        let len = body.len();
+        let mut unit = Inbound::Frame(Frame::single(Tag::MessageBatch, body));
+        t.charge_unit(&mut unit);
+        assert_eq!(t.held(), (3, len));
+        let Inbound::Frame(f) = unit else {
+            unreachable!()
+        };
+        let msgs: Vec<Message> = BatchReader::new(f.segments[0].clone())
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        drop(f);
+        let mut msgs = msgs.into_iter();
+        let last = msgs.next_back().unwrap();
+        drop(msgs);
+        assert_eq!(t.held(), (3, len), "a message of the batch is still held");
+        assert_eq!(last.data[..], [2u8; 64]);
+        drop(last);
+        assert_eq!(t.held(), (0, 0));
+
+        let mut hostile = vec![0u8; 30];
+        hostile[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        let mut unit = Inbound::Frame(Frame::single(Tag::MessageBatch, hostile));
+        t.charge_unit(&mut unit);
+        assert_eq!(t.held(), (1, 30), "a claim bounded by the body");
+        drop(unit);
         assert_eq!(t.held(), (0, 0));
     }
 

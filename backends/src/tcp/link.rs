@@ -75,6 +75,18 @@ impl SendQueue {
         self.len
     }
 
+    /// Bytes of memory the queue holds: its unsent chunks and its tail's
+    /// allocation.
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        let chunks: usize = self
+            .chunks
+            .iter()
+            .filter_map(Chunk::data)
+            .map(Bytes::len)
+            .sum();
+        chunks + self.tail.capacity()
+    }
+
     /// Appends a unit; segments above `copy_threshold` are referenced, not
     /// copied. `defer_crc`: a large frame's epilogue may wait for its
     /// segments to be written ([`Chunk::Epilogue`]); false on a link
@@ -323,6 +335,12 @@ impl TcpLink {
             shelf,
             rx_lendable: false,
         }
+    }
+
+    /// Bytes of memory the link's buffers hold (send queue and receive
+    /// buffer), for the transport's `buffer_bytes` gauge.
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        self.tx.buffer_bytes() + self.rx.capacity()
     }
 
     /// Whether the link's traffic goes back and forth in small units: less

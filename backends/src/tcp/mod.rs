@@ -51,7 +51,7 @@ use crate::shelf::Shelf;
 use crate::wire::ConnectProgress;
 use crate::{
     DetachedLink, RealFault, Transport, TransportContext, TransportError, TransportEvent,
-    LISTENER_TOKEN_BASE,
+    TransportStats, LISTENER_TOKEN_BASE,
 };
 use bytes::BytesMut;
 use link::{TcpLink, READ_BUDGET, SHELF_BYTES};
@@ -541,6 +541,21 @@ impl Transport for TcpTransport {
 
     fn link_count(&self) -> usize {
         self.links.len()
+    }
+
+    /// `links` open and the `buffer_bytes` their send queues and receive
+    /// buffers hold (with the per-link structure): what an idle
+    /// connection costs this transport.
+    fn stats(&self) -> TransportStats {
+        let buffers: usize = self.links.values().map(TcpLink::buffer_bytes).sum();
+        let structs = self.links.len() * std::mem::size_of::<(LinkId, TcpLink)>();
+        TransportStats {
+            kind: self.kind(),
+            values: vec![
+                ("links", self.links.len() as u64),
+                ("buffer_bytes", (buffers + structs) as u64),
+            ],
+        }
     }
 
     fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {

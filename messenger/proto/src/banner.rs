@@ -29,8 +29,12 @@ pub mod features {
     /// For transports with their own integrity check (RDMA's ICRC, iWARP's
     /// MPA CRC, TLS) where the CRC is the largest per-byte cost left.
     pub const UNCHECKED_PAYLOAD: u64 = 1 << 4;
+    /// This side reads batch frames (`Tag::MessageBatch`, see
+    /// `crate::batch`): a peer may send it small messages many to a
+    /// frame. A side writes batches only to a peer that offered this.
+    pub const BATCH: u64 = 1 << 5;
     /// Everything this build supports by default.
-    pub const SUPPORTED: u64 = CRC32C | RECONNECT | CREDITS | RENDEZVOUS;
+    pub const SUPPORTED: u64 = CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
 }

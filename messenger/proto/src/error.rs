@@ -106,6 +106,9 @@ pub enum ProtocolError {
     /// Bad banner.
     #[error(transparent)]
     Banner(#[from] BannerError),
+    /// A batch frame's body does not parse.
+    #[error(transparent)]
+    Batch(#[from] crate::batch::BatchError),
     /// A frame arrived in a state where it is not allowed.
     #[error("unexpected {tag:?} frame while {state}")]
     Unexpected {

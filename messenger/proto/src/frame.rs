@@ -67,6 +67,10 @@ pub enum Tag {
     RendezvousFinish = 12,
     /// Orderly end of the session; carries a reason.
     Close = 13,
+    /// Many small application messages: one segment, the batch body
+    /// ([`crate::batch`]); sent only where both banners offered
+    /// [`crate::banner::features::BATCH`].
+    MessageBatch = 14,
 }
 
 impl Tag {
@@ -86,6 +90,7 @@ impl Tag {
             11 => Tag::RendezvousRequest,
             12 => Tag::RendezvousFinish,
             13 => Tag::Close,
+            14 => Tag::MessageBatch,
             _ => return None,
         })
     }

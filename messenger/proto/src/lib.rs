@@ -4,6 +4,7 @@
 //! - [`frame`]: where a frame is encoded and decoded (preamble, segments, CRC32C).
 //! - [`banner`]: the first bytes of every connection; version and features.
 //! - [`message`]: application messages and their frame form; [`codec`] for typed payloads.
+//! - [`batch`]: many small messages in one frame (one preamble, one CRC32C).
 //! - [`control`]: payloads of the session's control frames.
 //! - [`stream`]: the units transports move, and the byte-stream splitter.
 //! - [`session`]: the session engine — handshake, seq/ack, replay, reconnect,
@@ -17,6 +18,7 @@
 
 pub mod arena;
 pub mod banner;
+pub mod batch;
 pub mod checksum;
 pub mod codec;
 pub mod control;

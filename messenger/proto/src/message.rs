@@ -63,6 +63,27 @@ impl Message {
         }
     }
 
+    /// A message as read off the wire with its sequence number (a batch
+    /// entry), built in one go.
+    pub(crate) fn received(
+        msg_type: u16,
+        priority: u8,
+        flags: u8,
+        seq: u64,
+        front: Bytes,
+        data: Bytes,
+    ) -> Message {
+        Message {
+            msg_type,
+            priority,
+            flags,
+            front,
+            data,
+            seq,
+            data_crc: CrcMemo::NONE,
+        }
+    }
+
     /// A message whose front segment is `value` encoded with the default codec (postcard).
     pub fn encode<T: Serialize>(msg_type: u16, value: &T) -> Result<Message, CodecError> {
         Message::encode_with(&Postcard, msg_type, value)

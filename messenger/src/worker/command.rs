@@ -23,12 +23,23 @@ pub(crate) enum Command {
     /// Take over an accepted link whose session lives here. Boxed: rare,
     /// and five times the size of a `Send`, which every command would pay.
     Adopt(Box<Adoption>),
-    /// Report the backends' own counters.
+    /// Report the backends' own counters and the sessions' memory.
     Stats {
-        reply: std::sync::mpsc::Sender<Vec<TransportStats>>,
+        reply: std::sync::mpsc::Sender<WorkerStats>,
     },
     /// Stop listening, close sessions, stop by the deadline.
     Shutdown { deadline: Instant },
+}
+
+/// What a worker reports for [`Command::Stats`].
+pub(crate) struct WorkerStats {
+    /// Each of its transports' own counters and gauges.
+    pub(crate) transports: Vec<TransportStats>,
+    /// Sessions it owns, and those whose handshake is under way.
+    pub(crate) sessions: usize,
+    /// Bytes their state holds: engines, queues' capacity, the worker's
+    /// per-session slot and the connection handle's shared part.
+    pub(crate) session_bytes: usize,
 }
 
 /// An accepted, identified link on its way to the worker that owns its

@@ -31,7 +31,7 @@ use msgr_proto::{
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use command::Adoption;
-pub(crate) use command::{Command, LinkFault};
+pub(crate) use command::{Command, LinkFault, WorkerStats};
 
 use crate::connection::{Connection, ConnectionState, LOCAL_WORKER};
 use crate::counters::Counters;
@@ -526,7 +526,17 @@ impl Worker {
                 }
             }
             Command::Stats { reply } => {
-                let _ = reply.send(self.transports.iter().map(|t| t.stats()).collect());
+                let slots = self.sessions.values().map(|s| {
+                    std::mem::size_of::<(u64, Slot)>()
+                        + crate::connection::handle_bytes()
+                        + s.session.memory_bytes()
+                });
+                let pending = self.pending.values().map(Session::memory_bytes);
+                let _ = reply.send(WorkerStats {
+                    transports: self.transports.iter().map(|t| t.stats()).collect(),
+                    sessions: self.sessions.len() + self.pending.len(),
+                    session_bytes: slots.chain(pending).sum(),
+                });
             }
             Command::Adopt(adoption) => {
                 let Adoption {
@@ -680,10 +690,11 @@ impl Worker {
                         self.touch(k);
                     }
                 }
-                TransportEvent::Received(link, unit) => {
+                TransportEvent::Received(link, mut unit) => {
                     match self.links.get(&link).map(|e| e.owner) {
                         Some(Owner::Session(k)) => {
                             if let Some(s) = self.sessions.get_mut(&k) {
+                                self.shared.throttle.charge_unit(&mut unit);
                                 if s.session.handle_inbound(link, unit, now).is_err() {
                                     Counters::add(&self.shared.counters.protocol_errors, 1);
                                 }
@@ -869,7 +880,7 @@ impl Worker {
             }
             other => tracing::debug!(event = ?other, "session event"),
         }
-        if let SessionEvent::Message(mut msg) = ev {
+        if let SessionEvent::Message(msg) = ev {
             // The hot case, borrowing the connection: a clone of it is an
             // atomic count up and down per message.
             let Some(slot) = self.sessions.get(&key) else {
@@ -877,7 +888,8 @@ impl Worker {
             };
             // Counted with the session's other figures once it is driven
             // (`drive`): not two atomic additions before every delivery.
-            self.shared.throttle.charge(&mut msg);
+            // Charged to the receive throttle when its unit arrived
+            // (`RxThrottle::charge_unit`).
             self.shared.dispatcher.on_message(&slot.conn, msg);
             return;
         }

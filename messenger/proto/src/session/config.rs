@@ -28,6 +28,11 @@ impl Policy {
     }
 }
 
+/// [`SessionConfig::batch_max_bytes`] by default: a quarter of the RDMA
+/// transports' default receive chunk (32 KiB), so a batch is one receive
+/// there; 4 KiB messages at most go into batches.
+pub const DEFAULT_BATCH_MAX_BYTES: usize = 16 << 10;
+
 /// Tunables of one session. The defaults suit a LAN; tests shrink the timers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionConfig {
@@ -61,6 +66,16 @@ pub struct SessionConfig {
     /// `false` on both sides of a link skips it (negotiated in the banner);
     /// frame preambles and message headers are always checked.
     pub payload_crc: bool,
+    /// Largest batch frame body this side writes, in bytes
+    /// ([`crate::batch`]); 0 sends every message in a frame of its own.
+    /// Messages whose payload is at most a quarter of it go into batch
+    /// frames where the peer reads them (`features::BATCH`): whatever is
+    /// queued when the session transmits, never waiting for more. Larger
+    /// messages keep frames of their own (their data segment referenced,
+    /// not copied, and checksummed apart). Keep it within one receive
+    /// buffer of the RDMA transports (`rdma_chunk_size`) and at most the
+    /// peer's header-segment limit (64 KiB).
+    pub batch_max_bytes: usize,
 }
 
 impl Default for SessionConfig {
@@ -80,6 +95,7 @@ impl Default for SessionConfig {
             max_in_flight_messages: 16 * 1024,
             max_in_flight_bytes: 32 << 20,
             payload_crc: true,
+            batch_max_bytes: DEFAULT_BATCH_MAX_BYTES,
         }
     }
 }

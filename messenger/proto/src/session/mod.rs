@@ -22,9 +22,12 @@ use std::time::{Duration, Instant};
 
 use msgr_addr::{EntityAddr, EntityName};
 
-pub use config::{Policy, SessionConfig};
+pub use config::{Policy, SessionConfig, DEFAULT_BATCH_MAX_BYTES};
+
+use bytes::BytesMut;
 
 use crate::banner::{features, Banner};
+use crate::batch::{BatchReader, BatchWriter, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD};
 use crate::control::{
     control_frame, parse_control, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk,
 };
@@ -276,6 +279,19 @@ pub struct Session {
     rx_paused: bool,
     hello: Option<Hello>,
     stats: SessionStats,
+    /// Where batch frames are written; its allocation is reused once the
+    /// transport is done with the previous batch.
+    batch_buf: BatchBuffer,
+}
+
+/// A session's batch buffer, whose Debug shows no payload bytes.
+#[derive(Default)]
+struct BatchBuffer(BytesMut);
+
+impl std::fmt::Debug for BatchBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BatchBuffer({} bytes reserved)", self.0.capacity())
+    }
 }
 
 impl Session {
@@ -315,6 +331,7 @@ impl Session {
             rx_paused: false,
             hello: None,
             stats: SessionStats::default(),
+            batch_buf: BatchBuffer::default(),
         }
     }
 
@@ -420,6 +437,18 @@ impl Session {
         self.lossless
             && (self.sent_seq - self.acked_seq >= self.cfg.max_in_flight_messages
                 || self.in_flight_bytes >= self.cfg.max_in_flight_bytes)
+    }
+
+    /// Bytes this session's state holds: the engine itself and the
+    /// capacity of its queues and batch buffer (queued payloads excluded:
+    /// they are the application's, shared with it). What an idle
+    /// connection costs, summed by the messenger (`Messenger::memory`).
+    pub fn memory_bytes(&self) -> usize {
+        std::mem::size_of::<Session>()
+            + self.queue.capacity() * std::mem::size_of::<Message>()
+            + self.ctrl.capacity() * std::mem::size_of::<Transmit>()
+            + self.events.capacity() * std::mem::size_of::<SessionEvent>()
+            + self.batch_buf.0.capacity()
     }
 
     /// Counters of this session.
@@ -616,9 +645,12 @@ impl Session {
             return None;
         }
         if self.sent_seq < self.out_seq && !self.window_full() {
-            let front = self.queue.front().map_or(self.sent_seq + 1, |m| m.seq);
-            let idx = (self.sent_seq + 1 - front) as usize;
-            let msg = self.queue.get(idx)?;
+            let msg = self.next_unsent()?;
+            if self.batchable(msg) {
+                let batch = self.transmit_batch();
+                self.last_tx = now;
+                return Some((link, batch));
+            }
             let flags = if self.features & features::UNCHECKED_PAYLOAD != 0 {
                 FLAG_UNCHECKED_PAYLOAD
             } else {
@@ -629,17 +661,8 @@ impl Session {
                 ack: self.in_seq,
                 flags,
             };
-            self.stats.tx_messages += 1;
-            self.stats.tx_bytes += msg.payload_len() as u64;
             self.acked_in_seq = self.in_seq;
-            self.sent_seq += 1;
-            if self.lossless {
-                self.in_flight_bytes += msg.payload_len();
-            } else {
-                // Lossy: nothing is replayed, so nothing is kept.
-                self.pop_queued();
-                self.acked_seq = self.sent_seq;
-            }
+            self.count_transmitted(frame.msg.payload_len());
             self.last_tx = now;
             return Some((link, Transmit::Message(frame)));
         }
@@ -652,6 +675,71 @@ impl Session {
             ));
         }
         None
+    }
+
+    /// The first queued message not transmitted on this link yet.
+    fn next_unsent(&self) -> Option<&Message> {
+        let front = self.queue.front().map_or(self.sent_seq + 1, |m| m.seq);
+        self.queue.get((self.sent_seq + 1 - front) as usize)
+    }
+
+    /// Whether `msg` goes in a batch frame: the peer reads them and the
+    /// message is small (at most a quarter of a batch, so a batch always
+    /// has room for its first message).
+    fn batchable(&self, msg: &Message) -> bool {
+        let max = self.cfg.batch_max_bytes;
+        self.features & features::BATCH != 0
+            && msg.payload_len() <= max / 4
+            && BATCH_HEADER_LEN + MAX_ENTRY_OVERHEAD + msg.payload_len() <= max
+    }
+
+    /// A batch frame of the unsent messages from the next one on, as many
+    /// as are queued, batchable, fit the batch and the in-flight window
+    /// (the first always does: [`Session::batchable`]). Replay after a
+    /// reconnect batches again from the first unacknowledged message, so
+    /// a message may travel in different batches; its seq is the same.
+    ///
+    /// Per message this costs an entry header and a copy of the payload
+    /// into the session's batch buffer (the one copy that replaces the
+    /// preamble, header and three checksums of a frame of its own), the
+    /// counters below, and for lossy sessions dropping the message.
+    fn transmit_batch(&mut self) -> Transmit {
+        let mut buf = std::mem::take(&mut self.batch_buf.0);
+        let mut w = BatchWriter::begin(
+            &mut buf,
+            self.sent_seq + 1,
+            self.in_seq,
+            self.cfg.batch_max_bytes,
+        );
+        self.acked_in_seq = self.in_seq;
+        while self.sent_seq < self.out_seq && (w.is_empty() || !self.window_full()) {
+            let Some(msg) = self.next_unsent() else {
+                break;
+            };
+            if !self.batchable(msg) || !w.push(msg) {
+                break;
+            }
+            let len = msg.payload_len();
+            self.count_transmitted(len);
+        }
+        let body = w.finish();
+        self.batch_buf.0 = buf;
+        Transmit::Frame(Frame::single(Tag::MessageBatch, body))
+    }
+
+    /// Accounts for the next unsent message having been transmitted: a
+    /// lossless session keeps it for replay, a lossy one forgets it.
+    fn count_transmitted(&mut self, payload_len: usize) {
+        self.stats.tx_messages += 1;
+        self.stats.tx_bytes += payload_len as u64;
+        self.sent_seq += 1;
+        if self.lossless {
+            self.in_flight_bytes += payload_len;
+        } else {
+            // Lossy: nothing is replayed, so nothing is kept.
+            self.pop_queued();
+            self.acked_seq = self.sent_seq;
+        }
     }
 
     /// The next event for the owner.
@@ -977,6 +1065,9 @@ impl Session {
                 let (msg, ack) = Message::from_frame(frame)?;
                 self.receive_message(msg, ack)
             }
+            (State::Open(_), Tag::MessageBatch) if self.features & features::BATCH != 0 => {
+                self.receive_batch(frame)
+            }
             (State::Open(_), Tag::Ack) => {
                 let ack: Ack = parse_control(&frame, "ack")?;
                 self.apply_ack(ack.seq)
@@ -1025,6 +1116,32 @@ impl Session {
     /// A message received on the open link, with the ack it carried.
     fn receive_message(&mut self, msg: Message, ack: u64) -> Result<(), ProtocolError> {
         self.apply_ack(ack)?;
+        self.deliver(msg)
+    }
+
+    /// A batch frame received on the open link: its ack once, then each
+    /// message in turn, as if each had come in a frame of its own. An
+    /// entry that does not parse faults the link after the ones before
+    /// it were delivered (the body passed its CRC: the peer wrote it so).
+    fn receive_batch(&mut self, frame: Frame) -> Result<(), ProtocolError> {
+        let mut segments = frame.segments.into_iter();
+        let (Some(body), None) = (segments.next(), segments.next()) else {
+            return Err(ProtocolError::Malformed {
+                what: "batch frame",
+                detail: "expected 1 segment".into(),
+            });
+        };
+        let mut batch = BatchReader::new(body)?;
+        self.apply_ack(batch.ack())?;
+        while let Some(msg) = batch.next_message()? {
+            self.deliver(msg)?;
+        }
+        Ok(())
+    }
+
+    /// Delivers a received message once and in order: a duplicate of one
+    /// delivered is dropped, a gap is a protocol error.
+    fn deliver(&mut self, msg: Message) -> Result<(), ProtocolError> {
         if msg.seq <= self.in_seq {
             self.stats.duplicates += 1;
             return Ok(());

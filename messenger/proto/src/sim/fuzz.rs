@@ -18,6 +18,7 @@ use msgr_addr::{AddrVec, EntityAddr, EntityName};
 use serde::{Deserialize, Serialize};
 
 use crate::banner::{Banner, BANNER_LEN};
+use crate::batch::{BatchReader, BatchWriter};
 use crate::codec::{Codec, Postcard};
 use crate::control::{control_frame, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk};
 use crate::error::FrameError;
@@ -36,6 +37,7 @@ pub const TARGETS: &[&str] = &[
     "session_engine",
     "message_decode",
     "addr_parse",
+    "batch_decode",
 ];
 
 /// Runs the target called `name` on `data`. Returns false for an unknown name.
@@ -47,6 +49,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "session_engine" => session_engine(data),
         "message_decode" => message_decode(data),
         "addr_parse" => addr_parse(data),
+        "batch_decode" => batch_decode(data),
         _ => return false,
     }
     true
@@ -476,6 +479,63 @@ fn control_payload(what: u8, bytes: &[u8]) {
     }
 }
 
+// ---- batch_decode ----------------------------------------------------------
+
+/// `batch_decode`: batch frame bodies ([`crate::batch`]). Mode bit 0
+/// clear: the rest of the input is a body; reading it never panics, and
+/// a body that reads whole writes back to the same bytes (one encoding
+/// per batch: varints are minimal, reserved bits zero). Set: messages
+/// built from the input are written with a bound from the input, and
+/// read back equal, with consecutive sequence numbers.
+pub fn batch_decode(data: &[u8]) {
+    let mut r = Reader::new(data);
+    if r.u8() & 1 == 0 {
+        let body = Bytes::copy_from_slice(r.rest());
+        let Ok(reader) = BatchReader::new(body.clone()) else {
+            return;
+        };
+        let (base, ack) = (reader.base_seq(), reader.ack());
+        let Ok(msgs) = reader.collect::<Result<Vec<_>, _>>() else {
+            return;
+        };
+        assert!(!msgs.is_empty(), "a batch that reads has entries");
+        let mut buf = BytesMut::new();
+        let mut w = BatchWriter::begin(&mut buf, base, ack, body.len());
+        for (i, m) in msgs.iter().enumerate() {
+            assert_eq!(m.seq, base + i as u64, "entry seqs follow the base");
+            assert!(w.push(m), "a read entry fits where it was read from");
+        }
+        assert_eq!(w.finish(), body, "a batch reads and writes back the same");
+        return;
+    }
+    let base = r.u64().clamp(1, u64::MAX / 2);
+    let ack = r.u64();
+    let max = usize::from(r.u16()).max(crate::batch::BATCH_HEADER_LEN);
+    let mut buf = BytesMut::new();
+    let mut w = BatchWriter::begin(&mut buf, base, ack, max);
+    let mut sent = Vec::new();
+    while !r.is_empty() && sent.len() < 256 {
+        let mut m = Message::new(r.u16(), r.short_bytes().to_vec(), r.short_bytes().to_vec());
+        m.priority = r.u8();
+        m.flags = r.u8();
+        if !w.push(&m) {
+            break;
+        }
+        m.seq = base + sent.len() as u64;
+        sent.push(m);
+    }
+    if sent.is_empty() {
+        return;
+    }
+    let body = w.finish();
+    assert!(body.len() <= max, "a batch stays within its bound");
+    let back: Vec<Message> = BatchReader::new(body)
+        .expect("a written batch has a good header")
+        .collect::<Result<_, _>>()
+        .expect("a written batch reads back");
+    assert_eq!(back, sent);
+}
+
 // ---- addr_parse ------------------------------------------------------------
 
 /// `addr_parse`: the string parsers of `msgr-addr` and the serde (postcard)
@@ -735,7 +795,7 @@ fn fuzz_name(who: u8) -> EntityName {
 /// messages delivered in order without duplicates, nothing after the end.
 ///
 /// Input: a setup byte (bit 0: acceptor; bits 1-2: connector policy; bit 3:
-/// unchecked payloads offered), then ops.
+/// unchecked payloads offered; bit 4: no batch frames sent), then ops.
 pub fn session_engine(data: &[u8]) {
     let mut r = Reader::new(data);
     let setup = r.u8();
@@ -755,6 +815,7 @@ pub fn session_engine(data: &[u8]) {
         max_in_flight_messages: 4,
         max_in_flight_bytes: 1024,
         payload_crc: setup & 8 == 0,
+        batch_max_bytes: if setup & 16 == 0 { 512 } else { 0 },
     };
     let local = LocalIdentity {
         name: EntityName::peer(9),
@@ -830,9 +891,21 @@ fn apply(s: &mut Session, op: &Op, now: &mut Instant, decoders: &mut [(StreamDec
         } => {
             let mut m = Message::new(1, vec![*len; usize::from(*len)], Bytes::new());
             m.seq = *seq;
-            // Both ways a message arrives: decoded straight (what every
-            // transport's receive path gives) or as a frame (assembled).
-            let unit = if seq % 2 == 0 {
+            // Every way a message arrives: decoded straight (what every
+            // transport's receive path gives), as a frame (assembled), or
+            // (length bit 7) in a batch of up to four from `seq` on.
+            let unit = if len & 0x80 != 0 {
+                let mut buf = BytesMut::new();
+                let mut w = BatchWriter::begin(&mut buf, *seq, *ack, 4096);
+                for i in 0..=(len & 3) {
+                    w.push(&Message::new(
+                        1,
+                        vec![i; usize::from(len & 0x1f)],
+                        Bytes::new(),
+                    ));
+                }
+                Inbound::Frame(Frame::single(Tag::MessageBatch, w.finish()))
+            } else if seq % 2 == 0 {
                 Inbound::Message(MessageFrame::new(m, *ack))
             } else {
                 Inbound::Frame(m.to_frame(*ack))
@@ -950,7 +1023,7 @@ fn control(kind: u8, a: u64, b: u64, who: u8) -> Frame {
         7 => control_frame(Tag::SessionReset, &()),
         8 => control_frame(Tag::Wait, &()),
         _ => Frame::single(
-            Tag::from_u8((a % 13) as u8 + 1).unwrap_or(Tag::Ack),
+            Tag::from_u8((a % 14) as u8 + 1).unwrap_or(Tag::Ack),
             Bytes::new(),
         ),
     }
@@ -977,6 +1050,16 @@ impl Invariants {
                 let enc = f.encode_to_vec().expect("engine frame encodes");
                 let back = Frame::decode_exact(Bytes::from(enc), &cfg.limits);
                 assert_eq!(back.as_ref(), Ok(&f), "engine frame does not decode back");
+                if f.tag == Tag::MessageBatch {
+                    assert!(cfg.batch_max_bytes > 0, "a batch where batches are off");
+                    assert!(f.segments[0].len() <= cfg.batch_max_bytes);
+                    let batch = BatchReader::new(f.segments[0].clone()).expect("batch header");
+                    let claimed = batch.entry_count() as usize;
+                    let entries: Vec<Message> = batch
+                        .collect::<Result<_, _>>()
+                        .expect("engine batch entries");
+                    assert_eq!(claimed, entries.len());
+                }
             }
             if n == max {
                 break;
@@ -1101,6 +1184,28 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         Postcard.encode(&a).expect("addr encodes").to_vec(),
     ));
 
+    let mut buf = BytesMut::new();
+    let mut w = BatchWriter::begin(&mut buf, 5, 4, 1 << 12);
+    w.push(&m);
+    w.push(&Message::new(7, &b"front"[..], &b"data"[..]));
+    w.push(&Message::default());
+    let mut v = vec![0u8];
+    v.extend_from_slice(&w.finish());
+    out.push(("batch_decode", "body-three-entries".into(), v));
+    let mut v = vec![1u8];
+    v.extend(9u64.to_le_bytes());
+    v.extend(3u64.to_le_bytes());
+    v.extend(600u16.to_le_bytes());
+    for i in 0..8u8 {
+        v.extend(u16::from(i).pow(5).to_le_bytes());
+        v.push(i * 9);
+        v.extend(std::iter::repeat_n(i, usize::from(i * 9)));
+        v.push(i);
+        v.extend(std::iter::repeat_n(!i, usize::from(i)));
+        v.extend([i, i * 3]);
+    }
+    out.push(("batch_decode", "structured-eight".into(), v));
+
     for (name, setup, ops) in session_scripts() {
         let mut v = vec![setup];
         for op in &ops {
@@ -1198,6 +1303,34 @@ fn session_scripts() -> Vec<(&'static str, u8, Vec<Op>)> {
                     a: 1,
                     b: 0,
                     who: 0,
+                },
+                Op::Advance(150),
+                Op::Close,
+            ],
+        ),
+        (
+            "connect-open-batches",
+            connector,
+            vec![
+                Op::Send(2),
+                Op::Send(3),
+                Op::Send(200),
+                Op::LinkUp(1),
+                Op::GoodBanner(1),
+                hello_ok(1),
+                // Four messages in a batch, then the last two again (a
+                // replay's overlap) with three more.
+                Op::Msg {
+                    link: 1,
+                    seq: 1,
+                    ack: 1,
+                    len: 0x83,
+                },
+                Op::Msg {
+                    link: 1,
+                    seq: 3,
+                    ack: 3,
+                    len: 0x84,
                 },
                 Op::Advance(150),
                 Op::Close,

@@ -1,0 +1,561 @@
+//! Batch frames: many small messages under one preamble and one CRC32C.
+//!
+//! A [`Tag::MessageBatch`](crate::Tag::MessageBatch) frame has a single
+//! segment, the batch body, checked by the frame's one epilogue word:
+//!
+//! ```text
+//! header (24 B): base seq u64 | ack u64 | entry count u32 | reserved u32 (0)
+//! entries:       entry 0 .. entry count-1, back to back, filling the segment
+//! entry:         type varint (u16) | priority u8 | flags u8 | reserved u8 (0)
+//!                | front length varint (u32) | data length varint (u32)
+//!                | front bytes | data bytes
+//! ```
+//!
+//! Entry `i` carries sequence number `base seq + i`; the ack is the
+//! highest sequence number the sender received, once for the batch.
+//! Varints are LEB128, at most 3 bytes for a type and 5 for a length;
+//! an overlong or out-of-range one is refused. A 64-byte message costs
+//! 6 bytes of entry here against 76 bytes of preamble, header and
+//! epilogue in a [`Tag::Message`](crate::Tag::Message) frame, and its
+//! share of two CRC32C calls against three of its own.
+//!
+//! Only a session writes batches ([`BatchWriter`], straight into a
+//! buffer of its own: no per-message allocation) and only a session
+//! reads them ([`BatchReader`]: each message's front and data are views
+//! of the received segment, nothing copied). Which messages go into a
+//! batch, and when, is the session's business (see
+//! [`crate::SessionConfig::batch_max_bytes`]); the format is the same
+//! on every transport. docs/PROTOCOL.md §2 specifies it.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::message::Message;
+
+/// Bytes of the fixed header that opens a batch body.
+pub const BATCH_HEADER_LEN: usize = 24;
+/// The smallest entry: one-byte type and lengths, no payload.
+pub const MIN_ENTRY_LEN: usize = 6;
+/// The most bytes an entry adds to its payload (a 3-byte type varint,
+/// three single bytes, two 5-byte length varints).
+pub const MAX_ENTRY_OVERHEAD: usize = 3 + 3 + 5 + 5;
+
+/// A batch body does not parse. Every variant closes the link: the
+/// body passed its CRC, so the peer wrote it this way.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BatchError {
+    /// The body is shorter than its header.
+    #[error("batch of {0} bytes is shorter than its header")]
+    ShortHeader(usize),
+    /// A batch must carry at least one message.
+    #[error("batch with no entries")]
+    Empty,
+    /// The header's reserved word, or an entry's reserved byte, is set.
+    #[error("reserved bits set in a batch")]
+    ReservedBitsSet,
+    /// The base sequence number is 0, or the last entry's would overflow.
+    #[error("batch sequence numbers {base}+{count} out of range")]
+    SeqRange {
+        /// The header's base sequence number.
+        base: u64,
+        /// Entries it claims.
+        count: u32,
+    },
+    /// More entries claimed than the body could hold: refused before any is read.
+    #[error("batch claims {count} entries in {len} bytes")]
+    CountTooLarge {
+        /// Entries claimed.
+        count: u32,
+        /// Body length.
+        len: usize,
+    },
+    /// An entry runs past the end of the body.
+    #[error("batch entry {index} is truncated")]
+    Truncated {
+        /// Which entry.
+        index: u32,
+    },
+    /// A varint is overlong or its value out of range.
+    #[error("batch entry {index} has a bad varint")]
+    BadVarint {
+        /// Which entry.
+        index: u32,
+    },
+    /// Bytes follow the last entry.
+    #[error("{0} bytes after the last batch entry")]
+    TrailingBytes(usize),
+}
+
+/// Writes one batch body in place, entry by entry, into a buffer the
+/// caller keeps between batches (so its allocation is reused once the
+/// previous batch was sent). See the [module docs](self).
+///
+/// ```
+/// use bytes::BytesMut;
+/// use msgr_proto::batch::{BatchReader, BatchWriter};
+/// use msgr_proto::Message;
+///
+/// let mut buf = BytesMut::new();
+/// let mut w = BatchWriter::begin(&mut buf, 7, 3, 4096);
+/// assert!(w.push(&Message::new(1, &b"a"[..], &b"data"[..])));
+/// assert!(w.push(&Message::new(2, &b""[..], &b""[..])));
+/// let body = w.finish();
+/// let mut r = BatchReader::new(body).unwrap();
+/// assert_eq!((r.base_seq(), r.ack(), r.entry_count()), (7, 3, 2));
+/// let first = r.next_message().unwrap().unwrap();
+/// assert_eq!((first.seq, first.msg_type, &first.data[..]), (7, 1, &b"data"[..]));
+/// assert_eq!(r.next_message().unwrap().unwrap().seq, 8);
+/// assert_eq!(r.next_message(), Ok(None));
+/// ```
+#[derive(Debug)]
+pub struct BatchWriter<'a> {
+    out: &'a mut BytesMut,
+    count: u32,
+    max_body: usize,
+}
+
+impl<'a> BatchWriter<'a> {
+    /// Starts a batch whose first entry is sequence number `base_seq`,
+    /// carrying `ack`, of at most `max_body` bytes (header included).
+    /// `out` must be empty; the batch is written at its start.
+    pub fn begin(out: &'a mut BytesMut, base_seq: u64, ack: u64, max_body: usize) -> Self {
+        debug_assert!(out.is_empty(), "a batch starts in an empty buffer");
+        out.reserve(max_body.max(BATCH_HEADER_LEN));
+        out.put_u64_le(base_seq);
+        out.put_u64_le(ack);
+        // Count and reserved word: the count is patched by `finish`.
+        out.put_u64_le(0);
+        BatchWriter {
+            out,
+            count: 0,
+            max_body,
+        }
+    }
+
+    /// The bytes `msg` takes as an entry.
+    pub fn entry_len(msg: &Message) -> usize {
+        varint_len(u32::from(msg.msg_type))
+            + 3
+            + varint_len(msg.front.len() as u32)
+            + varint_len(msg.data.len() as u32)
+            + msg.payload_len()
+    }
+
+    /// Appends `msg` as the next entry if it fits within the batch's
+    /// bound; false (and nothing written) if it does not. A payload
+    /// segment longer than `u32::MAX` never fits.
+    pub fn push(&mut self, msg: &Message) -> bool {
+        let (front, data) = (msg.front.len(), msg.data.len());
+        let (Ok(front_len), Ok(data_len)) = (u32::try_from(front), u32::try_from(data)) else {
+            return false;
+        };
+        // The entry's head is assembled on the stack and appended in one
+        // copy: a put per field cost a capacity check each.
+        let mut head = [0u8; MAX_ENTRY_OVERHEAD];
+        let mut n = write_varint(&mut head, 0, u32::from(msg.msg_type));
+        head[n] = msg.priority;
+        head[n + 1] = msg.flags;
+        n = write_varint(&mut head, n + 3, front_len);
+        n = write_varint(&mut head, n, data_len);
+        if self.out.len() + n + front + data > self.max_body {
+            return false;
+        }
+        self.out.extend_from_slice(&head[..n]);
+        if front > 0 {
+            self.out.extend_from_slice(&msg.front);
+        }
+        if data > 0 {
+            self.out.extend_from_slice(&msg.data);
+        }
+        self.count += 1;
+        true
+    }
+
+    /// Entries written so far.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Bytes of the body so far, header included.
+    pub fn len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Whether no entry was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The finished body, split off the caller's buffer (which keeps the
+    /// rest of its allocation for the next batch).
+    pub fn finish(self) -> Bytes {
+        self.out[16..20].copy_from_slice(&self.count.to_le_bytes());
+        self.out.split().freeze()
+    }
+}
+
+/// Reads a batch body entry by entry: each message's front and data are
+/// views of the body (no copy), its `seq` the batch's base plus its
+/// index. The header is checked by [`BatchReader::new`], before any
+/// entry is read; an entry's lengths before its bytes are taken. See
+/// the [module docs](self).
+#[derive(Debug)]
+pub struct BatchReader {
+    body: Bytes,
+    pos: usize,
+    base_seq: u64,
+    ack: u64,
+    count: u32,
+    index: u32,
+}
+
+impl BatchReader {
+    /// Checks the header of `body`: long enough, at least one entry and
+    /// no more than the body could hold, reserved word zero, sequence
+    /// numbers from 1 without overflow.
+    pub fn new(body: Bytes) -> Result<BatchReader, BatchError> {
+        let Some(h) = body.first_chunk::<BATCH_HEADER_LEN>() else {
+            return Err(BatchError::ShortHeader(body.len()));
+        };
+        let base_seq = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
+        let ack = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
+        let count = u32::from_le_bytes(h[16..20].try_into().unwrap_or_default());
+        if h[20..24] != [0; 4] {
+            return Err(BatchError::ReservedBitsSet);
+        }
+        if count == 0 {
+            return Err(BatchError::Empty);
+        }
+        if (count as usize) > (body.len() - BATCH_HEADER_LEN) / MIN_ENTRY_LEN {
+            return Err(BatchError::CountTooLarge {
+                count,
+                len: body.len(),
+            });
+        }
+        if base_seq == 0 || base_seq.checked_add(u64::from(count)).is_none() {
+            return Err(BatchError::SeqRange {
+                base: base_seq,
+                count,
+            });
+        }
+        Ok(BatchReader {
+            body,
+            pos: BATCH_HEADER_LEN,
+            base_seq,
+            ack,
+            count,
+            index: 0,
+        })
+    }
+
+    /// The sequence number of the first entry.
+    pub fn base_seq(&self) -> u64 {
+        self.base_seq
+    }
+
+    /// The sender's acknowledgement, once for the whole batch.
+    pub fn ack(&self) -> u64 {
+        self.ack
+    }
+
+    /// Entries the batch carries (named apart from `Iterator::count`,
+    /// which would consume the reader).
+    pub fn entry_count(&self) -> u32 {
+        self.count
+    }
+
+    /// The next message, `Ok(None)` after the last; an error if an entry
+    /// does not parse or bytes follow the last one.
+    pub fn next_message(&mut self) -> Result<Option<Message>, BatchError> {
+        if self.index == self.count {
+            let rest = self.body.len() - self.pos;
+            return if rest == 0 {
+                Ok(None)
+            } else {
+                Err(BatchError::TrailingBytes(rest))
+            };
+        }
+        let index = self.index;
+        let b = &self.body[self.pos..];
+        let mut at = 0;
+        let msg_type = read_varint(b, &mut at, index)?;
+        let msg_type = u16::try_from(msg_type).map_err(|_| BatchError::BadVarint { index })?;
+        let Some(&[priority, flags, reserved]) = b.get(at..at + 3).and_then(|s| s.first_chunk())
+        else {
+            return Err(BatchError::Truncated { index });
+        };
+        if reserved != 0 {
+            return Err(BatchError::ReservedBitsSet);
+        }
+        at += 3;
+        let front_len = read_varint(b, &mut at, index)? as usize;
+        let data_len = read_varint(b, &mut at, index)? as usize;
+        if b.len() - at < front_len || b.len() - at - front_len < data_len {
+            return Err(BatchError::Truncated { index });
+        }
+        let start = self.pos + at;
+        let front = slice_or_empty(&self.body, start, front_len);
+        let data = slice_or_empty(&self.body, start + front_len, data_len);
+        self.pos = start + front_len + data_len;
+        self.index += 1;
+        Ok(Some(Message::received(
+            msg_type,
+            priority,
+            flags,
+            self.base_seq + u64::from(index),
+            front,
+            data,
+        )))
+    }
+}
+
+impl Iterator for BatchReader {
+    type Item = Result<Message, BatchError>;
+
+    /// [`BatchReader::next_message`], stopping after the first error.
+    fn next(&mut self) -> Option<Self::Item> {
+        let r = self.next_message().transpose();
+        if matches!(r, Some(Err(_))) {
+            // Nothing more is read after a malformed entry.
+            self.index = self.count;
+            self.pos = self.body.len();
+        }
+        r
+    }
+}
+
+/// The entry count a batch body's header claims, unchecked (0 for a body
+/// too short to say): what a receive throttle charges a batch before the
+/// session reads it.
+pub fn claimed_count(body: &[u8]) -> u32 {
+    body.get(16..20)
+        .and_then(|s| s.first_chunk::<4>())
+        .map_or(0, |c| u32::from_le_bytes(*c))
+}
+
+/// A view of `len` bytes of `body` from `start`; an empty one costs no
+/// reference count (most messages have an empty front or data).
+fn slice_or_empty(body: &Bytes, start: usize, len: usize) -> Bytes {
+    if len == 0 {
+        Bytes::new()
+    } else {
+        body.slice(start..start + len)
+    }
+}
+
+fn varint_len(v: u32) -> usize {
+    match v {
+        0..=0x7f => 1,
+        0x80..=0x3fff => 2,
+        0x4000..=0x1f_ffff => 3,
+        0x20_0000..=0xfff_ffff => 4,
+        _ => 5,
+    }
+}
+
+/// Writes `v` as a LEB128 varint into `out` at `at`; returns the index
+/// after it. `out` has room: a u32 takes at most 5 bytes, and the callers'
+/// buffers are sized by [`MAX_ENTRY_OVERHEAD`].
+fn write_varint(out: &mut [u8; MAX_ENTRY_OVERHEAD], mut at: usize, mut v: u32) -> usize {
+    while v >= 0x80 {
+        out[at] = (v as u8) | 0x80;
+        v >>= 7;
+        at += 1;
+    }
+    out[at] = v as u8;
+    at + 1
+}
+
+/// Reads a LEB128 u32 at `*at`, refusing more than 5 bytes, bits past 32
+/// and a non-minimal encoding (a trailing zero group), so that one value
+/// has one encoding.
+fn read_varint(b: &[u8], at: &mut usize, index: u32) -> Result<u32, BatchError> {
+    // Most types and lengths of small messages take one byte.
+    if let Some(&byte) = b.get(*at) {
+        if byte < 0x80 {
+            *at += 1;
+            return Ok(u32::from(byte));
+        }
+    }
+    let mut v: u32 = 0;
+    for i in 0..5 {
+        let Some(&byte) = b.get(*at + i) else {
+            return Err(BatchError::Truncated { index });
+        };
+        let group = u32::from(byte & 0x7f);
+        if i == 4 && group > 0x0f {
+            return Err(BatchError::BadVarint { index });
+        }
+        v |= group << (7 * i);
+        if byte & 0x80 == 0 {
+            if i > 0 && group == 0 {
+                return Err(BatchError::BadVarint { index });
+            }
+            *at += i + 1;
+            return Ok(v);
+        }
+    }
+    Err(BatchError::BadVarint { index })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(msgs: &[Message], base: u64, ack: u64) -> Bytes {
+        let mut buf = BytesMut::new();
+        let mut w = BatchWriter::begin(&mut buf, base, ack, 1 << 16);
+        for m in msgs {
+            assert!(w.push(m));
+        }
+        w.finish()
+    }
+
+    #[test]
+    fn varints_round_trip_at_every_width_and_refuse_the_rest() {
+        for v in [
+            0,
+            1,
+            0x7f,
+            0x80,
+            0x3fff,
+            0x4000,
+            0x1f_ffff,
+            0x20_0000,
+            u32::MAX,
+        ] {
+            let mut out = [0u8; MAX_ENTRY_OVERHEAD];
+            let len = write_varint(&mut out, 2, v) - 2;
+            assert_eq!(len, varint_len(v), "{v:#x}");
+            let mut at = 2;
+            assert_eq!(read_varint(&out, &mut at, 0), Ok(v));
+            assert_eq!(at, 2 + len);
+        }
+        for bad in [
+            &[0x80, 0x00][..],                   // non-minimal
+            &[0xff, 0xff, 0xff, 0xff, 0x1f][..], // past 32 bits
+            &[0x80, 0x80, 0x80, 0x80, 0x80][..],
+        ] {
+            assert_eq!(
+                read_varint(bad, &mut 0, 3),
+                Err(BatchError::BadVarint { index: 3 })
+            );
+        }
+        assert_eq!(
+            read_varint(&[0x80], &mut 0, 1),
+            Err(BatchError::Truncated { index: 1 })
+        );
+    }
+
+    #[test]
+    fn a_batch_round_trips_every_field_and_shares_the_body() {
+        let mut odd = Message::new(u16::MAX, vec![1u8; 200], vec![2u8; 300]);
+        odd.priority = 9;
+        odd.flags = 0xa5;
+        let msgs = [
+            Message::default(),
+            odd,
+            Message::new(0x80, &b"f"[..], &b""[..]),
+        ];
+        let body = batch(&msgs, 41, 40);
+        let len = body.len();
+        assert_eq!(
+            len,
+            BATCH_HEADER_LEN + msgs.iter().map(BatchWriter::entry_len).sum::<usize>()
+        );
+        let got: Vec<Message> = BatchReader::new(body.clone())
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(got.len(), 3);
+        for (i, (g, m)) in got.iter().zip(&msgs).enumerate() {
+            let mut want = m.clone();
+            want.seq = 41 + i as u64;
+            assert_eq!(g, &want);
+        }
+        let inside = body.as_ptr_range();
+        assert!(inside.contains(&got[1].data.as_ptr()), "a view, not a copy");
+    }
+
+    #[test]
+    fn a_full_writer_refuses_without_writing() {
+        let mut buf = BytesMut::new();
+        let mut w = BatchWriter::begin(&mut buf, 1, 0, BATCH_HEADER_LEN + 70);
+        let m = Message::new(1, Bytes::new(), vec![0u8; 64]);
+        assert_eq!(BatchWriter::entry_len(&m), 6 + 64);
+        assert!(w.push(&m));
+        let len = w.len();
+        assert!(!w.push(&Message::new(1, Bytes::new(), vec![0u8; 1])));
+        assert_eq!((w.len(), w.count()), (len, 1));
+        let body = w.finish();
+        assert_eq!(claimed_count(&body), 1);
+        assert!(buf.is_empty(), "the buffer is ready for the next batch");
+    }
+
+    #[test]
+    fn bad_headers_are_refused_before_any_entry() {
+        let good = batch(&[Message::default()], 1, 0);
+        assert_eq!(
+            BatchReader::new(good.slice(..10)).unwrap_err(),
+            BatchError::ShortHeader(10)
+        );
+        let patch = |at: usize, bytes: &[u8]| {
+            let mut b = good.to_vec();
+            b[at..at + bytes.len()].copy_from_slice(bytes);
+            BatchReader::new(Bytes::from(b)).unwrap_err()
+        };
+        assert_eq!(patch(16, &0u32.to_le_bytes()), BatchError::Empty);
+        assert_eq!(patch(20, &[1]), BatchError::ReservedBitsSet);
+        assert!(matches!(
+            patch(16, &u32::MAX.to_le_bytes()),
+            BatchError::CountTooLarge { .. }
+        ));
+        assert!(matches!(
+            patch(0, &0u64.to_le_bytes()),
+            BatchError::SeqRange { .. }
+        ));
+        assert!(matches!(
+            patch(0, &u64::MAX.to_le_bytes()),
+            BatchError::SeqRange { .. }
+        ));
+    }
+
+    #[test]
+    fn bad_entries_are_typed_errors() {
+        let m = Message::new(1, &b"ab"[..], &b"cd"[..]);
+        let two = batch(&[m.clone(), m], 1, 0);
+        // Cut inside the second entry.
+        let mut r = BatchReader::new(two.slice(..two.len() - 1)).unwrap();
+        assert!(r.next_message().unwrap().is_some());
+        assert_eq!(r.next_message(), Err(BatchError::Truncated { index: 1 }));
+        // A byte too many.
+        let mut long = two.to_vec();
+        long.push(0);
+        let mut r = BatchReader::new(Bytes::from(long)).unwrap();
+        assert_eq!(r.by_ref().filter(Result::is_ok).count(), 2);
+        let mut r = BatchReader::new(Bytes::from({
+            let mut l = two.to_vec();
+            l.push(0);
+            l
+        }))
+        .unwrap();
+        r.next_message().unwrap();
+        r.next_message().unwrap();
+        assert_eq!(r.next_message(), Err(BatchError::TrailingBytes(1)));
+        // The entry's reserved byte.
+        let mut b = two.to_vec();
+        b[BATCH_HEADER_LEN + 3] = 1;
+        let mut r = BatchReader::new(Bytes::from(b)).unwrap();
+        assert_eq!(r.next_message(), Err(BatchError::ReservedBitsSet));
+        // A type past u16.
+        let mut b = two.to_vec();
+        b.splice(BATCH_HEADER_LEN..BATCH_HEADER_LEN + 1, [0xff, 0xff, 0x04]);
+        let mut r = BatchReader::new(Bytes::from(b)).unwrap();
+        assert_eq!(r.next_message(), Err(BatchError::BadVarint { index: 0 }));
+        // A length past the body.
+        let mut b = two.to_vec();
+        b[BATCH_HEADER_LEN + 4] = 0x7f;
+        let mut r = BatchReader::new(Bytes::from(b)).unwrap();
+        assert_eq!(r.next_message(), Err(BatchError::Truncated { index: 0 }));
+    }
+}

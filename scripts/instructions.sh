@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# User-space instructions per message, sender and receiver counted apart:
+# callgrind runs `msgr serve` (the receiver) and `msgr stream` (the sender)
+# with N and then 3N messages; (I(3N) - I(N)) / 2N cancels start-up and
+# shutdown. Deterministic where wall-clock time on these VMs is not: the
+# figure to steer the per-message path by (docs/BENCHMARKS.md).
+#
+# Usage: scripts/instructions.sh [BACKEND...]   (default: tcp fabric+shm)
+# Environment: N (default 100000), SIZE (default 64), PORT (default 7931),
+#   SET ("key=value ..." passed as --set to both sides), JSON=FILE (one
+#   JSON object per backend appended to FILE).
+# Installs valgrind (and libfabric-dev for fabric) when missing. Builds the
+# msgr tool with the shipped release profile (fat LTO), as users get it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+N="${N:-100000}"
+SIZE="${SIZE:-64}"
+PORT="${PORT:-7931}"
+SET="${SET:-}"
+backends=("$@")
+[ "${#backends[@]}" -gt 0 ] || backends=(tcp fabric+shm)
+
+need=()
+command -v valgrind >/dev/null || need+=(valgrind)
+for b in "${backends[@]}"; do
+  case "$b" in fabric*) dpkg-query -W -f='${db:Status-Status}' libfabric-dev 2>/dev/null | grep -qx installed || need+=(libfabric-dev libclang-dev) ;; esac
+done
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+features=""
+for b in "${backends[@]}"; do case "$b" in fabric*) features="--features fabric" ;; esac; done
+# shellcheck disable=SC2086
+cargo build --release -q -p msgr-tool $features
+bin="$PWD/target/release/msgr"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+sets=()
+for kv in $SET; do sets+=(--set "$kv"); done
+
+# Instructions of one callgrind output file.
+total() { awk '/^summary:/ {print $2}' "$1"; }
+
+# Runs one serve/stream pair of `count` messages; prints "receiver sender".
+run_pair() {
+  local addr="$1" count="$2" tag="$3"
+  valgrind --tool=callgrind --callgrind-out-file="$work/serve.$tag" \
+    "$bin" serve "$addr" --busy-poll-us 0 "${sets[@]}" >"$work/serve.$tag.log" 2>&1 &
+  local server=$!
+  local waited=0
+  until grep -q '^listening on' "$work/serve.$tag.log"; do
+    sleep 0.2
+    waited=$((waited + 1))
+    if [ "$waited" -gt 300 ] || ! kill -0 "$server" 2>/dev/null; then
+      echo "msgr serve did not start:" >&2
+      cat "$work/serve.$tag.log" >&2
+      kill "$server" 2>/dev/null || true
+      return 1
+    fi
+  done
+  if ! valgrind --tool=callgrind --callgrind-out-file="$work/stream.$tag" \
+    "$bin" stream "$addr" --size "$SIZE" --count "$count" --busy-poll-us 0 --timeout 600 "${sets[@]}" \
+    >"$work/stream.$tag.log" 2>&1; then
+    echo "msgr stream failed:" >&2
+    grep -v '^==' "$work/stream.$tag.log" >&2
+    kill "$server" 2>/dev/null || true
+    return 1
+  fi
+  kill -INT "$server"
+  wait "$server" || true
+  echo "$(total "$work/serve.$tag") $(total "$work/stream.$tag")"
+}
+
+printf '%-12s %8s %6s %14s %14s\n' backend N size "sent/msg" "received/msg"
+for b in "${backends[@]}"; do
+  case "$b" in
+    tcp) addr="tcp://127.0.0.1:$PORT" ;;
+    fabric+shm) addr="fabric+shm://127.0.0.1:$PORT?ep=rdm" ;;
+    *) addr="$b://127.0.0.1:$PORT" ;;
+  esac
+  read -r r1 s1 < <(run_pair "$addr" "$N" "$b.1")
+  PORT=$((PORT + 1))
+  case "$b" in tcp) addr="tcp://127.0.0.1:$PORT" ;; fabric+shm) addr="fabric+shm://127.0.0.1:$PORT?ep=rdm" ;; *) addr="$b://127.0.0.1:$PORT" ;; esac
+  read -r r3 s3 < <(run_pair "$addr" "$((3 * N))" "$b.3")
+  PORT=$((PORT + 1))
+  sent=$(( (s3 - s1) / (2 * N) ))
+  recv=$(( (r3 - r1) / (2 * N) ))
+  printf '%-12s %8s %6s %14s %14s\n' "$b" "$N" "$SIZE" "$sent" "$recv"
+  if [ -n "${JSON:-}" ]; then
+    printf '{"backend":"%s","n":%s,"size":%s,"set":"%s","sent_per_message":%s,"received_per_message":%s}\n' \
+      "$b" "$N" "$SIZE" "$SET" "$sent" "$recv" >>"$JSON"
+  fi
+done
