@@ -33,7 +33,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use command::Adoption;
 pub(crate) use command::{Command, LinkFault, WorkerStats};
 
-use crate::connection::{Connection, ConnectionState, LOCAL_WORKER};
+use crate::connection::{Connection, ConnectionState, LocalWorker, LOCAL_WORKER};
 use crate::counters::Counters;
 use crate::faults::{FaultAction, FaultInjector};
 use crate::messenger::Shared;
@@ -242,7 +242,7 @@ impl Worker {
 
     /// The event loop; returns when shut down and drained (or past the deadline).
     pub(crate) fn run(mut self) -> WorkerReport {
-        LOCAL_WORKER.with(|l| *l.borrow_mut() = Some((self.shared.id, self.idx, Vec::new())));
+        LOCAL_WORKER.with(|l| *l.borrow_mut() = Some(LocalWorker::new(self.shared.id, self.idx)));
         let mut events = Events::with_capacity(1024);
         let mut busy =
             spin::BusyWindow::new(self.shared.cfg.busy_poll, self.shared.cfg.busy_poll_max);
@@ -471,13 +471,13 @@ impl Worker {
             // Looked at several times per message and mostly empty: a
             // glance first, the swap only when there is something.
             let queued =
-                LOCAL_WORKER.with(|l| l.borrow().as_ref().is_some_and(|(_, _, q)| !q.is_empty()));
+                LOCAL_WORKER.with(|l| l.borrow().as_ref().is_some_and(|w| !w.commands.is_empty()));
             if !queued {
                 return any;
             }
             let spare = std::mem::take(&mut self.commands_spare);
             let mut cmds = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {
-                Some((_, _, q)) => std::mem::replace(q, spare),
+                Some(w) => std::mem::replace(&mut w.commands, spare),
                 None => spare,
             });
             if cmds.is_empty() {
@@ -497,7 +497,14 @@ impl Worker {
         match cmd {
             Command::Connect { conn } => self.start_connect(conn, now),
             Command::Send { key, msg } => self.queue_messages(key, std::iter::once(msg)),
-            Command::SendBatch { key, msgs } => self.queue_messages(key, msgs),
+            Command::SendBatch { key, mut msgs } => {
+                self.queue_messages(key, msgs.drain(..));
+                LOCAL_WORKER.with(|l| {
+                    if let Some(w) = &mut *l.borrow_mut() {
+                        w.recycle(msgs);
+                    }
+                });
+            }
             Command::MarkDown { key } => {
                 if let Some(slot) = self.sessions.get_mut(&key) {
                     slot.session.mark_down(now);
@@ -788,7 +795,17 @@ impl Worker {
                 let Some(slot) = self.sessions.get_mut(&key) else {
                     return;
                 };
-                let Some(ev) = slot.session.poll_event() else {
+                // Messages, the hot case (every entry of a batch), go to the
+                // dispatcher with the slot in hand: no second lookup, no
+                // event dispatch. Anything else takes handle_session_event.
+                let dispatcher = &self.shared.dispatcher;
+                let ev = loop {
+                    match slot.session.poll_event() {
+                        Some(SessionEvent::Message(msg)) => dispatcher.on_message(&slot.conn, msg),
+                        other => break other,
+                    }
+                };
+                let Some(ev) = ev else {
                     break;
                 };
                 self.handle_session_event(key, ev, now);

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# 64 B message rate of msgr over tcp:// against ZeroMQ PUSH/PULL (libzmq,
+# C: tool/reference/zmq_pushpull.c) on 127.0.0.1, in one run, rounds
+# interleaved; msgr once with batch frames (the default) and once with a
+# frame per message (batch_max_bytes=0), so the run shows what batching
+# does. Medians and per-round ratios at the end; the machine's load before
+# the run is printed, since these VMs' wall-clock figures swing with it.
+#
+#   scripts/bench-rate.sh                  # 5 rounds of 2,000,000 messages
+#   ROUNDS=3 COUNT=1000000 SIZE=64 scripts/bench-rate.sh
+#   JSON=out.jsonl scripts/bench-rate.sh   # one JSON object per measurement
+#
+# Installs libzmq3-dev when missing. Every process is bounded by `timeout`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-5}
+COUNT=${COUNT:-2000000}
+SIZE=${SIZE:-64}
+PORT=${PORT:-7961}
+
+if ! dpkg-query -W -f='${db:Status-Status}' libzmq3-dev 2>/dev/null | grep -qx installed; then
+  echo "installing libzmq3-dev"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libzmq3-dev
+fi
+mkdir -p target/bench
+cc -O2 -o target/bench/zmq_pushpull tool/reference/zmq_pushpull.c -lzmq -lpthread
+cargo build --release -q -p msgr-tool
+bin="$PWD/target/release/msgr"
+zmq="$PWD/target/bench/zmq_pushpull"
+out="$(mktemp)"
+trap 'rm -f "$out"' EXIT
+
+echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg) (2 cores)"
+
+# One msgr stream against a fresh `msgr serve`; prints msgr stream's JSON.
+msgr_rate() {
+  local port=$1
+  shift
+  timeout 120 "$bin" serve "tcp://127.0.0.1:$port" "$@" >/dev/null 2>&1 &
+  local server=$!
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    sleep 0.05
+  done
+  timeout 120 "$bin" stream "tcp://127.0.0.1:$port" --size "$SIZE" --count "$COUNT" --json "$@" \
+    | tail -n 1
+  kill -INT "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+}
+
+for r in $(seq "$ROUNDS"); do
+  z=$(timeout 120 "$zmq" "$PORT" "$COUNT" "$SIZE")
+  PORT=$((PORT + 1))
+  b=$(msgr_rate "$PORT")
+  PORT=$((PORT + 1))
+  f=$(msgr_rate "$PORT" --set batch_max_bytes=0)
+  PORT=$((PORT + 1))
+  echo "round $r: zmq $z"
+  echo "round $r: msgr (batched) $b"
+  echo "round $r: msgr (frame per message) $f"
+  printf '%s\t%s\t%s\n' "$z" "$b" "$f" >>"$out"
+done
+
+python3 - "$out" "${JSON:-}" <<'EOF'
+import json, statistics, sys
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1])]
+rate = lambda s: json.loads(s)["msgs_per_s"]
+z = [rate(r[0]) for r in rows]
+b = [rate(r[1]) for r in rows]
+f = [rate(r[2]) for r in rows]
+rb = [x / y for x, y in zip(b, z)]
+rf = [x / y for x, y in zip(f, z)]
+m = statistics.median
+print(f"\n64 B message rate, {len(rows)} rounds (median, per-round min-max):")
+print(f"  ZeroMQ PUSH/PULL          {m(z)/1e6:6.2f} M msg/s")
+print(f"  msgr, batch frames        {m(b)/1e6:6.2f} M msg/s  {m(rb):.2f}x zmq ({min(rb):.2f}-{max(rb):.2f})  target >= 3x")
+print(f"  msgr, frame per message   {m(f)/1e6:6.2f} M msg/s  {m(rf):.2f}x zmq ({min(rf):.2f}-{max(rf):.2f})")
+if sys.argv[2]:
+    with open(sys.argv[2], "a") as o:
+        o.write(json.dumps({"bench": "rate", "size": json.loads(rows[0][1])["size"],
+                            "zmq": z, "msgr_batched": b, "msgr_per_message": f}) + "\n")
+EOF
