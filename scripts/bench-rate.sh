@@ -66,7 +66,9 @@ done
 python3 - "$out" "${JSON:-}" <<'EOF'
 import json, statistics, sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1])]
-rate = lambda s: json.loads(s)["msgs_per_s"]
+def rate(s):
+    d = json.loads(s)
+    return d["stream"]["msgs_per_s"] if "stream" in d else d["msgs_per_s"]
 z = [rate(r[0]) for r in rows]
 b = [rate(r[1]) for r in rows]
 f = [rate(r[2]) for r in rows]
@@ -79,6 +81,6 @@ print(f"  msgr, batch frames        {m(b)/1e6:6.2f} M msg/s  {m(rb):.2f}x zmq ({
 print(f"  msgr, frame per message   {m(f)/1e6:6.2f} M msg/s  {m(rf):.2f}x zmq ({min(rf):.2f}-{max(rf):.2f})")
 if sys.argv[2]:
     with open(sys.argv[2], "a") as o:
-        o.write(json.dumps({"bench": "rate", "size": json.loads(rows[0][1])["size"],
+        o.write(json.dumps({"bench": "rate", "size": json.loads(rows[0][0])["size"],
                             "zmq": z, "msgr_batched": b, "msgr_per_message": f}) + "\n")
 EOF

@@ -6,6 +6,26 @@
 //! session engines, fire timers, drive the engines (transmit, deliver), flush.
 //! Sessions are sharded over workers by peer address; a link accepted by one
 //! worker moves to the owner of its session once the peer said hello.
+//!
+//! # What each message still costs, and why
+//!
+//! Small messages travel in batch frames (`msgr_proto::batch`): the
+//! preamble, CRC32C calls, transport unit and receive-throttle guard are
+//! paid per batch. Per message there remain:
+//! - sending (`Connection::send`): the queue reservation (two atomic adds:
+//!   the bound holds for senders on any thread), and the hand-off — on this
+//!   worker's thread a push to the thread-local command list, where a
+//!   burst to one connection joins one `SendBatch`; from another thread a
+//!   channel send (use `Connection::send_batch` to hand over many at once);
+//! - the session's queue entry (`Session::send`), kept until acknowledged
+//!   because replay re-sends by sequence number;
+//! - its batch entry: a few header bytes and a copy of the payload into the
+//!   session's batch buffer (`Session::transmit_batch`), its share of the
+//!   CRC32C pass;
+//! - receiving: the entry's parse, a view of the received buffer for its
+//!   payload (one reference count), the sequence check, and the
+//!   `Dispatcher::on_message` call from [`Worker::drive`]'s loop.
+//! No allocation, lock or channel per message on the worker's own thread.
 
 pub(crate) mod affinity;
 mod command;
