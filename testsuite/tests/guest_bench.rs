@@ -41,6 +41,11 @@ const LAT_WARMUP: u32 = 200;
 const BW_ITERS: u32 = 1000;
 /// Seconds `msgr stream` sends.
 const STREAM_SECS: u32 = 3;
+/// Small messages streamed, in batch frames: their rate and the work
+/// requests and completion-queue polls they took per message.
+const SMALL_SIZE: u32 = 64;
+/// Seconds the small-message stream sends.
+const SMALL_STREAM_SECS: u32 = 1;
 /// Rounds in the boot: TCG timings swing between runs, so each figure is
 /// taken this many times, alternating msgr and its references.
 const ROUNDS: u16 = 3;
@@ -233,6 +238,10 @@ fn round_commands(
         size: BW_SIZE,
         secs: STREAM_SECS,
     });
+    runs.push(ClientRun::Stream {
+        size: SMALL_SIZE,
+        secs: SMALL_STREAM_SECS,
+    });
     for (transport, addr, port, global) in MSGR_RUNS {
         let addr = addr
             .replace("{port}", &(port + shift).to_string())
@@ -282,6 +291,8 @@ struct MsgrFigures {
     /// One per [`LAT_SIZES`] entry.
     pings: Vec<Result<PingFigures, String>>,
     stream: Result<StreamFigures, String>,
+    /// The [`SMALL_SIZE`] stream.
+    small: Result<StreamFigures, String>,
 }
 
 fn output<'a>(out: &'a GuestOutcome, name: &str) -> Result<&'a str, String> {
@@ -323,11 +334,13 @@ fn parse(out: &GuestOutcome, round: u16) -> Figures {
                 .iter()
                 .map(|&s| o.clone().and_then(|o| parse_ping(o, s)))
                 .collect();
-            let stream = o.and_then(|o| parse_stream(o, BW_SIZE));
+            let stream = o.clone().and_then(|o| parse_stream(o, BW_SIZE));
+            let small = o.and_then(|o| parse_stream(o, SMALL_SIZE));
             MsgrFigures {
                 transport,
                 pings,
                 stream,
+                small,
             }
         })
         .collect();
@@ -383,6 +396,7 @@ impl Figures {
                 e.extend(p.as_ref().err().map(|x| format!("{t}: {x}")));
             }
             e.extend(m.stream.as_ref().err().map(|x| format!("{t}: {x}")));
+            e.extend(m.small.as_ref().err().map(|x| format!("{t}: {x}")));
         }
         for (t, pings) in &self.alone {
             for p in pings {
@@ -596,6 +610,36 @@ fn table(rounds: &[Figures]) -> String {
     s
 }
 
+/// The [`SMALL_SIZE`] streams: rate, and per message the sender's send
+/// work requests and completion-queue polls (DESIGN §7: at most one WR and
+/// one poll per batch, so far below one per message), medians over rounds.
+fn small_message_table(rounds: &[Figures]) -> String {
+    let mut s = format!(
+        "\n{SMALL_SIZE} B stream ({SMALL_STREAM_SECS} s, batch frames), median of rounds:\n\
+         {:<14} {:>12} {:>16} {:>16}\n",
+        "transport", "msg/s", "send WRs / msg", "CQ polls / msg"
+    );
+    for (transport, ..) in MSGR_RUNS {
+        let figures: Vec<&StreamFigures> = rounds
+            .iter()
+            .filter_map(|r| r.msgr.iter().find(|m| m.transport == transport))
+            .filter_map(|m| m.small.as_ref().ok())
+            .collect();
+        let med = |f: fn(&StreamFigures) -> Option<f64>| {
+            let v: Vec<f64> = figures.iter().filter_map(|x| f(x)).collect();
+            median(v).map_or("-".to_string(), |m| format!("{m:.4}"))
+        };
+        let _ = writeln!(
+            s,
+            "{transport:<14} {:>12} {:>16} {:>16}",
+            med(|f| Some(f.msgs_per_s.round())),
+            med(|f| f.send_wrs_per_message),
+            med(|f| f.cq_polls_per_message)
+        );
+    }
+    s
+}
+
 /// One boot, [`ROUNDS`] rounds of reference peers and msgr over verbs, TCP
 /// and rdmacm; a table of median ratios. Fails if any msgr run fails or its
 /// output does not parse, or if a polling reference gave no figure in any
@@ -612,6 +656,7 @@ fn msgr_tool_against_perftest_in_the_guest() {
     println!("{out}");
     let rounds: Vec<Figures> = (0..ROUNDS).map(|r| parse(&out, r)).collect();
     println!("{}", table(&rounds));
+    println!("{}", small_message_table(&rounds));
     let errors: Vec<String> = rounds.iter().flat_map(Figures::msgr_errors).collect();
     assert!(
         errors.is_empty(),

@@ -687,9 +687,20 @@ pub fn stream(
             }
         }
     });
+    let counters = m
+        .transport_stats()
+        .into_iter()
+        .find(|s| s.kind == target.transport)
+        .map(|s| s.values)
+        .unwrap_or_default();
     m.shutdown(Duration::from_secs(1));
     let (end, totals) = result?;
     let sent = d.sent.load(Ordering::Relaxed);
     let elapsed = end.duration_since(start).as_secs_f64();
-    Ok((StreamResult::new(opts.size, sent, elapsed), totals))
+    let mut r = StreamResult::new(opts.size, sent, elapsed);
+    r.sender_transport = counters
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    Ok((r, totals))
 }

@@ -1,6 +1,7 @@
 //! Result records and latency percentiles.
 
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// Percentiles of a set of durations, in microseconds.
 #[derive(Clone, Debug, Serialize)]
@@ -120,6 +121,11 @@ pub struct StreamResult {
     pub gbit_per_s: f64,
     /// Messages per second.
     pub msgs_per_s: f64,
+    /// The sender's transport counters after the run (those its backend
+    /// keeps: RDMA's `sends_posted` and `cq_polls` say how many work
+    /// requests and completion-queue polls the messages took).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub sender_transport: BTreeMap<String, u64>,
 }
 
 impl StreamResult {
@@ -135,7 +141,14 @@ impl StreamResult {
             mib_per_s: bytes as f64 / t / (1u64 << 20) as f64,
             gbit_per_s: bytes as f64 * 8.0 / t / 1e9,
             msgs_per_s: messages as f64 / t,
+            sender_transport: BTreeMap::new(),
         }
+    }
+
+    /// `counter` of the sender's transport per message sent, if it keeps one.
+    pub fn per_message(&self, counter: &str) -> Option<f64> {
+        let v = *self.sender_transport.get(counter)?;
+        Some(v as f64 / self.messages.max(1) as f64)
     }
 
     /// One human-readable line.
@@ -149,6 +162,12 @@ impl StreamResult {
             self.gbit_per_s,
             self.msgs_per_s
         );
+        if let (Some(wr), Some(polls)) = (
+            self.per_message("sends_posted"),
+            self.per_message("cq_polls"),
+        ) {
+            println!("  sender: {wr:.4} send work requests and {polls:.4} completion-queue polls per message");
+        }
     }
 }
 

@@ -217,6 +217,9 @@ impl LinkParams {
 #[derive(Clone, Debug, Default)]
 struct RdmaCounters {
     sends_posted: u64,
+    /// `ibv_poll_cq` calls that returned completions (what a batch frame
+    /// amortises: DESIGN §7 asks for at most one per batch).
+    cq_polls: u64,
     recvs: u64,
     credit_only_sends: u64,
     /// Times a link had data queued but no credit.
@@ -624,6 +627,7 @@ impl RdmaTransport {
             if n == 0 {
                 return any;
             }
+            self.counters.cq_polls += 1;
             any = true;
         }
     }
@@ -1625,6 +1629,7 @@ impl Transport for RdmaTransport {
         let reads: u64 = self.links.values().map(|l| l.reads.len() as u64).sum();
         let mut values = vec![
             ("sends_posted", c.sends_posted),
+            ("cq_polls", c.cq_polls),
             ("recvs", c.recvs),
             ("credit_only_sends", c.credit_only_sends),
             ("credit_stalls", c.credit_stalls),

@@ -25,6 +25,7 @@
 //! - receiving: the entry's parse, a view of the received buffer for its
 //!   payload (one reference count), the sequence check, and the
 //!   `Dispatcher::on_message` call from [`Worker::drive`]'s loop.
+//!
 //! No allocation, lock or channel per message on the worker's own thread.
 
 pub(crate) mod affinity;

@@ -197,6 +197,12 @@ pub struct StreamFigures {
     pub messages: u64,
     pub mib_per_s: f64,
     pub msgs_per_s: f64,
+    /// The sender's send work requests per message, where its transport
+    /// counts them (RDMA: `sends_posted`).
+    pub send_wrs_per_message: Option<f64>,
+    /// The sender's completion-queue polls that found completions, per
+    /// message (RDMA: `cq_polls`).
+    pub cq_polls_per_message: Option<f64>,
 }
 
 fn result_json(out: &str, label: &str) -> Result<serde_json::Value, String> {
@@ -256,11 +262,19 @@ pub fn parse_stream(out: &str, size: u32) -> Result<StreamFigures, String> {
     let label = ClientRun::Stream { size, secs: 0 }.label();
     let v = result_json(out, &label)?;
     let f = |p: &[&str]| num(&v, p, &label);
+    let messages = f(&["stream", "messages"])?;
+    let per_message = |counter: &str| {
+        v.pointer(&format!("/stream/sender_transport/{counter}"))
+            .and_then(serde_json::Value::as_f64)
+            .map(|n| n / messages.max(1.0))
+    };
     let figures = StreamFigures {
         size: f(&["stream", "size"])? as u64,
-        messages: f(&["stream", "messages"])? as u64,
+        messages: messages as u64,
         mib_per_s: f(&["stream", "mib_per_s"])?,
         msgs_per_s: f(&["stream", "msgs_per_s"])?,
+        send_wrs_per_message: per_message("sends_posted"),
+        cq_polls_per_message: per_message("cq_polls"),
     };
     if figures.messages == 0 || figures.size != u64::from(size) {
         return Err(format!("{label}: {figures:?}"));
@@ -284,6 +298,13 @@ result stream-65536 {"target":"tcp://127.0.0.1:18701","driver":"callback","strea
         assert_eq!((p.one_way_p50_us, p.one_way_mean_us), (50.0, 60.0));
         let s = parse_stream(OUT, 65536).unwrap();
         assert_eq!((s.messages, s.mib_per_s), (1000, 62.5));
+        assert_eq!(s.send_wrs_per_message, None, "TCP counts no work requests");
+        let verbs = r#"result stream-64 {"stream":{"size":64,"messages":4000,"mib_per_s":1.0,"msgs_per_s":9.0,"sender_transport":{"sends_posted":20,"cq_polls":10}}}"#;
+        let s = parse_stream(verbs, 64).unwrap();
+        assert_eq!(
+            (s.send_wrs_per_message, s.cq_polls_per_message),
+            (Some(0.005), Some(0.0025))
+        );
         // A failed client has no result line: an error, never a figure.
         assert!(parse_ping(OUT, 2).unwrap_err().contains("no result line"));
         assert!(parse_ping("result ping-64 {\"ping\":{}}", 64).is_err());
