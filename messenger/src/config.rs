@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use msgr_proto::{Policy, SessionConfig};
 
+use crate::dispatcher::HandlerPanicPolicy;
 use crate::faults::FaultPlan;
 use thiserror::Error;
 
@@ -48,6 +49,11 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "payload_crc",
         "CRC32C on message payloads (default true); false on both sides skips it, \
          for transports that check integrity themselves (RDMA); headers stay checked",
+    ),
+    (
+        "on_handler_panic",
+        "what a panicking dispatcher callback does: fail-connection (default: that connection \
+         ends, on_reset says why, the worker serves the others) or abort (the process)",
     ),
     (
         "batch_max_bytes",
@@ -243,6 +249,9 @@ pub struct MessengerConfig {
     pub rdma: msgr_backends::RdmaPoolConfig,
     /// Faults to inject at the transport boundary (tests and fault drills).
     pub faults: Option<FaultPlan>,
+    /// What a panic in a [`crate::Dispatcher`] callback does: end that
+    /// connection (default) or abort the process.
+    pub handler_panic: HandlerPanicPolicy,
 }
 
 impl Default for MessengerConfig {
@@ -260,6 +269,7 @@ impl Default for MessengerConfig {
             max_handshakes: 1024,
             rdma: msgr_backends::RdmaPoolConfig::default(),
             faults: None,
+            handler_panic: HandlerPanicPolicy::FailConnection,
         }
     }
 }
@@ -340,6 +350,19 @@ impl MessengerConfig {
                     value: value.into(),
                     why: "expected lossy-client, lossless-client or lossless-peer".into(),
                 })?
+            }
+            "on_handler_panic" => {
+                self.handler_panic = match value.trim() {
+                    "fail-connection" => HandlerPanicPolicy::FailConnection,
+                    "abort" => HandlerPanicPolicy::Abort,
+                    _ => {
+                        return Err(ConfigError::BadValue {
+                            key: key.into(),
+                            value: value.into(),
+                            why: "expected fail-connection or abort".into(),
+                        })
+                    }
+                }
             }
             "payload_crc" => {
                 s.payload_crc = match value.trim() {
@@ -513,6 +536,7 @@ mod tests {
                 "fabric_cq_wait" => "poll",
                 "worker_cpus" => "0",
                 "batch_max_bytes" => "4096",
+                "on_handler_panic" => "abort",
                 _ => "3",
             };
             MessengerConfig::default()

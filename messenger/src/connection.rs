@@ -34,6 +34,11 @@ pub enum SendError {
     /// [`Connection::send_timeout`] gave up.
     #[error("send queue stayed full for {0:?}")]
     Timeout(Duration),
+    /// The worker thread that owns this connection died (a panic, a bug:
+    /// `worker_deaths` counts it, the shutdown report says so); the
+    /// connection is gone with it.
+    #[error("the worker owning this connection has died")]
+    WorkerStopped,
 }
 
 const STATE_CONNECTING: u8 = 0;
@@ -222,6 +227,7 @@ impl Connection {
         if self.state() == ConnectionState::Closed {
             return Err(SendError::Closed);
         }
+        self.worker_alive()?;
         self.reserve(1, msg.payload_len() as u64)?;
         self.inner.dispatch(Command::Send {
             key: self.inner.key,
@@ -247,6 +253,7 @@ impl Connection {
         if self.state() == ConnectionState::Closed {
             return Err(SendError::Closed);
         }
+        self.worker_alive()?;
         if msgs.is_empty() {
             return Ok(());
         }
@@ -276,6 +283,14 @@ impl Connection {
                 other => return other,
             }
         }
+    }
+
+    /// Fails if the worker owning this connection died.
+    fn worker_alive(&self) -> Result<(), SendError> {
+        if self.inner.shared.workers[self.inner.worker].is_dead() {
+            return Err(SendError::WorkerStopped);
+        }
+        Ok(())
     }
 
     /// Reserves queue room for one message of `len` bytes, or says it is full.
@@ -385,8 +400,12 @@ impl Connection {
         self.inner.policy
     }
 
-    /// The current state.
+    /// The current state ([`ConnectionState::Closed`] too if the worker
+    /// owning the connection died).
     pub fn state(&self) -> ConnectionState {
+        if self.inner.shared.workers[self.inner.worker].is_dead() {
+            return ConnectionState::Closed;
+        }
         match self.inner.state.load(Ordering::Acquire) {
             STATE_CONNECTING => ConnectionState::Connecting,
             STATE_OPEN => ConnectionState::Open,

@@ -65,6 +65,10 @@ counters! {
     handshakes_refused,
     /// Times a worker confined to one CPU stopped spinning for a while because a yield handed a whole time slice to a busy thread sharing that CPU.
     spin_pauses,
+    /// Dispatcher callbacks that panicked (each ended its connection, or aborted the process: `on_handler_panic`).
+    handler_panics,
+    /// Worker threads that died of a panic (a bug: their sessions are lost; sends to them fail).
+    worker_deaths,
 }
 
 impl Counters {

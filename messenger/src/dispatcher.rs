@@ -47,6 +47,65 @@ pub trait Dispatcher: Send + Sync + 'static {
     }
 }
 
+/// What a messenger does when a [`Dispatcher`] callback panics (config key
+/// `on_handler_panic`). Either way the panic is logged with the connection
+/// and what was being delivered, and counted (`handler_panics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HandlerPanicPolicy {
+    /// End that connection ([`msgr_proto::FaultReason::HandlerPanicked`]
+    /// reaches `on_reset`); the worker goes on serving the others.
+    #[default]
+    FailConnection,
+    /// Abort the process, for deployments that prefer a crash and a restart
+    /// to running on after a bug.
+    Abort,
+}
+
+/// A callback panicked (see [`HandlerPanicPolicy`]); the panic's message.
+#[derive(Debug)]
+pub(crate) struct Panicked(pub(crate) String);
+
+/// Runs one dispatcher callback, catching a panic: logged with `conn` and
+/// `what` was delivered, counted in `panics`, then by `policy` the process
+/// aborts or the caller gets [`Panicked`] to end the connection. Costs
+/// nothing on the path that does not panic (unwinding is table-driven).
+pub(crate) fn guarded(
+    policy: HandlerPanicPolicy,
+    panics: &std::sync::atomic::AtomicU64,
+    conn: &Connection,
+    what: impl FnOnce() -> String,
+    callback: impl FnOnce(),
+) -> Result<(), Panicked> {
+    let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(callback)) else {
+        return Ok(());
+    };
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    panics.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let what = what();
+    tracing::error!(
+        connection = conn.id(),
+        target = %conn.target(),
+        delivering = %what,
+        panic = %message,
+        "a dispatcher callback panicked"
+    );
+    if policy == HandlerPanicPolicy::Abort {
+        eprintln!(
+            "msgr: a dispatcher callback panicked delivering {} on connection {} ({}): {message}; \
+             aborting (on_handler_panic = abort)",
+            what,
+            conn.id(),
+            conn.target()
+        );
+        std::process::abort();
+    }
+    Err(Panicked(message))
+}
+
 /// A dispatcher that drops everything (for send-only messengers).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NullDispatcher;

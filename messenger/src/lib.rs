@@ -52,7 +52,7 @@ mod worker;
 pub use config::{parse_policy, ConfigError, MessengerConfig, CONFIG_KEYS};
 pub use connection::{Connection, ConnectionState, ConnectionStatus, SendError};
 pub use counters::Counters;
-pub use dispatcher::{Dispatcher, NullDispatcher};
+pub use dispatcher::{Dispatcher, HandlerPanicPolicy, NullDispatcher};
 pub use faults::{FaultPlan, FaultPlanError};
 pub use messenger::{MemoryUse, Messenger, MessengerBuilder, MessengerError, ShutdownReport};
 pub use msgr_addr::{AddrVec, EntityAddr, EntityName, TransportKind};
@@ -61,7 +61,8 @@ pub use msgr_backends::{
     RdmaPoolConfig, RealFault, SimulatedFault, TransportStats,
 };
 pub use msgr_proto::{
-    Codec, CodecError, FaultReason, Message, PeerInfo, Policy, Postcard, SessionConfig,
+    Codec, CodecError, FaultReason, Message, PeerInfo, Policy, Postcard, SessionConfig, TypedError,
+    TypedMessage,
 };
 pub use worker::affinity::allowed_cpus;
 

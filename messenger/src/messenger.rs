@@ -19,7 +19,7 @@ use crate::config::MessengerConfig;
 use crate::counters::Counters;
 use crate::dispatcher::Dispatcher;
 use crate::throttle::RxThrottle;
-use crate::worker::{owner_of, peer_key, Command, Worker, WorkerHandle, WorkerReport};
+use crate::worker::{owner_of, peer_key, run_guarded, Command, Worker, WorkerHandle, WorkerReport};
 use crate::Connection;
 
 /// Messenger-level failures.
@@ -38,6 +38,10 @@ pub enum MessengerError {
     /// A worker thread could not be started.
     #[error("starting worker: {0}")]
     Spawn(std::io::Error),
+    /// The worker that would own the connection died (a panic: see
+    /// [`ShutdownReport::workers_died`]).
+    #[error("the messenger's worker {0} has died")]
+    WorkerStopped(usize),
 }
 
 /// State shared by the facade, the workers and the connection handles.
@@ -81,6 +85,9 @@ pub struct ShutdownReport {
     pub forced_sessions: usize,
     /// Transport links still open after the workers stopped (should be 0).
     pub leaked_links: usize,
+    /// Worker threads that died of a panic (should be 0: a bug; their
+    /// sessions were lost, and `worker_deaths` counts them as it happens).
+    pub workers_died: usize,
 }
 
 /// Builds a [`Messenger`].
@@ -240,6 +247,8 @@ impl Messenger {
                 Vec::new()
             };
             let w = Worker::new(idx, shared.clone(), poll, rx, sleeping, ts, l);
+            let dead = shared.workers[idx].dead_flag();
+            let guard = shared.clone();
             let cpus = &shared.cfg.worker_cpus;
             let cpu = (!cpus.is_empty()).then(|| cpus[idx % cpus.len()]);
             let th = std::thread::Builder::new()
@@ -252,7 +261,7 @@ impl Messenger {
                             tracing::warn!(worker = idx, cpu, error = %e, "worker not pinned");
                         }
                     }
-                    w.run()
+                    run_guarded(idx, &dead, &guard.counters.worker_deaths, || w.run())
                 })
                 .map_err(MessengerError::Spawn)?;
             threads.push(th);
@@ -307,6 +316,9 @@ impl Messenger {
             }
         }
         let worker = owner_of(&key, self.shared.workers.len());
+        if self.shared.workers[worker].is_dead() {
+            return Err(MessengerError::WorkerStopped(worker));
+        }
         let conn = Connection::new(
             self.shared.clone(),
             self.shared.next_session_key(),
@@ -462,8 +474,12 @@ impl Messenger {
                     report.undelivered += r.undelivered;
                     report.forced_sessions += r.forced;
                     report.leaked_links += r.leaked_links;
+                    report.workers_died += usize::from(r.died);
                 }
-                Err(_) => tracing::error!("a worker thread panicked"),
+                Err(_) => {
+                    tracing::error!("a worker thread panicked");
+                    report.workers_died += 1;
+                }
             }
         }
         // Handles refer back to the shared state: break the cycle.

@@ -31,7 +31,7 @@ pub mod sim;
 pub mod stream;
 
 pub use banner::Banner;
-pub use codec::{Codec, CodecError, Postcard};
+pub use codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
 pub use error::{BannerError, FrameError, ProtocolError};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
 pub use message::Message;

@@ -10,7 +10,7 @@ use bytes::{BufMut, Bytes};
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::checksum::CrcMemo;
-use crate::codec::{Codec, CodecError, Postcard};
+use crate::codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
 use crate::error::{FrameError, ProtocolError};
 use crate::frame::{checked_segments, segment_crc, Frame, Preamble, Segments, Tag};
 
@@ -98,7 +98,30 @@ impl Message {
         Ok(Message::new(msg_type, codec.encode(value)?, Bytes::new()))
     }
 
-    /// Decodes the front segment with the default codec (postcard).
+    /// A message of `value`'s [`TypedMessage::TYPE`], its front segment
+    /// `value` encoded with the default codec (postcard). Read it back with
+    /// [`Message::decode_typed`], which checks the type.
+    pub fn typed<T: TypedMessage>(value: &T) -> Result<Message, CodecError> {
+        Message::encode(T::TYPE, value)
+    }
+
+    /// Decodes the front segment as a `T` if the message is of `T`'s type:
+    /// a message of another type is [`TypedError::WrongType`] (see
+    /// [`TypedMessage`]).
+    pub fn decode_typed<T: TypedMessage>(&self) -> Result<T, TypedError> {
+        if self.msg_type != T::TYPE {
+            return Err(TypedError::WrongType {
+                expected: T::TYPE,
+                actual: self.msg_type,
+                name: std::any::type_name::<T>(),
+            });
+        }
+        Ok(self.decode()?)
+    }
+
+    /// Decodes the front segment with the default codec (postcard),
+    /// whatever the message's type (see [`Message::decode_typed`] for the
+    /// checked way).
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T, CodecError> {
         self.decode_with(&Postcard)
     }

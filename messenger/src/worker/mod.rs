@@ -56,6 +56,7 @@ pub(crate) use command::{Command, LinkFault, WorkerStats};
 
 use crate::connection::{Connection, ConnectionState, LocalWorker, LOCAL_WORKER};
 use crate::counters::Counters;
+use crate::dispatcher::{guarded, Panicked};
 use crate::faults::{FaultAction, FaultInjector};
 use crate::messenger::Shared;
 
@@ -72,6 +73,9 @@ pub(crate) struct WorkerHandle {
     tx: Sender<Command>,
     waker: Arc<Waker>,
     sleeping: Arc<AtomicBool>,
+    /// Set if the worker's thread died of a panic (a bug in msgr or a
+    /// backend): its sessions are gone, and sends to them fail.
+    dead: Arc<AtomicBool>,
 }
 
 impl WorkerHandle {
@@ -91,6 +95,15 @@ impl WorkerHandle {
         self.tx.is_empty()
     }
 
+    /// Whether the worker's thread died ([`run_guarded`]).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn dead_flag(&self) -> Arc<AtomicBool> {
+        self.dead.clone()
+    }
+
     pub(crate) fn waker(&self) -> Arc<Waker> {
         self.waker.clone()
     }
@@ -102,6 +115,39 @@ pub(crate) struct WorkerReport {
     pub(crate) undelivered: u64,
     pub(crate) forced: usize,
     pub(crate) leaked_links: usize,
+    /// The worker's thread died of a panic ([`run_guarded`]).
+    pub(crate) died: bool,
+}
+
+/// Runs a worker's loop, catching a panic that escapes it (a bug: the
+/// dispatcher's own panics are caught per callback): the worker is marked
+/// dead so that sends to its sessions fail with
+/// `SendError::WorkerStopped`, the death is counted (`worker_deaths`) and
+/// logged, and the shutdown report says so. Its sessions are lost with it.
+pub(crate) fn run_guarded(
+    idx: usize,
+    dead: &AtomicBool,
+    deaths: &std::sync::atomic::AtomicU64,
+    run: impl FnOnce() -> WorkerReport,
+) -> WorkerReport {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(report) => report,
+        Err(payload) => {
+            dead.store(true, Ordering::Release);
+            deaths.fetch_add(1, Ordering::Relaxed);
+            let why = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(worker = idx, panic = %why, "a messenger worker thread died; its sessions are lost");
+            LOCAL_WORKER.with(|l| *l.borrow_mut() = None);
+            WorkerReport {
+                died: true,
+                ..WorkerReport::default()
+            }
+        }
+    }
 }
 
 /// Which peer a session belongs to, for routing: the address without its nonce
@@ -196,6 +242,7 @@ impl Worker {
             WorkerHandle {
                 tx,
                 waker,
+                dead: Arc::new(AtomicBool::new(false)),
                 sleeping: sleeping.clone(),
             },
             rx,
@@ -638,9 +685,8 @@ impl Worker {
             Err(e) => {
                 tracing::warn!(error = %e, target = %conn.inner.target, "cannot connect");
                 conn.set_state(ConnectionState::Closed);
-                self.shared
-                    .dispatcher
-                    .on_reset(&conn, &FaultReason::Transport(e.to_string()));
+                let reason = FaultReason::Transport(e.to_string());
+                let _ = self.callback(&conn, || "on_reset".into(), |d, c| d.on_reset(c, &reason));
                 return;
             }
         };
@@ -819,10 +865,22 @@ impl Worker {
                 // Messages, the hot case (every entry of a batch), go to the
                 // dispatcher with the slot in hand: no second lookup, no
                 // event dispatch. Anything else takes handle_session_event.
-                let dispatcher = &self.shared.dispatcher;
+                let shared = &self.shared;
                 let ev = loop {
                     match slot.session.poll_event() {
-                        Some(SessionEvent::Message(msg)) => dispatcher.on_message(&slot.conn, msg),
+                        Some(SessionEvent::Message(msg)) => {
+                            let conn = &slot.conn;
+                            let ty = msg.msg_type;
+                            if let Err(Panicked(why)) = guarded(
+                                shared.cfg.handler_panic,
+                                &shared.counters.handler_panics,
+                                conn,
+                                || format!("a message of type {ty}"),
+                                || shared.dispatcher.on_message(conn, msg),
+                            ) {
+                                slot.session.abort(FaultReason::HandlerPanicked(why));
+                            }
+                        }
                         other => break other,
                     }
                 };
@@ -928,7 +986,13 @@ impl Worker {
             // (`drive`): not two atomic additions before every delivery.
             // Charged to the receive throttle when its unit arrived
             // (`RxThrottle::charge_unit`).
-            self.shared.dispatcher.on_message(&slot.conn, msg);
+            let ty = msg.msg_type;
+            let r = self.callback(
+                &slot.conn,
+                || format!("a message of type {ty}"),
+                |d, c| d.on_message(c, msg),
+            );
+            self.abort_on_panic(key, r);
             return;
         }
         let Some(slot) = self.sessions.get_mut(&key) else {
@@ -936,7 +1000,6 @@ impl Worker {
         };
         let conn = slot.conn.clone();
         let c = &self.shared.counters;
-        let d = &self.shared.dispatcher;
         match ev {
             SessionEvent::Connect(addr) => {
                 let t = slot.transport;
@@ -965,13 +1028,14 @@ impl Worker {
             SessionEvent::Established(peer) => {
                 *conn.inner.peer.lock() = Some(peer);
                 conn.set_state(ConnectionState::Open);
-                if slot.accepted {
+                let r = if slot.accepted {
                     Counters::add(&c.sessions_accepted, 1);
-                    d.on_accept(&conn);
+                    self.callback(&conn, || "on_accept".into(), |d, c| d.on_accept(c))
                 } else {
                     Counters::add(&c.sessions_connected, 1);
-                    d.on_connect(&conn);
-                }
+                    self.callback(&conn, || "on_connect".into(), |d, c| d.on_connect(c))
+                };
+                self.abort_on_panic(key, r);
             }
             SessionEvent::Resumed { replayed } => {
                 conn.set_state(ConnectionState::Open);
@@ -990,14 +1054,50 @@ impl Worker {
                     Counters::add(&c.keepalive_timeouts, 1);
                 }
                 self.report.undelivered += undelivered;
-                d.on_reset(&conn, &reason);
+                // The session has ended: a panic here is logged and counted.
+                let _ = self.callback(&conn, || "on_reset".into(), |d, c| d.on_reset(c, &reason));
             }
             SessionEvent::RemoteReset { dropped } => {
                 Counters::add(&c.remote_resets, 1);
                 Counters::add(&c.messages_dropped, dropped);
-                d.on_remote_reset(&conn);
+                let r = self.callback(
+                    &conn,
+                    || "on_remote_reset".into(),
+                    |d, c| d.on_remote_reset(c),
+                );
+                self.abort_on_panic(key, r);
             }
             SessionEvent::Closed => conn.set_state(ConnectionState::Closed),
+        }
+    }
+
+    /// Runs one dispatcher callback for `conn` under the configured panic
+    /// policy (`crate::dispatcher::guarded`); `what` names what it was
+    /// given, for the log.
+    fn callback(
+        &self,
+        conn: &Connection,
+        what: impl FnOnce() -> String,
+        f: impl FnOnce(&dyn crate::Dispatcher, &Connection),
+    ) -> Result<(), Panicked> {
+        let shared = &self.shared;
+        guarded(
+            shared.cfg.handler_panic,
+            &shared.counters.handler_panics,
+            conn,
+            what,
+            || f(&*shared.dispatcher, conn),
+        )
+    }
+
+    /// Ends session `key` if its handler panicked: `on_reset` follows with
+    /// the panic's message.
+    fn abort_on_panic(&mut self, key: u64, r: Result<(), Panicked>) {
+        if let Err(Panicked(why)) = r {
+            if let Some(slot) = self.sessions.get_mut(&key) {
+                slot.session.abort(FaultReason::HandlerPanicked(why));
+                self.touch(key);
+            }
         }
     }
 
@@ -1333,5 +1433,30 @@ fn is_handshake(unit: &Transmit) -> bool {
             Tag::Hello | Tag::HelloOk | Tag::ReconnectOk | Tag::SessionReset | Tag::Wait
         ),
         Transmit::Message(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker loop that panics is caught: marked dead, counted, and its
+    /// report says it died (a real one is a bug, so a closure stands in).
+    #[test]
+    fn a_worker_that_panics_is_reported_dead() {
+        let dead = AtomicBool::new(false);
+        let deaths = std::sync::atomic::AtomicU64::new(0);
+        let ok = run_guarded(0, &dead, &deaths, || WorkerReport {
+            undelivered: 3,
+            ..WorkerReport::default()
+        });
+        assert_eq!(
+            (ok.undelivered, ok.died, dead.load(Ordering::Acquire)),
+            (3, false, false)
+        );
+        let r = run_guarded(1, &dead, &deaths, || panic!("a bug"));
+        assert!(r.died);
+        assert!(dead.load(Ordering::Acquire));
+        assert_eq!(deaths.load(Ordering::Relaxed), 1);
     }
 }

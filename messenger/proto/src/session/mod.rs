@@ -75,6 +75,10 @@ pub enum FaultReason {
     MarkedDown,
     /// A lossless server session waited too long for its peer to return.
     LingerExpired,
+    /// The application's handler for this connection panicked (its
+    /// dispatcher callback, with the panic's message); the messenger ended
+    /// the connection and went on serving the others.
+    HandlerPanicked(String),
 }
 
 impl std::fmt::Display for FaultReason {
@@ -87,6 +91,7 @@ impl std::fmt::Display for FaultReason {
             FaultReason::PeerClosed(r) => write!(f, "peer closed the session: {r}"),
             FaultReason::MarkedDown => write!(f, "marked down"),
             FaultReason::LingerExpired => write!(f, "peer did not come back"),
+            FaultReason::HandlerPanicked(m) => write!(f, "the application's handler panicked: {m}"),
         }
     }
 }
@@ -483,6 +488,19 @@ impl Session {
         self.queued_bytes += msg.payload_len();
         self.queue.push_back(msg);
         Ok(self.out_seq)
+    }
+
+    /// Ends the session now for a local reason (its owner's decision, say
+    /// a handler that panicked): queued messages are dropped and reported,
+    /// received messages not yet taken with [`Session::poll_event`] are
+    /// dropped too (nothing is delivered after the end), and a
+    /// [`SessionEvent::Reset`] with `reason` follows.
+    pub fn abort(&mut self, reason: FaultReason) {
+        if self.state != State::Closed {
+            self.events
+                .retain(|e| !matches!(e, SessionEvent::Message(_)));
+            self.terminate(reason);
+        }
     }
 
     /// Ends the session now; queued messages are dropped and reported.
