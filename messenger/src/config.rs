@@ -42,6 +42,12 @@ pub enum ConfigError {
     },
 }
 
+/// Prefixes of `MSGR_` environment variables that are not configuration
+/// keys but belong to msgr's test harness (the guest, the stress suite);
+/// [`MessengerConfig::apply_env`] passes over them. Any other unknown
+/// `MSGR_` variable is an error.
+pub const RESERVED_ENV: &[&str] = &["MSGR_IN_GUEST", "MSGR_GUEST_", "MSGR_STRESS_", "MSGR_TEST_"];
+
 /// Every key with a one-line description (for `--help` texts and the README).
 pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ("workers", "event-loop worker threads (default 1)"),
@@ -49,6 +55,11 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "payload_crc",
         "CRC32C on message payloads (default true); false on both sides skips it, \
          for transports that check integrity themselves (RDMA); headers stay checked",
+    ),
+    (
+        "bind",
+        "address to listen on when the application gives none, e.g. tcp://127.0.0.1:6800 or \
+         verbs://198.51.100.1:6800?dev=rxe0: its transport picks the backend (default none)",
     ),
     (
         "on_handler_panic",
@@ -252,6 +263,9 @@ pub struct MessengerConfig {
     /// What a panic in a [`crate::Dispatcher`] callback does: end that
     /// connection (default) or abort the process.
     pub handler_panic: HandlerPanicPolicy,
+    /// The address to listen on when the builder is given none
+    /// ([`crate::MessengerBuilder::bind`]): its transport picks the backend.
+    pub bind: Option<msgr_addr::EntityAddr>,
 }
 
 impl Default for MessengerConfig {
@@ -270,9 +284,35 @@ impl Default for MessengerConfig {
             rdma: msgr_backends::RdmaPoolConfig::default(),
             faults: None,
             handler_panic: HandlerPanicPolicy::FailConnection,
+            bind: None,
         }
     }
 }
+
+/// Parses a number and checks it lies in `range`, saying which range if not:
+/// a value that cannot work (a zero timeout, a limit of nothing, a timer
+/// that overflows the clock) is refused at start, not met later.
+fn parse_in<T>(key: &str, value: &str, range: std::ops::RangeInclusive<T>) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+    T::Err: std::fmt::Display,
+{
+    let v = parse_num::<T>(key, value)?;
+    if !range.contains(&v) {
+        return Err(ConfigError::BadValue {
+            key: key.into(),
+            value: value.into(),
+            why: format!("must be {}..={}", range.start(), range.end()),
+        });
+    }
+    Ok(v)
+}
+
+/// The largest configuration file read (1 MiB).
+pub const MAX_CONFIG_FILE: u64 = 1 << 20;
+
+/// The longest timer a key takes: a day, in milliseconds.
+const MAX_TIMER_MS: u64 = 86_400_000;
 
 fn parse_num<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, ConfigError>
 where
@@ -323,7 +363,9 @@ pub fn parse_policy(value: &str) -> Option<Policy> {
 impl MessengerConfig {
     /// Sets one key from its text form.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
-        let ms = |v: &str| parse_num::<u64>(key, v).map(Duration::from_millis);
+        // Timers from 1 ms to a day: 0 fires at once (a handshake that can
+        // never finish), u64::MAX overflows the clock.
+        let ms = |v: &str| parse_in::<u64>(key, v, 1..=MAX_TIMER_MS).map(Duration::from_millis);
         let s = &mut self.session;
         match key {
             "workers" => {
@@ -336,9 +378,11 @@ impl MessengerConfig {
                     });
                 }
             }
-            "busy_poll_us" => self.busy_poll = Duration::from_micros(parse_num(key, value)?),
+            "busy_poll_us" => {
+                self.busy_poll = Duration::from_micros(parse_in(key, value, 0..=1_000_000)?)
+            }
             "busy_poll_max_us" => {
-                self.busy_poll_max = Duration::from_micros(parse_num(key, value)?)
+                self.busy_poll_max = Duration::from_micros(parse_in(key, value, 0..=10_000_000)?)
             }
             "busy_poll_syscall_every" => {
                 self.busy_poll_syscall_every = parse_num::<u32>(key, value)?
@@ -350,6 +394,20 @@ impl MessengerConfig {
                     value: value.into(),
                     why: "expected lossy-client, lossless-client or lossless-peer".into(),
                 })?
+            }
+            "bind" => {
+                let v = value.trim();
+                self.bind = if v.is_empty() || v == "none" {
+                    None
+                } else {
+                    Some(v.parse().map_err(|e: msgr_addr::AddrParseError| {
+                        ConfigError::BadValue {
+                            key: key.into(),
+                            value: value.into(),
+                            why: e.to_string(),
+                        }
+                    })?)
+                };
             }
             "on_handler_panic" => {
                 self.handler_panic = match value.trim() {
@@ -382,8 +440,8 @@ impl MessengerConfig {
             "handshake_timeout_ms" => s.handshake_timeout = ms(value)?,
             "backoff_min_ms" => s.backoff_min = ms(value)?,
             "backoff_max_ms" => s.backoff_max = ms(value)?,
-            "max_queued_messages" => s.max_queued_messages = parse_num(key, value)?,
-            "max_queued_bytes" => s.max_queued_bytes = parse_num(key, value)?,
+            "max_queued_messages" => s.max_queued_messages = parse_in(key, value, 1..=1 << 24)?,
+            "max_queued_bytes" => s.max_queued_bytes = parse_in(key, value, 1..=1 << 40)?,
             "batch_max_bytes" => {
                 let n: usize = parse_num(key, value)?;
                 // A batch must hold at least one small message, and fit the
@@ -399,11 +457,15 @@ impl MessengerConfig {
                 }
                 s.batch_max_bytes = n;
             }
-            "max_front_bytes" => s.limits.max_segment[1] = parse_num(key, value)?,
-            "max_data_bytes" => s.limits.max_segment[2] = parse_num(key, value)?,
-            "rx_throttle_messages" => self.rx_throttle_messages = parse_num(key, value)?,
-            "rx_throttle_bytes" => self.rx_throttle_bytes = parse_num(key, value)?,
-            "max_handshakes" => self.max_handshakes = parse_num(key, value)?,
+            "max_front_bytes" => s.limits.max_segment[1] = parse_in(key, value, 1..=1 << 30)?,
+            "max_data_bytes" => s.limits.max_segment[2] = parse_in(key, value, 1..=u32::MAX)?,
+            "rx_throttle_messages" => {
+                self.rx_throttle_messages = parse_in(key, value, 1..=crate::throttle::MAX_MESSAGES)?
+            }
+            "rx_throttle_bytes" => {
+                self.rx_throttle_bytes = parse_in(key, value, 1..=crate::throttle::MAX_BYTES)?
+            }
+            "max_handshakes" => self.max_handshakes = parse_in(key, value, 1..=1 << 20)?,
             "rdma_chunk_size" => self.rdma.chunk_size = parse_num(key, value)?,
             "rdma_rx_chunks" => self.rdma.rx_chunks = parse_num(key, value)?,
             "rdma_tx_chunks" => self.rdma.tx_chunks = parse_num(key, value)?,
@@ -483,7 +545,20 @@ impl MessengerConfig {
             path: path.display().to_string(),
             why,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+        // Read at most a bound: `/dev/zero` or a log file given by mistake
+        // must be an error, not all of memory.
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| {
+                use std::io::Read;
+                f.take(MAX_CONFIG_FILE + 1).read_to_string(&mut text)
+            })
+            .map_err(|e| file_err(e.to_string()))?;
+        if text.len() as u64 > MAX_CONFIG_FILE {
+            return Err(file_err(format!(
+                "larger than {MAX_CONFIG_FILE} bytes: not a configuration file"
+            )));
+        }
         let table: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| file_err(e.to_string()))?;
@@ -502,13 +577,49 @@ impl MessengerConfig {
     /// Applies `MSGR_<KEY>` environment variables (e.g. `MSGR_WORKERS=2`), and
     /// the file named by `MSGR_CONFIG` first if set.
     pub fn apply_env(&mut self) -> Result<(), ConfigError> {
-        if let Ok(path) = std::env::var("MSGR_CONFIG") {
-            self.apply_file(Path::new(&path))?;
-        }
-        for (key, _) in CONFIG_KEYS {
-            if let Ok(v) = std::env::var(format!("MSGR_{}", key.to_ascii_uppercase())) {
-                self.set(key, &v)?;
+        self.apply_vars(std::env::vars_os())
+    }
+
+    /// [`MessengerConfig::apply_env`] over the given variables: `MSGR_CONFIG`
+    /// names a file, read first; `MSGR_<KEY>` sets a key. Any other
+    /// `MSGR_` variable is an error (a typo such as `MSGR_WOKRERS` would
+    /// otherwise be ignored), as an unknown key in a file is, except the
+    /// names reserved for msgr's own test harness ([`RESERVED_ENV`]). A
+    /// value that is not UTF-8 is an error too.
+    fn apply_vars(
+        &mut self,
+        vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    ) -> Result<(), ConfigError> {
+        let mut keys = Vec::new();
+        for (name, value) in vars {
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            let Some(rest) = name.strip_prefix("MSGR_") else {
+                continue;
+            };
+            if RESERVED_ENV.iter().any(|r| name.starts_with(r)) {
+                continue;
             }
+            let value = value.into_string().map_err(|v| ConfigError::BadValue {
+                key: name.into(),
+                value: v.to_string_lossy().into_owned(),
+                why: "not UTF-8".into(),
+            })?;
+            let key = rest.to_ascii_lowercase();
+            if key == "config" {
+                self.apply_file(Path::new(&value))?;
+            } else if CONFIG_KEYS.iter().any(|(k, _)| *k == key) {
+                keys.push((key, value));
+            } else {
+                return Err(ConfigError::UnknownKey(format!(
+                    "{name} (environment; known: MSGR_CONFIG and MSGR_<KEY> for the keys listed in the README)"
+                )));
+            }
+        }
+        // The file first, then the variables, whatever order they came in.
+        for (key, value) in keys {
+            self.set(&key, &value)?;
         }
         Ok(())
     }
@@ -537,11 +648,94 @@ mod tests {
                 "worker_cpus" => "0",
                 "batch_max_bytes" => "4096",
                 "on_handler_panic" => "abort",
+                "bind" => "tcp://127.0.0.1:0",
                 _ => "3",
             };
             MessengerConfig::default()
                 .set(key, value)
                 .unwrap_or_else(|e| panic!("{key}: {e}"));
+        }
+    }
+
+    /// Environment variables: keys set, the file first; a typo, an unknown
+    /// `MSGR_` name or a value that is not UTF-8 refused; the harness's
+    /// reserved names and other programs' variables passed over.
+    #[test]
+    fn environment_variables_are_checked_like_file_keys() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let vars = |v: &[(&str, &[u8])]| -> Vec<(OsString, OsString)> {
+            v.iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from_vec(v.to_vec())))
+                .collect()
+        };
+        let mut cfg = MessengerConfig::default();
+        cfg.apply_vars(vars(&[
+            ("MSGR_WORKERS", b"3"),
+            ("MSGR_IN_GUEST", b"1"),
+            ("MSGR_STRESS_SEED", b"7"),
+            ("PATH", b"/bin"),
+        ]))
+        .unwrap();
+        assert_eq!(cfg.workers, 3);
+        let e = MessengerConfig::default()
+            .apply_vars(vars(&[("MSGR_WOKRERS", b"2")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("MSGR_WOKRERS"), "{e}");
+        let e = MessengerConfig::default()
+            .apply_vars(vars(&[("MSGR_WORKERS", b"\xff")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("not UTF-8"), "{e}");
+    }
+
+    /// A file is read up to a bound: `/dev/zero` is an error, at once.
+    #[test]
+    fn an_endless_file_is_refused_not_read_to_the_end() {
+        let e = MessengerConfig::from_file(Path::new("/dev/zero")).unwrap_err();
+        assert!(
+            e.to_string().contains("not a configuration file") || e.to_string().contains("UTF-8"),
+            "{e}"
+        );
+    }
+
+    /// The bind address is a key: a file or the environment alone picks
+    /// the backend.
+    #[test]
+    fn bind_is_a_key() {
+        let mut cfg = MessengerConfig::default();
+        cfg.set("bind", "tcp://127.0.0.1:6800").unwrap();
+        assert_eq!(
+            cfg.bind.as_ref().map(|a| a.to_string()).as_deref(),
+            Some("tcp://127.0.0.1:6800")
+        );
+        assert!(cfg.set("bind", "nonsense://x").is_err());
+        cfg.set("bind", "none").unwrap();
+        assert!(cfg.bind.is_none());
+    }
+
+    /// Values that cannot work are refused at start, with the range.
+    #[test]
+    fn values_outside_their_range_are_refused_with_it() {
+        for (key, bad) in [
+            ("handshake_timeout_ms", "0"),
+            ("keepalive_timeout_ms", "0"),
+            ("keepalive_interval_ms", "18446744073709551615"),
+            ("backoff_min_ms", "0"),
+            ("max_handshakes", "0"),
+            ("max_data_bytes", "0"),
+            ("max_front_bytes", "0"),
+            ("max_queued_messages", "0"),
+            ("rx_throttle_bytes", "0"),
+            ("busy_poll_us", "99999999999"),
+        ] {
+            let e = MessengerConfig::default()
+                .set(key, bad)
+                .expect_err(key)
+                .to_string();
+            assert!(
+                e.contains("must be") && e.contains("..="),
+                "{key}={bad}: {e}"
+            );
         }
     }
 

@@ -49,7 +49,9 @@ mod messenger;
 mod throttle;
 mod worker;
 
-pub use config::{parse_policy, ConfigError, MessengerConfig, CONFIG_KEYS};
+pub use config::{
+    parse_policy, ConfigError, MessengerConfig, CONFIG_KEYS, MAX_CONFIG_FILE, RESERVED_ENV,
+};
 pub use connection::{Connection, ConnectionState, ConnectionStatus, SendError};
 pub use counters::Counters;
 pub use dispatcher::{Dispatcher, HandlerPanicPolicy, NullDispatcher};

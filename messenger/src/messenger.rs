@@ -38,6 +38,9 @@ pub enum MessengerError {
     /// A worker thread could not be started.
     #[error("starting worker: {0}")]
     Spawn(std::io::Error),
+    /// The configuration from the environment or its file is not valid.
+    #[error(transparent)]
+    Config(#[from] crate::ConfigError),
     /// The worker that would own the connection died (a panic: see
     /// [`ShutdownReport::workers_died`]).
     #[error("the messenger's worker {0} has died")]
@@ -104,19 +107,36 @@ pub struct ShutdownReport {
 /// ```
 pub struct MessengerBuilder {
     name: EntityName,
-    cfg: MessengerConfig,
+    /// The application's own configuration, if it gave one.
+    cfg: Option<MessengerConfig>,
+    /// Read `MSGR_CONFIG` and `MSGR_*` when no configuration was given.
+    from_env: bool,
     bind: Option<EntityAddr>,
 }
 
 impl MessengerBuilder {
-    /// Uses this configuration instead of [`MessengerConfig::default`].
+    /// Uses this configuration, as it is: the environment is not read (an
+    /// application that wants it too starts from
+    /// [`MessengerConfig::from_env`]). Without this call the builder uses
+    /// the defaults, then `MSGR_CONFIG`'s file, then `MSGR_<KEY>` variables
+    /// (see [`MessengerBuilder::without_env`]).
     pub fn config(mut self, cfg: MessengerConfig) -> Self {
-        self.cfg = cfg;
+        self.cfg = Some(cfg);
+        self
+    }
+
+    /// Without a [`MessengerBuilder::config`], use the defaults alone: no
+    /// `MSGR_CONFIG` file, no `MSGR_*` variables (for a program whose
+    /// environment is not its configuration).
+    pub fn without_env(mut self) -> Self {
+        self.from_env = false;
         self
     }
 
     /// Listens on `addr` (port 0 picks a free port; see [`Messenger::addr`]).
-    /// The address's transport decides the backend.
+    /// The address's transport decides the backend. Without this call the
+    /// configuration's `bind` key does (so a file or the environment alone
+    /// can pick the backend); without either, the messenger only connects.
     pub fn bind(mut self, addr: EntityAddr) -> Self {
         self.bind = Some(addr);
         self
@@ -146,16 +166,24 @@ impl Messenger {
     pub fn builder(name: EntityName) -> MessengerBuilder {
         MessengerBuilder {
             name,
-            cfg: MessengerConfig::default(),
+            cfg: None,
+            from_env: true,
             bind: None,
         }
     }
 
     fn start(
-        b: MessengerBuilder,
+        mut b: MessengerBuilder,
         dispatcher: Arc<dyn Dispatcher>,
     ) -> Result<Messenger, MessengerError> {
-        let cfg = b.cfg;
+        let cfg = match b.cfg.take() {
+            Some(cfg) => cfg,
+            None if b.from_env => MessengerConfig::from_env()?,
+            None => MessengerConfig::default(),
+        };
+        if b.bind.is_none() {
+            b.bind = cfg.bind.clone();
+        }
         let nonce = rand::random::<u64>() | 1;
         let mut ctx = TransportContext::new(cfg.session.limits);
         ctx.rdma = cfg.rdma;

@@ -95,7 +95,7 @@ fn a_panicking_handler_fails_its_connection_and_the_server_serves_on() {
 #[test]
 #[ignore = "the child process of on_handler_panic_abort_aborts_the_process"]
 fn abort_child() {
-    if std::env::var_os("MSGR_PANIC_ABORT_CHILD").is_none() {
+    if std::env::var_os("MSGR_TEST_PANIC_ABORT_CHILD").is_none() {
         return;
     }
     let mut cfg = fast_config();
@@ -114,7 +114,7 @@ fn on_handler_panic_abort_aborts_the_process() {
     use std::os::unix::process::ExitStatusExt;
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["abort_child", "--exact", "--ignored", "--nocapture"])
-        .env("MSGR_PANIC_ABORT_CHILD", "1")
+        .env("MSGR_TEST_PANIC_ABORT_CHILD", "1")
         .output()
         .expect("run the child");
     let stderr = String::from_utf8_lossy(&out.stderr);

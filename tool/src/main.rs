@@ -58,21 +58,21 @@ enum Cmd {
         /// Address to bind, e.g. tcp://127.0.0.1:6800 (port 0 picks one).
         addr: String,
         /// Stop after this many seconds (default: until Ctrl-C).
-        #[arg(long, value_name = "SECS")]
-        duration: Option<f64>,
+        #[arg(long, value_name = "SECS", value_parser = seconds)]
+        duration: Option<Duration>,
     },
     /// Ping-pong latency against `msgr serve`: one-way and round-trip percentiles.
     Ping {
         /// The server's address, e.g. tcp://127.0.0.1:6800.
         addr: String,
-        /// Payload bytes per message.
-        #[arg(long, default_value_t = 64)]
-        size: usize,
-        /// Timed round trips.
-        #[arg(long, default_value_t = 10_000)]
+        /// Payload bytes per message (at most the configured `max_data_bytes`).
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=MAX_SIZE))]
+        size: u64,
+        /// Timed round trips (each keeps an 8-byte sample).
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=MAX_PING_COUNT))]
         count: u64,
         /// Untimed round trips first.
-        #[arg(long, default_value_t = 1_000)]
+        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(0..=MAX_PING_COUNT))]
         warmup: u64,
         /// What the server answers with: `own`, as many bytes from its own
         /// buffer (as fi_pingpong and ib_send_lat do), or `echo`, the bytes it got.
@@ -85,9 +85,9 @@ enum Cmd {
         /// fresh data.
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
         seal: bool,
-        /// Give up after this many seconds.
-        #[arg(long, default_value_t = 60.0, value_name = "SECS")]
-        timeout: f64,
+        /// Give up after this many seconds (up to a day).
+        #[arg(long, default_value = "60", value_name = "SECS", value_parser = seconds)]
+        timeout: Duration,
         /// Write every timed round trip's time to FILE, in the order they
         /// ran (nanoseconds, one a line): whether the slow ones come alone
         /// or in stretches, which percentiles do not say.
@@ -101,15 +101,15 @@ enum Cmd {
     Stream {
         /// The server's address, e.g. tcp://127.0.0.1:6800.
         addr: String,
-        /// Payload bytes per message.
-        #[arg(long, default_value_t = 1 << 20)]
-        size: usize,
+        /// Payload bytes per message (at most the configured `max_data_bytes`).
+        #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..=MAX_SIZE))]
+        size: u64,
         /// Messages to send.
-        #[arg(long, conflicts_with = "duration")]
+        #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..=MAX_STREAM_COUNT))]
         count: Option<u64>,
-        /// Send for this many seconds (default 3 unless --count).
-        #[arg(long, value_name = "SECS")]
-        duration: Option<f64>,
+        /// Send for this many seconds (default 3 unless --count; below --timeout).
+        #[arg(long, value_name = "SECS", value_parser = seconds)]
+        duration: Option<Duration>,
         /// Who sends: the main thread, or the dispatcher's callbacks paced by credits.
         #[arg(long, value_enum, default_value_t = Driver::Callback)]
         driver: Driver,
@@ -119,9 +119,9 @@ enum Cmd {
         /// data. The server checks every byte either way.
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
         seal: bool,
-        /// Give up after this many seconds.
-        #[arg(long, default_value_t = 120.0, value_name = "SECS")]
-        timeout: f64,
+        /// Give up after this many seconds (up to a day).
+        #[arg(long, default_value = "120", value_name = "SECS", value_parser = seconds)]
+        timeout: Duration,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -162,9 +162,39 @@ enum Cmd {
     },
 }
 
-fn secs(what: &str, v: f64) -> Result<Duration, ToolError> {
-    Duration::try_from_secs_f64(v)
-        .map_err(|_| ToolError::Usage(format!("{what}: `{v}` is not a duration in seconds")))
+/// The largest `--size`: 1 GiB (a message must also fit the configured
+/// `max_data_bytes`, checked once the configuration is known).
+const MAX_SIZE: u64 = 1 << 30;
+/// The most timed round trips of a ping (each keeps an 8-byte sample).
+const MAX_PING_COUNT: u64 = 100_000_000;
+/// The most messages of a stream.
+const MAX_STREAM_COUNT: u64 = 1 << 40;
+
+/// Seconds, from a millisecond to a day: what `--timeout` and
+/// `--duration` take (a larger value would overflow the clock's
+/// arithmetic or wait for ever).
+fn seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(0.001..=86_400.0).contains(&v) {
+        return Err(format!("{v} is outside 0.001..=86400 seconds"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// `--size` as bytes, refused above what the peer accepts in one data
+/// segment (`max_data_bytes`, configured the same on both sides by
+/// default): such a message would be refused by the peer's decoder.
+fn payload_size(size: u64, cfg: &MessengerConfig) -> Result<usize, ToolError> {
+    let max = u64::from(cfg.session.limits.max_segment[2]);
+    if size > max {
+        return Err(ToolError::Usage(format!(
+            "--size {size} is more than max_data_bytes ({max}); raise it on both sides with --set max_data_bytes=N"
+        )));
+    }
+    Ok(size as usize)
 }
 
 fn build_config(cli: &Cli) -> Result<MessengerConfig, ToolError> {
@@ -204,9 +234,8 @@ fn install_signal_handlers() {
     }
 }
 
-fn serve(cfg: &MessengerConfig, addr: &str, duration: Option<f64>) -> Result<(), ToolError> {
+fn serve(cfg: &MessengerConfig, addr: &str, duration: Option<Duration>) -> Result<(), ToolError> {
     let bind = parse_addr(addr)?;
-    let duration = duration.map(|d| secs("--duration", d)).transpose()?;
     install_signal_handlers();
     let responder = Arc::new(Responder::default());
     let mut m = Messenger::builder(EntityName::server(u64::from(std::process::id())))
@@ -335,11 +364,11 @@ fn run(cli: Cli) -> Result<(), ToolError> {
         } => {
             let target = parse_addr(&addr)?;
             let opts = PingOpts {
-                size,
+                size: payload_size(size, &cfg)?,
                 reply,
                 count,
                 warmup,
-                timeout: secs("--timeout", timeout)?,
+                timeout,
                 connect_timeout,
                 seal,
                 samples_to: samples,
@@ -372,19 +401,24 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             json,
         } => {
             let target = parse_addr(&addr)?;
-            if size == 0 {
-                return Err(ToolError::Usage("--size must be at least 1".into()));
-            }
+            let size = payload_size(size, &cfg)?;
             let limit = match (count, duration) {
                 (Some(n), _) => Limit::Count(n),
-                (None, Some(d)) => Limit::Time(secs("--duration", d)?),
-                (None, None) => Limit::Time(Duration::from_secs(3)),
+                (None, Some(d)) if d >= timeout => {
+                    return Err(ToolError::Usage(format!(
+                        "--duration {:.3} must be below --timeout {:.3}",
+                        d.as_secs_f64(),
+                        timeout.as_secs_f64()
+                    )))
+                }
+                (None, Some(d)) => Limit::Time(d),
+                (None, None) => Limit::Time(Duration::from_secs(3).min(timeout / 2)),
             };
             let opts = StreamOpts {
                 size,
                 limit,
                 driver,
-                timeout: secs("--timeout", timeout)?,
+                timeout,
                 connect_timeout,
                 seal,
             };

@@ -333,7 +333,17 @@ impl Dispatcher for PingClient {
     fn on_reset(&self, _conn: &Connection, reason: &FaultReason) {
         *self.reset.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_string());
     }
+
+    /// The server lost the session (it restarted): the ping in flight is
+    /// gone, and no reply will come. The run ends with the reason.
+    fn on_remote_reset(&self, _conn: &Connection) {
+        *self.reset.lock().unwrap_or_else(|p| p.into_inner()) = Some(REMOTE_RESET.into());
+    }
 }
+
+/// What a client reports when the server lost its session mid-run.
+const REMOTE_RESET: &str =
+    "the server lost the session (restarted?): messages in flight were dropped";
 
 /// Runs a ping-pong against a responder at `target`. The round trips are
 /// driven from the dispatcher callback (a reply sends the next ping, with no
@@ -574,6 +584,12 @@ impl Dispatcher for StreamClient {
     fn on_reset(&self, _conn: &Connection, reason: &FaultReason) {
         self.fail(reason);
     }
+
+    /// The server lost the session: what was streamed and not acknowledged
+    /// was dropped, so the run cannot report a complete transfer.
+    fn on_remote_reset(&self, _conn: &Connection) {
+        self.fail(REMOTE_RESET);
+    }
 }
 
 /// Streams messages one way to a responder at `target`; the clock stops when
@@ -649,6 +665,14 @@ pub fn stream(
                     send_blocking(&conn, d.msg(false), deadline)?;
                     sent += 1;
                     if sent.is_multiple_of(1024) {
+                        // A reset ends the run with its reason, now: what
+                        // was queued before it was dropped.
+                        if let Some(r) = d.reset.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                            return Err(ToolError::Reset {
+                                peer: target.to_string(),
+                                reason: r,
+                            });
+                        }
                         progress.set(match opts.limit {
                             Limit::Count(_) => sent,
                             Limit::Time(_) => start.elapsed().as_millis() as u64,
@@ -667,6 +691,15 @@ pub fn stream(
     };
     let result = run().and_then(|()| loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
+            // The end marker's answer came, but a reset on the way dropped
+            // messages: the run did not transfer what it reports.
+            Ok(_) if d.reset.lock().unwrap_or_else(|p| p.into_inner()).is_some() => {
+                let r = d.reset.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                break Err(ToolError::Reset {
+                    peer: target.to_string(),
+                    reason: r.unwrap_or_default(),
+                });
+            }
             Ok(r) => break Ok(r),
             Err(_) => {
                 if let Limit::Count(_) = opts.limit {

@@ -474,3 +474,154 @@ fn bench_over_fabric_shm_pins_server_and_client_apart() {
         );
     }
 }
+
+/// No number on the command line makes the tool panic, hang or allocate
+/// without bound: each is refused at once with a message saying why
+/// (issue: `--count u64::MAX`, `--timeout 1e19`, `--count 1e10`,
+/// `--duration 1e19`, a size over the data limit, `--config /dev/zero`).
+#[test]
+fn out_of_range_numbers_are_refused_at_once() {
+    for (args, says) in [
+        (
+            &[
+                "ping",
+                "tcp://127.0.0.1:1",
+                "--count",
+                "18446744073709551615",
+            ][..],
+            "--count",
+        ),
+        (
+            &["ping", "tcp://127.0.0.1:1", "--count", "10000000000"][..],
+            "--count",
+        ),
+        (
+            &[
+                "ping",
+                "tcp://127.0.0.1:1",
+                "--size",
+                "18446744073709551615",
+            ][..],
+            "--size",
+        ),
+        (
+            &["ping", "tcp://127.0.0.1:1", "--size", "209715200"][..],
+            "max_data_bytes",
+        ),
+        (
+            &["ping", "tcp://127.0.0.1:1", "--timeout", "1e19"][..],
+            "0.001..=86400",
+        ),
+        (
+            &["stream", "tcp://127.0.0.1:1", "--timeout", "nan"][..],
+            "--timeout",
+        ),
+        (
+            &["stream", "tcp://127.0.0.1:1", "--duration", "1e19"][..],
+            "0.001..=86400",
+        ),
+        (
+            &["stream", "tcp://127.0.0.1:1", "--duration", "200"][..],
+            "below --timeout",
+        ),
+        (
+            &["stream", "tcp://127.0.0.1:1", "--size", "0"][..],
+            "--size",
+        ),
+        (
+            &["--config", "/dev/zero", "ping", "tcp://127.0.0.1:1"][..],
+            "not a configuration file",
+        ),
+        (
+            &[
+                "--set",
+                "handshake_timeout_ms=0",
+                "ping",
+                "tcp://127.0.0.1:1",
+            ][..],
+            "must be 1..=",
+        ),
+    ] {
+        let out = run(args, Duration::from_secs(20));
+        assert!(!out.status.success(), "msgr {args:?} succeeded");
+        assert!(
+            !out.stderr.contains("panicked"),
+            "msgr {args:?} panicked:\n{}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains(says),
+            "msgr {args:?} does not say `{says}`:\n{}",
+            out.stderr
+        );
+    }
+}
+
+/// A server killed and restarted under a running stream or ping: the
+/// client hears that the server lost the session and exits non-zero with
+/// that reason, for both stream drivers and for ping, instead of waiting
+/// out its timeout or reporting a transfer that dropped messages.
+#[test]
+fn clients_exit_with_the_reason_when_the_server_restarts() {
+    for client in [
+        &[
+            "stream",
+            "--size",
+            "64",
+            "--duration",
+            "20",
+            "--timeout",
+            "40",
+        ][..],
+        &[
+            "stream",
+            "--size",
+            "64",
+            "--duration",
+            "20",
+            "--timeout",
+            "40",
+            "--driver",
+            "main",
+        ][..],
+        &["ping", "--count", "100000000", "--timeout", "40"][..],
+    ] {
+        let (mut server, _lines, addr) = serve("tcp://127.0.0.1:0");
+        let mut args = vec![client[0], addr.as_str()];
+        args.extend_from_slice(&client[1..]);
+        let mut child = Guard(
+            Command::new(MSGR)
+                .args(&args)
+                .env_remove("MSGR_CONFIG")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn the client"),
+        );
+        let err = reader(child.0.stderr.take().expect("stderr"));
+        std::thread::sleep(Duration::from_millis(1500));
+        let _ = server.0.kill();
+        let _ = server.0.wait();
+        // The same address again: a new incarnation, without the session.
+        let (_again, _l, again_addr) = serve(&addr);
+        assert_eq!(again_addr, addr);
+        let started = Instant::now();
+        let status = loop {
+            if let Some(s) = child.0.try_wait().expect("try_wait") {
+                break s;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "msgr {args:?} went on for 15 s after the server restarted"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let stderr = err.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+        assert!(!status.success(), "msgr {args:?} exited 0:\n{stderr}");
+        assert!(
+            stderr.contains("lost the session") || stderr.contains("reset"),
+            "msgr {args:?} gives no reason:\n{stderr}"
+        );
+    }
+}
