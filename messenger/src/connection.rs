@@ -1,7 +1,7 @@
 //! Connection handles: what the application holds to send to one peer.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,19 @@ pub enum SendError {
     /// [`Connection::send_timeout`] gave up.
     #[error("send queue stayed full for {0:?}")]
     Timeout(Duration),
+    /// The message is larger than the peer accepts (its limits, announced
+    /// in the handshake; this side's own `max_front_bytes` and
+    /// `max_data_bytes` until the peer is known). Nothing was queued: the
+    /// peer could only refuse it (counted in `messages_too_large`).
+    #[error("message {segment} of {len} bytes is more than the peer takes ({max})")]
+    TooLarge {
+        /// Which segment ("front" or "data").
+        segment: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
     /// The worker thread that owns this connection died (a panic, a bug:
     /// `worker_deaths` counts it, the shutdown report says so); the
     /// connection is gone with it.
@@ -104,6 +117,9 @@ pub(crate) struct ConnInner {
     pub(crate) released: [AtomicU64; 2],
     /// Set by the worker when the phase or the fault count changes.
     status: Mutex<PublishedStatus>,
+    /// The largest front and data segments the peer takes (the session's
+    /// `send_limits`, published by the worker when the session opens).
+    send_limits: [AtomicU32; 2],
 }
 
 /// A handle on one session with one peer. Cheap to clone; all clones name the
@@ -201,6 +217,8 @@ impl Connection {
         target: EntityAddr,
         policy: Policy,
     ) -> Self {
+        let l = &shared.cfg.session.limits;
+        let (max_front, max_data) = (l.max_segment[1], l.max_segment[2]);
         Connection {
             inner: Arc::new(ConnInner {
                 key,
@@ -216,6 +234,7 @@ impl Connection {
                     phase: "connecting",
                     ..Default::default()
                 }),
+                send_limits: [AtomicU32::new(max_front), AtomicU32::new(max_data)],
             }),
         }
     }
@@ -228,6 +247,7 @@ impl Connection {
             return Err(SendError::Closed);
         }
         self.worker_alive()?;
+        self.fits(&msg)?;
         self.reserve(1, msg.payload_len() as u64)?;
         self.inner.dispatch(Command::Send {
             key: self.inner.key,
@@ -257,6 +277,9 @@ impl Connection {
         if msgs.is_empty() {
             return Ok(());
         }
+        for m in &msgs {
+            self.fits(m)?;
+        }
         let bytes = msgs.iter().map(|m| m.payload_len() as u64).sum();
         self.reserve(msgs.len() as u64, bytes)?;
         self.inner.dispatch(Command::SendBatch {
@@ -283,6 +306,29 @@ impl Connection {
                 other => return other,
             }
         }
+    }
+
+    /// Fails if `msg` is larger than the peer takes.
+    fn fits(&self, msg: &Message) -> Result<(), SendError> {
+        let i = &self.inner;
+        for (segment, len, limit) in [
+            ("front", msg.front.len(), &i.send_limits[0]),
+            ("data", msg.data.len(), &i.send_limits[1]),
+        ] {
+            let max = limit.load(Ordering::Relaxed);
+            if len > max as usize {
+                Counters::add(&i.shared.counters.messages_too_large, 1);
+                return Err(SendError::TooLarge { segment, len, max });
+            }
+        }
+        Ok(())
+    }
+
+    /// The session's send limits, once the handshake told them (worker).
+    pub(crate) fn publish_send_limits(&self, limits: msgr_proto::control::Limits) {
+        let l = &self.inner.send_limits;
+        l[0].store(limits.max_front, Ordering::Relaxed);
+        l[1].store(limits.max_data, Ordering::Relaxed);
     }
 
     /// Fails if the worker owning this connection died.

@@ -57,6 +57,8 @@ counters! {
     messages_dropped,
     /// Sends refused because a send queue was full.
     send_queue_full,
+    /// Sends refused because the message was larger than the peer takes (SendError::TooLarge), and sessions ended because a message queued before the peer's limits were known was (FaultReason::TooLarge).
+    messages_too_large,
     /// Times reading paused because the receive throttle was full.
     rx_throttle_pauses,
     /// Faults injected: by a fault plan, `Connection::inject_fault` or `Connection::simulate_fault`.

@@ -281,7 +281,7 @@ fn half_open_floods_and_slow_handshakes_are_bounded() {
 /// connection; the victim's session is not disturbed.
 #[test]
 fn replayed_cookies_are_refused() {
-    use msgr_proto::control::{control_frame, Hello};
+    use msgr_proto::control::{control_frame, with_limits, Hello, Limits};
     use msgr_proto::stream::{Inbound, StreamDecoder};
 
     let rec = Recorder::new();
@@ -309,9 +309,12 @@ fn replayed_cookies_are_refused() {
             policy: Policy::LosslessClient,
             cookie: 0x5eed_c0ff_ee00_0001,
             in_seq: 0,
+            limits: None,
         };
-        s.write_all(&control_frame(Tag::Hello, &hello).encode_to_vec().unwrap())
-            .unwrap();
+        // The default banner offers `LIMITS`: the hello carries them.
+        let limits = Limits::of(&Default::default());
+        let frame = with_limits(control_frame(Tag::Hello, &hello), &limits);
+        s.write_all(&frame.encode_to_vec().unwrap()).unwrap();
         // The answer must be SessionReset, then the close.
         let mut buf = bytes::BytesMut::new();
         let mut dec = StreamDecoder::new(Default::default());

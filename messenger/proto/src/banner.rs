@@ -33,8 +33,12 @@ pub mod features {
     /// `crate::batch`): a peer may send it small messages many to a
     /// frame. A side writes batches only to a peer that offered this.
     pub const BATCH: u64 = 1 << 5;
+    /// Hello, hello-ok and reconnect-ok carry the sender's receive limits
+    /// (`control::Limits`) in a second segment: a side refuses at `send` a
+    /// message its peer could not take.
+    pub const LIMITS: u64 = 1 << 6;
     /// Everything this build supports by default.
-    pub const SUPPORTED: u64 = CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH;
+    pub const SUPPORTED: u64 = CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH | LIMITS;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
 }

@@ -23,6 +23,46 @@ pub struct Hello {
     pub cookie: u64,
     /// Highest sequence number the connector has received in that session.
     pub in_seq: u64,
+    /// The connector's receive limits, where both banners offered
+    /// `features::LIMITS`: not in the postcard payload but in the frame's
+    /// second segment ([`with_limits`], [`parse_handshake`]).
+    #[serde(skip)]
+    pub limits: Option<Limits>,
+}
+
+/// The largest payload segments a side accepts (its `FrameLimits` for a
+/// message's front and data), announced in the handshake so that a peer
+/// refuses a message too large for it at `send` instead of sending a
+/// frame that can only be rejected (and, lossless, replayed into the same
+/// rejection for ever).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Largest front segment accepted, in bytes.
+    pub max_front: u32,
+    /// Largest data segment accepted, in bytes.
+    pub max_data: u32,
+}
+
+impl Limits {
+    /// The message limits of a side's frame limits.
+    pub fn of(limits: &crate::FrameLimits) -> Limits {
+        Limits {
+            max_front: limits.max_segment[1],
+            max_data: limits.max_segment[2],
+        }
+    }
+
+    /// Whether a message with these segment lengths fits; if not, which
+    /// segment does not, its length and the limit.
+    pub fn check(&self, front: usize, data: usize) -> Result<(), (&'static str, usize, u32)> {
+        if front > self.max_front as usize {
+            return Err(("front", front, self.max_front));
+        }
+        if data > self.max_data as usize {
+            return Err(("data", data, self.max_data));
+        }
+        Ok(())
+    }
 }
 
 /// The acceptor's answer to a [`Hello`] that starts a new session.
@@ -76,6 +116,43 @@ pub fn control_frame<T: Serialize>(tag: Tag, payload: &T) -> Frame {
     Frame::single(tag, bytes)
 }
 
+/// A handshake frame (hello, hello-ok, reconnect-ok) carrying `limits` in
+/// a second segment, as sent where both banners offered
+/// `features::LIMITS`.
+pub fn with_limits(mut frame: Frame, limits: &Limits) -> Frame {
+    frame
+        .segments
+        .push(Postcard.encode(limits).unwrap_or_default());
+    frame
+}
+
+/// Decodes a handshake frame: its payload, and its limits segment where
+/// `limits` says the link agreed to them (then it must be there; else it
+/// must not).
+pub fn parse_handshake<T: DeserializeOwned>(
+    frame: &Frame,
+    what: &'static str,
+    limits: bool,
+) -> Result<(T, Option<Limits>), ProtocolError> {
+    let malformed = |detail: String| ProtocolError::Malformed { what, detail };
+    match (frame.segments.as_slice(), limits) {
+        ([payload], false) => Ok((decode(payload, what)?, None)),
+        ([payload, l], true) => Ok((decode(payload, what)?, Some(decode(l, what)?))),
+        (segs, _) => Err(malformed(format!(
+            "{} segments where {} were agreed",
+            segs.len(),
+            if limits { 2 } else { 1 }
+        ))),
+    }
+}
+
+fn decode<T: DeserializeOwned>(seg: &[u8], what: &'static str) -> Result<T, ProtocolError> {
+    Postcard.decode(seg).map_err(|e| ProtocolError::Malformed {
+        what,
+        detail: e.detail,
+    })
+}
+
 /// Decodes the single segment of a control frame.
 pub fn parse_control<T: DeserializeOwned>(
     frame: &Frame,
@@ -87,8 +164,5 @@ pub fn parse_control<T: DeserializeOwned>(
             detail: "expected one segment".into(),
         });
     };
-    Postcard.decode(seg).map_err(|e| ProtocolError::Malformed {
-        what,
-        detail: e.detail,
-    })
+    decode(seg, what)
 }

@@ -7,7 +7,9 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use msgr_addr::{AddrVec, EntityAddr, EntityName};
 use msgr_proto::banner::{Banner, BANNER_LEN};
-use msgr_proto::control::{control_frame, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk};
+use msgr_proto::control::{
+    control_frame, with_limits, Ack, Close, Hello, HelloOk, Keepalive, Limits, ReconnectOk,
+};
 use msgr_proto::frame::{Preamble, FLAG_UNCHECKED_PAYLOAD, MAX_SEGMENTS, PREAMBLE_LEN};
 use msgr_proto::message::MessageFrame;
 use msgr_proto::session::{LinkId, LocalIdentity, Policy, Session, SessionConfig};
@@ -90,7 +92,8 @@ fn control() -> impl Strategy<Value = Frame> {
                     target,
                     policy,
                     cookie,
-                    in_seq
+                    in_seq,
+                    limits: None,
                 }
             )
         ),
@@ -329,6 +332,7 @@ proptest! {
         s.handle_inbound(l, Inbound::Banner(Banner::default().encode()), now).unwrap();
         if open && !acceptor {
             let ok = control_frame(Tag::HelloOk, &HelloOk { name: EntityName::peer(2), addr: peer, cookie: 5 });
+            let ok = with_limits(ok, &Limits::of(&FrameLimits::default()));
             s.handle_inbound(l, Inbound::Frame(ok), now).unwrap();
             prop_assert!(s.is_open());
         }
@@ -368,6 +372,8 @@ fn unchecked_payload_without_agreement_is_a_protocol_error() {
                 cookie: 5,
             },
         );
+        // The default banners agree to announce limits in the handshake.
+        let ok = with_limits(ok, &Limits::of(&FrameLimits::default()));
         s.handle_inbound(l, Inbound::Frame(ok), now).unwrap();
         assert!(s.is_open());
         let mut f = Message::new(1, &b"front"[..], &b"data"[..]).to_frame(0);

@@ -665,11 +665,22 @@ impl Worker {
             return;
         };
         for msg in msgs {
-            if let Err(e) = slot.session.send(msg) {
-                // The handle's own bound makes this unreachable unless the
-                // session closed meanwhile; account for the message.
-                tracing::debug!(error = %e, "send refused by session");
-                Counters::add(&self.shared.counters.messages_dropped, 1);
+            match slot.session.send(msg) {
+                Ok(_) => {}
+                // The handle checked the limits it knew; the peer's came
+                // with the handshake in between. Not a silent drop: the
+                // session ends and on_reset says why.
+                Err(msgr_proto::SendError::TooLarge { segment, len, max }) => {
+                    slot.session
+                        .abort(FaultReason::TooLarge { segment, len, max });
+                    Counters::add(&self.shared.counters.messages_dropped, 1);
+                }
+                Err(e) => {
+                    // The handle's own bound makes this unreachable unless
+                    // the session closed meanwhile; account for the message.
+                    tracing::debug!(error = %e, "send refused by session");
+                    Counters::add(&self.shared.counters.messages_dropped, 1);
+                }
             }
         }
         self.touch(key);
@@ -1026,6 +1037,7 @@ impl Worker {
             }
             SessionEvent::Identified(_) => {}
             SessionEvent::Established(peer) => {
+                conn.publish_send_limits(slot.session.send_limits());
                 *conn.inner.peer.lock() = Some(peer);
                 conn.set_state(ConnectionState::Open);
                 let r = if slot.accepted {
@@ -1038,6 +1050,7 @@ impl Worker {
                 self.abort_on_panic(key, r);
             }
             SessionEvent::Resumed { replayed } => {
+                conn.publish_send_limits(slot.session.send_limits());
                 conn.set_state(ConnectionState::Open);
                 Counters::add(&c.reconnects, 1);
                 Counters::add(&c.replayed_messages, replayed);
@@ -1052,6 +1065,9 @@ impl Worker {
                 Counters::add(&c.messages_dropped, undelivered);
                 if reason == FaultReason::KeepaliveTimeout {
                     Counters::add(&c.keepalive_timeouts, 1);
+                }
+                if matches!(reason, FaultReason::TooLarge { .. }) {
+                    Counters::add(&c.messages_too_large, 1);
                 }
                 self.report.undelivered += undelivered;
                 // The session has ended: a panic here is logged and counted.

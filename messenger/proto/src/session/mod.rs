@@ -29,7 +29,8 @@ use bytes::BytesMut;
 use crate::banner::{features, Banner};
 use crate::batch::{BatchReader, BatchWriter, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD};
 use crate::control::{
-    control_frame, parse_control, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk,
+    control_frame, parse_control, parse_handshake, with_limits, Ack, Close, Hello, HelloOk,
+    Keepalive, Limits, ReconnectOk,
 };
 use crate::error::ProtocolError;
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
@@ -75,6 +76,18 @@ pub enum FaultReason {
     MarkedDown,
     /// A lossless server session waited too long for its peer to return.
     LingerExpired,
+    /// A queued message is larger than the peer accepts (its limits came
+    /// with the handshake, after the message was queued): sending it could
+    /// only be refused, and a lossless session would replay it into the
+    /// same refusal. The session ends instead.
+    TooLarge {
+        /// Which segment ("front" or "data").
+        segment: &'static str,
+        /// Its length.
+        len: usize,
+        /// The peer's limit.
+        max: u32,
+    },
     /// The application's handler for this connection panicked (its
     /// dispatcher callback, with the panic's message); the messenger ended
     /// the connection and went on serving the others.
@@ -91,6 +104,10 @@ impl std::fmt::Display for FaultReason {
             FaultReason::PeerClosed(r) => write!(f, "peer closed the session: {r}"),
             FaultReason::MarkedDown => write!(f, "marked down"),
             FaultReason::LingerExpired => write!(f, "peer did not come back"),
+            FaultReason::TooLarge { segment, len, max } => write!(
+                f,
+                "a queued message's {segment} of {len} bytes is more than the peer takes ({max})"
+            ),
             FaultReason::HandlerPanicked(m) => write!(f, "the application's handler panicked: {m}"),
         }
     }
@@ -148,6 +165,18 @@ pub enum SendError {
     /// The session is closing or closed.
     #[error("session is closed")]
     Closed,
+    /// The message is larger than the peer accepts (its limits, announced
+    /// in the handshake; this side's own before the peer is known): it
+    /// would only be refused. Nothing was queued.
+    #[error("message {segment} of {len} bytes is more than the peer takes ({max})")]
+    TooLarge {
+        /// Which segment ("front" or "data").
+        segment: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
 }
 
 /// What [`Session::take_link`] decided about an accepted link.
@@ -287,6 +316,8 @@ pub struct Session {
     /// Where batch frames are written; its allocation is reused once the
     /// transport is done with the previous batch.
     batch_buf: BatchBuffer,
+    /// The peer's receive limits, from the handshake (`features::LIMITS`).
+    peer_limits: Option<Limits>,
 }
 
 /// A session's batch buffer, whose Debug shows no payload bytes.
@@ -337,6 +368,7 @@ impl Session {
             hello: None,
             stats: SessionStats::default(),
             batch_buf: BatchBuffer::default(),
+            peer_limits: None,
         }
     }
 
@@ -456,6 +488,14 @@ impl Session {
             + self.batch_buf.0.capacity()
     }
 
+    /// The largest message segments this session sends: the peer's
+    /// limits once the handshake told them, this side's own before (the
+    /// defaults are the same on both sides).
+    pub fn send_limits(&self) -> Limits {
+        self.peer_limits
+            .unwrap_or_else(|| Limits::of(&self.cfg.limits))
+    }
+
     /// Counters of this session.
     pub fn stats(&self) -> SessionStats {
         self.stats
@@ -473,6 +513,10 @@ impl Session {
     pub fn send(&mut self, mut msg: Message) -> Result<u64, SendError> {
         if self.closing || self.state == State::Closed {
             return Err(SendError::Closed);
+        }
+        if let Err((segment, len, max)) = self.send_limits().check(msg.front.len(), msg.data.len())
+        {
+            return Err(SendError::TooLarge { segment, len, max });
         }
         if self.queue.len() >= self.cfg.max_queued_messages
             || (self.queued_bytes > 0
@@ -664,6 +708,15 @@ impl Session {
         }
         if self.sent_seq < self.out_seq && !self.window_full() {
             let msg = self.next_unsent()?;
+            if let Err((segment, len, max)) =
+                self.send_limits().check(msg.front.len(), msg.data.len())
+            {
+                // Queued before the peer's limits were known: it can only
+                // be refused. End the session rather than send it (and,
+                // lossless, replay it into the same refusal for ever).
+                self.terminate(FaultReason::TooLarge { segment, len, max });
+                return None;
+            }
             if self.batchable(msg) {
                 let batch = self.transmit_batch();
                 self.last_tx = now;
@@ -832,8 +885,8 @@ impl Session {
                 addr: self.local.addr.clone(),
                 in_seq: self.in_seq,
             };
-            self.ctrl
-                .push_back(Transmit::Frame(control_frame(Tag::ReconnectOk, &ok)));
+            let frame = self.handshake_frame(control_frame(Tag::ReconnectOk, &ok));
+            self.ctrl.push_back(Transmit::Frame(frame));
             if let Err(e) = self.resume(link, hello.in_seq, now) {
                 self.fault(FaultReason::Protocol(e), now);
             }
@@ -848,6 +901,21 @@ impl Session {
     }
 
     // ---- internals ---------------------------------------------------------
+
+    /// Whether the link's banners agreed to carry limits in the handshake.
+    fn limits_agreed(&self) -> bool {
+        self.features & features::LIMITS != 0
+    }
+
+    /// A handshake frame with this side's receive limits where the link
+    /// agreed to them.
+    fn handshake_frame(&self, frame: Frame) -> Frame {
+        if self.limits_agreed() {
+            with_limits(frame, &Limits::of(&self.cfg.limits))
+        } else {
+            frame
+        }
+    }
 
     /// Our banner, as configured.
     fn banner(&self) -> Banner {
@@ -873,6 +941,7 @@ impl Session {
     }
 
     fn adopt_peer(&mut self, hello: &Hello) {
+        self.peer_limits = hello.limits;
         self.peer_name = Some(hello.name.clone());
         self.peer_addr = Some(hello.addr.clone());
         self.lossless = hello.policy.lossless();
@@ -891,8 +960,8 @@ impl Session {
             addr: self.local.addr.clone(),
             cookie: self.cookie,
         };
-        self.ctrl
-            .push_back(Transmit::Frame(control_frame(Tag::HelloOk, &ok)));
+        let frame = self.handshake_frame(control_frame(Tag::HelloOk, &ok));
+        self.ctrl.push_back(Transmit::Frame(frame));
         self.state = State::Open(link);
         self.rewind_to_acked();
         self.on_open(now, 0);
@@ -971,9 +1040,10 @@ impl Session {
                         policy: self.policy,
                         cookie: self.cookie,
                         in_seq: self.in_seq,
+                        limits: None,
                     };
-                    self.ctrl
-                        .push_back(Transmit::Frame(control_frame(Tag::Hello, &hello)));
+                    let frame = self.handshake_frame(control_frame(Tag::Hello, &hello));
+                    self.ctrl.push_back(Transmit::Frame(frame));
                     self.state = State::HelloSent(link);
                 } else {
                     self.state = State::AwaitHello(link);
@@ -1009,7 +1079,9 @@ impl Session {
         };
         match (self.state, frame.tag) {
             (State::AwaitHello(_), Tag::Hello) => {
-                let hello: Hello = parse_control(&frame, "hello")?;
+                let (mut hello, limits): (Hello, _) =
+                    parse_handshake(&frame, "hello", self.limits_agreed())?;
+                hello.limits = limits;
                 self.state = State::Identified(link);
                 self.events
                     .push_back(SessionEvent::Identified(Box::new(hello.clone())));
@@ -1017,7 +1089,9 @@ impl Session {
                 Ok(())
             }
             (State::HelloSent(_), Tag::HelloOk) => {
-                let ok: HelloOk = parse_control(&frame, "hello-ok")?;
+                let (ok, limits): (HelloOk, _) =
+                    parse_handshake(&frame, "hello-ok", self.limits_agreed())?;
+                self.peer_limits = limits;
                 if let Err(e) = self.check_peer(&ok.addr) {
                     if !self.established {
                         // We named an incarnation (nonce) that no longer lives
@@ -1040,7 +1114,9 @@ impl Session {
                 Ok(())
             }
             (State::HelloSent(_), Tag::ReconnectOk) => {
-                let ok: ReconnectOk = parse_control(&frame, "reconnect-ok")?;
+                let (ok, limits): (ReconnectOk, _) =
+                    parse_handshake(&frame, "reconnect-ok", self.limits_agreed())?;
+                self.peer_limits = limits;
                 self.check_peer(&ok.addr)?;
                 if self.cookie == 0 {
                     return Err(ProtocolError::Unexpected {

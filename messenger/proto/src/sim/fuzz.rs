@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 use crate::banner::{Banner, BANNER_LEN};
 use crate::batch::{BatchReader, BatchWriter};
 use crate::codec::{Codec, Postcard};
-use crate::control::{control_frame, Ack, Close, Hello, HelloOk, Keepalive, ReconnectOk};
+use crate::control::{
+    control_frame, with_limits, Ack, Close, Hello, HelloOk, Keepalive, Limits, ReconnectOk,
+};
 use crate::error::FrameError;
 use crate::frame::{Frame, FrameDecoder, FrameLimits, Preamble, Tag, MAX_SEGMENTS, PREAMBLE_LEN};
 use crate::message::{Message, MessageFrame};
@@ -959,6 +961,7 @@ fn apply(s: &mut Session, op: &Op, now: &mut Instant, decoders: &mut [(StreamDec
                 policy: fuzz_policy(*who),
                 cookie: *cookie,
                 in_seq: *in_seq,
+                limits: None,
             };
             let t = s.take_link(
                 l(link),
@@ -983,6 +986,22 @@ fn apply(s: &mut Session, op: &Op, now: &mut Instant, decoders: &mut [(StreamDec
 /// A control frame of kind `kind` with a valid payload (kinds >= 9: an empty
 /// or unit payload on an arbitrary tag).
 fn control(kind: u8, a: u64, b: u64, who: u8) -> Frame {
+    let f = control_payload_frame(kind, a, b, who);
+    // Hello, hello-ok and reconnect-ok carry limits where the banners
+    // agreed (the default banner offers them); bit 5 of `who` leaves them
+    // out, so both shapes reach the engine. Small limits (from `b`) make
+    // queued messages too large now and then.
+    if kind % 12 < 3 && who & 0x20 == 0 {
+        let limits = Limits {
+            max_front: (b as u32 % 64) * 16,
+            max_data: 1 << 20,
+        };
+        return with_limits(f, &limits);
+    }
+    f
+}
+
+fn control_payload_frame(kind: u8, a: u64, b: u64, who: u8) -> Frame {
     match kind % 12 {
         0 => control_frame(
             Tag::Hello,
@@ -993,6 +1012,7 @@ fn control(kind: u8, a: u64, b: u64, who: u8) -> Frame {
                 policy: fuzz_policy(who),
                 cookie: a,
                 in_seq: b,
+                limits: None,
             },
         ),
         1 => control_frame(
@@ -1232,6 +1252,7 @@ pub fn sample_frames() -> Vec<Frame> {
                 policy: Policy::LosslessClient,
                 cookie: 0,
                 in_seq: 0,
+                limits: None,
             },
         ),
         control_frame(

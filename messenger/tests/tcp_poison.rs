@@ -1,0 +1,89 @@
+//! A poison message — larger than the peer accepts — is refused at `send`
+//! once the peer's limits are known (they come with the handshake), and a
+//! session that queued one before ends with the reason instead of sending
+//! it: zero reconnects, zero frames refused by the peer, the other
+//! sessions untouched. (Before, the peer refused the frame, the lossless
+//! session reconnected and replayed it into the same refusal for ever.)
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use msgr::{ConnectionState, EntityName, FaultReason, Messenger, SendError};
+
+const PEER_MAX_DATA: u32 = 1024;
+
+fn named_client(n: u64, rec: std::sync::Arc<Recorder>) -> Messenger {
+    Messenger::builder(EntityName::client(n))
+        .config(fast_config())
+        .start(rec)
+        .expect("start client")
+}
+
+#[test]
+fn a_message_too_large_for_the_peer_is_refused_at_send_and_never_replayed() {
+    let mut scfg = fast_config();
+    scfg.set("max_data_bytes", &PEER_MAX_DATA.to_string())
+        .unwrap();
+    let srv_rec = Recorder::new();
+    let mut srv = server(scfg, srv_rec.clone());
+
+    // Open first: the peer's limit is known, the send is refused at once.
+    let rec = Recorder::new();
+    let mut cli = named_client(1, rec.clone());
+    let conn = cli.connect(srv.addr()).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || conn.state()
+        == ConnectionState::Open));
+    send(&conn, probe_message(1, 1, 100));
+    let r = conn.send(probe_message(1, 2, 2048));
+    assert_eq!(
+        r,
+        Err(SendError::TooLarge {
+            segment: "data",
+            len: 2048,
+            max: PEER_MAX_DATA
+        })
+    );
+    send(&conn, probe_message(1, 2, 1000));
+    assert!(wait_until(Duration::from_secs(10), || srv_rec.delivered(1) == 2));
+    assert_eq!(cli.counters().messages_too_large.load(Ordering::Relaxed), 1);
+
+    // Queued before the handshake told the limit: the session ends with the
+    // reason when it would send it, and nothing reaches the wire.
+    let rec2 = Recorder::new();
+    let mut cli2 = named_client(2, rec2.clone());
+    let conn2 = cli2.connect(srv.addr()).unwrap();
+    send(&conn2, probe_message(2, 1, 4096));
+    assert!(
+        wait_until(Duration::from_secs(10), || !rec2
+            .resets
+            .lock()
+            .unwrap()
+            .is_empty()),
+        "the session ended"
+    );
+    let resets = rec2.resets.lock().unwrap().clone();
+    let want = FaultReason::TooLarge {
+        segment: "data",
+        len: 4096,
+        max: PEER_MAX_DATA,
+    };
+    assert_eq!(resets[0].1, want.to_string(), "{resets:?}");
+    assert_eq!(conn2.state(), ConnectionState::Closed);
+
+    // Nothing was replayed or refused anywhere, and the first session goes on.
+    send(&conn, probe_message(1, 3, 10));
+    assert!(wait_until(Duration::from_secs(10), || srv_rec.delivered(1) == 3));
+    srv_rec.assert_clean();
+    for m in [&cli, &cli2, &srv] {
+        let c = m.counters();
+        assert_eq!(c.reconnects.load(Ordering::Relaxed), 0);
+        assert_eq!(c.protocol_errors.load(Ordering::Relaxed), 0);
+    }
+    assert_eq!(srv_rec.delivered(2), 0);
+    cli.shutdown(Duration::from_secs(2));
+    cli2.shutdown(Duration::from_secs(2));
+    srv.shutdown(Duration::from_secs(2));
+}
