@@ -62,6 +62,12 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
          verbs://198.51.100.1:6800?dev=rxe0: its transport picks the backend (default none)",
     ),
     (
+        "connect_timeout_ms",
+        "a connection this side opened that is not established within this long ends \
+         (on_reset: not connected within ...); 0 (default): lossless ones keep trying, \
+         each failed attempt reported to on_connect_failed",
+    ),
+    (
         "on_handler_panic",
         "what a panicking dispatcher callback does: fail-connection (default: that connection \
          ends, on_reset says why, the worker serves the others) or abort (the process)",
@@ -438,6 +444,12 @@ impl MessengerConfig {
             "keepalive_interval_ms" => s.keepalive_interval = ms(value)?,
             "keepalive_timeout_ms" => s.keepalive_timeout = ms(value)?,
             "handshake_timeout_ms" => s.handshake_timeout = ms(value)?,
+            "connect_timeout_ms" => {
+                s.connect_timeout = match parse_in::<u64>(key, value, 0..=MAX_TIMER_MS)? {
+                    0 => None,
+                    n => Some(Duration::from_millis(n)),
+                }
+            }
             "backoff_min_ms" => s.backoff_min = ms(value)?,
             "backoff_max_ms" => s.backoff_max = ms(value)?,
             "max_queued_messages" => s.max_queued_messages = parse_in(key, value, 1..=1 << 24)?,

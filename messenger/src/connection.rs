@@ -58,6 +58,23 @@ const STATE_CONNECTING: u8 = 0;
 const STATE_OPEN: u8 = 1;
 const STATE_CLOSED: u8 = 2;
 
+/// [`Connection::wait_connected`] gave up.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The connection ended before it was established.
+    #[error("connection ended before it was established: {}", .0.as_ref().map_or("no reason".to_string(), |r| r.to_string()))]
+    Closed(Option<FaultReason>),
+    /// Not established within the deadline; the last attempt's failure, if any.
+    #[error("not established within {after:?}{}", .last_fault.as_ref().map_or(String::new(), |r| format!(" (last: {r})")))]
+    Timeout {
+        /// How long it waited.
+        after: Duration,
+        /// Why the last attempt failed.
+        last_fault: Option<FaultReason>,
+    },
+}
+
 /// The life-cycle state of a connection, as the application sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnectionState {
@@ -93,6 +110,12 @@ pub struct ConnectionStatus {
     pub faults: u64,
     /// Why the last link was lost, or why the connection ended.
     pub last_fault: Option<FaultReason>,
+    /// Attempts since the connection was last open (link faults and failed
+    /// redials): how far its reconnect backoff has grown. 0 while open.
+    pub attempts: u32,
+    /// When it dials again, if it stands by after a fault (the backoff,
+    /// doubling from `backoff_min_ms` to `backoff_max_ms`, with jitter).
+    pub retry_in: Option<Duration>,
 }
 
 /// The worker's last published [`ConnectionStatus`] fields.
@@ -101,6 +124,8 @@ struct PublishedStatus {
     phase: &'static str,
     faults: u64,
     last_fault: Option<FaultReason>,
+    attempts: u32,
+    retry_at: Option<Instant>,
 }
 
 pub(crate) struct ConnInner {
@@ -289,6 +314,43 @@ impl Connection {
         Ok(())
     }
 
+    /// Waits until the connection is established, at most `timeout`.
+    /// Returns at once if it is open; fails if it ends first
+    /// ([`ConnectError::Closed`], with why) or the deadline passes
+    /// ([`ConnectError::Timeout`], with the last attempt's failure). A
+    /// lossless connection goes on trying after a timeout here.
+    ///
+    /// ```no_run
+    /// # fn f(m: &msgr::Messenger, addr: &msgr::EntityAddr) -> Result<(), Box<dyn std::error::Error>> {
+    /// let conn = m.connect(addr)?;
+    /// conn.wait_connected(std::time::Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_connected(&self, timeout: Duration) -> Result<(), ConnectError> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(50);
+        loop {
+            match self.state() {
+                ConnectionState::Open => return Ok(()),
+                ConnectionState::Closed => {
+                    return Err(ConnectError::Closed(self.status().last_fault))
+                }
+                ConnectionState::Connecting if Instant::now() >= deadline => {
+                    return Err(ConnectError::Timeout {
+                        after: timeout,
+                        last_fault: self.status().last_fault,
+                    })
+                }
+                ConnectionState::Connecting => {
+                    std::thread::sleep(
+                        pause.min(deadline.saturating_duration_since(Instant::now())),
+                    );
+                    pause = (pause * 2).min(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+
     /// Like [`Connection::send`], but waits up to `timeout` for room in the
     /// send queue.
     pub fn send_timeout(&self, msg: Message, timeout: Duration) -> Result<(), SendError> {
@@ -463,23 +525,26 @@ impl Connection {
     /// [`ConnectionStatus`]).
     pub fn status(&self) -> ConnectionStatus {
         let p = self.inner.status.lock();
+        let now = Instant::now();
         ConnectionStatus {
             state: self.state(),
             phase: p.phase,
             faults: p.faults,
             last_fault: p.last_fault.clone(),
+            attempts: p.attempts,
+            retry_in: p.retry_at.map(|at| at.saturating_duration_since(now)),
         }
     }
 
-    pub(crate) fn publish_status(
-        &self,
-        phase: &'static str,
-        faults: u64,
-        last_fault: Option<&FaultReason>,
-    ) {
+    /// Publishes `session`'s phase, faults, last fault and backoff for
+    /// [`Connection::status`] (worker).
+    pub(crate) fn publish_status(&self, session: &msgr_proto::Session) {
+        let last_fault = session.last_fault();
         let mut p = self.inner.status.lock();
-        p.phase = phase;
-        p.faults = faults;
+        p.phase = session.phase();
+        p.faults = session.stats().faults;
+        p.attempts = session.failed_attempts();
+        p.retry_at = session.reconnect_at();
         if p.last_fault.as_ref() != last_fault {
             p.last_fault = last_fault.cloned();
         }

@@ -33,12 +33,16 @@ counters! {
     sessions_connected,
     /// Sessions established by accepting.
     sessions_accepted,
+    /// Attempts to open a connection that failed before it was ever established (on_connect_failed).
+    connect_failures,
     /// Sessions currently alive.
     sessions_active,
     /// Transport links currently open.
     links_active,
     /// Sessions resumed on a new link after a fault.
     reconnects,
+    /// Dial attempts after a failed link or attempt, each after the session's backoff (doubling, with jitter; see Connection::status).
+    redials,
     /// Messages sent again after a reconnect.
     replayed_messages,
     /// Received duplicates dropped.

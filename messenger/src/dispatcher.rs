@@ -34,6 +34,16 @@ pub trait Dispatcher: Send + Sync + 'static {
         let _ = conn;
     }
 
+    /// An attempt to open a connection this side opened failed, before it
+    /// was ever established: nothing listens there, the handshake failed or
+    /// timed out, the peer is not an msgr endpoint... Called for each
+    /// attempt. A lossless connection tries again after its backoff (until
+    /// `connect_timeout_ms`, if set, ends it with `on_reset`); a lossy one
+    /// ends (`on_reset` follows). See also [`Connection::wait_connected`].
+    fn on_connect_failed(&self, conn: &Connection, reason: &FaultReason) {
+        let _ = (conn, reason);
+    }
+
     /// The connection ended: lossy fault, peer close, mark-down, or a lossless
     /// server session whose peer never came back. Queued messages were dropped.
     fn on_reset(&self, conn: &Connection, reason: &FaultReason) {

@@ -52,7 +52,7 @@ mod worker;
 pub use config::{
     parse_policy, ConfigError, MessengerConfig, CONFIG_KEYS, MAX_CONFIG_FILE, RESERVED_ENV,
 };
-pub use connection::{Connection, ConnectionState, ConnectionStatus, SendError};
+pub use connection::{ConnectError, Connection, ConnectionState, ConnectionStatus, SendError};
 pub use counters::Counters;
 pub use dispatcher::{Dispatcher, HandlerPanicPolicy, NullDispatcher};
 pub use faults::{FaultPlan, FaultPlanError};

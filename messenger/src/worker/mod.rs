@@ -948,8 +948,7 @@ impl Worker {
         let phase = slot.session.phase();
         if st.faults != slot.seen.faults || phase != slot.seen_phase {
             slot.seen_phase = phase;
-            slot.conn
-                .publish_status(phase, st.faults, slot.session.last_fault());
+            slot.conn.publish_status(&slot.session);
         }
         slot.seen = st;
         slot.conn.set_state(if slot.session.is_open() {
@@ -1013,6 +1012,9 @@ impl Worker {
         let c = &self.shared.counters;
         match ev {
             SessionEvent::Connect(addr) => {
+                if slot.session.failed_attempts() > 0 {
+                    Counters::add(&c.redials, 1);
+                }
                 let t = slot.transport;
                 let link = LinkId(self.shared.link_ids.fetch_add(1, Ordering::Relaxed));
                 match self.transports[t].connect(link, &addr) {
@@ -1036,6 +1038,16 @@ impl Worker {
                 }
             }
             SessionEvent::Identified(_) => {}
+            SessionEvent::ConnectFailed { reason } => {
+                Counters::add(&c.connect_failures, 1);
+                tracing::info!(target = %conn.target(), %reason, "connection attempt failed");
+                let r = self.callback(
+                    &conn,
+                    || "on_connect_failed".into(),
+                    |d, c| d.on_connect_failed(c, &reason),
+                );
+                self.abort_on_panic(key, r);
+            }
             SessionEvent::Established(peer) => {
                 conn.publish_send_limits(slot.session.send_limits());
                 *conn.inner.peer.lock() = Some(peer);
@@ -1060,6 +1072,9 @@ impl Worker {
                 reason,
                 undelivered,
             } => {
+                // Why, before the state says Closed: a waiter that sees the
+                // state reads the reason next (`Connection::wait_connected`).
+                conn.publish_status(&slot.session);
                 conn.set_state(ConnectionState::Closed);
                 Counters::add(&c.session_resets, 1);
                 Counters::add(&c.messages_dropped, undelivered);

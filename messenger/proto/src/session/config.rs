@@ -76,6 +76,13 @@ pub struct SessionConfig {
     /// buffer of the RDMA transports (`rdma_chunk_size`) and at most the
     /// peer's header-segment limit (64 KiB).
     pub batch_max_bytes: usize,
+    /// A connector whose session never opened ends this long after it was
+    /// created, with `FaultReason::ConnectTimeout` (queued messages are
+    /// dropped and reported, as at any reset). `None`: a lossless session
+    /// keeps trying for ever (each failed attempt is reported); a lossy one
+    /// ends at its first failure anyway. Sessions that opened once are not
+    /// concerned: their reconnects follow the policy.
+    pub connect_timeout: Option<Duration>,
 }
 
 impl Default for SessionConfig {
@@ -96,6 +103,7 @@ impl Default for SessionConfig {
             max_in_flight_bytes: 32 << 20,
             payload_crc: true,
             batch_max_bytes: DEFAULT_BATCH_MAX_BYTES,
+            connect_timeout: None,
         }
     }
 }

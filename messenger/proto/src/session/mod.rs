@@ -88,6 +88,9 @@ pub enum FaultReason {
         /// The peer's limit.
         max: u32,
     },
+    /// A connection that never opened gave up after the configured
+    /// `connect_timeout`.
+    ConnectTimeout(Duration),
     /// The application's handler for this connection panicked (its
     /// dispatcher callback, with the panic's message); the messenger ended
     /// the connection and went on serving the others.
@@ -108,6 +111,7 @@ impl std::fmt::Display for FaultReason {
                 f,
                 "a queued message's {segment} of {len} bytes is more than the peer takes ({max})"
             ),
+            FaultReason::ConnectTimeout(t) => write!(f, "not connected within {t:?}"),
             FaultReason::HandlerPanicked(m) => write!(f, "the application's handler panicked: {m}"),
         }
     }
@@ -126,6 +130,14 @@ pub enum SessionEvent {
     Identified(Box<Hello>),
     /// The session is open for the first time (`on_connect` / `on_accept`).
     Established(PeerInfo),
+    /// Connector: an attempt to open the session failed (`on_connect_failed`):
+    /// the transport could not connect, or the handshake failed, before the
+    /// session was ever open. A lossless session tries again after its
+    /// backoff (until `connect_timeout`, if set); a lossy one ends.
+    ConnectFailed {
+        /// Why the attempt failed.
+        reason: FaultReason,
+    },
     /// The session resumed on a new link; `replayed` messages are sent again.
     Resumed {
         /// Messages sent again on the new link.
@@ -310,6 +322,13 @@ pub struct Session {
     last_rx: Instant,
     last_tx: Instant,
     standby_since: Instant,
+    /// When the session was created (its `connect_timeout` counts from it).
+    created: Instant,
+    /// Link faults since the session was last open (what the backoff grew by).
+    attempts: u32,
+    /// State of the backoff's jitter (xorshift), so that peers that lost
+    /// their links together do not redial in lockstep.
+    jitter: u64,
     rx_paused: bool,
     hello: Option<Hello>,
     stats: SessionStats,
@@ -333,7 +352,10 @@ impl std::fmt::Debug for BatchBuffer {
 impl Session {
     fn blank(cfg: SessionConfig, local: LocalIdentity, policy: Policy, now: Instant) -> Session {
         let backoff = cfg.backoff_min;
-        Session {
+        // Seeded by the messenger's random nonce: sessions of one process
+        // and of different processes draw different delays.
+        let jitter = local.addr.nonce.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut s = Session {
             cfg,
             local,
             policy,
@@ -364,12 +386,17 @@ impl Session {
             last_rx: now,
             last_tx: now,
             standby_since: now,
+            created: now,
+            attempts: 0,
+            jitter: 0,
             rx_paused: false,
             hello: None,
             stats: SessionStats::default(),
             batch_buf: BatchBuffer::default(),
             peer_limits: None,
-        }
+        };
+        s.jitter = jitter;
+        s
     }
 
     /// A session that dials `peer`. It asks for a transport connection at once
@@ -415,6 +442,21 @@ impl Session {
     /// first fault.
     pub fn last_fault(&self) -> Option<&FaultReason> {
         self.last_fault.as_ref()
+    }
+
+    /// When a session standing by after a fault dials again (`None` when
+    /// it is not waiting to: open, connecting, or waiting for the peer).
+    pub fn reconnect_at(&self) -> Option<Instant> {
+        match self.state {
+            State::Standby(at) => at,
+            _ => None,
+        }
+    }
+
+    /// Link faults since the session was last open: the attempts its
+    /// backoff has grown by (0 while open).
+    pub fn failed_attempts(&self) -> u32 {
+        self.attempts
     }
 
     /// Whether messages flow right now.
@@ -629,8 +671,21 @@ impl Session {
         }
     }
 
+    /// When a connector that never opened gives up (`connect_timeout`).
+    fn connect_deadline(&self) -> Option<Instant> {
+        let t = self.cfg.connect_timeout?;
+        (self.connector && !self.established && self.state != State::Closed)
+            .then_some(self.created + t)
+    }
+
     /// Fires the timers that are due.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if let (Some(at), Some(t)) = (self.connect_deadline(), self.cfg.connect_timeout) {
+            if now >= at {
+                self.terminate(FaultReason::ConnectTimeout(t));
+                return;
+            }
+        }
         match self.state {
             State::Banner(_)
             | State::HelloSent(_)
@@ -669,6 +724,15 @@ impl Session {
 
     /// When [`Session::handle_timeout`] next needs calling.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let state = self.state_timeout();
+        match (state, self.connect_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The current state's own timer.
+    fn state_timeout(&self) -> Option<Instant> {
         match self.state {
             State::Banner(_)
             | State::HelloSent(_)
@@ -902,6 +966,18 @@ impl Session {
 
     // ---- internals ---------------------------------------------------------
 
+    /// `delay` with equal jitter: between half of it and all of it, drawn
+    /// from the session's xorshift state.
+    fn jittered(&mut self, delay: Duration) -> Duration {
+        let mut x = self.jitter;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.jitter = x;
+        let half = delay / 2;
+        half + half.mul_f64((x >> 11) as f64 / (1u64 << 53) as f64)
+    }
+
     /// Whether the link's banners agreed to carry limits in the handshake.
     fn limits_agreed(&self) -> bool {
         self.features & features::LIMITS != 0
@@ -969,6 +1045,7 @@ impl Session {
 
     fn on_open(&mut self, now: Instant, replayed: u64) {
         self.backoff = self.cfg.backoff_min;
+        self.attempts = 0;
         self.last_rx = now;
         if self.established {
             self.stats.reconnects += 1;
@@ -1314,6 +1391,11 @@ impl Session {
         if self.state == State::Closed {
             return;
         }
+        if self.connector && !self.established {
+            self.events.push_back(SessionEvent::ConnectFailed {
+                reason: reason.clone(),
+            });
+        }
         self.stats.faults += 1;
         self.close_link_now();
         let lossless = self.lossless;
@@ -1326,8 +1408,9 @@ impl Session {
         }
         self.last_fault = Some(reason);
         self.standby_since = now;
+        self.attempts = self.attempts.saturating_add(1);
         if self.may_reconnect {
-            let at = now + self.backoff;
+            let at = now + self.jittered(self.backoff);
             self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
             self.state = State::Standby(Some(at));
         } else {
@@ -1368,4 +1451,42 @@ impl Session {
 
 fn reset_frame() -> Frame {
     control_frame(Tag::SessionReset, &())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Redial delays are jittered between half the backoff and all of it,
+    /// and differ between sessions of different messengers (nonces).
+    #[test]
+    fn backoff_is_jittered_within_half_and_whole() {
+        let now = Instant::now();
+        let session = |nonce| {
+            let local = LocalIdentity {
+                name: EntityName::client(1),
+                addr: EntityAddr::tcp(([127, 0, 0, 1], 0).into()).with_nonce(nonce),
+            };
+            let peer = EntityAddr::tcp(([127, 0, 0, 1], 6800).into());
+            Session::connect(
+                SessionConfig::default(),
+                local,
+                peer,
+                Policy::LosslessClient,
+                now,
+            )
+        };
+        let backoff = Duration::from_millis(100);
+        let draws = |nonce| {
+            let mut s = session(nonce);
+            (0..64).map(|_| s.jittered(backoff)).collect::<Vec<_>>()
+        };
+        let a = draws(7);
+        assert!(
+            a.iter().all(|d| *d >= backoff / 2 && *d <= backoff),
+            "{a:?}"
+        );
+        assert!(a.iter().any(|d| *d < backoff * 3 / 4) && a.iter().any(|d| *d > backoff * 3 / 4));
+        assert_ne!(a, draws(8), "another messenger draws other delays");
+    }
 }

@@ -797,7 +797,8 @@ fn fuzz_name(who: u8) -> EntityName {
 /// messages delivered in order without duplicates, nothing after the end.
 ///
 /// Input: a setup byte (bit 0: acceptor; bits 1-2: connector policy; bit 3:
-/// unchecked payloads offered; bit 4: no batch frames sent), then ops.
+/// unchecked payloads offered; bit 4: no batch frames sent; bit 5: a
+/// connect timeout), then ops.
 pub fn session_engine(data: &[u8]) {
     let mut r = Reader::new(data);
     let setup = r.u8();
@@ -818,6 +819,8 @@ pub fn session_engine(data: &[u8]) {
         max_in_flight_bytes: 1024,
         payload_crc: setup & 8 == 0,
         batch_max_bytes: if setup & 16 == 0 { 512 } else { 0 },
+        // Bit 5: a connect timeout (the fuzzed clock reaches it).
+        connect_timeout: (setup & 32 != 0).then(|| Duration::from_millis(700)),
     };
     let local = LocalIdentity {
         name: EntityName::peer(9),

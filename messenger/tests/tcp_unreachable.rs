@@ -1,0 +1,131 @@
+//! A peer nobody answers for: every failed attempt reaches the application
+//! (`on_connect_failed`, with the reason), `wait_connected` says why it
+//! gave up, and `connect_timeout_ms` ends a connection that never opened.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use msgr::{
+    ConnectError, Connection, Dispatcher, EntityAddr, EntityName, FaultReason, Message, Messenger,
+    Policy,
+};
+
+#[derive(Default)]
+struct Watcher {
+    failed: AtomicU64,
+    last_failure: Mutex<Option<FaultReason>>,
+    resets: Mutex<Vec<FaultReason>>,
+}
+
+impl Dispatcher for Watcher {
+    fn on_message(&self, _conn: &Connection, _msg: Message) {}
+
+    fn on_connect_failed(&self, _conn: &Connection, reason: &FaultReason) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        *self.last_failure.lock().unwrap() = Some(reason.clone());
+    }
+
+    fn on_reset(&self, _conn: &Connection, reason: &FaultReason) {
+        self.resets.lock().unwrap().push(reason.clone());
+    }
+}
+
+/// An address on loopback where nothing listens (a port bound and released).
+fn nobody() -> EntityAddr {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("tcp://127.0.0.1:{port}").parse().unwrap()
+}
+
+fn messenger(cfg: msgr::MessengerConfig, w: Arc<Watcher>) -> Messenger {
+    Messenger::builder(EntityName::client(1))
+        .config(cfg)
+        .start(w)
+        .expect("start")
+}
+
+#[test]
+fn failed_attempts_are_reported_and_wait_connected_says_why() {
+    let target = nobody();
+    let w = Arc::new(Watcher::default());
+    let mut m = messenger(fast_config(), w.clone());
+    let conn = m.connect_with(&target, Policy::LosslessClient).unwrap();
+    let e = conn.wait_connected(Duration::from_millis(300)).unwrap_err();
+    let ConnectError::Timeout {
+        last_fault: Some(FaultReason::Transport(why)),
+        ..
+    } = &e
+    else {
+        panic!("{e:?}");
+    };
+    assert!(why.contains("refused"), "{why}");
+    assert!(
+        wait_until(Duration::from_secs(5), || w.failed.load(Ordering::Relaxed)
+            >= 3),
+        "each attempt reported: {}",
+        w.failed.load(Ordering::Relaxed)
+    );
+    assert!(w.resets.lock().unwrap().is_empty(), "lossless keeps trying");
+    assert!(m.counters().connect_failures.load(Ordering::Relaxed) >= 3);
+    assert!(m.counters().redials.load(Ordering::Relaxed) >= 2);
+    let st = conn.status();
+    assert!(st.attempts >= 3, "{st:?}");
+    assert!(
+        st.retry_in.is_none_or(|d| d <= Duration::from_millis(50)),
+        "the backoff is capped by backoff_max_ms: {st:?}"
+    );
+    m.shutdown(Duration::from_secs(1));
+
+    // Lossy: one failed attempt, then the end.
+    let w = Arc::new(Watcher::default());
+    let mut m = messenger(fast_config(), w.clone());
+    let conn = m.connect_with(&target, Policy::LossyClient).unwrap();
+    let e = conn.wait_connected(Duration::from_secs(5)).unwrap_err();
+    assert!(
+        matches!(e, ConnectError::Closed(Some(FaultReason::Transport(_)))),
+        "{e:?}"
+    );
+    assert_eq!(w.failed.load(Ordering::Relaxed), 1);
+    m.shutdown(Duration::from_secs(1));
+}
+
+#[test]
+fn connect_timeout_ends_a_connection_that_never_opened() {
+    let target = nobody();
+    let w = Arc::new(Watcher::default());
+    let mut cfg = fast_config();
+    cfg.set("connect_timeout_ms", "400").unwrap();
+    let mut m = messenger(cfg, w.clone());
+    let conn = m.connect_with(&target, Policy::LosslessClient).unwrap();
+    send(&conn, Message::new(1, &b"queued"[..], &b""[..]));
+    let e = conn.wait_connected(Duration::from_secs(10)).unwrap_err();
+    assert_eq!(
+        e,
+        ConnectError::Closed(Some(FaultReason::ConnectTimeout(Duration::from_millis(
+            400
+        ))))
+    );
+    assert!(wait_until(Duration::from_secs(5), || !w
+        .resets
+        .lock()
+        .unwrap()
+        .is_empty()));
+    assert_eq!(
+        w.resets.lock().unwrap()[0],
+        FaultReason::ConnectTimeout(Duration::from_millis(400))
+    );
+    assert!(w.failed.load(Ordering::Relaxed) >= 1);
+    assert_eq!(
+        m.counters().messages_dropped.load(Ordering::Relaxed),
+        1,
+        "the queued message is reported"
+    );
+    m.shutdown(Duration::from_secs(1));
+}
