@@ -62,6 +62,16 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
          verbs://198.51.100.1:6800?dev=rxe0: its transport picks the backend (default none)",
     ),
     (
+        "max_handshakes_per_source",
+        "most pending handshakes per worker from one IP address (default 256); when a source, \
+         or the worker (max_handshakes), is at its bound, the oldest link that has not sent \
+         its banner is closed to make room (handshakes_evicted), else the new one is refused",
+    ),
+    (
+        "banner_timeout_ms",
+        "close a connection whose peer has not sent its banner (32 bytes) by then (default 2000)",
+    ),
+    (
         "connect_timeout_ms",
         "a connection this side opened that is not established within this long ends \
          (on_reset: not connected within ...); 0 (default): lossless ones keep trying, \
@@ -272,6 +282,10 @@ pub struct MessengerConfig {
     /// The address to listen on when the builder is given none
     /// ([`crate::MessengerBuilder::bind`]): its transport picks the backend.
     pub bind: Option<msgr_addr::EntityAddr>,
+    /// Most pending handshakes per worker from one IP address (see
+    /// `max_handshakes`): a source at its share makes room by closing its
+    /// own oldest idle link.
+    pub max_handshakes_per_source: usize,
 }
 
 impl Default for MessengerConfig {
@@ -287,6 +301,7 @@ impl Default for MessengerConfig {
             rx_throttle_messages: 64 * 1024,
             rx_throttle_bytes: 512 << 20,
             max_handshakes: 1024,
+            max_handshakes_per_source: 256,
             rdma: msgr_backends::RdmaPoolConfig::default(),
             faults: None,
             handler_panic: HandlerPanicPolicy::FailConnection,
@@ -478,6 +493,10 @@ impl MessengerConfig {
                 self.rx_throttle_bytes = parse_in(key, value, 1..=crate::throttle::MAX_BYTES)?
             }
             "max_handshakes" => self.max_handshakes = parse_in(key, value, 1..=1 << 20)?,
+            "max_handshakes_per_source" => {
+                self.max_handshakes_per_source = parse_in(key, value, 1..=1 << 20)?
+            }
+            "banner_timeout_ms" => s.banner_timeout = ms(value)?,
             "rdma_chunk_size" => self.rdma.chunk_size = parse_num(key, value)?,
             "rdma_rx_chunks" => self.rdma.rx_chunks = parse_num(key, value)?,
             "rdma_tx_chunks" => self.rdma.tx_chunks = parse_num(key, value)?,

@@ -67,8 +67,10 @@ counters! {
     rx_throttle_pauses,
     /// Faults injected: by a fault plan, `Connection::inject_fault` or `Connection::simulate_fault`.
     injected_faults,
-    /// Accepted connections closed at once because too many handshakes were pending.
+    /// Accepted connections closed at once because too many handshakes were pending and none was idle.
     handshakes_refused,
+    /// Pending handshakes whose peer had not sent a banner, closed to make room for a new connection (handshake admission).
+    handshakes_evicted,
     /// Times a worker confined to one CPU stopped spinning for a while because a yield handed a whole time slice to a busy thread sharing that CPU.
     spin_pauses,
     /// Dispatcher callbacks that panicked (each ended its connection, or aborted the process: `on_handler_panic`).

@@ -62,6 +62,11 @@ pub enum FrameError {
     /// A whole-frame buffer holds more than one frame.
     #[error("{0} bytes after the end of the frame")]
     TrailingBytes(usize),
+    /// The first bytes of a connection are not the msgr magic: another
+    /// protocol (HTTP, TLS...) is talking. Caught from the first byte that
+    /// differs, without waiting for a whole banner.
+    #[error("the peer speaks another protocol (its first bytes are not msgr's magic)")]
+    ForeignProtocol,
 }
 
 /// The banner exchange failed: the peer is not (a compatible) msgr.

@@ -6,7 +6,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::banner::BANNER_LEN;
+use crate::banner::{BANNER_LEN, MAGIC};
 use crate::error::FrameError;
 use crate::frame::{
     exact_preamble, frame_body, handing_over, split_off_front, Frame, FrameDecoder, FrameLimits,
@@ -209,7 +209,7 @@ impl StreamDecoder {
     /// A frame is split off `buf`, which keeps its allocation (see
     /// [`FrameDecoder::decode`]).
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Inbound>, FrameError> {
-        match self.take_banner(buf) {
+        match self.take_banner(buf)? {
             Some(unit) => Ok(unit),
             None => self.frames.next_frame(buf, split_off_front, frame_unit),
         }
@@ -222,7 +222,7 @@ impl StreamDecoder {
         buf: &mut BytesMut,
         freeze: impl FnOnce(BytesMut) -> Bytes,
     ) -> Result<Option<Inbound>, FrameError> {
-        match self.take_banner(buf) {
+        match self.take_banner(buf)? {
             Some(unit) => Ok(unit),
             None => self
                 .frames
@@ -231,17 +231,24 @@ impl StreamDecoder {
     }
 
     /// Before the banner: `Some` of the banner, or of `None` for "need
-    /// more". After it: `None` (frames follow).
-    fn take_banner(&mut self, buf: &mut BytesMut) -> Option<Option<Inbound>> {
+    /// more" (an error if the bytes so far are not the magic's start).
+    /// After it: `None` (frames follow).
+    fn take_banner(&mut self, buf: &mut BytesMut) -> Result<Option<Option<Inbound>>, FrameError> {
         if self.banner_seen {
-            return None;
+            return Ok(None);
         }
         if buf.len() < BANNER_LEN {
-            return Some(None);
+            // A foreign protocol (`GET / HTTP/1.1`) shows in its first
+            // bytes: refuse it now rather than wait for 32 of them.
+            let n = buf.len().min(MAGIC.len());
+            if buf[..n] != MAGIC[..n] {
+                return Err(FrameError::ForeignProtocol);
+            }
+            return Ok(Some(None));
         }
         let mut raw = [0u8; BANNER_LEN];
         raw.copy_from_slice(&buf.split_to(BANNER_LEN));
         self.banner_seen = true;
-        Some(Some(Inbound::Banner(raw)))
+        Ok(Some(Some(Inbound::Banner(raw))))
     }
 }

@@ -28,6 +28,7 @@
 //!
 //! No allocation, lock or channel per message on the worker's own thread.
 
+mod admission;
 pub(crate) mod affinity;
 mod command;
 mod spin;
@@ -51,6 +52,7 @@ use msgr_proto::{
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+use admission::{admit, Admit, PendingLink};
 use command::Adoption;
 pub(crate) use command::{Command, LinkFault, WorkerStats};
 
@@ -202,7 +204,9 @@ pub(crate) struct Worker {
     /// Keyed by what peers say about themselves: keep std's DoS-resistant hash.
     by_peer: std::collections::HashMap<EntityAddr, u64>,
     links: FxHashMap<LinkId, LinkEntry>,
-    pending: FxHashMap<LinkId, Session>,
+    pending: FxHashMap<LinkId, PendingLink>,
+    /// Passes of the event loop so far (handshake admission counts them).
+    passes: u64,
     tevents: Vec<TransportEvent>,
     touched: Vec<u64>,
     /// Emptied vectors kept for their memory: the sessions being driven
@@ -272,6 +276,7 @@ impl Worker {
             by_peer: std::collections::HashMap::new(),
             links: FxHashMap::default(),
             pending: FxHashMap::default(),
+            passes: 0,
             tevents: Vec::new(),
             touched: Vec::new(),
             touched_spare: Vec::new(),
@@ -324,6 +329,7 @@ impl Worker {
         let mut pass: u32 = 0;
         loop {
             pass = pass.wrapping_add(1);
+            self.passes += 1;
             let mut active = self.take_commands();
             if active {
                 // Commands touch sessions: do that work before any blocking poll.
@@ -606,7 +612,7 @@ impl Worker {
                         + crate::connection::handle_bytes()
                         + s.session.memory_bytes()
                 });
-                let pending = self.pending.values().map(Session::memory_bytes);
+                let pending = self.pending.values().map(|p| p.session.memory_bytes());
                 let _ = reply.send(WorkerStats {
                     transports: self.transports.iter().map(|t| t.stats()).collect(),
                     sessions: self.sessions.len() + self.pending.len(),
@@ -736,7 +742,11 @@ impl Worker {
         for ev in evs.drain(..) {
             tracing::trace!(worker = self.idx, event = ?ev, "transport event");
             match ev {
-                TransportEvent::Accepted { link, listener, .. } => {
+                TransportEvent::Accepted {
+                    link,
+                    listener,
+                    peer,
+                } => {
                     let Some(&(t, _)) = self.listeners.iter().find(|(_, tok)| *tok == listener)
                     else {
                         self.transports
@@ -744,11 +754,26 @@ impl Worker {
                             .for_each(|x| x.close(link, false));
                         continue;
                     };
-                    if self.pending.len() >= self.shared.cfg.max_handshakes {
-                        // Bounded handshake state: refuse rather than grow.
-                        Counters::add(&self.shared.counters.handshakes_refused, 1);
-                        self.transports[t].close(link, false);
-                        continue;
+                    // Bounded handshake state (admission module): an idle
+                    // pending link gives way, or the new one is refused.
+                    let cfg = &self.shared.cfg;
+                    match admit(
+                        &self.pending,
+                        peer.ip(),
+                        self.passes,
+                        cfg.max_handshakes,
+                        cfg.max_handshakes_per_source,
+                    ) {
+                        Admit::Yes => {}
+                        Admit::Evict(old) => {
+                            Counters::add(&self.shared.counters.handshakes_evicted, 1);
+                            self.drop_pending(old);
+                        }
+                        Admit::Refuse => {
+                            Counters::add(&self.shared.counters.handshakes_refused, 1);
+                            self.transports[t].close(link, false);
+                            continue;
+                        }
                     }
                     Counters::add(&self.shared.counters.links_active, 1);
                     self.links.insert(
@@ -758,13 +783,21 @@ impl Worker {
                             owner: Owner::Pending,
                         },
                     );
-                    let s = Session::accept(
+                    let session = Session::accept(
                         self.shared.cfg.session.clone(),
                         self.shared.local.clone(),
                         link,
                         now,
                     );
-                    self.pending.insert(link, s);
+                    self.pending.insert(
+                        link,
+                        PendingLink {
+                            session,
+                            source: peer.ip(),
+                            since: now,
+                            since_pass: self.passes,
+                        },
+                    );
                     self.drive_pending(link, now);
                 }
                 TransportEvent::Connected(link) => {
@@ -787,8 +820,8 @@ impl Worker {
                             self.touch(k);
                         }
                         Some(Owner::Pending) => {
-                            if let Some(s) = self.pending.get_mut(&link) {
-                                if s.handle_inbound(link, unit, now).is_err() {
+                            if let Some(p) = self.pending.get_mut(&link) {
+                                if p.session.handle_inbound(link, unit, now).is_err() {
                                     Counters::add(&self.shared.counters.protocol_errors, 1);
                                 }
                             }
@@ -832,8 +865,8 @@ impl Worker {
                 self.touch(k);
             }
             Owner::Pending => {
-                if let Some(mut s) = self.pending.remove(&link) {
-                    tell(&mut s, now);
+                if let Some(mut p) = self.pending.remove(&link) {
+                    tell(&mut p.session, now);
                 }
             }
         }
@@ -1167,34 +1200,46 @@ impl Worker {
         }
     }
 
+    /// Closes a pending link to make room for another (admission).
+    fn drop_pending(&mut self, link: LinkId) {
+        self.pending.remove(&link);
+        if let Some(e) = self.links.remove(&link) {
+            self.shared
+                .counters
+                .links_active
+                .fetch_sub(1, Ordering::Relaxed);
+            self.transports[e.transport].close(link, false);
+        }
+    }
+
     /// Drives a not-yet-routed accepted link's session.
     fn drive_pending(&mut self, link: LinkId, now: Instant) {
         let Some(t) = self.links.get(&link).map(|e| e.transport) else {
             return;
         };
         loop {
-            let Some(s) = self.pending.get_mut(&link) else {
+            let Some(p) = self.pending.get_mut(&link) else {
                 return;
             };
             let mut out = std::mem::take(&mut self.outbox);
-            while let Some(tx) = s.poll_transmit(now) {
+            while let Some(tx) = p.session.poll_transmit(now) {
                 out.push(tx);
             }
             for (l, unit) in out.drain(..) {
                 self.transmit(t, l, unit, now);
             }
             self.outbox = out;
-            let Some(s) = self.pending.get_mut(&link) else {
+            let Some(p) = self.pending.get_mut(&link) else {
                 return;
             };
-            let ev = s.poll_event();
+            let ev = p.session.poll_event();
             tracing::debug!(worker = self.idx, ?link, event = ?ev, "pending link event");
             match ev {
                 Some(SessionEvent::Identified(hello)) => {
-                    let Some(s) = self.pending.remove(&link) else {
+                    let Some(p) = self.pending.remove(&link) else {
                         return;
                     };
-                    self.route(link, t, s, *hello, now);
+                    self.route(link, t, p.session, *hello, now);
                     return;
                 }
                 Some(SessionEvent::CloseLink(l)) => {
@@ -1210,9 +1255,17 @@ impl Worker {
                 None => break,
             }
         }
-        if self.pending.get(&link).is_some_and(|s| s.is_closed()) {
+        if self
+            .pending
+            .get(&link)
+            .is_some_and(|p| p.session.is_closed())
+        {
             self.pending.remove(&link);
-        } else if let Some(tm) = self.pending.get(&link).and_then(|s| s.poll_timeout()) {
+        } else if let Some(tm) = self
+            .pending
+            .get(&link)
+            .and_then(|p| p.session.poll_timeout())
+        {
             self.next_timer = Some(self.next_timer.map_or(tm, |n| n.min(tm)));
         }
     }
@@ -1416,14 +1469,14 @@ impl Worker {
         }
         let links: Vec<LinkId> = self.pending.keys().copied().collect();
         for l in links {
-            let Some(s) = self.pending.get_mut(&l) else {
+            let Some(p) = self.pending.get_mut(&l) else {
                 continue;
             };
-            if s.poll_timeout().is_some_and(|t| t <= now) {
-                s.handle_timeout(now);
+            if p.session.poll_timeout().is_some_and(|t| t <= now) {
+                p.session.handle_timeout(now);
                 self.drive_pending(l, now);
             }
-            if let Some(t) = self.pending.get(&l).and_then(|s| s.poll_timeout()) {
+            if let Some(t) = self.pending.get(&l).and_then(|p| p.session.poll_timeout()) {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         }

@@ -44,6 +44,10 @@ pub struct SessionConfig {
     pub keepalive_timeout: Duration,
     /// Fault a link whose banner/hello exchange has not finished by then.
     pub handshake_timeout: Duration,
+    /// Fault a link whose peer has not sent its banner (the first 32
+    /// bytes) by then: shorter than the whole handshake, so a connection
+    /// that says nothing gives its slot back soon.
+    pub banner_timeout: Duration,
     /// First reconnect delay; doubles per failed attempt.
     pub backoff_min: Duration,
     /// Ceiling of the reconnect delay.
@@ -92,6 +96,7 @@ impl Default for SessionConfig {
             keepalive_interval: Duration::from_secs(2),
             keepalive_timeout: Duration::from_secs(15),
             handshake_timeout: Duration::from_secs(10),
+            banner_timeout: Duration::from_secs(2),
             backoff_min: Duration::from_millis(5),
             backoff_max: Duration::from_secs(2),
             wait_retry: Duration::from_secs(1),

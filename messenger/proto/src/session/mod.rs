@@ -70,6 +70,8 @@ pub enum FaultReason {
     KeepaliveTimeout,
     /// The banner/hello exchange took too long.
     HandshakeTimeout,
+    /// The peer sent no banner within `banner_timeout`.
+    BannerTimeout,
     /// The peer ended the session with a close frame.
     PeerClosed(String),
     /// The local application marked the peer down.
@@ -104,6 +106,7 @@ impl std::fmt::Display for FaultReason {
             FaultReason::Protocol(e) => write!(f, "protocol: {e}"),
             FaultReason::KeepaliveTimeout => write!(f, "keepalive timeout"),
             FaultReason::HandshakeTimeout => write!(f, "handshake timeout"),
+            FaultReason::BannerTimeout => write!(f, "no banner from the peer in time"),
             FaultReason::PeerClosed(r) => write!(f, "peer closed the session: {r}"),
             FaultReason::MarkedDown => write!(f, "marked down"),
             FaultReason::LingerExpired => write!(f, "peer did not come back"),
@@ -459,6 +462,13 @@ impl Session {
         self.attempts
     }
 
+    /// Whether the peer has said anything on the current link: its banner
+    /// arrived. An accepted link that has not is idle, the first to give
+    /// way when handshake slots run out.
+    pub fn heard_from_peer(&self) -> bool {
+        !matches!(self.state, State::Banner(_))
+    }
+
     /// Whether messages flow right now.
     pub fn is_open(&self) -> bool {
         matches!(self.state, State::Open(_))
@@ -687,6 +697,9 @@ impl Session {
             }
         }
         match self.state {
+            State::Banner(_) if now >= self.link_since + self.cfg.banner_timeout => {
+                self.fault(FaultReason::BannerTimeout, now);
+            }
             State::Banner(_)
             | State::HelloSent(_)
             | State::AwaitHello(_)
@@ -734,10 +747,12 @@ impl Session {
     /// The current state's own timer.
     fn state_timeout(&self) -> Option<Instant> {
         match self.state {
-            State::Banner(_)
-            | State::HelloSent(_)
-            | State::AwaitHello(_)
-            | State::Identified(_) => Some(self.link_since + self.cfg.handshake_timeout),
+            State::Banner(_) => {
+                Some(self.link_since + self.cfg.banner_timeout.min(self.cfg.handshake_timeout))
+            }
+            State::HelloSent(_) | State::AwaitHello(_) | State::Identified(_) => {
+                Some(self.link_since + self.cfg.handshake_timeout)
+            }
             State::Open(_) => {
                 let ka = self.last_tx + self.cfg.keepalive_interval;
                 if self.rx_paused {

@@ -809,6 +809,7 @@ pub fn session_engine(data: &[u8]) {
         keepalive_interval: Duration::from_millis(100),
         keepalive_timeout: Duration::from_millis(500),
         handshake_timeout: Duration::from_millis(300),
+        banner_timeout: Duration::from_millis(200),
         backoff_min: Duration::from_millis(5),
         backoff_max: Duration::from_millis(80),
         wait_retry: Duration::from_millis(50),

@@ -1,0 +1,148 @@
+//! Handshake admission under a flood: 2,000 connections that never speak,
+//! held open and reopened, cannot keep a good client out — its ping
+//! completes within a second — and a foreign protocol is closed at its
+//! first bytes, not after the handshake timeout.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use msgr::{EntityName, Messenger, Policy};
+
+/// Idle connections the flood holds.
+const FLOOD: usize = 2000;
+
+/// A connection from `source` (a loopback address) to `to`.
+fn connect_from(source: Ipv4Addr, to: SocketAddr) -> Option<TcpStream> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+    s.bind(&SocketAddr::from((source, 0)).into()).ok()?;
+    s.connect_timeout(&to.into(), Duration::from_secs(2)).ok()?;
+    s.set_nonblocking(true).ok()?;
+    Some(s.into())
+}
+
+/// Whether the server closed this connection (or it failed).
+fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 64];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue, // the server's banner
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// An attacker at another loopback address (127.0.0.2: never leaves the
+/// machine) holds 2,000 connections that never speak, reopening each one
+/// the server closes; a good client at 127.0.0.1 connects and pings. The
+/// attacker's source gets at most `max_handshakes_per_source` slots (the
+/// rest of its connections are refused at once, and its idle ones closed
+/// after `banner_timeout_ms`), and the good client is never refused or
+/// evicted: its ping completes within a second.
+#[test]
+fn a_flood_of_idle_connections_cannot_lock_a_good_client_out() {
+    let rec = Recorder::echoing();
+    let mut srv = server(fast_config(), rec.clone());
+    let to = srv.addr().socket;
+    let attacker = Ipv4Addr::new(127, 0, 0, 2);
+    let mut flood: Vec<TcpStream> = (0..FLOOD)
+        .filter_map(|_| connect_from(attacker, to))
+        .collect();
+    assert!(flood.len() >= FLOOD / 2, "only {} connected", flood.len());
+    let stop = Arc::new(AtomicBool::new(false));
+    let reopen = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut reopened = 0u64;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                // Up to 100 reopened every 25 ms: 4,000 new connections a
+                // second at the most, on top of the 2,000 held.
+                let mut budget = 100;
+                for s in flood.iter_mut() {
+                    if budget > 0 && closed(s) {
+                        budget -= 1;
+                        if let Some(n) = connect_from(attacker, to) {
+                            *s = n;
+                            reopened += 1;
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            (flood.len(), reopened)
+        })
+    };
+    // The flood in place and churning.
+    std::thread::sleep(Duration::from_millis(500));
+    let echoes = Recorder::new();
+    let mut cli = Messenger::builder(EntityName::client(7))
+        .config(fast_config())
+        .start(echoes.clone())
+        .expect("start client");
+    let started = Instant::now();
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    send(&conn, probe_message(1, 1, 64));
+    // The server echoes it back.
+    let done = wait_until(Duration::from_secs(10), || echoes.delivered(1) == 1);
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let (held, reopened) = reopen.join().unwrap();
+    let c = srv.counters();
+    let evicted = c.handshakes_evicted.load(Ordering::Relaxed);
+    let _ = evicted;
+    println!(
+        "flood of {held} idle connections, {reopened} reopened: the good client's ping took \
+         {took:?}; evicted {evicted}, refused {}, the good client's faults {}",
+        c.handshakes_refused.load(Ordering::Relaxed),
+        conn.status().faults
+    );
+    assert!(done, "the good client's ping never completed");
+    assert!(
+        took < Duration::from_secs(1),
+        "the good client's ping took {took:?}"
+    );
+    let refused = c.handshakes_refused.load(Ordering::Relaxed);
+    assert!(refused > 0, "the flood passed its source's share");
+    assert_eq!(conn.status().faults, 0, "the good client was never refused");
+    cli.shutdown(Duration::from_secs(2));
+    srv.shutdown(Duration::from_secs(2));
+}
+
+#[test]
+fn a_foreign_protocol_is_closed_at_its_first_bytes() {
+    let mut srv = server(fast_config(), Recorder::new());
+    let mut s = TcpStream::connect(srv.addr().socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let started = Instant::now();
+    s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    let mut buf = [0u8; 256];
+    // The server's banner may come first; then the close.
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("not closed: {e} after {:?}", started.elapsed()),
+        }
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "closed after {took:?}, not at once"
+    );
+    // Counted once the worker has handled the close it made.
+    assert!(wait_until(Duration::from_secs(5), || {
+        srv.counters().protocol_errors.load(Ordering::Relaxed) >= 1
+    }));
+    srv.shutdown(Duration::from_secs(2));
+}
