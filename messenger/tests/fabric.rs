@@ -672,9 +672,113 @@ mod kept_registrations {
 }
 
 /// The same tests over each provider and endpoint type.
+/// Issue 44's oversize case over this backend: a message over the peer's
+/// `max_data_bytes` (announced in the handshake) is refused at `send`; one
+/// queued before the handshake ends its session with the reason; no
+/// reconnect, no frame refused by the peer, the first session goes on.
+fn a_message_too_large_for_the_peer_is_refused(addr: &str) {
+    let rec = Recorder::new();
+    let srv = start_with(
+        addr,
+        EntityName::server(1),
+        config_with(&[("max_data_bytes", "1024")]),
+        rec.clone(),
+    );
+    let cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    conn.wait_connected(Duration::from_secs(10)).unwrap();
+    assert!(matches!(
+        conn.send(probe_message(1, 1, 2048)),
+        Err(msgr::SendError::TooLarge { max: 1024, .. })
+    ));
+    send(&conn, probe_message(1, 1, 1000));
+    assert!(wait_until(Duration::from_secs(10), || rec.delivered(1) == 1));
+    let watcher = Recorder::new();
+    let early = start(addr, EntityName::client(2), watcher.clone());
+    let conn2 = early
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    send(&conn2, probe_message(2, 1, 4096));
+    assert!(
+        wait_until(Duration::from_secs(10), || !watcher
+            .resets
+            .lock()
+            .unwrap()
+            .is_empty()),
+        "{addr}: the session that queued it ended"
+    );
+    let why = watcher.resets.lock().unwrap()[0].1.clone();
+    assert!(
+        why.contains("more than the peer takes (1024)"),
+        "{addr}: {why}"
+    );
+    send(&conn, probe_message(1, 2, 10));
+    assert!(wait_until(Duration::from_secs(10), || rec.delivered(1) == 2));
+    rec.assert_clean();
+    for m in [&cli, &early, &srv] {
+        assert_eq!(m.counters().reconnects.load(Ordering::Relaxed), 0, "{addr}");
+        assert_eq!(
+            m.counters().protocol_errors.load(Ordering::Relaxed),
+            0,
+            "{addr}"
+        );
+    }
+}
+
+/// Issue 44's panic case over this backend: a handler that panics on one
+/// connection's message ends that connection only; the other is served.
+fn a_panicking_handler_fails_only_its_connection(addr: &str) {
+    struct Fragile(Arc<Recorder>);
+    impl msgr::Dispatcher for Fragile {
+        fn on_message(&self, conn: &msgr::Connection, msg: msgr::Message) {
+            assert!(msg.msg_type != 666, "a handler that cannot take type 666");
+            self.0.on_message(conn, msg);
+        }
+    }
+    let rec = Recorder::new();
+    let srv = start(addr, EntityName::server(1), Arc::new(Fragile(rec.clone())));
+    let bad = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
+    let good = start(addr, EntityName::client(2), Arc::new(msgr::NullDispatcher));
+    let bad_conn = bad
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    let good_conn = good
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    send(&bad_conn, msgr::Message::new(666, &b"poison"[..], &b""[..]));
+    assert!(
+        wait_until(Duration::from_secs(10), || srv
+            .counters()
+            .handler_panics
+            .load(Ordering::Relaxed)
+            == 1),
+        "{addr}: the panic was caught and counted"
+    );
+    for n in 1..=20 {
+        send(&good_conn, probe_message(1, n, 64));
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || rec.delivered(1) == 20),
+        "{addr}: the other connection is served"
+    );
+    rec.assert_clean();
+}
+
 macro_rules! over {
     ($module:ident, $addr:expr, rendezvous: $rndv:expr) => {
         mod $module {
+            #[test]
+            fn a_message_too_large_for_the_peer_is_refused() {
+                super::a_message_too_large_for_the_peer_is_refused($addr);
+            }
+
+            #[test]
+            fn a_panicking_handler_fails_only_its_connection() {
+                super::a_panicking_handler_fails_only_its_connection($addr);
+            }
+
             #[test]
             fn ordering_and_integrity_mixed_sizes() {
                 super::ordering_and_integrity_mixed_sizes($addr, $rndv, &[]);

@@ -105,6 +105,8 @@ const PING: u32 = 2;
 const SAME: u32 = 4;
 /// The stream sent around a simulated CQ failure.
 const CQ_FAIL: u32 = 5;
+/// A stream the server's handler panics on (`poison_and_panic`).
+const PANIC: u32 = 6;
 
 #[derive(Default)]
 struct Log {
@@ -136,6 +138,7 @@ impl Dispatcher for Recorder {
             return;
         }
         let stream = u32::from_le_bytes(front[..4].try_into().unwrap());
+        assert!(stream != PANIC, "a handler that cannot take stream {PANIC}");
         let n = u64::from_le_bytes(front[4..12].try_into().unwrap());
         let len = u64::from_le_bytes(front[12..20].try_into().unwrap()) as usize;
         if stream == PING {
@@ -388,6 +391,9 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
     if bind.transport == msgr::TransportKind::RdmaCm {
         aborted_connects(&bind)?;
     }
+
+    // 5d: a message too large for the peer, and a handler that panics.
+    poison_and_panic(&bind)?;
 
     // 6: ping-pong, 64 B.
     let rounds = 1000u64;
@@ -726,6 +732,82 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
     println!("both ways: {reused} of {reads} reads into reused sinks");
     cli.shutdown(Duration::from_secs(5));
     srv.shutdown(Duration::from_secs(5));
+    Ok(())
+}
+
+/// Issue 44 over this backend. A server taking at most 64 KiB of data:
+/// a bigger message is refused at `send` once the session is open (the
+/// limit came with the handshake), and one queued before the handshake
+/// ends its session with the reason; neither side reconnects or refuses a
+/// frame. Then the server's handler panics on one client's message: that
+/// connection ends, the panic is counted, the other client is served.
+fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
+    let mut small = config();
+    small
+        .set("max_data_bytes", "65536")
+        .map_err(|e| e.to_string())?;
+    let (mut srv, srv_rec) = server(bind, small)?;
+    let (mut cli, _) = client(30, config())?;
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .map_err(|e| format!("poison: connect: {e}"))?;
+    conn.wait_connected(Duration::from_secs(30))
+        .map_err(|e| format!("poison: {e}"))?;
+    match conn.send(message(7, 1, 128 << 10)) {
+        Err(msgr::SendError::TooLarge { max: 65536, .. }) => {}
+        other => return Err(format!("poison: a 128 KiB message: {other:?}")),
+    }
+    let (mut early, early_rec) = client(31, config())?;
+    let conn2 = early
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .map_err(|e| format!("poison: connect: {e}"))?;
+    conn2
+        .send(message(8, 1, 128 << 10))
+        .map_err(|e| format!("poison: queue before the handshake: {e}"))?;
+    if !wait_until(Duration::from_secs(30), || {
+        !early_rec.resets.lock().unwrap().is_empty()
+    }) {
+        return Err("poison: the session that queued it did not end".into());
+    }
+    let why = early_rec.resets.lock().unwrap()[0].clone();
+    if !why.contains("more than the peer takes") {
+        return Err(format!("poison: ended for another reason: {why}"));
+    }
+    for m in [&cli, &early, &srv] {
+        let c = m.counters();
+        let (r, p) = (
+            c.reconnects.load(Ordering::Relaxed),
+            c.protocol_errors.load(Ordering::Relaxed),
+        );
+        if r + p != 0 {
+            return Err(format!("poison: {r} reconnects, {p} protocol errors"));
+        }
+    }
+    println!("poison: refused at send; the early session ended: {why}");
+
+    // The panic: client 30's connection ends, client 31 (a new one) is served.
+    conn.send(message(PANIC, 1, 64))
+        .map_err(|e| format!("panic: send: {e}"))?;
+    if !wait_until(Duration::from_secs(30), || {
+        srv.counters().handler_panics.load(Ordering::Relaxed) == 1
+    }) {
+        return Err("panic: not caught and counted".into());
+    }
+    let (mut other, _) = client(32, config())?;
+    let conn3 = other
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .map_err(|e| format!("panic: connect: {e}"))?;
+    for i in 1..=20 {
+        conn3
+            .send_timeout(message(9, i, 1000), Duration::from_secs(30))
+            .map_err(|e| format!("panic: send {i}: {e}"))?;
+    }
+    wait_until(Duration::from_secs(30), || srv_rec.delivered(9) >= 20);
+    srv_rec.check(9, 20, 20_000, "after the panic")?;
+    println!("panic: caught, that connection ended, another served");
+    for m in [&mut cli, &mut early, &mut other, &mut srv] {
+        m.shutdown(Duration::from_secs(5));
+    }
     Ok(())
 }
 
