@@ -78,6 +78,11 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
          each failed attempt reported to on_connect_failed",
     ),
     (
+        "peers",
+        "comma-separated addresses of the peers Messenger::connect_peers connects to with the \
+         configured policy, e.g. tcp://10.0.0.2:6800,verbs://10.0.0.3:6800?dev=mlx5_0 (default none)",
+    ),
+    (
         "on_handler_panic",
         "what a panicking dispatcher callback does: fail-connection (default: that connection \
          ends, on_reset says why, the worker serves the others) or abort (the process)",
@@ -286,6 +291,10 @@ pub struct MessengerConfig {
     /// `max_handshakes`): a source at its share makes room by closing its
     /// own oldest idle link.
     pub max_handshakes_per_source: usize,
+    /// Peers this messenger talks to ([`crate::Messenger::connect_peers`]):
+    /// their addresses' transports pick the backends, so a configuration
+    /// file or the environment alone says where and over what to connect.
+    pub peers: Vec<msgr_addr::EntityAddr>,
 }
 
 impl Default for MessengerConfig {
@@ -306,6 +315,7 @@ impl Default for MessengerConfig {
             faults: None,
             handler_panic: HandlerPanicPolicy::FailConnection,
             bind: None,
+            peers: Vec::new(),
         }
     }
 }
@@ -429,6 +439,21 @@ impl MessengerConfig {
                         }
                     })?)
                 };
+            }
+            "peers" => {
+                self.peers = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| {
+                        a.parse()
+                            .map_err(|e: msgr_addr::AddrParseError| ConfigError::BadValue {
+                                key: key.into(),
+                                value: value.into(),
+                                why: format!("`{a}`: {e}"),
+                            })
+                    })
+                    .collect::<Result<_, _>>()?;
             }
             "on_handler_panic" => {
                 self.handler_panic = match value.trim() {
@@ -680,6 +705,7 @@ mod tests {
                 "batch_max_bytes" => "4096",
                 "on_handler_panic" => "abort",
                 "bind" => "tcp://127.0.0.1:0",
+                "peers" => "tcp://127.0.0.1:6800, tcp://[::1]:6801",
                 _ => "3",
             };
             MessengerConfig::default()
@@ -742,6 +768,19 @@ mod tests {
         assert!(cfg.set("bind", "nonsense://x").is_err());
         cfg.set("bind", "none").unwrap();
         assert!(cfg.bind.is_none());
+    }
+
+    /// Peers are a list of addresses; a bad one is named.
+    #[test]
+    fn peers_are_a_list_of_addresses() {
+        let mut cfg = MessengerConfig::default();
+        cfg.set("peers", "tcp://127.0.0.1:6800, tcp://[::1]:6801")
+            .unwrap();
+        assert_eq!(cfg.peers.len(), 2);
+        let e = cfg.set("peers", "tcp://127.0.0.1:1,bogus").unwrap_err();
+        assert!(e.to_string().contains("`bogus`"), "{e}");
+        cfg.set("peers", "").unwrap();
+        assert!(cfg.peers.is_empty());
     }
 
     /// Values that cannot work are refused at start, with the range.

@@ -369,6 +369,37 @@ impl Messenger {
             .collect()
     }
 
+    /// Connects to every peer the configuration names (the `peers` key),
+    /// with the configured `policy`: the connections in that order. For a
+    /// program whose peers, and so whose backends, come from a file or the
+    /// environment rather than its code.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, MessengerConfig, NullDispatcher};
+    /// let mut cfg = MessengerConfig::default();
+    /// cfg.set("peers", "tcp://127.0.0.1:9").unwrap();
+    /// let mut m = Messenger::builder(EntityName::client(1))
+    ///     .config(cfg)
+    ///     .start(Arc::new(NullDispatcher))
+    ///     .unwrap();
+    /// let conns = m.connect_peers().unwrap();
+    /// assert_eq!(conns[0].target().to_string(), "tcp://127.0.0.1:9");
+    /// m.shutdown(std::time::Duration::from_secs(1));
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Messenger::connect_with`], for the first peer that fails.
+    pub fn connect_peers(&self) -> Result<Vec<Connection>, MessengerError> {
+        let policy = self.shared.cfg.policy;
+        self.shared
+            .cfg
+            .peers
+            .iter()
+            .map(|a| self.connect_with(a, policy))
+            .collect()
+    }
+
     /// Ends the session with the peer at `addr`, if any, dropping its queue.
     pub fn mark_down(&self, addr: &EntityAddr) {
         let c = self.shared.registry.lock().get(&peer_key(addr)).cloned();

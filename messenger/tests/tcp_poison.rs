@@ -87,3 +87,69 @@ fn a_message_too_large_for_the_peer_is_refused_at_send_and_never_replayed() {
     cli2.shutdown(Duration::from_secs(2));
     srv.shutdown(Duration::from_secs(2));
 }
+
+/// Several sessions stream while another carries a poison message: only
+/// that one ends (with the reason), the others deliver everything, in
+/// order, with no reconnect. (A rate comparison is a benchmark's job, not
+/// a test's: the sessions never interact, by construction.)
+#[test]
+fn a_poisoned_session_fails_alone_while_others_stream() {
+    let mut scfg = fast_config();
+    scfg.set("max_data_bytes", &PEER_MAX_DATA.to_string())
+        .unwrap();
+    let srv_rec = Recorder::new();
+    let mut srv = server(scfg, srv_rec.clone());
+    const N: u64 = 3000;
+    let good: Vec<(Messenger, msgr::Connection)> = (10..13)
+        .map(|i| {
+            let m = named_client(i, Recorder::new());
+            let c = m.connect(srv.addr()).unwrap();
+            (m, c)
+        })
+        .collect();
+    let poisoned_rec = Recorder::new();
+    let mut poisoned = named_client(20, poisoned_rec.clone());
+    let pconn = poisoned.connect(srv.addr()).unwrap();
+    send(&pconn, probe_message(99, 1, 100));
+    // Small enough to share a batch frame with the first, too large for
+    // the peer: the batch stops before it.
+    send(&pconn, probe_message(99, 2, 2048));
+    let started = std::time::Instant::now();
+    for n in 1..=N {
+        for (i, (_, c)) in good.iter().enumerate() {
+            send(c, probe_message(i as u32, n, 100));
+        }
+    }
+    assert!(
+        wait_until(Duration::from_secs(60), || (0..3)
+            .all(|i| srv_rec.delivered(i) == N)),
+        "the streaming sessions delivered everything"
+    );
+    println!(
+        "3 x {N} messages beside a poisoned session in {:?}",
+        started.elapsed()
+    );
+    srv_rec.assert_clean();
+    assert!(wait_until(Duration::from_secs(10), || !poisoned_rec
+        .resets
+        .lock()
+        .unwrap()
+        .is_empty()));
+    assert!(poisoned_rec.resets.lock().unwrap()[0]
+        .1
+        .contains("more than the peer takes"));
+    assert!(
+        wait_until(Duration::from_secs(10), || srv_rec.delivered(99) == 1),
+        "the message before it arrived"
+    );
+    assert_eq!(srv_rec.last(99), 1, "and not it");
+    for (m, _) in &good {
+        assert_eq!(m.counters().reconnects.load(Ordering::Relaxed), 0);
+        assert!(m.counters().session_resets.load(Ordering::Relaxed) == 0);
+    }
+    for (mut m, _) in good {
+        m.shutdown(Duration::from_secs(2));
+    }
+    poisoned.shutdown(Duration::from_secs(2));
+    srv.shutdown(Duration::from_secs(2));
+}

@@ -862,11 +862,15 @@ impl Session {
             self.cfg.batch_max_bytes,
         );
         self.acked_in_seq = self.in_seq;
+        let limits = self.send_limits();
         while self.sent_seq < self.out_seq && (w.is_empty() || !self.window_full()) {
             let Some(msg) = self.next_unsent() else {
                 break;
             };
-            if !self.batchable(msg) || !w.push(msg) {
+            // One over the peer's limits stops the batch; the next
+            // poll_transmit ends the session on it.
+            let fits = limits.check(msg.front.len(), msg.data.len()).is_ok();
+            if !fits || !self.batchable(msg) || !w.push(msg) {
                 break;
             }
             let len = msg.payload_len();
