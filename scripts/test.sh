@@ -72,5 +72,5 @@ step "RDMA guest: tests in the QEMU guest (verbs and rdma_cm smoke on rxe and si
 cargo test --release -p msgr-testsuite --features rdma,fabric --test guest_rdma --test guest_verbs --test guest_bench --test guest_stress --test guest_fabric -- --nocapture --test-threads 1
 echo "RDMA guest part took $(($(date +%s) - guest_start)) s"
 
-step "fuzz: every cargo-fuzz target for 30 s (stable, --sanitizer none; see docs/FUZZING.md)"
-./scripts/fuzz.sh 30
+step "fuzz: every cargo-fuzz target for 20 s (stable, --sanitizer none; see docs/FUZZING.md)"
+./scripts/fuzz.sh 20

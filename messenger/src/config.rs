@@ -416,7 +416,7 @@ impl MessengerConfig {
                 self.busy_poll_max = Duration::from_micros(parse_in(key, value, 0..=10_000_000)?)
             }
             "busy_poll_syscall_every" => {
-                self.busy_poll_syscall_every = parse_num::<u32>(key, value)?
+                self.busy_poll_syscall_every = parse_in::<u32>(key, value, 0..=1_000_000)?
             }
             "worker_cpus" => self.worker_cpus = parse_worker_cpus(key, value)?,
             "policy" => {
@@ -522,13 +522,21 @@ impl MessengerConfig {
                 self.max_handshakes_per_source = parse_in(key, value, 1..=1 << 20)?
             }
             "banner_timeout_ms" => s.banner_timeout = ms(value)?,
-            "rdma_chunk_size" => self.rdma.chunk_size = parse_num(key, value)?,
-            "rdma_rx_chunks" => self.rdma.rx_chunks = parse_num(key, value)?,
-            "rdma_tx_chunks" => self.rdma.tx_chunks = parse_num(key, value)?,
-            "rdma_rendezvous_bytes" => self.rdma.rendezvous_threshold = parse_num(key, value)?,
-            "rdma_inline_bytes" => self.rdma.inline_bytes = parse_num(key, value)?,
-            "rdma_reg_cache_bytes" => self.rdma.reg_cache_bytes = parse_num(key, value)?,
-            "fabric_link_bytes" => self.rdma.fabric_link_bytes = parse_num(key, value)?,
+            // The pools' own start-up check (RLIMIT_MEMLOCK, device caps)
+            // says more; these bounds keep the numbers themselves sane.
+            "rdma_chunk_size" => self.rdma.chunk_size = parse_in(key, value, 4096..=1 << 24)?,
+            "rdma_rx_chunks" => self.rdma.rx_chunks = parse_in(key, value, 1..=1 << 20)?,
+            "rdma_tx_chunks" => self.rdma.tx_chunks = parse_in(key, value, 1..=1 << 20)?,
+            "rdma_rendezvous_bytes" => {
+                self.rdma.rendezvous_threshold = parse_in(key, value, 0..=1 << 30)?
+            }
+            "rdma_inline_bytes" => self.rdma.inline_bytes = parse_in(key, value, 0..=4096)?,
+            "rdma_reg_cache_bytes" => {
+                self.rdma.reg_cache_bytes = parse_in(key, value, 0..=1 << 40)?
+            }
+            "fabric_link_bytes" => {
+                self.rdma.fabric_link_bytes = parse_in(key, value, 1 << 20..=1 << 44)?
+            }
             "rdma_read_timeout_ms" => {
                 let t = ms(value)?;
                 if t.is_zero() {
@@ -703,6 +711,8 @@ mod tests {
                 "fabric_cq_wait" => "poll",
                 "worker_cpus" => "0",
                 "batch_max_bytes" => "4096",
+                "rdma_chunk_size" => "8192",
+                "fabric_link_bytes" => "16777216",
                 "on_handler_panic" => "abort",
                 "bind" => "tcp://127.0.0.1:0",
                 "peers" => "tcp://127.0.0.1:6800, tcp://[::1]:6801",
