@@ -268,10 +268,11 @@ impl Connection {
     /// before on this connection; on a lossless connection it is delivered
     /// exactly once even across transport faults. Never blocks.
     pub fn send(&self, msg: Message) -> Result<(), SendError> {
-        if self.state() == ConnectionState::Closed {
-            return Err(SendError::Closed);
+        // One load on the path every message takes: a dead worker's
+        // connections are marked closed when it dies (`worker::run_guarded`).
+        if self.inner.state.load(Ordering::Acquire) == STATE_CLOSED {
+            return Err(self.closed_error());
         }
-        self.worker_alive()?;
         self.fits(&msg)?;
         self.reserve(1, msg.payload_len() as u64)?;
         self.inner.dispatch(Command::Send {
@@ -295,10 +296,9 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub fn send_batch(&self, msgs: Vec<Message>) -> Result<(), SendError> {
-        if self.state() == ConnectionState::Closed {
-            return Err(SendError::Closed);
+        if self.inner.state.load(Ordering::Acquire) == STATE_CLOSED {
+            return Err(self.closed_error());
         }
-        self.worker_alive()?;
         if msgs.is_empty() {
             return Ok(());
         }
@@ -393,12 +393,15 @@ impl Connection {
         l[1].store(limits.max_data, Ordering::Relaxed);
     }
 
-    /// Fails if the worker owning this connection died.
-    fn worker_alive(&self) -> Result<(), SendError> {
+    /// Why a send on a closed connection fails: its worker died, or the
+    /// session ended.
+    #[cold]
+    fn closed_error(&self) -> SendError {
         if self.inner.shared.workers[self.inner.worker].is_dead() {
-            return Err(SendError::WorkerStopped);
+            SendError::WorkerStopped
+        } else {
+            SendError::Closed
         }
-        Ok(())
     }
 
     /// Reserves queue room for one message of `len` bytes, or says it is full.
@@ -573,6 +576,7 @@ pub(crate) fn handle_bytes() -> usize {
 impl ConnInner {
     /// Hands a command to the owning worker: directly if we are on that
     /// worker's thread (a dispatcher callback), else through its channel.
+    #[inline]
     pub(crate) fn dispatch(&self, cmd: Command) {
         let worker = &self.shared.workers[self.worker];
         let cmd = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {

@@ -289,7 +289,22 @@ impl Messenger {
                             tracing::warn!(worker = idx, cpu, error = %e, "worker not pinned");
                         }
                     }
-                    run_guarded(idx, &dead, &guard.counters.worker_deaths, || w.run())
+                    // Its connections read closed from then on: `send`
+                    // looks at one word per message, not at the worker.
+                    let mark_closed = || {
+                        for c in guard.registry.lock().values() {
+                            if c.inner.worker == idx {
+                                c.set_state(crate::ConnectionState::Closed);
+                            }
+                        }
+                    };
+                    run_guarded(
+                        idx,
+                        &dead,
+                        &guard.counters.worker_deaths,
+                        mark_closed,
+                        || w.run(),
+                    )
                 })
                 .map_err(MessengerError::Spawn)?;
             threads.push(th);

@@ -130,12 +130,14 @@ pub(crate) fn run_guarded(
     idx: usize,
     dead: &AtomicBool,
     deaths: &std::sync::atomic::AtomicU64,
+    on_death: impl FnOnce(),
     run: impl FnOnce() -> WorkerReport,
 ) -> WorkerReport {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         Ok(report) => report,
         Err(payload) => {
             dead.store(true, Ordering::Release);
+            on_death();
             deaths.fetch_add(1, Ordering::Relaxed);
             let why = payload
                 .downcast_ref::<&str>()
@@ -1530,15 +1532,23 @@ mod tests {
     fn a_worker_that_panics_is_reported_dead() {
         let dead = AtomicBool::new(false);
         let deaths = std::sync::atomic::AtomicU64::new(0);
-        let ok = run_guarded(0, &dead, &deaths, || WorkerReport {
-            undelivered: 3,
-            ..WorkerReport::default()
-        });
+        let ok = run_guarded(
+            0,
+            &dead,
+            &deaths,
+            || {},
+            || WorkerReport {
+                undelivered: 3,
+                ..WorkerReport::default()
+            },
+        );
         assert_eq!(
             (ok.undelivered, ok.died, dead.load(Ordering::Acquire)),
             (3, false, false)
         );
-        let r = run_guarded(1, &dead, &deaths, || panic!("a bug"));
+        let told = std::cell::Cell::new(false);
+        let r = run_guarded(1, &dead, &deaths, || told.set(true), || panic!("a bug"));
+        assert!(told.get(), "its connections are told");
         assert!(r.died);
         assert!(dead.load(Ordering::Acquire));
         assert_eq!(deaths.load(Ordering::Relaxed), 1);
