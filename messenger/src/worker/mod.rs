@@ -851,14 +851,10 @@ impl Worker {
 
     /// A link closed underneath us: tell its session.
     fn link_gone(&mut self, link: LinkId, tell: impl FnOnce(&mut Session, Instant), now: Instant) {
-        let Some(e) = self.links.remove(&link) else {
+        let Some(e) = self.forget_link(link) else {
             return;
         };
         Counters::add(&self.shared.counters.link_faults, 1);
-        self.shared
-            .counters
-            .links_active
-            .fetch_sub(1, Ordering::Relaxed);
         match e.owner {
             Owner::Session(k) => {
                 if let Some(s) = self.sessions.get_mut(&k) {
@@ -1067,8 +1063,7 @@ impl Worker {
                 }
             }
             SessionEvent::CloseLink(link) => {
-                if let Some(e) = self.links.remove(&link) {
-                    c.links_active.fetch_sub(1, Ordering::Relaxed);
+                if let Some(e) = self.forget_link(link) {
                     self.transports[e.transport].close(link, true);
                 }
             }
@@ -1192,11 +1187,7 @@ impl Worker {
             .map(|(l, _)| *l)
             .collect();
         for l in stale {
-            if let Some(e) = self.links.remove(&l) {
-                self.shared
-                    .counters
-                    .links_active
-                    .fetch_sub(1, Ordering::Relaxed);
+            if let Some(e) = self.forget_link(l) {
                 self.transports[e.transport].close(l, true);
             }
         }
@@ -1205,13 +1196,21 @@ impl Worker {
     /// Closes a pending link to make room for another (admission).
     fn drop_pending(&mut self, link: LinkId) {
         self.pending.remove(&link);
-        if let Some(e) = self.links.remove(&link) {
-            self.shared
-                .counters
-                .links_active
-                .fetch_sub(1, Ordering::Relaxed);
+        if let Some(e) = self.forget_link(link) {
             self.transports[e.transport].close(link, false);
         }
+    }
+
+    /// Forgets `link` (if this worker still has it) and counts it closed;
+    /// closing it on its transport is the caller's (flushed or not, or
+    /// already closed underneath).
+    fn forget_link(&mut self, link: LinkId) -> Option<LinkEntry> {
+        let e = self.links.remove(&link)?;
+        self.shared
+            .counters
+            .links_active
+            .fetch_sub(1, Ordering::Relaxed);
+        Some(e)
     }
 
     /// Drives a not-yet-routed accepted link's session.
@@ -1245,12 +1244,7 @@ impl Worker {
                     return;
                 }
                 Some(SessionEvent::CloseLink(l)) => {
-                    if self.links.remove(&l).is_some() {
-                        self.shared
-                            .counters
-                            .links_active
-                            .fetch_sub(1, Ordering::Relaxed);
-                    }
+                    self.forget_link(l);
                     self.transports[t].close(l, true);
                 }
                 Some(_) => {}
@@ -1439,12 +1433,7 @@ impl Worker {
 
     fn refuse(&mut self, link: LinkId, t: usize, frame: msgr_proto::Frame) {
         self.transmit(t, link, Transmit::Frame(frame), self.now);
-        if self.links.remove(&link).is_some() {
-            self.shared
-                .counters
-                .links_active
-                .fetch_sub(1, Ordering::Relaxed);
-        }
+        self.forget_link(link);
         self.transports[t].close(link, true);
     }
 
