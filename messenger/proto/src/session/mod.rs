@@ -355,8 +355,9 @@ impl std::fmt::Debug for BatchBuffer {
 impl Session {
     fn blank(cfg: SessionConfig, local: LocalIdentity, policy: Policy, now: Instant) -> Session {
         let backoff = cfg.backoff_min;
-        // Seeded by the messenger's random nonce: sessions of one process
-        // and of different processes draw different delays.
+        // Seeded by the messenger's random nonce (processes differ), and by
+        // the peer or link in `connect` and `accept` (sessions of one
+        // process differ).
         let jitter = local.addr.nonce.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let mut s = Session {
             cfg,
@@ -412,6 +413,7 @@ impl Session {
         now: Instant,
     ) -> Session {
         let mut s = Session::blank(cfg, local, policy, now);
+        s.jitter = mixed(s.jitter, &peer);
         s.connector = true;
         s.may_reconnect = matches!(policy, Policy::LosslessClient | Policy::LosslessPeer);
         s.events.push_back(SessionEvent::Connect(peer.clone()));
@@ -424,6 +426,7 @@ impl Session {
     /// A session for a freshly accepted link; it learns its peer from the hello.
     pub fn accept(cfg: SessionConfig, local: LocalIdentity, link: LinkId, now: Instant) -> Session {
         let mut s = Session::blank(cfg, local, Policy::Server, now);
+        s.jitter = mixed(s.jitter, link);
         s.start_link(link, now);
         s
     }
@@ -1468,6 +1471,16 @@ impl Session {
     }
 }
 
+/// `seed` mixed with `v` (a fixed-key hash: deterministic per run), never 0
+/// (a xorshift state must not be).
+fn mixed(seed: u64, v: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    // `new` has fixed keys (unlike `RandomState`): the same draws per run.
+    let mut h = std::hash::DefaultHasher::new();
+    v.hash(&mut h);
+    (seed ^ h.finish()) | 1
+}
+
 fn reset_frame() -> Frame {
     control_frame(Tag::SessionReset, &())
 }
@@ -1507,5 +1520,22 @@ mod tests {
         );
         assert!(a.iter().any(|d| *d < backoff * 3 / 4) && a.iter().any(|d| *d > backoff * 3 / 4));
         assert_ne!(a, draws(8), "another messenger draws other delays");
+        // Sessions of one messenger to different peers differ too.
+        let to = |port| {
+            let local = LocalIdentity {
+                name: EntityName::client(1),
+                addr: EntityAddr::tcp(([127, 0, 0, 1], 0).into()).with_nonce(7),
+            };
+            let peer = EntityAddr::tcp(([127, 0, 0, 1], port).into());
+            let mut s = Session::connect(
+                SessionConfig::default(),
+                local,
+                peer,
+                Policy::LosslessClient,
+                now,
+            );
+            (0..8).map(|_| s.jittered(backoff)).collect::<Vec<_>>()
+        };
+        assert_ne!(to(6800), to(6801));
     }
 }
