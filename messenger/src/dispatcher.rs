@@ -89,11 +89,7 @@ pub(crate) fn guarded(
     let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(callback)) else {
         return Ok(());
     };
-    let message = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into());
+    let message = panic_message(payload.as_ref());
     panics.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let what = what();
     tracing::error!(
@@ -114,6 +110,16 @@ pub(crate) fn guarded(
         std::process::abort();
     }
     Err(Panicked(message))
+}
+
+/// The message a panic carried (`panic!("...")` gives a `&str` or a
+/// `String`), or a placeholder.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// A dispatcher that drops everything (for send-only messengers).

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use msgr::{Connection, Dispatcher, EntityName, FaultReason, Message, Messenger, NullDispatcher};
+use msgr::{Connection, Dispatcher, FaultReason, Message, Messenger, NullDispatcher};
 
 /// The message type this dispatcher cannot take.
 const POISON: u16 = 666;
@@ -37,19 +37,16 @@ impl Dispatcher for Fragile {
     }
 }
 
-fn client_named(n: u64) -> Messenger {
-    Messenger::builder(EntityName::client(n))
-        .config(fast_config())
-        .start(Arc::new(NullDispatcher))
-        .expect("start client")
+fn client_of(n: u64) -> Messenger {
+    client_named(n, fast_config(), Arc::new(NullDispatcher))
 }
 
 #[test]
 fn a_panicking_handler_fails_its_connection_and_the_server_serves_on() {
     let d = Arc::new(Fragile::default());
     let mut srv = server(fast_config(), d.clone());
-    let mut bad = client_named(1);
-    let mut good = client_named(2);
+    let mut bad = client_of(1);
+    let mut good = client_of(2);
     let bad_conn = bad.connect(srv.addr()).expect("connect");
     let good_conn = good.connect(srv.addr()).expect("connect");
     for _ in 0..10 {
@@ -73,7 +70,7 @@ fn a_panicking_handler_fails_its_connection_and_the_server_serves_on() {
     for _ in 0..10 {
         send(&good_conn, Message::new(1, &b"fine"[..], &b""[..]));
     }
-    let mut late = client_named(3);
+    let mut late = client_of(3);
     let late_conn = late.connect(srv.addr()).expect("connect");
     send(&late_conn, Message::new(1, &b"fine"[..], &b""[..]));
     assert!(
@@ -101,7 +98,7 @@ fn abort_child() {
     let mut cfg = fast_config();
     cfg.set("on_handler_panic", "abort").unwrap();
     let srv = server(cfg, Arc::new(Fragile::default()));
-    let cli = client_named(1);
+    let cli = client_of(1);
     let conn = cli.connect(srv.addr()).expect("connect");
     send(&conn, Message::new(POISON, &b"boom"[..], &b""[..]));
     std::thread::sleep(Duration::from_secs(10));

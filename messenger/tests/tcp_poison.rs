@@ -11,15 +11,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
-use msgr::{ConnectionState, EntityName, FaultReason, Messenger, SendError};
+use msgr::{ConnectionState, FaultReason, Messenger, SendError};
 
 const PEER_MAX_DATA: u32 = 1024;
 
 fn named_client(n: u64, rec: std::sync::Arc<Recorder>) -> Messenger {
-    Messenger::builder(EntityName::client(n))
-        .config(fast_config())
-        .start(rec)
-        .expect("start client")
+    client_named(n, fast_config(), rec)
 }
 
 #[test]

@@ -9,10 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use msgr::{
-    ConnectError, Connection, Dispatcher, EntityAddr, EntityName, FaultReason, Message, Messenger,
-    Policy,
-};
+use msgr::{ConnectError, Connection, Dispatcher, EntityAddr, FaultReason, Message, Policy};
 
 #[derive(Default)]
 struct Watcher {
@@ -44,18 +41,11 @@ fn nobody() -> EntityAddr {
     format!("tcp://127.0.0.1:{port}").parse().unwrap()
 }
 
-fn messenger(cfg: msgr::MessengerConfig, w: Arc<Watcher>) -> Messenger {
-    Messenger::builder(EntityName::client(1))
-        .config(cfg)
-        .start(w)
-        .expect("start")
-}
-
 #[test]
 fn failed_attempts_are_reported_and_wait_connected_says_why() {
     let target = nobody();
     let w = Arc::new(Watcher::default());
-    let mut m = messenger(fast_config(), w.clone());
+    let mut m = client(fast_config(), w.clone());
     let conn = m.connect_with(&target, Policy::LosslessClient).unwrap();
     let e = conn.wait_connected(Duration::from_millis(300)).unwrap_err();
     let ConnectError::Timeout {
@@ -85,7 +75,7 @@ fn failed_attempts_are_reported_and_wait_connected_says_why() {
 
     // Lossy: one failed attempt, then the end.
     let w = Arc::new(Watcher::default());
-    let mut m = messenger(fast_config(), w.clone());
+    let mut m = client(fast_config(), w.clone());
     let conn = m.connect_with(&target, Policy::LossyClient).unwrap();
     let e = conn.wait_connected(Duration::from_secs(5)).unwrap_err();
     assert!(
@@ -102,7 +92,7 @@ fn connect_timeout_ends_a_connection_that_never_opened() {
     let w = Arc::new(Watcher::default());
     let mut cfg = fast_config();
     cfg.set("connect_timeout_ms", "400").unwrap();
-    let mut m = messenger(cfg, w.clone());
+    let mut m = client(cfg, w.clone());
     let conn = m.connect_with(&target, Policy::LosslessClient).unwrap();
     send(&conn, Message::new(1, &b"queued"[..], &b""[..]));
     let e = conn.wait_connected(Duration::from_secs(10)).unwrap_err();

@@ -693,14 +693,15 @@ pub fn stream(
         match rx.recv_timeout(Duration::from_millis(50)) {
             // The end marker's answer came, but a reset on the way dropped
             // messages: the run did not transfer what it reports.
-            Ok(_) if d.reset.lock().unwrap_or_else(|p| p.into_inner()).is_some() => {
-                let r = d.reset.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                break Err(ToolError::Reset {
-                    peer: target.to_string(),
-                    reason: r.unwrap_or_default(),
-                });
-            }
-            Ok(r) => break Ok(r),
+            Ok(r) => match d.reset.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                Some(reason) => {
+                    break Err(ToolError::Reset {
+                        peer: target.to_string(),
+                        reason,
+                    })
+                }
+                None => break Ok(r),
+            },
             Err(_) => {
                 if let Limit::Count(_) = opts.limit {
                     progress.set(d.sent.load(Ordering::Relaxed));

@@ -139,11 +139,7 @@ pub(crate) fn run_guarded(
             dead.store(true, Ordering::Release);
             on_death();
             deaths.fetch_add(1, Ordering::Relaxed);
-            let why = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
+            let why = crate::dispatcher::panic_message(payload.as_ref());
             tracing::error!(worker = idx, panic = %why, "a messenger worker thread died; its sessions are lost");
             LOCAL_WORKER.with(|l| *l.borrow_mut() = None);
             WorkerReport {

@@ -209,7 +209,13 @@ pub fn server(cfg: MessengerConfig, d: Arc<dyn Dispatcher>) -> Messenger {
 }
 
 pub fn client(cfg: MessengerConfig, d: Arc<dyn Dispatcher>) -> Messenger {
-    Messenger::builder(EntityName::client(1))
+    client_named(1, cfg, d)
+}
+
+/// A client messenger of entity `client.N`: several in one test are
+/// several peers (a session is one per pair).
+pub fn client_named(n: u64, cfg: MessengerConfig, d: Arc<dyn Dispatcher>) -> Messenger {
+    Messenger::builder(EntityName::client(n))
         .config(cfg)
         .start(d)
         .expect("start client")
