@@ -9,6 +9,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use msgr_proto::auth::{Credentials, Keyring, Security, StaticKeypair};
 use msgr_proto::{Policy, SessionConfig};
 
 use crate::dispatcher::HandlerPanicPolicy;
@@ -60,6 +63,23 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
         "bind",
         "address to listen on when the application gives none, e.g. tcp://127.0.0.1:6800 or \
          verbs://198.51.100.1:6800?dev=rxe0: its transport picks the backend (default none)",
+    ),
+    (
+        "security",
+        "comma-separated modes this side allows on its links, the strongest both sides \
+         allow is used: crc (names on trust, CRC32C frames; the default), auth (a Noise \
+         handshake proves both names, frames in the clear), secure (auth, then every frame \
+         sealed with AES-256-GCM); auth and secure need key_file and keyring",
+    ),
+    (
+        "key_file",
+        "this entity's private key file (msgr keygen writes it; its name must be the \
+         messenger's) for the auth and secure modes (default none)",
+    ),
+    (
+        "keyring",
+        "file of entity names and the public keys they must prove (`<name> <64 hex>` lines; \
+         msgr keygen appends to it) for the auth and secure modes (default none)",
     ),
     (
         "max_handshakes_per_source",
@@ -295,6 +315,12 @@ pub struct MessengerConfig {
     /// their addresses' transports pick the backends, so a configuration
     /// file or the environment alone says where and over what to connect.
     pub peers: Vec<msgr_addr::EntityAddr>,
+    /// The private key file for the `auth` and `secure` modes (key
+    /// `key_file`); read when the messenger starts.
+    pub key_file: Option<std::path::PathBuf>,
+    /// The keyring file for the `auth` and `secure` modes (key `keyring`);
+    /// read when the messenger starts.
+    pub keyring: Option<std::path::PathBuf>,
 }
 
 impl Default for MessengerConfig {
@@ -316,7 +342,84 @@ impl Default for MessengerConfig {
             handler_panic: HandlerPanicPolicy::FailConnection,
             bind: None,
             peers: Vec::new(),
+            key_file: None,
+            keyring: None,
         }
+    }
+}
+
+impl MessengerConfig {
+    /// The session security of a messenger named `name`: the modes
+    /// configured, and where they need a handshake, `given` credentials or
+    /// those read from `key_file` and `keyring`. The key file must be
+    /// `name`'s: a process started with another entity's key is refused
+    /// here, not at its first handshake.
+    pub fn security_for(
+        &self,
+        name: &msgr_addr::EntityName,
+        given: Option<Arc<Credentials>>,
+    ) -> Result<Security, ConfigError> {
+        let modes = self.session.security.modes;
+        if !modes.needs_credentials() {
+            return Ok(Security {
+                modes,
+                credentials: None,
+            });
+        }
+        if let Some(c) = given.or_else(|| self.session.security.credentials.clone()) {
+            if c.name != *name {
+                return Err(ConfigError::BadValue {
+                    key: "key_file".into(),
+                    value: c.name.to_string(),
+                    why: format!("the credentials are {}'s, the messenger is {name}", c.name),
+                });
+            }
+            return Ok(Security {
+                modes,
+                credentials: Some(c),
+            });
+        }
+        let need = |key: &str, path: &Option<std::path::PathBuf>| {
+            path.clone().ok_or_else(|| ConfigError::BadValue {
+                key: key.into(),
+                value: String::new(),
+                why: format!("security `{modes}` needs key_file and keyring"),
+            })
+        };
+        let (key_path, ring_path) = (need("key_file", &self.key_file)?, need("keyring", &self.keyring)?);
+        let read = |p: &std::path::Path| {
+            let meta = std::fs::metadata(p).map_err(|e| file_error(p, e.to_string()))?;
+            if meta.len() > MAX_CONFIG_FILE {
+                return Err(file_error(p, format!("over {MAX_CONFIG_FILE} bytes")));
+            }
+            std::fs::read_to_string(p).map_err(|e| file_error(p, e.to_string()))
+        };
+        let (key_name, keypair) = StaticKeypair::parse_key_file(&zeroize::Zeroizing::new(read(&key_path)?))
+            .map_err(|e| file_error(&key_path, e.to_string()))?;
+        if key_name != *name {
+            return Err(file_error(
+                &key_path,
+                format!("the key is {key_name}'s, the messenger is {name}"),
+            ));
+        }
+        let ring = Keyring::parse(&read(&ring_path)?).map_err(|e| file_error(&ring_path, e.to_string()))?;
+        if ring.get(name) != Some(&keypair.public()) {
+            return Err(file_error(
+                &ring_path,
+                format!("does not list {name} with the key of {}", key_path.display()),
+            ));
+        }
+        Ok(Security {
+            modes,
+            credentials: Some(Arc::new(Credentials::new(name.clone(), keypair, Arc::new(ring)))),
+        })
+    }
+}
+
+fn file_error(path: &std::path::Path, why: String) -> ConfigError {
+    ConfigError::File {
+        path: path.display().to_string(),
+        why,
     }
 }
 
@@ -425,6 +528,24 @@ impl MessengerConfig {
                     value: value.into(),
                     why: "expected lossy-client, lossless-client or lossless-peer".into(),
                 })?
+            }
+            "security" => {
+                let modes: msgr_proto::auth::ModeSet =
+                    value.parse().map_err(|why| ConfigError::BadValue {
+                        key: key.into(),
+                        value: value.into(),
+                        why,
+                    })?;
+                s.security.modes = modes;
+            }
+            "key_file" | "keyring" => {
+                let v = value.trim();
+                let path = (!v.is_empty() && v != "none").then(|| std::path::PathBuf::from(v));
+                if key == "key_file" {
+                    self.key_file = path;
+                } else {
+                    self.keyring = path;
+                }
             }
             "bind" => {
                 let v = value.trim();
@@ -705,6 +826,8 @@ mod tests {
                 "fabric_link_bytes" => "16777216",
                 "on_handler_panic" => "abort",
                 "bind" => "tcp://127.0.0.1:0",
+                "security" => "crc,secure",
+                "key_file" | "keyring" => "/nonexistent",
                 "peers" => "tcp://127.0.0.1:6800, tcp://[::1]:6801",
                 _ => "3",
             };

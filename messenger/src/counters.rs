@@ -51,6 +51,12 @@ counters! {
     link_faults,
     /// Links closed for undecodable input (bad CRC, hostile length, bad banner).
     protocol_errors,
+    /// Links closed because authentication failed (unknown name, wrong key, a handshake message that did not verify, a name other than the one proved, a mode not allowed).
+    auth_failures,
+    /// Links closed because a frame on a secure link did not open (altered, truncated, replayed, reordered, or sent in the clear).
+    sealed_frames_refused,
+    /// Accepted links refused because they claimed a session whose peer had authenticated as someone else (the session was not touched).
+    impostors_refused,
     /// Links faulted because the peer fell silent.
     keepalive_timeouts,
     /// Sessions reset (on_reset).

@@ -68,6 +68,16 @@ pub use msgr_proto::{
 };
 pub use worker::affinity::allowed_cpus;
 
+/// Authentication and the secure mode: keys, keyrings, the modes a link
+/// may run in (see the configuration keys `security`, `key_file` and
+/// `keyring`, and [`MessengerBuilder::credentials`]).
+pub mod auth {
+    pub use msgr_proto::auth::{
+        AuthError, Credentials, KeyFileError, Keyring, ModeSet, PeerVerifier, PublicKey,
+        RecordError, SecurityMode, StaticKeypair,
+    };
+}
+
 /// The README's example, compiled and run as a doctest so it cannot rot.
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]

@@ -112,6 +112,7 @@ pub struct MessengerBuilder {
     /// Read `MSGR_CONFIG` and `MSGR_*` when no configuration was given.
     from_env: bool,
     bind: Option<EntityAddr>,
+    credentials: Option<Arc<msgr_proto::auth::Credentials>>,
 }
 
 impl MessengerBuilder {
@@ -142,6 +143,33 @@ impl MessengerBuilder {
         self
     }
 
+    /// Proves this identity in the `auth` and `secure` modes (the
+    /// configuration's `security` key), in place of the `key_file` and
+    /// `keyring` files; the credentials' name must be the messenger's.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::auth::{Credentials, Keyring, StaticKeypair};
+    /// use msgr::{EntityName, Messenger, MessengerConfig, NullDispatcher};
+    ///
+    /// let me = EntityName::server(1);
+    /// let key = StaticKeypair::generate();
+    /// let mut ring = Keyring::new();
+    /// ring.insert(me.clone(), key.public());
+    /// let mut cfg = MessengerConfig::default();
+    /// cfg.set("security", "secure").unwrap();
+    /// let mut m = Messenger::builder(me.clone())
+    ///     .config(cfg)
+    ///     .credentials(Credentials::new(me, key, Arc::new(ring)))
+    ///     .start(Arc::new(NullDispatcher))
+    ///     .unwrap();
+    /// m.shutdown(std::time::Duration::from_secs(1));
+    /// ```
+    pub fn credentials(mut self, creds: msgr_proto::auth::Credentials) -> Self {
+        self.credentials = Some(Arc::new(creds));
+        self
+    }
+
     /// Starts the workers and the listener; messages go to `dispatcher`.
     pub fn start(self, dispatcher: Arc<dyn Dispatcher>) -> Result<Messenger, MessengerError> {
         Messenger::start(self, dispatcher)
@@ -169,6 +197,7 @@ impl Messenger {
             cfg: None,
             from_env: true,
             bind: None,
+            credentials: None,
         }
     }
 
@@ -176,11 +205,12 @@ impl Messenger {
         mut b: MessengerBuilder,
         dispatcher: Arc<dyn Dispatcher>,
     ) -> Result<Messenger, MessengerError> {
-        let cfg = match b.cfg.take() {
+        let mut cfg = match b.cfg.take() {
             Some(cfg) => cfg,
             None if b.from_env => MessengerConfig::from_env()?,
             None => MessengerConfig::default(),
         };
+        cfg.session.security = cfg.security_for(&b.name, b.credentials.take())?;
         if b.bind.is_none() {
             b.bind = cfg.bind.clone();
         }

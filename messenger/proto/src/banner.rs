@@ -37,6 +37,13 @@ pub mod features {
     /// (`control::Limits`) in a second segment: a side refuses at `send` a
     /// message its peer could not take.
     pub const LIMITS: u64 = 1 << 6;
+    /// This side allows the `auth` mode: a Noise handshake proves both
+    /// names, frames stay in the clear (`crate::auth`). Offered as the
+    /// configured modes say, not by default.
+    pub const AUTH: u64 = 1 << 7;
+    /// This side allows the `secure` mode: the handshake, then every frame
+    /// sealed (`crate::auth::record`).
+    pub const SECURE: u64 = 1 << 8;
     /// Everything this build supports by default.
     pub const SUPPORTED: u64 = CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH | LIMITS;
     /// What this build insists on.
@@ -72,6 +79,16 @@ impl Banner {
         if !payload_crc {
             b.supported |= features::UNCHECKED_PAYLOAD;
         }
+        b
+    }
+
+    /// The banner of a side with these settings: payload CRCs on or off,
+    /// and the security modes it allows (`crate::auth::ModeSet`).
+    pub fn for_session(payload_crc: bool, modes: crate::auth::ModeSet) -> Banner {
+        let mut b = Banner::with_payload_crc(payload_crc);
+        let (supported, required) = modes.banner_bits();
+        b.supported |= supported;
+        b.required |= required;
         b
     }
 

@@ -114,6 +114,12 @@ pub enum ProtocolError {
     /// A batch frame's body does not parse.
     #[error(transparent)]
     Batch(#[from] crate::batch::BatchError),
+    /// Authentication failed (`crate::auth`).
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
+    /// A frame on a secure link did not open (`crate::auth::record`).
+    #[error(transparent)]
+    Record(#[from] crate::auth::RecordError),
     /// A frame arrived in a state where it is not allowed.
     #[error("unexpected {tag:?} frame while {state}")]
     Unexpected {

@@ -71,6 +71,14 @@ pub enum Tag {
     /// ([`crate::batch`]); sent only where both banners offered
     /// [`crate::banner::features::BATCH`].
     MessageBatch = 14,
+    /// One Noise handshake message ([`crate::auth::handshake`]): one
+    /// segment, sent between the banners and the hello where both sides
+    /// chose `auth` or `secure`.
+    Auth = 15,
+    /// A frame sealed by the secure mode's record layer
+    /// ([`crate::auth::record`]): its segments are the inner frame's,
+    /// each encrypted and tagged.
+    Sealed = 16,
 }
 
 impl Tag {
@@ -91,6 +99,8 @@ impl Tag {
             12 => Tag::RendezvousFinish,
             13 => Tag::Close,
             14 => Tag::MessageBatch,
+            15 => Tag::Auth,
+            16 => Tag::Sealed,
             _ => return None,
         })
     }
@@ -183,11 +193,19 @@ impl Preamble {
             if i >= usize::from(segment_count) && *len != 0 {
                 return Err(FrameError::ReservedBitsSet);
             }
-            if *len > limits.max_segment[i] {
+            // A sealed frame's segments are the inner frame's plus tags
+            // (segment 0 also the inner preamble); the inner frame is
+            // checked against the limits themselves once opened.
+            let max = if tag == Tag::Sealed {
+                limits.max_segment[i].saturating_add(crate::auth::record::SEAL_OVERHEAD[i])
+            } else {
+                limits.max_segment[i]
+            };
+            if *len > max {
                 return Err(FrameError::SegmentTooLarge {
                     index: i,
                     len: *len,
-                    max: limits.max_segment[i],
+                    max,
                 });
             }
         }
@@ -197,10 +215,15 @@ impl Preamble {
             segment_count,
             segment_lens,
         };
-        if pre.frame_len() > limits.max_frame {
+        let max_frame = if tag == Tag::Sealed {
+            limits.max_frame + crate::auth::record::SEAL_OVERHEAD.iter().map(|&o| u64::from(o)).sum::<u64>()
+        } else {
+            limits.max_frame
+        };
+        if pre.frame_len() > max_frame {
             return Err(FrameError::FrameTooLarge {
                 len: pre.frame_len(),
-                max: limits.max_frame,
+                max: max_frame,
             });
         }
         Ok(pre)

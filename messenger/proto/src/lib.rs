@@ -1,6 +1,8 @@
 //! The msgr wire protocol, with no I/O in it.
 //!
 //! - [`arena`]: small byte strings copied into shared chunks.
+//! - [`auth`]: authentication (Noise handshake, keys, keyrings) and the
+//!   secure mode's record layer.
 //! - [`frame`]: where a frame is encoded and decoded (preamble, segments, CRC32C).
 //! - [`banner`]: the first bytes of every connection; version and features.
 //! - [`message`]: application messages and their frame form; [`codec`] for typed payloads.
@@ -17,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod arena;
+pub mod auth;
 pub mod banner;
 pub mod batch;
 pub mod checksum;

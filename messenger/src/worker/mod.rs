@@ -806,21 +806,24 @@ impl Worker {
                         self.touch(k);
                     }
                 }
-                TransportEvent::Received(link, mut unit) => {
+                TransportEvent::Received(link, unit) => {
                     match self.links.get(&link).map(|e| e.owner) {
                         Some(Owner::Session(k)) => {
                             if let Some(s) = self.sessions.get_mut(&k) {
-                                self.shared.throttle.charge_unit(&mut unit);
-                                if s.session.handle_inbound(link, unit, now).is_err() {
-                                    Counters::add(&self.shared.counters.protocol_errors, 1);
+                                let throttle = &self.shared.throttle;
+                                let r = s.session.handle_inbound_with(link, unit, now, |u| {
+                                    throttle.charge_unit(u)
+                                });
+                                if let Err(e) = r {
+                                    count_protocol_error(&self.shared.counters, &e);
                                 }
                             }
                             self.touch(k);
                         }
                         Some(Owner::Pending) => {
                             if let Some(p) = self.pending.get_mut(&link) {
-                                if p.session.handle_inbound(link, unit, now).is_err() {
-                                    Counters::add(&self.shared.counters.protocol_errors, 1);
+                                if let Err(e) = p.session.handle_inbound(link, unit, now) {
+                                    count_protocol_error(&self.shared.counters, &e);
                                 }
                             }
                             self.drive_pending(link, now);
@@ -1301,7 +1304,7 @@ impl Worker {
             if let Some(slot) = self.sessions.get_mut(&key) {
                 match slot
                     .session
-                    .take_link(link, &hello, session.features(), cookie, now)
+                    .take_link(link, &hello, &mut session, cookie, now)
                 {
                     Takeover::Accepted => {
                         if let Some(e) = self.links.get_mut(&link) {
@@ -1312,7 +1315,19 @@ impl Worker {
                         return;
                     }
                     Takeover::Rejected(frame) => {
-                        self.refuse(link, t, frame);
+                        self.refuse(link, t, session.refusal(frame));
+                        return;
+                    }
+                    Takeover::Impostor { frame, why } => {
+                        Counters::add(&self.shared.counters.impostors_refused, 1);
+                        tracing::warn!(
+                            worker = self.idx,
+                            claimed = %hello.name,
+                            addr = %hello.addr,
+                            %why,
+                            "refused a link that claims an authenticated session"
+                        );
+                        self.refuse(link, t, session.refusal(frame));
                         return;
                     }
                     Takeover::Ending => {
@@ -1326,7 +1341,8 @@ impl Worker {
             }
         }
         if hello.cookie != 0 {
-            self.refuse(link, t, Session::reject_unknown());
+            let refusal = session.refusal(Session::reject_unknown());
+            self.refuse(link, t, refusal);
             return;
         }
         session.accept_new(cookie, now);
@@ -1427,8 +1443,10 @@ impl Worker {
         }
     }
 
-    fn refuse(&mut self, link: LinkId, t: usize, frame: msgr_proto::Frame) {
-        self.transmit(t, link, Transmit::Frame(frame), self.now);
+    /// Sends `refusal` (from the link's own session: sealed on a secure
+    /// link) and closes the link.
+    fn refuse(&mut self, link: LinkId, t: usize, refusal: Transmit) {
+        self.transmit(t, link, refusal, self.now);
         self.forget_link(link);
         self.transports[t].close(link, true);
     }
@@ -1537,5 +1555,23 @@ mod tests {
         assert!(r.died);
         assert!(dead.load(Ordering::Acquire));
         assert_eq!(deaths.load(Ordering::Relaxed), 1);
+    }
+}
+
+/// Counts a link closed for what its peer sent, by kind: every one in
+/// `protocol_errors`, and failed authentication or sealed frames that did
+/// not open in their own counters (logged: who failed is worth a look).
+fn count_protocol_error(counters: &Counters, e: &msgr_proto::ProtocolError) {
+    Counters::add(&counters.protocol_errors, 1);
+    match e {
+        msgr_proto::ProtocolError::Auth(why) => {
+            Counters::add(&counters.auth_failures, 1);
+            tracing::warn!(%why, "authentication failed; link closed");
+        }
+        msgr_proto::ProtocolError::Record(why) => {
+            Counters::add(&counters.sealed_frames_refused, 1);
+            tracing::warn!(%why, "a frame on a secure link did not open; link closed");
+        }
+        _ => {}
     }
 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::Security;
 use crate::frame::FrameLimits;
 
 /// Delivery guarantee and reconnect role of a session (modelled on Ceph's).
@@ -87,6 +88,9 @@ pub struct SessionConfig {
     /// ends at its first failure anyway. Sessions that opened once are not
     /// concerned: their reconnects follow the policy.
     pub connect_timeout: Option<Duration>,
+    /// The security modes this side allows and its credentials
+    /// ([`crate::auth`]); by default `crc` only.
+    pub security: Security,
 }
 
 impl Default for SessionConfig {
@@ -109,6 +113,7 @@ impl Default for SessionConfig {
             payload_crc: true,
             batch_max_bytes: DEFAULT_BATCH_MAX_BYTES,
             connect_timeout: None,
+            security: Security::default(),
         }
     }
 }

@@ -26,7 +26,10 @@ pub use config::{Policy, SessionConfig, DEFAULT_BATCH_MAX_BYTES};
 
 use bytes::BytesMut;
 
-use crate::banner::{features, Banner};
+use crate::auth::{
+    AuthError, Handshake, PublicKey, RecordError, RecordLayer, Role, SecurityMode,
+};
+use crate::banner::{features, Banner, BANNER_LEN};
 use crate::batch::{BatchReader, BatchWriter, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD};
 use crate::control::{
     control_frame, parse_control, parse_handshake, with_limits, Ack, Close, Hello, HelloOk,
@@ -57,6 +60,10 @@ pub struct PeerInfo {
     pub name: EntityName,
     /// The peer's address.
     pub addr: EntityAddr,
+    /// The public key the peer proved it holds, where the session
+    /// authenticated it (`auth` or `secure` mode); `None` in `crc` mode,
+    /// where the name is the peer's word.
+    pub key: Option<PublicKey>,
 }
 
 /// Why a session ended or a link was dropped.
@@ -201,6 +208,15 @@ pub enum Takeover {
     Accepted,
     /// Refuse the link: send this frame on it, then close it.
     Rejected(Frame),
+    /// Refuse the link, whose peer proved another identity than the
+    /// session's (or none where the session's was proved): send the frame,
+    /// close the link, count it. The session is not touched.
+    Impostor {
+        /// The refusal.
+        frame: Frame,
+        /// What did not match.
+        why: AuthError,
+    },
     /// This session is ending (closed, or closing after `close` or
     /// `mark_down`) and the hello asks for a new session: start one beside
     /// it, as if this one were gone already. Refusing would make the peer
@@ -241,6 +257,8 @@ enum State {
     Connecting,
     /// Link up, our banner sent; waiting for the peer's.
     Banner(LinkId),
+    /// Banners done, `auth` or `secure` chosen: the Noise handshake runs.
+    Authenticating(LinkId),
     /// Connector: hello sent; waiting for the answer.
     HelloSent(LinkId),
     /// Acceptor: banners done; waiting for hello.
@@ -262,6 +280,7 @@ impl State {
         match self {
             State::Connecting => "connecting",
             State::Banner(_) => "exchanging banners",
+            State::Authenticating(_) => "authenticating",
             State::HelloSent(_) => "waiting for the hello answer",
             State::AwaitHello(_) => "waiting for hello",
             State::Identified(_) => "routing the hello",
@@ -275,6 +294,7 @@ impl State {
     fn link(&self) -> Option<LinkId> {
         match *self {
             State::Banner(l)
+            | State::Authenticating(l)
             | State::HelloSent(l)
             | State::AwaitHello(l)
             | State::Identified(l)
@@ -340,6 +360,34 @@ pub struct Session {
     batch_buf: BatchBuffer,
     /// The peer's receive limits, from the handshake (`features::LIMITS`).
     peer_limits: Option<Limits>,
+    /// The current link's protection: its mode, handshake and record layer.
+    link_security: LinkSecurity,
+    /// The key the session's peer proved when the session first opened on
+    /// an authenticated link: every later link must prove the same.
+    peer_key: Option<PublicKey>,
+}
+
+/// One link's security state: what the banners chose, the handshake while
+/// it runs, then who the peer proved to be and (secure mode) the record
+/// layer. Replaced with every link; moved with an accepted link to the
+/// session it resumes. Its Debug shows no key.
+#[derive(Debug)]
+struct LinkSecurity {
+    mode: SecurityMode,
+    handshake: Option<Box<Handshake>>,
+    peer: Option<(EntityName, PublicKey)>,
+    record: Option<Box<RecordLayer>>,
+}
+
+impl Default for LinkSecurity {
+    fn default() -> Self {
+        LinkSecurity {
+            mode: SecurityMode::Crc,
+            handshake: None,
+            peer: None,
+            record: None,
+        }
+    }
 }
 
 /// A session's batch buffer, whose Debug shows no payload bytes.
@@ -398,6 +446,8 @@ impl Session {
             stats: SessionStats::default(),
             batch_buf: BatchBuffer::default(),
             peer_limits: None,
+            link_security: LinkSecurity::default(),
+            peer_key: None,
         };
         s.jitter = jitter;
         s
@@ -493,6 +543,7 @@ impl Session {
         Some(PeerInfo {
             name: self.peer_name.clone()?,
             addr: self.peer_addr.clone()?,
+            key: self.peer_key,
         })
     }
 
@@ -666,11 +717,28 @@ impl Session {
         unit: Inbound,
         now: Instant,
     ) -> Result<(), ProtocolError> {
+        self.handle_inbound_with(link, unit, now, |_| {})
+    }
+
+    /// As [`Session::handle_inbound`], with `opened` called on the unit
+    /// once a secure link has opened it (the plain unit otherwise): what
+    /// the owner accounts for the memory of received messages sees the
+    /// messages, not their ciphertext.
+    pub fn handle_inbound_with(
+        &mut self,
+        link: LinkId,
+        unit: Inbound,
+        now: Instant,
+        opened: impl FnOnce(&mut Inbound),
+    ) -> Result<(), ProtocolError> {
         if self.link() != Some(link) {
             return Ok(());
         }
         self.last_rx = now;
-        let r = self.process(link, unit, now);
+        let r = self.open(unit).and_then(|mut unit| {
+            opened(&mut unit);
+            self.process(link, unit, now)
+        });
         if let Err(e) = &r {
             self.fault(FaultReason::Protocol(e.clone()), now);
         }
@@ -704,6 +772,7 @@ impl Session {
                 self.fault(FaultReason::BannerTimeout, now);
             }
             State::Banner(_)
+            | State::Authenticating(_)
             | State::HelloSent(_)
             | State::AwaitHello(_)
             | State::Identified(_)
@@ -753,7 +822,10 @@ impl Session {
             State::Banner(_) => {
                 Some(self.link_since + self.cfg.banner_timeout.min(self.cfg.handshake_timeout))
             }
-            State::HelloSent(_) | State::AwaitHello(_) | State::Identified(_) => {
+            State::Authenticating(_)
+            | State::HelloSent(_)
+            | State::AwaitHello(_)
+            | State::Identified(_) => {
                 Some(self.link_since + self.cfg.handshake_timeout)
             }
             State::Open(_) => {
@@ -772,8 +844,38 @@ impl Session {
 
     // ---- output ------------------------------------------------------------
 
-    /// The next unit to transmit and the link it goes to.
+    /// The next unit to transmit and the link it goes to (sealed, on a link
+    /// in secure mode).
     pub fn poll_transmit(&mut self, now: Instant) -> Option<(LinkId, Transmit)> {
+        let (link, unit) = self.next_transmit(now)?;
+        Some((link, self.protect(unit)))
+    }
+
+    /// The security mode of the current link (`Crc` before its banners).
+    pub fn security_mode(&self) -> SecurityMode {
+        self.link_security.mode
+    }
+
+    /// `unit` as it goes on the current link: sealed once the link has a
+    /// record layer, except the banner and handshake messages before it.
+    fn protect(&mut self, unit: Transmit) -> Transmit {
+        let Some(record) = self.link_security.record.as_mut() else {
+            return unit;
+        };
+        match &unit {
+            Transmit::Banner(_) => unit,
+            Transmit::Frame(f) if f.tag == Tag::Auth => unit,
+            _ => Transmit::Frame(record.seal(unit)),
+        }
+    }
+
+    /// A frame refusing this (accepted, not yet routed) link, sealed if the
+    /// link is secure: a peer in secure mode takes nothing in the clear.
+    pub fn refusal(&mut self, frame: Frame) -> Transmit {
+        self.protect(Transmit::Frame(frame))
+    }
+
+    fn next_transmit(&mut self, now: Instant) -> Option<(LinkId, Transmit)> {
         let link = self.link()?;
         if let Some(t) = self.ctrl.pop_front() {
             self.last_tx = now;
@@ -915,6 +1017,7 @@ impl Session {
         };
         self.adopt_peer(&hello);
         self.cookie = cookie;
+        self.peer_key = self.link_security.peer.as_ref().map(|(_, k)| *k);
         self.open_new(link, now);
     }
 
@@ -925,10 +1028,19 @@ impl Session {
         &mut self,
         link: LinkId,
         hello: &Hello,
-        features: u64,
+        pending: &mut Session,
         new_cookie: u64,
         now: Instant,
     ) -> Takeover {
+        // Whoever this link authenticated must be the session's peer: an
+        // impostor (another key, another name, or no authentication where
+        // the session had it) neither resumes nor resets it.
+        if let Err(why) = self.same_identity(hello, &pending.link_security) {
+            return Takeover::Impostor {
+                frame: reset_frame(),
+                why,
+            };
+        }
         if self.is_ending() {
             if hello.cookie == 0 {
                 return Takeover::Ending;
@@ -958,8 +1070,13 @@ impl Session {
         // Take the link: drop any link we had or were building.
         self.close_link_now();
         self.adopt_peer(hello);
-        self.features = features;
+        self.features = pending.features;
         self.attach_link(link, now);
+        self.link_security = std::mem::take(&mut pending.link_security);
+        if self.peer_key.is_none() {
+            // same_identity passed: this link's peer is the session's.
+            self.peer_key = self.link_security.peer.as_ref().map(|(_, k)| *k);
+        }
         if hello.cookie == 0 {
             if self.cookie == 0 {
                 self.cookie = new_cookie;
@@ -1017,7 +1134,143 @@ impl Session {
 
     /// Our banner, as configured.
     fn banner(&self) -> Banner {
-        Banner::with_payload_crc(self.cfg.payload_crc)
+        Banner::for_session(self.cfg.payload_crc, self.cfg.security.modes)
+    }
+
+    /// Whether the identity an accepted link proved may take this session:
+    /// once a session's peer authenticated, every link must prove the same
+    /// key and name.
+    fn same_identity(&self, hello: &Hello, link: &LinkSecurity) -> Result<(), AuthError> {
+        let Some(key) = self.peer_key else {
+            return Ok(());
+        };
+        let was = self.peer_name.clone().unwrap_or_else(|| hello.name.clone());
+        match &link.peer {
+            Some((name, k)) if *k == key && *name == was => Ok(()),
+            Some((name, _)) => Err(AuthError::IdentityChanged {
+                was,
+                now: name.clone(),
+            }),
+            None => Err(AuthError::IdentityChanged {
+                was,
+                now: hello.name.clone(),
+            }),
+        }
+    }
+
+    /// The peer this link authenticated must be the one that names itself
+    /// in the hello or its answer.
+    fn check_claimed(&self, claimed: &EntityName) -> Result<(), AuthError> {
+        match &self.link_security.peer {
+            Some((name, _)) if name != claimed => Err(AuthError::NameMismatch {
+                authenticated: name.clone(),
+                claimed: claimed.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Binds the session to the identity its link proved, the first time
+    /// it opens on an authenticated link; a later link must prove the same.
+    fn bind_identity(&mut self) -> Result<(), AuthError> {
+        let Some((name, key)) = self.link_security.peer.clone() else {
+            return match (self.peer_key, &self.peer_name) {
+                (Some(_), Some(was)) => Err(AuthError::IdentityChanged {
+                    was: was.clone(),
+                    now: was.clone(),
+                }),
+                _ => Ok(()),
+            };
+        };
+        match self.peer_key {
+            Some(k) if k != key => Err(AuthError::IdentityChanged {
+                was: self.peer_name.clone().unwrap_or_else(|| name.clone()),
+                now: name,
+            }),
+            _ => {
+                self.peer_key = Some(key);
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts the handshake once the banners chose `auth` or `secure`;
+    /// the connector writes the first message.
+    fn start_handshake(&mut self, link: LinkId, peer_banner: &[u8; BANNER_LEN]) -> Result<(), ProtocolError> {
+        let creds = self
+            .cfg
+            .security
+            .credentials
+            .clone()
+            .ok_or(AuthError::NoCredentials)?;
+        let ours = self.banner().encode();
+        let (role, initiator, responder) = if self.connector {
+            (Role::Initiator, &ours, peer_banner)
+        } else {
+            (Role::Responder, peer_banner, &ours)
+        };
+        let mut hs = Handshake::new(role, &creds, initiator, responder)?;
+        if hs.is_my_turn() {
+            let m = hs.write_message()?;
+            self.ctrl.push_back(Transmit::Frame(Frame::single(Tag::Auth, m)));
+        }
+        self.link_security.handshake = Some(Box::new(hs));
+        self.state = State::Authenticating(link);
+        Ok(())
+    }
+
+    /// One handshake message from the peer: answer it, and once the
+    /// handshake is done, go on to the hello.
+    fn handshake_message(&mut self, link: LinkId, frame: &Frame) -> Result<(), ProtocolError> {
+        let Some(hs) = self.link_security.handshake.as_mut() else {
+            return Err(ProtocolError::Unexpected {
+                tag: Tag::Auth,
+                state: "authenticating",
+            });
+        };
+        if frame.segments.len() != 1 {
+            return Err(AuthError::Handshake("a handshake frame has one segment").into());
+        }
+        hs.read_message(&frame.segments[0])?;
+        if hs.is_my_turn() {
+            let m = hs.write_message()?;
+            self.ctrl.push_back(Transmit::Frame(Frame::single(Tag::Auth, m)));
+        }
+        if !hs.is_finished() {
+            return Ok(());
+        }
+        let hs = self.link_security.handshake.take().expect("checked above");
+        let done = hs.finish()?;
+        if self.link_security.mode == SecurityMode::Secure {
+            self.link_security.record = Some(Box::new(RecordLayer::new(&done.keys)));
+        }
+        self.link_security.peer = Some((done.peer_name, done.peer_key));
+        self.after_banners(link);
+        Ok(())
+    }
+
+    /// Banners (and handshake, if any) done: the connector says hello, the
+    /// acceptor waits for it.
+    fn after_banners(&mut self, link: LinkId) {
+        if self.connector {
+            let hello = Hello {
+                name: self.local.name.clone(),
+                addr: self.local.addr.clone(),
+                target: self
+                    .peer_addr
+                    .clone()
+                    .unwrap_or_else(|| self.local.addr.clone()),
+                policy: self.policy,
+                cookie: self.cookie,
+                in_seq: self.in_seq,
+                limits: None,
+            };
+            let frame = self.handshake_frame(control_frame(Tag::Hello, &hello));
+            self.ctrl.push_back(Transmit::Frame(frame));
+            self.state = State::HelloSent(link);
+        } else {
+            self.state = State::AwaitHello(link);
+        }
     }
 
     /// Starts a fresh link: our banner goes first.
@@ -1032,6 +1285,7 @@ impl Session {
     /// session that routed it here).
     fn attach_link(&mut self, link: LinkId, now: Instant) {
         self.ctrl.clear();
+        self.link_security = LinkSecurity::default();
         self.link_since = now;
         self.last_rx = now;
         self.last_tx = now;
@@ -1123,31 +1377,29 @@ impl Session {
         Ok(())
     }
 
+    /// A secure link opens every unit first; nothing passes in the clear.
+    fn open(&mut self, unit: Inbound) -> Result<Inbound, ProtocolError> {
+        Ok(match (self.link_security.record.as_mut(), unit) {
+            (Some(record), Inbound::Frame(f)) => record.open(f, &self.cfg.limits)?,
+            (Some(_), Inbound::Message(_)) => {
+                return Err(RecordError::Plaintext(Tag::Message).into())
+            }
+            (_, unit) => unit,
+        })
+    }
+
     fn process(&mut self, link: LinkId, unit: Inbound, now: Instant) -> Result<(), ProtocolError> {
         let frame = match (self.state, unit) {
             (State::Banner(_), Inbound::Banner(raw)) => {
                 let peer = Banner::decode(&raw)?;
                 self.features = self.banner().negotiate(&peer)?;
-                if self.connector {
-                    let hello = Hello {
-                        name: self.local.name.clone(),
-                        addr: self.local.addr.clone(),
-                        target: self
-                            .peer_addr
-                            .clone()
-                            .unwrap_or_else(|| self.local.addr.clone()),
-                        policy: self.policy,
-                        cookie: self.cookie,
-                        in_seq: self.in_seq,
-                        limits: None,
-                    };
-                    let frame = self.handshake_frame(control_frame(Tag::Hello, &hello));
-                    self.ctrl.push_back(Transmit::Frame(frame));
-                    self.state = State::HelloSent(link);
-                } else {
-                    self.state = State::AwaitHello(link);
+                let mode = self.cfg.security.modes.choose(self.features)?;
+                self.link_security.mode = mode;
+                if mode == SecurityMode::Crc {
+                    self.after_banners(link);
+                    return Ok(());
                 }
-                return Ok(());
+                return self.start_handshake(link, &raw);
             }
             (state, Inbound::Banner(_)) => {
                 return Err(ProtocolError::Malformed {
@@ -1177,9 +1429,11 @@ impl Session {
             }
         };
         match (self.state, frame.tag) {
+            (State::Authenticating(_), Tag::Auth) => self.handshake_message(link, &frame),
             (State::AwaitHello(_), Tag::Hello) => {
                 let (mut hello, limits): (Hello, _) =
                     parse_handshake(&frame, "hello", self.limits_agreed())?;
+                self.check_claimed(&hello.name)?;
                 hello.limits = limits;
                 self.state = State::Identified(link);
                 self.events
@@ -1190,6 +1444,7 @@ impl Session {
             (State::HelloSent(_), Tag::HelloOk) => {
                 let (ok, limits): (HelloOk, _) =
                     parse_handshake(&frame, "hello-ok", self.limits_agreed())?;
+                self.check_claimed(&ok.name)?;
                 self.peer_limits = limits;
                 if let Err(e) = self.check_peer(&ok.addr) {
                     if !self.established {
@@ -1204,6 +1459,11 @@ impl Session {
                     // We asked to resume but got a new session: the old one is gone.
                     self.remote_reset();
                 }
+                if self.cookie == 0 {
+                    // A new session: whoever this link proved is its peer.
+                    self.peer_key = None;
+                }
+                self.bind_identity()?;
                 self.peer_name = Some(ok.name);
                 self.peer_addr = Some(ok.addr);
                 self.cookie = ok.cookie;
@@ -1215,8 +1475,10 @@ impl Session {
             (State::HelloSent(_), Tag::ReconnectOk) => {
                 let (ok, limits): (ReconnectOk, _) =
                     parse_handshake(&frame, "reconnect-ok", self.limits_agreed())?;
+                self.check_claimed(&ok.name)?;
                 self.peer_limits = limits;
                 self.check_peer(&ok.addr)?;
+                self.bind_identity()?;
                 if self.cookie == 0 {
                     return Err(ProtocolError::Unexpected {
                         tag: Tag::ReconnectOk,

@@ -822,6 +822,7 @@ pub fn session_engine(data: &[u8]) {
         batch_max_bytes: if setup & 16 == 0 { 512 } else { 0 },
         // Bit 5: a connect timeout (the fuzzed clock reaches it).
         connect_timeout: (setup & 32 != 0).then(|| Duration::from_millis(700)),
+        security: Default::default(),
     };
     let local = LocalIdentity {
         name: EntityName::peer(9),
@@ -967,14 +968,16 @@ fn apply(s: &mut Session, op: &Op, now: &mut Instant, decoders: &mut [(StreamDec
                 in_seq: *in_seq,
                 limits: None,
             };
-            let t = s.take_link(
-                l(link),
-                &hello,
-                crate::banner::features::SUPPORTED,
-                77,
-                *now,
-            );
-            if let Takeover::Rejected(f) = t {
+            // The accepted link's own session, past the banners (crc).
+            let local = LocalIdentity {
+                name: EntityName::peer(9),
+                addr: fuzz_addr(0),
+            };
+            let mut pending = Session::accept(SessionConfig::default(), local, l(link), *now);
+            let banner = crate::stream::Inbound::Banner(crate::Banner::default().encode());
+            let _ = pending.handle_inbound(l(link), banner, *now);
+            let t = s.take_link(l(link), &hello, &mut pending, 77, *now);
+            if let Takeover::Rejected(f) | Takeover::Impostor { frame: f, .. } = t {
                 assert!(matches!(f.tag, Tag::SessionReset | Tag::Wait), "{f:?}");
             }
         }

@@ -142,6 +142,8 @@ struct Node {
     sessions: BTreeMap<SessionId, Session>,
     /// Accepted sessions waiting for their hello to be routed.
     pending: BTreeMap<SessionId, Session>,
+    /// The node's own security settings, in place of the shared config's.
+    security: Option<crate::auth::Security>,
 }
 
 struct Pipe {
@@ -195,7 +197,13 @@ pub struct Sim {
     time_cuts: Vec<(Instant, NodeId, NodeId)>,
     log: Vec<Logged>,
     stats: SimStats,
+    /// The first [`WIRE_RECORD`] bytes written on any link, for tests that
+    /// look at what an eavesdropper would see.
+    wire: Vec<u8>,
 }
+
+/// How many written bytes [`Sim::wire_bytes`] keeps.
+const WIRE_RECORD: usize = 1 << 20;
 
 impl Sim {
     /// A simulation whose randomness all comes from `seed`.
@@ -216,6 +224,7 @@ impl Sim {
             time_cuts: Vec::new(),
             log: Vec::new(),
             stats: SimStats::default(),
+            wire: Vec::new(),
         }
     }
 
@@ -234,8 +243,24 @@ impl Sim {
             echo: false,
             sessions: BTreeMap::new(),
             pending: BTreeMap::new(),
+            security: None,
         });
         id
+    }
+
+    /// Gives `node` its own security modes and credentials (each node
+    /// proves its own name), for the sessions it opens or accepts from now.
+    pub fn set_security(&mut self, node: NodeId, security: crate::auth::Security) {
+        self.nodes[node].security = Some(security);
+    }
+
+    /// The session configuration of `node`'s new sessions.
+    fn session_config(&self, node: NodeId) -> SessionConfig {
+        let mut cfg = self.cfg.session.clone();
+        if let Some(sec) = &self.nodes[node].security {
+            cfg.security = sec.clone();
+        }
+        cfg
     }
 
     /// The node's current address (with its nonce).
@@ -257,12 +282,13 @@ impl Sim {
     /// Opens a session from `from` to `addr`.
     pub fn connect_addr(&mut self, from: NodeId, addr: EntityAddr, policy: Policy) -> SessionId {
         let id = self.new_session_id();
+        let cfg = self.session_config(from);
         let node = &mut self.nodes[from];
         let local = LocalIdentity {
             name: node.name.clone(),
             addr: node.addr.clone(),
         };
-        let s = Session::connect(self.cfg.session.clone(), local, addr, policy, self.now);
+        let s = Session::connect(cfg, local, addr, policy, self.now);
         node.sessions.insert(id, s);
         id
     }
@@ -321,6 +347,12 @@ impl Sim {
     /// Counters so far.
     pub fn stats(&self) -> SimStats {
         self.stats
+    }
+
+    /// The first mebibyte written on the links, in writing order: what an
+    /// eavesdropper on every link would have seen.
+    pub fn wire_bytes(&self) -> &[u8] {
+        &self.wire
     }
 
     /// Virtual time since the start.
@@ -609,7 +641,6 @@ impl Sim {
         for t in first {
             self.write(node, link, encode(&t));
         }
-        let features = p.features();
         let key = peer_key(&hello.addr);
         let existing = self.nodes[node]
             .sessions
@@ -625,23 +656,21 @@ impl Sim {
                 .sessions
                 .get_mut(&eid)
                 .expect("found above");
-            (eid, s.take_link(link, hello, features, cookie, now))
+            (eid, s.take_link(link, hello, &mut p, cookie, now))
         });
         match taken {
             Some((eid, Takeover::Accepted)) => self.set_owner(node, link, Some(eid)),
-            Some((_, Takeover::Rejected(frame))) => {
+            Some((_, Takeover::Rejected(frame) | Takeover::Impostor { frame, .. })) => {
                 self.stats.rejected += 1;
-                self.write(node, link, encode(&Transmit::Frame(frame)));
+                let refusal = p.refusal(frame);
+                self.write(node, link, encode(&refusal));
                 self.close_end(node, link, true);
             }
             // No session with the peer, or one that is ending.
             None | Some((_, Takeover::Ending)) if hello.cookie != 0 => {
                 self.stats.rejected += 1;
-                self.write(
-                    node,
-                    link,
-                    encode(&Transmit::Frame(Session::reject_unknown())),
-                );
+                let refusal = p.refusal(Session::reject_unknown());
+                self.write(node, link, encode(&refusal));
                 self.close_end(node, link, true);
             }
             None | Some((_, Takeover::Ending)) => {
@@ -734,15 +763,13 @@ impl Sim {
                     blackhole: false,
                 },
             );
+            let cfg = self.session_config(t);
             let tn = &mut self.nodes[t];
             let local = LocalIdentity {
                 name: tn.name.clone(),
                 addr: tn.addr.clone(),
             };
-            tn.pending.insert(
-                pid,
-                Session::accept(self.cfg.session.clone(), local, link, now),
-            );
+            tn.pending.insert(pid, Session::accept(cfg, local, link, now));
             match self.nodes[c.node].sessions.get_mut(&c.session) {
                 Some(s) => s.link_up(link, now),
                 None => self.close_end(c.node, link, true),
@@ -811,6 +838,8 @@ impl Sim {
 
     fn write(&mut self, node: NodeId, link: LinkId, bytes: Bytes) {
         let now = self.now;
+        let room = WIRE_RECORD.saturating_sub(self.wire.len());
+        self.wire.extend_from_slice(&bytes[..bytes.len().min(room)]);
         let Some(l) = self.links.get_mut(&link.0) else {
             return;
         };
