@@ -74,7 +74,7 @@ pub use worker::affinity::allowed_cpus;
 pub mod auth {
     pub use msgr_proto::auth::{
         AuthError, Credentials, KeyFileError, Keyring, ModeSet, PeerVerifier, PublicKey,
-        RecordError, SecurityMode, StaticKeypair,
+        RecordError, Security, SecurityMode, StaticKeypair,
     };
 }
 

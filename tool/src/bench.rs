@@ -31,6 +31,9 @@ pub enum Part {
     Bandwidth,
     /// 64 B one-way message rate vs a raw length-prefixed std::net stream.
     Rate,
+    /// The secure mode (every frame sealed) against the crc mode, in the
+    /// same run: 1 MiB streaming and the 64 B message rate.
+    Secure,
 }
 
 /// The address a bench server binds: `transport` on 127.0.0.1 with a port
@@ -130,6 +133,38 @@ pub struct BenchReport {
     pub bandwidth: Option<Comparison<StreamResult>>,
     /// 64 B message rate.
     pub message_rate: Option<Comparison<StreamResult>>,
+    /// 1 MiB streaming in secure mode against crc mode.
+    pub secure_bandwidth: Option<Comparison<StreamResult>>,
+    /// 64 B message rate in secure mode against crc mode.
+    pub secure_rate: Option<Comparison<StreamResult>>,
+}
+
+/// The secure mode's 1 MiB streaming bandwidth against the crc mode's
+/// (issue 40's bar).
+pub const SECURE_BANDWIDTH_TARGET: f64 = 0.60;
+/// The secure mode's 64 B message rate against the crc mode's.
+pub const SECURE_RATE_TARGET: f64 = 0.70;
+
+/// A server configuration and a client one in secure mode, with fresh
+/// keys for the bench's two entities (`server`, and the client's name
+/// as `net` gives it) in one keyring held in memory.
+fn secured(server: &MessengerConfig, client: &MessengerConfig, server_name: &EntityName) -> (MessengerConfig, MessengerConfig) {
+    use msgr::auth::{Credentials, Keyring, ModeSet, StaticKeypair};
+    let client_name = net::client_name();
+    let (sk, ck) = (StaticKeypair::generate(), StaticKeypair::generate());
+    let mut ring = Keyring::new();
+    ring.insert(server_name.clone(), sk.public());
+    ring.insert(client_name.clone(), ck.public());
+    let ring = Arc::new(ring);
+    let with = |cfg: &MessengerConfig, name: &EntityName, key: StaticKeypair| {
+        let mut cfg = cfg.clone();
+        cfg.session.security = msgr::auth::Security {
+            modes: ModeSet::SECURE,
+            credentials: Some(Arc::new(Credentials::new(name.clone(), key, ring.clone()))),
+        };
+        cfg
+    };
+    (with(server, server_name, sk), with(client, &client_name, ck))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -250,16 +285,36 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let started = Instant::now();
     let mut server = Messenger::builder(EntityName::server(0))
         .config(place.server.clone())
-        .bind(bind)
+        .bind(bind.clone())
         .start(Arc::new(Responder::default()))?;
     let target = server.addr().clone();
-    let steps = u64::from(opts.rounds) * opts.parts.len() as u64 * 2;
+    let secure_name = EntityName::server(1);
+    let (secure_server_cfg, secure_client) = secured(&place.server, &place.client, &secure_name);
+    let mut secure_server = if opts.parts.contains(&Part::Secure) {
+        Some(
+            Messenger::builder(secure_name)
+                .config(secure_server_cfg)
+                .bind(bind.clone())
+                .start(Arc::new(Responder::default()))?,
+        )
+    } else {
+        None
+    };
+    let secure_target = secure_server.as_ref().map(|m| m.addr().clone());
+    let steps = u64::from(opts.rounds)
+        * opts
+            .parts
+            .iter()
+            .map(|p| if *p == Part::Secure { 4 } else { 2 })
+            .sum::<u64>();
     let mut progress = Progress::new(steps, opts.json);
     let mut step_bar = Progress::new(steps, true);
     let mut step = 0u64;
     let mut lat = Vec::new();
     let mut bw = Vec::new();
     let mut rate = Vec::new();
+    let mut secure_bw = Vec::new();
+    let mut secure_rate = Vec::new();
     let mut next = |progress: &mut Progress, what: &str| {
         progress.message(what.to_owned());
         progress.set(step);
@@ -341,11 +396,41 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         reference: r,
                     });
                 }
+                Part::Secure => {
+                    let secure_target = secure_target.as_ref().expect("started for this part");
+                    for (size, out) in [(1usize << 20, &mut secure_bw), (64, &mut secure_rate)] {
+                        let s = StreamOpts {
+                            size,
+                            limit: Limit::Time(secs),
+                            driver: opts.driver,
+                            timeout,
+                            connect_timeout,
+                            seal: false,
+                        };
+                        next(
+                            &mut progress,
+                            &format!("round {}: secure {size} B stream", round + 1),
+                        );
+                        let (m, _) = net::stream(&secure_client, secure_target, &s, &mut step_bar)?;
+                        next(
+                            &mut progress,
+                            &format!("round {}: crc {size} B stream", round + 1),
+                        );
+                        let (r, _) = net::stream(&place.client, &target, &s, &mut step_bar)?;
+                        out.push(Round {
+                            msgr: m,
+                            reference: r,
+                        });
+                    }
+                }
             }
         }
     }
     progress.finish();
     server.shutdown(Duration::from_secs(2));
+    if let Some(s) = secure_server.as_mut() {
+        s.shutdown(Duration::from_secs(2));
+    }
     let machine = watch.finish();
     let latency = (!lat.is_empty()).then(|| {
         compare(
@@ -380,6 +465,28 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
             RATE_TARGET,
         )
     });
+    let secure_bandwidth = (!secure_bw.is_empty()).then(|| {
+        compare(
+            "secure 1 MiB streaming",
+            "MiB/s",
+            "msgr crc mode, same run",
+            secure_bw,
+            |r: &StreamResult| r.mib_per_s,
+            "min",
+            SECURE_BANDWIDTH_TARGET,
+        )
+    });
+    let secure_rate = (!secure_rate.is_empty()).then(|| {
+        compare(
+            "secure 64 B message rate",
+            "msg/s",
+            "msgr crc mode, same run",
+            secure_rate,
+            |r: &StreamResult| r.msgs_per_s,
+            "min",
+            SECURE_RATE_TARGET,
+        )
+    });
     Ok(BenchReport {
         transport: opts.transport.clone(),
         quick: opts.quick,
@@ -394,6 +501,8 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         latency,
         bandwidth,
         message_rate,
+        secure_bandwidth,
+        secure_rate,
     })
 }
 
@@ -458,6 +567,9 @@ impl BenchReport {
             row(c);
         }
         if let Some(c) = &self.message_rate {
+            row(c);
+        }
+        for c in [&self.secure_bandwidth, &self.secure_rate].into_iter().flatten() {
             row(c);
         }
         if let Some(c) = &self.latency {

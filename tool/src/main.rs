@@ -47,6 +47,20 @@ struct Cli {
     /// Any configuration key, e.g. `--set policy=lossy-client` (repeatable).
     #[arg(long = "set", global = true, value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// This process's entity name (default server.<pid> or client.<pid>):
+    /// with --key-file, the name the key was made for.
+    #[arg(long, global = true, value_name = "NAME")]
+    name: Option<EntityName>,
+    /// Security modes allowed: crc, auth, secure, or a list (config key
+    /// `security`); auth and secure need --key-file and --keyring.
+    #[arg(long, global = true, value_name = "MODES")]
+    security: Option<String>,
+    /// This entity's private key file, from `msgr keygen` (config key `key_file`).
+    #[arg(long, global = true, value_name = "FILE")]
+    key_file: Option<PathBuf>,
+    /// The keyring: entity names and their public keys (config key `keyring`).
+    #[arg(long, global = true, value_name = "FILE")]
+    keyring: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -154,6 +168,19 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Make a key pair for an entity: writes its private key file (mode
+    /// 0600, never over an existing file) and appends its public key to a
+    /// keyring; prints the keyring line.
+    Keygen {
+        /// The entity the key is for, e.g. server.1.
+        entity: EntityName,
+        /// Where to write the private key.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// The keyring to append the public key to (created if missing).
+        #[arg(long = "add-to", value_name = "FILE")]
+        add_to: Option<PathBuf>,
+    },
     /// List every transport kind and whether it can be used here.
     Backends {
         /// Print JSON.
@@ -209,6 +236,17 @@ fn build_config(cli: &Cli) -> Result<MessengerConfig, ToolError> {
     if let Some(b) = &cli.busy_poll_us {
         cfg.set("busy_poll_us", b)?;
     }
+    if let Some(m) = &cli.security {
+        cfg.set("security", m)?;
+    }
+    for (key, path) in [("key_file", &cli.key_file), ("keyring", &cli.keyring)] {
+        if let Some(p) = path {
+            let p = p.to_str().ok_or_else(|| {
+                ToolError::Usage(format!("--{}: the path is not UTF-8", key.replace('_', "-")))
+            })?;
+            cfg.set(key, p)?;
+        }
+    }
     for kv in &cli.set {
         let (k, v) = kv
             .split_once('=')
@@ -238,7 +276,7 @@ fn serve(cfg: &MessengerConfig, addr: &str, duration: Option<Duration>) -> Resul
     let bind = parse_addr(addr)?;
     install_signal_handlers();
     let responder = Arc::new(Responder::default());
-    let mut m = Messenger::builder(EntityName::server(u64::from(std::process::id())))
+    let mut m = Messenger::builder(net::server_name())
         .config(cfg.clone())
         .bind(bind)
         .start(responder.clone())?;
@@ -342,14 +380,62 @@ fn backends(json: bool) -> Result<(), ToolError> {
     Ok(())
 }
 
+/// `msgr keygen`: a private key file nobody else reads, and its public
+/// key appended to a keyring.
+fn keygen(entity: &EntityName, out: &std::path::Path, add_to: Option<&std::path::Path>) -> Result<(), ToolError> {
+    use msgr::auth::{Keyring, StaticKeypair};
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |what: String| move |source| ToolError::Io { what, source };
+    let kp = StaticKeypair::generate();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .map_err(io(format!("creating {} (never overwritten)", out.display())))?;
+    f.write_all(kp.to_key_file(entity).as_bytes())
+        .map_err(io(format!("writing {}", out.display())))?;
+    let line = Keyring::line(entity, &kp.public());
+    if let Some(ring) = add_to {
+        // The keyring must still parse with the new line (a name listed
+        // twice is refused).
+        let old = match std::fs::read_to_string(ring) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(io(format!("reading {}", ring.display()))(e)),
+        };
+        let mut text = old.clone();
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&line);
+        Keyring::parse(&text).map_err(|e| ToolError::Usage(format!("{}: {e}", ring.display())))?;
+        std::fs::write(ring, text).map_err(io(format!("writing {}", ring.display())))?;
+    }
+    print!("{line}");
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<(), ToolError> {
     if let Cmd::Backends { json } = cli.cmd {
         return backends(json);
     }
+    if let Cmd::Keygen {
+        entity,
+        out,
+        add_to,
+    } = &cli.cmd
+    {
+        return keygen(entity, out, add_to.as_deref());
+    }
+    if let Some(n) = &cli.name {
+        let _ = net::ENTITY_NAME.set(n.clone());
+    }
     let cfg = build_config(&cli)?;
     let connect_timeout = Duration::from_secs(10);
     match cli.cmd {
-        Cmd::Backends { .. } => Ok(()),
+        Cmd::Backends { .. } | Cmd::Keygen { .. } => Ok(()),
         Cmd::Serve { addr, duration } => serve(&cfg, &addr, duration),
         Cmd::Ping {
             addr,
@@ -463,6 +549,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                     bench::Part::Latency,
                     bench::Part::Bandwidth,
                     bench::Part::Rate,
+                    bench::Part::Secure,
                 ]
             } else {
                 only

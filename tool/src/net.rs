@@ -147,6 +147,26 @@ impl Dispatcher for Responder {
 
 /// Starts a client messenger, connects to `target` and waits until the
 /// session is open.
+/// The entity name this process's clients use: `--name`, else
+/// `client.<pid>`.
+pub fn client_name() -> EntityName {
+    ENTITY_NAME
+        .get()
+        .cloned()
+        .unwrap_or_else(|| EntityName::client(u64::from(std::process::id())))
+}
+
+/// The server's name: `--name`, else `server.<pid>`.
+pub fn server_name() -> EntityName {
+    ENTITY_NAME
+        .get()
+        .cloned()
+        .unwrap_or_else(|| EntityName::server(u64::from(std::process::id())))
+}
+
+/// `--name`, set once by `main`.
+pub static ENTITY_NAME: std::sync::OnceLock<EntityName> = std::sync::OnceLock::new();
+
 fn connect(
     cfg: &MessengerConfig,
     target: &EntityAddr,
@@ -159,7 +179,7 @@ fn connect(
             "cannot connect to {target}: give the server's address and port"
         )));
     }
-    let m = Messenger::builder(EntityName::client(u64::from(std::process::id())))
+    let m = Messenger::builder(client_name())
         .config(cfg.clone())
         .start(d)?;
     let conn = m.connect(target)?;

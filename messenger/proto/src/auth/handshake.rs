@@ -67,6 +67,22 @@ pub struct LinkKeys {
     pub(crate) recv: Zeroizing<[u8; KEY_LEN]>,
 }
 
+impl LinkKeys {
+    /// Keys given as they are: for tests, benchmarks and fuzzing. Real
+    /// keys come from [`Handshake::finish`], fresh for every link.
+    pub fn from_secrets(send: [u8; KEY_LEN], recv: [u8; KEY_LEN]) -> LinkKeys {
+        LinkKeys {
+            send: Zeroizing::new(send),
+            recv: Zeroizing::new(recv),
+        }
+    }
+
+    /// The other end's keys (its sending key is our receiving key).
+    pub fn mirrored(&self) -> LinkKeys {
+        LinkKeys::from_secrets(*self.recv, *self.send)
+    }
+}
+
 impl std::fmt::Debug for LinkKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("LinkKeys(<redacted>)")
