@@ -386,7 +386,10 @@ impl MessengerConfig {
                 why: format!("security `{modes}` needs key_file and keyring"),
             })
         };
-        let (key_path, ring_path) = (need("key_file", &self.key_file)?, need("keyring", &self.keyring)?);
+        let (key_path, ring_path) = (
+            need("key_file", &self.key_file)?,
+            need("keyring", &self.keyring)?,
+        );
         let read = |p: &std::path::Path| {
             let meta = std::fs::metadata(p).map_err(|e| file_error(p, e.to_string()))?;
             if meta.len() > MAX_CONFIG_FILE {
@@ -394,24 +397,33 @@ impl MessengerConfig {
             }
             std::fs::read_to_string(p).map_err(|e| file_error(p, e.to_string()))
         };
-        let (key_name, keypair) = StaticKeypair::parse_key_file(&zeroize::Zeroizing::new(read(&key_path)?))
-            .map_err(|e| file_error(&key_path, e.to_string()))?;
+        let (key_name, keypair) =
+            StaticKeypair::parse_key_file(&zeroize::Zeroizing::new(read(&key_path)?))
+                .map_err(|e| file_error(&key_path, e.to_string()))?;
         if key_name != *name {
             return Err(file_error(
                 &key_path,
                 format!("the key is {key_name}'s, the messenger is {name}"),
             ));
         }
-        let ring = Keyring::parse(&read(&ring_path)?).map_err(|e| file_error(&ring_path, e.to_string()))?;
+        let ring = Keyring::parse(&read(&ring_path)?)
+            .map_err(|e| file_error(&ring_path, e.to_string()))?;
         if ring.get(name) != Some(&keypair.public()) {
             return Err(file_error(
                 &ring_path,
-                format!("does not list {name} with the key of {}", key_path.display()),
+                format!(
+                    "does not list {name} with the key of {}",
+                    key_path.display()
+                ),
             ));
         }
         Ok(Security {
             modes,
-            credentials: Some(Arc::new(Credentials::new(name.clone(), keypair, Arc::new(ring)))),
+            credentials: Some(Arc::new(Credentials::new(
+                name.clone(),
+                keypair,
+                Arc::new(ring),
+            ))),
         })
     }
 }

@@ -138,10 +138,20 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
         .bind("tcp://127.0.0.1:0".parse().unwrap())
         .start(rec.clone())
         .unwrap();
-    let mut cli = start(victim.clone(), secure_config("secure"), ids.creds(&victim), false);
-    let conn = cli.connect_with(srv.addr(), Policy::LosslessClient).unwrap();
+    let mut cli = start(
+        victim.clone(),
+        secure_config("secure"),
+        ids.creds(&victim),
+        false,
+    );
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
     conn.wait_connected(Duration::from_secs(10)).unwrap();
-    assert!(conn.peer().and_then(|p| p.key).is_some(), "server.1 proved its key");
+    assert!(
+        conn.peer().and_then(|p| p.key).is_some(),
+        "server.1 proved its key"
+    );
 
     const N: u64 = 20_000;
     let streaming = Arc::new(AtomicBool::new(true));
@@ -180,7 +190,9 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
         !ev.iter().any(|e| matches!(e, SessionEvent::Established(_))),
         "{ev:?}"
     );
-    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c.auth_failures) > before));
+    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c
+        .auth_failures)
+        > before));
 
     // 2. Authenticated as client.2, then "I am client.1" in the hello.
     let before = count(&srv, |c| &c.auth_failures);
@@ -194,7 +206,9 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
         Duration::from_secs(3),
     );
     assert!(!ev.iter().any(|e| matches!(e, SessionEvent::Established(_))));
-    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c.auth_failures) > before));
+    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c
+        .auth_failures)
+        > before));
 
     // 3. Authenticated as client.2, claiming client.1's session: its
     //    address and nonce, a new session (which would reset the old one).
@@ -209,7 +223,9 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
         Duration::from_secs(3),
     );
     assert!(!ev.iter().any(|e| matches!(e, SessionEvent::Established(_))));
-    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c.impostors_refused) > before));
+    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c
+        .impostors_refused)
+        > before));
 
     // 4. In the clear, as client.1: the server allows secure only.
     let before = count(&srv, |c| &c.protocol_errors);
@@ -223,7 +239,9 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
         Duration::from_secs(3),
     );
     assert!(!ev.iter().any(|e| matches!(e, SessionEvent::Established(_))));
-    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c.protocol_errors) > before));
+    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c
+        .protocol_errors)
+        > before));
     assert!(
         streaming.load(Ordering::Relaxed),
         "the attacks ran while client.1 streamed (raise N if this machine is faster)"
@@ -238,7 +256,11 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
     rec.assert_clean();
     assert!(rec.resets.lock().unwrap().is_empty());
     assert_eq!(rec.remote_resets.load(Ordering::Relaxed), 0);
-    assert_eq!(count(&cli, |c| &c.reconnects), 0, "client.1's session never moved");
+    assert_eq!(
+        count(&cli, |c| &c.reconnects),
+        0,
+        "client.1's session never moved"
+    );
     assert_eq!(count(&cli, |c| &c.session_resets), 0);
     assert_eq!(count(&srv, |c| &c.session_resets), 0);
     cli.shutdown(Duration::from_secs(5));
@@ -272,7 +294,8 @@ fn pump(mut from: TcpStream, mut to: TcpStream, mut flip_at: Option<usize>) {
     let mut seen = 0usize;
     let mut buf = vec![0u8; 64 << 10];
     // Bounded: the test's connections end within its deadline.
-    from.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    from.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
@@ -359,7 +382,9 @@ fn lossless_delivery_holds_under_a_fault_plan_in_secure_mode() {
         .start(rec.clone())
         .unwrap();
     let mut cli = start(cli_name.clone(), ccfg, ids.creds(&cli_name), false);
-    let conn = cli.connect_with(srv.addr(), Policy::LosslessClient).unwrap();
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
     const N: u64 = 10_000;
     for n in 1..=N {
         send(&conn, probe_message(1, n, (n as usize * 7) % 3000));
@@ -392,7 +417,11 @@ fn security_configuration_mistakes_are_refused_at_start() {
     let ring_file = dir.join("keyring");
     std::fs::write(&ring_file, Keyring::line(&me, &kp.public())).unwrap();
     let other_ring = dir.join("other-keyring");
-    std::fs::write(&other_ring, Keyring::line(&EntityName::client(1), &kp.public())).unwrap();
+    std::fs::write(
+        &other_ring,
+        Keyring::line(&EntityName::client(1), &kp.public()),
+    )
+    .unwrap();
 
     let try_start = |name: EntityName, kv: &[(&str, &str)]| {
         let mut cfg = MessengerConfig::default();
@@ -410,10 +439,17 @@ fn security_configuration_mistakes_are_refused_at_start() {
             })
     };
     let (k, r) = (key_file.to_str().unwrap(), ring_file.to_str().unwrap());
-    try_start(me.clone(), &[("security", "secure"), ("key_file", k), ("keyring", r)])
-        .expect("a complete configuration starts");
+    try_start(
+        me.clone(),
+        &[("security", "secure"), ("key_file", k), ("keyring", r)],
+    )
+    .expect("a complete configuration starts");
     for (name, kv, says) in [
-        (me.clone(), vec![("security", "secure")], "needs key_file and keyring"),
+        (
+            me.clone(),
+            vec![("security", "secure")],
+            "needs key_file and keyring",
+        ),
         (
             EntityName::server(5),
             vec![("security", "auth"), ("key_file", k), ("keyring", r)],
@@ -428,7 +464,11 @@ fn security_configuration_mistakes_are_refused_at_start() {
             ],
             "does not list server.4",
         ),
-        (me.clone(), vec![("security", "tls")], "unknown security mode"),
+        (
+            me.clone(),
+            vec![("security", "tls")],
+            "unknown security mode",
+        ),
     ] {
         let e = try_start(name, &kv).expect_err("refused").to_string();
         assert!(e.contains(says), "{kv:?}: {e}");

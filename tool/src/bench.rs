@@ -148,7 +148,11 @@ pub const SECURE_RATE_TARGET: f64 = 0.70;
 /// A server configuration and a client one in secure mode, with fresh
 /// keys for the bench's two entities (`server`, and the client's name
 /// as `net` gives it) in one keyring held in memory.
-fn secured(server: &MessengerConfig, client: &MessengerConfig, server_name: &EntityName) -> (MessengerConfig, MessengerConfig) {
+fn secured(
+    server: &MessengerConfig,
+    client: &MessengerConfig,
+    server_name: &EntityName,
+) -> (MessengerConfig, MessengerConfig) {
     use msgr::auth::{Credentials, Keyring, ModeSet, StaticKeypair};
     let client_name = net::client_name();
     let (sk, ck) = (StaticKeypair::generate(), StaticKeypair::generate());
@@ -164,7 +168,10 @@ fn secured(server: &MessengerConfig, client: &MessengerConfig, server_name: &Ent
         };
         cfg
     };
-    (with(server, server_name, sk), with(client, &client_name, ck))
+    (
+        with(server, server_name, sk),
+        with(client, &client_name, ck),
+    )
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -569,7 +576,10 @@ impl BenchReport {
         if let Some(c) = &self.message_rate {
             row(c);
         }
-        for c in [&self.secure_bandwidth, &self.secure_rate].into_iter().flatten() {
+        for c in [&self.secure_bandwidth, &self.secure_rate]
+            .into_iter()
+            .flatten()
+        {
             row(c);
         }
         if let Some(c) = &self.latency {

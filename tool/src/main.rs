@@ -47,7 +47,7 @@ struct Cli {
     /// Any configuration key, e.g. `--set policy=lossy-client` (repeatable).
     #[arg(long = "set", global = true, value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// This process's entity name (default server.<pid> or client.<pid>):
+    /// This process's entity name (default server.PID or client.PID):
     /// with --key-file, the name the key was made for.
     #[arg(long, global = true, value_name = "NAME")]
     name: Option<EntityName>,
@@ -242,7 +242,10 @@ fn build_config(cli: &Cli) -> Result<MessengerConfig, ToolError> {
     for (key, path) in [("key_file", &cli.key_file), ("keyring", &cli.keyring)] {
         if let Some(p) = path {
             let p = p.to_str().ok_or_else(|| {
-                ToolError::Usage(format!("--{}: the path is not UTF-8", key.replace('_', "-")))
+                ToolError::Usage(format!(
+                    "--{}: the path is not UTF-8",
+                    key.replace('_', "-")
+                ))
             })?;
             cfg.set(key, p)?;
         }
@@ -382,7 +385,11 @@ fn backends(json: bool) -> Result<(), ToolError> {
 
 /// `msgr keygen`: a private key file nobody else reads, and its public
 /// key appended to a keyring.
-fn keygen(entity: &EntityName, out: &std::path::Path, add_to: Option<&std::path::Path>) -> Result<(), ToolError> {
+fn keygen(
+    entity: &EntityName,
+    out: &std::path::Path,
+    add_to: Option<&std::path::Path>,
+) -> Result<(), ToolError> {
     use msgr::auth::{Keyring, StaticKeypair};
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -393,7 +400,10 @@ fn keygen(entity: &EntityName, out: &std::path::Path, add_to: Option<&std::path:
         .create_new(true)
         .mode(0o600)
         .open(out)
-        .map_err(io(format!("creating {} (never overwritten)", out.display())))?;
+        .map_err(io(format!(
+            "creating {} (never overwritten)",
+            out.display()
+        )))?;
     f.write_all(kp.to_key_file(entity).as_bytes())
         .map_err(io(format!("writing {}", out.display())))?;
     let line = Keyring::line(entity, &kp.public());

@@ -148,7 +148,7 @@ impl Dispatcher for Responder {
 /// Starts a client messenger, connects to `target` and waits until the
 /// session is open.
 /// The entity name this process's clients use: `--name`, else
-/// `client.<pid>`.
+/// `client.PID`.
 pub fn client_name() -> EntityName {
     ENTITY_NAME
         .get()
@@ -156,7 +156,7 @@ pub fn client_name() -> EntityName {
         .unwrap_or_else(|| EntityName::client(u64::from(std::process::id())))
 }
 
-/// The server's name: `--name`, else `server.<pid>`.
+/// The server's name: `--name`, else `server.PID`.
 pub fn server_name() -> EntityName {
     ENTITY_NAME
         .get()

@@ -216,7 +216,11 @@ impl Preamble {
             segment_lens,
         };
         let max_frame = if tag == Tag::Sealed {
-            limits.max_frame + crate::auth::record::SEAL_OVERHEAD.iter().map(|&o| u64::from(o)).sum::<u64>()
+            limits.max_frame
+                + crate::auth::record::SEAL_OVERHEAD
+                    .iter()
+                    .map(|&o| u64::from(o))
+                    .sum::<u64>()
         } else {
             limits.max_frame
         };

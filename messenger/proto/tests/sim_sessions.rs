@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use msgr_addr::EntityName;
+use msgr_proto::auth::{Credentials, Keyring, ModeSet, Security, StaticKeypair};
 use msgr_proto::session::{FaultReason, Policy, SendError, SessionConfig, SessionEvent};
 use msgr_proto::sim::{FaultRates, NodeId, SessionId, Sim, SimConfig};
 use msgr_proto::Message;
-use msgr_proto::auth::{Credentials, Keyring, ModeSet, Security, StaticKeypair};
 use proptest::prelude::*;
 use std::sync::Arc;
 
@@ -179,7 +179,11 @@ fn lossless_run_in(
 ) -> Sim {
     let (mut sim, c, s) = client_server(seed, cfg);
     if let Some(modes) = modes {
-        secure(&mut sim, &[(c, EntityName::client(1)), (s, EntityName::server(1))], modes);
+        secure(
+            &mut sim,
+            &[(c, EntityName::client(1)), (s, EntityName::server(1))],
+            modes,
+        );
     }
     sim.set_faults(faults);
     sim.cut_at_bytes(byte_cuts);
@@ -863,14 +867,21 @@ fn secure_mode_hides_payloads_on_the_wire() {
     let run = |modes: Option<&str>| {
         let (mut sim, c, s) = client_server(5, SimConfig::default());
         if let Some(m) = modes {
-            secure(&mut sim, &[(c, EntityName::client(1)), (s, EntityName::server(1))], m);
+            secure(
+                &mut sim,
+                &[(c, EntityName::client(1)), (s, EntityName::server(1))],
+                m,
+            );
         }
         let id = sim.connect(c, s, Policy::LosslessClient);
         let secret = Message::new(1, b"the-secret-front".to_vec(), Bytes::new());
         sim.send(c, id, secret).expect("room");
         assert!(sim.run_until_pred(Duration::from_secs(5), |sim| !sim.delivered(s).is_empty()));
         let wire = sim.wire_bytes();
-        (wire.windows(16).any(|w| w == b"the-secret-front"), wire.len())
+        (
+            wire.windows(16).any(|w| w == b"the-secret-front"),
+            wire.len(),
+        )
     };
     let (clear_shows, clear_len) = run(None);
     let (sealed_shows, sealed_len) = run(Some("secure"));

@@ -1525,6 +1525,24 @@ fn is_handshake(unit: &Transmit) -> bool {
     }
 }
 
+/// Counts a link closed for what its peer sent, by kind: every one in
+/// `protocol_errors`, and failed authentication or sealed frames that did
+/// not open in their own counters (logged: who failed is worth a look).
+fn count_protocol_error(counters: &Counters, e: &msgr_proto::ProtocolError) {
+    Counters::add(&counters.protocol_errors, 1);
+    match e {
+        msgr_proto::ProtocolError::Auth(why) => {
+            Counters::add(&counters.auth_failures, 1);
+            tracing::warn!(%why, "authentication failed; link closed");
+        }
+        msgr_proto::ProtocolError::Record(why) => {
+            Counters::add(&counters.sealed_frames_refused, 1);
+            tracing::warn!(%why, "a frame on a secure link did not open; link closed");
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1555,23 +1573,5 @@ mod tests {
         assert!(r.died);
         assert!(dead.load(Ordering::Acquire));
         assert_eq!(deaths.load(Ordering::Relaxed), 1);
-    }
-}
-
-/// Counts a link closed for what its peer sent, by kind: every one in
-/// `protocol_errors`, and failed authentication or sealed frames that did
-/// not open in their own counters (logged: who failed is worth a look).
-fn count_protocol_error(counters: &Counters, e: &msgr_proto::ProtocolError) {
-    Counters::add(&counters.protocol_errors, 1);
-    match e {
-        msgr_proto::ProtocolError::Auth(why) => {
-            Counters::add(&counters.auth_failures, 1);
-            tracing::warn!(%why, "authentication failed; link closed");
-        }
-        msgr_proto::ProtocolError::Record(why) => {
-            Counters::add(&counters.sealed_frames_refused, 1);
-            tracing::warn!(%why, "a frame on a secure link did not open; link closed");
-        }
-        _ => {}
     }
 }

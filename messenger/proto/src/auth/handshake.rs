@@ -208,7 +208,9 @@ impl Handshake {
             return if n == 0 {
                 Ok(())
             } else {
-                Err(AuthError::Handshake("unexpected payload in the first message"))
+                Err(AuthError::Handshake(
+                    "unexpected payload in the first message",
+                ))
             };
         }
         let id: IdentityPayload = postcard::from_bytes(&payload[..n])
@@ -282,10 +284,7 @@ mod tests {
         )
     }
 
-    fn run(
-        i: &mut Handshake,
-        r: &mut Handshake,
-    ) -> Result<(), AuthError> {
+    fn run(i: &mut Handshake, r: &mut Handshake) -> Result<(), AuthError> {
         let m1 = i.write_message()?;
         r.read_message(&m1)?;
         let m2 = r.write_message()?;
@@ -313,10 +312,13 @@ mod tests {
     #[test]
     fn a_changed_banner_fails_the_handshake() {
         let (c, s) = pair();
-        let offered = Banner::for_session(true, crate::auth::ModeSet::of(&[
-            crate::auth::SecurityMode::Auth,
-            crate::auth::SecurityMode::Secure,
-        ]));
+        let offered = Banner::for_session(
+            true,
+            crate::auth::ModeSet::of(&[
+                crate::auth::SecurityMode::Auth,
+                crate::auth::SecurityMode::Secure,
+            ]),
+        );
         let sent = offered.encode();
         let mut stripped = offered;
         stripped.supported &= !crate::banner::features::SECURE;

@@ -138,7 +138,12 @@ mod tests {
             Keyring::parse(&twice),
             Err(KeyFileError::Line { line: 4, .. })
         ));
-        for bad in ["server.1", "server.1 00", "nobody.1 0101", &format!("server.1 {a} extra")] {
+        for bad in [
+            "server.1",
+            "server.1 00",
+            "nobody.1 0101",
+            &format!("server.1 {a} extra"),
+        ] {
             assert!(Keyring::parse(bad).is_err(), "{bad:?}");
         }
     }

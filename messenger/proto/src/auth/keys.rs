@@ -217,7 +217,10 @@ mod tests {
         let private_hex = text.lines().nth(1).unwrap().rsplit(' ').next().unwrap();
         assert!(!format!("{kp:?}").contains(private_hex));
         assert!(!format!("{kp:?}").contains(&private_hex[..16]));
-        assert_eq!(back.public(), StaticKeypair::from_private(*back.private_bytes()).public());
+        assert_eq!(
+            back.public(),
+            StaticKeypair::from_private(*back.private_bytes()).public()
+        );
     }
 
     #[test]

@@ -87,7 +87,9 @@ impl FromStr for SecurityMode {
             "crc" => Ok(SecurityMode::Crc),
             "auth" => Ok(SecurityMode::Auth),
             "secure" => Ok(SecurityMode::Secure),
-            other => Err(format!("unknown security mode {other:?} (crc, auth, secure)")),
+            other => Err(format!(
+                "unknown security mode {other:?} (crc, auth, secure)"
+            )),
         }
     }
 }
@@ -359,7 +361,10 @@ mod tests {
             }
         };
         assert_eq!(mode("crc", "crc"), Ok(SecurityMode::Crc));
-        assert_eq!(mode("crc,auth,secure", "crc,auth,secure"), Ok(SecurityMode::Secure));
+        assert_eq!(
+            mode("crc,auth,secure", "crc,auth,secure"),
+            Ok(SecurityMode::Secure)
+        );
         assert_eq!(mode("crc,auth", "crc,auth,secure"), Ok(SecurityMode::Auth));
         assert_eq!(mode("auth", "crc,auth"), Ok(SecurityMode::Auth));
         assert_eq!(mode("secure", "auth,secure"), Ok(SecurityMode::Secure));
@@ -370,6 +375,9 @@ mod tests {
         assert!(mode("secure", "crc,auth").is_err());
         assert!(mode("auth,secure", "crc").is_err());
         assert!("crc,tls".parse::<ModeSet>().is_err());
-        assert_eq!("auth,secure".parse::<ModeSet>().unwrap().to_string(), "auth,secure");
+        assert_eq!(
+            "auth,secure".parse::<ModeSet>().unwrap().to_string(),
+            "auth,secure"
+        );
     }
 }

@@ -27,8 +27,7 @@ use zeroize::Zeroizing;
 use super::handshake::LinkKeys;
 use super::keys::KEY_LEN;
 use crate::frame::{
-    Frame, FrameLimits, Preamble, Segments, Tag, FLAG_UNCHECKED_PAYLOAD, MAX_SEGMENTS,
-    PREAMBLE_LEN,
+    Frame, FrameLimits, Preamble, Segments, Tag, FLAG_UNCHECKED_PAYLOAD, MAX_SEGMENTS, PREAMBLE_LEN,
 };
 use crate::stream::{Inbound, Transmit};
 
@@ -340,12 +339,12 @@ impl RecordLayer {
         if head.len() < PREAMBLE_LEN {
             return Err(RecordError::Malformed("no inner preamble"));
         }
-        let raw: [u8; PREAMBLE_LEN] = head[..PREAMBLE_LEN]
-            .try_into()
-            .expect("PREAMBLE_LEN bytes");
+        let raw: [u8; PREAMBLE_LEN] = head[..PREAMBLE_LEN].try_into().expect("PREAMBLE_LEN bytes");
         let pre = Preamble::decode(&raw, limits).map_err(RecordError::Inner)?;
         if matches!(pre.tag, Tag::Sealed | Tag::Auth) {
-            return Err(RecordError::Malformed("a sealed frame inside a sealed frame"));
+            return Err(RecordError::Malformed(
+                "a sealed frame inside a sealed frame",
+            ));
         }
         let count = usize::from(pre.segment_count).max(1);
         let _ = head.split_to(PREAMBLE_LEN);
@@ -356,7 +355,9 @@ impl RecordLayer {
             }
             segments.push(head);
         } else if !head.is_empty() {
-            return Err(RecordError::Malformed("bytes after an empty frame's preamble"));
+            return Err(RecordError::Malformed(
+                "bytes after an empty frame's preamble",
+            ));
         }
         for i in 1..count {
             let Some(seg) = outer.next() else {
@@ -384,7 +385,6 @@ impl RecordLayer {
         Ok(Inbound::Frame(inner))
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -416,7 +416,12 @@ mod tests {
     fn sealed_frames_open_to_what_was_sealed() {
         let (a, b) = keys();
         let (mut tx, mut rx) = (RecordLayer::new(&a), RecordLayer::new(&b));
-        for unit in [message(0, 0), message(10, 0), message(0, 1 << 20), message(5, 7)] {
+        for unit in [
+            message(0, 0),
+            message(10, 0),
+            message(0, 1 << 20),
+            message(5, 7),
+        ] {
             let want = unit.clone().into_frame().unwrap();
             let sealed = tx.seal(unit);
             assert!(sealed.segments[0].len() >= PREAMBLE_LEN + TAG_LEN);
@@ -468,7 +473,10 @@ mod tests {
     #[test]
     fn both_ends_rekey_at_the_same_piece() {
         let (a, b) = keys();
-        let policy = RekeyPolicy { bytes: 300, pieces: 5 };
+        let policy = RekeyPolicy {
+            bytes: 300,
+            pieces: 5,
+        };
         let (mut tx, mut rx) = (
             RecordLayer::with_policy(&a, policy),
             RecordLayer::with_policy(&b, policy),

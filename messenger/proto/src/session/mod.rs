@@ -26,9 +26,7 @@ pub use config::{Policy, SessionConfig, DEFAULT_BATCH_MAX_BYTES};
 
 use bytes::BytesMut;
 
-use crate::auth::{
-    AuthError, Handshake, PublicKey, RecordError, RecordLayer, Role, SecurityMode,
-};
+use crate::auth::{AuthError, Handshake, PublicKey, RecordError, RecordLayer, Role, SecurityMode};
 use crate::banner::{features, Banner, BANNER_LEN};
 use crate::batch::{BatchReader, BatchWriter, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD};
 use crate::control::{
@@ -825,9 +823,7 @@ impl Session {
             State::Authenticating(_)
             | State::HelloSent(_)
             | State::AwaitHello(_)
-            | State::Identified(_) => {
-                Some(self.link_since + self.cfg.handshake_timeout)
-            }
+            | State::Identified(_) => Some(self.link_since + self.cfg.handshake_timeout),
             State::Open(_) => {
                 let ka = self.last_tx + self.cfg.keepalive_interval;
                 if self.rx_paused {
@@ -1196,7 +1192,11 @@ impl Session {
 
     /// Starts the handshake once the banners chose `auth` or `secure`;
     /// the connector writes the first message.
-    fn start_handshake(&mut self, link: LinkId, peer_banner: &[u8; BANNER_LEN]) -> Result<(), ProtocolError> {
+    fn start_handshake(
+        &mut self,
+        link: LinkId,
+        peer_banner: &[u8; BANNER_LEN],
+    ) -> Result<(), ProtocolError> {
         let creds = self
             .cfg
             .security
@@ -1212,7 +1212,8 @@ impl Session {
         let mut hs = Handshake::new(role, &creds, initiator, responder)?;
         if hs.is_my_turn() {
             let m = hs.write_message()?;
-            self.ctrl.push_back(Transmit::Frame(Frame::single(Tag::Auth, m)));
+            self.ctrl
+                .push_back(Transmit::Frame(Frame::single(Tag::Auth, m)));
         }
         self.link_security.handshake = Some(Box::new(hs));
         self.state = State::Authenticating(link);
@@ -1234,7 +1235,8 @@ impl Session {
         hs.read_message(&frame.segments[0])?;
         if hs.is_my_turn() {
             let m = hs.write_message()?;
-            self.ctrl.push_back(Transmit::Frame(Frame::single(Tag::Auth, m)));
+            self.ctrl
+                .push_back(Transmit::Frame(Frame::single(Tag::Auth, m)));
         }
         if !hs.is_finished() {
             return Ok(());

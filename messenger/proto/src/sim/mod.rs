@@ -769,7 +769,8 @@ impl Sim {
                 name: tn.name.clone(),
                 addr: tn.addr.clone(),
             };
-            tn.pending.insert(pid, Session::accept(cfg, local, link, now));
+            tn.pending
+                .insert(pid, Session::accept(cfg, local, link, now));
             match self.nodes[c.node].sessions.get_mut(&c.session) {
                 Some(s) => s.link_up(link, now),
                 None => self.close_end(c.node, link, true),
