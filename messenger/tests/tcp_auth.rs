@@ -14,44 +14,11 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use common::*;
 use msgr::auth::{Credentials, Keyring, StaticKeypair};
+
 use msgr::{EntityAddr, EntityName, Messenger, MessengerConfig, Policy};
 use msgr_proto::auth::{ModeSet, Security};
 use msgr_proto::session::{LinkId, LocalIdentity, Session, SessionEvent};
 use msgr_proto::{SessionConfig, StreamDecoder};
-
-/// Key pairs for some entities and the keyring that lists them.
-struct Ids {
-    keys: Vec<(EntityName, StaticKeypair)>,
-    ring: Arc<Keyring>,
-}
-
-impl Ids {
-    fn new(names: &[EntityName]) -> Ids {
-        let keys: Vec<_> = names
-            .iter()
-            .map(|n| (n.clone(), StaticKeypair::generate()))
-            .collect();
-        let mut ring = Keyring::new();
-        for (n, k) in &keys {
-            ring.insert(n.clone(), k.public());
-        }
-        Ids {
-            keys,
-            ring: Arc::new(ring),
-        }
-    }
-
-    fn creds(&self, name: &EntityName) -> Credentials {
-        let (_, k) = self.keys.iter().find(|(n, _)| n == name).expect("known");
-        Credentials::new(name.clone(), k.clone(), self.ring.clone())
-    }
-}
-
-fn secure_config(modes: &str) -> MessengerConfig {
-    let mut cfg = fast_config();
-    cfg.set("security", modes).unwrap();
-    cfg
-}
 
 fn start(name: EntityName, cfg: MessengerConfig, creds: Credentials, bind: bool) -> Messenger {
     let mut b = Messenger::builder(name).config(cfg).credentials(creds);

@@ -395,6 +395,10 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
     // 5d: a message too large for the peer, and a handler that panics.
     poison_and_panic(&bind)?;
 
+    // 5e: secure mode: an impostor refused, corruption caught, a QP abort
+    // survived with a new handshake.
+    secure_mode(&bind)?;
+
     // 6: ping-pong, 64 B.
     let rounds = 1000u64;
     let mut rtts = Vec::with_capacity(rounds as usize);
@@ -741,6 +745,134 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
 /// ends its session with the reason; neither side reconnects or refuses a
 /// frame. Then the server's handler panics on one client's message: that
 /// connection ends, the panic is counted, the other client is served.
+/// Secure mode on this transport. client.40 streams lossless messages of
+/// every size (the rendezvous ones are sealed before they are registered:
+/// the peer's RDMA read fetches ciphertext) while an impostor under its
+/// name with a key of its own is refused — client.40's session neither
+/// resets nor reconnects. client.41's messenger corrupts units on the way
+/// (SIMULATED by the fault plan: nothing can stand in the middle of an RC
+/// queue pair here) and its QP is aborted for real halfway: every
+/// corruption is caught, each new link authenticates again, and both
+/// streams arrive exactly once, in order, intact.
+fn secure_mode(bind: &EntityAddr) -> Result<(), String> {
+    use msgr::auth::{Credentials, Keyring, StaticKeypair};
+    let names = [
+        EntityName::server(5),
+        EntityName::client(40),
+        EntityName::client(41),
+    ];
+    let keys: Vec<StaticKeypair> = names.iter().map(|_| StaticKeypair::generate()).collect();
+    let mut ring = Keyring::new();
+    for (n, k) in names.iter().zip(&keys) {
+        ring.insert(n.clone(), k.public());
+    }
+    let ring = Arc::new(ring);
+    let secure = |faults: Option<&str>| -> Result<MessengerConfig, String> {
+        let mut cfg = config();
+        cfg.set("security", "secure").map_err(|e| e.to_string())?;
+        if let Some(f) = faults {
+            cfg.set("faults", f).map_err(|e| e.to_string())?;
+        }
+        Ok(cfg)
+    };
+    let start = |name: &EntityName,
+                 key: StaticKeypair,
+                 cfg: MessengerConfig,
+                 rec: Arc<Recorder>,
+                 bind: Option<&EntityAddr>| {
+        let mut b = Messenger::builder(name.clone())
+            .config(cfg)
+            .credentials(Credentials::new(name.clone(), key, ring.clone()));
+        if let Some(a) = bind {
+            b = b.bind(a.clone());
+        }
+        b.start(rec)
+            .map_err(|e| format!("secure: start {name}: {e}"))
+    };
+    let srv_rec = Arc::new(Recorder::default());
+    let mut srv = start(
+        &names[0],
+        keys[0].clone(),
+        secure(None)?,
+        srv_rec.clone(),
+        Some(bind),
+    )?;
+    let mut one = start(
+        &names[1],
+        keys[1].clone(),
+        secure(None)?,
+        Arc::default(),
+        None,
+    )?;
+    let mut two = start(
+        &names[2],
+        keys[2].clone(),
+        secure(Some("seed=9,corrupt=120"))?,
+        Arc::default(),
+        None,
+    )?;
+    let c1 = one
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .map_err(|e| format!("secure: connect: {e}"))?;
+    let c2 = two
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .map_err(|e| format!("secure: connect: {e}"))?;
+    c1.wait_connected(Duration::from_secs(30))
+        .map_err(|e| format!("secure: {e}"))?;
+    // The impostor: client.40's name, its own key.
+    let mut impostor = start(
+        &names[1],
+        StaticKeypair::generate(),
+        secure(None)?,
+        Arc::default(),
+        None,
+    )?;
+    let _ = impostor.connect_with(srv.addr(), Policy::LossyClient);
+    const N: u64 = 300;
+    let sizes = [0usize, 64, 3000, 70_000, 300_000];
+    let (mut b1, mut b2) = (0u64, 0u64);
+    for i in 1..=N {
+        let len = sizes[i as usize % sizes.len()];
+        c1.send_timeout(message(40, i, len), Duration::from_secs(60))
+            .map_err(|e| format!("secure: send {i}: {e}"))?;
+        c2.send_timeout(message(41, i, len), Duration::from_secs(60))
+            .map_err(|e| format!("secure: send {i}: {e}"))?;
+        b1 += len as u64;
+        b2 += len as u64;
+        if i == N / 2 {
+            c2.inject_fault(msgr::RealFault::Abort);
+        }
+    }
+    wait_until(Duration::from_secs(180), || {
+        srv_rec.delivered(40) >= N && srv_rec.delivered(41) >= N
+    });
+    srv_rec.check(40, N, b1, "secure: client.40")?;
+    srv_rec.check(41, N, b2, "secure: client.41 (corrupted, aborted)")?;
+    let count = |m: &Messenger, f: fn(&msgr::Counters) -> &std::sync::atomic::AtomicU64| {
+        f(m.counters()).load(Ordering::Relaxed)
+    };
+    wait_until(Duration::from_secs(10), || {
+        count(&srv, |c| &c.auth_failures) >= 1
+    });
+    let (auth, caught, r1, r2) = (
+        count(&srv, |c| &c.auth_failures),
+        count(&srv, |c| &c.protocol_errors),
+        count(&one, |c| &c.reconnects),
+        count(&two, |c| &c.reconnects),
+    );
+    println!(
+        "secure: impostor refused ({auth} auth failures), {caught} corrupted units caught, \
+         client.40 reconnects {r1}, client.41 reconnects {r2}"
+    );
+    if auth == 0 || caught == 0 || r1 != 0 || r2 == 0 || c1.peer().and_then(|p| p.key).is_none() {
+        return Err("secure: the secure mode did not hold".into());
+    }
+    for m in [&mut impostor, &mut one, &mut two, &mut srv] {
+        m.shutdown(Duration::from_secs(5));
+    }
+    Ok(())
+}
+
 fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
     let mut small = config();
     small

@@ -234,3 +234,38 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// Key pairs for some entities and the keyring that lists them.
+pub struct Ids {
+    pub keys: Vec<(EntityName, msgr::auth::StaticKeypair)>,
+    pub ring: Arc<msgr::auth::Keyring>,
+}
+
+impl Ids {
+    pub fn new(names: &[EntityName]) -> Ids {
+        let keys: Vec<_> = names
+            .iter()
+            .map(|n| (n.clone(), msgr::auth::StaticKeypair::generate()))
+            .collect();
+        let mut ring = msgr::auth::Keyring::new();
+        for (n, k) in &keys {
+            ring.insert(n.clone(), k.public());
+        }
+        Ids {
+            keys,
+            ring: Arc::new(ring),
+        }
+    }
+
+    pub fn creds(&self, name: &EntityName) -> msgr::auth::Credentials {
+        let (_, k) = self.keys.iter().find(|(n, _)| n == name).expect("known");
+        msgr::auth::Credentials::new(name.clone(), k.clone(), self.ring.clone())
+    }
+}
+
+/// [`fast_config`] allowing these security modes (`secure`, `auth,secure`...).
+pub fn secure_config(modes: &str) -> MessengerConfig {
+    let mut cfg = fast_config();
+    cfg.set("security", modes).unwrap();
+    cfg
+}
