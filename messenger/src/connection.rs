@@ -134,6 +134,9 @@ pub(crate) struct ConnInner {
     pub(crate) shared: Arc<Shared>,
     pub(crate) target: EntityAddr,
     pub(crate) policy: Policy,
+    /// The entity the application dialled, if it named one
+    /// ([`crate::Messenger::connect_to`]): whoever answers must be it.
+    pub(crate) expected: Option<msgr_addr::EntityName>,
     pub(crate) peer: Mutex<Option<PeerInfo>>,
     pub(crate) state: AtomicU8,
     /// Messages and bytes handed to `send` ...
@@ -241,6 +244,7 @@ impl Connection {
         worker: usize,
         target: EntityAddr,
         policy: Policy,
+        expected: Option<msgr_addr::EntityName>,
     ) -> Self {
         let l = &shared.cfg.session.limits;
         let (max_front, max_data) = (l.max_segment[1], l.max_segment[2]);
@@ -251,6 +255,7 @@ impl Connection {
                 shared,
                 target,
                 policy,
+                expected,
                 peer: Mutex::new(None),
                 state: AtomicU8::new(STATE_CONNECTING),
                 submitted: Default::default(),

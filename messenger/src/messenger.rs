@@ -368,6 +368,45 @@ impl Messenger {
         addr: &EntityAddr,
         policy: Policy,
     ) -> Result<Connection, MessengerError> {
+        self.open(addr, policy, None)
+    }
+
+    /// Opens a connection to entity `name` at `addr` with `policy`: whoever
+    /// answers there must be `name` — in the `auth` and `secure` modes,
+    /// must *prove* it is (the key the keyring lists for `name`); in `crc`
+    /// mode, must say so. Anyone else ends the connection at its first
+    /// handshake (`on_reset`: the peer is not the one dialled), so a host
+    /// that took over the address — holding some other listed key — cannot
+    /// pass for `name`. [`Messenger::connect_with`] takes whichever
+    /// authenticated entity answers; use this one where it matters who.
+    /// A connection to `addr` that already exists is returned as it is.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # use msgr::{EntityName, Messenger, NullDispatcher, Policy};
+    /// # let m = Messenger::builder(EntityName::client(1)).start(Arc::new(NullDispatcher)).unwrap();
+    /// let conn = m.connect_to(
+    ///     &EntityName::server(1),
+    ///     &"tcp://127.0.0.1:6800".parse().unwrap(),
+    ///     Policy::LosslessClient,
+    /// )?;
+    /// # Ok::<(), msgr::MessengerError>(())
+    /// ```
+    pub fn connect_to(
+        &self,
+        name: &msgr_addr::EntityName,
+        addr: &EntityAddr,
+        policy: Policy,
+    ) -> Result<Connection, MessengerError> {
+        self.open(addr, policy, Some(name.clone()))
+    }
+
+    fn open(
+        &self,
+        addr: &EntityAddr,
+        policy: Policy,
+        expected: Option<msgr_addr::EntityName>,
+    ) -> Result<Connection, MessengerError> {
         if self.report.is_some() {
             return Err(MessengerError::ShutDown);
         }
@@ -398,6 +437,7 @@ impl Messenger {
             worker,
             addr.clone(),
             policy,
+            expected,
         );
         reg.insert(key, conn.clone());
         drop(reg);

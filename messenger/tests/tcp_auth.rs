@@ -442,3 +442,68 @@ fn security_configuration_mistakes_are_refused_at_start() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client that names the entity it dials talks to that entity only. In
+/// secure mode another entity at that address — one whose key *is* in the
+/// keyring — ends the connection at the handshake, before the client's
+/// hello leaves; in crc mode the answer's name is checked. The right
+/// server is reached as usual.
+#[test]
+fn a_named_connection_refuses_whoever_else_answers() {
+    let (s1, s9, c1) = (
+        EntityName::server(1),
+        EntityName::server(9),
+        EntityName::client(1),
+    );
+    let ids = Ids::new(&[s1.clone(), s9.clone(), c1.clone()]);
+    for modes in ["secure", "crc"] {
+        let srv = |name: &EntityName| {
+            Messenger::builder(name.clone())
+                .config(secure_config(modes))
+                .credentials(ids.creds(name))
+                .bind("tcp://127.0.0.1:0".parse().unwrap())
+                .start(Arc::new(msgr::NullDispatcher))
+                .unwrap()
+        };
+        let (mut right, mut wrong) = (srv(&s1), srv(&s9));
+        let rec = Recorder::new();
+        let mut cli = Messenger::builder(c1.clone())
+            .config(secure_config(modes))
+            .credentials(ids.creds(&c1))
+            .start(rec.clone())
+            .unwrap();
+        let bad = cli
+            .connect_to(&s1, wrong.addr(), Policy::LosslessClient)
+            .unwrap();
+        assert!(
+            wait_until(Duration::from_secs(10), || !rec
+                .resets
+                .lock()
+                .unwrap()
+                .is_empty()),
+            "{modes}: the connection to the wrong entity ended"
+        );
+        let why = rec.resets.lock().unwrap()[0].1.clone();
+        let says = if modes == "secure" {
+            "dialled server.1 but server.9 answered"
+        } else {
+            "connected to server.1 but peer says it is server.9"
+        };
+        assert!(why.contains(says), "{modes}: {why}");
+        assert_eq!(bad.state(), msgr::ConnectionState::Closed);
+        if modes == "secure" {
+            // Our hello never reached it: no session there. (In crc mode
+            // the answer's name comes after the hello: the wrong server
+            // holds a session the client then leaves.)
+            assert_eq!(wrong.counters().sessions_active.load(Ordering::Relaxed), 0);
+        }
+        let good = cli
+            .connect_to(&s1, right.addr(), Policy::LosslessClient)
+            .unwrap();
+        good.wait_connected(Duration::from_secs(10)).unwrap();
+        assert_eq!(good.peer().unwrap().name, s1);
+        for m in [&mut cli, &mut right, &mut wrong] {
+            m.shutdown(Duration::from_secs(2));
+        }
+    }
+}

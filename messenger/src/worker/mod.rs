@@ -705,13 +705,16 @@ impl Worker {
                 return;
             }
         };
-        let session = Session::connect(
+        let mut session = Session::connect(
             self.shared.cfg.session.clone(),
             self.shared.local.clone(),
             conn.inner.target.clone(),
             conn.inner.policy,
             now,
         );
+        if let Some(name) = &conn.inner.expected {
+            session.expect_peer(name.clone());
+        }
         self.by_peer.insert(peer_key(&conn.inner.target), key);
         Counters::add(&self.shared.counters.sessions_active, 1);
         self.sessions.insert(
@@ -1357,6 +1360,7 @@ impl Worker {
                         self.idx,
                         hello.addr.clone(),
                         session.policy(),
+                        None,
                     )
                 })
                 .clone()

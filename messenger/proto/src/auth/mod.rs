@@ -296,6 +296,14 @@ pub enum AuthError {
         /// This link's.
         now: EntityName,
     },
+    /// The connector dialled one entity and another proved its identity.
+    #[error("dialled {expected} but {proved} answered")]
+    UnexpectedPeer {
+        /// Who the application dialled.
+        expected: EntityName,
+        /// Who proved its key.
+        proved: EntityName,
+    },
     /// The strongest mode both sides offer is not one this side allows.
     #[error("the peer offers no mode we allow: {mode} agreed, allowed {allowed}")]
     ModeNotAllowed {

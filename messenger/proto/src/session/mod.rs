@@ -363,6 +363,8 @@ pub struct Session {
     /// The key the session's peer proved when the session first opened on
     /// an authenticated link: every later link must prove the same.
     peer_key: Option<PublicKey>,
+    /// Connector: the entity the application dialled, if it named one.
+    expected_peer: Option<EntityName>,
 }
 
 /// One link's security state: what the banners chose, the handshake while
@@ -446,6 +448,7 @@ impl Session {
             peer_limits: None,
             link_security: LinkSecurity::default(),
             peer_key: None,
+            expected_peer: None,
         };
         s.jitter = jitter;
         s
@@ -469,6 +472,43 @@ impl Session {
         s.peer_addr = Some(peer);
         s.state = State::Connecting;
         s
+    }
+
+    /// Connector: whoever answers must be `name` — proved by the handshake
+    /// in `auth` and `secure` modes, said in the answer to the hello in
+    /// `crc` mode. Anyone else ends a session that never opened
+    /// ([`AuthError::UnexpectedPeer`], [`ProtocolError::WrongPeer`]); a
+    /// session that opened faults the link and tries again.
+    pub fn expect_peer(&mut self, name: EntityName) {
+        self.expected_peer = Some(name);
+    }
+
+    /// Whether `name` is the peer the application dialled (when it named
+    /// one). A session that never opened ends: the address is someone
+    /// else's.
+    fn check_expected(&mut self, name: &EntityName, proved: bool) -> Result<(), ProtocolError> {
+        let Some(want) = &self.expected_peer else {
+            return Ok(());
+        };
+        if want == name {
+            return Ok(());
+        }
+        let e: ProtocolError = if proved {
+            AuthError::UnexpectedPeer {
+                expected: want.clone(),
+                proved: name.clone(),
+            }
+            .into()
+        } else {
+            ProtocolError::WrongPeer {
+                expected: want.to_string(),
+                actual: name.to_string(),
+            }
+        };
+        if !self.established {
+            self.terminate(FaultReason::Protocol(e.clone()));
+        }
+        Err(e)
     }
 
     /// A session for a freshly accepted link; it learns its peer from the hello.
@@ -1246,6 +1286,10 @@ impl Session {
         if self.link_security.mode == SecurityMode::Secure {
             self.link_security.record = Some(Box::new(RecordLayer::new(&done.keys)));
         }
+        if self.connector {
+            // Before our hello goes: it is for the entity we dialled only.
+            self.check_expected(&done.peer_name, true)?;
+        }
         self.link_security.peer = Some((done.peer_name, done.peer_key));
         self.after_banners(link);
         Ok(())
@@ -1447,6 +1491,7 @@ impl Session {
                 let (ok, limits): (HelloOk, _) =
                     parse_handshake(&frame, "hello-ok", self.limits_agreed())?;
                 self.check_claimed(&ok.name)?;
+                self.check_expected(&ok.name, false)?;
                 self.peer_limits = limits;
                 if let Err(e) = self.check_peer(&ok.addr) {
                     if !self.established {
@@ -1478,6 +1523,7 @@ impl Session {
                 let (ok, limits): (ReconnectOk, _) =
                     parse_handshake(&frame, "reconnect-ok", self.limits_agreed())?;
                 self.check_claimed(&ok.name)?;
+                self.check_expected(&ok.name, false)?;
                 self.peer_limits = limits;
                 self.check_peer(&ok.addr)?;
                 self.bind_identity()?;
