@@ -97,11 +97,58 @@ struct Run<'a> {
     retired: Mutex<Totals>,
     leaked_links: AtomicU64,
     undelivered: AtomicU64,
+    /// Where the configuration asks for `auth` or `secure` without key
+    /// files: a key per entity of the run, made at its start, and the
+    /// keyring of them all.
+    keys: Option<RunKeys>,
+}
+
+/// The run's entities' keys (kept across server restarts: a restarted
+/// server proves the same identity).
+struct RunKeys {
+    ring: Arc<msgr::auth::Keyring>,
+    keys: std::collections::HashMap<EntityName, msgr::auth::StaticKeypair>,
+}
+
+impl RunKeys {
+    fn new(servers: usize, clients: usize) -> RunKeys {
+        let names = (0..servers as u64)
+            .map(EntityName::server)
+            .chain((0..clients as u64).map(EntityName::client));
+        let keys: std::collections::HashMap<_, _> = names
+            .map(|n| (n, msgr::auth::StaticKeypair::generate()))
+            .collect();
+        let mut ring = msgr::auth::Keyring::new();
+        for (n, k) in &keys {
+            ring.insert(n.clone(), k.public());
+        }
+        RunKeys {
+            ring: Arc::new(ring),
+            keys,
+        }
+    }
+
+    fn credentials(&self, name: &EntityName) -> Option<Arc<msgr::auth::Credentials>> {
+        let k = self.keys.get(name)?;
+        Some(Arc::new(msgr::auth::Credentials::new(
+            name.clone(),
+            k.clone(),
+            self.ring.clone(),
+        )))
+    }
 }
 
 impl Run<'_> {
     fn messenger_config(&self, role: u64, index: u64, incarnation: u64) -> MessengerConfig {
         let mut m = self.cfg.messenger.clone();
+        if let Some(keys) = &self.keys {
+            let name = if role == ROLE_SERVER {
+                EntityName::server(index)
+            } else {
+                EntityName::client(index)
+            };
+            m.session.security.credentials = keys.credentials(&name);
+        }
         if let Some(plan) = &self.cfg.faults {
             let mut plan = plan.clone();
             plan.seed = mix(
@@ -601,6 +648,9 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         retired: Mutex::new(Totals::default()),
         leaked_links: AtomicU64::new(0),
         undelivered: AtomicU64::new(0),
+        keys: (cfg.messenger.session.security.modes.needs_credentials()
+            && cfg.messenger.key_file.is_none())
+        .then(|| RunKeys::new(cfg.servers, cfg.clients)),
     };
     for slot in &run.servers {
         match run.start_server(slot, slot.bind.clone()) {
