@@ -198,10 +198,14 @@ fn connect(
                 })
             }
             ConnectionState::Connecting if Instant::now() >= deadline => {
+                let why = match conn.status().last_fault {
+                    Some(f) => format!("; last attempt: {f}"),
+                    None => " (is `msgr serve` running there?)".into(),
+                };
                 return Err(ToolError::Timeout {
-                    what: format!("connecting to {target} (is `msgr serve` running there?)"),
+                    what: format!("connecting to {target}{why}"),
                     after: timeout,
-                })
+                });
             }
             ConnectionState::Connecting => std::thread::sleep(Duration::from_micros(500)),
         }

@@ -131,7 +131,13 @@ fn bench_quick_json_has_the_expected_fields() {
     assert!(v["machine"]["quiet"].is_boolean());
     assert!(v["machine"]["cores"].as_u64().is_some_and(|c| c >= 1));
     assert!(v["machine"]["loadavg_before"].is_array());
-    for part in ["latency", "bandwidth", "message_rate"] {
+    for part in [
+        "latency",
+        "bandwidth",
+        "message_rate",
+        "secure_bandwidth",
+        "secure_rate",
+    ] {
         let c = &v[part];
         for field in ["msgr", "reference", "ratio", "target"] {
             assert!(c[field].is_number(), "{part}.{field} missing in {c}");
@@ -175,9 +181,15 @@ fn expected_pinning(v: &serde_json::Value, pin: bool) -> serde_json::Value {
 /// Starts `msgr serve BIND` for at most a minute: the server, its stdout
 /// lines as they come, and the address it says it listens on.
 fn serve(bind: &str) -> (Guard, mpsc::Receiver<String>, String) {
+    serve_with(bind, &[])
+}
+
+/// `msgr serve BIND` with more arguments (global options).
+fn serve_with(bind: &str, extra: &[&str]) -> (Guard, mpsc::Receiver<String>, String) {
     let mut server = Guard(
         Command::new(MSGR)
             .args(["serve", bind, "--duration", "60"])
+            .args(extra)
             .env_remove("MSGR_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -624,4 +636,95 @@ fn clients_exit_with_the_reason_when_the_server_restarts() {
             "msgr {args:?} gives no reason:\n{stderr}"
         );
     }
+}
+
+/// `msgr keygen` writes a private key (mode 0600, never over an existing
+/// file) and a keyring line; `serve`, `ping` and `stream` take the keys and
+/// run in secure mode; a client whose key the server's keyring does not
+/// list gets nowhere and says so.
+#[test]
+fn keygen_then_secure_serve_ping_and_stream() {
+    let dir = std::env::temp_dir().join(format!("msgr-cli-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |f: &str| dir.join(f).to_str().unwrap().to_owned();
+    for (who, key, ring) in [
+        ("server.1", "s.key", "ring"),
+        ("client.1", "c.key", "ring"),
+        ("client.2", "stranger.key", "other-ring"),
+    ] {
+        let o = run(
+            &["keygen", who, "--out", &path(key), "--add-to", &path(ring)],
+            Duration::from_secs(20),
+        );
+        assert!(o.status.success(), "keygen {who}: {}", o.stderr);
+        assert!(o.stdout.starts_with(&format!("{who} ")), "{}", o.stdout);
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path("s.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the private key is its owner's only");
+    let again = run(
+        &["keygen", "server.1", "--out", &path("s.key")],
+        Duration::from_secs(20),
+    );
+    assert!(
+        !again.status.success(),
+        "an existing key file is never overwritten"
+    );
+    let ring_text = std::fs::read_to_string(path("ring")).unwrap();
+    assert_eq!(ring_text.lines().count(), 2, "{ring_text}");
+
+    let secure = |name: &'static str, key: &str| -> Vec<String> {
+        vec![
+            "--security".into(),
+            "secure".into(),
+            "--name".into(),
+            name.into(),
+            "--key-file".into(),
+            path(key),
+            "--keyring".into(),
+            path("ring"),
+        ]
+    };
+    let server_args = secure("server.1", "s.key");
+    let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
+    let (_server, _lines, addr) = serve_with("tcp://127.0.0.1:0", &server_args);
+    let client = secure("client.1", "c.key");
+    let mut ping: Vec<&str> = vec!["ping", &addr, "--count", "200", "--warmup", "10"];
+    ping.extend(client.iter().map(String::as_str));
+    let o = run(&ping, Duration::from_secs(60));
+    assert!(
+        o.status.success(),
+        "secure ping: {}\n{}",
+        o.stderr,
+        o.stdout
+    );
+    let mut stream: Vec<&str> = vec!["stream", &addr, "--size", "100000", "--count", "200"];
+    stream.extend(client.iter().map(String::as_str));
+    let o = run(&stream, Duration::from_secs(60));
+    assert!(
+        o.status.success(),
+        "secure stream: {}\n{}",
+        o.stderr,
+        o.stdout
+    );
+
+    // client.2's key is in a keyring of its own, not the server's.
+    let stranger = secure("client.2", "stranger.key");
+    let mut ping: Vec<&str> = vec!["ping", &addr, "--count", "10", "--timeout", "3"];
+    ping.extend(stranger.iter().map(String::as_str));
+    // Its own keyring must list it to start at all: use the other one.
+    let last = ping.len() - 1;
+    let other = path("other-ring");
+    ping[last] = &other;
+    let o = run(&ping, Duration::from_secs(60));
+    assert!(
+        !o.status.success(),
+        "an unlisted client got through: {}",
+        o.stdout
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

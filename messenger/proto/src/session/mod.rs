@@ -743,6 +743,14 @@ impl Session {
     /// The link failed or the peer closed it.
     pub fn link_failed(&mut self, link: LinkId, reason: String, now: Instant) {
         if self.state == State::Connecting || self.link() == Some(link) {
+            let reason = match self.state {
+                // A peer that refuses our identity says nothing (it tells an
+                // unproven peer no reasons): it closes the link.
+                State::Authenticating(_) => format!(
+                    "{reason}, while authenticating: the peer may not accept our name or key"
+                ),
+                _ => reason,
+            };
             self.fault(FaultReason::Transport(reason), now);
         }
     }
@@ -1272,7 +1280,18 @@ impl Session {
         if frame.segments.len() != 1 {
             return Err(AuthError::Handshake("a handshake frame has one segment").into());
         }
-        hs.read_message(&frame.segments[0])?;
+        if let Err(e) = hs.read_message(&frame.segments[0]) {
+            if self.connector
+                && !self.established
+                && matches!(e, AuthError::UnknownPeer(_) | AuthError::WrongKey(_))
+            {
+                // Our keyring does not vouch for whoever answers at the
+                // address we dial: trying again cannot change that. The
+                // application hears why (on_reset) and may dial again.
+                self.terminate(FaultReason::Protocol(e.clone().into()));
+            }
+            return Err(e.into());
+        }
         if hs.is_my_turn() {
             let m = hs.write_message()?;
             self.ctrl
