@@ -52,6 +52,10 @@ pub enum SendError {
     /// connection is gone with it.
     #[error("the worker owning this connection has died")]
     WorkerStopped,
+    /// [`Connection::reply`] to a message that is not a request (it came
+    /// without a call, or is itself a reply).
+    #[error("the message answered is not a request")]
+    NotARequest,
 }
 
 const STATE_CONNECTING: u8 = 0;
@@ -148,6 +152,40 @@ pub(crate) struct ConnInner {
     /// The largest front and data segments the peer takes (the session's
     /// `send_limits`, published by the worker when the session opens).
     send_limits: [AtomicU32; 2],
+    /// Calls waiting for their replies ([`Connection::call`]).
+    pub(crate) calls: crate::call::PendingCalls,
+    /// Async senders waiting for queue room ([`Connection::send_async`]).
+    pub(crate) room: RoomWaiters,
+}
+
+/// Wakers of async senders waiting for room in a connection's queue. The
+/// worker looks at one flag after it releases messages: nothing else is
+/// paid while no one waits.
+#[derive(Default)]
+pub(crate) struct RoomWaiters {
+    waiting: std::sync::atomic::AtomicBool,
+    wakers: Mutex<Vec<std::task::Waker>>,
+}
+
+impl RoomWaiters {
+    fn register(&self, w: &std::task::Waker) {
+        let mut ws = self.wakers.lock();
+        if !ws.iter().any(|x| x.will_wake(w)) {
+            ws.push(w.clone());
+        }
+        self.waiting.store(true, Ordering::SeqCst);
+    }
+
+    /// The worker released messages: wake whoever waits for room.
+    pub(crate) fn released(&self) {
+        if self.waiting.load(Ordering::SeqCst) {
+            self.waiting.store(false, Ordering::SeqCst);
+            let ws = std::mem::take(&mut *self.wakers.lock());
+            for w in ws {
+                w.wake();
+            }
+        }
+    }
 }
 
 /// A handle on one session with one peer. Cheap to clone; all clones name the
@@ -265,6 +303,8 @@ impl Connection {
                     ..Default::default()
                 }),
                 send_limits: [AtomicU32::new(max_front), AtomicU32::new(max_data)],
+                calls: Default::default(),
+                room: Default::default(),
             }),
         }
     }
@@ -373,6 +413,53 @@ impl Connection {
                 other => return other,
             }
         }
+    }
+
+    /// Queues `msg` without blocking, waiting for room in the queue where
+    /// [`Connection::send`] would say [`SendError::QueueFull`]: the worker
+    /// wakes the future when it releases messages. For async code on any
+    /// executor.
+    ///
+    /// ```no_run
+    /// # async fn demo(conn: msgr::Connection) -> Result<(), msgr::SendError> {
+    /// for i in 0..1000u32 {
+    ///     conn.send_async(msgr::Message::new(1, i.to_le_bytes().to_vec(), Vec::new())).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn send_async(&self, msg: Message) -> SendFuture {
+        SendFuture {
+            conn: self.clone(),
+            msg: Some(msg),
+        }
+    }
+
+    /// Sends `msg`, or if the queue is full registers `cx`'s waker for
+    /// room and gives the message back.
+    pub(crate) fn send_or_wait(
+        &self,
+        msg: Message,
+        cx: &mut std::task::Context<'_>,
+    ) -> Result<Option<Message>, SendError> {
+        match self.send(msg.clone()) {
+            Err(SendError::QueueFull { .. }) => {}
+            other => return other.map(|()| None),
+        }
+        self.inner.room.register(cx.waker());
+        // Room may have come before the waker was in place: look again.
+        match self.send(msg.clone()) {
+            Err(SendError::QueueFull { .. }) => Ok(Some(msg)),
+            other => other.map(|()| None),
+        }
+    }
+
+    /// Asks the worker to time call `id` out at `at` (async calls).
+    pub(crate) fn call_deadline(&self, id: u64, at: Instant) {
+        self.inner.dispatch(Command::CallDeadline {
+            key: self.inner.key,
+            id,
+            at,
+        });
     }
 
     /// Fails if `msg` is larger than the peer takes.
@@ -600,6 +687,33 @@ impl ConnInner {
         });
         if let Some(cmd) = cmd {
             worker.submit(cmd);
+        }
+    }
+}
+
+/// The future of [`Connection::send_async`].
+pub struct SendFuture {
+    conn: Connection,
+    msg: Option<Message>,
+}
+
+impl std::future::Future for SendFuture {
+    type Output = Result<(), SendError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(msg) = self.msg.take() else {
+            return std::task::Poll::Ready(Ok(()));
+        };
+        match self.conn.send_or_wait(msg, cx) {
+            Ok(None) => std::task::Poll::Ready(Ok(())),
+            Ok(Some(back)) => {
+                self.msg = Some(back);
+                std::task::Poll::Pending
+            }
+            Err(e) => std::task::Poll::Ready(Err(e)),
         }
     }
 }

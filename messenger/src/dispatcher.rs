@@ -55,6 +55,11 @@ pub trait Dispatcher: Send + Sync + 'static {
     fn on_remote_reset(&self, conn: &Connection) {
         let _ = conn;
     }
+
+    /// The messenger shut down: nothing more will be delivered (an
+    /// [`crate::Inbox`] ends its streams here). Called once, from the
+    /// thread that called `shutdown`.
+    fn on_shutdown(&self) {}
 }
 
 /// What a messenger does when a [`Dispatcher`] callback panics (config key

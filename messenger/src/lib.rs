@@ -40,23 +40,32 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod call;
 mod config;
 mod connection;
 mod counters;
 mod dispatcher;
 mod faults;
+mod inbox;
 mod messenger;
 mod throttle;
 mod worker;
 
+pub use call::{CallError, CallFuture};
 pub use config::{
     parse_policy, ConfigError, MessengerConfig, CONFIG_KEYS, MAX_CONFIG_FILE, RESERVED_ENV,
 };
-pub use connection::{ConnectError, Connection, ConnectionState, ConnectionStatus, SendError};
+pub use connection::{
+    ConnectError, Connection, ConnectionState, ConnectionStatus, SendError, SendFuture,
+};
 pub use counters::Counters;
 pub use dispatcher::{Dispatcher, HandlerPanicPolicy, NullDispatcher};
 pub use faults::{FaultPlan, FaultPlanError};
-pub use messenger::{MemoryUse, Messenger, MessengerBuilder, MessengerError, ShutdownReport};
+pub use inbox::{ConnectionEvent, ConnectionInbox, Events, Inbox, Messages, Recv, RecvApart};
+pub use messenger::{
+    Broadcast, MemoryUse, Messenger, MessengerBuilder, MessengerError, ShutdownFuture,
+    ShutdownReport,
+};
 pub use msgr_addr::{AddrVec, EntityAddr, EntityName, TransportKind};
 pub use msgr_backends::{
     availability, rendezvous_withheld, Availability, FabricCqWait, FabricRendezvous,

@@ -11,7 +11,7 @@ use msgr_backends::{
     availability, open_transport, Availability, TransportContext, TransportError, TransportStats,
     LISTENER_TOKEN_BASE,
 };
-use msgr_proto::{LocalIdentity, Policy};
+use msgr_proto::{FaultReason, LocalIdentity, Message, Policy};
 use parking_lot::Mutex;
 use thiserror::Error;
 
@@ -626,10 +626,95 @@ impl Messenger {
                 }
             }
         }
-        // Handles refer back to the shared state: break the cycle.
-        self.shared.registry.lock().clear();
+        // Calls still waiting will get no reply; handles refer back to the
+        // shared state: break the cycle.
+        let gone = FaultReason::Transport("the messenger shut down".into());
+        for c in self.shared.registry.lock().drain().map(|(_, c)| c) {
+            c.inner.calls.fail_all(&gone);
+        }
+        self.shared.dispatcher.on_shutdown();
         self.report = Some(report);
         report
+    }
+
+    /// [`Messenger::shutdown`] as a future, for async code: the shutdown
+    /// runs on a thread of its own and the future completes with its
+    /// report (any executor; no runtime needed).
+    pub fn shutdown_async(mut self, timeout: Duration) -> ShutdownFuture {
+        let slot: Arc<Mutex<(Option<ShutdownReport>, Option<std::task::Waker>)>> = Arc::default();
+        let done = slot.clone();
+        let spawned = std::thread::Builder::new()
+            .name("msgr-shutdown".into())
+            .spawn(move || {
+                let report = self.shutdown(timeout);
+                let waker = {
+                    let mut s = done.lock();
+                    s.0 = Some(report);
+                    s.1.take()
+                };
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "could not start the shutdown thread");
+        }
+        ShutdownFuture { slot }
+    }
+
+    /// Sends `msg` to every connection that is not closed (connecting ones
+    /// queue it), in no particular order. The payload is shared, not
+    /// copied: every connection's message holds the same bytes until its
+    /// transport has written them. Returns how many took it and which
+    /// refused it and why (a full queue, a peer that takes less).
+    ///
+    /// ```no_run
+    /// # fn demo(m: &msgr::Messenger) {
+    /// let r = m.broadcast(msgr::Message::new(9, &b"news"[..], &b""[..]));
+    /// println!("{} peers, {} refused", r.sent, r.refused.len());
+    /// # }
+    /// ```
+    pub fn broadcast(&self, msg: Message) -> Broadcast {
+        let mut r = Broadcast::default();
+        for c in self.connections() {
+            match c.send(msg.clone()) {
+                Ok(()) => r.sent += 1,
+                Err(e) => r.refused.push((c, e)),
+            }
+        }
+        r
+    }
+}
+
+/// What [`Messenger::broadcast`] did.
+#[derive(Default)]
+pub struct Broadcast {
+    /// Connections that queued the message.
+    pub sent: usize,
+    /// Connections that refused it, and why.
+    pub refused: Vec<(Connection, crate::SendError)>,
+}
+
+/// The future of [`Messenger::shutdown_async`].
+pub struct ShutdownFuture {
+    slot: Arc<Mutex<(Option<ShutdownReport>, Option<std::task::Waker>)>>,
+}
+
+impl std::future::Future for ShutdownFuture {
+    type Output = ShutdownReport;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<ShutdownReport> {
+        let mut s = self.slot.lock();
+        match s.0.take() {
+            Some(r) => std::task::Poll::Ready(r),
+            None => {
+                s.1 = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
     }
 }
 

@@ -44,8 +44,12 @@ pub mod features {
     /// This side allows the `secure` mode: the handshake, then every frame
     /// sealed (`crate::auth::record`).
     pub const SECURE: u64 = 1 << 8;
+    /// Messages carry a call (request/response correlation) in header
+    /// bytes 24..32 and batch entries (`Message::call`); without it a
+    /// message with a call is refused.
+    pub const CALLS: u64 = 1 << 9;
     /// Everything this build supports by default.
-    pub const SUPPORTED: u64 = CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH | LIMITS;
+    pub const SUPPORTED: u64 = CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH | LIMITS | CALLS;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
 }

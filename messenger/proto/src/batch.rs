@@ -6,7 +6,8 @@
 //! ```text
 //! header (24 B): base seq u64 | ack u64 | entry count u32 | reserved u32 (0)
 //! entries:       entry 0 .. entry count-1, back to back, filling the segment
-//! entry:         type varint (u16) | priority u8 | flags u8 | reserved u8 (0)
+//! entry:         type varint (u16) | priority u8 | flags u8 | entry flags u8
+//!                  [| call u64 if entry flags bit 0] | front len varint | data len varint
 //!                | front length varint (u32) | data length varint (u32)
 //!                | front bytes | data bytes
 //! ```
@@ -37,7 +38,10 @@ pub const BATCH_HEADER_LEN: usize = 24;
 pub const MIN_ENTRY_LEN: usize = 6;
 /// The most bytes an entry adds to its payload (a 3-byte type varint,
 /// three single bytes, two 5-byte length varints).
-pub const MAX_ENTRY_OVERHEAD: usize = 3 + 3 + 5 + 5;
+pub const MAX_ENTRY_OVERHEAD: usize = 3 + 3 + 8 + 5 + 5;
+
+/// An entry's third byte: a call (8 bytes, little-endian) follows.
+const ENTRY_HAS_CALL: u8 = 1;
 
 /// A batch body does not parse. Every variant closes the link: the
 /// body passed its CRC, so the peer wrote it this way.
@@ -136,6 +140,7 @@ impl<'a> BatchWriter<'a> {
     pub fn entry_len(msg: &Message) -> usize {
         varint_len(u32::from(msg.msg_type))
             + 3
+            + if msg.call != 0 { 8 } else { 0 }
             + varint_len(msg.front.len() as u32)
             + varint_len(msg.data.len() as u32)
             + msg.payload_len()
@@ -155,7 +160,13 @@ impl<'a> BatchWriter<'a> {
         let mut n = write_varint(&mut head, 0, u32::from(msg.msg_type));
         head[n] = msg.priority;
         head[n + 1] = msg.flags;
-        n = write_varint(&mut head, n + 3, front_len);
+        n += 3;
+        if msg.call != 0 {
+            head[n - 1] = ENTRY_HAS_CALL;
+            head[n..n + 8].copy_from_slice(&msg.call.to_le_bytes());
+            n += 8;
+        }
+        n = write_varint(&mut head, n, front_len);
         n = write_varint(&mut head, n, data_len);
         if self.out.len() + n + front + data > self.max_body {
             return false;
@@ -284,10 +295,22 @@ impl BatchReader {
         else {
             return Err(BatchError::Truncated { index });
         };
-        if reserved != 0 {
+        if reserved & !ENTRY_HAS_CALL != 0 {
             return Err(BatchError::ReservedBitsSet);
         }
         at += 3;
+        let mut call = 0;
+        if reserved & ENTRY_HAS_CALL != 0 {
+            let Some(c) = b.get(at..at + 8).and_then(|s| s.first_chunk::<8>()) else {
+                return Err(BatchError::Truncated { index });
+            };
+            call = u64::from_le_bytes(*c);
+            if call == 0 {
+                // One message, one encoding: no call is no flag.
+                return Err(BatchError::ReservedBitsSet);
+            }
+            at += 8;
+        }
         let front_len = read_varint(b, &mut at, index)? as usize;
         let data_len = read_varint(b, &mut at, index)? as usize;
         if b.len() - at < front_len || b.len() - at - front_len < data_len {
@@ -298,14 +321,16 @@ impl BatchReader {
         let data = slice_or_empty(&self.body, start + front_len, data_len);
         self.pos = start + front_len + data_len;
         self.index += 1;
-        Ok(Some(Message::received(
+        let mut m = Message::received(
             msg_type,
             priority,
             flags,
             self.base_seq + u64::from(index),
             front,
             data,
-        )))
+        );
+        m.call = call;
+        Ok(Some(m))
     }
 }
 
@@ -542,9 +567,17 @@ mod tests {
         r.next_message().unwrap();
         r.next_message().unwrap();
         assert_eq!(r.next_message(), Err(BatchError::TrailingBytes(1)));
-        // The entry's reserved byte.
+        // The entry's flags byte: a bit that means nothing yet, and the
+        // call flag with a call of 0 (no call is no flag: one encoding).
+        for bit in [2u8, 0x80] {
+            let mut b = two.to_vec();
+            b[BATCH_HEADER_LEN + 3] = bit;
+            let mut r = BatchReader::new(Bytes::from(b)).unwrap();
+            assert_eq!(r.next_message(), Err(BatchError::ReservedBitsSet));
+        }
         let mut b = two.to_vec();
-        b[BATCH_HEADER_LEN + 3] = 1;
+        b[BATCH_HEADER_LEN + 3] = ENTRY_HAS_CALL;
+        b.splice(BATCH_HEADER_LEN + 4..BATCH_HEADER_LEN + 4, [0u8; 8]);
         let mut r = BatchReader::new(Bytes::from(b)).unwrap();
         assert_eq!(r.next_message(), Err(BatchError::ReservedBitsSet));
         // A type past u16.

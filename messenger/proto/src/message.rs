@@ -44,6 +44,12 @@ pub struct Message {
     pub data: Bytes,
     /// Sequence number in its session, assigned when sent (0 until then).
     pub seq: u64,
+    /// Request/response correlation (header bytes 24..32; see
+    /// [`Message::call_id`]): 0 for a plain message; a request's call id
+    /// (bit 63 clear), or [`REPLY_BIT`] with the id of the request a reply
+    /// answers. Set by `Connection::call` and `Connection::reply`; carried
+    /// only between peers that agreed `features::CALLS`.
+    pub call: u64,
     /// The CRC32C of `data`, if known already: sealed
     /// ([`Message::with_data_checksum`]) or checked on receipt.
     data_crc: CrcMemo,
@@ -80,8 +86,34 @@ impl Message {
             front,
             data,
             seq,
+            call: 0,
             data_crc: CrcMemo::NONE,
         }
+    }
+
+    /// The call this message belongs to: `Some((id, is_reply))` for a
+    /// request or a reply, `None` for a plain message.
+    ///
+    /// ```
+    /// use msgr_proto::Message;
+    ///
+    /// let mut req = Message::new(1, &b"get"[..], &b""[..]);
+    /// req.call = 7;
+    /// let rep = Message::new(2, &b"value"[..], &b""[..]).replying_to(&req);
+    /// assert_eq!(req.call_id(), Some((7, false)));
+    /// assert_eq!(rep.call_id(), Some((7, true)));
+    /// ```
+    pub fn call_id(&self) -> Option<(u64, bool)> {
+        match self.call & !REPLY_BIT {
+            0 => None,
+            id => Some((id, self.call & REPLY_BIT != 0)),
+        }
+    }
+
+    /// This message as the reply to `request` (its call id, marked reply).
+    pub fn replying_to(mut self, request: &Message) -> Message {
+        self.call = (request.call & !REPLY_BIT) | REPLY_BIT;
+        self
     }
 
     /// A message whose front segment is `value` encoded with the default codec (postcard).
@@ -185,8 +217,8 @@ impl Message {
         MessageFrame::new(self.clone(), ack_seq).into_frame()
     }
 
-    /// The header segment: type, priority, flags, sequence number and the
-    /// piggybacked `ack_seq` (bytes 4..8 and 24..32 reserved, zero).
+    /// The header segment: type, priority, flags, sequence number, the
+    /// piggybacked `ack_seq` and the call (bytes 4..8 reserved, zero).
     fn header(&self, ack_seq: u64) -> [u8; MESSAGE_HEADER_LEN] {
         let mut h = [0u8; MESSAGE_HEADER_LEN];
         h[0..2].copy_from_slice(&self.msg_type.to_le_bytes());
@@ -194,6 +226,7 @@ impl Message {
         h[3] = self.flags;
         h[8..16].copy_from_slice(&self.seq.to_le_bytes());
         h[16..24].copy_from_slice(&ack_seq.to_le_bytes());
+        h[24..32].copy_from_slice(&self.call.to_le_bytes());
         h
     }
 
@@ -258,12 +291,17 @@ pub struct MessageFrame {
     pub flags: u8,
 }
 
-/// Whether a message header's reserved bytes (4..8, 24..32) are all 0: a
-/// header with one set is refused, as a preamble's is, so that a later
-/// version can give them a meaning no older peer silently ignores.
+/// Whether a message header's reserved bytes (4..8) are all 0: a header
+/// with one set is refused, as a preamble's is, so that a later version can
+/// give them a meaning no older peer silently ignores. (Bytes 24..32 are
+/// the call, which the session refuses where `features::CALLS` was not
+/// agreed.)
 fn reserved_clear(h: &[u8; MESSAGE_HEADER_LEN]) -> bool {
-    h[4..8] == [0; 4] && h[24..32] == [0; 8]
+    h[4..8] == [0; 4]
 }
+
+/// Bit 63 of [`Message::call`]: the message is a reply.
+pub const REPLY_BIT: u64 = 1 << 63;
 
 /// Segments of a message frame: header, front, data.
 const MESSAGE_SEGMENTS: u8 = 3;
@@ -395,6 +433,7 @@ impl MessageFrame {
                 priority: h[2],
                 flags: h[3],
                 seq: u64_at(8),
+                call: u64_at(24),
                 front,
                 data,
                 data_crc,
@@ -489,7 +528,8 @@ mod tests {
     #[test]
     fn reserved_header_bytes_are_refused() {
         use crate::{FrameError, Inbound};
-        for at in [4, 7, 24, 31] {
+        // (Bytes 24..32 are the call: the session checks it.)
+        for at in [4, 5, 6, 7] {
             let mut f = Message::new(1, &b"x"[..], &b""[..]).to_frame(0);
             let mut h = f.segments[0].to_vec();
             h[at] = 1;

@@ -48,12 +48,15 @@ fn message() -> impl Strategy<Value = (Message, u64)> {
         proptest::collection::vec(any::<u8>(), 0..200),
         proptest::collection::vec(any::<u8>(), 0..500),
         any::<u64>(),
+        prop_oneof![Just(0u64), any::<u64>()],
     )
-        .prop_map(|(t, p, f, seq, front, data, ack)| {
+        .prop_map(|(t, p, f, seq, front, data, ack, call)| {
             let mut m = Message::new(t, front, data);
             m.priority = p;
             m.flags = f;
             m.seq = seq;
+            // Half plain messages, half calls (requests or replies).
+            m.call = call;
             (m, ack)
         })
 }

@@ -857,6 +857,16 @@ fn secure_and_auth_sessions_replay_exactly_once_across_faults() {
             msgr_proto::auth::SecurityMode::Auth
         };
         assert_eq!(client.security_mode(), want);
+        // Whatever the session holds (credentials, handshake, record
+        // layer), its Debug output shows no private key.
+        let shown = format!("{client:?}");
+        assert!(shown.contains("<redacted>"), "{modes}: {shown}");
+        for kp in sim.private_keys_for_tests() {
+            assert!(
+                !shown.contains(&kp),
+                "{modes}: a private key in Debug output"
+            );
+        }
     }
 }
 

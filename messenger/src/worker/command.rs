@@ -10,6 +10,9 @@ use crate::Connection;
 pub(crate) enum Command {
     /// Open a session for this new handle.
     Connect { conn: Connection },
+    /// Time out call `id` of session `key` at `at` (an async call's
+    /// deadline; a blocking call keeps its own).
+    CallDeadline { key: u64, id: u64, at: Instant },
     /// Queue a message on a session.
     Send { key: u64, msg: Message },
     /// Queue several messages on a session, in order.

@@ -47,8 +47,8 @@ use msgr_backends::{
     open_transport, AnyTransport, RealFault, Transport, TransportError, TransportEvent,
 };
 use msgr_proto::{
-    control::Hello, FaultReason, LinkId, Message, Session, SessionEvent, SessionStats, Tag,
-    Takeover, Transmit,
+    control::Hello, message::REPLY_BIT, FaultReason, LinkId, Message, Session, SessionEvent,
+    SessionStats, Tag, Takeover, Transmit,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -227,6 +227,8 @@ pub(crate) struct Worker {
     /// Units held back by an injected delay, per link, in order.
     held: FxHashMap<LinkId, (Instant, VecDeque<(Transmit, FaultAction)>)>,
     outbox: Vec<(LinkId, Transmit)>,
+    /// Async calls' deadlines: (when, session key, call id), earliest first.
+    call_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, u64, u64)>>,
     /// Sessions with output waiting for their link to drain.
     blocked: FxHashSet<u64>,
 }
@@ -288,6 +290,7 @@ impl Worker {
             faults: faults_plan.map(|p| FaultInjector::new(p, idx)),
             held: FxHashMap::default(),
             outbox: Vec::new(),
+            call_deadlines: Default::default(),
             blocked: FxHashSet::default(),
         }
     }
@@ -568,6 +571,10 @@ impl Worker {
     fn handle_command(&mut self, cmd: Command, now: Instant) {
         match cmd {
             Command::Connect { conn } => self.start_connect(conn, now),
+            Command::CallDeadline { key, id, at } => {
+                self.call_deadlines.push(std::cmp::Reverse((at, key, id)));
+                self.next_timer = Some(self.next_timer.map_or(at, |n| n.min(at)));
+            }
             Command::Send { key, msg } => self.queue_messages(key, std::iter::once(msg)),
             Command::SendBatch { key, mut msgs } => {
                 self.queue_messages(key, msgs.drain(..));
@@ -912,6 +919,9 @@ impl Worker {
                 let shared = &self.shared;
                 let ev = loop {
                     match slot.session.poll_event() {
+                        Some(SessionEvent::Message(msg)) if msg.call & REPLY_BIT != 0 => {
+                            route_reply(&slot.conn, msg, &shared.counters);
+                        }
                         Some(SessionEvent::Message(msg)) => {
                             let conn = &slot.conn;
                             let ty = msg.msg_type;
@@ -994,6 +1004,7 @@ impl Worker {
         let inner = &slot.conn.inner;
         inner.released[0].store(st.released_messages, Ordering::Release);
         inner.released[1].store(st.released_bytes, Ordering::Release);
+        inner.room.released();
         if let Some(t) = slot.session.poll_timeout() {
             self.next_timer = Some(self.next_timer.map_or(t, |n| n.min(t)));
         }
@@ -1029,6 +1040,10 @@ impl Worker {
             // (`drive`): not two atomic additions before every delivery.
             // Charged to the receive throttle when its unit arrived
             // (`RxThrottle::charge_unit`).
+            if msg.call & REPLY_BIT != 0 {
+                route_reply(&slot.conn, msg, &self.shared.counters);
+                return;
+            }
             let ty = msg.msg_type;
             let r = self.callback(
                 &slot.conn,
@@ -1117,10 +1132,16 @@ impl Worker {
                     Counters::add(&c.messages_too_large, 1);
                 }
                 self.report.undelivered += undelivered;
+                conn.inner.calls.fail_all(&reason);
                 // The session has ended: a panic here is logged and counted.
                 let _ = self.callback(&conn, || "on_reset".into(), |d, c| d.on_reset(c, &reason));
             }
             SessionEvent::RemoteReset { dropped } => {
+                // The peer's session is gone, and with it any request it
+                // had not answered.
+                conn.inner
+                    .calls
+                    .fail_all(&FaultReason::Transport("the peer reset the session".into()));
                 Counters::add(&c.remote_resets, 1);
                 Counters::add(&c.messages_dropped, dropped);
                 let r = self.callback(
@@ -1489,6 +1510,16 @@ impl Worker {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         }
+        while let Some(std::cmp::Reverse((at, key, id))) = self.call_deadlines.peek().copied() {
+            if at > now {
+                next = Some(next.map_or(at, |n| n.min(at)));
+                break;
+            }
+            self.call_deadlines.pop();
+            if let Some(s) = self.sessions.get(&key) {
+                s.conn.inner.calls.expire(id);
+            }
+        }
         self.next_timer = next;
     }
 
@@ -1526,6 +1557,15 @@ fn is_handshake(unit: &Transmit) -> bool {
             Tag::Hello | Tag::HelloOk | Tag::ReconnectOk | Tag::SessionReset | Tag::Wait
         ),
         Transmit::Message(_) => false,
+    }
+}
+
+/// A reply (a message whose call has the reply bit): to the call that
+/// waits for it, or dropped and counted if none does any more.
+fn route_reply(conn: &Connection, msg: Message, counters: &Counters) {
+    let id = msg.call & !REPLY_BIT;
+    if !conn.inner.calls.complete(id, msg) {
+        Counters::add(&counters.late_replies, 1);
     }
 }
 

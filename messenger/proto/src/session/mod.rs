@@ -98,6 +98,9 @@ pub enum FaultReason {
     /// A connection that never opened gave up after the configured
     /// `connect_timeout`.
     ConnectTimeout(Duration),
+    /// A call (`Connection::call`) or its reply was queued for a peer that
+    /// does not take calls (it did not offer `features::CALLS`).
+    CallsUnsupported,
     /// The application's handler for this connection panicked (its
     /// dispatcher callback, with the panic's message); the messenger ended
     /// the connection and went on serving the others.
@@ -121,6 +124,9 @@ impl std::fmt::Display for FaultReason {
             ),
             FaultReason::ConnectTimeout(t) => write!(f, "not connected within {t:?}"),
             FaultReason::HandlerPanicked(m) => write!(f, "the application's handler panicked: {m}"),
+            FaultReason::CallsUnsupported => {
+                write!(f, "the peer does not take calls (an older msgr)")
+            }
         }
     }
 }
@@ -936,13 +942,12 @@ impl Session {
         }
         if self.sent_seq < self.out_seq && !self.window_full() {
             let msg = self.next_unsent()?;
-            if let Err((segment, len, max)) =
-                self.send_limits().check(msg.front.len(), msg.data.len())
-            {
-                // Queued before the peer's limits were known: it can only
-                // be refused. End the session rather than send it (and,
-                // lossless, replay it into the same refusal for ever).
-                self.terminate(FaultReason::TooLarge { segment, len, max });
+            if let Some(why) = self.unsendable(msg) {
+                // Queued before the peer's limits (or features) were
+                // known: it can only be refused. End the session rather
+                // than send it (and, lossless, replay it into the same
+                // refusal for ever).
+                self.terminate(why);
                 return None;
             }
             if self.batchable(msg) {
@@ -974,6 +979,17 @@ impl Session {
             ));
         }
         None
+    }
+
+    /// Why the peer could not take `msg`, if it could not: over its
+    /// limits, or a call where the link did not agree to calls.
+    fn unsendable(&self, msg: &Message) -> Option<FaultReason> {
+        if let Err((segment, len, max)) = self.send_limits().check(msg.front.len(), msg.data.len())
+        {
+            return Some(FaultReason::TooLarge { segment, len, max });
+        }
+        (msg.call != 0 && self.features & features::CALLS == 0)
+            .then_some(FaultReason::CallsUnsupported)
     }
 
     /// The first queued message not transmitted on this link yet.
@@ -1016,9 +1032,10 @@ impl Session {
             let Some(msg) = self.next_unsent() else {
                 break;
             };
-            // One over the peer's limits stops the batch; the next
+            // One the peer cannot take stops the batch; the next
             // poll_transmit ends the session on it.
-            let fits = limits.check(msg.front.len(), msg.data.len()).is_ok();
+            let fits = limits.check(msg.front.len(), msg.data.len()).is_ok()
+                && (msg.call == 0 || self.features & features::CALLS != 0);
             if !fits || !self.batchable(msg) || !w.push(msg) {
                 break;
             }
@@ -1664,6 +1681,12 @@ impl Session {
     /// Delivers a received message once and in order: a duplicate of one
     /// delivered is dropped, a gap is a protocol error.
     fn deliver(&mut self, msg: Message) -> Result<(), ProtocolError> {
+        if msg.call != 0 && self.features & features::CALLS == 0 {
+            return Err(ProtocolError::Malformed {
+                what: "message",
+                detail: "a call on a link that did not agree to calls".into(),
+            });
+        }
         if msg.seq <= self.in_seq {
             self.stats.duplicates += 1;
             return Ok(());

@@ -254,6 +254,22 @@ impl Sim {
         self.nodes[node].security = Some(security);
     }
 
+    /// The nodes' private keys in hex (as a key file writes them), for
+    /// tests that check no output shows them.
+    pub fn private_keys_for_tests(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.security.as_ref()?.credentials.clone())
+            .map(|c| {
+                c.keypair
+                    .private_bytes()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The session configuration of `node`'s new sessions.
     fn session_config(&self, node: NodeId) -> SessionConfig {
         let mut cfg = self.cfg.session.clone();

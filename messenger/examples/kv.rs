@@ -1,0 +1,56 @@
+//! A key-value store over calls: typed requests, typed replies.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use msgr::{Connection, Dispatcher, EntityName, Message, Messenger, Policy, TypedMessage};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+enum Request {
+    Put(String, Vec<u8>),
+    Get(String),
+}
+impl TypedMessage for Request {
+    const TYPE: u16 = 1;
+}
+/// The value before a put, or the value got.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Value(Option<Vec<u8>>);
+impl TypedMessage for Value {
+    const TYPE: u16 = 2;
+}
+
+#[derive(Default)]
+struct Store(Mutex<HashMap<String, Vec<u8>>>);
+
+impl Dispatcher for Store {
+    fn on_message(&self, conn: &Connection, req: Message) {
+        let mut map = self.0.lock().unwrap();
+        let value = match req.decode_typed::<Request>() {
+            Ok(Request::Put(k, v)) => map.insert(k, v),
+            Ok(Request::Get(k)) => map.get(&k).cloned(),
+            Err(_) => return,
+        };
+        let _ = conn.reply(&req, Message::typed(&Value(value)).unwrap());
+    }
+}
+
+pub fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let server_name = EntityName::server(1);
+    let mut server = Messenger::builder(server_name.clone())
+        .bind("tcp://127.0.0.1:0".parse()?)
+        .start(Arc::new(Store::default()))?;
+    let mut client = Messenger::builder(EntityName::client(1)).start(Arc::new(Store::default()))?;
+    let kv = client.connect_to(&server_name, server.addr(), Policy::LosslessClient)?;
+    let t = Duration::from_secs(5);
+    let put = Request::Put("answer".into(), b"42".to_vec());
+    kv.call(Message::typed(&put)?, t)?;
+    let got: Value = kv
+        .call(Message::typed(&Request::Get("answer".into()))?, t)?
+        .decode_typed()?;
+    assert_eq!(got, Value(Some(b"42".to_vec())));
+    client.shutdown(t);
+    server.shutdown(t);
+    Ok(())
+}

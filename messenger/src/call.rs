@@ -1,0 +1,267 @@
+//! Request/response over a connection: [`Connection::call`] sends a
+//! request and waits for its reply; the peer answers with
+//! [`Connection::reply`].
+//!
+//! The correlation travels in the message header (`Message::call`, bytes
+//! 24..32, between peers that agreed `features::CALLS`): a request carries
+//! a call id, its reply the same id with bit 63 set. A reply goes to the
+//! caller that waits for it, never to the [`crate::Dispatcher`]; one whose
+//! caller gave up (timed out, dropped its future) is dropped and counted
+//! (`late_replies`). A reset connection fails its pending calls with
+//! [`CallError::Reset`]. On a lossless connection a request and its reply
+//! are messages like any other: each is delivered exactly once, across
+//! reconnects.
+//!
+//! The waiting costs the plain message path one branch per received
+//! message (is it a reply?); the table of pending calls is touched only by
+//! calls.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use msgr_proto::message::REPLY_BIT;
+use msgr_proto::{FaultReason, Message};
+
+use crate::connection::SendError;
+use crate::Connection;
+
+/// Why a call got no reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// No reply within the call's timeout (a reply that comes later is
+    /// dropped and counted in `late_replies`).
+    #[error("no reply within {0:?}")]
+    Timeout(Duration),
+    /// The connection was reset before the reply came: the request may or
+    /// may not have been handled.
+    #[error("the connection was reset: {0}")]
+    Reset(FaultReason),
+    /// The request could not be sent.
+    #[error("the request was not sent: {0}")]
+    Send(#[from] SendError),
+}
+
+/// One pending call: where its outcome lands and who waits for it.
+#[derive(Default)]
+struct CallSlot {
+    state: Mutex<SlotState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct SlotState {
+    outcome: Option<Result<Message, CallError>>,
+    waker: Option<Waker>,
+}
+
+impl CallSlot {
+    fn complete(&self, outcome: Result<Message, CallError>) {
+        let mut s = self.state.lock().expect("call slot");
+        if s.outcome.is_none() {
+            s.outcome = Some(outcome);
+        }
+        let waker = s.waker.take();
+        drop(s);
+        self.ready.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// A connection's calls waiting for replies.
+#[derive(Default)]
+pub(crate) struct PendingCalls {
+    slots: Mutex<HashMap<u64, (Arc<CallSlot>, Duration)>>,
+}
+
+/// Call ids, unique per process (a reply names the id of its request).
+static NEXT_CALL: AtomicU64 = AtomicU64::new(1);
+
+impl PendingCalls {
+    fn register(&self, timeout: Duration) -> (u64, Arc<CallSlot>) {
+        let id = NEXT_CALL.fetch_add(1, Ordering::Relaxed) & !REPLY_BIT;
+        let slot = Arc::new(CallSlot::default());
+        self.slots
+            .lock()
+            .expect("pending calls")
+            .insert(id, (slot.clone(), timeout));
+        (id, slot)
+    }
+
+    fn forget(&self, id: u64) {
+        self.slots.lock().expect("pending calls").remove(&id);
+    }
+
+    /// A reply arrived (worker): to its caller, if it still waits. False
+    /// for a late reply.
+    pub(crate) fn complete(&self, id: u64, reply: Message) -> bool {
+        let slot = self.slots.lock().expect("pending calls").remove(&id);
+        match slot {
+            Some((s, _)) => {
+                s.complete(Ok(reply));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The call's deadline passed (worker, for async calls).
+    pub(crate) fn expire(&self, id: u64) {
+        let slot = self.slots.lock().expect("pending calls").remove(&id);
+        if let Some((s, timeout)) = slot {
+            s.complete(Err(CallError::Timeout(timeout)));
+        }
+    }
+
+    /// The connection was reset: every pending call fails.
+    pub(crate) fn fail_all(&self, reason: &FaultReason) {
+        let slots: Vec<_> = self.slots.lock().expect("pending calls").drain().collect();
+        for (_, (s, _)) in slots {
+            s.complete(Err(CallError::Reset(reason.clone())));
+        }
+    }
+}
+
+impl Connection {
+    /// Sends `request` and waits for the peer's [`Connection::reply`] to
+    /// it, at most `timeout` (sending included: a full send queue counts
+    /// against it). Blocks the calling thread: not from a dispatcher
+    /// callback, whose worker delivers the reply (use
+    /// [`Connection::call_async`] or another thread).
+    ///
+    /// ```no_run
+    /// # fn demo(conn: &msgr::Connection) -> Result<(), msgr::CallError> {
+    /// use std::time::Duration;
+    /// let reply = conn.call(msgr::Message::new(1, &b"ping"[..], &b""[..]), Duration::from_secs(1))?;
+    /// println!("{} bytes back", reply.front.len());
+    /// # Ok(()) }
+    /// ```
+    pub fn call(&self, mut request: Message, timeout: Duration) -> Result<Message, CallError> {
+        let deadline = Instant::now() + timeout;
+        let calls = &self.inner.calls;
+        let (id, slot) = calls.register(timeout);
+        request.call = id;
+        if let Err(e) = self.send_timeout(request, timeout) {
+            calls.forget(id);
+            return Err(e.into());
+        }
+        let mut s = slot.state.lock().expect("call slot");
+        loop {
+            if let Some(outcome) = s.outcome.take() {
+                return outcome;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                drop(s);
+                calls.forget(id);
+                // A reply may have landed between the wait and the forget.
+                let late = slot.state.lock().expect("call slot").outcome.take();
+                return late.unwrap_or(Err(CallError::Timeout(timeout)));
+            }
+            s = slot.ready.wait_timeout(s, left).expect("call slot").0;
+        }
+    }
+
+    /// [`Connection::call`] as a future, for async code on any executor:
+    /// waits for queue room without blocking, and for the reply; the
+    /// timeout is kept by the connection's worker (no timer of the
+    /// executor's is needed). Dropping the future forgets the call (a
+    /// reply that comes anyway is dropped and counted).
+    pub fn call_async(&self, request: Message, timeout: Duration) -> CallFuture {
+        CallFuture {
+            conn: self.clone(),
+            request: Some(request),
+            timeout,
+            call: None,
+        }
+    }
+
+    /// Answers `request` (a message that came with a call, see
+    /// [`Message::call_id`]) with `reply`; the caller's
+    /// [`Connection::call`] returns it.
+    pub fn reply(&self, request: &Message, reply: Message) -> Result<(), SendError> {
+        match request.call_id() {
+            Some((_, false)) => self.send(reply.replying_to(request)),
+            _ => Err(SendError::NotARequest),
+        }
+    }
+}
+
+/// The future of [`Connection::call_async`].
+pub struct CallFuture {
+    conn: Connection,
+    request: Option<Message>,
+    timeout: Duration,
+    call: Option<(u64, Arc<CallSlot>)>,
+}
+
+impl Future for CallFuture {
+    type Output = Result<Message, CallError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let Some(mut request) = this.request.take() {
+            let (id, slot) = match &this.call {
+                Some((id, slot)) => (*id, slot.clone()),
+                None => {
+                    let (id, slot) = this.conn.inner.calls.register(this.timeout);
+                    this.call = Some((id, slot.clone()));
+                    this.conn.call_deadline(id, Instant::now() + this.timeout);
+                    (id, slot)
+                }
+            };
+            request.call = id;
+            match this.conn.send_or_wait(request, cx) {
+                Ok(None) => {}
+                Ok(Some(back)) => {
+                    this.request = Some(back);
+                    // The deadline still runs: a queue that stays full
+                    // times the call out.
+                    return poll_slot(&slot, cx).map(|o| {
+                        this.call = None;
+                        o
+                    });
+                }
+                Err(e) => {
+                    this.conn.inner.calls.forget(id);
+                    this.call = None;
+                    return Poll::Ready(Err(e.into()));
+                }
+            }
+        }
+        let Some((_, slot)) = &this.call else {
+            return Poll::Ready(Err(CallError::Send(SendError::Closed)));
+        };
+        let slot = slot.clone();
+        poll_slot(&slot, cx).map(|o| {
+            this.call = None;
+            o
+        })
+    }
+}
+
+fn poll_slot(slot: &CallSlot, cx: &mut Context<'_>) -> Poll<Result<Message, CallError>> {
+    let mut s = slot.state.lock().expect("call slot");
+    match s.outcome.take() {
+        Some(o) => Poll::Ready(o),
+        None => {
+            s.waker = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for CallFuture {
+    fn drop(&mut self) {
+        if let Some((id, _)) = self.call.take() {
+            self.conn.inner.calls.forget(id);
+        }
+    }
+}
