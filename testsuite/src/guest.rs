@@ -213,6 +213,7 @@ pub fn shell_quote(s: &str) -> String {
 /// What one command did.
 #[derive(Clone, Debug)]
 pub struct CommandOutcome {
+    /// The command's name ([`GuestCommand::name`]).
     pub name: String,
     /// Exit status; `None` when the command never ran or never finished
     /// (guest died, overall deadline hit).
@@ -224,6 +225,7 @@ pub struct CommandOutcome {
 }
 
 impl CommandOutcome {
+    /// The command ran and exited 0.
     pub fn success(&self) -> bool {
         self.exit_status == Some(0)
     }
@@ -318,29 +320,61 @@ impl fmt::Display for GuestOutcome {
 /// Why the guest could not be used. Tests that need RDMA fail with this.
 #[derive(Debug, thiserror::Error)]
 pub enum GuestError {
+    /// The setup script (`testsuite/guest/setup.sh`) could not run or failed.
     #[error("guest setup ({script}) failed: {reason}")]
-    Setup { script: PathBuf, reason: String },
+    Setup {
+        /// The setup script.
+        script: PathBuf,
+        /// Why it could not run, or its exit status and output.
+        reason: String,
+    },
+    /// The cache lacks a piece the guest needs (its env file, qemu, kernel
+    /// or initramfs).
     #[error("guest cache {path} is incomplete ({reason}); run testsuite/guest/setup.sh")]
-    Cache { path: PathBuf, reason: String },
+    Cache {
+        /// The cache's env file (`current.env`).
+        path: PathBuf,
+        /// What is missing.
+        reason: String,
+    },
+    /// qemu could not be started.
     #[error("cannot start qemu ({qemu}): {source}")]
     Spawn {
+        /// The qemu binary.
         qemu: PathBuf,
+        /// The error starting it.
         #[source]
         source: io::Error,
     },
+    /// A file of the run (the job directory, the machine lock) could not be
+    /// created, written or read.
     #[error("guest job directory {path}: {source}")]
     Io {
+        /// The file or directory.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: io::Error,
     },
+    /// The guest never started running commands: device set-up failed, the
+    /// guest exited early, the deadline passed, or another guest held the
+    /// machine lock.
     #[error("the guest did not reach its command loop ({reason})\n{console_tail}")]
     Boot {
+        /// What went wrong.
         reason: String,
+        /// The last lines of the guest's serial console.
         console_tail: String,
     },
+    /// The guest kernel locked up before it started running commands; qemu
+    /// was killed.
     #[error("the guest kernel locked up before its command loop ({line})\n{console_tail}")]
-    KernelLockup { line: String, console_tail: String },
+    KernelLockup {
+        /// The console line that reported the lockup.
+        line: String,
+        /// The last lines of the guest's serial console.
+        console_tail: String,
+    },
 }
 
 /// Boots the test guest and runs commands in it. One guest at a time per

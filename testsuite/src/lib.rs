@@ -1,3 +1,5 @@
 //! testsuite.
+#![warn(missing_docs)]
+
 pub mod guest;
 pub mod stress;

@@ -29,20 +29,39 @@ unsafe impl Sync for EventChannel {}
 /// Kinds of rdma_cm events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CmEventKind {
+    /// `resolve_addr` finished: the id is bound to a local device.
     AddrResolved,
+    /// Address resolution failed.
     AddrError,
+    /// `resolve_route` finished: the id is ready to connect.
     RouteResolved,
+    /// Route resolution failed.
     RouteError,
+    /// A peer asks a listening id to connect; the event carries the new
+    /// connection's id.
     ConnectRequest,
+    /// The peer replied to a connect from an id whose QP rdma_cm did not
+    /// create; the caller completes the connection itself.
     ConnectResponse,
+    /// Setting up the connection failed.
     ConnectError,
+    /// The peer could not be reached or did not answer the connect.
     Unreachable,
+    /// The peer rejected the connection, or nothing listens there; `status`
+    /// says why.
     Rejected,
+    /// The connection is up and its QP can send.
     Established,
+    /// The connection is closed (either side disconnected).
     Disconnected,
+    /// The RDMA device the id uses is going away; destroy the id.
     DeviceRemoval,
+    /// A disconnected connection's QP left timewait and may be reused.
     TimewaitExit,
+    /// The local address the id is bound to moved to another device
+    /// (e.g. a bonding failover).
     AddrChange,
+    /// An event this layer does not name (raw `rdma_cm_event_type`).
     Other(u32),
 }
 
@@ -71,6 +90,7 @@ impl CmEventKind {
 /// One rdma_cm event, copied out and already acknowledged.
 #[derive(Debug)]
 pub struct CmEvent {
+    /// What happened.
     pub kind: CmEventKind,
     /// rdma_cm's name of the event (`RDMA_CM_EVENT_ESTABLISHED`).
     pub name: String,
@@ -85,8 +105,9 @@ pub struct CmEvent {
     pub new_id: Option<CmId>,
     /// Private data of connect requests / responses / rejects.
     pub private_data: Vec<u8>,
-    /// The peer's responder resources / initiator depth (connect events).
+    /// The peer's responder resources (connect events).
     pub responder_resources: u8,
+    /// The peer's initiator depth (connect events).
     pub initiator_depth: u8,
 }
 
@@ -100,6 +121,8 @@ impl EventChannel {
         Ok(Arc::new(EventChannel { ch }))
     }
 
+    /// The channel's file descriptor: readable when an event is pending.
+    /// Register it with mio after [`EventChannel::set_nonblocking`].
     pub fn fd(&self) -> RawFd {
         // SAFETY: live channel.
         unsafe { self.ch.as_ref().fd }
@@ -218,6 +241,7 @@ fn event_name(v: sys::rdma_cm_event_type) -> String {
 pub enum PortSpace {
     /// Reliable connected (RC QPs); the one a messenger uses.
     Tcp,
+    /// Unreliable datagram (UD QPs).
     Udp,
 }
 
@@ -226,9 +250,14 @@ pub enum PortSpace {
 pub struct ConnParam {
     /// Sent to the peer with the request / reply (at most 56 bytes on IB/RoCE).
     pub private_data: Vec<u8>,
+    /// RDMA reads and atomics we accept outstanding from the peer.
     pub responder_resources: u8,
+    /// RDMA reads and atomics we may have outstanding towards the peer.
     pub initiator_depth: u8,
+    /// How often to retry a transfer the peer did not acknowledge in time (0-7).
     pub retry_count: u8,
+    /// How often to retry after the peer had no receive posted
+    /// (receiver not ready); 7 = forever.
     pub rnr_retry_count: u8,
 }
 
@@ -377,6 +406,9 @@ fn ms(d: Duration) -> i32 {
 }
 
 impl CmId {
+    /// Creates an id on `channel`: its events arrive there. Bind and
+    /// listen for the passive side, or resolve and connect for the active
+    /// side.
     pub fn new(channel: &Arc<EventChannel>, ps: PortSpace) -> Result<Self> {
         let ps = match ps {
             PortSpace::Tcp => sys::RDMA_PS_TCP,
@@ -430,6 +462,9 @@ impl CmId {
         unsafe { (*self.ptr()).port_num }
     }
 
+    /// Binds the id to a local address; a specific (non-wildcard) address
+    /// also binds it to that address's device, and port 0 picks a free
+    /// port. Comes before [`CmId::listen`].
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
         let (mut ss, _) = to_sockaddr(&addr);
         // SAFETY: live id; ss holds a valid sockaddr for the family.
@@ -483,6 +518,9 @@ impl CmId {
         Self::check(ret, "rdma_resolve_route")
     }
 
+    /// Listens for connections on the bound address; each arrives as a
+    /// `ConnectRequest` event on the channel. `backlog` bounds how many
+    /// requests may wait.
     pub fn listen(&self, backlog: i32) -> Result<()> {
         // SAFETY: live, bound id.
         let ret = unsafe { sys::rdma_listen(self.ptr(), backlog) };

@@ -30,6 +30,8 @@ unsafe impl Send for CompletionChannel {}
 unsafe impl Sync for CompletionChannel {}
 
 impl CompletionChannel {
+    /// Creates a completion channel on `ctx`, to attach to one
+    /// [`CompletionQueue`].
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>> {
         crate::error::clear_errno();
         // SAFETY: live context.
@@ -42,6 +44,8 @@ impl CompletionChannel {
         }))
     }
 
+    /// The channel's file descriptor: readable when an armed CQ has a
+    /// completion event.
     pub fn fd(&self) -> RawFd {
         // SAFETY: the channel is alive.
         unsafe { self.ch.as_ref().fd }
@@ -109,18 +113,26 @@ impl Default for WorkCompletion {
 /// What a completed work request was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WcOpcode {
+    /// A send (with or without immediate data) completed.
     Send,
+    /// An RDMA write (with or without immediate data) completed.
     RdmaWrite,
+    /// An RDMA read completed: the data is in the local buffers.
     RdmaRead,
+    /// A receive completed: a send of the peer landed in it.
     Recv,
+    /// A receive was consumed by the peer's RDMA write with immediate data.
     RecvWithImm,
+    /// An opcode this layer does not name (raw `ibv_wc_opcode`).
     Other(u32),
 }
 
 impl WorkCompletion {
+    /// The `wr_id` of the work request this completion is for.
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id
     }
+    /// True when the work request succeeded (`IBV_WC_SUCCESS`).
     pub fn is_success(&self) -> bool {
         self.0.status == sys::IBV_WC_SUCCESS
     }
@@ -128,6 +140,7 @@ impl WorkCompletion {
     pub fn status(&self) -> u32 {
         self.0.status
     }
+    /// libibverbs' description of the status (`ibv_wc_status_str`).
     pub fn status_str(&self) -> String {
         // SAFETY: returns a static string for any status value.
         let p = unsafe { sys::ibv_wc_status_str(self.0.status) };
@@ -161,6 +174,8 @@ impl WorkCompletion {
             None
         }
     }
+    /// The number of the local QP the completion belongs to (for an SRQ
+    /// receive, the QP that took the message).
     pub fn qp_num(&self) -> u32 {
         self.0.qp_num
     }
@@ -236,6 +251,7 @@ impl CompletionQueue {
         }))
     }
 
+    /// The raw `ibv_cq`, for verbs this layer does not wrap.
     pub fn as_ptr(&self) -> *mut sys::ibv_cq {
         self.cq.as_ptr()
     }

@@ -121,27 +121,48 @@ impl fmt::Debug for Context {
 /// Device limits a messenger sizes its pools against.
 #[derive(Clone, Debug)]
 pub struct DeviceAttr {
+    /// Most queue pairs the device supports.
     pub max_qp: u32,
+    /// Most outstanding work requests per send or receive queue.
     pub max_qp_wr: u32,
+    /// Most scatter/gather elements per work request.
     pub max_sge: u32,
+    /// Most completion queues.
     pub max_cq: u32,
+    /// Most entries per completion queue.
     pub max_cqe: u32,
+    /// Most memory regions.
     pub max_mr: u32,
+    /// Largest memory region, in bytes.
     pub max_mr_size: u64,
+    /// Most protection domains.
     pub max_pd: u32,
+    /// Most shared receive queues.
     pub max_srq: u32,
+    /// Most outstanding work requests per shared receive queue.
     pub max_srq_wr: u32,
+    /// Most RDMA reads and atomics a QP can serve for its peer at once
+    /// (bounds a QP's `max_dest_rd_atomic`, a connection's responder
+    /// resources).
     pub max_qp_rd_atom: u32,
+    /// Most RDMA reads and atomics a QP can have outstanding itself
+    /// (bounds a QP's `max_rd_atomic`, a connection's initiator depth).
     pub max_qp_init_rd_atom: u32,
 }
 
 /// Port state, MTU and link layer.
 #[derive(Clone, Debug)]
 pub struct PortAttr {
+    /// The port is up (`IBV_PORT_ACTIVE`).
     pub active: bool,
+    /// The MTU the port currently uses; a QP's path MTU should not exceed it.
     pub active_mtu: Mtu,
+    /// The largest MTU the port supports.
     pub max_mtu: Mtu,
+    /// The port's local identifier (InfiniBand; 0 on RoCE and iWARP).
     pub lid: u16,
+    /// How many entries the port's GID table has (valid GID indexes
+    /// are below this).
     pub gid_tbl_len: u32,
     /// Ethernet (RoCE, iWARP) rather than InfiniBand: connections need a GRH/GID.
     pub ethernet: bool,
@@ -150,10 +171,15 @@ pub struct PortAttr {
 /// A path MTU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Mtu {
+    /// 256 bytes.
     Mtu256,
+    /// 512 bytes.
     Mtu512,
+    /// 1024 bytes.
     Mtu1024,
+    /// 2048 bytes.
     Mtu2048,
+    /// 4096 bytes.
     Mtu4096,
 }
 
@@ -178,6 +204,7 @@ impl Mtu {
         }
     }
 
+    /// The MTU in bytes.
     pub fn bytes(self) -> u32 {
         128 << self.raw()
     }
@@ -188,6 +215,7 @@ impl Mtu {
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {
+    /// True for the all-zero GID: an unused entry of a port's GID table.
     pub fn is_zero(&self) -> bool {
         self.0.iter().all(|&b| b == 0)
     }
@@ -234,14 +262,17 @@ impl Context {
         unsafe { (*(*self.ctx.as_ptr()).device).transport_type == sys::IBV_TRANSPORT_IWARP }
     }
 
+    /// The device's name (`rxe0`, `siw0`, `mlx5_0`, ...).
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The raw `ibv_context`, for verbs this layer does not wrap.
     pub fn as_ptr(&self) -> *mut sys::ibv_context {
         self.ctx.as_ptr()
     }
 
+    /// Queries the device's limits (`ibv_query_device`).
     pub fn query_device(&self) -> Result<DeviceAttr> {
         let mut a = sys::ibv_device_attr::default();
         // SAFETY: valid context and out-pointer.
@@ -266,6 +297,8 @@ impl Context {
         })
     }
 
+    /// Queries the state, MTU and link layer of `port` (ports are numbered
+    /// from 1).
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         let mut a = sys::ibv_port_attr::default();
         // SAFETY: valid context and out-pointer (the header's ibv_query_port
@@ -284,6 +317,8 @@ impl Context {
         })
     }
 
+    /// Reads entry `index` of `port`'s GID table (`ibv_query_gid`); the
+    /// index is what an RTR's `sgid_index` names.
     pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
         let mut g = sys::ibv_gid::default();
         let index = i32::try_from(index)

@@ -12,33 +12,49 @@ pub enum RdmaError {
     /// A verbs or rdma_cm call failed.
     #[error("{op} failed: {source}")]
     Os {
+        /// The call that failed (`ibv_reg_mr`, `rdma_connect`, ...).
         op: &'static str,
+        /// The error it reported.
         #[source]
         source: io::Error,
     },
     /// A work request completed with an error status.
     #[error("work completion for wr_id {wr_id} failed: {status_str} (status {status}, vendor error {vendor_err:#x})")]
     WorkCompletion {
+        /// The `wr_id` of the failed work request.
         wr_id: u64,
+        /// The raw completion status (`IBV_WC_*`).
         status: u32,
+        /// libibverbs' description of the status.
         status_str: String,
+        /// The device's own error code, for its vendor's documentation.
         vendor_err: u32,
     },
     /// rdma_cm delivered an event other than the one the caller waited for.
     #[error("rdma_cm: expected {expected}, got {got} (status {status})")]
     UnexpectedCmEvent {
+        /// The kind of event waited for.
         expected: String,
+        /// rdma_cm's name of the event that came.
         got: String,
+        /// The status of the event that came (0, or a negative errno /
+        /// reject reason).
         status: i32,
     },
     /// A wait hit its deadline.
     #[error("{op}: no progress within {after:?}")]
-    Timeout { op: &'static str, after: Duration },
+    Timeout {
+        /// What was waited for.
+        op: &'static str,
+        /// The deadline that passed.
+        after: Duration,
+    },
     /// A parameter the layer checks itself (bounds, sizes, sharing rules).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 }
 
+/// The result type of this crate: `Result<T, RdmaError>`.
 pub type Result<T, E = RdmaError> = std::result::Result<T, E>;
 
 /// Sets errno to 0 before a call that reports failure by returning NULL, so

@@ -16,6 +16,8 @@
 //! Objects hold `Arc`s to what they were made from (QP → PD, CQs → context),
 //! so destruction always runs in a valid order.
 
+#![warn(missing_docs)]
+
 pub mod cm;
 pub mod cq;
 pub mod device;

@@ -25,9 +25,14 @@ unsafe impl StableBuffer for &mut [u8] {}
 /// Access rights of a memory region (and of a QP's remote access).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Access {
+    /// The local device may write the memory (receives, RDMA read
+    /// responses); required with remote write or atomics.
     pub local_write: bool,
+    /// Peers may RDMA-write the memory.
     pub remote_write: bool,
+    /// Peers may RDMA-read the memory.
     pub remote_read: bool,
+    /// Peers may run atomic operations on the memory.
     pub remote_atomic: bool,
 }
 
@@ -75,12 +80,15 @@ pub struct Sge {
 }
 
 impl Sge {
+    /// The virtual address of the first byte.
     pub fn addr(&self) -> u64 {
         self.addr
     }
+    /// The length in bytes.
     pub fn len(&self) -> u32 {
         self.length
     }
+    /// True for a zero-length element.
     pub fn is_empty(&self) -> bool {
         self.length == 0
     }
@@ -96,7 +104,9 @@ impl Sge {
 /// A remote memory range for RDMA read/write: what the peer advertises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteAddr {
+    /// The virtual address of the first byte in the peer's region.
     pub addr: u64,
+    /// The remote key of the peer's region, which grants the access.
     pub rkey: u32,
 }
 
@@ -150,24 +160,30 @@ impl<B: StableBuffer> MemoryRegion<B> {
         }
     }
 
+    /// The local key: names this region in local work requests' SGEs.
     pub fn lkey(&self) -> u32 {
         // SAFETY: the MR is alive.
         unsafe { self.mr.as_ref().lkey }
     }
 
+    /// The remote key: a peer names this region with it in RDMA reads
+    /// and writes (see [`MemoryRegion::remote`]).
     pub fn rkey(&self) -> u32 {
         // SAFETY: the MR is alive.
         unsafe { self.mr.as_ref().rkey }
     }
 
+    /// The virtual address of the buffer's first byte, as registered.
     pub fn addr(&self) -> u64 {
         self.buf.as_ptr() as u64
     }
 
+    /// The length of the registered buffer, in bytes.
     pub fn len(&self) -> usize {
         self.buf.len()
     }
 
+    /// Always false: empty buffers cannot be registered.
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
@@ -312,10 +328,12 @@ impl ReadOnlyRegion {
         self.buf.as_ptr() as u64
     }
 
+    /// The length of the registered bytes.
     pub fn len(&self) -> usize {
         self.buf.len()
     }
 
+    /// Always false: empty buffers cannot be registered.
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }

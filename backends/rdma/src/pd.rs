@@ -20,6 +20,7 @@ unsafe impl Send for ProtectionDomain {}
 unsafe impl Sync for ProtectionDomain {}
 
 impl ProtectionDomain {
+    /// Allocates a protection domain on `ctx` (`ibv_alloc_pd`).
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>> {
         crate::error::clear_errno();
         // SAFETY: the context is alive (we keep an Arc to it).
@@ -31,10 +32,12 @@ impl ProtectionDomain {
         }))
     }
 
+    /// The device context the PD belongs to.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
 
+    /// The raw `ibv_pd`, for verbs this layer does not wrap.
     pub fn as_ptr(&self) -> *mut sys::ibv_pd {
         self.pd.as_ptr()
     }

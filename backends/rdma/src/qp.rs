@@ -15,10 +15,16 @@ use std::sync::Arc;
 /// Queue sizes of a QP.
 #[derive(Clone, Copy, Debug)]
 pub struct QpCaps {
+    /// Most outstanding work requests on the send queue.
     pub max_send_wr: u32,
+    /// Most outstanding work requests on the receive queue (unused with
+    /// an SRQ).
     pub max_recv_wr: u32,
+    /// Most scatter/gather elements per send work request.
     pub max_send_sge: u32,
+    /// Most scatter/gather elements per receive work request.
     pub max_recv_sge: u32,
+    /// Most bytes a send may carry inline (see [`SendWr::inline`]).
     pub max_inline_data: u32,
 }
 
@@ -37,16 +43,21 @@ impl Default for QpCaps {
 /// What an RC QP is created with.
 #[derive(Clone, Debug)]
 pub struct QpInit {
+    /// Where send work requests complete.
     pub send_cq: Arc<CompletionQueue>,
+    /// Where receive work requests complete.
     pub recv_cq: Arc<CompletionQueue>,
     /// Receives come from this SRQ instead of the QP's own receive queue.
     pub srq: Option<Arc<SharedReceiveQueue>>,
+    /// The queue sizes to ask for; the device may grant more.
     pub caps: QpCaps,
     /// Every send request completes with a CQ entry (else only `signaled` ones).
     pub sq_sig_all: bool,
 }
 
 impl QpInit {
+    /// Completions go to `send_cq` and `recv_cq`; default caps, no SRQ, and
+    /// only signaled sends complete.
     pub fn new(send_cq: &Arc<CompletionQueue>, recv_cq: &Arc<CompletionQueue>) -> Self {
         QpInit {
             send_cq: send_cq.clone(),
@@ -82,7 +93,10 @@ impl QpInit {
 /// Parameters of RESET → INIT.
 #[derive(Clone, Copy, Debug)]
 pub struct InitAttr {
+    /// The device port the QP uses (numbered from 1).
     pub port: u8,
+    /// Index into the port's partition key table (0 = the default
+    /// partition).
     pub pkey_index: u16,
     /// What the peer may do to our memory through this QP.
     pub access: Access,
@@ -101,7 +115,9 @@ impl Default for InitAttr {
 /// How to reach the peer's QP (INIT → RTR).
 #[derive(Clone, Copy, Debug)]
 pub struct RtrAttr {
+    /// The MTU of the path: at most the active MTU of both ports.
     pub path_mtu: Mtu,
+    /// The peer QP's number.
     pub dest_qp_num: u32,
     /// The peer's initial send PSN.
     pub rq_psn: u32,
@@ -109,12 +125,16 @@ pub struct RtrAttr {
     pub max_dest_rd_atomic: u8,
     /// RNR NAK timer code (IB encoding; 12 = 0.64 ms).
     pub min_rnr_timer: u8,
+    /// The local port the path leaves from (numbered from 1).
     pub port: u8,
     /// The peer's LID (InfiniBand; 0 on RoCE).
     pub dlid: u16,
     /// The peer's GID. Required on Ethernet link layers (RoCE): adds a GRH.
     pub dgid: Option<Gid>,
+    /// Index of our source GID in the port's GID table (used with
+    /// `dgid`).
     pub sgid_index: u8,
+    /// IP hop limit / TTL of the GRH (used with `dgid`).
     pub hop_limit: u8,
 }
 
@@ -125,6 +145,8 @@ pub struct RtsAttr {
     pub sq_psn: u32,
     /// Local ACK timeout code (4.096 µs × 2^timeout).
     pub timeout: u8,
+    /// How often to resend after an ACK timeout before the request fails
+    /// (0-7).
     pub retry_cnt: u8,
     /// 7 = retry forever.
     pub rnr_retry: u8,
@@ -147,34 +169,48 @@ impl Default for RtsAttr {
 /// QP states as `ibv_query_qp` reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QpState {
+    /// Just created or reset: no work requests can be posted.
     Reset,
+    /// Receives can be posted but are not processed yet.
     Init,
+    /// Ready to receive: receives are processed, sends not yet allowed.
     Rtr,
+    /// Ready to send: fully operational.
     Rts,
+    /// Send queue drain: sends already started finish, new ones wait.
     Sqd,
+    /// Send queue error: a send failed (not used by RC QPs).
     Sqe,
+    /// Error: outstanding and new work requests complete as flushed.
     Err,
+    /// A state this layer does not name (raw `ibv_qp_state`).
     Unknown(u32),
 }
 
 /// The operation of a send work request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SendOp {
+    /// Send to the peer's next posted receive.
     Send,
     /// Send with 32-bit immediate data (not on iWARP).
     SendWithImm(u32),
+    /// Write the local data into the peer's memory; no receive is
+    /// consumed and the peer sees no completion.
     RdmaWrite(RemoteAddr),
     /// RDMA write that also consumes a receive at the peer (not on iWARP).
     RdmaWriteWithImm(RemoteAddr, u32),
+    /// Read the peer's memory into the local buffers.
     RdmaRead(RemoteAddr),
 }
 
 /// A send-queue work request.
 #[derive(Clone, Copy, Debug)]
 pub struct SendWr<'a> {
+    /// Returned in this request's work completion.
     pub wr_id: u64,
     /// Local memory: the data to send/write, or where read data lands.
     pub sges: &'a [Sge],
+    /// What the request does.
     pub op: SendOp,
     /// Produce a completion (when the QP was not made with `sq_sig_all`).
     pub signaled: bool,
@@ -248,7 +284,9 @@ impl<'a> SendWr<'a> {
 /// A receive work request.
 #[derive(Clone, Copy, Debug)]
 pub struct RecvWr<'a> {
+    /// Returned in this request's work completion.
     pub wr_id: u64,
+    /// Where received data lands, in order.
     pub sges: &'a [Sge],
 }
 
@@ -416,10 +454,12 @@ impl QueuePair {
         self.caps
     }
 
+    /// The raw `ibv_qp`, for verbs this layer does not wrap.
     pub fn as_ptr(&self) -> *mut sys::ibv_qp {
         self.qp.as_ptr()
     }
 
+    /// The QP number: what the peer needs as its `dest_qp_num`.
     pub fn qp_num(&self) -> u32 {
         // SAFETY: live QP.
         unsafe { self.qp.as_ref().qp_num }
@@ -527,6 +567,7 @@ impl QueuePair {
         self.modify(&mut attr, sys::IBV_QP_STATE, "ibv_modify_qp(RESET)")
     }
 
+    /// The QP's current state (`ibv_query_qp`).
     pub fn state(&self) -> Result<QpState> {
         let mut attr = sys::ibv_qp_attr::default();
         let mut init = sys::ibv_qp_init_attr::default();

@@ -45,10 +45,14 @@ impl SharedReceiveQueue {
         }))
     }
 
+    /// The raw `ibv_srq`, for verbs this layer does not wrap.
     pub fn as_ptr(&self) -> *mut sys::ibv_srq {
         self.srq.as_ptr()
     }
 
+    /// Posts receive work requests to the shared queue (as one chain); any
+    /// QP attached to the SRQ may consume them. On failure the error names
+    /// the first rejected request; requests before it were posted.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         post_recv_chain(wrs, "ibv_post_srq_recv", |head, bad| {
             // SAFETY: a well-formed chain over registered memory (see QueuePair::post_recv).

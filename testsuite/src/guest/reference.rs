@@ -19,8 +19,10 @@ pub enum CmFabric {
 }
 
 impl CmFabric {
+    /// Both fabrics, in the order reports list them.
     pub const ALL: [CmFabric; 2] = [CmFabric::Rxe, CmFabric::Siw];
 
+    /// The device's name, as perftest's `-d` takes it.
     pub fn device(self) -> &'static str {
         match self {
             CmFabric::Rxe => "rxe1",
@@ -28,6 +30,7 @@ impl CmFabric {
         }
     }
 
+    /// The IPv4 address rdma_cm reaches the device at.
     pub fn addr(self) -> &'static str {
         match self {
             CmFabric::Rxe => RXE_CM_ADDR,
@@ -46,11 +49,17 @@ impl CmFabric {
 /// Sizes and counts of the reference runs.
 #[derive(Clone, Debug)]
 pub struct ReferenceParams {
+    /// Message size of `ib_send_lat`, in bytes.
     pub lat_bytes: u32,
+    /// Iterations of `ib_send_lat`.
     pub lat_iters: u32,
+    /// Message size of `ib_write_bw`, in bytes.
     pub bw_bytes: u32,
+    /// Iterations of `ib_write_bw`.
     pub bw_iters: u32,
+    /// Ping data size of `rping` (`-S`), in bytes.
     pub rping_bytes: u32,
+    /// Pings `rping` runs (`-C`).
     pub rping_count: u32,
 }
 
@@ -70,29 +79,43 @@ impl Default for ReferenceParams {
 /// `ib_send_lat` client figures (µs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Latency {
+    /// Message size.
     pub bytes: u64,
+    /// Iterations measured.
     pub iterations: u64,
+    /// Lowest latency.
     pub t_min_us: f64,
+    /// Typical (median) latency.
     pub t_typical_us: f64,
+    /// Mean latency.
     pub t_avg_us: f64,
+    /// 99th percentile latency.
     pub p99_us: f64,
 }
 
 /// `ib_write_bw` client figures.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Bandwidth {
+    /// Message size.
     pub bytes: u64,
+    /// Iterations measured.
     pub iterations: u64,
+    /// Peak bandwidth, in MB/s as perftest reports it.
     pub bw_peak_mb_s: f64,
+    /// Average bandwidth, in MB/s.
     pub bw_avg_mb_s: f64,
+    /// Message rate, in millions of messages per second.
     pub msg_rate_mpps: f64,
 }
 
 /// `rping` client run, timed from the outside (rping prints no figures).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rping {
+    /// Ping data size.
     pub bytes: u32,
+    /// Pings run.
     pub count: u32,
+    /// Wall time of the whole client run.
     pub elapsed: Duration,
 }
 
@@ -107,13 +130,18 @@ impl Rping {
 /// The figures of one fabric; `Err` holds why a tool failed or could not be parsed.
 #[derive(Clone, Debug)]
 pub struct FabricFigures {
+    /// The fabric measured.
     pub fabric: CmFabric,
+    /// `ib_send_lat` figures.
     pub send_lat: Result<Latency, String>,
+    /// `ib_write_bw` figures.
     pub write_bw: Result<Bandwidth, String>,
+    /// `rping` timing.
     pub rping: Result<Rping, String>,
 }
 
 impl FabricFigures {
+    /// Every tool ran and its output parsed.
     pub fn all_ok(&self) -> bool {
         self.send_lat.is_ok() && self.write_bw.is_ok() && self.rping.is_ok()
     }
@@ -122,14 +150,17 @@ impl FabricFigures {
 /// Figures of every reference peer from one guest boot.
 #[derive(Clone, Debug)]
 pub struct ReferenceFigures {
+    /// One entry per fabric, in [`CmFabric::ALL`] order.
     pub fabrics: Vec<FabricFigures>,
 }
 
 impl ReferenceFigures {
+    /// Every tool on every fabric ran and its output parsed.
     pub fn all_ok(&self) -> bool {
         self.fabrics.iter().all(FabricFigures::all_ok)
     }
 
+    /// The figures of `fabric`.
     pub fn get(&self, fabric: CmFabric) -> Option<&FabricFigures> {
         self.fabrics.iter().find(|f| f.fabric == fabric)
     }

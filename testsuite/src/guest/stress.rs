@@ -23,9 +23,14 @@ pub struct StressTarget {
 /// How long and how big one run is.
 #[derive(Clone, Copy, Debug)]
 pub struct StressShape {
+    /// How long the workload runs, in seconds (`--duration`).
     pub secs: u64,
+    /// Server messengers (`--servers`).
     pub servers: u32,
+    /// Client messengers, one thread each (`--clients`).
     pub clients: u32,
+    /// The run's seed (`--seed`): the clients' operations and the fault
+    /// plans are drawn from it.
     pub seed: u64,
 }
 

@@ -15,9 +15,21 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ClientRun {
     /// `msgr ping --size SIZE --count COUNT --warmup WARMUP`.
-    Ping { size: u32, count: u32, warmup: u32 },
+    Ping {
+        /// Message size, in bytes.
+        size: u32,
+        /// Pings measured.
+        count: u32,
+        /// Pings sent first and not measured.
+        warmup: u32,
+    },
     /// `msgr stream --size SIZE --duration SECS --seal false`.
-    Stream { size: u32, secs: u32 },
+    Stream {
+        /// Message size, in bytes.
+        size: u32,
+        /// How long to stream, in seconds.
+        secs: u32,
+    },
 }
 
 impl ClientRun {
@@ -182,20 +194,30 @@ pub fn parse_transport_ping(out: &str, size: u32) -> Result<PingFigures, String>
 /// `msgr ping` figures (µs, one-way = RTT / 2).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PingFigures {
+    /// Message size, in bytes.
     pub size: u64,
+    /// Pings measured (warm-up excluded).
     pub count: u64,
+    /// Median one-way latency.
     pub one_way_p50_us: f64,
+    /// Mean one-way latency.
     pub one_way_mean_us: f64,
+    /// 99th percentile one-way latency.
     pub one_way_p99_us: f64,
+    /// Lowest one-way latency.
     pub one_way_min_us: f64,
 }
 
 /// `msgr stream` figures.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StreamFigures {
+    /// Message size, in bytes.
     pub size: u64,
+    /// Messages sent.
     pub messages: u64,
+    /// Throughput, in MiB/s.
     pub mib_per_s: f64,
+    /// Message rate, in messages per second.
     pub msgs_per_s: f64,
     /// The sender's send work requests per message, where its transport
     /// counts them (RDMA: `sends_posted`).
