@@ -141,6 +141,8 @@ pub(crate) struct ConnInner {
     /// The entity the application dialled, if it named one
     /// ([`crate::Messenger::connect_to`]): whoever answers must be it.
     pub(crate) expected: Option<msgr_addr::EntityName>,
+    /// More addresses of the peer after `target` ([`crate::Messenger::connect_any`]).
+    pub(crate) alternates: Mutex<Vec<EntityAddr>>,
     pub(crate) peer: Mutex<Option<PeerInfo>>,
     pub(crate) state: AtomicU8,
     /// Messages and bytes handed to `send` ...
@@ -294,6 +296,7 @@ impl Connection {
                 target,
                 policy,
                 expected,
+                alternates: Mutex::new(Vec::new()),
                 peer: Mutex::new(None),
                 state: AtomicU8::new(STATE_CONNECTING),
                 submitted: Default::default(),

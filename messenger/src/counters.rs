@@ -57,6 +57,8 @@ counters! {
     sealed_frames_refused,
     /// Accepted links refused because they claimed a session whose peer had authenticated as someone else (the session was not touched).
     impostors_refused,
+    /// Sessions that went on over another transport than their last link's (an address vector: a failover, or a move back).
+    transport_changes,
     /// Replies that came after their call gave up (timed out, or its future was dropped): dropped.
     late_replies,
     /// Links faulted because the peer fell silent.

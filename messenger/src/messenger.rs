@@ -35,6 +35,9 @@ pub enum MessengerError {
     /// The messenger is shutting down.
     #[error("messenger is shut down")]
     ShutDown,
+    /// An address (vector) that cannot be dialled.
+    #[error("bad address: {0}")]
+    BadAddress(String),
     /// A worker thread could not be started.
     #[error("starting worker: {0}")]
     Spawn(std::io::Error),
@@ -60,6 +63,9 @@ pub(crate) struct Shared {
     pub(crate) link_ids: Arc<AtomicU64>,
     pub(crate) transport_ctx: TransportContext,
     session_keys: AtomicU64,
+    /// Every address listened on (the first is `local.addr`), and whether
+    /// it still is.
+    pub(crate) bound: Mutex<Vec<(EntityAddr, bool)>>,
 }
 
 impl Shared {
@@ -111,7 +117,7 @@ pub struct MessengerBuilder {
     cfg: Option<MessengerConfig>,
     /// Read `MSGR_CONFIG` and `MSGR_*` when no configuration was given.
     from_env: bool,
-    bind: Option<EntityAddr>,
+    bind: Vec<EntityAddr>,
     credentials: Option<Arc<msgr_proto::auth::Credentials>>,
 }
 
@@ -138,8 +144,15 @@ impl MessengerBuilder {
     /// The address's transport decides the backend. Without this call the
     /// configuration's `bind` key does (so a file or the environment alone
     /// can pick the backend); without either, the messenger only connects.
+    ///
+    /// Call it again to listen on more backends at once (say
+    /// `rdmacm://…:7000` and `tcp://…:6800`): the first address is the
+    /// messenger's identity ([`Messenger::addr`]), every one accepts, and a
+    /// peer's session resumes over whichever it reaches
+    /// ([`Messenger::connect_any`] on its side). [`Messenger::addrs`] lists
+    /// them.
     pub fn bind(mut self, addr: EntityAddr) -> Self {
-        self.bind = Some(addr);
+        self.bind.push(addr);
         self
     }
 
@@ -196,7 +209,7 @@ impl Messenger {
             name,
             cfg: None,
             from_env: true,
-            bind: None,
+            bind: Vec::new(),
             credentials: None,
         }
     }
@@ -211,8 +224,8 @@ impl Messenger {
             None => MessengerConfig::default(),
         };
         cfg.session.security = cfg.security_for(&b.name, b.credentials.take())?;
-        if b.bind.is_none() {
-            b.bind = cfg.bind.clone();
+        if b.bind.is_empty() {
+            b.bind.extend(cfg.bind.clone());
         }
         let nonce = rand::random::<u64>() | 1;
         let mut ctx = TransportContext::new(cfg.session.limits);
@@ -237,41 +250,42 @@ impl Messenger {
             if availability(&TransportKind::Tcp) == Availability::Available {
                 ts.push(open_transport(&TransportKind::Tcp, poll.registry(), &ctx)?);
             }
-            if let Some(addr) = b
-                .bind
-                .as_ref()
-                .filter(|a| a.transport != TransportKind::Tcp)
-            {
-                ts.push(open_transport(&addr.transport, poll.registry(), &ctx)?);
+            for addr in &b.bind {
+                use msgr_backends::Transport;
+                if !ts.iter().any(|t| t.kind() == addr.transport) {
+                    ts.push(open_transport(&addr.transport, poll.registry(), &ctx)?);
+                }
             }
             worker_transports.push(ts);
         }
-        // The listener lives on worker 0.
+        // The listeners live on worker 0.
         let mut listeners = Vec::new();
-        let local_addr = match &b.bind {
-            Some(addr) => {
-                use msgr_backends::Transport;
-                let ts = &mut worker_transports[0];
-                let t = ts
-                    .iter()
-                    .position(|t| t.kind() == addr.transport)
-                    .ok_or_else(|| {
-                        let reason = match availability(&addr.transport) {
-                            Availability::Unavailable(r) => r,
-                            Availability::Available => "not opened".into(),
-                        };
-                        TransportError::Unavailable {
-                            kind: addr.transport.clone(),
-                            reason,
-                        }
-                    })?;
-                let token = mio::Token(LISTENER_TOKEN_BASE);
-                let bound = ts[t].listen(addr, token)?;
-                listeners.push((t, token));
-                bound.with_nonce(nonce)
-            }
-            None => EntityAddr::tcp(([0, 0, 0, 0], 0).into()).with_nonce(nonce),
-        };
+        let mut bound_addrs = Vec::new();
+        for (i, addr) in b.bind.iter().enumerate() {
+            use msgr_backends::Transport;
+            let ts = &mut worker_transports[0];
+            let t = ts
+                .iter()
+                .position(|t| t.kind() == addr.transport)
+                .ok_or_else(|| {
+                    let reason = match availability(&addr.transport) {
+                        Availability::Unavailable(r) => r,
+                        Availability::Available => "not opened".into(),
+                    };
+                    TransportError::Unavailable {
+                        kind: addr.transport.clone(),
+                        reason,
+                    }
+                })?;
+            let token = mio::Token(LISTENER_TOKEN_BASE + i);
+            let bound = ts[t].listen(addr, token)?;
+            listeners.push((t, token));
+            bound_addrs.push(bound.with_nonce(nonce));
+        }
+        let local_addr = bound_addrs
+            .first()
+            .cloned()
+            .unwrap_or_else(|| EntityAddr::tcp(([0, 0, 0, 0], 0).into()).with_nonce(nonce));
         let throttle = RxThrottle::new(cfg.rx_throttle_messages, cfg.rx_throttle_bytes);
         let mut handles = Vec::new();
         let mut rest = Vec::new();
@@ -295,6 +309,7 @@ impl Messenger {
             link_ids: ctx.link_ids.clone(),
             transport_ctx: ctx.clone(),
             session_keys: AtomicU64::new(1),
+            bound: Mutex::new(bound_addrs.into_iter().map(|a| (a, true)).collect()),
         });
         let mut threads = Vec::new();
         for (idx, ((poll, rx, sleeping), ts)) in rest.into_iter().zip(worker_transports).enumerate()
@@ -352,6 +367,47 @@ impl Messenger {
         &self.shared.local.addr
     }
 
+    /// Every address this messenger listens on, in the order bound (the
+    /// first is [`Messenger::addr`]): what a peer puts in its address
+    /// vector for [`Messenger::connect_any`].
+    pub fn addrs(&self) -> crate::AddrVec {
+        crate::AddrVec(
+            self.shared
+                .bound
+                .lock()
+                .iter()
+                .filter(|(_, on)| *on)
+                .map(|(a, _)| a.clone())
+                .collect(),
+        )
+    }
+
+    /// Stops listening on `addr` (one of [`Messenger::addrs`]) and closes
+    /// every link over its backend, as an operator takes a backend out of
+    /// service (a port going down, a device removed): sessions on those
+    /// links go on over another address of their peers' vectors, or reset
+    /// (lossy) or wait (lossless) as after any fault. False if `addr` is
+    /// not listened on.
+    pub fn unbind(&self, addr: &EntityAddr) -> bool {
+        let mut bound = self.shared.bound.lock();
+        let Some(i) = bound
+            .iter()
+            .position(|(a, on)| *on && a.transport == addr.transport && a.socket == addr.socket)
+        else {
+            return false;
+        };
+        bound[i].1 = false;
+        let kind = addr.transport.clone();
+        drop(bound);
+        for (w, h) in self.shared.workers.iter().enumerate() {
+            h.submit(Command::Unbind {
+                token: (w == 0).then(|| mio::Token(LISTENER_TOKEN_BASE + i)),
+                kind: kind.clone(),
+            });
+        }
+        true
+    }
+
     /// This messenger's entity name.
     pub fn name(&self) -> &EntityName {
         &self.shared.local.name
@@ -368,7 +424,35 @@ impl Messenger {
         addr: &EntityAddr,
         policy: Policy,
     ) -> Result<Connection, MessengerError> {
-        self.open(addr, policy, None)
+        self.open(std::slice::from_ref(addr), policy, None)
+    }
+
+    /// Opens a connection to the peer at any of `addrs`, its addresses in
+    /// preference order (an [`crate::AddrVec`], say
+    /// `[rdmacm://10.0.0.2:7000,tcp://10.0.0.2:6800]`): it dials the first;
+    /// when a link fails, the next attempt dials the next address, round
+    /// the vector, so a lossless session goes on over another backend
+    /// when one fails — replaying what the peer had not acknowledged,
+    /// exactly once and in order, as after any reconnect. Each move is
+    /// counted (`transport_changes`) and logged (from, to, why). The peer
+    /// must be one entity listening on all of them (several
+    /// [`MessengerBuilder::bind`] calls).
+    ///
+    /// ```no_run
+    /// # fn demo(m: &msgr::Messenger) -> Result<(), msgr::MessengerError> {
+    /// let addrs: msgr::AddrVec = "[fabric+tcp://10.0.0.2:7000,tcp://10.0.0.2:6800]".parse().unwrap();
+    /// let conn = m.connect_any(&addrs, msgr::Policy::LosslessClient)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect_any(
+        &self,
+        addrs: &crate::AddrVec,
+        policy: Policy,
+    ) -> Result<Connection, MessengerError> {
+        if addrs.is_empty() {
+            return Err(MessengerError::BadAddress("an empty address vector".into()));
+        }
+        self.open(&addrs.0, policy, None)
     }
 
     /// Opens a connection to entity `name` at `addr` with `policy`: whoever
@@ -398,27 +482,30 @@ impl Messenger {
         addr: &EntityAddr,
         policy: Policy,
     ) -> Result<Connection, MessengerError> {
-        self.open(addr, policy, Some(name.clone()))
+        self.open(std::slice::from_ref(addr), policy, Some(name.clone()))
     }
 
     fn open(
         &self,
-        addr: &EntityAddr,
+        addrs: &[EntityAddr],
         policy: Policy,
         expected: Option<msgr_addr::EntityName>,
     ) -> Result<Connection, MessengerError> {
+        let addr = &addrs[0];
         if self.report.is_some() {
             return Err(MessengerError::ShutDown);
         }
         if policy == Policy::Server {
             return Err(MessengerError::BadPolicy(policy));
         }
-        if let Availability::Unavailable(reason) = availability(&addr.transport) {
-            return Err(TransportError::Unavailable {
-                kind: addr.transport.clone(),
-                reason,
+        for a in addrs {
+            if let Availability::Unavailable(reason) = availability(&a.transport) {
+                return Err(TransportError::Unavailable {
+                    kind: a.transport.clone(),
+                    reason,
+                }
+                .into());
             }
-            .into());
         }
         let key = peer_key(addr);
         let mut reg = self.shared.registry.lock();
@@ -439,6 +526,7 @@ impl Messenger {
             policy,
             expected,
         );
+        *conn.inner.alternates.lock() = addrs[1..].to_vec();
         reg.insert(key, conn.clone());
         drop(reg);
         self.shared.workers[worker].submit(Command::Connect { conn: conn.clone() });

@@ -1162,3 +1162,68 @@ fn availability_says_what_each_provider_offers() {
         Availability::Available => panic!("shm offers no FI_EP_MSG endpoints"),
     }
 }
+
+/// A lossless stream over a libfabric transport that is taken out of
+/// service mid-stream (`unbind`: its listener closed, its links aborted)
+/// goes on over tcp, the next address of the server's vector: every
+/// message, of every size, exactly once and in order; both sides count the
+/// change of transport.
+fn fails_over_to_tcp(addr: &str) {
+    let rec = Recorder::new();
+    let a: msgr::EntityAddr = addr.parse().unwrap();
+    let mut srv = Messenger::builder(EntityName::server(1))
+        .config(fast_config())
+        .bind(a)
+        .bind("tcp://127.0.0.1:0".parse().unwrap())
+        .start(rec.clone())
+        .unwrap();
+    let addrs = srv.addrs();
+    let mut cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
+    let conn = cli.connect_any(&addrs, Policy::LosslessClient).unwrap();
+    const N: u64 = 3_000;
+    let sizes = [0usize, 64, 3000, 70_000, 300_000];
+    let took = std::thread::scope(|scope| {
+        let faulter = scope.spawn(|| {
+            assert!(wait_until(Duration::from_secs(30), || rec.delivered(1) >= N / 4));
+            let fault = std::time::Instant::now();
+            assert!(srv.unbind(&addrs.0[0]));
+            let moved = wait_until(Duration::from_secs(30), || {
+                cli.counters().transport_changes.load(Ordering::Relaxed) >= 1
+            });
+            assert!(moved, "{addr}: the session moved to tcp");
+            fault.elapsed()
+        });
+        for n in 1..=N {
+            send(&conn, probe_message(1, n, sizes[n as usize % sizes.len()]));
+        }
+        faulter.join().expect("faulter")
+    });
+    assert!(
+        wait_until(Duration::from_secs(120), || rec.delivered(1) == N),
+        "{addr}: delivered {} of {N}",
+        rec.delivered(1)
+    );
+    rec.assert_clean();
+    assert!(rec.resets.lock().unwrap().is_empty(), "{addr}");
+    assert!(srv.counters().transport_changes.load(Ordering::Relaxed) >= 1);
+    println!(
+        "{addr} -> tcp: moved within {took:?} of the fault (polled; reconnect delay {:?}), \
+         replayed {}",
+        fast_config().session.backoff_min,
+        cli.counters().replayed_messages.load(Ordering::Relaxed)
+    );
+    cli.shutdown(Duration::from_secs(5));
+    srv.shutdown(Duration::from_secs(5));
+}
+
+mod failover {
+    #[test]
+    fn tcp_msg_to_tcp() {
+        super::fails_over_to_tcp("fabric+tcp://127.0.0.1:0");
+    }
+
+    #[test]
+    fn tcp_rdm_to_tcp() {
+        super::fails_over_to_tcp("fabric+tcp://127.0.0.1:0?ep=rdm");
+    }
+}

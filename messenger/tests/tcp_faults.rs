@@ -113,3 +113,65 @@ fn status_tells_why_a_connection_is_not_open() {
     let st = conn.status();
     assert_eq!((st.phase, st.faults, st.last_fault), ("open", 0, None));
 }
+
+/// A lossless stream to a server listening on two addresses (an address
+/// vector on the client's side): the first is taken out of service
+/// mid-stream (`unbind`: its listener closed, its links aborted) and the
+/// session goes on over the second — every message exactly once, in
+/// order — reporting how long from the fault to the session moving.
+#[test]
+fn a_session_moves_to_the_next_address_when_its_listener_goes() {
+    let rec = Recorder::new();
+    let mut srv = msgr::Messenger::builder(msgr::EntityName::server(1))
+        .config(fast_config())
+        .bind("tcp://127.0.0.1:0".parse().unwrap())
+        .bind("tcp://[::1]:0".parse().unwrap())
+        .start(rec.clone())
+        .unwrap();
+    let addrs = srv.addrs();
+    assert_eq!(addrs.len(), 2);
+    let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
+    let conn = cli.connect_any(&addrs, Policy::LosslessClient).unwrap();
+    const N: u64 = 20_000;
+    // The fault comes from another thread while this one streams, so
+    // messages are in flight (and unacknowledged) when it strikes.
+    let took = std::thread::scope(|scope| {
+        let faulter = scope.spawn(|| {
+            assert!(wait_until(Duration::from_secs(20), || rec.delivered(1) >= N / 4));
+            let fault = std::time::Instant::now();
+            assert!(srv.unbind(&addrs.0[0]));
+            // Polled at 2 ms: an upper bound.
+            let moved = wait_until(Duration::from_secs(30), || {
+                cli.counters().transport_changes.load(Ordering::Relaxed) >= 1
+            });
+            assert!(moved, "the session moved to the second address");
+            fault.elapsed()
+        });
+        for n in 1..=N {
+            send(&conn, probe_message(1, n, (n as usize * 37) % 9000));
+        }
+        faulter.join().expect("faulter")
+    });
+    assert!(
+        wait_until(Duration::from_secs(60), || rec.delivered(1) == N),
+        "delivered {} of {N}",
+        rec.delivered(1)
+    );
+    rec.assert_clean();
+    assert!(rec.resets.lock().unwrap().is_empty());
+    println!(
+        "moved within {took:?} of the fault (polled: an upper bound; reconnect delay configured \
+         {:?}..{:?}); reconnects {}, replayed {}",
+        fast_config().session.backoff_min,
+        fast_config().session.backoff_max,
+        cli.counters().reconnects.load(Ordering::Relaxed),
+        cli.counters().replayed_messages.load(Ordering::Relaxed),
+    );
+    assert_eq!(
+        srv.addrs().len(),
+        1,
+        "the first address is no longer listened on"
+    );
+    cli.shutdown(Duration::from_secs(5));
+    srv.shutdown(Duration::from_secs(5));
+}

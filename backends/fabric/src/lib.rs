@@ -52,6 +52,8 @@
 //! Operation contexts are plain `u64`s chosen by the caller (not pointers):
 //! hints ask for no `FI_CONTEXT` mode, so the provider never writes through them.
 
+#![warn(missing_docs)]
+
 mod error;
 mod info;
 mod msg;

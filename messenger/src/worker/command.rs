@@ -13,6 +13,12 @@ pub(crate) enum Command {
     /// Time out call `id` of session `key` at `at` (an async call's
     /// deadline; a blocking call keeps its own).
     CallDeadline { key: u64, id: u64, at: Instant },
+    /// Stop listening (`token`, worker 0) and close every link over the
+    /// transport `kind` (every worker): `Messenger::unbind`.
+    Unbind {
+        token: Option<mio::Token>,
+        kind: TransportKind,
+    },
     /// Queue a message on a session.
     Send { key: u64, msg: Message },
     /// Queue several messages on a session, in order.

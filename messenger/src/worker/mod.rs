@@ -571,6 +571,25 @@ impl Worker {
     fn handle_command(&mut self, cmd: Command, now: Instant) {
         match cmd {
             Command::Connect { conn } => self.start_connect(conn, now),
+            Command::Unbind { token, kind } => {
+                if let Some(token) = token {
+                    if let Some(i) = self.listeners.iter().position(|(_, tok)| *tok == token) {
+                        let (t, token) = self.listeners.remove(i);
+                        self.transports[t].unlisten(token);
+                    }
+                }
+                let gone: Vec<(LinkId, usize)> = self
+                    .links
+                    .iter()
+                    .filter(|(_, e)| self.transports[e.transport].kind() == kind)
+                    .map(|(l, e)| (*l, e.transport))
+                    .collect();
+                for (link, t) in gone {
+                    if let Err(e) = self.transports[t].inject(link, RealFault::Abort) {
+                        tracing::debug!(error = %e, "closing a link of an unbound transport");
+                    }
+                }
+            }
             Command::CallDeadline { key, id, at } => {
                 self.call_deadlines.push(std::cmp::Reverse((at, key, id)));
                 self.next_timer = Some(self.next_timer.map_or(at, |n| n.min(at)));
@@ -721,6 +740,10 @@ impl Worker {
         );
         if let Some(name) = &conn.inner.expected {
             session.expect_peer(name.clone());
+        }
+        let alternates = conn.inner.alternates.lock().clone();
+        if !alternates.is_empty() {
+            session.set_alternates(alternates);
         }
         self.by_peer.insert(peer_key(&conn.inner.target), key);
         Counters::add(&self.shared.counters.sessions_active, 1);
@@ -1061,13 +1084,27 @@ impl Worker {
         match ev {
             SessionEvent::Connect(addr) => {
                 if slot.session.failed_attempts() > 0 {
-                    Counters::add(&c.redials, 1);
+                    Counters::add(&self.shared.counters.redials, 1);
                 }
-                let t = slot.transport;
                 let link = LinkId(self.shared.link_ids.fetch_add(1, Ordering::Relaxed));
+                // An address vector may name another transport than the
+                // last attempt's.
+                let t = match self.transport_for(&addr) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        if let Some(slot) = self.sessions.get_mut(&key) {
+                            slot.session.link_failed(link, e.to_string(), now);
+                        }
+                        return;
+                    }
+                };
+                let Some(slot) = self.sessions.get_mut(&key) else {
+                    return;
+                };
+                slot.transport = t;
                 match self.transports[t].connect(link, &addr) {
                     Ok(()) => {
-                        Counters::add(&c.links_active, 1);
+                        Counters::add(&self.shared.counters.links_active, 1);
                         self.links.insert(
                             link,
                             LinkEntry {
@@ -1107,6 +1144,18 @@ impl Worker {
                     self.callback(&conn, || "on_connect".into(), |d, c| d.on_connect(c))
                 };
                 self.abort_on_panic(key, r);
+            }
+            SessionEvent::Moved { from, to, reason } => {
+                Counters::add(&c.transport_changes, 1);
+                let why = reason.map_or_else(String::new, |r| r.to_string());
+                tracing::info!(
+                    peer = %conn.target(),
+                    %from,
+                    %to,
+                    reason = %why,
+                    queued = slot.session.queued_messages(),
+                    "session moved to another transport"
+                );
             }
             SessionEvent::Resumed { replayed } => {
                 conn.publish_send_limits(slot.session.send_limits());
@@ -1333,6 +1382,17 @@ impl Worker {
                     Takeover::Accepted => {
                         if let Some(e) = self.links.get_mut(&link) {
                             e.owner = Owner::Session(key);
+                        }
+                        if slot.transport != t {
+                            // The peer resumed its session over another
+                            // transport (an address vector on its side).
+                            Counters::add(&self.shared.counters.transport_changes, 1);
+                            tracing::info!(
+                                peer = %hello.addr,
+                                from = ?self.transports[slot.transport].kind(),
+                                to = ?self.transports[t].kind(),
+                                "session resumed over another transport"
+                            );
                         }
                         slot.transport = t;
                         self.touch(key);

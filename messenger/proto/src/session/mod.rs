@@ -152,6 +152,17 @@ pub enum SessionEvent {
         /// Why the attempt failed.
         reason: FaultReason,
     },
+    /// The session's new link reaches the peer at another of its addresses
+    /// (an address vector, [`Session::set_alternates`]): the session moved
+    /// from one transport to another. `Resumed` follows.
+    Moved {
+        /// The address of the link before.
+        from: EntityAddr,
+        /// The address of this link.
+        to: EntityAddr,
+        /// Why the link before was lost.
+        reason: Option<FaultReason>,
+    },
     /// The session resumed on a new link; `replayed` messages are sent again.
     Resumed {
         /// Messages sent again on the new link.
@@ -323,6 +334,14 @@ pub struct Session {
     /// Where to dial when (re)connecting: what the application asked for (a
     /// proxy or a load balancer may stand there), not what the peer calls itself.
     dial: Option<EntityAddr>,
+    /// Connector: every address of the peer, in preference order (`dial`
+    /// is one of them): after each fault the next attempt dials the next
+    /// one, so a session whose transport fails goes on over another.
+    dials: Vec<EntityAddr>,
+    /// Which of `dials` the current attempt dials.
+    dial_at: usize,
+    /// The address the session's last open link was dialled at.
+    opened_via: Option<EntityAddr>,
     peer_name: Option<EntityName>,
     cookie: u64,
     features: u64,
@@ -422,6 +441,9 @@ impl Session {
             may_reconnect: false,
             peer_addr: None,
             dial: None,
+            dials: Vec::new(),
+            dial_at: 0,
+            opened_via: None,
             peer_name: None,
             cookie: 0,
             features: 0,
@@ -515,6 +537,25 @@ impl Session {
             self.terminate(FaultReason::Protocol(e.clone()));
         }
         Err(e)
+    }
+
+    /// Connector: more addresses of the same peer, after the one given to
+    /// [`Session::connect`], in preference order (an address vector such
+    /// as `[rdmacm://…, tcp://…]`). A lossless session that loses its link
+    /// dials the next address on its next attempt (round the vector), so
+    /// it goes on over another transport when one fails, replaying by seq
+    /// as after any reconnect; [`SessionEvent::Moved`] says so. The peer
+    /// must be the same entity (one identity, one session) listening on
+    /// each.
+    pub fn set_alternates(&mut self, more: impl IntoIterator<Item = EntityAddr>) {
+        let first = self.dial.clone().into_iter();
+        self.dials = first.chain(more).collect();
+        self.dial_at = 0;
+    }
+
+    /// The address this connector dials now (or next).
+    pub fn dialling(&self) -> Option<&EntityAddr> {
+        self.dial.as_ref()
     }
 
     /// A session for a freshly accepted link; it learns its peer from the hello.
@@ -1405,6 +1446,19 @@ impl Session {
         self.backoff = self.cfg.backoff_min;
         self.attempts = 0;
         self.last_rx = now;
+        if self.connector && self.dials.len() > 1 {
+            let via = self.dial.clone();
+            if let (Some(from), Some(to)) = (&self.opened_via, &via) {
+                if from != to {
+                    self.events.push_back(SessionEvent::Moved {
+                        from: from.clone(),
+                        to: to.clone(),
+                        reason: self.last_fault.clone(),
+                    });
+                }
+            }
+            self.opened_via = via;
+        }
         if self.established {
             self.stats.reconnects += 1;
             self.stats.replayed += replayed;
@@ -1783,6 +1837,11 @@ impl Session {
         self.last_fault = Some(reason);
         self.standby_since = now;
         self.attempts = self.attempts.saturating_add(1);
+        if self.connector && self.dials.len() > 1 {
+            // The next attempt goes to the peer's next address.
+            self.dial_at = (self.dial_at + 1) % self.dials.len();
+            self.dial = Some(self.dials[self.dial_at].clone());
+        }
         if self.may_reconnect {
             let at = now + self.jittered(self.backoff);
             self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
