@@ -69,6 +69,11 @@ cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --d
 # And in secure mode, over an RDM endpoint (rendezvous units sealed).
 cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 15 --backend 'fabric+tcp?ep=rdm' --set security=secure --quiet
 
+step "stress suite, transport change: servers on a backend and tcp, clients dial both (an address vector), every link fault moves sessions between them (msgr-stress 15 s per pair)"
+for backend in tcp fabric+tcp 'fabric+tcp?ep=rdm' 'fabric+shm?ep=rdm'; do
+  cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 15 --backend "$backend" --transport-change --quiet
+done
+
 step "RDMA guest: setup (packages, kernel, siw, initramfs; cached in \${MSGR_GUEST_CACHE:-/var/cache/msgr-guest})"
 guest_start=$(date +%s)
 bash testsuite/guest/setup.sh

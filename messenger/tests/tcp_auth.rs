@@ -83,6 +83,26 @@ fn count(m: &Messenger, f: impl Fn(&msgr::Counters) -> &std::sync::atomic::Atomi
     f(m.counters()).load(Ordering::Relaxed)
 }
 
+/// One impostor's attempt against `srv`: it never gets a session, and the
+/// server counts it in `counter`.
+fn refused(
+    srv: &Messenger,
+    counter: fn(&msgr::Counters) -> &std::sync::atomic::AtomicU64,
+    local: LocalIdentity,
+    security: Security,
+) {
+    let before = count(srv, counter);
+    let ev = drive_raw(local, security, srv.addr(), Duration::from_secs(3));
+    assert!(
+        !ev.iter().any(|e| matches!(e, SessionEvent::Established(_))),
+        "{ev:?}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(3), || count(srv, counter) > before),
+        "the server did not count the attempt"
+    );
+}
+
 /// While client.1 streams lossless messages to server.1 in secure mode,
 /// four impostors try to speak in its name: with their own key under its
 /// name, authenticated as themselves but naming it in the hello, claiming
@@ -143,72 +163,41 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
     // 1. client.1's name with a key of its own (its keyring says so; the
     //    server's does not).
     let forged = Credentials::new(victim.clone(), StaticKeypair::generate(), ids.ring.clone());
-    let before = count(&srv, |c| &c.auth_failures);
-    let ev = drive_raw(
-        LocalIdentity {
-            name: victim.clone(),
-            addr: EntityAddr::tcp(([127, 0, 0, 1], 0).into()).with_nonce(7),
-        },
+    let anywhere = |nonce| EntityAddr::tcp(([127, 0, 0, 1], 0).into()).with_nonce(nonce);
+    let as_who = |name: &EntityName, addr| LocalIdentity {
+        name: name.clone(),
+        addr,
+    };
+    refused(
+        &srv,
+        |c| &c.auth_failures,
+        as_who(&victim, anywhere(7)),
         secure(forged),
-        srv.addr(),
-        Duration::from_secs(3),
     );
-    assert!(
-        !ev.iter().any(|e| matches!(e, SessionEvent::Established(_))),
-        "{ev:?}"
-    );
-    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c
-        .auth_failures)
-        > before));
-
     // 2. Authenticated as client.2, then "I am client.1" in the hello.
-    let before = count(&srv, |c| &c.auth_failures);
-    let ev = drive_raw(
-        LocalIdentity {
-            name: victim.clone(),
-            addr: EntityAddr::tcp(([127, 0, 0, 1], 0).into()).with_nonce(8),
-        },
-        secure(ids.creds(&other)),
-        srv.addr(),
-        Duration::from_secs(3),
+    let other_creds = || secure(ids.creds(&other));
+    refused(
+        &srv,
+        |c| &c.auth_failures,
+        as_who(&victim, anywhere(8)),
+        other_creds(),
     );
-    assert!(!ev.iter().any(|e| matches!(e, SessionEvent::Established(_))));
-    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c
-        .auth_failures)
-        > before));
-
     // 3. Authenticated as client.2, claiming client.1's session: its
     //    address and nonce, a new session (which would reset the old one).
-    let before = count(&srv, |c| &c.impostors_refused);
-    let ev = drive_raw(
-        LocalIdentity {
-            name: other.clone(),
-            addr: cli.addr().clone(),
-        },
-        secure(ids.creds(&other)),
-        srv.addr(),
-        Duration::from_secs(3),
+    let victims_addr = cli.addr().clone();
+    refused(
+        &srv,
+        |c| &c.impostors_refused,
+        as_who(&other, victims_addr.clone()),
+        other_creds(),
     );
-    assert!(!ev.iter().any(|e| matches!(e, SessionEvent::Established(_))));
-    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c
-        .impostors_refused)
-        > before));
-
     // 4. In the clear, as client.1: the server allows secure only.
-    let before = count(&srv, |c| &c.protocol_errors);
-    let ev = drive_raw(
-        LocalIdentity {
-            name: victim.clone(),
-            addr: cli.addr().clone(),
-        },
+    refused(
+        &srv,
+        |c| &c.protocol_errors,
+        as_who(&victim, victims_addr),
         Security::default(),
-        srv.addr(),
-        Duration::from_secs(3),
     );
-    assert!(!ev.iter().any(|e| matches!(e, SessionEvent::Established(_))));
-    assert!(wait_until(Duration::from_secs(3), || count(&srv, |c| &c
-        .protocol_errors)
-        > before));
     assert!(
         streaming.load(Ordering::Relaxed),
         "the attacks ran while client.1 streamed (raise N if this machine is faster)"

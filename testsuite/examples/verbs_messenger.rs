@@ -399,6 +399,10 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
     // survived with a new handshake.
     secure_mode(&bind)?;
 
+    // 5f: the RDMA backend taken out of service mid-stream: the session
+    // goes on over TCP.
+    failover(&bind)?;
+
     // 6: ping-pong, 64 B.
     let rounds = 1000u64;
     let mut rtts = Vec::with_capacity(rounds as usize);
@@ -745,6 +749,76 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
 /// ends its session with the reason; neither side reconnects or refuses a
 /// frame. Then the server's handler panics on one client's message: that
 /// connection ends, the panic is counted, the other client is served.
+/// A lossless stream to a server listening on this RDMA transport and on
+/// TCP (loopback), dialled by address vector. Mid-stream the RDMA side is
+/// taken out of service (`unbind`: its listener closed and every QP of it
+/// moved to the error state, a real fault): the session goes on over TCP,
+/// replaying what was not acknowledged — every message once, in order,
+/// intact. Prints how long from the fault to the move.
+fn failover(bind: &EntityAddr) -> Result<(), String> {
+    if bind.transport == msgr::TransportKind::Tcp {
+        return Ok(());
+    }
+    let srv_rec = Arc::new(Recorder::default());
+    let mut srv = Messenger::builder(EntityName::server(6))
+        .config(config())
+        .bind(bind.clone())
+        .bind("tcp://127.0.0.1:0".parse().map_err(|e| format!("{e}"))?)
+        .start(srv_rec.clone())
+        .map_err(|e| format!("failover: start server: {e}"))?;
+    let (mut cli, _) = client(50, config())?;
+    let addrs = srv.addrs();
+    let conn = cli
+        .connect_any(&addrs, Policy::LosslessClient)
+        .map_err(|e| format!("failover: connect: {e}"))?;
+    const N: u64 = 600;
+    let sizes = [0usize, 64, 3000, 70_000, 300_000];
+    let bytes: u64 = (1..=N)
+        .map(|i| sizes[i as usize % sizes.len()] as u64)
+        .sum();
+    let changes = |m: &Messenger| m.counters().transport_changes.load(Ordering::Relaxed);
+    let moved = std::thread::scope(|scope| -> Result<Duration, String> {
+        let faulter = scope.spawn(|| -> Result<Duration, String> {
+            if !wait_until(Duration::from_secs(60), || srv_rec.delivered(50) >= N / 4) {
+                return Err("failover: nothing arrived over RDMA".into());
+            }
+            let fault = Instant::now();
+            if !srv.unbind(&addrs.0[0]) {
+                return Err("failover: unbind refused".into());
+            }
+            if !wait_until(Duration::from_secs(60), || changes(&cli) >= 1) {
+                return Err("failover: the session did not move to TCP".into());
+            }
+            Ok(fault.elapsed())
+        });
+        for i in 1..=N {
+            let len = sizes[i as usize % sizes.len()];
+            conn.send_timeout(message(50, i, len), Duration::from_secs(60))
+                .map_err(|e| format!("failover: send {i}: {e}"))?;
+        }
+        faulter
+            .join()
+            .map_err(|_| "failover: faulter panicked".to_string())?
+    })?;
+    wait_until(Duration::from_secs(180), || srv_rec.delivered(50) >= N);
+    srv_rec.check(50, N, bytes, "failover: rdma -> tcp")?;
+    println!(
+        "failover: {} -> tcp moved within {moved:?} of the fault (reconnect delay {:?}); replayed {}, \
+         transport changes client {} server {}",
+        addrs.0[0],
+        config().session.backoff_min,
+        cli.counters().replayed_messages.load(Ordering::Relaxed),
+        changes(&cli),
+        changes(&srv)
+    );
+    if changes(&srv) == 0 {
+        return Err("failover: the server did not see the session move".into());
+    }
+    cli.shutdown(Duration::from_secs(5));
+    srv.shutdown(Duration::from_secs(5));
+    Ok(())
+}
+
 /// Secure mode on this transport. client.40 streams lossless messages of
 /// every size (the rendezvous ones are sealed before they are registered:
 /// the peer's RDMA read fetches ciphertext) while an impostor under its

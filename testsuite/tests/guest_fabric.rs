@@ -102,6 +102,7 @@ fn fabric_verbs_provider_in_the_guest() {
         backend: "fabric+verbs",
         bind: format!("fabric+verbs://{RXE_CM_ADDR}:0"),
         prelude: "",
+        extra: &[],
     };
     let cmds = [
         // Only the guest-only tests (`--ignored`), one at a time.

@@ -54,6 +54,10 @@ struct Args {
     /// No real transport faults (inject_fault) from clients and the chaos thread.
     #[arg(long)]
     no_real_faults: bool,
+    /// Servers also listen on TCP and clients dial an address vector of
+    /// both: every link fault moves a session between the two transports.
+    #[arg(long)]
+    transport_change: bool,
     /// No mark_down operations.
     #[arg(long)]
     no_mark_down: bool,
@@ -161,6 +165,7 @@ fn main() -> ExitCode {
         cfg.lossy_every = args.lossy_every;
         cfg.restart_every = Duration::from_millis(args.restart_every_ms);
         cfg.real_faults = !args.no_real_faults;
+        cfg.transport_change = args.transport_change;
         cfg.mark_downs = !args.no_mark_down;
         cfg.max_message = args.max_message.max(1);
         cfg.bind = bind.clone();

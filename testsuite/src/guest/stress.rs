@@ -18,6 +18,8 @@ pub struct StressTarget {
     pub bind: String,
     /// Shell run first (siw enforces RLIMIT_MEMLOCK even for root).
     pub prelude: &'static str,
+    /// More `msgr-stress` arguments (`--transport-change`).
+    pub extra: &'static [&'static str],
 }
 
 /// How long and how big one run is.
@@ -53,6 +55,9 @@ impl StressTarget {
             "--json".into(),
             "--quiet".into(),
         ]
+        .into_iter()
+        .chain(self.extra.iter().map(|a| a.to_string()))
+        .collect()
     }
 
     /// The guest command running `bin` (msgr-stress) over this target.

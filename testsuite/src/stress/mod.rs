@@ -108,6 +108,10 @@ pub struct StressConfig {
     /// Clients and the chaos thread inject real transport faults
     /// (`Connection::inject_fault`).
     pub real_faults: bool,
+    /// Servers listen on TCP too and clients dial both addresses (an
+    /// address vector): every link fault moves a session to the other
+    /// transport and back, replaying each time.
+    pub transport_change: bool,
     /// Clients mark connections down now and then.
     pub mark_downs: bool,
     /// Largest message data segment.
@@ -148,6 +152,7 @@ impl StressConfig {
             lossy_every: 4,
             restart_every: Duration::from_secs(3),
             real_faults: true,
+            transport_change: false,
             mark_downs: true,
             max_message: 4 << 20,
             large_one_in: 1000,

@@ -102,6 +102,9 @@ pub struct StressReport {
     pub reconnects: u64,
     /// Messages sent again after reconnects.
     pub replayed_messages: u64,
+    /// Sessions that moved to another of their server's addresses
+    /// (`--transport-change`).
+    pub transport_changes: u64,
     /// Duplicates dropped by receivers.
     pub duplicates_dropped: u64,
     /// on_reset heard by clients.
@@ -190,8 +193,8 @@ impl StressReport {
         );
         let _ = writeln!(
             s,
-            "  recovery      reconnects {}, replayed {}, duplicates dropped {}",
-            self.reconnects, self.replayed_messages, self.duplicates_dropped
+            "  recovery      reconnects {}, replayed {}, duplicates dropped {}, transport changes {}",
+            self.reconnects, self.replayed_messages, self.duplicates_dropped, self.transport_changes
         );
         let _ = writeln!(
             s,

@@ -47,6 +47,7 @@ struct Totals {
     keepalive_timeouts: u64,
     duplicates_dropped: u64,
     send_queue_full: u64,
+    transport_changes: u64,
 }
 
 impl Totals {
@@ -59,6 +60,7 @@ impl Totals {
         self.protocol_errors += g(&c.protocol_errors);
         self.keepalive_timeouts += g(&c.keepalive_timeouts);
         self.duplicates_dropped += g(&c.duplicates_dropped);
+        self.transport_changes += g(&c.transport_changes);
         self.send_queue_full += g(&c.send_queue_full);
     }
 }
@@ -66,8 +68,12 @@ impl Totals {
 struct ServerSlot {
     index: u32,
     bind: EntityAddr,
+    /// The second address it listens on (`StressConfig::transport_change`).
+    bind2: Option<EntityAddr>,
     messenger: Mutex<Option<Messenger>>,
     addr: RwLock<EntityAddr>,
+    /// Every address it listens on now, for clients' address vectors.
+    addrs: RwLock<msgr::AddrVec>,
     /// Bumped before a shutdown and after the restart: odd while one is under way.
     generation: AtomicU64,
     incarnation: AtomicU64,
@@ -163,18 +169,30 @@ impl Run<'_> {
         m
     }
 
-    fn start_server(&self, slot: &ServerSlot, bind: EntityAddr) -> Result<Messenger, String> {
+    fn start_server(
+        &self,
+        slot: &ServerSlot,
+        bind: EntityAddr,
+        bind2: Option<EntityAddr>,
+    ) -> Result<Messenger, String> {
         let inc = slot.incarnation.fetch_add(1, Ordering::SeqCst);
         let cfg = self.messenger_config(ROLE_SERVER, u64::from(slot.index), inc);
         let disp: Arc<dyn msgr::Dispatcher> = slot.dispatcher.clone();
         let name = EntityName::server(u64::from(slot.index));
         self.cfg.placement.on_server(move || {
-            Messenger::builder(name)
-                .config(cfg)
-                .bind(bind)
-                .start(disp)
-                .map_err(|e| e.to_string())
+            let mut b = Messenger::builder(name).config(cfg).bind(bind);
+            if let Some(second) = bind2 {
+                b = b.bind(second);
+            }
+            b.start(disp).map_err(|e| e.to_string())
         })
+    }
+
+    /// Records where a (re)started server listens.
+    fn server_started(slot: &ServerSlot, m: Messenger) {
+        *slot.addr.write().expect("addr lock") = m.addr().clone();
+        *slot.addrs.write().expect("addrs lock") = m.addrs();
+        *slot.messenger.lock().expect("slot lock") = Some(m);
     }
 
     fn retire(&self, mut m: Messenger) {
@@ -207,14 +225,18 @@ impl Run<'_> {
         std::thread::sleep(downtime);
         let port = slot.addr.read().expect("addr lock").socket.port();
         let same = slot.bind.clone().with_port(port);
-        let started = self
-            .start_server(slot, same)
-            .or_else(|_| self.start_server(slot, slot.bind.clone()));
-        match started {
-            Ok(m) => {
-                *slot.addr.write().expect("addr lock") = m.addr().clone();
-                *slot.messenger.lock().expect("slot lock") = Some(m);
+        let same2 = {
+            let addrs = slot.addrs.read().expect("addrs lock");
+            match (&slot.bind2, addrs.0.get(1)) {
+                (Some(b), Some(a)) => Some(b.clone().with_port(a.socket.port())),
+                (b, _) => b.clone(),
             }
+        };
+        let started = self
+            .start_server(slot, same, same2)
+            .or_else(|_| self.start_server(slot, slot.bind.clone(), slot.bind2.clone()));
+        match started {
+            Ok(m) => Run::server_started(slot, m),
             Err(e) => self
                 .violations
                 .push(format!("server {} could not restart: {e}", slot.index)),
@@ -297,7 +319,14 @@ impl Client<'_, '_> {
         let slot = &self.run.servers[s];
         let generation = slot.generation.load(Ordering::SeqCst);
         let addr = slot.addr.read().expect("addr lock").clone();
-        match self.messenger.connect_with(&addr, self.policy) {
+        let addrs = slot.addrs.read().expect("addrs lock").clone();
+        let opened = if addrs.len() > 1 {
+            // Each fault moves the session to the server's other backend.
+            self.messenger.connect_any(&addrs, self.policy)
+        } else {
+            self.messenger.connect_with(&addr, self.policy)
+        };
+        match opened {
             Ok(conn) => {
                 self.new_epoch(s, conn, generation);
                 true
@@ -626,6 +655,15 @@ pub fn run(cfg: &StressConfig) -> StressReport {
             ServerSlot {
                 index: i as u32,
                 addr: RwLock::new(bind.clone()),
+                addrs: RwLock::new(msgr::AddrVec(vec![bind.clone()])),
+                bind2: cfg.transport_change.then(|| {
+                    let second = if bind.transport == TransportKind::Tcp {
+                        "tcp://[::1]:0"
+                    } else {
+                        "tcp://127.0.0.1:0"
+                    };
+                    second.parse().expect("a loopback tcp address")
+                }),
                 bind,
                 messenger: Mutex::new(None),
                 generation: AtomicU64::new(0),
@@ -653,11 +691,8 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         .then(|| RunKeys::new(cfg.servers, cfg.clients)),
     };
     for slot in &run.servers {
-        match run.start_server(slot, slot.bind.clone()) {
-            Ok(m) => {
-                *slot.addr.write().expect("addr lock") = m.addr().clone();
-                *slot.messenger.lock().expect("slot lock") = Some(m);
-            }
+        match run.start_server(slot, slot.bind.clone(), slot.bind2.clone()) {
+            Ok(m) => Run::server_started(slot, m),
             Err(e) => violations.push(format!(
                 "server {} did not start on {}: {e}",
                 slot.index, slot.bind
@@ -958,6 +993,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
     report.injected_faults = totals.injected_faults;
     report.reconnects = totals.reconnects;
     report.replayed_messages = totals.replayed_messages;
+    report.transport_changes = totals.transport_changes;
     report.link_faults = totals.link_faults;
     report.protocol_errors = totals.protocol_errors;
     report.keepalive_timeouts = totals.keepalive_timeouts;
