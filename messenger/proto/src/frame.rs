@@ -216,11 +216,13 @@ impl Preamble {
             segment_lens,
         };
         let max_frame = if tag == Tag::Sealed {
-            limits.max_frame
-                + crate::auth::record::SEAL_OVERHEAD
+            // Saturating: a limit near u64::MAX (a fuzzer's) must not wrap.
+            limits.max_frame.saturating_add(
+                crate::auth::record::SEAL_OVERHEAD
                     .iter()
                     .map(|&o| u64::from(o))
-                    .sum::<u64>()
+                    .sum::<u64>(),
+            )
         } else {
             limits.max_frame
         };
