@@ -127,9 +127,10 @@ for t, b in benches.items():
         continue
     r = lat["rounds"][len(lat["rounds"]) // 2]
     for p in ("p50_us", "p99_us", "p999_us"):
-        groups.append((f"{t} {p[:-3]}", [r["msgr"]["one_way"][p], r["reference"]["one_way"][p]]))
+        short = {"tcp": "tcp", "fabric+tcp": "f-tcp"}.get(t, t.replace("fabric+", "f-").split("?")[0])
+        groups.append((f"{short} {p[:-3]}", [r["msgr"]["one_way"][p], r["reference"]["one_way"][p]]))
 bars(groups, ["msgr", "reference (std::net ping-pong)"],
-     "64 B one-way latency percentiles (median round)", "µs (log scale)",
+     "64 B one-way latency percentiles (median round; f- = fabric+)", "µs (log scale)",
      os.path.join(plots, "latency.svg"), log=True)
 
 # Plot 2: message rate and bandwidth by size, crc and secure.
@@ -155,6 +156,15 @@ for key, label in metrics:
 bars(groups, list(benches), "msgr / reference, per backend (median of rounds)", "ratio",
      os.path.join(plots, "backends.svg"))
 
+def fmt(v, unit):
+    """A figure as people read it: 10.3 M msg/s, 4,900 MiB/s, 3.81 µs."""
+    if unit == "msg/s":
+        return f"{v / 1e6:.2f} M msg/s"
+    if unit == "MiB/s":
+        return f"{v:,.0f} MiB/s"
+    return f"{v:.2f} {unit}"
+
+
 # The report.
 md = ["# Benchmarks",
       "",
@@ -167,8 +177,9 @@ md = ["# Benchmarks",
 any_bench = next(iter(benches.values()), None)
 if any_bench:
     m = any_bench["machine"]
-    md += [f"Machine: {m.get('cores', '?')} cores; {'quiet' if m.get('quiet') else 'busy'} during the tcp run "
-           f"(other processes' load before: {m.get('others_before', '?')}). Workers pinned: "
+    md += [f"Machine: {m.get('cores', '?')} cores; {'quiet' if m.get('quiet') else 'busy'} around the first run "
+           f"(other processes used {m.get('other_cores_before', 0):.2f} cores before it, "
+           f"{m.get('other_cores_during', 0):.2f} during it). Workers: "
            f"{any_bench.get('placement', '?')}.", ""]
 md += ["## Against references", "",
        "| backend | metric | msgr | reference | ratio (spread over rounds) | target |",
@@ -179,7 +190,7 @@ for t, b in benches.items():
         if not c:
             continue
         kind = "≤" if c["target_kind"] == "max" else "≥"
-        md.append(f"| {t} | {c['metric']} | {c['msgr']:.4g} {c['unit']} | {c['reference']:.4g} {c['unit']} "
+        md.append(f"| {t} | {c['metric']} | {fmt(c['msgr'], c['unit'])} | {fmt(c['reference'], c['unit'])} "
                   f"({c['reference_name']}) | {c['ratio']:.2f}× ({c['ratio_spread'][0]:.2f}–{c['ratio_spread'][1]:.2f}) "
                   f"| {kind} {c['target']}× {'met' if c['met'] else 'missed'} |")
 md += ["", "![latency](bench/latency.svg)", "", "![per backend](bench/backends.svg)", ""]
