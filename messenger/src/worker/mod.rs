@@ -1134,7 +1134,7 @@ impl Worker {
             }
             SessionEvent::Established(peer) => {
                 conn.publish_send_limits(slot.session.send_limits());
-                *conn.inner.peer.lock() = Some(peer);
+                *conn.inner.peer.lock() = Some(*peer);
                 conn.set_state(ConnectionState::Open);
                 let r = if slot.accepted {
                     Counters::add(&c.sessions_accepted, 1);

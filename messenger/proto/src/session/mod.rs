@@ -143,7 +143,9 @@ pub enum SessionEvent {
     /// with [`Session::take_link`], or start a new one with [`Session::accept_new`].
     Identified(Box<Hello>),
     /// The session is open for the first time (`on_connect` / `on_accept`).
-    Established(PeerInfo),
+    /// (Boxed: every received message moves as a `SessionEvent`, which
+    /// stays small enough to move by inline stores.)
+    Established(Box<PeerInfo>),
     /// Connector: an attempt to open the session failed (`on_connect_failed`):
     /// the transport could not connect, or the handshake failed, before the
     /// session was ever open. A lossless session tries again after its
@@ -157,9 +159,9 @@ pub enum SessionEvent {
     /// from one transport to another. `Resumed` follows.
     Moved {
         /// The address of the link before.
-        from: EntityAddr,
+        from: Box<EntityAddr>,
         /// The address of this link.
-        to: EntityAddr,
+        to: Box<EntityAddr>,
         /// Why the link before was lost.
         reason: Option<FaultReason>,
     },
@@ -1451,8 +1453,8 @@ impl Session {
             if let (Some(from), Some(to)) = (&self.opened_via, &via) {
                 if from != to {
                     self.events.push_back(SessionEvent::Moved {
-                        from: from.clone(),
-                        to: to.clone(),
+                        from: Box::new(from.clone()),
+                        to: Box::new(to.clone()),
                         reason: self.last_fault.clone(),
                     });
                 }
@@ -1465,7 +1467,8 @@ impl Session {
             self.events.push_back(SessionEvent::Resumed { replayed });
         } else if let Some(peer) = self.peer() {
             self.established = true;
-            self.events.push_back(SessionEvent::Established(peer));
+            self.events
+                .push_back(SessionEvent::Established(Box::new(peer)));
         }
         if self.closing {
             self.maybe_finish_close();
