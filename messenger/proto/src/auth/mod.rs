@@ -312,6 +312,10 @@ pub enum AuthError {
         /// What this side allows.
         allowed: String,
     },
+    /// The session's peer authenticated on an earlier link; this one did
+    /// not (a downgrade to `crc` where both sides allow it).
+    #[error("{0} authenticated before; this link did not")]
+    NotAuthenticated(EntityName),
     /// The link needs a handshake but this side has no credentials.
     #[error("authentication is required but no key is configured")]
     NoCredentials,

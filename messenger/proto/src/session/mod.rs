@@ -1255,10 +1255,7 @@ impl Session {
                 was,
                 now: name.clone(),
             }),
-            None => Err(AuthError::IdentityChanged {
-                was,
-                now: hello.name.clone(),
-            }),
+            None => Err(AuthError::NotAuthenticated(was)),
         }
     }
 
@@ -1279,10 +1276,7 @@ impl Session {
     fn bind_identity(&mut self) -> Result<(), AuthError> {
         let Some((name, key)) = self.link_security.peer.clone() else {
             return match (self.peer_key, &self.peer_name) {
-                (Some(_), Some(was)) => Err(AuthError::IdentityChanged {
-                    was: was.clone(),
-                    now: was.clone(),
-                }),
+                (Some(_), Some(was)) => Err(AuthError::NotAuthenticated(was.clone())),
                 _ => Ok(()),
             };
         };
