@@ -58,8 +58,8 @@ ensure_packages nftables iproute2
 cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 60 --backend all --quiet
 cargo test --release -p msgr-testsuite --test stress_netns -- --ignored --nocapture
 
-step "stress suite in secure mode: every frame sealed, every link authenticated, the same faults (msgr-stress 30 s over tcp)"
-cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 30 --backend tcp --set security=secure --quiet
+step "stress suite in secure mode: every frame sealed, every link authenticated, the same faults (msgr-stress 15 s over tcp)"
+cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 15 --backend tcp --set security=secure --quiet
 
 step "stress suite over the libfabric backends: msgr-stress 20 s each with faults (real tcp, tcp;ofi_rxm and shm providers, loopback; tcp MSG once more with its CQ polled)"
 for backend in fabric+tcp 'fabric+tcp?ep=rdm' 'fabric+shm?ep=rdm'; do
@@ -67,11 +67,11 @@ for backend in fabric+tcp 'fabric+tcp?ep=rdm' 'fabric+shm?ep=rdm'; do
 done
 cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 20 --backend fabric+tcp --set fabric_cq_wait=poll --quiet
 # And in secure mode, over an RDM endpoint (rendezvous units sealed).
-cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 15 --backend 'fabric+tcp?ep=rdm' --set security=secure --quiet
+cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 10 --backend 'fabric+tcp?ep=rdm' --set security=secure --quiet
 
-step "stress suite, transport change: servers on a backend and tcp, clients dial both (an address vector), every link fault moves sessions between them (msgr-stress 15 s per pair)"
+step "stress suite, transport change: servers on a backend and tcp, clients dial both (an address vector), every link fault moves sessions between them (msgr-stress 8 s per pair)"
 for backend in tcp fabric+tcp 'fabric+tcp?ep=rdm' 'fabric+shm?ep=rdm'; do
-  cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 15 --backend "$backend" --transport-change --quiet
+  cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 8 --backend "$backend" --transport-change --quiet
 done
 
 step "RDMA guest: setup (packages, kernel, siw, initramfs; cached in \${MSGR_GUEST_CACHE:-/var/cache/msgr-guest})"
