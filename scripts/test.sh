@@ -53,19 +53,19 @@ cargo test --release -p msgr --features fabric --test fabric
 # The msgr tool's serve, ping, stream and bench with fabric addresses.
 cargo test --release -p msgr-tool --features fabric --test cli
 
-step "stress suite: msgr-stress 60 s per available backend with faults, and the network-namespace run (docs/STRESS.md)"
+step "stress suite: msgr-stress 45 s per available backend with faults, and the network-namespace run (docs/STRESS.md)"
 ensure_packages nftables iproute2
-cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 60 --backend all --quiet
+cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 45 --backend all --quiet
 cargo test --release -p msgr-testsuite --test stress_netns -- --ignored --nocapture
 
 step "stress suite in secure mode: every frame sealed, every link authenticated, the same faults (msgr-stress 15 s over tcp)"
 cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 15 --backend tcp --set security=secure --quiet
 
-step "stress suite over the libfabric backends: msgr-stress 20 s each with faults (real tcp, tcp;ofi_rxm and shm providers, loopback; tcp MSG once more with its CQ polled)"
+step "stress suite over the libfabric backends: msgr-stress 15 s each with faults (real tcp, tcp;ofi_rxm and shm providers, loopback; tcp MSG once more with its CQ polled)"
 for backend in fabric+tcp 'fabric+tcp?ep=rdm' 'fabric+shm?ep=rdm'; do
-  cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 20 --backend "$backend" --quiet
+  cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 15 --backend "$backend" --quiet
 done
-cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 20 --backend fabric+tcp --set fabric_cq_wait=poll --quiet
+cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 15 --backend fabric+tcp --set fabric_cq_wait=poll --quiet
 # And in secure mode, over an RDM endpoint (rendezvous units sealed).
 cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 10 --backend 'fabric+tcp?ep=rdm' --set security=secure --quiet
 
@@ -82,5 +82,5 @@ step "RDMA guest: tests in the QEMU guest (verbs and rdma_cm smoke on rxe and si
 cargo test --release -p msgr-testsuite --features rdma,fabric --test guest_rdma --test guest_verbs --test guest_bench --test guest_stress --test guest_fabric -- --nocapture --test-threads 1
 echo "RDMA guest part took $(($(date +%s) - guest_start)) s"
 
-step "fuzz: every cargo-fuzz target for 20 s (stable, --sanitizer none; see docs/FUZZING.md)"
-./scripts/fuzz.sh 20
+step "fuzz: every cargo-fuzz target for 15 s (stable, --sanitizer none; see docs/FUZZING.md)"
+./scripts/fuzz.sh 15
