@@ -20,12 +20,29 @@ use msgr_proto::auth::{ModeSet, Security};
 use msgr_proto::session::{LinkId, LocalIdentity, Session, SessionEvent};
 use msgr_proto::{SessionConfig, StreamDecoder};
 
+/// A client messenger with these credentials.
 fn start(name: EntityName, cfg: MessengerConfig, creds: Credentials, bind: bool) -> Messenger {
-    let mut b = Messenger::builder(name).config(cfg).credentials(creds);
+    let d = Arc::new(msgr::NullDispatcher);
     if bind {
-        b = b.bind("tcp://127.0.0.1:0".parse().unwrap());
+        return server_with(name, cfg, creds, d);
     }
-    b.start(Arc::new(msgr::NullDispatcher)).expect("start")
+    let b = Messenger::builder(name).config(cfg).credentials(creds);
+    b.start(d).expect("start")
+}
+
+/// A messenger listening on loopback TCP with these credentials.
+fn server_with(
+    name: EntityName,
+    cfg: MessengerConfig,
+    creds: Credentials,
+    d: Arc<dyn msgr::Dispatcher>,
+) -> Messenger {
+    Messenger::builder(name)
+        .config(cfg)
+        .credentials(creds)
+        .bind("tcp://127.0.0.1:0".parse().unwrap())
+        .start(d)
+        .expect("start")
 }
 
 /// Drives one session of our own over a real socket to `target` until
@@ -119,12 +136,12 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
     );
     let ids = Ids::new(&[srv_name.clone(), victim.clone(), other.clone()]);
     let rec = Recorder::new();
-    let mut srv = Messenger::builder(srv_name.clone())
-        .config(secure_config("secure"))
-        .credentials(ids.creds(&srv_name))
-        .bind("tcp://127.0.0.1:0".parse().unwrap())
-        .start(rec.clone())
-        .unwrap();
+    let mut srv = server_with(
+        srv_name.clone(),
+        secure_config("secure"),
+        ids.creds(&srv_name),
+        rec.clone(),
+    );
     let mut cli = start(
         victim.clone(),
         secure_config("secure"),
@@ -281,12 +298,12 @@ fn a_bit_flipped_in_flight_is_detected_in_secure_mode() {
     let (srv_name, cli_name) = (EntityName::server(1), EntityName::client(1));
     let ids = Ids::new(&[srv_name.clone(), cli_name.clone()]);
     let rec = Recorder::new();
-    let mut srv = Messenger::builder(srv_name.clone())
-        .config(secure_config("secure"))
-        .credentials(ids.creds(&srv_name))
-        .bind("tcp://127.0.0.1:0".parse().unwrap())
-        .start(rec.clone())
-        .unwrap();
+    let mut srv = server_with(
+        srv_name.clone(),
+        secure_config("secure"),
+        ids.creds(&srv_name),
+        rec.clone(),
+    );
     let proxy = bit_flipping_proxy(srv.addr().socket, 300_000);
     let creds = ids.creds(&cli_name);
     let mut cli = start(cli_name, secure_config("secure"), creds, false);
@@ -331,12 +348,7 @@ fn lossless_delivery_holds_under_a_fault_plan_in_secure_mode() {
     let mut ccfg = secure_config("auth,secure");
     ccfg.faults = Some(plan(seed.wrapping_add(1)));
     let rec = Recorder::new();
-    let mut srv = Messenger::builder(srv_name.clone())
-        .config(scfg)
-        .credentials(ids.creds(&srv_name))
-        .bind("tcp://127.0.0.1:0".parse().unwrap())
-        .start(rec.clone())
-        .unwrap();
+    let mut srv = server_with(srv_name.clone(), scfg, ids.creds(&srv_name), rec.clone());
     let mut cli = start(cli_name.clone(), ccfg, ids.creds(&cli_name), false);
     let conn = cli
         .connect_with(srv.addr(), Policy::LosslessClient)
@@ -446,14 +458,8 @@ fn a_named_connection_refuses_whoever_else_answers() {
     );
     let ids = Ids::new(&[s1.clone(), s9.clone(), c1.clone()]);
     for modes in ["secure", "crc"] {
-        let srv = |name: &EntityName| {
-            Messenger::builder(name.clone())
-                .config(secure_config(modes))
-                .credentials(ids.creds(name))
-                .bind("tcp://127.0.0.1:0".parse().unwrap())
-                .start(Arc::new(msgr::NullDispatcher))
-                .unwrap()
-        };
+        let srv =
+            |name: &EntityName| start(name.clone(), secure_config(modes), ids.creds(name), true);
         let (mut right, mut wrong) = (srv(&s1), srv(&s9));
         let rec = Recorder::new();
         let mut cli = Messenger::builder(c1.clone())

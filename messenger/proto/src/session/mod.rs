@@ -555,11 +555,6 @@ impl Session {
         self.dial_at = 0;
     }
 
-    /// The address this connector dials now (or next).
-    pub fn dialling(&self) -> Option<&EntityAddr> {
-        self.dial.as_ref()
-    }
-
     /// A session for a freshly accepted link; it learns its peer from the hello.
     pub fn accept(cfg: SessionConfig, local: LocalIdentity, link: LinkId, now: Instant) -> Session {
         let mut s = Session::blank(cfg, local, Policy::Server, now);
