@@ -26,6 +26,9 @@ pub(super) struct RdmLink {
     /// Accepted (the listener's token and the peer) or outgoing (`None`).
     pub(super) accepted: Option<(Token, SocketAddr)>,
     pub(super) need_hello: bool,
+    /// The listener's challenge token, sent in the HELLO's `seq` (0: none
+    /// yet, see `super::challenge`).
+    pub(super) token: u64,
     /// How the peer moves rendezvous units (its HELLO or WELCOME said so,
     /// see [`rendezvous::caps`]); known before any data is sent.
     pub(super) peer_rndv: Option<RmaOp>,
@@ -117,6 +120,7 @@ impl RdmLink {
             remote: None,
             accepted,
             need_hello: false,
+            token: 0,
             peer_rndv: None,
             peer_late: false,
             need_welcome: false,

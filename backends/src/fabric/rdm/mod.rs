@@ -26,7 +26,12 @@
 //! header: kind, credits returned, and the receiving link's id and cookie (a
 //! random number per link, so a stale message for a reused id is dropped).
 //! - Connect: the connector sends `HELLO` (its link id, cookie and endpoint
-//!   name, then whether it reads rendezvous units: `rendezvous::caps`);
+//!   name, then whether it reads rendezvous units: `rendezvous::caps`).
+//!   The listener answers a first HELLO with `CHALLENGE` alone, sent to the
+//!   name the HELLO claims, and allocates nothing; the connector sends its
+//!   HELLO again with the challenge's token, which proves it receives at
+//!   that name (`challenge`: no link state in another endpoint's name, a
+//!   replayed HELLO admits nothing). Then
 //!   the listener inserts the name in its address vector (once per
 //!   peer, reference-counted, removed when no link or send uses it, so a
 //!   restarted peer of the same name is mapped afresh), reports `Accepted`
@@ -108,6 +113,7 @@
 //!   flush within credits, housekeeping (keepalives, deadlines, CLOSEs);
 //! - `wire`: the messages' kinds, the header, control bodies (HELLO,
 //!   WELCOME);
+//! - `challenge`: the tokens that admit a HELLO;
 //! - `context`: what an operation's completion context says (port, slot,
 //!   receive, read or write);
 //! - `port`: an endpoint the links share, its address-vector peers and
@@ -131,6 +137,7 @@ use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
+use self::challenge::{HelloChallenges, Verdict};
 use super::reassembly::{self, PieceError};
 use super::rendezvous::{self, Counters, DescError, OutUnit};
 use super::wait_fd::CqWaitFd;
@@ -148,10 +155,12 @@ use context::{context, decode_context, read_context, write_context, READ_BIT, WR
 use link::RdmLink;
 use port::Port;
 use wire::{
-    read_dest, read_header, write_dest, write_header, Body, Dest, CLOSE, DATA_LAST, DATA_MORE,
-    HELLO, HELLO_FIXED, KEEP, RNDV, RNDV_DONE, RNDV_EPILOGUE, RNDV_GRANT, RNDV_WRITTEN, WELCOME,
+    read_dest, read_header, write_dest, write_header, Body, Dest, CHALLENGE, CLOSE, DATA_LAST,
+    DATA_MORE, HELLO, HELLO_FIXED, KEEP, RNDV, RNDV_DONE, RNDV_EPILOGUE, RNDV_GRANT, RNDV_WRITTEN,
+    WELCOME,
 };
 
+mod challenge;
 mod context;
 mod link;
 mod port;
@@ -178,7 +187,7 @@ pub const MOVING_WINDOW: Duration = Duration::from_millis(5);
 /// slot is tried again.
 const RETRY_AFTER: Duration = Duration::from_micros(100);
 /// How long a CLOSE is retried before the peer is left to its deadline.
-const CLOSE_GIVE_UP: Duration = Duration::from_secs(1);
+pub(super) const CLOSE_GIVE_UP: Duration = Duration::from_secs(1);
 /// How often link deadlines are looked at.
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
 /// Transmit slots per endpoint.
@@ -281,6 +290,8 @@ pub struct RdmTransport {
     completions: Vec<Completion>,
     /// Where small frames are encoded ([`OutUnit::Small`]).
     tx_arena: ByteArena,
+    /// Tokens that admit a HELLO (`challenge`).
+    challenges: HelloChallenges,
 }
 
 impl std::fmt::Debug for RdmTransport {
@@ -340,7 +351,14 @@ impl RdmTransport {
             });
         // Rendezvous needs RMA (shm too: see the module docs on its reads).
         let rndv = net.rma();
+        let challenges = HelloChallenges::new(Instant::now()).map_err(|_| {
+            TransportError::io(
+                "libfabric RDM: a key for HELLO challenges",
+                std::io::Error::other("the system's random number generator failed"),
+            )
+        })?;
         Ok(RdmTransport {
+            challenges,
             slot_size,
             send_limit,
             rndv,
@@ -616,7 +634,7 @@ impl RdmTransport {
         let body = Body::of(h.kind, msg.get(HEADER_LEN..).unwrap_or(&[]));
         if let Body::Hello(body) = body {
             self.repost(pidx, slot);
-            return self.hello(pidx, &body, events);
+            return self.hello(pidx, &body, h.seq, events);
         }
         let id = LinkId(h.dest.link);
         let Some(link) = self.links.get_mut(&id) else {
@@ -684,6 +702,22 @@ impl RdmTransport {
                 self.hand_up(id, events);
             }
             KEEP => self.repost(pidx, slot),
+            CHALLENGE => {
+                self.repost(pidx, slot);
+                let Some(link) = self.links.get_mut(&id) else {
+                    return;
+                };
+                // Only a link still waiting for its WELCOME takes one: a
+                // challenge to any other is the answer to someone's copy of
+                // its HELLO (see `challenge`), and changes nothing.
+                if link.remote.is_none() && link.accepted.is_none() && h.seq != 0 {
+                    link.token = h.seq;
+                    link.need_hello = true;
+                    self.dirty.push(id);
+                } else {
+                    tracing::debug!(link = id.0, "CHALLENGE for a link not connecting, dropped");
+                }
+            }
             RNDV_DONE => {
                 self.repost(pidx, slot);
                 let id_done = body.done();
@@ -1041,8 +1075,10 @@ impl RdmTransport {
         }
     }
 
-    /// A HELLO on port `pidx`: accept the link if the port listens.
-    fn hello(&mut self, pidx: usize, body: &[u8], events: &mut Vec<TransportEvent>) {
+    /// A HELLO with the challenge token `proof` on port `pidx`: accept the link if the port
+    /// listens and the token is good, else challenge the name it claims
+    /// (`challenge`).
+    fn hello(&mut self, pidx: usize, body: &[u8], proof: u64, events: &mut Vec<TransportEvent>) {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
@@ -1071,6 +1107,13 @@ impl RdmTransport {
             // The connector's link fails by its deadline, never welcomed.
             tracing::debug!("HELLO dropped: fabric_link_bytes reached");
             return;
+        }
+        if self.challenges.judge(self.now, name, remote, proof) == Verdict::Challenge {
+            let Some(token) = self.challenges.issue(self.now, name, remote) else {
+                return;
+            };
+            let removable = !self.net.never_closes();
+            return port.challenge(pidx, name, remote, token, removable);
         }
         let peer = match port.peer(name) {
             Ok(p) => p,
@@ -1159,8 +1202,9 @@ impl RdmTransport {
         if link.need_hello {
             let name = port.ep.name().to_vec();
             let caps = rendezvous::caps(ours);
+            let token = link.token;
             let sent = port.post(pidx, link.peer, Some(id), |buf| {
-                write_header(buf, HELLO, 0, Dest { link: 0, cookie: 0 }, 0);
+                write_header(buf, HELLO, 0, Dest { link: 0, cookie: 0 }, token);
                 let mut n = HEADER_LEN + write_dest(&mut buf[HEADER_LEN..], me);
                 buf[n..n + 2].copy_from_slice(&(name.len() as u16).to_le_bytes());
                 n += 2;
@@ -1258,35 +1302,8 @@ impl RdmTransport {
             return done;
         }
         for (pidx, port) in self.ports.iter_mut().enumerate() {
-            let Some(port) = port.as_mut() else {
-                continue;
-            };
-            while let Some(&(peer, remote, queued)) = port.closes.front() {
-                if self.now.saturating_duration_since(queued) > CLOSE_GIVE_UP {
-                    // The peer does not take messages: its deadline tells it.
-                    port.closes.pop_front();
-                    port.release_peer(peer, true);
-                    continue;
-                }
-                match port.post(pidx, peer, None, |buf| {
-                    write_header(buf, CLOSE, 0, remote, 0);
-                    HEADER_LEN
-                }) {
-                    Ok(true) => {
-                        port.closes.pop_front();
-                        port.release_peer(peer, true);
-                    }
-                    Ok(false) => {
-                        done = false;
-                        break;
-                    }
-                    Err(e) => {
-                        // The peer learns by its deadline instead.
-                        tracing::debug!(error = %e, "CLOSE not sent");
-                        port.closes.pop_front();
-                        port.release_peer(peer, true);
-                    }
-                }
+            if let Some(port) = port.as_mut() {
+                done &= port.flush_closes(pidx, self.now);
             }
         }
         done
@@ -1385,7 +1402,16 @@ impl RdmTransport {
 
     /// Takes port `pidx` out of use (see `retired`).
     fn retire(&mut self, pidx: usize) {
-        if let Some(port) = self.ports.get_mut(pidx).and_then(Option::take) {
+        if let Some(mut port) = self.ports.get_mut(pidx).and_then(Option::take) {
+            // Its last links' CLOSEs go now: a retired port is never
+            // flushed again, and a peer not told waits out its deadline
+            // (an unbound listener's peers took 1.5 s to fail over).
+            if !port.flush_closes(pidx, self.now) {
+                tracing::debug!(
+                    left = port.closes.len(),
+                    "libfabric RDM: CLOSEs of a retired endpoint not sent (no free slot); peers learn by their deadline"
+                );
+            }
             self.retired.push(port);
         }
     }
@@ -1741,6 +1767,7 @@ impl Transport for RdmTransport {
         values.extend(self.queue_failures.values());
         values.extend(self.reg_cache.values());
         values.extend(self.link_budget.values());
+        values.extend(self.challenges.values());
         TransportStats {
             kind: self.kind.clone(),
             values,

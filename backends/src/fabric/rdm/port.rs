@@ -11,7 +11,8 @@ use msgr_proto::LinkId;
 use rustc_hash::FxHashMap;
 
 use super::context::context;
-use super::wire::Dest;
+use super::wire::{write_header, Dest, CHALLENGE, CLOSE, HEADER_LEN};
+use super::CLOSE_GIVE_UP;
 
 /// A peer in a port's address vector, shared by its links.
 #[derive(Debug)]
@@ -113,6 +114,61 @@ impl Port {
         };
         self.peer_ids.insert(name.to_vec(), i);
         Ok(i)
+    }
+
+    /// Sends `CHALLENGE` with `token` to link `to` of the endpoint named
+    /// `name` (a HELLO claimed it), best effort: no free slot or a name
+    /// that cannot be used, and the connector's next HELLO or its deadline
+    /// decides. Where the provider allows (`removable`), a name only the
+    /// challenge used leaves the address vector once it is sent, so forged
+    /// names do not pile up in it.
+    pub(super) fn challenge(
+        &mut self,
+        pidx: usize,
+        name: &[u8],
+        to: Dest,
+        token: u64,
+        removable: bool,
+    ) {
+        let peer = match self.peer(name) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(error = %e, "HELLO from an unusable name dropped");
+                return;
+            }
+        };
+        if let Some(p) = self.peers[peer].as_mut() {
+            p.dead |= removable && p.users == 1;
+        }
+        if let Err(e) = self.post(pidx, peer, None, |buf| {
+            write_header(buf, CHALLENGE, 0, to, token);
+            HEADER_LEN
+        }) {
+            tracing::debug!(error = %e, "CHALLENGE not sent");
+        }
+        self.release_peer(peer, true);
+    }
+
+    /// Posts this port's queued CLOSE messages (port index `pidx`) while
+    /// slots are free; one queued longer than [`CLOSE_GIVE_UP`], or whose
+    /// post fails, is given up (the peer learns by its deadline). Returns
+    /// whether none is left.
+    pub(super) fn flush_closes(&mut self, pidx: usize, now: Instant) -> bool {
+        while let Some(&(peer, remote, queued)) = self.closes.front() {
+            if now.saturating_duration_since(queued) <= CLOSE_GIVE_UP {
+                match self.post(pidx, peer, None, |buf| {
+                    write_header(buf, CLOSE, 0, remote, 0);
+                    HEADER_LEN
+                }) {
+                    Ok(true) => {}
+                    Ok(false) => return false,
+                    Err(e) => tracing::debug!(error = %e, "CLOSE not sent"),
+                }
+            }
+            self.closes.pop_front();
+            self.release_peer(peer, true);
+        }
+        true
     }
 
     /// Drops a use (`user`) or an in-flight send of peer `i`; removes a dead

@@ -28,6 +28,10 @@ pub(super) const RNDV_WRITTEN: u8 = 10;
 /// The epilogue of a RNDV flagged `LATE_EPILOGUE`
 /// ([`rendezvous::encode_epilogue`]).
 pub(super) const RNDV_EPILOGUE: u8 = 11;
+/// A listener's answer to a HELLO without a good token: the token, in the
+/// header's `seq`, for the connector to send its HELLO again with
+/// (`super::challenge`).
+pub(super) const CHALLENGE: u8 = 12;
 /// The rendezvous messages besides descriptors, as this wire numbers them.
 pub(super) const OWED_KINDS: OwedKinds = OwedKinds {
     epilogue: RNDV_EPILOGUE,
@@ -50,7 +54,8 @@ pub(super) struct Header {
     pub(super) kind: u8,
     pub(super) credits: u16,
     pub(super) dest: Dest,
-    /// Data pieces: the piece's number on its link (from 0).
+    /// Data pieces: the piece's number on its link (from 0). `HELLO` and
+    /// `CHALLENGE`: the challenge's token (0 in a first HELLO).
     pub(super) seq: u64,
 }
 
