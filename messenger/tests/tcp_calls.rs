@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use common::*;
@@ -20,11 +20,31 @@ use msgr::{
 };
 
 /// Answers type-1 requests with the request's front, counts each call id
-/// it saw, and lets type-2 requests wait `delay` before answering.
+/// it saw, and holds type-2 requests until the test opens `gate`: a reply
+/// that must come late comes when the test says, not after a sleep that a
+/// busy machine can outlast.
 #[derive(Default)]
 struct Answerer {
     seen: Mutex<HashMap<u64, u32>>,
-    delay: Duration,
+    gate: Gate,
+}
+
+/// Shut until opened (waits on it give up after 30 s, so none hangs).
+#[derive(Default)]
+struct Gate(Mutex<bool>, Condvar);
+
+impl Gate {
+    fn open(&self) {
+        *self.0.lock().unwrap() = true;
+        self.1.notify_all();
+    }
+
+    fn wait(&self) {
+        let shut = self.0.lock().unwrap();
+        let _ = self
+            .1
+            .wait_timeout_while(shut, Duration::from_secs(30), |open| !*open);
+    }
 }
 
 impl Dispatcher for Answerer {
@@ -34,7 +54,7 @@ impl Dispatcher for Answerer {
         };
         *self.seen.lock().unwrap().entry(id).or_default() += 1;
         if req.msg_type == 2 {
-            std::thread::sleep(self.delay);
+            self.gate.wait();
         }
         let _ = conn.reply(&req, Message::new(9, req.front.clone(), req.data.clone()));
     }
@@ -90,17 +110,15 @@ fn calls_get_their_own_replies_and_others_get_nothing() {
 
 #[test]
 fn a_slow_reply_times_the_call_out_and_is_dropped_when_it_comes() {
-    let ans = Arc::new(Answerer {
-        delay: Duration::from_millis(300),
-        ..Answerer::default()
-    });
-    let (mut srv, mut cli, conn) = pair(ans);
+    let ans = Arc::new(Answerer::default());
+    let (mut srv, mut cli, conn) = pair(ans.clone());
     let r = conn.call(
         Message::new(2, &b"slow"[..], &b""[..]),
         Duration::from_millis(50),
     );
     assert_eq!(r.err(), Some(CallError::Timeout(Duration::from_millis(50))));
-    assert!(wait_until(Duration::from_secs(5), || cli
+    ans.gate.open();
+    assert!(wait_until(Duration::from_secs(30), || cli
         .counters()
         .late_replies
         .load(Ordering::Relaxed)
@@ -117,11 +135,8 @@ fn a_slow_reply_times_the_call_out_and_is_dropped_when_it_comes() {
 
 #[test]
 fn a_reset_fails_the_pending_call() {
-    let ans = Arc::new(Answerer {
-        delay: Duration::from_millis(500),
-        ..Answerer::default()
-    });
-    let (mut srv, mut cli, conn) = pair(ans);
+    let ans = Arc::new(Answerer::default());
+    let (mut srv, mut cli, conn) = pair(ans.clone());
     let c2 = conn.clone();
     let waiting = std::thread::spawn(move || {
         c2.call(
@@ -129,9 +144,16 @@ fn a_reset_fails_the_pending_call() {
             Duration::from_secs(30),
         )
     });
-    std::thread::sleep(Duration::from_millis(100));
+    // Pending once the server holds the request.
+    assert!(wait_until(Duration::from_secs(30), || ans
+        .seen
+        .lock()
+        .unwrap()
+        .len()
+        == 1));
     conn.mark_down();
     let r = waiting.join().unwrap();
+    ans.gate.open();
     assert!(matches!(r, Err(CallError::Reset(_))), "{r:?}");
     cli.shutdown(Duration::from_secs(2));
     srv.shutdown(Duration::from_secs(2));
