@@ -496,7 +496,9 @@ fn shutdown_with_a_frozen_link(addr: &str) {
     let t = Instant::now();
     let r = cli.shutdown(Duration::from_secs(3));
     srv.shutdown(Duration::from_secs(3));
-    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    // A frozen link never drains: without their deadlines the shutdowns
+    // would never end (the bound is far above a busy machine's slowness).
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
     println!("{addr}: shutdown with a frozen link: {r:?}");
     drop((cli, srv));
 }

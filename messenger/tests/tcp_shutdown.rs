@@ -45,8 +45,10 @@ fn shutdown_drains_or_reports_and_leaks_nothing() {
     }
     let started = std::time::Instant::now();
     let r = cli2.shutdown(Duration::from_millis(500));
+    // Without its deadline shutdown would wait on the frozen link for
+    // ever; the bound only tells that from a busy machine's slowness.
     assert!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() < Duration::from_secs(30),
         "shutdown honours its deadline"
     );
     assert_eq!(r.undelivered, 100, "{r:?}");

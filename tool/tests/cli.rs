@@ -624,8 +624,8 @@ fn clients_exit_with_the_reason_when_the_server_restarts() {
                 break s;
             }
             assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "msgr {args:?} went on for 15 s after the server restarted"
+                started.elapsed() < Duration::from_secs(60),
+                "msgr {args:?} went on for 60 s after the server restarted"
             );
             std::thread::sleep(Duration::from_millis(50));
         };
