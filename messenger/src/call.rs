@@ -25,6 +25,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use msgr_proto::message::REPLY_BIT;
+use msgr_proto::rma::RMA_BIT;
 use msgr_proto::{FaultReason, Message};
 
 use crate::connection::SendError;
@@ -85,8 +86,10 @@ pub(crate) struct PendingCalls {
 static NEXT_CALL: AtomicU64 = AtomicU64::new(1);
 
 impl PendingCalls {
-    fn register(&self, timeout: Duration) -> (u64, Arc<CallSlot>) {
-        let id = NEXT_CALL.fetch_add(1, Ordering::Relaxed) & !REPLY_BIT;
+    /// A new pending call; `mark` is or'ed into its id (`RMA_BIT` for an
+    /// RMA operation, else 0).
+    fn register(&self, timeout: Duration, mark: u64) -> (u64, Arc<CallSlot>) {
+        let id = (NEXT_CALL.fetch_add(1, Ordering::Relaxed) & !(REPLY_BIT | RMA_BIT)) | mark;
         let slot = Arc::new(CallSlot::default());
         self.slots
             .lock()
@@ -143,10 +146,21 @@ impl Connection {
     /// println!("{} bytes back", reply.front.len());
     /// # Ok(()) }
     /// ```
-    pub fn call(&self, mut request: Message, timeout: Duration) -> Result<Message, CallError> {
+    pub fn call(&self, request: Message, timeout: Duration) -> Result<Message, CallError> {
+        self.call_marked(request, timeout, 0)
+    }
+
+    /// [`Connection::call`] with `mark` in the call id (`RMA_BIT`: an RMA
+    /// operation, answered by the peer's messenger).
+    pub(crate) fn call_marked(
+        &self,
+        mut request: Message,
+        timeout: Duration,
+        mark: u64,
+    ) -> Result<Message, CallError> {
         let deadline = Instant::now() + timeout;
         let calls = &self.inner.calls;
-        let (id, slot) = calls.register(timeout);
+        let (id, slot) = calls.register(timeout, mark);
         request.call = id;
         if let Err(e) = self.send_timeout(request, timeout) {
             calls.forget(id);
@@ -175,10 +189,22 @@ impl Connection {
     /// executor's is needed). Dropping the future forgets the call (a
     /// reply that comes anyway is dropped and counted).
     pub fn call_async(&self, request: Message, timeout: Duration) -> CallFuture {
+        self.call_async_marked(request, timeout, 0)
+    }
+
+    /// [`Connection::call_async`] with `mark` in the call id (see
+    /// [`Connection::call_marked`]).
+    pub(crate) fn call_async_marked(
+        &self,
+        request: Message,
+        timeout: Duration,
+        mark: u64,
+    ) -> CallFuture {
         CallFuture {
             conn: self.clone(),
             request: Some(request),
             timeout,
+            mark,
             call: None,
         }
     }
@@ -199,6 +225,8 @@ pub struct CallFuture {
     conn: Connection,
     request: Option<Message>,
     timeout: Duration,
+    /// Or'ed into the call id (see [`Connection::call_marked`]).
+    mark: u64,
     call: Option<(u64, Arc<CallSlot>)>,
 }
 
@@ -211,7 +239,7 @@ impl Future for CallFuture {
             let (id, slot) = match &this.call {
                 Some((id, slot)) => (*id, slot.clone()),
                 None => {
-                    let (id, slot) = this.conn.inner.calls.register(this.timeout);
+                    let (id, slot) = this.conn.inner.calls.register(this.timeout, this.mark);
                     this.call = Some((id, slot.clone()));
                     this.conn.call_deadline(id, Instant::now() + this.timeout);
                     (id, slot)

@@ -61,6 +61,14 @@ counters! {
     transport_changes,
     /// Replies that came after their call gave up (timed out, or its future was dropped): dropped.
     late_replies,
+    /// One-sided reads of this messenger's exposed regions served (msgr::rma).
+    rma_reads_served,
+    /// One-sided writes into this messenger's exposed regions served.
+    rma_writes_served,
+    /// Bytes read from or written into exposed regions by peers.
+    rma_bytes_served,
+    /// One-sided operations refused: revoked or unknown region, wrong capability or peer, out of range, not allowed, bad checksum, malformed.
+    rma_refused,
     /// Links faulted because the peer fell silent.
     keepalive_timeouts,
     /// Sessions reset (on_reset).

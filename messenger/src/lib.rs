@@ -48,6 +48,7 @@ mod dispatcher;
 mod faults;
 mod inbox;
 mod messenger;
+pub mod rma;
 mod throttle;
 mod worker;
 
@@ -75,6 +76,7 @@ pub use msgr_proto::{
     Codec, CodecError, FaultReason, Message, PeerInfo, Policy, Postcard, SessionConfig, TypedError,
     TypedMessage,
 };
+pub use rma::{Access, RmaError, RmaFuture, RmaHandle, RmaOp, RmaOptions, RmaRegion};
 pub use worker::affinity::allowed_cpus;
 
 /// Authentication and the secure mode: keys, keyrings, the modes a link

@@ -66,6 +66,8 @@ pub(crate) struct Shared {
     /// Every address listened on (the first is `local.addr`), and whether
     /// it still is.
     pub(crate) bound: Mutex<Vec<(EntityAddr, bool)>>,
+    /// Regions exposed to one-sided operations ([`crate::rma`]).
+    pub(crate) regions: Arc<crate::rma::RegionTable>,
 }
 
 impl Shared {
@@ -195,7 +197,7 @@ impl MessengerBuilder {
 /// Use [`Messenger::builder`] to bind and start one, [`Messenger::connect`] to
 /// open a [`Connection`], and implement [`Dispatcher`] to receive.
 pub struct Messenger {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     threads: Vec<JoinHandle<WorkerReport>>,
     report: Option<ShutdownReport>,
 }
@@ -310,6 +312,7 @@ impl Messenger {
             transport_ctx: ctx.clone(),
             session_keys: AtomicU64::new(1),
             bound: Mutex::new(bound_addrs.into_iter().map(|a| (a, true)).collect()),
+            regions: Arc::default(),
         });
         let mut threads = Vec::new();
         for (idx, ((poll, rx, sleeping), ts)) in rest.into_iter().zip(worker_transports).enumerate()

@@ -48,8 +48,13 @@ pub mod features {
     /// bytes 24..32 and batch entries (`Message::call`); without it a
     /// message with a call is refused.
     pub const CALLS: u64 = 1 << 9;
+    /// Calls whose id has `crate::rma::RMA_BIT` are one-sided operations on
+    /// an exposed region, answered by the owner's messenger (with `CALLS`;
+    /// without it such a call is refused).
+    pub const RMA: u64 = 1 << 10;
     /// Everything this build supports by default.
-    pub const SUPPORTED: u64 = CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH | LIMITS | CALLS;
+    pub const SUPPORTED: u64 =
+        CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH | LIMITS | CALLS | RMA;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
 }

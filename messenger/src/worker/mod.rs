@@ -47,8 +47,8 @@ use msgr_backends::{
     open_transport, AnyTransport, RealFault, Transport, TransportError, TransportEvent,
 };
 use msgr_proto::{
-    control::Hello, message::REPLY_BIT, FaultReason, LinkId, Message, Session, SessionEvent,
-    SessionStats, Tag, Takeover, Transmit,
+    control::Hello, message::REPLY_BIT, rma::RMA_BIT, FaultReason, LinkId, Message, Session,
+    SessionEvent, SessionStats, Tag, Takeover, Transmit,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -945,6 +945,9 @@ impl Worker {
                         Some(SessionEvent::Message(msg)) if msg.call & REPLY_BIT != 0 => {
                             route_reply(&slot.conn, msg, &shared.counters);
                         }
+                        Some(SessionEvent::Message(msg)) if msg.call & RMA_BIT != 0 => {
+                            crate::rma::serve(&slot.conn, msg, &shared.counters);
+                        }
                         Some(SessionEvent::Message(msg)) => {
                             let conn = &slot.conn;
                             let ty = msg.msg_type;
@@ -1065,6 +1068,10 @@ impl Worker {
             // (`RxThrottle::charge_unit`).
             if msg.call & REPLY_BIT != 0 {
                 route_reply(&slot.conn, msg, &self.shared.counters);
+                return;
+            }
+            if msg.call & RMA_BIT != 0 {
+                crate::rma::serve(&slot.conn, msg, &self.shared.counters);
                 return;
             }
             let ty = msg.msg_type;

@@ -1026,8 +1026,7 @@ impl Session {
         {
             return Some(FaultReason::TooLarge { segment, len, max });
         }
-        (msg.call != 0 && self.features & features::CALLS == 0)
-            .then_some(FaultReason::CallsUnsupported)
+        (!call_allowed(msg.call, self.features)).then_some(FaultReason::CallsUnsupported)
     }
 
     /// The first queued message not transmitted on this link yet.
@@ -1073,7 +1072,7 @@ impl Session {
             // One the peer cannot take stops the batch; the next
             // poll_transmit ends the session on it.
             let fits = limits.check(msg.front.len(), msg.data.len()).is_ok()
-                && (msg.call == 0 || self.features & features::CALLS != 0);
+                && call_allowed(msg.call, self.features);
             if !fits || !self.batchable(msg) || !w.push(msg) {
                 break;
             }
@@ -1727,10 +1726,10 @@ impl Session {
     /// Delivers a received message once and in order: a duplicate of one
     /// delivered is dropped, a gap is a protocol error.
     fn deliver(&mut self, msg: Message) -> Result<(), ProtocolError> {
-        if msg.call != 0 && self.features & features::CALLS == 0 {
+        if !call_allowed(msg.call, self.features) {
             return Err(ProtocolError::Malformed {
                 what: "message",
-                detail: "a call on a link that did not agree to calls".into(),
+                detail: "a call (or an RMA operation) on a link that did not agree to them".into(),
             });
         }
         if msg.seq <= self.in_seq {
@@ -1886,6 +1885,15 @@ fn mixed(seed: u64, v: impl std::hash::Hash) -> u64 {
 
 fn reset_frame() -> Frame {
     control_frame(Tag::SessionReset, &())
+}
+
+/// Whether a message with call field `call` may travel on a link with
+/// `features`: a plain message always; a call where `CALLS` was agreed; an
+/// RMA operation (`crate::rma::RMA_BIT`) where `RMA` was too.
+fn call_allowed(call: u64, features: u64) -> bool {
+    call == 0
+        || (features & features::CALLS != 0
+            && (call & crate::rma::RMA_BIT == 0 || features & features::RMA != 0))
 }
 
 #[cfg(test)]

@@ -1,0 +1,369 @@
+//! One-sided RMA on the wire: the handle a region's owner hands out, and the
+//! request and reply a peer's read or write travels as where no NIC does
+//! the work (docs/PROTOCOL.md §6).
+//!
+//! An operation is a call (`features::CALLS`) whose id has [`RMA_BIT`] set,
+//! between peers that agreed `features::RMA`: the owner's messenger answers
+//! it from the exposed region, never the application's dispatcher. Being a
+//! message, it is numbered, acknowledged, batched, sealed in secure mode and
+//! replayed after a reconnect like any other, so on a lossless session each
+//! operation lands exactly once.
+//!
+//! - request (front segment, [`REQUEST_LEN`] bytes): op u8 (1 read, 2
+//!   write) | flags u8 (bit 0: checksum) | reserved u16 (0) | region u64 |
+//!   capability 16 B | offset u64 | length u64. A write's bytes are the
+//!   data segment, exactly `length` of them; with the checksum flag, their
+//!   CRC32C follows the request in the front (4 more bytes).
+//! - reply (front segment, [`REPLY_LEN`] bytes): status u8 ([`RmaStatus`]) |
+//!   reserved 3 B (0) | CRC32C u32 of the bytes read (checksum flag; else 0).
+//!   A read's bytes are the data segment.
+//!
+//! Nothing here trusts its input: every decoder returns [`RmaWireError`].
+
+use serde::{Deserialize, Serialize};
+
+/// Call-id bit of an RMA operation (bit 63 is [`crate::message::REPLY_BIT`]).
+pub const RMA_BIT: u64 = 1 << 62;
+
+/// Bytes of an encoded request, without a write's checksum.
+pub const REQUEST_LEN: usize = 44;
+
+/// Bytes of an encoded reply.
+pub const REPLY_LEN: usize = 8;
+
+/// Request flag: a CRC32C of the bytes moved travels with them and is
+/// checked where they land.
+const FLAG_CHECKSUM: u8 = 1;
+
+/// What a region lets its peers do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Access {
+    /// Peers may read it.
+    Read,
+    /// Peers may write it.
+    Write,
+    /// Peers may read and write it.
+    ReadWrite,
+}
+
+impl Access {
+    /// Whether `op` is allowed.
+    pub fn allows(self, op: RmaOp) -> bool {
+        matches!(
+            (self, op),
+            (Access::ReadWrite, _) | (Access::Read, RmaOp::Read) | (Access::Write, RmaOp::Write)
+        )
+    }
+}
+
+/// A one-sided operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RmaOp {
+    /// Copy bytes out of the region.
+    Read,
+    /// Copy bytes into the region.
+    Write,
+}
+
+/// A region's name and rights as its owner hands them to a peer: small,
+/// serializable (serde), to travel inside any message or call, as a
+/// Mercury bulk handle travels in an RPC. Whoever holds it may use it as
+/// its rights say on a connection to the owner (and only to peers the
+/// owner named, if it named any): keep it as you would a password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RmaHandle {
+    /// The region's number in its owner's messenger.
+    pub region: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// What the holder may do.
+    pub access: Access,
+    /// The random capability the owner checks on every operation.
+    pub capability: [u8; 16],
+}
+
+impl std::fmt::Debug for RmaHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The capability is a secret: not in logs.
+        f.debug_struct("RmaHandle")
+            .field("region", &self.region)
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A decoded request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RmaRequest {
+    /// Read or write.
+    pub op: RmaOp,
+    /// The region named by the handle.
+    pub region: u64,
+    /// The handle's capability.
+    pub capability: [u8; 16],
+    /// Where in the region.
+    pub offset: u64,
+    /// How many bytes.
+    pub len: u64,
+    /// With a checksum: a write's CRC32C (as sent), or `Some(0)` for a
+    /// read that asks for one.
+    pub checksum: Option<u32>,
+}
+
+impl RmaRequest {
+    /// The request's front segment.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(REQUEST_LEN + 4);
+        b.push(match self.op {
+            RmaOp::Read => 1,
+            RmaOp::Write => 2,
+        });
+        b.push(if self.checksum.is_some() {
+            FLAG_CHECKSUM
+        } else {
+            0
+        });
+        b.extend_from_slice(&[0, 0]);
+        b.extend_from_slice(&self.region.to_le_bytes());
+        b.extend_from_slice(&self.capability);
+        b.extend_from_slice(&self.offset.to_le_bytes());
+        b.extend_from_slice(&self.len.to_le_bytes());
+        if let (RmaOp::Write, Some(crc)) = (self.op, self.checksum) {
+            b.extend_from_slice(&crc.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes a request's front segment.
+    pub fn decode(front: &[u8]) -> Result<RmaRequest, RmaWireError> {
+        let fixed = front.get(..REQUEST_LEN).ok_or(RmaWireError::Short {
+            what: "request",
+            len: front.len(),
+        })?;
+        let op = match fixed[0] {
+            1 => RmaOp::Read,
+            2 => RmaOp::Write,
+            other => return Err(RmaWireError::UnknownOp(other)),
+        };
+        if fixed[1] & !FLAG_CHECKSUM != 0 || fixed[2..4] != [0, 0] {
+            return Err(RmaWireError::Reserved);
+        }
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&fixed[i..i + 8]);
+            u64::from_le_bytes(a)
+        };
+        let mut capability = [0u8; 16];
+        capability.copy_from_slice(&fixed[12..28]);
+        let rest = &front[REQUEST_LEN..];
+        let checksum = match (fixed[1] & FLAG_CHECKSUM != 0, op, rest.len()) {
+            (false, _, 0) => None,
+            (true, RmaOp::Read, 0) => Some(0),
+            (true, RmaOp::Write, 4) => {
+                Some(u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]))
+            }
+            _ => return Err(RmaWireError::Trailing(rest.len())),
+        };
+        Ok(RmaRequest {
+            op,
+            region: u64_at(4),
+            capability,
+            offset: u64_at(28),
+            len: u64_at(36),
+            checksum,
+        })
+    }
+}
+
+/// How an operation ended, as the owner says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RmaStatus {
+    /// Done.
+    Ok,
+    /// No such region any more: revoked or dropped (or never exposed).
+    Revoked,
+    /// The capability is not the region's, or the region was not exposed
+    /// to this peer.
+    Denied,
+    /// The range is not inside the region.
+    OutOfRange,
+    /// The region does not allow this operation.
+    Forbidden,
+    /// A write's bytes did not match the checksum sent with them.
+    Corrupt,
+    /// The request does not parse.
+    Malformed,
+}
+
+impl RmaStatus {
+    fn code(self) -> u8 {
+        match self {
+            RmaStatus::Ok => 0,
+            RmaStatus::Revoked => 1,
+            RmaStatus::Denied => 2,
+            RmaStatus::OutOfRange => 3,
+            RmaStatus::Forbidden => 4,
+            RmaStatus::Corrupt => 5,
+            RmaStatus::Malformed => 6,
+        }
+    }
+
+    fn of(code: u8) -> Option<RmaStatus> {
+        Some(match code {
+            0 => RmaStatus::Ok,
+            1 => RmaStatus::Revoked,
+            2 => RmaStatus::Denied,
+            3 => RmaStatus::OutOfRange,
+            4 => RmaStatus::Forbidden,
+            5 => RmaStatus::Corrupt,
+            6 => RmaStatus::Malformed,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmaReply {
+    /// How it ended.
+    pub status: RmaStatus,
+    /// A read's CRC32C, if asked for (else 0).
+    pub checksum: u32,
+}
+
+impl RmaReply {
+    /// The reply's front segment.
+    pub fn encode(&self) -> [u8; REPLY_LEN] {
+        let mut b = [0u8; REPLY_LEN];
+        b[0] = self.status.code();
+        b[4..8].copy_from_slice(&self.checksum.to_le_bytes());
+        b
+    }
+
+    /// Decodes a reply's front segment.
+    pub fn decode(front: &[u8]) -> Result<RmaReply, RmaWireError> {
+        if front.len() != REPLY_LEN {
+            return Err(RmaWireError::Short {
+                what: "reply",
+                len: front.len(),
+            });
+        }
+        if front[1..4] != [0, 0, 0] {
+            return Err(RmaWireError::Reserved);
+        }
+        let status = RmaStatus::of(front[0]).ok_or(RmaWireError::UnknownStatus(front[0]))?;
+        Ok(RmaReply {
+            status,
+            checksum: u32::from_le_bytes([front[4], front[5], front[6], front[7]]),
+        })
+    }
+}
+
+/// An RMA request or reply that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RmaWireError {
+    /// Shorter (or, for a reply, other) than its fixed part.
+    #[error("RMA {what} of {len} bytes")]
+    Short {
+        /// Request or reply.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+    },
+    /// An operation this version does not know.
+    #[error("unknown RMA operation {0}")]
+    UnknownOp(u8),
+    /// A status this version does not know.
+    #[error("unknown RMA status {0}")]
+    UnknownStatus(u8),
+    /// A reserved bit or byte is set.
+    #[error("reserved bits set in an RMA request or reply")]
+    Reserved,
+    /// Bytes after the request that its flags do not account for.
+    #[error("{0} unexpected bytes after an RMA request")]
+    Trailing(usize),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_replies_round_trip() {
+        for (op, checksum) in [
+            (RmaOp::Read, None),
+            (RmaOp::Read, Some(0)),
+            (RmaOp::Write, None),
+            (RmaOp::Write, Some(0xdead_beef)),
+        ] {
+            let r = RmaRequest {
+                op,
+                region: 7,
+                capability: [9; 16],
+                offset: 1 << 40,
+                len: 4096,
+                checksum,
+            };
+            assert_eq!(RmaRequest::decode(&r.encode()), Ok(r));
+        }
+        let rep = RmaReply {
+            status: RmaStatus::OutOfRange,
+            checksum: 5,
+        };
+        assert_eq!(RmaReply::decode(&rep.encode()), Ok(rep));
+    }
+
+    #[test]
+    fn bad_requests_and_replies_are_typed_errors() {
+        let good = RmaRequest {
+            op: RmaOp::Read,
+            region: 1,
+            capability: [0; 16],
+            offset: 0,
+            len: 1,
+            checksum: None,
+        }
+        .encode();
+        assert!(matches!(
+            RmaRequest::decode(&good[..10]),
+            Err(RmaWireError::Short { .. })
+        ));
+        let mut bad = good.clone();
+        bad[0] = 9;
+        assert_eq!(RmaRequest::decode(&bad), Err(RmaWireError::UnknownOp(9)));
+        let mut bad = good.clone();
+        bad[2] = 1;
+        assert_eq!(RmaRequest::decode(&bad), Err(RmaWireError::Reserved));
+        let mut bad = good.clone();
+        bad.push(0);
+        assert_eq!(RmaRequest::decode(&bad), Err(RmaWireError::Trailing(1)));
+        assert!(RmaReply::decode(&[0; 7]).is_err());
+        assert_eq!(
+            RmaReply::decode(&[42, 0, 0, 0, 0, 0, 0, 0]),
+            Err(RmaWireError::UnknownStatus(42))
+        );
+    }
+
+    #[test]
+    fn access_allows_what_it_says() {
+        assert!(Access::Read.allows(RmaOp::Read) && !Access::Read.allows(RmaOp::Write));
+        assert!(Access::Write.allows(RmaOp::Write) && !Access::Write.allows(RmaOp::Read));
+        assert!(Access::ReadWrite.allows(RmaOp::Read) && Access::ReadWrite.allows(RmaOp::Write));
+    }
+
+    #[test]
+    fn a_handle_keeps_its_capability_out_of_debug() {
+        let h = RmaHandle {
+            region: 1,
+            len: 2,
+            access: Access::Read,
+            capability: [0xab; 16],
+        };
+        assert!(!format!("{h:?}").contains("171"), "{h:?}");
+        let bytes = postcard::to_allocvec(&h).unwrap();
+        assert_eq!(postcard::from_bytes::<RmaHandle>(&bytes).unwrap(), h);
+    }
+}

@@ -1,0 +1,617 @@
+//! One-sided RMA for users: expose a buffer, hand its handle to a peer in
+//! any message, and let the peer read or write it.
+//!
+//! [`Messenger::expose`] takes a buffer and returns an [`RmaRegion`], the
+//! owner: while it lives, whoever holds its [`RmaHandle`] (a small serde
+//! value: region number, length, rights and a random capability) may
+//! [`Connection::read`] or [`Connection::write`] a range of it over a
+//! connection to the owner, as its rights say. Dropping or
+//! [revoking](RmaRegion::revoke) the region ends that: later operations
+//! fail with [`RmaError::Revoked`].
+//!
+//! # How an operation moves
+//!
+//! Where no NIC does the work, the owner's messenger serves the operation
+//! (docs/PROTOCOL.md §6): the request is a call with the RMA bit, answered
+//! by the owner's worker from the region — never by the dispatcher. So it
+//! works over every backend and gets what messages get: frames checksummed
+//! (and sealed in secure mode), and on a lossless connection each operation
+//! lands exactly once across link faults, over the next address of an
+//! address vector too (reads and writes in flight are replayed with the
+//! session's messages); a lossy connection fails them with the fault
+//! ([`RmaError::Call`] with [`CallError::Reset`]). Native RDMA READ/WRITE
+//! and `fi_read`/`fi_write` on the RDMA and libfabric backends are not
+//! built yet: those backends carry the same frames.
+//!
+//! # Memory safety
+//!
+//! The region owns its bytes. The worker serving an operation holds the
+//! region (a reference count) and its lock while it copies; a revoked
+//! region is out of the table first, so no operation starts on it, and
+//! [`RmaRegion::revoke`] hands the buffer back only after an operation
+//! being served has finished. Bounds, rights, the capability and (for
+//! [`Messenger::expose_to`]) the peer's name are checked by the owner on
+//! every operation; the requester checks bounds and rights too, before
+//! sending anything.
+//!
+//! ```
+//! use std::time::Duration;
+//! use msgr::{Access, EntityName, Messenger, NullDispatcher};
+//! # use std::sync::Arc;
+//!
+//! let owner = Messenger::builder(EntityName::server(1))
+//!     .bind("tcp://127.0.0.1:0".parse().unwrap())
+//!     .start(Arc::new(NullDispatcher))
+//!     .unwrap();
+//! let region = owner.expose(vec![7u8; 4096], Access::ReadWrite);
+//! let handle = region.handle(); // travels in any message (serde)
+//!
+//! let peer = Messenger::builder(EntityName::client(1))
+//!     .start(Arc::new(NullDispatcher))
+//!     .unwrap();
+//! let conn = peer.connect(owner.addr()).unwrap();
+//! let t = Duration::from_secs(10);
+//! conn.write(&handle, 100, &b"hello"[..], t).unwrap();
+//! let back = conn.read(&handle, 98, 8, t).unwrap();
+//! assert_eq!(&back[..], b"\x07\x07hello\x07");
+//! assert_eq!(&region.bytes()[100..105], b"hello");
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use msgr_addr::EntityName;
+use msgr_proto::checksum::crc32c;
+pub use msgr_proto::rma::{Access, RmaHandle, RmaOp};
+use msgr_proto::rma::{RmaReply, RmaRequest, RmaStatus, RMA_BIT};
+use msgr_proto::Message;
+use parking_lot::{
+    MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
+use rustc_hash::FxHashMap;
+
+use crate::call::{CallError, CallFuture};
+use crate::counters::Counters;
+use crate::{Connection, Messenger};
+
+/// Message type of RMA requests and replies (they never reach a
+/// dispatcher: the RMA bit of their call routes them).
+const RMA_TYPE: u16 = 0;
+
+/// Why an RMA operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RmaError {
+    /// The region was revoked or dropped by its owner (or never existed).
+    #[error("the region was revoked by its owner")]
+    Revoked,
+    /// The owner refused the handle: its capability is not the region's, or
+    /// the region was not exposed to this peer.
+    #[error("the owner refused the handle (wrong capability, or not exposed to this peer)")]
+    Denied,
+    /// The range is not inside the region.
+    #[error("bytes {offset}..{offset}+{len} are not inside the region ({region_len} bytes)")]
+    OutOfRange {
+        /// Where the operation started.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+    },
+    /// The region's rights do not allow the operation.
+    #[error("the region does not allow {0:?}")]
+    Forbidden(RmaOp),
+    /// The bytes moved did not match their checksum
+    /// ([`RmaOptions::checksum`]).
+    #[error("the bytes moved did not match their checksum")]
+    Corrupt,
+    /// The owner's answer does not parse (or the request did not, for it).
+    #[error("malformed RMA exchange: {0}")]
+    Malformed(String),
+    /// The request travels as a call: it was not sent, timed out, or the
+    /// connection was reset first (on a lossless connection a link fault
+    /// is no reset: the operation is replayed).
+    #[error(transparent)]
+    Call(#[from] CallError),
+}
+
+/// How an operation runs: its timeout (sending included), and whether a
+/// CRC32C of the bytes moved travels with them, checked where they land
+/// (end to end: from the owner's region to the reader's buffer, or from
+/// the writer's bytes into the region). A `Duration` converts into the
+/// options with that timeout and no checksum.
+///
+/// ```
+/// use std::time::Duration;
+/// use msgr::RmaOptions;
+/// let o = RmaOptions::from(Duration::from_secs(1)).checksum();
+/// assert!(o.checksum && o.timeout == Duration::from_secs(1));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmaOptions {
+    /// At most this long, sending included.
+    pub timeout: Duration,
+    /// With an end-to-end CRC32C of the bytes moved.
+    pub checksum: bool,
+}
+
+impl RmaOptions {
+    /// These options with the end-to-end checksum.
+    pub fn checksum(mut self) -> Self {
+        self.checksum = true;
+        self
+    }
+}
+
+impl From<Duration> for RmaOptions {
+    fn from(timeout: Duration) -> Self {
+        RmaOptions {
+            timeout,
+            checksum: false,
+        }
+    }
+}
+
+/// One exposed region, as the owner's messenger keeps it.
+pub(crate) struct Region {
+    id: u64,
+    access: Access,
+    capability: [u8; 16],
+    /// Only these peers may use it (`None`: any that holds the handle).
+    peers: Option<Vec<EntityName>>,
+    bytes: RwLock<Box<[u8]>>,
+}
+
+/// A messenger's exposed regions, by number.
+#[derive(Default)]
+pub(crate) struct RegionTable {
+    regions: RwLock<FxHashMap<u64, Arc<Region>>>,
+    next: AtomicU64,
+}
+
+impl RegionTable {
+    fn get(&self, id: u64) -> Option<Arc<Region>> {
+        self.regions.read().get(&id).cloned()
+    }
+}
+
+/// The owner of an exposed buffer ([`Messenger::expose`]): while it lives,
+/// holders of its [`RmaRegion::handle`] may read or write it as its rights
+/// say. Dropping it revokes it (see [`RmaRegion::revoke`] to have the
+/// buffer back). The owner itself reads and writes it through
+/// [`RmaRegion::bytes`] and [`RmaRegion::bytes_mut`], which wait for an
+/// operation being served and hold the next one off while they live.
+pub struct RmaRegion {
+    region: Arc<Region>,
+    table: Arc<RegionTable>,
+}
+
+impl std::fmt::Debug for RmaRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RmaRegion")
+            .field("region", &self.region.id)
+            .field("len", &self.len())
+            .field("access", &self.region.access)
+            .finish()
+    }
+}
+
+impl RmaRegion {
+    /// The handle to give peers (inside any message: it is serde).
+    pub fn handle(&self) -> RmaHandle {
+        RmaHandle {
+            region: self.region.id,
+            len: self.len() as u64,
+            access: self.region.access,
+            capability: self.region.capability,
+        }
+    }
+
+    /// The region's length in bytes.
+    pub fn len(&self) -> usize {
+        self.region.bytes.read().len()
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The region's bytes, for the owner to read (peers' writes wait
+    /// meanwhile, on the worker that serves them: hold it briefly).
+    pub fn bytes(&self) -> MappedRwLockReadGuard<'_, [u8]> {
+        RwLockReadGuard::map(self.region.bytes.read(), |b| &**b)
+    }
+
+    /// The region's bytes, for the owner to change. Peers' operations wait
+    /// meanwhile — on the owner's worker that serves them, with its other
+    /// sessions: hold it briefly.
+    pub fn bytes_mut(&self) -> MappedRwLockWriteGuard<'_, [u8]> {
+        RwLockWriteGuard::map(self.region.bytes.write(), |b| &mut **b)
+    }
+
+    /// Ends the exposure and hands the buffer back: no operation starts on
+    /// the region after this, and one being served finishes first. Later
+    /// operations with its handle fail with [`RmaError::Revoked`].
+    pub fn revoke(self) -> Vec<u8> {
+        self.unexpose();
+        let bytes = std::mem::take(&mut *self.region.bytes.write());
+        bytes.into_vec()
+    }
+
+    fn unexpose(&self) {
+        self.table.regions.write().remove(&self.region.id);
+    }
+}
+
+impl Drop for RmaRegion {
+    fn drop(&mut self) {
+        self.unexpose();
+    }
+}
+
+/// A random capability (from the system's generator, as the session
+/// cookies are).
+fn capability() -> [u8; 16] {
+    let mut c = [0u8; 16];
+    rand::fill(&mut c);
+    c
+}
+
+/// Compares capabilities in time independent of where they differ.
+fn same_capability(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+impl Messenger {
+    /// Exposes `buffer` to one-sided reads and writes by peers that hold
+    /// the returned region's [`RmaRegion::handle`], as `access` allows.
+    /// See the [`rma`](crate::rma) module.
+    pub fn expose(&self, buffer: impl Into<Vec<u8>>, access: Access) -> RmaRegion {
+        self.expose_region(buffer.into(), access, None)
+    }
+
+    /// [`Messenger::expose`], usable only by the peers named: an operation
+    /// from any other fails with [`RmaError::Denied`] even with the handle.
+    /// (The name is the one the peer proved in `auth` and `secure` modes;
+    /// in `crc` mode, the one it claims.)
+    pub fn expose_to(
+        &self,
+        buffer: impl Into<Vec<u8>>,
+        access: Access,
+        peers: &[EntityName],
+    ) -> RmaRegion {
+        self.expose_region(buffer.into(), access, Some(peers.to_vec()))
+    }
+
+    fn expose_region(
+        &self,
+        buffer: Vec<u8>,
+        access: Access,
+        peers: Option<Vec<EntityName>>,
+    ) -> RmaRegion {
+        let table = self.shared.regions.clone();
+        let id = table.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let region = Arc::new(Region {
+            id,
+            access,
+            capability: capability(),
+            peers,
+            bytes: RwLock::new(buffer.into_boxed_slice()),
+        });
+        table.regions.write().insert(id, region.clone());
+        RmaRegion { region, table }
+    }
+}
+
+/// Checks an operation against what the handle says, before sending.
+fn check_local(h: &RmaHandle, op: RmaOp, offset: u64, len: u64) -> Result<(), RmaError> {
+    if !h.access.allows(op) {
+        return Err(RmaError::Forbidden(op));
+    }
+    if offset.checked_add(len).is_none_or(|end| end > h.len) {
+        return Err(RmaError::OutOfRange {
+            offset,
+            len,
+            region_len: h.len,
+        });
+    }
+    Ok(())
+}
+
+fn request(h: &RmaHandle, op: RmaOp, offset: u64, len: u64, checksum: Option<u32>) -> RmaRequest {
+    RmaRequest {
+        op,
+        region: h.region,
+        capability: h.capability,
+        offset,
+        len,
+        checksum,
+    }
+}
+
+impl Connection {
+    /// Reads `len` bytes at `offset` of the region `handle` names, from
+    /// its owner at the other end of this connection; blocks at most the
+    /// options' timeout (a `Duration` will do). Not from a dispatcher
+    /// callback (use [`Connection::read_async`]).
+    pub fn read(
+        &self,
+        handle: &RmaHandle,
+        offset: u64,
+        len: u64,
+        options: impl Into<RmaOptions>,
+    ) -> Result<Bytes, RmaError> {
+        let (o, req) = self.read_request(handle, offset, len, options.into())?;
+        let reply = self.call_marked(req, o.timeout, RMA_BIT)?;
+        read_outcome(reply, handle, (offset, len), o.checksum)
+    }
+
+    /// [`Connection::read`] into `buf` (its length is the length read).
+    pub fn read_into(
+        &self,
+        handle: &RmaHandle,
+        offset: u64,
+        buf: &mut [u8],
+        options: impl Into<RmaOptions>,
+    ) -> Result<(), RmaError> {
+        let bytes = self.read(handle, offset, buf.len() as u64, options)?;
+        buf.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    /// Writes `bytes` at `offset` of the region `handle` names, at its
+    /// owner at the other end of this connection; returns once the owner
+    /// has them in the region. Blocks as [`Connection::read`] does.
+    pub fn write(
+        &self,
+        handle: &RmaHandle,
+        offset: u64,
+        bytes: impl Into<Bytes>,
+        options: impl Into<RmaOptions>,
+    ) -> Result<(), RmaError> {
+        let (o, req) = self.write_request(handle, offset, bytes.into(), options.into())?;
+        let reply = self.call_marked(req, o.timeout, RMA_BIT)?;
+        write_outcome(reply, handle, offset)
+    }
+
+    /// [`Connection::read`] as a future, for async code on any executor
+    /// (the timeout kept by the connection's worker).
+    pub fn read_async(
+        &self,
+        handle: &RmaHandle,
+        offset: u64,
+        len: u64,
+        options: impl Into<RmaOptions>,
+    ) -> RmaFuture<Bytes> {
+        let o = options.into();
+        let call = self
+            .read_request(handle, offset, len, o)
+            .map(|(_, req)| self.call_async_marked(req, o.timeout, RMA_BIT));
+        let (h, checksum) = (handle.clone(), o.checksum);
+        RmaFuture {
+            call,
+            outcome: Box::new(move |reply| read_outcome(reply, &h, (offset, len), checksum)),
+        }
+    }
+
+    /// [`Connection::write`] as a future, for async code on any executor.
+    pub fn write_async(
+        &self,
+        handle: &RmaHandle,
+        offset: u64,
+        bytes: impl Into<Bytes>,
+        options: impl Into<RmaOptions>,
+    ) -> RmaFuture<()> {
+        let o = options.into();
+        let call = self
+            .write_request(handle, offset, bytes.into(), o)
+            .map(|(_, req)| self.call_async_marked(req, o.timeout, RMA_BIT));
+        let h = handle.clone();
+        RmaFuture {
+            call,
+            outcome: Box::new(move |reply| write_outcome(reply, &h, offset)),
+        }
+    }
+
+    fn read_request(
+        &self,
+        h: &RmaHandle,
+        offset: u64,
+        len: u64,
+        o: RmaOptions,
+    ) -> Result<(RmaOptions, Message), RmaError> {
+        check_local(h, RmaOp::Read, offset, len)?;
+        let req = request(h, RmaOp::Read, offset, len, o.checksum.then_some(0));
+        Ok((o, Message::new(RMA_TYPE, req.encode(), Bytes::new())))
+    }
+
+    fn write_request(
+        &self,
+        h: &RmaHandle,
+        offset: u64,
+        bytes: Bytes,
+        o: RmaOptions,
+    ) -> Result<(RmaOptions, Message), RmaError> {
+        let len = bytes.len() as u64;
+        check_local(h, RmaOp::Write, offset, len)?;
+        let crc = o.checksum.then(|| crc32c(&bytes));
+        let req = request(h, RmaOp::Write, offset, len, crc);
+        Ok((o, Message::new(RMA_TYPE, req.encode(), bytes)))
+    }
+}
+
+/// The error an owner's status stands for (`Ok` is none).
+fn status_error(
+    status: RmaStatus,
+    h: &RmaHandle,
+    (offset, len): (u64, u64),
+    op: RmaOp,
+) -> Option<RmaError> {
+    Some(match status {
+        RmaStatus::Ok => return None,
+        RmaStatus::Revoked => RmaError::Revoked,
+        RmaStatus::Denied => RmaError::Denied,
+        RmaStatus::OutOfRange => RmaError::OutOfRange {
+            offset,
+            len,
+            region_len: h.len,
+        },
+        RmaStatus::Forbidden => RmaError::Forbidden(op),
+        RmaStatus::Corrupt => RmaError::Corrupt,
+        other => RmaError::Malformed(format!("the owner answered {other:?}")),
+    })
+}
+
+fn read_outcome(
+    reply: Message,
+    h: &RmaHandle,
+    range: (u64, u64),
+    checksum: bool,
+) -> Result<Bytes, RmaError> {
+    let r = RmaReply::decode(&reply.front).map_err(|e| RmaError::Malformed(e.to_string()))?;
+    if let Some(e) = status_error(r.status, h, range, RmaOp::Read) {
+        return Err(e);
+    }
+    if reply.data.len() as u64 != range.1 {
+        return Err(RmaError::Malformed(format!(
+            "{} bytes read for {} asked",
+            reply.data.len(),
+            range.1
+        )));
+    }
+    if checksum && crc32c(&reply.data) != r.checksum {
+        return Err(RmaError::Corrupt);
+    }
+    Ok(reply.data)
+}
+
+fn write_outcome(reply: Message, h: &RmaHandle, offset: u64) -> Result<(), RmaError> {
+    let r = RmaReply::decode(&reply.front).map_err(|e| RmaError::Malformed(e.to_string()))?;
+    match status_error(r.status, h, (offset, 0), RmaOp::Write) {
+        Some(RmaError::OutOfRange { region_len, .. }) => Err(RmaError::OutOfRange {
+            offset,
+            len: 0,
+            region_len,
+        }),
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The future of [`Connection::read_async`] and [`Connection::write_async`].
+pub struct RmaFuture<T> {
+    call: Result<CallFuture, RmaError>,
+    #[allow(clippy::type_complexity)]
+    outcome: Box<dyn FnMut(Message) -> Result<T, RmaError> + Send>,
+}
+
+impl<T> Future for RmaFuture<T> {
+    type Output = Result<T, RmaError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let call = match &mut this.call {
+            Ok(c) => c,
+            Err(e) => return Poll::Ready(Err(e.clone())),
+        };
+        match Pin::new(call).poll(cx) {
+            Poll::Ready(Ok(reply)) => Poll::Ready((this.outcome)(reply)),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Serves an RMA request that arrived on `conn` (the owner's worker): from
+/// or into the region it names, after checking the capability, the peer,
+/// the rights and the range; answers with the outcome. Never panics on
+/// what the peer sent.
+pub(crate) fn serve(conn: &Connection, req: Message, counters: &Counters) {
+    let shared = &conn.inner.shared;
+    let decoded = RmaRequest::decode(&req.front);
+    let (status, crc, data) = match &decoded {
+        Err(_) => (RmaStatus::Malformed, 0, Bytes::new()),
+        Ok(r) => match shared.regions.get(r.region) {
+            None => (RmaStatus::Revoked, 0, Bytes::new()),
+            Some(region) => region.serve(conn, r, &req.data),
+        },
+    };
+    if status == RmaStatus::Ok {
+        let c = match decoded.map(|r| r.op) {
+            Ok(RmaOp::Read) => &counters.rma_reads_served,
+            _ => &counters.rma_writes_served,
+        };
+        Counters::add(c, 1);
+        Counters::add(
+            &counters.rma_bytes_served,
+            (data.len() + req.data.len()) as u64,
+        );
+    } else {
+        Counters::add(&counters.rma_refused, 1);
+        tracing::debug!(?status, "an RMA operation refused");
+    }
+    let reply = RmaReply {
+        status,
+        checksum: crc,
+    };
+    if let Err(e) = conn.reply(&req, Message::new(RMA_TYPE, reply.encode().to_vec(), data)) {
+        tracing::debug!(error = %e, "an RMA reply not sent");
+    }
+}
+
+impl Region {
+    /// Checks and carries out `r` (`written`: a write's bytes); the status,
+    /// a read's checksum (if asked) and its bytes.
+    fn serve(&self, conn: &Connection, r: &RmaRequest, written: &Bytes) -> (RmaStatus, u32, Bytes) {
+        let refused = |s| (s, 0, Bytes::new());
+        if !same_capability(&r.capability, &self.capability) {
+            return refused(RmaStatus::Denied);
+        }
+        if let Some(peers) = &self.peers {
+            let name = conn.peer().map(|p| p.name);
+            if !name.is_some_and(|n| peers.contains(&n)) {
+                return refused(RmaStatus::Denied);
+            }
+        }
+        if !self.access.allows(r.op) {
+            return refused(RmaStatus::Forbidden);
+        }
+        let range = |len: usize| {
+            let start = usize::try_from(r.offset).ok()?;
+            let end = start.checked_add(usize::try_from(r.len).ok()?)?;
+            (end <= len).then_some(start..end)
+        };
+        match r.op {
+            RmaOp::Read => {
+                let bytes = self.bytes.read();
+                let Some(range) = range(bytes.len()) else {
+                    return refused(RmaStatus::OutOfRange);
+                };
+                let out = Bytes::copy_from_slice(&bytes[range]);
+                let crc = r.checksum.map_or(0, |_| crc32c(&out));
+                (RmaStatus::Ok, crc, out)
+            }
+            RmaOp::Write => {
+                if written.len() as u64 != r.len {
+                    return refused(RmaStatus::Malformed);
+                }
+                if r.checksum.is_some_and(|c| c != crc32c(written)) {
+                    return refused(RmaStatus::Corrupt);
+                }
+                let mut bytes = self.bytes.write();
+                let Some(range) = range(bytes.len()) else {
+                    return refused(RmaStatus::OutOfRange);
+                };
+                bytes[range].copy_from_slice(written);
+                (RmaStatus::Ok, 0, Bytes::new())
+            }
+        }
+    }
+}
