@@ -83,9 +83,11 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "max_handshakes_per_source",
-        "most pending handshakes per worker from one IP address (default 256); when a source, \
-         or the worker (max_handshakes), is at its bound, the oldest link that has not sent \
-         its banner is closed to make room (handshakes_evicted), else the new one is refused",
+        "most pending handshakes per worker from one IP address (default 256); a new link from \
+         a source at its share closes that source's own oldest pending link that has not sent \
+         its banner to make room (handshakes_evicted), so a client behind a flood's address \
+         still gets in; while none is idle (all spoke or were just accepted) the new link is \
+         refused (handshakes_refused)",
     ),
     (
         "banner_timeout_ms",
@@ -181,7 +183,9 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "max_handshakes",
-        "accepted connections that may be mid-handshake at once per worker; more are refused (default 1024)",
+        "accepted connections that may be mid-handshake at once per worker (default 1024); a new \
+         one beyond it closes the oldest that has not sent its banner, of any source \
+         (handshakes_evicted), or is refused while none is idle (handshakes_refused)",
     ),
     (
         "rdma_chunk_size",
@@ -293,8 +297,9 @@ pub struct MessengerConfig {
     /// Received payload bytes the application may hold before reading pauses
     /// (at most 512 GiB: larger values count as that).
     pub rx_throttle_bytes: usize,
-    /// Accepted links that may be mid-handshake at once, per worker; more are
-    /// closed at once (bounds what unauthenticated peers can make us hold).
+    /// Accepted links that may be mid-handshake at once, per worker (bounds
+    /// what unauthenticated peers can make us hold): a new one beyond it
+    /// closes the oldest idle one, of any source, or is closed at once.
     pub max_handshakes: usize,
     /// Registered memory of the RDMA backends, per worker, and their
     /// rendezvous read deadline.
@@ -308,8 +313,11 @@ pub struct MessengerConfig {
     /// ([`crate::MessengerBuilder::bind`]): its transport picks the backend.
     pub bind: Option<msgr_addr::EntityAddr>,
     /// Most pending handshakes per worker from one IP address (see
-    /// `max_handshakes`): a source at its share makes room by closing its
-    /// own oldest idle link.
+    /// `max_handshakes`): a new link from a source at its share makes room
+    /// by closing that source's own oldest idle link (one that has not sent
+    /// its banner though the worker had the time to read it), so a good
+    /// client sharing an address with an idle flood still gets in; while
+    /// none of the source's links is idle, the new one is refused.
     pub max_handshakes_per_source: usize,
     /// Peers this messenger talks to ([`crate::Messenger::connect_peers`]):
     /// their addresses' transports pick the backends, so a configuration
