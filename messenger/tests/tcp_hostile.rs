@@ -254,10 +254,15 @@ fn half_open_floods_and_slow_handshakes_are_bounded() {
         grown < 64 * 1024,
         "memory bounded under the flood (grew {grown} KiB)"
     );
-    let refused = srv.counters().handshakes_refused.load(Ordering::Relaxed);
+    // Past the bound a connection is refused, or takes the slot of an idle
+    // one (which of the two depends on how many loop passes the flood
+    // spans: a busy machine's timing), and either is counted.
+    let c = srv.counters();
+    let refused = c.handshakes_refused.load(Ordering::Relaxed);
+    let evicted = c.handshakes_evicted.load(Ordering::Relaxed);
     assert!(
-        refused >= (FLOOD - 200) as u64 / 2,
-        "refusals counted ({refused})"
+        refused + evicted >= (FLOOD - 200) as u64 / 2,
+        "refusals and evictions counted ({refused} + {evicted})"
     );
     // Every flood connection is closed by the server: refused at once, or at
     // the handshake deadline.
