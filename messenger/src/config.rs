@@ -12,7 +12,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use msgr_proto::auth::{Credentials, Keyring, Security, StaticKeypair};
-use msgr_proto::{Policy, SessionConfig};
+use msgr_proto::{FrameLimits, Policy, SessionConfig};
 
 use crate::dispatcher::HandlerPanicPolicy;
 use crate::faults::FaultPlan;
@@ -83,9 +83,11 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "max_handshakes_per_source",
-        "most pending handshakes per worker from one IP address (default 256); when a source, \
-         or the worker (max_handshakes), is at its bound, the oldest link that has not sent \
-         its banner is closed to make room (handshakes_evicted), else the new one is refused",
+        "most pending handshakes per worker from one IP address (default 256); a new link from \
+         a source at its share closes that source's own oldest pending link that has not sent \
+         its banner to make room (handshakes_evicted), so a client behind a flood's address \
+         still gets in; while none is idle (all spoke or were just accepted) the new link is \
+         refused (handshakes_refused)",
     ),
     (
         "banner_timeout_ms",
@@ -181,7 +183,9 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "max_handshakes",
-        "accepted connections that may be mid-handshake at once per worker; more are refused (default 1024)",
+        "accepted connections that may be mid-handshake at once per worker (default 1024); a new \
+         one beyond it closes the oldest that has not sent its banner, of any source \
+         (handshakes_evicted), or is refused while none is idle (handshakes_refused)",
     ),
     (
         "rdma_chunk_size",
@@ -293,8 +297,9 @@ pub struct MessengerConfig {
     /// Received payload bytes the application may hold before reading pauses
     /// (at most 512 GiB: larger values count as that).
     pub rx_throttle_bytes: usize,
-    /// Accepted links that may be mid-handshake at once, per worker; more are
-    /// closed at once (bounds what unauthenticated peers can make us hold).
+    /// Accepted links that may be mid-handshake at once, per worker (bounds
+    /// what unauthenticated peers can make us hold): a new one beyond it
+    /// closes the oldest idle one, of any source, or is closed at once.
     pub max_handshakes: usize,
     /// Registered memory of the RDMA backends, per worker, and their
     /// rendezvous read deadline.
@@ -308,8 +313,11 @@ pub struct MessengerConfig {
     /// ([`crate::MessengerBuilder::bind`]): its transport picks the backend.
     pub bind: Option<msgr_addr::EntityAddr>,
     /// Most pending handshakes per worker from one IP address (see
-    /// `max_handshakes`): a source at its share makes room by closing its
-    /// own oldest idle link.
+    /// `max_handshakes`): a new link from a source at its share makes room
+    /// by closing that source's own oldest idle link (one that has not sent
+    /// its banner though the worker had the time to read it), so a good
+    /// client sharing an address with an idle flood still gets in; while
+    /// none of the source's links is idle, the new one is refused.
     pub max_handshakes_per_source: usize,
     /// Peers this messenger talks to ([`crate::Messenger::connect_peers`]):
     /// their addresses' transports pick the backends, so a configuration
@@ -714,9 +722,31 @@ impl MessengerConfig {
             }
             _ => return Err(ConfigError::UnknownKey(key.into())),
         }
-        let l = &mut self.session.limits;
-        l.max_frame = 4096 + l.max_segment.iter().map(|&x| u64::from(x)).sum::<u64>();
+        // A key sets its own value and nothing else: limits derived from
+        // several keys are computed once, from the final values, when the
+        // messenger starts (`frame_limits`). (Recomputing them here made
+        // any key, `workers` say, move the frame limit.)
         Ok(())
+    }
+
+    /// The frame limits a messenger started with this configuration
+    /// enforces, derived once at start from the final values: the segment
+    /// limits as set (`max_front_bytes`, `max_data_bytes`) and a frame
+    /// limit that follows them, 4096 bytes (preamble, epilogue and room to
+    /// spare) above their sum — so raising `max_data_bytes` raises it, and
+    /// no frame whose segments are within their limits is ever refused by
+    /// it. A `max_frame` set in `session.limits` is replaced.
+    ///
+    /// ```
+    /// let mut cfg = msgr::MessengerConfig::default();
+    /// cfg.set("max_data_bytes", "1048576").unwrap();
+    /// let l = cfg.frame_limits();
+    /// assert_eq!(l.max_frame, 4096 + l.max_segment.iter().map(|&x| u64::from(x)).sum::<u64>());
+    /// ```
+    pub fn frame_limits(&self) -> FrameLimits {
+        let mut l = self.session.limits;
+        l.max_frame = 4096 + l.max_segment.iter().map(|&x| u64::from(x)).sum::<u64>();
+        l
     }
 
     /// Reads a TOML file of flat `key = value` lines on top of the defaults.
@@ -846,6 +876,184 @@ mod tests {
             MessengerConfig::default()
                 .set(key, value)
                 .unwrap_or_else(|e| panic!("{key}: {e}"));
+        }
+    }
+
+    /// Issue 48 (7): a key sets its own value and nothing else. For every
+    /// key: set alone to a valid value other than its default, the
+    /// configuration differs from the default, and once that key's own
+    /// field is put back it is the default again, in every field and limit
+    /// (Debug shows them all). `workers` once moved the frame limit.
+    #[test]
+    fn setting_one_key_never_moves_another() {
+        type Restore = fn(&mut MessengerConfig, &MessengerConfig);
+        let table: &[(&str, &str, Restore)] = &[
+            ("workers", "3", |c, d| c.workers = d.workers),
+            ("payload_crc", "false", |c, d| {
+                c.session.payload_crc = d.session.payload_crc
+            }),
+            ("bind", "tcp://127.0.0.1:6800", |c, d| {
+                c.bind.clone_from(&d.bind)
+            }),
+            ("security", "crc,secure", |c, d| {
+                c.session.security.modes = d.session.security.modes
+            }),
+            ("key_file", "/nonexistent", |c, d| {
+                c.key_file.clone_from(&d.key_file)
+            }),
+            ("keyring", "/nonexistent", |c, d| {
+                c.keyring.clone_from(&d.keyring)
+            }),
+            ("max_handshakes_per_source", "3", |c, d| {
+                c.max_handshakes_per_source = d.max_handshakes_per_source
+            }),
+            ("banner_timeout_ms", "3", |c, d| {
+                c.session.banner_timeout = d.session.banner_timeout
+            }),
+            ("connect_timeout_ms", "3", |c, d| {
+                c.session.connect_timeout = d.session.connect_timeout
+            }),
+            ("peers", "tcp://127.0.0.1:6800", |c, d| {
+                c.peers.clone_from(&d.peers)
+            }),
+            ("on_handler_panic", "abort", |c, d| {
+                c.handler_panic = d.handler_panic
+            }),
+            ("batch_max_bytes", "4096", |c, d| {
+                c.session.batch_max_bytes = d.session.batch_max_bytes
+            }),
+            ("busy_poll_us", "3", |c, d| c.busy_poll = d.busy_poll),
+            ("busy_poll_max_us", "3", |c, d| {
+                c.busy_poll_max = d.busy_poll_max
+            }),
+            ("busy_poll_syscall_every", "3", |c, d| {
+                c.busy_poll_syscall_every = d.busy_poll_syscall_every
+            }),
+            ("worker_cpus", "0", |c, d| {
+                c.worker_cpus.clone_from(&d.worker_cpus)
+            }),
+            ("policy", "lossless-peer", |c, d| c.policy = d.policy),
+            ("keepalive_interval_ms", "3", |c, d| {
+                c.session.keepalive_interval = d.session.keepalive_interval
+            }),
+            ("keepalive_timeout_ms", "3", |c, d| {
+                c.session.keepalive_timeout = d.session.keepalive_timeout
+            }),
+            ("handshake_timeout_ms", "3", |c, d| {
+                c.session.handshake_timeout = d.session.handshake_timeout
+            }),
+            ("backoff_min_ms", "3", |c, d| {
+                c.session.backoff_min = d.session.backoff_min
+            }),
+            ("backoff_max_ms", "3", |c, d| {
+                c.session.backoff_max = d.session.backoff_max
+            }),
+            ("max_queued_messages", "3", |c, d| {
+                c.session.max_queued_messages = d.session.max_queued_messages
+            }),
+            ("max_queued_bytes", "3", |c, d| {
+                c.session.max_queued_bytes = d.session.max_queued_bytes
+            }),
+            ("max_front_bytes", "3", |c, d| {
+                c.session.limits.max_segment[1] = d.session.limits.max_segment[1]
+            }),
+            ("max_data_bytes", "3", |c, d| {
+                c.session.limits.max_segment[2] = d.session.limits.max_segment[2]
+            }),
+            ("rx_throttle_messages", "3", |c, d| {
+                c.rx_throttle_messages = d.rx_throttle_messages
+            }),
+            ("rx_throttle_bytes", "3", |c, d| {
+                c.rx_throttle_bytes = d.rx_throttle_bytes
+            }),
+            ("max_handshakes", "3", |c, d| {
+                c.max_handshakes = d.max_handshakes
+            }),
+            ("rdma_chunk_size", "8192", |c, d| {
+                c.rdma.chunk_size = d.rdma.chunk_size
+            }),
+            ("rdma_rx_chunks", "3", |c, d| {
+                c.rdma.rx_chunks = d.rdma.rx_chunks
+            }),
+            ("rdma_tx_chunks", "3", |c, d| {
+                c.rdma.tx_chunks = d.rdma.tx_chunks
+            }),
+            ("rdma_rendezvous_bytes", "3", |c, d| {
+                c.rdma.rendezvous_threshold = d.rdma.rendezvous_threshold
+            }),
+            ("rdma_inline_bytes", "3", |c, d| {
+                c.rdma.inline_bytes = d.rdma.inline_bytes
+            }),
+            ("rdma_read_timeout_ms", "3", |c, d| {
+                c.rdma.read_timeout = d.rdma.read_timeout
+            }),
+            ("rdma_reg_cache_bytes", "3", |c, d| {
+                c.rdma.reg_cache_bytes = d.rdma.reg_cache_bytes
+            }),
+            ("fabric_rendezvous", "off", |c, d| {
+                c.rdma.fabric_rendezvous = d.rdma.fabric_rendezvous
+            }),
+            ("fabric_cq_wait", "poll", |c, d| {
+                c.rdma.fabric_cq_wait = d.rdma.fabric_cq_wait
+            }),
+            ("fabric_link_bytes", "16777216", |c, d| {
+                c.rdma.fabric_link_bytes = d.rdma.fabric_link_bytes
+            }),
+            ("faults", "seed=1,fail=100", |c, d| {
+                c.faults.clone_from(&d.faults)
+            }),
+        ];
+        let listed: Vec<&str> = CONFIG_KEYS.iter().map(|(k, _)| *k).collect();
+        let tested: Vec<&str> = table.iter().map(|(k, _, _)| *k).collect();
+        assert_eq!(tested, listed, "one row per key, in CONFIG_KEYS order");
+        let default = MessengerConfig::default();
+        let want = format!("{default:#?}");
+        for (key, value, restore) in table {
+            let mut cfg = MessengerConfig::default();
+            cfg.set(key, value).unwrap_or_else(|e| panic!("{key}: {e}"));
+            assert_ne!(
+                format!("{cfg:#?}"),
+                want,
+                "{key}={value} is not its default"
+            );
+            restore(&mut cfg, &default);
+            assert_eq!(
+                format!("{cfg:#?}"),
+                want,
+                "{key}={value} moved another field"
+            );
+        }
+    }
+
+    /// The frame limit at start follows the segment limits, as it did
+    /// when `set` derived it: 4096 bytes above their sum, whatever else
+    /// was set and in whatever order.
+    #[test]
+    fn the_frame_limit_at_start_follows_the_segment_limits() {
+        let sum = |c: &MessengerConfig| -> u64 {
+            c.session
+                .limits
+                .max_segment
+                .iter()
+                .map(|&x| u64::from(x))
+                .sum()
+        };
+        let default = MessengerConfig::default();
+        assert_eq!(default.frame_limits().max_frame, 4096 + sum(&default));
+        assert_eq!(
+            default.frame_limits().max_segment,
+            default.session.limits.max_segment
+        );
+        for (front, data) in [("1024", "1048576"), ("1073741824", "4294967295")] {
+            let mut cfg = MessengerConfig::default();
+            cfg.set("max_data_bytes", data).unwrap();
+            cfg.set("max_front_bytes", front).unwrap();
+            cfg.set("workers", "2").unwrap();
+            let l = cfg.frame_limits();
+            let want =
+                4096 + 64 * 1024 * 2 + front.parse::<u64>().unwrap() + data.parse::<u64>().unwrap();
+            assert_eq!(l.max_frame, want, "front {front}, data {data}");
+            assert_eq!(l.max_segment, cfg.session.limits.max_segment);
         }
     }
 

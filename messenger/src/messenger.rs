@@ -226,6 +226,8 @@ impl Messenger {
             None => MessengerConfig::default(),
         };
         cfg.session.security = cfg.security_for(&b.name, b.credentials.take())?;
+        // Derived limits, once, from the final values (never by `set`).
+        cfg.session.limits = cfg.frame_limits();
         if b.bind.is_empty() {
             b.bind.extend(cfg.bind.clone());
         }
@@ -836,5 +838,38 @@ impl MemoryUse {
 impl Drop for Messenger {
     fn drop(&mut self) {
         self.shutdown(Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The limits a started messenger enforces are derived at start from
+    /// the final values: the frame limit follows the segment limits, and
+    /// keys set before or after them (`workers`) do not move it.
+    #[test]
+    fn a_started_messenger_derives_its_frame_limit_from_the_segment_limits() {
+        let started = |keys: &[(&str, &str)]| {
+            let mut cfg = MessengerConfig::default();
+            for (k, v) in keys {
+                cfg.set(k, v).unwrap();
+            }
+            let mut m = Messenger::builder(EntityName::client(1))
+                .config(cfg)
+                .start(Arc::new(crate::NullDispatcher))
+                .unwrap();
+            let limits = m.shared.cfg.session.limits;
+            m.shutdown(Duration::from_secs(5));
+            limits
+        };
+        let segments = |data: u64| 4096 + (64 << 10) + (16 << 20) + data + (64 << 10);
+        let default = started(&[]);
+        assert_eq!(default.max_frame, segments(128 << 20));
+        assert_eq!(started(&[("workers", "2")]), default);
+        let small = started(&[("workers", "2"), ("max_data_bytes", "1048576")]);
+        assert_eq!(small.max_frame, segments(1 << 20));
+        let large = started(&[("max_data_bytes", "1073741824"), ("workers", "2")]);
+        assert_eq!(large.max_frame, segments(1 << 30));
     }
 }

@@ -146,3 +146,88 @@ fn a_foreign_protocol_is_closed_at_its_first_bytes() {
     }));
     srv.shutdown(Duration::from_secs(2));
 }
+
+/// Issue 48 (8): a good client that shares its address with an idle flood
+/// (127.0.0.1 both) gets through. The flood holds four times its source's
+/// share (`max_handshakes_per_source` = 8) of connections that never
+/// speak and reopens each one the server closes; the handshake and banner
+/// deadlines are far away, so no slot frees by time. The good client's
+/// link takes the slot of the source's oldest idle link and its echo
+/// comes back. (Refusing a source at its share, as admission once did,
+/// kept this client out for as long as the flood lasted.)
+#[test]
+fn a_good_client_behind_a_flooding_address_gets_through() {
+    const SHARE: usize = 8;
+    const HELD: usize = 4 * SHARE;
+    let mut cfg = fast_config();
+    cfg.max_handshakes_per_source = SHARE;
+    cfg.session.banner_timeout = Duration::from_secs(120);
+    cfg.session.handshake_timeout = Duration::from_secs(120);
+    let mut srv = server(cfg, Recorder::echoing());
+    let to = srv.addr().socket;
+    let source = Ipv4Addr::LOCALHOST;
+    let mut flood: Vec<TcpStream> = (0..HELD)
+        .map(|_| connect_from(source, to).expect("flood connection"))
+        .collect();
+    let c = srv.counters();
+    let turned_away = || {
+        c.handshakes_refused.load(Ordering::Relaxed) + c.handshakes_evicted.load(Ordering::Relaxed)
+    };
+    // The flood is past its share: every connection beyond it was refused
+    // or took an idle one's slot.
+    assert!(
+        wait_until(Duration::from_secs(30), || turned_away()
+            >= (HELD - SHARE) as u64),
+        "the flood never passed its share: {} turned away",
+        turned_away()
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let reopen = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut reopened = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for s in flood.iter_mut() {
+                    if closed(s) {
+                        if let Some(n) = connect_from(source, to) {
+                            *s = n;
+                            reopened += 1;
+                        }
+                    }
+                }
+                // Pacing, not synchronisation: a busy machine still runs
+                // the server and the good client.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            reopened
+        })
+    };
+    let echoes = Recorder::new();
+    let mut cli = Messenger::builder(EntityName::client(8))
+        .config(fast_config())
+        .start(echoes.clone())
+        .expect("start client");
+    let started = Instant::now();
+    let conn = cli
+        .connect_with(srv.addr(), Policy::LosslessClient)
+        .unwrap();
+    send(&conn, probe_message(1, 1, 64));
+    let through = wait_until(Duration::from_secs(30), || echoes.delivered(1) == 1);
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let reopened = reopen.join().unwrap();
+    println!(
+        "good client behind a flood of {HELD} ({reopened} reopened): through {through} after \
+         {took:?}, its faults {}; evicted {}, refused {}",
+        conn.status().faults,
+        c.handshakes_evicted.load(Ordering::Relaxed),
+        c.handshakes_refused.load(Ordering::Relaxed)
+    );
+    assert!(through, "the good client's echo never came back ({took:?})");
+    assert!(
+        c.handshakes_evicted.load(Ordering::Relaxed) >= 1,
+        "its link took an idle one's slot"
+    );
+    cli.shutdown(Duration::from_secs(5));
+    srv.shutdown(Duration::from_secs(5));
+}

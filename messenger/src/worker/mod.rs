@@ -770,6 +770,23 @@ impl Worker {
         }
         let now = self.now;
         let mut evs = std::mem::take(&mut self.tevents);
+        // Links whose protocol error this batch has counted. One bad
+        // connection is one error, but it can be reported twice in a
+        // batch: a transport decodes all it read before the worker sees
+        // any of it, so the 32 bytes of a bad banner come as a unit the
+        // session refuses and the bytes after them as `Corrupt` (and a
+        // session may refuse one unit, then another). Nothing for a link
+        // follows its `Corrupt`, nor a later batch its refusal (the
+        // session closes the link first), so a batch's list suffices; it
+        // allocates only when something was bad.
+        let mut erred: Vec<LinkId> = Vec::new();
+        let mut first_error = |link: LinkId| {
+            let first = !erred.contains(&link);
+            if first {
+                erred.push(link);
+            }
+            first
+        };
         for ev in evs.drain(..) {
             tracing::trace!(worker = self.idx, event = ?ev, "transport event");
             match ev {
@@ -848,7 +865,9 @@ impl Worker {
                                     throttle.charge_unit(u)
                                 });
                                 if let Err(e) = r {
-                                    count_protocol_error(&self.shared.counters, &e);
+                                    if first_error(link) {
+                                        count_protocol_error(&self.shared.counters, &e);
+                                    }
                                 }
                             }
                             self.touch(k);
@@ -856,7 +875,9 @@ impl Worker {
                         Some(Owner::Pending) => {
                             if let Some(p) = self.pending.get_mut(&link) {
                                 if let Err(e) = p.session.handle_inbound(link, unit, now) {
-                                    count_protocol_error(&self.shared.counters, &e);
+                                    if first_error(link) {
+                                        count_protocol_error(&self.shared.counters, &e);
+                                    }
                                 }
                             }
                             self.drive_pending(link, now);
@@ -866,7 +887,9 @@ impl Worker {
                 }
                 TransportEvent::Corrupt(link, err) => {
                     tracing::debug!(link = link.0, error = %err, "link received bytes that do not decode");
-                    Counters::add(&self.shared.counters.protocol_errors, 1);
+                    if first_error(link) {
+                        Counters::add(&self.shared.counters.protocol_errors, 1);
+                    }
                     self.link_gone(link, |s, now| s.handle_decode_error(link, err, now), now);
                 }
                 TransportEvent::Failed(link, why) => {
