@@ -13,7 +13,7 @@ shift || true
 if [ "$#" -gt 0 ]; then
     targets=("$@")
 else
-    targets=(frame_preamble frame_decode banner session_engine message_decode addr_parse batch_decode auth_handshake sealed_decode)
+    targets=(frame_preamble frame_decode banner session_engine message_decode addr_parse batch_decode auth_handshake sealed_decode rma_decode)
 fi
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then

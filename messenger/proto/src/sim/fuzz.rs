@@ -42,6 +42,7 @@ pub const TARGETS: &[&str] = &[
     "batch_decode",
     "auth_handshake",
     "sealed_decode",
+    "rma_decode",
 ];
 
 /// Runs the target called `name` on `data`. Returns false for an unknown name.
@@ -56,6 +57,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "batch_decode" => batch_decode(data),
         "auth_handshake" => auth_handshake(data),
         "sealed_decode" => sealed_decode(data),
+        "rma_decode" => rma_decode(data),
         _ => return false,
     }
     true
@@ -1328,6 +1330,43 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         "flip-third".into(),
         vec![2, 0, 0, 0, 0, 2, 0, 0, 1],
     ));
+    // RMA: a read and a checksummed write request, a reply, a handle.
+    let req = |op, checksum| crate::rma::RmaRequest {
+        op,
+        region: 3,
+        capability: [7; 16],
+        offset: 4096,
+        len: 64,
+        checksum,
+    };
+    for (name, r) in [
+        ("read", req(crate::rma::RmaOp::Read, None)),
+        ("read-checked", req(crate::rma::RmaOp::Read, Some(0))),
+        ("write-checked", req(crate::rma::RmaOp::Write, Some(9))),
+    ] {
+        out.push((
+            "rma_decode",
+            format!("request-{name}"),
+            [&[0][..], &r.encode()].concat(),
+        ));
+    }
+    let reply = crate::rma::RmaReply {
+        status: crate::rma::RmaStatus::OutOfRange,
+        checksum: 1,
+    };
+    out.push((
+        "rma_decode",
+        "reply".into(),
+        [&[1][..], &reply.encode()].concat(),
+    ));
+    let handle = crate::rma::RmaHandle {
+        region: 1,
+        len: 1 << 20,
+        access: crate::rma::Access::ReadWrite,
+        capability: [5; 16],
+    };
+    let h = postcard::to_allocvec(&handle).expect("a handle encodes");
+    out.push(("rma_decode", "handle".into(), [&[2][..], &h].concat()));
     // Sealed frames: a plain frame, a garbage sealed one, an honest seal.
     out.push(("sealed_decode", "plain-ack".into(), vec![0, 7, 0, 1, 1, 0]));
     let mut v = vec![0u8, 16, 0x80, 1, 64];
@@ -1685,6 +1724,39 @@ fn session_scripts() -> Vec<(&'static str, u8, Vec<Op>)> {
             ],
         ),
     ]
+}
+
+/// RMA requests, replies and handles (`crate::rma`) from arbitrary bytes:
+/// mode 0 a request, 1 a reply, 2 a handle (postcard). What decodes
+/// encodes back to the same bytes (one encoding per value); nothing
+/// panics.
+pub fn rma_decode(data: &[u8]) {
+    use crate::rma::{RmaHandle, RmaReply, RmaRequest};
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    match mode % 3 {
+        0 => {
+            if let Ok(r) = RmaRequest::decode(rest) {
+                assert_eq!(r.encode(), rest, "a request reads and writes back the same");
+            }
+        }
+        1 => {
+            if let Ok(r) = RmaReply::decode(rest) {
+                assert_eq!(
+                    &r.encode()[..],
+                    rest,
+                    "a reply reads and writes back the same"
+                );
+            }
+        }
+        _ => {
+            if let Ok(h) = postcard::from_bytes::<RmaHandle>(rest) {
+                let again = postcard::to_allocvec(&h).expect("a handle encodes");
+                assert_eq!(postcard::from_bytes::<RmaHandle>(&again).ok(), Some(h));
+            }
+        }
+    }
 }
 
 #[cfg(test)]
