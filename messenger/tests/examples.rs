@@ -4,6 +4,8 @@
 #[allow(dead_code)]
 #[path = "../examples/async_rpc.rs"]
 mod async_rpc;
+#[path = "../examples/bulk.rs"]
+mod bulk;
 #[path = "../examples/kv.rs"]
 mod kv;
 #[path = "../examples/pubsub.rs"]
@@ -12,6 +14,11 @@ mod pubsub;
 #[test]
 fn kv_example_runs() {
     kv::main().expect("kv example");
+}
+
+#[test]
+fn bulk_example_runs() {
+    bulk::main().expect("bulk example");
 }
 
 #[test]
