@@ -516,6 +516,17 @@ impl Worker {
         self.report.forced = keys.len();
         for k in keys {
             if let Some(s) = self.sessions.get_mut(&k) {
+                // Why it did not end in time: what it was doing, and what
+                // it still held.
+                tracing::info!(
+                    worker = self.idx,
+                    peer = %s.conn.inner.target,
+                    phase = s.session.phase(),
+                    queued = s.session.queued_messages(),
+                    attempts = s.session.failed_attempts(),
+                    last_fault = %s.session.last_fault().map_or_else(String::new, |f| f.to_string()),
+                    "session still open at the shutdown deadline: marked down"
+                );
                 s.session.mark_down(now);
             }
             self.touch(k);
