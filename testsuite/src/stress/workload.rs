@@ -551,22 +551,25 @@ impl Client<'_, '_> {
 }
 
 /// Marks down the connections of the clients' last epochs that still
-/// dial a server at an address it no longer listens on (it restarted on
-/// another port near the end, and no client refreshed after; over `shm`
-/// the old port never comes back), as clients do during the run: the end
-/// must not wait on a peer that is gone. Returns how many.
+/// dial a server incarnation that is gone: one that restarted on another
+/// port near the end, with no client refreshing after (over `shm` the old
+/// port never comes back), as clients do during the run; or on the same
+/// port, which such a session learns only when a link reaches the new
+/// incarnation and names another nonce (over RDM, after the backend's
+/// 10 s deadline for the old one: see docs/STRESS.md). The end must not
+/// wait on a peer that is gone. Returns how many.
 fn mark_down_stale(run: &Run<'_>, records: &[(usize, Arc<EpochRecord>)]) -> u64 {
     let mut stale = 0;
     for (_, rec) in records {
         let slot = &run.servers[rec.key.1 as usize];
-        let target = rec.conn.target().socket.port();
+        let target = rec.conn.target();
         let listening = slot
             .addrs
             .read()
             .expect("addrs lock")
             .0
             .iter()
-            .any(|a| a.socket.port() == target);
+            .any(|a| a.socket.port() == target.socket.port() && a.nonce == target.nonce);
         if !listening && rec.conn.state() != ConnectionState::Closed {
             rec.marked_down.store(true, Ordering::Relaxed);
             rec.conn.mark_down();
