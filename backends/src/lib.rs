@@ -197,6 +197,22 @@ pub trait Transport {
     /// Closes `link`. With `flush`, queued output is written first.
     fn close(&mut self, link: LinkId, flush: bool);
 
+    /// Links closed with `flush` that this transport still holds, writing
+    /// their last output, and counts in [`Transport::link_count`]. A
+    /// worker that shuts down waits for them (to its deadline), then
+    /// aborts the rest ([`Transport::abort_closing`]). Default: none (a
+    /// backend that does not count such links as its own, or keeps none).
+    fn closing_links(&self) -> usize {
+        0
+    }
+
+    /// Closes every link still closing after a flush at once, as
+    /// `close(link, false)` would, dropping what it had not written.
+    /// Returns how many there were. Default: none.
+    fn abort_closing(&mut self) -> usize {
+        0
+    }
+
     /// Stops (or resumes) reading `link` — receive throttling.
     fn pause_reading(&mut self, link: LinkId, paused: bool);
 

@@ -96,6 +96,10 @@ pub struct ShutdownReport {
     pub forced_sessions: usize,
     /// Transport links still open after the workers stopped (should be 0).
     pub leaked_links: usize,
+    /// Links still closing at the deadline (writing the last output of a
+    /// session that had ended, to a peer that did not take it), aborted.
+    /// Shutdown waits for closing links as it does for sessions.
+    pub aborted_links: usize,
     /// Worker threads that died of a panic (should be 0: a bug; their
     /// sessions were lost, and `worker_deaths` counts them as it happens).
     pub workers_died: usize,
@@ -711,6 +715,7 @@ impl Messenger {
                     report.undelivered += r.undelivered;
                     report.forced_sessions += r.forced;
                     report.leaked_links += r.leaked_links;
+                    report.aborted_links += r.aborted_links;
                     report.workers_died += usize::from(r.died);
                 }
                 Err(_) => {

@@ -501,6 +501,27 @@ impl Transport for TcpTransport {
         }
     }
 
+    /// Counted in [`Transport::link_count`] too: the socket is still ours
+    /// until its queue is written.
+    fn closing_links(&self) -> usize {
+        self.links.values().filter(|l| l.close_after_flush).count()
+    }
+
+    fn abort_closing(&mut self) -> usize {
+        let closing: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.close_after_flush)
+            .map(|(id, _)| *id)
+            .collect();
+        for &id in &closing {
+            if let Some(l) = self.drop_link(id) {
+                let _ = l.stream.shutdown(Shutdown::Both);
+            }
+        }
+        closing.len()
+    }
+
     fn pause_reading(&mut self, link: LinkId, paused: bool) {
         if let Some(l) = self.links.get_mut(&link) {
             if l.frozen {
@@ -545,15 +566,19 @@ impl Transport for TcpTransport {
 
     /// `links` open and the `buffer_bytes` their send queues and receive
     /// buffers hold (with the per-link structure): what an idle
-    /// connection costs this transport.
+    /// connection costs this transport; `write_blocked`: links whose
+    /// socket took no more (a full kernel send buffer and peer window),
+    /// waiting for room to write.
     fn stats(&self) -> TransportStats {
         let buffers: usize = self.links.values().map(TcpLink::buffer_bytes).sum();
         let structs = self.links.len() * std::mem::size_of::<(LinkId, TcpLink)>();
+        let blocked = self.links.values().filter(|l| l.write_interest).count();
         TransportStats {
             kind: self.kind(),
             values: vec![
                 ("links", self.links.len() as u64),
                 ("buffer_bytes", (buffers + structs) as u64),
+                ("write_blocked", blocked as u64),
             ],
         }
     }

@@ -117,6 +117,9 @@ pub(crate) struct WorkerReport {
     pub(crate) undelivered: u64,
     pub(crate) forced: usize,
     pub(crate) leaked_links: usize,
+    /// Links still closing (writing their last output after their session
+    /// had ended) at the deadline, aborted.
+    pub(crate) aborted_links: usize,
     /// The worker's thread died of a panic ([`run_guarded`]).
     pub(crate) died: bool,
 }
@@ -491,10 +494,17 @@ impl Worker {
         any
     }
 
+    /// Shut down, and nothing left to wait for: no session, no pending
+    /// link, and no link still writing its last output after its session
+    /// closed it with a flush (a Close frame, what a marked-down session
+    /// had handed over) — or the deadline has passed.
     fn finished(&self, now: Instant) -> bool {
         match self.shutdown {
             Some(deadline) => {
-                (self.sessions.is_empty() && self.pending.is_empty()) || now >= deadline
+                now >= deadline
+                    || (self.sessions.is_empty()
+                        && self.pending.is_empty()
+                        && self.transports.iter().all(|t| t.closing_links() == 0))
             }
             None => false,
         }
@@ -506,6 +516,17 @@ impl Worker {
         self.report.forced = keys.len();
         for k in keys {
             if let Some(s) = self.sessions.get_mut(&k) {
+                // Why it did not end in time: what it was doing, and what
+                // it still held.
+                tracing::info!(
+                    worker = self.idx,
+                    peer = %s.conn.inner.target,
+                    phase = s.session.phase(),
+                    queued = s.session.queued_messages(),
+                    attempts = s.session.failed_attempts(),
+                    last_fault = %s.session.last_fault().map_or_else(String::new, |f| f.to_string()),
+                    "session still open at the shutdown deadline: marked down"
+                );
                 s.session.mark_down(now);
             }
             self.touch(k);
@@ -518,6 +539,18 @@ impl Worker {
         }
         for (link, e) in self.links.drain() {
             self.transports[e.transport].close(link, false);
+        }
+        // Links still closing after a flush: those whose peer did not take
+        // their last output by the deadline, and those the forced sessions
+        // above just closed. Aborted and counted, so that none outlives the
+        // worker unseen.
+        self.report.aborted_links = self.transports.iter_mut().map(|t| t.abort_closing()).sum();
+        if self.report.aborted_links > 0 {
+            tracing::info!(
+                worker = self.idx,
+                links = self.report.aborted_links,
+                "links still closing at the shutdown deadline aborted"
+            );
         }
         for (t, token) in std::mem::take(&mut self.listeners) {
             self.transports[t].unlisten(token);

@@ -63,6 +63,14 @@ pub struct StressReport {
     pub workload_s: f64,
     /// Whole run including drain, checks and shutdown, seconds.
     pub total_s: f64,
+    /// Seconds per phase of the run, in order: `setup` (messengers
+    /// started), `workload`, `stop` (client and chaos threads joined: a
+    /// restart under way finishes), `drain`, `verify`, `rx_held` (received
+    /// buffers returned), `client_shutdown`, `server_shutdown`, `threads`
+    /// (worker threads gone).
+    pub phases: Vec<(String, f64)>,
+    /// The longest single messenger shutdown at the end, seconds.
+    pub slowest_shutdown_s: f64,
     /// Messages accepted by `send`.
     pub sent_messages: u64,
     /// Payload bytes accepted by `send`.
@@ -117,12 +125,18 @@ pub struct StressReport {
     pub mark_downs: u64,
     /// Server shutdown + restart events.
     pub server_restarts: u64,
+    /// Connections marked down at the end of the workload because they
+    /// still dialled a restarted server's old address.
+    pub stale_marked_down: u64,
     /// Sends refused for a full queue (then retried).
     pub queue_full: u64,
     /// Messages reported undelivered by the final shutdowns.
     pub shutdown_undelivered: u64,
     /// Links left open after the workers stopped (must be 0).
     pub leaked_links: usize,
+    /// Links still closing (writing a finished session's last output) at a
+    /// shutdown's deadline, aborted: counted, not leaked.
+    pub aborted_links: usize,
     /// Largest `rx_held` seen at the end (must be (0, 0)).
     pub rx_held_end: (usize, usize),
     /// Threads before the run.
@@ -167,6 +181,19 @@ impl StressReport {
             "  duration      {:.1} s workload, {:.1} s in all",
             self.workload_s, self.total_s
         );
+        if !self.phases.is_empty() {
+            let phases: Vec<String> = self
+                .phases
+                .iter()
+                .map(|(name, t)| format!("{name} {t:.2}"))
+                .collect();
+            let _ = writeln!(
+                s,
+                "  phases (s)    {}; slowest shutdown {:.2}",
+                phases.join(", "),
+                self.slowest_shutdown_s
+            );
+        }
         let _ = writeln!(
             s,
             "  messages      sent {} ({:.1} MiB), delivered {} ({:.1} MiB), {} large",
@@ -198,9 +225,10 @@ impl StressReport {
         );
         let _ = writeln!(
             s,
-            "  churn         restarts {}, mark_downs {}, resets client/server/remote {}/{}/{}, queue-full retries {}",
+            "  churn         restarts {}, mark_downs {} (+{} stale at the end), resets client/server/remote {}/{}/{}, queue-full retries {}",
             self.server_restarts,
             self.mark_downs,
+            self.stale_marked_down,
             self.client_resets,
             self.server_resets,
             self.remote_resets,
@@ -213,9 +241,10 @@ impl StressReport {
         );
         let _ = writeln!(
             s,
-            "  leaks         rx_held {:?}, leaked links {}, threads {} -> {}, rss {} -> {} KiB",
+            "  leaks         rx_held {:?}, leaked links {} (closing ones aborted {}), threads {} -> {}, rss {} -> {} KiB",
             self.rx_held_end,
             self.leaked_links,
+            self.aborted_links,
             self.threads_before,
             self.threads_after,
             self.rss_kib.0,

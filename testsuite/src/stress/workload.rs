@@ -102,6 +102,7 @@ struct Run<'a> {
     stats: Stats,
     retired: Mutex<Totals>,
     leaked_links: AtomicU64,
+    aborted_links: AtomicU64,
     undelivered: AtomicU64,
     /// Where the configuration asks for `auth` or `secure` without key
     /// files: a key per entity of the run, made at its start, and the
@@ -206,6 +207,8 @@ impl Run<'_> {
         }
         self.leaked_links
             .fetch_add(r.leaked_links as u64, Ordering::Relaxed);
+        self.aborted_links
+            .fetch_add(r.aborted_links as u64, Ordering::Relaxed);
         self.undelivered.fetch_add(r.undelivered, Ordering::Relaxed);
         let held = m.rx_held();
         if held != (0, 0) {
@@ -547,6 +550,57 @@ impl Client<'_, '_> {
     }
 }
 
+/// Marks down the connections of the clients' last epochs that still
+/// dial a server incarnation that is gone: one that restarted on another
+/// port near the end, with no client refreshing after (over `shm` the old
+/// port never comes back), as clients do during the run; or on the same
+/// port, which such a session learns only when a link reaches the new
+/// incarnation and names another nonce (over RDM, after the backend's
+/// 10 s deadline for the old one: see docs/STRESS.md). The end must not
+/// wait on a peer that is gone. Returns how many.
+fn mark_down_stale(run: &Run<'_>, records: &[(usize, Arc<EpochRecord>)]) -> u64 {
+    let mut stale = 0;
+    for (_, rec) in records {
+        let slot = &run.servers[rec.key.1 as usize];
+        let target = rec.conn.target();
+        let listening = slot
+            .addrs
+            .read()
+            .expect("addrs lock")
+            .0
+            .iter()
+            .any(|a| a.socket.port() == target.socket.port() && a.nonce == target.nonce);
+        if !listening && rec.conn.state() != ConnectionState::Closed {
+            rec.marked_down.store(true, Ordering::Relaxed);
+            rec.conn.mark_down();
+            stale += 1;
+        }
+    }
+    stale
+}
+
+/// The run's phases and how long each took.
+struct Phases {
+    last: Instant,
+    list: Vec<(String, f64)>,
+}
+
+impl Phases {
+    fn new(start: Instant) -> Phases {
+        Phases {
+            last: start,
+            list: Vec::new(),
+        }
+    }
+
+    /// Ends the phase under way, named `name`.
+    fn end(&mut self, name: &str) {
+        let now = Instant::now();
+        self.list.push((name.into(), secs(now - self.last)));
+        self.last = now;
+    }
+}
+
 fn chaos(run: &Run<'_>) {
     let cfg = run.cfg;
     let mut rng = StdRng::seed_from_u64(mix(cfg.seed, ROLE_CHAOS, 0));
@@ -685,6 +739,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         stats: Stats::default(),
         retired: Mutex::new(Totals::default()),
         leaked_links: AtomicU64::new(0),
+        aborted_links: AtomicU64::new(0),
         undelivered: AtomicU64::new(0),
         keys: (cfg.messenger.session.security.modes.needs_credentials()
             && cfg.messenger.key_file.is_none())
@@ -721,6 +776,8 @@ pub fn run(cfg: &StressConfig) -> StressReport {
     }
 
     let started = Instant::now();
+    let mut phases = Phases::new(t0);
+    phases.end("setup");
     let mut records: Vec<(usize, Arc<EpochRecord>)> = Vec::new();
     if violations.count() == 0 {
         std::thread::scope(|scope| {
@@ -763,6 +820,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
                 }
             }
             run.stop.store(true, Ordering::SeqCst);
+            phases.end("workload");
             for (i, h) in handles {
                 match h.join() {
                     Ok(recs) => records.extend(recs.into_iter().map(|r| (i, r))),
@@ -775,6 +833,11 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         });
     }
     let workload = started.elapsed();
+    if phases.list.len() < 2 {
+        phases.end("workload");
+    }
+    phases.end("stop");
+    report.stale_marked_down = mark_down_stale(&run, &records);
 
     // Every server is up again (the chaos thread restarts what it stops).
     // Drain: every undisturbed epoch fully delivered (lossless), or fully
@@ -861,6 +924,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    phases.end("drain");
     // The checks per epoch.
     for (c, rec) in &records {
         let st = verifier.stream(rec.key);
@@ -905,6 +969,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
     report.disturbed_epochs += report.epochs.saturating_sub(records.len() as u64);
     drop(records);
 
+    phases.end("verify");
     // Leaks: received buffers returned, links closed, threads gone.
     let (_, totals) = run.progress(&clients, started);
     let all_held = |clients: &[Messenger]| {
@@ -928,6 +993,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         held = all_held(&clients);
     }
     report.rx_held_end = held;
+    phases.end("rx_held");
     if held != (0, 0) {
         violations.push(format!("rx buffers still held at the end: {held:?}"));
     }
@@ -948,21 +1014,57 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         .iter()
         .map(|e| e.remote_reset_count.load(Ordering::Relaxed))
         .sum();
-    for mut m in clients.drain(..) {
-        let r = m.shutdown(Duration::from_secs(5));
+    // All at once: each has its own 5 s deadline, and one after another
+    // a few slow ones would add up.
+    let shut: Vec<(msgr::ShutdownReport, Duration)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = clients
+            .drain(..)
+            .map(|mut m| {
+                scope.spawn(move || {
+                    let one = Instant::now();
+                    (m.shutdown(Duration::from_secs(5)), one.elapsed())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client shutdown thread"))
+            .collect()
+    });
+    let mut slowest = Duration::ZERO;
+    for (r, took) in shut {
+        slowest = slowest.max(took);
         report.shutdown_undelivered += r.undelivered;
         report.leaked_links += r.leaked_links;
+        report.aborted_links += r.aborted_links;
         if r.leaked_links != 0 {
             violations.push(format!("client shutdown leaked {} link(s)", r.leaked_links));
         }
     }
-    for s in &run.servers {
-        let m = s.messenger.lock().expect("slot lock").take();
-        if let Some(m) = m {
-            run.retire(m);
-        }
-    }
+    phases.end("client_shutdown");
+    let servers_took: Vec<Duration> = std::thread::scope(|scope| {
+        let handles: Vec<_> = run
+            .servers
+            .iter()
+            .filter_map(|s| s.messenger.lock().expect("slot lock").take())
+            .map(|m| {
+                let run = &run;
+                scope.spawn(move || {
+                    let one = Instant::now();
+                    run.retire(m);
+                    one.elapsed()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("server shutdown thread"))
+            .collect()
+    });
+    slowest = servers_took.into_iter().fold(slowest, Duration::max);
+    phases.end("server_shutdown");
     report.leaked_links += run.leaked_links.load(Ordering::Relaxed) as usize;
+    report.aborted_links += run.aborted_links.load(Ordering::Relaxed) as usize;
     report.shutdown_undelivered += run.undelivered.load(Ordering::Relaxed);
     drop(client_events);
     drop(done_tx);
@@ -974,6 +1076,9 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         threads_after = thread_count();
     }
     report.threads_after = threads_after;
+    phases.end("threads");
+    report.phases = phases.list;
+    report.slowest_shutdown_s = secs(slowest);
     if threads_after > threads_before {
         violations.push(format!(
             "threads leaked: {threads_before} before the run, {threads_after} after"
