@@ -34,7 +34,17 @@ pub enum Part {
     /// The secure mode (every frame sealed) against the crc mode, in the
     /// same run: 1 MiB streaming and the 64 B message rate.
     Secure,
+    /// One-sided RMA: 1 MiB reads and writes of a region the server
+    /// exposed, [`RMA_IN_FLIGHT`] at a time, against msgr's 1 MiB message
+    /// stream in the same run.
+    Rma,
 }
+
+/// RMA operations the bench keeps in flight (one blocking caller each).
+pub const RMA_IN_FLIGHT: usize = 8;
+/// Target: 1 MiB RMA reads (and writes) ≥ this × the 1 MiB message
+/// stream's bandwidth, where the owner's messenger serves them (issue 49).
+pub const RMA_TARGET: f64 = 0.80;
 
 /// The address a bench server binds: `transport` on 127.0.0.1 with a port
 /// the kernel picks, its options (`?ep=rdm`) after the address.
@@ -137,6 +147,60 @@ pub struct BenchReport {
     pub secure_bandwidth: Option<Comparison<StreamResult>>,
     /// 64 B message rate in secure mode against crc mode.
     pub secure_rate: Option<Comparison<StreamResult>>,
+    /// 1 MiB RMA reads against the 1 MiB message stream.
+    pub rma_read: Option<Comparison<StreamResult>>,
+    /// 1 MiB RMA writes against the 1 MiB message stream.
+    pub rma_write: Option<Comparison<StreamResult>>,
+}
+
+/// `size`-byte RMA operations (`op`) on a region `server` exposes, from a
+/// client messenger of `cfg` connected to `target`, [`RMA_IN_FLIGHT`] at a
+/// time for `secs`: operations done, as a stream result.
+fn rma_stream(
+    cfg: &MessengerConfig,
+    (server, target): (&Messenger, &msgr::EntityAddr),
+    op: msgr::RmaOp,
+    size: usize,
+    secs: Duration,
+) -> Result<StreamResult, ToolError> {
+    let region = server.expose(vec![0x5a; size], msgr::Access::ReadWrite);
+    let h = region.handle();
+    let mut client = Messenger::builder(EntityName::client(9))
+        .config(cfg.clone())
+        .start(Arc::new(msgr::NullDispatcher))?;
+    let conn = client.connect(target)?;
+    let payload = bytes::Bytes::from(vec![0xa5; size]);
+    let timeout = Duration::from_secs(60);
+    let started = Instant::now();
+    let outcome: Result<Vec<u64>, msgr::RmaError> = std::thread::scope(|s| {
+        let callers: Vec<_> = (0..RMA_IN_FLIGHT)
+            .map(|_| {
+                let (conn, h, payload) = (&conn, &h, payload.clone());
+                s.spawn(move || {
+                    let mut done = 0u64;
+                    while started.elapsed() < secs {
+                        match op {
+                            msgr::RmaOp::Read => drop(conn.read(h, 0, size as u64, timeout)?),
+                            msgr::RmaOp::Write => conn.write(h, 0, payload.clone(), timeout)?,
+                        }
+                        done += 1;
+                    }
+                    Ok(done)
+                })
+            })
+            .collect();
+        callers
+            .into_iter()
+            .map(|c| c.join().expect("RMA caller"))
+            .collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    client.shutdown(Duration::from_secs(2));
+    let ops = outcome.map_err(|e| ToolError::BadReply {
+        peer: target.to_string(),
+        what: format!("RMA {op:?}: {e}"),
+    })?;
+    Ok(StreamResult::new(size, ops.iter().sum(), elapsed))
 }
 
 /// The secure mode's 1 MiB streaming bandwidth against the crc mode's
@@ -312,7 +376,11 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         * opts
             .parts
             .iter()
-            .map(|p| if *p == Part::Secure { 4 } else { 2 })
+            .map(|p| match p {
+                Part::Secure => 4,
+                Part::Rma => 3,
+                _ => 2,
+            })
             .sum::<u64>();
     let mut progress = Progress::new(steps, opts.json);
     let mut step_bar = Progress::new(steps, true);
@@ -322,6 +390,8 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let mut rate = Vec::new();
     let mut secure_bw = Vec::new();
     let mut secure_rate = Vec::new();
+    let mut rma_read = Vec::new();
+    let mut rma_write = Vec::new();
     let mut next = |progress: &mut Progress, what: &str| {
         progress.message(what.to_owned());
         progress.set(step);
@@ -402,6 +472,32 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         msgr: m,
                         reference: r,
                     });
+                }
+                Part::Rma => {
+                    let s = StreamOpts {
+                        size: 1 << 20,
+                        limit: Limit::Time(secs),
+                        driver: opts.driver,
+                        timeout,
+                        connect_timeout,
+                        seal: false,
+                    };
+                    next(&mut progress, &format!("round {}: 1 MiB stream", round + 1));
+                    let (r, _) = net::stream(&place.client, &target, &s, &mut step_bar)?;
+                    for (op, out) in [
+                        (msgr::RmaOp::Read, &mut rma_read),
+                        (msgr::RmaOp::Write, &mut rma_write),
+                    ] {
+                        next(
+                            &mut progress,
+                            &format!("round {}: RMA 1 MiB {op:?}s", round + 1),
+                        );
+                        let m = rma_stream(&place.client, (&server, &target), op, 1 << 20, secs)?;
+                        out.push(Round {
+                            msgr: m,
+                            reference: r.clone(),
+                        });
+                    }
                 }
                 Part::Secure => {
                     let secure_target = secure_target.as_ref().expect("started for this part");
@@ -494,6 +590,20 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
             SECURE_RATE_TARGET,
         )
     });
+    let rma = |name, rounds| {
+        compare(
+            name,
+            "MiB/s",
+            "msgr 1 MiB message stream, same run",
+            rounds,
+            |r: &StreamResult| r.mib_per_s,
+            "min",
+            RMA_TARGET,
+        )
+    };
+    let rma_read = (!rma_read.is_empty()).then(|| rma("RMA 1 MiB reads, 8 in flight", rma_read));
+    let rma_write =
+        (!rma_write.is_empty()).then(|| rma("RMA 1 MiB writes, 8 in flight", rma_write));
     Ok(BenchReport {
         transport: opts.transport.clone(),
         quick: opts.quick,
@@ -510,6 +620,8 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         message_rate,
         secure_bandwidth,
         secure_rate,
+        rma_read,
+        rma_write,
     })
 }
 
@@ -576,9 +688,14 @@ impl BenchReport {
         if let Some(c) = &self.message_rate {
             row(c);
         }
-        for c in [&self.secure_bandwidth, &self.secure_rate]
-            .into_iter()
-            .flatten()
+        for c in [
+            &self.secure_bandwidth,
+            &self.secure_rate,
+            &self.rma_read,
+            &self.rma_write,
+        ]
+        .into_iter()
+        .flatten()
         {
             row(c);
         }

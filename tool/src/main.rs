@@ -155,6 +155,10 @@ enum Cmd {
         /// Run only these parts (repeatable / comma-separated).
         #[arg(long, value_enum, value_delimiter = ',')]
         only: Vec<bench::Part>,
+        /// Run the one-sided RMA part too (reads and writes of an exposed
+        /// region against the message stream); with --only, as `--only rma`.
+        #[arg(long)]
+        rma: bool,
         /// Who sends msgr's streams.
         #[arg(long, value_enum, default_value_t = Driver::Callback)]
         driver: Driver,
@@ -540,6 +544,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             quick,
             rounds,
             only,
+            rma,
             driver,
             pin,
             json,
@@ -554,7 +559,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             if rounds == 0 {
                 return Err(ToolError::Usage("--rounds must be at least 1".into()));
             }
-            let parts = if only.is_empty() {
+            let mut parts = if only.is_empty() {
                 vec![
                     bench::Part::Latency,
                     bench::Part::Bandwidth,
@@ -564,6 +569,9 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             } else {
                 only
             };
+            if rma && !parts.contains(&bench::Part::Rma) {
+                parts.push(bench::Part::Rma);
+            }
             let opts = bench::BenchOpts {
                 transport,
                 quick,

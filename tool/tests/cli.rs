@@ -109,6 +109,30 @@ fn backends_lists_tcp_available_and_verbs_unavailable_with_a_reason() {
     assert!(verbs["reason"].as_str().is_some_and(|r| !r.is_empty()));
 }
 
+/// `msgr bench --rma`: one-sided reads and writes of a region the server
+/// exposed, against the message stream, with operations counted.
+#[test]
+fn bench_rma_reads_and_writes_an_exposed_region() {
+    let o = run(
+        &["bench", "--quick", "--json", "--only", "latency", "--rma"],
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "stderr:\n{}", o.stderr);
+    let v: serde_json::Value =
+        serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", o.stdout));
+    for part in ["rma_read", "rma_write"] {
+        let c = &v[part];
+        assert!(c["ratio"].is_number(), "{part} missing in {v}");
+        let m = &c["rounds"][0]["msgr"];
+        assert!(
+            m["messages"].as_u64().is_some_and(|n| n > 0),
+            "{part}: no operation done: {m}"
+        );
+        assert_eq!(m["size"], 1 << 20);
+    }
+    assert!(v["latency"]["ratio"].is_number(), "--only's part ran too");
+}
+
 #[test]
 fn bench_quick_json_has_the_expected_fields() {
     let o = run(&["bench", "--quick", "--json"], Duration::from_secs(120));
