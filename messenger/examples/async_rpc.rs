@@ -1,11 +1,8 @@
 //! Request/response from async code (tokio here; msgr's futures need no
 //! particular runtime): a server task answers requests from an inbox
 //! stream, a client makes 100 calls at once and awaits them all.
-use std::future::poll_fn;
-use std::pin::Pin;
 use std::time::Duration;
 
-use futures_core::Stream;
 use msgr::{ConnectionEvent, EntityName, Inbox, Message, Messenger, Policy};
 
 pub async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -17,7 +14,7 @@ pub async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut requests = inbox.messages();
     let serving = tokio::spawn(async move {
         let mut answered = 0u32;
-        while let Some((conn, req)) = poll_fn(|cx| Pin::new(&mut requests).poll_next(cx)).await {
+        while let Some((conn, req)) = requests.next().await {
             let n = u32::from_le_bytes(req.front[..4].try_into().unwrap());
             let reply = Message::new(2, (2 * n).to_le_bytes().to_vec(), Vec::new());
             conn.send_async(reply.replying_to(&req)).await.unwrap();
@@ -30,9 +27,7 @@ pub async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let client = Messenger::builder(EntityName::client(1)).start(client_inbox.dispatcher())?;
     let conn = client.connect_with(server.addr(), Policy::LosslessClient)?;
     let mut events = client_inbox.events();
-    let (_, first) = poll_fn(|cx| Pin::new(&mut events).poll_next(cx))
-        .await
-        .ok_or("no event")?;
+    let (_, first) = events.next().await.ok_or("no event")?;
     assert_eq!(first, ConnectionEvent::Connected);
 
     let calls: Vec<_> = (0..100u32)

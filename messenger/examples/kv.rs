@@ -10,11 +10,12 @@ use serde::{Deserialize, Serialize};
 enum Request {
     Put(String, Vec<u8>),
     Get(String),
+    Delete(String),
 }
 impl TypedMessage for Request {
     const TYPE: u16 = 1;
 }
-/// The value before a put, or the value got.
+/// The value before a put or a delete, or the value got.
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
 struct Value(Option<Vec<u8>>);
 impl TypedMessage for Value {
@@ -30,9 +31,10 @@ impl Dispatcher for Store {
         let value = match req.decode_typed::<Request>() {
             Ok(Request::Put(k, v)) => map.insert(k, v),
             Ok(Request::Get(k)) => map.get(&k).cloned(),
+            Ok(Request::Delete(k)) => map.remove(&k),
             Err(_) => return,
         };
-        let _ = conn.reply(&req, Message::typed(&Value(value)).unwrap());
+        let _ = conn.reply_typed(&req, &Value(value));
     }
 }
 
@@ -43,13 +45,12 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         .start(Arc::new(Store::default()))?;
     let mut client = Messenger::builder(EntityName::client(1)).start(Arc::new(Store::default()))?;
     let kv = client.connect_to(&server_name, server.addr(), Policy::LosslessClient)?;
-    let t = Duration::from_secs(5);
-    let put = Request::Put("answer".into(), b"42".to_vec());
-    kv.call(Message::typed(&put)?, t)?;
-    let got: Value = kv
-        .call(Message::typed(&Request::Get("answer".into()))?, t)?
-        .decode_typed()?;
+    let t = Duration::from_secs(5); // each call's timeout
+    let _: Value = kv.call_typed(&Request::Put("answer".into(), b"42".to_vec()), t)?;
+    let got: Value = kv.call_typed(&Request::Get("answer".into()), t)?;
     assert_eq!(got, Value(Some(b"42".to_vec())));
+    let gone: Value = kv.call_typed(&Request::Delete("answer".into()), t)?;
+    assert_eq!(gone, Value(Some(b"42".to_vec())));
     client.shutdown(t);
     server.shutdown(t);
     Ok(())

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use msgr_proto::message::REPLY_BIT;
 use msgr_proto::rma::RMA_BIT;
-use msgr_proto::{FaultReason, Message};
+use msgr_proto::{CodecError, FaultReason, Message, TypedError, TypedMessage};
 
 use crate::connection::SendError;
 use crate::Connection;
@@ -46,6 +46,22 @@ pub enum CallError {
     /// The request could not be sent.
     #[error("the request was not sent: {0}")]
     Send(#[from] SendError),
+}
+
+/// Why a typed call ([`Connection::call_typed`]) failed: one error type for
+/// the request's encoding, the call and the reply's decoding.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TypedCallError {
+    /// The request did not encode.
+    #[error("the request did not encode: {0}")]
+    Encode(#[from] CodecError),
+    /// No reply: timeout, reset, or the request was not sent.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The reply is not the type asked for, or does not decode.
+    #[error("the reply did not decode: {0}")]
+    Decode(#[from] TypedError),
 }
 
 /// One pending call: where its outcome lands and who waits for it.
@@ -190,6 +206,57 @@ impl Connection {
     /// reply that comes anyway is dropped and counted).
     pub fn call_async(&self, request: Message, timeout: Duration) -> CallFuture {
         self.call_async_marked(request, timeout, 0)
+    }
+
+    /// A typed call: encodes `request` (its [`TypedMessage::TYPE`]), waits
+    /// for the reply at most `timeout` as [`Connection::call`] does, and
+    /// decodes it as `Resp` (checking its type).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use serde::{Deserialize, Serialize};
+    /// use msgr::{Connection, TypedCallError, TypedMessage};
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Get(String);
+    /// impl TypedMessage for Get { const TYPE: u16 = 1; }
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Value(Option<Vec<u8>>);
+    /// impl TypedMessage for Value { const TYPE: u16 = 2; }
+    ///
+    /// fn get(conn: &Connection, key: &str) -> Result<Option<Vec<u8>>, TypedCallError> {
+    ///     let Value(v) = conn.call_typed(&Get(key.into()), Duration::from_secs(1))?;
+    ///     Ok(v)
+    /// }
+    /// ```
+    pub fn call_typed<Req: TypedMessage, Resp: TypedMessage>(
+        &self,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, TypedCallError> {
+        let reply = self.call(Message::typed(request)?, timeout)?;
+        Ok(reply.decode_typed()?)
+    }
+
+    /// [`Connection::call_typed`] as a future (see [`Connection::call_async`]).
+    pub async fn call_typed_async<Req: TypedMessage, Resp: TypedMessage>(
+        &self,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, TypedCallError> {
+        let reply = self.call_async(Message::typed(request)?, timeout).await?;
+        Ok(reply.decode_typed()?)
+    }
+
+    /// Answers `request` with `reply` encoded as its type (see
+    /// [`Connection::reply`]).
+    pub fn reply_typed<Resp: TypedMessage>(
+        &self,
+        request: &Message,
+        reply: &Resp,
+    ) -> Result<(), TypedCallError> {
+        let m = Message::typed(reply)?;
+        self.reply(request, m)
+            .map_err(|e| TypedCallError::Call(CallError::Send(e)))
     }
 
     /// [`Connection::call_async`] with `mark` in the call id (see

@@ -289,6 +289,12 @@ impl ConnectionInbox {
     pub fn recv_async(&self) -> RecvApart<'_> {
         RecvApart { apart: self }
     }
+
+    /// The connection's next message as a stream gives it; `None` once
+    /// the messenger shut down (see [`Messages::next`]).
+    pub async fn next(&mut self) -> Option<Message> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
+    }
 }
 
 impl Stream for ConnectionInbox {
@@ -352,6 +358,23 @@ pub struct Messages {
     inbox: Inbox,
 }
 
+impl Messages {
+    /// The next message and its connection; `None` once the messenger
+    /// shut down. The common loop, with no stream combinator crate:
+    ///
+    /// ```no_run
+    /// # async fn demo(inbox: msgr::Inbox) {
+    /// let mut messages = inbox.messages();
+    /// while let Some((conn, msg)) = messages.next().await {
+    ///     let _ = conn.reply(&msg, msgr::Message::new(2, msg.front.clone(), &b""[..]));
+    /// }
+    /// # }
+    /// ```
+    pub async fn next(&mut self) -> Option<(Connection, Message)> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
+    }
+}
+
 impl Stream for Messages {
     type Item = (Connection, Message);
 
@@ -366,6 +389,14 @@ impl Stream for Messages {
 /// [`Inbox::events`] as a [`Stream`].
 pub struct Events {
     inbox: Inbox,
+}
+
+impl Events {
+    /// The next connection event; `None` once the messenger shut down
+    /// (see [`Messages::next`]).
+    pub async fn next(&mut self) -> Option<(Connection, ConnectionEvent)> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
+    }
 }
 
 impl Stream for Events {

@@ -52,7 +52,10 @@ pub mod rma;
 mod throttle;
 mod worker;
 
-pub use call::{CallError, CallFuture};
+/// The payload type of [`Message`]'s segments and of RMA reads: cheap to
+/// clone, shared without copying.
+pub use bytes::Bytes;
+pub use call::{CallError, CallFuture, TypedCallError};
 pub use config::{
     parse_policy, ConfigError, MessengerConfig, CONFIG_KEYS, MAX_CONFIG_FILE, RESERVED_ENV,
 };
@@ -67,14 +70,17 @@ pub use messenger::{
     Broadcast, MemoryUse, Messenger, MessengerBuilder, MessengerError, ShutdownFuture,
     ShutdownReport,
 };
-pub use msgr_addr::{AddrVec, EntityAddr, EntityName, TransportKind};
+pub use msgr_addr::{
+    AddrParseError, AddrVec, EntityAddr, EntityKind, EntityName, FabricEndpoint, FabricProvider,
+    RdmaLocation, TransportKind,
+};
 pub use msgr_backends::{
     availability, rendezvous_withheld, Availability, FabricCqWait, FabricRendezvous,
-    RdmaPoolConfig, RealFault, SimulatedFault, TransportStats,
+    RdmaPoolConfig, RealFault, SimulatedFault, TransportError, TransportStats,
 };
 pub use msgr_proto::{
-    Codec, CodecError, FaultReason, Message, PeerInfo, Policy, Postcard, SessionConfig, TypedError,
-    TypedMessage,
+    Codec, CodecError, FaultReason, Frame, FrameError, FrameLimits, Message, PeerInfo, Policy,
+    Postcard, ProtocolError, SessionConfig, TypedError, TypedMessage,
 };
 pub use rma::{Access, RmaError, RmaFuture, RmaHandle, RmaOp, RmaOptions, RmaRegion};
 pub use worker::affinity::allowed_cpus;
@@ -87,6 +93,8 @@ pub mod auth {
         AuthError, Credentials, KeyFileError, Keyring, ModeSet, PeerVerifier, PublicKey,
         RecordError, Security, SecurityMode, StaticKeypair,
     };
+    /// A secret that is wiped when dropped (a private key file's text).
+    pub use zeroize::Zeroizing;
 }
 
 /// The README's example, compiled and run as a doctest so it cannot rot.
