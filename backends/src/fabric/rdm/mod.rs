@@ -496,7 +496,18 @@ impl RdmTransport {
                 port.closes.push_back((link.peer, remote, Instant::now()));
                 self.retry = true;
             }
-            None => port.release_peer(link.peer, true),
+            None => {
+                // A connect never welcomed: the name may be a listener that
+                // went (and may come back under the same name). Its entry
+                // is mapped afresh for the next connect, as after the link
+                // deadline (`peer_gone`), not reused stale.
+                if link.accepted.is_none() {
+                    if let Some(p) = port.peers.get_mut(link.peer).and_then(Option::as_mut) {
+                        p.dead = true;
+                    }
+                }
+                port.release_peer(link.peer, true);
+            }
         }
         if port.links == 0 && port.listener.is_none() && self.out_port != Some(link.port) {
             // An endpoint that stopped listening goes with its last link.
