@@ -494,6 +494,21 @@ impl Messenger {
         self.open(std::slice::from_ref(addr), policy, Some(name.clone()))
     }
 
+    /// [`Messenger::connect_any`] to the entity `name` only: whoever else
+    /// answers at any of `addrs` is refused, as [`Messenger::connect_to`]
+    /// refuses it at one address.
+    pub fn connect_any_to(
+        &self,
+        name: &msgr_addr::EntityName,
+        addrs: &crate::AddrVec,
+        policy: Policy,
+    ) -> Result<Connection, MessengerError> {
+        if addrs.is_empty() {
+            return Err(MessengerError::BadAddress("an empty address vector".into()));
+        }
+        self.open(&addrs.0, policy, Some(name.clone()))
+    }
+
     fn open(
         &self,
         addrs: &[EntityAddr],

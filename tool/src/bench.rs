@@ -414,7 +414,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         seal: false,
                         samples_to: None,
                     };
-                    let m = net::ping(&place.client, &target, &p, &mut step_bar)?;
+                    let m = net::ping(&place.client, &(&target).into(), &p, &mut step_bar)?;
                     next(&mut progress, &format!("round {}: std ping", round + 1));
                     let r = reference::ping(64, warmup, ping_count, timeout)?;
                     lat.push(Round {
@@ -437,7 +437,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         // measure (sealed it is ~4% faster here, 2026-12-03).
                         seal: false,
                     };
-                    let (m, _) = net::stream(&place.client, &target, &s, &mut step_bar)?;
+                    let (m, _) = net::stream(&place.client, &(&target).into(), &s, &mut step_bar)?;
                     next(
                         &mut progress,
                         &format!("round {}: std 1 MiB stream", round + 1),
@@ -462,7 +462,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         // 64 B: a checksum pass costs nanoseconds either way.
                         seal: false,
                     };
-                    let (m, _) = net::stream(&place.client, &target, &s, &mut step_bar)?;
+                    let (m, _) = net::stream(&place.client, &(&target).into(), &s, &mut step_bar)?;
                     next(
                         &mut progress,
                         &format!("round {}: raw 64 B stream", round + 1),
@@ -483,7 +483,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         seal: false,
                     };
                     next(&mut progress, &format!("round {}: 1 MiB stream", round + 1));
-                    let (r, _) = net::stream(&place.client, &target, &s, &mut step_bar)?;
+                    let (r, _) = net::stream(&place.client, &(&target).into(), &s, &mut step_bar)?;
                     for (op, out) in [
                         (msgr::RmaOp::Read, &mut rma_read),
                         (msgr::RmaOp::Write, &mut rma_write),
@@ -514,12 +514,14 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                             &mut progress,
                             &format!("round {}: secure {size} B stream", round + 1),
                         );
-                        let (m, _) = net::stream(&secure_client, secure_target, &s, &mut step_bar)?;
+                        let (m, _) =
+                            net::stream(&secure_client, &secure_target.into(), &s, &mut step_bar)?;
                         next(
                             &mut progress,
                             &format!("round {}: crc {size} B stream", round + 1),
                         );
-                        let (r, _) = net::stream(&place.client, &target, &s, &mut step_bar)?;
+                        let (r, _) =
+                            net::stream(&place.client, &(&target).into(), &s, &mut step_bar)?;
                         out.push(Round {
                             msgr: m,
                             reference: r,

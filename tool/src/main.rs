@@ -77,8 +77,14 @@ enum Cmd {
     },
     /// Ping-pong latency against `msgr serve`: one-way and round-trip percentiles.
     Ping {
-        /// The server's address, e.g. tcp://127.0.0.1:6800.
+        /// The server's address, e.g. tcp://127.0.0.1:6800, or an address
+        /// vector (`A,B` or `[A,B]`): the next address after each fault.
         addr: String,
+        /// Only this entity may answer (e.g. server.1): anyone else at the
+        /// address is refused (with `--security auth|secure`, by the key
+        /// it proves).
+        #[arg(long, value_name = "NAME")]
+        peer: Option<String>,
         /// Payload bytes per message (at most the configured `max_data_bytes`).
         #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=MAX_SIZE))]
         size: u64,
@@ -113,8 +119,12 @@ enum Cmd {
     },
     /// One-way streaming to `msgr serve`: bandwidth and message rate.
     Stream {
-        /// The server's address, e.g. tcp://127.0.0.1:6800.
+        /// The server's address, e.g. tcp://127.0.0.1:6800, or an address
+        /// vector (`A,B` or `[A,B]`): the next address after each fault.
         addr: String,
+        /// Only this entity may answer (see `ping --peer`).
+        #[arg(long, value_name = "NAME")]
+        peer: Option<String>,
         /// Payload bytes per message (at most the configured `max_data_bytes`).
         #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..=MAX_SIZE))]
         size: u64,
@@ -447,12 +457,12 @@ fn run(cli: Cli) -> Result<(), ToolError> {
         let _ = net::ENTITY_NAME.set(n.clone());
     }
     let cfg = build_config(&cli)?;
-    let connect_timeout = Duration::from_secs(10);
     match cli.cmd {
         Cmd::Backends { .. } | Cmd::Keygen { .. } => Ok(()),
         Cmd::Serve { addr, duration } => serve(&cfg, &addr, duration),
         Cmd::Ping {
             addr,
+            peer,
             size,
             count,
             warmup,
@@ -462,14 +472,15 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             samples,
             json,
         } => {
-            let target = parse_addr(&addr)?;
+            let target = parse_target(&addr, peer.as_deref())?;
             let opts = PingOpts {
                 size: payload_size(size, &cfg)?,
                 reply,
                 count,
                 warmup,
                 timeout,
-                connect_timeout,
+                // The first connection may wait as long as the run.
+                connect_timeout: timeout,
                 seal,
                 samples_to: samples,
             };
@@ -492,6 +503,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
         }
         Cmd::Stream {
             addr,
+            peer,
             size,
             count,
             duration,
@@ -500,7 +512,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             timeout,
             json,
         } => {
-            let target = parse_addr(&addr)?;
+            let target = parse_target(&addr, peer.as_deref())?;
             let size = payload_size(size, &cfg)?;
             let limit = match (count, duration) {
                 (Some(n), _) => Limit::Count(n),
@@ -519,7 +531,8 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                 limit,
                 driver,
                 timeout,
-                connect_timeout,
+                // The first connection may wait as long as the run.
+                connect_timeout: timeout,
                 seal,
             };
             let mut progress = Progress::new(0, json);
@@ -594,6 +607,27 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             Ok(())
         }
     }
+}
+
+/// A client's target: one address, or an address vector (`A,B` or
+/// `[A,B]`), and the entity that must answer there, if named.
+fn parse_target(text: &str, peer: Option<&str>) -> Result<net::Target, ToolError> {
+    let addrs = if text.starts_with('[') {
+        text.parse::<msgr::AddrVec>()
+            .map_err(|source| ToolError::Addr {
+                text: text.to_owned(),
+                source,
+            })?
+    } else {
+        msgr::AddrVec(text.split(',').map(parse_addr).collect::<Result<_, _>>()?)
+    };
+    let peer = peer
+        .map(|p| {
+            p.parse::<msgr::EntityName>()
+                .map_err(|e| ToolError::Usage(format!("--peer {p}: {e}")))
+        })
+        .transpose()?;
+    Ok(net::Target { addrs, peer })
 }
 
 fn main() {

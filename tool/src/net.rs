@@ -167,22 +167,71 @@ pub fn server_name() -> EntityName {
 /// `--name`, set once by `main`.
 pub static ENTITY_NAME: std::sync::OnceLock<EntityName> = std::sync::OnceLock::new();
 
+/// Where a client connects: one address or an address vector (the next
+/// address after each fault: `connect_any`), and, if named, the only
+/// entity that may answer there (`connect_to`).
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The server's addresses, in preference order.
+    pub addrs: msgr::AddrVec,
+    /// The server's entity name, if pinned (`--peer`).
+    pub peer: Option<EntityName>,
+}
+
+impl Target {
+    /// The first address's transport (whose counters a run reports).
+    fn transport(&self) -> &msgr::TransportKind {
+        &self.addrs.0[0].transport
+    }
+}
+
+impl From<&EntityAddr> for Target {
+    fn from(a: &EntityAddr) -> Target {
+        Target {
+            addrs: msgr::AddrVec(vec![a.clone()]),
+            peer: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.addrs.0.as_slice() {
+            [one] => write!(f, "{one}")?,
+            _ => write!(f, "{}", self.addrs)?,
+        }
+        match &self.peer {
+            Some(p) => write!(f, " ({p})"),
+            None => Ok(()),
+        }
+    }
+}
+
 fn connect(
     cfg: &MessengerConfig,
-    target: &EntityAddr,
+    target: &Target,
     d: Arc<dyn Dispatcher>,
     timeout: Duration,
     reset: &Mutex<Option<String>>,
 ) -> Result<(Messenger, Connection), ToolError> {
-    if target.socket.port() == 0 || target.is_unspecified() {
-        return Err(ToolError::Usage(format!(
-            "cannot connect to {target}: give the server's address and port"
-        )));
+    if target.addrs.0.is_empty() {
+        return Err(ToolError::Usage("no address to connect to".into()));
+    }
+    for a in &target.addrs.0 {
+        if a.socket.port() == 0 || a.is_unspecified() {
+            return Err(ToolError::Usage(format!(
+                "cannot connect to {a}: give the server's address and port"
+            )));
+        }
     }
     let m = Messenger::builder(client_name())
         .config(cfg.clone())
         .start(d)?;
-    let conn = m.connect(target)?;
+    let conn = match (&target.peer, target.addrs.0.as_slice()) {
+        (None, [one]) => m.connect(one)?,
+        (None, _) => m.connect_any(&target.addrs, cfg.policy)?,
+        (Some(name), _) => m.connect_any_to(name, &target.addrs, cfg.policy)?,
+    };
     let deadline = Instant::now() + timeout;
     loop {
         match conn.state() {
@@ -374,7 +423,7 @@ const REMOTE_RESET: &str =
 /// thread hand-off); this thread only waits.
 pub fn ping(
     cfg: &MessengerConfig,
-    target: &EntityAddr,
+    target: &Target,
     opts: &PingOpts,
     progress: &mut Progress,
 ) -> Result<PingResult, ToolError> {
@@ -621,7 +670,7 @@ impl Dispatcher for StreamClient {
 /// received).
 pub fn stream(
     cfg: &MessengerConfig,
-    target: &EntityAddr,
+    target: &Target,
     opts: &StreamOpts,
     progress: &mut Progress,
 ) -> Result<(StreamResult, Totals), ToolError> {
@@ -748,7 +797,7 @@ pub fn stream(
     let counters = m
         .transport_stats()
         .into_iter()
-        .find(|s| s.kind == target.transport)
+        .find(|s| &s.kind == target.transport())
         .map(|s| s.values)
         .unwrap_or_default();
     m.shutdown(Duration::from_secs(1));

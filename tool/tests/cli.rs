@@ -752,3 +752,72 @@ fn keygen_then_secure_serve_ping_and_stream() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client's target as the library takes it: an address vector (`A,B`
+/// and `[A,B]`: a refused first address, then the server's), and `--peer`
+/// pinning the entity that may answer (another name is refused with the
+/// reason).
+#[test]
+fn ping_takes_address_vectors_and_a_pinned_peer() {
+    let (_server, _lines, addr) = serve_with("tcp://127.0.0.1:0", &["--name", "server.42"]);
+    // Port 1 on loopback: nothing listens (refused at once).
+    let dead = "tcp://127.0.0.1:1";
+    for target in [format!("{dead},{addr}"), format!("[{dead},{addr}]")] {
+        let o = run(
+            &[
+                "ping",
+                &target,
+                "--count",
+                "200",
+                "--warmup",
+                "10",
+                "--json",
+                "--timeout",
+                "60",
+            ],
+            Duration::from_secs(90),
+        );
+        assert!(o.status.success(), "ping {target}: {}", o.stderr);
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("JSON");
+        assert_eq!(v["ping"]["count"], 200, "{v}");
+    }
+    let o = run(
+        &[
+            "ping",
+            &addr,
+            "--peer",
+            "server.42",
+            "--count",
+            "50",
+            "--warmup",
+            "0",
+        ],
+        Duration::from_secs(90),
+    );
+    assert!(o.status.success(), "the named server answers: {}", o.stderr);
+    let o = run(
+        &[
+            "ping",
+            &addr,
+            "--peer",
+            "server.7",
+            "--count",
+            "50",
+            "--timeout",
+            "20",
+        ],
+        Duration::from_secs(90),
+    );
+    assert!(!o.status.success(), "another name answered");
+    assert!(
+        o.stderr.contains("server.7") || o.stderr.contains("server.42"),
+        "the reason names who answered or who was expected: {}",
+        o.stderr
+    );
+    let o = run(
+        &["ping", "tcp://127.0.0.1:5,nonsense"],
+        Duration::from_secs(20),
+    );
+    assert!(!o.status.success());
+    assert!(o.stderr.contains("nonsense"), "{}", o.stderr);
+}
