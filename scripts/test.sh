@@ -42,6 +42,17 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps -q
 # Private items too: links inside crate-private modules resolve only here.
 RUSTDOCFLAGS="-D warnings --document-private-items" cargo doc --workspace --all-features --no-deps -q
 
+step "cargo package (every published crate packaged, then built from its package with every feature), and cargo publish --dry-run"
+# Siblings not on crates.io yet resolve through cargo's temporary local
+# registry, so only index reads go to the network. msgr-testsuite is never
+# published (publish = false). --allow-dirty: the working tree is what the
+# rest of this script tests too. The verifying build is a dev build of every
+# dependency: ~9 min on a fresh target dir (2 cores), ~40 s once built.
+cargo package --workspace --exclude msgr-testsuite --all-features --allow-dirty
+# The same packages, just verified above: the dry run adds the publish checks
+# without building them a second time.
+cargo publish --dry-run --workspace --no-verify --allow-dirty
+
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release
 

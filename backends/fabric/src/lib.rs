@@ -1,6 +1,7 @@
 //! A thin safe layer over libfabric for msgr's `fabric` backend: the only
-//! place besides `libfabric-sys` that contains `unsafe`. One module a
-//! concept, as in the verbs layer (`msgr-rdma`):
+//! place besides `libfabric-sys` (the `msgr-libfabric-sys` package) that
+//! contains `unsafe`. One module a concept, as in the verbs layer
+//! (`msgr-rdma`):
 //!
 //! - `error`: [`FabricError`] and the check of every call's return code
 //!   ([`is_again`]: the provider's queue is full, retry later).

@@ -1,5 +1,5 @@
-//! A thin safe layer over libibverbs and librdmacm (via `rdma-cm-sys`), for
-//! msgr's verbs and rdma_cm backends.
+//! A thin safe layer over libibverbs and librdmacm (via `rdma-cm-sys`, the
+//! `msgr-rdma-cm-sys` package), for msgr's verbs and rdma_cm backends.
 //!
 //! - [`device`]: device list, [`Context`] (open device), limits, ports, GIDs;
 //! - [`pd`], [`mr`]: protection domains and memory regions over caller-owned
