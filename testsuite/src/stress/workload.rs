@@ -81,6 +81,9 @@ struct ServerSlot {
     dispatcher: Arc<ServerDispatcher>,
     /// The running incarnation's exposed region (`StressConfig::rma`).
     rma: Mutex<Option<Exposed>>,
+    /// When the chaos thread last failed its transport's completion queue
+    /// (SIMULATED), for the RMA checks (docs/STRESS.md "RMA").
+    cq_failed_at: Mutex<Option<Instant>>,
 }
 
 #[derive(Default)]
@@ -586,6 +589,7 @@ impl Client<'_, '_> {
             conn_generation: link.conn_generation,
             gen0,
             remote_resets_at_start: link.rec.remote_resets_at_start,
+            began: Instant::now(),
         };
         let opts = msgr::RmaOptions::from(rma::RMA_TIMEOUT).checksum();
         let start = self.rng.random_range(0..slice);
@@ -704,6 +708,18 @@ impl Client<'_, '_> {
             Some("remote-reset")
         } else if self.policy == Policy::LossyClient && kind == "reset" {
             Some("lossy")
+        } else if slot
+            .cq_failed_at
+            .lock()
+            .expect("cq lock")
+            .is_some_and(|t| t + CQ_FAILURE_STALL >= ctx.began)
+        {
+            // A simulated completion-queue failure at the server fails
+            // every link on it; over the RDM backends its peers then wait
+            // out the backend's 10 s deadline for the old links before
+            // they get through again (docs/STRESS.md "RMA"): a stall that
+            // heals, which the message checks do not flag either.
+            Some("cq-failure")
         } else {
             None
         };
@@ -719,13 +735,19 @@ impl Client<'_, '_> {
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
                 self.run.rma.failed(&format!("{kind}/none"));
+                let st = conn.status();
                 self.run.violations.push(format!(
-                    "rma {op} by client {} ({:?}) to server {} failed with no restart, remote reset or mark_down: {e} (connection {} {:?})",
+                    "rma {op} by client {} ({:?}) to server {} failed with no restart, remote reset or mark_down: {e} (connection {} {:?} ({}, {} faults, the last: {}) to {}, server now at {}, generation {generation})",
                     self.index,
                     self.policy,
                     ctx.s,
                     conn.id(),
-                    conn.state()
+                    st.state,
+                    st.phase,
+                    st.faults,
+                    st.last_fault.map_or_else(|| "none".into(), |f| f.to_string()),
+                    conn.target(),
+                    slot.addr.read().expect("addr lock"),
                 ));
             }
         }
@@ -776,7 +798,13 @@ struct RmaCtx {
     /// The slot's generation when the operation began.
     gen0: u64,
     remote_resets_at_start: u64,
+    began: Instant,
 }
+
+/// How long after a simulated completion-queue failure at a server an
+/// RMA failure on a connection to it is put down to that failure: the RDM
+/// backends' 10 s deadline for a peer's old links, and slack.
+const CQ_FAILURE_STALL: Duration = Duration::from_secs(12);
 
 /// Bytes of each client's slice of a region (client i owns
 /// `i * slice .. (i + 1) * slice`).
@@ -900,6 +928,7 @@ fn chaos(run: &Run<'_>) {
                         // read on demand): every link of the server's
                         // transport that carries `c` fails at once.
                         c.simulate_fault(SimulatedFault::CqReadError);
+                        *run.servers[s].cq_failed_at.lock().expect("cq lock") = Some(now);
                         run.stats.simulated_faults.fetch_add(1, Ordering::Relaxed);
                     } else {
                         c.inject_fault(if rng.random_ratio(1, 10) {
@@ -993,6 +1022,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
                     verifier: verifier.clone(),
                 }),
                 rma: Mutex::new(None),
+                cq_failed_at: Mutex::new(None),
             }
         })
         .collect();
