@@ -256,13 +256,15 @@ impl StressReport {
             let failed: Vec<String> = r.failed.iter().map(|(k, v)| format!("{k} {v}")).collect();
             let _ = writeln!(
                 s,
-                "  rma           writes {} ({:.1} MiB), reads {} ({:.1} MiB), {:.1} MiB checked, {} slices checked by owners at the end",
+                "  rma           writes {} ({:.1} MiB), reads {} ({:.1} MiB), {:.1} MiB checked, {} slices checked by owners at the end; op {:.2} ms mean, {:.0} ms max",
                 r.writes,
                 r.bytes_written as f64 / (1 << 20) as f64,
                 r.reads,
                 r.bytes_read as f64 / (1 << 20) as f64,
                 r.bytes_checked as f64 / (1 << 20) as f64,
-                r.slices_checked_at_end
+                r.slices_checked_at_end,
+                r.op_ms_mean,
+                r.op_ms_max
             );
             let _ = writeln!(
                 s,

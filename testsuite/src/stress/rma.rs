@@ -60,6 +60,10 @@ pub struct RmaReport {
     /// Incarnations whose served writes were compared with the clients'
     /// outcomes.
     pub incarnations_accounted: u64,
+    /// Mean time of a successful operation, milliseconds.
+    pub op_ms_mean: f64,
+    /// Longest successful operation, milliseconds.
+    pub op_ms_max: f64,
     /// Client slices the owners compared with their writers' copies at the end.
     pub slices_checked_at_end: u64,
     /// Violations: an acknowledged write missing, or an operation on an
@@ -136,9 +140,19 @@ pub(crate) struct RmaState {
     /// Every client's shadows at its end: (client, server, shadow).
     pub finals: Mutex<Vec<(u32, u32, Shadow)>>,
     pub slices_checked_at_end: AtomicU64,
+    /// Successful operations' time in all and the longest, microseconds.
+    pub op_us_total: AtomicU64,
+    pub op_us_max: AtomicU64,
 }
 
 impl RmaState {
+    /// A successful operation took `d`.
+    pub fn took(&self, d: Duration) {
+        let us = d.as_micros() as u64;
+        self.op_us_total.fetch_add(us, Ordering::Relaxed);
+        self.op_us_max.fetch_max(us, Ordering::Relaxed);
+    }
+
     pub fn failed(&self, kind: &str) {
         *self
             .failed
@@ -221,6 +235,9 @@ impl RmaState {
         report.lost = g(&self.lost);
         report.corrupted = g(&self.corrupted);
         report.slices_checked_at_end = g(&self.slices_checked_at_end);
+        let ops = (report.writes + report.reads).max(1);
+        report.op_ms_mean = g(&self.op_us_total) as f64 / ops as f64 / 1e3;
+        report.op_ms_max = g(&self.op_us_max) as f64 / 1e3;
         report.failed = self.failed.lock().expect("rma failed lock").clone();
     }
 }

@@ -598,8 +598,10 @@ impl Client<'_, '_> {
         let run = self.run;
         let stats = &run.rma;
         if self.rng.random_ratio(1, 4) {
+            let t = Instant::now();
             match conn.read(&handle, at, len as u64, opts) {
                 Ok(got) => {
+                    stats.took(t.elapsed());
                     stats.reads.fetch_add(1, Ordering::Relaxed);
                     stats
                         .bytes_read
@@ -613,8 +615,10 @@ impl Client<'_, '_> {
         self.rma_seq += 1;
         let data = rma::write_bytes(self.run.cfg.seed, self.index, s as u32, self.rma_seq, len);
         let range = start..start + len;
+        let t = Instant::now();
         match conn.write(&handle, at, bytes::Bytes::from(data.clone()), opts) {
             Ok(()) => {
+                stats.took(t.elapsed());
                 stats.write_outcome(s as u32, inc, true);
                 stats.writes.fetch_add(1, Ordering::Relaxed);
                 stats.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
@@ -625,8 +629,10 @@ impl Client<'_, '_> {
                     .collect();
                 sh.bytes[range.clone()].copy_from_slice(&data);
                 sh.known[range].fill(true);
+                let t = Instant::now();
                 match conn.read(&handle, at, len as u64, opts) {
                     Ok(got) => {
+                        stats.took(t.elapsed());
                         stats.reads.fetch_add(1, Ordering::Relaxed);
                         stats
                             .bytes_read
