@@ -91,6 +91,13 @@ for backend in tcp fabric+tcp 'fabric+tcp?ep=rdm' 'fabric+shm?ep=rdm'; do
   cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 8 --backend "$backend" --transport-change --quiet
 done
 
+step "stress suite with one-sided RMA: random-range writes and reads of each server's region beside the messages, checked byte for byte (msgr-stress --rma 10 s each: tcp, tcp with transport change, fabric+tcp RDM, shm RDM; docs/STRESS.md)"
+cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 10 --backend tcp --rma --quiet
+cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 10 --backend tcp --transport-change --rma --quiet
+for backend in 'fabric+tcp?ep=rdm' 'fabric+shm?ep=rdm'; do
+  cargo run --release -p msgr-testsuite --features fabric --bin msgr-stress -- --duration 10 --backend "$backend" --rma --quiet
+done
+
 step "RDMA guest: setup (packages, kernel, siw, initramfs; cached in \${MSGR_GUEST_CACHE:-/var/cache/msgr-guest})"
 guest_start=$(date +%s)
 bash testsuite/guest/setup.sh

@@ -61,6 +61,10 @@ struct Args {
     /// No mark_down operations.
     #[arg(long)]
     no_mark_down: bool,
+    /// RMA too: every server exposes a 1 MiB region, clients write and
+    /// read back random ranges of their own slice of it (docs/STRESS.md).
+    #[arg(long)]
+    rma: bool,
     /// Largest message, bytes.
     #[arg(long, default_value_t = 4 << 20)]
     max_message: usize,
@@ -167,6 +171,7 @@ fn main() -> ExitCode {
         cfg.real_faults = !args.no_real_faults;
         cfg.transport_change = args.transport_change;
         cfg.mark_downs = !args.no_mark_down;
+        cfg.rma = args.rma;
         cfg.max_message = args.max_message.max(1);
         cfg.bind = bind.clone();
         for setting in &args.settings {
@@ -197,7 +202,7 @@ fn main() -> ExitCode {
             }));
         }
         eprintln!(
-            "msgr-stress: seed {seed} backend {} servers {} clients {} duration {} s faults {}{}{}",
+            "msgr-stress: seed {seed} backend {} servers {} clients {} duration {} s faults {}{}{}{}",
             backend.name,
             cfg.servers,
             cfg.clients,
@@ -211,7 +216,8 @@ fn main() -> ExitCode {
                 " (network namespaces)"
             } else {
                 ""
-            }
+            },
+            if args.rma { " rma" } else { "" }
         );
         let report = if args.netns {
             match run_in_netns(&cfg, &NetnsOptions::default()) {

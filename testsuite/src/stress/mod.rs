@@ -29,12 +29,14 @@ use msgr::{EntityAddr, FaultPlan, MessengerConfig};
 pub mod backends;
 pub mod netns;
 mod report;
+mod rma;
 pub mod verify;
 mod workload;
 
 pub use backends::{available_backends, backend_by_name, candidates, Backend};
 pub use netns::{run_in_netns, NetnsError, NetnsOptions, NetnsPair, NsExec};
 pub use report::{Progress, StressReport};
+pub use rma::RmaReport;
 pub use workload::run;
 
 /// The fault plan the suite uses unless told otherwise: productive runs with
@@ -114,6 +116,10 @@ pub struct StressConfig {
     pub transport_change: bool,
     /// Clients mark connections down now and then.
     pub mark_downs: bool,
+    /// Every server incarnation exposes a 1 MiB region and clients write
+    /// and read back random ranges of their own slice of it, besides their
+    /// messages (docs/STRESS.md "RMA").
+    pub rma: bool,
     /// Largest message data segment.
     pub max_message: usize,
     /// One message in this many is large (64 KiB, max_message].
@@ -154,6 +160,7 @@ impl StressConfig {
             real_faults: true,
             transport_change: false,
             mark_downs: true,
+            rma: false,
             max_message: 4 << 20,
             large_one_in: 1000,
             bind: Vec::new(),

@@ -151,6 +151,8 @@ pub struct StressReport {
     pub violations: Vec<String>,
     /// Backend- or environment-specific figures (e.g. link flaps).
     pub extra: Vec<(String, String)>,
+    /// The RMA figures (`--rma`), if the run did RMA.
+    pub rma: Option<super::RmaReport>,
 }
 
 impl StressReport {
@@ -250,6 +252,33 @@ impl StressReport {
             self.rss_kib.0,
             self.rss_kib.1
         );
+        if let Some(r) = &self.rma {
+            let failed: Vec<String> = r.failed.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(
+                s,
+                "  rma           writes {} ({:.1} MiB), reads {} ({:.1} MiB), {:.1} MiB checked, {} slices checked by owners at the end; op {:.2} ms mean, {:.0} ms max",
+                r.writes,
+                r.bytes_written as f64 / (1 << 20) as f64,
+                r.reads,
+                r.bytes_read as f64 / (1 << 20) as f64,
+                r.bytes_checked as f64 / (1 << 20) as f64,
+                r.slices_checked_at_end,
+                r.op_ms_mean,
+                r.op_ms_max
+            );
+            let _ = writeln!(
+                s,
+                "  rma outcomes  failed (expected) [{}]; ambiguous writes {}; owners served {} writes, refused {} ({} incarnations accounted); violations lost {}, corrupted {}, twice {}",
+                failed.join(", "),
+                r.ambiguous_writes,
+                r.served_writes,
+                r.refused,
+                r.incarnations_accounted,
+                r.lost,
+                r.corrupted,
+                r.twice
+            );
+        }
         for (k, v) in &self.extra {
             let _ = writeln!(s, "  {k:<13} {v}");
         }

@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use super::report::{
     blocked_threads, rss_kib, secs, tcp_listeners, thread_count, Progress, StressReport,
 };
+use super::rma::{self, Exposed, RmaState, Shadow};
 use super::verify::{
     ClientEvents, EpochRecord, Pattern, Probe, ServerDispatcher, Verifier, Violations,
 };
@@ -78,6 +79,11 @@ struct ServerSlot {
     generation: AtomicU64,
     incarnation: AtomicU64,
     dispatcher: Arc<ServerDispatcher>,
+    /// The running incarnation's exposed region (`StressConfig::rma`).
+    rma: Mutex<Option<Exposed>>,
+    /// When the chaos thread last failed its transport's completion queue
+    /// (SIMULATED), for the RMA checks (docs/STRESS.md "RMA").
+    cq_failed_at: Mutex<Option<Instant>>,
 }
 
 #[derive(Default)]
@@ -104,6 +110,7 @@ struct Run<'a> {
     leaked_links: AtomicU64,
     aborted_links: AtomicU64,
     undelivered: AtomicU64,
+    rma: RmaState,
     /// Where the configuration asks for `auth` or `secure` without key
     /// files: a key per entity of the run, made at its start, and the
     /// keyring of them all.
@@ -189,15 +196,36 @@ impl Run<'_> {
         })
     }
 
-    /// Records where a (re)started server listens.
-    fn server_started(slot: &ServerSlot, m: Messenger) {
+    /// Records where a (re)started server listens; exposes its region.
+    fn server_started(&self, slot: &ServerSlot, m: Messenger) {
         *slot.addr.write().expect("addr lock") = m.addr().clone();
         *slot.addrs.write().expect("addrs lock") = m.addrs();
+        if self.cfg.rma {
+            let region = m.expose(vec![0u8; rma::REGION_LEN], msgr::Access::ReadWrite);
+            *slot.rma.lock().expect("rma lock") = Some(Exposed {
+                incarnation: slot.incarnation.load(Ordering::SeqCst),
+                handle: region.handle(),
+                region,
+            });
+        }
         *slot.messenger.lock().expect("slot lock") = Some(m);
     }
 
-    fn retire(&self, mut m: Messenger) {
+    /// Shuts a server incarnation down; `exposed` is its region, revoked
+    /// first (operations still arriving are refused as revoked), and its
+    /// served writes are recorded once the shutdown has finished.
+    fn retire(&self, slot: &ServerSlot, mut m: Messenger, exposed: Option<Exposed>) {
+        let incarnation = exposed.map(|e| e.incarnation);
         let r = m.shutdown(Duration::from_secs(5));
+        if let Some(inc) = incarnation {
+            let c = m.counters();
+            self.rma.retired(
+                slot.index,
+                inc,
+                Counters::get(&c.rma_writes_served),
+                Counters::get(&c.rma_refused),
+            );
+        }
         self.retired.lock().expect("retired lock").add(m.counters());
         if r.leaked_links != 0 {
             self.violations.push(format!(
@@ -222,8 +250,9 @@ impl Run<'_> {
     fn restart_server(&self, slot: &ServerSlot, downtime: Duration) {
         slot.generation.fetch_add(1, Ordering::SeqCst);
         let old = slot.messenger.lock().expect("slot lock").take();
+        let exposed = slot.rma.lock().expect("rma lock").take();
         if let Some(m) = old {
-            self.retire(m);
+            self.retire(slot, m, exposed);
         }
         std::thread::sleep(downtime);
         let port = slot.addr.read().expect("addr lock").socket.port();
@@ -239,7 +268,7 @@ impl Run<'_> {
             .start_server(slot, same, same2)
             .or_else(|_| self.start_server(slot, slot.bind.clone(), slot.bind2.clone()));
         match started {
-            Ok(m) => Run::server_started(slot, m),
+            Ok(m) => self.server_started(slot, m),
             Err(e) => self
                 .violations
                 .push(format!("server {} could not restart: {e}", slot.index)),
@@ -290,6 +319,10 @@ struct Client<'r, 'a> {
     rng: StdRng,
     links: Vec<Option<Link>>,
     epochs: Vec<u32>,
+    /// Per server: what this client knows of its slice of the region.
+    shadows: Vec<Shadow>,
+    /// Writes so far (the seed of each write's bytes).
+    rma_seq: u64,
 }
 
 impl Client<'_, '_> {
@@ -520,6 +553,212 @@ impl Client<'_, '_> {
         }
     }
 
+    /// One RMA operation on server `s`'s region, over the client's
+    /// connection to it: a write of a random range of the client's slice
+    /// with bytes of its own, read back at once (3 in 4), or a read of a
+    /// random range of the slice (1 in 4); every byte read is compared with
+    /// what this client last wrote there. The handle is taken anew from the
+    /// server's slot each time.
+    fn rma_op(&mut self, s: usize) {
+        if !self.refresh(s) {
+            return;
+        }
+        let slot = &self.run.servers[s];
+        let gen0 = slot.generation.load(Ordering::SeqCst);
+        let Some((inc, handle)) = slot
+            .rma
+            .lock()
+            .expect("rma lock")
+            .as_ref()
+            .map(|e| (e.incarnation, e.handle.clone()))
+        else {
+            return; // a restart under way
+        };
+        if gen0 % 2 == 1 {
+            return;
+        }
+        let slice = rma_slice(self.run.cfg);
+        let base = (self.index as usize * slice) as u64;
+        if self.shadows[s].incarnation != inc {
+            self.shadows[s].renew(inc);
+        }
+        let link = self.links[s].as_ref().expect("refreshed link");
+        let conn = link.rec.conn.clone();
+        let ctx = RmaCtx {
+            s,
+            conn_generation: link.conn_generation,
+            gen0,
+            remote_resets_at_start: link.rec.remote_resets_at_start,
+            began: Instant::now(),
+        };
+        let opts = msgr::RmaOptions::from(rma::RMA_TIMEOUT).checksum();
+        let start = self.rng.random_range(0..slice);
+        let len = self.pick_rma_len(slice - start);
+        let at = base + start as u64;
+        let run = self.run;
+        let stats = &run.rma;
+        if self.rng.random_ratio(1, 4) {
+            let t = Instant::now();
+            match conn.read(&handle, at, len as u64, opts) {
+                Ok(got) => {
+                    stats.took(t.elapsed());
+                    stats.reads.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .bytes_read
+                        .fetch_add(got.len() as u64, Ordering::Relaxed);
+                    self.rma_check(ctx.s, inc, start, &got, None);
+                }
+                Err(e) => self.rma_failed(&ctx, &conn, "read", &e),
+            }
+            return;
+        }
+        self.rma_seq += 1;
+        let data = rma::write_bytes(self.run.cfg.seed, self.index, s as u32, self.rma_seq, len);
+        let range = start..start + len;
+        let t = Instant::now();
+        match conn.write(&handle, at, bytes::Bytes::from(data.clone()), opts) {
+            Ok(()) => {
+                stats.took(t.elapsed());
+                stats.write_outcome(s as u32, inc, true);
+                stats.writes.fetch_add(1, Ordering::Relaxed);
+                stats.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
+                let sh = &mut self.shadows[s];
+                let before: Vec<Option<u8>> = range
+                    .clone()
+                    .map(|i| sh.known[i].then_some(sh.bytes[i]))
+                    .collect();
+                sh.bytes[range.clone()].copy_from_slice(&data);
+                sh.known[range].fill(true);
+                let t = Instant::now();
+                match conn.read(&handle, at, len as u64, opts) {
+                    Ok(got) => {
+                        stats.took(t.elapsed());
+                        stats.reads.fetch_add(1, Ordering::Relaxed);
+                        stats
+                            .bytes_read
+                            .fetch_add(got.len() as u64, Ordering::Relaxed);
+                        self.rma_check(s, inc, start, &got, Some(&before));
+                    }
+                    Err(e) => self.rma_failed(&ctx, &conn, "read", &e),
+                }
+            }
+            Err(e) => {
+                if rma::may_have_landed(&e) {
+                    stats.write_outcome(s as u32, inc, false);
+                    self.shadows[s].known[range].fill(false);
+                }
+                self.rma_failed(&ctx, &conn, "write", &e);
+            }
+        }
+    }
+
+    fn pick_rma_len(&mut self, max: usize) -> usize {
+        let cap = match self.rng.random_range(0..10) {
+            0..5 => 512,
+            5..9 => 8192,
+            _ => max,
+        };
+        self.rng.random_range(1..=cap.min(max).max(1))
+    }
+
+    /// Compares bytes read at `start` of the slice with the shadow;
+    /// `before` is what the range held before a write just acknowledged
+    /// (a read-back that still shows it means the write was lost).
+    fn rma_check(
+        &self,
+        s: usize,
+        inc: u64,
+        start: usize,
+        got: &[u8],
+        before: Option<&[Option<u8>]>,
+    ) {
+        let sh = &self.shadows[s];
+        let (bad, checked) = sh.mismatch(start, got);
+        self.run
+            .rma
+            .bytes_checked
+            .fetch_add(checked, Ordering::Relaxed);
+        let Some(at) = bad else { return };
+        let stale = before.is_some_and(|b| {
+            got.iter()
+                .zip(b)
+                .all(|(g, was)| was.is_none_or(|w| w == *g))
+        });
+        let what = if stale {
+            self.run.rma.lost.fetch_add(1, Ordering::Relaxed);
+            "rma lost: an acknowledged write is not in the region (read back the bytes from before it)"
+        } else {
+            self.run.rma.corrupted.fetch_add(1, Ordering::Relaxed);
+            "rma corrupted: bytes read differ from what their only writer last wrote"
+        };
+        self.run.violations.push(format!(
+            "{what}: client {} server {s} incarnation {inc}, slice byte {at} (range {start}..{}): got {:#04x}, wrote {:#04x}",
+            self.index,
+            start + got.len(),
+            got[at - start],
+            sh.bytes[at]
+        ));
+    }
+
+    /// Counts a failed operation: expected where the connection or the
+    /// server was disturbed (as for messages: a server restart since the
+    /// connection was dialled, a remote reset, a lossy reset), otherwise a
+    /// violation.
+    fn rma_failed(&self, ctx: &RmaCtx, conn: &msgr::Connection, op: &str, e: &msgr::RmaError) {
+        let kind = rma::kind(e);
+        let slot = &self.run.servers[ctx.s];
+        let generation = slot.generation.load(Ordering::SeqCst);
+        let excuse = if generation != ctx.gen0 || generation != ctx.conn_generation {
+            Some("restart")
+        } else if self.events.remote_resets_of(conn.id()) != ctx.remote_resets_at_start {
+            Some("remote-reset")
+        } else if self.policy == Policy::LossyClient && kind == "reset" {
+            Some("lossy")
+        } else if slot
+            .cq_failed_at
+            .lock()
+            .expect("cq lock")
+            .is_some_and(|t| t + CQ_FAILURE_STALL >= ctx.began)
+        {
+            // A simulated completion-queue failure at the server fails
+            // every link on it; over the RDM backends its peers then wait
+            // out the backend's 10 s deadline for the old links before
+            // they get through again (docs/STRESS.md "RMA"): a stall that
+            // heals, which the message checks do not flag either.
+            Some("cq-failure")
+        } else {
+            None
+        };
+        // Bytes that fail their checksum were corrupted on the way; the
+        // frames' own CRC should have caught them first.
+        match excuse {
+            Some(why) if kind != "checksum" => self.run.rma.failed(&format!("{kind}/{why}")),
+            _ => {
+                let counter = if kind == "checksum" {
+                    &self.run.rma.corrupted
+                } else {
+                    &self.run.rma.lost
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                self.run.rma.failed(&format!("{kind}/none"));
+                let st = conn.status();
+                self.run.violations.push(format!(
+                    "rma {op} by client {} ({:?}) to server {} failed with no restart, remote reset or mark_down: {e} (connection {} {:?} ({}, {} faults, the last: {}) to {}, server now at {}, generation {generation})",
+                    self.index,
+                    self.policy,
+                    ctx.s,
+                    conn.id(),
+                    st.state,
+                    st.phase,
+                    st.faults,
+                    st.last_fault.map_or_else(|| "none".into(), |f| f.to_string()),
+                    conn.target(),
+                    slot.addr.read().expect("addr lock"),
+                ));
+            }
+        }
+    }
+
     /// The client's operation loop; returns its current epochs at the end.
     fn run(mut self) -> Vec<Arc<EpochRecord>> {
         let servers = self.run.servers.len();
@@ -530,6 +769,7 @@ impl Client<'_, '_> {
             match op {
                 0..2 if cfg.mark_downs => self.mark_down(s),
                 2..5 if cfg.real_faults => self.real_fault(s),
+                100..400 if cfg.rma && rma_slice(cfg) > 0 => self.rma_op(s),
                 5..60 => {
                     let pause = self.rng.random_range(0..3000);
                     std::thread::sleep(Duration::from_micros(pause));
@@ -546,7 +786,67 @@ impl Client<'_, '_> {
                 }
             }
         }
+        if cfg.rma {
+            let mut finals = self.run.rma.finals.lock().expect("rma finals lock");
+            for (s, sh) in self.shadows.drain(..).enumerate() {
+                finals.push((self.index, s as u32, sh));
+            }
+        }
         self.links.into_iter().flatten().map(|l| l.rec).collect()
+    }
+}
+
+/// What an RMA operation's failure is judged against.
+struct RmaCtx {
+    s: usize,
+    /// The slot's generation when the connection was dialled.
+    conn_generation: u64,
+    /// The slot's generation when the operation began.
+    gen0: u64,
+    remote_resets_at_start: u64,
+    began: Instant,
+}
+
+/// How long after a simulated completion-queue failure at a server an
+/// RMA failure on a connection to it is put down to that failure: the RDM
+/// backends' 10 s deadline for a peer's old links, and slack.
+const CQ_FAILURE_STALL: Duration = Duration::from_secs(12);
+
+/// Bytes of each client's slice of a region (client i owns
+/// `i * slice .. (i + 1) * slice`).
+fn rma_slice(cfg: &StressConfig) -> usize {
+    rma::REGION_LEN / cfg.clients.max(1)
+}
+
+/// The owners' check at the end: each server's region, slice by slice,
+/// against what its client last wrote there (for a region the client
+/// never used: zeros).
+fn check_regions_at_end(run: &Run<'_>) {
+    let slice = rma_slice(run.cfg);
+    let finals = run.rma.finals.lock().expect("rma finals lock");
+    for (c, s, sh) in finals.iter() {
+        let slot = &run.servers[*s as usize];
+        let exposed = slot.rma.lock().expect("rma lock");
+        let Some(e) = exposed.as_ref() else { continue };
+        let base = *c as usize * slice;
+        let bytes = e.region.bytes();
+        let mine = &bytes[base..base + slice];
+        let (bad, checked) = if sh.incarnation == e.incarnation {
+            sh.mismatch(0, mine)
+        } else {
+            (mine.iter().position(|b| *b != 0), slice as u64)
+        };
+        run.rma.bytes_checked.fetch_add(checked, Ordering::Relaxed);
+        run.rma
+            .slices_checked_at_end
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(at) = bad {
+            run.rma.corrupted.fetch_add(1, Ordering::Relaxed);
+            run.violations.push(format!(
+                "rma corrupted: at the end, server {s} incarnation {}'s region holds {:#04x} at byte {at} of client {c}'s slice, which its writer did not leave there (client's last incarnation {})",
+                e.incarnation, mine[at], sh.incarnation
+            ));
+        }
     }
 }
 
@@ -634,6 +934,7 @@ fn chaos(run: &Run<'_>) {
                         // read on demand): every link of the server's
                         // transport that carries `c` fails at once.
                         c.simulate_fault(SimulatedFault::CqReadError);
+                        *run.servers[s].cq_failed_at.lock().expect("cq lock") = Some(now);
                         run.stats.simulated_faults.fetch_add(1, Ordering::Relaxed);
                     } else {
                         c.inject_fault(if rng.random_ratio(1, 10) {
@@ -726,6 +1027,8 @@ pub fn run(cfg: &StressConfig) -> StressReport {
                     index: i as u32,
                     verifier: verifier.clone(),
                 }),
+                rma: Mutex::new(None),
+                cq_failed_at: Mutex::new(None),
             }
         })
         .collect();
@@ -741,13 +1044,14 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         leaked_links: AtomicU64::new(0),
         aborted_links: AtomicU64::new(0),
         undelivered: AtomicU64::new(0),
+        rma: RmaState::default(),
         keys: (cfg.messenger.session.security.modes.needs_credentials()
             && cfg.messenger.key_file.is_none())
         .then(|| RunKeys::new(cfg.servers, cfg.clients)),
     };
     for slot in &run.servers {
         match run.start_server(slot, slot.bind.clone(), slot.bind2.clone()) {
-            Ok(m) => Run::server_started(slot, m),
+            Ok(m) => run.server_started(slot, m),
             Err(e) => violations.push(format!(
                 "server {} did not start on {}: {e}",
                 slot.index, slot.bind
@@ -798,6 +1102,10 @@ pub fn run(cfg: &StressConfig) -> StressReport {
                     rng: StdRng::seed_from_u64(mix(cfg.seed, ROLE_CLIENT, i as u64)),
                     links: (0..cfg.servers).map(|_| None).collect(),
                     epochs: vec![0; cfg.servers],
+                    shadows: (0..cfg.servers)
+                        .map(|_| Shadow::new(rma_slice(cfg)))
+                        .collect(),
+                    rma_seq: 0,
                 };
                 let h = std::thread::Builder::new()
                     .name(format!("stress-client-{i}"))
@@ -969,6 +1277,9 @@ pub fn run(cfg: &StressConfig) -> StressReport {
     report.disturbed_epochs += report.epochs.saturating_sub(records.len() as u64);
     drop(records);
 
+    if cfg.rma {
+        check_regions_at_end(&run);
+    }
     phases.end("verify");
     // Leaks: received buffers returned, links closed, threads gone.
     let (_, totals) = run.progress(&clients, started);
@@ -1046,12 +1357,15 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         let handles: Vec<_> = run
             .servers
             .iter()
-            .filter_map(|s| s.messenger.lock().expect("slot lock").take())
-            .map(|m| {
+            .filter_map(|s| {
+                let m = s.messenger.lock().expect("slot lock").take()?;
+                Some((s, m, s.rma.lock().expect("rma lock").take()))
+            })
+            .map(|(s, m, exposed)| {
                 let run = &run;
                 scope.spawn(move || {
                     let one = Instant::now();
-                    run.retire(m);
+                    run.retire(s, m, exposed);
                     one.elapsed()
                 })
             })
@@ -1063,6 +1377,11 @@ pub fn run(cfg: &StressConfig) -> StressReport {
     });
     slowest = servers_took.into_iter().fold(slowest, Duration::max);
     phases.end("server_shutdown");
+    if cfg.rma {
+        let mut r = super::RmaReport::default();
+        run.rma.account(&violations, &mut r);
+        report.rma = Some(r);
+    }
     report.leaked_links += run.leaked_links.load(Ordering::Relaxed) as usize;
     report.aborted_links += run.aborted_links.load(Ordering::Relaxed) as usize;
     report.shutdown_undelivered += run.undelivered.load(Ordering::Relaxed);
