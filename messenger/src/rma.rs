@@ -67,6 +67,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use msgr_addr::EntityName;
 use msgr_proto::checksum::crc32c;
+use msgr_proto::pool::BufferPool;
 pub use msgr_proto::rma::{Access, RmaHandle, RmaOp};
 use msgr_proto::rma::{RmaReply, RmaRequest, RmaStatus, RMA_BIT};
 use msgr_proto::Message;
@@ -173,6 +174,9 @@ pub(crate) struct Region {
 pub(crate) struct RegionTable {
     regions: RwLock<FxHashMap<u64, Arc<Region>>>,
     next: AtomicU64,
+    /// Where large reads are copied out to: reused once the reply is
+    /// written (a fresh MiB per read is paged in again each time).
+    read_buffers: BufferPool,
 }
 
 impl RegionTable {
@@ -540,7 +544,7 @@ pub(crate) fn serve(conn: &Connection, req: Message, counters: &Counters) {
         Err(_) => (RmaStatus::Malformed, 0, Bytes::new()),
         Ok(r) => match shared.regions.get(r.region) {
             None => (RmaStatus::Revoked, 0, Bytes::new()),
-            Some(region) => region.serve(conn, r, &req.data),
+            Some(region) => region.serve(conn, r, &req.data, &shared.regions.read_buffers),
         },
     };
     if status == RmaStatus::Ok {
@@ -569,7 +573,13 @@ pub(crate) fn serve(conn: &Connection, req: Message, counters: &Counters) {
 impl Region {
     /// Checks and carries out `r` (`written`: a write's bytes); the status,
     /// a read's checksum (if asked) and its bytes.
-    fn serve(&self, conn: &Connection, r: &RmaRequest, written: &Bytes) -> (RmaStatus, u32, Bytes) {
+    fn serve(
+        &self,
+        conn: &Connection,
+        r: &RmaRequest,
+        written: &Bytes,
+        buffers: &BufferPool,
+    ) -> (RmaStatus, u32, Bytes) {
         let refused = |s| (s, 0, Bytes::new());
         if !same_capability(&r.capability, &self.capability) {
             return refused(RmaStatus::Denied);
@@ -594,7 +604,10 @@ impl Region {
                 let Some(range) = range(bytes.len()) else {
                     return refused(RmaStatus::OutOfRange);
                 };
-                let out = Bytes::copy_from_slice(&bytes[range]);
+                let mut out = buffers.take(range.len());
+                out.extend_from_slice(&bytes[range]);
+                drop(bytes);
+                let out = buffers.share(out);
                 let crc = r.checksum.map_or(0, |_| crc32c(&out));
                 (RmaStatus::Ok, crc, out)
             }

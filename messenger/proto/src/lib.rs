@@ -8,6 +8,7 @@
 //! - [`message`]: application messages and their frame form; [`codec`] for typed payloads.
 //! - [`batch`]: many small messages in one frame (one preamble, one CRC32C).
 //! - [`control`]: payloads of the session's control frames.
+//! - [`pool`]: large buffers lent as `Bytes` and reused.
 //! - [`rma`]: one-sided operations on exposed regions: the handle, and the
 //!   request and reply where the owner's CPU serves them.
 //! - [`stream`]: the units transports move, and the byte-stream splitter.
@@ -30,6 +31,7 @@ pub mod control;
 pub mod error;
 pub mod frame;
 pub mod message;
+pub mod pool;
 pub mod rma;
 pub mod session;
 #[cfg(feature = "sim")]

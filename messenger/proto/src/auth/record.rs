@@ -29,6 +29,7 @@ use super::keys::KEY_LEN;
 use crate::frame::{
     Frame, FrameLimits, Preamble, Segments, Tag, FLAG_UNCHECKED_PAYLOAD, MAX_SEGMENTS, PREAMBLE_LEN,
 };
+use crate::pool::BufferPool;
 use crate::stream::{Inbound, Transmit};
 
 /// Bytes an AEAD tag adds to each sealed piece.
@@ -176,72 +177,7 @@ fn aead_key(secret: &[u8; KEY_LEN]) -> LessSafeKey {
 pub struct RecordLayer {
     send: DirectionKey,
     recv: DirectionKey,
-    pool: PiecePool,
-}
-
-/// Pieces this large or larger are sealed into, and opened into, buffers
-/// that return to the link's [`PiecePool`] when dropped.
-const POOLED_MIN: usize = 64 << 10;
-/// Buffers a pool keeps for reuse.
-const POOL_KEEP: usize = 8;
-
-/// Large buffers for sealed and opened pieces, reused: a fresh 1 MiB
-/// allocation per message cost the 1 MiB stream more than the cipher did
-/// (the allocator returns such blocks to the system, and each new one is
-/// paged in again: 1.5 GB/s against 2.6 GB/s with the allocator told to
-/// keep them, 2026-12-05). A buffer comes back when the last [`Bytes`] of
-/// it drops — in the transport once written, in the application once it
-/// drops the message.
-#[derive(Clone, Default)]
-struct PiecePool(std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>);
-
-impl PiecePool {
-    /// An empty buffer with room for `len` bytes.
-    fn take(&self, len: usize) -> Vec<u8> {
-        if len >= POOLED_MIN {
-            if let Ok(mut kept) = self.0.lock() {
-                if let Some(i) = kept.iter().position(|b| b.capacity() >= len) {
-                    let mut b = kept.swap_remove(i);
-                    b.clear();
-                    return b;
-                }
-            }
-        }
-        Vec::with_capacity(len)
-    }
-
-    /// `buf` as [`Bytes`]: a large one goes back to the pool once dropped.
-    fn share(&self, buf: Vec<u8>) -> Bytes {
-        if buf.capacity() < POOLED_MIN {
-            return Bytes::from(buf);
-        }
-        Bytes::from_owner(Pooled {
-            buf,
-            pool: self.clone(),
-        })
-    }
-}
-
-/// A pooled buffer lent out as [`Bytes`].
-struct Pooled {
-    buf: Vec<u8>,
-    pool: PiecePool,
-}
-
-impl AsRef<[u8]> for Pooled {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf
-    }
-}
-
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        if let Ok(mut kept) = self.pool.0.lock() {
-            if kept.len() < POOL_KEEP {
-                kept.push(std::mem::take(&mut self.buf));
-            }
-        }
-    }
+    pool: BufferPool,
 }
 
 impl std::fmt::Debug for RecordLayer {
@@ -267,7 +203,7 @@ impl RecordLayer {
         RecordLayer {
             send: DirectionKey::new(&keys.send, policy),
             recv: DirectionKey::new(&keys.recv, policy),
-            pool: PiecePool::default(),
+            pool: BufferPool::default(),
         }
     }
 
