@@ -414,13 +414,26 @@ fn bad_input_gives_a_clear_error_and_nonzero_exit() {
     assert!(!o.status.success());
     assert!(o.stderr.contains("workers"), "{}", o.stderr);
 
-    // Nobody listens on port 1: a bounded, clear failure.
+    // Nobody listens on port 1: the client waits for a server as long as
+    // its --timeout, then fails with the cause of its last attempt.
     let o = run(
-        &["ping", "tcp://127.0.0.1:1", "--count", "1"],
+        &[
+            "ping",
+            "tcp://127.0.0.1:1",
+            "--count",
+            "1",
+            "--timeout",
+            "2",
+        ],
         Duration::from_secs(60),
     );
     assert!(!o.status.success());
     assert!(o.stderr.contains("msgr: error:"), "{}", o.stderr);
+    assert!(
+        o.stderr.to_lowercase().contains("refused"),
+        "no cause: {}",
+        o.stderr
+    );
 }
 
 /// `msgr serve`, `ping` and `stream` over libfabric's real `tcp` (MSG) and
