@@ -298,12 +298,16 @@ fn serve(cfg: &MessengerConfig, addr: &str, duration: Option<Duration>) -> Resul
         .bind(bind)
         .start(responder.clone())?;
     // Without its nonce: clients may connect to any incarnation at this address.
-    println!("listening on {}", m.addr().clone().with_nonce(0));
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stdout(),
+        "listening on {}",
+        m.addr().clone().with_nonce(0)
+    );
     eprintln!(
         "serving{}; Ctrl-C prints counters and stops",
         duration.map_or(String::new(), |d| format!(" for {:.1} s", d.as_secs_f64()))
     );
-    use std::io::Write;
     let _ = std::io::stdout().flush();
     let start = Instant::now();
     while !STOP.load(Ordering::SeqCst) && duration.is_none_or(|d| start.elapsed() < d) {
@@ -311,7 +315,11 @@ fn serve(cfg: &MessengerConfig, addr: &str, duration: Option<Duration>) -> Resul
     }
     let report = m.shutdown(Duration::from_secs(2));
     let t = responder.totals();
-    println!(
+    // Written, not printed: a reader that went (`msgr serve | head -1`)
+    // is no error of the server's, and no panic.
+    let mut out = std::io::stdout().lock();
+    let written = writeln!(
+        out,
         "# msgr serve: {:.1} s, {} connections accepted, {} pings echoed, {} stream messages ({} bytes), shutdown {:?}",
         start.elapsed().as_secs_f64(),
         responder.accepted.load(Ordering::Relaxed),
@@ -319,9 +327,13 @@ fn serve(cfg: &MessengerConfig, addr: &str, duration: Option<Duration>) -> Resul
         t.stream_messages,
         t.stream_bytes,
         report
-    );
-    print!("{}", m.counters().prometheus());
-    Ok(())
+    )
+    .and_then(|()| write!(out, "{}", m.counters().prometheus()))
+    .and_then(|()| out.flush());
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(ToolError::io("stdout", e)),
+        _ => Ok(()),
+    }
 }
 
 #[derive(Serialize)]

@@ -834,3 +834,37 @@ fn ping_takes_address_vectors_and_a_pinned_peer() {
     assert!(!o.status.success());
     assert!(o.stderr.contains("nonsense"), "{}", o.stderr);
 }
+
+/// `msgr serve ... | head -1`: a reader that goes after the first line is
+/// no error and no panic; the server ends as asked, exit status 0.
+#[test]
+fn serve_survives_a_reader_that_went() {
+    let mut child = Guard(
+        Command::new(MSGR)
+            .args(["serve", "tcp://127.0.0.1:0", "--duration", "1"])
+            .env_remove("MSGR_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn msgr serve"),
+    );
+    let err = reader(child.0.stderr.take().expect("stderr"));
+    let mut first = String::new();
+    BufReader::new(child.0.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("the first line");
+    assert!(first.starts_with("listening on"), "{first}");
+    // The pipe's reader is gone now (dropped above).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.0.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "serve did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = err.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    assert!(status.success(), "exit {status:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
