@@ -292,6 +292,11 @@ pub struct RdmTransport {
     tx_arena: ByteArena,
     /// Tokens that admit a HELLO (`challenge`).
     challenges: HelloChallenges,
+    /// The provider keeps its own state of a peer that sent to us (`shm`):
+    /// a live peer's address-vector entry is never removed (removed and
+    /// inserted again, its next messages were lost until the link
+    /// deadline). Only a peer found silent or failing (`peer_gone`) goes.
+    keep_live_peers: bool,
 }
 
 impl std::fmt::Debug for RdmTransport {
@@ -358,6 +363,7 @@ impl RdmTransport {
             )
         })?;
         Ok(RdmTransport {
+            keep_live_peers: net.never_closes(),
             challenges,
             slot_size,
             send_limit,
@@ -493,15 +499,19 @@ impl RdmTransport {
         match link.remote {
             // The CLOSE keeps the peer's address-vector entry in use until sent.
             Some(remote) => {
-                port.closes.push_back((link.peer, remote, Instant::now()));
+                port.closes
+                    .push_back((link.peer, remote, CLOSE, 0, Instant::now()));
                 self.retry = true;
             }
             None => {
                 // A connect never welcomed: the name may be a listener that
                 // went (and may come back under the same name). Its entry
                 // is mapped afresh for the next connect, as after the link
-                // deadline (`peer_gone`), not reused stale.
-                if link.accepted.is_none() {
+                // deadline (`peer_gone`), not reused stale — except where
+                // the provider keeps its own state of the peer (`shm`):
+                // there a live peer's entry removed and inserted again lost
+                // the next answers until the 10 s deadline (stress --rma).
+                if link.accepted.is_none() && !self.keep_live_peers {
                     if let Some(p) = port.peers.get_mut(link.peer).and_then(Option::as_mut) {
                         p.dead = true;
                     }
@@ -572,9 +582,18 @@ impl RdmTransport {
         match read_completions(self, cq, |t, c| t.complete(c, events)) {
             Ok(read) => any || read,
             Err((read, why)) => {
-                // As `FabricTransport::fail_all`, the peers' entries too.
+                // As `FabricTransport::fail_all`, the peers' entries too —
+                // not where live peers' entries must stay (`shm`): our queue
+                // failed, not they.
                 let ids = self.links.keys().copied().collect();
-                let failed = fail_every_link(ids, &why, |id, why| self.peer_gone(id, why, events));
+                let keep = self.keep_live_peers;
+                let failed = fail_every_link(ids, &why, |id, why| {
+                    if keep {
+                        self.fail(id, why, events)
+                    } else {
+                        self.peer_gone(id, why, events)
+                    }
+                });
                 any || read || failed
             }
         }
@@ -1123,8 +1142,10 @@ impl RdmTransport {
             let Some(token) = self.challenges.issue(self.now, name, remote) else {
                 return;
             };
-            let removable = !self.net.never_closes();
-            return port.challenge(pidx, name, remote, token, removable);
+            port.challenge(pidx, name, remote, token, !self.keep_live_peers);
+            // A challenge queued for a slot goes at the next progress.
+            self.retry |= !port.closes.is_empty();
+            return;
         }
         let peer = match port.peer(name) {
             Ok(p) => p,

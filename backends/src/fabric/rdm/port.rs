@@ -11,8 +11,12 @@ use msgr_proto::LinkId;
 use rustc_hash::FxHashMap;
 
 use super::context::context;
-use super::wire::{write_header, Dest, CHALLENGE, CLOSE, HEADER_LEN};
+use super::wire::{write_header, Dest, CHALLENGE, HEADER_LEN};
 use super::CLOSE_GIVE_UP;
+
+/// Control messages a port queues at most: past it, a challenge that finds
+/// no free slot is dropped (its connector tries again after its deadline).
+const MAX_QUEUED_CONTROL: usize = 1024;
 
 /// A peer in a port's address vector, shared by its links.
 #[derive(Debug)]
@@ -40,9 +44,10 @@ pub(super) struct Port {
     pub(super) free_tx: Vec<usize>,
     /// Per transmit slot: the link it carries (None: a CLOSE) and the peer.
     pub(super) tx_use: Vec<Option<(Option<LinkId>, usize)>>,
-    /// CLOSE messages to send: (peer, the peer's end of the closed link,
-    /// when it was queued).
-    pub(super) closes: VecDeque<(usize, Dest, Instant)>,
+    /// Control messages waiting for a transmit slot: (peer, the peer's end
+    /// of the link, kind — `CLOSE` or `CHALLENGE` —, the header's last field,
+    /// when it was queued). Each holds a use of its peer until sent.
+    pub(super) closes: VecDeque<(usize, Dest, u8, u64, Instant)>,
     /// Receive slots promised to links (plus one block for HELLOs).
     pub(super) reserved: usize,
     /// Links on this endpoint.
@@ -140,29 +145,38 @@ impl Port {
         if let Some(p) = self.peers[peer].as_mut() {
             p.dead |= removable && p.users == 1;
         }
-        if let Err(e) = self.post(pidx, peer, None, |buf| {
+        match self.post(pidx, peer, None, |buf| {
             write_header(buf, CHALLENGE, 0, to, token);
             HEADER_LEN
         }) {
-            tracing::debug!(error = %e, "CHALLENGE not sent");
+            // No free slot (or -FI_EAGAIN, a busy peer): queued with the
+            // CLOSEs, as a lost challenge would leave the connector waiting
+            // for its deadline. Bounded: a flood's are dropped.
+            Ok(false) if self.closes.len() < MAX_QUEUED_CONTROL => {
+                self.closes
+                    .push_back((peer, to, CHALLENGE, token, Instant::now()));
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "CHALLENGE not sent"),
         }
         self.release_peer(peer, true);
     }
 
-    /// Posts this port's queued CLOSE messages (port index `pidx`) while
+    /// Posts this port's queued CLOSE and CHALLENGE messages (port index `pidx`) while
     /// slots are free; one queued longer than [`CLOSE_GIVE_UP`], or whose
     /// post fails, is given up (the peer learns by its deadline). Returns
     /// whether none is left.
     pub(super) fn flush_closes(&mut self, pidx: usize, now: Instant) -> bool {
-        while let Some(&(peer, remote, queued)) = self.closes.front() {
+        while let Some(&(peer, remote, kind, last, queued)) = self.closes.front() {
             if now.saturating_duration_since(queued) <= CLOSE_GIVE_UP {
                 match self.post(pidx, peer, None, |buf| {
-                    write_header(buf, CLOSE, 0, remote, 0);
+                    write_header(buf, kind, 0, remote, last);
                     HEADER_LEN
                 }) {
                     Ok(true) => {}
                     Ok(false) => return false,
-                    Err(e) => tracing::debug!(error = %e, "CLOSE not sent"),
+                    Err(e) => tracing::debug!(error = %e, kind, "control message not sent"),
                 }
             }
             self.closes.pop_front();
