@@ -34,9 +34,9 @@ fn reader(mut r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
     rx
 }
 
-/// Runs `msgr ARGS` to completion within `timeout`, or kills it and panics.
-fn run(args: &[&str], timeout: Duration) -> Output {
-    let mut child = Guard(
+/// `msgr ARGS` started with its output piped (killed when dropped).
+fn spawn(args: &[&str]) -> Guard {
+    Guard(
         Command::new(MSGR)
             .args(args)
             .env_remove("MSGR_CONFIG")
@@ -45,20 +45,30 @@ fn run(args: &[&str], timeout: Duration) -> Output {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn msgr"),
-    );
-    let out = reader(child.0.stdout.take().expect("stdout"));
-    let err = reader(child.0.stderr.take().expect("stderr"));
+    )
+}
+
+/// Waits for `child` (`msgr ARGS`) to exit within `timeout`, or panics.
+fn exit_within(child: &mut Guard, args: &[&str], timeout: Duration) -> std::process::ExitStatus {
     let deadline = Instant::now() + timeout;
-    let status = loop {
+    loop {
         if let Some(s) = child.0.try_wait().expect("try_wait") {
-            break s;
+            return s;
         }
         assert!(
             Instant::now() < deadline,
             "msgr {args:?} did not finish within {timeout:?}"
         );
         std::thread::sleep(Duration::from_millis(20));
-    };
+    }
+}
+
+/// Runs `msgr ARGS` to completion within `timeout`, or kills it and panics.
+fn run(args: &[&str], timeout: Duration) -> Output {
+    let mut child = spawn(args);
+    let out = reader(child.0.stdout.take().expect("stdout"));
+    let err = reader(child.0.stderr.take().expect("stderr"));
+    let status = exit_within(&mut child, args, timeout);
     let stdout = out.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
     let stderr = err.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
     Output {
@@ -210,17 +220,7 @@ fn serve(bind: &str) -> (Guard, mpsc::Receiver<String>, String) {
 
 /// `msgr serve BIND` with more arguments (global options).
 fn serve_with(bind: &str, extra: &[&str]) -> (Guard, mpsc::Receiver<String>, String) {
-    let mut server = Guard(
-        Command::new(MSGR)
-            .args(["serve", bind, "--duration", "60"])
-            .args(extra)
-            .env_remove("MSGR_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn msgr serve"),
-    );
+    let mut server = spawn(&[&["serve", bind, "--duration", "60"], extra].concat());
     let _err = reader(server.0.stderr.take().expect("stderr"));
     let (tx, lines) = mpsc::channel();
     let stdout = server.0.stdout.take().expect("stdout");
@@ -839,16 +839,8 @@ fn ping_takes_address_vectors_and_a_pinned_peer() {
 /// no error and no panic; the server ends as asked, exit status 0.
 #[test]
 fn serve_survives_a_reader_that_went() {
-    let mut child = Guard(
-        Command::new(MSGR)
-            .args(["serve", "tcp://127.0.0.1:0", "--duration", "1"])
-            .env_remove("MSGR_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn msgr serve"),
-    );
+    let args = ["serve", "tcp://127.0.0.1:0", "--duration", "1"];
+    let mut child = spawn(&args);
     let err = reader(child.0.stderr.take().expect("stderr"));
     let mut first = String::new();
     BufReader::new(child.0.stdout.take().expect("stdout"))
@@ -856,14 +848,7 @@ fn serve_survives_a_reader_that_went() {
         .expect("the first line");
     assert!(first.starts_with("listening on"), "{first}");
     // The pipe's reader is gone now (dropped above).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.0.try_wait().expect("try_wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "serve did not end");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exit_within(&mut child, &args, Duration::from_secs(60));
     let stderr = err.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
     assert!(status.success(), "exit {status:?}: {stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
