@@ -5,7 +5,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step's wall time, printed at the end (and on failure): where the
+# test command's minutes go.
+timings=""
+step_name="" step_start=$(date +%s) run_start=$(date +%s)
+end_step() {
+  [ -n "$step_name" ] && timings="$timings$(printf '%6d s  %s' $(($(date +%s) - step_start)) "${step_name:0:90}")"$'\n'
+  step_name="" step_start=$(date +%s)
+}
+step() { end_step; step_name="$*"; printf '\n==> %s\n' "$*"; }
+report_timings() {
+  end_step
+  printf '\n==> time per step (%d s in all)\n%s' $(($(date +%s) - run_start)) "$timings"
+}
+trap report_timings EXIT
 
 # The release profile's whole-program LTO (Cargo.toml) is for the shipped
 # binaries' speed; it more than doubles the build of the test binaries and
@@ -42,17 +55,8 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps -q
 # Private items too: links inside crate-private modules resolve only here.
 RUSTDOCFLAGS="-D warnings --document-private-items" cargo doc --workspace --all-features --no-deps -q
 
-step "cargo package (every published crate packaged, then built from its package with every feature), and cargo publish --dry-run"
-# Siblings not on crates.io yet resolve through cargo's temporary local
-# registry, so only index reads go to the network. msgr-testsuite is never
-# published (publish = false). --allow-dirty: the working tree is what the
-# rest of this script tests too. The verifying build is a dev build of every
-# dependency: ~9 min on a fresh target dir (2 cores), ~40 s once built;
-# without debug info (nothing here runs it) it builds faster.
-CARGO_PROFILE_DEV_DEBUG=0 cargo package --workspace --exclude msgr-testsuite --all-features --allow-dirty
-# The same packages, just verified above: the dry run adds the publish checks
-# without building them a second time.
-cargo publish --dry-run --workspace --no-verify --allow-dirty
+step "cargo package (every published crate packaged, its package checked with every feature) and cargo publish --dry-run"
+./scripts/package-check.sh
 
 step "cargo test (default features: TCP on loopback)"
 cargo test --workspace --release
