@@ -2,7 +2,8 @@
 //! the QEMU guest, one after the other in one boot: verbs on rxe0
 //! (`verbs://127.0.0.1:0?dev=rxe0`), rdmacm on rxe1 (RoCE) and rdmacm on
 //! siw0 (iWARP), each with the default fault plan, real QP faults, server
-//! restarts, exactly-once / in-order verification and leak checks; and rdmacm
+//! restarts, exactly-once / in-order verification and leak checks (verbs
+//! on rxe0 and rdmacm on siw0 with the RMA workload too: `--rma`); and rdmacm
 //! on rxe1 with TCP beside it, sessions moving between the two at every fault.
 //!
 //!     cargo test --release -p msgr-testsuite --features rdma --test guest_stress -- --nocapture
@@ -30,7 +31,9 @@ fn targets() -> Vec<StressTarget> {
             backend: "verbs",
             bind: format!("verbs://127.0.0.1:0?dev={LOOPBACK_DEVICE}"),
             prelude: "",
-            extra: &[],
+            // One-sided RMA beside the messages (issue 49): ranges of each
+            // server's region written and read back, checked byte for byte.
+            extra: &["--rma"],
         },
         StressTarget {
             name: "msgr-stress-rdmacm-rxe1",
@@ -44,7 +47,7 @@ fn targets() -> Vec<StressTarget> {
             backend: "rdmacm",
             bind: format!("rdmacm://{}:0", CmFabric::Siw.addr()),
             prelude: "ulimit -l unlimited\n",
-            extra: &[],
+            extra: &["--rma"],
         },
         // Transport change: the servers listen on rxe1 and on TCP, the
         // clients dial both, and every link fault moves a session from
