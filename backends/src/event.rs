@@ -1,5 +1,6 @@
 use std::net::SocketAddr;
 
+use bytes::Bytes;
 use msgr_proto::{Inbound, LinkId, ProtocolError};
 
 /// What a transport reports to its worker.
@@ -22,4 +23,15 @@ pub enum TransportEvent {
     Corrupt(LinkId, ProtocolError),
     /// The link failed or the peer closed it (and it is already closed).
     Failed(LinkId, String),
+    /// A one-sided read of a peer's region ([`crate::Transport::rma_read`])
+    /// completed on `link`: the bytes, or why not (the link stays up:
+    /// the caller can ask the owner another way).
+    RmaRead {
+        /// The link it was posted on.
+        link: LinkId,
+        /// The caller's token.
+        token: u64,
+        /// The bytes read, or why the read failed.
+        result: Result<Bytes, String>,
+    },
 }

@@ -257,6 +257,43 @@ pub trait Transport {
     /// Adopts a link detached from another worker's transport, under a new id.
     fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError>;
 
+    /// Opens the application memory `mem` of region `region` to one-sided
+    /// reads by the peer at the other end of `link`, on the endpoint that
+    /// carries it (once per endpoint: later calls give the same key), and
+    /// returns the key the peer passes to [`Transport::rma_read`]. `None`
+    /// where this link's endpoint has no native reads (the caller serves
+    /// reads itself). `mem` stays held, and registered, until
+    /// [`Transport::rma_unexpose`] or the endpoint closes. Default: none.
+    fn rma_expose(&mut self, link: LinkId, region: u64, mem: &bytes::Bytes) -> Option<Vec<u8>> {
+        let _ = (link, region, mem);
+        None
+    }
+
+    /// Ends native access to `region` on every endpoint of this transport
+    /// ([`Transport::rma_expose`]) and lets its memory go. Default: none.
+    fn rma_unexpose(&mut self, region: u64) {
+        let _ = region;
+    }
+
+    /// Starts a one-sided read of `len` bytes at `offset` of the region
+    /// the peer at the other end of `link` exposed under `key`
+    /// ([`Transport::rma_expose`] on its side). Completes with
+    /// [`TransportEvent::RmaRead`] carrying `token`. Default: refused.
+    fn rma_read(
+        &mut self,
+        link: LinkId,
+        key: &[u8],
+        offset: u64,
+        len: u64,
+        token: u64,
+    ) -> Result<(), TransportError> {
+        let _ = (link, key, offset, len, token);
+        Err(TransportError::Unavailable {
+            kind: self.kind(),
+            reason: "no native one-sided reads on this backend".into(),
+        })
+    }
+
     /// The backend's own counters and gauges (credits, pools, rendezvous...),
     /// for the messenger's metrics. Backends without any report none.
     fn stats(&self) -> TransportStats {

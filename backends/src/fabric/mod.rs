@@ -22,6 +22,8 @@
 //! - `rendezvous`: large units moved by `fi_read` or `fi_write` — the
 //!   descriptors on the wire, queued units, the sending side (and the
 //!   messages a link owes its peer, `Owed`) and the receiving side;
+//! - `user_rma`: one-sided reads of applications' regions (`msgr::rma`),
+//!   for both transports;
 //! - `wait_fd`: a completion queue's wait fds, in the worker's Poll only
 //!   while it sleeps;
 //! - `tests` (tests only): fixtures both transports' tests run;
@@ -37,6 +39,7 @@ mod reassembly;
 pub(crate) mod rendezvous;
 #[cfg(test)]
 pub(crate) mod tests;
+mod user_rma;
 mod wait_fd;
 
 use std::sync::{Mutex, OnceLock};

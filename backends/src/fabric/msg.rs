@@ -64,6 +64,12 @@
 //!   buffer registered for remote writes (`RNDV_GRANT`), the sender
 //!   `fi_write`s the unit into it and says `RNDV_WRITTEN`, and the
 //!   receiver hands the unit up and answers `RNDV_DONE`.
+//! - Applications' regions (`msgr::rma`, [`super::user_rma`]): where the
+//!   endpoint reads rendezvous units, a region the owner's messenger opens
+//!   on a link ([`Transport::rma_expose`]) is registered in place on the
+//!   link's endpoint, and the peer reads ranges of it with `fi_read`
+//!   ([`Transport::rma_read`]), many in flight, completed as
+//!   [`TransportEvent::RmaRead`].
 //! - `simulate(SimulatedFault::HungRead)` ignores the completion of the
 //!   link's next read (a fake: `tcp` never leaves a read hanging, see
 //!   [`rendezvous`]); the read's buffer is freed when the completion comes
@@ -103,6 +109,7 @@ use super::reassembly::{report_unit, PieceError, Reassembly};
 use super::rendezvous::{
     self, Counters, DescError, Exposures, OutUnit, Owed, OwedKinds, Receiving,
 };
+use super::user_rma::{UserExposures, UserReads};
 use super::wait_fd::CqWaitFd;
 use super::{
     fab_err, no_half_close, no_migration, open_net, probe, rdm, read_completions, simulate_fault,
@@ -195,6 +202,16 @@ fn is_read(c: u64) -> bool {
     c & READ_BIT != 0
 }
 
+/// Context of an application's one-sided read on `link` (both the read
+/// and the write bit: see [`is_user_read`]), numbered by `n`.
+fn user_read_context(link: LinkId, n: u64) -> u64 {
+    (link.0 << 17) | READ_BIT | WRITE_BIT | (n & SLOT_MASK)
+}
+
+fn is_user_read(c: u64) -> bool {
+    c & (READ_BIT | WRITE_BIT) == READ_BIT | WRITE_BIT
+}
+
 fn is_write(c: u64) -> bool {
     c & WRITE_BIT != 0
 }
@@ -246,6 +263,9 @@ struct FabricLink {
     /// When the peer was last heard from (a receive completed): a polled
     /// CQ is looked at at once only for links heard from lately.
     last_heard: Instant,
+    /// Applications' regions this link's endpoint has open to the peer's
+    /// reads ([`Transport::rma_expose`]).
+    user: UserExposures,
     /// How the peer moves rendezvous units (its connection data said so,
     /// see [`rendezvous::caps`]); known before anything is sent.
     peer_rndv: Option<RmaOp>,
@@ -271,6 +291,7 @@ impl FabricLink {
             close_after_flush: false,
             exposures: Exposures::default(),
             receiving: Receiving::default(),
+            user: UserExposures::default(),
             peer_rndv: None,
             peer_late: false,
             last_heard: Instant::now(),
@@ -404,6 +425,10 @@ pub struct FabricTransport {
     next_read_check: Instant,
     /// A read in flight longer than this fails its link.
     read_timeout: Duration,
+    /// Applications' one-sided reads of peers' regions in flight
+    /// ([`Transport::rma_read`]), and the number of the next one.
+    user_reads: UserReads,
+    next_user_read: u64,
     /// What the configuration asked of the Net (to reopen it).
     net_options: NetOptions,
     queue_failures: QueueFailures,
@@ -471,6 +496,8 @@ impl FabricTransport {
             reads: 0,
             next_read_check: Instant::now(),
             read_timeout: ctx.rdma.read_timeout,
+            user_reads: UserReads::default(),
+            next_user_read: 0,
             net_options,
             queue_failures: QueueFailures::default(),
             link_budget: LinkBudget::new(2 * SLOTS * SLOT_SIZE, ctx.rdma.fabric_link_bytes),
@@ -546,6 +573,7 @@ impl FabricTransport {
     fn drop_link(&mut self, id: LinkId) -> Option<FabricLink> {
         let link = self.links.remove(&id)?;
         self.by_key.remove(&link.ep.key());
+        self.user_reads.forget_link(id);
         if link.receiving.reading.is_some() {
             self.reads -= 1;
         }
@@ -688,6 +716,14 @@ impl FabricTransport {
     }
 
     fn complete(&mut self, c: &Completion, events: &mut Vec<TransportEvent>) {
+        if is_user_read(c.context) {
+            let (id, _, _) = decode_context(c.context);
+            if let Some(link) = self.links.get_mut(&id) {
+                self.user_reads
+                    .done(link.ep.rma(), c.context, c.error, events);
+            }
+            return;
+        }
         if is_read(c.context) {
             return self.read_complete(c, events);
         }
@@ -1523,6 +1559,42 @@ impl Transport for FabricTransport {
         Err(no_migration(&self.kind))
     }
 
+    fn rma_expose(&mut self, link: LinkId, region: u64, mem: &bytes::Bytes) -> Option<Vec<u8>> {
+        let l = self.links.get_mut(&link)?;
+        l.user.expose(l.ep.rma(), region, mem)
+    }
+
+    fn rma_unexpose(&mut self, region: u64) {
+        for l in self.links.values_mut() {
+            l.user.unexpose(l.ep.rma(), region);
+        }
+    }
+
+    fn rma_read(
+        &mut self,
+        link: LinkId,
+        key: &[u8],
+        offset: u64,
+        len: u64,
+        token: u64,
+    ) -> Result<(), TransportError> {
+        let context = user_read_context(link, self.next_user_read);
+        self.next_user_read = self.next_user_read.wrapping_add(1);
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        let ep = &mut l.ep;
+        self.user_reads
+            .start((link, token, context), key, (offset, len), |x| {
+                ep.read(x, context, &[], 0)
+            })
+            .map_err(|reason| TransportError::Unavailable {
+                kind: self.kind.clone(),
+                reason,
+            })
+    }
+
     fn stats(&self) -> TransportStats {
         TransportStats {
             kind: self.kind.clone(),
@@ -1634,6 +1706,19 @@ mod tests {
     /// while a read's response is arriving.
     fn tcp_transport() -> (mio::Poll, FabricTransport) {
         tcp_transport_with(FabricRendezvous::On)
+    }
+
+    /// Applications' one-sided reads over `tcp` MSG endpoints: native
+    /// where the endpoints read (reads on), served by the owner where
+    /// they write (`auto` on a libfabric whose reads are withheld).
+    #[test]
+    fn user_reads_of_an_exposed_region() {
+        for mode in [FabricRendezvous::On, FabricRendezvous::Auto] {
+            let (mut poll, t) = tcp_transport_with(mode);
+            let native = t.rndv == Some(RmaOp::Read);
+            let addr = "fabric+tcp://127.0.0.1:0";
+            crate::fabric::tests::user_reads_of_an_exposed_region(t, &mut poll, addr, native);
+        }
     }
 
     fn tcp_transport_with(rendezvous: FabricRendezvous) -> (mio::Poll, FabricTransport) {

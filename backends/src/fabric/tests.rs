@@ -451,3 +451,90 @@ pub(crate) fn a_payload_sent_again_is_registered_once<T: Transport>(
     };
     assert_eq!(cache, want, "{addr}: hits, misses, bytes");
 }
+
+/// Applications' one-sided reads ([`Transport::rma_expose`],
+/// [`Transport::rma_read`]; `msgr::rma`): a region opened on the link
+/// `addr` sets up is read in ranges, many at once, byte for byte; a key
+/// for the same region comes back the same; a range outside it is
+/// refused before anything is posted; once the region is withdrawn
+/// ([`Transport::rma_unexpose`]) no read returns its bytes. Where the
+/// endpoint has no native reads (`native` false) nothing is opened.
+pub(crate) fn user_reads_of_an_exposed_region<T: Transport>(
+    mut t: T,
+    poll: &mut mio::Poll,
+    addr: &str,
+    native: bool,
+) {
+    let any: EntityAddr = addr.parse().unwrap();
+    let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+    t.connect(LinkId(1000), &bound).unwrap();
+    let ev = drive(&mut t, poll, |ev| {
+        ev.iter()
+            .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000))))
+            && accepted(ev).is_some()
+    });
+    let owner = accepted(&ev).unwrap();
+    let region: Bytes = (0..(1u32 << 20))
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<_>>()
+        .into();
+    let key = t.rma_expose(owner, 5, &region);
+    assert_eq!(key.is_some(), native, "{addr}: native reads");
+    let Some(key) = key else {
+        let refused = t.rma_read(LinkId(1000), &[0; 48], 0, 1, 1);
+        assert!(refused.is_err(), "{addr}: a read without native reads");
+        return;
+    };
+    assert_eq!(t.rma_expose(owner, 5, &region), Some(key.clone()), "{addr}");
+    let ranges: Vec<(u64, u64)> = (0..8u64).map(|i| (i * 70_001, 4096 + i * 9_000)).collect();
+    for (token, &(offset, len)) in ranges.iter().enumerate() {
+        t.rma_read(LinkId(1000), &key, offset, len, token as u64)
+            .unwrap_or_else(|e| panic!("{addr}: read {token}: {e}"));
+    }
+    let reads = |ev: &[TransportEvent]| {
+        ev.iter()
+            .filter(|e| matches!(e, TransportEvent::RmaRead { .. }))
+            .count()
+    };
+    let ev = drive(&mut t, poll, |ev| reads(ev) == ranges.len());
+    for e in &ev {
+        if let TransportEvent::RmaRead {
+            link,
+            token,
+            result,
+        } = e
+        {
+            assert_eq!(*link, LinkId(1000));
+            let (offset, len) = ranges[*token as usize];
+            let want = &region[offset as usize..(offset + len) as usize];
+            match result {
+                Ok(got) => assert!(got[..] == *want, "{addr}: read {token} not intact"),
+                Err(e) => panic!("{addr}: read {token}: {e}"),
+            }
+        }
+    }
+    let outside = t.rma_read(LinkId(1000), &key, region.len() as u64 - 10, 11, 99);
+    assert!(outside.is_err(), "{addr}: a range past the end");
+    assert!(t.rma_read(LinkId(1000), &key[1..], 0, 1, 99).is_err());
+    // Withdrawn: a read of it fails (or its link does), never Ok.
+    t.rma_unexpose(5);
+    if t.rma_read(LinkId(1000), &key, 0, 4096, 100).is_ok() {
+        let ended = |ev: &[TransportEvent]| {
+            ev.iter().any(|e| {
+                matches!(
+                    e,
+                    TransportEvent::RmaRead { token: 100, .. } | TransportEvent::Failed(..)
+                )
+            })
+        };
+        let ev = drive(&mut t, poll, ended);
+        for e in &ev {
+            if let TransportEvent::RmaRead {
+                token: 100, result, ..
+            } = e
+            {
+                assert!(result.is_err(), "{addr}: a withdrawn region read");
+            }
+        }
+    }
+}

@@ -16,6 +16,16 @@ pub(super) fn read_context(port: usize, n: u32) -> u64 {
     ((port as u64) << 40) | READ_BIT | u64::from(n)
 }
 
+/// Context of an application's one-sided read (both the read and the
+/// write bit: see [`is_user_read`]), numbered as reads are.
+pub(super) fn user_read_context(port: usize, n: u32) -> u64 {
+    ((port as u64) << 40) | READ_BIT | WRITE_BIT | u64::from(n)
+}
+
+pub(super) fn is_user_read(c: u64) -> bool {
+    c & (READ_BIT | WRITE_BIT) == READ_BIT | WRITE_BIT
+}
+
 pub(super) fn write_context(port: usize, n: u32) -> u64 {
     ((port as u64) << 40) | WRITE_BIT | u64::from(n)
 }

@@ -151,7 +151,10 @@ use crate::{
     Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
     TransportError, TransportEvent, TransportStats,
 };
-use context::{context, decode_context, read_context, write_context, READ_BIT, WRITE_BIT};
+use context::{
+    context, decode_context, is_user_read, read_context, user_read_context, write_context,
+    READ_BIT, WRITE_BIT,
+};
 use link::RdmLink;
 use port::Port;
 use wire::{
@@ -604,6 +607,11 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
+        if is_user_read(c.context) {
+            return port
+                .user_reads
+                .done(port.ep.rma(), c.context, c.error, events);
+        }
         if c.context & READ_BIT != 0 {
             return self.read_complete(pidx, c, events);
         }
@@ -1789,6 +1797,57 @@ impl Transport for RdmTransport {
 
     fn detach(&mut self, _link: LinkId) -> Option<DetachedLink> {
         None
+    }
+
+    fn rma_expose(&mut self, link: LinkId, region: u64, mem: &bytes::Bytes) -> Option<Vec<u8>> {
+        let pidx = self.links.get(&link)?.port;
+        let port = self.ports.get_mut(pidx).and_then(Option::as_mut)?;
+        port.user.expose(port.ep.rma(), region, mem)
+    }
+
+    fn rma_unexpose(&mut self, region: u64) {
+        let open = self.ports.iter_mut().flatten();
+        for port in open.chain(self.retired.iter_mut()) {
+            port.user.unexpose(port.ep.rma(), region);
+        }
+    }
+
+    fn rma_read(
+        &mut self,
+        link: LinkId,
+        key: &[u8],
+        offset: u64,
+        len: u64,
+        token: u64,
+    ) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        let (pidx, peer) = (l.port, l.peer);
+        let unavailable = |reason: String| TransportError::Unavailable {
+            kind: self.kind.clone(),
+            reason,
+        };
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return Err(unavailable("the link's endpoint is closed".into()));
+        };
+        let Some(to) = port
+            .peers
+            .get(peer)
+            .and_then(Option::as_ref)
+            .map(|p| p.addr)
+        else {
+            return Err(unavailable("the link's peer is gone".into()));
+        };
+        let context = user_read_context(pidx, port.next_read);
+        port.next_read = port.next_read.wrapping_add(1);
+        let ep = &mut port.ep;
+        port.user_reads
+            .start((link, token, context), key, (offset, len), |x| {
+                ep.read(x, to, context, &[], 0)
+            })
+            .map_err(unavailable)
     }
 
     fn stats(&self) -> TransportStats {

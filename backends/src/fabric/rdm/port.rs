@@ -1,5 +1,6 @@
 //! [`Port`]: an RDM endpoint its links share, with its address-vector [`Peer`]s.
 
+use super::super::user_rma::{UserExposures, UserReads};
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener};
 use std::time::Instant;
@@ -54,6 +55,11 @@ pub(super) struct Port {
     pub(super) links: usize,
     /// fi_reads and fi_writes in flight: context -> link.
     pub(super) reads: FxHashMap<u64, LinkId>,
+    /// Applications' regions this endpoint has open to peers' reads, and
+    /// applications' reads of peers' regions in flight on it
+    /// ([`super::super::user_rma`]).
+    pub(super) user: UserExposures,
+    pub(super) user_reads: UserReads,
     /// Numbers the next read, grant or write (see [`read_context`](super::context::read_context)).
     pub(super) next_read: u32,
     /// Bytes per message sent, header included (at most the slot size:
@@ -86,6 +92,8 @@ impl Port {
             closes: VecDeque::new(),
             links: 0,
             reads: FxHashMap::default(),
+            user: UserExposures::default(),
+            user_reads: UserReads::default(),
             next_read: 0,
             injected: Vec::new(),
         }

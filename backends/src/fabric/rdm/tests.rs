@@ -55,6 +55,18 @@ fn tcp_rxm_messages_stay_eager_where_reads_are_withheld() {
     }
 }
 
+/// Applications' one-sided reads over both providers' RDM endpoints
+/// (reads on: native everywhere).
+#[test]
+fn user_reads_of_an_exposed_region() {
+    let mut poll = mio::Poll::new().unwrap();
+    for provider in ["shm", "tcp;ofi_rxm"] {
+        let t = open(provider, &poll);
+        let addr = format!("fabric+{provider}://127.0.0.1:0?ep=rdm");
+        crate::fabric::tests::user_reads_of_an_exposed_region(t, &mut poll, &addr, true);
+    }
+}
+
 /// Over `tcp;ofi_rxm` (keys checked) a payload sent again keeps its
 /// registration; over `shm` (keys not checked: every exposure has its
 /// own check word) nothing is kept.
