@@ -36,6 +36,7 @@ mod queue_failure;
 pub mod rdma;
 #[cfg(any(feature = "verbs", feature = "rdmacm", feature = "fabric"))]
 mod regcache;
+mod region;
 mod select;
 #[cfg(any(feature = "tcp", feature = "verbs", feature = "rdmacm"))]
 mod shelf;
@@ -55,6 +56,7 @@ use mio::Token;
 pub use error::TransportError;
 pub use event::TransportEvent;
 pub use msgr_proto::{Inbound, LinkId, Transmit};
+pub use region::{RegionMemory, RegionRead, RegionWrite};
 pub use select::{
     availability, open_transport, rendezvous_withheld, Availability, FabricCqWait,
     FabricRendezvous, RdmaPoolConfig, TransportContext,

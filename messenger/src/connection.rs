@@ -290,6 +290,12 @@ thread_local! {
     pub(crate) static LOCAL_WORKER: RefCell<Option<LocalWorker>> = const { RefCell::new(None) };
 }
 
+/// Whether this thread is a worker's (a dispatcher callback runs on one):
+/// it must not wait for its own worker.
+pub(crate) fn on_worker_thread() -> bool {
+    LOCAL_WORKER.with(|l| l.borrow().is_some())
+}
+
 impl Connection {
     pub(crate) fn new(
         shared: Arc<Shared>,

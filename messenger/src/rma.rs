@@ -19,9 +19,28 @@
 //! lands exactly once across link faults, over the next address of an
 //! address vector too (reads and writes in flight are replayed with the
 //! session's messages); a lossy connection fails them with the fault
-//! ([`RmaError::Call`] with [`CallError::Reset`]). Native RDMA READ/WRITE
-//! and `fi_read`/`fi_write` on the RDMA and libfabric backends are not
-//! built yet: those backends carry the same frames.
+//! ([`RmaError::Call`] with [`CallError::Reset`]).
+//!
+//! # Native reads
+//!
+//! Over libfabric endpoints that read (`fabric+shm`, `fabric+verbs`; not
+//! `fabric+tcp` on libfabric 1.17, whose reads are withheld) a read moves
+//! with no CPU of the owner's in the way: the first read of a region over
+//! a link is served as above and its reply brings the region's key on
+//! that link (the owner's worker registers the region in place on the
+//! link's endpoint, once), and later reads of it over that link are
+//! `fi_read`s of the region by the reader's worker, many in flight. A
+//! native read that fails — the link went, the region was withdrawn, the
+//! key is stale — is asked of the owner as above instead, so it keeps the
+//! guarantees of the session (on a lossless connection it completes once,
+//! over the next link); its counter is `rma_native_fallbacks`, and the
+//! region is not read natively over that link again. Native reads are
+//! not used in `secure` mode (a NIC moves bytes unsealed), nor for reads
+//! with [`RmaOptions::checksum`] (the owner's CPU computes the checksum):
+//! the owner's messenger serves those. In `auth` mode the key goes only
+//! to the peer that proved its name, over the authenticated session. Writes are always served by the owner: where the
+//! provider does not check keys (`shm`) a late write would land in memory
+//! the owner has taken back.
 //!
 //! # Memory safety
 //!
@@ -29,10 +48,18 @@
 //! region (a reference count) and its lock while it copies; a revoked
 //! region is out of the table first, so no operation starts on it, and
 //! [`RmaRegion::revoke`] hands the buffer back only after an operation
-//! being served has finished. Bounds, rights, the capability and (for
-//! [`Messenger::expose_to`]) the peer's name are checked by the owner on
-//! every operation; the requester checks bounds and rights too, before
-//! sending anything.
+//! being served has finished and every endpoint that registered it has
+//! closed the registration (else, after a few seconds, it hands back a
+//! copy and the memory is freed once they have). Bounds, rights, the
+//! capability and (for [`Messenger::expose_to`]) the peer's name are
+//! checked by the owner on every operation it serves, and before it hands
+//! out a key; the requester checks bounds and rights too, before sending
+//! anything. A native read is checked by the NIC: against the key, where
+//! the provider checks keys, and where it does not (`shm`) by reading the
+//! registration's check word after the range (zeroed when the region is
+//! withdrawn). While the region is open to native reads, the owner's
+//! [`RmaRegion::bytes_mut`] does not hold them off: a range read while
+//! the owner writes it may mix old and new bytes.
 //!
 //! ```
 //! use std::time::Duration;
@@ -58,31 +85,37 @@
 //! ```
 
 use std::future::Future;
+use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use msgr_addr::EntityName;
+use msgr_backends::RegionMemory;
 use msgr_proto::checksum::crc32c;
 use msgr_proto::pool::BufferPool;
 pub use msgr_proto::rma::{Access, RmaHandle, RmaOp};
-use msgr_proto::rma::{RmaReply, RmaRequest, RmaStatus, RMA_BIT};
+use msgr_proto::rma::{RmaKey, RmaReply, RmaRequest, RmaStatus, RMA_BIT};
 use msgr_proto::Message;
-use parking_lot::{
-    MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
-};
+use parking_lot::RwLock;
 use rustc_hash::FxHashMap;
 
 use crate::call::{CallError, CallFuture};
 use crate::counters::Counters;
+use crate::messenger::Shared;
+use crate::worker::Command;
 use crate::{Connection, Messenger};
 
 /// Message type of RMA requests and replies (they never reach a
 /// dispatcher: the RMA bit of their call routes them).
-const RMA_TYPE: u16 = 0;
+pub(crate) const RMA_TYPE: u16 = 0;
+
+/// How long [`RmaRegion::revoke`] waits for the endpoints that registered
+/// the region to close their registrations before it hands back a copy.
+const REVOKE_WAIT: Duration = Duration::from_secs(5);
 
 /// Why an RMA operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -166,7 +199,7 @@ pub(crate) struct Region {
     capability: [u8; 16],
     /// Only these peers may use it (`None`: any that holds the handle).
     peers: Option<Vec<EntityName>>,
-    bytes: RwLock<Box<[u8]>>,
+    mem: Arc<RegionMemory>,
 }
 
 /// A messenger's exposed regions, by number.
@@ -194,6 +227,10 @@ impl RegionTable {
 pub struct RmaRegion {
     region: Arc<Region>,
     table: Arc<RegionTable>,
+    /// The messenger's workers, told to close the region's registrations.
+    shared: Weak<Shared>,
+    /// Unexposed already (by `revoke`, before the drop).
+    gone: AtomicBool,
 }
 
 impl std::fmt::Debug for RmaRegion {
@@ -219,7 +256,7 @@ impl RmaRegion {
 
     /// The region's length in bytes.
     pub fn len(&self) -> usize {
-        self.region.bytes.read().len()
+        self.region.mem.len()
     }
 
     /// Whether the region is empty.
@@ -229,28 +266,86 @@ impl RmaRegion {
 
     /// The region's bytes, for the owner to read (peers' writes wait
     /// meanwhile, on the worker that serves them: hold it briefly).
-    pub fn bytes(&self) -> MappedRwLockReadGuard<'_, [u8]> {
-        RwLockReadGuard::map(self.region.bytes.read(), |b| &**b)
+    pub fn bytes(&self) -> impl Deref<Target = [u8]> + '_ {
+        self.region.mem.read()
     }
 
     /// The region's bytes, for the owner to change. Peers' operations wait
     /// meanwhile — on the owner's worker that serves them, with its other
-    /// sessions: hold it briefly.
-    pub fn bytes_mut(&self) -> MappedRwLockWriteGuard<'_, [u8]> {
-        RwLockWriteGuard::map(self.region.bytes.write(), |b| &mut **b)
+    /// sessions: hold it briefly. Native reads (see the module docs) are
+    /// not held off.
+    pub fn bytes_mut(&self) -> impl DerefMut<Target = [u8]> + '_ {
+        self.region.mem.write()
     }
 
     /// Ends the exposure and hands the buffer back: no operation starts on
-    /// the region after this, and one being served finishes first. Later
-    /// operations with its handle fail with [`RmaError::Revoked`].
+    /// the region after this, one being served finishes first, and every
+    /// registration of it for native reads is closed first. Later
+    /// operations with its handle fail with [`RmaError::Revoked`]. Waits
+    /// for the workers to close the registrations; one that does not
+    /// within a few seconds (or a call from a dispatcher callback, whose
+    /// own worker cannot meanwhile) gets a copy of the bytes back, and the
+    /// memory is freed once the last registration is closed.
     pub fn revoke(self) -> Vec<u8> {
         self.unexpose();
-        let bytes = std::mem::take(&mut *self.region.bytes.write());
-        bytes.into_vec()
+        let region = self.region.clone();
+        drop(self);
+        let deadline = Instant::now() + REVOKE_WAIT;
+        let mut region = region;
+        let on_worker = crate::connection::on_worker_thread();
+        loop {
+            match Arc::try_unwrap(region) {
+                Ok(r) => match r.mem.into_vec() {
+                    Ok(v) => return v,
+                    Err(mem) => {
+                        return wait_for_views(
+                            mem,
+                            if on_worker { Instant::now() } else { deadline },
+                        )
+                    }
+                },
+                Err(r) if Instant::now() < deadline && !on_worker => {
+                    region = r;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(r) => return r.mem.read().to_vec(),
+            }
+        }
     }
 
     fn unexpose(&self) {
+        if self.gone.swap(true, Ordering::AcqRel) {
+            return;
+        }
         self.table.regions.write().remove(&self.region.id);
+        if let Some(shared) = self.shared.upgrade() {
+            for w in &shared.workers {
+                w.submit(Command::RmaRevoke {
+                    region: self.region.id,
+                });
+            }
+        }
+    }
+}
+
+/// The buffer of `mem` once no registration holds it, or a copy of it at
+/// `deadline`.
+fn wait_for_views(mut mem: Arc<RegionMemory>, deadline: Instant) -> Vec<u8> {
+    loop {
+        match mem.into_vec() {
+            Ok(v) => return v,
+            Err(m) if Instant::now() < deadline => {
+                mem = m;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(m) => {
+                tracing::warn!(
+                    len = m.len(),
+                    "an RMA region revoked while still registered: a copy handed back"
+                );
+                return m.read().to_vec();
+            }
+        }
     }
 }
 
@@ -307,10 +402,15 @@ impl Messenger {
             access,
             capability: capability(),
             peers,
-            bytes: RwLock::new(buffer.into_boxed_slice()),
+            mem: RegionMemory::new(buffer),
         });
         table.regions.write().insert(id, region.clone());
-        RmaRegion { region, table }
+        RmaRegion {
+            region,
+            table,
+            shared: Arc::downgrade(&self.shared),
+            gone: AtomicBool::new(false),
+        }
     }
 }
 
@@ -337,6 +437,8 @@ fn request(h: &RmaHandle, op: RmaOp, offset: u64, len: u64, checksum: Option<u32
         offset,
         len,
         checksum,
+        // A read the worker may move natively (see the module docs).
+        want_key: op == RmaOp::Read && checksum.is_none(),
     }
 }
 
@@ -533,18 +635,44 @@ impl<T> Future for RmaFuture<T> {
     }
 }
 
+/// Registers region `region` (its memory as `Bytes`) for native reads on
+/// the endpoint of the link a request came over; the key, if it can.
+pub(crate) type ExposeNatively<'a> = dyn FnMut(u64, &Bytes) -> Option<Vec<u8>> + 'a;
+
 /// Serves an RMA request that arrived on `conn` (the owner's worker): from
 /// or into the region it names, after checking the capability, the peer,
 /// the rights and the range; answers with the outcome. Never panics on
 /// what the peer sent.
-pub(crate) fn serve(conn: &Connection, req: Message, counters: &Counters) {
+///
+/// `native`, where the worker's link to the requester can be read natively
+/// and the session is in `crc` mode: registers a region on that link's
+/// endpoint and gives its key, sent with a read's reply when asked for.
+pub(crate) fn serve(
+    conn: &Connection,
+    req: Message,
+    counters: &Counters,
+    native: Option<&mut ExposeNatively<'_>>,
+) {
     let shared = &conn.inner.shared;
     let decoded = RmaRequest::decode(&req.front);
+    let mut key = None;
     let (status, crc, data) = match &decoded {
         Err(_) => (RmaStatus::Malformed, 0, Bytes::new()),
         Ok(r) => match shared.regions.get(r.region) {
             None => (RmaStatus::Revoked, 0, Bytes::new()),
-            Some(region) => region.serve(conn, r, &req.data, &shared.regions.read_buffers),
+            Some(region) => {
+                let served = region.serve(conn, r, &req.data, &shared.regions.read_buffers);
+                if let (RmaStatus::Ok, true, Some(native)) = (served.0, r.want_key, native) {
+                    key = native(region.id, &region.mem.view()).map(|key| {
+                        Counters::add(&counters.rma_keys_given, 1);
+                        RmaKey {
+                            region: region.id,
+                            key,
+                        }
+                    });
+                }
+                served
+            }
         },
     };
     if status == RmaStatus::Ok {
@@ -564,8 +692,9 @@ pub(crate) fn serve(conn: &Connection, req: Message, counters: &Counters) {
     let reply = RmaReply {
         status,
         checksum: crc,
+        key,
     };
-    if let Err(e) = conn.reply(&req, Message::new(RMA_TYPE, reply.encode().to_vec(), data)) {
+    if let Err(e) = conn.reply(&req, Message::new(RMA_TYPE, reply.encode(), data)) {
         tracing::debug!(error = %e, "an RMA reply not sent");
     }
 }
@@ -600,7 +729,7 @@ impl Region {
         };
         match r.op {
             RmaOp::Read => {
-                let bytes = self.bytes.read();
+                let bytes = self.mem.read();
                 let Some(range) = range(bytes.len()) else {
                     return refused(RmaStatus::OutOfRange);
                 };
@@ -618,7 +747,7 @@ impl Region {
                 if r.checksum.is_some_and(|c| c != crc32c(written)) {
                     return refused(RmaStatus::Corrupt);
                 }
-                let mut bytes = self.bytes.write();
+                let mut bytes = self.mem.write();
                 let Some(range) = range(bytes.len()) else {
                     return refused(RmaStatus::OutOfRange);
                 };

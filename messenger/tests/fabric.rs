@@ -1268,6 +1268,42 @@ fn rma_reads_and_writes(addr: &str) {
         "{addr}"
     );
     assert_eq!(owner.counters().rma_refused.load(Ordering::Relaxed), 1);
+    // Reads without a checksum go natively where the endpoints read
+    // (shm; tcp where the reads are not withheld): the first brings the
+    // key, the rest are fi_reads by the reader's worker. Either way the
+    // bytes are the region's.
+    let t = Duration::from_secs(30);
+    let native = |m: &Messenger| m.counters().rma_native_reads.load(Ordering::Relaxed);
+    let current = region.bytes().to_vec();
+    let reads = 24u64;
+    for i in 0..reads {
+        let (at, len) = (i * 70_001, 4096 + i * 20_000);
+        let got = conn.read(&h, at, len, t).unwrap();
+        assert!(
+            got[..] == current[at as usize..(at + len) as usize],
+            "{addr}: unchecked read {i}"
+        );
+    }
+    let kind = addr.parse::<msgr::EntityAddr>().unwrap().transport;
+    let reads_natively = msgr::rendezvous_withheld(&kind).is_none();
+    let (done, fallbacks) = (
+        native(&peer),
+        peer.counters().rma_native_fallbacks.load(Ordering::Relaxed),
+    );
+    println!("{addr}: {done} of {reads} reads native, {fallbacks} asked of the owner again");
+    if reads_natively {
+        assert_eq!((done, fallbacks), (reads - 1, 0), "{addr}: native reads");
+        assert_eq!(owner.counters().rma_keys_given.load(Ordering::Relaxed), 1);
+    }
+    // Revoked: the buffer comes back whole (the registration closed
+    // first), and a read of it, native or not, is refused.
+    let back = region.revoke();
+    assert!(back == current, "{addr}: the revoked buffer");
+    assert_eq!(
+        conn.read(&h, 0, 64, t),
+        Err(msgr::RmaError::Revoked),
+        "{addr}"
+    );
 }
 
 mod rma {

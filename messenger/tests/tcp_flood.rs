@@ -99,7 +99,6 @@ fn a_flood_of_idle_connections_cannot_lock_a_good_client_out() {
     let (held, reopened) = reopen.join().unwrap();
     let c = srv.counters();
     let evicted = c.handshakes_evicted.load(Ordering::Relaxed);
-    let _ = evicted;
     println!(
         "flood of {held} idle connections, {reopened} reopened: the good client's ping took \
          {took:?}; evicted {evicted}, refused {}, the good client's faults {}",
@@ -109,8 +108,15 @@ fn a_flood_of_idle_connections_cannot_lock_a_good_client_out() {
     // Never refused or evicted (faults, below) is the property; how long
     // the ping took is printed, not asserted: a busy machine stretches it.
     assert!(done, "the good client's ping never completed ({took:?})");
+    // The source's share held: its flood made room by closing its own idle
+    // links, or was refused where none was idle yet — which of the two
+    // depends on how the worker's passes fell (a run here saw 3,344
+    // evictions and no refusal), so either counts.
     let refused = c.handshakes_refused.load(Ordering::Relaxed);
-    assert!(refused > 0, "the flood passed its source's share");
+    assert!(
+        evicted + refused > 0,
+        "the flood was never held to its source's share"
+    );
     assert_eq!(conn.status().faults, 0, "the good client was never refused");
     cli.shutdown(Duration::from_secs(2));
     srv.shutdown(Duration::from_secs(2));

@@ -9,7 +9,7 @@
 //! which honours the provider's `mr_mode`), and the key that goes back to
 //! the peer ([`UserKey`]) names the registration. The peer then `fi_read`s
 //! ranges of it with no CPU of the owner's in the way
-//! ([`user_read`], completed by [`read_done`]).
+//! ([`UserReads::start`], completed by [`UserReads::done`]).
 //!
 //! Native reads run only where the endpoint's rendezvous reads
 //! ([`RmaOp::Read`]: `shm`, `verbs`); where it writes (`tcp` in libfabric

@@ -10,13 +10,17 @@
 //! operation lands exactly once.
 //!
 //! - request (front segment, [`REQUEST_LEN`] bytes): op u8 (1 read, 2
-//!   write) | flags u8 (bit 0: checksum) | reserved u16 (0) | region u64 |
+//!   write) | flags u8 (bit 0: checksum; bit 1, reads only: the requester
+//!   reads natively where its link can, send the region's key) |
+//!   reserved u16 (0) | region u64 |
 //!   capability 16 B | offset u64 | length u64. A write's bytes are the
 //!   data segment, exactly `length` of them; with the checksum flag, their
 //!   CRC32C follows the request in the front (4 more bytes).
 //! - reply (front segment, [`REPLY_LEN`] bytes): status u8 ([`RmaStatus`]) |
-//!   reserved 3 B (0) | CRC32C u32 of the bytes read (checksum flag; else 0).
-//!   A read's bytes are the data segment.
+//!   flags u8 (bit 0: a key follows) | reserved 2 B (0) | CRC32C u32 of the
+//!   bytes read (checksum flag; else 0); with the key flag, the region
+//!   u64 and the transport's key for it on this link (1 to [`KEY_MAX`]
+//!   bytes: [`RmaKey`]). A read's bytes are the data segment.
 //!
 //! Nothing here trusts its input: every decoder returns [`RmaWireError`].
 
@@ -34,6 +38,16 @@ pub const REPLY_LEN: usize = 8;
 /// Request flag: a CRC32C of the bytes moved travels with them and is
 /// checked where they land.
 const FLAG_CHECKSUM: u8 = 1;
+
+/// Request flag (reads): the requester's link reads natively; answer with
+/// the region's key on this link if the owner's has one.
+const FLAG_WANT_KEY: u8 = 2;
+
+/// Reply flag: the region's key follows the fixed part.
+const FLAG_KEY: u8 = 1;
+
+/// The largest key a reply carries (a libfabric key is 48 bytes).
+pub const KEY_MAX: usize = 64;
 
 /// What a region lets its peers do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -109,6 +123,9 @@ pub struct RmaRequest {
     /// With a checksum: a write's CRC32C (as sent), or `Some(0)` for a
     /// read that asks for one.
     pub checksum: Option<u32>,
+    /// A read whose requester would read natively: the owner sends the
+    /// region's key with the reply, if its transport has one.
+    pub want_key: bool,
 }
 
 impl RmaRequest {
@@ -119,11 +136,14 @@ impl RmaRequest {
             RmaOp::Read => 1,
             RmaOp::Write => 2,
         });
-        b.push(if self.checksum.is_some() {
-            FLAG_CHECKSUM
-        } else {
-            0
-        });
+        let want_key = self.want_key && self.op == RmaOp::Read;
+        b.push(
+            if self.checksum.is_some() {
+                FLAG_CHECKSUM
+            } else {
+                0
+            } | if want_key { FLAG_WANT_KEY } else { 0 },
+        );
         b.extend_from_slice(&[0, 0]);
         b.extend_from_slice(&self.region.to_le_bytes());
         b.extend_from_slice(&self.capability);
@@ -146,7 +166,8 @@ impl RmaRequest {
             2 => RmaOp::Write,
             other => return Err(RmaWireError::UnknownOp(other)),
         };
-        if fixed[1] & !FLAG_CHECKSUM != 0 || fixed[2..4] != [0, 0] {
+        let known = FLAG_CHECKSUM | if op == RmaOp::Read { FLAG_WANT_KEY } else { 0 };
+        if fixed[1] & !known != 0 || fixed[2..4] != [0, 0] {
             return Err(RmaWireError::Reserved);
         }
         let u64_at = |i: usize| {
@@ -172,6 +193,7 @@ impl RmaRequest {
             offset: u64_at(28),
             len: u64_at(36),
             checksum,
+            want_key: fixed[1] & FLAG_WANT_KEY != 0,
         })
     }
 }
@@ -224,39 +246,83 @@ impl RmaStatus {
     }
 }
 
+/// A region's key on the link a reply came over: what the requester's
+/// transport needs to read it natively (opaque here).
+#[derive(Clone, PartialEq, Eq)]
+pub struct RmaKey {
+    /// The region.
+    pub region: u64,
+    /// The owner's transport's key (1 to [`KEY_MAX`] bytes).
+    pub key: Vec<u8>,
+}
+
+impl std::fmt::Debug for RmaKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key opens the region: not in logs.
+        f.debug_struct("RmaKey")
+            .field("region", &self.region)
+            .field("len", &self.key.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// A decoded reply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RmaReply {
     /// How it ended.
     pub status: RmaStatus,
     /// A read's CRC32C, if asked for (else 0).
     pub checksum: u32,
+    /// The region's key on this link, for a request that wanted it and an
+    /// owner that has one.
+    pub key: Option<RmaKey>,
 }
 
 impl RmaReply {
     /// The reply's front segment.
-    pub fn encode(&self) -> [u8; REPLY_LEN] {
-        let mut b = [0u8; REPLY_LEN];
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; REPLY_LEN];
         b[0] = self.status.code();
         b[4..8].copy_from_slice(&self.checksum.to_le_bytes());
+        if let Some(k) = self
+            .key
+            .as_ref()
+            .filter(|k| (1..=KEY_MAX).contains(&k.key.len()))
+        {
+            b[1] = FLAG_KEY;
+            b.extend_from_slice(&k.region.to_le_bytes());
+            b.extend_from_slice(&k.key);
+        }
         b
     }
 
     /// Decodes a reply's front segment.
     pub fn decode(front: &[u8]) -> Result<RmaReply, RmaWireError> {
-        if front.len() != REPLY_LEN {
-            return Err(RmaWireError::Short {
-                what: "reply",
-                len: front.len(),
-            });
-        }
-        if front[1..4] != [0, 0, 0] {
+        let fixed = front.get(..REPLY_LEN).ok_or(RmaWireError::Short {
+            what: "reply",
+            len: front.len(),
+        })?;
+        if fixed[1] & !FLAG_KEY != 0 || fixed[2..4] != [0, 0] {
             return Err(RmaWireError::Reserved);
         }
-        let status = RmaStatus::of(front[0]).ok_or(RmaWireError::UnknownStatus(front[0]))?;
+        let status = RmaStatus::of(fixed[0]).ok_or(RmaWireError::UnknownStatus(fixed[0]))?;
+        let rest = &front[REPLY_LEN..];
+        let key = match (fixed[1] & FLAG_KEY != 0, rest.len()) {
+            (false, 0) => None,
+            (true, n) if (9..=8 + KEY_MAX).contains(&n) => {
+                let mut region = [0u8; 8];
+                region.copy_from_slice(&rest[..8]);
+                Some(RmaKey {
+                    region: u64::from_le_bytes(region),
+                    key: rest[8..].to_vec(),
+                })
+            }
+            (_, n) => return Err(RmaWireError::Trailing(n)),
+        };
         Ok(RmaReply {
             status,
-            checksum: u32::from_le_bytes([front[4], front[5], front[6], front[7]]),
+            checksum: u32::from_le_bytes([fixed[4], fixed[5], fixed[6], fixed[7]]),
+            key,
         })
     }
 }
@@ -282,8 +348,8 @@ pub enum RmaWireError {
     /// A reserved bit or byte is set.
     #[error("reserved bits set in an RMA request or reply")]
     Reserved,
-    /// Bytes after the request that its flags do not account for.
-    #[error("{0} unexpected bytes after an RMA request")]
+    /// Bytes after the request or reply that its flags do not account for.
+    #[error("{0} unexpected bytes after an RMA request or reply")]
     Trailing(usize),
 }
 
@@ -306,14 +372,47 @@ mod tests {
                 offset: 1 << 40,
                 len: 4096,
                 checksum,
+                want_key: op == RmaOp::Read,
             };
             assert_eq!(RmaRequest::decode(&r.encode()), Ok(r));
         }
         let rep = RmaReply {
             status: RmaStatus::OutOfRange,
             checksum: 5,
+            key: None,
         };
         assert_eq!(RmaReply::decode(&rep.encode()), Ok(rep));
+        let keyed = RmaReply {
+            status: RmaStatus::Ok,
+            checksum: 0,
+            key: Some(RmaKey {
+                region: 3,
+                key: vec![1; 48],
+            }),
+        };
+        assert_eq!(RmaReply::decode(&keyed.encode()), Ok(keyed.clone()));
+        // A write never asks for a key: the flag is not sent, and refused.
+        let w = RmaRequest {
+            op: RmaOp::Write,
+            region: 1,
+            capability: [0; 16],
+            offset: 0,
+            len: 1,
+            checksum: None,
+            want_key: true,
+        };
+        let mut enc = w.encode();
+        assert!(!RmaRequest::decode(&enc).unwrap().want_key);
+        enc[1] |= FLAG_WANT_KEY;
+        assert_eq!(RmaRequest::decode(&enc), Err(RmaWireError::Reserved));
+        // A key flag with no key, or one too long, is refused.
+        let mut bare = keyed.encode();
+        bare.truncate(REPLY_LEN + 8);
+        assert_eq!(RmaReply::decode(&bare), Err(RmaWireError::Trailing(8)));
+        let mut long = RmaReply { key: None, ..keyed }.encode();
+        long[1] = FLAG_KEY;
+        long.extend_from_slice(&[0; 8 + KEY_MAX + 1]);
+        assert!(RmaReply::decode(&long).is_err());
     }
 
     #[test]
@@ -325,6 +424,7 @@ mod tests {
             offset: 0,
             len: 1,
             checksum: None,
+            want_key: false,
         }
         .encode();
         assert!(matches!(

@@ -32,6 +32,9 @@ pub(crate) enum Command {
     /// Take over an accepted link whose session lives here. Boxed: rare,
     /// and five times the size of a `Send`, which every command would pay.
     Adopt(Box<Adoption>),
+    /// Close every registration of an exposed region (it was revoked or
+    /// dropped: `crate::rma`).
+    RmaRevoke { region: u64 },
     /// Report the backends' own counters and the sessions' memory.
     Stats {
         reply: std::sync::mpsc::Sender<WorkerStats>,

@@ -31,6 +31,7 @@
 mod admission;
 pub(crate) mod affinity;
 mod command;
+mod native_rma;
 mod spin;
 
 use std::collections::VecDeque;
@@ -180,6 +181,11 @@ struct Slot {
     seen: SessionStats,
     /// The phase last published to the connection's status.
     seen_phase: &'static str,
+    /// Keys of the peer's regions for native reads ([`native_rma`]).
+    rma_keys: native_rma::RegionKeys,
+    /// Messages and bytes the application queued that left as native
+    /// reads, not through the session: released as the session's are.
+    bypassed: [u64; 2],
 }
 
 #[derive(Clone, Copy)]
@@ -234,6 +240,8 @@ pub(crate) struct Worker {
     call_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, u64, u64)>>,
     /// Sessions with output waiting for their link to drain.
     blocked: FxHashSet<u64>,
+    /// Native reads of peers' regions in flight, by call id.
+    native_reads: FxHashMap<u64, native_rma::NativeRead>,
 }
 
 impl Worker {
@@ -295,6 +303,7 @@ impl Worker {
             outbox: Vec::new(),
             call_deadlines: Default::default(),
             blocked: FxHashSet::default(),
+            native_reads: FxHashMap::default(),
         }
     }
 
@@ -663,6 +672,11 @@ impl Worker {
                     }
                 }
             }
+            Command::RmaRevoke { region } => {
+                for t in &mut self.transports {
+                    t.rma_unexpose(region);
+                }
+            }
             Command::Stats { reply } => {
                 let slots = self.sessions.values().map(|s| {
                     std::mem::size_of::<(u64, Slot)>()
@@ -728,6 +742,16 @@ impl Worker {
             return;
         };
         for msg in msgs {
+            let msg = if msg.call & RMA_BIT != 0 {
+                let (transports, links) = (&mut self.transports, &self.links);
+                let native = &mut self.native_reads;
+                match native_rma::try_read((key, &mut *slot), msg, transports, links, native) {
+                    Ok(()) => continue,
+                    Err(msg) => msg,
+                }
+            } else {
+                msg
+            };
             match slot.session.send(msg) {
                 Ok(_) => {}
                 // The handle checked the limits it knew; the peer's came
@@ -789,6 +813,8 @@ impl Worker {
                 accepted: false,
                 seen: SessionStats::default(),
                 seen_phase: "",
+                rma_keys: Default::default(),
+                bypassed: [0; 2],
             },
         );
         self.touch(key);
@@ -929,6 +955,9 @@ impl Worker {
                     tracing::debug!(link = link.0, %why, "link failed");
                     self.link_gone(link, |s, now| s.link_failed(link, why, now), now);
                 }
+                TransportEvent::RmaRead { token, result, .. } => {
+                    self.native_read_done(token, result);
+                }
             }
         }
         // Keep the allocation.
@@ -939,6 +968,14 @@ impl Worker {
 
     /// A link closed underneath us: tell its session.
     fn link_gone(&mut self, link: LinkId, tell: impl FnOnce(&mut Session, Instant), now: Instant) {
+        // Native reads on it are asked of the owner, over the next link.
+        let stranded: Vec<u64> = (self.native_reads.iter())
+            .filter(|(_, r)| r.link == link)
+            .map(|(&t, _)| t)
+            .collect();
+        for token in stranded {
+            self.native_read_done(token, Err("the link went".into()));
+        }
         let Some(e) = self.forget_link(link) else {
             return;
         };
@@ -954,6 +991,31 @@ impl Worker {
                 if let Some(mut p) = self.pending.remove(&link) {
                     tell(&mut p.session, now);
                 }
+            }
+        }
+    }
+
+    /// A native read completed: its bytes go to the caller as the owner's
+    /// reply would; a failed one is asked of the owner.
+    fn native_read_done(&mut self, token: u64, result: Result<bytes::Bytes, String>) {
+        let Some(read) = self.native_reads.remove(&token) else {
+            return; // its session went, or it was given up already
+        };
+        let key = read.session;
+        let Some(slot) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        let counters = &self.shared.counters;
+        match result {
+            Ok(bytes) => {
+                Counters::add(&counters.rma_native_reads, 1);
+                route_reply(&slot.conn, native_rma::reply(token, bytes), counters);
+            }
+            Err(why) => {
+                tracing::debug!(%why, "a native read failed: asked of the owner");
+                Counters::add(&counters.rma_native_fallbacks, 1);
+                let request = native_rma::give_up(slot, read);
+                self.queue_messages(key, std::iter::once(request));
             }
         }
     }
@@ -996,13 +1058,15 @@ impl Worker {
                 // dispatcher with the slot in hand: no second lookup, no
                 // event dispatch. Anything else takes handle_session_event.
                 let shared = &self.shared;
+                let (transports, links) = (&mut self.transports, &self.links);
                 let ev = loop {
                     match slot.session.poll_event() {
                         Some(SessionEvent::Message(msg)) if msg.call & REPLY_BIT != 0 => {
+                            native_rma::note_key(slot, &msg);
                             route_reply(&slot.conn, msg, &shared.counters);
                         }
                         Some(SessionEvent::Message(msg)) if msg.call & RMA_BIT != 0 => {
-                            crate::rma::serve(&slot.conn, msg, &shared.counters);
+                            native_rma::serve(slot, msg, transports, links, &shared.counters);
                         }
                         Some(SessionEvent::Message(msg)) => {
                             let conn = &slot.conn;
@@ -1084,8 +1148,9 @@ impl Worker {
             ConnectionState::Connecting
         });
         let inner = &slot.conn.inner;
-        inner.released[0].store(st.released_messages, Ordering::Release);
-        inner.released[1].store(st.released_bytes, Ordering::Release);
+        let [bypassed, bypassed_bytes] = slot.bypassed;
+        inner.released[0].store(st.released_messages + bypassed, Ordering::Release);
+        inner.released[1].store(st.released_bytes + bypassed_bytes, Ordering::Release);
         inner.room.released();
         if let Some(t) = slot.session.poll_timeout() {
             self.next_timer = Some(self.next_timer.map_or(t, |n| n.min(t)));
@@ -1115,21 +1180,26 @@ impl Worker {
         if let SessionEvent::Message(msg) = ev {
             // The hot case, borrowing the connection: a clone of it is an
             // atomic count up and down per message.
-            let Some(slot) = self.sessions.get(&key) else {
-                return;
-            };
             // Counted with the session's other figures once it is driven
             // (`drive`): not two atomic additions before every delivery.
             // Charged to the receive throttle when its unit arrived
             // (`RxThrottle::charge_unit`).
-            if msg.call & REPLY_BIT != 0 {
-                route_reply(&slot.conn, msg, &self.shared.counters);
+            if msg.call & (REPLY_BIT | RMA_BIT) != 0 {
+                let Some(slot) = self.sessions.get_mut(&key) else {
+                    return;
+                };
+                if msg.call & REPLY_BIT != 0 {
+                    native_rma::note_key(slot, &msg);
+                    route_reply(&slot.conn, msg, &self.shared.counters);
+                } else {
+                    let (transports, links) = (&mut self.transports, &self.links);
+                    native_rma::serve(slot, msg, transports, links, &self.shared.counters);
+                }
                 return;
             }
-            if msg.call & RMA_BIT != 0 {
-                crate::rma::serve(&slot.conn, msg, &self.shared.counters);
+            let Some(slot) = self.sessions.get(&key) else {
                 return;
-            }
+            };
             let ty = msg.msg_type;
             let r = self.callback(
                 &slot.conn,
@@ -1524,6 +1594,8 @@ impl Worker {
                 accepted: true,
                 seen: SessionStats::default(),
                 seen_phase: "",
+                rma_keys: Default::default(),
+                bypassed: [0; 2],
             },
         );
         self.touch(key);

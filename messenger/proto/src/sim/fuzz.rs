@@ -1338,9 +1338,15 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         offset: 4096,
         len: 64,
         checksum,
+        want_key: false,
+    };
+    let want_key = crate::rma::RmaRequest {
+        want_key: true,
+        ..req(crate::rma::RmaOp::Read, None)
     };
     for (name, r) in [
         ("read", req(crate::rma::RmaOp::Read, None)),
+        ("read-want-key", want_key),
         ("read-checked", req(crate::rma::RmaOp::Read, Some(0))),
         ("write-checked", req(crate::rma::RmaOp::Write, Some(9))),
     ] {
@@ -1353,12 +1359,19 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     let reply = crate::rma::RmaReply {
         status: crate::rma::RmaStatus::OutOfRange,
         checksum: 1,
+        key: None,
     };
-    out.push((
-        "rma_decode",
-        "reply".into(),
-        [&[1][..], &reply.encode()].concat(),
-    ));
+    let keyed = crate::rma::RmaReply {
+        status: crate::rma::RmaStatus::Ok,
+        checksum: 0,
+        key: Some(crate::rma::RmaKey {
+            region: 2,
+            key: vec![9; 48],
+        }),
+    };
+    for (name, r) in [("reply", reply), ("reply-keyed", keyed)] {
+        out.push(("rma_decode", name.into(), [&[1][..], &r.encode()].concat()));
+    }
     let handle = crate::rma::RmaHandle {
         region: 1,
         len: 1 << 20,
