@@ -1387,52 +1387,55 @@ mod tests {
 
     #[test]
     fn file_keys_apply_and_errors_name_the_key() {
-        let dir = std::env::temp_dir().join(format!("msgr-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("m.toml");
-        std::fs::write(
-            &path,
-            "workers = 3\npolicy = \"lossy-client\"\nkeepalive_timeout_ms = 250\n",
-        )
-        .unwrap();
-        let cfg = MessengerConfig::from_file(&path).unwrap();
+        let cfg =
+            load("workers = 3\npolicy = \"lossy-client\"\nkeepalive_timeout_ms = 250\n").unwrap();
         assert_eq!(cfg.workers, 3);
         assert_eq!(cfg.policy, Policy::LossyClient);
         assert_eq!(cfg.session.keepalive_timeout, Duration::from_millis(250));
         assert_eq!(cfg.rdma.read_timeout, Duration::from_secs(10));
-        std::fs::write(&path, "workers = \"many\"\n").unwrap();
-        let err = MessengerConfig::from_file(&path).unwrap_err().to_string();
+        let err = load_error("workers = \"many\"\n");
         assert!(err.contains("workers") && err.contains("many"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `text` read as a configuration file (a temporary one of its own).
+    fn load(text: &str) -> Result<MessengerConfig, ConfigError> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "msgr-cfg-{}-{}.toml",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, text).unwrap();
+        let cfg = MessengerConfig::from_file(&path);
+        std::fs::remove_file(&path).unwrap();
+        cfg
+    }
+
+    /// [`load`]'s error, as printed.
+    fn load_error(text: &str) -> String {
+        load(text).expect_err(text).to_string()
     }
 
     /// A file's arrays give a list key its items; a key of one value
     /// refuses them.
     #[test]
     fn file_arrays_set_list_keys() {
-        let dir = std::env::temp_dir().join(format!("msgr-cfg-arrays-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("m.toml");
-        std::fs::write(
-            &path,
+        let cfg = load(
             "bind = [\"tcp://127.0.0.1:0\", \"tcp://[::1]:0\"]\n\
              peers = [\"tcp://127.0.0.1:6800\", \"tcp://127.0.0.1:6801\"]\n\
              security = [\"crc\", \"secure\"]\n",
         )
         .unwrap();
-        let cfg = MessengerConfig::from_file(&path).unwrap();
         assert_eq!(cfg.bind.len(), 2);
         assert_eq!(cfg.peers.len(), 2);
         let mut want = MessengerConfig::default();
         want.set("security", "crc,secure").unwrap();
         assert_eq!(cfg.session.security.modes, want.session.security.modes);
-        std::fs::write(&path, "workers = [1, 2]\n").unwrap();
-        let e = MessengerConfig::from_file(&path).unwrap_err().to_string();
+        let e = load_error("workers = [1, 2]\n");
         assert!(e.contains("`workers` takes one value, not a list"), "{e}");
-        std::fs::write(&path, "peers = [\"tcp://127.0.0.1:1\", \"bogus\"]\n").unwrap();
-        let e = MessengerConfig::from_file(&path).unwrap_err().to_string();
+        let e = load_error("peers = [\"tcp://127.0.0.1:1\", \"bogus\"]\n");
         assert!(e.contains("`bogus`"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// An unquoted string (TOML reads `tcp://…` as a misspelt `true`) is
@@ -1440,28 +1443,23 @@ mod tests {
     /// file or `set` names the likely one.
     #[test]
     fn file_mistakes_say_how_to_fix_them() {
-        let dir = std::env::temp_dir().join(format!("msgr-cfg-quote-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("m.toml");
-        std::fs::write(&path, "workers = 2\nbind = tcp://127.0.0.1:6800\n").unwrap();
-        let e = MessengerConfig::from_file(&path).unwrap_err().to_string();
+        let e = load_error("workers = 2\nbind = tcp://127.0.0.1:6800\n");
         assert!(
             e.contains("line 2")
                 && e.contains("strings must be quoted: bind = \"tcp://127.0.0.1:6800\"")
                 && !e.contains('\n'),
             "{e}"
         );
-        std::fs::write(&path, "policy = lossy-client\n").unwrap();
-        let e = MessengerConfig::from_file(&path).unwrap_err().to_string();
-        assert!(e.contains("strings must be quoted"), "{e}");
+        let e = load_error("policy = lossy-client # a comment\n");
+        assert!(
+            e.contains("strings must be quoted: policy = \"lossy-client\""),
+            "{e}"
+        );
         // Another syntax error gets no such hint.
-        std::fs::write(&path, "workers = 2\n[[[\n").unwrap();
-        let e = MessengerConfig::from_file(&path).unwrap_err().to_string();
+        let e = load_error("workers = 2\n[[[\n");
         assert!(!e.contains("must be quoted"), "{e}");
-        std::fs::write(&path, "wokers = 2\n").unwrap();
-        let e = MessengerConfig::from_file(&path).unwrap_err().to_string();
+        let e = load_error("wokers = 2\n");
         assert!(e.contains("did you mean `workers`?"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
         let e = MessengerConfig::default()
             .set("max_data_byte", "1")
             .unwrap_err()
