@@ -3,8 +3,8 @@
 //! Every key can be set the same three ways, through one setter
 //! ([`MessengerConfig::set`]): in code, in a TOML file with flat `key = value`
 //! lines ([`MessengerConfig::from_file`]), or as `MSGR_<KEY>` environment
-//! variables ([`MessengerConfig::apply_env`]). The keys are listed in
-//! [`CONFIG_KEYS`] and in the README.
+//! variables ([`MessengerConfig::apply_env`]). The keys are the rows of
+//! one table, [`CONFIG_KEYS`], which docs/CONFIG.md shows.
 
 use std::path::Path;
 use std::time::Duration;
@@ -23,8 +23,12 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum ConfigError {
     /// No such key.
-    #[error("unknown configuration key `{0}` (known keys: {keys})", keys = CONFIG_KEYS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "))]
+    #[error("unknown configuration key `{0}`{hint}", hint = did_you_mean(.0, |k| format!("`{k}`")))]
     UnknownKey(String),
+    /// An `MSGR_` environment variable that names no key (and is not
+    /// `MSGR_CONFIG` or reserved, [`RESERVED_ENV`]).
+    #[error("unknown environment variable {0}{hint}", hint = did_you_mean(.0.strip_prefix("MSGR_").unwrap_or(.0), |k| format!("MSGR_{}", k.to_ascii_uppercase())))]
+    UnknownEnv(String),
     /// The value does not parse for that key.
     #[error("bad value `{value}` for `{key}`: {why}")]
     BadValue {
@@ -45,188 +49,541 @@ pub enum ConfigError {
     },
 }
 
+/// The row of `name` in [`CONFIG_KEYS`].
+fn config_key(name: &str) -> Option<&'static ConfigKey> {
+    CONFIG_KEYS.iter().find(|k| k.name == name)
+}
+
+/// `: did you mean X?` for the key closest to `name` (case aside), shown
+/// by `show`, when one is close enough to be a typo of it; else where the
+/// keys are listed.
+fn did_you_mean(name: &str, show: impl Fn(&str) -> String) -> String {
+    let name = name.to_ascii_lowercase();
+    let closest = CONFIG_KEYS
+        .iter()
+        .map(|k| (edit_distance(&name, k.name), k.name))
+        .min();
+    match closest {
+        // A typo: a few letters wrong, missing, extra or swapped.
+        Some((d, k)) if d <= 2.max(k.len() / 4) => format!(": did you mean {}?", show(k)),
+        _ => ": no such key (docs/CONFIG.md lists them)".into(),
+    }
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions) of two
+/// short ASCII names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 /// Prefixes of `MSGR_` environment variables that are not configuration
 /// keys but belong to msgr's test harness (the guest, the stress suite);
 /// [`MessengerConfig::apply_env`] passes over them. Any other unknown
 /// `MSGR_` variable is an error.
 pub const RESERVED_ENV: &[&str] = &["MSGR_IN_GUEST", "MSGR_GUEST_", "MSGR_STRESS_", "MSGR_TEST_"];
 
-/// Every key with a one-line description (for `--help` texts and the README).
-pub const CONFIG_KEYS: &[(&str, &str)] = &[
-    ("workers", "event-loop worker threads (default 1)"),
-    (
+/// One configuration key: its name, what it does, the values it takes and
+/// how it is applied. [`CONFIG_KEYS`] lists every one; [`MessengerConfig::set`],
+/// the environment check ([`MessengerConfig::apply_env`]) and
+/// docs/CONFIG.md all come from that table.
+#[derive(Clone, Copy, Debug)]
+pub struct ConfigKey {
+    /// The key as a file writes it; `MSGR_<KEY>` upper-cased in the environment.
+    pub name: &'static str,
+    /// What it does, with its default.
+    pub doc: &'static str,
+    kind: Kind,
+}
+
+/// The values a key takes and where they go: checked here, once, for
+/// every way of setting a key.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// A whole number in `min..=max`.
+    Int {
+        min: u64,
+        max: u64,
+        set: fn(&mut MessengerConfig, u64),
+    },
+    /// `true` or `false` (also `on`/`off`, `1`/`0`).
+    Bool(fn(&mut MessengerConfig, bool)),
+    /// One of `words`; `set` says whether it knew the word (it may know
+    /// aliases the docs do not list).
+    Choice {
+        words: &'static [&'static str],
+        set: fn(&mut MessengerConfig, &str) -> bool,
+    },
+    /// Text of the form `form` describes; a `list` is comma-separated, or
+    /// a TOML array in a file.
+    Text {
+        form: &'static str,
+        list: bool,
+        set: fn(&mut MessengerConfig, &str) -> Result<(), String>,
+    },
+}
+
+impl ConfigKey {
+    /// The values the key takes, as docs/CONFIG.md shows them: a range,
+    /// `true | false`, the words allowed, or the form of the text.
+    pub fn values(&self) -> String {
+        match self.kind {
+            Kind::Int { min, max, .. } => format!("{min}..={max}"),
+            Kind::Bool(_) => "true | false".into(),
+            Kind::Choice { words, .. } => words.join(" | "),
+            Kind::Text { form, .. } => form.into(),
+        }
+    }
+
+    /// Whether the key takes a list (comma-separated, or a TOML array).
+    pub fn is_list(&self) -> bool {
+        matches!(self.kind, Kind::Text { list: true, .. })
+    }
+
+    /// Checks `value` and applies it to `cfg`.
+    fn apply(&self, cfg: &mut MessengerConfig, value: &str) -> Result<(), ConfigError> {
+        let bad = |why: String| ConfigError::BadValue {
+            key: self.name.into(),
+            value: value.into(),
+            why,
+        };
+        let v = value.trim();
+        match self.kind {
+            Kind::Int { min, max, set } => {
+                let n: u64 = v
+                    .parse()
+                    .map_err(|e: std::num::ParseIntError| bad(e.to_string()))?;
+                if !(min..=max).contains(&n) {
+                    return Err(bad(format!("must be {min}..={max}")));
+                }
+                set(cfg, n);
+            }
+            Kind::Bool(set) => set(
+                cfg,
+                match v {
+                    "true" | "on" | "1" => true,
+                    "false" | "off" | "0" => false,
+                    _ => return Err(bad("expected true or false".into())),
+                },
+            ),
+            Kind::Choice { words, set } => {
+                if !set(cfg, v) {
+                    let (last, rest) = words.split_last().unwrap_or((&"", &[]));
+                    let rest = rest.join(", ");
+                    return Err(bad(if rest.is_empty() {
+                        format!("expected {last}")
+                    } else {
+                        format!("expected {rest} or {last}")
+                    }));
+                }
+            }
+            Kind::Text { set, .. } => set(cfg, v).map_err(bad)?,
+        }
+        Ok(())
+    }
+}
+
+/// The longest timer a key takes: a day, in milliseconds. (0 fires at
+/// once, a handshake that can never finish; u64::MAX overflows the clock.)
+const MAX_TIMER_MS: u64 = 86_400_000;
+
+/// A timer key in milliseconds, 1 ms to a day.
+const fn ms(set: fn(&mut MessengerConfig, u64)) -> Kind {
+    Kind::Int {
+        min: 1,
+        max: MAX_TIMER_MS,
+        set,
+    }
+}
+
+/// A number key in `min..=max`.
+const fn int(min: u64, max: u64, set: fn(&mut MessengerConfig, u64)) -> Kind {
+    Kind::Int { min, max, set }
+}
+
+const fn key(name: &'static str, doc: &'static str, kind: Kind) -> ConfigKey {
+    ConfigKey { name, doc, kind }
+}
+
+/// Comma-separated addresses (empty or `none`: none); a bad one is named.
+fn parse_addr_list(value: &str) -> Result<Vec<msgr_addr::EntityAddr>, String> {
+    if value == "none" {
+        return Ok(Vec::new());
+    }
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|a| {
+            a.parse()
+                .map_err(|e: msgr_addr::AddrParseError| format!("`{a}`: {e}"))
+        })
+        .collect()
+}
+
+/// A file path (empty or `none`: none).
+fn parse_path(value: &str) -> Option<std::path::PathBuf> {
+    (!value.is_empty() && value != "none").then(|| std::path::PathBuf::from(value))
+}
+
+/// Every key, what it does (with its default), the values it takes and
+/// where they go: the one table `set`, the environment check and
+/// docs/CONFIG.md are made from.
+pub static CONFIG_KEYS: &[ConfigKey] = &[
+    key(
+        "workers",
+        "event-loop worker threads (default 1)",
+        int(1, 256, |c, n| c.workers = n as usize),
+    ),
+    key(
         "payload_crc",
         "CRC32C on message payloads (default true); false on both sides skips it, \
          for transports that check integrity themselves (RDMA); headers stay checked",
+        Kind::Bool(|c, b| c.session.payload_crc = b),
     ),
-    (
+    key(
         "bind",
-        "address to listen on when the application gives none, e.g. tcp://127.0.0.1:6800 or \
-         verbs://198.51.100.1:6800?dev=rxe0: its transport picks the backend (default none)",
+        "addresses to listen on when the application gives none, e.g. tcp://127.0.0.1:6800 or \
+         verbs://198.51.100.1:6800?dev=rxe0: each one's transport picks its backend, the \
+         first is the messenger's own (default none)",
+        Kind::Text {
+            form: "address list",
+            list: true,
+            set: |c, v| {
+                c.bind = parse_addr_list(v)?;
+                Ok(())
+            },
+        },
     ),
-    (
+    key(
         "security",
-        "comma-separated modes this side allows on its links, the strongest both sides \
+        "modes this side allows on its links, the strongest both sides \
          allow is used: crc (names on trust, CRC32C frames; the default), auth (a Noise \
          handshake proves both names, frames in the clear), secure (auth, then every frame \
          sealed with AES-256-GCM); auth and secure need key_file and keyring",
+        Kind::Text {
+            form: "list of crc, auth, secure",
+            list: true,
+            set: |c, v| {
+                c.session.security.modes = v.parse()?;
+                Ok(())
+            },
+        },
     ),
-    (
+    key(
         "key_file",
         "this entity's private key file (msgr keygen writes it; its name must be the \
          messenger's) for the auth and secure modes (default none)",
+        Kind::Text {
+            form: "path",
+            list: false,
+            set: |c, v| {
+                c.key_file = parse_path(v);
+                Ok(())
+            },
+        },
     ),
-    (
+    key(
         "keyring",
         "file of entity names and the public keys they must prove (`<name> <64 hex>` lines; \
          msgr keygen appends to it) for the auth and secure modes (default none)",
+        Kind::Text {
+            form: "path",
+            list: false,
+            set: |c, v| {
+                c.keyring = parse_path(v);
+                Ok(())
+            },
+        },
     ),
-    (
+    key(
         "max_handshakes_per_source",
         "most pending handshakes per worker from one IP address (default 256); a new link from \
          a source at its share closes that source's own oldest pending link that has not sent \
          its banner to make room (handshakes_evicted), so a client behind a flood's address \
          still gets in; while none is idle (all spoke or were just accepted) the new link is \
          refused (handshakes_refused)",
+        int(1, 1 << 20, |c, n| c.max_handshakes_per_source = n as usize),
     ),
-    (
+    key(
         "banner_timeout_ms",
         "close a connection whose peer has not sent its banner (32 bytes) by then (default 2000)",
+        ms(|c, n| c.session.banner_timeout = Duration::from_millis(n)),
     ),
-    (
+    key(
         "connect_timeout_ms",
         "a connection this side opened that is not established within this long ends \
          (on_reset: not connected within ...); 0 (default): lossless ones keep trying, \
          each failed attempt reported to on_connect_failed",
+        int(0, MAX_TIMER_MS, |c, n| {
+            c.session.connect_timeout = (n != 0).then(|| Duration::from_millis(n))
+        }),
     ),
-    (
+    key(
         "peers",
-        "comma-separated addresses of the peers Messenger::connect_peers connects to with the \
+        "addresses of the peers Messenger::connect_peers connects to with the \
          configured policy, e.g. tcp://10.0.0.2:6800,verbs://10.0.0.3:6800?dev=mlx5_0 (default none)",
+        Kind::Text {
+            form: "address list",
+            list: true,
+            set: |c, v| {
+                c.peers = parse_addr_list(v)?;
+                Ok(())
+            },
+        },
     ),
-    (
+    key(
         "on_handler_panic",
         "what a panicking dispatcher callback does: fail-connection (default: that connection \
          ends, on_reset says why, the worker serves the others) or abort (the process)",
+        Kind::Choice {
+            words: &["fail-connection", "abort"],
+            set: |c, v| {
+                c.handler_panic = match v {
+                    "fail-connection" => HandlerPanicPolicy::FailConnection,
+                    "abort" => HandlerPanicPolicy::Abort,
+                    _ => return false,
+                };
+                true
+            },
+        },
     ),
-    (
+    key(
         "batch_max_bytes",
-        "largest batch frame a session writes (default 16384; 0 = a frame per message, or \
-         256..=65536): messages of at most a quarter of it that are queued together travel \
+        "largest batch frame a session writes (default 16384; 0 = a frame per message): \
+         messages of at most a quarter of it that are queued together travel \
          in one frame with one CRC32C (docs/PROTOCOL.md)",
+        Kind::Text {
+            form: "0 or 256..=65536",
+            list: false,
+            set: |c, v| {
+                let n: usize = v.parse().map_err(|e: std::num::ParseIntError| e.to_string())?;
+                // A batch must hold at least one small message, and fit the
+                // header-segment limit (64 KiB) every peer enforces.
+                const MIN: usize = 256;
+                let max = c.session.limits.max_segment[0] as usize;
+                if n != 0 && !(MIN..=max).contains(&n) {
+                    return Err(format!("0 (no batches) or {MIN} to {max}"));
+                }
+                c.session.batch_max_bytes = n;
+                Ok(())
+            },
+        },
     ),
-    (
+    key(
         "busy_poll_us",
         "busy-poll window after activity before blocking, in µs (default 200; 0 = never spin)",
+        int(0, 1_000_000, |c, n| c.busy_poll = Duration::from_micros(n)),
     ),
-    (
+    key(
         "busy_poll_max_us",
         "widest busy-poll window, in µs (default 2000): an idle gap up to this long that \
          ended in activity widens the next window to twice the gap",
+        int(0, 10_000_000, |c, n| c.busy_poll_max = Duration::from_micros(n)),
     ),
-    (
+    key(
         "busy_poll_syscall_every",
         "while busy-polling, make the loop's system calls (epoll_wait, unless a transport \
          needs it every pass; sched_yield when idle) on one pass in N (default 0: adaptive; \
          1: every pass)",
+        int(0, 1_000_000, |c, n| c.busy_poll_syscall_every = n as u32),
     ),
-    (
+    key(
         "worker_cpus",
         "CPUs to pin the workers to, as taskset -c writes them (0,2-3): worker i on the \
          i-th, round robin; busy-polling workers each want one of their own (default: \
          none, the scheduler places them)",
+        Kind::Text {
+            form: "CPU list (0,2-3) or none",
+            list: true,
+            set: |c, v| {
+                c.worker_cpus = parse_worker_cpus(v)?;
+                Ok(())
+            },
+        },
     ),
-    (
+    key(
         "policy",
-        "policy of connections this side opens: lossy-client | lossless-client | lossless-peer",
+        "policy of connections this side opens (default lossless-client)",
+        Kind::Choice {
+            words: &["lossy-client", "lossless-client", "lossless-peer"],
+            set: |c, v| parse_policy(v).map(|p| c.policy = p).is_some(),
+        },
     ),
-    (
+    key(
         "keepalive_interval_ms",
         "send a keepalive after this much send silence (default 2000)",
+        ms(|c, n| c.session.keepalive_interval = Duration::from_millis(n)),
     ),
-    (
+    key(
         "keepalive_timeout_ms",
         "declare the link dead after this much receive silence (default 15000)",
+        ms(|c, n| c.session.keepalive_timeout = Duration::from_millis(n)),
     ),
-    (
+    key(
         "handshake_timeout_ms",
         "banner + hello must finish within this (default 10000)",
+        ms(|c, n| c.session.handshake_timeout = Duration::from_millis(n)),
     ),
-    (
+    key(
         "backoff_min_ms",
         "first reconnect delay, doubling per failure (default 5)",
+        ms(|c, n| c.session.backoff_min = Duration::from_millis(n)),
     ),
-    ("backoff_max_ms", "reconnect delay ceiling (default 2000)"),
-    (
+    key(
+        "backoff_max_ms",
+        "reconnect delay ceiling (default 2000)",
+        ms(|c, n| c.session.backoff_max = Duration::from_millis(n)),
+    ),
+    key(
         "max_queued_messages",
         "send queue bound per connection, in messages (default 65536)",
+        int(1, 1 << 24, |c, n| c.session.max_queued_messages = n as usize),
     ),
-    (
+    key(
         "max_queued_bytes",
         "send queue bound per connection, in payload bytes (default 256 MiB)",
+        int(1, 1 << 40, |c, n| c.session.max_queued_bytes = n as usize),
     ),
-    (
+    key(
         "max_front_bytes",
         "largest front segment accepted (default 16 MiB)",
+        int(1, 1 << 30, |c, n| c.session.limits.max_segment[1] = n as u32),
     ),
-    (
+    key(
         "max_data_bytes",
         "largest data segment accepted (default 128 MiB)",
+        int(1, u32::MAX as u64, |c, n| {
+            c.session.limits.max_segment[2] = n as u32
+        }),
     ),
-    (
+    key(
         "rx_throttle_messages",
-        "received messages the application may hold before reading pauses (default 65536, at most 4194304)",
+        "received messages the application may hold before reading pauses (default 65536)",
+        int(1, crate::throttle::MAX_MESSAGES as u64, |c, n| {
+            c.rx_throttle_messages = n as usize
+        }),
     ),
-    (
+    key(
         "rx_throttle_bytes",
-        "received payload bytes the application may hold before reading pauses (default 512 MiB, at most 512 GiB)",
+        "received payload bytes the application may hold before reading pauses (default 512 MiB)",
+        int(1, crate::throttle::MAX_BYTES as u64, |c, n| {
+            c.rx_throttle_bytes = n as usize
+        }),
     ),
-    (
+    key(
         "max_handshakes",
         "accepted connections that may be mid-handshake at once per worker (default 1024); a new \
          one beyond it closes the oldest that has not sent its banner, of any source \
          (handshakes_evicted), or is refused while none is idle (handshakes_refused)",
+        int(1, 1 << 20, |c, n| c.max_handshakes = n as usize),
     ),
-    (
+    // The pools' own start-up check (RLIMIT_MEMLOCK, device caps) says
+    // more; these bounds keep the numbers themselves sane.
+    key(
         "rdma_chunk_size",
         "RDMA send/receive chunk bytes: the largest eager send; both ends must agree (default 32768)",
+        int(4096, 1 << 24, |c, n| c.rdma.chunk_size = n as usize),
     ),
-    (
+    key(
         "rdma_rx_chunks",
         "RDMA receive chunks per worker in one shared receive queue; each link takes 3..=33 (default 1024)",
+        int(1, 1 << 20, |c, n| c.rdma.rx_chunks = n as u32),
     ),
-    ("rdma_tx_chunks", "RDMA send chunks per worker (default 512)"),
-    (
+    key(
+        "rdma_tx_chunks",
+        "RDMA send chunks per worker (default 512)",
+        int(1, 1 << 20, |c, n| c.rdma.tx_chunks = n as u32),
+    ),
+    key(
         "rdma_rendezvous_bytes",
         "RDMA frames above this are RDMA-read by the receiver instead of copied (default 131072)",
+        int(0, 1 << 30, |c, n| c.rdma.rendezvous_threshold = n as usize),
     ),
-    (
+    key(
         "rdma_inline_bytes",
         "RDMA sends up to this many bytes go inline in the work request, not fetched by DMA; 0: never (default 256)",
+        int(0, 4096, |c, n| c.rdma.inline_bytes = n as u32),
     ),
-    (
+    key(
         "rdma_read_timeout_ms",
-        "an RDMA or libfabric rendezvous read not complete after this fails its link (default 10000, below keepalive_timeout_ms; at least 1)",
+        "an RDMA or libfabric rendezvous read not complete after this fails its link (default 10000, below keepalive_timeout_ms)",
+        // Not 0: every read would fail its link at once.
+        ms(|c, n| c.rdma.read_timeout = Duration::from_millis(n)),
     ),
-    (
+    key(
         "rdma_reg_cache_bytes",
         "RDMA and libfabric (reads, provider checks keys: tcp, verbs) rendezvous segments kept registered for their next send (a clone of the same Bytes); kept memory stays alive until evicted; 0: none (default 33554432)",
+        int(0, 1 << 40, |c, n| c.rdma.reg_cache_bytes = n as usize),
     ),
-    (
+    key(
         "fabric_rendezvous",
         "libfabric large units by rendezvous: auto (fi_read where this libfabric has no known bug in the provider's reads, else fi_write into a buffer the receiver grants where the provider checks keys), off, on (reads despite a known bug), write (default auto)",
+        Kind::Choice {
+            words: &["auto", "off", "on", "write"],
+            set: |c, v| {
+                use msgr_backends::FabricRendezvous as R;
+                c.rdma.fabric_rendezvous = match v {
+                    "auto" => R::Auto,
+                    "off" => R::Off,
+                    "on" => R::On,
+                    "write" => R::Write,
+                    _ => return false,
+                };
+                true
+            },
+        },
     ),
-    (
+    key(
         "fabric_cq_wait",
         "how an idle libfabric worker waits for completions: fd (a wait fd in epoll; a 64 B tcp one-way ~0.8 us slower) or poll (no wait object, as fi_pingpong: faster per message, but polled every 1 ms while idle) (default fd)",
+        Kind::Choice {
+            words: &["fd", "poll"],
+            set: |c, v| {
+                use msgr_backends::FabricCqWait as W;
+                c.rdma.fabric_cq_wait = match v {
+                    "fd" => W::Fd,
+                    "poll" => W::Poll,
+                    _ => return false,
+                };
+                true
+            },
+        },
     ),
-    (
+    key(
         "fabric_link_bytes",
         "send and receive buffers a libfabric worker's links may hold; a link beyond it is refused (links_refused): a MSG link holds 4 MiB, an RDM link 1.25 MiB over tcp, 80 KiB over shm (default 1073741824)",
+        int(1 << 20, 1 << 44, |c, n| c.rdma.fabric_link_bytes = n as usize),
     ),
-    (
+    key(
         "faults",
         "fault injection plan, e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20 (default off)",
+        Kind::Text {
+            form: "fault plan or off",
+            list: false,
+            set: |c, v| {
+                c.faults = match v {
+                    "" | "off" => None,
+                    plan => Some(
+                        plan.parse()
+                            .map_err(|e: crate::faults::FaultPlanError| e.to_string())?,
+                    ),
+                };
+                Ok(())
+            },
+        },
     ),
 ];
 
@@ -309,9 +666,10 @@ pub struct MessengerConfig {
     /// What a panic in a [`crate::Dispatcher`] callback does: end that
     /// connection (default) or abort the process.
     pub handler_panic: HandlerPanicPolicy,
-    /// The address to listen on when the builder is given none
-    /// ([`crate::MessengerBuilder::bind`]): its transport picks the backend.
-    pub bind: Option<msgr_addr::EntityAddr>,
+    /// The addresses to listen on when the builder is given none
+    /// ([`crate::MessengerBuilder::bind`]): each one's transport picks its
+    /// backend; the first is the messenger's own address.
+    pub bind: Vec<msgr_addr::EntityAddr>,
     /// Most pending handshakes per worker from one IP address (see
     /// `max_handshakes`): a new link from a source at its share makes room
     /// by closing that source's own oldest idle link (one that has not sent
@@ -348,7 +706,7 @@ impl Default for MessengerConfig {
             rdma: msgr_backends::RdmaPoolConfig::default(),
             faults: None,
             handler_panic: HandlerPanicPolicy::FailConnection,
-            bind: None,
+            bind: Vec::new(),
             peers: Vec::new(),
             key_file: None,
             keyring: None,
@@ -443,63 +801,21 @@ fn file_error(path: &std::path::Path, why: String) -> ConfigError {
     }
 }
 
-/// Parses a number and checks it lies in `range`, saying which range if not:
-/// a value that cannot work (a zero timeout, a limit of nothing, a timer
-/// that overflows the clock) is refused at start, not met later.
-fn parse_in<T>(key: &str, value: &str, range: std::ops::RangeInclusive<T>) -> Result<T, ConfigError>
-where
-    T: std::str::FromStr + PartialOrd + std::fmt::Display,
-    T::Err: std::fmt::Display,
-{
-    let v = parse_num::<T>(key, value)?;
-    if !range.contains(&v) {
-        return Err(ConfigError::BadValue {
-            key: key.into(),
-            value: value.into(),
-            why: format!("must be {}..={}", range.start(), range.end()),
-        });
-    }
-    Ok(v)
-}
-
 /// The largest configuration file read (1 MiB).
 pub const MAX_CONFIG_FILE: u64 = 1 << 20;
 
-/// The longest timer a key takes: a day, in milliseconds.
-const MAX_TIMER_MS: u64 = 86_400_000;
-
-fn parse_num<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, ConfigError>
-where
-    T::Err: std::fmt::Display,
-{
-    value
-        .trim()
-        .parse::<T>()
-        .map_err(|e| ConfigError::BadValue {
-            key: key.into(),
-            value: value.into(),
-            why: e.to_string(),
-        })
-}
-
 /// `worker_cpus`: a CPU list (empty or `none`: no pinning), each CPU one
 /// this process may run on.
-fn parse_worker_cpus(key: &str, value: &str) -> Result<Vec<usize>, ConfigError> {
-    let bad = |why: String| ConfigError::BadValue {
-        key: key.into(),
-        value: value.into(),
-        why,
-    };
-    let value = value.trim();
+fn parse_worker_cpus(value: &str) -> Result<Vec<usize>, String> {
     if value.is_empty() || value == "none" {
         return Ok(Vec::new());
     }
-    let cpus = crate::worker::affinity::parse_cpu_list(value).map_err(bad)?;
+    let cpus = crate::worker::affinity::parse_cpu_list(value)?;
     let allowed = crate::worker::affinity::allowed_cpus();
     if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
-        return Err(bad(format!(
+        return Err(format!(
             "CPU {c} is not one this process may run on ({allowed:?})"
-        )));
+        ));
     }
     Ok(cpus)
 }
@@ -514,219 +830,49 @@ pub fn parse_policy(value: &str) -> Option<Policy> {
     })
 }
 
+/// A TOML syntax error as one line, with a hint where a string value was
+/// left unquoted: `bind = tcp://…` reads as a misspelt `true`, and the
+/// parser's own word for it ("invalid boolean") misleads.
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let what = e.message().trim().to_owned();
+    let Some(span) = e.span() else {
+        return what;
+    };
+    let line_no = text[..span.start.min(text.len())].matches('\n').count();
+    let Some(line) = text.lines().nth(line_no) else {
+        return what;
+    };
+    let at = format!("line {}: {what}: `{}`", line_no + 1, line.trim());
+    let Some((key, value)) = line.split_once('=') else {
+        return at;
+    };
+    let value = value.split_once(" #").map_or(value, |(v, _)| v);
+    let (key, value) = (key.trim(), value.trim());
+    let structured = value.starts_with(['"', '\'', '[', '{'])
+        || value.parse::<i64>().is_ok()
+        || value == "true"
+        || value == "false";
+    if structured || value.is_empty() {
+        return at;
+    }
+    // The parser's own message is about something else (a boolean).
+    format!(
+        "line {}: `{}`: strings must be quoted: {key} = \"{value}\"",
+        line_no + 1,
+        line.trim()
+    )
+}
+
 impl MessengerConfig {
-    /// Sets one key from its text form.
+    /// Sets one key from its text form, checked against the values the
+    /// key takes ([`CONFIG_KEYS`]); a list is comma-separated.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
-        // Timers from 1 ms to a day: 0 fires at once (a handshake that can
-        // never finish), u64::MAX overflows the clock.
-        let ms = |v: &str| parse_in::<u64>(key, v, 1..=MAX_TIMER_MS).map(Duration::from_millis);
-        let s = &mut self.session;
-        match key {
-            "workers" => {
-                self.workers = parse_num(key, value)?;
-                if self.workers == 0 || self.workers > 256 {
-                    return Err(ConfigError::BadValue {
-                        key: key.into(),
-                        value: value.into(),
-                        why: "must be 1..=256".into(),
-                    });
-                }
-            }
-            "busy_poll_us" => {
-                self.busy_poll = Duration::from_micros(parse_in(key, value, 0..=1_000_000)?)
-            }
-            "busy_poll_max_us" => {
-                self.busy_poll_max = Duration::from_micros(parse_in(key, value, 0..=10_000_000)?)
-            }
-            "busy_poll_syscall_every" => {
-                self.busy_poll_syscall_every = parse_in::<u32>(key, value, 0..=1_000_000)?
-            }
-            "worker_cpus" => self.worker_cpus = parse_worker_cpus(key, value)?,
-            "policy" => {
-                self.policy = parse_policy(value.trim()).ok_or_else(|| ConfigError::BadValue {
-                    key: key.into(),
-                    value: value.into(),
-                    why: "expected lossy-client, lossless-client or lossless-peer".into(),
-                })?
-            }
-            "security" => {
-                let modes: msgr_proto::auth::ModeSet =
-                    value.parse().map_err(|why| ConfigError::BadValue {
-                        key: key.into(),
-                        value: value.into(),
-                        why,
-                    })?;
-                s.security.modes = modes;
-            }
-            "key_file" | "keyring" => {
-                let v = value.trim();
-                let path = (!v.is_empty() && v != "none").then(|| std::path::PathBuf::from(v));
-                if key == "key_file" {
-                    self.key_file = path;
-                } else {
-                    self.keyring = path;
-                }
-            }
-            "bind" => {
-                let v = value.trim();
-                self.bind = if v.is_empty() || v == "none" {
-                    None
-                } else {
-                    Some(v.parse().map_err(|e: msgr_addr::AddrParseError| {
-                        ConfigError::BadValue {
-                            key: key.into(),
-                            value: value.into(),
-                            why: e.to_string(),
-                        }
-                    })?)
-                };
-            }
-            "peers" => {
-                self.peers = value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|a| !a.is_empty())
-                    .map(|a| {
-                        a.parse()
-                            .map_err(|e: msgr_addr::AddrParseError| ConfigError::BadValue {
-                                key: key.into(),
-                                value: value.into(),
-                                why: format!("`{a}`: {e}"),
-                            })
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
-            "on_handler_panic" => {
-                self.handler_panic = match value.trim() {
-                    "fail-connection" => HandlerPanicPolicy::FailConnection,
-                    "abort" => HandlerPanicPolicy::Abort,
-                    _ => {
-                        return Err(ConfigError::BadValue {
-                            key: key.into(),
-                            value: value.into(),
-                            why: "expected fail-connection or abort".into(),
-                        })
-                    }
-                }
-            }
-            "payload_crc" => {
-                s.payload_crc = match value.trim() {
-                    "true" | "on" | "1" => true,
-                    "false" | "off" | "0" => false,
-                    _ => {
-                        return Err(ConfigError::BadValue {
-                            key: key.into(),
-                            value: value.into(),
-                            why: "expected true or false".into(),
-                        })
-                    }
-                }
-            }
-            "keepalive_interval_ms" => s.keepalive_interval = ms(value)?,
-            "keepalive_timeout_ms" => s.keepalive_timeout = ms(value)?,
-            "handshake_timeout_ms" => s.handshake_timeout = ms(value)?,
-            "connect_timeout_ms" => {
-                s.connect_timeout = match parse_in::<u64>(key, value, 0..=MAX_TIMER_MS)? {
-                    0 => None,
-                    n => Some(Duration::from_millis(n)),
-                }
-            }
-            "backoff_min_ms" => s.backoff_min = ms(value)?,
-            "backoff_max_ms" => s.backoff_max = ms(value)?,
-            "max_queued_messages" => s.max_queued_messages = parse_in(key, value, 1..=1 << 24)?,
-            "max_queued_bytes" => s.max_queued_bytes = parse_in(key, value, 1..=1 << 40)?,
-            "batch_max_bytes" => {
-                let n: usize = parse_num(key, value)?;
-                // A batch must hold at least one small message, and fit the
-                // header-segment limit (64 KiB) every peer enforces.
-                const MIN: usize = 256;
-                let max = s.limits.max_segment[0] as usize;
-                if n != 0 && !(MIN..=max).contains(&n) {
-                    return Err(ConfigError::BadValue {
-                        key: key.into(),
-                        value: value.into(),
-                        why: format!("0 (no batches) or {MIN} to {max}"),
-                    });
-                }
-                s.batch_max_bytes = n;
-            }
-            "max_front_bytes" => s.limits.max_segment[1] = parse_in(key, value, 1..=1 << 30)?,
-            "max_data_bytes" => s.limits.max_segment[2] = parse_in(key, value, 1..=u32::MAX)?,
-            "rx_throttle_messages" => {
-                self.rx_throttle_messages = parse_in(key, value, 1..=crate::throttle::MAX_MESSAGES)?
-            }
-            "rx_throttle_bytes" => {
-                self.rx_throttle_bytes = parse_in(key, value, 1..=crate::throttle::MAX_BYTES)?
-            }
-            "max_handshakes" => self.max_handshakes = parse_in(key, value, 1..=1 << 20)?,
-            "max_handshakes_per_source" => {
-                self.max_handshakes_per_source = parse_in(key, value, 1..=1 << 20)?
-            }
-            "banner_timeout_ms" => s.banner_timeout = ms(value)?,
-            // The pools' own start-up check (RLIMIT_MEMLOCK, device caps)
-            // says more; these bounds keep the numbers themselves sane.
-            "rdma_chunk_size" => self.rdma.chunk_size = parse_in(key, value, 4096..=1 << 24)?,
-            "rdma_rx_chunks" => self.rdma.rx_chunks = parse_in(key, value, 1..=1 << 20)?,
-            "rdma_tx_chunks" => self.rdma.tx_chunks = parse_in(key, value, 1..=1 << 20)?,
-            "rdma_rendezvous_bytes" => {
-                self.rdma.rendezvous_threshold = parse_in(key, value, 0..=1 << 30)?
-            }
-            "rdma_inline_bytes" => self.rdma.inline_bytes = parse_in(key, value, 0..=4096)?,
-            "rdma_reg_cache_bytes" => {
-                self.rdma.reg_cache_bytes = parse_in(key, value, 0..=1 << 40)?
-            }
-            "fabric_link_bytes" => {
-                self.rdma.fabric_link_bytes = parse_in(key, value, 1 << 20..=1 << 44)?
-            }
-            // `ms` refuses 0, with which every read would fail its link at once.
-            "rdma_read_timeout_ms" => self.rdma.read_timeout = ms(value)?,
-            "fabric_rendezvous" => {
-                use msgr_backends::FabricRendezvous as R;
-                self.rdma.fabric_rendezvous = match value.trim() {
-                    "auto" => R::Auto,
-                    "off" => R::Off,
-                    "on" => R::On,
-                    "write" => R::Write,
-                    _ => {
-                        return Err(ConfigError::BadValue {
-                            key: key.into(),
-                            value: value.into(),
-                            why: "auto, off, on or write".into(),
-                        })
-                    }
-                };
-            }
-            "fabric_cq_wait" => {
-                use msgr_backends::FabricCqWait as W;
-                self.rdma.fabric_cq_wait = match value.trim() {
-                    "fd" => W::Fd,
-                    "poll" => W::Poll,
-                    _ => {
-                        return Err(ConfigError::BadValue {
-                            key: key.into(),
-                            value: value.into(),
-                            why: "fd or poll".into(),
-                        })
-                    }
-                };
-            }
-            "faults" if value.trim().is_empty() || value.trim() == "off" => self.faults = None,
-            "faults" => {
-                self.faults = Some(value.parse().map_err(|e: crate::faults::FaultPlanError| {
-                    ConfigError::BadValue {
-                        key: key.into(),
-                        value: value.into(),
-                        why: e.to_string(),
-                    }
-                })?)
-            }
-            _ => return Err(ConfigError::UnknownKey(key.into())),
-        }
+        let row = config_key(key).ok_or_else(|| ConfigError::UnknownKey(key.into()))?;
         // A key sets its own value and nothing else: limits derived from
         // several keys are computed once, from the final values, when the
         // messenger starts (`frame_limits`). (Recomputing them here made
         // any key, `workers` say, move the frame limit.)
-        Ok(())
+        row.apply(self, value)
     }
 
     /// The frame limits a messenger started with this configuration
@@ -778,15 +924,28 @@ impl MessengerConfig {
         }
         let table: toml::Table = text
             .parse()
-            .map_err(|e: toml::de::Error| file_err(e.to_string()))?;
+            .map_err(|e: toml::de::Error| file_err(toml_error(&text, &e)))?;
         for (key, value) in table {
-            let text = match value {
-                toml::Value::String(s) => s,
-                toml::Value::Integer(i) => i.to_string(),
-                toml::Value::Boolean(b) => b.to_string(),
-                other => return Err(file_err(format!("`{key}`: unsupported value {other}"))),
+            let row = config_key(&key).ok_or_else(|| ConfigError::UnknownKey(key.clone()))?;
+            let scalar = |v: toml::Value| match v {
+                toml::Value::String(s) => Ok(s),
+                toml::Value::Integer(i) => Ok(i.to_string()),
+                toml::Value::Boolean(b) => Ok(b.to_string()),
+                other => Err(file_err(format!("`{key}`: unsupported value {other}"))),
             };
-            self.set(&key, &text)?;
+            let text = match value {
+                // A list key's items, as its text form writes them.
+                toml::Value::Array(items) if row.is_list() => items
+                    .into_iter()
+                    .map(scalar)
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(","),
+                toml::Value::Array(_) => {
+                    return Err(file_err(format!("`{key}` takes one value, not a list")))
+                }
+                v => scalar(v)?,
+            };
+            row.apply(self, &text)?;
         }
         Ok(())
     }
@@ -826,12 +985,10 @@ impl MessengerConfig {
             let key = rest.to_ascii_lowercase();
             if key == "config" {
                 self.apply_file(Path::new(&value))?;
-            } else if CONFIG_KEYS.iter().any(|(k, _)| *k == key) {
+            } else if config_key(&key).is_some() {
                 keys.push((key, value));
             } else {
-                return Err(ConfigError::UnknownKey(format!(
-                    "{name} (environment; known: MSGR_CONFIG and MSGR_<KEY> for the keys listed in the README)"
-                )));
+                return Err(ConfigError::UnknownEnv(name.into()));
             }
         }
         // The file first, then the variables, whatever order they came in.
@@ -852,32 +1009,6 @@ impl MessengerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_listed_key_is_settable() {
-        for (key, _) in CONFIG_KEYS {
-            let value = match *key {
-                "policy" => "lossless-peer",
-                "faults" => "seed=1,fail=100",
-                "payload_crc" => "false",
-                "fabric_rendezvous" => "off",
-                "fabric_cq_wait" => "poll",
-                "worker_cpus" => "0",
-                "batch_max_bytes" => "4096",
-                "rdma_chunk_size" => "8192",
-                "fabric_link_bytes" => "16777216",
-                "on_handler_panic" => "abort",
-                "bind" => "tcp://127.0.0.1:0",
-                "security" => "crc,secure",
-                "key_file" | "keyring" => "/nonexistent",
-                "peers" => "tcp://127.0.0.1:6800, tcp://[::1]:6801",
-                _ => "3",
-            };
-            MessengerConfig::default()
-                .set(key, value)
-                .unwrap_or_else(|e| panic!("{key}: {e}"));
-        }
-    }
 
     /// Issue 48 (7): a key sets its own value and nothing else. For every
     /// key: set alone to a valid value other than its default, the
@@ -1003,7 +1134,7 @@ mod tests {
                 c.faults.clone_from(&d.faults)
             }),
         ];
-        let listed: Vec<&str> = CONFIG_KEYS.iter().map(|(k, _)| *k).collect();
+        let listed: Vec<&str> = CONFIG_KEYS.iter().map(|k| k.name).collect();
         let tested: Vec<&str> = table.iter().map(|(k, _, _)| *k).collect();
         assert_eq!(tested, listed, "one row per key, in CONFIG_KEYS order");
         let default = MessengerConfig::default();
@@ -1078,10 +1209,34 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(cfg.workers, 3);
+        // One line: the variable, and the key it is likely a typo of.
         let e = MessengerConfig::default()
             .apply_vars(vars(&[("MSGR_WOKRERS", b"2")]))
-            .unwrap_err();
-        assert!(e.to_string().contains("MSGR_WOKRERS"), "{e}");
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "unknown environment variable MSGR_WOKRERS: did you mean MSGR_WORKERS?"
+        );
+        let e = MessengerConfig::default()
+            .apply_vars(vars(&[("MSGR_KEEPALIVE_TIMEOUT", b"2")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("did you mean MSGR_KEEPALIVE_TIMEOUT_MS?"),
+            "{e}"
+        );
+        // Nothing close: no guess, and where the keys are.
+        let e = MessengerConfig::default()
+            .apply_vars(vars(&[("MSGR_ZZZ", b"2")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("unknown environment variable MSGR_ZZZ: no such key")
+                && !e.contains("did you mean")
+                && !e.contains('\n'),
+            "{e}"
+        );
         let e = MessengerConfig::default()
             .apply_vars(vars(&[("MSGR_WORKERS", b"\xff")]))
             .unwrap_err();
@@ -1104,13 +1259,14 @@ mod tests {
     fn bind_is_a_key() {
         let mut cfg = MessengerConfig::default();
         cfg.set("bind", "tcp://127.0.0.1:6800").unwrap();
-        assert_eq!(
-            cfg.bind.as_ref().map(|a| a.to_string()).as_deref(),
-            Some("tcp://127.0.0.1:6800")
-        );
+        let bound: Vec<String> = cfg.bind.iter().map(|a| a.to_string()).collect();
+        assert_eq!(bound, ["tcp://127.0.0.1:6800"]);
+        cfg.set("bind", "tcp://127.0.0.1:6800,tcp://[::1]:6801")
+            .unwrap();
+        assert_eq!(cfg.bind.len(), 2);
         assert!(cfg.set("bind", "nonsense://x").is_err());
         cfg.set("bind", "none").unwrap();
-        assert!(cfg.bind.is_none());
+        assert!(cfg.bind.is_empty());
     }
 
     /// Peers are a list of addresses; a bad one is named.
@@ -1231,22 +1387,129 @@ mod tests {
 
     #[test]
     fn file_keys_apply_and_errors_name_the_key() {
-        let dir = std::env::temp_dir().join(format!("msgr-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("m.toml");
-        std::fs::write(
-            &path,
-            "workers = 3\npolicy = \"lossy-client\"\nkeepalive_timeout_ms = 250\n",
-        )
-        .unwrap();
-        let cfg = MessengerConfig::from_file(&path).unwrap();
+        let cfg =
+            load("workers = 3\npolicy = \"lossy-client\"\nkeepalive_timeout_ms = 250\n").unwrap();
         assert_eq!(cfg.workers, 3);
         assert_eq!(cfg.policy, Policy::LossyClient);
         assert_eq!(cfg.session.keepalive_timeout, Duration::from_millis(250));
         assert_eq!(cfg.rdma.read_timeout, Duration::from_secs(10));
-        std::fs::write(&path, "workers = \"many\"\n").unwrap();
-        let err = MessengerConfig::from_file(&path).unwrap_err().to_string();
+        let err = load_error("workers = \"many\"\n");
         assert!(err.contains("workers") && err.contains("many"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `text` read as a configuration file (a temporary one of its own).
+    fn load(text: &str) -> Result<MessengerConfig, ConfigError> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "msgr-cfg-{}-{}.toml",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, text).unwrap();
+        let cfg = MessengerConfig::from_file(&path);
+        std::fs::remove_file(&path).unwrap();
+        cfg
+    }
+
+    /// [`load`]'s error, as printed.
+    fn load_error(text: &str) -> String {
+        load(text).expect_err(text).to_string()
+    }
+
+    /// A file's arrays give a list key its items; a key of one value
+    /// refuses them.
+    #[test]
+    fn file_arrays_set_list_keys() {
+        let cfg = load(
+            "bind = [\"tcp://127.0.0.1:0\", \"tcp://[::1]:0\"]\n\
+             peers = [\"tcp://127.0.0.1:6800\", \"tcp://127.0.0.1:6801\"]\n\
+             security = [\"crc\", \"secure\"]\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.bind.len(), 2);
+        assert_eq!(cfg.peers.len(), 2);
+        let mut want = MessengerConfig::default();
+        want.set("security", "crc,secure").unwrap();
+        assert_eq!(cfg.session.security.modes, want.session.security.modes);
+        let e = load_error("workers = [1, 2]\n");
+        assert!(e.contains("`workers` takes one value, not a list"), "{e}");
+        let e = load_error("peers = [\"tcp://127.0.0.1:1\", \"bogus\"]\n");
+        assert!(e.contains("`bogus`"), "{e}");
+    }
+
+    /// An unquoted string (TOML reads `tcp://…` as a misspelt `true`) is
+    /// refused with the line and how to quote it; an unknown key in a
+    /// file or `set` names the likely one.
+    #[test]
+    fn file_mistakes_say_how_to_fix_them() {
+        let e = load_error("workers = 2\nbind = tcp://127.0.0.1:6800\n");
+        assert!(
+            e.contains("line 2")
+                && e.contains("strings must be quoted: bind = \"tcp://127.0.0.1:6800\"")
+                && !e.contains('\n'),
+            "{e}"
+        );
+        let e = load_error("policy = lossy-client # a comment\n");
+        assert!(
+            e.contains("strings must be quoted: policy = \"lossy-client\""),
+            "{e}"
+        );
+        // Another syntax error gets no such hint.
+        let e = load_error("workers = 2\n[[[\n");
+        assert!(!e.contains("must be quoted"), "{e}");
+        let e = load_error("wokers = 2\n");
+        assert!(e.contains("did you mean `workers`?"), "{e}");
+        let e = MessengerConfig::default()
+            .set("max_data_byte", "1")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "unknown configuration key `max_data_byte`: did you mean `max_data_bytes`?"
+        );
+    }
+
+    /// docs/CONFIG.md is made from [`CONFIG_KEYS`] (name, values, what it
+    /// does): the test fails while they differ, so neither can drift;
+    /// `MSGR_TEST_BLESS=1` writes it anew.
+    #[test]
+    fn config_doc_is_generated_from_the_keys() {
+        let mut doc = String::from(
+            "# Configuration keys\n\n\
+             Generated from `msgr::CONFIG_KEYS` (messenger/src/config.rs), the one table \
+             `MessengerConfig::set`, the environment check and this page come from: \
+             `MSGR_TEST_BLESS=1 cargo test -p msgr --lib config_doc` \
+             writes it again, and the test fails while they differ.\n\n\
+             Each key can be set in code (`MessengerConfig::set`), in a TOML file of \
+             flat `key = value` lines (`MessengerConfig::from_file`, or \
+             `MSGR_CONFIG=path`), or as an environment variable `MSGR_<KEY>` \
+             (`MSGR_WORKERS=2`). A messenger built without `.config(..)` reads \
+             `MSGR_CONFIG` and `MSGR_*` itself (`.without_env()` opts out). In a file, \
+             text is quoted (`bind = \"tcp://127.0.0.1:6800\"`) and a list is a TOML \
+             array (`peers = [\"tcp://10.0.0.2:6800\", \"tcp://10.0.0.3:6800\"]`); \
+             elsewhere a list is comma-separated. Every \
+             value is checked at start and refused with its allowed range; an \
+             unknown key is an error, except the test harness's reserved prefixes \
+             (`MSGR_IN_GUEST`, `MSGR_GUEST_`, `MSGR_STRESS_`, `MSGR_TEST_`).\n\n\
+             | Key | Values | Meaning (default) |\n|---|---|---|\n",
+        );
+        for k in CONFIG_KEYS {
+            doc.push_str(&format!(
+                "| `{}` | {} | {} |\n",
+                k.name,
+                k.values().replace('|', "\\|"),
+                k.doc.replace('|', "\\|")
+            ));
+        }
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/CONFIG.md");
+        if std::env::var_os("MSGR_TEST_BLESS").is_some() {
+            std::fs::write(&path, &doc).unwrap();
+        }
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == doc,
+            "docs/CONFIG.md is not what CONFIG_KEYS says: run with MSGR_TEST_BLESS=1"
+        );
     }
 }

@@ -51,6 +51,8 @@ counters! {
     link_faults,
     /// Links closed for undecodable input (bad CRC, hostile length, bad banner).
     protocol_errors,
+    /// Links closed because a frame's or banner's CRC32C did not match (data corrupted on the way; counted in protocol_errors too).
+    checksum_failures,
     /// Links closed because authentication failed (unknown name, wrong key, a handshake message that did not verify, a name other than the one proved, a mode not allowed).
     auth_failures,
     /// Links closed because a frame on a secure link did not open (altered, truncated, replayed, reordered, or sent in the clear).

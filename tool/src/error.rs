@@ -53,6 +53,16 @@ pub enum ToolError {
         /// What was wrong.
         what: String,
     },
+    /// A stream's server counted other than the messages sent.
+    #[error("stream to {peer} incomplete: {sent} messages sent, {delivered} delivered")]
+    Incomplete {
+        /// The peer.
+        peer: String,
+        /// Messages sent.
+        sent: u64,
+        /// Messages the server counted on this stream.
+        delivered: u64,
+    },
     /// The connection ended while a test was running.
     #[error("connection to {peer} was reset: {reason}")]
     Reset {

@@ -69,8 +69,10 @@ struct Cli {
 enum Cmd {
     /// Run a responder: echoes pings, counts streams; prints counters at the end.
     Serve {
-        /// Address to bind, e.g. tcp://127.0.0.1:6800 (port 0 picks one).
-        addr: String,
+        /// Address to bind, e.g. tcp://127.0.0.1:6800 (port 0 picks one),
+        /// or several (`A,B` or `[A,B]`), each accepting; default: the
+        /// configuration's `bind` (--config FILE, MSGR_BIND).
+        addr: Option<String>,
         /// Stop after this many seconds (default: until Ctrl-C).
         #[arg(long, value_name = "SECS", value_parser = seconds)]
         duration: Option<Duration>,
@@ -289,21 +291,38 @@ fn install_signal_handlers() {
     }
 }
 
-fn serve(cfg: &MessengerConfig, addr: &str, duration: Option<Duration>) -> Result<(), ToolError> {
-    let bind = parse_addr(addr)?;
+fn serve(
+    cfg: &MessengerConfig,
+    addr: Option<&str>,
+    duration: Option<Duration>,
+) -> Result<(), ToolError> {
+    // Without addresses the builder binds the configuration's.
+    let binds = match addr {
+        Some(text) => parse_addrs(text)?.0,
+        None if cfg.bind.is_empty() => {
+            return Err(ToolError::Usage(
+                "serve needs an address: an argument (tcp://127.0.0.1:6800), or `bind` in \
+                 --config FILE or MSGR_BIND"
+                    .into(),
+            ))
+        }
+        None => Vec::new(),
+    };
     install_signal_handlers();
     let responder = Arc::new(Responder::default());
-    let mut m = Messenger::builder(net::server_name())
-        .config(cfg.clone())
-        .bind(bind)
+    let mut m = binds
+        .into_iter()
+        .fold(
+            Messenger::builder(net::server_name()).config(cfg.clone()),
+            |b, a| b.bind(a),
+        )
         .start(responder.clone())?;
-    // Without its nonce: clients may connect to any incarnation at this address.
+    // Without their nonce: clients may connect to any incarnation at these
+    // addresses. One line each, the messenger's own first.
     use std::io::Write;
-    let _ = writeln!(
-        std::io::stdout(),
-        "listening on {}",
-        m.addr().clone().with_nonce(0)
-    );
+    for a in m.addrs().0 {
+        let _ = writeln!(std::io::stdout(), "listening on {}", a.with_nonce(0));
+    }
     eprintln!(
         "serving{}; Ctrl-C prints counters and stops",
         duration.map_or(String::new(), |d| format!(" for {:.1} s", d.as_secs_f64()))
@@ -320,12 +339,13 @@ fn serve(cfg: &MessengerConfig, addr: &str, duration: Option<Duration>) -> Resul
     let mut out = std::io::stdout().lock();
     let written = writeln!(
         out,
-        "# msgr serve: {:.1} s, {} connections accepted, {} pings echoed, {} stream messages ({} bytes), shutdown {:?}",
+        "# msgr serve: {:.1} s, {} connections accepted, {} pings echoed, {} stream messages ({} bytes), {} links closed for checksum mismatches, shutdown {:?}",
         start.elapsed().as_secs_f64(),
         responder.accepted.load(Ordering::Relaxed),
         t.pings,
         t.stream_messages,
         t.stream_bytes,
+        msgr::Counters::get(&m.counters().checksum_failures),
         report
     )
     .and_then(|()| write!(out, "{}", m.counters().prometheus()))
@@ -471,7 +491,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
     let cfg = build_config(&cli)?;
     match cli.cmd {
         Cmd::Backends { .. } | Cmd::Keygen { .. } => Ok(()),
-        Cmd::Serve { addr, duration } => serve(&cfg, &addr, duration),
+        Cmd::Serve { addr, duration } => serve(&cfg, addr.as_deref(), duration),
         Cmd::Ping {
             addr,
             peer,
@@ -621,18 +641,25 @@ fn run(cli: Cli) -> Result<(), ToolError> {
     }
 }
 
-/// A client's target: one address, or an address vector (`A,B` or
-/// `[A,B]`), and the entity that must answer there, if named.
-fn parse_target(text: &str, peer: Option<&str>) -> Result<net::Target, ToolError> {
-    let addrs = if text.starts_with('[') {
+/// One address, or an address vector (`A,B` or `[A,B]`).
+fn parse_addrs(text: &str) -> Result<msgr::AddrVec, ToolError> {
+    if text.starts_with('[') {
         text.parse::<msgr::AddrVec>()
             .map_err(|source| ToolError::Addr {
                 text: text.to_owned(),
                 source,
-            })?
+            })
     } else {
-        msgr::AddrVec(text.split(',').map(parse_addr).collect::<Result<_, _>>()?)
-    };
+        Ok(msgr::AddrVec(
+            text.split(',').map(parse_addr).collect::<Result<_, _>>()?,
+        ))
+    }
+}
+
+/// A client's target: its addresses ([`parse_addrs`]), and the entity
+/// that must answer there, if named.
+fn parse_target(text: &str, peer: Option<&str>) -> Result<net::Target, ToolError> {
+    let addrs = parse_addrs(text)?;
     let peer = peer
         .map(|p| {
             p.parse::<msgr::EntityName>()
@@ -643,8 +670,14 @@ fn parse_target(text: &str, peer: Option<&str>) -> Result<net::Target, ToolError
 }
 
 fn main() {
+    // Warnings by default (RUST_LOG chooses otherwise): a checksum
+    // mismatch or a failed authentication is news, not debug output.
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::builder()
+                .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+                .from_env_lossy(),
+        )
         .with_writer(std::io::stderr)
         .try_init();
     let cli = Cli::parse();

@@ -56,6 +56,18 @@ pub struct Totals {
     pub stream_messages: u64,
     /// Stream payload bytes received.
     pub stream_bytes: u64,
+    /// Stream messages received on the connection the end marker came
+    /// on, since its last end marker: what the sender's stream delivered.
+    pub this_stream: u64,
+}
+
+thread_local! {
+    /// Stream messages per connection (by [`Connection::id`]) since its
+    /// last end marker. A session's callbacks all run on the worker that
+    /// owns it, so each worker thread counts its own connections: no lock
+    /// per message.
+    static STREAMED: std::cell::RefCell<std::collections::HashMap<u64, u64>> =
+        std::cell::RefCell::default();
 }
 
 /// The server side: answers pings, counts streams.
@@ -81,6 +93,7 @@ impl Responder {
             pings: self.pings.load(Ordering::Relaxed),
             stream_messages: self.stream_messages.load(Ordering::Relaxed),
             stream_bytes: self.stream_bytes.load(Ordering::Relaxed),
+            this_stream: 0,
         }
     }
 }
@@ -120,6 +133,7 @@ impl Dispatcher for Responder {
                 let _ = conn.send(reply);
             }
             STREAM => {
+                STREAMED.with(|s| *s.borrow_mut().entry(conn.id()).or_default() += 1);
                 self.stream_messages.fetch_add(1, Ordering::Relaxed);
                 self.stream_bytes
                     .fetch_add(msg.data.len() as u64, Ordering::Relaxed);
@@ -128,7 +142,13 @@ impl Dispatcher for Responder {
                 }
             }
             STREAM_END => {
-                if let Ok(m) = Message::encode(STREAM_DONE, &self.totals()) {
+                let totals = Totals {
+                    this_stream: STREAMED
+                        .with(|s| s.borrow_mut().remove(&conn.id()))
+                        .unwrap_or(0),
+                    ..self.totals()
+                };
+                if let Ok(m) = Message::encode(STREAM_DONE, &totals) {
                     let _ = conn.send(m);
                 }
             }
@@ -140,7 +160,8 @@ impl Dispatcher for Responder {
         self.accepted.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn on_reset(&self, _conn: &Connection, _reason: &FaultReason) {
+    fn on_reset(&self, conn: &Connection, _reason: &FaultReason) {
+        STREAMED.with(|s| s.borrow_mut().remove(&conn.id()));
         self.resets.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -803,6 +824,15 @@ pub fn stream(
     m.shutdown(Duration::from_secs(1));
     let (end, totals) = result?;
     let sent = d.sent.load(Ordering::Relaxed);
+    // Without a reset nothing is lost; a server that counted otherwise
+    // did not get what the run would report as transferred.
+    if totals.this_stream != sent {
+        return Err(ToolError::Incomplete {
+            peer: target.to_string(),
+            sent,
+            delivered: totals.this_stream,
+        });
+    }
     let elapsed = end.duration_since(start).as_secs_f64();
     let mut r = StreamResult::new(opts.size, sent, elapsed);
     r.sender_transport = counters

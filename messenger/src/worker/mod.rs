@@ -947,7 +947,7 @@ impl Worker {
                 TransportEvent::Corrupt(link, err) => {
                     tracing::debug!(link = link.0, error = %err, "link received bytes that do not decode");
                     if first_error(link) {
-                        Counters::add(&self.shared.counters.protocol_errors, 1);
+                        count_protocol_error(&self.shared.counters, &err);
                     }
                     self.link_gone(link, |s, now| s.handle_decode_error(link, err, now), now);
                 }
@@ -1765,8 +1765,9 @@ fn route_reply(conn: &Connection, msg: Message, counters: &Counters) {
 }
 
 /// Counts a link closed for what its peer sent, by kind: every one in
-/// `protocol_errors`, and failed authentication or sealed frames that did
-/// not open in their own counters (logged: who failed is worth a look).
+/// `protocol_errors`, and failed authentication, sealed frames that did
+/// not open and checksum mismatches in their own counters (logged, once
+/// per link: who failed, or what corrupts data, is worth a look).
 fn count_protocol_error(counters: &Counters, e: &msgr_proto::ProtocolError) {
     Counters::add(&counters.protocol_errors, 1);
     match e {
@@ -1777,6 +1778,15 @@ fn count_protocol_error(counters: &Counters, e: &msgr_proto::ProtocolError) {
         msgr_proto::ProtocolError::Record(why) => {
             Counters::add(&counters.sealed_frames_refused, 1);
             tracing::warn!(%why, "a frame on a secure link did not open; link closed");
+        }
+        // Corruption on the way (or a bug): at the default level, not
+        // only in debug output.
+        msgr_proto::ProtocolError::Frame(
+            msgr_proto::FrameError::PreambleCrc { .. } | msgr_proto::FrameError::SegmentCrc { .. },
+        )
+        | msgr_proto::ProtocolError::Banner(msgr_proto::BannerError::Crc) => {
+            Counters::add(&counters.checksum_failures, 1);
+            tracing::warn!(error = %e, "checksum mismatch: link closed");
         }
         _ => {}
     }
