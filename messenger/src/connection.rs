@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use msgr_addr::EntityAddr;
 use msgr_backends::{RealFault, SimulatedFault};
-use msgr_proto::{FaultReason, Message, PeerInfo, Policy};
+use msgr_proto::control::Limits;
+use msgr_proto::{FaultReason, Message, PeerInfo, Policy, TooLarge};
 use parking_lot::Mutex;
 use thiserror::Error;
 
@@ -38,15 +39,8 @@ pub enum SendError {
     /// in the handshake; this side's own `max_front_bytes` and
     /// `max_data_bytes` until the peer is known). Nothing was queued: the
     /// peer could only refuse it (counted in `messages_too_large`).
-    #[error("message {segment} of {len} bytes is more than the peer takes ({max})")]
-    TooLarge {
-        /// Which segment ("front" or "data").
-        segment: &'static str,
-        /// Its length.
-        len: usize,
-        /// The limit.
-        max: u32,
-    },
+    #[error(transparent)]
+    TooLarge(TooLarge),
     /// The worker thread that owns this connection died (a panic, a bug:
     /// `worker_deaths` counts it, the shutdown report says so); the
     /// connection is gone with it.
@@ -487,21 +481,18 @@ impl Connection {
     /// Fails if `msg` is larger than the peer takes.
     fn fits(&self, msg: &Message) -> Result<(), SendError> {
         let i = &self.inner;
-        for (segment, len, limit) in [
-            ("front", msg.front.len(), &i.send_limits[0]),
-            ("data", msg.data.len(), &i.send_limits[1]),
-        ] {
-            let max = limit.load(Ordering::Relaxed);
-            if len > max as usize {
-                Counters::add(&i.shared.counters.messages_too_large, 1);
-                return Err(SendError::TooLarge { segment, len, max });
-            }
-        }
-        Ok(())
+        let limits = Limits {
+            max_front: i.send_limits[0].load(Ordering::Relaxed),
+            max_data: i.send_limits[1].load(Ordering::Relaxed),
+        };
+        limits.check(msg.front.len(), msg.data.len()).map_err(|t| {
+            Counters::add(&i.shared.counters.messages_too_large, 1);
+            SendError::TooLarge(t)
+        })
     }
 
     /// The session's send limits, once the handshake told them (worker).
-    pub(crate) fn publish_send_limits(&self, limits: msgr_proto::control::Limits) {
+    pub(crate) fn publish_send_limits(&self, limits: Limits) {
         let l = &self.inner.send_limits;
         l[0].store(limits.max_front, Ordering::Relaxed);
         l[1].store(limits.max_data, Ordering::Relaxed);

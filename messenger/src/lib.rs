@@ -80,7 +80,7 @@ pub use msgr_backends::{
 };
 pub use msgr_proto::{
     Codec, CodecError, FaultReason, Frame, FrameError, FrameLimits, Message, PeerInfo, Policy,
-    Postcard, ProtocolError, SessionConfig, TypedError, TypedMessage,
+    Postcard, ProtocolError, Segment, SessionConfig, TooLarge, TypedError, TypedMessage,
 };
 pub use rma::{Access, RmaError, RmaFuture, RmaHandle, RmaOp, RmaOptions, RmaRegion};
 pub use worker::affinity::allowed_cpus;

@@ -40,6 +40,7 @@ pub mod stream;
 
 pub use banner::Banner;
 pub use codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
+pub use control::{Segment, TooLarge};
 pub use error::{BannerError, FrameError, ProtocolError};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
 pub use message::Message;

@@ -733,9 +733,8 @@ impl Worker {
                 // The handle checked the limits it knew; the peer's came
                 // with the handshake in between. Not a silent drop: the
                 // session ends and on_reset says why.
-                Err(msgr_proto::SendError::TooLarge { segment, len, max }) => {
-                    slot.session
-                        .abort(FaultReason::TooLarge { segment, len, max });
+                Err(msgr_proto::SendError::TooLarge(t)) => {
+                    slot.session.abort(FaultReason::TooLarge(t));
                     Counters::add(&self.shared.counters.messages_dropped, 1);
                 }
                 Err(e) => {
@@ -1240,7 +1239,7 @@ impl Worker {
                 if reason == FaultReason::KeepaliveTimeout {
                     Counters::add(&c.keepalive_timeouts, 1);
                 }
-                if matches!(reason, FaultReason::TooLarge { .. }) {
+                if matches!(reason, FaultReason::TooLarge(_)) {
                     Counters::add(&c.messages_too_large, 1);
                 }
                 self.report.undelivered += undelivered;
