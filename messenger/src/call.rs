@@ -28,7 +28,7 @@ use msgr_proto::message::REPLY_BIT;
 use msgr_proto::rma::RMA_BIT;
 use msgr_proto::{CodecError, FaultReason, Message, TypedError, TypedMessage};
 
-use crate::connection::SendError;
+use crate::connection::{SendError, SendRejected};
 use crate::Connection;
 
 /// Why a call got no reply.
@@ -46,6 +46,12 @@ pub enum CallError {
     /// The request could not be sent.
     #[error("the request was not sent: {0}")]
     Send(#[from] SendError),
+}
+
+impl<M> From<SendRejected<M>> for CallError {
+    fn from(r: SendRejected<M>) -> CallError {
+        CallError::Send(r.error)
+    }
 }
 
 /// Why a typed call ([`Connection::call_typed`]) failed: one error type for
@@ -255,8 +261,7 @@ impl Connection {
         reply: &Resp,
     ) -> Result<(), TypedCallError> {
         let m = Message::typed(reply)?;
-        self.reply(request, m)
-            .map_err(|e| TypedCallError::Call(CallError::Send(e)))
+        Ok(self.reply(request, m).map_err(CallError::from)?)
     }
 
     /// [`Connection::call_async`] with `mark` in the call id (see
@@ -278,11 +283,15 @@ impl Connection {
 
     /// Answers `request` (a message that came with a call, see
     /// [`Message::call_id`]) with `reply`; the caller's
-    /// [`Connection::call`] returns it.
-    pub fn reply(&self, request: &Message, reply: Message) -> Result<(), SendError> {
+    /// [`Connection::call`] returns it. A refused reply comes back in the
+    /// error (marked as the reply, except for [`SendError::NotARequest`]).
+    pub fn reply(&self, request: &Message, reply: Message) -> Result<(), SendRejected> {
         match request.call_id() {
             Some((_, false)) => self.send(reply.replying_to(request)),
-            _ => Err(SendError::NotARequest),
+            _ => Err(SendRejected {
+                error: SendError::NotARequest,
+                message: reply,
+            }),
         }
     }
 }

@@ -61,6 +61,7 @@ pub use config::{
 };
 pub use connection::{
     ConnectError, Connection, ConnectionState, ConnectionStatus, SendError, SendFuture,
+    SendRejected,
 };
 pub use counters::Counters;
 pub use dispatcher::{Dispatcher, HandlerPanicPolicy, NullDispatcher};

@@ -97,13 +97,12 @@ fn calls_get_their_own_replies_and_others_get_nothing() {
     let rec = Recorder::new();
     assert_eq!(rec.delivered(0), 0);
     // A message that is not a request cannot be replied to.
-    assert!(matches!(
-        conn.reply(
-            &Message::new(1, &b""[..], &b""[..]),
-            Message::new(1, &b""[..], &b""[..])
-        ),
-        Err(msgr::SendError::NotARequest)
-    ));
+    let answer = Message::new(2, &b"answer"[..], &b""[..]);
+    let refused = conn
+        .reply(&Message::new(1, &b""[..], &b""[..]), answer.clone())
+        .expect_err("not a request");
+    assert_eq!(refused.error, msgr::SendError::NotARequest);
+    assert_eq!(refused.message, answer, "the reply comes back unchanged");
     cli.shutdown(Duration::from_secs(2));
     srv.shutdown(Duration::from_secs(2));
 }

@@ -34,15 +34,17 @@ fn a_message_too_large_for_the_peer_is_refused_at_send_and_never_replayed() {
     assert!(wait_until(Duration::from_secs(10), || conn.state()
         == ConnectionState::Open));
     send(&conn, probe_message(1, 1, 100));
-    let r = conn.send(probe_message(1, 2, 2048));
+    let big = probe_message(1, 2, 2048);
+    let refused = conn.send(big.clone()).expect_err("too large");
     assert_eq!(
-        r,
-        Err(SendError::TooLarge(TooLarge {
+        refused.error,
+        SendError::TooLarge(TooLarge {
             segment: Segment::Data,
             len: 2048,
             max: PEER_MAX_DATA
-        }))
+        })
     );
+    assert_eq!(refused.message, big, "the message comes back unchanged");
     send(&conn, probe_message(1, 2, 1000));
     assert!(wait_until(Duration::from_secs(10), || srv_rec.delivered(1) == 2));
     assert_eq!(cli.counters().messages_too_large.load(Ordering::Relaxed), 1);

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use msgr::{ConnectError, Connection, Dispatcher, EntityAddr, FaultReason, Message, Policy};
+use msgr::{
+    ConnectError, Connection, Dispatcher, EntityAddr, FaultReason, Message, Policy, SendError,
+};
 
 #[derive(Default)]
 struct Watcher {
@@ -117,5 +119,22 @@ fn connect_timeout_ends_a_connection_that_never_opened() {
         1,
         "the queued message is reported"
     );
+    m.shutdown(Duration::from_secs(1));
+}
+
+/// A send that waits for room and gets none gives its message back (a
+/// connection that never opens never releases its queue).
+#[test]
+fn send_timeout_gives_the_message_back() {
+    let mut cfg = fast_config();
+    cfg.session.max_queued_messages = 1;
+    let mut m = client(cfg, Arc::new(Watcher::default()));
+    let conn = m.connect_with(&nobody(), Policy::LosslessClient).unwrap();
+    conn.send(Message::new(1, &b"first"[..], &b""[..])).unwrap();
+    let second = Message::new(1, &b"second"[..], &b""[..]);
+    let wait = Duration::from_millis(50);
+    let refused = conn.send_timeout(second.clone(), wait).unwrap_err();
+    assert_eq!(refused.error, SendError::Timeout(wait));
+    assert_eq!(refused.message, second, "the message comes back unchanged");
     m.shutdown(Duration::from_secs(1));
 }
