@@ -115,7 +115,14 @@ fn a_slow_reply_times_the_call_out_and_is_dropped_when_it_comes() {
         Message::new(2, &b"slow"[..], &b""[..]),
         Duration::from_millis(50),
     );
-    assert_eq!(r.err(), Some(CallError::Timeout(Duration::from_millis(50))));
+    assert_eq!(
+        r.err(),
+        Some(CallError::Timeout {
+            after: Duration::from_millis(50),
+            last_fault: None
+        }),
+        "open: no link failure to tell"
+    );
     ans.gate.open();
     assert!(wait_until(Duration::from_secs(30), || cli
         .counters()
@@ -259,7 +266,10 @@ fn async_send_waits_for_room_and_streams_deliver() {
             .await;
         assert_eq!(
             r.err(),
-            Some(CallError::Timeout(Duration::from_millis(100)))
+            Some(CallError::Timeout {
+                after: Duration::from_millis(100),
+                last_fault: None
+            })
         );
         // The request itself arrived (in the common queue, now).
         let (_, req) = srv_inbox.recv_async().await.unwrap();

@@ -1639,7 +1639,7 @@ impl Worker {
             }
             self.call_deadlines.pop();
             if let Some(s) = self.sessions.get(&key) {
-                s.conn.inner.calls.expire(id);
+                s.conn.expire_call(id);
             }
         }
         self.next_timer = next;
