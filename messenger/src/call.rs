@@ -28,7 +28,7 @@ use msgr_proto::message::REPLY_BIT;
 use msgr_proto::rma::RMA_BIT;
 use msgr_proto::{CodecError, FaultReason, Message, TypedError, TypedMessage};
 
-use crate::connection::SendError;
+use crate::connection::{SendError, SendRejected};
 use crate::Connection;
 
 /// Why a call got no reply.
@@ -37,8 +37,16 @@ use crate::Connection;
 pub enum CallError {
     /// No reply within the call's timeout (a reply that comes later is
     /// dropped and counted in `late_replies`).
-    #[error("no reply within {0:?}")]
-    Timeout(Duration),
+    #[error("no reply within {after:?}{}", .last_fault.as_ref().map_or(String::new(), |r| format!(" (not connected; last: {r})")))]
+    Timeout {
+        /// The call's timeout.
+        after: Duration,
+        /// Why the connection's last link failed, where it was not open
+        /// at the deadline (still connecting, or reconnecting): the likely
+        /// reason the request never reached the peer (as
+        /// [`crate::ConnectError::Timeout`] tells it).
+        last_fault: Option<FaultReason>,
+    },
     /// The connection was reset before the reply came: the request may or
     /// may not have been handled.
     #[error("the connection was reset: {0}")]
@@ -46,6 +54,16 @@ pub enum CallError {
     /// The request could not be sent.
     #[error("the request was not sent: {0}")]
     Send(#[from] SendError),
+    /// A [`CallFuture`] was polled again after it had completed: its
+    /// outcome was given already (a bug in the caller, but no panic).
+    #[error("the call's future was polled after it completed")]
+    Finished,
+}
+
+impl<M> From<SendRejected<M>> for CallError {
+    fn from(r: SendRejected<M>) -> CallError {
+        CallError::Send(r.error)
+    }
 }
 
 /// Why a typed call ([`Connection::call_typed`]) failed: one error type for
@@ -131,11 +149,12 @@ impl PendingCalls {
         }
     }
 
-    /// The call's deadline passed (worker, for async calls).
-    pub(crate) fn expire(&self, id: u64) {
+    /// The call's deadline passed (worker, for async calls): it fails
+    /// with `timed_out` of its timeout.
+    fn expire(&self, id: u64, timed_out: impl FnOnce(Duration) -> CallError) {
         let slot = self.slots.lock().expect("pending calls").remove(&id);
         if let Some((s, timeout)) = slot {
-            s.complete(Err(CallError::Timeout(timeout)));
+            s.complete(Err(timed_out(timeout)));
         }
     }
 
@@ -149,6 +168,25 @@ impl PendingCalls {
 }
 
 impl Connection {
+    /// Call `id`'s deadline passed (worker, for async calls).
+    pub(crate) fn expire_call(&self, id: u64) {
+        self.inner
+            .calls
+            .expire(id, |after| self.call_timed_out(after));
+    }
+
+    /// A call of timeout `after` got no reply in time: with why the link
+    /// failed if the connection is not open now.
+    fn call_timed_out(&self, after: Duration) -> CallError {
+        let st = self.status();
+        CallError::Timeout {
+            after,
+            last_fault: st
+                .last_fault
+                .filter(|_| st.state != crate::ConnectionState::Open),
+        }
+    }
+
     /// Sends `request` and waits for the peer's [`Connection::reply`] to
     /// it, at most `timeout` (sending included: a full send queue counts
     /// against it). Blocks the calling thread: not from a dispatcher
@@ -193,7 +231,7 @@ impl Connection {
                 calls.forget(id);
                 // A reply may have landed between the wait and the forget.
                 let late = slot.state.lock().expect("call slot").outcome.take();
-                return late.unwrap_or(Err(CallError::Timeout(timeout)));
+                return late.unwrap_or_else(|| Err(self.call_timed_out(timeout)));
             }
             s = slot.ready.wait_timeout(s, left).expect("call slot").0;
         }
@@ -255,8 +293,7 @@ impl Connection {
         reply: &Resp,
     ) -> Result<(), TypedCallError> {
         let m = Message::typed(reply)?;
-        self.reply(request, m)
-            .map_err(|e| TypedCallError::Call(CallError::Send(e)))
+        Ok(self.reply(request, m).map_err(CallError::from)?)
     }
 
     /// [`Connection::call_async`] with `mark` in the call id (see
@@ -278,16 +315,21 @@ impl Connection {
 
     /// Answers `request` (a message that came with a call, see
     /// [`Message::call_id`]) with `reply`; the caller's
-    /// [`Connection::call`] returns it.
-    pub fn reply(&self, request: &Message, reply: Message) -> Result<(), SendError> {
+    /// [`Connection::call`] returns it. A refused reply comes back in the
+    /// error (marked as the reply, except for [`SendError::NotARequest`]).
+    pub fn reply(&self, request: &Message, reply: Message) -> Result<(), SendRejected> {
         match request.call_id() {
             Some((_, false)) => self.send(reply.replying_to(request)),
-            _ => Err(SendError::NotARequest),
+            _ => Err(SendRejected {
+                error: SendError::NotARequest,
+                message: reply,
+            }),
         }
     }
 }
 
-/// The future of [`Connection::call_async`].
+/// The future of [`Connection::call_async`]. Polled again after it
+/// completed, it is ready with [`CallError::Finished`].
 pub struct CallFuture {
     conn: Connection,
     request: Option<Message>,
@@ -332,7 +374,7 @@ impl Future for CallFuture {
             }
         }
         let Some((_, slot)) = &this.call else {
-            return Poll::Ready(Err(CallError::Send(SendError::Closed)));
+            return Poll::Ready(Err(CallError::Finished));
         };
         let slot = slot.clone();
         poll_slot(&slot, cx).map(|o| {

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use msgr_addr::EntityAddr;
 use msgr_backends::{RealFault, SimulatedFault};
-use msgr_proto::{FaultReason, Message, PeerInfo, Policy};
+use msgr_proto::control::Limits;
+use msgr_proto::{FaultReason, Message, PeerInfo, Policy, TooLarge};
 use parking_lot::Mutex;
 use thiserror::Error;
 
@@ -38,15 +39,8 @@ pub enum SendError {
     /// in the handshake; this side's own `max_front_bytes` and
     /// `max_data_bytes` until the peer is known). Nothing was queued: the
     /// peer could only refuse it (counted in `messages_too_large`).
-    #[error("message {segment} of {len} bytes is more than the peer takes ({max})")]
-    TooLarge {
-        /// Which segment ("front" or "data").
-        segment: &'static str,
-        /// Its length.
-        len: usize,
-        /// The limit.
-        max: u32,
-    },
+    #[error(transparent)]
+    TooLarge(TooLarge),
     /// The worker thread that owns this connection died (a panic, a bug:
     /// `worker_deaths` counts it, the shutdown report says so); the
     /// connection is gone with it.
@@ -56,6 +50,70 @@ pub enum SendError {
     /// without a call, or is itself a reply).
     #[error("the message answered is not a request")]
     NotARequest,
+}
+
+/// A send that was refused, with what it refused: the message (a batch's
+/// messages, for [`Connection::send_batch`]) comes back unchanged, to send
+/// again later, elsewhere, or to drop — as `std::sync::mpsc::SendError`
+/// gives its value back. Its `Display` is the [`SendError`]'s, and `?`
+/// turns it into that [`SendError`] (dropping the message), a
+/// [`crate::CallError`], or a boxed error.
+///
+/// ```no_run
+/// use msgr::{Connection, Message, SendError, SendRejected};
+///
+/// /// Sends `msg`, keeping it for later if the queue is full.
+/// fn send_or_keep(conn: &Connection, msg: Message, later: &mut Vec<Message>) -> Result<(), SendError> {
+///     match conn.send(msg) {
+///         Ok(()) => Ok(()),
+///         Err(SendRejected { error: SendError::QueueFull { .. }, message }) => {
+///             later.push(message);
+///             Ok(())
+///         }
+///         Err(other) => Err(other.into()),
+///     }
+/// }
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct SendRejected<M = Message> {
+    /// Why it was refused.
+    pub error: SendError,
+    /// What was refused, given back.
+    pub message: M,
+}
+
+impl<M> SendRejected<M> {
+    /// The message refused.
+    pub fn into_message(self) -> M {
+        self.message
+    }
+}
+
+/// The error only: a message's bytes are no debugging aid (and may be large).
+impl<M> std::fmt::Debug for SendRejected<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendRejected")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M> std::fmt::Display for SendRejected<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<M> std::error::Error for SendRejected<M> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}
+
+impl<M> From<SendRejected<M>> for SendError {
+    fn from(r: SendRejected<M>) -> SendError {
+        r.error
+    }
 }
 
 const STATE_CONNECTING: u8 = 0;
@@ -333,15 +391,15 @@ impl Connection {
 
     /// Queues a message for the peer. It is sent in order after everything sent
     /// before on this connection; on a lossless connection it is delivered
-    /// exactly once even across transport faults. Never blocks.
-    pub fn send(&self, msg: Message) -> Result<(), SendError> {
-        // One load on the path every message takes: a dead worker's
-        // connections are marked closed when it dies (`worker::run_guarded`).
-        if self.inner.state.load(Ordering::Acquire) == STATE_CLOSED {
-            return Err(self.closed_error());
+    /// exactly once even across transport faults. Never blocks. A refused
+    /// message comes back in the error ([`SendRejected`]).
+    pub fn send(&self, msg: Message) -> Result<(), SendRejected> {
+        if let Err(error) = self.admit(std::slice::from_ref(&msg)) {
+            return Err(SendRejected {
+                error,
+                message: msg,
+            });
         }
-        self.fits(&msg)?;
-        self.reserve(1, msg.payload_len() as u64)?;
         self.inner.dispatch(Command::Send {
             key: self.inner.key,
             msg,
@@ -352,8 +410,8 @@ impl Connection {
     /// Queues several messages at once, in order: one queue reservation, one
     /// hand-off to the worker and at most one wake-up for all of them — the way
     /// to reach high message rates from an application thread. All or none: if
-    /// they do not all fit, nothing is queued and [`SendError::QueueFull`] says
-    /// how full the queue is.
+    /// they do not all fit, nothing is queued, [`SendError::QueueFull`] says
+    /// how full the queue is and the batch comes back whole.
     ///
     /// ```no_run
     /// # fn f(conn: &msgr::Connection) -> Result<(), msgr::SendError> {
@@ -362,23 +420,39 @@ impl Connection {
     /// conn.send_batch(batch)?;
     /// # Ok(()) }
     /// ```
-    pub fn send_batch(&self, msgs: Vec<Message>) -> Result<(), SendError> {
+    pub fn send_batch(&self, msgs: Vec<Message>) -> Result<(), SendRejected<Vec<Message>>> {
+        if let Err(error) = self.admit(&msgs) {
+            return Err(SendRejected {
+                error,
+                message: msgs,
+            });
+        }
+        if !msgs.is_empty() {
+            self.inner.dispatch(Command::SendBatch {
+                key: self.inner.key,
+                msgs,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `msgs` may be queued now, all of them: the connection is not
+    /// closed, each fits the peer's limits, and the queue has room (which
+    /// is then reserved for them).
+    fn admit(&self, msgs: &[Message]) -> Result<(), SendError> {
+        // One load on the path every message takes: a dead worker's
+        // connections are marked closed when it dies (`worker::run_guarded`).
         if self.inner.state.load(Ordering::Acquire) == STATE_CLOSED {
             return Err(self.closed_error());
         }
         if msgs.is_empty() {
             return Ok(());
         }
-        for m in &msgs {
+        for m in msgs {
             self.fits(m)?;
         }
         let bytes = msgs.iter().map(|m| m.payload_len() as u64).sum();
-        self.reserve(msgs.len() as u64, bytes)?;
-        self.inner.dispatch(Command::SendBatch {
-            key: self.inner.key,
-            msgs,
-        });
-        Ok(())
+        self.reserve(msgs.len() as u64, bytes)
     }
 
     /// Waits until the connection is established, at most `timeout`.
@@ -419,8 +493,9 @@ impl Connection {
     }
 
     /// Like [`Connection::send`], but waits up to `timeout` for room in the
-    /// send queue.
-    pub fn send_timeout(&self, msg: Message, timeout: Duration) -> Result<(), SendError> {
+    /// send queue ([`SendError::Timeout`] if none came; the message comes
+    /// back).
+    pub fn send_timeout(&self, msg: Message, timeout: Duration) -> Result<(), SendRejected> {
         let deadline = Instant::now() + timeout;
         // Woken by the worker when it releases messages (as `send_async`
         // is), not by polling: a sleep per full queue cost 8 callers of
@@ -434,7 +509,10 @@ impl Connection {
             };
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(SendError::Timeout(timeout));
+                return Err(SendRejected {
+                    error: SendError::Timeout(timeout),
+                    message: back,
+                });
             }
             // Looked at again within 5 ms whatever happens (a connection
             // that closes releases nothing).
@@ -446,7 +524,9 @@ impl Connection {
     /// Queues `msg` without blocking, waiting for room in the queue where
     /// [`Connection::send`] would say [`SendError::QueueFull`]: the worker
     /// wakes the future when it releases messages. For async code on any
-    /// executor.
+    /// executor. A refused message comes back in the error. Polled again
+    /// once it has completed, the future is ready with `Ok(())` and sends
+    /// nothing.
     ///
     /// ```no_run
     /// # async fn demo(conn: msgr::Connection) -> Result<(), msgr::SendError> {
@@ -468,15 +548,21 @@ impl Connection {
         &self,
         msg: Message,
         cx: &mut std::task::Context<'_>,
-    ) -> Result<Option<Message>, SendError> {
-        match self.send(msg.clone()) {
-            Err(SendError::QueueFull { .. }) => {}
+    ) -> Result<Option<Message>, SendRejected> {
+        let msg = match self.send(msg) {
+            Err(SendRejected {
+                error: SendError::QueueFull { .. },
+                message,
+            }) => message,
             other => return other.map(|()| None),
-        }
+        };
         self.inner.room.register(cx.waker());
         // Room may have come before the waker was in place: look again.
-        match self.send(msg.clone()) {
-            Err(SendError::QueueFull { .. }) => Ok(Some(msg)),
+        match self.send(msg) {
+            Err(SendRejected {
+                error: SendError::QueueFull { .. },
+                message,
+            }) => Ok(Some(message)),
             other => other.map(|()| None),
         }
     }
@@ -493,21 +579,18 @@ impl Connection {
     /// Fails if `msg` is larger than the peer takes.
     fn fits(&self, msg: &Message) -> Result<(), SendError> {
         let i = &self.inner;
-        for (segment, len, limit) in [
-            ("front", msg.front.len(), &i.send_limits[0]),
-            ("data", msg.data.len(), &i.send_limits[1]),
-        ] {
-            let max = limit.load(Ordering::Relaxed);
-            if len > max as usize {
-                Counters::add(&i.shared.counters.messages_too_large, 1);
-                return Err(SendError::TooLarge { segment, len, max });
-            }
-        }
-        Ok(())
+        let limits = Limits {
+            max_front: i.send_limits[0].load(Ordering::Relaxed),
+            max_data: i.send_limits[1].load(Ordering::Relaxed),
+        };
+        limits.check(msg.front.len(), msg.data.len()).map_err(|t| {
+            Counters::add(&i.shared.counters.messages_too_large, 1);
+            SendError::TooLarge(t)
+        })
     }
 
     /// The session's send limits, once the handshake told them (worker).
-    pub(crate) fn publish_send_limits(&self, limits: msgr_proto::control::Limits) {
+    pub(crate) fn publish_send_limits(&self, limits: Limits) {
         let l = &self.inner.send_limits;
         l[0].store(limits.max_front, Ordering::Relaxed);
         l[1].store(limits.max_data, Ordering::Relaxed);
@@ -726,7 +809,7 @@ pub struct SendFuture {
 }
 
 impl std::future::Future for SendFuture {
-    type Output = Result<(), SendError>;
+    type Output = Result<(), SendRejected>;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,

@@ -4,7 +4,9 @@
 //! - [`Messenger`]: bind to a typed address, connect to peers, shut down.
 //! - [`Connection`]: send to one peer; lossy or lossless per [`Policy`].
 //! - [`Dispatcher`]: receive messages and connection events.
-//! - [`Message`]: header + front + data; typed payloads through serde (postcard).
+//! - [`Message`]: header + front + data; typed payloads through serde: a
+//!   [`Codec`], [`Postcard`] by default, `Bincode` with the feature
+//!   `bincode` (see [`Codec`] for which to pick).
 //! - [`MessengerConfig`]: every tunable, from code, a TOML file or `MSGR_*` variables.
 //! - [`Counters`]: what happened, from the API or as Prometheus text.
 //!
@@ -61,6 +63,7 @@ pub use config::{
 };
 pub use connection::{
     ConnectError, Connection, ConnectionState, ConnectionStatus, SendError, SendFuture,
+    SendRejected,
 };
 pub use counters::Counters;
 pub use dispatcher::{Dispatcher, HandlerPanicPolicy, NullDispatcher};
@@ -78,9 +81,11 @@ pub use msgr_backends::{
     availability, rendezvous_withheld, Availability, FabricCqWait, FabricRendezvous,
     RdmaPoolConfig, RealFault, SimulatedFault, TransportError, TransportStats,
 };
+#[cfg(feature = "bincode")]
+pub use msgr_proto::Bincode;
 pub use msgr_proto::{
     Codec, CodecError, FaultReason, Frame, FrameError, FrameLimits, Message, PeerInfo, Policy,
-    Postcard, ProtocolError, SessionConfig, TypedError, TypedMessage,
+    Postcard, ProtocolError, Segment, SessionConfig, TooLarge, TypedError, TypedMessage,
 };
 pub use rma::{Access, RmaError, RmaFuture, RmaHandle, RmaOp, RmaOptions, RmaRegion};
 pub use worker::affinity::allowed_cpus;

@@ -792,7 +792,7 @@ impl Messenger {
         for c in self.connections() {
             match c.send(msg.clone()) {
                 Ok(()) => r.sent += 1,
-                Err(e) => r.refused.push((c, e)),
+                Err(e) => r.refused.push((c, e.error)),
             }
         }
         r

@@ -693,7 +693,10 @@ fn a_message_too_large_for_the_peer_is_refused(addr: &str) {
     conn.wait_connected(Duration::from_secs(10)).unwrap();
     assert!(matches!(
         conn.send(probe_message(1, 1, 2048)),
-        Err(msgr::SendError::TooLarge { max: 1024, .. })
+        Err(msgr::SendRejected {
+            error: msgr::SendError::TooLarge(msgr::TooLarge { max: 1024, .. }),
+            ..
+        })
     ));
     send(&conn, probe_message(1, 1, 1000));
     assert!(wait_until(Duration::from_secs(10), || rec.delivered(1) == 1));

@@ -97,13 +97,12 @@ fn calls_get_their_own_replies_and_others_get_nothing() {
     let rec = Recorder::new();
     assert_eq!(rec.delivered(0), 0);
     // A message that is not a request cannot be replied to.
-    assert!(matches!(
-        conn.reply(
-            &Message::new(1, &b""[..], &b""[..]),
-            Message::new(1, &b""[..], &b""[..])
-        ),
-        Err(msgr::SendError::NotARequest)
-    ));
+    let answer = Message::new(2, &b"answer"[..], &b""[..]);
+    let refused = conn
+        .reply(&Message::new(1, &b""[..], &b""[..]), answer.clone())
+        .expect_err("not a request");
+    assert_eq!(refused.error, msgr::SendError::NotARequest);
+    assert_eq!(refused.message, answer, "the reply comes back unchanged");
     cli.shutdown(Duration::from_secs(2));
     srv.shutdown(Duration::from_secs(2));
 }
@@ -116,7 +115,14 @@ fn a_slow_reply_times_the_call_out_and_is_dropped_when_it_comes() {
         Message::new(2, &b"slow"[..], &b""[..]),
         Duration::from_millis(50),
     );
-    assert_eq!(r.err(), Some(CallError::Timeout(Duration::from_millis(50))));
+    assert_eq!(
+        r.err(),
+        Some(CallError::Timeout {
+            after: Duration::from_millis(50),
+            last_fault: None
+        }),
+        "open: no link failure to tell"
+    );
     ans.gate.open();
     assert!(wait_until(Duration::from_secs(30), || cli
         .counters()
@@ -260,7 +266,10 @@ fn async_send_waits_for_room_and_streams_deliver() {
             .await;
         assert_eq!(
             r.err(),
-            Some(CallError::Timeout(Duration::from_millis(100)))
+            Some(CallError::Timeout {
+                after: Duration::from_millis(100),
+                last_fault: None
+            })
         );
         // The request itself arrived (in the common queue, now).
         let (_, req) = srv_inbox.recv_async().await.unwrap();

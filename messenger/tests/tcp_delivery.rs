@@ -475,14 +475,18 @@ fn send_batch_orders_and_bounds() {
                 probe_message(1, n, 64)
             })
             .collect();
+        // A refused batch comes back whole, to be sent again as it is.
         let mut batch = Some(batch);
         assert!(wait_until(Duration::from_secs(10), || {
-            match conn.send_batch(batch.clone().unwrap()) {
-                Ok(()) => {
-                    batch = None;
-                    true
+            match conn.send_batch(batch.take().expect("a batch to send")) {
+                Ok(()) => true,
+                Err(msgr::SendRejected {
+                    error: msgr::SendError::QueueFull { .. },
+                    message,
+                }) => {
+                    batch = Some(message);
+                    false
                 }
-                Err(msgr::SendError::QueueFull { .. }) => false,
                 Err(e) => panic!("{e}"),
             }
         }));
@@ -495,10 +499,12 @@ fn send_batch_orders_and_bounds() {
     rec.assert_clean();
     // A batch larger than the whole bound can never fit: refused, nothing queued.
     let huge: Vec<_> = (0..1001).map(|i| probe_message(2, i + 1, 1)).collect();
-    assert!(matches!(
-        conn.send_batch(huge),
-        Err(msgr::SendError::QueueFull { .. })
-    ));
+    let refused = conn.send_batch(huge.clone()).expect_err("over the bound");
+    assert!(
+        matches!(refused.error, msgr::SendError::QueueFull { .. }),
+        "{refused}"
+    );
+    assert_eq!(refused.message, huge, "the batch comes back unchanged");
     assert!(wait_until(Duration::from_secs(10), || conn.queued() == (0, 0)));
     assert_eq!(rec.delivered(2), 0);
     cli.shutdown(Duration::from_secs(5));

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
-use msgr::{ConnectionState, FaultReason, Messenger, SendError};
+use msgr::{ConnectionState, FaultReason, Messenger, Segment, SendError, TooLarge};
 
 const PEER_MAX_DATA: u32 = 1024;
 
@@ -34,15 +34,17 @@ fn a_message_too_large_for_the_peer_is_refused_at_send_and_never_replayed() {
     assert!(wait_until(Duration::from_secs(10), || conn.state()
         == ConnectionState::Open));
     send(&conn, probe_message(1, 1, 100));
-    let r = conn.send(probe_message(1, 2, 2048));
+    let big = probe_message(1, 2, 2048);
+    let refused = conn.send(big.clone()).expect_err("too large");
     assert_eq!(
-        r,
-        Err(SendError::TooLarge {
-            segment: "data",
+        refused.error,
+        SendError::TooLarge(TooLarge {
+            segment: Segment::Data,
             len: 2048,
             max: PEER_MAX_DATA
         })
     );
+    assert_eq!(refused.message, big, "the message comes back unchanged");
     send(&conn, probe_message(1, 2, 1000));
     assert!(wait_until(Duration::from_secs(10), || srv_rec.delivered(1) == 2));
     assert_eq!(cli.counters().messages_too_large.load(Ordering::Relaxed), 1);
@@ -62,11 +64,11 @@ fn a_message_too_large_for_the_peer_is_refused_at_send_and_never_replayed() {
         "the session ended"
     );
     let resets = rec2.resets.lock().unwrap().clone();
-    let want = FaultReason::TooLarge {
-        segment: "data",
+    let want = FaultReason::TooLarge(TooLarge {
+        segment: Segment::Data,
         len: 4096,
         max: PEER_MAX_DATA,
-    };
+    });
     assert_eq!(resets[0].1, want.to_string(), "{resets:?}");
     assert_eq!(conn2.state(), ConnectionState::Closed);
 

@@ -4,12 +4,18 @@
 
 mod common;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use common::*;
-use msgr::{ConnectError, Connection, Dispatcher, EntityAddr, FaultReason, Message, Policy};
+use msgr::{
+    CallError, ConnectError, Connection, Dispatcher, EntityAddr, FaultReason, Message, Policy,
+    SendError,
+};
 
 #[derive(Default)]
 struct Watcher {
@@ -116,6 +122,68 @@ fn connect_timeout_ends_a_connection_that_never_opened() {
         m.counters().messages_dropped.load(Ordering::Relaxed),
         1,
         "the queued message is reported"
+    );
+    m.shutdown(Duration::from_secs(1));
+}
+
+/// A send that waits for room and gets none gives its message back (a
+/// connection that never opens never releases its queue).
+#[test]
+fn send_timeout_gives_the_message_back() {
+    let mut cfg = fast_config();
+    cfg.session.max_queued_messages = 1;
+    let mut m = client(cfg, Arc::new(Watcher::default()));
+    let conn = m.connect_with(&nobody(), Policy::LosslessClient).unwrap();
+    conn.send(Message::new(1, &b"first"[..], &b""[..])).unwrap();
+    let second = Message::new(1, &b"second"[..], &b""[..]);
+    let wait = Duration::from_millis(50);
+    let refused = conn.send_timeout(second.clone(), wait).unwrap_err();
+    assert_eq!(refused.error, SendError::Timeout(wait));
+    assert_eq!(refused.message, second, "the message comes back unchanged");
+    m.shutdown(Duration::from_secs(1));
+}
+
+/// A call on a connection that never opened says why when it times out —
+/// the link's failure, as `wait_connected` does — sync or async; its
+/// future, polled again once it has completed, says it is finished.
+#[test]
+fn a_call_that_times_out_unconnected_says_why() {
+    let mut m = client(fast_config(), Arc::new(Watcher::default()));
+    let conn = m.connect_with(&nobody(), Policy::LosslessClient).unwrap();
+    // The cause is known before the call starts (no race with the first dial).
+    assert!(wait_until(Duration::from_secs(10), || conn
+        .status()
+        .last_fault
+        .is_some()));
+    let refused = |e: &CallError| {
+        matches!(e, CallError::Timeout {
+            last_fault: Some(FaultReason::Transport(why)),
+            ..
+        } if why.contains("refused"))
+    };
+    let request = || Message::new(1, &b"?"[..], &b""[..]);
+    let e = conn
+        .call(request(), Duration::from_millis(100))
+        .unwrap_err();
+    assert!(refused(&e), "{e:?}");
+    assert!(e.to_string().contains("refused"), "{e}");
+
+    let mut call = conn.call_async(request(), Duration::from_millis(100));
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut outcome = None;
+    assert!(wait_until(Duration::from_secs(10), || {
+        match Pin::new(&mut call).poll(&mut cx) {
+            Poll::Ready(o) => outcome = Some(o),
+            Poll::Pending => {}
+        }
+        outcome.is_some()
+    }));
+    let e = outcome.unwrap().unwrap_err();
+    assert!(refused(&e), "{e:?}");
+    assert_eq!(
+        Pin::new(&mut call).poll(&mut cx),
+        Poll::Ready(Err(CallError::Finished)),
+        "polled again: finished, not a made-up send failure"
     );
     m.shutdown(Duration::from_secs(1));
 }

@@ -960,7 +960,10 @@ fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
     conn.wait_connected(Duration::from_secs(30))
         .map_err(|e| format!("poison: {e}"))?;
     match conn.send(message(7, 1, 128 << 10)) {
-        Err(msgr::SendError::TooLarge { max: 65536, .. }) => {}
+        Err(msgr::SendRejected {
+            error: msgr::SendError::TooLarge(msgr::TooLarge { max: 65536, .. }),
+            ..
+        }) => {}
         other => return Err(format!("poison: a 128 KiB message: {other:?}")),
     }
     let (mut early, early_rec) = client(31, config())?;

@@ -73,6 +73,13 @@ pub enum ToolError {
     },
 }
 
+/// A refused send: the tool has no use for the message it gives back.
+impl<M> From<msgr::SendRejected<M>> for ToolError {
+    fn from(r: msgr::SendRejected<M>) -> ToolError {
+        ToolError::Send(r.error)
+    }
+}
+
 impl ToolError {
     /// Exit code: 2 for bad input (like clap's usage errors), 1 otherwise.
     pub fn exit_code(&self) -> i32 {

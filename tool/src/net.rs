@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use msgr::{
     Connection, ConnectionState, Dispatcher, EntityAddr, EntityName, FaultReason, Message,
-    Messenger, MessengerConfig, SendError,
+    Messenger, MessengerConfig, SendError, SendRejected,
 };
 use serde::{Deserialize, Serialize};
 
@@ -285,25 +285,29 @@ fn connect(
 /// Sends from a non-callback thread, backing off while the queue is full.
 pub fn send_blocking(conn: &Connection, msg: Message, deadline: Instant) -> Result<(), ToolError> {
     let mut tries = 0u32;
+    let mut msg = msg;
     loop {
-        match conn.send(msg.clone()) {
+        let back = match conn.send(msg) {
             Ok(()) => return Ok(()),
-            Err(SendError::QueueFull { .. }) if Instant::now() < deadline => {
-                tries += 1;
-                if tries < 8 {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-            }
-            Err(SendError::QueueFull { .. }) => {
-                return Err(ToolError::Timeout {
-                    what: "waiting for room in the send queue".into(),
-                    after: Duration::ZERO,
-                })
-            }
+            Err(SendRejected {
+                error: SendError::QueueFull { .. },
+                message,
+            }) => message,
             Err(e) => return Err(e.into()),
+        };
+        if Instant::now() >= deadline {
+            return Err(ToolError::Timeout {
+                what: "waiting for room in the send queue".into(),
+                after: Duration::ZERO,
+            });
         }
+        tries += 1;
+        if tries < 8 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        msg = back;
     }
 }
 

@@ -54,15 +54,48 @@ impl Limits {
 
     /// Whether a message with these segment lengths fits; if not, which
     /// segment does not, its length and the limit.
-    pub fn check(&self, front: usize, data: usize) -> Result<(), (&'static str, usize, u32)> {
-        if front > self.max_front as usize {
-            return Err(("front", front, self.max_front));
-        }
-        if data > self.max_data as usize {
-            return Err(("data", data, self.max_data));
+    pub fn check(&self, front: usize, data: usize) -> Result<(), TooLarge> {
+        for (segment, len, max) in [
+            (Segment::Front, front, self.max_front),
+            (Segment::Data, data, self.max_data),
+        ] {
+            if len > max as usize {
+                return Err(TooLarge { segment, len, max });
+            }
         }
         Ok(())
     }
+}
+
+/// One of a message's two payload segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Segment {
+    /// The front segment (typically the encoded typed payload).
+    Front,
+    /// The data segment (bulk bytes).
+    Data,
+}
+
+impl std::fmt::Display for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Segment::Front => "front",
+            Segment::Data => "data",
+        })
+    }
+}
+
+/// A message segment is larger than the peer accepts (its [`Limits`]):
+/// why a send is refused, or a session that queued it ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("message {segment} of {len} bytes is more than the peer takes ({max})")]
+pub struct TooLarge {
+    /// Which segment.
+    pub segment: Segment,
+    /// Its length in bytes.
+    pub len: usize,
+    /// The peer's limit for it.
+    pub max: u32,
 }
 
 /// The acceptor's answer to a [`Hello`] that starts a new session.

@@ -39,7 +39,10 @@ pub mod sim;
 pub mod stream;
 
 pub use banner::Banner;
+#[cfg(feature = "bincode")]
+pub use codec::Bincode;
 pub use codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
+pub use control::{Segment, TooLarge};
 pub use error::{BannerError, FrameError, ProtocolError};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
 pub use message::Message;

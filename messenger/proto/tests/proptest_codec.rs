@@ -15,7 +15,8 @@ use msgr_proto::message::MessageFrame;
 use msgr_proto::session::{LinkId, LocalIdentity, Policy, Session, SessionConfig};
 use msgr_proto::sim::fuzz::{sample_frames, SampleKind, SamplePayload};
 use msgr_proto::{
-    Frame, FrameDecoder, FrameLimits, Inbound, Message, StreamDecoder, Tag, Transmit,
+    Bincode, Codec, CodecError, Frame, FrameDecoder, FrameLimits, Inbound, Message, Postcard,
+    StreamDecoder, Tag, Transmit,
 };
 use proptest::prelude::*;
 
@@ -123,6 +124,13 @@ fn via_frame(m: &MessageFrame) -> Vec<u8> {
     let mut f = m.msg.to_frame(m.ack);
     f.flags = m.flags;
     f.encode_to_vec().unwrap()
+}
+
+/// `p` encoded with `codec` into a message, through its frame, and back.
+fn through_a_frame<C: Codec>(codec: &C, p: &SamplePayload) -> Result<SamplePayload, CodecError> {
+    let m = Message::encode_with(codec, 9, p)?;
+    let (back, _) = Message::from_frame(m.to_frame(0)).expect("a message frame");
+    back.decode_with(codec)
 }
 
 fn decode_stream(bytes: &[u8]) -> Result<Vec<Frame>, msgr_proto::FrameError> {
@@ -263,7 +271,9 @@ proptest! {
         let p = SamplePayload { id, name: nm, tags, offset, kind, blob, addr: a };
         let m = Message::encode(9, &p).unwrap();
         let (back, _) = Message::from_frame(m.to_frame(0)).unwrap();
-        prop_assert_eq!(back.decode::<SamplePayload>(), Ok(p));
+        prop_assert_eq!(back.decode::<SamplePayload>(), Ok(p.clone()));
+        prop_assert_eq!(through_a_frame(&Postcard, &p), Ok(p.clone()));
+        prop_assert_eq!(through_a_frame(&Bincode, &p), Ok(p));
     }
 
     #[test]
@@ -298,7 +308,8 @@ proptest! {
             let _ = AddrVec::from_str(s);
             let _ = EntityName::from_str(s);
         }
-        let _ = msgr_proto::Codec::decode::<SamplePayload>(&msgr_proto::Postcard, &bytes);
+        let _ = Postcard.decode::<SamplePayload>(&bytes);
+        let _ = Bincode.decode::<SamplePayload>(&bytes);
     }
 
     #[test]
@@ -676,4 +687,35 @@ mod record_nonces {
             }
         }
     }
+}
+
+/// A bincode length prefix that claims more than the input holds is an
+/// error, not an allocation of what it claims (bincode allocates first);
+/// trailing bytes are an error, as with postcard.
+#[test]
+fn bincode_refuses_lying_lengths_and_trailing_bytes() {
+    for claimed in [1u64 << 20, 1 << 40, u64::MAX] {
+        let mut lying = claimed.to_le_bytes().to_vec();
+        lying.extend_from_slice(b"short");
+        let e = Bincode.decode::<String>(&lying).unwrap_err();
+        assert_eq!(e.codec, "bincode");
+        assert!(Bincode.decode::<Vec<u8>>(&lying).is_err());
+    }
+    let mut bytes = Bincode.encode(&String::from("short")).unwrap().to_vec();
+    assert_eq!(Bincode.decode::<String>(&bytes).as_deref(), Ok("short"));
+    bytes.push(0);
+    let e = Bincode.decode::<String>(&bytes).unwrap_err();
+    assert!(e.detail.contains("1 trailing"), "{e}");
+}
+
+/// The two codecs' formats, as documented: postcard's varints, bincode's
+/// fixed-width little-endian integers with u64 lengths.
+#[test]
+fn codec_layouts_are_as_documented() {
+    let v: (u32, Vec<u16>) = (1, vec![2]);
+    assert_eq!(Postcard.encode(&v).unwrap()[..], [1, 1, 2]);
+    assert_eq!(
+        Bincode.encode(&v).unwrap()[..],
+        [1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0]
+    );
 }

@@ -757,9 +757,8 @@ impl Worker {
                 // The handle checked the limits it knew; the peer's came
                 // with the handshake in between. Not a silent drop: the
                 // session ends and on_reset says why.
-                Err(msgr_proto::SendError::TooLarge { segment, len, max }) => {
-                    slot.session
-                        .abort(FaultReason::TooLarge { segment, len, max });
+                Err(msgr_proto::SendError::TooLarge(t)) => {
+                    slot.session.abort(FaultReason::TooLarge(t));
                     Counters::add(&self.shared.counters.messages_dropped, 1);
                 }
                 Err(e) => {
@@ -1310,7 +1309,7 @@ impl Worker {
                 if reason == FaultReason::KeepaliveTimeout {
                     Counters::add(&c.keepalive_timeouts, 1);
                 }
-                if matches!(reason, FaultReason::TooLarge { .. }) {
+                if matches!(reason, FaultReason::TooLarge(_)) {
                     Counters::add(&c.messages_too_large, 1);
                 }
                 self.report.undelivered += undelivered;
@@ -1712,7 +1711,7 @@ impl Worker {
             }
             self.call_deadlines.pop();
             if let Some(s) = self.sessions.get(&key) {
-                s.conn.inner.calls.expire(id);
+                s.conn.expire_call(id);
             }
         }
         self.next_timer = next;

@@ -263,7 +263,7 @@ pub(crate) fn kind(e: &RmaError) -> &'static str {
         RmaError::Forbidden(_) => "forbidden",
         RmaError::Corrupt => "checksum",
         RmaError::Malformed(_) => "malformed",
-        RmaError::Call(CallError::Timeout(_)) => "timeout",
+        RmaError::Call(CallError::Timeout { .. }) => "timeout",
         RmaError::Call(CallError::Reset(_)) => "reset",
         RmaError::Call(CallError::Send(_)) => "not-sent",
         _ => "other",
@@ -274,6 +274,6 @@ pub(crate) fn kind(e: &RmaError) -> &'static str {
 pub(crate) fn may_have_landed(e: &RmaError) -> bool {
     matches!(
         e,
-        RmaError::Call(CallError::Timeout(_)) | RmaError::Call(CallError::Reset(_))
+        RmaError::Call(CallError::Timeout { .. }) | RmaError::Call(CallError::Reset(_))
     )
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use msgr::{
     ConnectionState, Counters, EntityAddr, EntityName, Messenger, MessengerConfig, Policy,
-    RealFault, SendError, SimulatedFault, TransportKind,
+    RealFault, SendError, SendRejected, SimulatedFault, TransportKind,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -492,7 +492,10 @@ impl Client<'_, '_> {
                     }
                     return;
                 }
-                Err(SendError::QueueFull { messages, bytes }) => {
+                Err(SendRejected {
+                    error: SendError::QueueFull { messages, bytes },
+                    ..
+                }) => {
                     if started.elapsed() > self.run.cfg.stall_timeout {
                         self.run.violations.push(format!(
                             "no progress: client {} -> server {s} send queue full ({messages} msgs, {bytes} B) for {:?} (epoch {:?}, state {:?})",
@@ -509,7 +512,10 @@ impl Client<'_, '_> {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(5));
                 }
-                Err(SendError::Closed) => {
+                Err(SendRejected {
+                    error: SendError::Closed,
+                    ..
+                }) => {
                     closed_retries += 1;
                     // The next refresh sees the closed state and decides.
                     if closed_retries > 3 {

@@ -31,7 +31,7 @@ use crate::banner::{features, Banner, BANNER_LEN};
 use crate::batch::{BatchReader, BatchWriter, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD};
 use crate::control::{
     control_frame, parse_control, parse_handshake, with_limits, Ack, Close, Hello, HelloOk,
-    Keepalive, Limits, ReconnectOk,
+    Keepalive, Limits, ReconnectOk, TooLarge,
 };
 use crate::error::ProtocolError;
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
@@ -87,14 +87,7 @@ pub enum FaultReason {
     /// with the handshake, after the message was queued): sending it could
     /// only be refused, and a lossless session would replay it into the
     /// same refusal. The session ends instead.
-    TooLarge {
-        /// Which segment ("front" or "data").
-        segment: &'static str,
-        /// Its length.
-        len: usize,
-        /// The peer's limit.
-        max: u32,
-    },
+    TooLarge(TooLarge),
     /// A connection that never opened gave up after the configured
     /// `connect_timeout`.
     ConnectTimeout(Duration),
@@ -118,10 +111,7 @@ impl std::fmt::Display for FaultReason {
             FaultReason::PeerClosed(r) => write!(f, "peer closed the session: {r}"),
             FaultReason::MarkedDown => write!(f, "marked down"),
             FaultReason::LingerExpired => write!(f, "peer did not come back"),
-            FaultReason::TooLarge { segment, len, max } => write!(
-                f,
-                "a queued message's {segment} of {len} bytes is more than the peer takes ({max})"
-            ),
+            FaultReason::TooLarge(t) => write!(f, "queued {t}"),
             FaultReason::ConnectTimeout(t) => write!(f, "not connected within {t:?}"),
             FaultReason::HandlerPanicked(m) => write!(f, "the application's handler panicked: {m}"),
             FaultReason::CallsUnsupported => {
@@ -207,15 +197,8 @@ pub enum SendError {
     /// The message is larger than the peer accepts (its limits, announced
     /// in the handshake; this side's own before the peer is known): it
     /// would only be refused. Nothing was queued.
-    #[error("message {segment} of {len} bytes is more than the peer takes ({max})")]
-    TooLarge {
-        /// Which segment ("front" or "data").
-        segment: &'static str,
-        /// Its length.
-        len: usize,
-        /// The limit.
-        max: u32,
-    },
+    #[error(transparent)]
+    TooLarge(#[from] TooLarge),
 }
 
 /// What [`Session::take_link`] decided about an accepted link.
@@ -702,10 +685,7 @@ impl Session {
         if self.closing || self.state == State::Closed {
             return Err(SendError::Closed);
         }
-        if let Err((segment, len, max)) = self.send_limits().check(msg.front.len(), msg.data.len())
-        {
-            return Err(SendError::TooLarge { segment, len, max });
-        }
+        self.send_limits().check(msg.front.len(), msg.data.len())?;
         if self.queue.len() >= self.cfg.max_queued_messages
             || (self.queued_bytes > 0
                 && self.queued_bytes + msg.payload_len() > self.cfg.max_queued_bytes)
@@ -1022,9 +1002,8 @@ impl Session {
     /// Why the peer could not take `msg`, if it could not: over its
     /// limits, or a call where the link did not agree to calls.
     fn unsendable(&self, msg: &Message) -> Option<FaultReason> {
-        if let Err((segment, len, max)) = self.send_limits().check(msg.front.len(), msg.data.len())
-        {
-            return Some(FaultReason::TooLarge { segment, len, max });
+        if let Err(t) = self.send_limits().check(msg.front.len(), msg.data.len()) {
+            return Some(FaultReason::TooLarge(t));
         }
         (!call_allowed(msg.call, self.features)).then_some(FaultReason::CallsUnsupported)
     }
