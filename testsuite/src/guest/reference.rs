@@ -375,8 +375,32 @@ pub fn loopback_write_bw(
     iters: u32,
     base_port: u16,
 ) -> GuestCommand {
+    loopback_bw("ib_write_bw", name, bytes, iters, base_port)
+}
+
+/// `ib_read_bw` client and server on [`LOOPBACK_DEVICE`], like
+/// [`loopback_write_bw`]: the reference of one-sided reads. Its output has
+/// `ib_write_bw`'s columns: parse it with [`parse_write_bw`].
+pub fn loopback_read_bw(
+    name: impl Into<String>,
+    bytes: u32,
+    iters: u32,
+    base_port: u16,
+) -> GuestCommand {
+    loopback_bw("ib_read_bw", name, bytes, iters, base_port)
+}
+
+/// A perftest bandwidth `tool` (`ib_write_bw`, `ib_read_bw`) on
+/// [`LOOPBACK_DEVICE`].
+fn loopback_bw(
+    tool: &str,
+    name: impl Into<String>,
+    bytes: u32,
+    iters: u32,
+    base_port: u16,
+) -> GuestCommand {
     let tool = format!(
-        "ib_write_bw -d {LOOPBACK_DEVICE} -x {LOOPBACK_GID_INDEX} -p $PORT -s {bytes} -n {iters}"
+        "{tool} -d {LOOPBACK_DEVICE} -x {LOOPBACK_GID_INDEX} -p $PORT -s {bytes} -n {iters}"
     );
     GuestCommand::shell(
         name,
@@ -448,7 +472,8 @@ pub fn parse_send_lat(out: &str) -> Result<Latency, String> {
     }
 }
 
-/// Parses `ib_write_bw` output (`#bytes #iterations BW-peak BW-average MsgRate`).
+/// Parses `ib_write_bw` (or `ib_read_bw`) output (`#bytes #iterations
+/// BW-peak BW-average MsgRate`).
 pub fn parse_write_bw(out: &str) -> Result<Bandwidth, String> {
     match perftest_row(out).as_deref() {
         Some([bytes, iters, peak, avg, rate, ..]) => Ok(Bandwidth {
