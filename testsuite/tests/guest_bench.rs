@@ -19,8 +19,8 @@
 #![cfg(feature = "rdma")]
 
 use msgr_testsuite::guest::reference::{
-    cm_send_lat, cm_write_bw, loopback_read_bw, loopback_send_lat, loopback_write_bw,
-    parse_send_lat, parse_write_bw, Bandwidth, CmFabric, CqWait, Latency, LOOPBACK_DEVICE,
+    cm_send_lat, cm_write_bw, loopback_bw, loopback_send_lat, parse_send_lat, parse_write_bw,
+    Bandwidth, BwTool, CmFabric, CqWait, Latency, LOOPBACK_DEVICE,
 };
 use msgr_testsuite::guest::tool::{
     bench_rma, parse_bench_rma, parse_ping, parse_stream, parse_transport_ping, serve_and_run,
@@ -103,9 +103,9 @@ fn write_bw_name(round: u16) -> String {
     format!("r{round}-ref-ib_write_bw-{BW_SIZE}")
 }
 
-/// `tool`: `ib_read_bw` or `ib_write_bw`, at [`RMA_SIZE`].
-fn rma_bw_name(round: u16, tool: &str) -> String {
-    format!("r{round}-ref-{tool}-{RMA_SIZE}")
+/// `ib_read_bw` or `ib_write_bw` at [`RMA_SIZE`].
+fn rma_bw_name(round: u16, tool: BwTool) -> String {
+    format!("r{round}-ref-{}-{RMA_SIZE}", tool.program())
 }
 
 fn siw_lat_name(round: u16, size: u32) -> String {
@@ -213,26 +213,24 @@ fn round_commands(
         )
         .timeout(Duration::from_secs(60)),
     );
-    cmds.push(loopback_write_bw(
+    cmds.push(loopback_bw(
         write_bw_name(round),
+        BwTool::Write,
         BW_SIZE,
         BW_ITERS,
         port + 1,
     ));
     // One-sided: perftest's 1 MiB reads and writes, then msgr's over the
     // verbs backend (`msgr bench`: server and client in one process).
-    cmds.push(loopback_read_bw(
-        rma_bw_name(round, "ib_read_bw"),
-        RMA_SIZE,
-        RMA_ITERS,
-        port + 2,
-    ));
-    cmds.push(loopback_write_bw(
-        rma_bw_name(round, "ib_write_bw"),
-        RMA_SIZE,
-        RMA_ITERS,
-        port + 3,
-    ));
+    for (tool, port) in [(BwTool::Read, port + 2), (BwTool::Write, port + 3)] {
+        cmds.push(loopback_bw(
+            rma_bw_name(round, tool),
+            tool,
+            RMA_SIZE,
+            RMA_ITERS,
+            port,
+        ));
+    }
     cmds.push(bench_rma(
         msgr_name(round, "verbs-rma"),
         tool,
@@ -364,8 +362,8 @@ fn parse(out: &GuestOutcome, round: u16) -> Figures {
         .map(|&s| output(out, &siw_lat_name(round, s)).and_then(parse_send_lat))
         .collect();
     let siw_bw = output(out, &siw_bw_name(round)).and_then(parse_write_bw);
-    let read_bw_rma = output(out, &rma_bw_name(round, "ib_read_bw")).and_then(parse_write_bw);
-    let write_bw_rma = output(out, &rma_bw_name(round, "ib_write_bw")).and_then(parse_write_bw);
+    let read_bw_rma = output(out, &rma_bw_name(round, BwTool::Read)).and_then(parse_write_bw);
+    let write_bw_rma = output(out, &rma_bw_name(round, BwTool::Write)).and_then(parse_write_bw);
     let rma = output(out, &msgr_name(round, "verbs-rma")).and_then(parse_bench_rma);
     let msgr = MSGR_RUNS
         .iter()

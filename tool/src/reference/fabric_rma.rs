@@ -480,32 +480,15 @@ fn post_and_reap(
                 // SAFETY: slot < in_flight, and the buffer holds in_flight
                 // slots of slot_len ≥ size bytes.
                 let local = unsafe { base.add(slot * slot_len) } as *mut c_void;
+                let (ep, ctx) = (node.ep, slot as *mut c_void);
                 // SAFETY: ep is open; `local..local+size` lies in the node's
                 // buffer, registered (desc) where the domain asks, and not
                 // touched by anything else until this slot's completion; the
                 // target's buffer is registered for remote reads and writes.
                 let rc = unsafe {
                     match op {
-                        RmaOp::Read => sys::fi_read(
-                            node.ep,
-                            local,
-                            size,
-                            desc,
-                            peer,
-                            addr,
-                            key,
-                            slot as *mut c_void,
-                        ),
-                        RmaOp::Write => sys::fi_write(
-                            node.ep,
-                            local,
-                            size,
-                            desc,
-                            peer,
-                            addr,
-                            key,
-                            slot as *mut c_void,
-                        ),
+                        RmaOp::Read => sys::fi_read(ep, local, size, desc, peer, addr, key, ctx),
+                        RmaOp::Write => sys::fi_write(ep, local, size, desc, peer, addr, key, ctx),
                     }
                 };
                 if rc == -(sys::FI_EAGAIN as isize) {
