@@ -5,7 +5,9 @@
 //! over TCP for context; beside them, the same ping-pong over the backend's
 //! `Transport` alone (`transport_ping`: wire format and backend, no session
 //! engine, worker or dispatcher), which says which layer a gap is in. Prints
-//! a table of msgr / reference ratios.
+//! a table of msgr / reference ratios. One-sided RMA too: `ib_read_bw` and
+//! `ib_write_bw` at 1 MiB on rxe0 beside `msgr bench --only rma` over the
+//! verbs backend (msgr's 1 MiB reads and writes of an exposed region).
 //!
 //!     cargo test --release -p msgr-testsuite --features rdma --test guest_bench -- --nocapture
 //!
@@ -17,12 +19,12 @@
 #![cfg(feature = "rdma")]
 
 use msgr_testsuite::guest::reference::{
-    cm_send_lat, cm_write_bw, loopback_send_lat, loopback_write_bw, parse_send_lat, parse_write_bw,
-    Bandwidth, CmFabric, CqWait, Latency, LOOPBACK_DEVICE,
+    cm_send_lat, cm_write_bw, loopback_bw, loopback_send_lat, parse_send_lat, parse_write_bw,
+    Bandwidth, BwTool, CmFabric, CqWait, Latency, LOOPBACK_DEVICE,
 };
 use msgr_testsuite::guest::tool::{
-    parse_ping, parse_stream, parse_transport_ping, serve_and_run, transport_ping_runs, ClientRun,
-    PingFigures, StreamFigures,
+    bench_rma, parse_bench_rma, parse_ping, parse_stream, parse_transport_ping, serve_and_run,
+    transport_ping_runs, ClientRun, PingFigures, RmaFigures, StreamFigures,
 };
 use msgr_testsuite::guest::{build_programs, GuestCommand, GuestOutcome, GuestRunner};
 use std::fmt::Write as _;
@@ -46,6 +48,12 @@ const STREAM_SECS: u32 = 3;
 const SMALL_SIZE: u32 = 64;
 /// Seconds the small-message stream sends.
 const SMALL_STREAM_SECS: u32 = 1;
+/// One-sided operation size: `ib_read_bw`/`ib_write_bw` and
+/// `msgr bench --only rma` (whose RMA part is 1 MiB).
+const RMA_SIZE: u32 = 1 << 20;
+/// perftest's 1 MiB reads and writes: 100 MiB each, a second or two under
+/// TCG (the RMA additions stay within ~30 s over the three rounds).
+const RMA_ITERS: u32 = 100;
 /// Rounds in the boot: TCG timings swing between runs, so each figure is
 /// taken this many times, alternating msgr and its references.
 const ROUNDS: u16 = 3;
@@ -93,6 +101,11 @@ fn send_lat_name(round: u16, size: u32, wait: CqWait) -> String {
 
 fn write_bw_name(round: u16) -> String {
     format!("r{round}-ref-ib_write_bw-{BW_SIZE}")
+}
+
+/// `ib_read_bw` or `ib_write_bw` at [`RMA_SIZE`].
+fn rma_bw_name(round: u16, tool: BwTool) -> String {
+    format!("r{round}-ref-{}-{RMA_SIZE}", tool.program())
 }
 
 fn siw_lat_name(round: u16, size: u32) -> String {
@@ -200,11 +213,29 @@ fn round_commands(
         )
         .timeout(Duration::from_secs(60)),
     );
-    cmds.push(loopback_write_bw(
+    cmds.push(loopback_bw(
         write_bw_name(round),
+        BwTool::Write,
         BW_SIZE,
         BW_ITERS,
         port + 1,
+    ));
+    // One-sided: perftest's 1 MiB reads and writes, then msgr's over the
+    // verbs backend (`msgr bench`: server and client in one process).
+    for (tool, port) in [(BwTool::Read, port + 2), (BwTool::Write, port + 3)] {
+        cmds.push(loopback_bw(
+            rma_bw_name(round, tool),
+            tool,
+            RMA_SIZE,
+            RMA_ITERS,
+            port,
+        ));
+    }
+    cmds.push(bench_rma(
+        msgr_name(round, "verbs-rma"),
+        tool,
+        &format!("verbs?dev={LOOPBACK_DEVICE}"),
+        &[],
     ));
     // soft-iWARP through rdma_cm: perftest's rdma_cm mode against msgr's
     // rdmacm backend (siw enforces RLIMIT_MEMLOCK even for root: raised, as
@@ -278,6 +309,11 @@ struct Figures {
     /// perftest over rdma_cm on siw0, one per [`LAT_SIZES`] entry.
     siw_lat: Vec<Result<Latency, String>>,
     siw_bw: Result<Bandwidth, String>,
+    /// `ib_read_bw` and `ib_write_bw` at [`RMA_SIZE`].
+    read_bw_rma: Result<Bandwidth, String>,
+    write_bw_rma: Result<Bandwidth, String>,
+    /// `msgr bench --only rma` over verbs.
+    rma: Result<RmaFigures, String>,
     /// One per [`MSGR_RUNS`] entry.
     msgr: Vec<MsgrFigures>,
     /// One per [`TRANSPORT_RUNS`] entry: its label and one ping per
@@ -326,6 +362,9 @@ fn parse(out: &GuestOutcome, round: u16) -> Figures {
         .map(|&s| output(out, &siw_lat_name(round, s)).and_then(parse_send_lat))
         .collect();
     let siw_bw = output(out, &siw_bw_name(round)).and_then(parse_write_bw);
+    let read_bw_rma = output(out, &rma_bw_name(round, BwTool::Read)).and_then(parse_write_bw);
+    let write_bw_rma = output(out, &rma_bw_name(round, BwTool::Write)).and_then(parse_write_bw);
+    let rma = output(out, &msgr_name(round, "verbs-rma")).and_then(parse_bench_rma);
     let msgr = MSGR_RUNS
         .iter()
         .map(|&(transport, _, _, _)| {
@@ -360,6 +399,9 @@ fn parse(out: &GuestOutcome, round: u16) -> Figures {
         write_bw,
         siw_lat,
         siw_bw,
+        read_bw_rma,
+        write_bw_rma,
+        rma,
         msgr,
         alone,
     }
@@ -403,6 +445,7 @@ impl Figures {
                 e.extend(p.as_ref().err().map(|x| format!("{t}: {x}")));
             }
         }
+        e.extend(self.rma.as_ref().err().map(|x| format!("verbs-rma: {x}")));
         e
     }
 
@@ -432,6 +475,15 @@ impl Figures {
             "siw0 ib_write_bw -R".into(),
             self.siw_bw.as_ref().err().cloned(),
         ));
+        for (tool, b) in [
+            ("ib_read_bw", &self.read_bw_rma),
+            ("ib_write_bw", &self.write_bw_rma),
+        ] {
+            r.push((
+                format!("rxe0 {tool} {} MiB", RMA_SIZE >> 20),
+                b.as_ref().err().cloned(),
+            ));
+        }
         r
     }
 
@@ -505,6 +557,30 @@ impl Figures {
                 .collect(),
             target: bw_target.clone(),
         });
+        let rma = self.rma.as_ref().ok();
+        for (what, tool, reference, figure) in [
+            (
+                "read",
+                "ib_read_bw",
+                &self.read_bw_rma,
+                rma.map(|r| r.read_mib_per_s),
+            ),
+            (
+                "write",
+                "ib_write_bw",
+                &self.write_bw_rma,
+                rma.map(|r| r.write_mib_per_s),
+            ),
+        ] {
+            rows.push(Row {
+                measure: format!("{} MiB RMA {what}", RMA_SIZE >> 20),
+                reference: format!("rxe0 {tool} BW average"),
+                unit: "MiB/s",
+                reference_value: reference.as_ref().ok().map(|b| b.bw_avg_mb_s),
+                msgr: vec![("verbs", figure)],
+                target: bw_target.clone(),
+            });
+        }
         for (i, size) in LAT_SIZES.iter().enumerate() {
             for (what, col, reference, pick) in stats {
                 rows.push(Row {
@@ -561,7 +637,8 @@ fn table(rounds: &[Figures]) -> String {
          msgr/reference [min-max]; -nocrc: payload_crc=false on both sides; -sys1: \
          busy_poll_syscall_every=1 (epoll_wait and sched_yield on every busy-poll pass; the \
          default adapts); -transport: the backend's Transport alone (transport_ping: no \
-         session engine, worker or dispatcher)",
+         session engine, worker or dispatcher); RMA: msgr bench --only rma --quick (1 MiB \
+         reads and writes of an exposed region, 8 in flight)",
         rounds.len()
     );
     let _ = writeln!(

@@ -36,7 +36,8 @@ pub enum Part {
     Secure,
     /// One-sided RMA: 1 MiB reads and writes of a region the server
     /// exposed, [`RMA_IN_FLIGHT`] at a time, against msgr's 1 MiB message
-    /// stream in the same run.
+    /// stream in the same run; over libfabric's `shm` and `tcp` also each
+    /// of [`RMA_SIZES`] against a raw `fi_read`/`fi_write` loop.
     Rma,
 }
 
@@ -45,6 +46,22 @@ pub const RMA_IN_FLIGHT: usize = 8;
 /// Target: 1 MiB RMA reads (and writes) ≥ this × the 1 MiB message
 /// stream's bandwidth, where the owner's messenger serves them (issue 49).
 pub const RMA_TARGET: f64 = 0.80;
+/// Operation sizes msgr's RMA is measured at against the raw libfabric
+/// loop (where there is one: [`reference::RawRma`]).
+pub const RMA_SIZES: [usize; 4] = [4 << 10, 64 << 10, 1 << 20, 4 << 20];
+/// Target: msgr's RMA ≥ this × the raw `fi_read`/`fi_write` loop with as
+/// many operations in flight. The issue names none; this is the bar of a
+/// one-sided path that adds little to the provider's own.
+pub const RMA_RAW_TARGET: f64 = 0.80;
+
+/// `4 KiB`, `1 MiB`: a power-of-two size as the tables name it.
+fn size_name(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
 
 /// The address a bench server binds: `transport` on 127.0.0.1 with a port
 /// the kernel picks, its options (`?ep=rdm`) after the address.
@@ -81,7 +98,7 @@ pub struct BenchOpts {
 #[derive(Debug, Serialize)]
 pub struct Comparison<T: Serialize> {
     /// What is compared.
-    pub metric: &'static str,
+    pub metric: String,
     /// Unit of `msgr` and `reference`.
     pub unit: &'static str,
     /// Median over rounds of msgr's figure.
@@ -89,7 +106,7 @@ pub struct Comparison<T: Serialize> {
     /// Median over rounds of the reference's figure.
     pub reference: f64,
     /// Which reference.
-    pub reference_name: &'static str,
+    pub reference_name: String,
     /// msgr / reference (of the medians).
     pub ratio: f64,
     /// Smallest and largest per-round ratio.
@@ -151,6 +168,9 @@ pub struct BenchReport {
     pub rma_read: Option<Comparison<StreamResult>>,
     /// 1 MiB RMA writes against the 1 MiB message stream.
     pub rma_write: Option<Comparison<StreamResult>>,
+    /// RMA reads, then writes, of each of [`RMA_SIZES`] against the raw
+    /// libfabric loop (`fabric+shm`, `fabric+tcp`; empty elsewhere).
+    pub rma_vs_raw: Vec<Comparison<StreamResult>>,
 }
 
 /// `size`-byte RMA operations (`op`) on a region `server` exposes, from a
@@ -249,9 +269,9 @@ fn median(v: &mut [f64]) -> f64 {
 
 #[allow(clippy::too_many_arguments)]
 fn compare<T: Serialize>(
-    metric: &'static str,
+    metric: impl Into<String>,
     unit: &'static str,
-    reference_name: &'static str,
+    reference_name: impl Into<String>,
     rounds: Vec<Round<T>>,
     value: impl Fn(&T) -> f64,
     target_kind: &'static str,
@@ -270,11 +290,11 @@ fn compare<T: Serialize>(
         ratio >= target
     };
     Comparison {
-        metric,
+        metric: metric.into(),
         unit,
         msgr,
         reference,
-        reference_name,
+        reference_name: reference_name.into(),
         ratio,
         ratio_spread: [lo, hi],
         target_kind,
@@ -372,13 +392,26 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         None
     };
     let secure_target = secure_server.as_ref().map(|m| m.addr().clone());
+    let largest = RMA_SIZES.iter().copied().max().unwrap_or(1 << 20);
+    let mut raw_rma = if opts.parts.contains(&Part::Rma) {
+        reference::RawRma::for_transport(&bind.transport, RMA_IN_FLIGHT, largest)?
+    } else {
+        None
+    };
+    // msgr at each size, each with its raw loop, both ways; or 1 MiB only.
+    let rma_sizes: &[usize] = if raw_rma.is_some() {
+        &RMA_SIZES
+    } else {
+        &[1 << 20]
+    };
+    let rma_steps = 1 + 2 * rma_sizes.len() as u64 * (1 + u64::from(raw_rma.is_some()));
     let steps = u64::from(opts.rounds)
         * opts
             .parts
             .iter()
             .map(|p| match p {
                 Part::Secure => 4,
-                Part::Rma => 3,
+                Part::Rma => rma_steps,
                 _ => 2,
             })
             .sum::<u64>();
@@ -392,6 +425,9 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let mut secure_rate = Vec::new();
     let mut rma_read = Vec::new();
     let mut rma_write = Vec::new();
+    // Per op and size (reads, then writes): rounds against the raw loop.
+    let mut rma_raw: Vec<Vec<Round<StreamResult>>> =
+        (0..2 * rma_sizes.len()).map(|_| Vec::new()).collect();
     let mut next = |progress: &mut Progress, what: &str| {
         progress.message(what.to_owned());
         progress.set(step);
@@ -471,19 +507,36 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                     let s = stream_opts(1 << 20);
                     next(&mut progress, &format!("round {}: 1 MiB stream", round + 1));
                     let (r, _) = net::stream(&place.client, &(&target).into(), &s, &mut step_bar)?;
-                    for (op, out) in [
+                    let ops = [
                         (msgr::RmaOp::Read, &mut rma_read),
                         (msgr::RmaOp::Write, &mut rma_write),
-                    ] {
-                        next(
-                            &mut progress,
-                            &format!("round {}: RMA 1 MiB {op:?}s", round + 1),
-                        );
-                        let m = rma_stream(&place.client, (&server, &target), op, 1 << 20, secs)?;
-                        out.push(Round {
-                            msgr: m,
-                            reference: r.clone(),
-                        });
+                    ];
+                    for (i, (op, vs_stream)) in ops.into_iter().enumerate() {
+                        for (j, &size) in rma_sizes.iter().enumerate() {
+                            let name = size_name(size);
+                            next(
+                                &mut progress,
+                                &format!("round {}: RMA {name} {op:?}s", round + 1),
+                            );
+                            let m = rma_stream(&place.client, (&server, &target), op, size, secs)?;
+                            if size == 1 << 20 {
+                                vs_stream.push(Round {
+                                    msgr: m.clone(),
+                                    reference: r.clone(),
+                                });
+                            }
+                            if let Some(raw) = raw_rma.as_mut() {
+                                next(
+                                    &mut progress,
+                                    &format!("round {}: raw {name} {op:?}s", round + 1),
+                                );
+                                let x = raw.run(op, size, secs)?;
+                                rma_raw[i * rma_sizes.len() + j].push(Round {
+                                    msgr: m,
+                                    reference: x,
+                                });
+                            }
+                        }
                     }
                 }
                 Part::Secure => {
@@ -586,6 +639,32 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let rma_read = (!rma_read.is_empty()).then(|| rma("RMA 1 MiB reads, 8 in flight", rma_read));
     let rma_write =
         (!rma_write.is_empty()).then(|| rma("RMA 1 MiB writes, 8 in flight", rma_write));
+    let rma_vs_raw = match &raw_rma {
+        Some(raw) => rma_raw
+            .into_iter()
+            .enumerate()
+            .filter(|(_, rounds)| !rounds.is_empty())
+            .map(|(k, rounds)| {
+                let (op, size) = match k / rma_sizes.len() {
+                    0 => ("read", rma_sizes[k % rma_sizes.len()]),
+                    _ => ("write", rma_sizes[k % rma_sizes.len()]),
+                };
+                compare(
+                    format!("RMA {} {op}s vs raw fi_{op}", size_name(size)),
+                    "MiB/s",
+                    format!(
+                        "raw libfabric fi_read/fi_write loop, {} RDM, {RMA_IN_FLIGHT} in flight, same run",
+                        raw.provider()
+                    ),
+                    rounds,
+                    |r: &StreamResult| r.mib_per_s,
+                    "min",
+                    RMA_RAW_TARGET,
+                )
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     Ok(BenchReport {
         transport: opts.transport.clone(),
         quick: opts.quick,
@@ -604,6 +683,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         secure_rate,
         rma_read,
         rma_write,
+        rma_vs_raw,
     })
 }
 
@@ -678,6 +758,7 @@ impl BenchReport {
         ]
         .into_iter()
         .flatten()
+        .chain(&self.rma_vs_raw)
         {
             row(c);
         }
@@ -703,15 +784,16 @@ impl BenchReport {
         }
         println!();
         println!("references: {}", {
-            let mut v = Vec::new();
+            let mut v: Vec<&str> = Vec::new();
             if let Some(c) = &self.latency {
-                v.push(c.reference_name);
+                v.push(&c.reference_name);
             }
-            if let Some(c) = &self.bandwidth {
-                v.push(c.reference_name);
-            }
-            if let Some(c) = &self.message_rate {
-                v.push(c.reference_name);
+            for c in [&self.bandwidth, &self.message_rate, &self.rma_read]
+                .into_iter()
+                .flatten()
+                .chain(self.rma_vs_raw.first())
+            {
+                v.push(&c.reference_name);
             }
             v.join("; ")
         });

@@ -545,6 +545,53 @@ fn bench_over_fabric_shm_pins_server_and_client_apart() {
     }
 }
 
+/// `msgr bench --rma` over `fabric+shm?ep=rdm`: each size's RMA reads and
+/// writes have a row against the raw libfabric loop measured in the same
+/// run, both figures above zero, and the references line names that loop.
+#[cfg(feature = "fabric")]
+#[test]
+fn bench_rma_over_shm_is_measured_against_the_raw_fabric_loop() {
+    let args = [
+        "bench",
+        "--transport",
+        "fabric+shm?ep=rdm",
+        "--quick",
+        "--only",
+        "rma",
+    ];
+    let o = run(&args, Duration::from_secs(180));
+    assert!(o.status.success(), "bench: {}\n{}", o.stderr, o.stdout);
+    let references = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("references:"))
+        .unwrap_or_else(|| panic!("no references line in:\n{}", o.stdout));
+    assert!(
+        references.contains("raw libfabric fi_read/fi_write loop, shm RDM"),
+        "{references}"
+    );
+    for size in ["4 KiB", "64 KiB", "1 MiB", "4 MiB"] {
+        for op in ["read", "write"] {
+            let metric = format!("RMA {size} {op}s vs raw fi_{op}");
+            let row = o
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&metric))
+                .unwrap_or_else(|| panic!("no `{metric}` row in:\n{}", o.stdout));
+            // `<metric>  <msgr> MiB/s  <raw loop> MiB/s  <ratio>× ...`
+            let figures: Vec<f64> = row[metric.len()..]
+                .split("MiB/s")
+                .take(2)
+                .map(|f| f.trim().parse().unwrap_or(f64::NAN))
+                .collect();
+            assert!(
+                figures.len() == 2 && figures.iter().all(|&f| f > 0.0),
+                "`{metric}`: msgr and raw loop figures should be > 0: {row}"
+            );
+        }
+    }
+}
+
 /// No number on the command line makes the tool panic, hang or allocate
 /// without bound: each is refused at once with a message saying why
 /// (issue: `--count u64::MAX`, `--timeout 1e19`, `--count 1e10`,

@@ -367,16 +367,38 @@ pub fn loopback_send_lat(
     .timeout(Duration::from_secs(150))
 }
 
-/// `ib_write_bw` client and server on [`LOOPBACK_DEVICE`], like
-/// [`loopback_send_lat`]. Parse its output with [`parse_write_bw`].
-pub fn loopback_write_bw(
+/// A perftest bandwidth tool: one-sided writes or reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BwTool {
+    /// `ib_write_bw`.
+    Write,
+    /// `ib_read_bw`.
+    Read,
+}
+
+impl BwTool {
+    /// The program's name.
+    pub fn program(self) -> &'static str {
+        match self {
+            BwTool::Write => "ib_write_bw",
+            BwTool::Read => "ib_read_bw",
+        }
+    }
+}
+
+/// `ib_write_bw` or `ib_read_bw` client and server on [`LOOPBACK_DEVICE`],
+/// like [`loopback_send_lat`]. Both print the same columns: parse the
+/// output with [`parse_write_bw`].
+pub fn loopback_bw(
     name: impl Into<String>,
+    tool: BwTool,
     bytes: u32,
     iters: u32,
     base_port: u16,
 ) -> GuestCommand {
+    let tool = tool.program();
     let tool = format!(
-        "ib_write_bw -d {LOOPBACK_DEVICE} -x {LOOPBACK_GID_INDEX} -p $PORT -s {bytes} -n {iters}"
+        "{tool} -d {LOOPBACK_DEVICE} -x {LOOPBACK_GID_INDEX} -p $PORT -s {bytes} -n {iters}"
     );
     GuestCommand::shell(
         name,
@@ -448,7 +470,8 @@ pub fn parse_send_lat(out: &str) -> Result<Latency, String> {
     }
 }
 
-/// Parses `ib_write_bw` output (`#bytes #iterations BW-peak BW-average MsgRate`).
+/// Parses `ib_write_bw` (or `ib_read_bw`) output (`#bytes #iterations
+/// BW-peak BW-average MsgRate`).
 pub fn parse_write_bw(out: &str) -> Result<Bandwidth, String> {
     match perftest_row(out).as_deref() {
         Some([bytes, iters, peak, avg, rate, ..]) => Ok(Bandwidth {
@@ -578,8 +601,12 @@ mod tests {
         let cmds = [
             loopback_send_lat("lat", 2, 100, CqWait::Poll, 19000),
             loopback_send_lat("lat-e", 64, 100, CqWait::Events, 19001),
-            loopback_write_bw("bw", 65536, 100, 19002),
+            loopback_bw("bw", BwTool::Write, 65536, 100, 19002),
+            loopback_bw("read-bw", BwTool::Read, 1 << 20, 100, 19003),
         ];
+        assert!(cmds[3]
+            .script
+            .contains("ib_read_bw -d rxe0 -x 1 -p $PORT -s 1048576 -n 100"));
         assert!(cmds[0]
             .script
             .contains("-d rxe0 -x 1 -p $PORT -s 2 -n 100 127.0.0.1"));

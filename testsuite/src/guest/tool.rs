@@ -171,6 +171,69 @@ cat $TMPDIR/tserve.log
     GuestCommand::shell(name, script).timeout(Duration::from_secs(240))
 }
 
+/// Label of the result line [`bench_rma`] prints.
+const BENCH_RMA: &str = "bench-rma";
+
+/// A guest command: `msgr bench --transport TRANSPORT --quick --only rma
+/// --json` (with `global` options first): msgr's 1 MiB one-sided reads and
+/// writes of a region the bench's server exposed, beside its 1 MiB message
+/// stream, in one process; prints `result bench-rma {json}` on one line.
+/// Fails if the bench fails. Parse it with [`parse_bench_rma`].
+pub fn bench_rma(
+    name: impl Into<String>,
+    tool: &Path,
+    transport: &str,
+    global: &[&str],
+) -> GuestCommand {
+    let global: Vec<String> = global.iter().map(|a| shell_quote(a)).collect();
+    let script = format!(
+        "out=$({tool} {global} bench --transport {transport} --quick --only rma --json 2>$TMPDIR/bench.log)
+         rc=$?
+         if [ $rc -eq 0 ]; then echo \"result {BENCH_RMA} $(printf '%s' \"$out\" | tr -d '\\n')\"; \
+         else echo \"{BENCH_RMA}: exit $rc: $out\"; fi
+         cat $TMPDIR/bench.log
+         exit $rc
+",
+        tool = shell_quote(&tool.to_string_lossy()),
+        global = global.join(" "),
+        transport = shell_quote(transport),
+    );
+    GuestCommand::shell(name, script).timeout(Duration::from_secs(120))
+}
+
+/// msgr's one-sided RMA figures from `msgr bench --only rma`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RmaFigures {
+    /// Operation size, in bytes.
+    pub size: u64,
+    /// Reads' throughput, in MiB/s.
+    pub read_mib_per_s: f64,
+    /// Reads done.
+    pub reads: u64,
+    /// Writes' throughput, in MiB/s.
+    pub write_mib_per_s: f64,
+    /// Writes done.
+    pub writes: u64,
+}
+
+/// The figures of a [`bench_rma`] command's output (median over the
+/// bench's rounds). A run that did no operation is an error.
+pub fn parse_bench_rma(out: &str) -> Result<RmaFigures, String> {
+    let v = result_json(out, BENCH_RMA)?;
+    let f = |p: &[&str]| num(&v, p, BENCH_RMA);
+    let figures = RmaFigures {
+        size: f(&["rma_read", "rounds", "0", "msgr", "size"])? as u64,
+        read_mib_per_s: f(&["rma_read", "msgr"])?,
+        reads: f(&["rma_read", "rounds", "0", "msgr", "messages"])? as u64,
+        write_mib_per_s: f(&["rma_write", "msgr"])?,
+        writes: f(&["rma_write", "rounds", "0", "msgr", "messages"])? as u64,
+    };
+    if figures.reads == 0 || figures.writes == 0 {
+        return Err(format!("{BENCH_RMA}: no operation done: {figures:?}"));
+    }
+    Ok(figures)
+}
+
 /// The figures of `transport_ping ping --size size` in `out` (a
 /// [`transport_ping_runs`] command's output), as [`PingFigures`].
 pub fn parse_transport_ping(out: &str, size: u32) -> Result<PingFigures, String> {
@@ -237,13 +300,10 @@ fn result_json(out: &str, label: &str) -> Result<serde_json::Value, String> {
 }
 
 fn num(v: &serde_json::Value, path: &[&str], label: &str) -> Result<f64, String> {
-    let mut cur = v;
-    for p in path {
-        cur = cur
-            .get(p)
-            .ok_or_else(|| format!("{label}: no {}", path.join(".")))?;
-    }
-    let x = cur
+    // A JSON pointer: array elements by index too (`rounds`, `0`).
+    let x = v
+        .pointer(&format!("/{}", path.join("/")))
+        .ok_or_else(|| format!("{label}: no {}", path.join(".")))?
         .as_f64()
         .ok_or_else(|| format!("{label}: {} is not a number", path.join(".")))?;
     if x.is_finite() {
@@ -359,6 +419,65 @@ result stream-65536 {"target":"tcp://127.0.0.1:18701","driver":"callback","strea
             .output()
             .expect("sh");
         assert!(out.status.success(), "{out:?}\n{}", c.script);
+    }
+
+    /// The bench command's script turns the bench's pretty JSON into one
+    /// result line that parses; a bench that fails, or did no operation,
+    /// gives no figures.
+    #[test]
+    fn bench_rma_prints_one_result_line_that_parses() {
+        let dir = std::env::temp_dir().join(format!("msgr-bench-rma-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |json: &str, exit: i32| {
+            let fake = dir.join("msgr");
+            std::fs::write(
+                &fake,
+                format!("#!/bin/sh\necho \"$*\" >&2\ncat <<'EOF'\n{json}\nEOF\nexit {exit}\n"),
+            )
+            .unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let c = bench_rma("x", &fake, "verbs?dev=rxe0", &["--set", "a=b"]);
+            let out = std::process::Command::new("sh")
+                .args(["-c", &c.script])
+                .env("TMPDIR", &dir)
+                .output()
+                .expect("sh");
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        };
+        let json = |reads: u64| {
+            format!(
+                "{{\n  \"rma_read\": {{\n    \"msgr\": 80.5,\n    \"rounds\": [{{\"msgr\": {{\"size\": 1048576, \"messages\": {reads}}}}}]\n  }},\n  \"rma_write\": {{\"msgr\": 70.0, \"rounds\": [{{\"msgr\": {{\"size\": 1048576, \"messages\": 9}}}}]}}\n}}"
+            )
+        };
+        let (ok, out) = run(&json(12), 0);
+        assert!(ok, "{out}");
+        assert!(
+            out.contains("--set a=b bench --transport verbs?dev=rxe0 --quick --only rma --json"),
+            "{out}"
+        );
+        let f = parse_bench_rma(&out).unwrap();
+        assert_eq!(
+            (
+                f.size,
+                f.reads,
+                f.writes,
+                f.read_mib_per_s,
+                f.write_mib_per_s
+            ),
+            (1 << 20, 12, 9, 80.5, 70.0)
+        );
+        let (_, out) = run(&json(0), 0);
+        assert!(
+            parse_bench_rma(&out).unwrap_err().contains("no operation"),
+            "{out}"
+        );
+        let (ok, out) = run("", 3);
+        assert!(!ok && parse_bench_rma(&out).is_err(), "{out}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -1,6 +1,5 @@
-//! The references every benchmark is compared with, run in the same process
-//! on the same loopback: plain blocking `std::net` code, the best a simple
-//! program does without a messenger.
+//! Plain blocking `std::net` code on loopback: the best a simple program
+//! does without a messenger (ping-pong, a stream of writes, a framed stream).
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
