@@ -1,6 +1,6 @@
 //! A dispatcher that queues: receive messages and connection events where
 //! and when the application wants them — blocking, with a deadline, as a
-//! future or as a [`Stream`] — instead of in callbacks on the worker.
+//! future or as a `Stream` (futures-core's) — instead of in callbacks on the worker.
 //!
 //! [`Inbox`] is the channel form of [`Dispatcher`]: start a messenger with
 //! it and take what arrives from any thread or task. Messages wait in the
@@ -239,7 +239,7 @@ impl Inbox {
         }
     }
 
-    /// The messages as a [`Stream`]; it ends when the messenger shuts down.
+    /// The messages as a `Stream` (futures-core's); it ends when the messenger shuts down.
     ///
     /// ```
     /// # use std::{sync::Arc, time::Duration};
@@ -287,7 +287,7 @@ impl Inbox {
         }
     }
 
-    /// The connection events as a [`Stream`]; it ends when the messenger
+    /// The connection events as a `Stream` (futures-core's); it ends when the messenger
     /// shuts down.
     ///
     /// ```
@@ -618,7 +618,7 @@ impl Future for Recv<'_> {
     }
 }
 
-/// [`Inbox::messages`] as a [`Stream`].
+/// [`Inbox::messages`] as a `Stream` (futures-core's).
 ///
 /// ```
 /// # use std::{sync::Arc, time::Duration};
@@ -666,7 +666,7 @@ impl Stream for Messages {
     }
 }
 
-/// [`Inbox::events`] as a [`Stream`].
+/// [`Inbox::events`] as a `Stream` (futures-core's).
 ///
 /// ```
 /// # use std::{sync::Arc, time::Duration};
