@@ -184,15 +184,22 @@ pub trait Dispatcher: Send + Sync + 'static {
     /// }
     /// impl Dispatcher for Log {
     ///     fn on_message(&self, _: &Connection, _: Message) {}
-    ///     fn on_remote_reset(&self, conn: &Connection) {
+    ///     fn on_remote_reset(&self, _conn: &Connection) {
     ///         // Whatever the peer had not acknowledged is lost: resend state.
-    ///         self.say(format!("{} lost our session", conn.target()));
+    ///         self.say("the server lost our session".into());
     ///     }
     /// }
-    /// let (tx, _rx) = mpsc::channel();
+    /// let (tx, rx) = mpsc::channel();
     /// let client = Messenger::builder(EntityName::client(1)).without_env()
     ///     .start(Arc::new(Log(Mutex::new(tx))))?;
-    /// # drop(client);
+    /// let inbox = msgr::Inbox::new();
+    /// let server = Messenger::builder(EntityName::server(1)).without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// let _conn = client.connect(server.addr())?;
+    /// // The server drops its side of the session; the client's reconnect learns it.
+    /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
+    /// accepted.mark_down();
+    /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "the server lost our session");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn on_remote_reset(&self, conn: &Connection) {
