@@ -221,17 +221,36 @@ pub use msgr_backends::FabricRendezvous;
 /// # Ok::<(), msgr::ConfigError>(())
 /// ```
 pub use msgr_backends::RdmaPoolConfig;
-/// A real transport fault, for [`Connection::inject_fault`].
+/// A real transport fault, for [`Connection::inject_fault`]: a drill of
+/// what the network does to a connection.
 ///
 /// ```
-/// assert_ne!(msgr::RealFault::Abort, msgr::RealFault::HalfClose);
+/// # use std::time::Duration;
+/// use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher, RealFault};
+/// # use std::sync::Arc;
+/// let inbox = Inbox::new();
+/// let server = Messenger::builder(EntityName::server(1)).without_env()
+///     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// let client = Messenger::builder(EntityName::client(1)).without_env()
+///     .start(Arc::new(NullDispatcher))?;
+/// let conn = client.connect(server.addr())?;
+/// conn.wait_connected(Duration::from_secs(10))?;
+/// conn.inject_fault(RealFault::HalfClose);
+/// conn.send(Message::new(1, &b"after the fault"[..], &b""[..]))?;
+/// // Lossless: the session comes back on a new link and delivers it.
+/// let (_, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+/// assert_eq!(&msg.front[..], b"after the fault");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub use msgr_backends::RealFault;
-/// An imitated transport fault, for [`Connection::simulate_fault`].
+/// An imitated transport fault, for [`Connection::simulate_fault`] (see
+/// its example).
 ///
 /// ```
-/// let fault = msgr::SimulatedFault::HungRead;
-/// assert_eq!(format!("{fault:?}"), "HungRead");
+/// use msgr::SimulatedFault;
+/// // One per kind of fault a backend imitates; a test names the one it drills.
+/// let drills = [SimulatedFault::HungRead, SimulatedFault::CqReadError];
+/// assert_ne!(drills[0], drills[1]);
 /// ```
 pub use msgr_backends::SimulatedFault;
 /// A transport could not be used.
