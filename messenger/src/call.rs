@@ -41,7 +41,7 @@ use crate::Connection;
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// use msgr::CallError;
 /// // The server never replies: the call gives up at its timeout.
 /// let err = conn.call(Message::new(1, &b"ping"[..], &b""[..]), Duration::from_millis(100));
@@ -75,7 +75,7 @@ pub enum CallError {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// use msgr::{TypedCallError, TypedMessage};
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct Ping;
@@ -248,7 +248,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// # std::thread::spawn(move || {
     /// #     if let Some((c, req)) = inbox.recv_timeout(Duration::from_secs(10)) {
     /// #         c.reply(&req, Message::new(2, &b"pong"[..], &b""[..])).unwrap();
@@ -302,7 +302,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::TypedMessage;
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// struct Double(u32);
@@ -338,7 +338,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::TypedMessage;
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// struct Len(usize);
@@ -393,7 +393,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// // The server side: answer each request with its text upper-cased.
     /// std::thread::spawn(move || {
     ///     if let Some((c, req)) = inbox.recv_timeout(Duration::from_secs(10)) {
@@ -423,7 +423,7 @@ impl Connection {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// # std::thread::spawn(move || {
 /// #     if let Some((c, req)) = inbox.recv_timeout(Duration::from_secs(10)) {
 /// #         c.reply(&req, Message::new(2, &b"pong"[..], &b""[..])).unwrap();

@@ -25,7 +25,7 @@ use crate::worker::{Command, LinkFault};
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// use msgr::SendError;
 /// conn.mark_down();
 /// # while conn.state() != msgr::ConnectionState::Closed { std::thread::sleep(Duration::from_millis(1)); }
@@ -120,7 +120,7 @@ pub enum ConnectError {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// use msgr::ConnectionState;
 /// conn.wait_connected(Duration::from_secs(10))?;
 /// assert_eq!(conn.state(), ConnectionState::Open);
@@ -261,8 +261,8 @@ impl RoomWaiters {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
-/// let conn: msgr::Connection = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// let conn: msgr::Connection = client.connect(server.addr().expect("bound"))?;
 /// let copy = conn.clone(); // the same session
 /// copy.send(Message::new(7, &b"ping"[..], &b""[..]))?;
 /// let (_, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
@@ -400,7 +400,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// conn.send(Message::new(1, &b"hello"[..], &b""[..]))?;
     /// let (_from, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
     /// assert_eq!(&msg.front[..], b"hello");
@@ -501,7 +501,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// // Waits up to a second for room where `send` would fail with QueueFull.
     /// conn.send_timeout(Message::new(1, &b"hi"[..], &b""[..]), Duration::from_secs(1))?;
     /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
@@ -705,7 +705,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// conn.send(Message::new(1, &b"last words"[..], &b""[..]))?;
     /// conn.close();
     /// // What was queued before the close is still delivered.
@@ -742,7 +742,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::RealFault;
     /// conn.wait_connected(Duration::from_secs(10))?;
     /// conn.inject_fault(RealFault::Abort);
@@ -772,7 +772,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::SimulatedFault;
     /// conn.wait_connected(Duration::from_secs(10))?;
     /// // TCP has no rendezvous reads to hang: it ignores the request.
@@ -798,8 +798,8 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
-    /// assert_eq!(conn.target(), server.addr());
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// assert_eq!(conn.target(), server.addr().expect("bound"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn target(&self) -> &EntityAddr {
@@ -816,7 +816,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// conn.wait_connected(Duration::from_secs(10))?;
     /// let peer = conn.peer().expect("known after the handshake");
     /// assert_eq!(peer.name, EntityName::server(1));
@@ -836,10 +836,10 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::Policy;
     /// assert_eq!(conn.policy(), Policy::LosslessClient); // the configured default
-    /// let lossy = client.connect_with(server.addr(), Policy::LossyClient)?;
+    /// let lossy = client.connect_with(server.addr().expect("bound"), Policy::LossyClient)?;
     /// assert_eq!(lossy.policy(), Policy::LosslessClient); // the existing session
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -858,7 +858,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::ConnectionState;
     /// conn.wait_connected(Duration::from_secs(10))?;
     /// assert_eq!(conn.state(), ConnectionState::Open);
@@ -938,9 +938,9 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// // Every handle on one session has its id.
-    /// assert_eq!(client.connect(server.addr())?.id(), conn.id());
+    /// assert_eq!(client.connect(server.addr().expect("bound"))?.id(), conn.id());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn id(&self) -> u64 {
@@ -989,7 +989,7 @@ impl ConnInner {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// let sent: msgr::SendFuture = conn.send_async(Message::new(1, &b"hi"[..], &b""[..]));
 /// tokio::runtime::Runtime::new()?.block_on(sent)?;
 /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());

@@ -41,7 +41,7 @@ pub trait Dispatcher: Send + Sync + 'static {
     ///     .bind("tcp://127.0.0.1:0".parse()?).start(Arc::new(Log(Mutex::new(tx))))?;
     /// let client = Messenger::builder(EntityName::client(1)).without_env()
     ///     .start(Arc::new(NullDispatcher))?;
-    /// let conn = client.connect(server.addr())?;
+    /// let conn = client.connect(server.addr().expect("bound"))?;
     /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
     /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "hi");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -69,7 +69,7 @@ pub trait Dispatcher: Send + Sync + 'static {
     ///     .bind("tcp://127.0.0.1:0".parse()?).start(Arc::new(NullDispatcher))?;
     /// let client = Messenger::builder(EntityName::client(1)).without_env()
     ///     .start(Arc::new(Log(Mutex::new(tx))))?;
-    /// let _conn = client.connect(server.addr())?;
+    /// let _conn = client.connect(server.addr().expect("bound"))?;
     /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "connected to server.1");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -98,7 +98,7 @@ pub trait Dispatcher: Send + Sync + 'static {
     ///     .bind("tcp://127.0.0.1:0".parse()?).start(Arc::new(Log(Mutex::new(tx))))?;
     /// let client = Messenger::builder(EntityName::client(1)).without_env()
     ///     .start(Arc::new(NullDispatcher))?;
-    /// let conn = client.connect(server.addr())?;
+    /// let conn = client.connect(server.addr().expect("bound"))?;
     /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "accepted client.1");
     /// # drop(conn);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -163,7 +163,7 @@ pub trait Dispatcher: Send + Sync + 'static {
     ///     .bind("tcp://127.0.0.1:0".parse()?).start(Arc::new(NullDispatcher))?;
     /// let client = Messenger::builder(EntityName::client(1)).without_env()
     ///     .start(Arc::new(Log(Mutex::new(tx))))?;
-    /// client.connect(server.addr())?.mark_down();
+    /// client.connect(server.addr().expect("bound"))?.mark_down();
     /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "reset: MarkedDown");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -195,7 +195,7 @@ pub trait Dispatcher: Send + Sync + 'static {
     /// let inbox = msgr::Inbox::new();
     /// let server = Messenger::builder(EntityName::server(1)).without_env()
     ///     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
-    /// let _conn = client.connect(server.addr())?;
+    /// let _conn = client.connect(server.addr().expect("bound"))?;
     /// // The server drops its side of the session; the client's reconnect learns it.
     /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
     /// accepted.mark_down();

@@ -24,7 +24,7 @@
 //!     .without_env()
 //!     .start(Inbox::new().dispatcher())
 //!     .unwrap();
-//! let conn = client.connect_with(server.addr(), Policy::LosslessClient).unwrap();
+//! let conn = client.connect_with(server.addr().expect("bound"), Policy::LosslessClient).unwrap();
 //! conn.send(Message::new(1, &b"hello"[..], &b""[..])).unwrap();
 //! let (from, msg) = inbox.recv_timeout(Duration::from_secs(5)).expect("a message");
 //! assert_eq!(&msg.front[..], b"hello");
@@ -56,7 +56,7 @@ use crate::{Connection, Dispatcher};
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// use msgr::ConnectionEvent;
 /// let (_, event) = inbox.next_event_timeout(Duration::from_secs(10)).expect("an event");
 /// assert_eq!(event, ConnectionEvent::Accepted);
@@ -89,7 +89,7 @@ pub enum ConnectionEvent {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
 /// let (from, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
 /// assert_eq!((&msg.front[..], from.peer().map(|p| p.name)), (&b"hi"[..], Some(EntityName::client(1))));
@@ -175,7 +175,7 @@ impl Inbox {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// assert!(inbox.recv_timeout(Duration::from_millis(10)).is_none()); // nothing yet
     /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
     /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
@@ -198,7 +198,7 @@ impl Inbox {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// assert!(inbox.try_recv().is_none());
     /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
     /// // Poll, doing other work between looks, until a deadline.
@@ -226,7 +226,7 @@ impl Inbox {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
     /// let (_, msg) = tokio::runtime::Runtime::new()?.block_on(inbox.recv_async()).expect("delivered");
     /// assert_eq!(&msg.front[..], b"hi");
@@ -249,7 +249,7 @@ impl Inbox {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// conn.send(Message::new(1, &b"one"[..], &b""[..]))?;
     /// let mut messages = inbox.messages();
     /// let (_, msg) = tokio::runtime::Runtime::new()?.block_on(messages.next()).expect("delivered");
@@ -272,7 +272,7 @@ impl Inbox {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::ConnectionEvent;
     /// let (accepted, event) = inbox.next_event_timeout(Duration::from_secs(10)).expect("an event");
     /// assert_eq!(event, ConnectionEvent::Accepted);
@@ -298,7 +298,7 @@ impl Inbox {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::ConnectionEvent;
     /// let mut events = inbox.events();
     /// let (_, event) = tokio::runtime::Runtime::new()?.block_on(events.next()).expect("an event");
@@ -323,7 +323,7 @@ impl Inbox {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::ConnectionEvent;
     /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
     /// let apart = inbox.connection(&accepted);
@@ -446,7 +446,7 @@ impl Dispatcher for Inbox {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
 /// let apart: msgr::ConnectionInbox = inbox.connection(&accepted);
 /// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
@@ -469,7 +469,7 @@ impl ConnectionInbox {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
     /// let apart = inbox.connection(&accepted);
     /// assert!(apart.recv_timeout(Duration::from_millis(10)).is_none());
@@ -494,7 +494,7 @@ impl ConnectionInbox {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
     /// let apart = inbox.connection(&accepted);
     /// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
@@ -517,7 +517,7 @@ impl ConnectionInbox {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
     /// let mut apart = inbox.connection(&accepted);
     /// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
@@ -562,7 +562,7 @@ impl Drop for ConnectionInbox {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
 /// let apart = inbox.connection(&accepted);
 /// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
@@ -596,7 +596,7 @@ impl Future for RecvApart<'_> {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
 /// let fut: msgr::Recv<'_> = inbox.recv_async();
 /// assert!(tokio::runtime::Runtime::new()?.block_on(fut).is_some());
@@ -628,7 +628,7 @@ impl Future for Recv<'_> {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
 /// let mut stream: msgr::Messages = inbox.messages();
 /// assert!(tokio::runtime::Runtime::new()?.block_on(stream.next()).is_some());
@@ -676,7 +676,7 @@ impl Stream for Messages {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// let mut events: msgr::Events = inbox.events();
 /// assert!(tokio::runtime::Runtime::new()?.block_on(events.next()).is_some());
 /// # drop(conn);
@@ -698,7 +698,7 @@ impl Events {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let mut events = inbox.events();
     /// let (_, event) = tokio::runtime::Runtime::new()?.block_on(events.next()).expect("an event");
     /// assert_eq!(event, msgr::ConnectionEvent::Accepted);

@@ -29,7 +29,7 @@
 //!     .bind("tcp://127.0.0.1:0".parse()?)
 //!     .start(Arc::new(Inbox(std::sync::Mutex::new(tx))))?;
 //! let mut client = Messenger::builder(EntityName::client(1)).start(Arc::new(NullDispatcher))?;
-//! let conn = client.connect(server.addr())?;
+//! let conn = client.connect(server.addr().expect("bound"))?;
 //! conn.send(Message::encode(1, &Hello { text: "hi".into() })?)?;
 //! assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "hi");
 //! client.shutdown(Duration::from_secs(1));
@@ -233,7 +233,7 @@ pub use msgr_backends::RdmaPoolConfig;
 ///     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// let client = Messenger::builder(EntityName::client(1)).without_env()
 ///     .start(Arc::new(NullDispatcher))?;
-/// let conn = client.connect(server.addr())?;
+/// let conn = client.connect(server.addr().expect("bound"))?;
 /// conn.wait_connected(Duration::from_secs(10))?;
 /// conn.inject_fault(RealFault::HalfClose);
 /// conn.send(Message::new(1, &b"after the fault"[..], &b""[..]))?;
@@ -354,7 +354,7 @@ pub use msgr_proto::Message;
 ///     .bind("tcp://127.0.0.1:0".parse()?).start(Arc::new(NullDispatcher))?;
 /// let client = Messenger::builder(EntityName::client(1)).without_env()
 ///     .start(Arc::new(NullDispatcher))?;
-/// let conn = client.connect(server.addr())?;
+/// let conn = client.connect(server.addr().expect("bound"))?;
 /// conn.wait_connected(Duration::from_secs(10))?;
 /// let peer: PeerInfo = conn.peer().expect("known once open");
 /// assert_eq!(peer.name, EntityName::server(1));

@@ -132,7 +132,7 @@ pub struct ShutdownReport {
 ///     .bind("tcp://127.0.0.1:6800".parse().unwrap())
 ///     .start(Arc::new(NullDispatcher))
 ///     .unwrap();
-/// println!("listening on {}", m.addr());
+/// println!("listening on {}", m.addr().expect("bound"));
 /// m.shutdown(std::time::Duration::from_secs(1));
 /// ```
 pub struct MessengerBuilder {
@@ -204,7 +204,7 @@ impl MessengerBuilder {
     ///     .bind("tcp://127.0.0.1:0".parse()?)
     ///     .start(Arc::new(NullDispatcher))?;
     /// assert_eq!(m.addrs().len(), 2);
-    /// assert_ne!(m.addr().socket.port(), 0); // port 0 became a free port
+    /// assert_ne!(m.addr().expect("bound").socket.port(), 0); // port 0 became a free port
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn bind(mut self, addr: EntityAddr) -> Self {
@@ -287,7 +287,7 @@ impl MessengerBuilder {
 /// let client = Messenger::builder(EntityName::client(1))
 ///     .without_env()
 ///     .start(Arc::new(NullDispatcher))?;
-/// client.connect(server.addr())?.send(Message::new(1, &b"sent, then dropped"[..], &b""[..]))?;
+/// client.connect(server.addr().expect("bound"))?.send(Message::new(1, &b"sent, then dropped"[..], &b""[..]))?;
 /// drop(client); // drains for up to a second, then joins its workers
 /// let (_, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
 /// assert_eq!(&msg.front[..], b"sent, then dropped");
@@ -474,21 +474,30 @@ impl Messenger {
         })
     }
 
-    /// This messenger's address (with the port chosen at bind time and its nonce).
+    /// The address this messenger listens on first, what peers connect to
+    /// (with the port chosen at bind time and its nonce); `None` if it
+    /// never bound (a messenger that only connects has no address a peer
+    /// could dial). After [`Messenger::unbind`] it is still the
+    /// messenger's identity; [`Messenger::addrs`] lists what it listens on.
     ///
     /// ```
     /// use std::sync::Arc;
     /// use msgr::{EntityName, Messenger, NullDispatcher};
-    /// let m = Messenger::builder(EntityName::server(1))
+    /// let server = Messenger::builder(EntityName::server(1))
     ///     .without_env()
     ///     .bind("tcp://127.0.0.1:0".parse()?)
     ///     .start(Arc::new(NullDispatcher))?;
-    /// assert!(m.addr().is_loopback());
-    /// assert_ne!(m.addr().socket.port(), 0);
+    /// let addr = server.addr().expect("bound");
+    /// assert!(addr.is_loopback());
+    /// assert_ne!(addr.socket.port(), 0);
+    ///
+    /// let client = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// assert_eq!(client.addr(), None);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn addr(&self) -> &EntityAddr {
-        &self.shared.local.addr
+    pub fn addr(&self) -> Option<&EntityAddr> {
+        let bound = !self.shared.bound.lock().is_empty();
+        bound.then_some(&self.shared.local.addr)
     }
 
     /// Every address this messenger listens on, in the order bound (the
@@ -502,7 +511,7 @@ impl Messenger {
     ///     .without_env()
     ///     .bind("tcp://127.0.0.1:0".parse()?)
     ///     .start(Arc::new(NullDispatcher))?;
-    /// assert_eq!(m.addrs().first(), Some(m.addr()));
+    /// assert_eq!(m.addrs().first(), Some(m.addr().expect("bound")));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn addrs(&self) -> crate::AddrVec {
@@ -531,7 +540,7 @@ impl Messenger {
     ///     .without_env()
     ///     .bind("tcp://127.0.0.1:0".parse()?)
     ///     .start(Arc::new(NullDispatcher))?;
-    /// let addr = m.addr().clone();
+    /// let addr = m.addr().expect("bound").clone();
     /// assert!(m.unbind(&addr));
     /// assert!(m.addrs().is_empty());
     /// assert!(!m.unbind(&addr)); // no longer listened on
@@ -580,8 +589,8 @@ impl Messenger {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
-    /// let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let conn = client.connect(server.addr().expect("bound"))?;
     /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
     /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -600,11 +609,11 @@ impl Messenger {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::Policy;
     /// # let client = Messenger::builder(EntityName::client(2)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// let lossy = client.connect_with(server.addr(), Policy::LossyClient)?;
+    /// let lossy = client.connect_with(server.addr().expect("bound"), Policy::LossyClient)?;
     /// assert_eq!(lossy.policy(), Policy::LossyClient);
     /// # drop(conn);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -763,7 +772,7 @@ impl Messenger {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// assert_eq!(client.connections().len(), 1);
     /// assert_eq!(client.connections()[0].id(), conn.id());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -817,10 +826,10 @@ impl Messenger {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
-    /// client.mark_down(server.addr());
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// client.mark_down(server.addr().expect("bound"));
     /// // The session is gone: the next connect opens a new one.
-    /// assert_ne!(client.connect(server.addr())?.id(), conn.id());
+    /// assert_ne!(client.connect(server.addr().expect("bound"))?.id(), conn.id());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn mark_down(&self, addr: &EntityAddr) {
@@ -842,7 +851,7 @@ impl Messenger {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// conn.send(Message::new(1, &b"held"[..], &b""[..]))?;
     /// let (_, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
     /// let (messages, bytes) = server.rx_held(); // the application holds it
@@ -866,7 +875,7 @@ impl Messenger {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::Counters;
     /// # let mut client = client;
     /// conn.send(Message::new(1, &b"count me"[..], &b""[..]))?;
@@ -987,7 +996,7 @@ impl Messenger {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// # let mut client = client;
     /// conn.send(Message::new(1, &b"bye"[..], &b""[..]))?;
     /// let report = client.shutdown(Duration::from_secs(5));
@@ -1098,7 +1107,7 @@ impl Messenger {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// let sent = client.broadcast(Message::new(1, &b"all"[..], &b""[..]));
 /// assert_eq!((sent.sent, sent.refused.len()), (1, 0));
 /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
@@ -1154,7 +1163,7 @@ impl std::future::Future for ShutdownFuture {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// conn.wait_connected(Duration::from_secs(10))?;
 /// let mem: msgr::MemoryUse = client.memory();
 /// assert_eq!(mem.sessions, 1);

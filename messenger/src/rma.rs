@@ -49,7 +49,7 @@
 //! let peer = Messenger::builder(EntityName::client(1))
 //!     .start(Arc::new(NullDispatcher))
 //!     .unwrap();
-//! let conn = peer.connect(owner.addr()).unwrap();
+//! let conn = peer.connect(owner.addr().expect("bound")).unwrap();
 //! let t = Duration::from_secs(10);
 //! conn.write(&handle, 100, &b"hello"[..], t).unwrap();
 //! let back = conn.read(&handle, 98, 8, t).unwrap();
@@ -123,7 +123,7 @@ const RMA_TYPE: u16 = 0;
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// use msgr::RmaError;
 /// let region = server.expose(vec![0u8; 8], msgr::Access::Read);
 /// let err = conn.read(&region.handle(), 4, 8, Duration::from_secs(10)).unwrap_err();
@@ -254,7 +254,7 @@ impl RegionTable {
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// let region: msgr::RmaRegion = server.expose(vec![0u8; 32], msgr::Access::ReadWrite);
 /// conn.write(&region.handle(), 0, &b"x"[..], Duration::from_secs(10))?;
 /// assert_eq!(region.bytes()[0], b'x');
@@ -287,7 +287,7 @@ impl RmaRegion {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let region = server.expose(vec![1u8; 64], msgr::Access::Read);
     /// let handle = region.handle();
     /// // The handle is a serde value: send it in any message.
@@ -315,7 +315,7 @@ impl RmaRegion {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let region = server.expose(vec![0u8; 64], msgr::Access::Read);
     /// assert_eq!(region.len(), 64);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -334,7 +334,7 @@ impl RmaRegion {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// assert!(server.expose(Vec::new(), msgr::Access::Read).is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -353,7 +353,7 @@ impl RmaRegion {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let region = server.expose(vec![0u8; 64], msgr::Access::ReadWrite);
     /// conn.write(&region.handle(), 0, &b"peer wrote"[..], Duration::from_secs(10))?;
     /// assert_eq!(&region.bytes()[..10], b"peer wrote");
@@ -375,7 +375,7 @@ impl RmaRegion {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let region = server.expose(vec![0u8; 64], msgr::Access::Read);
     /// region.bytes_mut()[..5].copy_from_slice(b"fresh");
     /// let read = conn.read(&region.handle(), 0, 5, Duration::from_secs(10))?;
@@ -398,7 +398,7 @@ impl RmaRegion {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let region = server.expose(vec![9u8; 64], msgr::Access::Read);
     /// let handle = region.handle();
     /// let buffer = region.revoke(); // the bytes come back
@@ -450,7 +450,7 @@ impl Messenger {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let region = server.expose(b"readable".to_vec(), msgr::Access::Read);
     /// let bytes = conn.read(&region.handle(), 0, 8, Duration::from_secs(10))?;
     /// assert_eq!(&bytes[..], b"readable");
@@ -473,7 +473,7 @@ impl Messenger {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// // Only client 2 may use it: client 1 is refused even with the handle.
     /// let region = server.expose_to(vec![0u8; 8], msgr::Access::Read, &[EntityName::client(2)]);
     /// let err = conn.read(&region.handle(), 0, 8, Duration::from_secs(10)).unwrap_err();
@@ -549,7 +549,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let region = server.expose(b"0123456789".to_vec(), msgr::Access::Read);
     /// let bytes = conn.read(&region.handle(), 2, 3, Duration::from_secs(10))?;
     /// assert_eq!(&bytes[..], b"234");
@@ -577,7 +577,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let region = server.expose(b"0123456789".to_vec(), msgr::Access::Read);
     /// let mut buf = [0u8; 4];
     /// conn.read_into(&region.handle(), 6, &mut buf, Duration::from_secs(10))?;
@@ -608,7 +608,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// use msgr::RmaOptions;
     /// let region = server.expose(vec![0u8; 16], msgr::Access::ReadWrite);
     /// let opts = RmaOptions::from(Duration::from_secs(10)).checksum();
@@ -639,7 +639,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let region = server.expose(b"async".to_vec(), msgr::Access::Read);
     /// let read = conn.read_async(&region.handle(), 0, 5, Duration::from_secs(10));
     /// let bytes = tokio::runtime::Runtime::new()?.block_on(read)?;
@@ -674,7 +674,7 @@ impl Connection {
     /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
     /// # let client = Messenger::builder(EntityName::client(1)).without_env()
     /// #     .start(Arc::new(NullDispatcher))?;
-    /// # let conn = client.connect(server.addr())?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
     /// let region = server.expose(vec![0u8; 8], msgr::Access::Write);
     /// let write = conn.write_async(&region.handle(), 0, &b"async"[..], Duration::from_secs(10));
     /// tokio::runtime::Runtime::new()?.block_on(write)?;
@@ -794,7 +794,7 @@ fn write_outcome(reply: Message, h: &RmaHandle, offset: u64) -> Result<(), RmaEr
 /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
 /// # let client = Messenger::builder(EntityName::client(1)).without_env()
 /// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr())?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
 /// let region = server.expose(b"future".to_vec(), msgr::Access::Read);
 /// let fut: msgr::RmaFuture<msgr::Bytes> = conn.read_async(&region.handle(), 0, 6, Duration::from_secs(10));
 /// assert_eq!(&tokio::runtime::Runtime::new()?.block_on(fut)?[..], b"future");

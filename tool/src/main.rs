@@ -302,7 +302,7 @@ fn serve(cfg: &MessengerConfig, addr: &str, duration: Option<Duration>) -> Resul
     let _ = writeln!(
         std::io::stdout(),
         "listening on {}",
-        m.addr().clone().with_nonce(0)
+        m.addr().expect("bound").clone().with_nonce(0)
     );
     eprintln!(
         "serving{}; Ctrl-C prints counters and stops",
