@@ -65,7 +65,7 @@ impl TransportKind {
 /// Use it inside [`TransportKind::Fabric`]. `name` is the provider string as
 /// libfabric spells it (`"tcp"`, `"shm"`, `"verbs"`, `"efa"`, or a utility
 /// provider stack such as `"tcp;ofi_rxm"`). Valid names are `;`-separated
-/// non-empty `[a-z0-9_]+` components, at most [`MAX_PROVIDER_LEN`] bytes.
+/// non-empty `[a-z0-9_]+` components, at most `MAX_PROVIDER_LEN` bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FabricProvider {
     /// libfabric provider name, e.g. `"tcp"` or `"tcp;ofi_rxm"`.
@@ -128,7 +128,7 @@ impl FabricEndpoint {
 ///
 /// Use it to pin a connection to a device, port and GID index; `None` means
 /// "let the backend choose". Written as the query keys `dev`, `port`, `gid`.
-/// Valid device names are 1 to [`MAX_DEVICE_LEN`] bytes of `[A-Za-z0-9_.-]`.
+/// Valid device names are 1 to `MAX_DEVICE_LEN` bytes of `[A-Za-z0-9_.-]`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct RdmaLocation {
     /// RDMA device name, e.g. `"rxe0"`, `"mlx5_0"`. Query key `dev`.

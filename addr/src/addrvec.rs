@@ -16,7 +16,7 @@ use crate::{MAX_ADDRVEC_ENTRIES, MAX_ADDRVEC_LEN};
 ///
 /// String form: `[a,b,…]`, or a single address without brackets (which is how
 /// a one-element vector is printed); `[]` is the empty vector. No whitespace.
-/// At most [`MAX_ADDRVEC_ENTRIES`] entries. Serde uses the string form.
+/// At most `MAX_ADDRVEC_ENTRIES` entries. Serde uses the string form.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct AddrVec(pub Vec<EntityAddr>);
 
@@ -58,7 +58,7 @@ impl AddrVec {
     }
 
     /// Checks that this value can be written in the string syntax and parsed
-    /// back to itself: at most [`MAX_ADDRVEC_ENTRIES`] entries, each passing
+    /// back to itself: at most `MAX_ADDRVEC_ENTRIES` entries, each passing
     /// [`EntityAddr::validate`]. Every parsed vector passes.
     pub fn validate(&self) -> Result<(), AddrParseError> {
         if self.0.len() > MAX_ADDRVEC_ENTRIES {

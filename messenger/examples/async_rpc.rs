@@ -25,7 +25,7 @@ pub async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
     let client_inbox = Inbox::new();
     let client = Messenger::builder(EntityName::client(1)).start(client_inbox.dispatcher())?;
-    let conn = client.connect_with(server.addr(), Policy::LosslessClient)?;
+    let conn = client.connect_with(server.addr().expect("bound"), Policy::LosslessClient)?;
     let mut events = client_inbox.events();
     let (_, first) = events.next().await.ok_or("no event")?;
     assert_eq!(first, ConnectionEvent::Connected);

@@ -59,7 +59,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
     let input = client.expose(data.clone(), Access::Read);
     let output = client.expose(vec![0u8; data.len()], Access::Write);
-    let conn = client.connect(server.addr())?;
+    let conn = client.connect(server.addr().expect("bound"))?;
     let job = Job {
         input: input.handle(),
         output: output.handle(),

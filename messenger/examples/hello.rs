@@ -21,7 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bind("tcp://127.0.0.1:0".parse()?)
         .start(Arc::new(Inbox(Mutex::new(tx))))?;
     let mut client = Messenger::builder(EntityName::client(1)).start(Arc::new(NullDispatcher))?;
-    let conn = client.connect(server.addr())?;
+    let conn = client.connect(server.addr().expect("bound"))?;
     conn.send(Message::encode(1, &"hello".to_string())?)?;
     let got = rx.recv_timeout(Duration::from_secs(5))?;
     println!("received {got:?}");

@@ -44,7 +44,11 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bind("tcp://127.0.0.1:0".parse()?)
         .start(Arc::new(Store::default()))?;
     let mut client = Messenger::builder(EntityName::client(1)).start(Arc::new(Store::default()))?;
-    let kv = client.connect_to(&server_name, server.addr(), Policy::LosslessClient)?;
+    let kv = client.connect_to(
+        &server_name,
+        server.addr().expect("bound"),
+        Policy::LosslessClient,
+    )?;
     let t = Duration::from_secs(5); // each call's timeout
     let _: Value = kv.call_typed(&Request::Put("answer".into(), b"42".to_vec()), t)?;
     let got: Value = kv.call_typed(&Request::Get("answer".into()), t)?;

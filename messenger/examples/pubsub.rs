@@ -14,7 +14,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     for id in 1..=3 {
         let inbox = Inbox::new();
         let m = Messenger::builder(EntityName::client(id)).start(inbox.dispatcher())?;
-        let conn = m.connect_with(publisher.addr(), Policy::LosslessClient)?;
+        let conn = m.connect_with(publisher.addr().expect("bound"), Policy::LosslessClient)?;
         conn.wait_connected(Duration::from_secs(5))?;
         subscribers.push((m, inbox));
     }

@@ -32,6 +32,22 @@ use crate::connection::{SendError, SendRejected};
 use crate::Connection;
 
 /// Why a call got no reply.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// use msgr::CallError;
+/// // The server never replies: the call gives up at its timeout.
+/// let err = conn.call(Message::new(1, &b"ping"[..], &b""[..]), Duration::from_millis(100));
+/// assert!(matches!(err, Err(CallError::Timeout(_))));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CallError {
@@ -68,6 +84,25 @@ impl<M> From<SendRejected<M>> for CallError {
 
 /// Why a typed call ([`Connection::call_typed`]) failed: one error type for
 /// the request's encoding, the call and the reply's decoding.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// use msgr::{TypedCallError, TypedMessage};
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Ping;
+/// impl TypedMessage for Ping { const TYPE: u16 = 12; }
+/// // The server never replies.
+/// let err = conn.call_typed::<Ping, Ping>(&Ping, Duration::from_millis(100));
+/// assert!(matches!(err, Err(TypedCallError::Call(msgr::CallError::Timeout(_)))));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TypedCallError {
@@ -242,6 +277,26 @@ impl Connection {
     /// timeout is kept by the connection's worker (no timer of the
     /// executor's is needed). Dropping the future forgets the call (a
     /// reply that comes anyway is dropped and counted).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// # std::thread::spawn(move || {
+    /// #     if let Some((c, req)) = inbox.recv_timeout(Duration::from_secs(10)) {
+    /// #         c.reply(&req, Message::new(2, &b"pong"[..], &b""[..])).unwrap();
+    /// #     }
+    /// # });
+    /// let call = conn.call_async(Message::new(1, &b"ping"[..], &b""[..]), Duration::from_secs(10));
+    /// let reply = tokio::runtime::Runtime::new()?.block_on(call)?;
+    /// assert_eq!(&reply.front[..], b"pong");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn call_async(&self, request: Message, timeout: Duration) -> CallFuture {
         self.call_async_marked(request, timeout, 0)
     }
@@ -276,6 +331,31 @@ impl Connection {
     }
 
     /// [`Connection::call_typed`] as a future (see [`Connection::call_async`]).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::TypedMessage;
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Double(u32);
+    /// impl TypedMessage for Double { const TYPE: u16 = 10; }
+    /// # std::thread::spawn(move || {
+    /// #     if let Some((c, req)) = inbox.recv_timeout(Duration::from_secs(10)) {
+    /// #         let Double(n) = req.decode_typed().unwrap();
+    /// #         c.reply_typed(&req, &Double(2 * n)).unwrap();
+    /// #     }
+    /// # });
+    /// let rt = tokio::runtime::Runtime::new()?;
+    /// let Double(n) = rt.block_on(conn.call_typed_async(&Double(21), Duration::from_secs(10)))?;
+    /// assert_eq!(n, 42);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub async fn call_typed_async<Req: TypedMessage, Resp: TypedMessage>(
         &self,
         request: &Req,
@@ -287,6 +367,31 @@ impl Connection {
 
     /// Answers `request` with `reply` encoded as its type (see
     /// [`Connection::reply`]).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::TypedMessage;
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Len(usize);
+    /// impl TypedMessage for Len { const TYPE: u16 = 11; }
+    /// // The server side: answer each request with its length.
+    /// std::thread::spawn(move || {
+    ///     if let Some((c, req)) = inbox.recv_timeout(Duration::from_secs(10)) {
+    ///         c.reply_typed(&req, &Len(req.front.len())).unwrap();
+    ///     }
+    /// });
+    /// let reply = conn.call(Message::new(1, &b"four"[..], &b""[..]), Duration::from_secs(10))?;
+    /// let Len(n) = reply.decode_typed()?;
+    /// assert_eq!(n, 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reply_typed<Resp: TypedMessage>(
         &self,
         request: &Message,
@@ -317,6 +422,27 @@ impl Connection {
     /// [`Message::call_id`]) with `reply`; the caller's
     /// [`Connection::call`] returns it. A refused reply comes back in the
     /// error (marked as the reply, except for [`SendError::NotARequest`]).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// // The server side: answer each request with its text upper-cased.
+    /// std::thread::spawn(move || {
+    ///     if let Some((c, req)) = inbox.recv_timeout(Duration::from_secs(10)) {
+    ///         let up = req.front.to_ascii_uppercase();
+    ///         c.reply(&req, Message::new(2, up, Vec::new())).unwrap();
+    ///     }
+    /// });
+    /// let reply = conn.call(Message::new(1, &b"hi"[..], &b""[..]), Duration::from_secs(10))?;
+    /// assert_eq!(&reply.front[..], b"HI");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reply(&self, request: &Message, reply: Message) -> Result<(), SendRejected> {
         match request.call_id() {
             Some((_, false)) => self.send(reply.replying_to(request)),
@@ -330,6 +456,26 @@ impl Connection {
 
 /// The future of [`Connection::call_async`]. Polled again after it
 /// completed, it is ready with [`CallError::Finished`].
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// # std::thread::spawn(move || {
+/// #     if let Some((c, req)) = inbox.recv_timeout(Duration::from_secs(10)) {
+/// #         c.reply(&req, Message::new(2, &b"pong"[..], &b""[..])).unwrap();
+/// #     }
+/// # });
+/// let fut: msgr::CallFuture = conn.call_async(Message::new(1, &b"ping"[..], &b""[..]), Duration::from_secs(10));
+/// let reply = tokio::runtime::Runtime::new()?.block_on(fut)?;
+/// assert_eq!(&reply.front[..], b"pong");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct CallFuture {
     conn: Connection,
     request: Option<Message>,

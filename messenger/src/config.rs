@@ -19,6 +19,11 @@ use crate::faults::FaultPlan;
 use thiserror::Error;
 
 /// A configuration key or value was not understood.
+///
+/// ```
+/// let err = msgr::MessengerConfig::default().set("wokrers", "2").unwrap_err();
+/// assert!(matches!(err, msgr::ConfigError::UnknownKey(_)));
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -720,6 +725,16 @@ impl MessengerConfig {
     /// those read from `key_file` and `keyring`. The key file must be
     /// `name`'s: a process started with another entity's key is refused
     /// here, not at its first handshake.
+    ///
+    /// ```
+    /// use msgr::{EntityName, MessengerConfig};
+    /// let mut cfg = MessengerConfig::default();
+    /// assert!(cfg.security_for(&EntityName::client(1), None).is_ok()); // crc mode: no keys
+    /// cfg.set("security", "secure")?;
+    /// // Secure mode needs this entity's key: none was given, no key_file set.
+    /// assert!(cfg.security_for(&EntityName::client(1), None).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn security_for(
         &self,
         name: &msgr_addr::EntityName,
@@ -821,6 +836,12 @@ fn parse_worker_cpus(value: &str) -> Result<Vec<usize>, String> {
 }
 
 /// Parses a policy name as written in configuration.
+///
+/// ```
+/// use msgr::{parse_policy, Policy};
+/// assert_eq!(parse_policy("lossless-peer"), Some(Policy::LosslessPeer));
+/// assert_eq!(parse_policy("lossfree"), None);
+/// ```
 pub fn parse_policy(value: &str) -> Option<Policy> {
     Some(match value {
         "lossy-client" | "lossy" => Policy::LossyClient,
@@ -866,6 +887,15 @@ fn toml_error(text: &str, e: &toml::de::Error) -> String {
 impl MessengerConfig {
     /// Sets one key from its text form, checked against the values the
     /// key takes ([`CONFIG_KEYS`]); a list is comma-separated.
+    ///
+    /// ```
+    /// use msgr::{ConfigError, MessengerConfig};
+    /// let mut cfg = MessengerConfig::default();
+    /// cfg.set("workers", "4")?;
+    /// assert_eq!(cfg.workers, 4);
+    /// assert!(matches!(cfg.set("workers", "many"), Err(ConfigError::BadValue { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         let row = config_key(key).ok_or_else(|| ConfigError::UnknownKey(key.into()))?;
         // A key sets its own value and nothing else: limits derived from
@@ -896,6 +926,16 @@ impl MessengerConfig {
     }
 
     /// Reads a TOML file of flat `key = value` lines on top of the defaults.
+    ///
+    /// ```
+    /// let path = std::env::temp_dir().join(format!("msgr-doc-{}.toml", std::process::id()));
+    /// std::fs::write(&path, "workers = 3\npolicy = \"lossy-client\"\n")?;
+    /// let cfg = msgr::MessengerConfig::from_file(&path)?;
+    /// # std::fs::remove_file(&path)?;
+    /// assert_eq!(cfg.workers, 3);
+    /// assert_eq!(cfg.policy, msgr::Policy::LossyClient);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let mut cfg = MessengerConfig::default();
         cfg.apply_file(path)?;
@@ -903,6 +943,17 @@ impl MessengerConfig {
     }
 
     /// Applies a TOML file of flat `key = value` lines.
+    ///
+    /// ```
+    /// let path = std::env::temp_dir().join(format!("msgr-doc-apply-{}.toml", std::process::id()));
+    /// std::fs::write(&path, "workers = 3\n")?;
+    /// let mut cfg = msgr::MessengerConfig::default();
+    /// cfg.set("policy", "lossy-client")?;
+    /// cfg.apply_file(&path)?; // only the file's keys change
+    /// # std::fs::remove_file(&path)?;
+    /// assert_eq!((cfg.workers, cfg.policy), (3, msgr::Policy::LossyClient));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn apply_file(&mut self, path: &Path) -> Result<(), ConfigError> {
         let file_err = |why: String| ConfigError::File {
             path: path.display().to_string(),
@@ -952,6 +1003,15 @@ impl MessengerConfig {
 
     /// Applies `MSGR_<KEY>` environment variables (e.g. `MSGR_WORKERS=2`), and
     /// the file named by `MSGR_CONFIG` first if set.
+    ///
+    /// ```
+    /// // A doctest is a process of its own: setting its environment is safe here.
+    /// std::env::set_var("MSGR_WORKERS", "3");
+    /// let mut cfg = msgr::MessengerConfig::default();
+    /// cfg.apply_env()?;
+    /// assert_eq!(cfg.workers, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn apply_env(&mut self) -> Result<(), ConfigError> {
         self.apply_vars(std::env::vars_os())
     }
@@ -999,6 +1059,14 @@ impl MessengerConfig {
     }
 
     /// Defaults, then `MSGR_CONFIG`'s file, then `MSGR_*` variables.
+    ///
+    /// ```
+    /// // A doctest is a process of its own: setting its environment is safe here.
+    /// std::env::set_var("MSGR_POLICY", "lossy-client");
+    /// let cfg = msgr::MessengerConfig::from_env()?;
+    /// assert_eq!(cfg.policy, msgr::Policy::LossyClient);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_env() -> Result<Self, ConfigError> {
         let mut cfg = MessengerConfig::default();
         cfg.apply_env()?;

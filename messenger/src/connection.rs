@@ -17,6 +17,22 @@ use crate::messenger::Shared;
 use crate::worker::{Command, LinkFault};
 
 /// A message could not be sent.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// use msgr::SendError;
+/// conn.mark_down();
+/// # while conn.state() != msgr::ConnectionState::Closed { std::thread::sleep(Duration::from_millis(1)); }
+/// assert_eq!(conn.send(Message::new(1, &b"late"[..], &b""[..])), Err(SendError::Closed));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum SendError {
@@ -121,6 +137,21 @@ const STATE_OPEN: u8 = 1;
 const STATE_CLOSED: u8 = 2;
 
 /// [`Connection::wait_connected`] gave up.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityAddr, EntityName, Message, Messenger, NullDispatcher, Policy};
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// // A listener that never answers: the session stays in its handshake.
+/// let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+/// let addr: EntityAddr = format!("tcp://{}", silent.local_addr()?).parse()?;
+/// let conn = client.connect_with(&addr, Policy::LosslessClient)?;
+/// use msgr::ConnectError;
+/// let err = conn.wait_connected(Duration::from_millis(50)).unwrap_err();
+/// assert!(matches!(err, ConnectError::Timeout { .. }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum ConnectError {
@@ -138,6 +169,21 @@ pub enum ConnectError {
 }
 
 /// The life-cycle state of a connection, as the application sees it.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// use msgr::ConnectionState;
+/// conn.wait_connected(Duration::from_secs(10))?;
+/// assert_eq!(conn.state(), ConnectionState::Open);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnectionState {
     /// Handshaking, or reconnecting after a fault (lossless).
@@ -264,6 +310,23 @@ impl RoomWaiters {
 /// A handle on one session with one peer. Cheap to clone; all clones name the
 /// same session. Obtained from [`crate::Messenger::connect`] or handed to the
 /// [`crate::Dispatcher`] callbacks.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// let conn: msgr::Connection = client.connect(server.addr().expect("bound"))?;
+/// let copy = conn.clone(); // the same session
+/// copy.send(Message::new(7, &b"ping"[..], &b""[..]))?;
+/// let (_, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+/// assert_eq!(msg.msg_type, 7);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Connection {
     pub(crate) inner: Arc<ConnInner>,
@@ -393,6 +456,21 @@ impl Connection {
     /// before on this connection; on a lossless connection it is delivered
     /// exactly once even across transport faults. Never blocks. A refused
     /// message comes back in the error ([`SendRejected`]).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// conn.send(Message::new(1, &b"hello"[..], &b""[..]))?;
+    /// let (_from, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+    /// assert_eq!(&msg.front[..], b"hello");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn send(&self, msg: Message) -> Result<(), SendRejected> {
         if let Err(error) = self.admit(std::slice::from_ref(&msg)) {
             return Err(SendRejected {
@@ -495,6 +573,21 @@ impl Connection {
     /// Like [`Connection::send`], but waits up to `timeout` for room in the
     /// send queue ([`SendError::Timeout`] if none came; the message comes
     /// back).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// // Waits up to a second for room where `send` would fail with QueueFull.
+    /// conn.send_timeout(Message::new(1, &b"hi"[..], &b""[..]), Duration::from_secs(1))?;
+    /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn send_timeout(&self, msg: Message, timeout: Duration) -> Result<(), SendRejected> {
         let deadline = Instant::now() + timeout;
         // Woken by the worker when it releases messages (as `send_async`
@@ -633,6 +726,21 @@ impl Connection {
 
     /// Messages and payload bytes queued (not yet acknowledged by the peer, or
     /// for lossy connections not yet transmitted).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityAddr, EntityName, Message, Messenger, NullDispatcher, Policy};
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// // A listener that never answers: the session stays in its handshake.
+    /// let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let addr: EntityAddr = format!("tcp://{}", silent.local_addr()?).parse()?;
+    /// let conn = client.connect_with(&addr, Policy::LosslessClient)?;
+    /// conn.send(Message::new(1, &b"hello"[..], &b""[..]))?;
+    /// // Not acknowledged (the peer never answered): one message, five bytes.
+    /// assert_eq!(conn.queued(), (1, 5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn queued(&self) -> (u64, u64) {
         let i = &self.inner;
         (
@@ -646,9 +754,25 @@ impl Connection {
     }
 
     /// Ends the session now, dropping queued messages (the dispatcher hears
-    /// `on_reset` with [`msgr_proto::FaultReason::MarkedDown`]). A connect
+    /// `on_reset` with [`FaultReason::MarkedDown`](crate::FaultReason::MarkedDown)). A connect
     /// to the same peer made after this call opens a new session, even
     /// while this one is still being torn down.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityAddr, EntityName, Message, Messenger, NullDispatcher, Policy};
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// // A listener that never answers: the session stays in its handshake.
+    /// let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let addr: EntityAddr = format!("tcp://{}", silent.local_addr()?).parse()?;
+    /// let conn = client.connect_with(&addr, Policy::LosslessClient)?;
+    /// conn.mark_down();
+    /// // The next connect to that peer is a new session.
+    /// let again = client.connect_with(&addr, Policy::LosslessClient)?;
+    /// assert_ne!(again.id(), conn.id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn mark_down(&self) {
         self.unregister();
         self.inner.dispatch(Command::MarkDown {
@@ -661,6 +785,23 @@ impl Connection {
     /// Until it has ended, a connect to the same peer returns this
     /// connection, which refuses sends: a second session to the same peer
     /// beside one still draining would take the peer's session from it.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// conn.send(Message::new(1, &b"last words"[..], &b""[..]))?;
+    /// conn.close();
+    /// // What was queued before the close is still delivered.
+    /// let (_, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+    /// assert_eq!(&msg.front[..], b"last words");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn close(&self) {
         self.inner.dispatch(Command::Close {
             key: self.inner.key,
@@ -681,6 +822,25 @@ impl Connection {
 
     /// Produces a real transport fault on the current link (for tests and
     /// fault drills): the session recovers per its policy.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::RealFault;
+    /// conn.wait_connected(Duration::from_secs(10))?;
+    /// conn.inject_fault(RealFault::Abort);
+    /// // A lossless connection reconnects and delivers what it was given.
+    /// conn.send(Message::new(1, &b"after"[..], &b""[..]))?;
+    /// let (_, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+    /// assert_eq!(&msg.front[..], b"after");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn inject_fault(&self, fault: RealFault) {
         self.inner.dispatch(Command::Inject {
             key: self.inner.key,
@@ -692,6 +852,24 @@ impl Connection {
     /// real (see [`SimulatedFault`]; for tests). A backend that cannot
     /// imitate it ignores the request, as [`Connection::inject_fault`] does
     /// with faults a backend does not have.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::SimulatedFault;
+    /// conn.wait_connected(Duration::from_secs(10))?;
+    /// // TCP has no rendezvous reads to hang: it ignores the request.
+    /// conn.simulate_fault(SimulatedFault::HungRead);
+    /// conn.send(Message::new(1, &b"still here"[..], &b""[..]))?;
+    /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn simulate_fault(&self, fault: SimulatedFault) {
         self.inner.dispatch(Command::Inject {
             key: self.inner.key,
@@ -700,22 +878,81 @@ impl Connection {
     }
 
     /// Where this connection was dialled, or where the peer was accepted from.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// assert_eq!(conn.target(), server.addr().expect("bound"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn target(&self) -> &EntityAddr {
         &self.inner.target
     }
 
     /// The peer's identity once the handshake told it.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// conn.wait_connected(Duration::from_secs(10))?;
+    /// let peer = conn.peer().expect("known after the handshake");
+    /// assert_eq!(peer.name, EntityName::server(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn peer(&self) -> Option<PeerInfo> {
         self.inner.peer.lock().clone()
     }
 
     /// This side's policy for the connection.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::Policy;
+    /// assert_eq!(conn.policy(), Policy::LosslessClient); // the configured default
+    /// let lossy = client.connect_with(server.addr().expect("bound"), Policy::LossyClient)?;
+    /// assert_eq!(lossy.policy(), Policy::LosslessClient); // the existing session
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn policy(&self) -> Policy {
         self.inner.policy
     }
 
     /// The current state ([`ConnectionState::Closed`] too if the worker
     /// owning the connection died).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::ConnectionState;
+    /// conn.wait_connected(Duration::from_secs(10))?;
+    /// assert_eq!(conn.state(), ConnectionState::Open);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn state(&self) -> ConnectionState {
         if self.inner.shared.workers[self.inner.worker].is_dead() {
             return ConnectionState::Closed;
@@ -729,6 +966,21 @@ impl Connection {
 
     /// Where the connection stands and why it last lost its link (see
     /// [`ConnectionStatus`]).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityAddr, EntityName, Message, Messenger, NullDispatcher, Policy};
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// // A listener that never answers: the session stays in its handshake.
+    /// let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let addr: EntityAddr = format!("tcp://{}", silent.local_addr()?).parse()?;
+    /// let conn = client.connect_with(&addr, Policy::LosslessClient)?;
+    /// let status = conn.status();
+    /// assert_eq!(status.state, msgr::ConnectionState::Connecting);
+    /// assert_eq!(status.faults, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn status(&self) -> ConnectionStatus {
         let p = self.inner.status.lock();
         let now = Instant::now();
@@ -766,6 +1018,20 @@ impl Connection {
     }
 
     /// A number naming this connection within its messenger.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// // Every handle on one session has its id.
+    /// assert_eq!(client.connect(server.addr().expect("bound"))?.id(), conn.id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn id(&self) -> u64 {
         self.inner.key
     }
@@ -803,6 +1069,21 @@ impl ConnInner {
 }
 
 /// The future of [`Connection::send_async`].
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// let sent: msgr::SendFuture = conn.send_async(Message::new(1, &b"hi"[..], &b""[..]));
+/// tokio::runtime::Runtime::new()?.block_on(sent)?;
+/// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct SendFuture {
     conn: Connection,
     msg: Option<Message>,

@@ -6,6 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 macro_rules! counters {
     ($( $(#[doc = $doc:literal])* $name:ident ),* $(,)?) => {
         /// Live counters of one messenger. Cheap to update (relaxed atomics).
+        ///
+        /// ```
+        /// # use std::{sync::Arc, time::Duration};
+        /// use msgr::{Counters, EntityName, Messenger, NullDispatcher};
+        /// let m = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+        /// let counters: &Counters = m.counters();
+        /// assert_eq!(Counters::get(&counters.sessions_active), 0);
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
         #[derive(Debug, Default)]
         pub struct Counters {
             $( $(#[doc = $doc])* pub $name: AtomicU64, )*
@@ -13,6 +22,12 @@ macro_rules! counters {
 
         impl Counters {
             /// Every counter's name, help text and current value.
+            ///
+            /// ```
+            /// let counters = msgr::Counters::default();
+            /// let all = counters.snapshot();
+            /// assert!(all.iter().any(|&(name, _help, value)| name == "tx_messages" && value == 0));
+            /// ```
             pub fn snapshot(&self) -> Vec<(&'static str, &'static str, u64)> {
                 vec![ $( (stringify!($name), concat!($($doc),*), self.$name.load(Ordering::Relaxed)), )* ]
             }
@@ -107,6 +122,11 @@ counters! {
 
 impl Counters {
     /// Reads one counter.
+    ///
+    /// ```
+    /// let counters = msgr::Counters::default();
+    /// assert_eq!(msgr::Counters::get(&counters.tx_messages), 0);
+    /// ```
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
     }
@@ -119,6 +139,11 @@ impl Counters {
     }
 
     /// The counters in Prometheus text exposition format, names prefixed `msgr_`.
+    ///
+    /// ```
+    /// let text = msgr::Counters::default().prometheus();
+    /// assert!(text.contains("msgr_tx_messages 0"));
+    /// ```
     pub fn prometheus(&self) -> String {
         let mut out = String::new();
         for (name, help, value) in self.snapshot() {
@@ -136,6 +161,13 @@ impl Counters {
 
     /// Backends' own counters ([`crate::Messenger::transport_stats`]) in
     /// Prometheus text format: `msgr_transport_<name>{backend="verbs"} value`.
+    ///
+    /// ```
+    /// use msgr::{Counters, TransportKind, TransportStats};
+    /// let stats = [TransportStats { kind: TransportKind::Verbs, values: vec![("credit_stalls", 3)] }];
+    /// let text = Counters::transport_prometheus(&stats);
+    /// assert!(text.contains(r#"msgr_transport_credit_stalls{backend="verbs"} 3"#));
+    /// ```
     pub fn transport_prometheus(stats: &[msgr_backends::TransportStats]) -> String {
         let mut out = String::new();
         for s in stats {

@@ -22,14 +22,87 @@ use crate::Connection;
 /// ```
 pub trait Dispatcher: Send + Sync + 'static {
     /// A message arrived (in order; exactly once on lossless connections).
+    ///
+    /// ```
+    /// # use std::{sync::{mpsc, Arc, Mutex}, time::Duration};
+    /// # use msgr::{Connection, Dispatcher, EntityName, FaultReason, Message, Messenger, NullDispatcher};
+    /// /// Tells a channel what happened.
+    /// struct Log(Mutex<mpsc::Sender<String>>);
+    /// impl Log {
+    ///     fn say(&self, what: String) { let _ = self.0.lock().unwrap().send(what); }
+    /// }
+    /// impl Dispatcher for Log {
+    ///     fn on_message(&self, _conn: &Connection, msg: Message) {
+    ///         self.say(String::from_utf8_lossy(&msg.front).into_owned());
+    ///     }
+    /// }
+    /// let (tx, rx) = mpsc::channel();
+    /// let server = Messenger::builder(EntityName::server(1)).without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?).start(Arc::new(Log(Mutex::new(tx))))?;
+    /// let client = Messenger::builder(EntityName::client(1)).without_env()
+    ///     .start(Arc::new(NullDispatcher))?;
+    /// let conn = client.connect(server.addr().expect("bound"))?;
+    /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
+    /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "hi");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn on_message(&self, conn: &Connection, msg: Message);
 
     /// A connection this side opened is established.
+    ///
+    /// ```
+    /// # use std::{sync::{mpsc, Arc, Mutex}, time::Duration};
+    /// # use msgr::{Connection, Dispatcher, EntityName, FaultReason, Message, Messenger, NullDispatcher};
+    /// /// Tells a channel what happened.
+    /// struct Log(Mutex<mpsc::Sender<String>>);
+    /// impl Log {
+    ///     fn say(&self, what: String) { let _ = self.0.lock().unwrap().send(what); }
+    /// }
+    /// impl Dispatcher for Log {
+    ///     fn on_message(&self, _: &Connection, _: Message) {}
+    ///     fn on_connect(&self, conn: &Connection) {
+    ///         self.say(format!("connected to {}", conn.peer().unwrap().name));
+    ///     }
+    /// }
+    /// let (tx, rx) = mpsc::channel();
+    /// let server = Messenger::builder(EntityName::server(1)).without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?).start(Arc::new(NullDispatcher))?;
+    /// let client = Messenger::builder(EntityName::client(1)).without_env()
+    ///     .start(Arc::new(Log(Mutex::new(tx))))?;
+    /// let _conn = client.connect(server.addr().expect("bound"))?;
+    /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "connected to server.1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn on_connect(&self, conn: &Connection) {
         let _ = conn;
     }
 
     /// A connection from a peer is established.
+    ///
+    /// ```
+    /// # use std::{sync::{mpsc, Arc, Mutex}, time::Duration};
+    /// # use msgr::{Connection, Dispatcher, EntityName, FaultReason, Message, Messenger, NullDispatcher};
+    /// /// Tells a channel what happened.
+    /// struct Log(Mutex<mpsc::Sender<String>>);
+    /// impl Log {
+    ///     fn say(&self, what: String) { let _ = self.0.lock().unwrap().send(what); }
+    /// }
+    /// impl Dispatcher for Log {
+    ///     fn on_message(&self, _: &Connection, _: Message) {}
+    ///     fn on_accept(&self, conn: &Connection) {
+    ///         self.say(format!("accepted {}", conn.peer().unwrap().name));
+    ///     }
+    /// }
+    /// let (tx, rx) = mpsc::channel();
+    /// let server = Messenger::builder(EntityName::server(1)).without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?).start(Arc::new(Log(Mutex::new(tx))))?;
+    /// let client = Messenger::builder(EntityName::client(1)).without_env()
+    ///     .start(Arc::new(NullDispatcher))?;
+    /// let conn = client.connect(server.addr().expect("bound"))?;
+    /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "accepted client.1");
+    /// # drop(conn);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn on_accept(&self, conn: &Connection) {
         let _ = conn;
     }
@@ -40,18 +113,95 @@ pub trait Dispatcher: Send + Sync + 'static {
     /// attempt. A lossless connection tries again after its backoff (until
     /// `connect_timeout_ms`, if set, ends it with `on_reset`); a lossy one
     /// ends (`on_reset` follows). See also [`Connection::wait_connected`].
+    ///
+    /// ```
+    /// # use std::{sync::{mpsc, Arc, Mutex}, time::Duration};
+    /// # use msgr::{Connection, Dispatcher, EntityName, FaultReason, Message, Messenger, NullDispatcher};
+    /// /// Tells a channel what happened.
+    /// struct Log(Mutex<mpsc::Sender<String>>);
+    /// impl Log {
+    ///     fn say(&self, what: String) { let _ = self.0.lock().unwrap().send(what); }
+    /// }
+    /// impl Dispatcher for Log {
+    ///     fn on_message(&self, _: &Connection, _: Message) {}
+    ///     fn on_connect_failed(&self, conn: &Connection, _reason: &FaultReason) {
+    ///         self.say(format!("{} did not answer", conn.target()));
+    ///     }
+    /// }
+    /// let (tx, rx) = mpsc::channel();
+    /// let client = Messenger::builder(EntityName::client(1)).without_env()
+    ///     .start(Arc::new(Log(Mutex::new(tx))))?;
+    /// // A port nobody listens on (bound, then closed).
+    /// let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    /// let conn = client.connect(&format!("tcp://127.0.0.1:{port}").parse()?)?;
+    /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, format!("{} did not answer", conn.target()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn on_connect_failed(&self, conn: &Connection, reason: &FaultReason) {
         let _ = (conn, reason);
     }
 
     /// The connection ended: lossy fault, peer close, mark-down, or a lossless
     /// server session whose peer never came back. Queued messages were dropped.
+    ///
+    /// ```
+    /// # use std::{sync::{mpsc, Arc, Mutex}, time::Duration};
+    /// # use msgr::{Connection, Dispatcher, EntityName, FaultReason, Message, Messenger, NullDispatcher};
+    /// /// Tells a channel what happened.
+    /// struct Log(Mutex<mpsc::Sender<String>>);
+    /// impl Log {
+    ///     fn say(&self, what: String) { let _ = self.0.lock().unwrap().send(what); }
+    /// }
+    /// impl Dispatcher for Log {
+    ///     fn on_message(&self, _: &Connection, _: Message) {}
+    ///     fn on_reset(&self, _conn: &Connection, reason: &FaultReason) {
+    ///         self.say(format!("reset: {reason:?}"));
+    ///     }
+    /// }
+    /// let (tx, rx) = mpsc::channel();
+    /// let server = Messenger::builder(EntityName::server(1)).without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?).start(Arc::new(NullDispatcher))?;
+    /// let client = Messenger::builder(EntityName::client(1)).without_env()
+    ///     .start(Arc::new(Log(Mutex::new(tx))))?;
+    /// client.connect(server.addr().expect("bound"))?.mark_down();
+    /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "reset: MarkedDown");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn on_reset(&self, conn: &Connection, reason: &FaultReason) {
         let _ = (conn, reason);
     }
 
     /// The peer lost the session (it restarted or reset it): unacknowledged
     /// messages were dropped, and the connection continues as a new session.
+    ///
+    /// ```
+    /// # use std::{sync::{mpsc, Arc, Mutex}, time::Duration};
+    /// # use msgr::{Connection, Dispatcher, EntityName, FaultReason, Message, Messenger, NullDispatcher};
+    /// /// Tells a channel what happened.
+    /// struct Log(Mutex<mpsc::Sender<String>>);
+    /// impl Log {
+    ///     fn say(&self, what: String) { let _ = self.0.lock().unwrap().send(what); }
+    /// }
+    /// impl Dispatcher for Log {
+    ///     fn on_message(&self, _: &Connection, _: Message) {}
+    ///     fn on_remote_reset(&self, _conn: &Connection) {
+    ///         // Whatever the peer had not acknowledged is lost: resend state.
+    ///         self.say("the server lost our session".into());
+    ///     }
+    /// }
+    /// let (tx, rx) = mpsc::channel();
+    /// let client = Messenger::builder(EntityName::client(1)).without_env()
+    ///     .start(Arc::new(Log(Mutex::new(tx))))?;
+    /// let inbox = msgr::Inbox::new();
+    /// let server = Messenger::builder(EntityName::server(1)).without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// let _conn = client.connect(server.addr().expect("bound"))?;
+    /// // The server drops its side of the session; the client's reconnect learns it.
+    /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
+    /// accepted.mark_down();
+    /// assert_eq!(rx.recv_timeout(Duration::from_secs(10))?, "the server lost our session");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn on_remote_reset(&self, conn: &Connection) {
         let _ = conn;
     }
@@ -59,15 +209,46 @@ pub trait Dispatcher: Send + Sync + 'static {
     /// The messenger shut down: nothing more will be delivered (an
     /// [`crate::Inbox`] ends its streams here). Called once, from the
     /// thread that called `shutdown`.
+    ///
+    /// ```
+    /// # use std::{sync::{mpsc, Arc, Mutex}, time::Duration};
+    /// # use msgr::{Connection, Dispatcher, EntityName, FaultReason, Message, Messenger, NullDispatcher};
+    /// /// Tells a channel what happened.
+    /// struct Log(Mutex<mpsc::Sender<String>>);
+    /// impl Log {
+    ///     fn say(&self, what: String) { let _ = self.0.lock().unwrap().send(what); }
+    /// }
+    /// impl Dispatcher for Log {
+    ///     fn on_message(&self, _: &Connection, _: Message) {}
+    ///     fn on_shutdown(&self) {
+    ///         self.say("shut down".into());
+    ///     }
+    /// }
+    /// let (tx, rx) = mpsc::channel();
+    /// let mut m = Messenger::builder(EntityName::client(1)).without_env()
+    ///     .start(Arc::new(Log(Mutex::new(tx))))?;
+    /// m.shutdown(Duration::from_secs(1));
+    /// assert_eq!(rx.try_recv()?, "shut down");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn on_shutdown(&self) {}
 }
 
 /// What a messenger does when a [`Dispatcher`] callback panics (config key
 /// `on_handler_panic`). Either way the panic is logged with the connection
 /// and what was being delivered, and counted (`handler_panics`).
+///
+/// ```
+/// use msgr::{HandlerPanicPolicy, MessengerConfig};
+/// let mut cfg = MessengerConfig::default();
+/// assert_eq!(cfg.handler_panic, HandlerPanicPolicy::FailConnection);
+/// cfg.set("on_handler_panic", "abort")?;
+/// assert_eq!(cfg.handler_panic, HandlerPanicPolicy::Abort);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HandlerPanicPolicy {
-    /// End that connection ([`msgr_proto::FaultReason::HandlerPanicked`]
+    /// End that connection ([`FaultReason::HandlerPanicked`](crate::FaultReason::HandlerPanicked)
     /// reaches `on_reset`); the worker goes on serving the others.
     #[default]
     FailConnection,
@@ -128,6 +309,15 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// A dispatcher that drops everything (for send-only messengers).
+///
+/// ```
+/// use std::sync::Arc;
+/// use msgr::{EntityName, Messenger, NullDispatcher};
+/// // A client that only sends needs no callbacks.
+/// let m = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+/// assert!(m.connections().is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NullDispatcher;
 

@@ -15,6 +15,16 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// How often each kind of fault is injected. `0` turns a kind off.
+///
+/// ```
+/// use msgr::{FaultPlan, MessengerConfig};
+/// let plan: FaultPlan = "seed=7,fail=500,corrupt=2000".parse()?;
+/// assert_eq!((plan.seed, plan.fail_one_in, plan.corrupt_one_in), (7, 500, 2000));
+/// // The same plan from the configuration (or MSGR_FAULTS).
+/// let mut cfg = MessengerConfig::default();
+/// cfg.set("faults", "seed=7,fail=500,corrupt=2000")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FaultPlan {
     /// Seed of the fault RNGs.
@@ -34,6 +44,11 @@ pub struct FaultPlan {
 }
 
 /// A fault plan string did not parse.
+///
+/// ```
+/// let err = "seed=7,fail=often".parse::<msgr::FaultPlan>().unwrap_err();
+/// assert!(err.to_string().contains("`fail`"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("bad fault plan `{input}`: {why} (expected e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20)")]
 pub struct FaultPlanError {

@@ -1,6 +1,6 @@
 //! A dispatcher that queues: receive messages and connection events where
 //! and when the application wants them — blocking, with a deadline, as a
-//! future or as a [`Stream`] — instead of in callbacks on the worker.
+//! future or as a `Stream` (futures-core's) — instead of in callbacks on the worker.
 //!
 //! [`Inbox`] is the channel form of [`Dispatcher`]: start a messenger with
 //! it and take what arrives from any thread or task. Messages wait in the
@@ -24,7 +24,7 @@
 //!     .without_env()
 //!     .start(Inbox::new().dispatcher())
 //!     .unwrap();
-//! let conn = client.connect_with(server.addr(), Policy::LosslessClient).unwrap();
+//! let conn = client.connect_with(server.addr().expect("bound"), Policy::LosslessClient).unwrap();
 //! conn.send(Message::new(1, &b"hello"[..], &b""[..])).unwrap();
 //! let (from, msg) = inbox.recv_timeout(Duration::from_secs(5)).expect("a message");
 //! assert_eq!(&msg.front[..], b"hello");
@@ -47,6 +47,22 @@ use crate::{Connection, Dispatcher};
 
 /// What happened to a connection: the [`Dispatcher`] callbacks other than
 /// `on_message`, as values.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// use msgr::ConnectionEvent;
+/// let (_, event) = inbox.next_event_timeout(Duration::from_secs(10)).expect("an event");
+/// assert_eq!(event, ConnectionEvent::Accepted);
+/// # drop(conn);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConnectionEvent {
@@ -64,6 +80,21 @@ pub enum ConnectionEvent {
 
 /// Queues of messages and events, filled by the worker, emptied by the
 /// application. Cheap to clone (shared).
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
+/// let (from, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+/// assert_eq!((&msg.front[..], from.peer().map(|p| p.name)), (&b"hi"[..], Some(EntityName::client(1))));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Default)]
 pub struct Inbox {
     shared: Arc<Shared>,
@@ -108,11 +139,26 @@ enum Item {
 
 impl Inbox {
     /// An empty inbox; give [`Inbox::dispatcher`] to a messenger.
+    ///
+    /// ```
+    /// let inbox = msgr::Inbox::new();
+    /// assert!(inbox.try_recv().is_none());
+    /// ```
     pub fn new() -> Inbox {
         Inbox::default()
     }
 
     /// This inbox as the messenger's dispatcher.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Inbox, Messenger};
+    /// let inbox = Inbox::new();
+    /// let m = Messenger::builder(EntityName::server(1)).without_env().start(inbox.dispatcher())?;
+    /// drop(m); // its shutdown ends the inbox: receiving returns None at once
+    /// assert!(inbox.recv_timeout(std::time::Duration::from_secs(60)).is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn dispatcher(&self) -> Arc<dyn Dispatcher> {
         Arc::new(self.clone())
     }
@@ -120,6 +166,21 @@ impl Inbox {
     /// The next message (from a connection not taken apart), waiting at
     /// most `timeout`; `None` if none came, or the messenger shut down
     /// and the queue is empty.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// assert!(inbox.recv_timeout(Duration::from_millis(10)).is_none()); // nothing yet
+    /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
+    /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_timeout(&self, timeout: Duration) -> Option<(Connection, Message)> {
         match self.take_blocking(Queue::Messages, timeout)? {
             Item::Message(c, m) => Some((c, m)),
@@ -128,12 +189,49 @@ impl Inbox {
     }
 
     /// The next message if one is queued.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// assert!(inbox.try_recv().is_none());
+    /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
+    /// // Poll, doing other work between looks, until a deadline.
+    /// let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    /// let (_, msg) = loop {
+    ///     if let Some(got) = inbox.try_recv() { break got; }
+    ///     assert!(std::time::Instant::now() < deadline, "nothing came");
+    ///     std::thread::sleep(Duration::from_millis(1));
+    /// };
+    /// assert_eq!(&msg.front[..], b"hi");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_recv(&self) -> Option<(Connection, Message)> {
         self.recv_timeout(Duration::ZERO)
     }
 
     /// The next message, as a future (`None` once the messenger shut down
     /// and the queue is empty).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
+    /// let (_, msg) = tokio::runtime::Runtime::new()?.block_on(inbox.recv_async()).expect("delivered");
+    /// assert_eq!(&msg.front[..], b"hi");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_async(&self) -> Recv<'_> {
         Recv {
             inbox: self,
@@ -141,7 +239,23 @@ impl Inbox {
         }
     }
 
-    /// The messages as a [`Stream`]; it ends when the messenger shuts down.
+    /// The messages as a `Stream` (futures-core's); it ends when the messenger shuts down.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// conn.send(Message::new(1, &b"one"[..], &b""[..]))?;
+    /// let mut messages = inbox.messages();
+    /// let (_, msg) = tokio::runtime::Runtime::new()?.block_on(messages.next()).expect("delivered");
+    /// assert_eq!(&msg.front[..], b"one");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn messages(&self) -> Messages {
         Messages {
             inbox: self.clone(),
@@ -149,6 +263,23 @@ impl Inbox {
     }
 
     /// The next connection event, waiting at most `timeout`.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::ConnectionEvent;
+    /// let (accepted, event) = inbox.next_event_timeout(Duration::from_secs(10)).expect("an event");
+    /// assert_eq!(event, ConnectionEvent::Accepted);
+    /// assert_eq!(accepted.peer().map(|p| p.name), Some(EntityName::client(1)));
+    /// # drop(conn);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn next_event_timeout(&self, timeout: Duration) -> Option<(Connection, ConnectionEvent)> {
         match self.take_blocking(Queue::Events, timeout)? {
             Item::Event(c, e) => Some((c, e)),
@@ -156,8 +287,25 @@ impl Inbox {
         }
     }
 
-    /// The connection events as a [`Stream`]; it ends when the messenger
+    /// The connection events as a `Stream` (futures-core's); it ends when the messenger
     /// shuts down.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::ConnectionEvent;
+    /// let mut events = inbox.events();
+    /// let (_, event) = tokio::runtime::Runtime::new()?.block_on(events.next()).expect("an event");
+    /// assert_eq!(event, ConnectionEvent::Accepted);
+    /// # drop(conn);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn events(&self) -> Events {
         Events {
             inbox: self.clone(),
@@ -166,6 +314,24 @@ impl Inbox {
 
     /// Takes `conn`'s messages apart from the others: from now on they
     /// queue in the returned [`ConnectionInbox`] (until it is dropped).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::ConnectionEvent;
+    /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
+    /// let apart = inbox.connection(&accepted);
+    /// conn.send(Message::new(1, &b"mine"[..], &b""[..]))?;
+    /// assert_eq!(&apart.recv_timeout(Duration::from_secs(10)).expect("delivered").front[..], b"mine");
+    /// assert!(inbox.try_recv().is_none()); // not in the shared queue
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connection(&self, conn: &Connection) -> ConnectionInbox {
         self.shared
             .state
@@ -271,6 +437,22 @@ impl Dispatcher for Inbox {
 }
 
 /// One connection's messages, taken apart by [`Inbox::connection`].
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
+/// let apart: msgr::ConnectionInbox = inbox.connection(&accepted);
+/// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
+/// assert!(apart.recv_timeout(Duration::from_secs(10)).is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct ConnectionInbox {
     inbox: Inbox,
     id: u64,
@@ -278,6 +460,23 @@ pub struct ConnectionInbox {
 
 impl ConnectionInbox {
     /// The connection's next message, waiting at most `timeout`.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
+    /// let apart = inbox.connection(&accepted);
+    /// assert!(apart.recv_timeout(Duration::from_millis(10)).is_none());
+    /// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
+    /// assert!(apart.recv_timeout(Duration::from_secs(10)).is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_timeout(&self, timeout: Duration) -> Option<Message> {
         match self.inbox.take_blocking(Queue::Apart(self.id), timeout)? {
             Item::Apart(m) => Some(m),
@@ -286,12 +485,46 @@ impl ConnectionInbox {
     }
 
     /// The connection's next message, as a future.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
+    /// let apart = inbox.connection(&accepted);
+    /// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
+    /// let msg = tokio::runtime::Runtime::new()?.block_on(apart.recv_async()).expect("delivered");
+    /// assert_eq!(&msg.front[..], b"x");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn recv_async(&self) -> RecvApart<'_> {
         RecvApart { apart: self }
     }
 
     /// The connection's next message as a stream gives it; `None` once
     /// the messenger shut down (see [`Messages::next`]).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
+    /// let mut apart = inbox.connection(&accepted);
+    /// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
+    /// let msg = tokio::runtime::Runtime::new()?.block_on(apart.next()).expect("delivered");
+    /// assert_eq!(msg.msg_type, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub async fn next(&mut self) -> Option<Message> {
         std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
     }
@@ -320,6 +553,23 @@ impl Drop for ConnectionInbox {
 }
 
 /// The future of [`ConnectionInbox::recv_async`].
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// let (accepted, _) = inbox.next_event_timeout(Duration::from_secs(10)).expect("accepted");
+/// let apart = inbox.connection(&accepted);
+/// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
+/// let fut: msgr::RecvApart<'_> = apart.recv_async();
+/// assert!(tokio::runtime::Runtime::new()?.block_on(fut).is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct RecvApart<'a> {
     apart: &'a ConnectionInbox,
 }
@@ -337,6 +587,21 @@ impl Future for RecvApart<'_> {
 }
 
 /// The future of [`Inbox::recv_async`].
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
+/// let fut: msgr::Recv<'_> = inbox.recv_async();
+/// assert!(tokio::runtime::Runtime::new()?.block_on(fut).is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Recv<'a> {
     inbox: &'a Inbox,
     queue: Queue,
@@ -353,7 +618,22 @@ impl Future for Recv<'_> {
     }
 }
 
-/// [`Inbox::messages`] as a [`Stream`].
+/// [`Inbox::messages`] as a `Stream` (futures-core's).
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// conn.send(Message::new(1, &b"x"[..], &b""[..]))?;
+/// let mut stream: msgr::Messages = inbox.messages();
+/// assert!(tokio::runtime::Runtime::new()?.block_on(stream.next()).is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Messages {
     inbox: Inbox,
 }
@@ -386,7 +666,22 @@ impl Stream for Messages {
     }
 }
 
-/// [`Inbox::events`] as a [`Stream`].
+/// [`Inbox::events`] as a `Stream` (futures-core's).
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// let mut events: msgr::Events = inbox.events();
+/// assert!(tokio::runtime::Runtime::new()?.block_on(events.next()).is_some());
+/// # drop(conn);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Events {
     inbox: Inbox,
 }
@@ -394,6 +689,22 @@ pub struct Events {
 impl Events {
     /// The next connection event; `None` once the messenger shut down
     /// (see [`Messages::next`]).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let mut events = inbox.events();
+    /// let (_, event) = tokio::runtime::Runtime::new()?.block_on(events.next()).expect("an event");
+    /// assert_eq!(event, msgr::ConnectionEvent::Accepted);
+    /// # drop(conn);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub async fn next(&mut self) -> Option<(Connection, ConnectionEvent)> {
         std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
     }

@@ -23,6 +23,15 @@ use crate::worker::{owner_of, peer_key, run_guarded, Command, Worker, WorkerHand
 use crate::Connection;
 
 /// Messenger-level failures.
+///
+/// ```
+/// use std::sync::Arc;
+/// use msgr::{EntityName, Messenger, MessengerError, NullDispatcher, Policy};
+/// let m = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+/// let err = m.connect_with(&"tcp://127.0.0.1:9".parse()?, Policy::Server).unwrap_err();
+/// assert!(matches!(err, MessengerError::BadPolicy(Policy::Server)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum MessengerError {
@@ -87,6 +96,15 @@ impl Shared {
 }
 
 /// What [`Messenger::shutdown`] reports.
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use msgr::{EntityName, Messenger, NullDispatcher};
+/// let mut m = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+/// let report = m.shutdown(Duration::from_secs(1));
+/// assert_eq!(report, msgr::ShutdownReport::default()); // nothing was left
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
     /// Queued messages that were not delivered (dropped at the deadline or by
@@ -114,7 +132,7 @@ pub struct ShutdownReport {
 ///     .bind("tcp://127.0.0.1:6800".parse().unwrap())
 ///     .start(Arc::new(NullDispatcher))
 ///     .unwrap();
-/// println!("listening on {}", m.addr());
+/// println!("listening on {}", m.addr().expect("bound"));
 /// m.shutdown(std::time::Duration::from_secs(1));
 /// ```
 pub struct MessengerBuilder {
@@ -133,6 +151,16 @@ impl MessengerBuilder {
     /// [`MessengerConfig::from_env`]). Without this call the builder uses
     /// the defaults, then `MSGR_CONFIG`'s file, then `MSGR_<KEY>` variables
     /// (see [`MessengerBuilder::without_env`]).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, MessengerConfig, NullDispatcher};
+    /// let mut cfg = MessengerConfig::default();
+    /// cfg.set("workers", "1")?;
+    /// let m = Messenger::builder(EntityName::client(1)).config(cfg).start(Arc::new(NullDispatcher))?;
+    /// assert_eq!(m.name(), &EntityName::client(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn config(mut self, cfg: MessengerConfig) -> Self {
         self.cfg = Some(cfg);
         self
@@ -141,6 +169,15 @@ impl MessengerBuilder {
     /// Without a [`MessengerBuilder::config`], use the defaults alone: no
     /// `MSGR_CONFIG` file, no `MSGR_*` variables (for a program whose
     /// environment is not its configuration).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, NullDispatcher};
+    /// // MSGR_* variables and MSGR_CONFIG are ignored: the defaults alone.
+    /// let m = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// assert!(m.addrs().is_empty()); // the default binds nothing
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn without_env(mut self) -> Self {
         self.from_env = false;
         self
@@ -157,6 +194,19 @@ impl MessengerBuilder {
     /// peer's session resumes over whichever it reaches
     /// ([`Messenger::connect_any`] on its side). [`Messenger::addrs`] lists
     /// them.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, NullDispatcher};
+    /// let m = Messenger::builder(EntityName::server(1))
+    ///     .without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?)
+    ///     .bind("tcp://127.0.0.1:0".parse()?)
+    ///     .start(Arc::new(NullDispatcher))?;
+    /// assert_eq!(m.addrs().len(), 2);
+    /// assert_ne!(m.addr().expect("bound").socket.port(), 0); // port 0 became a free port
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bind(mut self, addr: EntityAddr) -> Self {
         self.bind.push(addr);
         self
@@ -190,6 +240,15 @@ impl MessengerBuilder {
     }
 
     /// Starts the workers and the listener; messages go to `dispatcher`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, NullDispatcher};
+    /// let mut m = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// assert!(m.connections().is_empty());
+    /// m.shutdown(std::time::Duration::from_secs(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start(self, dispatcher: Arc<dyn Dispatcher>) -> Result<Messenger, MessengerError> {
         Messenger::start(self, dispatcher)
     }
@@ -200,6 +259,42 @@ impl MessengerBuilder {
 ///
 /// Use [`Messenger::builder`] to bind and start one, [`Messenger::connect`] to
 /// open a [`Connection`], and implement [`Dispatcher`] to receive.
+///
+/// # Dropping without `shutdown`
+///
+/// Dropping a messenger that was not shut down runs
+/// [`Messenger::shutdown`] with a one-second deadline, and blocks the
+/// dropping thread while it does: the listeners close, every session
+/// drains what it has queued (a lossless one until the peer acknowledged
+/// it) until the deadline, what is still queued then is dropped and its
+/// sessions closed forcibly, the worker threads are joined, calls still
+/// waiting for a reply fail with [`CallError::Reset`](crate::CallError::Reset),
+/// and the dispatcher's [`on_shutdown`](Dispatcher::on_shutdown) runs
+/// (which ends an [`Inbox`](crate::Inbox)'s streams). The
+/// [`ShutdownReport`] is discarded: call `shutdown` yourself to choose the
+/// deadline or to learn what was not delivered. Dropping after `shutdown`
+/// does nothing more.
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+///
+/// let inbox = Inbox::new();
+/// let server = Messenger::builder(EntityName::server(1))
+///     .without_env()
+///     .bind("tcp://127.0.0.1:0".parse()?)
+///     .start(inbox.dispatcher())?;
+/// let client = Messenger::builder(EntityName::client(1))
+///     .without_env()
+///     .start(Arc::new(NullDispatcher))?;
+/// client.connect(server.addr().expect("bound"))?.send(Message::new(1, &b"sent, then dropped"[..], &b""[..]))?;
+/// drop(client); // drains for up to a second, then joins its workers
+/// let (_, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+/// assert_eq!(&msg.front[..], b"sent, then dropped");
+/// drop(server); // the inbox hears on_shutdown: it holds no more
+/// assert!(inbox.recv_timeout(Duration::from_secs(1)).is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Messenger {
     pub(crate) shared: Arc<Shared>,
     threads: Vec<JoinHandle<WorkerReport>>,
@@ -210,6 +305,14 @@ static MESSENGER_IDS: AtomicU64 = AtomicU64::new(1);
 
 impl Messenger {
     /// Starts building a messenger for entity `name`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, NullDispatcher};
+    /// let m = Messenger::builder(EntityName::peer(3)).without_env().start(Arc::new(NullDispatcher))?;
+    /// assert_eq!(m.name().to_string(), "peer.3");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn builder(name: EntityName) -> MessengerBuilder {
         MessengerBuilder {
             name,
@@ -371,14 +474,46 @@ impl Messenger {
         })
     }
 
-    /// This messenger's address (with the port chosen at bind time and its nonce).
-    pub fn addr(&self) -> &EntityAddr {
-        &self.shared.local.addr
+    /// The address this messenger listens on first, what peers connect to
+    /// (with the port chosen at bind time and its nonce); `None` if it
+    /// never bound (a messenger that only connects has no address a peer
+    /// could dial). After [`Messenger::unbind`] it is still the
+    /// messenger's identity; [`Messenger::addrs`] lists what it listens on.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, NullDispatcher};
+    /// let server = Messenger::builder(EntityName::server(1))
+    ///     .without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?)
+    ///     .start(Arc::new(NullDispatcher))?;
+    /// let addr = server.addr().expect("bound");
+    /// assert!(addr.is_loopback());
+    /// assert_ne!(addr.socket.port(), 0);
+    ///
+    /// let client = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// assert_eq!(client.addr(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn addr(&self) -> Option<&EntityAddr> {
+        let bound = !self.shared.bound.lock().is_empty();
+        bound.then_some(&self.shared.local.addr)
     }
 
     /// Every address this messenger listens on, in the order bound (the
     /// first is [`Messenger::addr`]): what a peer puts in its address
     /// vector for [`Messenger::connect_any`].
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, NullDispatcher};
+    /// let m = Messenger::builder(EntityName::server(1))
+    ///     .without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?)
+    ///     .start(Arc::new(NullDispatcher))?;
+    /// assert_eq!(m.addrs().first(), Some(m.addr().expect("bound")));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn addrs(&self) -> crate::AddrVec {
         crate::AddrVec(
             self.shared
@@ -397,6 +532,20 @@ impl Messenger {
     /// links go on over another address of their peers' vectors, or reset
     /// (lossy) or wait (lossless) as after any fault. False if `addr` is
     /// not listened on.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, NullDispatcher};
+    /// let m = Messenger::builder(EntityName::server(1))
+    ///     .without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?)
+    ///     .start(Arc::new(NullDispatcher))?;
+    /// let addr = m.addr().expect("bound").clone();
+    /// assert!(m.unbind(&addr));
+    /// assert!(m.addrs().is_empty());
+    /// assert!(!m.unbind(&addr)); // no longer listened on
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn unbind(&self, addr: &EntityAddr) -> bool {
         let mut bound = self.shared.bound.lock();
         let Some(i) = bound
@@ -418,16 +567,57 @@ impl Messenger {
     }
 
     /// This messenger's entity name.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use msgr::{EntityName, Messenger, NullDispatcher};
+    /// let m = Messenger::builder(EntityName::client(7)).without_env().start(Arc::new(NullDispatcher))?;
+    /// assert_eq!(m.name(), &EntityName::client(7));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn name(&self) -> &EntityName {
         &self.shared.local.name
     }
 
     /// Opens (or returns the existing) connection to `addr` with the configured policy.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let conn = client.connect(server.addr().expect("bound"))?;
+    /// conn.send(Message::new(1, &b"hi"[..], &b""[..]))?;
+    /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connect(&self, addr: &EntityAddr) -> Result<Connection, MessengerError> {
         self.connect_with(addr, self.shared.cfg.policy)
     }
 
     /// Opens (or returns the existing) connection to `addr` with `policy`.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::Policy;
+    /// # let client = Messenger::builder(EntityName::client(2)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// let lossy = client.connect_with(server.addr().expect("bound"), Policy::LossyClient)?;
+    /// assert_eq!(lossy.policy(), Policy::LossyClient);
+    /// # drop(conn);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connect_with(
         &self,
         addr: &EntityAddr,
@@ -497,6 +687,21 @@ impl Messenger {
     /// [`Messenger::connect_any`] to the entity `name` only: whoever else
     /// answers at any of `addrs` is refused, as [`Messenger::connect_to`]
     /// refuses it at one address.
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use msgr::{AddrVec, EntityName, Messenger, NullDispatcher, Policy};
+    /// let server = Messenger::builder(EntityName::server(1))
+    ///     .without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?)
+    ///     .start(Arc::new(NullDispatcher))?;
+    /// let client = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// let conn = client.connect_any_to(&EntityName::server(1), &server.addrs(), Policy::LosslessClient)?;
+    /// conn.wait_connected(Duration::from_secs(10))?;
+    /// // An empty vector names no one.
+    /// assert!(client.connect_any_to(&EntityName::server(1), &AddrVec::new(), Policy::LosslessClient).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connect_any_to(
         &self,
         name: &msgr_addr::EntityName,
@@ -558,6 +763,20 @@ impl Messenger {
     }
 
     /// The connections currently alive (connecting, open or reconnecting).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// assert_eq!(client.connections().len(), 1);
+    /// assert_eq!(client.connections()[0].id(), conn.id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connections(&self) -> Vec<Connection> {
         let reg = self.shared.registry.lock();
         reg.values()
@@ -598,6 +817,21 @@ impl Messenger {
     }
 
     /// Ends the session with the peer at `addr`, if any, dropping its queue.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// client.mark_down(server.addr().expect("bound"));
+    /// // The session is gone: the next connect opens a new one.
+    /// assert_ne!(client.connect(server.addr().expect("bound"))?.id(), conn.id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn mark_down(&self, addr: &EntityAddr) {
         let c = self.shared.registry.lock().get(&peer_key(addr)).cloned();
         if let Some(c) = c {
@@ -608,11 +842,49 @@ impl Messenger {
     /// Received messages and payload bytes the application still holds (the
     /// receive throttle's view). Drops to zero once every delivered message is
     /// dropped: a leak check for rx buffers.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// conn.send(Message::new(1, &b"held"[..], &b""[..]))?;
+    /// let (_, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+    /// let (messages, bytes) = server.rx_held(); // the application holds it
+    /// assert_eq!(messages, 1);
+    /// assert!(bytes >= 4); // its payload (and what shares its buffer)
+    /// drop(msg);
+    /// assert_eq!(server.rx_held(), (0, 0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn rx_held(&self) -> (usize, usize) {
         self.shared.throttle.held()
     }
 
     /// The messenger's counters.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::Counters;
+    /// # let mut client = client;
+    /// conn.send(Message::new(1, &b"count me"[..], &b""[..]))?;
+    /// inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+    /// client.shutdown(Duration::from_secs(1)); // the counts are final
+    /// assert_eq!(Counters::get(&client.counters().sessions_connected), 1);
+    /// assert!(Counters::get(&client.counters().tx_messages) >= 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn counters(&self) -> &Counters {
         &self.shared.counters
     }
@@ -715,6 +987,23 @@ impl Messenger {
 
     /// Stops listening, lets every session drain what it has queued until
     /// `timeout`, then closes what remains and joins the workers. Idempotent.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// # let mut client = client;
+    /// conn.send(Message::new(1, &b"bye"[..], &b""[..]))?;
+    /// let report = client.shutdown(Duration::from_secs(5));
+    /// assert_eq!(report.undelivered, 0); // drained before the deadline
+    /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn shutdown(&mut self, timeout: Duration) -> ShutdownReport {
         if let Some(r) = self.report {
             return r;
@@ -753,6 +1042,15 @@ impl Messenger {
     /// [`Messenger::shutdown`] as a future, for async code: the shutdown
     /// runs on a thread of its own and the future completes with its
     /// report (any executor; no runtime needed).
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use msgr::{EntityName, Messenger, NullDispatcher};
+    /// let m = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// let report = tokio::runtime::Runtime::new()?.block_on(m.shutdown_async(Duration::from_secs(1)));
+    /// assert_eq!(report.workers_died, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn shutdown_async(mut self, timeout: Duration) -> ShutdownFuture {
         let slot: Arc<Mutex<(Option<ShutdownReport>, Option<std::task::Waker>)>> = Arc::default();
         let done = slot.clone();
@@ -800,6 +1098,21 @@ impl Messenger {
 }
 
 /// What [`Messenger::broadcast`] did.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// let sent = client.broadcast(Message::new(1, &b"all"[..], &b""[..]));
+/// assert_eq!((sent.sent, sent.refused.len()), (1, 0));
+/// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Default)]
 pub struct Broadcast {
     /// Connections that queued the message.
@@ -809,6 +1122,15 @@ pub struct Broadcast {
 }
 
 /// The future of [`Messenger::shutdown_async`].
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use msgr::{EntityName, Messenger, NullDispatcher, ShutdownFuture};
+/// let m = Messenger::builder(EntityName::client(1)).without_env().start(Arc::new(NullDispatcher))?;
+/// let fut: ShutdownFuture = m.shutdown_async(Duration::from_secs(1));
+/// assert_eq!(tokio::runtime::Runtime::new()?.block_on(fut).leaked_links, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct ShutdownFuture {
     slot: Arc<Mutex<(Option<ShutdownReport>, Option<std::task::Waker>)>>,
 }
@@ -832,6 +1154,22 @@ impl std::future::Future for ShutdownFuture {
 }
 
 /// Memory a messenger holds for its connections ([`Messenger::memory`]).
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// conn.wait_connected(Duration::from_secs(10))?;
+/// let mem: msgr::MemoryUse = client.memory();
+/// assert_eq!(mem.sessions, 1);
+/// assert!(mem.session_bytes > 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryUse {
     /// Sessions alive (handshakes under way included).
@@ -848,6 +1186,11 @@ impl MemoryUse {
     /// Bytes per session, session state and link buffers together: what
     /// one idle connection costs when the messenger holds only idle ones.
     /// 0 without sessions.
+    ///
+    /// ```
+    /// let mem = msgr::MemoryUse { sessions: 2, session_bytes: 1000, links: 2, link_buffer_bytes: 200 };
+    /// assert_eq!(mem.per_session(), 600);
+    /// ```
     pub fn per_session(&self) -> usize {
         (self.session_bytes + self.link_buffer_bytes)
             .checked_div(self.sessions)
@@ -855,6 +1198,8 @@ impl MemoryUse {
     }
 }
 
+/// [`Messenger::shutdown`] with a one-second deadline, unless it was shut
+/// down already (see [`Messenger`]'s "Dropping without `shutdown`").
 impl Drop for Messenger {
     fn drop(&mut self) {
         self.shutdown(Duration::from_secs(1));

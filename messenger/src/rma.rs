@@ -76,7 +76,7 @@
 //! let peer = Messenger::builder(EntityName::client(1))
 //!     .start(Arc::new(NullDispatcher))
 //!     .unwrap();
-//! let conn = peer.connect(owner.addr()).unwrap();
+//! let conn = peer.connect(owner.addr().expect("bound")).unwrap();
 //! let t = Duration::from_secs(10);
 //! conn.write(&handle, 100, &b"hello"[..], t).unwrap();
 //! let back = conn.read(&handle, 98, 8, t).unwrap();
@@ -97,7 +97,36 @@ use msgr_addr::EntityName;
 use msgr_backends::RegionMemory;
 use msgr_proto::checksum::crc32c;
 use msgr_proto::pool::BufferPool;
-pub use msgr_proto::rma::{Access, RmaHandle, RmaOp};
+/// What a region lets its peers do.
+///
+/// ```
+/// use msgr::{Access, RmaOp};
+/// assert!(Access::ReadWrite.allows(RmaOp::Write));
+/// assert!(!Access::Read.allows(RmaOp::Write));
+/// ```
+pub use msgr_proto::rma::Access;
+/// A region's name and rights, to send to the peers that may use it.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use msgr::{Access, EntityName, Message, Messenger, NullDispatcher, RmaHandle};
+/// let owner = Messenger::builder(EntityName::server(1)).without_env().start(Arc::new(NullDispatcher))?;
+/// let region = owner.expose(vec![0u8; 4096], Access::Read);
+/// let handle: RmaHandle = region.handle();
+/// assert_eq!((handle.len, handle.access), (4096, Access::Read));
+/// let carried = Message::encode(1, &handle)?; // in any message
+/// assert_eq!(carried.decode::<RmaHandle>()?, handle);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub use msgr_proto::rma::RmaHandle;
+/// A one-sided operation, as [`RmaError::Forbidden`] names it.
+///
+/// ```
+/// use msgr::{Access, RmaOp};
+/// assert!(Access::Write.allows(RmaOp::Write));
+/// assert!(!Access::Write.allows(RmaOp::Read));
+/// ```
+pub use msgr_proto::rma::RmaOp;
 use msgr_proto::rma::{RmaKey, RmaReply, RmaRequest, RmaStatus, RMA_BIT};
 use msgr_proto::Message;
 use parking_lot::RwLock;
@@ -118,6 +147,24 @@ pub(crate) const RMA_TYPE: u16 = 0;
 const REVOKE_WAIT: Duration = Duration::from_secs(5);
 
 /// Why an RMA operation failed.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// use msgr::RmaError;
+/// let region = server.expose(vec![0u8; 8], msgr::Access::Read);
+/// let err = conn.read(&region.handle(), 4, 8, Duration::from_secs(10)).unwrap_err();
+/// assert!(matches!(err, RmaError::OutOfRange { region_len: 8, .. }));
+/// let err = conn.write(&region.handle(), 0, &b"no"[..], Duration::from_secs(10)).unwrap_err();
+/// assert_eq!(err, RmaError::Forbidden(msgr::RmaOp::Write));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RmaError {
@@ -177,6 +224,13 @@ pub struct RmaOptions {
 
 impl RmaOptions {
     /// These options with the end-to-end checksum.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use msgr::RmaOptions;
+    /// let opts = RmaOptions::from(Duration::from_secs(1)).checksum();
+    /// assert!(opts.checksum);
+    /// ```
     pub fn checksum(mut self) -> Self {
         self.checksum = true;
         self
@@ -224,6 +278,22 @@ impl RegionTable {
 /// buffer back). The owner itself reads and writes it through
 /// [`RmaRegion::bytes`] and [`RmaRegion::bytes_mut`], which wait for an
 /// operation being served and hold the next one off while they live.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// let region: msgr::RmaRegion = server.expose(vec![0u8; 32], msgr::Access::ReadWrite);
+/// conn.write(&region.handle(), 0, &b"x"[..], Duration::from_secs(10))?;
+/// assert_eq!(region.bytes()[0], b'x');
+/// drop(region); // no longer reachable by peers
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct RmaRegion {
     region: Arc<Region>,
     table: Arc<RegionTable>,
@@ -245,6 +315,24 @@ impl std::fmt::Debug for RmaRegion {
 
 impl RmaRegion {
     /// The handle to give peers (inside any message: it is serde).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(vec![1u8; 64], msgr::Access::Read);
+    /// let handle = region.handle();
+    /// // The handle is a serde value: send it in any message.
+    /// let wire = Message::encode(3, &handle)?;
+    /// let back: msgr::RmaHandle = wire.decode()?;
+    /// assert_eq!(back, handle);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn handle(&self) -> RmaHandle {
         RmaHandle {
             region: self.region.id,
@@ -255,17 +343,59 @@ impl RmaRegion {
     }
 
     /// The region's length in bytes.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(vec![0u8; 64], msgr::Access::Read);
+    /// assert_eq!(region.len(), 64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.region.mem.len()
     }
 
     /// Whether the region is empty.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// assert!(server.expose(Vec::new(), msgr::Access::Read).is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The region's bytes, for the owner to read (peers' writes wait
     /// meanwhile, on the worker that serves them: hold it briefly).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(vec![0u8; 64], msgr::Access::ReadWrite);
+    /// conn.write(&region.handle(), 0, &b"peer wrote"[..], Duration::from_secs(10))?;
+    /// assert_eq!(&region.bytes()[..10], b"peer wrote");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bytes(&self) -> impl Deref<Target = [u8]> + '_ {
         self.region.mem.read()
     }
@@ -274,6 +404,22 @@ impl RmaRegion {
     /// meanwhile — on the owner's worker that serves them, with its other
     /// sessions: hold it briefly. Native reads (see the module docs) are
     /// not held off.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(vec![0u8; 64], msgr::Access::Read);
+    /// region.bytes_mut()[..5].copy_from_slice(b"fresh");
+    /// let read = conn.read(&region.handle(), 0, 5, Duration::from_secs(10))?;
+    /// assert_eq!(&read[..], b"fresh");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn bytes_mut(&self) -> impl DerefMut<Target = [u8]> + '_ {
         self.region.mem.write()
     }
@@ -286,6 +432,24 @@ impl RmaRegion {
     /// within a few seconds (or a call from a dispatcher callback, whose
     /// own worker cannot meanwhile) gets a copy of the bytes back, and the
     /// memory is freed once the last registration is closed.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(vec![9u8; 64], msgr::Access::Read);
+    /// let handle = region.handle();
+    /// let buffer = region.revoke(); // the bytes come back
+    /// assert_eq!(buffer, vec![9u8; 64]);
+    /// let err = conn.read(&handle, 0, 1, Duration::from_secs(10)).unwrap_err();
+    /// assert_eq!(err, msgr::RmaError::Revoked);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn revoke(self) -> Vec<u8> {
         self.unexpose();
         let region = self.region.clone();
@@ -372,6 +536,21 @@ impl Messenger {
     /// Exposes `buffer` to one-sided reads and writes by peers that hold
     /// the returned region's [`RmaRegion::handle`], as `access` allows.
     /// See the [`rma`](crate::rma) module.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(b"readable".to_vec(), msgr::Access::Read);
+    /// let bytes = conn.read(&region.handle(), 0, 8, Duration::from_secs(10))?;
+    /// assert_eq!(&bytes[..], b"readable");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn expose(&self, buffer: impl Into<Vec<u8>>, access: Access) -> RmaRegion {
         self.expose_region(buffer.into(), access, None)
     }
@@ -380,6 +559,22 @@ impl Messenger {
     /// from any other fails with [`RmaError::Denied`] even with the handle.
     /// (The name is the one the peer proved in `auth` and `secure` modes;
     /// in `crc` mode, the one it claims.)
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// // Only client 2 may use it: client 1 is refused even with the handle.
+    /// let region = server.expose_to(vec![0u8; 8], msgr::Access::Read, &[EntityName::client(2)]);
+    /// let err = conn.read(&region.handle(), 0, 8, Duration::from_secs(10)).unwrap_err();
+    /// assert_eq!(err, msgr::RmaError::Denied);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn expose_to(
         &self,
         buffer: impl Into<Vec<u8>>,
@@ -447,6 +642,21 @@ impl Connection {
     /// its owner at the other end of this connection; blocks at most the
     /// options' timeout (a `Duration` will do). Not from a dispatcher
     /// callback (use [`Connection::read_async`]).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(b"0123456789".to_vec(), msgr::Access::Read);
+    /// let bytes = conn.read(&region.handle(), 2, 3, Duration::from_secs(10))?;
+    /// assert_eq!(&bytes[..], b"234");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn read(
         &self,
         handle: &RmaHandle,
@@ -460,6 +670,22 @@ impl Connection {
     }
 
     /// [`Connection::read`] into `buf` (its length is the length read).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(b"0123456789".to_vec(), msgr::Access::Read);
+    /// let mut buf = [0u8; 4];
+    /// conn.read_into(&region.handle(), 6, &mut buf, Duration::from_secs(10))?;
+    /// assert_eq!(&buf, b"6789");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn read_into(
         &self,
         handle: &RmaHandle,
@@ -475,6 +701,23 @@ impl Connection {
     /// Writes `bytes` at `offset` of the region `handle` names, at its
     /// owner at the other end of this connection; returns once the owner
     /// has them in the region. Blocks as [`Connection::read`] does.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::RmaOptions;
+    /// let region = server.expose(vec![0u8; 16], msgr::Access::ReadWrite);
+    /// let opts = RmaOptions::from(Duration::from_secs(10)).checksum();
+    /// conn.write(&region.handle(), 4, &b"data"[..], opts)?;
+    /// assert_eq!(&region.bytes()[4..8], b"data");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn write(
         &self,
         handle: &RmaHandle,
@@ -489,6 +732,22 @@ impl Connection {
 
     /// [`Connection::read`] as a future, for async code on any executor
     /// (the timeout kept by the connection's worker).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(b"async".to_vec(), msgr::Access::Read);
+    /// let read = conn.read_async(&region.handle(), 0, 5, Duration::from_secs(10));
+    /// let bytes = tokio::runtime::Runtime::new()?.block_on(read)?;
+    /// assert_eq!(&bytes[..], b"async");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn read_async(
         &self,
         handle: &RmaHandle,
@@ -508,6 +767,22 @@ impl Connection {
     }
 
     /// [`Connection::write`] as a future, for async code on any executor.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(vec![0u8; 8], msgr::Access::Write);
+    /// let write = conn.write_async(&region.handle(), 0, &b"async"[..], Duration::from_secs(10));
+    /// tokio::runtime::Runtime::new()?.block_on(write)?;
+    /// assert_eq!(&region.bytes()[..5], b"async");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn write_async(
         &self,
         handle: &RmaHandle,
@@ -612,6 +887,21 @@ fn write_outcome(reply: Message, h: &RmaHandle, offset: u64) -> Result<(), RmaEr
 }
 
 /// The future of [`Connection::read_async`] and [`Connection::write_async`].
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// let region = server.expose(b"future".to_vec(), msgr::Access::Read);
+/// let fut: msgr::RmaFuture<msgr::Bytes> = conn.read_async(&region.handle(), 0, 6, Duration::from_secs(10));
+/// assert_eq!(&tokio::runtime::Runtime::new()?.block_on(fut)?[..], b"future");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct RmaFuture<T> {
     call: Result<CallFuture, RmaError>,
     #[allow(clippy::type_complexity)]

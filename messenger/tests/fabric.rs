@@ -83,7 +83,7 @@ fn lossless_pair(addr: &str) -> (Arc<Recorder>, Messenger, Messenger, msgr::Conn
     let srv = start(addr, EntityName::server(1), rec.clone());
     let cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     (rec, srv, cli, conn)
 }
@@ -115,11 +115,11 @@ fn ordering_and_integrity_mixed_sizes(addr: &str, rendezvous: bool, settings: &[
     let rec = Recorder::new();
     let config = || config_with(settings);
     let mut srv = start_with(addr, EntityName::server(1), config(), rec.clone());
-    println!("server bound to {}", srv.addr());
-    assert_ne!(srv.addr().socket.port(), 0);
+    println!("server bound to {}", srv.addr().expect("bound"));
+    assert_ne!(srv.addr().expect("bound").socket.port(), 0);
     let cli_dispatch = Arc::new(msgr::NullDispatcher);
     let mut cli = start_with(addr, EntityName::client(1), config(), cli_dispatch);
-    let conn = cli.connect(srv.addr()).unwrap();
+    let conn = cli.connect(srv.addr().expect("bound")).unwrap();
     const N: u64 = 5_000;
     let mut big = 0;
     let t0 = std::time::Instant::now();
@@ -286,7 +286,7 @@ fn cq_failure_fails_every_link(addr: &str) {
         .map(|i| {
             let cli = start(addr, EntityName::client(i), Arc::new(msgr::NullDispatcher));
             let conn = cli
-                .connect_with(srv.addr(), Policy::LosslessClient)
+                .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
                 .unwrap();
             (cli, conn)
         })
@@ -382,7 +382,7 @@ fn hung_read_fails_by_the_deadline(addr: &str, rendezvous: bool) {
     let mut srv = start_with(addr, EntityName::server(1), srv_cfg, rec.clone());
     let mut cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     // Message 1 opens the session, so the server has a connection to fault.
     let sizes = [
@@ -513,7 +513,7 @@ fn both_ways_without_a_fault(addr: &str) {
     let rec = Recorder::new();
     let cli = start(addr, EntityName::client(1), rec.clone());
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     let count = 400u64;
     for n in 1..=count {
@@ -549,7 +549,7 @@ fn server_restart_on_the_same_port(addr: &str, frozen: bool) {
     let mut srv = start(addr, EntityName::server(1), first.clone());
     let cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
     let mut conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     for n in 1..=10 {
         send(&conn, probe_message(1, n, 100));
@@ -560,7 +560,7 @@ fn server_restart_on_the_same_port(addr: &str, frozen: bool) {
         "{addr}: delivered {} of 10 before the restart",
         first.delivered(1)
     );
-    let again = srv.addr().clone().with_nonce(0);
+    let again = srv.addr().expect("bound").clone().with_nonce(0);
     if frozen {
         conn.inject_fault(RealFault::Freeze);
         std::thread::sleep(Duration::from_millis(50));
@@ -586,7 +586,7 @@ fn server_restart_on_the_same_port(addr: &str, frozen: bool) {
     );
     if !frozen {
         conn = cli
-            .connect_with(srv.addr(), Policy::LosslessClient)
+            .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
             .unwrap();
     }
     for n in 1..=10 {
@@ -618,7 +618,7 @@ fn a_payload_sent_again_keeps_its_registration(addr: &str, settings: &[(&str, &s
     let mut srv = start_with(addr, EntityName::server(1), config(), rec.clone());
     let cli_dispatch = Arc::new(msgr::NullDispatcher);
     let mut cli = start_with(addr, EntityName::client(1), config(), cli_dispatch);
-    let conn = cli.connect(srv.addr()).unwrap();
+    let conn = cli.connect(srv.addr().expect("bound")).unwrap();
     const N: u64 = 20;
     let data = pattern(1, 0, 1 << 20);
     for n in 1..=N {
@@ -688,7 +688,7 @@ fn a_message_too_large_for_the_peer_is_refused(addr: &str) {
     );
     let cli = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     conn.wait_connected(Duration::from_secs(10)).unwrap();
     assert!(matches!(
@@ -703,7 +703,7 @@ fn a_message_too_large_for_the_peer_is_refused(addr: &str) {
     let watcher = Recorder::new();
     let early = start(addr, EntityName::client(2), watcher.clone());
     let conn2 = early
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     send(&conn2, probe_message(2, 1, 4096));
     assert!(
@@ -747,10 +747,10 @@ fn a_panicking_handler_fails_only_its_connection(addr: &str) {
     let bad = start(addr, EntityName::client(1), Arc::new(msgr::NullDispatcher));
     let good = start(addr, EntityName::client(2), Arc::new(msgr::NullDispatcher));
     let bad_conn = bad
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     let good_conn = good
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     send(&bad_conn, msgr::Message::new(666, &b"poison"[..], &b""[..]));
     assert!(
@@ -806,10 +806,10 @@ fn secure_mode_refuses_impostors_and_catches_corruption(addr: &str) {
     faulty.faults = Some("seed=5,corrupt=150".parse().unwrap());
     let mut two = with_creds(&c2, faulty, ids.creds(&c2));
     let conn1 = one
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     let conn2 = two
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     conn1.wait_connected(Duration::from_secs(20)).unwrap();
     // The impostor: client.1's name, a key of its own.
@@ -820,7 +820,7 @@ fn secure_mode_refuses_impostors_and_catches_corruption(addr: &str) {
     );
     let mut impostor = with_creds(&c1, secure_config("secure"), forged);
     let _ = impostor
-        .connect_with(srv.addr(), Policy::LossyClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LossyClient)
         .unwrap();
     const N: u64 = 400;
     let sizes = [0usize, 64, 3000, 70_000, 300_000];
@@ -1035,7 +1035,7 @@ fn polled_cq_wakes_after_an_idle_spell(addr: &str) {
     let nobody = Arc::new(msgr::NullDispatcher);
     let cli = start_with(addr, EntityName::client(1), cfg, nobody);
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     for n in 1..=3u64 {
         // Both busy-poll windows (50 µs) long past: the workers sleep.
@@ -1244,7 +1244,7 @@ fn rma_reads_and_writes(addr: &str) {
     let region = owner.expose(original.clone(), msgr::Access::ReadWrite);
     let h = region.handle();
     let conn = peer
-        .connect_with(owner.addr(), Policy::LosslessClient)
+        .connect_with(owner.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     let checked = msgr::RmaOptions::from(Duration::from_secs(30)).checksum();
     for len in [0u64, 64, 4000, 70_000, 1 << 20] {

@@ -23,7 +23,7 @@ fn a_pinned_worker_sharing_its_cpu_with_a_busy_thread_stops_spinning() {
     let rec = Recorder::new();
     let mut srv = server(cfg, rec.clone());
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
-    let conn = cli.connect(srv.addr()).unwrap();
+    let conn = cli.connect(srv.addr().expect("bound")).unwrap();
 
     // A thread that wants `cpu` all the time, for at most 20 s.
     let stop = Arc::new(AtomicBool::new(false));

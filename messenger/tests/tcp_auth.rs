@@ -109,7 +109,12 @@ fn refused(
     security: Security,
 ) {
     let before = count(srv, counter);
-    let ev = drive_raw(local, security, srv.addr(), Duration::from_secs(3));
+    let ev = drive_raw(
+        local,
+        security,
+        srv.addr().expect("bound"),
+        Duration::from_secs(3),
+    );
     assert!(
         !ev.iter().any(|e| matches!(e, SessionEvent::Established(_))),
         "{ev:?}"
@@ -149,7 +154,7 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
         false,
     );
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     conn.wait_connected(Duration::from_secs(10)).unwrap();
     assert!(
@@ -201,7 +206,7 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
     );
     // 3. Authenticated as client.2, claiming client.1's session: its
     //    address and nonce, a new session (which would reset the old one).
-    let victims_addr = cli.addr().clone();
+    let victims_addr = announced_addr(&srv, &victim).expect("the victim's session");
     refused(
         &srv,
         |c| &c.impostors_refused,
@@ -304,7 +309,7 @@ fn a_bit_flipped_in_flight_is_detected_in_secure_mode() {
         ids.creds(&srv_name),
         rec.clone(),
     );
-    let proxy = bit_flipping_proxy(srv.addr().socket, 300_000);
+    let proxy = bit_flipping_proxy(srv.addr().expect("bound").socket, 300_000);
     let creds = ids.creds(&cli_name);
     let mut cli = start(cli_name, secure_config("secure"), creds, false);
     let via = EntityAddr::tcp(proxy);
@@ -351,7 +356,7 @@ fn lossless_delivery_holds_under_a_fault_plan_in_secure_mode() {
     let mut srv = server_with(srv_name.clone(), scfg, ids.creds(&srv_name), rec.clone());
     let mut cli = start(cli_name.clone(), ccfg, ids.creds(&cli_name), false);
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     const N: u64 = 10_000;
     for n in 1..=N {
@@ -468,7 +473,7 @@ fn a_named_connection_refuses_whoever_else_answers() {
             .start(rec.clone())
             .unwrap();
         let bad = cli
-            .connect_to(&s1, wrong.addr(), Policy::LosslessClient)
+            .connect_to(&s1, wrong.addr().expect("bound"), Policy::LosslessClient)
             .unwrap();
         assert!(
             wait_until(Duration::from_secs(10), || !rec
@@ -493,7 +498,7 @@ fn a_named_connection_refuses_whoever_else_answers() {
             assert_eq!(wrong.counters().sessions_active.load(Ordering::Relaxed), 0);
         }
         let good = cli
-            .connect_to(&s1, right.addr(), Policy::LosslessClient)
+            .connect_to(&s1, right.addr().expect("bound"), Policy::LosslessClient)
             .unwrap();
         good.wait_connected(Duration::from_secs(10)).unwrap();
         assert_eq!(good.peer().unwrap().name, s1);

@@ -64,7 +64,7 @@ fn pair(d: Arc<dyn Dispatcher>) -> (Messenger, Messenger, Connection) {
     let srv = server(fast_config(), d);
     let cli = client(fast_config(), Recorder::new());
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     conn.wait_connected(Duration::from_secs(10)).unwrap();
     (srv, cli, conn)
@@ -225,7 +225,7 @@ fn async_send_waits_for_room_and_streams_deliver() {
             .start(cli_inbox.dispatcher())
             .unwrap();
         let conn = cli
-            .connect_with(srv.addr(), Policy::LosslessClient)
+            .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
             .unwrap();
         let mut events = cli_inbox.events();
         assert_eq!(
@@ -283,7 +283,7 @@ fn async_send_waits_for_room_and_streams_deliver() {
                 .config(fast_config())
                 .start(inbox.dispatcher())
                 .unwrap();
-            m.connect_with(srv.addr(), Policy::LosslessClient)
+            m.connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
                 .unwrap()
                 .wait_connected(Duration::from_secs(5))
                 .unwrap();

@@ -20,7 +20,7 @@ fn ordering_and_integrity_100k_mixed_sizes() {
     let rec = Recorder::new();
     let mut srv = server(fast_config(), rec.clone());
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
-    let conn = cli.connect(srv.addr()).unwrap();
+    let conn = cli.connect(srv.addr().expect("bound")).unwrap();
     const N: u64 = 100_000;
     let mut big = 0;
     for n in 1..=N {
@@ -92,7 +92,7 @@ fn lossless_exactly_once_across_hundreds_of_cuts() {
     let mut srv = server(fast_config(), rec.clone());
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     const N: u64 = 200_000;
     const CUTS: u64 = 300;
@@ -179,7 +179,7 @@ fn sealed_payloads_arrive_intact_across_cuts() {
     let mut srv = server(fast_config(), rec.clone());
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     assert!(wait_until(Duration::from_secs(10), || conn.state()
         == ConnectionState::Open));
@@ -219,7 +219,9 @@ fn lossy_fault_resets_and_never_duplicates() {
     let cli_rec = Recorder::new();
     let mut srv = server(fast_config(), rec.clone());
     let mut cli = client(fast_config(), cli_rec.clone());
-    let conn = cli.connect_with(srv.addr(), Policy::LossyClient).unwrap();
+    let conn = cli
+        .connect_with(srv.addr().expect("bound"), Policy::LossyClient)
+        .unwrap();
     for n in 1..=2000 {
         send(&conn, probe_message(1, n, 100));
     }
@@ -251,7 +253,9 @@ fn lossy_fault_resets_and_never_duplicates() {
         "a reset connection refuses sends"
     );
     // A new connection is a new session; the old stream is never redelivered.
-    let conn2 = cli.connect_with(srv.addr(), Policy::LossyClient).unwrap();
+    let conn2 = cli
+        .connect_with(srv.addr().expect("bound"), Policy::LossyClient)
+        .unwrap();
     assert_ne!(conn2.id(), conn.id());
     for n in 2001..=3000 {
         send(&conn2, probe_message(1, n, 100));
@@ -274,12 +278,12 @@ fn connect_after_mark_down_is_a_new_session() {
     let mut srv = server(fast_config(), rec.clone());
     let mut cli = client(fast_config(), cli_rec.clone());
     for round in 0..20u32 {
-        let old = cli.connect(srv.addr()).unwrap();
+        let old = cli.connect(srv.addr().expect("bound")).unwrap();
         for n in 1..=5 {
             send(&old, probe_message(1000 + round, n, 10));
         }
         old.mark_down();
-        let new = cli.connect(srv.addr()).unwrap();
+        let new = cli.connect(srv.addr().expect("bound")).unwrap();
         assert_ne!(
             new.id(),
             old.id(),
@@ -324,7 +328,10 @@ fn simultaneous_connect_keeps_one_session() {
             .bind("tcp://127.0.0.1:0".parse().unwrap())
             .start(rec_b.clone())
             .unwrap();
-        let (addr_a, addr_b) = (a.addr().clone(), b.addr().clone());
+        let (addr_a, addr_b) = (
+            a.addr().expect("bound").clone(),
+            b.addr().expect("bound").clone(),
+        );
         let barrier = std::sync::Barrier::new(2);
         let (ca, cb) = std::thread::scope(|s| {
             let ta = s.spawn(|| {
@@ -393,7 +400,9 @@ fn silent_peer_is_detected_by_keepalive_timeout() {
     // Once open, a peer that hangs (reads and writes nothing) trips the keepalive timeout.
     let srv_rec = Recorder::new();
     let mut srv = server(fast_config(), srv_rec.clone());
-    let conn = cli.connect_with(srv.addr(), Policy::LossyClient).unwrap();
+    let conn = cli
+        .connect_with(srv.addr().expect("bound"), Policy::LossyClient)
+        .unwrap();
     assert!(wait_until(Duration::from_secs(5), || conn.state()
         == ConnectionState::Open));
     srv.connections()[0].inject_fault(RealFault::Freeze);
@@ -421,7 +430,9 @@ fn multi_worker_routing_and_cuts() {
         let mut ccfg = fast_config();
         ccfg.workers = 2;
         let m = client(ccfg, Arc::new(msgr::NullDispatcher));
-        let conn = m.connect_with(srv.addr(), Policy::LosslessClient).unwrap();
+        let conn = m
+            .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
+            .unwrap();
         clients.push((c, m, conn));
     }
     for round in 0..4u64 {
@@ -462,7 +473,7 @@ fn send_batch_orders_and_bounds() {
     let mut ccfg = fast_config();
     ccfg.session.max_queued_messages = 1000;
     let mut cli = client(ccfg, Arc::new(msgr::NullDispatcher));
-    let conn = cli.connect(srv.addr()).unwrap();
+    let conn = cli.connect(srv.addr().expect("bound")).unwrap();
     let mut n = 0u64;
     for round in 0..200 {
         if round % 3 == 0 {
@@ -527,7 +538,7 @@ fn unchecked_payloads_both_sides_and_one_side() {
         let rec = Recorder::new();
         let mut srv = server(cfg(server_crc), rec.clone());
         let mut cli = client(cfg(client_crc), Arc::new(msgr::NullDispatcher));
-        let conn = cli.connect(srv.addr()).unwrap();
+        let conn = cli.connect(srv.addr().expect("bound")).unwrap();
         const N: u64 = 3000;
         for n in 1..=N {
             let len = if n % 100 == 0 {

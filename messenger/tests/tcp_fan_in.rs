@@ -51,7 +51,7 @@ fn a_thousand_lossless_connections_fan_in_and_idle_cheaply() {
                 .start(Arc::new(NullDispatcher))
                 .expect("start client");
             let c = m
-                .connect_with(srv.addr(), Policy::LosslessClient)
+                .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
                 .expect("connect");
             (m, c)
         })

@@ -30,7 +30,7 @@ fn lossless_delivery_holds_under_a_fault_plan() {
     let mut srv = server(scfg, rec.clone());
     let mut cli = client(ccfg, Arc::new(msgr::NullDispatcher));
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     const N: u64 = 30_000;
     for n in 1..=N {
@@ -102,7 +102,7 @@ fn status_tells_why_a_connection_is_not_open() {
     // Open: the phase follows, the history stays.
     let srv = server(fast_config(), Recorder::new());
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     assert!(
         wait_until(Duration::from_secs(10), || conn.state()

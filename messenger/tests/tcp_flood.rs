@@ -50,7 +50,7 @@ fn closed(s: &mut TcpStream) -> bool {
 fn a_flood_of_idle_connections_cannot_lock_a_good_client_out() {
     let rec = Recorder::echoing();
     let mut srv = server(fast_config(), rec.clone());
-    let to = srv.addr().socket;
+    let to = srv.addr().expect("bound").socket;
     let attacker = Ipv4Addr::new(127, 0, 0, 2);
     let mut flood: Vec<TcpStream> = (0..FLOOD)
         .filter_map(|_| connect_from(attacker, to))
@@ -89,7 +89,7 @@ fn a_flood_of_idle_connections_cannot_lock_a_good_client_out() {
         .expect("start client");
     let started = Instant::now();
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     send(&conn, probe_message(1, 1, 64));
     // The server echoes it back.
@@ -129,7 +129,7 @@ fn a_foreign_protocol_is_closed_at_its_first_bytes() {
     cfg.session.banner_timeout = Duration::from_secs(60);
     let banner_deadline = cfg.session.banner_timeout;
     let mut srv = server(cfg, Recorder::new());
-    let mut s = TcpStream::connect(srv.addr().socket).unwrap();
+    let mut s = TcpStream::connect(srv.addr().expect("bound").socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let started = Instant::now();
     s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
@@ -174,7 +174,7 @@ fn a_good_client_behind_a_flooding_address_gets_through() {
     cfg.session.banner_timeout = Duration::from_secs(120);
     cfg.session.handshake_timeout = Duration::from_secs(120);
     let mut srv = server(cfg, Recorder::echoing());
-    let to = srv.addr().socket;
+    let to = srv.addr().expect("bound").socket;
     let source = Ipv4Addr::LOCALHOST;
     let mut flood: Vec<TcpStream> = (0..HELD)
         .map(|_| connect_from(source, to).expect("flood connection"))
@@ -219,7 +219,7 @@ fn a_good_client_behind_a_flooding_address_gets_through() {
         .expect("start client");
     let started = Instant::now();
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     send(&conn, probe_message(1, 1, 64));
     let through = wait_until(Duration::from_secs(30), || echoes.delivered(1) == 1);

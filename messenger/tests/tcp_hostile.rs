@@ -91,7 +91,7 @@ fn hostile_peers_are_closed_and_good_ones_keep_being_served() {
     let mut cfg = fast_config();
     cfg.session.handshake_timeout = Duration::from_millis(500);
     let mut srv = server(cfg, rec.clone());
-    let addr = srv.addr().clone();
+    let addr = srv.addr().expect("bound").clone();
 
     // A well-behaved client streams throughout.
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
@@ -212,7 +212,7 @@ fn half_open_floods_and_slow_handshakes_are_bounded() {
     cfg.session.handshake_timeout = Duration::from_millis(1000);
     cfg.max_handshakes = 200;
     let mut srv = server(cfg, rec.clone());
-    let addr = srv.addr().clone();
+    let addr = srv.addr().expect("bound").clone();
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
     let good = cli.connect_with(&addr, Policy::LosslessClient).unwrap();
     let mut stream = GoodStream::new(good.clone(), rec.clone(), 512);
@@ -291,7 +291,7 @@ fn replayed_cookies_are_refused() {
 
     let rec = Recorder::new();
     let mut srv = server(fast_config(), rec.clone());
-    let addr = srv.addr().clone();
+    let addr = srv.addr().expect("bound").clone();
     let victim_rec = Recorder::new();
     let mut victim = client(fast_config(), victim_rec.clone());
     let conn = victim.connect_with(&addr, Policy::LosslessClient).unwrap();
@@ -302,7 +302,7 @@ fn replayed_cookies_are_refused() {
 
     for claimed in [
         "tcp://127.0.0.1:1/77".parse::<msgr::EntityAddr>().unwrap(),
-        victim.addr().clone(),
+        announced_addr(&srv, victim.name()).expect("the victim's session"),
     ] {
         let mut s = raw(&addr);
         read_banner(&mut s);
@@ -368,7 +368,7 @@ fn replayed_cookies_are_refused() {
 fn each_bad_connection_counts_one_protocol_error() {
     const N: usize = 60;
     let mut srv = server(fast_config(), Recorder::new());
-    let addr = srv.addr().clone();
+    let addr = srv.addr().expect("bound").clone();
     let links = || srv.counters().links_active.load(Ordering::Relaxed);
     assert_eq!((srv_errors(&srv), links()), (0, 0));
 

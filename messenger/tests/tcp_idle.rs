@@ -31,7 +31,7 @@ fn idle_cpu_after_gappy_traffic(cfg: MessengerConfig) -> u64 {
     let srv = server(cfg.clone(), Recorder::echoing());
     let rec = Recorder::new();
     let cli = client(cfg, rec.clone());
-    let conn = cli.connect(srv.addr()).expect("connect");
+    let conn = cli.connect(srv.addr().expect("bound")).expect("connect");
     for n in 1..=300 {
         send(&conn, probe_message(1, n, 64));
         std::thread::sleep(Duration::from_micros(700));

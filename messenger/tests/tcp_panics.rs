@@ -47,8 +47,8 @@ fn a_panicking_handler_fails_its_connection_and_the_server_serves_on() {
     let mut srv = server(fast_config(), d.clone());
     let mut bad = client_of(1);
     let mut good = client_of(2);
-    let bad_conn = bad.connect(srv.addr()).expect("connect");
-    let good_conn = good.connect(srv.addr()).expect("connect");
+    let bad_conn = bad.connect(srv.addr().expect("bound")).expect("connect");
+    let good_conn = good.connect(srv.addr().expect("bound")).expect("connect");
     for _ in 0..10 {
         send(&good_conn, Message::new(1, &b"fine"[..], &b""[..]));
     }
@@ -71,7 +71,7 @@ fn a_panicking_handler_fails_its_connection_and_the_server_serves_on() {
         send(&good_conn, Message::new(1, &b"fine"[..], &b""[..]));
     }
     let mut late = client_of(3);
-    let late_conn = late.connect(srv.addr()).expect("connect");
+    let late_conn = late.connect(srv.addr().expect("bound")).expect("connect");
     send(&late_conn, Message::new(1, &b"fine"[..], &b""[..]));
     assert!(
         wait_until(Duration::from_secs(10), || d.good.load(Ordering::Relaxed)
@@ -99,7 +99,7 @@ fn abort_child() {
     cfg.set("on_handler_panic", "abort").unwrap();
     let srv = server(cfg, Arc::new(Fragile::default()));
     let cli = client_of(1);
-    let conn = cli.connect(srv.addr()).expect("connect");
+    let conn = cli.connect(srv.addr().expect("bound")).expect("connect");
     send(&conn, Message::new(POISON, &b"boom"[..], &b""[..]));
     std::thread::sleep(Duration::from_secs(10));
     eprintln!("still alive after the panic");

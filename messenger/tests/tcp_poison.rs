@@ -30,7 +30,7 @@ fn a_message_too_large_for_the_peer_is_refused_at_send_and_never_replayed() {
     // Open first: the peer's limit is known, the send is refused at once.
     let rec = Recorder::new();
     let mut cli = named_client(1, rec.clone());
-    let conn = cli.connect(srv.addr()).unwrap();
+    let conn = cli.connect(srv.addr().expect("bound")).unwrap();
     assert!(wait_until(Duration::from_secs(10), || conn.state()
         == ConnectionState::Open));
     send(&conn, probe_message(1, 1, 100));
@@ -53,7 +53,7 @@ fn a_message_too_large_for_the_peer_is_refused_at_send_and_never_replayed() {
     // reason when it would send it, and nothing reaches the wire.
     let rec2 = Recorder::new();
     let mut cli2 = named_client(2, rec2.clone());
-    let conn2 = cli2.connect(srv.addr()).unwrap();
+    let conn2 = cli2.connect(srv.addr().expect("bound")).unwrap();
     send(&conn2, probe_message(2, 1, 4096));
     assert!(
         wait_until(Duration::from_secs(10), || !rec2
@@ -102,13 +102,13 @@ fn a_poisoned_session_fails_alone_while_others_stream() {
     let good: Vec<(Messenger, msgr::Connection)> = (10..13)
         .map(|i| {
             let m = named_client(i, Recorder::new());
-            let c = m.connect(srv.addr()).unwrap();
+            let c = m.connect(srv.addr().expect("bound")).unwrap();
             (m, c)
         })
         .collect();
     let poisoned_rec = Recorder::new();
     let mut poisoned = named_client(20, poisoned_rec.clone());
-    let pconn = poisoned.connect(srv.addr()).unwrap();
+    let pconn = poisoned.connect(srv.addr().expect("bound")).unwrap();
     send(&pconn, probe_message(99, 1, 100));
     // Small enough to share a batch frame with the first, too large for
     // the peer: the batch stops before it.

@@ -23,7 +23,9 @@ const T: Duration = Duration::from_secs(30);
 fn pair(n: u64, policy: Policy) -> (Messenger, Messenger, Connection) {
     let owner = server(fast_config(), Arc::new(NullDispatcher));
     let peer = client_named(n, fast_config(), Arc::new(NullDispatcher));
-    let conn = peer.connect_with(owner.addr(), policy).unwrap();
+    let conn = peer
+        .connect_with(owner.addr().expect("bound"), policy)
+        .unwrap();
     conn.wait_connected(T).unwrap();
     (owner, peer, conn)
 }
@@ -186,7 +188,7 @@ fn the_owner_refuses_what_the_handle_does_not_allow() {
     assert_eq!(conn.read(&theirs.handle(), 0, 1, T), Err(RmaError::Denied));
     let (_p2, c2) = {
         let p2 = client_named(2, fast_config(), Arc::new(NullDispatcher));
-        let c2 = p2.connect(owner.addr()).unwrap();
+        let c2 = p2.connect(owner.addr().expect("bound")).unwrap();
         (p2, c2)
     };
     assert_eq!(&c2.read(&theirs.handle(), 0, 2, T).unwrap()[..], &[1, 1]);
@@ -300,7 +302,7 @@ fn secure_mode_carries_operations() {
         .start(Arc::new(NullDispatcher))
         .unwrap();
     let region = owner.expose(noise(100_000, 5), Access::ReadWrite);
-    let conn = peer.connect(owner.addr()).unwrap();
+    let conn = peer.connect(owner.addr().expect("bound")).unwrap();
     let got = conn.read(&region.handle(), 0, 100_000, T).unwrap();
     assert_eq!(&got[..], &noise(100_000, 5)[..]);
     conn.write(&region.handle(), 0, &b"sealed"[..], T).unwrap();

@@ -17,7 +17,7 @@ fn shutdown_drains_or_reports_and_leaks_nothing() {
     let rec = Recorder::new();
     let mut srv = server(fast_config(), rec.clone());
     let mut cli = client(fast_config(), Arc::new(msgr::NullDispatcher));
-    let conn = cli.connect(srv.addr()).unwrap();
+    let conn = cli.connect(srv.addr().expect("bound")).unwrap();
     for n in 1..=5000 {
         send(&conn, probe_message(1, n, 2000));
     }
@@ -29,14 +29,14 @@ fn shutdown_drains_or_reports_and_leaks_nothing() {
 
     // A peer that hangs: nothing can be acknowledged, so shutdown gives up at
     // its deadline and reports every queued message as undelivered.
-    let mut cli2 = client(fast_config(), Arc::new(msgr::NullDispatcher));
-    let conn2 = cli2.connect(srv.addr()).unwrap();
+    let mut cli2 = client_named(2, fast_config(), Arc::new(msgr::NullDispatcher));
+    let conn2 = cli2.connect(srv.addr().expect("bound")).unwrap();
     assert!(wait_until(Duration::from_secs(5), || conn2.state()
         == ConnectionState::Open));
     let hung = srv
         .connections()
         .into_iter()
-        .find(|c| c.peer().is_some_and(|p| &p.addr == cli2.addr()));
+        .find(|c| c.peer().is_some_and(|p| &p.name == cli2.name()));
     hung.expect("server side of cli2")
         .inject_fault(msgr::RealFault::Freeze);
     std::thread::sleep(Duration::from_millis(50));

@@ -86,7 +86,7 @@ fn link_left_closing(gate: &Arc<Gate>) -> (Messenger, Messenger) {
     let srv = server(config(), gate.clone());
     let cli = client(config(), Arc::new(msgr::NullDispatcher));
     let mut guard = OpenOnDrop(gate, true);
-    let conn = cli.connect(srv.addr()).unwrap();
+    let conn = cli.connect(srv.addr().expect("bound")).unwrap();
     conn.wait_connected(Duration::from_secs(30))
         .expect("connected");
     // Sent until the link's socket takes no more (a full kernel send

@@ -265,7 +265,7 @@ fn server(bind: &EntityAddr, cfg: MessengerConfig) -> Result<(Messenger, Arc<Rec
         .bind(bind.clone())
         .start(rec.clone())
         .map_err(|e| format!("start server: {e}"))?;
-    println!("server bound at {}", m.addr());
+    println!("server bound at {}", m.addr().expect("bound"));
     Ok((m, rec))
 }
 
@@ -285,7 +285,7 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
     let (srv, srv_rec) = server(&bind, config())?;
     let (cli, cli_rec) = client(1, config())?;
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .map_err(|e| format!("connect: {e}"))?;
 
     // 1 + 2: the stream, with a real QP abort halfway.
@@ -566,7 +566,7 @@ fn hung_read(bind: &EntityAddr) -> Result<(), String> {
     let (srv, srv_rec) = server(bind, srv_cfg)?;
     let (cli, cli_rec) = client(20, config())?;
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .map_err(|e| format!("connect: {e}"))?;
     // Message 1 opens the session, so the server has a connection to fault.
     let sizes = [
@@ -702,7 +702,7 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
     let (mut srv, _) = server(bind, cfg.clone())?;
     let (mut cli, cli_rec) = client(20, cfg)?;
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .map_err(|e| format!("connect: {e}"))?;
     let count = 1500u64;
     let t = Instant::now();
@@ -886,10 +886,10 @@ fn secure_mode(bind: &EntityAddr) -> Result<(), String> {
         None,
     )?;
     let c1 = one
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .map_err(|e| format!("secure: connect: {e}"))?;
     let c2 = two
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .map_err(|e| format!("secure: connect: {e}"))?;
     c1.wait_connected(Duration::from_secs(30))
         .map_err(|e| format!("secure: {e}"))?;
@@ -901,7 +901,7 @@ fn secure_mode(bind: &EntityAddr) -> Result<(), String> {
         Arc::default(),
         None,
     )?;
-    let _ = impostor.connect_with(srv.addr(), Policy::LossyClient);
+    let _ = impostor.connect_with(srv.addr().expect("bound"), Policy::LossyClient);
     const N: u64 = 300;
     let sizes = [0usize, 64, 3000, 70_000, 300_000];
     let (mut b1, mut b2) = (0u64, 0u64);
@@ -955,7 +955,7 @@ fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
     let (mut srv, srv_rec) = server(bind, small)?;
     let (mut cli, _) = client(30, config())?;
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .map_err(|e| format!("poison: connect: {e}"))?;
     conn.wait_connected(Duration::from_secs(30))
         .map_err(|e| format!("poison: {e}"))?;
@@ -968,7 +968,7 @@ fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
     }
     let (mut early, early_rec) = client(31, config())?;
     let conn2 = early
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .map_err(|e| format!("poison: connect: {e}"))?;
     conn2
         .send(message(8, 1, 128 << 10))
@@ -1004,7 +1004,7 @@ fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
     }
     let (mut other, _) = client(32, config())?;
     let conn3 = other
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .map_err(|e| format!("panic: connect: {e}"))?;
     for i in 1..=20 {
         conn3
@@ -1028,7 +1028,7 @@ fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
 /// nothing to break: said so, and nothing checked.
 fn aborted_connects(bind: &EntityAddr) -> Result<(), String> {
     let (srv, _) = server(bind, config())?;
-    let at = srv.addr().socket;
+    let at = srv.addr().expect("bound").socket;
     let mut refused_after = None;
     for i in 0..300 {
         match std::net::TcpStream::connect_timeout(&at, Duration::from_secs(2)) {
@@ -1073,7 +1073,7 @@ fn aborted_connects(bind: &EntityAddr) -> Result<(), String> {
     // A real client gets through and is answered.
     let (cli, cli_rec) = client(31, config())?;
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .map_err(|e| format!("aborted connects: connect: {e}"))?;
     let count = 20;
     for i in 0..count {
@@ -1112,7 +1112,7 @@ fn starvation(bind: &EntityAddr) -> Result<(), String> {
     for c in 0..3u32 {
         let (m, _) = client(10 + u64::from(c), tiny.clone())?;
         let conn = m
-            .connect_with(srv.addr(), Policy::LosslessClient)
+            .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
             .map_err(|e| format!("connect: {e}"))?;
         clients.push((m, conn, 10 + c));
     }

@@ -62,7 +62,7 @@ fn server(addr: &str, d: Arc<Count>) -> Messenger {
 fn lossless_session_recovers_after_server_restart_on_same_port() {
     let first = Arc::new(Count::default());
     let mut srv = server("tcp://127.0.0.1:0", first.clone());
-    let port = srv.addr().socket.port();
+    let port = srv.addr().expect("bound").socket.port();
     let events = Arc::new(Count::default());
     let mut cfg = msgr_testsuite::stress::default_messenger_config();
     cfg.faults = None;
@@ -71,7 +71,7 @@ fn lossless_session_recovers_after_server_restart_on_same_port() {
         .start(events.clone())
         .unwrap();
     let conn = cli
-        .connect_with(srv.addr(), Policy::LosslessClient)
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
     for _ in 0..10 {
         conn.send(Message::new(1, vec![1u8; 8], vec![])).unwrap();
@@ -131,7 +131,7 @@ fn Counters_get(m: &Messenger) -> u64 {
 #[test]
 fn lossless_connect_to_a_stale_incarnation_ends() {
     let mut old = server("tcp://127.0.0.1:0", Arc::new(Count::default()));
-    let stale = old.addr().clone();
+    let stale = old.addr().expect("bound").clone();
     let port = stale.socket.port();
     old.shutdown(Duration::from_secs(1));
     let fresh = Arc::new(Count::default());
@@ -157,7 +157,7 @@ fn lossless_connect_to_a_stale_incarnation_ends() {
     assert!(
         settled,
         "connection to stale {stale} (new incarnation {} on the same port): state {state:?} after 10 s, delivered {}, resets {}, remote resets {}, client protocol errors {errors}",
-        srv.addr(),
+        srv.addr().expect("bound"),
         fresh.messages.load(Ordering::Relaxed),
         events.resets.load(Ordering::Relaxed),
         events.remote_resets.load(Ordering::Relaxed),

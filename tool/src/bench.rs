@@ -378,7 +378,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         .config(place.server.clone())
         .bind(bind.clone())
         .start(Arc::new(Responder::default()))?;
-    let target = server.addr().clone();
+    let target = server.addr().expect("bound").clone();
     let secure_name = EntityName::server(1);
     let (secure_server_cfg, secure_client) = secured(&place.server, &place.client, &secure_name);
     let mut secure_server = if opts.parts.contains(&Part::Secure) {
@@ -391,7 +391,9 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     } else {
         None
     };
-    let secure_target = secure_server.as_ref().map(|m| m.addr().clone());
+    let secure_target = secure_server
+        .as_ref()
+        .map(|m| m.addr().expect("bound").clone());
     let largest = RMA_SIZES.iter().copied().max().unwrap_or(1 << 20);
     let mut raw_rma = if opts.parts.contains(&Part::Rma) {
         reference::RawRma::for_transport(&bind.transport, RMA_IN_FLIGHT, largest)?

@@ -1096,7 +1096,7 @@ fn stream_fails_when_the_server_got_fewer_messages_than_sent() {
         .bind("tcp://127.0.0.1:0".parse().expect("address"))
         .start(std::sync::Arc::new(LosesOne::default()))
         .expect("stand-in server");
-    let addr = m.addr().clone().with_nonce(0).to_string();
+    let addr = m.addr().expect("bound").clone().with_nonce(0).to_string();
     for driver in ["main", "callback"] {
         let o = run(
             &[

@@ -27,7 +27,7 @@ pub enum FrameError {
     /// The tag byte names no known frame type.
     #[error("unknown frame tag {0}")]
     UnknownTag(u8),
-    /// More segments than [`crate::frame::MAX_SEGMENTS`].
+    /// More segments than `MAX_SEGMENTS`.
     #[error("frame claims {0} segments")]
     TooManySegments(u8),
     /// A segment is longer than its configured limit.

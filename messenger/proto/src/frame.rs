@@ -256,7 +256,7 @@ pub struct Frame {
     pub tag: Tag,
     /// Per-tag flags.
     pub flags: u8,
-    /// Up to [`MAX_SEGMENTS`] segments.
+    /// Up to `MAX_SEGMENTS` segments.
     pub segments: Segments,
     /// The CRC32C of one large segment, if known already (checked on
     /// receipt, or a sealed message's data): the epilogue takes it instead
@@ -265,7 +265,7 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// Builds a frame. Panics in debug builds if more than [`MAX_SEGMENTS`]
+    /// Builds a frame. Panics in debug builds if more than `MAX_SEGMENTS`
     /// segments are given: that is a bug in the caller, not wire input.
     ///
     /// ```
@@ -291,7 +291,7 @@ impl Frame {
     /// segment again: for a frame sent more than once. What
     /// [`crate::Message::with_data_checksum`] does for a message's data,
     /// which says when not to; as there, a segment shorter than
-    /// [`CRC_MEMO_MIN`] keeps none. No segment `index`: the frame as it was.
+    /// `CRC_MEMO_MIN` keeps none. No segment `index`: the frame as it was.
     ///
     /// ```
     /// use bytes::Bytes;
@@ -310,7 +310,7 @@ impl Frame {
     }
 
     /// Whether the epilogue can be had without a pass over a large
-    /// segment: every checked segment of [`CRC_MEMO_MIN`] bytes or more
+    /// segment: every checked segment of `CRC_MEMO_MIN` bytes or more
     /// has its CRC32C known ([`Frame::known_crc`]): then a sender has no
     /// reason to compute the epilogue late, while the segments travel.
     ///
@@ -440,7 +440,7 @@ impl Frame {
 
     /// The encoded frame as one [`Bytes`] cut from `arena`: how the
     /// message-oriented transports send a small frame (one copy into a
-    /// shared chunk, no [`EncodedFrame`] in between).
+    /// shared chunk, no `EncodedFrame` in between).
     pub fn encode_in(&self, arena: &mut crate::arena::ByteArena) -> Result<Bytes, FrameError> {
         let preamble = self.preamble()?;
         Ok(arena.fill(self.encoded_len(), |b| self.write_encoded(&preamble, b)))
@@ -449,7 +449,7 @@ impl Frame {
     /// Appends the encoded frame ([`Frame::encoded_len`] bytes) to `out`,
     /// with `preamble` from [`Frame::preamble`] (which bounds what can go
     /// wrong: nothing fails here). For a small frame encoded straight into
-    /// a buffer of the caller's, without an [`EncodedFrame`] in between.
+    /// a buffer of the caller's, without an `EncodedFrame` in between.
     pub fn write_encoded(&self, preamble: &Preamble, out: &mut impl BufMut) {
         out.put_slice(&preamble.encode());
         for s in &self.segments {
@@ -478,7 +478,7 @@ impl Frame {
     }
 
     /// How many bytes the epilogue checksums: every segment's, or with
-    /// [`FLAG_UNCHECKED_PAYLOAD`] the first segment's only.
+    /// `FLAG_UNCHECKED_PAYLOAD` the first segment's only.
     ///
     /// ```
     /// use bytes::Bytes;

@@ -46,7 +46,7 @@ pub struct Message {
     pub seq: u64,
     /// Request/response correlation (header bytes 24..32; see
     /// [`Message::call_id`]): 0 for a plain message; a request's call id
-    /// (bit 63 clear), or [`REPLY_BIT`] with the id of the request a reply
+    /// (bit 63 clear), or `REPLY_BIT` with the id of the request a reply
     /// answers. Set by `Connection::call` and `Connection::reply`; carried
     /// only between peers that agreed `features::CALLS`.
     pub call: u64,
@@ -168,10 +168,10 @@ impl Message {
     /// reconnect's replay — puts that checksum in the frame's epilogue
     /// instead of reading the data again. Use it for a payload sent more
     /// than once; a message as received already knows its data's checksum
-    /// (checked on the way in, for data of [`crate::frame::CRC_MEMO_MIN`]
+    /// (checked on the way in, for data of `CRC_MEMO_MIN`
     /// bytes or more), so forwarding it unchanged costs no second pass.
     ///
-    /// Data shorter than [`crate::frame::CRC_MEMO_MIN`] keeps no checksum:
+    /// Data shorter than `CRC_MEMO_MIN` keeps no checksum:
     /// reading it again costs less than carrying the memo, whose shared
     /// handle every clone and every frame of the message would count up
     /// and down (~14 ns of a 64 B message's turn-around, measured).
@@ -212,7 +212,7 @@ impl Message {
 
     /// Encodes the message as a frame, piggybacking `ack_seq`: for code
     /// that handles frames generically (tests, tools). The session sends a
-    /// [`MessageFrame`], which skips the [`Frame`].
+    /// `MessageFrame`, which skips the [`Frame`].
     pub fn to_frame(&self, ack_seq: u64) -> Frame {
         MessageFrame::new(self.clone(), ack_seq).into_frame()
     }
@@ -230,7 +230,7 @@ impl Message {
         h
     }
 
-    /// Decodes a [`Tag::Message`] frame into the message and its piggybacked ack.
+    /// Decodes a `Tag::Message` frame into the message and its piggybacked ack.
     pub fn from_frame(frame: Frame) -> Result<(Message, u64), ProtocolError> {
         let malformed = |detail: &str| ProtocolError::Malformed {
             what: "message frame",

@@ -221,6 +221,15 @@ pub fn client_named(n: u64, cfg: MessengerConfig, d: Arc<dyn Dispatcher>) -> Mes
         .expect("start client")
 }
 
+/// The address, nonce included, that the peer named `name` announced in
+/// its session with `m`: a client that never bound has no
+/// [`Messenger::addr`], but its sessions carry its identity.
+pub fn announced_addr(m: &Messenger, name: &EntityName) -> Option<msgr::EntityAddr> {
+    m.connections()
+        .into_iter()
+        .find_map(|c| c.peer().filter(|p| p.name == *name).map(|p| p.addr))
+}
+
 /// Sends with a deadline per message; panics if the queue stays full.
 pub fn send(conn: &Connection, msg: Message) {
     conn.send_timeout(msg, Duration::from_secs(30))

@@ -198,7 +198,7 @@ impl Run<'_> {
 
     /// Records where a (re)started server listens; exposes its region.
     fn server_started(&self, slot: &ServerSlot, m: Messenger) {
-        *slot.addr.write().expect("addr lock") = m.addr().clone();
+        *slot.addr.write().expect("addr lock") = m.addr().expect("bound").clone();
         *slot.addrs.write().expect("addrs lock") = m.addrs();
         if self.cfg.rma {
             let region = m.expose(vec![0u8; rma::REGION_LEN], msgr::Access::ReadWrite);
@@ -935,7 +935,9 @@ fn chaos(run: &Run<'_>) {
                 let conns = m.connections();
                 if !conns.is_empty() {
                     let c = &conns[rng.random_range(0..conns.len())];
-                    if m.addr().transport != TransportKind::Tcp && rng.random_ratio(1, 20) {
+                    if m.addr().expect("bound").transport != TransportKind::Tcp
+                        && rng.random_ratio(1, 20)
+                    {
                         // SIMULATED (no provider or device fails a queue
                         // read on demand): every link of the server's
                         // transport that carries `c` fails at once.

@@ -72,7 +72,7 @@ pub struct SessionConfig {
     /// frame preambles and message headers are always checked.
     pub payload_crc: bool,
     /// Largest batch frame body this side writes, in bytes
-    /// ([`crate::batch`]); 0 sends every message in a frame of its own.
+    /// (batch frames); 0 sends every message in a frame of its own.
     /// Messages whose payload is at most a quarter of it go into batch
     /// frames where the peer reads them (`features::BATCH`): whatever is
     /// queued when the session transmits, never waiting for more. Larger
@@ -89,7 +89,7 @@ pub struct SessionConfig {
     /// concerned: their reconnects follow the policy.
     pub connect_timeout: Option<Duration>,
     /// The security modes this side allows and its credentials
-    /// ([`crate::auth`]); by default `crc` only.
+    /// (see the `security` configuration key); by default `crc` only.
     pub security: Security,
 }
 
