@@ -45,7 +45,7 @@ use crate::Connection;
 /// use msgr::CallError;
 /// // The server never replies: the call gives up at its timeout.
 /// let err = conn.call(Message::new(1, &b"ping"[..], &b""[..]), Duration::from_millis(100));
-/// assert!(matches!(err, Err(CallError::Timeout(_))));
+/// assert!(matches!(err, Err(CallError::Timeout { .. })));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,7 +100,7 @@ impl<M> From<SendRejected<M>> for CallError {
 /// impl TypedMessage for Ping { const TYPE: u16 = 12; }
 /// // The server never replies.
 /// let err = conn.call_typed::<Ping, Ping>(&Ping, Duration::from_millis(100));
-/// assert!(matches!(err, Err(TypedCallError::Call(msgr::CallError::Timeout(_)))));
+/// assert!(matches!(err, Err(TypedCallError::Call(msgr::CallError::Timeout { .. }))));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

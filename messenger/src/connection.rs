@@ -30,7 +30,9 @@ use crate::worker::{Command, LinkFault};
 /// use msgr::SendError;
 /// conn.mark_down();
 /// # while conn.state() != msgr::ConnectionState::Closed { std::thread::sleep(Duration::from_millis(1)); }
-/// assert_eq!(conn.send(Message::new(1, &b"late"[..], &b""[..])), Err(SendError::Closed));
+/// let refused = conn.send(Message::new(1, &b"late"[..], &b""[..])).unwrap_err();
+/// assert_eq!(refused.error, SendError::Closed);
+/// assert_eq!(&refused.message.front[..], b"late"); // the message comes back
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
