@@ -3,7 +3,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use msgr::{Connection, Dispatcher, EntityName, Message, Messenger, Policy, TypedMessage};
+use msgr::{Connection, Dispatcher, EntityName, Message, Messenger, NullDispatcher};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]
@@ -12,15 +12,9 @@ enum Request {
     Get(String),
     Delete(String),
 }
-impl TypedMessage for Request {
-    const TYPE: u16 = 1;
-}
-/// The value before a put or a delete, or the value got.
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
 struct Value(Option<Vec<u8>>);
-impl TypedMessage for Value {
-    const TYPE: u16 = 2;
-}
+msgr::typed_messages!(Request = 1, Value = 2);
 
 #[derive(Default)]
 struct Store(Mutex<HashMap<String, Vec<u8>>>);
@@ -39,16 +33,11 @@ impl Dispatcher for Store {
 }
 
 pub fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let server_name = EntityName::server(1);
-    let mut server = Messenger::builder(server_name.clone())
+    let mut server = Messenger::builder(EntityName::server(1))
         .bind("tcp://127.0.0.1:0".parse()?)
         .start(Arc::new(Store::default()))?;
-    let mut client = Messenger::builder(EntityName::client(1)).start(Arc::new(Store::default()))?;
-    let kv = client.connect_to(
-        &server_name,
-        server.addr().expect("bound"),
-        Policy::LosslessClient,
-    )?;
+    let mut client = Messenger::builder(EntityName::client(1)).start(Arc::new(NullDispatcher))?;
+    let kv = client.connect(server.addr().expect("bound"))?;
     let t = Duration::from_secs(5); // each call's timeout
     let _: Value = kv.call_typed(&Request::Put("answer".into(), b"42".to_vec()), t)?;
     let got: Value = kv.call_typed(&Request::Get("answer".into()), t)?;

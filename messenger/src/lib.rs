@@ -576,3 +576,29 @@ pub mod auth {
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// Gives each type its message type number ([`TypedMessage::TYPE`]): one
+/// line for what is otherwise an `impl` block per type.
+///
+/// ```
+/// use serde::{Deserialize, Serialize};
+/// #[derive(Serialize, Deserialize)]
+/// struct Get(String);
+/// #[derive(Serialize, Deserialize)]
+/// struct Value(Option<Vec<u8>>);
+/// msgr::typed_messages!(Get = 1, Value = 2);
+///
+/// use msgr::TypedMessage;
+/// assert_eq!((Get::TYPE, Value::TYPE), (1, 2));
+/// let m = msgr::Message::typed(&Get("k".into()))?;
+/// assert_eq!(m.msg_type, 1);
+/// # Ok::<(), msgr::CodecError>(())
+/// ```
+#[macro_export]
+macro_rules! typed_messages {
+    ($($ty:ty = $n:expr),+ $(,)?) => {
+        $(impl $crate::TypedMessage for $ty {
+            const TYPE: u16 = $n;
+        })+
+    };
+}
