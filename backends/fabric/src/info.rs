@@ -83,6 +83,21 @@ pub(crate) fn getinfo_on(
     rma: Option<RmaOp>,
     domain: Option<&str>,
 ) -> Result<Info, FabricError> {
+    getinfo_rma(provider, ep, addr, source, rma.as_slice(), true, domain)
+}
+
+/// [`getinfo_on`] asking for every one-sided operation in `rma` (the raw
+/// RMA loop wants reads and writes on one endpoint), and for the message
+/// ordering msgr's units need only when `ordered`.
+pub(crate) fn getinfo_rma(
+    provider: &str,
+    ep: EpType,
+    addr: Option<SocketAddr>,
+    source: bool,
+    rma: &[RmaOp],
+    ordered: bool,
+    domain: Option<&str>,
+) -> Result<Info, FabricError> {
     let no_provider = |reason: String| FabricError::NoProvider {
         provider: provider.to_owned(),
         endpoint: ep.name(),
@@ -112,24 +127,21 @@ pub(crate) fn getinfo_on(
     let rc = unsafe {
         let h = &mut *hints.0;
         h.caps = u64::from(sys::FI_MSG);
-        match rma {
-            Some(RmaOp::Read) => {
-                h.caps |= u64::from(sys::FI_RMA | sys::FI_READ | sys::FI_REMOTE_READ);
-            }
-            Some(RmaOp::Write) => {
-                h.caps |= u64::from(sys::FI_RMA | sys::FI_WRITE | sys::FI_REMOTE_WRITE);
-            }
-            None => {}
+        for op in rma {
+            h.caps |= u64::from(match op {
+                RmaOp::Read => sys::FI_RMA | sys::FI_READ | sys::FI_REMOTE_READ,
+                RmaOp::Write => sys::FI_RMA | sys::FI_WRITE | sys::FI_REMOTE_WRITE,
+            });
         }
         h.mode = 0;
         (*h.ep_attr).type_ = ep.raw();
-        if ep == EpType::Rdm {
+        if ordered && ep == EpType::Rdm {
             // Units are split into several messages: they must arrive in the
             // order they were sent (MSG endpoints are ordered streams anyway).
             (*h.tx_attr).msg_order = u64::from(sys::FI_ORDER_SAS);
             (*h.rx_attr).msg_order = u64::from(sys::FI_ORDER_SAS);
         }
-        if rma == Some(RmaOp::Write) {
+        if ordered && rma.contains(&RmaOp::Write) {
             // The sender says "written" by a send posted right behind its
             // write: the send must not overtake the write.
             (*h.tx_attr).msg_order |= u64::from(sys::FI_ORDER_SAW);

@@ -31,6 +31,9 @@
 //! - [`RmaBuffers`] (`rma`): an endpoint's memory registered for the
 //!   rendezvous, read by peers ([`Exposed`]) or written by them ([`Landing`]),
 //!   and [`ReadRegion`]s, registrations the caller keeps for the next send.
+//! - [`RawRmaLoop`] (`raw_rma`): a bare `fi_read` / `fi_write` loop between
+//!   two RDM endpoints of this process, outside any [`Net`]: the reference
+//!   `msgr bench --rma` measures msgr's RMA against.
 //!
 //! Everything opened from a [`Net`] — endpoints, listeners, kept
 //! registrations — holds the Net's fabric, domain and queues open until it
@@ -59,6 +62,7 @@ mod error;
 mod info;
 mod msg;
 mod net;
+mod raw_rma;
 mod rdm;
 mod rma;
 mod slots;
@@ -68,5 +72,6 @@ pub use info::{eager_limit, probe, rma_withheld, version, writes_sound};
 pub use info::{EpType, RmaChoice, RmaOp, API_VERSION};
 pub use msg::{ConnReq, Ep, PassiveEp};
 pub use net::{CmEvent, Completion, CqWait, Net, WaitFd};
+pub use raw_rma::{RawFigures, RawRmaLoop};
 pub use rdm::{PeerAddr, RdmEp, MAX_NAME_LEN};
 pub use rma::{Exposed, Landing, ReadDone, ReadRegion, RemoteWord, RmaBuffers, CHECK_LEN};

@@ -244,6 +244,41 @@ impl Net {
     }
 }
 
+/// Inserts the one address `name` into `av`.
+///
+/// # Safety
+/// `av` must be open, and `name` one address the provider reads within
+/// its bounds.
+pub(crate) unsafe fn av_insert(
+    av: *mut sys::fid_av,
+    name: &[u8],
+) -> Result<sys::fi_addr_t, FabricError> {
+    let mut out: sys::fi_addr_t = 0;
+    // SAFETY: the caller's promises; `out` receives one fi_addr_t.
+    let rc = unsafe {
+        sys::fi_av_insert(
+            av,
+            name.as_ptr() as *const c_void,
+            1,
+            &mut out,
+            0,
+            ptr::null_mut(),
+        )
+    };
+    if rc != 1 {
+        return Err(FabricError::Call {
+            op: "fi_av_insert",
+            code: if rc < 0 { -rc } else { sys::FI_EINVAL as i32 },
+            msg: if rc < 0 {
+                strerror(-rc)
+            } else {
+                "address not inserted".into()
+            },
+        });
+    }
+    Ok(out)
+}
+
 impl RdmEp {
     /// This endpoint's name (`fi_getname`), what peers pass to [`RdmEp::insert`].
     pub fn name(&self) -> &[u8] {
@@ -274,31 +309,9 @@ impl RdmEp {
         } else if name.len() < self.name.len() {
             return Err(bad("shorter than an address of this provider"));
         }
-        let mut out: sys::fi_addr_t = 0;
-        // SAFETY: `name` holds one address the provider reads within its
-        // bounds (checked above); `out` receives one fi_addr_t.
-        let rc = unsafe {
-            sys::fi_av_insert(
-                self.av,
-                name.as_ptr() as *const c_void,
-                1,
-                &mut out,
-                0,
-                ptr::null_mut(),
-            )
-        };
-        if rc != 1 {
-            return Err(FabricError::Call {
-                op: "fi_av_insert",
-                code: if rc < 0 { -rc } else { sys::FI_EINVAL as i32 },
-                msg: if rc < 0 {
-                    strerror(-rc)
-                } else {
-                    "address not inserted".into()
-                },
-            });
-        }
-        Ok(PeerAddr(out))
+        // SAFETY: the AV is open; `name` holds one address the provider
+        // reads within its bounds (checked above).
+        unsafe { av_insert(self.av, name) }.map(PeerAddr)
     }
 
     /// Removes a peer (no operation to it may be in flight). A failure is

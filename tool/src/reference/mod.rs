@@ -1,7 +1,8 @@
 //! The references every benchmark is compared with, run in the same process
 //! on the same loopback: plain blocking `std::net` code (`std_net`), and
 //! with the `fabric` feature a raw libfabric `fi_read`/`fi_write` loop
-//! (`fabric_rma`) for one-sided RMA over `shm` and `tcp`.
+//! for one-sided RMA over `shm` and `tcp` (`msgr-fabric`'s `RawRmaLoop`,
+//! adapted in `fabric_rma`).
 
 #[cfg(feature = "fabric")]
 mod fabric_rma;
