@@ -756,7 +756,7 @@ impl Connection {
     }
 
     /// Ends the session now, dropping queued messages (the dispatcher hears
-    /// `on_reset` with [`FaultReason::MarkedDown`](crate::FaultReason::MarkedDown)). A connect
+    /// `on_reset` with [`FaultReason::MarkedDown`]). A connect
     /// to the same peer made after this call opens a new session, even
     /// while this one is still being torn down.
     ///

@@ -248,7 +248,7 @@ pub trait Dispatcher: Send + Sync + 'static {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HandlerPanicPolicy {
-    /// End that connection ([`FaultReason::HandlerPanicked`](crate::FaultReason::HandlerPanicked)
+    /// End that connection ([`FaultReason::HandlerPanicked`]
     /// reaches `on_reset`); the worker goes on serving the others.
     #[default]
     FailConnection,
