@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -122,6 +122,12 @@ pub enum TypedCallError {
 struct CallSlot {
     state: Mutex<SlotState>,
     ready: Condvar,
+    /// The outcome is in `state`: a caller spinning on its reply
+    /// ([`CallSlot::spin`]) looks here, not at the lock.
+    done: AtomicBool,
+    /// A blocking caller waits on `ready`: only then is it notified (a
+    /// notification is a system call, which a spinning caller is spared).
+    parked: AtomicBool,
 }
 
 #[derive(Default)]
@@ -138,9 +144,36 @@ impl CallSlot {
         }
         let waker = s.waker.take();
         drop(s);
-        self.ready.notify_all();
+        self.done.store(true, Ordering::Release);
+        // Set under the lock before the caller waits, which this one took
+        // after: seen here if the caller is (or is about to be) parked.
+        if self.parked.load(Ordering::Acquire) {
+            self.ready.notify_all();
+        }
         if let Some(w) = waker {
             w.wake();
+        }
+    }
+
+    /// Yields until the outcome is in or `window` (`call_spin_us`) has
+    /// passed: a reply that comes within it is taken without the thread
+    /// parking (a parked thread's wake-up costs tens of µs on a VM), and
+    /// without the notification's system call. Whether it came.
+    fn spin(&self, window: Duration) -> bool {
+        if window.is_zero() {
+            return self.done.load(Ordering::Acquire);
+        }
+        let until = Instant::now() + window;
+        loop {
+            if self.done.load(Ordering::Acquire) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            // Yielding, not spinning: the threads that bring the reply (the
+            // workers, busy-polling themselves) may need this CPU.
+            std::thread::yield_now();
         }
     }
 }
@@ -255,11 +288,14 @@ impl Connection {
             calls.forget(id);
             return Err(e.into());
         }
+        let spin = self.inner.shared.cfg.call_spin.min(timeout);
+        slot.spin(spin);
         let mut s = slot.state.lock().expect("call slot");
         loop {
             if let Some(outcome) = s.outcome.take() {
                 return outcome;
             }
+            slot.parked.store(true, Ordering::Release);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 drop(s);

@@ -313,3 +313,52 @@ fn async_send_waits_for_room_and_streams_deliver() {
         );
     });
 }
+
+/// With `call_spin_us`, callers wait for their replies yielding before
+/// they park: every caller still gets its own reply, and a reply that
+/// does not come (held at the server's gate) still times the call out.
+#[test]
+fn callers_that_wait_yielding_get_their_replies_and_time_out() {
+    let ans = Arc::new(Answerer::default());
+    let mut cfg = fast_config();
+    cfg.set("call_spin_us", "500").unwrap();
+    let mut srv = server(fast_config(), ans.clone());
+    let mut cli = client(cfg, Recorder::new());
+    let conn = cli
+        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
+        .unwrap();
+    conn.wait_connected(Duration::from_secs(10)).unwrap();
+    let threads: Vec<_> = (0..3u32)
+        .map(|t| {
+            let conn = conn.clone();
+            std::thread::spawn(move || {
+                for i in 0..200u32 {
+                    let body = format!("{t}:{i}").into_bytes();
+                    let r = conn
+                        .call(
+                            Message::new(1, body.clone(), Vec::new()),
+                            Duration::from_secs(10),
+                        )
+                        .expect("reply");
+                    assert_eq!(r.front[..], body[..], "each caller gets its own reply");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(ans.seen.lock().unwrap().len(), 600);
+    // Held at the gate: no reply within the window or the timeout.
+    let held = conn.call(
+        Message::new(2, &b"held"[..], &b""[..]),
+        Duration::from_millis(100),
+    );
+    assert!(
+        matches!(held, Err(msgr::CallError::Timeout { .. })),
+        "{held:?}"
+    );
+    ans.gate.open();
+    cli.shutdown(Duration::from_secs(2));
+    srv.shutdown(Duration::from_secs(2));
+}

@@ -34,11 +34,54 @@ pub enum Part {
     /// The secure mode (every frame sealed) against the crc mode, in the
     /// same run: 1 MiB streaming and the 64 B message rate.
     Secure,
+    /// 64 B blocking calls (`Connection::call` from an application thread,
+    /// round trip p50) against msgr's worker-driven ping-pong in the same
+    /// run: what waiting for a reply in a thread costs.
+    Call,
     /// One-sided RMA: 1 MiB reads and writes of a region the server
     /// exposed, [`RMA_IN_FLIGHT`] at a time, against msgr's 1 MiB message
     /// stream in the same run; over libfabric's `shm` and `tcp` also each
     /// of [`RMA_SIZES`] against a raw `fi_read`/`fi_write` loop.
     Rma,
+}
+
+/// Target: a blocking call's round trip ≤ this × the worker ping-pong's
+/// (issue 51).
+pub const CALL_TARGET: f64 = 1.5;
+
+/// 64 B blocking calls from this thread to `target`, on a client messenger
+/// of `cfg`: their round trips.
+fn call_round_trips(
+    cfg: &MessengerConfig,
+    target: &msgr::EntityAddr,
+    (warmup, count): (u64, u64),
+    timeout: Duration,
+) -> Result<PingResult, ToolError> {
+    let mut client = Messenger::builder(EntityName::client(8))
+        .config(cfg.clone())
+        .start(Arc::new(msgr::NullDispatcher))?;
+    let conn = client.connect(target)?;
+    let ping = msgr::Message::new(net::PING, bytes::Bytes::new(), vec![0xa5u8; 64]);
+    let mut rtt_ns = Vec::with_capacity(count as usize);
+    let started = Instant::now();
+    let mut timed_from = started;
+    for i in 0..warmup + count {
+        if i == warmup {
+            timed_from = Instant::now();
+        }
+        let t0 = Instant::now();
+        conn.call(ping.clone(), timeout)
+            .map_err(|e| ToolError::BadReply {
+                peer: target.to_string(),
+                what: format!("call: {e}"),
+            })?;
+        if i >= warmup {
+            rtt_ns.push(t0.elapsed().as_nanos() as u64);
+        }
+    }
+    let elapsed = timed_from.elapsed().as_secs_f64();
+    client.shutdown(Duration::from_secs(2));
+    Ok(PingResult::new(64, warmup, rtt_ns, elapsed))
 }
 
 /// RMA operations the bench keeps in flight (one blocking caller each).
@@ -156,6 +199,8 @@ pub struct BenchReport {
     pub elapsed_s: f64,
     /// 64 B ping-pong.
     pub latency: Option<Comparison<PingResult>>,
+    /// 64 B blocking calls against the worker ping-pong.
+    pub call: Option<Comparison<PingResult>>,
     /// 1 MiB streaming.
     pub bandwidth: Option<Comparison<StreamResult>>,
     /// 64 B message rate.
@@ -414,6 +459,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
             .map(|p| match p {
                 Part::Secure => 4,
                 Part::Rma => rma_steps,
+                Part::Call => 2,
                 _ => 2,
             })
             .sum::<u64>();
@@ -421,6 +467,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let mut step_bar = Progress::new(steps, true);
     let mut step = 0u64;
     let mut lat = Vec::new();
+    let mut calls = Vec::new();
     let mut bw = Vec::new();
     let mut rate = Vec::new();
     let mut secure_bw = Vec::new();
@@ -467,6 +514,27 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                     next(&mut progress, &format!("round {}: std ping", round + 1));
                     let r = reference::ping(64, warmup, ping_count, timeout)?;
                     lat.push(Round {
+                        msgr: m,
+                        reference: r,
+                    });
+                }
+                Part::Call => {
+                    next(&mut progress, &format!("round {}: msgr calls", round + 1));
+                    let m =
+                        call_round_trips(&place.client, &target, (warmup, ping_count), timeout)?;
+                    next(&mut progress, &format!("round {}: msgr ping", round + 1));
+                    let p = PingOpts {
+                        size: 64,
+                        reply: Reply::Echo,
+                        count: ping_count,
+                        warmup,
+                        timeout,
+                        connect_timeout,
+                        seal: false,
+                        samples_to: None,
+                    };
+                    let r = net::ping(&place.client, &(&target).into(), &p, &mut step_bar)?;
+                    calls.push(Round {
                         msgr: m,
                         reference: r,
                     });
@@ -583,6 +651,17 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
             LATENCY_TARGET,
         )
     });
+    let call = (!calls.is_empty()).then(|| {
+        compare(
+            "64 B blocking call round trip, p50",
+            "µs",
+            "msgr worker ping-pong round trip, same run",
+            calls,
+            |r: &PingResult| r.rtt.p50_us,
+            "max",
+            CALL_TARGET,
+        )
+    });
     let bandwidth = (!bw.is_empty()).then(|| {
         compare(
             "1 MiB streaming bandwidth",
@@ -679,6 +758,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         machine,
         elapsed_s: started.elapsed().as_secs_f64(),
         latency,
+        call,
         bandwidth,
         message_rate,
         secure_bandwidth,
@@ -743,7 +823,7 @@ impl BenchReport {
             "{:<38} {:>14} {:>14} {:>24} {:>8}",
             "median over rounds", "msgr", "reference", "ratio (spread)", "target"
         );
-        if let Some(c) = &self.latency {
+        for c in [&self.latency, &self.call].into_iter().flatten() {
             row(c);
         }
         if let Some(c) = &self.bandwidth {
@@ -787,7 +867,7 @@ impl BenchReport {
         println!();
         println!("references: {}", {
             let mut v: Vec<&str> = Vec::new();
-            if let Some(c) = &self.latency {
+            for c in [&self.latency, &self.call].into_iter().flatten() {
                 v.push(&c.reference_name);
             }
             for c in [&self.bandwidth, &self.message_rate, &self.rma_read]

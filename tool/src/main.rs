@@ -607,6 +607,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             let mut parts = if only.is_empty() {
                 vec![
                     bench::Part::Latency,
+                    bench::Part::Call,
                     bench::Part::Bandwidth,
                     bench::Part::Rate,
                     bench::Part::Secure,

@@ -98,11 +98,24 @@ impl Responder {
     }
 }
 
+/// Sends a pong: as the reply to the ping's call (`call`: its id, 0 if
+/// it was sent plainly), so a blocking `Connection::call` gets it.
+fn answer(conn: &Connection, call: u64, pong: Message) {
+    let _ = if call == 0 {
+        conn.send(pong)
+    } else {
+        let mut request = Message::new(PING, Bytes::new(), Bytes::new());
+        request.call = call;
+        conn.reply(&request, pong)
+    };
+}
+
 impl Dispatcher for Responder {
     fn on_message(&self, conn: &Connection, msg: Message) {
         match msg.msg_type {
             PING => {
                 self.pings.fetch_add(1, Ordering::Relaxed);
+                let call = msg.call;
                 let reply = if msg.flags & PING_SEALED != 0 {
                     // The message as received, checksum and all.
                     let mut reply = msg;
@@ -111,10 +124,11 @@ impl Dispatcher for Responder {
                 } else {
                     Message::new(PONG, msg.front, msg.data)
                 };
-                let _ = conn.send(reply);
+                answer(conn, call, reply);
             }
             PING_OWN => {
                 self.pings.fetch_add(1, Ordering::Relaxed);
+                let call = msg.call;
                 let own = {
                     let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
                     if own.data.len() != msg.data.len() {
@@ -130,7 +144,7 @@ impl Dispatcher for Responder {
                 } else {
                     Message::new(PONG, msg.front, own.data)
                 };
-                let _ = conn.send(reply);
+                answer(conn, call, reply);
             }
             STREAM => {
                 STREAMED.with(|s| *s.borrow_mut().entry(conn.id()).or_default() += 1);
