@@ -27,7 +27,9 @@ members="" patches=""
 for crate in "$target"/package/*.crate; do
   dir="$(basename "$crate" .crate)"   # name-version
   name="${dir%-*}"
-  tar -xzf "$crate" -C "$check"
+  # -m: extracted files dated now, so a target dir that checked an older
+  # package of the same version checks this one again.
+  tar -xzmf "$crate" -C "$check"
   members="$members\"$dir\", "
   patches="$patches$name = { path = \"$dir\" }"$'\n'
 done
