@@ -87,8 +87,9 @@ pub enum BannerError {
         /// Our version.
         ours: u16,
     },
-    /// The peer requires features we lack.
-    #[error("peer requires features {missing:#x} that this build lacks")]
+    /// The peer requires features we do not offer: security modes our
+    /// settings do not allow, or features this build lacks.
+    #[error("{}", requires_missing(*missing))]
     PeerRequiresMissing {
         /// The bits we lack.
         missing: u64,
@@ -160,4 +161,49 @@ pub enum ProtocolError {
         /// Who answered.
         actual: String,
     },
+}
+
+/// Why a peer's required features are not met, in terms an operator can
+/// act on: a security mode is a setting (`security`, with `key_file` and
+/// `keyring`), anything else the build.
+fn requires_missing(missing: u64) -> String {
+    use crate::banner::features::{AUTH, SECURE};
+    let modes: Vec<&str> = [(AUTH, "auth"), (SECURE, "secure")]
+        .iter()
+        .filter(|(bit, _)| missing & bit != 0)
+        .map(|&(_, name)| name)
+        .collect();
+    let rest = missing & !(AUTH | SECURE);
+    let mut why = Vec::new();
+    if !modes.is_empty() {
+        why.push(format!(
+            "security mode {} (allow it in the settings: `security`, with `key_file` and \
+             `keyring`)",
+            modes.join(" or ")
+        ));
+    }
+    if rest != 0 {
+        why.push(format!("features {rest:#x} that this build lacks"));
+    }
+    format!("peer requires {} ({missing:#x})", why.join(", and "))
+}
+
+#[cfg(test)]
+mod requires_missing_tests {
+    use super::*;
+
+    #[test]
+    fn a_security_mode_is_named_as_a_setting() {
+        let e = BannerError::PeerRequiresMissing { missing: 1 << 7 }.to_string();
+        assert!(
+            e.contains("security mode auth") && e.contains("key_file"),
+            "{e}"
+        );
+        assert!(!e.contains("build"), "{e}");
+        let e = BannerError::PeerRequiresMissing { missing: 1 << 20 }.to_string();
+        assert!(
+            e.contains("this build lacks") && !e.contains("security"),
+            "{e}"
+        );
+    }
 }
