@@ -1,5 +1,6 @@
-//! `msgr`: serve, ping (latency), stream (bandwidth / message rate) and bench
-//! over any msgr backend — `rping`, `ib_send_lat` and `fi_pingpong` in one.
+//! `msgr`: serve, ping (latency), stream (bandwidth / message rate), rma
+//! (one-sided reads and writes of a region serve exposes) and bench over
+//! any msgr backend — `rping`, `ib_send_lat` and `fi_pingpong` in one.
 
 mod bench;
 mod error;
@@ -32,7 +33,7 @@ use crate::progress::Progress;
 #[command(
     name = "msgr",
     version,
-    about = "msgr messenger tool: serve, ping (latency), stream (bandwidth, message rate), bench",
+    about = "msgr messenger tool: serve, ping (latency), stream (bandwidth, message rate), rma (one-sided reads and writes), bench",
     after_help = "Configuration: defaults, then --config FILE, then MSGR_CONFIG / MSGR_<KEY> \
                   environment variables, then --workers / --busy-poll-us / --set KEY=VALUE."
 )]
