@@ -82,7 +82,8 @@ pub enum RealFault {
 /// A fault a backend cannot produce for real, imitated inside the backend so
 /// that the code meant to handle it runs in tests. It is not the real thing:
 /// a test that uses one says so, and a backend that cannot imitate it
-/// refuses ([`Transport::simulate`]).
+/// refuses it (its transport's `simulate` returns an error; a messenger's
+/// `Connection::simulate_fault` then leaves the link as it is).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SimulatedFault {

@@ -96,7 +96,7 @@ pub struct RdmaPoolConfig {
 /// would do (to compare).
 ///
 /// ```
-/// use msgr_backends::{FabricRendezvous, RdmaPoolConfig};
+/// # use msgr_backends::{FabricRendezvous, RdmaPoolConfig};
 /// let cfg = RdmaPoolConfig { fabric_rendezvous: FabricRendezvous::Off, ..Default::default() };
 /// assert_eq!(cfg.fabric_rendezvous, FabricRendezvous::Off);
 /// ```
@@ -133,7 +133,7 @@ pub enum FabricRendezvous {
 /// comparisons. `shm` has no wait objects and is always polled.
 ///
 /// ```
-/// use msgr_backends::{FabricCqWait, RdmaPoolConfig};
+/// # use msgr_backends::{FabricCqWait, RdmaPoolConfig};
 /// let cfg = RdmaPoolConfig { fabric_cq_wait: FabricCqWait::Poll, ..Default::default() };
 /// assert_eq!(cfg.fabric_cq_wait, FabricCqWait::Poll);
 /// ```
@@ -229,8 +229,9 @@ pub fn availability(kind: &TransportKind) -> Availability {
 /// checks keys, as `tcp` does). `None` for every other transport.
 ///
 /// ```
-/// use msgr_backends::rendezvous_withheld;
-/// assert_eq!(rendezvous_withheld(&msgr_addr::TransportKind::Tcp), None);
+/// # use msgr_addr::TransportKind;
+/// # use msgr_backends::rendezvous_withheld;
+/// assert_eq!(rendezvous_withheld(&TransportKind::Tcp), None);
 /// ```
 pub fn rendezvous_withheld(kind: &TransportKind) -> Option<&'static str> {
     match kind {

@@ -63,6 +63,15 @@ pub enum ToolError {
         /// Messages the server counted on this stream.
         delivered: u64,
     },
+    /// A one-sided read or write failed (`msgr rma`).
+    #[error("{what}: {source}")]
+    Rma {
+        /// The operation and where.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: msgr::RmaError,
+    },
     /// The connection ended while a test was running.
     #[error("connection to {peer} was reset: {reason}")]
     Reset {
@@ -81,10 +90,13 @@ impl<M> From<msgr::SendRejected<M>> for ToolError {
 }
 
 impl ToolError {
-    /// Exit code: 2 for bad input (like clap's usage errors), 1 otherwise.
+    /// Exit code: 2 for bad input (like clap's usage errors), 3 to 6 for
+    /// an RMA operation the owner or the handle refused
+    /// ([`crate::rma::exit_code`]), 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
             ToolError::Addr { .. } | ToolError::Config(_) | ToolError::Usage(_) => 2,
+            ToolError::Rma { source, .. } => crate::rma::exit_code(source),
             _ => 1,
         }
     }

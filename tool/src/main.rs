@@ -1,5 +1,6 @@
-//! `msgr`: serve, ping (latency), stream (bandwidth / message rate) and bench
-//! over any msgr backend — `rping`, `ib_send_lat` and `fi_pingpong` in one.
+//! `msgr`: serve, ping (latency), stream (bandwidth / message rate), rma
+//! (one-sided reads and writes of a region serve exposes) and bench over
+//! any msgr backend — `rping`, `ib_send_lat` and `fi_pingpong` in one.
 
 mod bench;
 mod error;
@@ -7,8 +8,10 @@ mod machine;
 mod net;
 mod progress;
 mod reference;
+mod rma;
 mod stats;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,7 +33,7 @@ use crate::progress::Progress;
 #[command(
     name = "msgr",
     version,
-    about = "msgr messenger tool: serve, ping (latency), stream (bandwidth, message rate), bench",
+    about = "msgr messenger tool: serve, ping (latency), stream (bandwidth, message rate), rma (one-sided reads and writes), bench",
     after_help = "Configuration: defaults, then --config FILE, then MSGR_CONFIG / MSGR_<KEY> \
                   environment variables, then --workers / --busy-poll-us / --set KEY=VALUE."
 )]
@@ -76,6 +79,55 @@ enum Cmd {
         /// Stop after this many seconds (default: until Ctrl-C).
         #[arg(long, value_name = "SECS", value_parser = seconds)]
         duration: Option<Duration>,
+        /// Expose a read-write region of SIZE bytes (`4096`, `64K`, `1M`;
+        /// byte i is i % 251) for `msgr rma`: its handle is printed as
+        /// `region HANDLE` after the `listening on` lines.
+        #[arg(long, value_name = "SIZE[K|M]", value_parser = expose_size)]
+        expose: Option<usize>,
+    },
+    /// Read or write a region that `msgr serve --expose` exposes, one-sided
+    /// (no dispatcher of the server's runs): prints the bytes read as hex,
+    /// or `wrote N bytes`.
+    #[command(
+        group(clap::ArgGroup::new("op").required(true).args(["read", "write"])),
+        group(clap::ArgGroup::new("source").args(["data", "from"])),
+        after_help = "Exit status: 0 done, 1 failed (timeout, reset, checksum), 2 bad input, \
+                      3 the owner refused the handle (wrong capability or peer), 4 the region \
+                      was revoked (or never existed), 5 the range is outside the region, \
+                      6 the region's rights do not allow the operation."
+    )]
+    Rma {
+        /// The server's address (or an address vector, as for ping).
+        addr: String,
+        /// The region's handle: the text after `region` in serve's output.
+        #[arg(long, value_name = "HANDLE", value_parser = rma::parse_handle)]
+        handle: msgr::RmaHandle,
+        /// Read LEN bytes at OFFSET.
+        #[arg(long, value_name = "OFFSET:LEN", value_parser = rma::parse_range)]
+        read: Option<(u64, u64)>,
+        /// Write the bytes read to FILE instead of printing them as hex.
+        #[arg(long, value_name = "FILE", requires = "read")]
+        out: Option<PathBuf>,
+        /// Write at OFFSET the bytes of --data or --from.
+        #[arg(long, value_name = "OFFSET", requires = "source")]
+        write: Option<u64>,
+        /// The bytes to write, as hex digits.
+        #[arg(long, value_name = "HEX", value_parser = rma::from_hex, requires = "write")]
+        // One value, not a list of them: clap takes a bare `Vec` as a list.
+        data: Option<std::vec::Vec<u8>>,
+        /// Write the bytes of FILE.
+        #[arg(long, value_name = "FILE", requires = "write")]
+        from: Option<PathBuf>,
+        /// Only this entity may answer (see `ping --peer`).
+        #[arg(long, value_name = "NAME")]
+        peer: Option<String>,
+        /// Send a CRC32C of the bytes moved with them, checked where they
+        /// land (`RmaOptions::checksum`).
+        #[arg(long)]
+        checksum: bool,
+        /// Give up after this many seconds (connecting, then the operation).
+        #[arg(long, default_value = "30", value_name = "SECS", value_parser = seconds)]
+        timeout: Duration,
     },
     /// Ping-pong latency against `msgr serve`: one-way and round-trip percentiles.
     Ping {
@@ -227,17 +279,36 @@ fn seconds(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
-/// `--size` as bytes, refused above what the peer accepts in one data
-/// segment (`max_data_bytes`, configured the same on both sides by
-/// default): such a message would be refused by the peer's decoder.
-fn payload_size(size: u64, cfg: &MessengerConfig) -> Result<usize, ToolError> {
+/// `--expose SIZE[K|M]`, up to the largest `--size`.
+fn expose_size(text: &str) -> Result<usize, String> {
+    rma::parse_size(text, MAX_SIZE)
+}
+
+/// `size` bytes of `flag` (e.g. `--size`), refused above what the peer
+/// accepts in one data segment (`max_data_bytes`, configured the same on
+/// both sides by default): such a message would be refused by the peer's
+/// decoder.
+fn payload_size(flag: &str, size: u64, cfg: &MessengerConfig) -> Result<usize, ToolError> {
     let max = u64::from(cfg.session.limits.max_segment[2]);
     if size > max {
         return Err(ToolError::Usage(format!(
-            "--size {size} is more than max_data_bytes ({max}); raise it on both sides with --set max_data_bytes=N"
+            "{flag} {size} is more than max_data_bytes ({max}); raise it on both sides with --set max_data_bytes=N"
         )));
     }
     Ok(size as usize)
+}
+
+/// Writes to stdout with `f`; a reader that went (`msgr serve | head -1`)
+/// is no error of ours, and no panic.
+fn write_stdout(
+    f: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>,
+) -> Result<(), ToolError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match f(&mut out).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(ToolError::io("stdout", e)),
+        _ => Ok(()),
+    }
 }
 
 fn build_config(cli: &Cli) -> Result<MessengerConfig, ToolError> {
@@ -275,26 +346,27 @@ fn build_config(cli: &Cli) -> Result<MessengerConfig, ToolError> {
     Ok(cfg)
 }
 
+/// Set by SIGINT, SIGTERM or SIGHUP: `serve` prints its counters and stops.
 static STOP: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() {
-    let handler = on_signal as extern "C" fn(libc::c_int);
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic (async-signal-safe).
-        unsafe {
-            libc::signal(sig, handler as libc::sighandler_t);
-        }
-    }
+/// SIGINT, SIGTERM and SIGHUP set [`STOP`]. Their handlers replace any a
+/// library installed when it was loaded (libfabric's PSM provider, through
+/// libinfinipath, installs ones that `exit(1)`), so that the counters are
+/// printed; ctrlc's handler only wakes a thread of its own, which sets the flag.
+fn install_signal_handlers() -> Result<(), ToolError> {
+    ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst)).map_err(|e| {
+        ToolError::io(
+            "installing the SIGINT/SIGTERM handler",
+            std::io::Error::other(e),
+        )
+    })
 }
 
 fn serve(
     cfg: &MessengerConfig,
     addr: Option<&str>,
     duration: Option<Duration>,
+    expose: Option<usize>,
 ) -> Result<(), ToolError> {
     // Without addresses the builder binds the configuration's.
     let binds = match addr {
@@ -308,7 +380,7 @@ fn serve(
         }
         None => Vec::new(),
     };
-    install_signal_handlers();
+    install_signal_handlers()?;
     let responder = Arc::new(Responder::default());
     let mut m = binds
         .into_iter()
@@ -317,43 +389,56 @@ fn serve(
             |b, a| b.bind(a),
         )
         .start(responder.clone())?;
+    // Reachable by whoever holds the handle printed below, until the end.
+    let region = expose.map(|len| m.expose(rma::pattern(len), msgr::Access::ReadWrite));
+    let region_line = region
+        .as_ref()
+        .map(|r| rma::handle_text(&r.handle()))
+        .transpose()?;
     // Without their nonce: clients may connect to any incarnation at these
-    // addresses. One line each, the messenger's own first.
-    use std::io::Write;
-    for a in m.addrs().0 {
-        let _ = writeln!(std::io::stdout(), "listening on {}", a.with_nonce(0));
+    // addresses. One line each, the messenger's own first; the region's
+    // handle after them.
+    let addrs: Vec<_> = m.addrs().0.into_iter().map(|a| a.with_nonce(0)).collect();
+    write_stdout(|out| {
+        for a in &addrs {
+            writeln!(out, "listening on {a}")?;
+        }
+        match &region_line {
+            Some(h) => writeln!(out, "region {h}"),
+            None => Ok(()),
+        }
+    })?;
+    if let (Some(r), Some(a)) = (&region, addrs.first()) {
+        eprintln!(
+            "exposing {} bytes read-write (byte i is i % 251): msgr rma {a} --handle HANDLE --read 0:16",
+            r.len()
+        );
     }
     eprintln!(
         "serving{}; Ctrl-C prints counters and stops",
         duration.map_or(String::new(), |d| format!(" for {:.1} s", d.as_secs_f64()))
     );
-    let _ = std::io::stdout().flush();
     let start = Instant::now();
     while !STOP.load(Ordering::SeqCst) && duration.is_none_or(|d| start.elapsed() < d) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let report = m.shutdown(Duration::from_secs(2));
+    drop(region);
     let t = responder.totals();
-    // Written, not printed: a reader that went (`msgr serve | head -1`)
-    // is no error of the server's, and no panic.
-    let mut out = std::io::stdout().lock();
-    let written = writeln!(
-        out,
-        "# msgr serve: {:.1} s, {} connections accepted, {} pings echoed, {} stream messages ({} bytes), {} links closed for checksum mismatches, shutdown {:?}",
-        start.elapsed().as_secs_f64(),
-        responder.accepted.load(Ordering::Relaxed),
-        t.pings,
-        t.stream_messages,
-        t.stream_bytes,
-        msgr::Counters::get(&m.counters().checksum_failures),
-        report
-    )
-    .and_then(|()| write!(out, "{}", m.counters().prometheus()))
-    .and_then(|()| out.flush());
-    match written {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(ToolError::io("stdout", e)),
-        _ => Ok(()),
-    }
+    write_stdout(|out| {
+        writeln!(
+            out,
+            "# msgr serve: {:.1} s, {} connections accepted, {} pings echoed, {} stream messages ({} bytes), {} links closed for checksum mismatches, shutdown {:?}",
+            start.elapsed().as_secs_f64(),
+            responder.accepted.load(Ordering::Relaxed),
+            t.pings,
+            t.stream_messages,
+            t.stream_bytes,
+            msgr::Counters::get(&m.counters().checksum_failures),
+            report
+        )?;
+        write!(out, "{}", m.counters().prometheus())
+    })
 }
 
 #[derive(Serialize)]
@@ -437,7 +522,6 @@ fn keygen(
     add_to: Option<&std::path::Path>,
 ) -> Result<(), ToolError> {
     use msgr::auth::{Keyring, StaticKeypair};
-    use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let io = |what: String| move |source| ToolError::Io { what, source };
     let kp = StaticKeypair::generate();
@@ -491,7 +575,62 @@ fn run(cli: Cli) -> Result<(), ToolError> {
     let cfg = build_config(&cli)?;
     match cli.cmd {
         Cmd::Backends { .. } | Cmd::Keygen { .. } => Ok(()),
-        Cmd::Serve { addr, duration } => serve(&cfg, addr.as_deref(), duration),
+        Cmd::Serve {
+            addr,
+            duration,
+            expose,
+        } => serve(&cfg, addr.as_deref(), duration, expose),
+        Cmd::Rma {
+            addr,
+            handle,
+            read,
+            out,
+            write,
+            data,
+            from,
+            peer,
+            checksum,
+            timeout,
+        } => {
+            let target = parse_target(&addr, peer.as_deref())?;
+            let cmd = match (read, write) {
+                (Some((offset, len)), _) => {
+                    payload_size("--read LEN", len, &cfg)?;
+                    rma::RmaCommand::Read { offset, len, out }
+                }
+                (None, Some(offset)) => {
+                    let bytes = match (data, from) {
+                        (Some(bytes), _) => bytes,
+                        (None, Some(path)) => std::fs::read(&path)
+                            .map_err(|e| ToolError::io(format!("reading {}", path.display()), e))?,
+                        (None, None) => {
+                            return Err(ToolError::Usage("--write needs --data or --from".into()))
+                        }
+                    };
+                    payload_size("--write's data of", bytes.len() as u64, &cfg)?;
+                    rma::RmaCommand::Write { offset, bytes }
+                }
+                (None, None) => return Err(ToolError::Usage("rma needs --read or --write".into())),
+            };
+            let bytes = rma::run(&cfg, &target, &handle, &cmd, checksum, timeout)?;
+            match cmd {
+                rma::RmaCommand::Read {
+                    out: Some(path), ..
+                } => {
+                    std::fs::write(&path, &bytes)
+                        .map_err(|e| ToolError::io(format!("writing {}", path.display()), e))?;
+                    println!("read {} bytes to {}", bytes.len(), path.display());
+                    Ok(())
+                }
+                rma::RmaCommand::Read { out: None, .. } => {
+                    write_stdout(|out| writeln!(out, "{}", rma::to_hex(&bytes)))
+                }
+                rma::RmaCommand::Write { offset, bytes } => {
+                    println!("wrote {} bytes at offset {offset}", bytes.len());
+                    Ok(())
+                }
+            }
+        }
         Cmd::Ping {
             addr,
             peer,
@@ -506,7 +645,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
         } => {
             let target = parse_target(&addr, peer.as_deref())?;
             let opts = PingOpts {
-                size: payload_size(size, &cfg)?,
+                size: payload_size("--size", size, &cfg)?,
                 reply,
                 count,
                 warmup,
@@ -545,7 +684,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             json,
         } => {
             let target = parse_target(&addr, peer.as_deref())?;
-            let size = payload_size(size, &cfg)?;
+            let size = payload_size("--size", size, &cfg)?;
             let limit = match (count, duration) {
                 (Some(n), _) => Limit::Count(n),
                 (None, Some(d)) if d >= timeout => {

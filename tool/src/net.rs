@@ -180,8 +180,6 @@ impl Dispatcher for Responder {
     }
 }
 
-/// Starts a client messenger, connects to `target` and waits until the
-/// session is open.
 /// The entity name this process's clients use: `--name`, else
 /// `client.PID`.
 pub fn client_name() -> EntityName {
@@ -242,7 +240,10 @@ impl std::fmt::Display for Target {
     }
 }
 
-fn connect(
+/// Starts a client messenger, connects to `target` and waits until the
+/// session is open (at most `timeout`). `reset` is where the dispatcher
+/// `d` keeps why the connection went: the reason a failed connect reports.
+pub fn connect(
     cfg: &MessengerConfig,
     target: &Target,
     d: Arc<dyn Dispatcher>,

@@ -25,7 +25,7 @@ pub struct CodecError {
 /// 21 }` decodes as an `Id { id: 21 }` without this check).
 ///
 /// ```
-/// use msgr_proto::{Message, TypedError, TypedMessage};
+/// # use msgr_proto::{Message, TypedError, TypedMessage};
 /// #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
 /// struct Temp { celsius: i32 }
 /// impl TypedMessage for Temp { const TYPE: u16 = 9; }

@@ -270,7 +270,7 @@ impl Frame {
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use msgr_proto::{Frame, Tag};
+    /// # use msgr_proto::{Frame, Tag};
     ///
     /// let f = Frame::new(Tag::Message, [Bytes::from_static(b"h"), Bytes::new(), Bytes::new()]);
     /// assert_eq!(f.segments.len(), 3);
@@ -295,10 +295,11 @@ impl Frame {
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use msgr_proto::{Frame, Tag};
+    /// # use msgr_proto::{Frame, Tag};
     ///
     /// let f = Frame::new(Tag::Message, [Bytes::from(vec![1u8; 1 << 16])]).with_segment_checksum(0);
-    /// assert_eq!(f.known_crc(0), Some(msgr_proto::checksum::crc32c(&f.segments[0])));
+    /// # use msgr_proto::checksum::crc32c;
+    /// assert_eq!(f.known_crc(0), Some(crc32c(&f.segments[0])));
     /// let small = Frame::new(Tag::Message, [Bytes::from(vec![1u8; 64])]).with_segment_checksum(0);
     /// assert_eq!(small.known_crc(0), None);
     /// ```
@@ -316,7 +317,7 @@ impl Frame {
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use msgr_proto::{Frame, Tag};
+    /// # use msgr_proto::{Frame, Tag};
     ///
     /// let f = Frame::new(Tag::Message, [Bytes::from_static(b"h"), Bytes::from(vec![1u8; 1 << 20])]);
     /// assert!(!f.checksums_known());
@@ -337,14 +338,15 @@ impl Frame {
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use msgr_proto::{Frame, FrameLimits, Tag};
+    /// # use msgr_proto::{Frame, FrameLimits, Tag};
     ///
     /// let data = Bytes::from(vec![7u8; 1 << 20]);
     /// let sent = Frame::new(Tag::Message, [Bytes::from_static(b"h"), data.clone()]);
     /// assert_eq!(sent.known_crc(1), None);
     /// let wire = Bytes::from(sent.encode_to_vec().unwrap());
     /// let got = Frame::decode_exact(wire, &FrameLimits::default()).unwrap();
-    /// assert_eq!(got.known_crc(1), Some(msgr_proto::checksum::crc32c(&data)));
+    /// # use msgr_proto::checksum::crc32c;
+    /// assert_eq!(got.known_crc(1), Some(crc32c(&data)));
     /// ```
     pub fn known_crc(&self, index: usize) -> Option<u32> {
         self.crc_memo.get(index, self.segments.get(index)?)
@@ -411,7 +413,7 @@ impl Frame {
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use msgr_proto::{Frame, Tag};
+    /// # use msgr_proto::{Frame, Tag};
     ///
     /// let f = Frame::new(Tag::Message, [Bytes::from_static(b"data")]);
     /// let late = f.clone().into_encoded_without_epilogue().unwrap();
@@ -466,7 +468,7 @@ impl Frame {
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use msgr_proto::{Frame, Tag};
+    /// # use msgr_proto::{Frame, Tag};
     ///
     /// let f = Frame::new(Tag::Message, [Bytes::from_static(b"h"), Bytes::from_static(b"data")]);
     /// let (words, len) = f.epilogue_bytes();
@@ -482,8 +484,8 @@ impl Frame {
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use msgr_proto::frame::FLAG_UNCHECKED_PAYLOAD;
-    /// use msgr_proto::{Frame, Tag};
+    /// # use msgr_proto::frame::FLAG_UNCHECKED_PAYLOAD;
+    /// # use msgr_proto::{Frame, Tag};
     ///
     /// let mut f = Frame::new(Tag::Message, [Bytes::from_static(b"head"), Bytes::from_static(b"data")]);
     /// assert_eq!(f.checked_bytes(), 8);

@@ -23,7 +23,7 @@ pub const MESSAGE_HEADER_LEN: usize = 32;
 /// [`Message::encode`]; read a typed value back with [`Message::decode`].
 ///
 /// ```
-/// use msgr_proto::Message;
+/// # use msgr_proto::Message;
 /// #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
 /// struct Ping { n: u32 }
 /// let m = Message::encode(7, &Ping { n: 3 }).unwrap();
@@ -95,8 +95,7 @@ impl Message {
     /// request or a reply, `None` for a plain message.
     ///
     /// ```
-    /// use msgr_proto::Message;
-    ///
+    /// # use msgr_proto::Message;
     /// let mut req = Message::new(1, &b"get"[..], &b""[..]);
     /// req.call = 7;
     /// let rep = Message::new(2, &b"value"[..], &b""[..]).replying_to(&req);
@@ -183,10 +182,10 @@ impl Message {
     /// the data corrupt, and every resend of it would fail the same way.
     ///
     /// ```
-    /// use msgr_proto::Message;
-    ///
+    /// # use msgr_proto::Message;
     /// let m = Message::new(1, &b""[..], vec![7u8; 1 << 20]).with_data_checksum();
-    /// assert_eq!(m.data_checksum(), Some(msgr_proto::checksum::crc32c(&m.data)));
+    /// # use msgr_proto::checksum::crc32c;
+    /// assert_eq!(m.data_checksum(), Some(crc32c(&m.data)));
     /// let mut other = m.clone();
     /// other.data = vec![8u8; 16].into();
     /// assert_eq!(other.data_checksum(), None);

@@ -1,0 +1,208 @@
+//! One-sided RMA across processes: `msgr serve --expose SIZE` exposes a
+//! region and prints its handle as text; `msgr rma ADDR --handle TEXT`
+//! reads or writes a range of it, as `Connection::read` and
+//! `Connection::write` do in a program.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use msgr::{
+    Codec, Connection, Dispatcher, FaultReason, Message, MessengerConfig, Postcard, RmaError,
+    RmaHandle, RmaOptions,
+};
+
+use crate::error::ToolError;
+use crate::net::{self, Target};
+
+/// The region `serve --expose` fills: byte `i` is `i % 251`. A prime
+/// period, so a range read from the wrong offset (by a power of two or
+/// any other shift below 251) shows.
+pub fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+/// `SIZE[K|M]`: bytes, KiB or MiB, from 1 byte to `max`.
+pub fn parse_size(text: &str, max: u64) -> Result<usize, String> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 1u64 << 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 1u64 << 20),
+        _ => (t, 1),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (e.g. 4096, 64K, 1M)"))?;
+    match n.checked_mul(unit) {
+        Some(b) if (1..=max).contains(&b) => Ok(b as usize),
+        _ => Err(format!("`{text}` is outside 1 byte..={max} bytes")),
+    }
+}
+
+/// Lowercase hex, two digits a byte.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Bytes from hex digits (either case, an even number of them).
+pub fn from_hex(text: &str) -> Result<Vec<u8>, String> {
+    let t = text.trim();
+    if !t.len().is_multiple_of(2) {
+        return Err(format!("`{t}`: an odd number of hex digits"));
+    }
+    (0..t.len())
+        .step_by(2)
+        .map(|i| {
+            t.get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                .ok_or_else(|| format!("`{t}`: not hex digits at {i}"))
+        })
+        .collect()
+}
+
+/// A handle as a shell passes it on: hex of its postcard bytes (the
+/// default codec, as a message would carry it).
+pub fn handle_text(h: &RmaHandle) -> Result<String, ToolError> {
+    let bytes = Postcard
+        .encode(h)
+        .map_err(|e| ToolError::Usage(format!("encoding the region's handle: {e}")))?;
+    Ok(to_hex(&bytes))
+}
+
+/// `--handle`: the text `serve --expose` printed after `region`.
+pub fn parse_handle(text: &str) -> Result<RmaHandle, String> {
+    let bytes = from_hex(text.trim_start_matches("region ").trim())?;
+    Postcard
+        .decode(&bytes)
+        .map_err(|e| format!("not a region handle ({e}); pass the text after `region`"))
+}
+
+/// `--read OFFSET:LEN`.
+pub fn parse_range(text: &str) -> Result<(u64, u64), String> {
+    let bad = || format!("`{text}`: expected OFFSET:LEN, e.g. 0:64");
+    let (o, l) = text.split_once(':').ok_or_else(bad)?;
+    let offset = o.trim().parse().map_err(|_| bad())?;
+    let len = l.trim().parse().map_err(|_| bad())?;
+    Ok((offset, len))
+}
+
+/// What `msgr rma` does.
+#[derive(Debug)]
+pub enum RmaCommand {
+    /// Read `len` bytes at `offset`; to `out` (raw) or printed as hex.
+    Read {
+        /// Where the range starts.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// A file for the bytes, instead of hex on stdout.
+        out: Option<PathBuf>,
+    },
+    /// Write `bytes` at `offset`.
+    Write {
+        /// Where they go.
+        offset: u64,
+        /// What.
+        bytes: Vec<u8>,
+    },
+}
+
+/// Keeps why the connection went, for the error a failed connect reports.
+#[derive(Default)]
+struct ResetReason(Mutex<Option<String>>);
+
+impl Dispatcher for ResetReason {
+    fn on_message(&self, _conn: &Connection, _msg: Message) {}
+
+    fn on_reset(&self, _conn: &Connection, reason: &FaultReason) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_string());
+    }
+}
+
+/// Connects to the owner at `target` (within `timeout`) and runs `cmd` on
+/// the region `handle` names, the operation bounded by the same timeout.
+/// Returns the bytes read (empty for a write).
+pub fn run(
+    cfg: &MessengerConfig,
+    target: &Target,
+    handle: &RmaHandle,
+    cmd: &RmaCommand,
+    checksum: bool,
+    timeout: Duration,
+) -> Result<bytes::Bytes, ToolError> {
+    let watch = Arc::new(ResetReason::default());
+    let (mut m, conn) = net::connect(cfg, target, watch.clone(), timeout, &watch.0)?;
+    let opts = RmaOptions::from(timeout);
+    let opts = if checksum { opts.checksum() } else { opts };
+    let result = match cmd {
+        RmaCommand::Read { offset, len, .. } => {
+            conn.read(handle, *offset, *len, opts)
+                .map_err(|source| ToolError::Rma {
+                    what: format!("reading bytes {offset}..{offset}+{len} at {target}"),
+                    source,
+                })
+        }
+        RmaCommand::Write { offset, bytes } => {
+            let len = bytes.len();
+            conn.write(handle, *offset, bytes.clone(), opts)
+                .map(|()| bytes::Bytes::new())
+                .map_err(|source| ToolError::Rma {
+                    what: format!("writing bytes {offset}..{offset}+{len} at {target}"),
+                    source,
+                })
+        }
+    };
+    m.shutdown(Duration::from_secs(1));
+    result
+}
+
+/// The exit code of a refused operation: one per refusal a script may
+/// want to tell apart, 1 for the rest (timeouts, resets, corruption).
+pub fn exit_code(e: &RmaError) -> i32 {
+    match e {
+        RmaError::Denied => 3,
+        RmaError::Revoked => 4,
+        RmaError::OutOfRange { .. } => 5,
+        RmaError::Forbidden(_) => 6,
+        _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_hex_and_ranges_parse_or_say_why() {
+        assert_eq!(parse_size("4096", 1 << 30), Ok(4096));
+        assert_eq!(parse_size("64K", 1 << 30), Ok(64 << 10));
+        assert_eq!(parse_size("2m", 1 << 30), Ok(2 << 20));
+        for bad in ["", "K", "0", "-1", "1.5M", "2G", "2048M"] {
+            assert!(parse_size(bad, 1 << 30).is_err(), "{bad}");
+        }
+        assert_eq!(from_hex("00ff7A"), Ok(vec![0, 255, 0x7a]));
+        assert_eq!(to_hex(&[0, 255, 0x7a]), "00ff7a");
+        for bad in ["0", "zz", "é"] {
+            assert!(from_hex(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_range("16:32"), Ok((16, 32)));
+        for bad in ["16", "a:1", "1:", "1:2:3"] {
+            assert!(parse_range(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_handle_goes_through_its_text_and_back() {
+        let h = RmaHandle {
+            region: 3,
+            len: 1 << 20,
+            access: msgr::Access::ReadWrite,
+            capability: [0xc5; 16],
+        };
+        let text = handle_text(&h).expect("encodes");
+        assert_eq!(parse_handle(&text).as_ref(), Ok(&h));
+        assert_eq!(parse_handle(&format!("region {text}")), Ok(h));
+        assert!(parse_handle(&text[..text.len() - 2]).is_err());
+        assert!(parse_handle(&format!("{text}00")).is_err());
+    }
+}
