@@ -30,7 +30,7 @@ fn seal_in_place(c: &mut Criterion) {
                 let tag = ring_key
                     .seal_in_place_separate_tag(nonce, Aad::empty(), black_box(&mut buf[..]))
                     .expect("seal");
-                black_box(tag);
+                let _ = black_box(tag);
             })
         });
         g.bench_function(BenchmarkId::new("aes-gcm crate", len), |b| {
@@ -39,7 +39,7 @@ fn seal_in_place(c: &mut Criterion) {
                 let tag = rc_key
                     .encrypt_in_place_detached(nonce, b"", black_box(&mut buf[..]))
                     .expect("seal");
-                black_box(tag);
+                let _ = black_box(tag);
             })
         });
     }
