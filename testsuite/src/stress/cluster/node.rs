@@ -86,6 +86,10 @@ pub struct CallStats {
     pub failed: BTreeMap<String, u64>,
     /// Returned (answered or failed) later than the deadline plus a grace.
     pub late: u64,
+    /// The first late ones: how long they took, ms, and how they ended.
+    pub late_examples: Vec<(u64, String)>,
+    /// The longest any call took, ms.
+    pub slowest_ms: u64,
     /// Answered with something else than the request's echo.
     pub bad_replies: u64,
     /// Latencies of answered calls, microseconds (the first ones).
@@ -348,8 +352,17 @@ fn caller_loop(st: &NodeState, messenger: &Messenger, stop: &AtomicBool, which: 
         );
         let took = start.elapsed();
         let mut calls = st.calls.lock().expect("lock");
+        let took_ms = took.as_millis() as u64;
+        calls.slowest_ms = calls.slowest_ms.max(took_ms);
         if took > st.args.call_deadline + grace {
             calls.late += 1;
+            if calls.late_examples.len() < 3 {
+                let how = match &outcome {
+                    Ok(_) => "answered".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                calls.late_examples.push((took_ms, how));
+            }
         }
         match outcome {
             Ok(reply)
