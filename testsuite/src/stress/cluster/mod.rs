@@ -480,7 +480,8 @@ impl Cluster {
         }
     }
 
-    /// Stop, drain, report, exit: a graceful end of node `k`'s incarnation.
+    /// Stop, drain, exit (a graceful shutdown, then the report): a graceful
+    /// end of node `k`'s incarnation.
     fn graceful_stop(&mut self, k: usize, timeout: Duration) -> bool {
         let Some(inc) = self.procs[k].as_ref().map(|p| p.inc) else {
             return false;
@@ -488,9 +489,8 @@ impl Cluster {
         let key = (k as u32, inc);
         self.say(k, "stop");
         let drained = self.wait_for(timeout, |g| g.drained.contains_key(&key));
-        self.say(k, "report");
-        let reported = self.wait_for(Duration::from_secs(10), |g| g.finals.contains_key(&key));
         self.say(k, "exit");
+        let reported = self.wait_for(Duration::from_secs(15), |g| g.finals.contains_key(&key));
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut exited = false;
         if let Some(p) = self.procs[k].as_mut() {
@@ -760,16 +760,13 @@ pub fn run_cluster(opts: &ClusterOptions) -> Result<ClusterReport, NetnsError> {
     }
     c.sample();
     for k in 0..n {
-        c.say(k, "report");
+        c.say(k, "exit");
     }
     if !c.wait_for(Duration::from_secs(20), |g| {
         keys.iter().all(|k| g.finals.contains_key(k))
     }) {
         c.violations
-            .push("not every node reported within 20 s".into());
-    }
-    for k in 0..n {
-        c.say(k, "exit");
+            .push("not every node shut down and reported within 20 s".into());
     }
     let deadline = Instant::now() + Duration::from_secs(15);
     for k in 0..n {

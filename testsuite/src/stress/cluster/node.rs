@@ -3,7 +3,8 @@
 //! namespace's address with a lossless-peer session to every other node,
 //! one-way streams and calls to random peers, reports on stdout (a `STATS`
 //! line every 100 ms, `DRAINED` and `FINAL` at the end), commands on stdin
-//! (`stop`, `report`, `exit`; end of input: exit at once).
+//! (`stop`: stop the workload and drain; `exit`: shut down gracefully,
+//! report `FINAL` and exit; end of input: exit at once).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead as _, Write as _};
@@ -419,7 +420,7 @@ pub fn run_node(args: NodeArgs, cfg: msgr::MessengerConfig) -> i32 {
     };
     let stop = AtomicBool::new(false);
     let stats_stop = AtomicBool::new(false);
-    let code = std::thread::scope(|scope| {
+    let drained = std::thread::scope(|scope| {
         let stats = scope.spawn(|| {
             let debug = std::env::var_os("MSGR_CLUSTER_DEBUG").is_some();
             let mut i = 0u64;
@@ -507,23 +508,6 @@ pub fn run_node(args: NodeArgs, cfg: msgr::MessengerConfig) -> i32 {
                         "DRAINED late"
                     });
                 }
-                "report" => {
-                    let report = NodeFinal {
-                        record: st.record(drained),
-                        calls: st.calls.lock().expect("lock").clone(),
-                        counters: messenger
-                            .counters()
-                            .snapshot()
-                            .into_iter()
-                            .map(|(name, _, v)| (name.to_string(), v))
-                            .collect(),
-                        send_refused: st.send_refused.load(Ordering::Relaxed),
-                    };
-                    emit(&format!(
-                        "FINAL {}",
-                        serde_json::to_string(&report).expect("final serialize")
-                    ));
-                }
                 "exit" => {
                     code = 0;
                     break;
@@ -541,8 +525,25 @@ pub fn run_node(args: NodeArgs, cfg: msgr::MessengerConfig) -> i32 {
         }
         stats_stop.store(true, Ordering::Relaxed);
         let _ = stats.join();
-        code
+        drained
     });
+    // The record after the shutdown: what peers delivered until their
+    // sessions closed is in it.
     messenger.shutdown(Duration::from_secs(5));
-    code
+    let report = NodeFinal {
+        record: st.record(drained),
+        calls: st.calls.lock().expect("lock").clone(),
+        counters: messenger
+            .counters()
+            .snapshot()
+            .into_iter()
+            .map(|(name, _, v)| (name.to_string(), v))
+            .collect(),
+        send_refused: st.send_refused.load(Ordering::Relaxed),
+    };
+    emit(&format!(
+        "FINAL {}",
+        serde_json::to_string(&report).expect("final serialize")
+    ));
+    0
 }
