@@ -102,6 +102,10 @@ struct Args {
     /// Each cluster call's deadline, ms.
     #[arg(long, default_value_t = 2000)]
     cluster_call_deadline_ms: u64,
+    /// Plant a bug in a cluster run (node 0 sends one message twice): the
+    /// run must fail with a duplicate.
+    #[arg(long)]
+    cluster_plant_duplicate: bool,
     /// (Internal) run as node K of a cluster; the parent starts these.
     #[arg(long, hide = true)]
     cluster_node: Option<u32>,
@@ -136,6 +140,7 @@ fn cluster_node(args: &Args, node: u32) -> ExitCode {
         seed: args.seed.unwrap_or(0),
         rate: args.cluster_rate,
         call_deadline: Duration::from_millis(args.cluster_call_deadline_ms),
+        plant_duplicate: args.cluster_plant_duplicate,
     };
     let code = cluster::node::run_node(node_args, cluster::cluster_messenger_config());
     ExitCode::from(code.clamp(0, 255) as u8)
@@ -151,6 +156,7 @@ fn cluster_parent(args: &Args, nodes: usize) -> ExitCode {
     opts.rate = args.cluster_rate;
     opts.call_deadline = Duration::from_millis(args.cluster_call_deadline_ms);
     opts.verbose = !args.quiet;
+    opts.plant_duplicate = args.cluster_plant_duplicate;
     eprintln!(
         "msgr-stress: cluster of {nodes} nodes, seed {} duration {} s",
         opts.seed, args.duration

@@ -44,6 +44,12 @@ pub struct ClusterOptions {
     pub call_deadline: Duration,
     /// Print events on stderr as they happen.
     pub verbose: bool,
+    /// Plant a bug (node 0's first incarnation sends one message twice),
+    /// to see the run fail.
+    pub plant_duplicate: bool,
+    /// The msgr-stress binary the nodes run (`--cluster-node`); None: this
+    /// process's own.
+    pub node_program: Option<std::path::PathBuf>,
 }
 
 impl ClusterOptions {
@@ -56,6 +62,8 @@ impl ClusterOptions {
             rate: 500,
             call_deadline: Duration::from_secs(2),
             verbose: false,
+            plant_duplicate: false,
+            node_program: None,
         }
     }
 }
@@ -290,7 +298,10 @@ const CALL_HANG_MS: u64 = 30_000;
 
 impl Cluster {
     fn spawn(&mut self, k: usize, inc: u32) -> Result<(), NetnsError> {
-        let exe = std::env::current_exe().map_err(|e| NetnsError::Prerequisite(e.to_string()))?;
+        let exe = match &self.opts.node_program {
+            Some(p) => p.clone(),
+            None => std::env::current_exe().map_err(|e| NetnsError::Prerequisite(e.to_string()))?,
+        };
         let addrs = self
             .net
             .addrs
@@ -316,6 +327,10 @@ impl Cluster {
                 "--cluster-call-deadline-ms".into(),
                 self.opts.call_deadline.as_millis().to_string(),
             ])
+            .args(
+                (self.opts.plant_duplicate && k == 0 && inc == 1)
+                    .then_some("--cluster-plant-duplicate"),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

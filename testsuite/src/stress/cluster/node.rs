@@ -51,6 +51,9 @@ pub struct NodeArgs {
     pub rate: u32,
     /// Each call's deadline.
     pub call_deadline: Duration,
+    /// A planted bug, to see the checks catch it: the 100th message to
+    /// the first peer that gets that far goes out twice.
+    pub plant_duplicate: bool,
 }
 
 /// A periodic report.
@@ -271,6 +274,7 @@ fn sender_loop(st: &NodeState, messenger: &Messenger, stop: &AtomicBool) {
     let n = st.args.addrs.len() as u32;
     let per_tick = (st.args.rate / 100).max(1);
     let mut next = Instant::now();
+    let mut planted = !st.args.plant_duplicate;
     while !stop.load(Ordering::Relaxed) {
         next += Duration::from_millis(10);
         for _ in 0..per_tick {
@@ -292,7 +296,15 @@ fn sender_loop(st: &NodeState, messenger: &Messenger, stop: &AtomicBool) {
                 n: s.sent + 1,
                 len: len as u32,
             };
+            let again = !planted && s.sent == 100;
+            let probe = if again {
+                planted = true;
+                Probe { n: s.sent, ..probe }
+            } else {
+                probe
+            };
             match s.conn.send(st.pattern.message(&probe)) {
+                Ok(()) if again => {}
                 Ok(()) => {
                     s.sent += 1;
                     st.sent.fetch_add(1, Ordering::Relaxed);
