@@ -49,6 +49,8 @@ pub enum NetnsError {
     },
     /// Entering a namespace failed.
     Setns(String),
+    /// SIGINT, SIGTERM or SIGHUP ended the run (after cleaning up).
+    Interrupted,
 }
 
 impl fmt::Display for NetnsError {
@@ -60,6 +62,7 @@ impl fmt::Display for NetnsError {
             ),
             NetnsError::Command { cmd, output } => write!(f, "`{cmd}` failed: {output}"),
             NetnsError::Setns(why) => write!(f, "setns: {why}"),
+            NetnsError::Interrupted => write!(f, "interrupted by a signal (namespaces and nodes removed)"),
         }
     }
 }

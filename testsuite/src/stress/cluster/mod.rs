@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -292,6 +293,39 @@ struct Cluster {
 }
 
 const SLOT: Duration = Duration::from_millis(100);
+
+/// Set once SIGINT, SIGTERM or SIGHUP came: the run stops, cleaning up.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and so in the threads
+/// and node processes it starts after) and reads them from a signalfd on a
+/// thread of its own, which sets [`INTERRUPTED`]: a run stopped by a signal
+/// still kills its nodes and removes its namespaces. Without it (the mask
+/// or the signalfd refused) a signal ends the run at once, and the next
+/// run's stale cleanup removes what it left.
+fn watch_signals() {
+    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::signalfd::SignalFd;
+    let mut set = SigSet::empty();
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(sig);
+    }
+    let Ok(fd) = SignalFd::new(&set) else { return };
+    if set.thread_block().is_err() {
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("cluster-signals".into())
+        .spawn(move || {
+            if let Ok(Some(_)) = fd.read_signal() {
+                INTERRUPTED.store(true, Ordering::Relaxed);
+            }
+        });
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
 /// A call that ends this long after its deadline did not keep it (no
 /// scheduling delay of a loaded machine comes near).
 const CALL_HANG_MS: u64 = 30_000;
@@ -404,7 +438,7 @@ impl Cluster {
             if done(&self.gathered.lock().expect("gathered")) {
                 return true;
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= deadline || interrupted() {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -550,9 +584,16 @@ impl Cluster {
     /// Sleeps, sampling the nodes once a second.
     fn pause(&mut self, d: Duration) {
         let end = Instant::now() + d;
-        while Instant::now() < end {
-            self.sample();
-            std::thread::sleep((end - Instant::now()).min(Duration::from_secs(1)));
+        let mut next_sample = Instant::now();
+        while Instant::now() < end && !interrupted() {
+            if Instant::now() >= next_sample {
+                self.sample();
+                next_sample += Duration::from_secs(1);
+            }
+            std::thread::sleep(
+                end.saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(100)),
+            );
         }
     }
 }
@@ -577,6 +618,7 @@ enum Fault {
 
 /// Runs the cluster and checks it.
 pub fn run_cluster(opts: &ClusterOptions) -> Result<ClusterReport, NetnsError> {
+    watch_signals();
     let n = opts.nodes;
     let net = NetnsCluster::create(n)?;
     let backoff_max = cluster_messenger_config().session.backoff_max;
@@ -639,6 +681,9 @@ pub fn run_cluster(opts: &ClusterOptions) -> Result<ClusterReport, NetnsError> {
             // Not enough time left for a rolling restart: the next kind.
             i += 1;
             kind = kinds[i % kinds.len()];
+        }
+        if interrupted() {
+            return Err(NetnsError::Interrupted);
         }
         if left < Duration::from_secs(8) {
             break;
@@ -761,6 +806,9 @@ pub fn run_cluster(opts: &ClusterOptions) -> Result<ClusterReport, NetnsError> {
             .saturating_sub(c.start.elapsed())
             .min(Duration::from_secs(5)),
     );
+    if interrupted() {
+        return Err(NetnsError::Interrupted);
+    }
     // The end: every node stops and drains, then all report.
     c.log("stop: draining");
     for k in 0..n {
