@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use msgr_testsuite::stress::{run_cluster, ClusterOptions};
+use msgr_testsuite::stress::{namespaces_left, run_cluster, ClusterOptions};
 
 #[test]
 #[ignore = "needs root, ip and nft: scripts/test.sh runs it with --ignored"]
@@ -34,13 +34,6 @@ fn a_planted_duplicate_fails_the_cluster_run() {
         report.violations
     );
     assert!(report.delivered > 1000, "the run made progress");
-    let list = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns list");
-    let me = format!("msgr-stress-{}-", std::process::id());
-    assert!(
-        !String::from_utf8_lossy(&list.stdout).contains(&me),
-        "namespaces removed"
-    );
+    let left = namespaces_left(std::process::id()).expect("ip netns list");
+    assert!(left.is_empty(), "namespaces left: {left:?}");
 }

@@ -36,7 +36,9 @@ mod workload;
 
 pub use backends::{available_backends, backend_by_name, candidates, Backend};
 pub use cluster::{run_cluster, ClusterOptions, ClusterReport};
-pub use netns::{run_in_netns, NetnsCluster, NetnsError, NetnsOptions, NetnsPair, NsExec};
+pub use netns::{
+    namespaces_left, run_in_netns, NetnsCluster, NetnsError, NetnsOptions, NetnsPair, NsExec,
+};
 pub use report::{Progress, StressReport};
 pub use rma::RmaReport;
 pub use workload::run;

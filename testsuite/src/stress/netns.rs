@@ -165,6 +165,18 @@ pub fn nft_load(ns: &str, script: &str) -> Result<String, NetnsError> {
     sh(&["ip", "netns", "exec", ns, "nft", "-f", "-"], Some(script))
 }
 
+/// The namespaces process `pid` created that still exist (a run's Drop
+/// guards remove them: a test checks with this that they did).
+pub fn namespaces_left(pid: u32) -> Result<Vec<String>, NetnsError> {
+    let mine = format!("{NS_PREFIX}{pid}-");
+    Ok(sh(&["ip", "netns", "list"], None)?
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| name.starts_with(&mine))
+        .map(str::to_string)
+        .collect())
+}
+
 static PAIRS: AtomicU32 = AtomicU32::new(0);
 
 /// Two namespaces joined by a veth pair; removed on drop.
