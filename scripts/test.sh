@@ -74,10 +74,13 @@ cargo test --release -p msgr --features fabric --test fabric failover -- --nocap
 # The msgr tool's serve, ping, stream and bench with fabric addresses.
 cargo test --release -p msgr-tool --features fabric --test cli
 
-step "stress suite: msgr-stress 45 s per available backend with faults, and the network-namespace run (docs/STRESS.md)"
+step "stress suite: msgr-stress 45 s per available backend with faults, the network-namespace run, and a cluster of 8 nodes in namespaces 60 s with every fault kind (docs/STRESS.md)"
 ensure_packages nftables iproute2
 cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 45 --backend all --quiet
-cargo test --release -p msgr-testsuite --test stress_netns -- --ignored --nocapture
+cargo test --release -p msgr-testsuite --test stress_netns --test stress_cluster -- --ignored --nocapture
+# 8 node processes on a bridge, lossless-peer sessions between all: kill -9,
+# partitions, a slow node, SIGSTOP, a rolling restart (issue 52).
+cargo run --release -p msgr-testsuite --bin msgr-stress -- --cluster 8 --duration 60 --quiet
 
 step "stress suite in secure mode: every frame sealed, every link authenticated, the same faults (msgr-stress 15 s over tcp)"
 cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 15 --backend tcp --set security=secure --quiet

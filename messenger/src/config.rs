@@ -447,7 +447,7 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
     ),
     key(
         "handshake_timeout_ms",
-        "banner + hello must finish within this (default 10000)",
+        "a dial's transport connection must be up, and then banner + hello finish, each within this (default 10000)",
         ms(|c, n| c.session.handshake_timeout = Duration::from_millis(n)),
     ),
     key(

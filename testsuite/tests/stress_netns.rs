@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use msgr_testsuite::stress::{backend_by_name, run_in_netns, NetnsOptions, StressConfig};
+use msgr_testsuite::stress::{
+    backend_by_name, namespaces_left, run_in_netns, NetnsOptions, StressConfig,
+};
 
 #[test]
 #[ignore = "needs root, ip and nft: scripts/test.sh runs it with --ignored"]
@@ -39,14 +41,6 @@ fn stress_tcp_across_namespaces_with_drops_resets_and_flaps() {
         report.summary()
     );
     assert!(report.delivered_messages > 1000, "the run made progress");
-    // The namespaces are gone.
-    let list = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns list");
-    let me = format!("msgr-stress-{}-", std::process::id());
-    assert!(
-        !String::from_utf8_lossy(&list.stdout).contains(&me),
-        "namespaces removed"
-    );
+    let left = namespaces_left(std::process::id()).expect("ip netns list");
+    assert!(left.is_empty(), "namespaces left: {left:?}");
 }

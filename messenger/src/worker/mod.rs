@@ -1236,6 +1236,7 @@ impl Worker {
                 slot.transport = t;
                 match self.transports[t].connect(link, &addr) {
                     Ok(()) => {
+                        slot.session.dialing(link);
                         Counters::add(&self.shared.counters.links_active, 1);
                         self.links.insert(
                             link,

@@ -17,8 +17,8 @@ use std::time::Duration;
 use clap::Parser;
 use msgr::{EntityAddr, FaultPlan};
 use msgr_testsuite::stress::{
-    available_backends, backend_by_name, candidates, run, run_in_netns, Backend, NetnsOptions,
-    StressConfig, StressReport, DEFAULT_FAULTS,
+    available_backends, backend_by_name, candidates, cluster, run, run_cluster, run_in_netns,
+    Backend, ClusterOptions, NetnsOptions, StressConfig, StressReport, DEFAULT_FAULTS,
 };
 
 #[derive(Parser, Debug)]
@@ -91,6 +91,98 @@ struct Args {
     /// List the backends and whether they are available, then exit.
     #[arg(long)]
     list_backends: bool,
+    /// A cluster of N node processes, each in its own network namespace on
+    /// a bridge, lossless-peer sessions between all, faults scheduled by the
+    /// seed for --duration seconds (TCP; needs root, ip, nft; docs/STRESS.md).
+    #[arg(long, value_name = "N")]
+    cluster: Option<usize>,
+    /// One-way messages per second per cluster node.
+    #[arg(long, default_value_t = 500)]
+    cluster_rate: u32,
+    /// Each cluster call's deadline, ms.
+    #[arg(long, default_value_t = 2000)]
+    cluster_call_deadline_ms: u64,
+    /// Plant a bug in a cluster run (node 0 sends one message twice): the
+    /// run must fail with a duplicate.
+    #[arg(long)]
+    cluster_plant_duplicate: bool,
+    /// (Internal) run as node K of a cluster; the parent starts these.
+    #[arg(long, hide = true)]
+    cluster_node: Option<u32>,
+    /// (Internal) the node's incarnation.
+    #[arg(long, hide = true, default_value_t = 1)]
+    cluster_incarnation: u32,
+    /// (Internal) every node's address, comma-separated.
+    #[arg(long, hide = true, default_value = "")]
+    cluster_addrs: String,
+}
+
+/// `--cluster-node`: one node of a cluster run, until its parent says exit.
+fn cluster_node(args: &Args, node: u32) -> ExitCode {
+    let addrs: Result<Vec<std::net::Ipv4Addr>, _> =
+        args.cluster_addrs.split(',').map(str::parse).collect();
+    let Ok(addrs) = addrs else {
+        eprintln!("msgr-stress: bad --cluster-addrs {}", args.cluster_addrs);
+        return ExitCode::from(2);
+    };
+    if node as usize >= addrs.len() {
+        eprintln!(
+            "msgr-stress: --cluster-node {node} of {} nodes",
+            addrs.len()
+        );
+        return ExitCode::from(2);
+    }
+    let node_args = cluster::node::NodeArgs {
+        node,
+        inc: args.cluster_incarnation,
+        addrs,
+        port: cluster::NODE_PORT,
+        seed: args.seed.unwrap_or(0),
+        rate: args.cluster_rate,
+        call_deadline: Duration::from_millis(args.cluster_call_deadline_ms),
+        plant_duplicate: args.cluster_plant_duplicate,
+    };
+    let code = cluster::node::run_node(node_args, cluster::cluster_messenger_config());
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// `--cluster N`: the parent of a cluster run.
+fn cluster_parent(args: &Args, nodes: usize) -> ExitCode {
+    let mut opts = ClusterOptions::new(nodes);
+    if let Some(seed) = args.seed {
+        opts.seed = seed;
+    }
+    opts.duration = Duration::from_secs(args.duration);
+    opts.rate = args.cluster_rate;
+    opts.call_deadline = Duration::from_millis(args.cluster_call_deadline_ms);
+    opts.verbose = !args.quiet;
+    opts.plant_duplicate = args.cluster_plant_duplicate;
+    eprintln!(
+        "msgr-stress: cluster of {nodes} nodes, seed {} duration {} s",
+        opts.seed, args.duration
+    );
+    match run_cluster(&opts) {
+        Ok(report) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).expect("report serializes")
+                );
+            } else {
+                print!("{}", report.summary());
+            }
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("msgr-stress: FAILED (seed {})", opts.seed);
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("msgr-stress: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -101,6 +193,12 @@ fn main() -> ExitCode {
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_writer(std::io::stderr)
             .try_init();
+    }
+    if let Some(node) = args.cluster_node {
+        return cluster_node(&args, node);
+    }
+    if let Some(nodes) = args.cluster {
+        return cluster_parent(&args, nodes);
     }
     if args.list_backends {
         for b in candidates() {

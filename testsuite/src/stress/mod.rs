@@ -27,6 +27,7 @@ use std::time::Duration;
 use msgr::{EntityAddr, FaultPlan, MessengerConfig};
 
 pub mod backends;
+pub mod cluster;
 pub mod netns;
 mod report;
 mod rma;
@@ -34,7 +35,10 @@ pub mod verify;
 mod workload;
 
 pub use backends::{available_backends, backend_by_name, candidates, Backend};
-pub use netns::{run_in_netns, NetnsError, NetnsOptions, NetnsPair, NsExec};
+pub use cluster::{run_cluster, ClusterOptions, ClusterReport};
+pub use netns::{
+    namespaces_left, run_in_netns, NetnsCluster, NetnsError, NetnsOptions, NetnsPair, NsExec,
+};
 pub use report::{Progress, StressReport};
 pub use rma::RmaReport;
 pub use workload::run;

@@ -49,6 +49,8 @@ pub enum NetnsError {
     },
     /// Entering a namespace failed.
     Setns(String),
+    /// SIGINT, SIGTERM or SIGHUP ended the run (after cleaning up).
+    Interrupted,
 }
 
 impl fmt::Display for NetnsError {
@@ -60,13 +62,15 @@ impl fmt::Display for NetnsError {
             ),
             NetnsError::Command { cmd, output } => write!(f, "`{cmd}` failed: {output}"),
             NetnsError::Setns(why) => write!(f, "setns: {why}"),
+            NetnsError::Interrupted => write!(f, "interrupted by a signal (namespaces and nodes removed)"),
         }
     }
 }
 
 impl std::error::Error for NetnsError {}
 
-fn sh(args: &[&str], stdin: Option<&str>) -> Result<String, NetnsError> {
+/// Runs a command; its output, or what went wrong.
+pub(crate) fn sh(args: &[&str], stdin: Option<&str>) -> Result<String, NetnsError> {
     let cmd = args.join(" ");
     let mut child = Command::new(args[0])
         .args(&args[1..])
@@ -156,6 +160,23 @@ pub fn cleanup_stale() -> Vec<String> {
     removed
 }
 
+/// Loads an nftables script into namespace `ns`.
+pub fn nft_load(ns: &str, script: &str) -> Result<String, NetnsError> {
+    sh(&["ip", "netns", "exec", ns, "nft", "-f", "-"], Some(script))
+}
+
+/// The namespaces process `pid` created that still exist (a run's Drop
+/// guards remove them: a test checks with this that they did).
+pub fn namespaces_left(pid: u32) -> Result<Vec<String>, NetnsError> {
+    let mine = format!("{NS_PREFIX}{pid}-");
+    Ok(sh(&["ip", "netns", "list"], None)?
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| name.starts_with(&mine))
+        .map(str::to_string)
+        .collect())
+}
+
 static PAIRS: AtomicU32 = AtomicU32::new(0);
 
 /// Two namespaces joined by a veth pair; removed on drop.
@@ -238,7 +259,7 @@ impl NetnsPair {
 
     /// Loads an nftables script into namespace `ns`.
     pub fn nft(&self, ns: &str, script: &str) -> Result<String, NetnsError> {
-        sh(&["ip", "netns", "exec", ns, "nft", "-f", "-"], Some(script))
+        nft_load(ns, script)
     }
 
     /// Lists namespace `ns`'s ruleset.
@@ -491,4 +512,193 @@ pub fn run_in_netns(cfg: &StressConfig, opts: &NetnsOptions) -> Result<StressRep
     drop(clients);
     drop(pair);
     Ok(report)
+}
+
+/// The cluster's addresses: 10.213.77.0/24, node k at .k+1. They exist
+/// only on the node namespaces' veth ends (never in the root namespace).
+pub const CLUSTER_NET: [u8; 3] = [10, 213, 77];
+/// The name of each node's veth end, inside its own namespace.
+pub const CLUSTER_NODE_IF: &str = "eth0";
+
+/// N network namespaces, each with a veth pair whose other end is on a
+/// bridge in a hub namespace: a LAN of N machines, none of it in the root
+/// namespace. Removed on drop.
+pub struct NetnsCluster {
+    /// The namespace holding the bridge.
+    pub hub: String,
+    /// Node k's namespace.
+    pub nodes: Vec<String>,
+    /// Node k's address.
+    pub addrs: Vec<Ipv4Addr>,
+}
+
+impl NetnsCluster {
+    /// Creates the hub with its bridge and `n` node namespaces joined to it.
+    pub fn create(n: usize) -> Result<NetnsCluster, NetnsError> {
+        check_prerequisites()?;
+        cleanup_stale();
+        if !(2..=250).contains(&n) {
+            return Err(NetnsError::Prerequisite(format!(
+                "a cluster has 2 to 250 nodes, not {n}"
+            )));
+        }
+        let pid = std::process::id();
+        let run = PAIRS.fetch_add(1, Ordering::Relaxed);
+        let [a, b, c] = CLUSTER_NET;
+        let cluster = NetnsCluster {
+            hub: format!("{NS_PREFIX}{pid}-{run}-hub"),
+            nodes: (0..n)
+                .map(|k| format!("{NS_PREFIX}{pid}-{run}-n{k}"))
+                .collect(),
+            addrs: (0..n)
+                .map(|k| Ipv4Addr::new(a, b, c, k as u8 + 1))
+                .collect(),
+        };
+        // From here on, Drop removes whatever was created.
+        let hub = cluster.hub.as_str();
+        sh(&["ip", "netns", "add", hub], None)?;
+        sh(
+            &["ip", "-n", hub, "link", "add", "br0", "type", "bridge"],
+            None,
+        )?;
+        sh(&["ip", "-n", hub, "link", "set", "br0", "up"], None)?;
+        for (k, (ns, ip)) in cluster.nodes.iter().zip(&cluster.addrs).enumerate() {
+            let port = format!("v{k}");
+            sh(&["ip", "netns", "add", ns], None)?;
+            // Both ends are created inside namespaces (the hub's, and the
+            // node's by `netns`): no interface ever exists in the root one.
+            sh(
+                &[
+                    "ip",
+                    "-n",
+                    hub,
+                    "link",
+                    "add",
+                    &port,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    CLUSTER_NODE_IF,
+                    "netns",
+                    ns,
+                ],
+                None,
+            )?;
+            sh(
+                &["ip", "-n", hub, "link", "set", &port, "master", "br0", "up"],
+                None,
+            )?;
+            sh(
+                &[
+                    "ip",
+                    "-n",
+                    ns,
+                    "addr",
+                    "add",
+                    &format!("{ip}/24"),
+                    "dev",
+                    CLUSTER_NODE_IF,
+                ],
+                None,
+            )?;
+            for dev in ["lo", CLUSTER_NODE_IF] {
+                sh(&["ip", "-n", ns, "link", "set", dev, "up"], None)?;
+            }
+        }
+        Ok(cluster)
+    }
+
+    /// Cuts every node of `side` off from every node of `other`, both ways
+    /// (nftables in each namespace of `side`: input from and output to the
+    /// other side dropped).
+    pub fn partition(&self, side: &[usize], other: &[usize]) -> Result<(), NetnsError> {
+        let set = other
+            .iter()
+            .map(|&k| self.addrs[k].to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let script = format!(
+            "table inet msgr_partition {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    ip saddr {{ {set} }} counter drop\n  }}\n  chain output {{\n    type filter hook output priority 0; policy accept;\n    ip daddr {{ {set} }} counter drop\n  }}\n}}\n"
+        );
+        for &k in side {
+            nft_load(&self.nodes[k], &script)?;
+        }
+        Ok(())
+    }
+
+    /// Removes every partition rule.
+    pub fn heal(&self) -> Result<(), NetnsError> {
+        let mut first_error = None;
+        for ns in &self.nodes {
+            let has = sh(&["ip", "netns", "exec", ns, "nft", "list", "tables"], None)
+                .map(|t| t.contains("msgr_partition"))
+                .unwrap_or(false);
+            if has {
+                if let Err(e) = nft_load(ns, "delete table inet msgr_partition\n") {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Makes node `k`'s link slow, or normal again: netem delay and loss
+    /// where the kernel has netem, else a random 5 % loss by nftables.
+    /// Returns what was applied.
+    pub fn set_slow(&self, k: usize, slow: bool) -> Result<&'static str, NetnsError> {
+        let ns = self.nodes[k].as_str();
+        let tc = |args: &[&str]| {
+            let mut v = vec!["ip", "netns", "exec", ns, "tc", "qdisc"];
+            v.extend_from_slice(args);
+            sh(&v, None)
+        };
+        if slow {
+            let netem = tc(&[
+                "add",
+                "dev",
+                CLUSTER_NODE_IF,
+                "root",
+                "netem",
+                "delay",
+                "30ms",
+                "10ms",
+                "loss",
+                "2%",
+            ]);
+            if netem.is_ok() {
+                return Ok("netem delay 30±10 ms, loss 2 %");
+            }
+            nft_load(
+                ns,
+                "table inet msgr_slow {\n  chain input {\n    type filter hook input priority 0; policy accept;\n    meta l4proto tcp numgen random mod 100 < 5 counter drop\n  }\n}\n",
+            )?;
+            Ok("nftables loss 5 % (this kernel has no netem)")
+        } else {
+            let netem = tc(&["del", "dev", CLUSTER_NODE_IF, "root"]);
+            let nft = nft_load(ns, "delete table inet msgr_slow\n");
+            match (netem, nft) {
+                (Err(e), Err(_)) => Err(e),
+                _ => Ok("normal"),
+            }
+        }
+    }
+
+    /// `ip netns exec` into node `k`'s namespace: the start of a command line.
+    pub fn exec_prefix(&self, k: usize) -> [String; 4] {
+        [
+            "ip".into(),
+            "netns".into(),
+            "exec".into(),
+            self.nodes[k].clone(),
+        ]
+    }
+}
+
+impl Drop for NetnsCluster {
+    fn drop(&mut self) {
+        for ns in self.nodes.iter().chain(std::iter::once(&self.hub)) {
+            let _ = sh(&["ip", "netns", "del", ns], None);
+        }
+    }
 }

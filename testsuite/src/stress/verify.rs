@@ -48,7 +48,7 @@ impl Probe {
         Bytes::from(v)
     }
 
-    fn decode(b: &[u8]) -> Option<Probe> {
+    pub(crate) fn decode(b: &[u8]) -> Option<Probe> {
         if b.len() != PROBE_LEN {
             return None;
         }
@@ -113,7 +113,7 @@ impl Pattern {
         )
     }
 
-    fn intact(&self, p: &Probe, data: &[u8]) -> bool {
+    pub(crate) fn intact(&self, p: &Probe, data: &[u8]) -> bool {
         if data.len() != p.len as usize || data.len() > self.max_len {
             return false;
         }

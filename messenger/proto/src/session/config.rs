@@ -43,7 +43,8 @@ pub struct SessionConfig {
     pub keepalive_interval: Duration,
     /// Fault the link after this long without receiving anything.
     pub keepalive_timeout: Duration,
-    /// Fault a link whose banner/hello exchange has not finished by then.
+    /// Fault a link whose banner/hello exchange has not finished by then,
+    /// and give up a dial whose transport connection is not up by then.
     pub handshake_timeout: Duration,
     /// Fault a link whose peer has not sent its banner (the first 32
     /// bytes) by then: shorter than the whole handshake, so a connection

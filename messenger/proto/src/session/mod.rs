@@ -350,6 +350,12 @@ pub struct Session {
     events: VecDeque<SessionEvent>,
     backoff: Duration,
     link_since: Instant,
+    /// When the session last asked for a transport connection: a dial not
+    /// up within `handshake_timeout` is given up (a peer behind a
+    /// partition drops the SYNs; the kernel would retry them for minutes).
+    dial_since: Instant,
+    /// That connection, once the owner said which ([`Session::dialing`]).
+    dialing: Option<LinkId>,
     last_rx: Instant,
     last_tx: Instant,
     standby_since: Instant,
@@ -448,6 +454,8 @@ impl Session {
             events: VecDeque::new(),
             backoff,
             link_since: now,
+            dial_since: now,
+            dialing: None,
             last_rx: now,
             last_tx: now,
             standby_since: now,
@@ -754,9 +762,26 @@ impl Session {
 
     // ---- transport input ---------------------------------------------------
 
+    /// The transport connection asked for by the last
+    /// [`SessionEvent::Connect`] is `link` (the owner's name for it): the
+    /// one closed if it is not up within `handshake_timeout`, and the only
+    /// one [`Session::link_up`] and [`Session::link_failed`] then heed.
+    pub fn dialing(&mut self, link: LinkId) {
+        if self.state == State::Connecting {
+            self.dialing = Some(link);
+        }
+    }
+
+    /// Whether `link` is the dial this session waits for (any, if the
+    /// owner never said which).
+    fn awaits_dial(&self, link: LinkId) -> bool {
+        self.state == State::Connecting && self.dialing.is_none_or(|d| d == link)
+    }
+
     /// The transport connection asked for by [`SessionEvent::Connect`] is up.
     pub fn link_up(&mut self, link: LinkId, now: Instant) {
-        if self.state == State::Connecting {
+        if self.awaits_dial(link) {
+            self.dialing = None;
             self.start_link(link, now);
         } else {
             // Not wanted any more (e.g. a racing accept won): close it.
@@ -766,7 +791,8 @@ impl Session {
 
     /// The link failed or the peer closed it.
     pub fn link_failed(&mut self, link: LinkId, reason: String, now: Instant) {
-        if self.state == State::Connecting || self.link() == Some(link) {
+        if self.awaits_dial(link) || self.link() == Some(link) {
+            self.dialing = None;
             let reason = match self.state {
                 // A peer that refuses our identity says nothing (it tells an
                 // unproven peer no reasons): it closes the link.
@@ -866,9 +892,17 @@ impl Session {
             State::Standby(Some(at)) if now >= at => {
                 if let Some(peer) = self.dial.clone() {
                     self.state = State::Connecting;
+                    self.dial_since = now;
+                    self.dialing = None;
                     self.connector = true;
                     self.events.push_back(SessionEvent::Connect(peer));
                 }
+            }
+            State::Connecting if now >= self.dial_since + self.cfg.handshake_timeout => {
+                if let Some(link) = self.dialing.take() {
+                    self.events.push_back(SessionEvent::CloseLink(link));
+                }
+                self.fault(FaultReason::HandshakeTimeout, now);
             }
             State::Standby(None) if now >= self.standby_since + self.cfg.server_linger => {
                 self.terminate(FaultReason::LingerExpired);
@@ -906,7 +940,8 @@ impl Session {
             }
             State::Standby(Some(at)) => Some(at),
             State::Standby(None) => Some(self.standby_since + self.cfg.server_linger),
-            State::Connecting | State::Draining(_) | State::Closed => None,
+            State::Connecting => Some(self.dial_since + self.cfg.handshake_timeout),
+            State::Draining(_) | State::Closed => None,
         }
     }
 
@@ -1927,5 +1962,50 @@ mod tests {
             (0..8).map(|_| s.jittered(backoff)).collect::<Vec<_>>()
         };
         assert_ne!(to(6800), to(6801));
+    }
+
+    /// A dial that never comes up (a peer behind a partition drops the
+    /// SYNs) is given up after `handshake_timeout`: its link closed, the
+    /// session redials after its backoff, and the old dial coming up late
+    /// is closed rather than taken.
+    #[test]
+    fn a_dial_that_never_comes_up_is_given_up_and_redialled() {
+        let now = Instant::now();
+        let local = LocalIdentity {
+            name: EntityName::peer(1),
+            addr: EntityAddr::tcp(([127, 0, 0, 1], 6801).into()).with_nonce(1),
+        };
+        let peer = EntityAddr::tcp(([127, 0, 0, 1], 6800).into());
+        let cfg = SessionConfig::default();
+        let timeout = cfg.handshake_timeout;
+        let mut s = Session::connect(cfg, local, peer.clone(), Policy::LosslessPeer, now);
+        let events = |s: &mut Session| std::iter::from_fn(|| s.poll_event()).collect::<Vec<_>>();
+        assert_eq!(events(&mut s), vec![SessionEvent::Connect(peer.clone())]);
+        s.dialing(LinkId(1));
+        assert_eq!(s.poll_timeout(), Some(now + timeout));
+        s.handle_timeout(now + timeout / 2);
+        assert_eq!(s.phase(), "connecting", "not yet");
+        s.handle_timeout(now + timeout);
+        let ev = events(&mut s);
+        assert!(ev.contains(&SessionEvent::CloseLink(LinkId(1))), "{ev:?}");
+        assert_eq!(s.last_fault(), Some(&FaultReason::HandshakeTimeout));
+        assert_eq!(s.failed_attempts(), 1);
+        // The backoff, then a new dial.
+        let redial = s.poll_timeout().expect("a redial is due");
+        s.handle_timeout(redial);
+        assert_eq!(events(&mut s), vec![SessionEvent::Connect(peer)]);
+        s.dialing(LinkId(2));
+        // The first dial comes up late: closed, the session waits for the second.
+        s.link_up(LinkId(1), redial);
+        assert_eq!(events(&mut s), vec![SessionEvent::CloseLink(LinkId(1))]);
+        assert_eq!(s.phase(), "connecting");
+        s.link_failed(LinkId(1), "late".into(), redial);
+        assert_eq!(
+            s.failed_attempts(),
+            1,
+            "a failure of the given-up dial is not this one's"
+        );
+        s.link_up(LinkId(2), redial);
+        assert_ne!(s.phase(), "connecting", "the second dial is taken");
     }
 }
