@@ -493,23 +493,24 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         connect_timeout,
         seal: false,
     };
+    // 64 B pings (a checksum pass costs nanoseconds either way).
+    let ping_opts = |reply: Reply| PingOpts {
+        size: 64,
+        reply,
+        count: ping_count,
+        warmup,
+        timeout,
+        connect_timeout,
+        seal: false,
+        samples_to: None,
+    };
     for round in 0..opts.rounds {
         for part in &opts.parts {
             match part {
                 Part::Latency => {
                     next(&mut progress, &format!("round {}: msgr ping", round + 1));
-                    let p = PingOpts {
-                        size: 64,
-                        // The std reference answers from one buffer too.
-                        reply: Reply::Own,
-                        count: ping_count,
-                        warmup,
-                        timeout,
-                        connect_timeout,
-                        // 64 B: a checksum pass costs nanoseconds either way.
-                        seal: false,
-                        samples_to: None,
-                    };
+                    // The std reference answers from one buffer too.
+                    let p = ping_opts(Reply::Own);
                     let m = net::ping(&place.client, &(&target).into(), &p, &mut step_bar)?;
                     next(&mut progress, &format!("round {}: std ping", round + 1));
                     let r = reference::ping(64, warmup, ping_count, timeout)?;
@@ -523,16 +524,8 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                     let m =
                         call_round_trips(&place.client, &target, (warmup, ping_count), timeout)?;
                     next(&mut progress, &format!("round {}: msgr ping", round + 1));
-                    let p = PingOpts {
-                        size: 64,
-                        reply: Reply::Echo,
-                        count: ping_count,
-                        warmup,
-                        timeout,
-                        connect_timeout,
-                        seal: false,
-                        samples_to: None,
-                    };
+                    // The calls' pings are echoed.
+                    let p = ping_opts(Reply::Echo);
                     let r = net::ping(&place.client, &(&target).into(), &p, &mut step_bar)?;
                     calls.push(Round {
                         msgr: m,

@@ -383,6 +383,21 @@ fn missing_provider_is_named() {
     }
 }
 
+/// Listens on `addr` (a loopback address with port 0 of its kind) and
+/// connects `LinkId(1000)` to it: the accepted end's link, once both are
+/// up.
+fn link_to_itself<T: Transport>(t: &mut T, poll: &mut mio::Poll, addr: &str) -> LinkId {
+    let any: EntityAddr = addr.parse().unwrap();
+    let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+    t.connect(LinkId(1000), &bound).unwrap();
+    let ev = drive(t, poll, |ev| {
+        ev.iter()
+            .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000))))
+            && accepted(ev).is_some()
+    });
+    accepted(&ev).unwrap()
+}
+
 /// Sends one payload (a clone of the same `Bytes`) again and again and
 /// one of equal bytes elsewhere, each a unit large enough for the
 /// rendezvous, over a link `t` (registered in `poll`) makes to itself on
@@ -396,15 +411,7 @@ pub(crate) fn a_payload_sent_again_is_registered_once<T: Transport>(
     addr: &str,
     kept: bool,
 ) {
-    let any: EntityAddr = addr.parse().unwrap();
-    let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
-    t.connect(LinkId(1000), &bound).unwrap();
-    let ev = drive(&mut t, poll, |ev| {
-        ev.iter()
-            .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000))))
-            && accepted(ev).is_some()
-    });
-    let served = accepted(&ev).unwrap();
+    let served = link_to_itself(&mut t, poll, addr);
     t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
         .unwrap();
     let data: Bytes = (0..300_000u32)
@@ -465,15 +472,7 @@ pub(crate) fn user_reads_of_an_exposed_region<T: Transport>(
     addr: &str,
     native: bool,
 ) {
-    let any: EntityAddr = addr.parse().unwrap();
-    let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
-    t.connect(LinkId(1000), &bound).unwrap();
-    let ev = drive(&mut t, poll, |ev| {
-        ev.iter()
-            .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000))))
-            && accepted(ev).is_some()
-    });
-    let owner = accepted(&ev).unwrap();
+    let owner = link_to_itself(&mut t, poll, addr);
     let region: Bytes = (0..(1u32 << 20))
         .map(|i| (i % 251) as u8)
         .collect::<Vec<_>>()
