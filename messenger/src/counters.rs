@@ -108,6 +108,8 @@ counters! {
     rx_throttle_pauses,
     /// Faults injected: by a fault plan, `Connection::inject_fault` or `Connection::simulate_fault`.
     injected_faults,
+    /// Units the fault plan (`faults`, tests) corrupted on the wire.
+    corruptions_injected,
     /// Accepted connections closed at once because too many handshakes were pending and none was idle.
     handshakes_refused,
     /// Pending handshakes whose peer had not sent a banner, closed to make room for a new connection (handshake admission).

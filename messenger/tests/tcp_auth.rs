@@ -358,20 +358,40 @@ fn lossless_delivery_holds_under_a_fault_plan_in_secure_mode() {
     let conn = cli
         .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
         .unwrap();
-    const N: u64 = 10_000;
-    for n in 1..=N {
-        send(&conn, probe_message(1, n, (n as usize * 7) % 3000));
+    // Rounds of 2,000 messages until the plan has corrupted a few units and
+    // failed a few links (how many units carry the messages depends on the
+    // batching, so on timing).
+    let injected =
+        || count(&cli, |c| &c.corruptions_injected) + count(&srv, |c| &c.corruptions_injected);
+    let reconnects = || count(&cli, |c| &c.reconnects);
+    let mut sent = 0u64;
+    while sent < 10_000 || ((injected() < 3 || reconnects() <= 5) && sent < 100_000) {
+        for n in sent + 1..=sent + 2_000 {
+            send(&conn, probe_message(1, n, (n as usize * 7) % 3000));
+        }
+        sent += 2_000;
+        assert!(
+            wait_until(Duration::from_secs(120), || rec.delivered(1) == sent),
+            "seed {seed}: delivered {} of {sent}",
+            rec.delivered(1)
+        );
     }
-    assert!(
-        wait_until(Duration::from_secs(120), || rec.delivered(1) == N),
-        "seed {seed}: delivered {} of {N}",
-        rec.delivered(1)
-    );
     rec.assert_clean();
     assert!(rec.resets.lock().unwrap().is_empty(), "seed {seed}");
+    // A corrupted unit ends its link (one that was failing already may go
+    // first, and a second corruption on a closing link is not read): so at
+    // least one caught of the several injected, never a corrupt delivery.
     let caught = count(&cli, |c| &c.protocol_errors) + count(&srv, |c| &c.protocol_errors);
-    assert!(caught >= 2, "seed {seed}: corruptions caught ({caught})");
-    assert!(count(&cli, |c| &c.reconnects) > 5, "seed {seed}");
+    let injected = injected();
+    assert!(
+        injected >= 3,
+        "seed {seed}: the plan corrupted {injected} units in {sent} messages"
+    );
+    assert!(
+        caught >= 1,
+        "seed {seed}: corruptions caught ({caught} of {injected} injected)"
+    );
+    assert!(reconnects() > 5, "seed {seed}: {} reconnects", reconnects());
     cli.shutdown(Duration::from_secs(5));
     srv.shutdown(Duration::from_secs(5));
 }

@@ -1629,7 +1629,10 @@ impl Worker {
         let res = match action {
             FaultAction::Pass | FaultAction::Delay(_) => self.transports[t].send(link, unit),
             FaultAction::FailLink => self.transports[t].inject(link, RealFault::Abort),
-            FaultAction::Corrupt(bit) => self.transports[t].send_corrupted(link, unit, bit),
+            FaultAction::Corrupt(bit) => {
+                Counters::add(&self.shared.counters.corruptions_injected, 1);
+                self.transports[t].send_corrupted(link, unit, bit)
+            }
         };
         if let Err(e) = res {
             tracing::debug!(error = %e, ?link, "transmit on a link that is gone");
