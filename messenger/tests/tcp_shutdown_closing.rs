@@ -79,6 +79,24 @@ fn tcp_stat(m: &Messenger, name: &str) -> u64 {
         .sum()
 }
 
+/// What a loopback connection's two kernel buffers can grow to: the
+/// sender's `tcp_wmem` ceiling and the receiver's `tcp_rmem` one (64 MiB
+/// if they cannot be read).
+fn kernel_buffer_ceilings() -> u64 {
+    let ceiling = |f: &str| {
+        std::fs::read_to_string(f)
+            .ok()
+            .and_then(|t| t.split_whitespace().last()?.parse::<u64>().ok())
+    };
+    match (
+        ceiling("/proc/sys/net/ipv4/tcp_wmem"),
+        ceiling("/proc/sys/net/ipv4/tcp_rmem"),
+    ) {
+        (Some(w), Some(r)) => w + r,
+        _ => 64 << 20,
+    }
+}
+
 /// A client whose only session has ended while its link still holds
 /// output the (blocked) server does not read: the link is closing, waiting
 /// for its flush, and the session is gone.
@@ -91,22 +109,27 @@ fn link_left_closing(gate: &Arc<Gate>) -> (Messenger, Messenger) {
         .expect("connected");
     // Sent until the link's socket takes no more (a full kernel send
     // buffer, the blocked server's window closed): from then on the link's
-    // own send queue cannot drain, since the server reads nothing. Bounded.
-    let data = Bytes::from(vec![0x5a; 4 << 20]);
+    // own send queue cannot drain, since the server reads nothing. Each
+    // message is larger than both kernel buffers can ever grow to (their
+    // autotuning ceilings, tcp_wmem and tcp_rmem: 4 + 32 MiB here), or the
+    // link's last output could still drain into them and the link close by
+    // itself (a run in ten did, with 4 MiB messages). Bounded.
+    let size = (kernel_buffer_ceilings() + (16 << 20)).min(120 << 20);
+    let data = Bytes::from(vec![0x5a; size as usize]);
     let mut n = 0;
     let blocked =
         || gate.entered.load(Ordering::SeqCst) >= 1 && tcp_stat(&cli, "write_blocked") == 1;
     while !blocked() {
         assert!(
             n < 256,
-            "the link never backed up after {n} messages of 4 MiB"
+            "the link never backed up after {n} messages of {size} bytes"
         );
         n += 1;
         send(&conn, probe_message_of(1, n, data.clone()));
         // Each message is handed over at once if there is room: wait for
         // that (or the backed-up link) before sending more.
         wait_until(Duration::from_secs(10), || {
-            blocked() || cli.counters().tx_bytes.load(Ordering::Relaxed) >= n * (4 << 20)
+            blocked() || cli.counters().tx_bytes.load(Ordering::Relaxed) >= n * size
         });
     }
     conn.mark_down();
