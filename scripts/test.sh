@@ -74,9 +74,9 @@ cargo test --release -p msgr --features fabric --test fabric failover -- --nocap
 # The msgr tool's serve, ping, stream and bench with fabric addresses.
 cargo test --release -p msgr-tool --features fabric --test cli
 
-step "stress suite: msgr-stress 45 s per available backend with faults, the network-namespace run, and a cluster of 8 nodes in namespaces 60 s with every fault kind (docs/STRESS.md)"
+step "stress suite: msgr-stress 30 s per available backend with faults, the network-namespace run, and a cluster of 8 nodes in namespaces 60 s with every fault kind (docs/STRESS.md)"
 ensure_packages nftables iproute2
-cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 45 --backend all --quiet
+cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 30 --backend all --quiet
 cargo test --release -p msgr-testsuite --test stress_netns --test stress_cluster -- --ignored --nocapture
 # 8 node processes on a bridge, lossless-peer sessions between all: kill -9,
 # partitions, a slow node, SIGSTOP, a rolling restart (issue 52).
@@ -110,8 +110,10 @@ guest_start=$(date +%s)
 bash testsuite/guest/setup.sh
 
 step "RDMA guest: tests in the QEMU guest (verbs and rdma_cm smoke on rxe and siw, reference peers, netem, the verbs and rdmacm backends, msgr tool vs perftest, stress over verbs, the fabric backend over libfabric's verbs provider)"
-cargo test --release -p msgr-testsuite --features rdma,fabric --test guest_rdma --test guest_verbs --test guest_bench --test guest_stress --test guest_fabric -- --nocapture --test-threads 1
+# Two rounds of the reference-peer comparison (3 by default): the report's
+# medians are then of two (each round printed in full above its table).
+MSGR_GUEST_BENCH_ROUNDS=2 cargo test --release -p msgr-testsuite --features rdma,fabric --test guest_rdma --test guest_verbs --test guest_bench --test guest_stress --test guest_fabric -- --nocapture --test-threads 1
 echo "RDMA guest part took $(($(date +%s) - guest_start)) s"
 
-step "fuzz: every cargo-fuzz target for 15 s (stable, --sanitizer none; see docs/FUZZING.md)"
-./scripts/fuzz.sh 15
+step "fuzz: every cargo-fuzz target for 10 s (stable, --sanitizer none; see docs/FUZZING.md)"
+./scripts/fuzz.sh 10

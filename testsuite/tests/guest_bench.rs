@@ -54,9 +54,20 @@ const RMA_SIZE: u32 = 1 << 20;
 /// perftest's 1 MiB reads and writes: 100 MiB each, a second or two under
 /// TCG (the RMA additions stay within ~30 s over the three rounds).
 const RMA_ITERS: u32 = 100;
-/// Rounds in the boot: TCG timings swing between runs, so each figure is
-/// taken this many times, alternating msgr and its references.
+/// Rounds in the boot by default: TCG timings swing between runs, so each
+/// figure is taken this many times, alternating msgr and its references.
+/// `MSGR_GUEST_BENCH_ROUNDS` overrides it (the test command uses 2 to stay
+/// within its time; a median of 3 or more is steadier for a report).
 const ROUNDS: u16 = 3;
+
+fn rounds() -> u16 {
+    match std::env::var("MSGR_GUEST_BENCH_ROUNDS") {
+        Ok(v) => v.parse().ok().filter(|&n| n >= 1).unwrap_or_else(|| {
+            panic!("MSGR_GUEST_BENCH_ROUNDS={v:?}: expected a count of 1 or more")
+        }),
+        Err(_) => ROUNDS,
+    }
+}
 /// Issue targets (DESIGN §7), printed beside the ratios.
 const LATENCY_TARGET: f64 = 1.3;
 const BANDWIDTH_TARGET: f64 = 0.8;
@@ -173,7 +184,7 @@ fn commands(tool: &std::path::Path, tping: &std::path::Path) -> Vec<GuestCommand
         // Context for the report: the GIDs perftest and msgr pick from.
         format!("ibv_devinfo -v -d {LOOPBACK_DEVICE} | grep -E 'GID|state|active_mtu'"),
     )];
-    for round in 0..ROUNDS {
+    for round in 0..rounds() {
         cmds.extend(round_commands(tool, tping, round));
     }
     cmds
@@ -717,7 +728,7 @@ fn small_message_table(rounds: &[Figures]) -> String {
     s
 }
 
-/// One boot, [`ROUNDS`] rounds of reference peers and msgr over verbs, TCP
+/// One boot, [`ROUNDS`] rounds (or `MSGR_GUEST_BENCH_ROUNDS`) of reference peers and msgr over verbs, TCP
 /// and rdmacm; a table of median ratios. Fails if any msgr run fails or its
 /// output does not parse, or if a polling reference gave no figure in any
 /// round.
@@ -731,7 +742,7 @@ fn msgr_tool_against_perftest_in_the_guest() {
         .run(&commands(&tool, &tping), Duration::from_secs(1200))
         .expect("guest run");
     println!("{out}");
-    let rounds: Vec<Figures> = (0..ROUNDS).map(|r| parse(&out, r)).collect();
+    let rounds: Vec<Figures> = (0..rounds()).map(|r| parse(&out, r)).collect();
     println!("{}", table(&rounds));
     println!("{}", small_message_table(&rounds));
     let errors: Vec<String> = rounds.iter().flat_map(Figures::msgr_errors).collect();

@@ -718,7 +718,15 @@ impl Client<'_, '_> {
             Some("restart")
         } else if self.events.remote_resets_of(conn.id()) != ctx.remote_resets_at_start {
             Some("remote-reset")
-        } else if self.policy == Policy::LossyClient && kind == "reset" {
+        } else if self.policy == Policy::LossyClient
+            && (kind == "reset"
+                || (kind == "not-sent"
+                    && conn.state() == ConnectionState::Closed
+                    && conn.status().faults > 0))
+        {
+            // A lossy connection ends at its first fault; one that ended
+            // between the client's refresh and this operation refuses it
+            // unsent.
             Some("lossy")
         } else if slot
             .cq_failed_at
