@@ -34,4 +34,15 @@ pub enum TransportEvent {
         /// The bytes read, or why the read failed.
         result: Result<Bytes, String>,
     },
+    /// A one-sided write into a peer's region ([`crate::Transport::rma_write`])
+    /// completed on `link` (the bytes are in the peer's memory), or why not
+    /// (the link may have failed with it: the caller asks the owner).
+    RmaWrite {
+        /// The link it was posted on.
+        link: LinkId,
+        /// The caller's token.
+        token: u64,
+        /// Done, or why the write failed.
+        result: Result<(), String>,
+    },
 }

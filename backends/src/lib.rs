@@ -261,14 +261,22 @@ pub trait Transport {
     fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError>;
 
     /// Opens the application memory `mem` of region `region` to one-sided
-    /// reads by the peer at the other end of `link`, on the endpoint that
-    /// carries it (once per endpoint: later calls give the same key), and
-    /// returns the key the peer passes to [`Transport::rma_read`]. `None`
-    /// where this link's endpoint has no native reads (the caller serves
-    /// reads itself). `mem` stays held, and registered, until
+    /// operations by the peer at the other end of `link` (reads, and
+    /// writes where `access` allows them and the backend moves them
+    /// natively), on the endpoint that carries it (once per endpoint:
+    /// later calls give the same key), and returns the key the peer passes
+    /// to [`Transport::rma_read`] and [`Transport::rma_write`]. `None`
+    /// where this link's endpoint has no native operations (the caller
+    /// serves them itself). `mem` stays held, and registered, until
     /// [`Transport::rma_unexpose`] or the endpoint closes. Default: none.
-    fn rma_expose(&mut self, link: LinkId, region: u64, mem: &bytes::Bytes) -> Option<Vec<u8>> {
-        let _ = (link, region, mem);
+    fn rma_expose(
+        &mut self,
+        link: LinkId,
+        region: u64,
+        mem: &std::sync::Arc<RegionMemory>,
+        access: msgr_proto::rma::Access,
+    ) -> Option<Vec<u8>> {
+        let _ = (link, region, mem, access);
         None
     }
 
@@ -294,6 +302,26 @@ pub trait Transport {
         Err(TransportError::Unavailable {
             kind: self.kind(),
             reason: "no native one-sided reads on this backend".into(),
+        })
+    }
+
+    /// Starts a one-sided write of `data` at `offset` of the region the
+    /// peer at the other end of `link` exposed under `key`. Completes with
+    /// [`TransportEvent::RmaWrite`] carrying `token` once the bytes are in
+    /// the peer's memory. Refused where the key does not allow native
+    /// writes (the caller asks the owner). Default: refused.
+    fn rma_write(
+        &mut self,
+        link: LinkId,
+        key: &[u8],
+        offset: u64,
+        data: &bytes::Bytes,
+        token: u64,
+    ) -> Result<(), TransportError> {
+        let _ = (link, key, offset, data, token);
+        Err(TransportError::Unavailable {
+            kind: self.kind(),
+            reason: "no native one-sided writes on this backend".into(),
         })
     }
 

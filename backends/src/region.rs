@@ -6,7 +6,8 @@
 //! [`RegionMemory::write`], under one lock: the owner's own access and
 //! the reads and writes its messenger serves exclude each other. A NIC
 //! reaches them through a registration made from a [`RegionMemory::view`]
-//! (`fi_read` by a peer): that access is outside any lock, as RDMA is —
+//! (`fi_read` by a peer) or in place (`RegionMemory::register_rdma`: a
+//! peer's RDMA READ or WRITE): that access is outside any lock, as RDMA is —
 //! the bytes a peer reads while the owner writes them may be a mix of
 //! both. The view holds the memory: it is freed only after the last
 //! registration made from it is closed, never under a NIC's feet.
@@ -104,6 +105,27 @@ impl RegionMemory {
     /// alive): else `Err` with it.
     pub fn into_vec(self: Arc<Self>) -> Result<Vec<u8>, Arc<Self>> {
         Arc::try_unwrap(self).map(|m| m.mem.into_inner().into_vec())
+    }
+}
+
+#[cfg(any(feature = "verbs", feature = "rdmacm"))]
+impl RegionMemory {
+    /// Registers the memory in place on `pd` with `access` (a peer's RDMA
+    /// reads, and writes where `access` allows them): the registration
+    /// holds the memory alive and is closed before it lets go.
+    pub(crate) fn register_rdma(
+        self: &Arc<Self>,
+        pd: &Arc<msgr_rdma::ProtectionDomain>,
+        access: msgr_rdma::Access,
+    ) -> Result<msgr_rdma::ExternalRegion<Arc<RegionMemory>>, msgr_rdma::RdmaError> {
+        // SAFETY: `ptr..ptr + len` is the boxed slice, which never moves
+        // or frees while an `Arc` to it lives (the registration holds one,
+        // and deregisters before dropping it). The bytes sit in an
+        // `UnsafeCell`: the CPU reaches them only through slices made under
+        // `lock`, and a NIC's writes land outside it, as the module docs
+        // say RDMA does (a reader meanwhile may see a mix).
+        unsafe { msgr_rdma::ExternalRegion::register(pd, self.clone(), self.ptr, self.len, access) }
+            .map_err(|(e, _)| e)
     }
 }
 

@@ -78,7 +78,8 @@ impl<B: Shelvable> Shelf<B> {
         })
     }
 
-    fn put(&self, mut buf: B) {
+    /// Keeps `buf` for a later [`Shelf::take`], room allowing.
+    pub(crate) fn put(&self, mut buf: B) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let held: usize = idle.iter().map(Shelvable::room).sum();
         if held + buf.room() <= self.max_bytes {

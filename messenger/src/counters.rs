@@ -86,11 +86,13 @@ counters! {
     rma_bytes_served,
     /// One-sided operations refused: revoked or unknown region, wrong capability or peer, out of range, not allowed, bad checksum, malformed.
     rma_refused,
-    /// Keys of exposed regions handed to peers for native reads (the region registered on the link's endpoint).
+    /// Keys of exposed regions handed to peers for native operations (the region registered on the link's endpoint).
     rma_keys_given,
     /// Reads of peers' regions done natively (fi_read by this messenger's worker, no CPU of the owner's in the way).
     rma_native_reads,
-    /// Native reads that failed (link gone, region withdrawn, stale key) and were asked of the owner instead.
+    /// Writes into peers' regions done natively (an RDMA WRITE by this messenger's worker, acknowledged by the owner's NIC).
+    rma_native_writes,
+    /// Native reads and writes that failed (link gone, region withdrawn, stale key) and were asked of the owner instead.
     rma_native_fallbacks,
     /// Links faulted because the peer fell silent.
     keepalive_timeouts,

@@ -21,26 +21,38 @@
 //! session's messages); a lossy connection fails them with the fault
 //! ([`RmaError::Call`] with [`CallError::Reset`]).
 //!
-//! # Native reads
+//! # Native operations
 //!
-//! Over libfabric endpoints that read (`fabric+shm`, `fabric+verbs`; not
-//! `fabric+tcp` on libfabric 1.17, whose reads are withheld) a read moves
-//! with no CPU of the owner's in the way: the first read of a region over
-//! a link is served as above and its reply brings the region's key on
-//! that link (the owner's worker registers the region in place on the
-//! link's endpoint, once), and later reads of it over that link are
-//! `fi_read`s of the region by the reader's worker, many in flight. A
-//! native read that fails — the link went, the region was withdrawn, the
-//! key is stale — is asked of the owner as above instead, so it keeps the
-//! guarantees of the session (on a lossless connection it completes once,
-//! over the next link); its counter is `rma_native_fallbacks`, and the
-//! region is not read natively over that link again. Native reads are
-//! not used in `secure` mode (a NIC moves bytes unsealed), nor for reads
-//! with [`RmaOptions::checksum`] (the owner's CPU computes the checksum):
-//! the owner's messenger serves those. In `auth` mode the key goes only
-//! to the peer that proved its name, over the authenticated session. Writes are always served by the owner: where the
-//! provider does not check keys (`shm`) a late write would land in memory
-//! the owner has taken back.
+//! Where the link's endpoints can, an operation moves with no CPU of the
+//! owner's in the way: the first operation on a region over a link is
+//! served as above and its reply brings the region's key on that link
+//! (the owner's worker registers the region in place on the link's
+//! endpoint, once, with the region's rights), and later operations on it
+//! over that link are carried out by the requester's worker against the
+//! owner's memory, many in flight:
+//!
+//! - `verbs` and `rdmacm`: reads and writes are RDMA READs and WRITEs on
+//!   the link's RC queue pair; a write completes once the owner's NIC
+//!   acknowledged it (its bytes are in the region).
+//! - libfabric endpoints that read (`fabric+shm`, `fabric+verbs`; not
+//!   `fabric+tcp` on libfabric 1.17, whose reads are withheld): reads are
+//!   `fi_read`s. Writes are served by the owner: where the provider does
+//!   not check keys (`shm`) a late write would land in memory the owner
+//!   has taken back, and `tcp`'s completion does not say the bytes landed.
+//!
+//! A native operation that fails — the link went, the region was
+//! withdrawn, the key is stale — is asked of the owner as above instead,
+//! so it keeps the guarantees of the session (on a lossless connection it
+//! completes once, over the next link; reads and writes are idempotent);
+//! its counter is `rma_native_fallbacks`, and the region is not moved
+//! natively over that link again. Over an RC queue pair an operation on a
+//! withdrawn region fails the link itself (the NIC answers with a remote
+//! access error, which ends the queue pair): a lossless session carries
+//! on over the next link, a lossy one ends. Native operations are not
+//! used in `secure` mode (a NIC moves bytes unsealed), nor with
+//! [`RmaOptions::checksum`] (the owner's CPU computes the checksum): the
+//! owner's messenger serves those. In `auth` mode the key goes only to
+//! the peer that proved its name, over the authenticated session.
 //!
 //! # Memory safety
 //!
@@ -402,8 +414,8 @@ impl RmaRegion {
 
     /// The region's bytes, for the owner to change. Peers' operations wait
     /// meanwhile — on the owner's worker that serves them, with its other
-    /// sessions: hold it briefly. Native reads (see the module docs) are
-    /// not held off.
+    /// sessions: hold it briefly. Native operations (see the module docs)
+    /// are not held off.
     ///
     /// ```
     /// # use std::{sync::Arc, time::Duration};
@@ -632,8 +644,8 @@ fn request(h: &RmaHandle, op: RmaOp, offset: u64, len: u64, checksum: Option<u32
         offset,
         len,
         checksum,
-        // A read the worker may move natively (see the module docs).
-        want_key: op == RmaOp::Read && checksum.is_none(),
+        // An operation the worker may move natively (see the module docs).
+        want_key: checksum.is_none(),
     }
 }
 
@@ -925,9 +937,11 @@ impl<T> Future for RmaFuture<T> {
     }
 }
 
-/// Registers region `region` (its memory as `Bytes`) for native reads on
-/// the endpoint of the link a request came over; the key, if it can.
-pub(crate) type ExposeNatively<'a> = dyn FnMut(u64, &Bytes) -> Option<Vec<u8>> + 'a;
+/// Registers region `region` (its memory, with the rights it gives) for
+/// native operations on the endpoint of the link a request came over; the
+/// key, if it can.
+pub(crate) type ExposeNatively<'a> =
+    dyn FnMut(u64, &Arc<RegionMemory>, Access) -> Option<Vec<u8>> + 'a;
 
 /// Serves an RMA request that arrived on `conn` (the owner's worker): from
 /// or into the region it names, after checking the capability, the peer,
@@ -953,7 +967,7 @@ pub(crate) fn serve(
             Some(region) => {
                 let served = region.serve(conn, r, &req.data, &shared.regions.read_buffers);
                 if let (RmaStatus::Ok, true, Some(native)) = (served.0, r.want_key, native) {
-                    key = native(region.id, &region.mem.view()).map(|key| {
+                    key = native(region.id, &region.mem, region.access).map(|key| {
                         Counters::add(&counters.rma_keys_given, 1);
                         RmaKey {
                             region: region.id,

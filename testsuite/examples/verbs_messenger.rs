@@ -403,6 +403,10 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
     // goes on over TCP.
     failover(&bind)?;
 
+    // 5g: applications' one-sided reads: RDMA READs of the owner's region
+    // on the link's queue pair.
+    user_rma(&bind)?;
+
     // 6: ping-pong, 64 B.
     let rounds = 1000u64;
     let mut rtts = Vec::with_capacity(rounds as usize);
@@ -816,6 +820,191 @@ fn failover(bind: &EntityAddr) -> Result<(), String> {
     }
     cli.shutdown(Duration::from_secs(5));
     srv.shutdown(Duration::from_secs(5));
+    Ok(())
+}
+
+/// One-sided RMA (issue 49): the owner exposes 2 MiB; the peer reads
+/// ranges of it from 8 threads at once, checked byte for byte, then
+/// writes a stripe per thread, checked in the owner's region. Over RDMA
+/// the first read brings the region's key and the rest are RDMA READs and
+/// WRITEs on the link's queue pair (`rma_native_reads`/`_writes`, the
+/// backend's `user_reads`/`_writes`); over TCP the owner serves them all. After `revoke` the buffer comes back
+/// whole and a read is `Revoked`: over RDMA the reader still holds the key,
+/// so its READ meets a deregistered region, the NIC fails the link, and the
+/// session asks the owner over the next one.
+fn user_rma(bind: &EntityAddr) -> Result<(), String> {
+    let rdma = bind.transport != msgr::TransportKind::Tcp;
+    let owner = Messenger::builder(EntityName::server(7))
+        .config(config())
+        .bind(bind.clone())
+        .start(Arc::new(msgr::NullDispatcher))
+        .map_err(|e| format!("rma: start owner: {e}"))?;
+    let (peer, _) = client(70, config())?;
+    let original: Vec<u8> = (0..2u64 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let region = owner.expose(original.clone(), msgr::Access::ReadWrite);
+    let h = region.handle();
+    let conn = peer
+        .connect_with(owner.addr().expect("bound"), Policy::LosslessClient)
+        .map_err(|e| format!("rma: connect: {e}"))?;
+    let t = msgr::RmaOptions::from(Duration::from_secs(30));
+    // A checksummed read goes to the owner, and brings no key.
+    let got = conn
+        .read(&h, 5, 100_000, t.checksum())
+        .map_err(|e| format!("rma: checked read: {e}"))?;
+    if got[..] != original[5..100_005] {
+        return Err("rma: the checked read's bytes differ".into());
+    }
+    const THREADS: u64 = 8;
+    const READS: u64 = 40;
+    let t0 = Instant::now();
+    let moved = std::thread::scope(|scope| -> Result<u64, String> {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|w| {
+                let (conn, h, original) = (&conn, &h, &original);
+                scope.spawn(move || -> Result<u64, String> {
+                    let mut bytes = 0;
+                    for i in 0..READS {
+                        let len = [1u64, 4096, 65_536, 1 << 20][(i % 4) as usize];
+                        let at = (w * 131_071 + i * 9_973) % ((2 << 20) - len);
+                        let got = conn
+                            .read(h, at, len, t)
+                            .map_err(|e| format!("rma: read {w}/{i}: {e}"))?;
+                        if got[..] != original[at as usize..(at + len) as usize] {
+                            return Err(format!("rma: read {w}/{i} ({at}+{len}): bytes differ"));
+                        }
+                        bytes += len;
+                    }
+                    Ok(bytes)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().map_err(|_| "rma: a reader panicked".to_string())?)
+            .sum()
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    let native = peer.counters().rma_native_reads.load(Ordering::Relaxed);
+    let fallbacks = peer.counters().rma_native_fallbacks.load(Ordering::Relaxed);
+    let keys = owner.counters().rma_keys_given.load(Ordering::Relaxed);
+    let total = THREADS * READS;
+    println!(
+        "rma: {total} reads from {THREADS} threads, {:.1} MiB in {secs:.2} s ({:.0} MiB/s);          native {native} (user_reads {}), asked of the owner again {fallbacks}, keys given {keys}",
+        moved as f64 / (1 << 20) as f64,
+        moved as f64 / (1 << 20) as f64 / secs,
+        stat(&peer, "user_reads"),
+    );
+    if rdma {
+        // The first unchecked reads (one per thread at most, racing)
+        // ask the owner and bring the key; every later one is an RDMA READ.
+        if native + THREADS < total || fallbacks != 0 || !(1..=THREADS).contains(&keys) {
+            return Err(format!(
+                "rma: {native} of {total} reads native, {fallbacks} fell back, {keys} keys given"
+            ));
+        }
+        if stat(&peer, "user_reads") != native {
+            return Err("rma: the backend's user_reads differ from the native reads".into());
+        }
+    } else if native != 0 {
+        return Err(format!("rma: {native} native reads over TCP"));
+    }
+    // Writes: each thread its own 64 KiB stripe, in pieces of every size
+    // class, then read back by the owner. Over RDMA they are RDMA WRITEs
+    // (the key the reads brought takes writes: the region is read-write).
+    const STRIPE: u64 = 64 << 10;
+    let mut expected = original.clone();
+    let t0 = Instant::now();
+    std::thread::scope(|scope| -> Result<(), String> {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|w| {
+                let (conn, h) = (&conn, &h);
+                scope.spawn(move || -> Result<(), String> {
+                    let base = w * STRIPE;
+                    let mut at = 0u64;
+                    for i in 0u64.. {
+                        let len = [1u64, 100, 4096, 20_000][(i % 4) as usize].min(STRIPE - at);
+                        if len == 0 {
+                            return Ok(());
+                        }
+                        let bytes: Vec<u8> = (0..len).map(|j| (w * 31 + i + j) as u8).collect();
+                        conn.write(h, base + at, bytes, t)
+                            .map_err(|e| format!("rma: write {w}/{i}: {e}"))?;
+                        at += len;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| "rma: a writer panicked".to_string())??;
+        }
+        Ok(())
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    for w in 0..THREADS {
+        let (base, mut at) = (w * STRIPE, 0u64);
+        for i in 0u64.. {
+            let len = [1u64, 100, 4096, 20_000][(i % 4) as usize].min(STRIPE - at);
+            if len == 0 {
+                break;
+            }
+            for j in 0..len {
+                expected[(base + at + j) as usize] = (w * 31 + i + j) as u8;
+            }
+            at += len;
+        }
+    }
+    let writes = peer.counters().rma_native_writes.load(Ordering::Relaxed);
+    println!(
+        "rma: {THREADS} writers x {} KiB in {secs:.2} s; native writes {writes} (user_writes {})",
+        STRIPE >> 10,
+        stat(&peer, "user_writes"),
+    );
+    if region.bytes()[..] != expected[..] {
+        let at = region
+            .bytes()
+            .iter()
+            .zip(&expected)
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        return Err(format!(
+            "rma: the region after the writes differs at byte {at}"
+        ));
+    }
+    if rdma && (writes == 0 || stat(&peer, "user_writes") != writes) {
+        return Err(format!(
+            "rma: {writes} native writes (backend {})",
+            stat(&peer, "user_writes")
+        ));
+    }
+    if !rdma && writes != 0 {
+        return Err(format!("rma: {writes} native writes over TCP"));
+    }
+    let back = region.revoke();
+    if back != expected {
+        return Err("rma: the revoked buffer differs".into());
+    }
+    let faults = conn.status().faults;
+    match conn.read(&h, 0, 64, t) {
+        Err(msgr::RmaError::Revoked) => {}
+        other => return Err(format!("rma: a read after revoke: {other:?}")),
+    }
+    let after = conn.status().faults - faults;
+    let fallbacks = peer.counters().rma_native_fallbacks.load(Ordering::Relaxed);
+    println!("rma: after revoke a read is Revoked ({fallbacks} native reads asked of the owner again, {after} link faults)");
+    if rdma && fallbacks != 1 {
+        return Err(format!(
+            "rma: the read after revoke was not tried natively first ({fallbacks} fallbacks)"
+        ));
+    }
+    // The session goes on.
+    let again = conn.read(&h, 0, 1, t.checksum());
+    if again != Err(msgr::RmaError::Revoked) {
+        return Err(format!("rma: after the fault: {again:?}"));
+    }
     Ok(())
 }
 

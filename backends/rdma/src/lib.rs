@@ -31,7 +31,7 @@ pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 pub use cq::{CompletionChannel, CompletionQueue, WcOpcode, WorkCompletion};
 pub use device::{device_names, open_device, Context, DeviceAttr, Gid, Mtu, PortAttr};
 pub use error::{RdmaError, Result};
-pub use mr::{Access, MemoryRegion, ReadOnlyRegion, RemoteAddr, Sge, StableBuffer};
+pub use mr::{Access, ExternalRegion, MemoryRegion, ReadOnlyRegion, RemoteAddr, Sge, StableBuffer};
 pub use pd::ProtectionDomain;
 pub use qp::{
     InitAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, RtrAttr, RtsAttr, SendOp, SendWr,

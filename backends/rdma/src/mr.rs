@@ -357,6 +357,101 @@ impl std::fmt::Debug for ReadOnlyRegion {
     }
 }
 
+/// Memory that something else owns and shares, registered for a peer's
+/// RDMA reads and/or writes in place: an application's buffer opened to
+/// one-sided operations, whose CPU accesses its owner serialises itself.
+/// `owner` keeps the memory alive; dropping the region deregisters it
+/// before the owner goes, so the device never touches freed memory.
+pub struct ExternalRegion<O> {
+    mr: NonNull<sys::ibv_mr>,
+    addr: u64,
+    len: usize,
+    _owner: O,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the MR handle is thread-safe; the owner is Send if O is.
+unsafe impl<O: Send> Send for ExternalRegion<O> {}
+// SAFETY: shared access only reads the keys.
+unsafe impl<O: Sync> Sync for ExternalRegion<O> {}
+
+impl<O> ExternalRegion<O> {
+    /// Registers `len` bytes at `ptr`, held by `owner`, with `pd`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay allocated, at that address, for as long
+    /// as `owner` lives, and the memory must tolerate the device reading
+    /// and (if `access` allows remote writes) writing it at any time
+    /// outside Rust's borrow rules: no `&`/`&mut` to it may be held
+    /// across such a write except under the owner's own synchronisation
+    /// (interior mutability, as in an `UnsafeCell`).
+    pub unsafe fn register(
+        pd: &Arc<ProtectionDomain>,
+        owner: O,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> std::result::Result<Self, (RdmaError, O)> {
+        if len == 0 {
+            return Err((
+                RdmaError::InvalidArgument("cannot register an empty buffer".into()),
+                owner,
+            ));
+        }
+        // SAFETY: the caller's promise: the memory outlives the registration
+        // (deregistered in Drop, before `owner`) and tolerates the device.
+        match unsafe { reg_mr(pd, ptr, len, access) } {
+            Ok(mr) => Ok(ExternalRegion {
+                mr,
+                addr: ptr as u64,
+                len,
+                _owner: owner,
+                _pd: pd.clone(),
+            }),
+            Err(e) => Err((e, owner)),
+        }
+    }
+
+    /// The key a peer reads or writes with.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: mr is a live registration.
+        unsafe { self.mr.as_ref().rkey }
+    }
+
+    /// The address a peer names the first byte by.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The length of the registered memory.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: empty memory cannot be registered.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<O> Drop for ExternalRegion<O> {
+    fn drop(&mut self) {
+        // SAFETY: registered in `register`, deregistered once, before the
+        // owner is released (fields drop after this).
+        unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+    }
+}
+
+impl<O> std::fmt::Debug for ExternalRegion<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExternalRegion")
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .field("rkey", &self.rkey())
+            .finish()
+    }
+}
+
 impl<B: StableBuffer> std::fmt::Debug for MemoryRegion<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryRegion")

@@ -1559,9 +1559,15 @@ impl Transport for FabricTransport {
         Err(no_migration(&self.kind))
     }
 
-    fn rma_expose(&mut self, link: LinkId, region: u64, mem: &bytes::Bytes) -> Option<Vec<u8>> {
+    fn rma_expose(
+        &mut self,
+        link: LinkId,
+        region: u64,
+        mem: &Arc<crate::RegionMemory>,
+        access: msgr_proto::rma::Access,
+    ) -> Option<Vec<u8>> {
         let l = self.links.get_mut(&link)?;
-        l.user.expose(l.ep.rma(), region, mem)
+        l.user.expose(l.ep.rma(), region, &mem.view(), access)
     }
 
     fn rma_unexpose(&mut self, region: u64) {

@@ -473,18 +473,23 @@ pub(crate) fn user_reads_of_an_exposed_region<T: Transport>(
     native: bool,
 ) {
     let owner = link_to_itself(&mut t, poll, addr);
-    let region: Bytes = (0..(1u32 << 20))
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<_>>()
-        .into();
-    let key = t.rma_expose(owner, 5, &region);
+    let mem = crate::RegionMemory::new((0..(1u32 << 20)).map(|i| (i % 251) as u8).collect());
+    let region = mem.view();
+    let rw = msgr_proto::rma::Access::ReadWrite;
+    let key = t.rma_expose(owner, 5, &mem, rw);
     assert_eq!(key.is_some(), native, "{addr}: native reads");
     let Some(key) = key else {
         let refused = t.rma_read(LinkId(1000), &[0; 48], 0, 1, 1);
         assert!(refused.is_err(), "{addr}: a read without native reads");
         return;
     };
-    assert_eq!(t.rma_expose(owner, 5, &region), Some(key.clone()), "{addr}");
+    assert_eq!(
+        t.rma_expose(owner, 5, &mem, rw),
+        Some(key.clone()),
+        "{addr}"
+    );
+    let refused = t.rma_write(LinkId(1000), &key, 0, &Bytes::from_static(b"x"), 1);
+    assert!(refused.is_err(), "{addr}: native writes are the owner's");
     let ranges: Vec<(u64, u64)> = (0..8u64).map(|i| (i * 70_001, 4096 + i * 9_000)).collect();
     for (token, &(offset, len)) in ranges.iter().enumerate() {
         t.rma_read(LinkId(1000), &key, offset, len, token as u64)

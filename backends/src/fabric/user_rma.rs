@@ -115,10 +115,20 @@ pub struct UserExposures {
 }
 
 impl UserExposures {
-    /// Opens `mem` (region `region`) to reads on the endpoint whose
-    /// buffers are `rma`, once; the key to hand out, or `None` where the
-    /// endpoint has no native reads or the registration fails.
-    pub fn expose(&mut self, rma: &mut RmaBuffers, region: u64, mem: &Bytes) -> Option<Vec<u8>> {
+    /// Opens `mem` (region `region`, whose rights are `access`) to reads on
+    /// the endpoint whose buffers are `rma`, once; the key to hand out, or
+    /// `None` where the region is not readable, the endpoint has no native
+    /// reads or the registration fails.
+    pub fn expose(
+        &mut self,
+        rma: &mut RmaBuffers,
+        region: u64,
+        mem: &Bytes,
+        access: msgr_proto::rma::Access,
+    ) -> Option<Vec<u8>> {
+        if !access.allows(msgr_proto::rma::RmaOp::Read) {
+            return None; // a key here is for reads only
+        }
         if let Some((_, key)) = self.open.get(&region) {
             return Some(key.clone());
         }

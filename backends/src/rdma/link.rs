@@ -210,7 +210,8 @@ pub(crate) enum RxItem {
     Reading(u32),
 }
 
-/// A rendezvous read this link has in flight.
+/// A rendezvous read, or an application's read or write, this link has in
+/// flight.
 pub(crate) struct ReadOp {
     /// Where the frame lands (registered for the read): the inline bytes
     /// around a gap of `desc.len` at `desc.at` that the read fills.
@@ -226,6 +227,20 @@ pub(crate) struct ReadOp {
     pub(crate) deadline: Instant,
     /// `SimulatedFault::HungRead`: its completions are ignored.
     pub(crate) hung: bool,
+    /// An application's read or write of a peer's region
+    /// (`Transport::rma_read`, `rma_write`): its outcome goes up as
+    /// `TransportEvent::RmaRead`/`RmaWrite`, not as a frame, and the peer
+    /// is told nothing.
+    pub(crate) user: Option<UserOp>,
+}
+
+/// What makes a [`ReadOp`] an application's operation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct UserOp {
+    /// The caller's token.
+    pub(crate) token: u64,
+    /// An RDMA WRITE of `buf` into the peer's region (else a READ).
+    pub(crate) write: bool,
 }
 
 pub(crate) struct RdmaLink {

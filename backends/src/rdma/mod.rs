@@ -58,6 +58,7 @@ mod link;
 mod listen;
 mod oob;
 mod pool;
+mod user_rma;
 mod wr;
 
 use std::net::SocketAddr;
@@ -90,7 +91,9 @@ use crate::{
 };
 use cm::CmState;
 use device::{Device, MAX_READS, SQ_DEPTH};
-use link::{header, next_send, Conn, Kind, NextSend, RdmaLink, ReadDesc, ReadOp, RxItem, HDR};
+use link::{
+    header, next_send, Conn, Kind, NextSend, RdmaLink, ReadDesc, ReadOp, RxItem, UserOp, HDR,
+};
 use oob::OobListener;
 use pool::RxReturns;
 use wr::WrKind;
@@ -234,6 +237,15 @@ struct RdmaCounters {
     rendezvous_in_place: u64,
     rendezvous_read: u64,
     rendezvous_read_bytes: u64,
+    /// Applications' one-sided reads of peers' regions completed here
+    /// (`Transport::rma_read`), and their bytes.
+    user_reads: u64,
+    user_read_bytes: u64,
+    /// Applications' one-sided writes into peers' regions, and their bytes.
+    user_writes: u64,
+    user_write_bytes: u64,
+    /// Regions this transport opened to peers' reads (`rma_expose`).
+    user_regions_exposed: u64,
     /// Of the reads, those into a sink back from the application (not
     /// allocated and registered afresh).
     read_sinks_reused: u64,
@@ -322,6 +334,8 @@ pub struct RdmaTransport {
     /// Registrations of segments exposed by rendezvous, kept for the next
     /// send of the same bytes (`crate::regcache`).
     reg_cache: RegCache<ReadOnlyRegion>,
+    /// Applications' regions open to peers' reads (`Transport::rma_expose`).
+    user_regions: user_rma::UserExposures,
     /// CQ polls still to fail (`SimulatedFault::CqReadError`).
     simulated_cq_failures: u32,
     counters: RdmaCounters,
@@ -381,6 +395,7 @@ impl RdmaTransport {
             lent: 0,
             sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
             reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
+            user_regions: user_rma::UserExposures::default(),
             simulated_cq_failures: 0,
             counters: RdmaCounters::default(),
         })
@@ -1004,6 +1019,7 @@ impl RdmaTransport {
                 pending: 0,
                 deadline: Instant::now() + self.pools.read_timeout,
                 hung,
+                user: None,
             },
         );
         l.held.push_back(RxItem::Reading(slot));
@@ -1053,19 +1069,26 @@ impl RdmaTransport {
                 let off = op.posted;
                 let n = (op.desc.len - off).min(READ_PIECE);
                 let to = u64::from(op.desc.at) + off;
+                let write = op.user.is_some_and(|u| u.write);
                 let res = op.buf.sge(to as usize..(to + n) as usize).and_then(|sge| {
                     let remote = RemoteAddr {
                         addr: op.desc.addr + off,
                         rkey: op.desc.rkey,
                     };
+                    let what = if write {
+                        SendOp::RdmaWrite(remote)
+                    } else {
+                        SendOp::RdmaRead(remote)
+                    };
                     qp.post_send(&[SendWr::new(
                         wr::of_link(id, WrKind::Read, slot),
-                        SendOp::RdmaRead(remote),
+                        what,
                         &[sge],
                     )])
                 });
                 if let Err(e) = res {
-                    err = Some(format!("RDMA: post read: {e}"));
+                    let what = if write { "write" } else { "read" };
+                    err = Some(format!("RDMA: post {what}: {e}"));
                     break 'ops;
                 }
                 op.posted += n;
@@ -1080,6 +1103,7 @@ impl RdmaTransport {
 
     fn on_read_done(&mut self, id: LinkId, slot: u32, events: &mut Vec<TransportEvent>) {
         let limits = self.limits;
+        let iwarp = self.dev.as_ref().is_some_and(|d| d.ctx.is_iwarp());
         let Some(l) = self.links.get_mut(&id) else {
             return;
         };
@@ -1098,6 +1122,29 @@ impl RdmaTransport {
             return;
         }
         let op = l.reads.remove(&slot).expect("present");
+        if let Some(UserOp { token, write }) = op.user {
+            if write {
+                self.counters.user_writes += 1;
+                self.counters.user_write_bytes += op.desc.len;
+                self.sinks.put(op.buf);
+                events.push(TransportEvent::RmaWrite {
+                    link: id,
+                    token,
+                    result: Ok(()),
+                });
+            } else {
+                self.counters.user_reads += 1;
+                self.counters.user_read_bytes += op.desc.len;
+                let bytes = self.read_sink_bytes(op.buf, op.len, iwarp);
+                events.push(TransportEvent::RmaRead {
+                    link: id,
+                    token,
+                    result: Ok(bytes),
+                });
+            }
+            self.pump_reads(id, events);
+            return;
+        }
         self.counters.rendezvous_read += 1;
         self.counters.rendezvous_read_bytes += op.desc.len;
         // Tell the sender it may release its buffer (ahead of queued data:
@@ -1108,18 +1155,8 @@ impl RdmaTransport {
             Bytes::copy_from_slice(&op.desc.token.to_le_bytes()),
         ));
         self.dirty.push(id);
-        let bytes = if self.dev.as_ref().is_some_and(|d| d.ctx.is_iwarp()) {
-            // An iWARP sink is remotely writable and the peer learned its
-            // key (the read response is a write into it): deregister it
-            // before the application sees its bytes.
-            let mut unit = op.buf.into_inner();
-            unit.truncate(op.len);
-            Bytes::from(unit)
-        } else {
-            // Only readable locally: it stays registered and goes back to
-            // the shelf when the message's last segment drops.
-            self.sinks.lend(op.buf, op.len)
-        };
+        let bytes = self.read_sink_bytes(op.buf, op.len, iwarp);
+        let l = self.links.get_mut(&id).expect("present");
         let inbound = match Inbound::decode_exact(bytes, &limits) {
             Ok(unit) => unit,
             Err(fe) => {
@@ -1137,6 +1174,97 @@ impl RdmaTransport {
         }
         self.drain_held(id, events);
         self.pump_reads(id, events);
+    }
+
+    /// The first `len` bytes of a read sink whose read completed, for the
+    /// application.
+    fn read_sink_bytes(&self, buf: MemoryRegion<Vec<u8>>, len: usize, iwarp: bool) -> Bytes {
+        if iwarp {
+            // An iWARP sink is remotely writable and the peer learned its
+            // key (the read response is a write into it): deregister it
+            // before the application sees its bytes.
+            let mut unit = buf.into_inner();
+            unit.truncate(len);
+            Bytes::from(unit)
+        } else {
+            // Only readable locally: it stays registered and goes back to
+            // the shelf when the bytes' last handle drops.
+            self.sinks.lend(buf, len)
+        }
+    }
+
+    /// Starts an application's read of `len` bytes at `remote` on `id`'s
+    /// queue pair, into a sink of ours, or its write of `data` there (from
+    /// a copy in a sink), under the rendezvous' read pump and deadline
+    /// (`ReadOp::user`).
+    fn start_user_op(
+        &mut self,
+        id: LinkId,
+        remote: RemoteAddr,
+        len: u64,
+        (token, data): (u64, Option<&Bytes>),
+    ) -> Result<(), String> {
+        let max = self.limits.max_frame;
+        let n = usize::try_from(len)
+            .ok()
+            .filter(|_| len <= max)
+            .ok_or_else(|| format!("a read of {len} bytes is over the frame limit ({max})"))?;
+        if !self.links.get(&id).is_some_and(|l| l.up && l.qp.is_some()) {
+            return Err("the link is not up".into());
+        }
+        let mut buf = match self.sinks.take(n) {
+            Some(sink) => {
+                self.counters.read_sinks_reused += 1;
+                sink
+            }
+            None => self.register_sink(n).map_err(|e| match e {
+                RecvError::Fail(why) => why,
+                RecvError::Corrupt(fe) => fe.to_string(),
+            })?,
+        };
+        if let Some(data) = data {
+            // A copy: the caller's bytes are not registered (a write is
+            // one memcpy from done; the rendezvous' registration cache
+            // would spare it for large ones).
+            buf[..n].copy_from_slice(data);
+        }
+        let l = self.links.get_mut(&id).expect("checked");
+        let slot = l.next_read;
+        l.next_read = (l.next_read + 1) & 0x00ff_ffff;
+        // `SimulatedFault::HungRead` is about reads.
+        let hung = data.is_none() && l.reads_to_hang > 0;
+        if hung {
+            l.reads_to_hang -= 1;
+            self.counters.simulated_hung_reads += 1;
+        }
+        l.reads.insert(
+            slot,
+            ReadOp {
+                buf,
+                len: n,
+                desc: ReadDesc {
+                    token: 0,
+                    rkey: remote.rkey,
+                    addr: remote.addr,
+                    len,
+                    at: 0,
+                },
+                posted: 0,
+                pending: 0,
+                deadline: Instant::now() + self.pools.read_timeout,
+                hung,
+                user: Some(UserOp {
+                    token,
+                    write: data.is_some(),
+                }),
+            },
+        );
+        // A failed post fails the link: its event goes out with the next
+        // progress.
+        let mut events = std::mem::take(&mut self.pending);
+        self.pump_reads(id, &mut events);
+        self.pending = events;
+        Ok(())
     }
 
     /// Posts what credits, chunks and send-queue room allow on one link.
@@ -1619,6 +1747,82 @@ impl Transport for RdmaTransport {
         })
     }
 
+    fn rma_expose(
+        &mut self,
+        link: LinkId,
+        region: u64,
+        mem: &Arc<crate::RegionMemory>,
+        access: msgr_proto::rma::Access,
+    ) -> Option<Vec<u8>> {
+        // One registration on the transport's protection domain serves
+        // every link; the link only has to be ours and up.
+        self.links.get(&link).filter(|l| l.up)?;
+        let dev = self.dev.as_ref()?;
+        let before = self.user_regions.len();
+        let key = self.user_regions.expose(&dev.pd, region, mem, access);
+        if self.user_regions.len() > before {
+            self.counters.user_regions_exposed += 1;
+        }
+        key
+    }
+
+    fn rma_unexpose(&mut self, region: u64) {
+        self.user_regions.unexpose(region);
+    }
+
+    fn rma_read(
+        &mut self,
+        link: LinkId,
+        key: &[u8],
+        offset: u64,
+        len: u64,
+        token: u64,
+    ) -> Result<(), TransportError> {
+        let kind = self.kind.clone();
+        let unavailable = |reason: String| TransportError::Unavailable {
+            kind: kind.clone(),
+            reason,
+        };
+        let remote = user_rma::UserKey::decode(key)
+            .ok_or_else(|| unavailable("not an RDMA region key".into()))?
+            .range(offset, len)
+            .ok_or_else(|| unavailable(format!("{offset}+{len} is not inside the region")))?;
+        if !self.links.contains_key(&link) {
+            return Err(TransportError::NoSuchLink(link.0));
+        }
+        self.start_user_op(link, remote, len, (token, None))
+            .map_err(unavailable)
+    }
+
+    fn rma_write(
+        &mut self,
+        link: LinkId,
+        key: &[u8],
+        offset: u64,
+        data: &Bytes,
+        token: u64,
+    ) -> Result<(), TransportError> {
+        let kind = self.kind.clone();
+        let unavailable = |reason: String| TransportError::Unavailable {
+            kind: kind.clone(),
+            reason,
+        };
+        let key = user_rma::UserKey::decode(key)
+            .ok_or_else(|| unavailable("not an RDMA region key".into()))?;
+        if !key.writable() {
+            return Err(unavailable("the region's key takes no writes".into()));
+        }
+        let len = data.len() as u64;
+        let remote = key
+            .range(offset, len)
+            .ok_or_else(|| unavailable(format!("{offset}+{len} is not inside the region")))?;
+        if !self.links.contains_key(&link) {
+            return Err(TransportError::NoSuchLink(link.0));
+        }
+        self.start_user_op(link, remote, len, (token, Some(data)))
+            .map_err(unavailable)
+    }
+
     fn stats(&self) -> TransportStats {
         let c = &self.counters;
         let (tx_free, rx_budget) = self.dev.as_ref().map_or((0, 0), |d| {
@@ -1640,6 +1844,12 @@ impl Transport for RdmaTransport {
             ("rendezvous_in_place", c.rendezvous_in_place),
             ("rendezvous_read", c.rendezvous_read),
             ("rendezvous_read_bytes", c.rendezvous_read_bytes),
+            ("user_reads", c.user_reads),
+            ("user_read_bytes", c.user_read_bytes),
+            ("user_writes", c.user_writes),
+            ("user_write_bytes", c.user_write_bytes),
+            ("user_regions_exposed", c.user_regions_exposed),
+            ("user_regions_open", self.user_regions.len() as u64),
             ("read_sinks_reused", c.read_sinks_reused),
             ("rendezvous_fallbacks", c.rendezvous_fallbacks),
             ("read_timeouts", c.read_timeouts),

@@ -10,8 +10,8 @@
 //! operation lands exactly once.
 //!
 //! - request (front segment, [`REQUEST_LEN`] bytes): op u8 (1 read, 2
-//!   write) | flags u8 (bit 0: checksum; bit 1, reads only: the requester
-//!   reads natively where its link can, send the region's key) |
+//!   write) | flags u8 (bit 0: checksum; bit 1: the requester moves the
+//!   region natively where its link can, send the region's key) |
 //!   reserved u16 (0) | region u64 |
 //!   capability 16 B | offset u64 | length u64. A write's bytes are the
 //!   data segment, exactly `length` of them; with the checksum flag, their
@@ -39,7 +39,7 @@ pub const REPLY_LEN: usize = 8;
 /// checked where they land.
 const FLAG_CHECKSUM: u8 = 1;
 
-/// Request flag (reads): the requester's link reads natively; answer with
+/// Request flag: the requester's link moves regions natively; answer with
 /// the region's key on this link if the owner's has one.
 const FLAG_WANT_KEY: u8 = 2;
 
@@ -123,8 +123,9 @@ pub struct RmaRequest {
     /// With a checksum: a write's CRC32C (as sent), or `Some(0)` for a
     /// read that asks for one.
     pub checksum: Option<u32>,
-    /// A read whose requester would read natively: the owner sends the
-    /// region's key with the reply, if its transport has one.
+    /// An operation whose requester would move the region natively: the
+    /// owner sends the region's key with the reply, if its transport has
+    /// one.
     pub want_key: bool,
 }
 
@@ -136,7 +137,7 @@ impl RmaRequest {
             RmaOp::Read => 1,
             RmaOp::Write => 2,
         });
-        let want_key = self.want_key && self.op == RmaOp::Read;
+        let want_key = self.want_key;
         b.push(
             if self.checksum.is_some() {
                 FLAG_CHECKSUM
@@ -166,7 +167,7 @@ impl RmaRequest {
             2 => RmaOp::Write,
             other => return Err(RmaWireError::UnknownOp(other)),
         };
-        let known = FLAG_CHECKSUM | if op == RmaOp::Read { FLAG_WANT_KEY } else { 0 };
+        let known = FLAG_CHECKSUM | FLAG_WANT_KEY;
         if fixed[1] & !known != 0 || fixed[2..4] != [0, 0] {
             return Err(RmaWireError::Reserved);
         }
@@ -372,7 +373,7 @@ mod tests {
                 offset: 1 << 40,
                 len: 4096,
                 checksum,
-                want_key: op == RmaOp::Read,
+                want_key: checksum.is_none(),
             };
             assert_eq!(RmaRequest::decode(&r.encode()), Ok(r));
         }
@@ -391,7 +392,7 @@ mod tests {
             }),
         };
         assert_eq!(RmaReply::decode(&keyed.encode()), Ok(keyed.clone()));
-        // A write never asks for a key: the flag is not sent, and refused.
+        // Flags beyond the two known are refused.
         let w = RmaRequest {
             op: RmaOp::Write,
             region: 1,
@@ -402,8 +403,8 @@ mod tests {
             want_key: true,
         };
         let mut enc = w.encode();
-        assert!(!RmaRequest::decode(&enc).unwrap().want_key);
-        enc[1] |= FLAG_WANT_KEY;
+        assert!(RmaRequest::decode(&enc).unwrap().want_key);
+        enc[1] |= 4;
         assert_eq!(RmaRequest::decode(&enc), Err(RmaWireError::Reserved));
         // A key flag with no key, or one too long, is refused.
         let mut bare = keyed.encode();

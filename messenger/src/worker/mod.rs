@@ -240,8 +240,8 @@ pub(crate) struct Worker {
     call_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, u64, u64)>>,
     /// Sessions with output waiting for their link to drain.
     blocked: FxHashSet<u64>,
-    /// Native reads of peers' regions in flight, by call id.
-    native_reads: FxHashMap<u64, native_rma::NativeRead>,
+    /// Native reads and writes of peers' regions in flight, by call id.
+    native_ops: FxHashMap<u64, native_rma::NativeOp>,
 }
 
 impl Worker {
@@ -303,7 +303,7 @@ impl Worker {
             outbox: Vec::new(),
             call_deadlines: Default::default(),
             blocked: FxHashSet::default(),
-            native_reads: FxHashMap::default(),
+            native_ops: FxHashMap::default(),
         }
     }
 
@@ -744,8 +744,8 @@ impl Worker {
         for msg in msgs {
             let msg = if msg.call & RMA_BIT != 0 {
                 let (transports, links) = (&mut self.transports, &self.links);
-                let native = &mut self.native_reads;
-                match native_rma::try_read((key, &mut *slot), msg, transports, links, native) {
+                let native = &mut self.native_ops;
+                match native_rma::try_native((key, &mut *slot), msg, transports, links, native) {
                     Ok(()) => continue,
                     Err(msg) => msg,
                 }
@@ -955,7 +955,10 @@ impl Worker {
                     self.link_gone(link, |s, now| s.link_failed(link, why, now), now);
                 }
                 TransportEvent::RmaRead { token, result, .. } => {
-                    self.native_read_done(token, result);
+                    self.native_op_done(token, result);
+                }
+                TransportEvent::RmaWrite { token, result, .. } => {
+                    self.native_op_done(token, result.map(|()| bytes::Bytes::new()));
                 }
             }
         }
@@ -967,13 +970,15 @@ impl Worker {
 
     /// A link closed underneath us: tell its session.
     fn link_gone(&mut self, link: LinkId, tell: impl FnOnce(&mut Session, Instant), now: Instant) {
-        // Native reads on it are asked of the owner, over the next link.
-        let stranded: Vec<u64> = (self.native_reads.iter())
+        // Native operations on it are asked of the owner, over the next
+        // link (a write that may have landed lands again: RMA writes are
+        // idempotent).
+        let stranded: Vec<u64> = (self.native_ops.iter())
             .filter(|(_, r)| r.link == link)
             .map(|(&t, _)| t)
             .collect();
         for token in stranded {
-            self.native_read_done(token, Err("the link went".into()));
+            self.native_op_done(token, Err("the link went".into()));
         }
         let Some(e) = self.forget_link(link) else {
             return;
@@ -994,26 +999,32 @@ impl Worker {
         }
     }
 
-    /// A native read completed: its bytes go to the caller as the owner's
-    /// reply would; a failed one is asked of the owner.
-    fn native_read_done(&mut self, token: u64, result: Result<bytes::Bytes, String>) {
-        let Some(read) = self.native_reads.remove(&token) else {
+    /// A native read or write completed: the caller gets the owner's
+    /// reply it stands for (a read's bytes); a failed one is asked of the
+    /// owner.
+    fn native_op_done(&mut self, token: u64, result: Result<bytes::Bytes, String>) {
+        let Some(op) = self.native_ops.remove(&token) else {
             return; // its session went, or it was given up already
         };
-        let key = read.session;
+        let key = op.session;
         let Some(slot) = self.sessions.get_mut(&key) else {
             return;
         };
         let counters = &self.shared.counters;
         match result {
             Ok(bytes) => {
-                Counters::add(&counters.rma_native_reads, 1);
+                let done = if op.request.data.is_empty() {
+                    &counters.rma_native_reads
+                } else {
+                    &counters.rma_native_writes
+                };
+                Counters::add(done, 1);
                 route_reply(&slot.conn, native_rma::reply(token, bytes), counters);
             }
             Err(why) => {
-                tracing::debug!(%why, "a native read failed: asked of the owner");
+                tracing::debug!(%why, "a native operation failed: asked of the owner");
                 Counters::add(&counters.rma_native_fallbacks, 1);
-                let request = native_rma::give_up(slot, read);
+                let request = native_rma::give_up(slot, op);
                 self.queue_messages(key, std::iter::once(request));
             }
         }

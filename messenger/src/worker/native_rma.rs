@@ -1,11 +1,14 @@
-//! The worker's side of native one-sided reads (`crate::rma`, "Native
-//! reads"): serving an owner's read with the region's key on the link,
-//! keeping the keys a requester's sessions were given, turning a read the
-//! application queued into a transport's `rma_read`, and asking the owner
-//! instead when that fails.
+//! The worker's side of native one-sided operations (`crate::rma`,
+//! "Native operations"): serving an owner's operation with the region's
+//! key on the link, keeping the keys a requester's sessions were given,
+//! turning a read or write the application queued into a transport's
+//! `rma_read` or `rma_write`, and asking the owner instead when that
+//! fails.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
-use msgr_backends::{AnyTransport, Transport};
+use msgr_backends::{AnyTransport, RegionMemory, Transport};
 use msgr_proto::auth::SecurityMode;
 use msgr_proto::message::REPLY_BIT;
 use msgr_proto::rma::{RmaOp, RmaReply, RmaRequest, RmaStatus, RMA_BIT};
@@ -19,14 +22,25 @@ use crate::counters::Counters;
 /// the owner until a reply brings the key again).
 const KEYS_MAX: usize = 1024;
 
-/// A session's keys for native reads: region -> (the link it was given
-/// on, the key; `None` once a native read of it over that link failed:
-/// not tried there again).
-pub(super) type RegionKeys = FxHashMap<u64, (LinkId, Option<Box<[u8]>>)>;
+/// A session's keys for native operations, by region.
+pub(super) type RegionKeys = FxHashMap<u64, RegionKey>;
 
-/// A native read in flight: whose it is, on which link, and the request
-/// to send the owner if it fails.
-pub(super) struct NativeRead {
+/// A region's key as a session holds it.
+pub(super) struct RegionKey {
+    /// The link it was given on (it names a registration on that link's
+    /// endpoint).
+    link: LinkId,
+    /// The key; `None` once a native operation of the region over that
+    /// link failed: not tried there again.
+    key: Option<Box<[u8]>>,
+    /// Whether writes may try it (cleared when the transport refuses a
+    /// write with it: its writes are the owner's, its reads may still go).
+    writes: bool,
+}
+
+/// A native read or write in flight: whose it is, on which link, and the
+/// request to send the owner if it fails.
+pub(super) struct NativeOp {
     pub(super) session: u64,
     pub(super) link: LinkId,
     pub(super) request: Message,
@@ -53,7 +67,9 @@ pub(super) fn serve(
     match on {
         Some((link, t)) => {
             let transport = &mut transports[t];
-            let mut expose = |region, mem: &Bytes| transport.rma_expose(link, region, mem);
+            let mut expose = |region, mem: &Arc<RegionMemory>, access| {
+                transport.rma_expose(link, region, mem, access)
+            };
             crate::rma::serve(&slot.conn, msg, counters, Some(&mut expose));
         }
         None => crate::rma::serve(&slot.conn, msg, counters, None),
@@ -75,26 +91,30 @@ pub(super) fn note_key(slot: &mut Slot, reply: &Message) {
     if slot
         .rma_keys
         .get(&k.region)
-        .is_some_and(|(l, _)| *l == link)
+        .is_some_and(|held| held.link == link)
     {
         return; // known here already, or failed here: not again
     }
     if slot.rma_keys.len() >= KEYS_MAX {
         slot.rma_keys.clear();
     }
-    slot.rma_keys
-        .insert(k.region, (link, Some(k.key.into_boxed_slice())));
+    let key = RegionKey {
+        link,
+        key: Some(k.key.into_boxed_slice()),
+        writes: true,
+    };
+    slot.rma_keys.insert(k.region, key);
 }
 
 /// An application's RMA request about to be queued on session `key`: read
-/// natively if `slot` holds the region's key on its link (`Ok`), else
-/// handed back for the session.
-pub(super) fn try_read(
+/// or written natively if `slot` holds the region's key on its link
+/// (`Ok`), else handed back for the session.
+pub(super) fn try_native(
     (key, slot): (u64, &mut Slot),
     msg: Message,
     transports: &mut [AnyTransport],
     links: &FxHashMap<LinkId, LinkEntry>,
-    in_flight: &mut FxHashMap<u64, NativeRead>,
+    in_flight: &mut FxHashMap<u64, NativeOp>,
 ) -> Result<(), Message> {
     if msg.call & REPLY_BIT != 0 {
         return Err(msg);
@@ -105,38 +125,56 @@ pub(super) fn try_read(
     let Ok(r) = RmaRequest::decode(&msg.front) else {
         return Err(msg);
     };
-    // Nothing to move in an empty read: the owner answers it.
-    if r.op != RmaOp::Read || !r.want_key || r.len == 0 {
+    // Nothing to move in an empty operation: the owner answers it.
+    if !r.want_key || r.len == 0 {
         return Err(msg);
     }
-    let Some((l, Some(region_key))) = slot.rma_keys.get(&r.region) else {
+    let write = r.op == RmaOp::Write;
+    let Some(held) = slot.rma_keys.get_mut(&r.region) else {
         return Err(msg);
     };
-    let Some(e) = links.get(&link).filter(|_| *l == link) else {
+    let Some(region_key) = held.key.as_deref().filter(|_| held.link == link) else {
         return Err(msg);
     };
-    match transports[e.transport].rma_read(link, region_key, r.offset, r.len, msg.call) {
+    if write && !held.writes {
+        return Err(msg);
+    }
+    let Some(e) = links.get(&link) else {
+        return Err(msg);
+    };
+    let t = &mut transports[e.transport];
+    let started = if write {
+        t.rma_write(link, region_key, r.offset, &msg.data, msg.call)
+    } else {
+        t.rma_read(link, region_key, r.offset, r.len, msg.call)
+    };
+    match started {
         Ok(()) => {
             // Out of the session's queue as if sent: its room is free.
             slot.bypassed[0] += 1;
             slot.bypassed[1] += msg.payload_len() as u64;
-            let read = NativeRead {
+            let op = NativeOp {
                 session: key,
                 link,
                 request: msg,
             };
-            in_flight.insert(read.request.call, read);
+            in_flight.insert(op.request.call, op);
             Ok(())
         }
         Err(e) => {
-            tracing::debug!(error = %e, "a native read not started: asked of the owner");
-            slot.rma_keys.insert(r.region, (link, None));
+            tracing::debug!(error = %e, write, "a native operation not started: asked of the owner");
+            if write {
+                held.writes = false;
+            } else {
+                held.key = None;
+            }
             Err(msg)
         }
     }
 }
 
-/// The reply a native read's bytes make, as the owner's would be.
+/// The reply a native read's bytes (or a native write's none) make, as
+/// the owner's would be.
 pub(super) fn reply(token: u64, bytes: Bytes) -> Message {
     let ok = RmaReply {
         status: RmaStatus::Ok,
@@ -148,15 +186,20 @@ pub(super) fn reply(token: u64, bytes: Bytes) -> Message {
     m
 }
 
-/// A native read failed: the region is not read natively over its link
-/// again, and the request goes back to the session (its room taken
+/// A native operation failed: the region is not moved natively over its
+/// link again, and the request goes back to the session (its room taken
 /// again), to be sent to the owner. Returns the request.
-pub(super) fn give_up(slot: &mut Slot, read: NativeRead) -> Message {
-    if let Ok(r) = RmaRequest::decode(&read.request.front) {
-        slot.rma_keys.insert(r.region, (read.link, None));
+pub(super) fn give_up(slot: &mut Slot, op: NativeOp) -> Message {
+    if let Ok(r) = RmaRequest::decode(&op.request.front) {
+        let failed = RegionKey {
+            link: op.link,
+            key: None,
+            writes: false,
+        };
+        slot.rma_keys.insert(r.region, failed);
     }
     slot.bypassed[0] = slot.bypassed[0].saturating_sub(1);
-    let len = read.request.payload_len() as u64;
+    let len = op.request.payload_len() as u64;
     slot.bypassed[1] = slot.bypassed[1].saturating_sub(len);
-    read.request
+    op.request
 }

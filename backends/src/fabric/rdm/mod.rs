@@ -1799,10 +1799,16 @@ impl Transport for RdmTransport {
         None
     }
 
-    fn rma_expose(&mut self, link: LinkId, region: u64, mem: &bytes::Bytes) -> Option<Vec<u8>> {
+    fn rma_expose(
+        &mut self,
+        link: LinkId,
+        region: u64,
+        mem: &Arc<crate::RegionMemory>,
+        access: msgr_proto::rma::Access,
+    ) -> Option<Vec<u8>> {
         let pidx = self.links.get(&link)?.port;
         let port = self.ports.get_mut(pidx).and_then(Option::as_mut)?;
-        port.user.expose(port.ep.rma(), region, mem)
+        port.user.expose(port.ep.rma(), region, &mem.view(), access)
     }
 
     fn rma_unexpose(&mut self, region: u64) {
