@@ -225,6 +225,15 @@ fn simulate_fault(
     }
 }
 
+/// Why a link fails whose operation `op` completed with `error` (the
+/// code and what the provider said of it).
+fn completion_failure(op: &str, (code, what): (i32, &str)) -> String {
+    format!(
+        "libfabric {op} {what}: {}",
+        std::io::Error::from_raw_os_error(code)
+    )
+}
+
 /// The first `N` bytes (at most) of a message body, copied out of its
 /// receive slot so the transport can be borrowed again (a rendezvous
 /// descriptor, grant, answer or late epilogue: none longer than its `N`).

@@ -97,8 +97,8 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
 use msgr_fabric::{
-    CmEvent, Completion, ConnReq, Ep, FabricError, Net, PassiveEp, ReadDone, ReadRegion, RmaOp,
-    Site,
+    CmEvent, Completion, ConnReq, Ep, Exposed, FabricError, Landing, Net, PassiveEp, ReadRegion,
+    RmaBuffers, RmaOp, Site,
 };
 use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
@@ -106,14 +106,13 @@ use rustc_hash::FxHashMap;
 
 use super::outbox::Outbox;
 use super::reassembly::{report_unit, PieceError, Reassembly};
-use super::rendezvous::{
-    self, Counters, DescError, Exposures, OutUnit, Owed, OwedKinds, Receiving,
-};
+use super::rendezvous::{self, Counters, Exposures, OutUnit, Owed, OwedKinds, PeerRma, Receiving};
 use super::user_rma::{UserExposures, UserReads};
 use super::wait_fd::CqWaitFd;
 use super::{
-    fab_err, no_half_close, no_migration, open_net, probe, rdm, read_completions, simulate_fault,
-    CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures, CQ_BATCH, SLOT_SIZE,
+    completion_failure, fab_err, no_half_close, no_migration, open_net, probe, rdm,
+    read_completions, simulate_fault, CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures,
+    CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
@@ -366,6 +365,27 @@ impl FabricLink {
         self.ep.send(slot, n, context(id, false, slot))?;
         self.free_tx.pop();
         Ok(true)
+    }
+}
+
+/// A connected endpoint is aimed at its link's peer already.
+impl PeerRma for Ep {
+    fn rma(&mut self) -> &mut RmaBuffers {
+        Ep::rma(self)
+    }
+
+    fn read(
+        &mut self,
+        x: &Exposed,
+        context: u64,
+        around: &[u8],
+        at: usize,
+    ) -> Result<(), FabricError> {
+        Ep::read(self, x, context, around, at)
+    }
+
+    fn write(&mut self, id: u32, landing: Landing, context: u64) -> Result<(), FabricError> {
+        Ep::write(self, id, landing, context)
     }
 }
 
@@ -734,13 +754,9 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return; // a closed link's flushed operation
         };
-        if let Some((code, what)) = c.error {
-            let why = format!(
-                "libfabric {} {what}: {}",
-                if rx { "receive" } else { "send" },
-                std::io::Error::from_raw_os_error(code)
-            );
-            self.fail(id, why, events);
+        if let Some(error) = c.error {
+            let op = if rx { "receive" } else { "send" };
+            self.fail(id, completion_failure(op, error), events);
             return;
         }
         if !rx {
@@ -790,27 +806,17 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return; // the link went while its read was in flight
         };
-        if let Err(e) = link.receiving.place_epilogue(link.ep.rma(), context) {
-            self.drop_link(id);
-            return events.push(e.event(id));
-        }
-        // Freed here even if the completion is then ignored (a simulated
-        // hang): the provider is done with the buffer. Its check word may
-        // be read next, apart: then the read completes again.
-        let buf = match link.ep.rma().read_done(context, error.is_none()) {
-            Some(ReadDone::WordNext) => return,
-            done => done.and_then(ReadDone::finished),
-        };
-        let Some(unit) = link.receiving.finish(
+        let landed = rendezvous::landed(
+            Some((&mut link.receiving, &mut link.reasm)),
+            link.ep.rma(),
+            context,
             error,
-            buf,
-            &mut link.reasm,
             &self.limits,
             &mut self.rndv_counters,
-        ) else {
-            return;
-        };
-        self.unit_arrived(id, unit, events);
+        );
+        if let Some(unit) = landed.unit {
+            self.unit_arrived(id, unit, events);
+        }
     }
 
     /// Link `id`'s rendezvous unit is whole (read or written, its epilogue
@@ -822,7 +828,15 @@ impl FabricTransport {
         unit: Result<Inbound, PieceError>,
         events: &mut Vec<TransportEvent>,
     ) {
-        self.reads -= 1;
+        // Its read is over, unless the link fails with it still in flight
+        // (an epilogue that did not fit): `drop_link` counts that one.
+        if self
+            .links
+            .get(&id)
+            .is_some_and(|l| l.receiving.reading.is_none())
+        {
+            self.reads -= 1;
+        }
         if !report_unit(id, unit, events) {
             self.drop_link(id);
             return;
@@ -865,37 +879,15 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return Ok(None);
         };
-        let d = rendezvous::decode(body, self.limits.max_frame, !link.reasm.is_idle())
-            .map_err(|e| PieceError::Malformed(e.to_string()))?;
-        let offered = if d.x.write { RmaOp::Write } else { RmaOp::Read };
-        if self.rndv != Some(offered) {
-            let e = DescError::WrongOp {
-                offered,
-                ours: self.rndv,
-            };
-            return Err(PieceError::Malformed(e.to_string()));
+        let mid_unit = !link.reasm.is_idle();
+        let d = rendezvous::check_offer(body, self.limits.max_frame, mid_unit, self.rndv)?;
+        let counters = &mut self.rndv_counters;
+        if link
+            .receiving
+            .take_offer(&d, &mut link.ep, read_context(id), counters)?
+        {
+            self.dirty.push(id);
         }
-        let ctx = read_context(id);
-        let granted = match offered {
-            RmaOp::Read => {
-                link.ep
-                    .read(&d.x, ctx, d.inline, d.at)
-                    .map_err(|e| PieceError::Malformed(format!("fi_read: {e}")))?;
-                None
-            }
-            RmaOp::Write => {
-                let landing = link
-                    .ep
-                    .rma()
-                    .grant(&d.x, ctx, d.inline, d.at)
-                    .map_err(|e| PieceError::Malformed(format!("rendezvous grant: {e}")))?;
-                link.receiving.need_grant.push((d.x.id, landing));
-                self.dirty.push(id);
-                Some(ctx)
-            }
-        };
-        link.receiving
-            .started(d.x.id, granted, d.late_room(), &mut self.rndv_counters);
         if self.reads == 0 {
             self.next_read_check = Instant::now() + self.read_timeout;
         }
@@ -909,16 +901,11 @@ impl FabricTransport {
             return Ok(None);
         };
         let done = rendezvous::decode_done(body);
-        match done.filter(|&d| link.exposures.done(d)) {
-            Some(d) => {
-                link.ep.rma().unexpose(d);
-                self.dirty.push(id);
-                Ok(None)
-            }
-            None => Err(PieceError::Malformed(
-                DescError::UnknownDone(done).to_string(),
-            )),
-        }
+        link.exposures
+            .answered(done, link.ep.rma())
+            .map_err(|e| PieceError::Malformed(e.to_string()))?;
+        self.dirty.push(id);
+        Ok(None)
     }
 
     /// The peer granted a buffer for our unit `body` names: the unit is
@@ -928,15 +915,10 @@ impl FabricTransport {
             return Ok(None);
         };
         let grant = rendezvous::decode_grant(body);
-        let Some((unit, landing)) = grant.filter(|&(unit, _)| link.exposures.granted(unit)) else {
-            let e = DescError::UnknownGrant(grant.map(|(unit, _)| unit));
-            return Err(PieceError::Malformed(e.to_string()));
-        };
-        link.ep
-            .write(unit, landing, write_context(id, unit))
-            .map_err(|e| PieceError::Malformed(format!("fi_write: {e}")))?;
-        self.rndv_counters.writes += 1;
-        link.exposures.write_posted(unit, &mut self.rndv_counters);
+        let context = |unit| write_context(id, unit);
+        link.exposures
+            .write_granted(grant, &mut link.ep, context, &mut self.rndv_counters)
+            .map_err(PieceError::Malformed)?;
         self.dirty.push(id);
         Ok(None)
     }
@@ -967,12 +949,8 @@ impl FabricTransport {
             return; // its endpoint closed, and its buffers went with it
         };
         link.ep.rma().write_done(c.context);
-        if let Some((code, what)) = c.error {
-            let why = format!(
-                "libfabric fi_write {what}: {}",
-                std::io::Error::from_raw_os_error(code)
-            );
-            self.fail(id, why, events);
+        if let Some(error) = c.error {
+            self.fail(id, completion_failure("fi_write", error), events);
         }
     }
 
@@ -989,19 +967,11 @@ impl FabricTransport {
         let overdue: Vec<LinkId> = self
             .links
             .iter()
-            .filter(|(_, l)| {
-                l.receiving
-                    .reading
-                    .is_some_and(|r| rendezvous::overdue(r.since, now, self.read_timeout))
-            })
+            .filter(|(_, l)| l.receiving.overdue(now, self.read_timeout))
             .map(|(&id, _)| id)
             .collect();
         for id in overdue {
-            self.rndv_counters.read_timeouts += 1;
-            let why = format!(
-                "rendezvous unit not complete within {:?} (rdma_read_timeout_ms)",
-                self.read_timeout
-            );
+            let why = self.rndv_counters.read_timed_out(self.read_timeout);
             self.fail(id, why, events);
         }
     }
