@@ -105,20 +105,21 @@ use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use super::outbox::Outbox;
+use super::queueing::{QueuedLink, Queueing};
 use super::reassembly::{report_unit, PieceError, Reassembly};
 use super::rendezvous::{self, Counters, Exposures, OutUnit, Owed, OwedKinds, PeerRma, Receiving};
 use super::user_rma::{UserExposures, UserReads};
 use super::wait_fd::CqWaitFd;
 use super::{
-    completion_failure, fab_err, no_half_close, no_migration, open_net, probe, rdm,
+    completion_failure, fab_err, no_half_close, no_migration, open_net, open_worker, rdm,
     read_completions, simulate_fault, CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures,
     CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
 use crate::{
-    Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
-    TransportError, TransportEvent, TransportStats,
+    DetachedLink, RealFault, SimulatedFault, Transport, TransportContext, TransportError,
+    TransportEvent, TransportStats,
 };
 
 /// Slots per direction per link: also the bound on sends in flight.
@@ -231,7 +232,7 @@ enum Message {
 }
 
 #[derive(Debug)]
-struct FabricLink {
+pub(super) struct FabricLink {
     ep: Ep,
     /// Accepted (the listener's token and the peer) or outgoing (`None`).
     accepted: Option<(Token, SocketAddr)>,
@@ -475,18 +476,10 @@ impl FabricTransport {
         registry: &Registry,
         ctx: &TransportContext,
     ) -> Result<Self, TransportError> {
-        let kind = TransportKind::Fabric(provider.clone());
-        if let Availability::Unavailable(reason) = probe(provider) {
-            return Err(TransportError::Unavailable { kind, reason });
-        }
-        let net_options = NetOptions::of(ctx);
-        let net = open_net(&kind, None, net_options)?;
+        let (kind, net_options, net, registry) = open_worker(provider, registry, ctx)?;
         // Tokens from the worker's link-id allocator: unique among its links.
         let eq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
-        let registry = registry
-            .try_clone()
-            .map_err(|e| TransportError::io("clone mio registry", e))?;
         let (eq_fd, cq_wait) = Self::register_wait_fds(&kind, &net, &registry, eq_token, cq_token)?;
         let eq_fd = Some(eq_fd);
         Ok(FabricTransport {
@@ -1085,24 +1078,6 @@ impl FabricTransport {
         }
     }
 
-    /// Sends what a link has to send, in free transmit slots: RNDV_DONE
-    /// answers first, then queued units in order — a large one at a unit
-    /// boundary as a RNDV descriptor (exposed here), others copied in pieces.
-    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
-        let Some(link) = self.links.get_mut(&id) else {
-            return;
-        };
-        if !link.connected || link.frozen {
-            return;
-        }
-        let rndv = rendezvous::link_op(self.rndv, link.peer_rndv).is_some();
-        match Self::flush_into(id, link, rndv, &mut self.rndv_counters, &mut self.reg_cache) {
-            Ok(()) => {}
-            Err(e) if msgr_fabric::is_again(&e) => self.retry.push(id),
-            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
-        }
-    }
-
     fn flush_into(
         id: LinkId,
         link: &mut FabricLink,
@@ -1159,66 +1134,6 @@ impl FabricTransport {
             link.free_tx.pop();
             link.outbox.piece_sent(&piece, &mut link.exposures);
         }
-    }
-
-    /// Posts what `id` has queued now rather than at the pass's flush, for
-    /// a unit `send` queued behind nothing: a reply then leaves before the
-    /// rest of the worker's pass. Each unit is its own post here, so nothing
-    /// is lost by not waiting for more. A failure is reported at the next
-    /// poll.
-    fn flush_now(&mut self, id: LinkId) {
-        let mut events = Vec::new();
-        self.flush_link(id, &mut events);
-        self.deferred_events.append(&mut events);
-    }
-
-    /// Posts a small frame from `send` straight into a transmit slot,
-    /// encoded there — no copy into the arena first, no queue — when `id`
-    /// is connected with nothing queued or owed and a slot is free: what a
-    /// reply in a ping-pong finds. Gives the frame back where it must go
-    /// the queue's way (which also retries a failed post and reports the
-    /// failure).
-    fn post_small(&mut self, id: LinkId, f: Transmit) -> Result<Option<Transmit>, TransportError> {
-        let Some(link) = self.links.get_mut(&id) else {
-            return Ok(Some(f));
-        };
-        let len = f.encoded_len();
-        if !link.connected
-            || link.frozen
-            || link.close_after_flush
-            || link.has_output()
-            || len >= rendezvous::SMALL_UNIT
-        {
-            return Ok(Some(f));
-        }
-        let unit = f.checked()?;
-        let fill = |buf: &mut [u8]| {
-            buf[0] = LAST;
-            unit.write(&mut &mut buf[1..]);
-            1 + len
-        };
-        match link.post(id, fill) {
-            Ok(true) => Ok(None),
-            Ok(false) | Err(_) => Ok(Some(f)),
-        }
-    }
-
-    /// Queues `unit` on `link`: one queued behind nothing is posted at once
-    /// ([`FabricTransport::flush_now`]); the link is marked for the pass's
-    /// flush only if something is left to post.
-    fn queue(&mut self, link: LinkId, unit: OutUnit) -> Result<(), TransportError> {
-        let l = self
-            .links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        l.outbox.push(unit);
-        if l.outbox.len() == 1 {
-            self.flush_now(link);
-        }
-        if self.links.get(&link).is_some_and(FabricLink::has_output) {
-            self.dirty.push(link);
-        }
-        Ok(())
     }
 
     /// Drops links whose set-up deadline passed unconnected (outgoing ones
@@ -1299,6 +1214,89 @@ impl FabricTransport {
             }
         }
         any
+    }
+}
+
+impl QueuedLink for FabricLink {
+    fn outbox(&mut self) -> &mut Outbox {
+        &mut self.outbox
+    }
+
+    fn has_output(&self) -> bool {
+        FabricLink::has_output(self)
+    }
+
+    fn peer_late(&self) -> bool {
+        self.peer_late
+    }
+}
+
+impl Queueing for FabricTransport {
+    type Link = FabricLink;
+
+    fn link_mut(&mut self, id: LinkId) -> Option<&mut FabricLink> {
+        self.links.get_mut(&id)
+    }
+
+    /// Sends what a link has to send, in free transmit slots: RNDV_DONE
+    /// answers first, then queued units in order — a large one at a unit
+    /// boundary as a RNDV descriptor (exposed here), others copied in pieces.
+    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if !link.connected || link.frozen {
+            return;
+        }
+        let rndv = rendezvous::link_op(self.rndv, link.peer_rndv).is_some();
+        match Self::flush_into(id, link, rndv, &mut self.rndv_counters, &mut self.reg_cache) {
+            Ok(()) => {}
+            Err(e) if msgr_fabric::is_again(&e) => self.retry.push(id),
+            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
+        }
+    }
+
+    /// Posts a small frame from `send` straight into a transmit slot,
+    /// encoded there — no copy into the arena first, no queue — when `id`
+    /// is connected with nothing queued or owed and a slot is free: what a
+    /// reply in a ping-pong finds. Gives the frame back where it must go
+    /// the queue's way (which also retries a failed post and reports the
+    /// failure).
+    fn post_small(&mut self, id: LinkId, f: Transmit) -> Result<Option<Transmit>, TransportError> {
+        let Some(link) = self.links.get_mut(&id) else {
+            return Ok(Some(f));
+        };
+        let len = f.encoded_len();
+        if !link.connected
+            || link.frozen
+            || link.close_after_flush
+            || link.has_output()
+            || len >= rendezvous::SMALL_UNIT
+        {
+            return Ok(Some(f));
+        }
+        let unit = f.checked()?;
+        let fill = |buf: &mut [u8]| {
+            buf[0] = LAST;
+            unit.write(&mut &mut buf[1..]);
+            1 + len
+        };
+        match link.post(id, fill) {
+            Ok(true) => Ok(None),
+            Ok(false) | Err(_) => Ok(Some(f)),
+        }
+    }
+
+    fn encoding(&mut self) -> (&mut ByteArena, bool) {
+        (&mut self.tx_arena, self.net.rma().is_some())
+    }
+
+    fn dirty(&mut self) -> &mut crate::dirty::DirtyLinks {
+        &mut self.dirty
+    }
+
+    fn deferred_events(&mut self) -> &mut Vec<TransportEvent> {
+        &mut self.deferred_events
     }
 }
 
@@ -1392,20 +1390,7 @@ impl Transport for FabricTransport {
     }
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
-        let unit = match unit {
-            Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            unit => {
-                let Some(f) = self.post_small(link, unit)? else {
-                    return Ok(());
-                };
-                let in_place = self.net.rma().is_some();
-                // Looked up for rendezvous units only: not per small message.
-                let late = f.encoded_len() > rendezvous::RNDV_THRESHOLD
-                    && self.links.get(&link).is_some_and(|l| l.peer_late);
-                rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
-            }
-        };
-        self.queue(link, unit)
+        self.send_unit(link, unit)
     }
 
     fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {

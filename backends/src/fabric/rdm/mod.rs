@@ -136,18 +136,20 @@ use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use self::challenge::{HelloChallenges, Verdict};
+use super::queueing::Queueing;
 use super::reassembly::{self, PieceError};
 use super::rendezvous::{self, Counters, OutUnit};
 use super::wait_fd::CqWaitFd;
 use super::{
-    completion_failure, no_half_close, no_migration, open_net, probe, read_completions, rma_choice,
-    simulate_fault, CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures, CQ_BATCH, SLOT_SIZE,
+    completion_failure, no_half_close, no_migration, open_net, open_worker, read_completions,
+    rma_choice, simulate_fault, CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures,
+    CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
 use crate::{
-    Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
-    TransportError, TransportEvent, TransportStats,
+    DetachedLink, RealFault, SimulatedFault, Transport, TransportContext, TransportError,
+    TransportEvent, TransportStats,
 };
 use context::{
     context, decode_context, is_user_read, read_context, user_read_context, write_context,
@@ -318,17 +320,9 @@ impl RdmTransport {
         registry: &Registry,
         ctx: &TransportContext,
     ) -> Result<Self, TransportError> {
-        let kind = TransportKind::Fabric(provider.clone());
-        if let Availability::Unavailable(reason) = probe(provider) {
-            return Err(TransportError::Unavailable { kind, reason });
-        }
-        let net_options = NetOptions::of(ctx);
-        let net = open_net(&kind, None, net_options)?;
+        let (kind, net_options, net, registry) = open_worker(provider, registry, ctx)?;
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_wait = CqWaitFd::new(!net.cq_polled(), cq_token);
-        let registry = registry
-            .try_clone()
-            .map_err(|e| TransportError::io("clone mio registry", e))?;
         // A provider whose endpoints are never closed (shm) leaves the
         // endpoints of dropped transports without progress: a send to one
         // must complete without the receiver's help, so messages stay within
@@ -1139,47 +1133,6 @@ impl RdmTransport {
         });
     }
 
-    /// Sends what `id` has to send: handshake, data within its credits,
-    /// credits owed and keepalives.
-    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
-        let Some(link) = self.links.get_mut(&id) else {
-            return;
-        };
-        if link.frozen {
-            return;
-        }
-        let pidx = link.port;
-        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
-            return;
-        };
-        // No more writes offered or taken once too many grants were
-        // abandoned here (see ABANDONED_MAX).
-        let ours = self
-            .rndv
-            .filter(|&op| op != RmaOp::Write || port.ep.rma().abandoned_bytes() < ABANDONED_MAX);
-        let result = Self::flush_into(
-            id,
-            link,
-            (pidx, port),
-            ours,
-            &mut self.rndv_counters,
-            &mut self.reg_cache,
-            self.now,
-        );
-        let closed = link.close_after_flush && link.idle();
-        match result {
-            Ok(done) => {
-                if !done {
-                    self.retry_later();
-                }
-                if closed {
-                    self.drop_link(id);
-                }
-            }
-            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
-        }
-    }
-
     /// Returns whether everything sendable went (else: out of slots or
     /// -FI_EAGAIN). `ours`: how this end moves rendezvous units (it offers
     /// them to a peer that moves them the same way).
@@ -1404,19 +1357,57 @@ impl RdmTransport {
         }
     }
 
-    /// Posts what `id` has queued now rather than at the pass's flush, for
-    /// a unit `send` queued behind nothing: a reply then leaves before the
-    /// rest of the worker's pass (~0.1 µs of a 64 B shm one-way). Each unit
-    /// is its own post on these endpoints, so nothing is lost by not
-    /// waiting for more. A failure is reported at the next poll.
-    fn flush_now(&mut self, id: LinkId) {
-        let mut events = Vec::new();
-        self.flush_link(id, &mut events);
-        self.deferred_events.append(&mut events);
-    }
-
     fn retry_later(&mut self) {
         self.retry_at.get_or_insert(self.now + RETRY_AFTER);
+    }
+}
+
+impl Queueing for RdmTransport {
+    type Link = RdmLink;
+
+    fn link_mut(&mut self, id: LinkId) -> Option<&mut RdmLink> {
+        self.links.get_mut(&id)
+    }
+
+    /// Sends what `id` has to send: handshake, data within its credits,
+    /// credits owed and keepalives.
+    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if link.frozen {
+            return;
+        }
+        let pidx = link.port;
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        // No more writes offered or taken once too many grants were
+        // abandoned here (see ABANDONED_MAX).
+        let ours = self
+            .rndv
+            .filter(|&op| op != RmaOp::Write || port.ep.rma().abandoned_bytes() < ABANDONED_MAX);
+        let result = Self::flush_into(
+            id,
+            link,
+            (pidx, port),
+            ours,
+            &mut self.rndv_counters,
+            &mut self.reg_cache,
+            self.now,
+        );
+        let closed = link.close_after_flush && link.idle();
+        match result {
+            Ok(done) => {
+                if !done {
+                    self.retry_later();
+                }
+                if closed {
+                    self.drop_link(id);
+                }
+            }
+            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
+        }
     }
 
     /// Posts a small frame from `send` straight into a transmit slot,
@@ -1457,22 +1448,16 @@ impl RdmTransport {
         }
     }
 
-    /// Queues `unit` on `link`: one queued behind nothing is posted at once
-    /// ([`RdmTransport::flush_now`]); the link is marked for the pass's
-    /// flush only if something is left to post.
-    fn queue(&mut self, link: LinkId, unit: OutUnit) -> Result<(), TransportError> {
-        let l = self
-            .links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        l.outbox.push(unit);
-        if l.outbox.len() == 1 {
-            self.flush_now(link);
-        }
-        if self.links.get(&link).is_some_and(RdmLink::has_output) {
-            self.dirty.push(link);
-        }
-        Ok(())
+    fn encoding(&mut self) -> (&mut ByteArena, bool) {
+        (&mut self.tx_arena, self.net.rma().is_some())
+    }
+
+    fn dirty(&mut self) -> &mut crate::dirty::DirtyLinks {
+        &mut self.dirty
+    }
+
+    fn deferred_events(&mut self) -> &mut Vec<TransportEvent> {
+        &mut self.deferred_events
     }
 }
 
@@ -1581,20 +1566,7 @@ impl Transport for RdmTransport {
     }
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
-        let unit = match unit {
-            Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            unit => {
-                let Some(f) = self.post_small(link, unit)? else {
-                    return Ok(());
-                };
-                let in_place = self.net.rma().is_some();
-                // Looked up for rendezvous units only: not per small message.
-                let late = f.encoded_len() > rendezvous::RNDV_THRESHOLD
-                    && self.links.get(&link).is_some_and(|l| l.peer_late);
-                rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
-            }
-        };
-        self.queue(link, unit)
+        self.send_unit(link, unit)
     }
 
     fn flush(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
