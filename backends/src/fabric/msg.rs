@@ -105,9 +105,11 @@ use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use super::outbox::Outbox;
-use super::queueing::{QueuedLink, Queueing};
+use super::queueing::{QueuedLink, Queueing, SendParts};
 use super::reassembly::{report_unit, PieceError, Reassembly};
-use super::rendezvous::{self, Counters, Exposures, OutUnit, Owed, OwedKinds, PeerRma, Receiving};
+use super::rendezvous::{
+    self, Counters, Exposures, OutUnit, Owed, OwedKinds, PeerRma, Posted, Receiving,
+};
 use super::user_rma::{UserExposures, UserReads};
 use super::wait_fd::CqWaitFd;
 use super::{
@@ -375,17 +377,11 @@ impl PeerRma for Ep {
         Ep::rma(self)
     }
 
-    fn read(
-        &mut self,
-        x: &Exposed,
-        context: u64,
-        around: &[u8],
-        at: usize,
-    ) -> Result<(), FabricError> {
+    fn read(&mut self, x: &Exposed, context: u64, around: &[u8], at: usize) -> Posted {
         Ep::read(self, x, context, around, at)
     }
 
-    fn write(&mut self, id: u32, landing: Landing, context: u64) -> Result<(), FabricError> {
+    fn write(&mut self, id: u32, landing: Landing, context: u64) -> Posted {
         Ep::write(self, id, landing, context)
     }
 }
@@ -1287,16 +1283,14 @@ impl Queueing for FabricTransport {
         }
     }
 
-    fn encoding(&mut self) -> (&mut ByteArena, bool) {
-        (&mut self.tx_arena, self.net.rma().is_some())
-    }
-
-    fn dirty(&mut self) -> &mut crate::dirty::DirtyLinks {
-        &mut self.dirty
-    }
-
-    fn deferred_events(&mut self) -> &mut Vec<TransportEvent> {
-        &mut self.deferred_events
+    fn parts(&mut self) -> SendParts<'_> {
+        let in_place = self.net.rma().is_some();
+        (
+            &mut self.tx_arena,
+            in_place,
+            &mut self.dirty,
+            &mut self.deferred_events,
+        )
     }
 }
 

@@ -23,6 +23,17 @@ pub(super) trait QueuedLink {
     fn peer_late(&self) -> bool;
 }
 
+/// The parts of a transport its sending uses: where small frames are
+/// encoded ([`OutUnit::Small`]); whether a large frame's segment may be
+/// exposed where it lies (the endpoints have `FI_RMA`); the links marked
+/// for the pass's flush; events found outside a poll, reported by the next.
+pub(super) type SendParts<'a> = (
+    &'a mut ByteArena,
+    bool,
+    &'a mut DirtyLinks,
+    &'a mut Vec<TransportEvent>,
+);
+
 /// A transport's part, and the sending it shares ([`Queueing::send_unit`]).
 pub(super) trait Queueing {
     type Link: QueuedLink;
@@ -33,13 +44,7 @@ pub(super) trait Queueing {
     fn post_small(&mut self, id: LinkId, f: Transmit) -> Result<Option<Transmit>, TransportError>;
     /// Sends what `id` has to send now.
     fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>);
-    /// Where small frames are encoded ([`OutUnit::Small`]), and whether a
-    /// large frame's segment may be exposed where it lies (the endpoints
-    /// have `FI_RMA`).
-    fn encoding(&mut self) -> (&mut ByteArena, bool);
-    fn dirty(&mut self) -> &mut DirtyLinks;
-    /// Events found outside a poll, reported by the next one.
-    fn deferred_events(&mut self) -> &mut Vec<TransportEvent>;
+    fn parts(&mut self) -> SendParts<'_>;
 
     /// `Transport::send`: a banner as it is; a frame posted at once
     /// ([`Queueing::post_small`]) or encoded, its epilogue late where the
@@ -54,7 +59,7 @@ pub(super) trait Queueing {
                 // Looked up for rendezvous units only: not per small message.
                 let late = f.encoded_len() > rendezvous::RNDV_THRESHOLD
                     && self.link_mut(link).is_some_and(|l| l.peer_late());
-                let (arena, in_place) = self.encoding();
+                let (arena, in_place, _, _) = self.parts();
                 rendezvous::encode_unit(f, in_place, late, arena)?
             }
         };
@@ -74,7 +79,7 @@ pub(super) trait Queueing {
             self.flush_now(link);
         }
         if self.link_mut(link).is_some_and(|l| l.has_output()) {
-            self.dirty().push(link);
+            self.parts().2.push(link);
         }
         Ok(())
     }
@@ -87,6 +92,6 @@ pub(super) trait Queueing {
     fn flush_now(&mut self, id: LinkId) {
         let mut events = Vec::new();
         self.flush_link(id, &mut events);
-        self.deferred_events().append(&mut events);
+        self.parts().3.append(&mut events);
     }
 }

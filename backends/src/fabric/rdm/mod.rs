@@ -136,7 +136,7 @@ use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use self::challenge::{HelloChallenges, Verdict};
-use super::queueing::Queueing;
+use super::queueing::{Queueing, SendParts};
 use super::reassembly::{self, PieceError};
 use super::rendezvous::{self, Counters, OutUnit};
 use super::wait_fd::CqWaitFd;
@@ -1448,16 +1448,14 @@ impl Queueing for RdmTransport {
         }
     }
 
-    fn encoding(&mut self) -> (&mut ByteArena, bool) {
-        (&mut self.tx_arena, self.net.rma().is_some())
-    }
-
-    fn dirty(&mut self) -> &mut crate::dirty::DirtyLinks {
-        &mut self.dirty
-    }
-
-    fn deferred_events(&mut self) -> &mut Vec<TransportEvent> {
-        &mut self.deferred_events
+    fn parts(&mut self) -> SendParts<'_> {
+        let in_place = self.net.rma().is_some();
+        (
+            &mut self.tx_arena,
+            in_place,
+            &mut self.dirty,
+            &mut self.deferred_events,
+        )
     }
 }
 

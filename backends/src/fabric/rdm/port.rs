@@ -14,7 +14,7 @@ use rustc_hash::FxHashMap;
 use super::context::context;
 use super::wire::{write_header, Dest, CHALLENGE, HEADER_LEN};
 use super::CLOSE_GIVE_UP;
-use crate::fabric::rendezvous::PeerRma;
+use crate::fabric::rendezvous::{PeerRma, Posted};
 
 /// Control messages a port queues at most: past it, a challenge that finds
 /// no free slot is dropped (its connector tries again after its deadline).
@@ -311,17 +311,11 @@ impl PeerRma for AimedEp<'_> {
         self.ep.rma()
     }
 
-    fn read(
-        &mut self,
-        x: &Exposed,
-        context: u64,
-        around: &[u8],
-        at: usize,
-    ) -> Result<(), FabricError> {
+    fn read(&mut self, x: &Exposed, context: u64, around: &[u8], at: usize) -> Posted {
         self.ep.read(x, self.peer, context, around, at)
     }
 
-    fn write(&mut self, id: u32, landing: Landing, context: u64) -> Result<(), FabricError> {
+    fn write(&mut self, id: u32, landing: Landing, context: u64) -> Posted {
         self.ep.write(id, self.peer, landing, context)
     }
 }

@@ -14,6 +14,9 @@ use msgr_proto::{FrameLimits, Inbound};
 use super::{decode, Counters, DescError, Exposures, Offered, Receiving};
 use crate::fabric::reassembly::{PieceError, Reassembly};
 
+/// What posting a one-sided operation gives.
+pub(crate) type Posted = Result<(), FabricError>;
+
 /// A link's endpoint, aimed at the link's peer: its rendezvous buffers
 /// and the one-sided operations on the peer's.
 pub(crate) trait PeerRma {
@@ -21,15 +24,9 @@ pub(crate) trait PeerRma {
     fn rma(&mut self) -> &mut RmaBuffers;
     /// Reads the peer's exposed buffer `x` into a buffer of ours, at `at`
     /// among the bytes `around` (`Ep::read`).
-    fn read(
-        &mut self,
-        x: &Exposed,
-        context: u64,
-        around: &[u8],
-        at: usize,
-    ) -> Result<(), FabricError>;
+    fn read(&mut self, x: &Exposed, context: u64, around: &[u8], at: usize) -> Posted;
     /// Writes our held unit `id` into the peer's grant (`Ep::write`).
-    fn write(&mut self, id: u32, landing: Landing, context: u64) -> Result<(), FabricError>;
+    fn write(&mut self, id: u32, landing: Landing, context: u64) -> Posted;
 }
 
 fn malformed(why: impl ToString) -> PieceError {
