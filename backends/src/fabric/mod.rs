@@ -34,6 +34,7 @@
 mod hostile;
 mod msg;
 mod outbox;
+mod queueing;
 pub mod rdm;
 mod reassembly;
 pub(crate) mod rendezvous;
@@ -44,6 +45,7 @@ mod wait_fd;
 
 use std::sync::{Mutex, OnceLock};
 
+use mio::Registry;
 use msgr_addr::{FabricEndpoint, FabricProvider, TransportKind};
 use msgr_fabric::{CmEvent, Completion, CqWait, EpType, FabricError, Net, RmaChoice, Site};
 use msgr_proto::LinkId;
@@ -225,6 +227,15 @@ fn simulate_fault(
     }
 }
 
+/// Why a link fails whose operation `op` completed with `error` (the
+/// code and what the provider said of it).
+fn completion_failure(op: &str, (code, what): (i32, &str)) -> String {
+    format!(
+        "libfabric {op} {what}: {}",
+        std::io::Error::from_raw_os_error(code)
+    )
+}
+
 /// The first `N` bytes (at most) of a message body, copied out of its
 /// receive slot so the transport can be borrowed again (a rendezvous
 /// descriptor, grant, answer or late epilogue: none longer than its `N`).
@@ -307,6 +318,27 @@ fn no_migration(kind: &TransportKind) -> TransportError {
         kind: kind.clone(),
         reason: "fabric links do not move between workers".into(),
     }
+}
+
+/// What opening either transport for one worker starts with: its kind,
+/// refused if the provider is not here; the Net the configuration asks for,
+/// with those options (to reopen it on another domain); a handle of the
+/// worker's registry of its own.
+fn open_worker(
+    provider: &FabricProvider,
+    registry: &Registry,
+    ctx: &TransportContext,
+) -> Result<(TransportKind, NetOptions, Net, Registry), TransportError> {
+    let kind = TransportKind::Fabric(provider.clone());
+    if let Availability::Unavailable(reason) = probe(provider) {
+        return Err(TransportError::Unavailable { kind, reason });
+    }
+    let net_options = NetOptions::of(ctx);
+    let net = open_net(&kind, None, net_options)?;
+    let registry = registry
+        .try_clone()
+        .map_err(|e| TransportError::io("clone mio registry", e))?;
+    Ok((kind, net_options, net, registry))
 }
 
 /// Opens a worker's Net for `kind` (on the domain serving `site`, if

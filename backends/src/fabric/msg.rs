@@ -97,29 +97,31 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
 use msgr_fabric::{
-    CmEvent, Completion, ConnReq, Ep, FabricError, Net, PassiveEp, ReadDone, ReadRegion, RmaOp,
-    Site,
+    CmEvent, Completion, ConnReq, Ep, Exposed, FabricError, Landing, Net, PassiveEp, ReadRegion,
+    RmaBuffers, RmaOp, Site,
 };
 use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use super::outbox::Outbox;
+use super::queueing::{QueuedLink, Queueing, SendParts};
 use super::reassembly::{report_unit, PieceError, Reassembly};
 use super::rendezvous::{
-    self, Counters, DescError, Exposures, OutUnit, Owed, OwedKinds, Receiving,
+    self, Counters, Exposures, OutUnit, Owed, OwedKinds, PeerRma, Posted, Receiving,
 };
 use super::user_rma::{UserExposures, UserReads};
 use super::wait_fd::CqWaitFd;
 use super::{
-    fab_err, no_half_close, no_migration, open_net, probe, rdm, read_completions, simulate_fault,
-    CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures, CQ_BATCH, SLOT_SIZE,
+    completion_failure, fab_err, no_half_close, no_migration, open_net, open_worker, rdm,
+    read_completions, simulate_fault, CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures,
+    CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
 use crate::{
-    Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
-    TransportError, TransportEvent, TransportStats,
+    DetachedLink, RealFault, SimulatedFault, Transport, TransportContext, TransportError,
+    TransportEvent, TransportStats,
 };
 
 /// Slots per direction per link: also the bound on sends in flight.
@@ -232,7 +234,7 @@ enum Message {
 }
 
 #[derive(Debug)]
-struct FabricLink {
+pub(super) struct FabricLink {
     ep: Ep,
     /// Accepted (the listener's token and the peer) or outgoing (`None`).
     accepted: Option<(Token, SocketAddr)>,
@@ -369,6 +371,21 @@ impl FabricLink {
     }
 }
 
+/// A connected endpoint is aimed at its link's peer already.
+impl PeerRma for Ep {
+    fn rma(&mut self) -> &mut RmaBuffers {
+        Ep::rma(self)
+    }
+
+    fn read(&mut self, x: &Exposed, context: u64, around: &[u8], at: usize) -> Posted {
+        Ep::read(self, x, context, around, at)
+    }
+
+    fn write(&mut self, id: u32, landing: Landing, context: u64) -> Posted {
+        Ep::write(self, id, landing, context)
+    }
+}
+
 /// libfabric transport of one worker.
 pub struct FabricTransport {
     // Links and listeners come first: fields drop in order, and endpoints
@@ -455,18 +472,10 @@ impl FabricTransport {
         registry: &Registry,
         ctx: &TransportContext,
     ) -> Result<Self, TransportError> {
-        let kind = TransportKind::Fabric(provider.clone());
-        if let Availability::Unavailable(reason) = probe(provider) {
-            return Err(TransportError::Unavailable { kind, reason });
-        }
-        let net_options = NetOptions::of(ctx);
-        let net = open_net(&kind, None, net_options)?;
+        let (kind, net_options, net, registry) = open_worker(provider, registry, ctx)?;
         // Tokens from the worker's link-id allocator: unique among its links.
         let eq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
-        let registry = registry
-            .try_clone()
-            .map_err(|e| TransportError::io("clone mio registry", e))?;
         let (eq_fd, cq_wait) = Self::register_wait_fds(&kind, &net, &registry, eq_token, cq_token)?;
         let eq_fd = Some(eq_fd);
         Ok(FabricTransport {
@@ -734,13 +743,9 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return; // a closed link's flushed operation
         };
-        if let Some((code, what)) = c.error {
-            let why = format!(
-                "libfabric {} {what}: {}",
-                if rx { "receive" } else { "send" },
-                std::io::Error::from_raw_os_error(code)
-            );
-            self.fail(id, why, events);
+        if let Some(error) = c.error {
+            let op = if rx { "receive" } else { "send" };
+            self.fail(id, completion_failure(op, error), events);
             return;
         }
         if !rx {
@@ -790,27 +795,17 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return; // the link went while its read was in flight
         };
-        if let Err(e) = link.receiving.place_epilogue(link.ep.rma(), context) {
-            self.drop_link(id);
-            return events.push(e.event(id));
-        }
-        // Freed here even if the completion is then ignored (a simulated
-        // hang): the provider is done with the buffer. Its check word may
-        // be read next, apart: then the read completes again.
-        let buf = match link.ep.rma().read_done(context, error.is_none()) {
-            Some(ReadDone::WordNext) => return,
-            done => done.and_then(ReadDone::finished),
-        };
-        let Some(unit) = link.receiving.finish(
+        let landed = rendezvous::landed(
+            Some((&mut link.receiving, &mut link.reasm)),
+            link.ep.rma(),
+            context,
             error,
-            buf,
-            &mut link.reasm,
             &self.limits,
             &mut self.rndv_counters,
-        ) else {
-            return;
-        };
-        self.unit_arrived(id, unit, events);
+        );
+        if let Some(unit) = landed.unit {
+            self.unit_arrived(id, unit, events);
+        }
     }
 
     /// Link `id`'s rendezvous unit is whole (read or written, its epilogue
@@ -822,7 +817,15 @@ impl FabricTransport {
         unit: Result<Inbound, PieceError>,
         events: &mut Vec<TransportEvent>,
     ) {
-        self.reads -= 1;
+        // Its read is over, unless the link fails with it still in flight
+        // (an epilogue that did not fit): `drop_link` counts that one.
+        if self
+            .links
+            .get(&id)
+            .is_some_and(|l| l.receiving.reading.is_none())
+        {
+            self.reads -= 1;
+        }
         if !report_unit(id, unit, events) {
             self.drop_link(id);
             return;
@@ -865,37 +868,15 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return Ok(None);
         };
-        let d = rendezvous::decode(body, self.limits.max_frame, !link.reasm.is_idle())
-            .map_err(|e| PieceError::Malformed(e.to_string()))?;
-        let offered = if d.x.write { RmaOp::Write } else { RmaOp::Read };
-        if self.rndv != Some(offered) {
-            let e = DescError::WrongOp {
-                offered,
-                ours: self.rndv,
-            };
-            return Err(PieceError::Malformed(e.to_string()));
+        let mid_unit = !link.reasm.is_idle();
+        let d = rendezvous::check_offer(body, self.limits.max_frame, mid_unit, self.rndv)?;
+        let counters = &mut self.rndv_counters;
+        if link
+            .receiving
+            .take_offer(&d, &mut link.ep, read_context(id), counters)?
+        {
+            self.dirty.push(id);
         }
-        let ctx = read_context(id);
-        let granted = match offered {
-            RmaOp::Read => {
-                link.ep
-                    .read(&d.x, ctx, d.inline, d.at)
-                    .map_err(|e| PieceError::Malformed(format!("fi_read: {e}")))?;
-                None
-            }
-            RmaOp::Write => {
-                let landing = link
-                    .ep
-                    .rma()
-                    .grant(&d.x, ctx, d.inline, d.at)
-                    .map_err(|e| PieceError::Malformed(format!("rendezvous grant: {e}")))?;
-                link.receiving.need_grant.push((d.x.id, landing));
-                self.dirty.push(id);
-                Some(ctx)
-            }
-        };
-        link.receiving
-            .started(d.x.id, granted, d.late_room(), &mut self.rndv_counters);
         if self.reads == 0 {
             self.next_read_check = Instant::now() + self.read_timeout;
         }
@@ -909,16 +890,11 @@ impl FabricTransport {
             return Ok(None);
         };
         let done = rendezvous::decode_done(body);
-        match done.filter(|&d| link.exposures.done(d)) {
-            Some(d) => {
-                link.ep.rma().unexpose(d);
-                self.dirty.push(id);
-                Ok(None)
-            }
-            None => Err(PieceError::Malformed(
-                DescError::UnknownDone(done).to_string(),
-            )),
-        }
+        link.exposures
+            .answered(done, link.ep.rma())
+            .map_err(|e| PieceError::Malformed(e.to_string()))?;
+        self.dirty.push(id);
+        Ok(None)
     }
 
     /// The peer granted a buffer for our unit `body` names: the unit is
@@ -928,15 +904,10 @@ impl FabricTransport {
             return Ok(None);
         };
         let grant = rendezvous::decode_grant(body);
-        let Some((unit, landing)) = grant.filter(|&(unit, _)| link.exposures.granted(unit)) else {
-            let e = DescError::UnknownGrant(grant.map(|(unit, _)| unit));
-            return Err(PieceError::Malformed(e.to_string()));
-        };
-        link.ep
-            .write(unit, landing, write_context(id, unit))
-            .map_err(|e| PieceError::Malformed(format!("fi_write: {e}")))?;
-        self.rndv_counters.writes += 1;
-        link.exposures.write_posted(unit, &mut self.rndv_counters);
+        let context = |unit| write_context(id, unit);
+        link.exposures
+            .write_granted(grant, &mut link.ep, context, &mut self.rndv_counters)
+            .map_err(PieceError::Malformed)?;
         self.dirty.push(id);
         Ok(None)
     }
@@ -967,12 +938,8 @@ impl FabricTransport {
             return; // its endpoint closed, and its buffers went with it
         };
         link.ep.rma().write_done(c.context);
-        if let Some((code, what)) = c.error {
-            let why = format!(
-                "libfabric fi_write {what}: {}",
-                std::io::Error::from_raw_os_error(code)
-            );
-            self.fail(id, why, events);
+        if let Some(error) = c.error {
+            self.fail(id, completion_failure("fi_write", error), events);
         }
     }
 
@@ -989,19 +956,11 @@ impl FabricTransport {
         let overdue: Vec<LinkId> = self
             .links
             .iter()
-            .filter(|(_, l)| {
-                l.receiving
-                    .reading
-                    .is_some_and(|r| rendezvous::overdue(r.since, now, self.read_timeout))
-            })
+            .filter(|(_, l)| l.receiving.overdue(now, self.read_timeout))
             .map(|(&id, _)| id)
             .collect();
         for id in overdue {
-            self.rndv_counters.read_timeouts += 1;
-            let why = format!(
-                "rendezvous unit not complete within {:?} (rdma_read_timeout_ms)",
-                self.read_timeout
-            );
+            let why = self.rndv_counters.read_timed_out(self.read_timeout);
             self.fail(id, why, events);
         }
     }
@@ -1115,24 +1074,6 @@ impl FabricTransport {
         }
     }
 
-    /// Sends what a link has to send, in free transmit slots: RNDV_DONE
-    /// answers first, then queued units in order — a large one at a unit
-    /// boundary as a RNDV descriptor (exposed here), others copied in pieces.
-    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
-        let Some(link) = self.links.get_mut(&id) else {
-            return;
-        };
-        if !link.connected || link.frozen {
-            return;
-        }
-        let rndv = rendezvous::link_op(self.rndv, link.peer_rndv).is_some();
-        match Self::flush_into(id, link, rndv, &mut self.rndv_counters, &mut self.reg_cache) {
-            Ok(()) => {}
-            Err(e) if msgr_fabric::is_again(&e) => self.retry.push(id),
-            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
-        }
-    }
-
     fn flush_into(
         id: LinkId,
         link: &mut FabricLink,
@@ -1189,66 +1130,6 @@ impl FabricTransport {
             link.free_tx.pop();
             link.outbox.piece_sent(&piece, &mut link.exposures);
         }
-    }
-
-    /// Posts what `id` has queued now rather than at the pass's flush, for
-    /// a unit `send` queued behind nothing: a reply then leaves before the
-    /// rest of the worker's pass. Each unit is its own post here, so nothing
-    /// is lost by not waiting for more. A failure is reported at the next
-    /// poll.
-    fn flush_now(&mut self, id: LinkId) {
-        let mut events = Vec::new();
-        self.flush_link(id, &mut events);
-        self.deferred_events.append(&mut events);
-    }
-
-    /// Posts a small frame from `send` straight into a transmit slot,
-    /// encoded there — no copy into the arena first, no queue — when `id`
-    /// is connected with nothing queued or owed and a slot is free: what a
-    /// reply in a ping-pong finds. Gives the frame back where it must go
-    /// the queue's way (which also retries a failed post and reports the
-    /// failure).
-    fn post_small(&mut self, id: LinkId, f: Transmit) -> Result<Option<Transmit>, TransportError> {
-        let Some(link) = self.links.get_mut(&id) else {
-            return Ok(Some(f));
-        };
-        let len = f.encoded_len();
-        if !link.connected
-            || link.frozen
-            || link.close_after_flush
-            || link.has_output()
-            || len >= rendezvous::SMALL_UNIT
-        {
-            return Ok(Some(f));
-        }
-        let unit = f.checked()?;
-        let fill = |buf: &mut [u8]| {
-            buf[0] = LAST;
-            unit.write(&mut &mut buf[1..]);
-            1 + len
-        };
-        match link.post(id, fill) {
-            Ok(true) => Ok(None),
-            Ok(false) | Err(_) => Ok(Some(f)),
-        }
-    }
-
-    /// Queues `unit` on `link`: one queued behind nothing is posted at once
-    /// ([`FabricTransport::flush_now`]); the link is marked for the pass's
-    /// flush only if something is left to post.
-    fn queue(&mut self, link: LinkId, unit: OutUnit) -> Result<(), TransportError> {
-        let l = self
-            .links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        l.outbox.push(unit);
-        if l.outbox.len() == 1 {
-            self.flush_now(link);
-        }
-        if self.links.get(&link).is_some_and(FabricLink::has_output) {
-            self.dirty.push(link);
-        }
-        Ok(())
     }
 
     /// Drops links whose set-up deadline passed unconnected (outgoing ones
@@ -1329,6 +1210,87 @@ impl FabricTransport {
             }
         }
         any
+    }
+}
+
+impl QueuedLink for FabricLink {
+    fn outbox(&mut self) -> &mut Outbox {
+        &mut self.outbox
+    }
+
+    fn has_output(&self) -> bool {
+        FabricLink::has_output(self)
+    }
+
+    fn peer_late(&self) -> bool {
+        self.peer_late
+    }
+}
+
+impl Queueing for FabricTransport {
+    type Link = FabricLink;
+
+    fn link_mut(&mut self, id: LinkId) -> Option<&mut FabricLink> {
+        self.links.get_mut(&id)
+    }
+
+    /// Sends what a link has to send, in free transmit slots: RNDV_DONE
+    /// answers first, then queued units in order — a large one at a unit
+    /// boundary as a RNDV descriptor (exposed here), others copied in pieces.
+    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if !link.connected || link.frozen {
+            return;
+        }
+        let rndv = rendezvous::link_op(self.rndv, link.peer_rndv).is_some();
+        match Self::flush_into(id, link, rndv, &mut self.rndv_counters, &mut self.reg_cache) {
+            Ok(()) => {}
+            Err(e) if msgr_fabric::is_again(&e) => self.retry.push(id),
+            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
+        }
+    }
+
+    /// Posts a small frame from `send` straight into a transmit slot,
+    /// encoded there — no copy into the arena first, no queue — when `id`
+    /// is connected with nothing queued or owed and a slot is free: what a
+    /// reply in a ping-pong finds. Gives the frame back where it must go
+    /// the queue's way (which also retries a failed post and reports the
+    /// failure).
+    fn post_small(&mut self, id: LinkId, f: Transmit) -> Result<Option<Transmit>, TransportError> {
+        let Some(link) = self.links.get_mut(&id) else {
+            return Ok(Some(f));
+        };
+        let len = f.encoded_len();
+        if !link.connected
+            || link.frozen
+            || link.close_after_flush
+            || link.has_output()
+            || len >= rendezvous::SMALL_UNIT
+        {
+            return Ok(Some(f));
+        }
+        let unit = f.checked()?;
+        let fill = |buf: &mut [u8]| {
+            buf[0] = LAST;
+            unit.write(&mut &mut buf[1..]);
+            1 + len
+        };
+        match link.post(id, fill) {
+            Ok(true) => Ok(None),
+            Ok(false) | Err(_) => Ok(Some(f)),
+        }
+    }
+
+    fn parts(&mut self) -> SendParts<'_> {
+        let in_place = self.net.rma().is_some();
+        (
+            &mut self.tx_arena,
+            in_place,
+            &mut self.dirty,
+            &mut self.deferred_events,
+        )
     }
 }
 
@@ -1422,20 +1384,7 @@ impl Transport for FabricTransport {
     }
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
-        let unit = match unit {
-            Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            unit => {
-                let Some(f) = self.post_small(link, unit)? else {
-                    return Ok(());
-                };
-                let in_place = self.net.rma().is_some();
-                // Looked up for rendezvous units only: not per small message.
-                let late = f.encoded_len() > rendezvous::RNDV_THRESHOLD
-                    && self.links.get(&link).is_some_and(|l| l.peer_late);
-                rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
-            }
-        };
-        self.queue(link, unit)
+        self.send_unit(link, unit)
     }
 
     fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {

@@ -13,11 +13,12 @@ use super::port::Port;
 use super::wire::{write_header, Dest, HEADER_LEN, OWED_KINDS};
 use super::CREDITS;
 use crate::fabric::outbox::Outbox;
+use crate::fabric::queueing::QueuedLink;
 use crate::fabric::reassembly::Reassembly;
 use crate::fabric::rendezvous::{self, Exposures, Owed, Receiving};
 
 #[derive(Debug)]
-pub(super) struct RdmLink {
+pub(in crate::fabric) struct RdmLink {
     pub(super) port: usize,
     pub(super) peer: usize,
     pub(super) cookie: u32,
@@ -257,6 +258,20 @@ impl RdmLink {
         let n = self.to_return.min(u32::from(u16::MAX));
         self.to_return -= n;
         n as u16
+    }
+}
+
+impl QueuedLink for RdmLink {
+    fn outbox(&mut self) -> &mut Outbox {
+        &mut self.outbox
+    }
+
+    fn has_output(&self) -> bool {
+        RdmLink::has_output(self)
+    }
+
+    fn peer_late(&self) -> bool {
+        self.peer_late
     }
 }
 

@@ -130,26 +130,26 @@ use std::time::{Duration, Instant};
 use mio::event::Event;
 use mio::{Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
-use msgr_fabric::{
-    Completion, FabricError, Landing, Net, RdmEp, ReadDone, ReadRegion, RmaOp, Site,
-};
+use msgr_fabric::{Completion, FabricError, Landing, Net, RdmEp, ReadRegion, RmaOp, Site};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use self::challenge::{HelloChallenges, Verdict};
+use super::queueing::{Queueing, SendParts};
 use super::reassembly::{self, PieceError};
-use super::rendezvous::{self, Counters, DescError, OutUnit};
+use super::rendezvous::{self, Counters, OutUnit};
 use super::wait_fd::CqWaitFd;
 use super::{
-    no_half_close, no_migration, open_net, probe, read_completions, rma_choice, simulate_fault,
-    CqParts, LinkBudget, NetOptions, QueueFailures, CQ_BATCH, SLOT_SIZE,
+    completion_failure, no_half_close, no_migration, open_net, open_worker, read_completions,
+    rma_choice, simulate_fault, CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures,
+    CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
 use crate::{
-    Availability, DetachedLink, RealFault, SimulatedFault, Transport, TransportContext,
-    TransportError, TransportEvent, TransportStats,
+    DetachedLink, RealFault, SimulatedFault, Transport, TransportContext, TransportError,
+    TransportEvent, TransportStats,
 };
 use context::{
     context, decode_context, is_user_read, read_context, user_read_context, write_context,
@@ -200,7 +200,8 @@ const LINK_BLOCK: usize = CREDITS as usize + CONTROL_SLACK;
 
 pub use super::rendezvous::{RNDV_MAX, RNDV_THRESHOLD};
 
-/// Why housekeeping fails a link whose rendezvous read is overdue.
+/// Housekeeping's mark of a link whose rendezvous read is overdue (why it
+/// fails: [`Counters::read_timed_out`]).
 const STUCK_READ: &str = "rendezvous unit not complete";
 /// Why housekeeping fails a connecting link whose HELLO could never be
 /// posted (see [`RdmTransport::replace_out_port`]).
@@ -319,17 +320,9 @@ impl RdmTransport {
         registry: &Registry,
         ctx: &TransportContext,
     ) -> Result<Self, TransportError> {
-        let kind = TransportKind::Fabric(provider.clone());
-        if let Availability::Unavailable(reason) = probe(provider) {
-            return Err(TransportError::Unavailable { kind, reason });
-        }
-        let net_options = NetOptions::of(ctx);
-        let net = open_net(&kind, None, net_options)?;
+        let (kind, net_options, net, registry) = open_worker(provider, registry, ctx)?;
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_wait = CqWaitFd::new(!net.cq_polled(), cq_token);
-        let registry = registry
-            .try_clone()
-            .map_err(|e| TransportError::io("clone mio registry", e))?;
         // A provider whose endpoints are never closed (shm) leaves the
         // endpoints of dropped transports without progress: a send to one
         // must complete without the receiver's help, so messages stay within
@@ -646,12 +639,8 @@ impl RdmTransport {
             return;
         };
         l.inflight = l.inflight.saturating_sub(1);
-        if let Some((code, what)) = c.error {
-            let why = format!(
-                "libfabric send {what}: {}",
-                std::io::Error::from_raw_os_error(code)
-            );
-            self.peer_gone(id, why, events);
+        if let Some(error) = c.error {
+            self.peer_gone(id, completion_failure("send", error), events);
             return;
         }
         if l.close_after_flush && l.idle() {
@@ -765,15 +754,9 @@ impl RdmTransport {
                 ) else {
                     return;
                 };
-                match id_done.filter(|&d| link.exposures.done(d)) {
-                    Some(d) => {
-                        port.ep.rma().unexpose(d);
-                        self.dirty.push(id);
-                    }
-                    None => {
-                        let why = DescError::UnknownDone(id_done).to_string();
-                        self.fail(id, why, events)
-                    }
+                match link.exposures.answered(id_done, port.ep.rma()) {
+                    Ok(()) => self.dirty.push(id),
+                    Err(e) => self.fail(id, e.to_string(), events),
                 }
             }
             RNDV_GRANT => {
@@ -899,66 +882,23 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let abandoned = port.ep.rma().abandoned_bytes();
         let msg = port.ep.recv_done(slot, len);
         let kind = msg.first().copied();
         let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
         let outcome = if kind == Some(RNDV) {
             // The unit comes by fi_read or by the peer's write into a grant;
-            // later pieces wait for it (hand_up).
-            let decoded = rendezvous::decode(body, self.limits.max_frame, !link.reasm.is_idle());
-            let wrong_op = |d: &rendezvous::Offered<'_>| {
-                let offered = if d.x.write { RmaOp::Write } else { RmaOp::Read };
-                (self.rndv != Some(offered)).then_some(DescError::WrongOp {
-                    offered,
-                    ours: self.rndv,
-                })
-            };
-            match decoded.and_then(|d| wrong_op(&d).map_or(Ok(d), Err)) {
-                Err(e) => Err(PieceError::Malformed(e.to_string())),
-                Ok(d) if d.x.write && abandoned >= ABANDONED_MAX => {
-                    Err(PieceError::Malformed(format!(
-                        "rendezvous write refused: {abandoned} bytes of grants abandoned on this endpoint"
-                    )))
+            // later pieces wait for it (hand_up). Out of the slot: the read
+            // or grant borrows the endpoint.
+            let desc = OutOfSlot::<{ rendezvous::DESC_MAX }>::new(body);
+            let (ours, limits, counters) = (self.rndv, &self.limits, &mut self.rndv_counters);
+            let offer =
+                Self::take_offer(id, link, (pidx, port), desc.bytes(), ours, limits, counters);
+            offer.map(|owes_grant| {
+                if owes_grant {
+                    self.dirty.push(id);
                 }
-                Ok(d) if d.x.write => {
-                    // Out of the slot: the grant borrows the endpoint.
-                    let (x, at, inline, late) = (d.x, d.at, d.inline.to_vec(), d.late_room());
-                    let ctx = read_context(pidx, port.next_read);
-                    port.next_read = port.next_read.wrapping_add(1);
-                    match port.ep.rma().grant(&x, ctx, &inline, at) {
-                        Ok(landing) => {
-                            link.receiving.need_grant.push((x.id, landing));
-                            link.receiving
-                                .started(x.id, Some(ctx), late, &mut self.rndv_counters);
-                            self.dirty.push(id);
-                            Ok(None)
-                        }
-                        Err(e) => Err(PieceError::Malformed(format!("rendezvous grant: {e}"))),
-                    }
-                }
-                Ok(d) => {
-                    // Out of the slot: the read borrows the endpoint.
-                    let (x, at, inline, late) = (d.x, d.at, d.inline.to_vec(), d.late_room());
-                    let ctx = read_context(pidx, port.next_read);
-                    port.next_read = port.next_read.wrapping_add(1);
-                    let from = port
-                        .peers
-                        .get(link.peer)
-                        .and_then(Option::as_ref)
-                        .map(|p| p.addr);
-                    match from.map(|from| port.ep.read(&x, from, ctx, &inline, at)) {
-                        Some(Ok(())) => {
-                            port.reads.insert(ctx, id);
-                            let counters = &mut self.rndv_counters;
-                            link.receiving.started(x.id, None, late, counters);
-                            Ok(None)
-                        }
-                        Some(Err(e)) => Err(PieceError::Malformed(format!("fi_read: {e}"))),
-                        None => Err(PieceError::Malformed("rendezvous from no peer".into())),
-                    }
-                }
-            }
+                None
+            })
         } else {
             link.reasm.push(kind == Some(DATA_LAST), body, &self.limits)
         };
@@ -974,6 +914,39 @@ impl RdmTransport {
                 self.fail(id, format!("malformed message: {why}"), events)
             }
         }
+    }
+
+    /// Takes the unit a RNDV piece of `link` (`id`) offers (`desc`, out of
+    /// its slot; `ours`: how this end moves units): read from the link's
+    /// peer, or granted a buffer on the port — none once too many grants
+    /// were abandoned there ([`ABANDONED_MAX`]). Returns whether a grant is
+    /// owed.
+    fn take_offer(
+        id: LinkId,
+        link: &mut RdmLink,
+        (pidx, port): (usize, &mut Port),
+        desc: &[u8],
+        ours: Option<RmaOp>,
+        limits: &FrameLimits,
+        counters: &mut Counters,
+    ) -> Result<bool, PieceError> {
+        let d = rendezvous::check_offer(desc, limits.max_frame, !link.reasm.is_idle(), ours)?;
+        let abandoned = port.ep.rma().abandoned_bytes();
+        if d.x.write && abandoned >= ABANDONED_MAX {
+            return Err(PieceError::Malformed(format!(
+                "rendezvous write refused: {abandoned} bytes of grants abandoned on this endpoint"
+            )));
+        }
+        let context = read_context(pidx, port.next_read);
+        port.next_read = port.next_read.wrapping_add(1);
+        let Some(mut ep) = port.aimed_at(link.peer) else {
+            return Err(PieceError::Malformed("rendezvous from no peer".into()));
+        };
+        let owes_grant = link.receiving.take_offer(&d, &mut ep, context, counters)?;
+        if !owes_grant {
+            port.reads.insert(context, id);
+        }
+        Ok(owes_grant)
     }
 
     /// An fi_read completed: the rendezvous unit is handed up, the sender
@@ -1003,41 +976,26 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let placed = match self.links.get_mut(&id) {
-            Some(link) => link.receiving.place_epilogue(port.ep.rma(), context),
-            None => Ok(()),
-        };
-        // Freed here even if the completion is then ignored (a simulated
-        // hang) or its link went: the provider is done with the buffer. Its
-        // check word may be read next, apart: then the read completes again.
-        let buf = match port.ep.rma().read_done(context, error.is_none()) {
-            // A placement that failed fails the link now; the word's read
-            // completes later, with the link gone, and frees the buffer.
-            Some(ReadDone::WordNext) => {
-                if let Err(e) = placed {
-                    self.unit_arrived(id, Err(e), events);
-                }
-                return;
-            }
-            done => done.and_then(ReadDone::finished),
-        };
-        port.reads.remove(&context);
-        if let Err(e) = placed {
-            return self.unit_arrived(id, Err(e), events);
-        }
-        let Some(link) = self.links.get_mut(&id) else {
-            return; // the link went while its read was in flight
-        };
-        let Some(unit) = link.receiving.finish(
+        // The link may have gone while its read was in flight: the
+        // endpoint, which outlives it, frees the buffer all the same.
+        let link = self
+            .links
+            .get_mut(&id)
+            .map(|l| (&mut l.receiving, &mut l.reasm));
+        let landed = rendezvous::landed(
+            link,
+            port.ep.rma(),
+            context,
             error,
-            buf,
-            &mut link.reasm,
             &self.limits,
             &mut self.rndv_counters,
-        ) else {
-            return;
-        };
-        self.unit_arrived(id, unit, events);
+        );
+        if landed.over {
+            port.reads.remove(&context);
+        }
+        if let Some(unit) = landed.unit {
+            self.unit_arrived(id, unit, events);
+        }
     }
 
     /// Link `id`'s rendezvous unit is whole (read or written, its epilogue
@@ -1073,26 +1031,21 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return;
         };
-        let Some((unit, landing)) = grant.filter(|&(unit, _)| link.exposures.granted(unit)) else {
-            let why = DescError::UnknownGrant(grant.map(|(unit, _)| unit)).to_string();
-            return self.fail(id, why, events);
-        };
-        let to = port
-            .peers
-            .get(link.peer)
-            .and_then(Option::as_ref)
-            .map(|p| p.addr);
-        let ctx = write_context(pidx, port.next_read);
+        let context = write_context(pidx, port.next_read);
         port.next_read = port.next_read.wrapping_add(1);
-        match to.map(|to| port.ep.write(unit, to, landing, ctx)) {
-            Some(Ok(())) => {
-                port.reads.insert(ctx, id);
-                self.rndv_counters.writes += 1;
-                link.exposures.write_posted(unit, &mut self.rndv_counters);
+        let Some(mut to) = port.aimed_at(link.peer) else {
+            return self.fail(id, "rendezvous grant from no peer".into(), events);
+        };
+        let counters = &mut self.rndv_counters;
+        match link
+            .exposures
+            .write_granted(grant, &mut to, |_| context, counters)
+        {
+            Ok(()) => {
+                port.reads.insert(context, id);
                 self.dirty.push(id);
             }
-            Some(Err(e)) => self.fail(id, format!("fi_write: {e}"), events),
-            None => self.fail(id, "rendezvous grant from no peer".into(), events),
+            Err(why) => self.fail(id, why, events),
         }
     }
 
@@ -1104,12 +1057,8 @@ impl RdmTransport {
         };
         port.ep.rma().write_done(c.context);
         let id = port.reads.remove(&c.context);
-        if let (Some(id), Some((code, what))) = (id, c.error) {
-            let why = format!(
-                "libfabric fi_write {what}: {}",
-                std::io::Error::from_raw_os_error(code)
-            );
-            self.fail(id, why, events);
+        if let (Some(id), Some(error)) = (id, c.error) {
+            self.fail(id, completion_failure("fi_write", error), events);
         }
     }
 
@@ -1182,47 +1131,6 @@ impl RdmTransport {
             peer: peer_addr,
             listener: token,
         });
-    }
-
-    /// Sends what `id` has to send: handshake, data within its credits,
-    /// credits owed and keepalives.
-    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
-        let Some(link) = self.links.get_mut(&id) else {
-            return;
-        };
-        if link.frozen {
-            return;
-        }
-        let pidx = link.port;
-        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
-            return;
-        };
-        // No more writes offered or taken once too many grants were
-        // abandoned here (see ABANDONED_MAX).
-        let ours = self
-            .rndv
-            .filter(|&op| op != RmaOp::Write || port.ep.rma().abandoned_bytes() < ABANDONED_MAX);
-        let result = Self::flush_into(
-            id,
-            link,
-            (pidx, port),
-            ours,
-            &mut self.rndv_counters,
-            &mut self.reg_cache,
-            self.now,
-        );
-        let closed = link.close_after_flush && link.idle();
-        match result {
-            Ok(done) => {
-                if !done {
-                    self.retry_later();
-                }
-                if closed {
-                    self.drop_link(id);
-                }
-            }
-            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
-        }
     }
 
     /// Returns whether everything sendable went (else: out of slots or
@@ -1361,10 +1269,7 @@ impl RdmTransport {
             if l.frozen || l.close_after_flush {
                 continue;
             }
-            let stuck_read = l
-                .receiving
-                .reading
-                .is_some_and(|r| rendezvous::overdue(r.since, now, self.read_timeout));
+            let stuck_read = l.receiving.overdue(now, self.read_timeout);
             // Exposed units are not timed on the sending side: a receiver
             // that paused reading fetches them late, and a dead one trips
             // `last_heard`.
@@ -1387,11 +1292,7 @@ impl RdmTransport {
         }
         for (id, what) in dead {
             let why = if what == STUCK_READ {
-                self.rndv_counters.read_timeouts += 1;
-                format!(
-                    "{what} within {:?} (rdma_read_timeout_ms)",
-                    self.read_timeout
-                )
+                self.rndv_counters.read_timed_out(self.read_timeout)
             } else if what == REFUSED_HELLO {
                 self.replace_out_port(id);
                 format!("{what} for {LINK_DEADLINE:?}")
@@ -1456,19 +1357,57 @@ impl RdmTransport {
         }
     }
 
-    /// Posts what `id` has queued now rather than at the pass's flush, for
-    /// a unit `send` queued behind nothing: a reply then leaves before the
-    /// rest of the worker's pass (~0.1 µs of a 64 B shm one-way). Each unit
-    /// is its own post on these endpoints, so nothing is lost by not
-    /// waiting for more. A failure is reported at the next poll.
-    fn flush_now(&mut self, id: LinkId) {
-        let mut events = Vec::new();
-        self.flush_link(id, &mut events);
-        self.deferred_events.append(&mut events);
-    }
-
     fn retry_later(&mut self) {
         self.retry_at.get_or_insert(self.now + RETRY_AFTER);
+    }
+}
+
+impl Queueing for RdmTransport {
+    type Link = RdmLink;
+
+    fn link_mut(&mut self, id: LinkId) -> Option<&mut RdmLink> {
+        self.links.get_mut(&id)
+    }
+
+    /// Sends what `id` has to send: handshake, data within its credits,
+    /// credits owed and keepalives.
+    fn flush_link(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if link.frozen {
+            return;
+        }
+        let pidx = link.port;
+        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
+            return;
+        };
+        // No more writes offered or taken once too many grants were
+        // abandoned here (see ABANDONED_MAX).
+        let ours = self
+            .rndv
+            .filter(|&op| op != RmaOp::Write || port.ep.rma().abandoned_bytes() < ABANDONED_MAX);
+        let result = Self::flush_into(
+            id,
+            link,
+            (pidx, port),
+            ours,
+            &mut self.rndv_counters,
+            &mut self.reg_cache,
+            self.now,
+        );
+        let closed = link.close_after_flush && link.idle();
+        match result {
+            Ok(done) => {
+                if !done {
+                    self.retry_later();
+                }
+                if closed {
+                    self.drop_link(id);
+                }
+            }
+            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
+        }
     }
 
     /// Posts a small frame from `send` straight into a transmit slot,
@@ -1509,22 +1448,14 @@ impl RdmTransport {
         }
     }
 
-    /// Queues `unit` on `link`: one queued behind nothing is posted at once
-    /// ([`RdmTransport::flush_now`]); the link is marked for the pass's
-    /// flush only if something is left to post.
-    fn queue(&mut self, link: LinkId, unit: OutUnit) -> Result<(), TransportError> {
-        let l = self
-            .links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        l.outbox.push(unit);
-        if l.outbox.len() == 1 {
-            self.flush_now(link);
-        }
-        if self.links.get(&link).is_some_and(RdmLink::has_output) {
-            self.dirty.push(link);
-        }
-        Ok(())
+    fn parts(&mut self) -> SendParts<'_> {
+        let in_place = self.net.rma().is_some();
+        (
+            &mut self.tx_arena,
+            in_place,
+            &mut self.dirty,
+            &mut self.deferred_events,
+        )
     }
 }
 
@@ -1633,20 +1564,7 @@ impl Transport for RdmTransport {
     }
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
-        let unit = match unit {
-            Transmit::Banner(b) => OutUnit::Flat(b.to_vec()),
-            unit => {
-                let Some(f) = self.post_small(link, unit)? else {
-                    return Ok(());
-                };
-                let in_place = self.net.rma().is_some();
-                // Looked up for rendezvous units only: not per small message.
-                let late = f.encoded_len() > rendezvous::RNDV_THRESHOLD
-                    && self.links.get(&link).is_some_and(|l| l.peer_late);
-                rendezvous::encode_unit(f, in_place, late, &mut self.tx_arena)?
-            }
-        };
-        self.queue(link, unit)
+        self.send_unit(link, unit)
     }
 
     fn flush(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {

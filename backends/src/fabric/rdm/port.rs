@@ -7,13 +7,14 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use mio::Token;
-use msgr_fabric::{FabricError, PeerAddr, RdmEp};
+use msgr_fabric::{Exposed, FabricError, Landing, PeerAddr, RdmEp, RmaBuffers};
 use msgr_proto::LinkId;
 use rustc_hash::FxHashMap;
 
 use super::context::context;
 use super::wire::{write_header, Dest, CHALLENGE, HEADER_LEN};
 use super::CLOSE_GIVE_UP;
+use crate::fabric::rendezvous::{PeerRma, Posted};
 
 /// Control messages a port queues at most: past it, a challenge that finds
 /// no free slot is dropped (its connector tries again after its deadline).
@@ -193,6 +194,16 @@ impl Port {
         true
     }
 
+    /// The endpoint aimed at peer `i` (for a rendezvous), if it is there
+    /// (a link's peer is: the link is one of its uses).
+    pub(super) fn aimed_at(&mut self, i: usize) -> Option<AimedEp<'_>> {
+        let peer = self.peers.get(i).and_then(Option::as_ref)?.addr;
+        Some(AimedEp {
+            ep: &mut self.ep,
+            peer,
+        })
+    }
+
     /// Drops a use (`user`) or an in-flight send of peer `i`; removes a dead
     /// peer from the address vector when nothing uses it any more. A live
     /// peer stays: `shm` keeps its own state of a peer that sent to us in the
@@ -286,5 +297,25 @@ impl Port {
             Err(e) if msgr_fabric::is_again(&e) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// A port's endpoint aimed at one of its peers ([`Port::aimed_at`]).
+pub(super) struct AimedEp<'a> {
+    ep: &'a mut RdmEp,
+    peer: PeerAddr,
+}
+
+impl PeerRma for AimedEp<'_> {
+    fn rma(&mut self) -> &mut RmaBuffers {
+        self.ep.rma()
+    }
+
+    fn read(&mut self, x: &Exposed, context: u64, around: &[u8], at: usize) -> Posted {
+        self.ep.read(x, self.peer, context, around, at)
+    }
+
+    fn write(&mut self, id: u32, landing: Landing, context: u64) -> Posted {
+        self.ep.write(id, self.peer, landing, context)
     }
 }

@@ -65,14 +65,20 @@
 //! epilogue never comes misses the read deadline as a hung read does.
 //!
 //! What this module holds is transport-independent: the descriptor's
-//! encoding, the sending side's bookkeeping, the deadline and the counters.
-//! Each transport frames the descriptor and the answer in its own header.
+//! encoding, the sending side's bookkeeping, taking an offer, writing into
+//! a grant, freeing an answered unit and taking one that landed (through
+//! [`PeerRma`], the link's endpoint aimed at its peer), the deadline and
+//! the counters. Each transport frames the descriptor and the answer in
+//! its own header, numbers its operations' contexts and finds a link's
+//! endpoint and peer its own way.
 
+mod peer;
 mod receiving;
 mod sending;
 mod unit;
 mod wire;
 
+pub(crate) use peer::*;
 pub use receiving::*;
 pub use sending::*;
 pub use unit::*;

@@ -8,6 +8,7 @@ use msgr_fabric::{FabricError, Landing, RmaBuffers};
 use msgr_proto::{FrameLimits, Inbound};
 
 use super::{decode_epilogue, Counters, DescError, EPILOGUE_MAX, RNDV_MAX};
+use crate::fabric::completion_failure;
 use crate::fabric::reassembly::{PieceError, Reassembly};
 use crate::{SimulatedFault, TransportError};
 
@@ -22,11 +23,8 @@ pub(crate) fn finish_read(
     limits: &FrameLimits,
     counters: &mut Counters,
 ) -> Result<Inbound, PieceError> {
-    if let Some((code, what)) = error {
-        return Err(PieceError::Malformed(format!(
-            "libfabric fi_read {what}: {}",
-            std::io::Error::from_raw_os_error(code)
-        )));
+    if let Some(error) = error {
+        return Err(PieceError::Malformed(completion_failure("fi_read", error)));
     }
     let buf = buf
         .ok_or_else(|| PieceError::Malformed("rendezvous unit without a buffer".into()))?
