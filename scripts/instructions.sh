@@ -8,7 +8,11 @@
 # Usage: scripts/instructions.sh [BACKEND...]   (default: tcp fabric+shm)
 # Environment: N (default 100000), SIZE (default 64), PORT (default 7931),
 #   SET ("key=value ..." passed as --set to both sides), JSON=FILE (one
-#   JSON object per backend appended to FILE).
+#   JSON object per backend appended to FILE), OP=read|write: one-sided
+#   operations of SIZE bytes instead of messages (`msgr serve --expose`, the
+#   owner, is the receiver; `msgr rma --repeat`, the sender), and
+#   TOP=K: the K costliest functions of each side's 3N run
+#   (callgrind_annotate, inclusive of nothing: self cost).
 # Installs valgrind (and libfabric-dev for fabric) when missing. Builds the
 # msgr tool with the shipped release profile (fat LTO), as users get it.
 set -euo pipefail
@@ -46,11 +50,14 @@ for kv in $SET; do sets+=(--set "$kv"); done
 # Instructions of one callgrind output file.
 total() { awk '/^summary:/ {print $2}' "$1"; }
 
-# Runs one serve/stream pair of `count` messages; prints "receiver sender".
+# Runs one serve/stream (or serve --expose/rma) pair of `count` messages
+# (operations); prints "receiver sender".
 run_pair() {
   local addr="$1" count="$2" tag="$3"
+  local expose=()
+  [ -z "${OP:-}" ] || expose=(--expose "$((SIZE > 4096 ? SIZE : 4096))")
   valgrind --tool=callgrind --callgrind-out-file="$work/serve.$tag" \
-    "$bin" serve "$addr" --busy-poll-us 0 "${sets[@]}" >"$work/serve.$tag.log" 2>&1 &
+    "$bin" serve "$addr" --busy-poll-us 0 "${expose[@]}" "${sets[@]}" >"$work/serve.$tag.log" 2>&1 &
   local server=$!
   local waited=0
   until grep -q '^listening on' "$work/serve.$tag.log"; do
@@ -63,8 +70,19 @@ run_pair() {
       return 1
     fi
   done
+  local client=(stream "$addr" --size "$SIZE" --count "$count")
+  if [ -n "${OP:-}" ]; then
+    local handle
+    handle="$(sed -n 's/^region //p' "$work/serve.$tag.log" | head -1)"
+    head -c "$SIZE" /dev/urandom >"$work/data"
+    case "$OP" in
+      read) client=(rma "$addr" --handle "$handle" --read "0:$SIZE" --out "$work/out" --repeat "$count") ;;
+      write) client=(rma "$addr" --handle "$handle" --write 0 --from "$work/data" --repeat "$count") ;;
+      *) echo "OP must be read or write, not $OP" >&2; return 1 ;;
+    esac
+  fi
   if ! valgrind --tool=callgrind --callgrind-out-file="$work/stream.$tag" \
-    "$bin" stream "$addr" --size "$SIZE" --count "$count" --busy-poll-us 0 --timeout 600 "${sets[@]}" \
+    "$bin" "${client[@]}" --busy-poll-us 0 --timeout 600 "${sets[@]}" \
     >"$work/stream.$tag.log" 2>&1; then
     echo "msgr stream failed:" >&2
     grep -v '^==' "$work/stream.$tag.log" >&2
@@ -91,8 +109,16 @@ for b in "${backends[@]}"; do
   sent=$(( (s3 - s1) / (2 * N) ))
   recv=$(( (r3 - r1) / (2 * N) ))
   printf '%-12s %8s %6s %14s %14s\n' "$b" "$N" "$SIZE" "$sent" "$recv"
+  if [ -n "${TOP:-}" ]; then
+    for side in serve stream; do
+      echo "-- $side ($b, ${OP:-messages}, 3N run): the $TOP costliest functions (self)"
+      # (head closes the pipe early: not a failure)
+      callgrind_annotate --threshold=100 "$work/$side.$b.3" 2>/dev/null |
+        grep -E '^ *[0-9,]+ \(' | head -n "$TOP" || true
+    done
+  fi
   if [ -n "${JSON:-}" ]; then
-    printf '{"backend":"%s","n":%s,"size":%s,"set":"%s","sent_per_message":%s,"received_per_message":%s}\n' \
-      "$b" "$N" "$SIZE" "$SET" "$sent" "$recv" >>"$JSON"
+    printf '{"backend":"%s","n":%s,"size":%s,"op":"%s","set":"%s","sent_per_message":%s,"received_per_message":%s}\n' \
+      "$b" "$N" "$SIZE" "${OP:-message}" "$SET" "$sent" "$recv" >>"$JSON"
   fi
 done

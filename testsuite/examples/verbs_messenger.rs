@@ -703,6 +703,9 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
     let mut cfg = config();
     cfg.set("rdma_rendezvous_bytes", "32768")
         .map_err(|e| e.to_string())?;
+    // A stall must show as echoes missing, not be healed by a keepalive
+    // reconnect — nor a slow (loaded, emulated) guest fault a link.
+    cfg.session.keepalive_timeout = Duration::from_secs(300);
     let (mut srv, _) = server(bind, cfg.clone())?;
     let (mut cli, cli_rec) = client(20, cfg)?;
     let conn = cli
@@ -734,7 +737,12 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
         return Err("both ways: echoes missing".into());
     }
     if faults.iter().any(|&f| f > 0) {
-        return Err("both ways: a link failed (stalled with credits owed both ways?)".into());
+        let why: Vec<String> = [&cli, &srv]
+            .iter()
+            .flat_map(|m| m.connections())
+            .filter_map(|c| c.status().last_fault.map(|f| f.to_string()))
+            .collect();
+        return Err(format!("both ways: a link failed: {why:?}"));
     }
     // Read sinks go back to a shelf when the messages drop (RoCE; iWARP
     // sinks are remotely writable, so they are deregistered instead): the

@@ -125,7 +125,13 @@ enum Cmd {
         /// land (`RmaOptions::checksum`).
         #[arg(long)]
         checksum: bool,
-        /// Give up after this many seconds (connecting, then the operation).
+        /// Do the operation this many times on the one connection, then
+        /// print the rate and how many went natively (RDMA READ/WRITE or
+        /// fi_read, no CPU of the owner's): a load generator, and the
+        /// figure `scripts/instructions.sh --rma` divides by.
+        #[arg(long, default_value = "1", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        repeat: u64,
+        /// Give up after this many seconds (connecting, then each operation).
         #[arg(long, default_value = "30", value_name = "SECS", value_parser = seconds)]
         timeout: Duration,
     },
@@ -590,6 +596,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             from,
             peer,
             checksum,
+            repeat,
             timeout,
         } => {
             let target = parse_target(&addr, peer.as_deref())?;
@@ -612,7 +619,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                 }
                 (None, None) => return Err(ToolError::Usage("rma needs --read or --write".into())),
             };
-            let bytes = rma::run(&cfg, &target, &handle, &cmd, checksum, timeout)?;
+            let bytes = rma::run(&cfg, &target, &handle, &cmd, (checksum, repeat), timeout)?;
             match cmd {
                 rma::RmaCommand::Read {
                     out: Some(path), ..

@@ -127,14 +127,14 @@ pub fn run(
     target: &Target,
     handle: &RmaHandle,
     cmd: &RmaCommand,
-    checksum: bool,
+    (checksum, repeat): (bool, u64),
     timeout: Duration,
 ) -> Result<bytes::Bytes, ToolError> {
     let watch = Arc::new(ResetReason::default());
     let (mut m, conn) = net::connect(cfg, target, watch.clone(), timeout, &watch.0)?;
     let opts = RmaOptions::from(timeout);
     let opts = if checksum { opts.checksum() } else { opts };
-    let result = match cmd {
+    let once = || match cmd {
         RmaCommand::Read { offset, len, .. } => {
             conn.read(handle, *offset, *len, opts)
                 .map_err(|source| ToolError::Rma {
@@ -152,6 +152,32 @@ pub fn run(
                 })
         }
     };
+    let t0 = std::time::Instant::now();
+    let mut result = once();
+    for _ in 1..repeat {
+        if result.is_err() {
+            break;
+        }
+        result = once();
+    }
+    if repeat > 1 && result.is_ok() {
+        let secs = t0.elapsed().as_secs_f64();
+        let len = match cmd {
+            RmaCommand::Read { len, .. } => *len,
+            RmaCommand::Write { bytes, .. } => bytes.len() as u64,
+        };
+        let c = m.counters();
+        let native = c
+            .rma_native_reads
+            .load(std::sync::atomic::Ordering::Relaxed)
+            + c.rma_native_writes
+                .load(std::sync::atomic::Ordering::Relaxed);
+        eprintln!(
+            "{repeat} operations of {len} bytes in {secs:.3} s: {:.0} ops/s, {:.1} MiB/s; {native} native",
+            repeat as f64 / secs,
+            (repeat * len) as f64 / secs / f64::from(1 << 20),
+        );
+    }
     m.shutdown(Duration::from_secs(1));
     result
 }

@@ -1219,6 +1219,37 @@ fn rma_against_serve_expose(bind: &str) {
     let _ = (std::fs::remove_file(&from), std::fs::remove_file(&out));
     assert_eq!(&got, b"\x06\x07from a file\x13\x14");
 
+    // --repeat: many operations on one connection, a rate, how many went
+    // natively (over fabric+shm the reads after the first; none over tcp).
+    let o = rma(&["--read", "8192:4096", "--repeat", "50"]);
+    assert!(o.status.success(), "{}", o.stderr);
+    assert!(
+        o.stdout.trim() == hex(&expose_pattern(8192..12288)),
+        "the bytes read"
+    );
+    let summary = o
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("50 operations of 4096 bytes in "))
+        .unwrap_or_else(|| panic!("no summary: {}", o.stderr));
+    let native: u64 = summary
+        .rsplit("; ")
+        .next()
+        .and_then(|n| n.strip_suffix(" native"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert_eq!(
+        native,
+        if bind.starts_with("fabric+shm") {
+            49
+        } else {
+            0
+        },
+        "{summary}"
+    );
+    let o = rma(&["--read", "0:1", "--repeat", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", o.stderr);
+
     // Refusals: the code of each, and what it says.
     let denied = forged(&handle, |h| h.capability[0] ^= 1);
     let unknown = forged(&handle, |h| h.region += 1);

@@ -992,19 +992,43 @@ impl RdmaTransport {
         };
         // The unit: the inline bytes with a gap at `at` that the read fills.
         let (at, total) = (desc.at as usize, total as usize);
-        let mut buf = match self.sinks.take(total) {
-            Some(sink) => {
-                self.counters.read_sinks_reused += 1;
-                sink
-            }
-            None => self.register_sink(total)?,
-        };
+        let mut buf = self.read_sink(total)?;
         buf[..at].copy_from_slice(&inline[..at]);
         buf[at + desc.len as usize..total].copy_from_slice(&inline[at..]);
+        let slot = self.add_read_op(id, buf, (total, desc), None);
+        let l = self.links.get_mut(&id).expect("caller checked");
+        l.held.push_back(RxItem::Reading(slot));
+        self.pump_reads(id, events);
+        Ok(())
+    }
+
+    /// A registered sink of at least `len` bytes: one back on the shelf,
+    /// else a new one.
+    fn read_sink(&mut self, len: usize) -> Result<MemoryRegion<Vec<u8>>, RecvError> {
+        match self.sinks.take(len) {
+            Some(sink) => {
+                self.counters.read_sinks_reused += 1;
+                Ok(sink)
+            }
+            None => self.register_sink(len),
+        }
+    }
+
+    /// Files a one-sided operation of `id` (its sink `buf`, the unit's
+    /// length and where it goes at the peer) under the link's next read
+    /// slot, for `pump_reads` to post; the slot. A read takes the next
+    /// `SimulatedFault::HungRead` the link was dealt.
+    fn add_read_op(
+        &mut self,
+        id: LinkId,
+        buf: MemoryRegion<Vec<u8>>,
+        (len, desc): (usize, ReadDesc),
+        user: Option<UserOp>,
+    ) -> u32 {
         let l = self.links.get_mut(&id).expect("caller checked");
         let slot = l.next_read;
         l.next_read = (l.next_read + 1) & 0x00ff_ffff;
-        let hung = l.reads_to_hang > 0;
+        let hung = !user.is_some_and(|u| u.write) && l.reads_to_hang > 0;
         if hung {
             l.reads_to_hang -= 1;
             self.counters.simulated_hung_reads += 1;
@@ -1013,18 +1037,16 @@ impl RdmaTransport {
             slot,
             ReadOp {
                 buf,
-                len: total,
+                len,
                 desc,
                 posted: 0,
                 pending: 0,
                 deadline: Instant::now() + self.pools.read_timeout,
                 hung,
-                user: None,
+                user,
             },
         );
-        l.held.push_back(RxItem::Reading(slot));
-        self.pump_reads(id, events);
-        Ok(())
+        slot
     }
 
     /// A new read sink of `len` bytes, registered. If registering fails
@@ -1212,53 +1234,28 @@ impl RdmaTransport {
         if !self.links.get(&id).is_some_and(|l| l.up && l.qp.is_some()) {
             return Err("the link is not up".into());
         }
-        let mut buf = match self.sinks.take(n) {
-            Some(sink) => {
-                self.counters.read_sinks_reused += 1;
-                sink
-            }
-            None => self.register_sink(n).map_err(|e| match e {
-                RecvError::Fail(why) => why,
-                RecvError::Corrupt(fe) => fe.to_string(),
-            })?,
-        };
+        let mut buf = self.read_sink(n).map_err(|e| match e {
+            RecvError::Fail(why) => why,
+            RecvError::Corrupt(fe) => fe.to_string(),
+        })?;
         if let Some(data) = data {
             // A copy: the caller's bytes are not registered (a write is
             // one memcpy from done; the rendezvous' registration cache
             // would spare it for large ones).
             buf[..n].copy_from_slice(data);
         }
-        let l = self.links.get_mut(&id).expect("checked");
-        let slot = l.next_read;
-        l.next_read = (l.next_read + 1) & 0x00ff_ffff;
-        // `SimulatedFault::HungRead` is about reads.
-        let hung = data.is_none() && l.reads_to_hang > 0;
-        if hung {
-            l.reads_to_hang -= 1;
-            self.counters.simulated_hung_reads += 1;
-        }
-        l.reads.insert(
-            slot,
-            ReadOp {
-                buf,
-                len: n,
-                desc: ReadDesc {
-                    token: 0,
-                    rkey: remote.rkey,
-                    addr: remote.addr,
-                    len,
-                    at: 0,
-                },
-                posted: 0,
-                pending: 0,
-                deadline: Instant::now() + self.pools.read_timeout,
-                hung,
-                user: Some(UserOp {
-                    token,
-                    write: data.is_some(),
-                }),
-            },
-        );
+        let desc = ReadDesc {
+            token: 0,
+            rkey: remote.rkey,
+            addr: remote.addr,
+            len,
+            at: 0,
+        };
+        let user = UserOp {
+            token,
+            write: data.is_some(),
+        };
+        self.add_read_op(id, buf, (n, desc), Some(user));
         // A failed post fails the link: its event goes out with the next
         // progress.
         let mut events = std::mem::take(&mut self.pending);
