@@ -224,5 +224,17 @@ md += ["## How it is measured", "",
        "ZeroMQ and tokio references: `scripts/bench-rate.sh`, `scripts/bench-latency.sh`; the RDMA "
        "backends in the QEMU guest: docs/GUEST.md (emulated, so only ratios to perftest mean "
        "anything there).", ""]
-with open(os.path.join(docs, "BENCHMARKS.md"), "w") as f:
+# Sections measured by hand (figures from other scripts, runs too long for
+# this one) follow the marker in the current page; they are kept.
+MARKER = "<!-- measured by hand: kept by scripts/benchmarks_report.py -->"
+page = os.path.join(docs, "BENCHMARKS.md")
+kept = ""
+if os.path.exists(page):
+    with open(page) as f:
+        old = f.read()
+    if MARKER in old:
+        kept = old[old.index(MARKER):]
+with open(page, "w") as f:
     f.write("\n".join(md))
+    if kept:
+        f.write("\n" + kept)

@@ -1215,28 +1215,47 @@ impl RdmaTransport {
         }
     }
 
-    /// Starts an application's read of `len` bytes at `remote` on `id`'s
-    /// queue pair, into a sink of ours, or its write of `data` there (from
-    /// a copy in a sink), under the rendezvous' read pump and deadline
-    /// (`ReadOp::user`).
+    /// Starts an application's read of `len` bytes at `offset` of the
+    /// region `key` names, on `id`'s queue pair, into a sink of ours, or
+    /// its write of `data` there (from a copy in a sink), under the
+    /// rendezvous' read pump and deadline (`ReadOp::user`).
     fn start_user_op(
         &mut self,
         id: LinkId,
-        remote: RemoteAddr,
-        len: u64,
+        key: &[u8],
+        (offset, len): (u64, u64),
         (token, data): (u64, Option<&Bytes>),
-    ) -> Result<(), String> {
+    ) -> Result<(), TransportError> {
+        let kind = self.kind.clone();
+        let unavailable = move |reason: String| TransportError::Unavailable {
+            kind: kind.clone(),
+            reason,
+        };
+        let key = user_rma::UserKey::decode(key)
+            .ok_or_else(|| unavailable("not an RDMA region key".into()))?;
+        if data.is_some() && !key.writable() {
+            return Err(unavailable("the region's key takes no writes".into()));
+        }
+        let remote = key
+            .range(offset, len)
+            .ok_or_else(|| unavailable(format!("{offset}+{len} is not inside the region")))?;
         let max = self.limits.max_frame;
         let n = usize::try_from(len)
             .ok()
             .filter(|_| len <= max)
-            .ok_or_else(|| format!("a read of {len} bytes is over the frame limit ({max})"))?;
-        if !self.links.get(&id).is_some_and(|l| l.up && l.qp.is_some()) {
-            return Err("the link is not up".into());
+            .ok_or_else(|| unavailable(format!("{len} bytes is over the frame limit ({max})")))?;
+        match self.links.get(&id) {
+            None => return Err(TransportError::NoSuchLink(id.0)),
+            Some(l) if !l.up || l.qp.is_none() => {
+                return Err(unavailable("the link is not up".into()))
+            }
+            Some(_) => {}
         }
-        let mut buf = self.read_sink(n).map_err(|e| match e {
-            RecvError::Fail(why) => why,
-            RecvError::Corrupt(fe) => fe.to_string(),
+        let mut buf = self.read_sink(n).map_err(|e| {
+            unavailable(match e {
+                RecvError::Fail(why) => why,
+                RecvError::Corrupt(fe) => fe.to_string(),
+            })
         })?;
         if let Some(data) = data {
             // A copy: the caller's bytes are not registered (a write is
@@ -1775,20 +1794,7 @@ impl Transport for RdmaTransport {
         len: u64,
         token: u64,
     ) -> Result<(), TransportError> {
-        let kind = self.kind.clone();
-        let unavailable = |reason: String| TransportError::Unavailable {
-            kind: kind.clone(),
-            reason,
-        };
-        let remote = user_rma::UserKey::decode(key)
-            .ok_or_else(|| unavailable("not an RDMA region key".into()))?
-            .range(offset, len)
-            .ok_or_else(|| unavailable(format!("{offset}+{len} is not inside the region")))?;
-        if !self.links.contains_key(&link) {
-            return Err(TransportError::NoSuchLink(link.0));
-        }
-        self.start_user_op(link, remote, len, (token, None))
-            .map_err(unavailable)
+        self.start_user_op(link, key, (offset, len), (token, None))
     }
 
     fn rma_write(
@@ -1799,25 +1805,8 @@ impl Transport for RdmaTransport {
         data: &Bytes,
         token: u64,
     ) -> Result<(), TransportError> {
-        let kind = self.kind.clone();
-        let unavailable = |reason: String| TransportError::Unavailable {
-            kind: kind.clone(),
-            reason,
-        };
-        let key = user_rma::UserKey::decode(key)
-            .ok_or_else(|| unavailable("not an RDMA region key".into()))?;
-        if !key.writable() {
-            return Err(unavailable("the region's key takes no writes".into()));
-        }
         let len = data.len() as u64;
-        let remote = key
-            .range(offset, len)
-            .ok_or_else(|| unavailable(format!("{offset}+{len} is not inside the region")))?;
-        if !self.links.contains_key(&link) {
-            return Err(TransportError::NoSuchLink(link.0));
-        }
-        self.start_user_op(link, remote, len, (token, Some(data)))
-            .map_err(unavailable)
+        self.start_user_op(link, key, (offset, len), (token, Some(data)))
     }
 
     fn stats(&self) -> TransportStats {
