@@ -117,6 +117,10 @@ pub struct Checkpoint {
     pub accounted_per_session: usize,
     /// Accounted bytes more than before the clients, per client session.
     pub accounted_delta_per_session: usize,
+    /// Of `accounted_per_session`: session state (engine, queues, slot).
+    pub session_bytes_per_session: usize,
+    /// Of `accounted_per_session`: the link's buffers and structure.
+    pub link_bytes_per_session: usize,
     /// Server RSS, KiB.
     pub rss_kib: u64,
     /// RSS bytes more than before the clients, per client session.
@@ -208,9 +212,11 @@ impl FanInReport {
         }
         if let Some(last) = self.checkpoints.last() {
             s += &format!(
-                "bars at {}: accounted {} <= {} B {}, RSS {} <= {} B {}\n",
+                "bars at {}: accounted {} (session {} + link {}) <= {} B {}, RSS {} <= {} B {}\n",
                 last.sessions,
                 last.accounted_per_session,
+                last.session_bytes_per_session,
+                last.link_bytes_per_session,
                 BAR_ACCOUNTED_PER_SESSION,
                 verdict(last.accounted_per_session <= BAR_ACCOUNTED_PER_SESSION),
                 last.rss_delta_per_session,
@@ -607,6 +613,8 @@ fn drive(
             up_ms,
             accounted_per_session: mem.per_session(),
             accounted_delta_per_session: accounted.saturating_sub(base_accounted) / target,
+            session_bytes_per_session: mem.session_bytes / mem.sessions.max(1),
+            link_bytes_per_session: mem.link_buffer_bytes / mem.sessions.max(1),
             rss_kib: rss,
             rss_delta_per_session: (rss.saturating_sub(base_rss) as usize * 1024) / target,
             fds: open_fds(),
