@@ -9,8 +9,8 @@
 //! source address for a dial, so every client dials from 127.0.0.1.
 //!
 //! At each checkpoint (say 1,000 and then 10,000 sessions) every client
-//! process opens its share of the new connections at once; the driver times
-//! until all are up (the clients say so and the server counts them), lets
+//! process starts its share of the new messengers, then dials all their
+//! connections at once; the driver times from the dial until all are up (the clients say so and the server counts them), lets
 //! them settle and reads the server's [`Messenger::memory`] and RSS. Then
 //! the sessions idle while the server's CPU time is read; the pinger's calls
 //! run through all of it on a connection of their own. At the end the
@@ -580,15 +580,20 @@ fn drive(
     let mut opened = 0;
     for &target in &targets {
         let burst = target - opened;
-        say(&format!(
-            "opening {burst} connections at once ({target} in all)"
-        ));
-        let started = Instant::now();
-        let deadline = started + opts.up_deadline;
         for (k, &c) in clients.iter().enumerate() {
             // An even share; the first processes take the remainder.
             let share = burst / clients.len() + usize::from(k < burst % clients.len());
-            kids.tell(c, &format!("open {share}"))?;
+            kids.tell(c, &format!("start {share}"))?;
+        }
+        // Their messengers (a thread each) first, not timed.
+        kids.answers(clients, "started", Instant::now() + opts.up_deadline)?;
+        say(&format!(
+            "dialing {burst} connections at once ({target} in all)"
+        ));
+        let started = Instant::now();
+        let deadline = started + opts.up_deadline;
+        for &c in clients {
+            kids.tell(c, "dial")?;
         }
         kids.answers(clients, "up", deadline)?;
         // The pinger's session and the clients'.
@@ -778,9 +783,9 @@ fn answer(line: &str) -> Result<(), String> {
         .map_err(|e| format!("stdout: {e}"))
 }
 
-/// A client process: `open M` opens M more lossless connections, one
-/// messenger each, all dialed before any is waited for; `close` shuts them
-/// all down.
+/// A client process: `start M` starts M more messengers; `dial` opens a
+/// lossless connection from each of them, all dialed before any is waited
+/// for; `close` shuts them all down.
 fn client(
     c: &ChildArgs,
     cfg: MessengerConfig,
@@ -789,22 +794,24 @@ fn client(
 ) -> Result<(), String> {
     raise_nofile(1 << 20);
     let mut held: Vec<(Messenger, Connection)> = Vec::new();
+    let mut fresh: Vec<Messenger> = Vec::new();
     loop {
         let line = next_command(commands, deadline)?;
-        if let Some(m) = line.strip_prefix("open ") {
-            let m: usize = m.parse().map_err(|e| format!("open {m}: {e}"))?;
-            let first = held.len();
-            let mut fresh = Vec::with_capacity(m);
-            for i in 0..m {
-                let id = c.first_id + (first + i) as u64;
+        if let Some(m) = line.strip_prefix("start ") {
+            let m: usize = m.parse().map_err(|e| format!("start {m}: {e}"))?;
+            for _ in 0..m {
+                let id = c.first_id + (held.len() + fresh.len()) as u64;
                 let msgr = Messenger::builder(EntityName::client(id))
                     .config(cfg.clone())
                     .start(Arc::new(NullDispatcher))
                     .map_err(|e| format!("messenger {id}: {e}"))?;
                 fresh.push(msgr);
             }
+            answer("started")?;
+        } else if line == "dial" {
+            let first = held.len();
             let started = Instant::now();
-            for msgr in fresh {
+            for msgr in fresh.drain(..) {
                 let conn = msgr
                     .connect_with(&c.server, Policy::LosslessClient)
                     .map_err(|e| format!("connect: {e}"))?;
@@ -812,7 +819,7 @@ fn client(
             }
             for (i, (_, conn)) in held[first..].iter().enumerate() {
                 conn.wait_connected(deadline.saturating_duration_since(Instant::now()))
-                    .map_err(|e| format!("connection {} of {m}: {e}", i + 1))?;
+                    .map_err(|e| format!("connection {} of {}: {e}", i + 1, held.len() - first))?;
             }
             answer(&format!("up {}", started.elapsed().as_millis()))?;
         } else if line == "close" {
