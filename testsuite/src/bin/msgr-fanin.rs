@@ -63,12 +63,7 @@ fn main() -> ExitCode {
         return ExitCode::from(child_main(&argv[2..]).clamp(0, 255) as u8);
     }
     let args = Args::parse();
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    msgr_testsuite::cli::init_logging();
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
@@ -86,22 +81,13 @@ fn main() -> ExitCode {
     opts.client_settings.extend(args.client_settings);
     opts.verbose = !args.quiet;
     match run_fan_in(&opts) {
-        Ok(report) => {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).expect("report serializes")
-                );
-            } else {
-                print!("{}", report.summary());
-            }
-            if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                eprintln!("msgr-fanin: FAILED");
-                ExitCode::FAILURE
-            }
-        }
+        Ok(report) => msgr_testsuite::cli::finish(
+            &report,
+            || report.summary(),
+            report.passed(),
+            args.json,
+            "msgr-fanin: FAILED",
+        ),
         Err(e) => {
             eprintln!("msgr-fanin: {e}");
             ExitCode::FAILURE
