@@ -2,7 +2,8 @@
 //! server (this process), a ping through while they connect and idle, and
 //! the server back to its sessions and file descriptors after they close.
 //! Correctness only: the figures are printed, not asserted (docs/STRESS.md
-//! "Fan-in"). Alone in its binary: it counts this process's descriptors.
+//! "Fan-in"); then a run whose clients cannot start must fail. Alone in its
+//! binary, one run at a time: it counts this process's descriptors.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -35,4 +36,10 @@ fn a_thousand_lossless_clients_come_up_idle_and_close() {
         report.fds_before,
         report.fds_after
     );
+
+    // And it can fail: clients that cannot start their messengers.
+    let mut broken = opts.clone();
+    broken.client_settings.push("no_such_key=1".into());
+    let report = run_fan_in(&broken).expect("the run starts");
+    assert!(!report.passed(), "a run without clients passed: {report:?}");
 }

@@ -751,8 +751,11 @@ pub fn child_main(args: &[String]) -> i32 {
         }
     });
     let deadline = Instant::now() + c.life;
+    // Owned here, so that a failure can exit without dropping them: each
+    // drop is a shutdown with a deadline of its own, thousands in a row.
+    let mut held = Vec::new();
     let outcome = match c.role.as_str() {
-        "client" => client(&c, cfg, &commands, deadline),
+        "client" => client(&c, cfg, &commands, deadline, &mut held),
         "pinger" => pinger(&c, cfg, &commands, deadline),
         other => Err(format!("unknown role {other}")),
     };
@@ -761,7 +764,7 @@ pub fn child_main(args: &[String]) -> i32 {
         Err(e) => {
             eprintln!("msgr-fanin {} {}: {e}", c.role, c.first_id);
             println!("failed {e}");
-            1
+            std::process::exit(1);
         }
     }
 }
@@ -791,9 +794,9 @@ fn client(
     cfg: MessengerConfig,
     commands: &Receiver<String>,
     deadline: Instant,
+    held: &mut Vec<(Messenger, Connection)>,
 ) -> Result<(), String> {
     raise_nofile(1 << 20);
-    let mut held: Vec<(Messenger, Connection)> = Vec::new();
     let mut fresh: Vec<Messenger> = Vec::new();
     loop {
         let line = next_command(commands, deadline)?;
