@@ -146,6 +146,39 @@ pub struct PingStats {
     pub first_error: Option<String>,
 }
 
+/// What client processes' sessions went through until the close, and how
+/// the close went, summed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ClientClose {
+    /// Link faults (a link ended under an open session).
+    pub link_faults: u64,
+    /// Links ended for silence.
+    pub keepalive_timeouts: u64,
+    /// Sessions resumed on a new link.
+    pub reconnects: u64,
+    /// Connections not open when the close began.
+    pub not_open: u64,
+    /// Messages not delivered at the close.
+    pub undelivered: u64,
+    /// Sessions still open at the shutdown deadline, closed forcibly
+    /// (the server is not told: its lossless session lingers).
+    pub forced_sessions: u64,
+    /// Links still closing at the deadline, aborted.
+    pub aborted_links: u64,
+}
+
+impl ClientClose {
+    fn add(&mut self, o: &ClientClose) {
+        self.link_faults += o.link_faults;
+        self.keepalive_timeouts += o.keepalive_timeouts;
+        self.reconnects += o.reconnects;
+        self.not_open += o.not_open;
+        self.undelivered += o.undelivered;
+        self.forced_sessions += o.forced_sessions;
+        self.aborted_links += o.aborted_links;
+    }
+}
+
 /// What a fan-in run measured and found.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FanInReport {
@@ -181,6 +214,8 @@ pub struct FanInReport {
     pub sessions_after: usize,
     /// Milliseconds from the clients' close until the server was back.
     pub close_ms: u64,
+    /// What the client processes' sessions went through, and their close.
+    pub clients: ClientClose,
     /// What went wrong; empty when the run passed.
     pub violations: Vec<String>,
 }
@@ -249,6 +284,11 @@ impl FanInReport {
             self.sessions_after,
             self.fds_before,
             self.fds_after
+        );
+        let c = &self.clients;
+        s += &format!(
+            "clients: link faults {}, keepalive timeouts {}, reconnects {}, not open at the close {}; closed forcibly {}, links aborted {}\n",
+            c.link_faults, c.keepalive_timeouts, c.reconnects, c.not_open, c.forced_sessions, c.aborted_links
         );
         for v in &self.violations {
             s += &format!("VIOLATION: {v}\n");
@@ -668,21 +708,38 @@ fn drive(
     for &c in clients {
         kids.tell(c, "close")?;
     }
-    for (i, undelivered) in kids.answers(clients, "closed", closing + opts.close_deadline)? {
-        if undelivered != "0" {
+    for (i, line) in kids.answers(clients, "closed", closing + opts.close_deadline)? {
+        let c: ClientClose =
+            serde_json::from_str(&line).map_err(|e| format!("client process {i}'s close: {e}"))?;
+        if c.undelivered > 0 {
             report.violations.push(format!(
-                "client process {i}: {undelivered} messages undelivered"
+                "client process {i}: {} messages undelivered",
+                c.undelivered
             ));
         }
+        report.clients.add(&c);
     }
     let closed = wait_until(closing + opts.close_deadline, || {
         server.memory().sessions == 0
     });
     report.close_ms = closing.elapsed().as_millis() as u64;
     if !closed {
+        // Which, and in what state: a lossless server session whose
+        // client left without closing it waits `server_linger` for it.
+        let left: Vec<String> = server
+            .connections()
+            .iter()
+            .take(8)
+            .map(|c| {
+                let st = c.status();
+                format!("{} {} ({:?})", c.target(), st.phase, st.last_fault)
+            })
+            .collect();
         return Err(format!(
-            "{} sessions left on the server after the clients closed",
-            server.memory().sessions
+            "{} sessions left on the server after the clients closed: {}; the clients: {:?}",
+            server.memory().sessions,
+            left.join(", "),
+            report.clients
         ));
     }
     Ok(())
@@ -826,22 +883,36 @@ fn client(
             }
             answer(&format!("up {}", started.elapsed().as_millis()))?;
         } else if line == "close" {
-            // Shut down on a few threads: each joins its worker.
-            let undelivered = std::sync::atomic::AtomicU64::new(0);
+            // What the sessions went through before the close, then the
+            // close itself, on a few threads: each shutdown joins a worker.
+            let mut sum = ClientClose::default();
+            for (msgr, conn) in held.iter() {
+                let c = msgr.counters();
+                sum.link_faults += Counters::get(&c.link_faults);
+                sum.keepalive_timeouts += Counters::get(&c.keepalive_timeouts);
+                sum.reconnects += Counters::get(&c.reconnects);
+                sum.not_open += u64::from(conn.state() != msgr::ConnectionState::Open);
+            }
             let per = held.len().div_ceil(8).max(1);
+            let reports = std::sync::Mutex::new(Vec::new());
             std::thread::scope(|s| {
                 for part in held.chunks_mut(per) {
-                    let undelivered = &undelivered;
+                    let reports = &reports;
                     s.spawn(move || {
                         for (msgr, _) in part {
                             let r = msgr.shutdown(Duration::from_secs(5));
-                            undelivered
-                                .fetch_add(r.undelivered, std::sync::atomic::Ordering::Relaxed);
+                            reports.lock().expect("no panic holds it").push(r);
                         }
                     });
                 }
             });
-            return answer(&format!("closed {}", undelivered.into_inner()));
+            for r in reports.into_inner().expect("no panic held it") {
+                sum.undelivered += r.undelivered;
+                sum.forced_sessions += r.forced_sessions as u64;
+                sum.aborted_links += r.aborted_links as u64;
+            }
+            let line = serde_json::to_string(&sum).map_err(|e| format!("figures: {e}"))?;
+            return answer(&format!("closed {line}"));
         } else {
             return Err(format!("unknown command `{line}`"));
         }
