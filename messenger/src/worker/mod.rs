@@ -186,6 +186,9 @@ struct Slot {
     /// Messages and bytes the application queued that left as native
     /// reads, not through the session: released as the session's are.
     bypassed: [u64; 2],
+    /// The deadline of this session's live entry in the worker's
+    /// `session_timers`, if it has one.
+    armed: Option<Instant>,
 }
 
 #[derive(Clone, Copy)]
@@ -207,7 +210,10 @@ pub(crate) struct Worker {
     sleeping: Arc<AtomicBool>,
     transports: Vec<AnyTransport>,
     listeners: Vec<(usize, Token)>,
-    sessions: FxHashMap<u64, Slot>,
+    /// Boxed: a slot is ~1.8 KB and a table keeps an eighth or more of
+    /// its buckets empty (up to half after it grows): 16 B each, not a
+    /// slot's size (issue 52: 10,000 sessions).
+    sessions: FxHashMap<u64, Box<Slot>>,
     /// Keyed by what peers say about themselves: keep std's DoS-resistant hash.
     by_peer: std::collections::HashMap<EntityAddr, u64>,
     links: FxHashMap<LinkId, LinkEntry>,
@@ -223,6 +229,13 @@ pub(crate) struct Worker {
     commands_spare: Vec<Command>,
     rng: StdRng,
     next_timer: Option<Instant>,
+    /// Sessions' timer deadlines, earliest first: (when, session key). An
+    /// entry is live while its slot's `armed` holds its time; one left
+    /// behind when a session's deadline moved earlier is skipped when it
+    /// comes up. Firing timers looks at the sessions due, not at every
+    /// session: 10,000 idle ones fire a keepalive each every 2 s, and a
+    /// scan of all of them per firing took 60% of a core (issue 52).
+    session_timers: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, u64)>>,
     /// The loop's clock: read once per pass (after the poll returns, and
     /// before computing how long to block), not per step. A pass takes
     /// microseconds, far below any timer's resolution, and a clock read is
@@ -294,6 +307,7 @@ impl Worker {
             commands_spare: Vec::new(),
             rng: StdRng::from_os_rng(),
             next_timer: None,
+            session_timers: Default::default(),
             now: Instant::now(),
             shutdown: None,
             rx_paused: false,
@@ -344,6 +358,8 @@ impl Worker {
             pass = pass.wrapping_add(1);
             self.passes += 1;
             let mut active = self.take_commands();
+            let commanded = active;
+            let moved_before = self.messages_moved();
             if active {
                 // Commands touch sessions: do that work before any blocking poll.
                 self.drive_touched();
@@ -438,12 +454,22 @@ impl Worker {
             self.drive_touched();
             self.flush_transports();
             self.check_throttle();
-            if active {
+            // Only traffic the application sees opens the busy window: a
+            // keepalive or an ack has no reply coming soon to spin for, and
+            // 10,000 idle sessions' keepalives (5,000 a second) kept a
+            // server's worker spinning half the time (issue 52).
+            if active && (commanded || self.messages_moved() != moved_before) {
                 busy.activity_after(self.now.saturating_duration_since(last_activity));
                 last_activity = self.now;
             }
         }
         self.stop()
+    }
+
+    /// Messages this messenger sent and received so far.
+    fn messages_moved(&self) -> u64 {
+        let c = &self.shared.counters;
+        Counters::get(&c.tx_messages) + Counters::get(&c.rx_messages)
     }
 
     fn progress_transports(&mut self) -> bool {
@@ -678,16 +704,21 @@ impl Worker {
                 }
             }
             Command::Stats { reply } => {
+                // The session engine lives in its slot: `memory_bytes`
+                // counts its size too, so it is taken off here.
                 let slots = self.sessions.values().map(|s| {
-                    std::mem::size_of::<(u64, Slot)>()
+                    std::mem::size_of::<Slot>() - std::mem::size_of::<Session>()
                         + crate::connection::handle_bytes()
                         + s.session.memory_bytes()
                 });
+                let table = self.sessions.capacity() * std::mem::size_of::<(u64, Box<Slot>)>();
                 let pending = self.pending.values().map(|p| p.session.memory_bytes());
+                let timers = self.session_timers.capacity()
+                    * std::mem::size_of::<std::cmp::Reverse<(Instant, u64)>>();
                 let _ = reply.send(WorkerStats {
                     transports: self.transports.iter().map(|t| t.stats()).collect(),
                     sessions: self.sessions.len() + self.pending.len(),
-                    session_bytes: slots.chain(pending).sum(),
+                    session_bytes: table + timers + slots.chain(pending).sum::<usize>(),
                 });
             }
             Command::Adopt(adoption) => {
@@ -805,7 +836,7 @@ impl Worker {
         Counters::add(&self.shared.counters.sessions_active, 1);
         self.sessions.insert(
             key,
-            Slot {
+            Box::new(Slot {
                 session,
                 conn,
                 transport: t,
@@ -814,7 +845,8 @@ impl Worker {
                 seen_phase: "",
                 rma_keys: Default::default(),
                 bypassed: [0; 2],
-            },
+                armed: None,
+            }),
         );
         self.touch(key);
     }
@@ -1163,7 +1195,13 @@ impl Worker {
         inner.released[1].store(st.released_bytes + bypassed_bytes, Ordering::Release);
         inner.room.released();
         if let Some(t) = slot.session.poll_timeout() {
-            self.next_timer = Some(self.next_timer.map_or(t, |n| n.min(t)));
+            // A later deadline keeps the earlier entry: when it comes up,
+            // `fire_timers` files the session under its deadline then.
+            if slot.armed.is_none_or(|a| t < a) {
+                slot.armed = Some(t);
+                self.session_timers.push(std::cmp::Reverse((t, key)));
+                self.next_timer = Some(self.next_timer.map_or(t, |n| n.min(t)));
+            }
         }
         if slot.session.is_closed() {
             self.remove_session(key);
@@ -1598,7 +1636,7 @@ impl Worker {
         Counters::add(&self.shared.counters.sessions_active, 1);
         self.sessions.insert(
             key,
-            Slot {
+            Box::new(Slot {
                 session,
                 conn,
                 transport: t,
@@ -1607,7 +1645,8 @@ impl Worker {
                 seen_phase: "",
                 rma_keys: Default::default(),
                 bypassed: [0; 2],
-            },
+                armed: None,
+            }),
         );
         self.touch(key);
     }
@@ -1693,17 +1732,31 @@ impl Worker {
             _ => return,
         }
         let mut next: Option<Instant> = self.shutdown;
-        let keys: Vec<u64> = self.sessions.keys().copied().collect();
-        for k in keys {
-            let Some(s) = self.sessions.get_mut(&k) else {
+        while let Some(&std::cmp::Reverse((at, key))) = self.session_timers.peek() {
+            if at > now {
+                next = Some(next.map_or(at, |n| n.min(at)));
+                break;
+            }
+            self.session_timers.pop();
+            let Some(s) = self.sessions.get_mut(&key) else {
                 continue;
             };
-            if s.session.poll_timeout().is_some_and(|t| t <= now) {
-                s.session.handle_timeout(now);
-                self.touch(k);
+            if s.armed != Some(at) {
+                continue;
             }
-            if let Some(t) = self.sessions.get(&k).and_then(|s| s.session.poll_timeout()) {
-                next = Some(next.map_or(t, |n| n.min(t)));
+            s.armed = None;
+            match s.session.poll_timeout() {
+                // Driven next, which files it under its next deadline.
+                Some(t) if t <= now => {
+                    s.session.handle_timeout(now);
+                    self.touch(key);
+                }
+                // Its deadline moved later since this entry was made.
+                Some(t) => {
+                    s.armed = Some(t);
+                    self.session_timers.push(std::cmp::Reverse((t, key)));
+                }
+                None => {}
             }
         }
         let links: Vec<LinkId> = self.pending.keys().copied().collect();

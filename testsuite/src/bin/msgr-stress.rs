@@ -162,22 +162,13 @@ fn cluster_parent(args: &Args, nodes: usize) -> ExitCode {
         opts.seed, args.duration
     );
     match run_cluster(&opts) {
-        Ok(report) => {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).expect("report serializes")
-                );
-            } else {
-                print!("{}", report.summary());
-            }
-            if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                eprintln!("msgr-stress: FAILED (seed {})", opts.seed);
-                ExitCode::FAILURE
-            }
-        }
+        Ok(report) => msgr_testsuite::cli::finish(
+            &report,
+            || report.summary(),
+            report.passed(),
+            args.json,
+            &format!("msgr-stress: FAILED (seed {})", opts.seed),
+        ),
         Err(e) => {
             eprintln!("msgr-stress: {e}");
             ExitCode::FAILURE
@@ -187,13 +178,7 @@ fn cluster_parent(args: &Args, nodes: usize) -> ExitCode {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    // Logs (to stderr, beside the progress lines) only when RUST_LOG asks.
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    msgr_testsuite::cli::init_logging();
     if let Some(node) = args.cluster_node {
         return cluster_node(&args, node);
     }

@@ -28,6 +28,7 @@ use msgr::{EntityAddr, FaultPlan, MessengerConfig};
 
 pub mod backends;
 pub mod cluster;
+pub mod fanin;
 pub mod netns;
 mod report;
 mod rma;
