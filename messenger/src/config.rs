@@ -461,6 +461,11 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         ms(|c, n| c.session.backoff_max = Duration::from_millis(n)),
     ),
     key(
+        "server_linger_ms",
+        "a lossless server session whose client went without a close waits this long for it to dial back before it ends (default 900000)",
+        ms(|c, n| c.session.server_linger = Duration::from_millis(n)),
+    ),
+    key(
         "max_queued_messages",
         "send queue bound per connection, in messages (default 65536)",
         int(1, 1 << 24, |c, n| c.session.max_queued_messages = n as usize),
@@ -1159,6 +1164,9 @@ mod tests {
             }),
             ("backoff_max_ms", "3", |c, d| {
                 c.session.backoff_max = d.session.backoff_max
+            }),
+            ("server_linger_ms", "3", |c, d| {
+                c.session.server_linger = d.session.server_linger
             }),
             ("max_queued_messages", "3", |c, d| {
                 c.session.max_queued_messages = d.session.max_queued_messages
