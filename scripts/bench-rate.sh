@@ -9,6 +9,14 @@
 #   scripts/bench-rate.sh                  # 5 rounds of 2,000,000 messages
 #   ROUNDS=3 COUNT=1000000 SIZE=64 scripts/bench-rate.sh
 #   JSON=out.jsonl scripts/bench-rate.sh   # one JSON object per measurement
+#   CONNS=1,16,256 scripts/bench-rate.sh   # many connections instead (below)
+#
+# With CONNS, the aggregate 64 B rate of each count of connections into one
+# server (issue 51 item 4): per round, ZeroMQ with as many PUSH sockets
+# round robin into one PULL (COUNT messages in all), then `msgr bench
+# --only conns` (a client messenger per connection, 1 s per count); each
+# count's rate against one connection's in the same round, and msgr's
+# against ZeroMQ's. CONNS must list 1.
 #
 # Installs libzmq3-dev when missing. Every process is bounded by `timeout`.
 set -euo pipefail
@@ -27,12 +35,54 @@ fi
 mkdir -p target/bench
 cc -O2 -o target/bench/zmq_pushpull tool/reference/zmq_pushpull.c -lzmq -lpthread
 cargo build --release -q -p msgr-tool
-bin="$PWD/target/release/msgr"
+bin="${CARGO_TARGET_DIR:-$PWD/target}/release/msgr"
 zmq="$PWD/target/bench/zmq_pushpull"
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 
 echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg) (2 cores)"
+
+if [ -n "${CONNS:-}" ]; then
+  for r in $(seq "$ROUNDS"); do
+    for c in ${CONNS//,/ }; do
+      z=$(timeout 120 "$zmq" "$PORT" "$COUNT" "$SIZE" "$c")
+      PORT=$((PORT + 1))
+      echo "round $r: zmq, $c connections: $z"
+      printf 'zmq\t%s\t%s\n' "$c" "$z" >>"$out"
+    done
+    m=$(timeout 300 "$bin" bench --only conns --rounds 1 --connections "$CONNS" --json | tr -d '\n')
+    printf 'msgr\t%s\t%s\n' "$r" "$m" >>"$out"
+  done
+  python3 - "$out" "${JSON:-}" <<'EOF'
+import json, statistics, sys
+zmq, msgr = {}, []
+for line in open(sys.argv[1]):
+    who, key, text = line.rstrip("\n").split("\t")
+    if who == "zmq":
+        zmq.setdefault(int(key), []).append(json.loads(text)["msgs_per_s"])
+        continue
+    rows = json.loads(text)["conns"]
+    # Each row: a count's rate, and one connection's (the reference) in that round.
+    rates = {int(c["metric"].split(", ")[1].split()[0]): c["rounds"][0]["msgr"]["msgs_per_s"] for c in rows}
+    rates[1] = rows[0]["rounds"][0]["reference"]["msgs_per_s"]
+    print(f"round {len(msgr) + 1}: msgr {json.dumps(rates)}")
+    msgr.append(rates)
+m = statistics.median
+print(f"\naggregate 64 B rate into one server, {len(msgr)} rounds "
+      "(median; ratio to one connection in the same round: median, min-max):")
+for c in sorted(zmq):
+    z, g = zmq[c], [r[c] for r in msgr]
+    zr = [a / b for a, b in zip(z, zmq[1])]
+    gr = [r[c] / r[1] for r in msgr]
+    print(f"  {c:>4} connections  ZeroMQ {m(z)/1e6:5.2f} M msg/s {m(zr):.2f}x ({min(zr):.2f}-{max(zr):.2f})"
+          f"   msgr {m(g)/1e6:5.2f} M msg/s {m(gr):.2f}x ({min(gr):.2f}-{max(gr):.2f})  msgr/zmq {m(g)/m(z):.2f}")
+print("  bar: msgr's 256 connections >= 0.70x one connection's")
+if sys.argv[2]:
+    with open(sys.argv[2], "a") as o:
+        o.write(json.dumps({"bench": "conns", "zmq": zmq, "msgr": msgr}) + "\n")
+EOF
+  exit 0
+fi
 
 # One msgr stream against a fresh `msgr serve`; prints msgr stream's JSON.
 msgr_rate() {

@@ -43,7 +43,17 @@ pub enum Part {
     /// stream in the same run; over libfabric's `shm` and `tcp` also each
     /// of [`RMA_SIZES`] against a raw `fi_read`/`fi_write` loop.
     Rma,
+    /// The aggregate 64 B one-way rate of each of `--connections` client
+    /// connections into the one server, against one connection's in the
+    /// same round (issue 51 item 4).
+    Conns,
 }
+
+/// Target: the aggregate 64 B rate of many connections into one server
+/// ≥ this × one connection's (issue 51 item 4, at 256 connections).
+pub const CONNS_TARGET: f64 = 0.70;
+/// The connection counts `--only conns` measures unless told.
+pub const CONNECTIONS: [usize; 3] = [1, 16, 256];
 
 /// Target: a blocking call's round trip ≤ this × the worker ping-pong's
 /// (issue 51).
@@ -133,6 +143,9 @@ pub struct BenchOpts {
     pub driver: Driver,
     /// Whether to pin the two messengers' workers ([`Placement`]).
     pub pin: bool,
+    /// Connection counts of the `conns` part (1, the reference, is
+    /// measured whether listed or not).
+    pub connections: Vec<usize>,
     /// JSON output.
     pub json: bool,
 }
@@ -216,6 +229,9 @@ pub struct BenchReport {
     /// RMA reads, then writes, of each of [`RMA_SIZES`] against the raw
     /// libfabric loop (`fabric+shm`, `fabric+tcp`; empty elsewhere).
     pub rma_vs_raw: Vec<Comparison<StreamResult>>,
+    /// The aggregate 64 B rate of each connection count above 1 against
+    /// one connection's.
+    pub conns: Vec<Comparison<StreamResult>>,
 }
 
 /// `size`-byte RMA operations (`op`) on a region `server` exposes, from a
@@ -451,6 +467,21 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     } else {
         &[1 << 20]
     };
+    // One connection first: the others' reference in each round.
+    let mut conn_counts = opts.connections.clone();
+    conn_counts.retain(|&c| c > 1);
+    conn_counts.sort_unstable();
+    conn_counts.dedup();
+    conn_counts.insert(0, 1);
+    // Many client messengers on a few cores: none may spin, and none is
+    // pinned; one connection's client is configured the same, so the
+    // ratios compare connection counts only.
+    let mut conns_client = place.client.clone();
+    conns_client.busy_poll = Duration::ZERO;
+    conns_client.worker_cpus.clear();
+    // Per connection count (after the first): rounds against one connection.
+    let mut conns: Vec<Vec<Round<StreamResult>>> =
+        conn_counts.iter().skip(1).map(|_| Vec::new()).collect();
     let rma_steps = 1 + 2 * rma_sizes.len() as u64 * (1 + u64::from(raw_rma.is_some()));
     let steps = u64::from(opts.rounds)
         * opts
@@ -459,6 +490,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
             .map(|p| match p {
                 Part::Secure => 4,
                 Part::Rma => rma_steps,
+                Part::Conns => conn_counts.len() as u64,
                 Part::Call => 2,
                 _ => 2,
             })
@@ -602,6 +634,21 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         }
                     }
                 }
+                Part::Conns => {
+                    let s = stream_opts(64);
+                    let mut one = None;
+                    for (k, &c) in conn_counts.iter().enumerate() {
+                        next(
+                            &mut progress,
+                            &format!("round {}: 64 B streams, {c} connections", round + 1),
+                        );
+                        let r = net::stream_many(&conns_client, &(&target).into(), &s, c)?;
+                        match one.clone() {
+                            None => one = Some(r),
+                            Some(reference) => conns[k - 1].push(Round { msgr: r, reference }),
+                        }
+                    }
+                }
                 Part::Secure => {
                     let secure_target = secure_target.as_ref().expect("started for this part");
                     for (size, out) in [(1usize << 20, &mut secure_bw), (64, &mut secure_rate)] {
@@ -739,6 +786,23 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
             .collect(),
         None => Vec::new(),
     };
+    let conns = conn_counts
+        .iter()
+        .skip(1)
+        .zip(conns)
+        .filter(|(_, rounds)| !rounds.is_empty())
+        .map(|(c, rounds)| {
+            compare(
+                format!("64 B aggregate rate, {c} connections"),
+                "msg/s",
+                "msgr, one connection, same run",
+                rounds,
+                |r: &StreamResult| r.msgs_per_s,
+                "min",
+                CONNS_TARGET,
+            )
+        })
+        .collect();
     Ok(BenchReport {
         transport: opts.transport.clone(),
         quick: opts.quick,
@@ -759,6 +823,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         rma_read,
         rma_write,
         rma_vs_raw,
+        conns,
     })
 }
 
@@ -834,6 +899,7 @@ impl BenchReport {
         .into_iter()
         .flatten()
         .chain(&self.rma_vs_raw)
+        .chain(&self.conns)
         {
             row(c);
         }
@@ -867,6 +933,7 @@ impl BenchReport {
                 .into_iter()
                 .flatten()
                 .chain(self.rma_vs_raw.first())
+                .chain(self.conns.first())
             {
                 v.push(&c.reference_name);
             }

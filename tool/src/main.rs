@@ -238,6 +238,11 @@ enum Cmd {
         /// placement to the scheduler.
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
         pin: bool,
+        /// Connection counts of the `conns` part (comma-separated; one
+        /// connection, the reference, is always measured).
+        #[arg(long, value_delimiter = ',', default_values_t = bench::CONNECTIONS.map(|c| c as u64),
+              value_parser = clap::value_parser!(u64).range(1..=4096))]
+        connections: Vec<u64>,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
@@ -738,6 +743,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             rma,
             driver,
             pin,
+            connections,
             json,
         } => {
             let kind = parse_addr(&bench::loopback_addr(&transport))?.transport;
@@ -771,6 +777,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                 parts,
                 driver,
                 pin,
+                connections: connections.into_iter().map(|c| c as usize).collect(),
                 json,
             };
             let report = bench::run(&cfg, &opts)?;

@@ -250,6 +250,17 @@ pub fn connect(
     timeout: Duration,
     reset: &Mutex<Option<String>>,
 ) -> Result<(Messenger, Connection), ToolError> {
+    connect_as(client_name(), cfg, target, d, (timeout, reset))
+}
+
+/// [`connect`] as the entity `name`.
+fn connect_as(
+    name: EntityName,
+    cfg: &MessengerConfig,
+    target: &Target,
+    d: Arc<dyn Dispatcher>,
+    (timeout, reset): (Duration, &Mutex<Option<String>>),
+) -> Result<(Messenger, Connection), ToolError> {
     if target.addrs.0.is_empty() {
         return Err(ToolError::Usage("no address to connect to".into()));
     }
@@ -260,9 +271,7 @@ pub fn connect(
             )));
         }
     }
-    let m = Messenger::builder(client_name())
-        .config(cfg.clone())
-        .start(d)?;
+    let m = Messenger::builder(name).config(cfg.clone()).start(d)?;
     let conn = match (&target.peer, target.addrs.0.as_slice()) {
         (None, [one]) => m.connect(one)?,
         (None, _) => m.connect_any(&target.addrs, cfg.policy)?,
@@ -618,7 +627,41 @@ struct StreamClient {
     reset: Mutex<Option<String>>,
 }
 
+/// Messages per credit of the callback driver: two batches of ~4 MiB (at
+/// most 4096 messages) in flight.
+fn credit_batch(size: usize) -> u64 {
+    ((4usize << 20) / size.max(1)).clamp(1, 4096) as u64
+}
+
 impl StreamClient {
+    /// A sender of `opts`' messages, `batch` per credit, `max` in all if
+    /// given; `done` gets the responder's answer to the end marker.
+    fn new(
+        opts: &StreamOpts,
+        batch: u64,
+        max: Option<u64>,
+        done: mpsc::Sender<(Instant, Totals)>,
+    ) -> StreamClient {
+        let template = Message::new(STREAM, Bytes::new(), vec![0xa5; opts.size]);
+        StreamClient {
+            template: if opts.seal {
+                template.with_data_checksum()
+            } else {
+                template
+            },
+            batch,
+            max,
+            stop: AtomicBool::new(false),
+            state: Mutex::new(StreamState {
+                sent: 0,
+                finished: false,
+            }),
+            sent: AtomicU64::new(0),
+            done: Mutex::new(Some(done)),
+            reset: Mutex::new(None),
+        }
+    }
+
     fn msg(&self, credit: bool) -> Message {
         let mut m = self.template.clone();
         if credit {
@@ -718,29 +761,11 @@ pub fn stream(
         return Err(ToolError::Usage("--count must be at least 1".into()));
     }
     let (tx, rx) = mpsc::channel();
-    // Callback driver: two batches of ~4 MiB (at most 4096 messages) in flight.
-    let batch = ((4usize << 20) / opts.size.max(1)).clamp(1, 4096) as u64;
-    let template = Message::new(STREAM, Bytes::new(), vec![0xa5; opts.size]);
-    let d = Arc::new(StreamClient {
-        template: if opts.seal {
-            template.with_data_checksum()
-        } else {
-            template
-        },
-        batch,
-        max: match opts.limit {
-            Limit::Count(n) => Some(n),
-            Limit::Time(_) => None,
-        },
-        stop: AtomicBool::new(false),
-        state: Mutex::new(StreamState {
-            sent: 0,
-            finished: false,
-        }),
-        sent: AtomicU64::new(0),
-        done: Mutex::new(Some(tx)),
-        reset: Mutex::new(None),
-    });
+    let max = match opts.limit {
+        Limit::Count(n) => Some(n),
+        Limit::Time(_) => None,
+    };
+    let d = Arc::new(StreamClient::new(opts, credit_batch(opts.size), max, tx));
     let (mut m, conn) = connect(cfg, target, d.clone(), opts.connect_timeout, &d.reset)?;
     match opts.limit {
         Limit::Count(n) => progress.set_length(n),
@@ -859,4 +884,131 @@ pub fn stream(
         .map(|(k, v)| (k.to_string(), v))
         .collect();
     Ok((r, totals))
+}
+
+/// Streams from `connections` client messengers at once (a session is one
+/// per pair of peers, so each connection is a messenger of its own, named
+/// `client.1` .. `client.C`), each driven by its credits on its own
+/// worker: their aggregate rate into the responder at `target`. The
+/// callback driver's window (two credits' worth of messages) is shared
+/// among the connections, at least 16 messages a credit each, so many
+/// connections stream sparsely rather than each keeping a whole window
+/// in flight. With `Limit::Count(n)` each sends its share of `n`. The
+/// clock runs from the first kick to the last connection's end-marker
+/// answer; every connection's messages are checked delivered.
+pub fn stream_many(
+    cfg: &MessengerConfig,
+    target: &Target,
+    opts: &StreamOpts,
+    connections: usize,
+) -> Result<StreamResult, ToolError> {
+    let c = connections as u64;
+    if c == 0 {
+        return Err(ToolError::Usage("--connections must be at least 1".into()));
+    }
+    if let Limit::Count(n) = opts.limit {
+        if n < c {
+            return Err(ToolError::Usage(format!(
+                "--count {n} is fewer than one message per connection ({c})"
+            )));
+        }
+    }
+    let batch = (credit_batch(opts.size) / c).max(16);
+    let (tx, rx) = mpsc::channel();
+    let mut clients = Vec::with_capacity(connections);
+    let connected = (0..c).try_for_each(|i| {
+        let max = match opts.limit {
+            Limit::Count(n) => Some(n / c + u64::from(i < n % c)),
+            Limit::Time(_) => None,
+        };
+        let d = Arc::new(StreamClient::new(opts, batch, max, tx.clone()));
+        let name = EntityName::client(i + 1);
+        let (m, conn) = connect_as(
+            name,
+            cfg,
+            target,
+            d.clone(),
+            (opts.connect_timeout, &d.reset),
+        )?;
+        clients.push((m, conn, d));
+        Ok(())
+    });
+    let shutdown = |clients: Vec<(Messenger, Connection, Arc<StreamClient>)>| {
+        for (mut m, conn, _) in clients {
+            drop(conn);
+            m.shutdown(Duration::from_secs(1));
+        }
+    };
+    if let Err(e) = connected {
+        shutdown(clients);
+        return Err(e);
+    }
+    let start = Instant::now();
+    let deadline = start + opts.timeout;
+    let failed = |clients: &[(Messenger, Connection, Arc<StreamClient>)]| {
+        clients.iter().find_map(|(_, _, d)| {
+            d.reset
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .map(|reason| ToolError::Reset {
+                    peer: target.to_string(),
+                    reason,
+                })
+        })
+    };
+    let result = (|| {
+        for (_, conn, d) in &clients {
+            d.kick(conn)?;
+        }
+        if let Limit::Time(t) = opts.limit {
+            while start.elapsed() < t && failed(&clients).is_none() {
+                std::thread::sleep(Duration::from_millis(20).min(t));
+            }
+            for (_, _, d) in &clients {
+                d.stop.store(true, Ordering::Relaxed);
+            }
+        }
+        let (mut last, mut delivered) = (start, 0u64);
+        for answered in 0..clients.len() {
+            loop {
+                if let Some(e) = failed(&clients) {
+                    return Err(e);
+                }
+                match rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok((end, totals)) => {
+                        last = last.max(end);
+                        delivered += totals.this_stream;
+                        break;
+                    }
+                    Err(_) if Instant::now() >= deadline => {
+                        return Err(ToolError::Timeout {
+                            what: format!("{c} streams to {target}: {answered} completed"),
+                            after: opts.timeout,
+                        })
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        Ok((last, delivered))
+    })();
+    let sent: u64 = clients
+        .iter()
+        .map(|(_, _, d)| d.sent.load(Ordering::Relaxed))
+        .sum();
+    shutdown(clients);
+    let (end, delivered) = result?;
+    if delivered != sent {
+        return Err(ToolError::Incomplete {
+            peer: target.to_string(),
+            sent,
+            delivered,
+        });
+    }
+    Ok(StreamResult::new(
+        opts.size,
+        sent,
+        end.duration_since(start).as_secs_f64(),
+    ))
 }

@@ -143,6 +143,52 @@ fn bench_rma_reads_and_writes_an_exposed_region() {
     assert!(v["latency"]["ratio"].is_number(), "--only's part ran too");
 }
 
+/// `msgr bench --only conns`: several connections' aggregate 64 B rate,
+/// each count in a row against one connection's, every message counted.
+#[test]
+fn bench_conns_measures_each_connection_count_against_one() {
+    let args = [
+        "bench",
+        "--quick",
+        "--only",
+        "conns",
+        "--connections",
+        "4,2",
+    ];
+    let o = run(&args, Duration::from_secs(120));
+    assert!(o.status.success(), "stderr:\n{}", o.stderr);
+    for c in [2, 4] {
+        let title = format!("64 B aggregate rate, {c} connections");
+        assert!(
+            o.stdout.lines().any(|l| l.starts_with(&title)),
+            "no row `{title}` in:\n{}",
+            o.stdout
+        );
+    }
+    let o = run(&[&args[..], &["--json"]].concat(), Duration::from_secs(120));
+    assert!(o.status.success(), "stderr:\n{}", o.stderr);
+    let v: serde_json::Value =
+        serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", o.stdout));
+    let rows = v["conns"].as_array().expect("conns rows");
+    assert_eq!(rows.len(), 2, "{v}");
+    for (row, c) in rows.iter().zip([2, 4]) {
+        assert_eq!(
+            row["metric"],
+            format!("64 B aggregate rate, {c} connections")
+        );
+        let round = &row["rounds"][0];
+        for who in ["msgr", "reference"] {
+            assert_eq!(round[who]["size"], 64);
+            assert!(
+                round[who]["messages"].as_u64().is_some_and(|n| n > 0),
+                "{who}: nothing streamed: {round}"
+            );
+        }
+        assert!(row["ratio"].as_f64().is_some_and(|r| r > 0.0), "{row}");
+    }
+    assert!(v["latency"].is_null(), "only the conns part ran");
+}
+
 #[test]
 fn bench_quick_json_has_the_expected_fields() {
     let o = run(&["bench", "--quick", "--json"], Duration::from_secs(120));
