@@ -110,10 +110,12 @@ guest_start=$(date +%s)
 bash testsuite/guest/setup.sh
 
 step "RDMA guest: tests in the QEMU guest (verbs and rdma_cm smoke on rxe and siw, reference peers, netem, the verbs and rdmacm backends, msgr tool vs perftest, stress over verbs, the fabric backend over libfabric's verbs provider)"
-# Two rounds of the reference-peer comparison (3 by default): the report's
-# medians are then of two (each round printed in full above its table).
-MSGR_GUEST_BENCH_ROUNDS=2 cargo test --release -p msgr-testsuite --features rdma,fabric --test guest_rdma --test guest_verbs --test guest_bench --test guest_stress --test guest_fabric -- --nocapture --test-threads 1
+# One round of the reference-peer comparison (3 by default): here it checks
+# that every msgr run over verbs, rdmacm and TCP works and parses beside its
+# perftest peer; the figures for docs/BENCHMARKS.md come from 3 rounds by
+# hand (docs/GUEST.md).
+MSGR_GUEST_BENCH_ROUNDS=1 cargo test --release -p msgr-testsuite --features rdma,fabric --test guest_rdma --test guest_verbs --test guest_bench --test guest_stress --test guest_fabric -- --nocapture --test-threads 1
 echo "RDMA guest part took $(($(date +%s) - guest_start)) s"
 
-step "fuzz: every cargo-fuzz target for 10 s (stable, --sanitizer none; see docs/FUZZING.md)"
-./scripts/fuzz.sh 10
+step "fuzz: every cargo-fuzz target for 5 s, a smoke run (stable, --sanitizer none; longer runs by hand: docs/FUZZING.md)"
+./scripts/fuzz.sh 5
