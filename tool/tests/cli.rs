@@ -1251,8 +1251,13 @@ fn rma_against_serve_expose(bind: &str) {
         "wrote 3 bytes at offset 4094"
     );
     let dir = std::env::temp_dir();
-    let from = dir.join(format!("msgr-cli-rma-in-{}", std::process::id()));
-    let out = dir.join(format!("msgr-cli-rma-out-{}", std::process::id()));
+    // One pair of files per run: the tcp and shm runs of this test go on
+    // at once in this process (a name from the pid alone was shared, and
+    // one run removed the other's input).
+    let scheme = bind.split("://").next().unwrap_or("x").replace('+', "-");
+    let tag = format!("{}-{scheme}", std::process::id());
+    let from = dir.join(format!("msgr-cli-rma-in-{tag}"));
+    let out = dir.join(format!("msgr-cli-rma-out-{tag}"));
     std::fs::write(&from, b"from a file").expect("write the input");
     let said = ok(&["--write", "8", "--from", from.to_str().expect("UTF-8")]);
     assert_eq!(said, "wrote 11 bytes at offset 8");
