@@ -24,6 +24,9 @@ trap report_timings EXIT
 # binaries' speed; it more than doubles the build of the test binaries and
 # changes no behaviour, so the tests build without it.
 export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16
+# Nor with debug info (the profile keeps it for profilers): it lengthens every
+# link of the many test binaries and no test reads it.
+export CARGO_PROFILE_RELEASE_DEBUG=0
 
 # Installs the Debian packages named that are not installed yet (idempotent;
 # apt-get update runs only when something is missing).
