@@ -410,6 +410,7 @@ impl Messenger {
             local: LocalIdentity {
                 name: b.name,
                 addr: local_addr,
+                dials: msgr_proto::session::DialAttempts::new(),
             },
             cfg,
             dispatcher,

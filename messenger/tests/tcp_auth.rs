@@ -189,6 +189,7 @@ fn impostors_are_refused_while_a_lossless_session_streams() {
     let as_who = |name: &EntityName, addr| LocalIdentity {
         name: name.clone(),
         addr,
+        dials: Default::default(),
     };
     refused(
         &srv,

@@ -286,7 +286,7 @@ fn half_open_floods_and_slow_handshakes_are_bounded() {
 /// connection; the victim's session is not disturbed.
 #[test]
 fn replayed_cookies_are_refused() {
-    use msgr_proto::control::{control_frame, with_limits, Hello, Limits};
+    use msgr_proto::control::{control_frame, with_dial_number, with_limits, Hello, Limits};
     use msgr_proto::stream::{Inbound, StreamDecoder};
 
     let rec = Recorder::new();
@@ -315,10 +315,12 @@ fn replayed_cookies_are_refused() {
             cookie: 0x5eed_c0ff_ee00_0001,
             in_seq: 0,
             limits: None,
+            dial: None,
         };
-        // The default banner offers `LIMITS`: the hello carries them.
+        // The default banner offers `LIMITS` and `DIAL_NUMBERS`: the hello
+        // carries both.
         let limits = Limits::of(&Default::default());
-        let frame = with_limits(control_frame(Tag::Hello, &hello), &limits);
+        let frame = with_dial_number(with_limits(control_frame(Tag::Hello, &hello), &limits), 1);
         s.write_all(&frame.encode_to_vec().unwrap()).unwrap();
         // The answer must be SessionReset, then the close.
         let mut buf = bytes::BytesMut::new();

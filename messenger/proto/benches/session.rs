@@ -49,6 +49,7 @@ fn open_pair(now: Instant) -> (Session, Session) {
         LocalIdentity {
             name: EntityName::client(1),
             addr: addr(1),
+            dials: Default::default(),
         },
         server_addr.clone(),
         Policy::LosslessClient,
@@ -61,6 +62,7 @@ fn open_pair(now: Instant) -> (Session, Session) {
         LocalIdentity {
             name: EntityName::server(1),
             addr: server_addr,
+            dials: Default::default(),
         },
         to_server,
         now,

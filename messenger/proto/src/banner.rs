@@ -52,9 +52,14 @@ pub mod features {
     /// an exposed region, answered by the owner's messenger (with `CALLS`;
     /// without it such a call is refused).
     pub const RMA: u64 = 1 << 10;
+    /// Hello carries the number of its dial, hello-ok and reconnect-ok the
+    /// number of the sender's last dial, in a last segment
+    /// (`control::with_dial_number`): a session turns away a hello its
+    /// peer sent before the session opened (`session::DialAttempts`).
+    pub const DIAL_NUMBERS: u64 = 1 << 11;
     /// Everything this build supports by default.
     pub const SUPPORTED: u64 =
-        CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH | LIMITS | CALLS | RMA;
+        CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH | LIMITS | CALLS | RMA | DIAL_NUMBERS;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
 }

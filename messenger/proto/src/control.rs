@@ -28,6 +28,11 @@ pub struct Hello {
     /// second segment ([`with_limits`], [`parse_handshake`]).
     #[serde(skip)]
     pub limits: Option<Limits>,
+    /// The number of this dial among the connector's, where both banners
+    /// offered `features::DIAL_NUMBERS`: in a last segment
+    /// ([`with_dial_number`]).
+    #[serde(skip)]
+    pub dial: Option<u64>,
 }
 
 /// The largest payload segments a side accepts (its `FrameLimits` for a
@@ -159,24 +164,52 @@ pub fn with_limits(mut frame: Frame, limits: &Limits) -> Frame {
     frame
 }
 
-/// Decodes a handshake frame: its payload, and its limits segment where
-/// `limits` says the link agreed to them (then it must be there; else it
-/// must not).
+/// A handshake frame (hello, hello-ok, reconnect-ok) carrying a dial
+/// number in a last segment, as sent where both banners offered
+/// `features::DIAL_NUMBERS`: in a hello the number of its dial, in
+/// hello-ok and reconnect-ok the sender's last dial so far.
+pub fn with_dial_number(mut frame: Frame, number: u64) -> Frame {
+    frame
+        .segments
+        .push(Postcard.encode(&number).unwrap_or_default());
+    frame
+}
+
+/// What a handshake frame carries beyond its payload, as the link agreed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandshakeExtras {
+    /// The sender's receive limits (`features::LIMITS`).
+    pub limits: Option<Limits>,
+    /// The dial number (`features::DIAL_NUMBERS`, [`with_dial_number`]).
+    pub dial: Option<u64>,
+}
+
+/// Decodes a handshake frame: its payload, then its limits segment where
+/// `limits` says the link agreed to them, then its dial number where
+/// `dials` says so (each must then be there; else it must not).
 pub fn parse_handshake<T: DeserializeOwned>(
     frame: &Frame,
     what: &'static str,
     limits: bool,
-) -> Result<(T, Option<Limits>), ProtocolError> {
-    let malformed = |detail: String| ProtocolError::Malformed { what, detail };
-    match (frame.segments.as_slice(), limits) {
-        ([payload], false) => Ok((decode(payload, what)?, None)),
-        ([payload, l], true) => Ok((decode(payload, what)?, Some(decode(l, what)?))),
-        (segs, _) => Err(malformed(format!(
-            "{} segments where {} were agreed",
-            segs.len(),
-            if limits { 2 } else { 1 }
-        ))),
+    dials: bool,
+) -> Result<(T, HandshakeExtras), ProtocolError> {
+    let want = 1 + usize::from(limits) + usize::from(dials);
+    let segs = frame.segments.as_slice();
+    if segs.len() != want {
+        return Err(ProtocolError::Malformed {
+            what,
+            detail: format!("{} segments where {want} were agreed", segs.len()),
+        });
     }
+    let payload = decode(&segs[0], what)?;
+    let mut extras = HandshakeExtras::default();
+    if limits {
+        extras.limits = Some(decode(&segs[1], what)?);
+    }
+    if dials {
+        extras.dial = Some(decode(&segs[want - 1], what)?);
+    }
+    Ok((payload, extras))
 }
 
 fn decode<T: DeserializeOwned>(seg: &[u8], what: &'static str) -> Result<T, ProtocolError> {

@@ -8,7 +8,8 @@ use bytes::{Bytes, BytesMut};
 use msgr_addr::{AddrVec, EntityAddr, EntityName};
 use msgr_proto::banner::{Banner, BANNER_LEN};
 use msgr_proto::control::{
-    control_frame, with_limits, Ack, Close, Hello, HelloOk, Keepalive, Limits, ReconnectOk,
+    control_frame, with_dial_number, with_limits, Ack, Close, Hello, HelloOk, Keepalive, Limits,
+    ReconnectOk,
 };
 use msgr_proto::frame::{Preamble, FLAG_UNCHECKED_PAYLOAD, MAX_SEGMENTS, PREAMBLE_LEN};
 use msgr_proto::message::MessageFrame;
@@ -98,6 +99,7 @@ fn control() -> impl Strategy<Value = Frame> {
                     cookie,
                     in_seq,
                     limits: None,
+                    dial: None,
                 }
             )
         ),
@@ -333,7 +335,7 @@ proptest! {
         open in any::<bool>(),
     ) {
         let now = Instant::now();
-        let local = LocalIdentity { name: EntityName::peer(1), addr: EntityAddr::tcp(([10, 0, 0, 1], 6800).into()) };
+        let local = LocalIdentity { name: EntityName::peer(1), addr: EntityAddr::tcp(([10, 0, 0, 1], 6800).into()), dials: Default::default() };
         let peer = EntityAddr::tcp(([10, 0, 0, 2], 6800).into());
         let l = LinkId(1);
         let mut s = if acceptor {
@@ -346,7 +348,7 @@ proptest! {
         s.handle_inbound(l, Inbound::Banner(Banner::default().encode()), now).unwrap();
         if open && !acceptor {
             let ok = control_frame(Tag::HelloOk, &HelloOk { name: EntityName::peer(2), addr: peer, cookie: 5 });
-            let ok = with_limits(ok, &Limits::of(&FrameLimits::default()));
+            let ok = with_dial_number(with_limits(ok, &Limits::of(&FrameLimits::default())), 1);
             s.handle_inbound(l, Inbound::Frame(ok), now).unwrap();
             prop_assert!(s.is_open());
         }
@@ -367,6 +369,7 @@ fn unchecked_payload_without_agreement_is_a_protocol_error() {
         let local = LocalIdentity {
             name: EntityName::peer(1),
             addr: EntityAddr::tcp(([10, 0, 0, 1], 6800).into()),
+            dials: Default::default(),
         };
         let peer = EntityAddr::tcp(([10, 0, 0, 2], 6800).into());
         let cfg = SessionConfig {
@@ -386,8 +389,9 @@ fn unchecked_payload_without_agreement_is_a_protocol_error() {
                 cookie: 5,
             },
         );
-        // The default banners agree to announce limits in the handshake.
-        let ok = with_limits(ok, &Limits::of(&FrameLimits::default()));
+        // The default banners agree to announce limits and number dials in
+        // the handshake.
+        let ok = with_dial_number(with_limits(ok, &Limits::of(&FrameLimits::default())), 1);
         s.handle_inbound(l, Inbound::Frame(ok), now).unwrap();
         assert!(s.is_open());
         let mut f = Message::new(1, &b"front"[..], &b"data"[..]).to_frame(0);

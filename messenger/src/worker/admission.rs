@@ -109,6 +109,7 @@ mod tests {
         let local = LocalIdentity {
             name: EntityName::server(1),
             addr: EntityAddr::tcp(([127, 0, 0, 1], 6800).into()),
+            dials: Default::default(),
         };
         let mut session = Session::accept(SessionConfig::default(), local, LinkId(n), since);
         if heard {

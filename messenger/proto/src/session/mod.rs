@@ -15,6 +15,7 @@
 //! including simultaneous connects) and the `HelloSent` arm of the frame handler
 //! (the acceptor's answer to our hello).
 
+mod attempts;
 mod config;
 
 use std::collections::VecDeque;
@@ -22,6 +23,8 @@ use std::time::{Duration, Instant};
 
 use msgr_addr::{EntityAddr, EntityName};
 
+pub use attempts::DialAttempts;
+use attempts::PeerDials;
 pub use config::{Policy, SessionConfig, DEFAULT_BATCH_MAX_BYTES};
 
 use bytes::BytesMut;
@@ -30,8 +33,8 @@ use crate::auth::{AuthError, Handshake, PublicKey, RecordError, RecordLayer, Rol
 use crate::banner::{features, Banner, BANNER_LEN};
 use crate::batch::{BatchReader, BatchWriter, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD};
 use crate::control::{
-    control_frame, parse_control, parse_handshake, with_limits, Ack, Close, Hello, HelloOk,
-    Keepalive, Limits, ReconnectOk, TooLarge,
+    control_frame, parse_control, parse_handshake, with_dial_number, with_limits, Ack, Close,
+    HandshakeExtras, Hello, HelloOk, Keepalive, Limits, ReconnectOk, TooLarge,
 };
 use crate::error::ProtocolError;
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
@@ -49,6 +52,9 @@ pub struct LocalIdentity {
     pub name: EntityName,
     /// Our address (with its nonce; port 0 if we do not listen).
     pub addr: EntityAddr,
+    /// Numbers our dials (one counter per messenger, shared by its
+    /// sessions): a peer recognises a hello that outlived its dial.
+    pub dials: DialAttempts,
 }
 
 /// Who the peer is, once the handshake told us.
@@ -374,6 +380,8 @@ pub struct Session {
     batch_buf: BatchBuffer,
     /// The peer's receive limits, from the handshake (`features::LIMITS`).
     peer_limits: Option<Limits>,
+    /// The peer's dials made before the session last opened or resumed.
+    peer_dials: PeerDials,
     /// The current link's protection: its mode, handshake and record layer.
     link_security: LinkSecurity,
     /// The key the session's peer proved when the session first opened on
@@ -467,6 +475,7 @@ impl Session {
             stats: SessionStats::default(),
             batch_buf: BatchBuffer::default(),
             peer_limits: None,
+            peer_dials: PeerDials::default(),
             link_security: LinkSecurity::default(),
             peer_key: None,
             expected_peer: None,
@@ -1153,6 +1162,16 @@ impl Session {
                 why,
             };
         }
+        if (hello.cookie == 0 || hello.cookie == self.cookie)
+            && self.peer_dials.is_stale(hello.addr.nonce, hello.dial)
+        {
+            // The peer sent this hello before the session last opened or
+            // resumed (over our dial, or a later one of its own), and has
+            // given its dial up: it neither starts the peer over nor
+            // resumes anything. Wait is harmless should anyone still read.
+            // (Another cookie is refused below, as from anyone.)
+            return Takeover::Rejected(control_frame(Tag::Wait, &()));
+        }
         if self.is_ending() {
             if hello.cookie == 0 {
                 return Takeover::Ending;
@@ -1200,7 +1219,10 @@ impl Session {
                 addr: self.local.addr.clone(),
                 in_seq: self.in_seq,
             };
-            let frame = self.handshake_frame(control_frame(Tag::ReconnectOk, &ok));
+            let frame = self.handshake_frame(
+                control_frame(Tag::ReconnectOk, &ok),
+                self.local.dials.current(),
+            );
             self.ctrl.push_back(Transmit::Frame(frame));
             if let Err(e) = self.resume(link, hello.in_seq, now) {
                 self.fault(FaultReason::Protocol(e), now);
@@ -1234,14 +1256,33 @@ impl Session {
         self.features & features::LIMITS != 0
     }
 
-    /// A handshake frame with this side's receive limits where the link
-    /// agreed to them.
-    fn handshake_frame(&self, frame: Frame) -> Frame {
-        if self.limits_agreed() {
+    /// Whether the link's banners agreed to number dials in the handshake.
+    fn dials_agreed(&self) -> bool {
+        self.features & features::DIAL_NUMBERS != 0
+    }
+
+    /// A handshake frame with this side's receive limits and `dial` (a
+    /// hello's number, or our last dial's) where the link agreed to them.
+    fn handshake_frame(&self, frame: Frame, dial: u64) -> Frame {
+        let frame = if self.limits_agreed() {
             with_limits(frame, &Limits::of(&self.cfg.limits))
         } else {
             frame
+        };
+        if self.dials_agreed() {
+            with_dial_number(frame, dial)
+        } else {
+            frame
         }
+    }
+
+    /// Decodes a handshake frame as this link agreed to carry them.
+    fn parse_handshake<T: serde::de::DeserializeOwned>(
+        &self,
+        frame: &Frame,
+        what: &'static str,
+    ) -> Result<(T, HandshakeExtras), ProtocolError> {
+        parse_handshake(frame, what, self.limits_agreed(), self.dials_agreed())
     }
 
     /// Our banner, as configured.
@@ -1391,8 +1432,10 @@ impl Session {
                 cookie: self.cookie,
                 in_seq: self.in_seq,
                 limits: None,
+                dial: None,
             };
-            let frame = self.handshake_frame(control_frame(Tag::Hello, &hello));
+            let dial = self.local.dials.next();
+            let frame = self.handshake_frame(control_frame(Tag::Hello, &hello), dial);
             self.ctrl.push_back(Transmit::Frame(frame));
             self.state = State::HelloSent(link);
         } else {
@@ -1421,6 +1464,7 @@ impl Session {
 
     fn adopt_peer(&mut self, hello: &Hello) {
         self.peer_limits = hello.limits;
+        self.peer_dials.learn(hello.addr.nonce, hello.dial);
         self.peer_name = Some(hello.name.clone());
         self.peer_addr = Some(hello.addr.clone());
         self.lossless = hello.policy.lossless();
@@ -1439,7 +1483,8 @@ impl Session {
             addr: self.local.addr.clone(),
             cookie: self.cookie,
         };
-        let frame = self.handshake_frame(control_frame(Tag::HelloOk, &ok));
+        let frame =
+            self.handshake_frame(control_frame(Tag::HelloOk, &ok), self.local.dials.current());
         self.ctrl.push_back(Transmit::Frame(frame));
         self.state = State::Open(link);
         self.rewind_to_acked();
@@ -1572,10 +1617,10 @@ impl Session {
         match (self.state, frame.tag) {
             (State::Authenticating(_), Tag::Auth) => self.handshake_message(link, &frame),
             (State::AwaitHello(_), Tag::Hello) => {
-                let (mut hello, limits): (Hello, _) =
-                    parse_handshake(&frame, "hello", self.limits_agreed())?;
+                let (mut hello, extras): (Hello, _) = self.parse_handshake(&frame, "hello")?;
                 self.check_claimed(&hello.name)?;
-                hello.limits = limits;
+                hello.limits = extras.limits;
+                hello.dial = extras.dial;
                 self.state = State::Identified(link);
                 self.events
                     .push_back(SessionEvent::Identified(Box::new(hello.clone())));
@@ -1583,8 +1628,8 @@ impl Session {
                 Ok(())
             }
             (State::HelloSent(_), Tag::HelloOk) => {
-                let (ok, limits): (HelloOk, _) =
-                    parse_handshake(&frame, "hello-ok", self.limits_agreed())?;
+                let (ok, extras): (HelloOk, _) = self.parse_handshake(&frame, "hello-ok")?;
+                let limits = extras.limits;
                 self.check_claimed(&ok.name)?;
                 self.check_expected(&ok.name, false)?;
                 self.peer_limits = limits;
@@ -1607,6 +1652,7 @@ impl Session {
                 }
                 self.bind_identity()?;
                 self.peer_name = Some(ok.name);
+                self.peer_dials.learn(ok.addr.nonce, extras.dial);
                 self.peer_addr = Some(ok.addr);
                 self.cookie = ok.cookie;
                 self.state = State::Open(link);
@@ -1615,8 +1661,9 @@ impl Session {
                 Ok(())
             }
             (State::HelloSent(_), Tag::ReconnectOk) => {
-                let (ok, limits): (ReconnectOk, _) =
-                    parse_handshake(&frame, "reconnect-ok", self.limits_agreed())?;
+                let (ok, extras): (ReconnectOk, _) =
+                    self.parse_handshake(&frame, "reconnect-ok")?;
+                let limits = extras.limits;
                 self.check_claimed(&ok.name)?;
                 self.check_expected(&ok.name, false)?;
                 self.peer_limits = limits;
@@ -1628,6 +1675,7 @@ impl Session {
                         state: "starting a new session",
                     });
                 }
+                self.peer_dials.learn(ok.addr.nonce, extras.dial);
                 self.resume(link, ok.in_seq, now)
             }
             (State::HelloSent(_), Tag::SessionReset) => {
@@ -1923,6 +1971,7 @@ mod tests {
             let local = LocalIdentity {
                 name: EntityName::client(1),
                 addr: EntityAddr::tcp(([127, 0, 0, 1], 0).into()).with_nonce(nonce),
+                dials: Default::default(),
             };
             let peer = EntityAddr::tcp(([127, 0, 0, 1], 6800).into());
             Session::connect(
@@ -1950,6 +1999,7 @@ mod tests {
             let local = LocalIdentity {
                 name: EntityName::client(1),
                 addr: EntityAddr::tcp(([127, 0, 0, 1], 0).into()).with_nonce(7),
+                dials: Default::default(),
             };
             let peer = EntityAddr::tcp(([127, 0, 0, 1], port).into());
             let mut s = Session::connect(
@@ -1974,6 +2024,7 @@ mod tests {
         let local = LocalIdentity {
             name: EntityName::peer(1),
             addr: EntityAddr::tcp(([127, 0, 0, 1], 6801).into()).with_nonce(1),
+            dials: Default::default(),
         };
         let peer = EntityAddr::tcp(([127, 0, 0, 1], 6800).into());
         let cfg = SessionConfig::default();

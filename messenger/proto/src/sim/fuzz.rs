@@ -21,7 +21,8 @@ use crate::banner::{Banner, BANNER_LEN};
 use crate::batch::{BatchReader, BatchWriter};
 use crate::codec::{Codec, Postcard};
 use crate::control::{
-    control_frame, with_limits, Ack, Close, Hello, HelloOk, Keepalive, Limits, ReconnectOk,
+    control_frame, with_dial_number, with_limits, Ack, Close, Hello, HelloOk, Keepalive, Limits,
+    ReconnectOk,
 };
 use crate::error::FrameError;
 use crate::frame::{Frame, FrameDecoder, FrameLimits, Preamble, Tag, MAX_SEGMENTS, PREAMBLE_LEN};
@@ -1017,6 +1018,7 @@ pub fn session_engine(data: &[u8]) {
     let local = LocalIdentity {
         name: EntityName::peer(9),
         addr: EntityAddr::tcp(([10, 0, 0, 3], 6800).into()).with_nonce(5),
+        dials: Default::default(),
     };
     let mut s = if setup & 1 == 1 {
         Session::accept(cfg.clone(), local, LinkId(0), now)
@@ -1157,11 +1159,13 @@ fn apply(s: &mut Session, op: &Op, now: &mut Instant, decoders: &mut [(StreamDec
                 cookie: *cookie,
                 in_seq: *in_seq,
                 limits: None,
+                dial: None,
             };
             // The accepted link's own session, past the banners (crc).
             let local = LocalIdentity {
                 name: EntityName::peer(9),
                 addr: fuzz_addr(0),
+                dials: Default::default(),
             };
             let mut pending = Session::accept(SessionConfig::default(), local, l(link), *now);
             let banner = crate::stream::Inbound::Banner(crate::Banner::default().encode());
@@ -1184,16 +1188,17 @@ fn apply(s: &mut Session, op: &Op, now: &mut Instant, decoders: &mut [(StreamDec
 /// or unit payload on an arbitrary tag).
 fn control(kind: u8, a: u64, b: u64, who: u8) -> Frame {
     let f = control_payload_frame(kind, a, b, who);
-    // Hello, hello-ok and reconnect-ok carry limits where the banners
-    // agreed (the default banner offers them); bit 5 of `who` leaves them
-    // out, so both shapes reach the engine. Small limits (from `b`) make
-    // queued messages too large now and then.
+    // Hello, hello-ok and reconnect-ok carry limits and a dial number
+    // where the banners agreed (the default banner offers both); bit 5 of
+    // `who` leaves them out, so both shapes reach the engine. Small limits
+    // (from `b`) make queued messages too large now and then; the dial
+    // number (from `a`) is now and then one the session has seen.
     if kind % 12 < 3 && who & 0x20 == 0 {
         let limits = Limits {
             max_front: (b as u32 % 64) * 16,
             max_data: 1 << 20,
         };
-        return with_limits(f, &limits);
+        return with_dial_number(with_limits(f, &limits), a % 4);
     }
     f
 }
@@ -1210,6 +1215,7 @@ fn control_payload_frame(kind: u8, a: u64, b: u64, who: u8) -> Frame {
                 cookie: a,
                 in_seq: b,
                 limits: None,
+                dial: None,
             },
         ),
         1 => control_frame(
@@ -1531,6 +1537,7 @@ pub fn sample_frames() -> Vec<Frame> {
                 cookie: 0,
                 in_seq: 0,
                 limits: None,
+                dial: None,
             },
         ),
         control_frame(

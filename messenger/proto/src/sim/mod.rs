@@ -138,6 +138,8 @@ struct Node {
     listening: bool,
     frozen: bool,
     echo: bool,
+    /// Numbers the node's dials (a restart starts a new count).
+    dials: crate::session::DialAttempts,
     /// Routed sessions (dialled, or accepted and routed).
     sessions: BTreeMap<SessionId, Session>,
     /// Accepted sessions waiting for their hello to be routed.
@@ -241,6 +243,7 @@ impl Sim {
             listening,
             frozen: false,
             echo: false,
+            dials: crate::session::DialAttempts::new(),
             sessions: BTreeMap::new(),
             pending: BTreeMap::new(),
             security: None,
@@ -303,6 +306,7 @@ impl Sim {
         let local = LocalIdentity {
             name: node.name.clone(),
             addr: node.addr.clone(),
+            dials: node.dials.clone(),
         };
         let s = Session::connect(cfg, local, addr, policy, self.now);
         node.sessions.insert(id, s);
@@ -479,6 +483,7 @@ impl Sim {
         let n = &mut self.nodes[node];
         n.sessions.clear();
         n.pending.clear();
+        n.dials = crate::session::DialAttempts::new();
         n.addr = n.addr.clone().with_nonce(nonce);
     }
 
@@ -784,6 +789,7 @@ impl Sim {
             let local = LocalIdentity {
                 name: tn.name.clone(),
                 addr: tn.addr.clone(),
+                dials: tn.dials.clone(),
             };
             tn.pending
                 .insert(pid, Session::accept(cfg, local, link, now));
