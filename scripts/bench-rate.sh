@@ -101,11 +101,15 @@ m = statistics.median
 def ratios(a, b): return [x / y for x, y in zip(a, b)]
 def show(v): return f"{m(v):.2f}x ({min(v):.2f}-{max(v):.2f})"
 print(f"\n{rows and json.loads(rows[0][0])['size']} B over shared memory, {len(rows)} rounds (median; per-round ratios: median, min-max):")
-print(f"  raw libfabric shm (fi_inject)  {m(raw)/1e6:6.2f} M msg/s")
-print(f"  msgr fabric+shm?ep=rdm         {m(shm)/1e6:6.2f} M msg/s  {show(ratios(shm, tcp))} msgr tcp://  target >= 1.5x;  {show(ratios(shm, raw))} raw shm")
-print(f"  msgr tcp://                    {m(tcp)/1e6:6.2f} M msg/s")
-print(f"  fi_pingpong -p shm one-way     {m(fi):6.2f} us (its mean)")
-print(f"  msgr ping fabric+shm, p50      {m(p50):6.2f} us  {show(ratios(p50, fi))} fi_pingpong  target <= 1.5x")
+for label, figure in [
+    ("raw libfabric shm (fi_inject)", f"{m(raw)/1e6:6.2f} M msg/s"),
+    ("msgr fabric+shm?ep=rdm", f"{m(shm)/1e6:6.2f} M msg/s  {show(ratios(shm, tcp))} msgr tcp://  target >= 1.5x;"
+                               f"  {show(ratios(shm, raw))} raw shm"),
+    ("msgr tcp://", f"{m(tcp)/1e6:6.2f} M msg/s"),
+    ("fi_pingpong -p shm one-way", f"{m(fi):6.2f} us (its mean)"),
+    ("msgr ping fabric+shm, p50", f"{m(p50):6.2f} us  {show(ratios(p50, fi))} fi_pingpong  target <= 1.5x"),
+]:
+    print(f"  {label:<30} {figure}")
 if sys.argv[2]:
     with open(sys.argv[2], "a") as o:
         o.write(json.dumps({"bench": "shm", "raw": raw, "shm": shm, "tcp": tcp,
