@@ -10,6 +10,7 @@
 #   ROUNDS=3 COUNT=1000000 SIZE=64 scripts/bench-rate.sh
 #   JSON=out.jsonl scripts/bench-rate.sh   # one JSON object per measurement
 #   CONNS=1,16,256 scripts/bench-rate.sh   # many connections instead (below)
+#   SHM=1 scripts/bench-rate.sh            # the shared-memory path instead (below)
 #
 # With CONNS, the aggregate 64 B rate of each count of connections into one
 # server (issue 51 item 4): per round, ZeroMQ with as many PUSH sockets
@@ -18,7 +19,15 @@
 # count's rate against one connection's in the same round, and msgr's
 # against ZeroMQ's. CONNS must list 1.
 #
-# Installs libzmq3-dev when missing. Every process is bounded by `timeout`.
+# With SHM=1, libfabric's shm provider (issue 51 item 2): per round, the
+# raw provider's message rate (tool/reference/fi_rate.c: FI_EP_RDM,
+# fi_inject, two processes, busy-polled CQs), msgr stream over
+# fabric+shm?ep=rdm and over tcp://, then fi_pingpong -p shm -e rdm and
+# msgr ping over fabric+shm (ITER round trips, default 20,000, of SIZE
+# bytes). Bars: msgr's shm rate >= 1.5x its tcp:// rate, and its shm p50
+# one-way <= 1.5x fi_pingpong's (which prints a mean only), in one round.
+#
+# Installs libzmq3-dev when missing (not for SHM=1). Every process is bounded by `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +35,88 @@ ROUNDS=${ROUNDS:-5}
 COUNT=${COUNT:-2000000}
 SIZE=${SIZE:-64}
 PORT=${PORT:-7961}
+
+if [ -n "${SHM:-}" ]; then
+  ITER=${ITER:-20000}
+  command -v fi_pingpong >/dev/null || { echo "fi_pingpong (libfabric-bin) is needed for SHM=1" >&2; exit 1; }
+  mkdir -p target/bench
+  cc -O2 -o target/bench/fi_rate tool/reference/fi_rate.c -lfabric
+  cargo build --release -q -p msgr-tool --features fabric
+  bin="${CARGO_TARGET_DIR:-$PWD/target}/release/msgr"
+  out="$(mktemp)"
+  log="$(mktemp)"
+  trap 'rm -f "$out" "$log" "$log.fis" "$log.fic"' EXIT
+  echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
+  # Starts `msgr serve ADDR`; sets SRV and ADDR (the address it bound).
+  serve() {
+    timeout 300 "$bin" serve "$1" --duration 280 >"$log" 2>&1 &
+    SRV=$!
+    ADDR=""
+    for _ in $(seq 100); do
+      ADDR=$(sed -n 's/^listening on //p' "$log" | head -1)
+      [ -n "$ADDR" ] && return 0
+      sleep 0.1
+    done
+    echo "msgr serve $1 did not start:" >&2; cat "$log" >&2; exit 1
+  }
+  stop() { kill -INT "$SRV" 2>/dev/null || true; wait "$SRV" 2>/dev/null || true; }
+  for r in $(seq "$ROUNDS"); do
+    raw=$(timeout 120 target/bench/fi_rate -p shm -n "$COUNT" -s "$SIZE")
+    serve 'fabric+shm://127.0.0.1:0?ep=rdm'
+    shm=$(timeout 120 "$bin" stream "$ADDR" --size "$SIZE" --count "$COUNT" --json | tail -n 1)
+    stop
+    serve tcp://127.0.0.1:0
+    tcp=$(timeout 120 "$bin" stream "$ADDR" --size "$SIZE" --count "$COUNT" --json | tail -n 1)
+    stop
+    timeout 120 fi_pingpong -p shm -e rdm -I "$ITER" -S "$SIZE" -B "$PORT" >"$log.fis" 2>&1 &
+    fis=$!
+    sleep 0.3
+    timeout 120 fi_pingpong -p shm -e rdm -I "$ITER" -S "$SIZE" -P "$PORT" 127.0.0.1 >"$log.fic" 2>&1 \
+      || { echo "fi_pingpong -p shm failed:" >&2; cat "$log.fic" "$log.fis" >&2; exit 1; }
+    wait "$fis" || true
+    PORT=$((PORT + 2))
+    # fabtests abbreviate sizes and counts (64, 64k; 20k): match the shape.
+    fi_us=$(awk 'NF >= 8 && $1 ~ /^[0-9]+[kmg]?$/ && $7 ~ /^[0-9.]+$/ {v = $7} END {print v}' "$log.fic")
+    serve 'fabric+shm://127.0.0.1:0?ep=rdm'
+    ping=$(timeout 120 "$bin" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup 1000 --json | tail -n 1)
+    stop
+    printf '%s\t%s\t%s\t%s\t%s\n' "$raw" "$shm" "$tcp" "$fi_us" "$ping" >>"$out"
+    python3 - "$raw" "$shm" "$tcp" "$fi_us" "$ping" "$r" <<'EOF'
+import json, sys
+raw, shm, tcp = (json.loads(a) for a in sys.argv[1:4])
+ping = json.loads(sys.argv[5])["ping"]["one_way"]
+print(f"round {sys.argv[6]}: raw shm {raw['msgs_per_s']/1e6:.2f} M msg/s, msgr shm {shm['stream']['msgs_per_s']/1e6:.2f},"
+      f" msgr tcp {tcp['stream']['msgs_per_s']/1e6:.2f}; fi_pingpong shm {sys.argv[4]} us, msgr shm p50 {ping['p50_us']:.2f} us")
+EOF
+  done
+  python3 - "$out" "${JSON:-}" <<'EOF'
+import json, statistics, sys
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1])]
+raw = [json.loads(r[0])["msgs_per_s"] for r in rows]
+shm = [json.loads(r[1])["stream"]["msgs_per_s"] for r in rows]
+tcp = [json.loads(r[2])["stream"]["msgs_per_s"] for r in rows]
+fi = [float(r[3]) for r in rows]
+p50 = [json.loads(r[4])["ping"]["one_way"]["p50_us"] for r in rows]
+m = statistics.median
+def ratios(a, b): return [x / y for x, y in zip(a, b)]
+def show(v): return f"{m(v):.2f}x ({min(v):.2f}-{max(v):.2f})"
+print(f"\n{rows and json.loads(rows[0][0])['size']} B over shared memory, {len(rows)} rounds (median; per-round ratios: median, min-max):")
+for label, figure in [
+    ("raw libfabric shm (fi_inject)", f"{m(raw)/1e6:6.2f} M msg/s"),
+    ("msgr fabric+shm?ep=rdm", f"{m(shm)/1e6:6.2f} M msg/s  {show(ratios(shm, tcp))} msgr tcp://  target >= 1.5x;"
+                               f"  {show(ratios(shm, raw))} raw shm"),
+    ("msgr tcp://", f"{m(tcp)/1e6:6.2f} M msg/s"),
+    ("fi_pingpong -p shm one-way", f"{m(fi):6.2f} us (its mean)"),
+    ("msgr ping fabric+shm, p50", f"{m(p50):6.2f} us  {show(ratios(p50, fi))} fi_pingpong  target <= 1.5x"),
+]:
+    print(f"  {label:<30} {figure}")
+if sys.argv[2]:
+    with open(sys.argv[2], "a") as o:
+        o.write(json.dumps({"bench": "shm", "raw": raw, "shm": shm, "tcp": tcp,
+                            "fi_pingpong_us": fi, "shm_p50_us": p50}) + "\n")
+EOF
+  exit 0
+fi
 
 if ! dpkg-query -W -f='${db:Status-Status}' libzmq3-dev 2>/dev/null | grep -qx installed; then
   echo "installing libzmq3-dev"

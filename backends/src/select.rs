@@ -76,7 +76,7 @@ pub struct RdmaPoolConfig {
     /// Bytes of send and receive buffers a libfabric worker's links may
     /// hold (the `fabric_link_bytes` key): a link beyond it is refused.
     /// A MSG link holds its own slots (4 MiB), an RDM link its share of
-    /// the endpoint's receive pool (`tcp;ofi_rxm` 1.25 MiB, `shm` 80 KiB).
+    /// the endpoint's receive pool (`tcp;ofi_rxm` 1.25 MiB, `shm` 272 KiB).
     pub fabric_link_bytes: usize,
 }
 

@@ -582,7 +582,7 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
     ),
     key(
         "fabric_link_bytes",
-        "send and receive buffers a libfabric worker's links may hold; a link beyond it is refused (links_refused): a MSG link holds 4 MiB, an RDM link 1.25 MiB over tcp, 80 KiB over shm (default 1073741824)",
+        "send and receive buffers a libfabric worker's links may hold; a link beyond it is refused (links_refused): a MSG link holds 4 MiB, an RDM link 1.25 MiB over tcp, 272 KiB over shm (default 1073741824)",
         int(1 << 20, 1 << 44, |c, n| c.rdma.fabric_link_bytes = n as usize),
     ),
     key(

@@ -13,7 +13,7 @@ use msgr_fabric::{CmEvent, Completion, Ep, EpType, Net, PeerAddr, RdmEp, RmaChoi
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::{FrameLimits, LinkId, Transmit};
 
-use super::rdm::{RdmTransport, HEADER_LEN};
+use super::rdm::{self, RdmTransport, HEADER_LEN};
 use super::rendezvous;
 use super::tests::{accepted, drive_within, in_order, send_small_frames, stat};
 use super::{msg, FabricTransport, SLOT_SIZE};
@@ -915,6 +915,56 @@ fn rdm_forged_and_replayed_hellos_admit_nothing(provider: &str) {
     eprintln!(
         "{provider}: a replayed HELLO, a forged one and a guessed token: 3 challenges to the named endpoint, 0 links"
     );
+}
+
+/// Over an RDM provider: a peer that announces no window after its
+/// capabilities (an msgr from before windows) is sent at most
+/// [`rdm::CREDITS`] data pieces unanswered, one that announces 8 at most
+/// 8; the transport's WELCOME announces its own window (`expected`).
+fn rdm_windows_are_each_ends_own(provider: &str, expected: u32) {
+    use rdm_wire::*;
+    let p = FabricProvider::new(provider).with_endpoint(FabricEndpoint::Rdm);
+    let mut poll = mio::Poll::new().unwrap();
+    let mut t = RdmTransport::new(&p, poll.registry(), &context()).unwrap();
+    let bound = listen(&mut t, &format!("fabric+{provider}://127.0.0.1:0?ep=rdm"));
+    let mut peer = RawRdmPeer::open(provider, bound.socket);
+    let caps = rendezvous::caps(None);
+    let with_window = [&caps[..], &8u16.to_le_bytes()].concat();
+    for (i, (announced, allowed)) in [(&caps[..], rdm::CREDITS), (&with_window[..], 8)]
+        .into_iter()
+        .enumerate()
+    {
+        let me = (300 + i as u64, 0xfeed_0000 + i as u32);
+        peer.hello(&mut t, &mut poll, me, announced);
+        let events = peer.drive(&mut t, &mut poll, |e| accepted(e).is_some());
+        let link = accepted(&events).expect("accepted");
+        assert!(
+            peer.wait_for(&mut t, &mut poll, |p| p.welcomed(me).is_some()),
+            "no WELCOME"
+        );
+        let welcome = peer.bodies(WELCOME, me).next().unwrap().to_vec();
+        let window = welcome
+            .get(12 + rendezvous::CAPS_LEN..12 + rendezvous::CAPS_LEN + 2)
+            .map(|w| u16::from_le_bytes([w[0], w[1]]));
+        assert_eq!(window, Some(expected as u16), "the WELCOME's window");
+        // Far more than any window; the peer never returns a credit.
+        send_small_frames(&mut t, link, 3 * rdm::MAX_WINDOW as usize);
+        let pieces = |p: &RawRdmPeer| p.bodies(DATA_LAST, me).count();
+        let got = peer.wait_for(&mut t, &mut poll, |p| pieces(p) >= allowed as usize);
+        assert!(got, "{} of {allowed} pieces came", pieces(&peer));
+        peer.run_for(&mut t, &mut poll, Duration::from_millis(200));
+        assert_eq!(pieces(&peer), allowed as usize, "pieces beyond the window");
+    }
+}
+
+#[test]
+fn tcp_rxm_windows_are_each_ends_own() {
+    rdm_windows_are_each_ends_own("tcp", rdm::CREDITS);
+}
+
+#[test]
+fn shm_windows_are_each_ends_own() {
+    rdm_windows_are_each_ends_own("shm", 64);
 }
 
 #[test]

@@ -39,6 +39,12 @@ pub(in crate::fabric) struct RdmLink {
     pub(super) need_welcome: bool,
     pub(super) need_keep: bool,
     pub(super) credits: u32,
+    /// Data pieces this end takes unconsumed on the link (its receive
+    /// window, announced at set-up): how far ahead a piece may be.
+    pub(super) window: u32,
+    /// The peer's window ([`super::wire::peer_window`]): the most credits
+    /// this end holds.
+    pub(super) peer_window: u32,
     pub(super) to_return: u32,
     pub(super) outbox: Outbox,
     /// Transmit slots in flight for this link.
@@ -65,29 +71,38 @@ pub(in crate::fabric) struct RdmLink {
 }
 
 /// A link's received data pieces not yet handed up, by number (receive
-/// slot and length). A piece is at most [`CREDITS`] ahead of the next one
-/// handed up (the sender's credits bound it; the receiver checks), so a
-/// ring of that many entries holds them: nothing is allocated per piece, as
-/// an ordered map did for every message.
-#[derive(Debug, Default)]
+/// slot and length). A piece is less than the link's window ahead of the
+/// next one handed up (the sender's credits bound it; the receiver checks),
+/// so a ring of that many entries holds them: nothing is allocated per
+/// piece, as an ordered map did for every message.
+#[derive(Debug)]
 pub(super) struct HeldPieces {
-    ring: [Option<(usize, usize)>; CREDITS as usize],
+    ring: Box<[Option<(usize, usize)>]>,
     count: usize,
 }
 
 impl HeldPieces {
-    fn at(seq: u64) -> usize {
-        (seq % u64::from(CREDITS)) as usize
+    /// Room for a window of `window` pieces (at least one).
+    pub(super) fn new(window: u32) -> Self {
+        HeldPieces {
+            ring: vec![None; window.max(1) as usize].into_boxed_slice(),
+            count: 0,
+        }
+    }
+
+    fn at(&self, seq: u64) -> usize {
+        (seq % self.ring.len() as u64) as usize
     }
 
     /// Whether piece `seq` (within the window) is held already.
     pub(super) fn contains(&self, seq: u64) -> bool {
-        self.ring[Self::at(seq)].is_some()
+        self.ring[self.at(seq)].is_some()
     }
 
     /// Holds piece `seq`, which must be within the window and not held.
     pub(super) fn insert(&mut self, seq: u64, piece: (usize, usize)) {
-        let entry = &mut self.ring[Self::at(seq)];
+        let at = self.at(seq);
+        let entry = &mut self.ring[at];
         debug_assert!(entry.is_none(), "piece {seq} held twice");
         self.count += usize::from(entry.is_none());
         *entry = Some(piece);
@@ -95,7 +110,8 @@ impl HeldPieces {
 
     /// Takes piece `seq` if it is held.
     pub(super) fn take(&mut self, seq: u64) -> Option<(usize, usize)> {
-        let piece = self.ring[Self::at(seq)].take();
+        let at = self.at(seq);
+        let piece = self.ring[at].take();
         self.count -= usize::from(piece.is_some());
         piece
     }
@@ -112,7 +128,15 @@ impl HeldPieces {
 }
 
 impl RdmLink {
-    pub(super) fn new(port: usize, peer: usize, accepted: Option<(Token, SocketAddr)>) -> Self {
+    /// A link on port `port` to peer `peer` that takes `window` data
+    /// pieces unconsumed; the peer's window is [`CREDITS`] until its HELLO
+    /// or WELCOME says.
+    pub(super) fn new(
+        port: usize,
+        peer: usize,
+        accepted: Option<(Token, SocketAddr)>,
+        window: u32,
+    ) -> Self {
         let now = Instant::now();
         RdmLink {
             port,
@@ -127,13 +151,15 @@ impl RdmLink {
             need_welcome: false,
             need_keep: false,
             credits: 0,
+            window,
+            peer_window: CREDITS,
             to_return: 0,
             outbox: Outbox::default(),
             inflight: 0,
             reasm: Reassembly::default(),
             paused: false,
             frozen: false,
-            held: HeldPieces::default(),
+            held: HeldPieces::new(window),
             rx_seq: 0,
             tx_seq: 0,
             close_after_flush: false,
@@ -253,6 +279,13 @@ impl RdmLink {
         Ok(true)
     }
 
+    /// Whether enough credits are owed to send them in a `KEEP` of their
+    /// own: half the window, at most [`KEEP_EVERY`] (a large window's
+    /// sender would otherwise wait long for its first credits back).
+    pub(super) fn keep_due(&self) -> bool {
+        self.to_return >= (self.window / 2).clamp(1, KEEP_EVERY)
+    }
+
     /// Credits to return in the next header (all owed, as a u16).
     fn take_credits(&mut self) -> u16 {
         let n = self.to_return.min(u32::from(u16::MAX));
@@ -275,6 +308,9 @@ impl QueuedLink for RdmLink {
     }
 }
 
+/// Credits owed that make a `KEEP` due at the latest ([`RdmLink::keep_due`]).
+const KEEP_EVERY: u32 = 32;
+
 /// A per-link random number: a message for a link id of an earlier
 /// incarnation (of this process or the peer) does not match it.
 fn rand_cookie() -> u32 {
@@ -293,7 +329,7 @@ mod tests {
     /// order, across the ring's wrap, each once.
     #[test]
     fn held_pieces_come_out_in_order() {
-        let mut held = HeldPieces::default();
+        let mut held = HeldPieces::new(CREDITS);
         let mut next = 0u64;
         let mut out = Vec::new();
         // Windows of CREDITS pieces, each arriving last-to-first.

@@ -46,11 +46,17 @@
 //!   so the receiver holds early pieces (at most the link's credits) and
 //!   hands them up in order; a piece that overtook the `WELCOME` waits for it.
 //! - Flow control: receives come from one pool per endpoint, shared by its
-//!   links as an SRQ is. Each link may have [`CREDITS`] data messages
-//!   unconsumed at the receiver; the receiver returns credits in every
-//!   header it sends and in a `KEEP` message once half are owed. The pool
-//!   grows by [`CREDITS`] + [`CONTROL_SLACK`] slots per link (never shrinks),
-//!   so a sender never overruns it.
+//!   links as an SRQ is. Each end of a link takes a window of data
+//!   messages unconsumed — [`WINDOW_BYTES`] of slots, at least [`CREDITS`]
+//!   and at most [`MAX_WINDOW`]: 16 of 64 KiB over `tcp;ofi_rxm`, 64 of
+//!   `shm`'s 4 KiB — and says so in its HELLO or WELCOME (an msgr from
+//!   before says nothing and takes [`CREDITS`]); a sender holds at most
+//!   its peer's window in credits. The receiver returns credits in every
+//!   header it sends and in a `KEEP` message once half its window (at most
+//!   32) is owed — within the poll where pieces came in bulk, before the
+//!   worker delivers them, so sender and receiver work at once. The pool
+//!   grows by the window + [`CONTROL_SLACK`] slots per link (never
+//!   shrinks), so a sender never overruns it.
 //! - Liveness: a link that has sent nothing for [`KEEP_AFTER`] sends `KEEP`;
 //!   a link that has heard nothing for [`LINK_DEADLINE`] (including a
 //!   connect never welcomed) fails. A receiver that paused reading still
@@ -158,9 +164,9 @@ use context::{
 use link::RdmLink;
 use port::Port;
 use wire::{
-    read_dest, read_header, write_dest, write_header, Body, Dest, CHALLENGE, CLOSE, DATA_LAST,
-    DATA_MORE, HELLO, HELLO_FIXED, KEEP, RNDV, RNDV_DONE, RNDV_EPILOGUE, RNDV_GRANT, RNDV_WRITTEN,
-    WELCOME,
+    read_dest, read_header, write_dest, write_header, write_window, Body, Dest, CHALLENGE, CLOSE,
+    DATA_LAST, DATA_MORE, HELLO, HELLO_FIXED, KEEP, RNDV, RNDV_DONE, RNDV_EPILOGUE, RNDV_GRANT,
+    RNDV_WRITTEN, WELCOME,
 };
 
 mod challenge;
@@ -173,8 +179,21 @@ mod wire;
 
 pub use wire::HEADER_LEN;
 
-/// Data messages a link may have unconsumed at its receiver.
+/// Data messages a link may have unconsumed at its receiver where slots are
+/// large (64 KiB), and at a peer that does not say its window (an msgr from
+/// before [`WINDOW_BYTES`]).
 pub const CREDITS: u32 = 16;
+/// The bytes of data pieces a link takes unconsumed: its window in pieces
+/// is this over the slot size, at least [`CREDITS`] and at most
+/// [`MAX_WINDOW`] — 64 pieces of `shm`'s 4 KiB. With 16 of them (64 KiB
+/// in flight) a stream ran in turns on a loaded machine: whichever end was
+/// descheduled stopped the other within 64 KiB, where a TCP socket's
+/// buffers take megabytes (docs/BENCHMARKS.md, the shm section).
+pub const WINDOW_BYTES: usize = 256 << 10;
+/// The largest window a link takes or grants, in pieces: the transmit
+/// slots of an endpoint, as a larger one could not be filled between two
+/// polls anyway.
+pub const MAX_WINDOW: u32 = TX_SLOTS as u32;
 /// Receive slots per link beyond its credits, for control messages.
 pub const CONTROL_SLACK: usize = 4;
 /// A link that has sent nothing for this long sends `KEEP`.
@@ -195,8 +214,14 @@ pub(super) const CLOSE_GIVE_UP: Duration = Duration::from_secs(1);
 const HOUSEKEEPING: Duration = Duration::from_millis(250);
 /// Transmit slots per endpoint.
 const TX_SLOTS: usize = 64;
-/// Receive slots per link (one pool block).
-const LINK_BLOCK: usize = CREDITS as usize + CONTROL_SLACK;
+/// Data pieces handled in one poll from which their slots are reposted and
+/// their credits returned within that poll, before the worker delivers the
+/// units (else at the pass's flush, after it did: a ping-pong's reply then
+/// goes before the repost). A stream that fills the window otherwise runs
+/// in turns — the sender waits while the receiver delivers a window's
+/// messages, the receiver while the sender refills it — which held
+/// `fabric+shm` at about half TCP's 64 B rate (docs/BENCHMARKS.md).
+const RETURN_AT_ONCE: usize = 4;
 
 pub use super::rendezvous::{RNDV_MAX, RNDV_THRESHOLD};
 
@@ -217,6 +242,15 @@ const MAX_OUT_PORT_REPLACEMENTS: u64 = 8;
 /// are told it takes no writes (their large units go eagerly). Bounds what
 /// peers that offer units and never write them can pin.
 const ABANDONED_MAX: usize = 64 << 20;
+
+/// The window of a transport whose messages are `slot_size` bytes (see
+/// [`WINDOW_BYTES`]).
+fn window_for(slot_size: usize) -> u32 {
+    let pieces = WINDOW_BYTES / slot_size.max(1);
+    u32::try_from(pieces)
+        .unwrap_or(MAX_WINDOW)
+        .clamp(CREDITS, MAX_WINDOW)
+}
 
 fn io_err(op: &'static str, e: FabricError) -> TransportError {
     TransportError::io(op, std::io::Error::other(e.to_string()))
@@ -254,6 +288,11 @@ pub struct RdmTransport {
     cq_wait: CqWaitFd,
     /// Bytes per message (header included), see [`RdmTransport::new`].
     slot_size: usize,
+    /// Data pieces each link takes unconsumed ([`WINDOW_BYTES`]).
+    window: u32,
+    /// Receive slots per link (one pool block): the window and
+    /// [`CONTROL_SLACK`].
+    link_block: usize,
     /// Bytes per message sent (header included): the slot size, or less
     /// where larger messages would go by the provider's own reads.
     send_limit: usize,
@@ -358,8 +397,12 @@ impl RdmTransport {
                 std::io::Error::other("the system's random number generator failed"),
             )
         })?;
+        let window = window_for(slot_size);
+        let link_block = window as usize + CONTROL_SLACK;
         Ok(RdmTransport {
             keep_live_peers: net.never_closes(),
+            window,
+            link_block,
             challenges,
             slot_size,
             send_limit,
@@ -374,7 +417,7 @@ impl RdmTransport {
             out_port: None,
             out_port_replacements: 0,
             queue_failures: QueueFailures::default(),
-            link_budget: LinkBudget::new(LINK_BLOCK * slot_size, ctx.rdma.fabric_link_bytes),
+            link_budget: LinkBudget::new(link_block * slot_size, ctx.rdma.fabric_link_bytes),
             net,
             kind,
             registry,
@@ -418,7 +461,7 @@ impl RdmTransport {
     ) -> Result<usize, FabricError> {
         let ep = self
             .net
-            .rdm_endpoint(bind, TX_SLOTS, LINK_BLOCK, self.slot_size)?;
+            .rdm_endpoint(bind, TX_SLOTS, self.link_block, self.slot_size)?;
         // Port indices are never reused: completions of a closed port's
         // endpoint could still be in the CQ.
         let idx = self.ports.len();
@@ -475,7 +518,7 @@ impl RdmTransport {
         let Some(port) = self.ports.get_mut(link.port).and_then(Option::as_mut) else {
             return Some(link);
         };
-        port.reserved = port.reserved.saturating_sub(LINK_BLOCK);
+        port.reserved = port.reserved.saturating_sub(self.link_block);
         port.links = port.links.saturating_sub(1);
         // Exposed units go (a peer still reading gets an error); a read in
         // flight keeps its buffer in the endpoint until it completes; a
@@ -683,7 +726,7 @@ impl RdmTransport {
         link.credits = link
             .credits
             .saturating_add(u32::from(h.credits))
-            .min(CREDITS);
+            .min(link.peer_window);
         if h.credits > 0 && link.has_output() {
             self.dirty.push(id);
         }
@@ -698,11 +741,14 @@ impl RdmTransport {
                     return;
                 };
                 match remote {
-                    Some((r, (op, late))) if link.remote.is_none() && link.accepted.is_none() => {
+                    Some((r, (op, late), window))
+                        if link.remote.is_none() && link.accepted.is_none() =>
+                    {
                         link.remote = Some(r);
                         link.peer_rndv = op;
                         link.peer_late = late;
-                        link.credits = CREDITS;
+                        link.peer_window = window;
+                        link.credits = window;
                         events.push(TransportEvent::Connected(id));
                         self.dirty.push(id);
                         // Data that overtook the WELCOME.
@@ -713,14 +759,14 @@ impl RdmTransport {
             }
             DATA_MORE | DATA_LAST | RNDV => {
                 if h.seq < link.rx_seq
-                    || h.seq - link.rx_seq >= u64::from(CREDITS)
+                    || h.seq - link.rx_seq >= u64::from(link.window)
                     || link.held.contains(h.seq)
                 {
                     let why = format!(
                         "data piece {} outside the window {}..{}",
                         h.seq,
                         link.rx_seq,
-                        link.rx_seq + u64::from(CREDITS)
+                        link.rx_seq + u64::from(link.window)
                     );
                     self.repost(pidx, slot);
                     return self.fail(id, why, events);
@@ -863,7 +909,7 @@ impl RdmTransport {
                 continue;
             };
             link.to_return += 1;
-            if link.to_return >= CREDITS / 2 {
+            if link.keep_due() {
                 link.need_keep = true;
                 self.dirty.push(id);
             }
@@ -1086,9 +1132,10 @@ impl RdmTransport {
         };
         // The connector's capabilities follow its name.
         let caps = &body[HELLO_FIXED + name_len..];
-        let (peer_rndv, peer_late) = (
+        let (peer_rndv, peer_late, peer_window) = (
             rendezvous::peer_op(caps),
             rendezvous::peer_late_epilogue(caps),
+            wire::peer_window(caps),
         );
         if !self.link_budget.admits(self.links.len()) {
             // The connector's link fails by its deadline, never welcomed.
@@ -1111,18 +1158,19 @@ impl RdmTransport {
                 return;
             }
         };
-        if let Err(e) = port.reserve(pidx, LINK_BLOCK) {
+        if let Err(e) = port.reserve(pidx, self.link_block) {
             tracing::warn!(error = %e, "no receive buffers for a new RDM link; HELLO dropped");
             port.release_peer(peer, true);
             return;
         }
         let peer_addr = RdmEp::name_as_socket(name).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
         let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
-        let mut link = RdmLink::new(pidx, peer, Some((token, peer_addr)));
+        let mut link = RdmLink::new(pidx, peer, Some((token, peer_addr)), self.window);
         link.remote = Some(remote);
         link.peer_rndv = peer_rndv;
         link.peer_late = peer_late;
-        link.credits = CREDITS;
+        link.peer_window = peer_window;
+        link.credits = peer_window;
         link.need_welcome = true;
         self.links.insert(id, link);
         self.dirty.push(id);
@@ -1150,7 +1198,7 @@ impl RdmTransport {
         if link.need_hello {
             let name = port.ep.name().to_vec();
             let caps = rendezvous::caps(ours);
-            let token = link.token;
+            let (token, window) = (link.token, link.window);
             let sent = port.post(pidx, link.peer, Some(id), |buf| {
                 write_header(buf, HELLO, 0, Dest { link: 0, cookie: 0 }, token);
                 let mut n = HEADER_LEN + write_dest(&mut buf[HEADER_LEN..], me);
@@ -1159,7 +1207,8 @@ impl RdmTransport {
                 buf[n..n + name.len()].copy_from_slice(&name);
                 n += name.len();
                 buf[n..n + caps.len()].copy_from_slice(&caps);
-                n + caps.len()
+                n += caps.len();
+                n + write_window(&mut buf[n..], window)
             })?;
             if !sent {
                 return Ok(false);
@@ -1172,9 +1221,12 @@ impl RdmTransport {
             return Ok(true); // waiting for WELCOME
         };
         if link.need_welcome {
-            let mut body = [0u8; 12 + rendezvous::CAPS_LEN];
-            let n = write_dest(&mut body, me);
-            body[n..].copy_from_slice(&rendezvous::caps(ours));
+            let mut body = [0u8; 12 + rendezvous::CAPS_LEN + wire::WINDOW_LEN];
+            let mut n = write_dest(&mut body, me);
+            let caps = rendezvous::caps(ours);
+            body[n..n + caps.len()].copy_from_slice(&caps);
+            n += caps.len();
+            write_window(&mut body[n..], link.window);
             if !link.post_control(id, pidx, port, WELCOME, &body, now)? {
                 return Ok(false);
             }
@@ -1234,7 +1286,7 @@ impl RdmTransport {
             counters.pieces_in_place += u64::from(!from_slot);
             link.outbox.piece_sent(&piece, &mut link.exposures);
         }
-        if link.need_keep || link.to_return >= CREDITS / 2 {
+        if link.need_keep || link.keep_due() {
             if !link.post_control(id, pidx, port, KEEP, &[], now)? {
                 return Ok(false);
             }
@@ -1310,6 +1362,15 @@ impl RdmTransport {
         events.append(&mut self.deferred_events);
         self.repost_handled();
         any |= self.drain_cq(events);
+        if self.handled.len() >= RETURN_AT_ONCE {
+            // A stream's pieces arrived in bulk: their bytes are in the
+            // links' reassembly (or held), so the slots go back and the
+            // credits with them now — a KEEP before the worker decodes
+            // and delivers them, so the sender fills the window while
+            // this side works, not after (see RETURN_AT_ONCE).
+            self.repost_handled();
+            self.flush_dirty(events);
+        }
         for id in std::mem::take(&mut self.resumed) {
             any |= self.hand_up(id, events);
         }
@@ -1549,14 +1610,14 @@ impl Transport for RdmTransport {
         let peer = port.peer(&name).map_err(|e| {
             TransportError::io("fi_av_insert", std::io::Error::other(e.to_string()))
         })?;
-        if let Err(e) = port.reserve(pidx, LINK_BLOCK) {
+        if let Err(e) = port.reserve(pidx, self.link_block) {
             port.release_peer(peer, true);
             return Err(TransportError::io(
                 "RDM receive pool",
                 std::io::Error::other(e.to_string()),
             ));
         }
-        let mut l = RdmLink::new(pidx, peer, None);
+        let mut l = RdmLink::new(pidx, peer, None, self.window);
         l.need_hello = true;
         self.links.insert(link, l);
         self.dirty.push(link);

@@ -5,6 +5,8 @@ use msgr_fabric::{Landing, RmaOp};
 use crate::fabric::rendezvous::{self, OwedKinds};
 use crate::fabric::OutOfSlot;
 
+use super::{CREDITS, MAX_WINDOW};
+
 /// Bytes of the header every RDM message starts with.
 pub const HEADER_LEN: usize = 24;
 
@@ -89,9 +91,9 @@ pub(super) enum Body {
     Empty,
     /// `HELLO`: the connector's ids, name and capabilities.
     Hello(Vec<u8>),
-    /// `WELCOME`: the acceptor's ids and its rendezvous capabilities
-    /// (`None`: too short).
-    Welcome(Option<(Dest, (Option<RmaOp>, bool))>),
+    /// `WELCOME`: the acceptor's ids, its rendezvous capabilities and its
+    /// receive window ([`peer_window`]) (`None`: too short).
+    Welcome(Option<(Dest, (Option<RmaOp>, bool), u32)>),
     /// `RNDV_DONE` and `RNDV_WRITTEN`: a unit's id.
     Done(Option<u32>),
     /// `RNDV_GRANT`: a unit's id and the buffer granted it.
@@ -106,11 +108,12 @@ impl Body {
             HELLO => Body::Hello(body.to_vec()),
             WELCOME => Body::Welcome(read_dest(body).map(|d| {
                 let caps = body.get(12..).unwrap_or(&[]);
+                let window = peer_window(caps);
                 let caps = (
                     rendezvous::peer_op(caps),
                     rendezvous::peer_late_epilogue(caps),
                 );
-                (d, caps)
+                (d, caps, window)
             })),
             RNDV_DONE | RNDV_WRITTEN => Body::Done(rendezvous::decode_done(body)),
             RNDV_GRANT => Body::Grant(rendezvous::decode_grant(body)),
@@ -127,6 +130,29 @@ impl Body {
         }
     }
 }
+
+/// What follows the rendezvous capabilities in a HELLO or WELCOME: the
+/// sender's receive window (data pieces it takes unconsumed per link), so
+/// each end sends within the other's. A peer from before it says nothing
+/// there and takes [`CREDITS`]; a window is taken as at most
+/// [`MAX_WINDOW`] and at least 1.
+pub(super) fn write_window(buf: &mut [u8], window: u32) -> usize {
+    let w = u16::try_from(window).unwrap_or(u16::MAX);
+    buf[..WINDOW_LEN].copy_from_slice(&w.to_le_bytes());
+    WINDOW_LEN
+}
+
+/// The window a peer's HELLO or WELCOME announced after its capabilities
+/// `caps` (see [`write_window`]).
+pub(super) fn peer_window(caps: &[u8]) -> u32 {
+    match caps.get(rendezvous::CAPS_LEN..rendezvous::CAPS_LEN + WINDOW_LEN) {
+        Some(&[a, b]) => u32::from(u16::from_le_bytes([a, b])).clamp(1, MAX_WINDOW),
+        _ => CREDITS,
+    }
+}
+
+/// Bytes of the window after the capabilities.
+pub(super) const WINDOW_LEN: usize = 2;
 
 /// (link id, cookie) of a body that starts with them (HELLO, WELCOME).
 pub(super) fn read_dest(body: &[u8]) -> Option<Dest> {
@@ -162,6 +188,17 @@ mod tests {
             (DATA_LAST, 513, d, u64::MAX - 1)
         );
         assert!(read_header(&buf[..HEADER_LEN - 1]).is_none());
+        let caps = rendezvous::caps(None);
+        let mut body = [0u8; rendezvous::CAPS_LEN + WINDOW_LEN];
+        body[..caps.len()].copy_from_slice(&caps);
+        write_window(&mut body[caps.len()..], 48);
+        assert_eq!(peer_window(&body), 48);
+        // A peer from before the window, and one that says too much.
+        assert_eq!(peer_window(&caps), CREDITS);
+        write_window(&mut body[caps.len()..], 60_000);
+        assert_eq!(peer_window(&body), MAX_WINDOW);
+        write_window(&mut body[caps.len()..], 0);
+        assert_eq!(peer_window(&body), 1);
         assert_eq!(decode_context(context(3, true, 77)), (3, true, 77));
         assert_eq!(decode_context(context(0, false, 0)), (0, false, 0));
     }
