@@ -235,6 +235,11 @@ pub struct SessionStats {
     pub tx_messages: u64,
     /// Payload bytes transmitted (replays included).
     pub tx_bytes: u64,
+    /// Batch frames transmitted (replays included): `tx_messages` over
+    /// this is the messages per frame where every message is batched.
+    pub tx_batches: u64,
+    /// Batch frames received (duplicates included).
+    pub rx_batches: u64,
     /// Messages transmitted again after a reconnect.
     pub replayed: u64,
     /// Received messages dropped as duplicates of delivered ones.
@@ -1094,6 +1099,7 @@ impl Session {
             self.count_transmitted(len);
         }
         let body = w.finish();
+        self.stats.tx_batches += 1;
         self.batch_buf.0 = buf;
         Transmit::Frame(Frame::single(Tag::MessageBatch, body))
     }
@@ -1730,6 +1736,7 @@ impl Session {
             });
         };
         let mut batch = BatchReader::new(body)?;
+        self.stats.rx_batches += 1;
         self.apply_ack(batch.ack())?;
         while let Some(msg) = batch.next_message()? {
             self.deliver(msg)?;
