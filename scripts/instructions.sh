@@ -16,7 +16,9 @@
 #   fixed batches of B messages (batch_max_bytes set to exactly B
 #   entries of SIZE bytes on both sides; the sender hands over far more
 #   than B per turn, so every batch is full), so that designs compare on
-#   equal batches rather than on the batch sizes their timing produced.
+#   equal batches rather than on the batch sizes their timing produced;
+#   BIN=PATH: count that msgr binary (one built before a change, say)
+#   instead of building this tree's.
 # Beside each count: messages per batch frame as the receiver counted
 # them (rx_messages / rx_batches of the 3N run; "-" where the messenger
 # does not count batches).
@@ -51,9 +53,13 @@ fi
 
 features=""
 for b in "${backends[@]}"; do case "$b" in fabric*) features="--features fabric" ;; esac; done
-# shellcheck disable=SC2086
-cargo build --release -q -p msgr-tool $features
-bin="${CARGO_TARGET_DIR:-$PWD/target}/release/msgr"
+if [ -n "${BIN:-}" ]; then
+  bin="$BIN"
+else
+  # shellcheck disable=SC2086
+  cargo build --release -q -p msgr-tool $features
+  bin="${CARGO_TARGET_DIR:-$PWD/target}/release/msgr"
+fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
