@@ -194,21 +194,32 @@ pub(crate) fn append_entry(out: &mut BytesMut, msg: &Message, room: usize) -> Op
     // The entry's head is assembled on the stack and appended in one
     // copy: a put per field cost a capacity check each.
     let mut head = [0u8; MAX_ENTRY_OVERHEAD];
-    let mut n = write_varint(&mut head, 0, u32::from(msg.msg_type));
-    head[n] = msg.priority;
-    head[n + 1] = msg.flags;
-    n += 3;
-    if msg.call != 0 {
-        head[n - 1] = ENTRY_HAS_CALL;
-        head[n..n + 8].copy_from_slice(&msg.call.to_le_bytes());
-        n += 8;
-    }
-    n = write_varint(&mut head, n, front_len);
-    n = write_varint(&mut head, n, data_len);
+    let n = if msg.msg_type < 0x80 && msg.call == 0 && front_len < 0x80 && data_len < 0x80 {
+        // A small message's: every varint one byte and no call (the
+        // varint loops cost as much again as the rest).
+        let small = [msg.msg_type as u8, msg.priority, msg.flags, 0];
+        head[..4].copy_from_slice(&small);
+        head[4] = front_len as u8;
+        head[5] = data_len as u8;
+        MIN_ENTRY_LEN
+    } else {
+        let mut n = write_varint(&mut head, 0, u32::from(msg.msg_type));
+        head[n] = msg.priority;
+        head[n + 1] = msg.flags;
+        n += 3;
+        if msg.call != 0 {
+            head[n - 1] = ENTRY_HAS_CALL;
+            head[n..n + 8].copy_from_slice(&msg.call.to_le_bytes());
+            n += 8;
+        }
+        n = write_varint(&mut head, n, front_len);
+        write_varint(&mut head, n, data_len)
+    };
     let len = n + front + data;
     if len > room {
         return None;
     }
+    out.reserve(len);
     out.extend_from_slice(&head[..n]);
     if front > 0 {
         out.extend_from_slice(&msg.front);
