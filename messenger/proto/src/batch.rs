@@ -20,13 +20,14 @@
 //! epilogue in a [`Tag::Message`](crate::Tag::Message) frame, and its
 //! share of two CRC32C calls against three of its own.
 //!
-//! Only a session writes batches ([`BatchWriter`], straight into a
-//! buffer of its own: no per-message allocation) and only a session
-//! reads them ([`BatchReader`]: each message's front and data are views
-//! of the received segment, nothing copied). Which messages go into a
-//! batch, and when, is the session's business (see
-//! [`crate::SessionConfig::batch_max_bytes`]); the format is the same
-//! on every transport. docs/PROTOCOL.md §2 specifies it.
+//! Only a session writes batches (each message an entry at `send`,
+//! straight into the batch it keeps open, which is then what it
+//! transmits and keeps for replay; [`BatchWriter`] writes a whole batch
+//! at once) and only a session reads them ([`BatchReader`]: each
+//! message's front and data are views of the received segment, nothing
+//! copied). Which messages go into a batch, and when, is the session's
+//! business (see [`crate::SessionConfig::batch_max_bytes`]); the format
+//! is the same on every transport. docs/PROTOCOL.md §2 specifies it.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
