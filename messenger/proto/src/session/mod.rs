@@ -647,9 +647,10 @@ impl Session {
     }
 
     /// Bytes this session's state holds: the engine itself and the
-    /// capacity of its queues and batch buffer (queued payloads excluded:
-    /// they are the application's, shared with it). What an idle
-    /// connection costs, summed by the messenger (`Messenger::memory`).
+    /// capacity of its queues and open batch buffer (queued messages
+    /// excluded: [`Session::queued_bytes`] counts them, whether encoded
+    /// into batches or, if large, the application's own buffers). What an
+    /// idle connection costs, summed by the messenger (`Messenger::memory`).
     pub fn memory_bytes(&self) -> usize {
         std::mem::size_of::<Session>()
             + self.outbox.memory_bytes()
