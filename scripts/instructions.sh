@@ -12,7 +12,16 @@
 #   operations of SIZE bytes instead of messages (`msgr serve --expose`, the
 #   owner, is the receiver; `msgr rma --repeat`, the sender), and
 #   TOP=K: the K costliest functions of each side's 3N run
-#   (callgrind_annotate, inclusive of nothing: self cost).
+#   (callgrind_annotate, inclusive of nothing: self cost), and BURST=B:
+#   fixed batches of B messages (batch_max_bytes set to exactly B
+#   entries of SIZE bytes on both sides; the sender hands over far more
+#   than B per turn, so every batch is full), so that designs compare on
+#   equal batches rather than on the batch sizes their timing produced;
+#   BIN=PATH: count that msgr binary (one built before a change, say)
+#   instead of building this tree's.
+# Beside each count: messages per batch frame as the receiver counted
+# them (rx_messages / rx_batches of the 3N run; "-" where the messenger
+# does not count batches).
 # Installs valgrind (and libfabric-dev for fabric) when missing. Builds the
 # msgr tool with the shipped release profile (fat LTO), as users get it.
 set -euo pipefail
@@ -22,6 +31,12 @@ N="${N:-100000}"
 SIZE="${SIZE:-64}"
 PORT="${PORT:-7931}"
 SET="${SET:-}"
+if [ -n "${BURST:-}" ]; then
+  # A batch body: a 24-byte header, then per message a 6-byte entry head
+  # (1-byte type, priority, flags, entry flags, 1-byte lengths) and SIZE bytes.
+  [ "$SIZE" -lt 128 ] || { echo "BURST needs SIZE < 128 (one-byte length varints)" >&2; exit 1; }
+  SET="$SET batch_max_bytes=$((24 + BURST * (6 + SIZE)))"
+fi
 backends=("$@")
 [ "${#backends[@]}" -gt 0 ] || backends=(tcp fabric+shm)
 
@@ -38,9 +53,13 @@ fi
 
 features=""
 for b in "${backends[@]}"; do case "$b" in fabric*) features="--features fabric" ;; esac; done
-# shellcheck disable=SC2086
-cargo build --release -q -p msgr-tool $features
-bin="$PWD/target/release/msgr"
+if [ -n "${BIN:-}" ]; then
+  bin="$BIN"
+else
+  # shellcheck disable=SC2086
+  cargo build --release -q -p msgr-tool $features
+  bin="${CARGO_TARGET_DIR:-$PWD/target}/release/msgr"
+fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -49,6 +68,11 @@ for kv in $SET; do sets+=(--set "$kv"); done
 
 # Instructions of one callgrind output file.
 total() { awk '/^summary:/ {print $2}' "$1"; }
+# Messages per batch frame the receiver counted (serve's counters at exit).
+per_batch() {
+  awk '$1 == "msgr_rx_messages" {m = $2} $1 == "msgr_rx_batches" {b = $2}
+    END {if (b > 0) printf "%.1f", m / b; else print "-"}' "$1"
+}
 
 # Runs one serve/stream (or serve --expose/rma) pair of `count` messages
 # (operations); prints "receiver sender".
@@ -94,7 +118,7 @@ run_pair() {
   echo "$(total "$work/serve.$tag") $(total "$work/stream.$tag")"
 }
 
-printf '%-12s %8s %6s %14s %14s\n' backend N size "sent/msg" "received/msg"
+printf '%-12s %8s %6s %14s %14s %10s\n' backend N size "sent/msg" "received/msg" "msgs/batch"
 for b in "${backends[@]}"; do
   case "$b" in
     tcp) addr="tcp://127.0.0.1:$PORT" ;;
@@ -108,7 +132,8 @@ for b in "${backends[@]}"; do
   PORT=$((PORT + 1))
   sent=$(( (s3 - s1) / (2 * N) ))
   recv=$(( (r3 - r1) / (2 * N) ))
-  printf '%-12s %8s %6s %14s %14s\n' "$b" "$N" "$SIZE" "$sent" "$recv"
+  per="$(per_batch "$work/serve.$b.3.log")"
+  printf '%-12s %8s %6s %14s %14s %10s\n' "$b" "$N" "$SIZE" "$sent" "$recv" "$per"
   if [ -n "${TOP:-}" ]; then
     for side in serve stream; do
       echo "-- $side ($b, ${OP:-messages}, 3N run): the $TOP costliest functions (self)"
@@ -118,7 +143,7 @@ for b in "${backends[@]}"; do
     done
   fi
   if [ -n "${JSON:-}" ]; then
-    printf '{"backend":"%s","n":%s,"size":%s,"op":"%s","set":"%s","sent_per_message":%s,"received_per_message":%s}\n' \
-      "$b" "$N" "$SIZE" "${OP:-message}" "$SET" "$sent" "$recv" >>"$JSON"
+    printf '{"backend":"%s","n":%s,"size":%s,"op":"%s","set":"%s","sent_per_message":%s,"received_per_message":%s,"messages_per_batch":"%s"}\n' \
+      "$b" "$N" "$SIZE" "${OP:-message}" "$SET" "$sent" "$recv" "$per" >>"$JSON"
   fi
 done

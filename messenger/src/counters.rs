@@ -40,6 +40,10 @@ counters! {
     tx_messages,
     /// Payload bytes handed to a transport (replays included).
     tx_bytes,
+    /// Batch frames handed to a transport (replays included): tx_messages per tx_batches is the messages per frame where all are small.
+    tx_batches,
+    /// Batch frames received (duplicates included): rx_messages per rx_batches is the peer's messages per frame where all are small.
+    rx_batches,
     /// Messages delivered to the dispatcher (counted once the worker is done with the session's batch: after the `on_message` calls).
     rx_messages,
     /// Payload bytes delivered to the dispatcher (counted as `rx_messages`).

@@ -20,13 +20,14 @@
 //! epilogue in a [`Tag::Message`](crate::Tag::Message) frame, and its
 //! share of two CRC32C calls against three of its own.
 //!
-//! Only a session writes batches ([`BatchWriter`], straight into a
-//! buffer of its own: no per-message allocation) and only a session
-//! reads them ([`BatchReader`]: each message's front and data are views
-//! of the received segment, nothing copied). Which messages go into a
-//! batch, and when, is the session's business (see
-//! [`crate::SessionConfig::batch_max_bytes`]); the format is the same
-//! on every transport. docs/PROTOCOL.md §2 specifies it.
+//! Only a session writes batches (each message an entry at `send`,
+//! straight into the batch it keeps open, which is then what it
+//! transmits and keeps for replay; [`BatchWriter`] writes a whole batch
+//! at once) and only a session reads them ([`BatchReader`]: each
+//! message's front and data are views of the received segment, nothing
+//! copied). Which messages go into a batch, and when, is the session's
+//! business (see [`crate::SessionConfig::batch_max_bytes`]); the format
+//! is the same on every transport. docs/PROTOCOL.md §2 specifies it.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -150,33 +151,9 @@ impl<'a> BatchWriter<'a> {
     /// bound; false (and nothing written) if it does not. A payload
     /// segment longer than `u32::MAX` never fits.
     pub fn push(&mut self, msg: &Message) -> bool {
-        let (front, data) = (msg.front.len(), msg.data.len());
-        let (Ok(front_len), Ok(data_len)) = (u32::try_from(front), u32::try_from(data)) else {
+        let room = self.max_body.saturating_sub(self.out.len());
+        if append_entry(self.out, msg, room).is_none() {
             return false;
-        };
-        // The entry's head is assembled on the stack and appended in one
-        // copy: a put per field cost a capacity check each.
-        let mut head = [0u8; MAX_ENTRY_OVERHEAD];
-        let mut n = write_varint(&mut head, 0, u32::from(msg.msg_type));
-        head[n] = msg.priority;
-        head[n + 1] = msg.flags;
-        n += 3;
-        if msg.call != 0 {
-            head[n - 1] = ENTRY_HAS_CALL;
-            head[n..n + 8].copy_from_slice(&msg.call.to_le_bytes());
-            n += 8;
-        }
-        n = write_varint(&mut head, n, front_len);
-        n = write_varint(&mut head, n, data_len);
-        if self.out.len() + n + front + data > self.max_body {
-            return false;
-        }
-        self.out.extend_from_slice(&head[..n]);
-        if front > 0 {
-            self.out.extend_from_slice(&msg.front);
-        }
-        if data > 0 {
-            self.out.extend_from_slice(&msg.data);
         }
         self.count += 1;
         true
@@ -203,6 +180,152 @@ impl<'a> BatchWriter<'a> {
         self.out[16..20].copy_from_slice(&self.count.to_le_bytes());
         self.out.split().freeze()
     }
+}
+
+/// Appends `msg` to `out` as a batch entry if the entry takes at most
+/// `room` bytes; returns the bytes it took, or `None` (and nothing
+/// written) if it does not fit or a segment is longer than `u32::MAX`.
+/// How a session encodes each message at `send`, into the batch it keeps
+/// open ([`BatchWriter::push`] for a whole batch at once).
+pub(crate) fn append_entry(out: &mut BytesMut, msg: &Message, room: usize) -> Option<usize> {
+    let (front, data) = (msg.front.len(), msg.data.len());
+    let (Ok(front_len), Ok(data_len)) = (u32::try_from(front), u32::try_from(data)) else {
+        return None;
+    };
+    // The entry's head is assembled on the stack and appended in one
+    // copy: a put per field cost a capacity check each.
+    let mut head = [0u8; MAX_ENTRY_OVERHEAD];
+    let n = if msg.msg_type < 0x80 && msg.call == 0 && front_len < 0x80 && data_len < 0x80 {
+        // A small message's: every varint one byte and no call (the
+        // varint loops cost as much again as the rest).
+        let small = [msg.msg_type as u8, msg.priority, msg.flags, 0];
+        head[..4].copy_from_slice(&small);
+        head[4] = front_len as u8;
+        head[5] = data_len as u8;
+        MIN_ENTRY_LEN
+    } else {
+        let mut n = write_varint(&mut head, 0, u32::from(msg.msg_type));
+        head[n] = msg.priority;
+        head[n + 1] = msg.flags;
+        n += 3;
+        if msg.call != 0 {
+            head[n - 1] = ENTRY_HAS_CALL;
+            head[n..n + 8].copy_from_slice(&msg.call.to_le_bytes());
+            n += 8;
+        }
+        n = write_varint(&mut head, n, front_len);
+        write_varint(&mut head, n, data_len)
+    };
+    let len = n + front + data;
+    if len > room {
+        return None;
+    }
+    out.reserve(len);
+    out.extend_from_slice(&head[..n]);
+    if front > 0 {
+        out.extend_from_slice(&msg.front);
+    }
+    if data > 0 {
+        out.extend_from_slice(&msg.data);
+    }
+    Some(len)
+}
+
+/// Writes a batch header into the first [`BATCH_HEADER_LEN`] bytes of
+/// `body`, whose entries were appended after room left for it.
+pub(crate) fn write_header(body: &mut [u8], base_seq: u64, ack: u64, count: u32) {
+    body[0..8].copy_from_slice(&base_seq.to_le_bytes());
+    body[8..16].copy_from_slice(&ack.to_le_bytes());
+    body[16..20].copy_from_slice(&count.to_le_bytes());
+    body[20..24].fill(0);
+}
+
+/// An entry's fields before its payload, as parsed from its first bytes.
+struct EntryHead {
+    msg_type: u16,
+    priority: u8,
+    flags: u8,
+    call: u64,
+    front_len: usize,
+    data_len: usize,
+    /// Bytes of the head (the payload follows).
+    len: usize,
+}
+
+/// Parses the head of the entry at the start of `b` (entry `index` of
+/// its batch) and checks that its payload follows in full.
+fn parse_entry_head(b: &[u8], index: u32) -> Result<EntryHead, BatchError> {
+    let mut at = 0;
+    let msg_type = read_varint(b, &mut at, index)?;
+    let msg_type = u16::try_from(msg_type).map_err(|_| BatchError::BadVarint { index })?;
+    let Some(&[priority, flags, reserved]) = b.get(at..at + 3).and_then(|s| s.first_chunk()) else {
+        return Err(BatchError::Truncated { index });
+    };
+    if reserved & !ENTRY_HAS_CALL != 0 {
+        return Err(BatchError::ReservedBitsSet);
+    }
+    at += 3;
+    let mut call = 0;
+    if reserved & ENTRY_HAS_CALL != 0 {
+        let Some(c) = b.get(at..at + 8).and_then(|s| s.first_chunk::<8>()) else {
+            return Err(BatchError::Truncated { index });
+        };
+        call = u64::from_le_bytes(*c);
+        if call == 0 {
+            // One message, one encoding: no call is no flag.
+            return Err(BatchError::ReservedBitsSet);
+        }
+        at += 8;
+    }
+    let front_len = read_varint(b, &mut at, index)? as usize;
+    let data_len = read_varint(b, &mut at, index)? as usize;
+    if b.len() - at < front_len || b.len() - at - front_len < data_len {
+        return Err(BatchError::Truncated { index });
+    }
+    Ok(EntryHead {
+        msg_type,
+        priority,
+        flags,
+        call,
+        front_len,
+        data_len,
+        len: at,
+    })
+}
+
+/// One entry of a batch, seen without its payload: what a sender that
+/// keeps encoded entries for replay needs to cut a batch short (a
+/// credit window, a partial acknowledgement, a check against the peer's
+/// limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EntryExtent {
+    /// Bytes of the whole entry.
+    pub(crate) len: usize,
+    /// Its front segment's length.
+    pub(crate) front_len: usize,
+    /// Its data segment's length.
+    pub(crate) data_len: usize,
+    /// Its call (0 for a plain message).
+    pub(crate) call: u64,
+}
+
+/// The extents of the entries of `entries` (bytes of a batch body after
+/// its header), in order, until the first that does not parse.
+pub(crate) fn entry_extents(entries: &[u8]) -> impl Iterator<Item = EntryExtent> + '_ {
+    let mut at = 0;
+    let mut index = 0u32;
+    std::iter::from_fn(move || {
+        let head = parse_entry_head(entries.get(at..)?, index).ok()?;
+        let len = head.len + head.front_len + head.data_len;
+        at += len;
+        index += 1;
+        Some(EntryExtent {
+            len,
+            front_len: head.front_len,
+            data_len: head.data_len,
+            call: head.call,
+        })
+    })
 }
 
 /// Reads a batch body entry by entry: each message's front and data are
@@ -287,49 +410,22 @@ impl BatchReader {
             };
         }
         let index = self.index;
-        let b = &self.body[self.pos..];
-        let mut at = 0;
-        let msg_type = read_varint(b, &mut at, index)?;
-        let msg_type = u16::try_from(msg_type).map_err(|_| BatchError::BadVarint { index })?;
-        let Some(&[priority, flags, reserved]) = b.get(at..at + 3).and_then(|s| s.first_chunk())
-        else {
-            return Err(BatchError::Truncated { index });
-        };
-        if reserved & !ENTRY_HAS_CALL != 0 {
-            return Err(BatchError::ReservedBitsSet);
-        }
-        at += 3;
-        let mut call = 0;
-        if reserved & ENTRY_HAS_CALL != 0 {
-            let Some(c) = b.get(at..at + 8).and_then(|s| s.first_chunk::<8>()) else {
-                return Err(BatchError::Truncated { index });
-            };
-            call = u64::from_le_bytes(*c);
-            if call == 0 {
-                // One message, one encoding: no call is no flag.
-                return Err(BatchError::ReservedBitsSet);
-            }
-            at += 8;
-        }
-        let front_len = read_varint(b, &mut at, index)? as usize;
-        let data_len = read_varint(b, &mut at, index)? as usize;
-        if b.len() - at < front_len || b.len() - at - front_len < data_len {
-            return Err(BatchError::Truncated { index });
-        }
+        let head = parse_entry_head(&self.body[self.pos..], index)?;
+        let (at, front_len, data_len) = (head.len, head.front_len, head.data_len);
         let start = self.pos + at;
         let front = slice_or_empty(&self.body, start, front_len);
         let data = slice_or_empty(&self.body, start + front_len, data_len);
         self.pos = start + front_len + data_len;
         self.index += 1;
         let mut m = Message::received(
-            msg_type,
-            priority,
-            flags,
+            head.msg_type,
+            head.priority,
+            head.flags,
             self.base_seq + u64::from(index),
             front,
             data,
         );
-        m.call = call;
+        m.call = head.call;
         Ok(Some(m))
     }
 }

@@ -17,14 +17,28 @@
 //!   worker's thread a push to the thread-local command list, where a
 //!   burst to one connection joins one `SendBatch`; from another thread a
 //!   channel send (use `Connection::send_batch` to hand over many at once);
-//! - the session's queue entry (`Session::send`), kept until acknowledged
-//!   because replay re-sends by sequence number;
-//! - its batch entry: a few header bytes and a copy of the payload into the
-//!   session's batch buffer (`Session::transmit_batch`), its share of the
-//!   CRC32C pass;
+//! - its encoding at `Session::send`: a few header bytes and a copy of the
+//!   payload into the batch the session keeps open, and the `Message` is
+//!   dropped there. The encoded batches are what is transmitted and what
+//!   is kept for replay until acknowledged (Zenoh's `WBatch`): no queue
+//!   entry, move or reference count per message after `send`; a window,
+//!   a partial acknowledgement or the peer's limits cut a batch by walking
+//!   its entries' heads, which the common path never does. Its share of
+//!   the CRC32C pass;
 //! - receiving: the entry's parse, a view of the received buffer for its
 //!   payload (one reference count), the sequence check, and the
 //!   `Dispatcher::on_message` call from [`Worker::drive`]'s loop.
+//!
+//! By callgrind (`BURST=64 scripts/instructions.sh tcp`, 64 B, LTO off,
+//! docs/BENCHMARKS.md) the sender's ~900 instructions a message go about
+//! a quarter to the session's encoding (`Session::send`, the entry, its
+//! copy) and over half to the hand-off before it: `Connection::send` and
+//! its admission, the thread-local borrow, `LocalWorker::queue`, the
+//! worker's `handle_command`, and the moves of the `Message` through the
+//! command list (memcpy). The next design step is to encode at
+//! `Connection::send` itself, into a per-connection buffer of entries
+//! that the worker hands to the session whole, so that the `Message`
+//! never travels through the command list.
 //!
 //! No allocation, lock or channel per message on the worker's own thread.
 
@@ -1173,6 +1187,8 @@ impl Worker {
         let c = &self.shared.counters;
         Counters::add(&c.tx_messages, st.tx_messages - slot.seen.tx_messages);
         Counters::add(&c.tx_bytes, st.tx_bytes - slot.seen.tx_bytes);
+        Counters::add(&c.tx_batches, st.tx_batches - slot.seen.tx_batches);
+        Counters::add(&c.rx_batches, st.rx_batches - slot.seen.rx_batches);
         Counters::add(&c.rx_messages, st.rx_messages - slot.seen.rx_messages);
         Counters::add(&c.rx_bytes, st.rx_bytes - slot.seen.rx_bytes);
         Counters::add(&c.duplicates_dropped, st.duplicates - slot.seen.duplicates);

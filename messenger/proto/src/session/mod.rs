@@ -17,6 +17,7 @@
 
 mod attempts;
 mod config;
+mod outbox;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -27,11 +28,9 @@ pub use attempts::DialAttempts;
 use attempts::PeerDials;
 pub use config::{Policy, SessionConfig, DEFAULT_BATCH_MAX_BYTES};
 
-use bytes::BytesMut;
-
 use crate::auth::{AuthError, Handshake, PublicKey, RecordError, RecordLayer, Role, SecurityMode};
 use crate::banner::{features, Banner, BANNER_LEN};
-use crate::batch::{BatchReader, BatchWriter, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD};
+use crate::batch::{BatchReader, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD};
 use crate::control::{
     control_frame, parse_control, parse_handshake, with_dial_number, with_limits, Ack, Close,
     HandshakeExtras, Hello, HelloOk, Keepalive, Limits, ReconnectOk, TooLarge,
@@ -40,6 +39,7 @@ use crate::error::ProtocolError;
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
 use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
+use outbox::{Outbox, Sent, Terms, Unsent, UnsentBatch};
 
 /// Names one transport link (connection) for the engine; chosen by the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -241,6 +241,11 @@ pub struct SessionStats {
     pub tx_messages: u64,
     /// Payload bytes transmitted (replays included).
     pub tx_bytes: u64,
+    /// Batch frames transmitted (replays included): `tx_messages` over
+    /// this is the messages per frame where every message is batched.
+    pub tx_batches: u64,
+    /// Batch frames received (duplicates included).
+    pub rx_batches: u64,
     /// Messages transmitted again after a reconnect.
     pub replayed: u64,
     /// Received messages dropped as duplicates of delivered ones.
@@ -342,8 +347,9 @@ pub struct Session {
     /// Why the last link was lost or the session ended (for diagnostics).
     last_fault: Option<FaultReason>,
 
-    queue: VecDeque<Message>,
-    queued_bytes: usize,
+    /// Messages from `send` until released, small ones encoded as batch
+    /// entries at `send` ([`outbox`]).
+    outbox: Outbox,
     /// Payload bytes transmitted on the current link and not yet acknowledged.
     in_flight_bytes: usize,
     out_seq: u64,
@@ -375,9 +381,6 @@ pub struct Session {
     rx_paused: bool,
     hello: Option<Hello>,
     stats: SessionStats,
-    /// Where batch frames are written; its allocation is reused once the
-    /// transport is done with the previous batch.
-    batch_buf: BatchBuffer,
     /// The peer's receive limits, from the handshake (`features::LIMITS`).
     peer_limits: Option<Limits>,
     /// The peer's dials made before the session last opened or resumed.
@@ -414,16 +417,6 @@ impl Default for LinkSecurity {
     }
 }
 
-/// A session's batch buffer, whose Debug shows no payload bytes.
-#[derive(Default)]
-struct BatchBuffer(BytesMut);
-
-impl std::fmt::Debug for BatchBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "BatchBuffer({} bytes reserved)", self.0.capacity())
-    }
-}
-
 impl Session {
     fn blank(cfg: SessionConfig, local: LocalIdentity, policy: Policy, now: Instant) -> Session {
         let backoff = cfg.backoff_min;
@@ -450,8 +443,7 @@ impl Session {
             established: false,
             closing: false,
             last_fault: None,
-            queue: VecDeque::new(),
-            queued_bytes: 0,
+            outbox: Outbox::default(),
             in_flight_bytes: 0,
             out_seq: 0,
             sent_seq: 0,
@@ -473,7 +465,6 @@ impl Session {
             rx_paused: false,
             hello: None,
             stats: SessionStats::default(),
-            batch_buf: BatchBuffer::default(),
             peer_limits: None,
             peer_dials: PeerDials::default(),
             link_security: LinkSecurity::default(),
@@ -641,12 +632,12 @@ impl Session {
 
     /// Messages queued (unsent, or sent and not yet acknowledged).
     pub fn queued_messages(&self) -> usize {
-        self.queue.len()
+        self.outbox.messages()
     }
 
     /// Payload bytes queued.
     pub fn queued_bytes(&self) -> usize {
-        self.queued_bytes
+        self.outbox.bytes()
     }
 
     /// Whether anything is waiting to be transmitted.
@@ -665,15 +656,15 @@ impl Session {
     }
 
     /// Bytes this session's state holds: the engine itself and the
-    /// capacity of its queues and batch buffer (queued payloads excluded:
-    /// they are the application's, shared with it). What an idle
-    /// connection costs, summed by the messenger (`Messenger::memory`).
+    /// capacity of its queues and open batch buffer (queued messages
+    /// excluded: [`Session::queued_bytes`] counts them, whether encoded
+    /// into batches or, if large, the application's own buffers). What an
+    /// idle connection costs, summed by the messenger (`Messenger::memory`).
     pub fn memory_bytes(&self) -> usize {
         std::mem::size_of::<Session>()
-            + self.queue.capacity() * std::mem::size_of::<Message>()
+            + self.outbox.memory_bytes()
             + self.ctrl.capacity() * std::mem::size_of::<Transmit>()
             + self.events.capacity() * std::mem::size_of::<SessionEvent>()
-            + self.batch_buf.0.capacity()
     }
 
     /// The largest message segments this session sends: the peer's
@@ -697,25 +688,37 @@ impl Session {
     // ---- application input ------------------------------------------------
 
     /// Queues a message; it is sent when the session is open. Returns its
-    /// sequence number.
+    /// sequence number. A small message is encoded here, as an entry of
+    /// the batch the session keeps open (what is transmitted, and kept
+    /// for replay, is that encoding); a large one is queued whole.
     pub fn send(&mut self, mut msg: Message) -> Result<u64, SendError> {
         if self.closing || self.state == State::Closed {
             return Err(SendError::Closed);
         }
-        self.send_limits().check(msg.front.len(), msg.data.len())?;
-        if self.queue.len() >= self.cfg.max_queued_messages
-            || (self.queued_bytes > 0
-                && self.queued_bytes + msg.payload_len() > self.cfg.max_queued_bytes)
+        let limits = self.send_limits();
+        limits.check(msg.front.len(), msg.data.len())?;
+        let (queued, bytes) = (self.outbox.messages(), self.outbox.bytes());
+        if queued >= self.cfg.max_queued_messages
+            || (bytes > 0 && bytes + msg.payload_len() > self.cfg.max_queued_bytes)
         {
             return Err(SendError::QueueFull {
-                messages: self.queue.len(),
-                bytes: self.queued_bytes,
+                messages: queued,
+                bytes,
             });
         }
         self.out_seq += 1;
-        msg.seq = self.out_seq;
-        self.queued_bytes += msg.payload_len();
-        self.queue.push_back(msg);
+        if self.batchable(&msg) {
+            let terms = Terms {
+                limits,
+                features: self.features,
+            };
+            let fits = msg.call == 0 || call_allowed(msg.call, self.features);
+            let max = self.cfg.batch_max_bytes;
+            self.outbox.push_entry(&msg, self.out_seq, terms, fits, max);
+        } else {
+            msg.seq = self.out_seq;
+            self.outbox.push_single(msg);
+        }
         Ok(self.out_seq)
     }
 
@@ -749,7 +752,7 @@ impl Session {
         match self.state {
             State::Open(_) => self.maybe_finish_close(),
             State::Closed => {}
-            _ if self.queue.is_empty() => {
+            _ if self.outbox.messages() == 0 => {
                 self.close_link_now();
                 self.state = State::Closed;
                 self.events.push_back(SessionEvent::Closed);
@@ -1003,34 +1006,9 @@ impl Session {
             return None;
         }
         if self.sent_seq < self.out_seq && !self.window_full() {
-            let msg = self.next_unsent()?;
-            if let Some(why) = self.unsendable(msg) {
-                // Queued before the peer's limits (or features) were
-                // known: it can only be refused. End the session rather
-                // than send it (and, lossless, replay it into the same
-                // refusal for ever).
-                self.terminate(why);
-                return None;
-            }
-            if self.batchable(msg) {
-                let batch = self.transmit_batch();
-                self.last_tx = now;
-                return Some((link, batch));
-            }
-            let flags = if self.features & features::UNCHECKED_PAYLOAD != 0 {
-                FLAG_UNCHECKED_PAYLOAD
-            } else {
-                0
-            };
-            let frame = MessageFrame {
-                msg: msg.clone(),
-                ack: self.in_seq,
-                flags,
-            };
-            self.acked_in_seq = self.in_seq;
-            self.count_transmitted(frame.msg.payload_len());
+            let unit = self.transmit_next()?;
             self.last_tx = now;
-            return Some((link, Transmit::Message(frame)));
+            return Some((link, unit));
         }
         if self.in_seq > self.acked_in_seq {
             self.acked_in_seq = self.in_seq;
@@ -1052,72 +1030,157 @@ impl Session {
         (!call_allowed(msg.call, self.features)).then_some(FaultReason::CallsUnsupported)
     }
 
-    /// The first queued message not transmitted on this link yet.
-    fn next_unsent(&self) -> Option<&Message> {
-        let front = self.queue.front().map_or(self.sent_seq + 1, |m| m.seq);
-        self.queue.get((self.sent_seq + 1 - front) as usize)
-    }
-
-    /// Whether `msg` goes in a batch frame: the peer reads them and the
-    /// message is small (at most a quarter of a batch, so a batch always
-    /// has room for its first message).
+    /// Whether `msg` goes in a batch: batches are on, the peer reads them
+    /// (or it is not known yet: a link that does not agree unbatches them,
+    /// [`Session::unbatch`]) and the message is small (at most a quarter
+    /// of a batch, so a batch always has room for its first message).
     fn batchable(&self, msg: &Message) -> bool {
         let max = self.cfg.batch_max_bytes;
-        self.features & features::BATCH != 0
+        (self.features == 0 || self.features & features::BATCH != 0)
             && msg.payload_len() <= max / 4
             && BATCH_HEADER_LEN + MAX_ENTRY_OVERHEAD + msg.payload_len() <= max
     }
 
-    /// A batch frame of the unsent messages from the next one on, as many
-    /// as are queued, batchable, fit the batch and the in-flight window
-    /// (the first always does: [`Session::batchable`]). Replay after a
-    /// reconnect batches again from the first unacknowledged message, so
-    /// a message may travel in different batches; its seq is the same.
-    ///
-    /// Per message this costs an entry header and a copy of the payload
-    /// into the session's batch buffer (the one copy that replaces the
-    /// preamble, header and three checksums of a frame of its own), the
-    /// counters below, and for lossy sessions dropping the message.
-    fn transmit_batch(&mut self) -> Transmit {
-        let mut buf = std::mem::take(&mut self.batch_buf.0);
-        let mut w = BatchWriter::begin(
-            &mut buf,
-            self.sent_seq + 1,
-            self.in_seq,
-            self.cfg.batch_max_bytes,
-        );
-        self.acked_in_seq = self.in_seq;
-        let limits = self.send_limits();
-        while self.sent_seq < self.out_seq && (w.is_empty() || !self.window_full()) {
-            let Some(msg) = self.next_unsent() else {
-                break;
-            };
-            // One the peer cannot take stops the batch; the next
-            // poll_transmit ends the session on it.
-            let fits = limits.check(msg.front.len(), msg.data.len()).is_ok()
-                && call_allowed(msg.call, self.features);
-            if !fits || !self.batchable(msg) || !w.push(msg) {
-                break;
-            }
-            let len = msg.payload_len();
-            self.count_transmitted(len);
+    /// What the peer takes on the current link, as a batch records it.
+    fn terms(&self) -> Terms {
+        Terms {
+            limits: self.send_limits(),
+            features: self.features,
         }
-        let body = w.finish();
-        self.batch_buf.0 = buf;
-        Transmit::Frame(Frame::single(Tag::MessageBatch, body))
     }
 
-    /// Accounts for the next unsent message having been transmitted: a
-    /// lossless session keeps it for replay, a lossy one forgets it.
-    fn count_transmitted(&mut self, payload_len: usize) {
-        self.stats.tx_messages += 1;
-        self.stats.tx_bytes += payload_len as u64;
-        self.sent_seq += 1;
+    /// The next unit of messages: the next unsent batch, as far as the
+    /// in-flight window and the peer's limits let it go (the rest waits),
+    /// or the next large message in a frame of its own. `None` if the
+    /// session ended on a message the peer cannot take: one queued before
+    /// the peer's limits (or features) were known can only be refused, so
+    /// the session ends rather than send it (and, lossless, replay it into
+    /// the same refusal for ever). The caller checked that something is
+    /// unsent and the window is not full.
+    fn transmit_next(&mut self) -> Option<Transmit> {
+        loop {
+            match self.outbox.pop_unsent()? {
+                Unsent::Single(msg) => {
+                    if let Some(why) = self.unsendable(&msg) {
+                        self.outbox.push_front_unsent(Unsent::Single(msg));
+                        self.terminate(why);
+                        return None;
+                    }
+                    let flags = if self.features & features::UNCHECKED_PAYLOAD != 0 {
+                        FLAG_UNCHECKED_PAYLOAD
+                    } else {
+                        0
+                    };
+                    let len = msg.payload_len();
+                    if self.lossless {
+                        self.outbox.keep_sent(Sent::Single(msg.clone()));
+                    }
+                    self.acked_in_seq = self.in_seq;
+                    self.count_transmitted(1, len);
+                    return Some(Transmit::Message(MessageFrame {
+                        msg,
+                        ack: self.in_seq,
+                        flags,
+                    }));
+                }
+                Unsent::Batch(b) if self.features & features::BATCH == 0 => self.unbatch(b),
+                Unsent::Batch(b) => return self.transmit_batch(b),
+            }
+        }
+    }
+
+    /// Sends `b`, or as much of it as may go now: the whole of it where
+    /// the window has room and its entries were checked against the
+    /// link's terms when encoded (the common case: no entry is looked at
+    /// again); else its entries are walked, and those that may go now go
+    /// as a batch of their own.
+    fn transmit_batch(&mut self, mut b: UnsentBatch) -> Option<Transmit> {
+        let terms = self.terms();
+        let checked = b.fits && b.terms == terms;
+        let (max_messages, max_bytes) = (
+            self.cfg.max_in_flight_messages,
+            self.cfg.max_in_flight_bytes,
+        );
+        // Room in the window (at least one message: it is not full).
+        let room = if self.lossless {
+            max_messages.saturating_sub(self.sent_seq - self.acked_seq)
+        } else {
+            u64::MAX
+        };
+        let in_window = !self.lossless
+            || (u64::from(b.count) <= room && self.in_flight_bytes + b.payload < max_bytes);
+        if !checked || !in_window {
+            let (mut count, mut len, mut payload, mut refused) = (0u32, 0, 0, None);
+            for e in b.extents() {
+                let window_full = u64::from(count) >= room
+                    || (self.lossless && self.in_flight_bytes + payload >= max_bytes);
+                if count > 0 && window_full {
+                    break;
+                }
+                if !checked {
+                    if let Err(t) = terms.limits.check(e.front_len, e.data_len) {
+                        refused = Some(FaultReason::TooLarge(t));
+                    } else if !call_allowed(e.call, self.features) {
+                        refused = Some(FaultReason::CallsUnsupported);
+                    }
+                    if refused.is_some() {
+                        break;
+                    }
+                }
+                count += 1;
+                len += e.len;
+                payload += e.front_len + e.data_len;
+            }
+            if count == 0 {
+                // Its first message cannot go (the entries are ours: they parse).
+                self.outbox.push_front_unsent(Unsent::Batch(b));
+                self.terminate(refused.unwrap_or(FaultReason::CallsUnsupported));
+                return None;
+            }
+            if count < b.count {
+                let first = b.split_to(count, len, payload);
+                self.outbox.push_front_unsent(Unsent::Batch(b));
+                b = first;
+            }
+            b.terms = terms;
+            b.fits = true;
+        }
+        let (count, payload) = (b.count, b.payload);
+        let (body, sent) = b.seal_header(self.in_seq);
+        self.acked_in_seq = self.in_seq;
         if self.lossless {
-            self.in_flight_bytes += payload_len;
+            self.outbox.keep_sent(sent);
+        }
+        self.count_transmitted(u64::from(count), payload);
+        self.stats.tx_batches += 1;
+        Some(Transmit::Frame(Frame::single(Tag::MessageBatch, body)))
+    }
+
+    /// The link did not agree to batches: `b`'s messages go one per
+    /// frame (views of its body; a peer of another implementation).
+    fn unbatch(&mut self, b: UnsentBatch) {
+        let (body, _) = b.seal_header(0);
+        let msgs: Vec<Message> = BatchReader::new(body)
+            .map(|r| r.filter_map(Result::ok).collect())
+            .unwrap_or_default();
+        for m in msgs.into_iter().rev() {
+            self.outbox.push_front_unsent(Unsent::Single(m));
+        }
+    }
+
+    /// Accounts for the next `n` unsent messages (`bytes` of payload)
+    /// having been transmitted: a lossless session keeps them for replay,
+    /// a lossy one forgets them.
+    fn count_transmitted(&mut self, n: u64, bytes: usize) {
+        self.stats.tx_messages += n;
+        self.stats.tx_bytes += bytes as u64;
+        self.sent_seq += n;
+        if self.lossless {
+            self.in_flight_bytes += bytes;
         } else {
             // Lossy: nothing is replayed, so nothing is kept.
-            self.pop_queued();
+            self.outbox.forget_sent(n as usize, bytes);
+            self.count_released(n as usize, bytes);
             self.acked_seq = self.sent_seq;
         }
     }
@@ -1554,9 +1617,10 @@ impl Session {
             return Ok(());
         }
         self.acked_seq = seq;
-        while self.queue.front().is_some_and(|m| m.seq <= seq) {
-            self.pop_queued();
-        }
+        let (n, bytes) = self.outbox.release_through(seq);
+        // Acknowledged is transmitted (checked above): it was in flight.
+        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(bytes);
+        self.count_released(n, bytes);
         if self.closing {
             self.maybe_finish_close();
         }
@@ -1730,7 +1794,7 @@ impl Session {
             }
             (State::Open(_) | State::HelloSent(_), Tag::Close) => {
                 let c: Close = parse_control(&frame, "close")?;
-                if self.closing && self.queue.is_empty() {
+                if self.closing && self.outbox.messages() == 0 {
                     // Both sides closed at once: that is a clean close.
                     self.close_link_now();
                     self.state = State::Closed;
@@ -1778,6 +1842,7 @@ impl Session {
             });
         };
         let mut batch = BatchReader::new(body)?;
+        self.stats.rx_batches += 1;
         self.apply_ack(batch.ack())?;
         while let Some(msg) = batch.next_message()? {
             self.deliver(msg)?;
@@ -1811,29 +1876,25 @@ impl Session {
         Ok(())
     }
 
-    /// Removes the oldest queued message, keeping the byte count and stats right.
     /// Transmits again from the first unacknowledged message (a new link).
     fn rewind_to_acked(&mut self) {
         self.sent_seq = self.acked_seq;
         self.in_flight_bytes = 0;
+        self.outbox.rewind();
     }
 
-    fn pop_queued(&mut self) -> Option<Message> {
-        let m = self.queue.pop_front()?;
-        if self.lossless && m.seq <= self.sent_seq {
-            self.in_flight_bytes = self.in_flight_bytes.saturating_sub(m.payload_len());
-        }
-        self.queued_bytes -= m.payload_len();
-        self.stats.released_messages += 1;
-        self.stats.released_bytes += m.payload_len() as u64;
-        Some(m)
+    /// Counts messages that left the send queue.
+    fn count_released(&mut self, n: usize, bytes: usize) {
+        self.stats.released_messages += n as u64;
+        self.stats.released_bytes += bytes as u64;
     }
 
     /// Drops every queued message; returns how many there were.
     fn drop_queued(&mut self) -> u64 {
-        let n = self.queue.len() as u64;
-        while self.pop_queued().is_some() {}
-        n
+        let (n, bytes) = self.outbox.drop_all();
+        self.in_flight_bytes = 0;
+        self.count_released(n, bytes);
+        n as u64
     }
 
     fn check_peer(&self, addr: &EntityAddr) -> Result<(), ProtocolError> {
@@ -1920,7 +1981,7 @@ impl Session {
 
     fn maybe_finish_close(&mut self) {
         if let State::Open(_) = self.state {
-            if self.queue.is_empty() && self.sent_seq == self.out_seq {
+            if self.outbox.messages() == 0 && self.sent_seq == self.out_seq {
                 let c = Close {
                     reason: "closed".into(),
                 };

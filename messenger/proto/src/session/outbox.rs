@@ -1,0 +1,495 @@
+//! A session's send queue, encoded at `send` (Zenoh's `WBatch` is the
+//! model): each small message becomes a batch entry in the batch the
+//! session keeps open, and the encoded batches are what is transmitted
+//! and what is kept for replay until acknowledged. No per-message queue
+//! entry, move or reference count remains; a message too large to batch
+//! is queued whole, as it is sent in a frame of its own.
+//!
+//! The session decides framing (window, the peer's limits and features);
+//! this keeps the order and the counts. Batch boundaries may change on
+//! replay (a partially acknowledged batch is replayed from its first
+//! unacknowledged entry); sequence numbers never do.
+
+use std::collections::VecDeque;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use crate::batch::{append_entry, entry_extents, write_header, EntryExtent, BATCH_HEADER_LEN};
+use crate::control::Limits;
+use crate::message::Message;
+
+/// What a batch's entries were checked against when they were encoded:
+/// the limits and features in force then. A batch encoded under other
+/// terms than the link's is checked entry by entry before it is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Terms {
+    pub(super) limits: Limits,
+    pub(super) features: u64,
+}
+
+/// A batch not transmitted yet: its entries follow [`BATCH_HEADER_LEN`]
+/// bytes of room in `body`, where the header goes when it is sent.
+#[derive(Debug)]
+pub(super) struct UnsentBatch {
+    pub(super) base_seq: u64,
+    pub(super) count: u32,
+    /// Payload bytes of its messages.
+    pub(super) payload: usize,
+    pub(super) terms: Terms,
+    /// Every entry fits `terms` (a call where calls are not agreed does not).
+    pub(super) fits: bool,
+    pub(super) body: BytesMut,
+}
+
+impl UnsentBatch {
+    /// Splits off the first entries, up to (not including) entry
+    /// `count`, whose `len` bytes and `payload` the caller measured: they
+    /// go now, the rest stays (copied behind a new header's room).
+    pub(super) fn split_to(&mut self, count: u32, len: usize, payload: usize) -> UnsentBatch {
+        let head = self.body.split_to(BATCH_HEADER_LEN + len);
+        let mut rest = BytesMut::with_capacity(BATCH_HEADER_LEN + self.body.len());
+        rest.resize(BATCH_HEADER_LEN, 0);
+        rest.extend_from_slice(&self.body);
+        self.body = rest;
+        let first = UnsentBatch {
+            base_seq: self.base_seq,
+            count,
+            payload,
+            terms: self.terms,
+            fits: self.fits,
+            body: head,
+        };
+        self.base_seq += u64::from(count);
+        self.count -= count;
+        self.payload -= payload;
+        first
+    }
+
+    /// The entries' extents (a walk over their heads).
+    pub(super) fn extents(&self) -> impl Iterator<Item = EntryExtent> + '_ {
+        entry_extents(&self.body[BATCH_HEADER_LEN..])
+    }
+
+    /// The finished body: the header written into its room.
+    pub(super) fn seal_header(mut self, ack: u64) -> (Bytes, Sent) {
+        write_header(&mut self.body, self.base_seq, ack, self.count);
+        let body = self.body.freeze();
+        let sent = Sent::Batch {
+            base_seq: self.base_seq,
+            count: self.count,
+            payload: self.payload,
+            terms: self.terms,
+            entries: body.slice(BATCH_HEADER_LEN..),
+        };
+        (body, sent)
+    }
+}
+
+/// Something to transmit, in sequence order.
+#[derive(Debug)]
+pub(super) enum Unsent {
+    Batch(UnsentBatch),
+    /// A message in a frame of its own (too large to batch, or batches off).
+    Single(Message),
+}
+
+/// Something transmitted and kept for replay (lossless) until acknowledged.
+#[derive(Debug)]
+pub(super) enum Sent {
+    Batch {
+        base_seq: u64,
+        count: u32,
+        payload: usize,
+        terms: Terms,
+        /// The entries as sent (the header is written again on replay).
+        entries: Bytes,
+    },
+    Single(Message),
+}
+
+impl Sent {
+    fn last_seq(&self) -> u64 {
+        match self {
+            Sent::Batch {
+                base_seq, count, ..
+            } => base_seq + u64::from(*count) - 1,
+            Sent::Single(m) => m.seq,
+        }
+    }
+
+    fn payload(&self) -> usize {
+        match self {
+            Sent::Batch { payload, .. } => *payload,
+            Sent::Single(m) => m.payload_len(),
+        }
+    }
+}
+
+/// The batch being filled at `send`; its bytes are `Outbox::buf`.
+#[derive(Debug, Clone, Copy)]
+struct OpenBatch {
+    base_seq: u64,
+    count: u32,
+    payload: usize,
+    terms: Terms,
+    fits: bool,
+}
+
+/// A session's messages from `send` until released (acknowledged;
+/// transmitted, if lossy; or dropped). See the [module docs](self).
+#[derive(Default)]
+pub(super) struct Outbox {
+    /// The open batch's bytes (header room, then entries), in an
+    /// allocation that later batches share: a batch is split off it when
+    /// it closes, so batches kept for replay take what they hold, not a
+    /// batch's bound each.
+    buf: BytesMut,
+    open: Option<OpenBatch>,
+    /// Closed and not yet transmitted, oldest first (the open batch follows).
+    unsent: VecDeque<Unsent>,
+    /// Transmitted and not yet acknowledged (lossless), oldest first.
+    unacked: VecDeque<Sent>,
+    messages: usize,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for Outbox {
+    // No payload bytes in a Debug.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("messages", &self.messages)
+            .field("bytes", &self.bytes)
+            .field("unsent", &self.unsent.len())
+            .field("unacked", &self.unacked.len())
+            .field("open", &self.open)
+            .finish()
+    }
+}
+
+impl Outbox {
+    /// Messages queued (unsent, or sent and not yet acknowledged).
+    pub(super) fn messages(&self) -> usize {
+        self.messages
+    }
+
+    /// Payload bytes queued.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Bytes of the queue's own structures and its buffer's allocation
+    /// (the payloads of unbatched messages are the application's).
+    pub(super) fn memory_bytes(&self) -> usize {
+        self.buf.capacity()
+            + self.unsent.capacity() * std::mem::size_of::<Unsent>()
+            + self.unacked.capacity() * std::mem::size_of::<Sent>()
+    }
+
+    /// Encodes `msg`, sequence number `seq`, as an entry of the open
+    /// batch (closing it first if the entry would not fit `max_body`, or
+    /// it was encoded under other terms). `fits`: the message fits
+    /// `terms`. The caller checked that an entry of `msg` fits an empty
+    /// batch.
+    pub(super) fn push_entry(
+        &mut self,
+        msg: &Message,
+        seq: u64,
+        terms: Terms,
+        fits: bool,
+        max_body: usize,
+    ) {
+        let payload = msg.payload_len();
+        if let Some(open) = &mut self.open {
+            let room = max_body.saturating_sub(self.buf.len());
+            if open.terms == terms && append_entry(&mut self.buf, msg, room).is_some() {
+                open.count += 1;
+                open.payload += payload;
+                open.fits &= fits;
+                self.messages += 1;
+                self.bytes += payload;
+                return;
+            }
+            self.close_open();
+        }
+        if self.buf.capacity() == 0 {
+            // The first batch sets the size of the allocations batches
+            // share (later ones reuse a freed one, or take one this size).
+            self.buf = BytesMut::with_capacity(max_body);
+        }
+        self.buf.resize(BATCH_HEADER_LEN, 0);
+        let room = max_body - BATCH_HEADER_LEN;
+        let encoded = append_entry(&mut self.buf, msg, room);
+        debug_assert!(encoded.is_some(), "the session checked it is batchable");
+        self.open = Some(OpenBatch {
+            base_seq: seq,
+            count: 1,
+            payload,
+            terms,
+            fits,
+        });
+        self.messages += 1;
+        self.bytes += payload;
+    }
+
+    /// Queues `msg` (its `seq` set) to go in a frame of its own.
+    pub(super) fn push_single(&mut self, msg: Message) {
+        self.close_open();
+        self.messages += 1;
+        self.bytes += msg.payload_len();
+        self.unsent.push_back(Unsent::Single(msg));
+    }
+
+    fn close_open(&mut self) {
+        if let Some(o) = self.open.take() {
+            self.unsent.push_back(Unsent::Batch(UnsentBatch {
+                base_seq: o.base_seq,
+                count: o.count,
+                payload: o.payload,
+                terms: o.terms,
+                fits: o.fits,
+                body: self.buf.split(),
+            }));
+        }
+    }
+
+    /// Takes the next thing to transmit (the open batch closes when its
+    /// turn comes).
+    pub(super) fn pop_unsent(&mut self) -> Option<Unsent> {
+        if self.unsent.is_empty() {
+            self.close_open();
+        }
+        self.unsent.pop_front()
+    }
+
+    /// Puts back what [`Outbox::pop_unsent`] took (or the rest of it).
+    pub(super) fn push_front_unsent(&mut self, unsent: Unsent) {
+        self.unsent.push_front(unsent);
+    }
+
+    /// Keeps what was transmitted for replay.
+    pub(super) fn keep_sent(&mut self, sent: Sent) {
+        self.unacked.push_back(sent);
+    }
+
+    /// Forgets `messages` messages of `bytes` just transmitted (lossy:
+    /// nothing is replayed).
+    pub(super) fn forget_sent(&mut self, messages: usize, bytes: usize) {
+        self.messages -= messages;
+        self.bytes -= bytes;
+    }
+
+    /// Releases everything up to and including sequence number `seq`
+    /// (acknowledged); returns the messages and payload bytes released.
+    /// A batch acknowledged in part keeps its other entries.
+    pub(super) fn release_through(&mut self, seq: u64) -> (usize, usize) {
+        let (mut messages, mut bytes) = (0, 0);
+        while let Some(front) = self.unacked.front_mut() {
+            if front.last_seq() <= seq {
+                let n = match front {
+                    Sent::Batch { count, .. } => *count as usize,
+                    Sent::Single(_) => 1,
+                };
+                messages += n;
+                bytes += front.payload();
+                self.unacked.pop_front();
+                continue;
+            }
+            if let Sent::Batch {
+                base_seq,
+                count,
+                payload,
+                entries,
+                ..
+            } = front
+            {
+                if *base_seq <= seq {
+                    // The peer acknowledged part of a batch (its entries
+                    // came in other frames on an earlier link).
+                    let k = (seq - *base_seq + 1) as usize;
+                    let (len, released) =
+                        entry_extents(entries).take(k).fold((0, 0), |(l, p), e| {
+                            (l + e.len, p + e.front_len + e.data_len)
+                        });
+                    entries.advance(len);
+                    *base_seq = seq + 1;
+                    *count -= k as u32;
+                    *payload -= released;
+                    messages += k;
+                    bytes += released;
+                }
+            }
+            break;
+        }
+        self.messages -= messages;
+        self.bytes -= bytes;
+        (messages, bytes)
+    }
+
+    /// Makes everything transmitted and not acknowledged unsent again
+    /// (a new link replays it), before what was never sent.
+    pub(super) fn rewind(&mut self) {
+        while let Some(sent) = self.unacked.pop_back() {
+            let unsent = match sent {
+                Sent::Batch {
+                    base_seq,
+                    count,
+                    payload,
+                    terms,
+                    entries,
+                } => {
+                    let mut body = BytesMut::with_capacity(BATCH_HEADER_LEN + entries.len());
+                    body.resize(BATCH_HEADER_LEN, 0);
+                    body.extend_from_slice(&entries);
+                    Unsent::Batch(UnsentBatch {
+                        base_seq,
+                        count,
+                        payload,
+                        terms,
+                        fits: true,
+                        body,
+                    })
+                }
+                Sent::Single(m) => Unsent::Single(m),
+            };
+            self.unsent.push_front(unsent);
+        }
+    }
+
+    /// Drops everything; returns the messages and payload bytes dropped.
+    pub(super) fn drop_all(&mut self) -> (usize, usize) {
+        self.open = None;
+        self.buf.clear();
+        self.unsent.clear();
+        self.unacked.clear();
+        let dropped = (self.messages, self.bytes);
+        (self.messages, self.bytes) = (0, 0);
+        dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::BatchReader;
+
+    const MAX: usize = 512;
+
+    fn terms() -> Terms {
+        Terms {
+            limits: Limits {
+                max_front: 1 << 20,
+                max_data: 1 << 20,
+            },
+            features: 0,
+        }
+    }
+
+    fn msg(i: u8) -> Message {
+        Message::new(u16::from(i), vec![i; usize::from(i % 3)], vec![i; 10])
+    }
+
+    /// Sends messages 1..=n as entries; returns the outbox.
+    fn filled(n: u8) -> Outbox {
+        let mut o = Outbox::default();
+        for i in 1..=n {
+            o.push_entry(&msg(i), u64::from(i), terms(), true, MAX);
+        }
+        o
+    }
+
+    /// The messages a batch carries, as the peer reads them.
+    fn read(body: Bytes) -> Vec<(u64, u16, usize)> {
+        BatchReader::new(body)
+            .unwrap()
+            .map(|m| {
+                let m = m.unwrap();
+                (m.seq, m.msg_type, m.payload_len())
+            })
+            .collect()
+    }
+
+    fn want(seqs: std::ops::RangeInclusive<u8>) -> Vec<(u64, u16, usize)> {
+        seqs.map(|i| (u64::from(i), u16::from(i), msg(i).payload_len()))
+            .collect()
+    }
+
+    fn next_batch(o: &mut Outbox) -> UnsentBatch {
+        match o.pop_unsent() {
+            Some(Unsent::Batch(b)) => b,
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn entries_encoded_at_send_are_the_batch_sent_and_split_where_asked() {
+        let mut o = filled(5);
+        assert_eq!(
+            (o.messages(), o.bytes()),
+            (5, (1..=5).map(|i| msg(i).payload_len()).sum())
+        );
+        let mut b = next_batch(&mut o);
+        assert_eq!((b.base_seq, b.count), (1, 5));
+        // A window of two: the first two go, the rest waits.
+        let ext: Vec<EntryExtent> = b.extents().collect();
+        assert_eq!(ext.len(), 5);
+        let (len, payload) = ext[..2].iter().fold((0, 0), |(l, p), e| {
+            (l + e.len, p + e.front_len + e.data_len)
+        });
+        let first = b.split_to(2, len, payload);
+        let (body, sent) = first.seal_header(9);
+        assert_eq!(BatchReader::new(body.clone()).unwrap().ack(), 9);
+        assert_eq!(read(body), want(1..=2));
+        o.keep_sent(sent);
+        let (body, sent) = b.seal_header(0);
+        assert_eq!(read(body), want(3..=5));
+        o.keep_sent(sent);
+        assert!(o.pop_unsent().is_none());
+        // Released in order, the counts with them.
+        assert_eq!(o.release_through(2), (2, payload));
+        assert_eq!(o.messages(), 3);
+    }
+
+    #[test]
+    fn a_partly_acknowledged_batch_is_replayed_from_its_first_unacknowledged_entry() {
+        let mut o = filled(6);
+        let (body, sent) = next_batch(&mut o).seal_header(0);
+        assert_eq!(read(body), want(1..=6));
+        o.keep_sent(sent);
+        // More sent meanwhile: it goes after the replay.
+        o.push_entry(&msg(7), 7, terms(), true, MAX);
+        let released = o.release_through(4);
+        assert_eq!(released, (4, (1..=4).map(|i| msg(i).payload_len()).sum()));
+        o.rewind();
+        let (body, _) = next_batch(&mut o).seal_header(0);
+        assert_eq!(read(body), want(5..=6));
+        let (body, _) = next_batch(&mut o).seal_header(0);
+        assert_eq!(read(body), want(7..=7));
+        assert_eq!(o.messages(), 3);
+        assert_eq!(o.drop_all().0, 3);
+        assert_eq!((o.messages(), o.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_full_batch_or_new_terms_start_another_and_singles_keep_their_place() {
+        let mut o = Outbox::default();
+        let big = Message::new(1, Bytes::new(), vec![0u8; 100]);
+        for seq in 1..=5 {
+            o.push_entry(&big, seq, terms(), true, 4 * 100);
+        }
+        let mut other = terms();
+        other.features = 1;
+        o.push_entry(&msg(6), 6, other, true, 4 * 100);
+        let mut single = msg(7);
+        single.seq = 7;
+        o.push_single(single);
+        o.push_entry(&msg(8), 8, other, true, 4 * 100);
+        let counts: Vec<(u64, u32)> = std::iter::from_fn(|| o.pop_unsent())
+            .map(|u| match u {
+                Unsent::Batch(b) => (b.base_seq, b.count),
+                Unsent::Single(m) => (m.seq, 0),
+            })
+            .collect();
+        // 3 entries of 106 bytes fit 400 with the header; then new terms.
+        assert_eq!(counts, [(1, 3), (4, 2), (6, 1), (7, 0), (8, 1)]);
+    }
+}
