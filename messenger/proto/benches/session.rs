@@ -9,7 +9,7 @@
 //! - `request_reply`: a 64 B message from one open session to the other
 //!   and a reply back, each through `send`, `poll_transmit` (the message
 //!   goes out as a `MessageFrame`, the ack riding with it), `handle_inbound` and
-//!   `poll_event`, the frames handed over as they are (no encoding: that is
+//!   `poll_message`, the frames handed over as they are (no encoding: that is
 //!   `--bench codec`). Two messages, both sides' work for each.
 //! - `copy (reference)`: the two messages' 64 bytes copied into a shared
 //!   chunk each (`ByteArena`), as a message transport copies a small unit
@@ -81,14 +81,13 @@ fn open_pair(now: Instant) -> (Session, Session) {
     panic!("the handshake did not finish");
 }
 
-/// The next message event of `s`.
+/// The next message `s` delivers (past any event before it).
 fn delivered(s: &mut Session) -> Message {
     loop {
-        match s.poll_event() {
-            Some(SessionEvent::Message(m)) => return m,
-            Some(_) => {}
-            None => panic!("no message delivered"),
+        if let Some(m) = s.poll_message() {
+            return m;
         }
+        s.poll_event().expect("a message delivered");
     }
 }
 
