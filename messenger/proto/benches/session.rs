@@ -22,19 +22,13 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use msgr_addr::{EntityAddr, EntityName};
 use msgr_proto::arena::ByteArena;
-use msgr_proto::{
-    Inbound, LinkId, LocalIdentity, Message, Policy, Session, SessionConfig, SessionEvent, Transmit,
-};
+use msgr_proto::{LinkId, LocalIdentity, Message, Policy, Session, SessionConfig, SessionEvent};
 
 /// Everything `from` has to send on its link, delivered to `to` on `link`.
 fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
     while let Some((_, t)) = from.poll_transmit(now) {
-        let unit = match t {
-            Transmit::Banner(b) => Inbound::Banner(b),
-            Transmit::Frame(f) => Inbound::Frame(f),
-            Transmit::Message(m) => Inbound::Message(m),
-        };
-        to.handle_inbound(link, unit, now).expect("a valid unit");
+        to.handle_inbound(link, t.into(), now)
+            .expect("a valid unit");
     }
 }
 

@@ -2093,12 +2093,8 @@ mod tests {
     /// Everything `from` has to send, handed to `to` on `link` as is.
     fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
         while let Some((_, t)) = from.poll_transmit(now) {
-            let unit = match t {
-                Transmit::Banner(b) => Inbound::Banner(b),
-                Transmit::Frame(f) => Inbound::Frame(f),
-                Transmit::Message(m) => Inbound::Message(m),
-            };
-            to.handle_inbound(link, unit, now).expect("a valid unit");
+            to.handle_inbound(link, t.into(), now)
+                .expect("a valid unit");
         }
     }
 
