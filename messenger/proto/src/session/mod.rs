@@ -620,7 +620,8 @@ impl Session {
         matches!(self.state, State::Open(_))
     }
 
-    /// Whether the session has ended; drop it once its events are drained.
+    /// Whether the session has ended; drop it once its events (and
+    /// messages) are drained.
     pub fn is_closed(&self) -> bool {
         self.state == State::Closed
     }
