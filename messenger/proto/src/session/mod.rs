@@ -1193,6 +1193,14 @@ impl Session {
             .peer_addr
             .as_ref()
             .is_some_and(|a| a.nonce != 0 && hello.addr.nonce != 0 && a.nonce != hello.addr.nonce);
+        // A resume must name this session, and a restarted peer has none
+        // to resume. Refused before anything changes: a refused link leaves
+        // the session as it was (a reset here left it open on its old link
+        // with its seqs back at 0, delivering without `Established`). The
+        // peer hears the refusal and comes back with cookie 0.
+        if hello.cookie != 0 && (hello.cookie != self.cookie || (restarted && self.established)) {
+            return Takeover::Rejected(reset_frame());
+        }
         if (restarted || hello.cookie == 0) && self.established {
             // The peer starts over: our session is gone on its side.
             self.remote_reset();
@@ -1201,9 +1209,6 @@ impl Session {
             self.state,
             State::Connecting | State::Banner(_) | State::HelloSent(_)
         );
-        if hello.cookie != 0 && hello.cookie != self.cookie {
-            return Takeover::Rejected(reset_frame());
-        }
         if racing && self.local.addr.to_string() < hello.addr.to_string() {
             // Both sides dialled; the smaller address's connection wins, and it is ours.
             return Takeover::Rejected(control_frame(Tag::Wait, &()));
@@ -2169,6 +2174,33 @@ mod tests {
         assert_eq!(c.poll_message().map(|m| m.front), Some(vec![3u8].into()));
         assert_eq!(c.poll_event(), Some(SessionEvent::CloseLink(LinkId(1))));
         assert_eq!(c.poll_message(), None);
+    }
+
+    /// A hello that asks to resume from a restarted peer (another nonce)
+    /// is refused and leaves the session as it was: no remote reset of a
+    /// session that goes on over its link.
+    #[test]
+    fn a_refused_resume_leaves_the_session_alone() {
+        let now = Instant::now();
+        let (c, mut s) = open_pair(now);
+        while s.poll_event().is_some() {}
+        let peer = c.local.addr.clone();
+        let hello = Hello {
+            name: EntityName::client(1),
+            addr: peer.clone().with_nonce(peer.nonce + 1),
+            target: s.local.addr.clone(),
+            policy: Policy::LosslessClient,
+            cookie: 7,
+            in_seq: 0,
+            limits: None,
+        };
+        let mut pending =
+            Session::accept(SessionConfig::default(), s.local.clone(), LinkId(3), now);
+        let t = s.take_link(LinkId(3), &hello, &mut pending, 9, now);
+        assert!(matches!(t, Takeover::Rejected(_)), "{t:?}");
+        assert_eq!(s.poll_event(), None, "no remote reset");
+        assert!(s.is_open());
+        assert_eq!(s.link(), Some(LinkId(2)));
     }
 
     /// An aborted session delivers nothing more: the messages not taken
