@@ -89,7 +89,12 @@ fn drive_raw(
             Err(e) => s.link_failed(link, e.to_string(), Instant::now()),
         }
         s.handle_timeout(Instant::now());
-        while let Some(e) = s.poll_event() {
+        loop {
+            // Messages (none are expected) hold back the events after them.
+            while s.poll_message().is_some() {}
+            let Some(e) = s.poll_event() else {
+                break;
+            };
             events.push(e);
         }
     }

@@ -9,7 +9,7 @@
 //! - `request_reply`: a 64 B message from one open session to the other
 //!   and a reply back, each through `send`, `poll_transmit` (the message
 //!   goes out as a `MessageFrame`, the ack riding with it), `handle_inbound` and
-//!   `poll_event`, the frames handed over as they are (no encoding: that is
+//!   `poll_message`, the frames handed over as they are (no encoding: that is
 //!   `--bench codec`). Two messages, both sides' work for each.
 //! - `copy (reference)`: the two messages' 64 bytes copied into a shared
 //!   chunk each (`ByteArena`), as a message transport copies a small unit
@@ -22,19 +22,13 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use msgr_addr::{EntityAddr, EntityName};
 use msgr_proto::arena::ByteArena;
-use msgr_proto::{
-    Inbound, LinkId, LocalIdentity, Message, Policy, Session, SessionConfig, SessionEvent, Transmit,
-};
+use msgr_proto::{LinkId, LocalIdentity, Message, Policy, Session, SessionConfig, SessionEvent};
 
 /// Everything `from` has to send on its link, delivered to `to` on `link`.
 fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
     while let Some((_, t)) = from.poll_transmit(now) {
-        let unit = match t {
-            Transmit::Banner(b) => Inbound::Banner(b),
-            Transmit::Frame(f) => Inbound::Frame(f),
-            Transmit::Message(m) => Inbound::Message(m),
-        };
-        to.handle_inbound(link, unit, now).expect("a valid unit");
+        to.handle_inbound(link, t.into(), now)
+            .expect("a valid unit");
     }
 }
 
@@ -83,14 +77,13 @@ fn open_pair(now: Instant) -> (Session, Session) {
     panic!("the handshake did not finish");
 }
 
-/// The next message event of `s`.
+/// The next message `s` delivers (past any event before it).
 fn delivered(s: &mut Session) -> Message {
     loop {
-        match s.poll_event() {
-            Some(SessionEvent::Message(m)) => return m,
-            Some(_) => {}
-            None => panic!("no message delivered"),
+        if let Some(m) = s.poll_message() {
+            return m;
         }
+        s.poll_event().expect("a message delivered");
     }
 }
 

@@ -850,8 +850,6 @@ mod tests {
             ("Frame", size_of::<Frame>()),
             ("Inbound", size_of::<crate::Inbound>()),
             ("Transmit", size_of::<crate::Transmit>()),
-            // Every received message is moved as one of these too.
-            ("SessionEvent", size_of::<crate::SessionEvent>()),
             ("Message", size_of::<crate::Message>()),
         ] {
             assert!(size <= 128, "{what} is {size} bytes");

@@ -94,6 +94,18 @@ impl Transmit {
     }
 }
 
+impl From<Transmit> for Inbound {
+    /// The unit as the receiving side takes it when handed over in memory
+    /// as is (no encoding, no CRC: the engine's tests and benches).
+    fn from(unit: Transmit) -> Inbound {
+        match unit {
+            Transmit::Banner(b) => Inbound::Banner(b),
+            Transmit::Frame(f) => Inbound::Frame(f),
+            Transmit::Message(m) => Inbound::Message(m),
+        }
+    }
+}
+
 /// A [`Transmit`] whose lengths are checked: writes it whole, nothing
 /// left to fail ([`Transmit::checked`]).
 #[derive(Debug)]

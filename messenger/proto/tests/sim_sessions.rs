@@ -578,7 +578,7 @@ fn server_restart_gives_remote_reset_and_a_fresh_session() {
             SessionEvent::Established(p) if l.node == c => Some(p.addr.clone()),
             _ => None,
         })
-        .last()
+        .next_back()
         .unwrap();
     assert_eq!(est, sim.addr(s));
 }
@@ -782,6 +782,7 @@ fn runs_are_deterministic_per_seed() {
     let a = lossless_run(99, 60, &[100, 900], faults);
     let b = lossless_run(99, 60, &[100, 900], faults);
     assert_eq!(a.log(), b.log());
+    assert_eq!(a.received(), b.received());
     assert_eq!(a.stats(), b.stats());
     let c = lossless_run(100, 60, &[100, 900], faults);
     assert_ne!(

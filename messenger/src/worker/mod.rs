@@ -26,8 +26,10 @@
 //!   its entries' heads, which the common path never does. Its share of
 //!   the CRC32C pass;
 //! - receiving: the entry's parse, a view of the received buffer for its
-//!   payload (one reference count), the sequence check, and the
-//!   `Dispatcher::on_message` call from [`Worker::drive`]'s loop.
+//!   payload (one reference count), the sequence check, and
+//!   [`deliver`]'s call of `Dispatcher::on_message` from [`Worker::drive`]'s
+//!   loop (messages come out of `Session::poll_message`, apart from the
+//!   session's events).
 //!
 //! By callgrind (`BURST=64 scripts/instructions.sh tcp`, 64 B, LTO off,
 //! docs/BENCHMARKS.md) the sender's ~900 instructions a message go about
@@ -1110,37 +1112,15 @@ impl Worker {
                 let Some(slot) = self.sessions.get_mut(&key) else {
                     return;
                 };
-                // Messages, the hot case (every entry of a batch), go to the
-                // dispatcher with the slot in hand: no second lookup, no
-                // event dispatch. Anything else takes handle_session_event.
-                let shared = &self.shared;
-                let (transports, links) = (&mut self.transports, &self.links);
-                let ev = loop {
-                    match slot.session.poll_event() {
-                        Some(SessionEvent::Message(msg)) if msg.call & REPLY_BIT != 0 => {
-                            native_rma::note_key(slot, &msg);
-                            route_reply(&slot.conn, msg, &shared.counters);
-                        }
-                        Some(SessionEvent::Message(msg)) if msg.call & RMA_BIT != 0 => {
-                            native_rma::serve(slot, msg, transports, links, &shared.counters);
-                        }
-                        Some(SessionEvent::Message(msg)) => {
-                            let conn = &slot.conn;
-                            let ty = msg.msg_type;
-                            if let Err(Panicked(why)) = guarded(
-                                shared.cfg.handler_panic,
-                                &shared.counters.handler_panics,
-                                conn,
-                                || format!("a message of type {ty}"),
-                                || shared.dispatcher.on_message(conn, msg),
-                            ) {
-                                slot.session.abort(FaultReason::HandlerPanicked(why));
-                            }
-                        }
-                        other => break other,
-                    }
-                };
-                let Some(ev) = ev else {
+                // Messages, the hot case (every entry of a batch), are
+                // delivered with the slot in hand: no second lookup, no
+                // event dispatch.
+                while let Some(msg) = slot.session.poll_message() {
+                    deliver(slot, msg, &self.shared, &mut self.transports, &self.links);
+                }
+                // An event, or none once both are drained (an event held
+                // back by messages came out after them above).
+                let Some(ev) = slot.session.poll_event() else {
                     break;
                 };
                 self.handle_session_event(key, ev, now);
@@ -1226,7 +1206,6 @@ impl Worker {
 
     fn handle_session_event(&mut self, key: u64, ev: SessionEvent, now: Instant) {
         match &ev {
-            SessionEvent::Message(_) => tracing::trace!("message delivered"),
             SessionEvent::Established(p) => {
                 tracing::info!(peer = %p.addr, name = %p.name, "session established")
             }
@@ -1240,38 +1219,6 @@ impl Worker {
                 tracing::info!(dropped, "peer reset the session")
             }
             other => tracing::debug!(event = ?other, "session event"),
-        }
-        if let SessionEvent::Message(msg) = ev {
-            // The hot case, borrowing the connection: a clone of it is an
-            // atomic count up and down per message.
-            // Counted with the session's other figures once it is driven
-            // (`drive`): not two atomic additions before every delivery.
-            // Charged to the receive throttle when its unit arrived
-            // (`RxThrottle::charge_unit`).
-            if msg.call & (REPLY_BIT | RMA_BIT) != 0 {
-                let Some(slot) = self.sessions.get_mut(&key) else {
-                    return;
-                };
-                if msg.call & REPLY_BIT != 0 {
-                    native_rma::note_key(slot, &msg);
-                    route_reply(&slot.conn, msg, &self.shared.counters);
-                } else {
-                    let (transports, links) = (&mut self.transports, &self.links);
-                    native_rma::serve(slot, msg, transports, links, &self.shared.counters);
-                }
-                return;
-            }
-            let Some(slot) = self.sessions.get(&key) else {
-                return;
-            };
-            let ty = msg.msg_type;
-            let r = self.callback(
-                &slot.conn,
-                || format!("a message of type {ty}"),
-                |d, c| d.on_message(c, msg),
-            );
-            self.abort_on_panic(key, r);
-            return;
         }
         let Some(slot) = self.sessions.get_mut(&key) else {
             return;
@@ -1332,7 +1279,7 @@ impl Worker {
             }
             SessionEvent::Established(peer) => {
                 conn.publish_send_limits(slot.session.send_limits());
-                *conn.inner.peer.lock() = Some(*peer);
+                *conn.inner.peer.lock() = Some(peer);
                 conn.set_state(ConnectionState::Open);
                 let r = if slot.accepted {
                     Counters::add(&c.sessions_accepted, 1);
@@ -1361,7 +1308,6 @@ impl Worker {
                 Counters::add(&c.reconnects, 1);
                 Counters::add(&c.replayed_messages, replayed);
             }
-            SessionEvent::Message(_) => {} // delivered above
             SessionEvent::Reset {
                 reason,
                 undelivered,
@@ -1510,7 +1456,7 @@ impl Worker {
                     let Some(p) = self.pending.remove(&link) else {
                         return;
                     };
-                    self.route(link, t, p.session, *hello, now);
+                    self.route(link, t, p.session, hello, now);
                     return;
                 }
                 Some(SessionEvent::CloseLink(l)) => {
@@ -1835,6 +1781,44 @@ fn is_handshake(unit: &Transmit) -> bool {
             Tag::Hello | Tag::HelloOk | Tag::ReconnectOk | Tag::SessionReset | Tag::Wait
         ),
         Transmit::Message(_) => false,
+    }
+}
+
+/// A message `slot`'s session delivered, by its call field: a reply to
+/// the call that waits for it, an RMA request to the region it names,
+/// anything else to the application's dispatcher (or inbox). A handler
+/// that panics ends the session (`on_reset` follows).
+///
+/// Borrows the connection rather than cloning it (an atomic count up and
+/// down per message). Counted with the session's other figures once it is
+/// driven (`Worker::drive`), not by atomic additions per message; charged
+/// to the receive throttle when its unit arrived (`RxThrottle::charge_unit`).
+fn deliver(
+    slot: &mut Slot,
+    msg: Message,
+    shared: &Shared,
+    transports: &mut [AnyTransport],
+    links: &FxHashMap<LinkId, LinkEntry>,
+) {
+    if msg.call & REPLY_BIT != 0 {
+        native_rma::note_key(slot, &msg);
+        route_reply(&slot.conn, msg, &shared.counters);
+        return;
+    }
+    if msg.call & RMA_BIT != 0 {
+        native_rma::serve(slot, msg, transports, links, &shared.counters);
+        return;
+    }
+    let conn = &slot.conn;
+    let ty = msg.msg_type;
+    if let Err(Panicked(why)) = guarded(
+        shared.cfg.handler_panic,
+        &shared.counters.handler_panics,
+        conn,
+        || format!("a message of type {ty}"),
+        || shared.dispatcher.on_message(conn, msg),
+    ) {
+        slot.session.abort(FaultReason::HandlerPanicked(why));
     }
 }
 

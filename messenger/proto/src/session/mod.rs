@@ -6,9 +6,31 @@
 //! no sockets, threads or clocks — like quinn-proto's `Connection`, the caller
 //! feeds it input ([`Session::handle_inbound`], [`Session::link_up`],
 //! [`Session::link_failed`], [`Session::handle_timeout`]) with the current time,
-//! and pulls work out ([`Session::poll_transmit`], [`Session::poll_event`],
-//! [`Session::poll_timeout`]). Tests and fuzzers drive it in memory; every
-//! backend shares it unchanged.
+//! and pulls work out ([`Session::poll_transmit`], [`Session::poll_message`],
+//! [`Session::poll_event`], [`Session::poll_timeout`]). Tests and fuzzers
+//! drive it in memory; every backend shares it unchanged.
+//!
+//! Received messages and events come out apart, as quinn-proto keeps stream
+//! data out of its events: [`Session::poll_message`] takes the messages,
+//! [`Session::poll_event`] the changes of state ([`SessionEvent`]). The two
+//! keep the order in which things happened — a message that arrived after
+//! `Established` waits until that event is taken, an event that came after
+//! messages waits until they are — so the owner drains both in turn:
+//!
+//! ```
+//! # use msgr_proto::{Message, Session, SessionEvent};
+//! fn drain(s: &mut Session, deliver: &mut dyn FnMut(Message), handle: &mut dyn FnMut(SessionEvent)) {
+//!     loop {
+//!         while let Some(msg) = s.poll_message() {
+//!             deliver(msg);
+//!         }
+//!         // Only `None` once both are empty: a message that waited for
+//!         // this event is taken by the next turn.
+//!         let Some(ev) = s.poll_event() else { break };
+//!         handle(ev);
+//!     }
+//! }
+//! ```
 //!
 //! Where a reconnect is decided: [`Session::fault`] (after a transport fault),
 //! [`Session::take_link`] (an accepted link that claims an existing session,
@@ -127,7 +149,8 @@ impl std::fmt::Display for FaultReason {
     }
 }
 
-/// What the engine tells its owner.
+/// What the engine tells its owner about the session's state (received
+/// messages come out of [`Session::poll_message`] instead).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SessionEvent {
     /// Open a transport connection to this address, then call
@@ -137,11 +160,9 @@ pub enum SessionEvent {
     CloseLink(LinkId),
     /// Acceptor only: the peer said hello. Route it — to an existing session
     /// with [`Session::take_link`], or start a new one with [`Session::accept_new`].
-    Identified(Box<Hello>),
+    Identified(Hello),
     /// The session is open for the first time (`on_connect` / `on_accept`).
-    /// (Boxed: every received message moves as a `SessionEvent`, which
-    /// stays small enough to move by inline stores.)
-    Established(Box<PeerInfo>),
+    Established(PeerInfo),
     /// Connector: an attempt to open the session failed (`on_connect_failed`):
     /// the transport could not connect, or the handshake failed, before the
     /// session was ever open. A lossless session tries again after its
@@ -155,9 +176,9 @@ pub enum SessionEvent {
     /// from one transport to another. `Resumed` follows.
     Moved {
         /// The address of the link before.
-        from: Box<EntityAddr>,
+        from: EntityAddr,
         /// The address of this link.
-        to: Box<EntityAddr>,
+        to: EntityAddr,
         /// Why the link before was lost.
         reason: Option<FaultReason>,
     },
@@ -166,8 +187,6 @@ pub enum SessionEvent {
         /// Messages sent again on the new link.
         replayed: u64,
     },
-    /// A message, in order, exactly once (lossless) or at most once (lossy).
-    Message(Message),
     /// The session ended (`on_reset`): lossy fault, peer close, mark down, or
     /// a lossless server session whose peer never returned. Terminal.
     Reset {
@@ -359,7 +378,8 @@ pub struct Session {
     acked_in_seq: u64,
 
     ctrl: VecDeque<Transmit>,
-    events: VecDeque<SessionEvent>,
+    /// Events and received messages for the owner, in the order they happened.
+    events: ToOwner,
     backoff: Duration,
     link_since: Instant,
     /// When the session last asked for a transport connection: a dial not
@@ -451,7 +471,7 @@ impl Session {
             in_seq: 0,
             acked_in_seq: 0,
             ctrl: VecDeque::new(),
-            events: VecDeque::new(),
+            events: ToOwner::default(),
             backoff,
             link_since: now,
             dial_since: now,
@@ -600,7 +620,8 @@ impl Session {
         matches!(self.state, State::Open(_))
     }
 
-    /// Whether the session has ended; drop it once its events are drained.
+    /// Whether the session has ended; drop it once its events (and
+    /// messages) are drained.
     pub fn is_closed(&self) -> bool {
         self.state == State::Closed
     }
@@ -664,7 +685,7 @@ impl Session {
         std::mem::size_of::<Session>()
             + self.outbox.memory_bytes()
             + self.ctrl.capacity() * std::mem::size_of::<Transmit>()
-            + self.events.capacity() * std::mem::size_of::<SessionEvent>()
+            + self.events.memory_bytes()
     }
 
     /// The largest message segments this session sends: the peer's
@@ -724,13 +745,12 @@ impl Session {
 
     /// Ends the session now for a local reason (its owner's decision, say
     /// a handler that panicked): queued messages are dropped and reported,
-    /// received messages not yet taken with [`Session::poll_event`] are
+    /// received messages not yet taken with [`Session::poll_message`] are
     /// dropped too (nothing is delivered after the end), and a
     /// [`SessionEvent::Reset`] with `reason` follows.
     pub fn abort(&mut self, reason: FaultReason) {
         if self.state != State::Closed {
-            self.events
-                .retain(|e| !matches!(e, SessionEvent::Message(_)));
+            self.events.drop_messages();
             self.terminate(reason);
         }
     }
@@ -1185,9 +1205,18 @@ impl Session {
         }
     }
 
-    /// The next event for the owner.
+    /// The next event for the owner; `None` also while messages that
+    /// arrived before it wait in [`Session::poll_message`].
     pub fn poll_event(&mut self) -> Option<SessionEvent> {
-        self.events.pop_front()
+        self.events.pop_event()
+    }
+
+    /// The next received message, in order, exactly once (lossless) or at
+    /// most once (lossy); `None` also while an event that came before it
+    /// waits in [`Session::poll_event`] (`Established` before the first
+    /// message, `RemoteReset` before the new session's).
+    pub fn poll_message(&mut self) -> Option<Message> {
+        self.events.pop_message()
     }
 
     // ---- routing of accepted links ----------------------------------------
@@ -1246,6 +1275,14 @@ impl Session {
             .peer_addr
             .as_ref()
             .is_some_and(|a| a.nonce != 0 && hello.addr.nonce != 0 && a.nonce != hello.addr.nonce);
+        // A resume must name this session, and a restarted peer has none
+        // to resume. Refused before anything changes: a refused link leaves
+        // the session as it was (a reset here left it open on its old link
+        // with its seqs back at 0, delivering without `Established`). The
+        // peer hears the refusal and comes back with cookie 0.
+        if hello.cookie != 0 && (hello.cookie != self.cookie || (restarted && self.established)) {
+            return Takeover::Rejected(reset_frame());
+        }
         if (restarted || hello.cookie == 0) && self.established {
             // The peer starts over: our session is gone on its side.
             self.remote_reset();
@@ -1254,9 +1291,6 @@ impl Session {
             self.state,
             State::Connecting | State::Banner(_) | State::HelloSent(_)
         );
-        if hello.cookie != 0 && hello.cookie != self.cookie {
-            return Takeover::Rejected(reset_frame());
-        }
         if racing && self.local.addr.to_string() < hello.addr.to_string() {
             // Both sides dialled; the smaller address's connection wins, and it is ours.
             return Takeover::Rejected(control_frame(Tag::Wait, &()));
@@ -1563,8 +1597,8 @@ impl Session {
             if let (Some(from), Some(to)) = (&self.opened_via, &via) {
                 if from != to {
                     self.events.push_back(SessionEvent::Moved {
-                        from: Box::new(from.clone()),
-                        to: Box::new(to.clone()),
+                        from: from.clone(),
+                        to: to.clone(),
                         reason: self.last_fault.clone(),
                     });
                 }
@@ -1577,8 +1611,7 @@ impl Session {
             self.events.push_back(SessionEvent::Resumed { replayed });
         } else if let Some(peer) = self.peer() {
             self.established = true;
-            self.events
-                .push_back(SessionEvent::Established(Box::new(peer)));
+            self.events.push_back(SessionEvent::Established(peer));
         }
         if self.closing {
             self.maybe_finish_close();
@@ -1687,7 +1720,7 @@ impl Session {
                 hello.dial = extras.dial;
                 self.state = State::Identified(link);
                 self.events
-                    .push_back(SessionEvent::Identified(Box::new(hello.clone())));
+                    .push_back(SessionEvent::Identified(hello.clone()));
                 self.hello = Some(hello);
                 Ok(())
             }
@@ -1872,7 +1905,7 @@ impl Session {
         self.in_seq = msg.seq;
         self.stats.rx_messages += 1;
         self.stats.rx_bytes += msg.payload_len() as u64;
-        self.events.push_back(SessionEvent::Message(msg));
+        self.events.push_message(msg);
         Ok(())
     }
 
@@ -1993,6 +2026,61 @@ impl Session {
                 }
             }
         }
+    }
+}
+
+/// A session's output for its owner: events and received messages in two
+/// queues, each event stamped with how many messages came before it, so
+/// that taking them apart keeps their order (see the [module docs](self)).
+#[derive(Debug, Default)]
+struct ToOwner {
+    /// Each event with the number of messages queued before it.
+    events: VecDeque<(u64, SessionEvent)>,
+    messages: VecDeque<Message>,
+    /// Messages ever queued (taken, waiting or dropped).
+    queued: u64,
+}
+
+impl ToOwner {
+    fn push_back(&mut self, ev: SessionEvent) {
+        self.events.push_back((self.queued, ev));
+    }
+
+    fn push_message(&mut self, msg: Message) {
+        self.messages.push_back(msg);
+        self.queued += 1;
+    }
+
+    /// Messages taken (or dropped) so far.
+    fn taken(&self) -> u64 {
+        self.queued - self.messages.len() as u64
+    }
+
+    fn pop_event(&mut self) -> Option<SessionEvent> {
+        let (before, _) = self.events.front()?;
+        if *before > self.taken() {
+            return None;
+        }
+        self.events.pop_front().map(|(_, ev)| ev)
+    }
+
+    fn pop_message(&mut self) -> Option<Message> {
+        if let Some((before, _)) = self.events.front() {
+            if *before <= self.taken() {
+                return None;
+            }
+        }
+        self.messages.pop_front()
+    }
+
+    /// Drops the messages not taken yet (the events they held back follow).
+    fn drop_messages(&mut self) {
+        self.messages.clear();
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.events.capacity() * std::mem::size_of::<(u64, SessionEvent)>()
+            + self.messages.capacity() * std::mem::size_of::<Message>()
     }
 }
 
@@ -2119,5 +2207,141 @@ mod tests {
         );
         s.link_up(LinkId(2), redial);
         assert_ne!(s.phase(), "connecting", "the second dial is taken");
+    }
+    /// Everything `from` has to send, handed to `to` on `link` as is.
+    fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
+        while let Some((_, t)) = from.poll_transmit(now) {
+            to.handle_inbound(link, t.into(), now)
+                .expect("a valid unit");
+        }
+    }
+
+    /// A client (on link 1) and the server session it opened (on link
+    /// 2), both open; the client's events are not taken yet.
+    fn open_pair(now: Instant) -> (Session, Session) {
+        let addr =
+            |port: u16| EntityAddr::tcp(([127, 0, 0, 1], port).into()).with_nonce(u64::from(port));
+        let local = |name, port| LocalIdentity {
+            name,
+            addr: addr(port),
+            dials: Default::default(),
+        };
+        let cfg = SessionConfig::default();
+        let mut c = Session::connect(
+            cfg.clone(),
+            local(EntityName::client(1), 1),
+            addr(2),
+            Policy::LosslessClient,
+            now,
+        );
+        c.link_up(LinkId(1), now);
+        let mut s = Session::accept(cfg, local(EntityName::server(1), 2), LinkId(2), now);
+        for _ in 0..4 {
+            hand_over(&mut c, &mut s, LinkId(2), now);
+            while let Some(ev) = s.poll_event() {
+                if matches!(ev, SessionEvent::Identified(_)) {
+                    s.accept_new(7, now);
+                }
+            }
+            hand_over(&mut s, &mut c, LinkId(1), now);
+            if c.is_open() && s.is_open() {
+                return (c, s);
+            }
+        }
+        panic!("the handshake did not finish");
+    }
+
+    fn numbered(i: u8) -> Message {
+        Message::new(1, vec![i], bytes::Bytes::new())
+    }
+
+    /// Messages and events come out apart but in the order they
+    /// happened: no message before the `Established` that came first, no
+    /// event that came after messages before them.
+    #[test]
+    fn messages_and_events_keep_their_order() {
+        let now = Instant::now();
+        let (mut c, mut s) = open_pair(now);
+        for i in 1..=2 {
+            s.send(numbered(i)).expect("room");
+        }
+        hand_over(&mut s, &mut c, LinkId(1), now);
+        assert_eq!(c.poll_message(), None, "Connect and Established came first");
+        assert!(matches!(c.poll_event(), Some(SessionEvent::Connect(_))));
+        assert_eq!(c.poll_message(), None, "Established came first");
+        assert!(matches!(c.poll_event(), Some(SessionEvent::Established(_))));
+        let fronts: Vec<_> = std::iter::from_fn(|| c.poll_message())
+            .map(|m| m.front)
+            .collect();
+        assert_eq!(fronts, [vec![1u8], vec![2]]);
+        assert_eq!(c.poll_event(), None);
+        // A message, then a fault: its CloseLink waits for the message.
+        s.send(numbered(3)).expect("room");
+        hand_over(&mut s, &mut c, LinkId(1), now);
+        let bad = ProtocolError::Malformed {
+            what: "test",
+            detail: "a fault after a message".into(),
+        };
+        c.handle_decode_error(LinkId(1), bad, now);
+        assert_eq!(c.poll_event(), None, "the message came first");
+        assert_eq!(c.poll_message().map(|m| m.front), Some(vec![3u8].into()));
+        assert_eq!(c.poll_event(), Some(SessionEvent::CloseLink(LinkId(1))));
+        assert_eq!(c.poll_message(), None);
+    }
+
+    /// A hello that asks to resume from a restarted peer (another nonce)
+    /// is refused and leaves the session as it was: no remote reset of a
+    /// session that goes on over its link.
+    #[test]
+    fn a_refused_resume_leaves_the_session_alone() {
+        let now = Instant::now();
+        let (c, mut s) = open_pair(now);
+        while s.poll_event().is_some() {}
+        let peer = c.local.addr.clone();
+        let hello = Hello {
+            name: EntityName::client(1),
+            addr: peer.clone().with_nonce(peer.nonce + 1),
+            target: s.local.addr.clone(),
+            policy: Policy::LosslessClient,
+            cookie: 7,
+            in_seq: 0,
+            limits: None,
+            dial: None,
+        };
+        let mut pending =
+            Session::accept(SessionConfig::default(), s.local.clone(), LinkId(3), now);
+        let t = s.take_link(LinkId(3), &hello, &mut pending, 9, now);
+        assert!(matches!(t, Takeover::Rejected(_)), "{t:?}");
+        assert_eq!(s.poll_event(), None, "no remote reset");
+        assert!(s.is_open());
+        assert_eq!(s.link(), Some(LinkId(2)));
+    }
+
+    /// An aborted session delivers nothing more: the messages not taken
+    /// are dropped, and the events they held back (the reset) follow.
+    #[test]
+    fn abort_drops_the_messages_not_taken() {
+        let now = Instant::now();
+        let (mut c, mut s) = open_pair(now);
+        while c.poll_event().is_some() {}
+        for i in 1..=3 {
+            s.send(numbered(i)).expect("room");
+        }
+        hand_over(&mut s, &mut c, LinkId(1), now);
+        assert_eq!(c.poll_message().map(|m| m.front), Some(vec![1u8].into()));
+        c.abort(FaultReason::HandlerPanicked("test".into()));
+        assert_eq!(c.poll_message(), None);
+        let events: Vec<_> = std::iter::from_fn(|| c.poll_event()).collect();
+        assert!(
+            matches!(
+                events.last(),
+                Some(SessionEvent::Reset {
+                    reason: FaultReason::HandlerPanicked(_),
+                    ..
+                })
+            ),
+            "{events:?}"
+        );
+        assert_eq!(c.poll_message(), None, "nothing after the end");
     }
 }

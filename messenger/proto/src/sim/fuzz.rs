@@ -1259,6 +1259,9 @@ struct Invariants {
     last_delivered: u64,
     /// A terminal event (Reset / Closed) was seen.
     ended: bool,
+    /// `Established` was seen (and no `RemoteReset` since): messages may
+    /// come.
+    established: bool,
 }
 
 impl Invariants {
@@ -1292,14 +1295,25 @@ impl Invariants {
 
     fn events(&mut self, s: &mut Session, cfg: &SessionConfig) {
         assert!(s.queued_messages() <= cfg.max_queued_messages);
-        while let Some(ev) = s.poll_event() {
+        loop {
+            while let Some(m) = s.poll_message() {
+                assert!(!self.ended, "message after the session ended");
+                assert!(self.established, "message before Established");
+                assert_eq!(m.seq, self.last_delivered + 1, "delivered out of order");
+                self.last_delivered = m.seq;
+            }
+            let Some(ev) = s.poll_event() else {
+                break;
+            };
             match ev {
-                SessionEvent::Message(m) => {
-                    assert!(!self.ended, "message after the session ended");
-                    assert_eq!(m.seq, self.last_delivered + 1, "delivered out of order");
-                    self.last_delivered = m.seq;
+                SessionEvent::Established(_) => {
+                    assert!(!self.ended, "Established after the session ended");
+                    self.established = true;
                 }
-                SessionEvent::RemoteReset { .. } => self.last_delivered = 0,
+                SessionEvent::RemoteReset { .. } => {
+                    self.last_delivered = 0;
+                    self.established = false;
+                }
                 SessionEvent::Reset { .. } | SessionEvent::Closed => {
                     assert!(!self.ended, "two terminal events");
                     self.ended = true;

@@ -113,6 +113,25 @@ pub struct Logged {
     pub event: SessionEvent,
 }
 
+/// A message a session delivered, with when and where.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Received {
+    /// Virtual time since the simulation started.
+    pub at: Duration,
+    /// The node.
+    pub node: NodeId,
+    /// The session.
+    pub session: SessionId,
+    /// The message.
+    pub msg: Message,
+}
+
+/// What the owner took from a session, in the order the session gave it.
+enum Taken {
+    Message(Message),
+    Event(SessionEvent),
+}
+
 /// Counters of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SimStats {
@@ -198,6 +217,7 @@ pub struct Sim {
     byte_cuts: VecDeque<u64>,
     time_cuts: Vec<(Instant, NodeId, NodeId)>,
     log: Vec<Logged>,
+    received: Vec<Received>,
     stats: SimStats,
     /// The first [`WIRE_RECORD`] bytes written on any link, for tests that
     /// look at what an eavesdropper would see.
@@ -225,6 +245,7 @@ impl Sim {
             byte_cuts: VecDeque::new(),
             time_cuts: Vec::new(),
             log: Vec::new(),
+            received: Vec::new(),
             stats: SimStats::default(),
             wire: Vec::new(),
         }
@@ -352,15 +373,17 @@ impl Sim {
         &self.log
     }
 
+    /// Every message every session delivered so far, in order.
+    pub fn received(&self) -> &[Received] {
+        &self.received
+    }
+
     /// The messages `node` received, in delivery order, with their session.
     pub fn delivered(&self, node: NodeId) -> Vec<(SessionId, Message)> {
-        self.log
+        self.received
             .iter()
-            .filter(|l| l.node == node)
-            .filter_map(|l| match &l.event {
-                SessionEvent::Message(m) => Some((l.session, m.clone())),
-                _ => None,
-            })
+            .filter(|r| r.node == node)
+            .map(|r| (r.session, r.msg.clone()))
             .collect()
     }
 
@@ -596,7 +619,7 @@ impl Sim {
     fn drive_session(&mut self, node: NodeId, id: SessionId, pending: bool) -> bool {
         let now = self.now;
         let mut out = Vec::new();
-        let mut events = Vec::new();
+        let mut taken = Vec::new();
         {
             let Some(s) = self.session_mut(node, id, pending) else {
                 return false;
@@ -607,21 +630,45 @@ impl Sim {
             while let Some(t) = s.poll_transmit(now) {
                 out.push(t);
             }
-            while let Some(e) = s.poll_event() {
-                events.push(e);
+            loop {
+                while let Some(m) = s.poll_message() {
+                    taken.push(Taken::Message(m));
+                }
+                let Some(e) = s.poll_event() else {
+                    break;
+                };
+                taken.push(Taken::Event(e));
             }
         }
-        let progress = !out.is_empty() || !events.is_empty();
+        let progress = !out.is_empty() || !taken.is_empty();
         for (link, t) in out {
             self.write(node, link, encode(&t));
         }
-        for e in events {
-            self.handle_event(node, id, pending, e);
+        for t in taken {
+            match t {
+                Taken::Message(m) => self.deliver(node, id, pending, m),
+                Taken::Event(e) => self.handle_event(node, id, e),
+            }
         }
         progress
     }
 
-    fn handle_event(&mut self, node: NodeId, id: SessionId, pending: bool, e: SessionEvent) {
+    /// A message `node`'s session `id` delivered: logged, and echoed if the
+    /// node echoes.
+    fn deliver(&mut self, node: NodeId, id: SessionId, pending: bool, m: Message) {
+        if self.nodes[node].echo && !pending {
+            let back = Message::new(m.msg_type, m.front.clone(), m.data.clone());
+            let _ = self.send(node, id, back);
+        }
+        self.received.push(Received {
+            at: self.elapsed(),
+            node,
+            session: id,
+            msg: m,
+        });
+    }
+
+    fn handle_event(&mut self, node: NodeId, id: SessionId, e: SessionEvent) {
         self.log.push(Logged {
             at: self.elapsed(),
             node,
@@ -637,10 +684,6 @@ impl Sim {
             }),
             SessionEvent::CloseLink(link) => self.close_end(node, link, true),
             SessionEvent::Identified(hello) => self.route(node, id, &hello),
-            SessionEvent::Message(m) if self.nodes[node].echo && !pending => {
-                let back = Message::new(m.msg_type, m.front.clone(), m.data.clone());
-                let _ = self.send(node, id, back);
-            }
             _ => {}
         }
     }
