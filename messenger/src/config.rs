@@ -319,7 +319,7 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
          a source at its share closes that source's own oldest pending link that has not sent \
          its banner to make room (handshakes_evicted), so a client behind a flood's address \
          still gets in; while none is idle (all spoke or were just accepted) the new link \
-         waits, unread, for a slot (handshakes_waited; at most 8 × `max_handshakes` per \
+         waits, unread, for a slot (handshakes_waited; at most 16 × `max_handshakes` per \
          worker, `handshake_timeout_ms` each) or, that queue full, is refused \
          (handshakes_refused)",
         int(1, 1 << 20, |c, n| c.max_handshakes_per_source = n as usize),
@@ -681,7 +681,7 @@ pub struct MessengerConfig {
     /// Accepted links that may be mid-handshake at once, per worker (bounds
     /// what unauthenticated peers can make us hold): a new one beyond it
     /// closes the oldest idle one, of any source, or waits for a slot
-    /// (up to 8 times as many wait, unread, per worker).
+    /// (up to 16 times as many wait, unread, per worker).
     pub max_handshakes: usize,
     /// Registered memory of the RDMA backends, per worker, and their
     /// rendezvous read deadline.

@@ -123,12 +123,13 @@ pub(crate) fn admit(
 
 /// Links that may wait for a handshake slot, per slot (`max_handshakes`):
 /// a burst of thousands from one address waits in the worker instead of
-/// being refused and redialled. 8,192 by default: with the kernel's
-/// listen backlog (4,096) that holds a burst of 10,000 while the worker
-/// runs 256 handshakes of one source at a time. A waiting link costs a
-/// socket and the transport's link structure (no buffer: it is not read),
-/// a small part of a handshake's memory.
-pub(crate) const WAITING_PER_SLOT: usize = 8;
+/// being refused and redialled. 16,384 by default: a burst of 10,000
+/// all accepted before their handshakes run, 256 at a time for one source
+/// (with 8,192, 366 and 3,051 of such a burst were refused in two runs of
+/// the fan-in). A waiting link costs a socket and the transport's link
+/// structure (no buffer: it is not read), a small part of a handshake's
+/// memory; the sockets count against the process's descriptor limit.
+pub(crate) const WAITING_PER_SLOT: usize = 16;
 
 /// Units a waiting link may bring before it takes a slot: those a backend
 /// read before its reading was paused (a banner and a hello). More means a
