@@ -478,16 +478,22 @@ fn lossless_peers_survive_cuts_and_simultaneous_reconnects() {
     assert!(sim.stats().cuts >= 10, "{:?}", sim.stats());
 }
 
-#[test]
-fn keepalive_timeout_detects_a_hung_peer() {
-    let cfg = SimConfig::default();
-    let timeout = cfg.session.keepalive_timeout;
-    let (mut sim, c, s) = client_server(4, cfg);
+/// A client and a server with a lossy session open between them.
+fn lossy_open(seed: u64, cfg: SimConfig) -> (Sim, NodeId, NodeId, SessionId) {
+    let (mut sim, c, s) = client_server(seed, cfg);
     let id = sim.connect(c, s, Policy::LossyClient);
     assert!(sim.run_until_pred(Duration::from_secs(1), |sim| sim
         .session(c, id)
         .unwrap()
         .is_open()));
+    (sim, c, s, id)
+}
+
+#[test]
+fn keepalive_timeout_detects_a_hung_peer() {
+    let cfg = SimConfig::default();
+    let timeout = cfg.session.keepalive_timeout;
+    let (mut sim, c, s, id) = lossy_open(4, cfg);
     // Healthy and idle: keepalives keep it open well past the timeout.
     sim.run_for(timeout * 5);
     assert!(sim.session(c, id).unwrap().is_open());
@@ -532,12 +538,7 @@ fn paced_keepalives_go_a_third_of_the_peers_timeout_apart_unanswered() {
     let mut cfg = SimConfig::default();
     cfg.session.keepalive_interval = Duration::from_millis(200);
     cfg.session.keepalive_timeout = Duration::from_secs(3);
-    let (mut sim, c, s) = client_server(5, cfg);
-    let id = sim.connect(c, s, Policy::LossyClient);
-    assert!(sim.run_until_pred(Duration::from_secs(1), |sim| sim
-        .session(c, id)
-        .unwrap()
-        .is_open()));
+    let (mut sim, c, s, id) = lossy_open(5, cfg);
     let idle = Duration::from_secs(30);
     sim.run_for(idle);
     let client = sim.session(c, id).unwrap();
