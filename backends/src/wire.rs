@@ -32,8 +32,12 @@ pub(crate) fn bind_listener(
     socket
         .bind(&addr.socket.into())
         .map_err(|e| TransportError::io("bind", e))?;
+    // Connections the kernel holds for us between two accepting passes: a
+    // burst of thousands at once (10,000 clients dialling a server) that
+    // overflows it has its SYNs dropped and retried a second later. The
+    // kernel caps it at net.core.somaxconn (4096 by default since 5.4).
     socket
-        .listen(1024)
+        .listen(4096)
         .map_err(|e| TransportError::io("listen", e))?;
     let mut listener = TcpListener::from_std(socket.into());
     let bound = listener

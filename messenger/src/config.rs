@@ -318,8 +318,10 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         "most pending handshakes per worker from one IP address (default 256); a new link from \
          a source at its share closes that source's own oldest pending link that has not sent \
          its banner to make room (handshakes_evicted), so a client behind a flood's address \
-         still gets in; while none is idle (all spoke or were just accepted) the new link is \
-         refused (handshakes_refused)",
+         still gets in; while none is idle (all spoke or were just accepted) the new link \
+         waits, unread, for a slot (handshakes_waited; at most 16 × `max_handshakes` per \
+         worker, `handshake_timeout_ms` each) or, that queue full, is refused \
+         (handshakes_refused)",
         int(1, 1 << 20, |c, n| c.max_handshakes_per_source = n as usize),
     ),
     key(
@@ -505,7 +507,8 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         "max_handshakes",
         "accepted connections that may be mid-handshake at once per worker (default 1024); a new \
          one beyond it closes the oldest that has not sent its banner, of any source \
-         (handshakes_evicted), or is refused while none is idle (handshakes_refused)",
+         (handshakes_evicted), or waits for a slot while none is idle (handshakes_waited), \
+         refused only when that queue is full (handshakes_refused)",
         int(1, 1 << 20, |c, n| c.max_handshakes = n as usize),
     ),
     // The pools' own start-up check (RLIMIT_MEMLOCK, device caps) says
@@ -677,7 +680,8 @@ pub struct MessengerConfig {
     pub rx_throttle_bytes: usize,
     /// Accepted links that may be mid-handshake at once, per worker (bounds
     /// what unauthenticated peers can make us hold): a new one beyond it
-    /// closes the oldest idle one, of any source, or is closed at once.
+    /// closes the oldest idle one, of any source, or waits for a slot
+    /// (up to 16 times as many wait, unread, per worker).
     pub max_handshakes: usize,
     /// Registered memory of the RDMA backends, per worker, and their
     /// rendezvous read deadline.
@@ -696,7 +700,8 @@ pub struct MessengerConfig {
     /// by closing that source's own oldest idle link (one that has not sent
     /// its banner though the worker had the time to read it), so a good
     /// client sharing an address with an idle flood still gets in; while
-    /// none of the source's links is idle, the new one is refused.
+    /// none of the source's links is idle, the new one waits, unread, for
+    /// a slot (a burst from one address), refused only when too many wait.
     pub max_handshakes_per_source: usize,
     /// Peers this messenger talks to ([`crate::Messenger::connect_peers`]):
     /// their addresses' transports pick the backends, so a configuration

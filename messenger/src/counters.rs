@@ -116,8 +116,10 @@ counters! {
     injected_faults,
     /// Units the fault plan (`faults`, tests) corrupted on the wire.
     corruptions_injected,
-    /// Accepted connections closed at once because too many handshakes were pending and none was idle.
+    /// Accepted connections closed because too many handshakes were pending and none was idle: at once when no more could wait for a slot, or after waiting the handshake timeout.
     handshakes_refused,
+    /// Accepted connections that waited, unread, for a handshake slot (too many were pending and none was idle): a burst from one address.
+    handshakes_waited,
     /// Pending handshakes whose peer had not sent a banner, closed to make room for a new connection (handshake admission).
     handshakes_evicted,
     /// Times a worker confined to one CPU stopped spinning for a while because a yield handed a whole time slice to a busy thread sharing that CPU.

@@ -1,6 +1,8 @@
 //! Fan-in, CI-sized: 1,000 lossless clients from 4 processes into one
 //! server (this process), a ping through while they connect and idle, and
 //! the server back to its sessions and file descriptors after they close.
+//! All from 127.0.0.1 at once, far beyond the source's handshake share:
+//! the burst waits for slots, none is refused (so none redials).
 //! Correctness only: the figures are printed, not asserted (docs/STRESS.md
 //! "Fan-in"); then a run whose clients cannot start must fail. Alone in its
 //! binary, one run at a time: it counts this process's descriptors.
@@ -20,6 +22,14 @@ fn a_thousand_lossless_clients_come_up_idle_and_close() {
     // waits `server_linger` for it. Shorter than the close deadline, so
     // "no session left" means none leaked, whatever the load.
     opts.server_settings.push("server_linger_ms=10000".into());
+    // A share of 16 handshakes for the one source: the burst of 1,000 must
+    // wait for slots. The server keeps waiting links 60 s (a client that
+    // gives up first just redials): a refusal is then the queue's doing,
+    // never a loaded machine's.
+    opts.server_settings
+        .push("max_handshakes_per_source=16".into());
+    opts.server_settings
+        .push("handshake_timeout_ms=60000".into());
     let report = run_fan_in(&opts).expect("the run starts");
     println!("{}", report.summary());
     assert!(report.passed(), "{}", report.summary());
@@ -35,6 +45,14 @@ fn a_thousand_lossless_clients_come_up_idle_and_close() {
         assert_eq!(p.lost, 0, "pings lost while {phase}: {p:?}");
     }
     assert_eq!(report.sessions_after, 0, "sessions left on the server");
+    assert!(
+        report.handshakes_waited > 0,
+        "the burst never exceeded the source's share: {report:?}"
+    );
+    assert_eq!(
+        report.handshakes_refused, 0,
+        "a burst from one address was refused (its clients redial)"
+    );
     assert!(
         report.fds_after <= report.fds_before,
         "file descriptors: {} before the clients, {} after they closed",

@@ -52,14 +52,26 @@ pub mod features {
     /// an exposed region, answered by the owner's messenger (with `CALLS`;
     /// without it such a call is refused).
     pub const RMA: u64 = 1 << 10;
+    /// Keepalives carry their sender's keepalive timeout and are not
+    /// answered: each side sends its own when it has sent nothing for a
+    /// third of the peer's timeout (`control::PacedKeepalive`, docs/PROTOCOL.md).
+    pub const PACED_KEEPALIVE: u64 = 1 << 11;
     /// Hello carries the number of its dial, hello-ok and reconnect-ok the
     /// number of the sender's last dial, in a last segment
     /// (`control::with_dial_number`): a session turns away a hello its
     /// peer sent before the session opened (`session::DialAttempts`).
-    pub const DIAL_NUMBERS: u64 = 1 << 11;
+    pub const DIAL_NUMBERS: u64 = 1 << 12;
     /// Everything this build supports by default.
-    pub const SUPPORTED: u64 =
-        CRC32C | RECONNECT | CREDITS | RENDEZVOUS | BATCH | LIMITS | CALLS | RMA | DIAL_NUMBERS;
+    pub const SUPPORTED: u64 = CRC32C
+        | RECONNECT
+        | CREDITS
+        | RENDEZVOUS
+        | BATCH
+        | LIMITS
+        | CALLS
+        | RMA
+        | PACED_KEEPALIVE
+        | DIAL_NUMBERS;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
 }

@@ -139,6 +139,18 @@ pub struct Keepalive {
     pub stamp: u64,
 }
 
+/// A keepalive where both sides offered `features::PACED_KEEPALIVE`: not
+/// answered; it tells the receiver how long its sender waits for a frame
+/// before it gives the link up, and the receiver sends something at least
+/// every third of that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PacedKeepalive {
+    /// Sender's opaque stamp (microseconds on its clock).
+    pub stamp: u64,
+    /// The sender's keepalive timeout, milliseconds.
+    pub timeout_ms: u64,
+}
+
 /// Orderly end of a session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Close {

@@ -478,16 +478,22 @@ fn lossless_peers_survive_cuts_and_simultaneous_reconnects() {
     assert!(sim.stats().cuts >= 10, "{:?}", sim.stats());
 }
 
-#[test]
-fn keepalive_timeout_detects_a_hung_peer() {
-    let cfg = SimConfig::default();
-    let timeout = cfg.session.keepalive_timeout;
-    let (mut sim, c, s) = client_server(4, cfg);
+/// A client and a server with a lossy session open between them.
+fn lossy_open(seed: u64, cfg: SimConfig) -> (Sim, NodeId, NodeId, SessionId) {
+    let (mut sim, c, s) = client_server(seed, cfg);
     let id = sim.connect(c, s, Policy::LossyClient);
     assert!(sim.run_until_pred(Duration::from_secs(1), |sim| sim
         .session(c, id)
         .unwrap()
         .is_open()));
+    (sim, c, s, id)
+}
+
+#[test]
+fn keepalive_timeout_detects_a_hung_peer() {
+    let cfg = SimConfig::default();
+    let timeout = cfg.session.keepalive_timeout;
+    let (mut sim, c, s, id) = lossy_open(4, cfg);
     // Healthy and idle: keepalives keep it open well past the timeout.
     sim.run_for(timeout * 5);
     assert!(sim.session(c, id).unwrap().is_open());
@@ -519,6 +525,52 @@ fn keepalive_timeout_detects_a_hung_peer() {
     assert!(
         after >= timeout - sim_cfg_interval(),
         "detected too early: {after:?}"
+    );
+}
+
+/// Paced keepalives (both sides offer `PACED_KEEPALIVE`): idle, each side
+/// sends its own keepalive a third of the peer's timeout apart and none is
+/// answered — not a keepalive and its answer every `keepalive_interval`.
+/// Both stay open (each hears the other well within its timeout) and a
+/// frozen peer is still noticed.
+#[test]
+fn paced_keepalives_go_a_third_of_the_peers_timeout_apart_unanswered() {
+    let mut cfg = SimConfig::default();
+    cfg.session.keepalive_interval = Duration::from_millis(200);
+    cfg.session.keepalive_timeout = Duration::from_secs(3);
+    let (mut sim, c, s, id) = lossy_open(5, cfg);
+    let idle = Duration::from_secs(30);
+    sim.run_for(idle);
+    let client = sim.session(c, id).unwrap();
+    assert!(client.is_open());
+    let (_, server) = sim.sessions(s).next().expect("the server's session");
+    assert!(server.is_open());
+    let (sent_c, sent_s) = (client.stats().keepalives, server.stats().keepalives);
+    // 1 s apart each (3 s / 3) once the peer's first came (200 ms apart
+    // until then, and the sim's links may be cut): ~30 each. The
+    // old way sent one every 200 ms (150), each answered.
+    let paced = (idle.as_millis() / 1000) as u64;
+    for (who, n) in [("client", sent_c), ("server", sent_s)] {
+        assert!(
+            (paced - 2..=paced + 6).contains(&n),
+            "{who} sent {n} keepalives in {idle:?}, paced {paced}"
+        );
+    }
+    let frozen_at = sim.elapsed();
+    sim.freeze(s, true);
+    sim.run_for(Duration::from_secs(6));
+    let reset = sim
+        .log()
+        .iter()
+        .find(|l| l.node == c && matches!(l.event, SessionEvent::Reset { .. }))
+        .map(|l| (l.at - frozen_at, format!("{:?}", l.event)));
+    let Some((after, event)) = reset else {
+        panic!("the client never noticed its frozen peer");
+    };
+    assert!(event.contains("KeepaliveTimeout"), "{event}");
+    assert!(
+        after <= Duration::from_millis(3010),
+        "noticed after {after:?}"
     );
 }
 

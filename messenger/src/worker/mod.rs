@@ -51,6 +51,7 @@ mod native_rma;
 mod spin;
 
 use std::collections::VecDeque;
+use std::net::IpAddr;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,12 +65,12 @@ use msgr_backends::{
     open_transport, AnyTransport, RealFault, Transport, TransportError, TransportEvent,
 };
 use msgr_proto::{
-    control::Hello, message::REPLY_BIT, rma::RMA_BIT, FaultReason, LinkId, Message, Session,
-    SessionEvent, SessionStats, Tag, Takeover, Transmit,
+    control::Hello, message::REPLY_BIT, rma::RMA_BIT, Banner, FaultReason, Inbound, LinkId,
+    Message, Session, SessionEvent, SessionStats, Tag, Takeover, Transmit,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use admission::{admit, Admit, PendingLink};
+use admission::{admit, Admit, PendingLink, WaitingLink, WaitingLinks, WAITING_PER_SLOT};
 use command::Adoption;
 pub(crate) use command::{Command, LinkFault, WorkerStats};
 
@@ -211,6 +212,8 @@ struct Slot {
 enum Owner {
     Session(u64),
     Pending,
+    /// Waiting, unread, for a handshake slot (admission module).
+    Waiting,
 }
 
 struct LinkEntry {
@@ -234,6 +237,8 @@ pub(crate) struct Worker {
     by_peer: std::collections::HashMap<EntityAddr, u64>,
     links: FxHashMap<LinkId, LinkEntry>,
     pending: FxHashMap<LinkId, PendingLink>,
+    /// Accepted links waiting for room in `pending`.
+    waiting: WaitingLinks,
     /// Passes of the event loop so far (handshake admission counts them).
     passes: u64,
     tevents: Vec<TransportEvent>,
@@ -316,6 +321,7 @@ impl Worker {
             by_peer: std::collections::HashMap::new(),
             links: FxHashMap::default(),
             pending: FxHashMap::default(),
+            waiting: WaitingLinks::default(),
             passes: 0,
             tevents: Vec::new(),
             touched: Vec::new(),
@@ -466,6 +472,7 @@ impl Worker {
             active |= !self.tevents.is_empty();
             self.handle_transport_events();
             self.fire_timers(self.now);
+            self.admit_waiting(self.now);
             self.release_held(self.now);
             self.drive_touched();
             self.flush_transports();
@@ -770,7 +777,8 @@ impl Worker {
                     }
                     self.touch(k);
                 }
-                for (link, _) in self.pending.drain() {
+                let waiting: Vec<LinkId> = self.waiting.drain().map(|(l, _)| l).collect();
+                for link in self.pending.drain().map(|(l, _)| l).chain(waiting) {
                     if let Some(e) = self.links.remove(&link) {
                         self.transports[e.transport].close(link, false);
                     }
@@ -909,8 +917,10 @@ impl Worker {
                         continue;
                     };
                     // Bounded handshake state (admission module): an idle
-                    // pending link gives way, or the new one is refused.
-                    let cfg = &self.shared.cfg;
+                    // pending link gives way, or the new one waits for a
+                    // slot or is refused.
+                    let shared = self.shared.clone();
+                    let cfg = &shared.cfg;
                     match admit(
                         &self.pending,
                         peer.ip(),
@@ -922,6 +932,39 @@ impl Worker {
                         Admit::Evict(old) => {
                             Counters::add(&self.shared.counters.handshakes_evicted, 1);
                             self.drop_pending(old);
+                        }
+                        Admit::Refuse if self.waiting_room(peer.ip()) => {
+                            // A burst: wait, unread, for a slot. The banner
+                            // goes now: the peer's banner timer (2 s) is
+                            // shorter than a burst's wait.
+                            Counters::add(&self.shared.counters.handshakes_waited, 1);
+                            Counters::add(&self.shared.counters.links_active, 1);
+                            self.transports[t].pause_reading(link, true);
+                            let banner = Banner::for_session(
+                                cfg.session.payload_crc,
+                                cfg.session.security.modes,
+                            );
+                            self.links.insert(
+                                link,
+                                LinkEntry {
+                                    transport: t,
+                                    owner: Owner::Waiting,
+                                },
+                            );
+                            let deadline = now + cfg.session.handshake_timeout;
+                            self.waiting.push(
+                                link,
+                                WaitingLink {
+                                    source: peer.ip(),
+                                    transport: t,
+                                    deadline,
+                                    early: Vec::new(),
+                                },
+                            );
+                            self.next_timer =
+                                Some(self.next_timer.map_or(deadline, |n| n.min(deadline)));
+                            self.transmit(t, link, Transmit::Banner(banner.encode()), now);
+                            continue;
                         }
                         Admit::Refuse => {
                             Counters::add(&self.shared.counters.handshakes_refused, 1);
@@ -937,22 +980,7 @@ impl Worker {
                             owner: Owner::Pending,
                         },
                     );
-                    let session = Session::accept(
-                        self.shared.cfg.session.clone(),
-                        self.shared.local.clone(),
-                        link,
-                        now,
-                    );
-                    self.pending.insert(
-                        link,
-                        PendingLink {
-                            session,
-                            source: peer.ip(),
-                            since: now,
-                            since_pass: self.passes,
-                        },
-                    );
-                    self.drive_pending(link, now);
+                    self.start_pending(link, peer.ip(), None, now);
                 }
                 TransportEvent::Connected(link) => {
                     if let Some(Owner::Session(k)) = self.links.get(&link).map(|e| e.owner) {
@@ -988,7 +1016,10 @@ impl Worker {
                             }
                             self.drive_pending(link, now);
                         }
-                        None => {}
+                        Some(Owner::Waiting) if !self.waiting.keep_early(link, unit) => {
+                            self.drop_waiting(link);
+                        }
+                        Some(Owner::Waiting) | None => {}
                     }
                 }
                 TransportEvent::Corrupt(link, err) => {
@@ -1043,6 +1074,9 @@ impl Worker {
                 if let Some(mut p) = self.pending.remove(&link) {
                     tell(&mut p.session, now);
                 }
+            }
+            Owner::Waiting => {
+                self.waiting.remove(link);
             }
         }
     }
@@ -1406,6 +1440,100 @@ impl Worker {
             if let Some(e) = self.forget_link(l) {
                 self.transports[e.transport].close(l, true);
             }
+        }
+    }
+
+    /// Gives an accepted link its acceptor session and starts its
+    /// handshake; one that waited for its slot brings the units that came
+    /// before its reading paused, and sent its banner already.
+    fn start_pending(
+        &mut self,
+        link: LinkId,
+        source: IpAddr,
+        waited: Option<Vec<Inbound>>,
+        now: Instant,
+    ) {
+        let mut session = Session::accept(
+            self.shared.cfg.session.clone(),
+            self.shared.local.clone(),
+            link,
+            now,
+        );
+        let early = match waited {
+            Some(early) => {
+                // The session's first transmit is its banner, the one sent
+                // when the link started waiting (same configuration).
+                let banner = session.poll_transmit(now);
+                debug_assert!(matches!(banner, Some((_, Transmit::Banner(_)))));
+                early
+            }
+            None => Vec::new(),
+        };
+        for unit in early {
+            if let Err(e) = session.handle_inbound(link, unit, now) {
+                count_protocol_error(&self.shared.counters, &e);
+                break;
+            }
+        }
+        self.pending.insert(
+            link,
+            PendingLink {
+                session,
+                source,
+                since: now,
+                since_pass: self.passes,
+            },
+        );
+        self.drive_pending(link, now);
+    }
+
+    /// Closes the links that waited for a handshake slot too long, and
+    /// starts the handshakes of those that have one now (admission).
+    fn admit_waiting(&mut self, now: Instant) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        for (link, _) in self.waiting.expired(now) {
+            self.close_waiting(link);
+        }
+        let cfg = &self.shared.cfg;
+        let (total, per_source) = (cfg.max_handshakes, cfg.max_handshakes_per_source);
+        for (link, w) in self.waiting.admissible(&self.pending, total, per_source) {
+            if let Some(e) = self.links.get_mut(&link) {
+                e.owner = Owner::Pending;
+            }
+            self.transports[w.transport].pause_reading(link, false);
+            self.start_pending(link, w.source, Some(w.early), now);
+        }
+        if let Some(d) = self.waiting.next_deadline() {
+            self.next_timer = Some(self.next_timer.map_or(d, |n| n.min(d)));
+        }
+    }
+
+    /// Whether a link from `source` may wait for a handshake slot: there
+    /// is room, or a source with more waiting gave a link up for it.
+    fn waiting_room(&mut self, source: IpAddr) -> bool {
+        if self.waiting.len() < WAITING_PER_SLOT * self.shared.cfg.max_handshakes {
+            return true;
+        }
+        let Some((link, _)) = self.waiting.make_room_for(source) else {
+            return false;
+        };
+        self.close_waiting(link);
+        true
+    }
+
+    /// Closes a waiting link (admission): it brought more than one may.
+    fn drop_waiting(&mut self, link: LinkId) {
+        self.waiting.remove(link);
+        self.close_waiting(link);
+    }
+
+    /// Closes a link taken out of the waiting queue, counted refused.
+    fn close_waiting(&mut self, link: LinkId) {
+        if let Some(e) = self.forget_link(link) {
+            Counters::add(&self.shared.counters.handshakes_refused, 1);
+            self.transports[e.transport].close(link, false);
         }
     }
 

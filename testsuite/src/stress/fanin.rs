@@ -200,10 +200,13 @@ pub struct FanInReport {
     pub ping_connecting: PingStats,
     /// Pings while the sessions idled.
     pub ping_idle: PingStats,
-    /// Server counters: handshakes closed to make room / refused.
+    /// Server counters: handshakes closed to make room / refused / that
+    /// waited for a slot (a burst beyond the per-source share).
     pub handshakes_evicted: u64,
     /// See `handshakes_evicted`.
     pub handshakes_refused: u64,
+    /// See `handshakes_evicted`.
+    pub handshakes_waited: u64,
     /// Keepalives that timed out on the server.
     pub keepalive_timeouts: u64,
     /// Server file descriptors before the clients and after they closed.
@@ -276,9 +279,10 @@ impl FanInReport {
             );
         }
         s += &format!(
-            "handshakes evicted {} refused {}, keepalive timeouts {}; closed in {} ms: sessions left {}, fds {} -> {}\n",
+            "handshakes evicted {} refused {} waited {}, keepalive timeouts {}; closed in {} ms: sessions left {}, fds {} -> {}\n",
             self.handshakes_evicted,
             self.handshakes_refused,
+            self.handshakes_waited,
             self.keepalive_timeouts,
             self.close_ms,
             self.sessions_after,
@@ -585,6 +589,7 @@ pub fn run_fan_in(opts: &FanInOptions) -> Result<FanInReport, FanInError> {
     let c = server.counters();
     report.handshakes_evicted = Counters::get(&c.handshakes_evicted);
     report.handshakes_refused = Counters::get(&c.handshakes_refused);
+    report.handshakes_waited = Counters::get(&c.handshakes_waited);
     report.keepalive_timeouts = Counters::get(&c.keepalive_timeouts);
     server.shutdown(Duration::from_secs(5));
     Ok(report)
