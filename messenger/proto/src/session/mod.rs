@@ -40,6 +40,7 @@
 mod attempts;
 mod config;
 mod outbox;
+mod side;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -62,6 +63,7 @@ use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
 use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
 use outbox::{Outbox, Sent, Terms, Unsent, UnsentBatch};
+use side::Side;
 
 /// Names one transport link (connection) for the engine; chosen by the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -341,22 +343,10 @@ pub struct Session {
     cfg: SessionConfig,
     local: LocalIdentity,
     policy: Policy,
-    /// We dial (initially, and again after faults when allowed).
-    connector: bool,
+    /// Connector or acceptor, and where the session dials ([`side`]).
+    side: Side,
     lossless: bool,
-    may_reconnect: bool,
     peer_addr: Option<EntityAddr>,
-    /// Where to dial when (re)connecting: what the application asked for (a
-    /// proxy or a load balancer may stand there), not what the peer calls itself.
-    dial: Option<EntityAddr>,
-    /// Connector: every address of the peer, in preference order (`dial`
-    /// is one of them): after each fault the next attempt dials the next
-    /// one, so a session whose transport fails goes on over another.
-    dials: Vec<EntityAddr>,
-    /// Which of `dials` the current attempt dials.
-    dial_at: usize,
-    /// The address the session's last open link was dialled at.
-    opened_via: Option<EntityAddr>,
     peer_name: Option<EntityName>,
     cookie: u64,
     features: u64,
@@ -414,8 +404,6 @@ pub struct Session {
     /// The key the session's peer proved when the session first opened on
     /// an authenticated link: every later link must prove the same.
     peer_key: Option<PublicKey>,
-    /// Connector: the entity the application dialled, if it named one.
-    expected_peer: Option<EntityName>,
 }
 
 /// One link's security state: what the banners chose, the handshake while
@@ -452,14 +440,9 @@ impl Session {
             cfg,
             local,
             policy,
-            connector: false,
+            side: Side::acceptor(),
             lossless: policy.lossless(),
-            may_reconnect: false,
             peer_addr: None,
-            dial: None,
-            dials: Vec::new(),
-            dial_at: 0,
-            opened_via: None,
             peer_name: None,
             cookie: 0,
             features: 0,
@@ -494,7 +477,6 @@ impl Session {
             peer_dials: PeerDials::default(),
             link_security: LinkSecurity::default(),
             peer_key: None,
-            expected_peer: None,
         };
         s.jitter = jitter;
         s
@@ -511,10 +493,8 @@ impl Session {
     ) -> Session {
         let mut s = Session::blank(cfg, local, policy, now);
         s.jitter = mixed(s.jitter, &peer);
-        s.connector = true;
-        s.may_reconnect = matches!(policy, Policy::LosslessClient | Policy::LosslessPeer);
+        s.side = Side::connector(peer.clone(), policy);
         s.events.push_back(SessionEvent::Connect(peer.clone()));
-        s.dial = Some(peer.clone());
         s.peer_addr = Some(peer);
         s.state = State::Connecting;
         s
@@ -526,22 +506,22 @@ impl Session {
     /// ([`AuthError::UnexpectedPeer`], [`ProtocolError::WrongPeer`]); a
     /// session that opened faults the link and tries again.
     pub fn expect_peer(&mut self, name: EntityName) {
-        self.expected_peer = Some(name);
+        self.side.expect_peer(name);
     }
 
     /// Whether `name` is the peer the application dialled (when it named
     /// one). A session that never opened ends: the address is someone
     /// else's.
     fn check_expected(&mut self, name: &EntityName, proved: bool) -> Result<(), ProtocolError> {
-        let Some(want) = &self.expected_peer else {
+        let Some(want) = self.side.expected_peer().cloned() else {
             return Ok(());
         };
-        if want == name {
+        if want == *name {
             return Ok(());
         }
         let e: ProtocolError = if proved {
             AuthError::UnexpectedPeer {
-                expected: want.clone(),
+                expected: want,
                 proved: name.clone(),
             }
             .into()
@@ -566,9 +546,7 @@ impl Session {
     /// must be the same entity (one identity, one session) listening on
     /// each.
     pub fn set_alternates(&mut self, more: impl IntoIterator<Item = EntityAddr>) {
-        let first = self.dial.clone().into_iter();
-        self.dials = first.chain(more).collect();
-        self.dial_at = 0;
+        self.side.set_alternates(more);
     }
 
     /// A session for a freshly accepted link; it learns its peer from the hello.
@@ -888,7 +866,7 @@ impl Session {
     /// When a connector that never opened gives up (`connect_timeout`).
     fn connect_deadline(&self) -> Option<Instant> {
         let t = self.cfg.connect_timeout?;
-        (self.connector && !self.established && self.state != State::Closed)
+        (self.side.is_connector() && !self.established && self.state != State::Closed)
             .then_some(self.created + t)
     }
 
@@ -929,11 +907,10 @@ impl Session {
                 }
             }
             State::Standby(Some(at)) if now >= at => {
-                if let Some(peer) = self.dial.clone() {
+                if let Some(peer) = self.side.redial() {
                     self.state = State::Connecting;
                     self.dial_since = now;
                     self.dialing = None;
-                    self.connector = true;
                     self.events.push_back(SessionEvent::Connect(peer));
                 }
             }
@@ -1459,7 +1436,7 @@ impl Session {
             .clone()
             .ok_or(AuthError::NoCredentials)?;
         let ours = self.banner().encode();
-        let (role, initiator, responder) = if self.connector {
+        let (role, initiator, responder) = if self.side.is_connector() {
             (Role::Initiator, &ours, peer_banner)
         } else {
             (Role::Responder, peer_banner, &ours)
@@ -1488,7 +1465,7 @@ impl Session {
             return Err(AuthError::Handshake("a handshake frame has one segment").into());
         }
         if let Err(e) = hs.read_message(&frame.segments[0]) {
-            if self.connector
+            if self.side.is_connector()
                 && !self.established
                 && matches!(e, AuthError::UnknownPeer(_) | AuthError::WrongKey(_))
             {
@@ -1512,7 +1489,7 @@ impl Session {
         if self.link_security.mode == SecurityMode::Secure {
             self.link_security.record = Some(Box::new(RecordLayer::new(&done.keys)));
         }
-        if self.connector {
+        if self.side.is_connector() {
             // Before our hello goes: it is for the entity we dialled only.
             self.check_expected(&done.peer_name, true)?;
         }
@@ -1524,7 +1501,7 @@ impl Session {
     /// Banners (and handshake, if any) done: the connector says hello, the
     /// acceptor waits for it.
     fn after_banners(&mut self, link: LinkId) {
-        if self.connector {
+        if self.side.is_connector() {
             let hello = Hello {
                 name: self.local.name.clone(),
                 addr: self.local.addr.clone(),
@@ -1586,12 +1563,7 @@ impl Session {
         self.peer_name = Some(hello.name.clone());
         self.peer_addr = Some(hello.addr.clone());
         self.lossless = hello.policy.lossless();
-        // A server reconnects only for peers that asked for it and that listen.
-        self.may_reconnect = hello.policy == Policy::LosslessPeer && hello.addr.socket.port() != 0;
-        if self.dial.is_none() {
-            self.dial = Some(hello.addr.clone());
-        }
-        self.connector = false;
+        self.side.accepted(hello);
     }
 
     /// Opens a brand-new session on `link` (acceptor side), answering the hello.
@@ -1613,18 +1585,12 @@ impl Session {
         self.backoff = self.cfg.backoff_min;
         self.attempts = 0;
         self.last_rx = now;
-        if self.connector && self.dials.len() > 1 {
-            let via = self.dial.clone();
-            if let (Some(from), Some(to)) = (&self.opened_via, &via) {
-                if from != to {
-                    self.events.push_back(SessionEvent::Moved {
-                        from: from.clone(),
-                        to: to.clone(),
-                        reason: self.last_fault.clone(),
-                    });
-                }
-            }
-            self.opened_via = via;
+        if let Some((from, to)) = self.side.opened() {
+            self.events.push_back(SessionEvent::Moved {
+                from,
+                to,
+                reason: self.last_fault.clone(),
+            });
         }
         if self.established {
             self.stats.reconnects += 1;
@@ -1996,7 +1962,7 @@ impl Session {
         if self.state == State::Closed {
             return;
         }
-        if self.connector && !self.established {
+        if self.side.is_connector() && !self.established {
             self.events.push_back(SessionEvent::ConnectFailed {
                 reason: reason.clone(),
             });
@@ -2004,7 +1970,7 @@ impl Session {
         self.stats.faults += 1;
         self.close_link_now();
         let lossless = self.lossless;
-        let never_established_acceptor = !self.connector && !self.established;
+        let never_established_acceptor = !self.side.is_connector() && !self.established;
         // A closing lossless session keeps reconnecting to drain; its owner
         // bounds that with a deadline and mark_down.
         if !lossless || never_established_acceptor {
@@ -2014,12 +1980,9 @@ impl Session {
         self.last_fault = Some(reason);
         self.standby_since = now;
         self.attempts = self.attempts.saturating_add(1);
-        if self.connector && self.dials.len() > 1 {
-            // The next attempt goes to the peer's next address.
-            self.dial_at = (self.dial_at + 1) % self.dials.len();
-            self.dial = Some(self.dials[self.dial_at].clone());
-        }
-        if self.may_reconnect {
+        // The next attempt goes to the peer's next address.
+        self.side.next_address();
+        if self.side.may_reconnect() {
             let at = now + self.jittered(self.backoff);
             self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
             self.state = State::Standby(Some(at));
@@ -2033,7 +1996,7 @@ impl Session {
         let undelivered = self.drop_queued();
         self.state = State::Closed;
         self.last_fault = Some(reason.clone());
-        let silent = !self.established && !self.connector;
+        let silent = !self.established && !self.side.is_connector();
         if !silent {
             self.events.push_back(SessionEvent::Reset {
                 reason,
