@@ -41,6 +41,7 @@ mod attempts;
 mod config;
 mod outbox;
 mod side;
+mod state;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -64,6 +65,7 @@ use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
 use outbox::{Outbox, Sent, Terms, Unsent, UnsentBatch};
 use side::Side;
+use state::State;
 
 /// Names one transport link (connection) for the engine; chosen by the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -283,60 +285,6 @@ pub struct SessionStats {
     pub released_bytes: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    /// Connector: waiting for the transport connection it asked for.
-    Connecting,
-    /// Link up, our banner sent; waiting for the peer's.
-    Banner(LinkId),
-    /// Banners done, `auth` or `secure` chosen: the Noise handshake runs.
-    Authenticating(LinkId),
-    /// Connector: hello sent; waiting for the answer.
-    HelloSent(LinkId),
-    /// Acceptor: banners done; waiting for hello.
-    AwaitHello(LinkId),
-    /// Acceptor: hello received; waiting for the owner to route it.
-    Identified(LinkId),
-    /// Messages flow.
-    Open(LinkId),
-    /// Closing gracefully: the close frame is being transmitted on the link.
-    Draining(LinkId),
-    /// No link. Reconnect at the instant given, or wait for the peer (None).
-    Standby(Option<Instant>),
-    /// Terminal.
-    Closed,
-}
-
-impl State {
-    fn name(&self) -> &'static str {
-        match self {
-            State::Connecting => "connecting",
-            State::Banner(_) => "exchanging banners",
-            State::Authenticating(_) => "authenticating",
-            State::HelloSent(_) => "waiting for the hello answer",
-            State::AwaitHello(_) => "waiting for hello",
-            State::Identified(_) => "routing the hello",
-            State::Open(_) => "open",
-            State::Draining(_) => "closing",
-            State::Standby(_) => "standing by",
-            State::Closed => "closed",
-        }
-    }
-
-    fn link(&self) -> Option<LinkId> {
-        match *self {
-            State::Banner(l)
-            | State::Authenticating(l)
-            | State::HelloSent(l)
-            | State::AwaitHello(l)
-            | State::Identified(l)
-            | State::Open(l)
-            | State::Draining(l) => Some(l),
-            _ => None,
-        }
-    }
-}
-
 /// One session with one peer. See the [module docs](self).
 #[derive(Debug)]
 pub struct Session {
@@ -372,15 +320,8 @@ pub struct Session {
     events: ToOwner,
     backoff: Duration,
     link_since: Instant,
-    /// When the session last asked for a transport connection: a dial not
-    /// up within `handshake_timeout` is given up (a peer behind a
-    /// partition drops the SYNs; the kernel would retry them for minutes).
-    dial_since: Instant,
-    /// That connection, once the owner said which ([`Session::dialing`]).
-    dialing: Option<LinkId>,
     last_rx: Instant,
     last_tx: Instant,
-    standby_since: Instant,
     /// When the session was created (its `connect_timeout` counts from it).
     created: Instant,
     /// Link faults since the session was last open (what the backoff grew by).
@@ -389,31 +330,26 @@ pub struct Session {
     /// their links together do not redial in lockstep.
     jitter: u64,
     rx_paused: bool,
-    /// The peer's keepalive timeout, from its last paced keepalive
-    /// (`features::PACED_KEEPALIVE`): this side's keepalives go a third of
-    /// it apart. `None` until one came on this link.
-    peer_keepalive_timeout: Option<Duration>,
-    hello: Option<Hello>,
     stats: SessionStats,
     /// The peer's receive limits, from the handshake (`features::LIMITS`).
     peer_limits: Option<Limits>,
     /// The peer's dials made before the session last opened or resumed.
     peer_dials: PeerDials,
-    /// The current link's protection: its mode, handshake and record layer.
+    /// The current link's protection: its mode, who the peer proved to be
+    /// and its record layer (the handshake itself is in
+    /// [`State::Authenticating`]).
     link_security: LinkSecurity,
     /// The key the session's peer proved when the session first opened on
     /// an authenticated link: every later link must prove the same.
     peer_key: Option<PublicKey>,
 }
 
-/// One link's security state: what the banners chose, the handshake while
-/// it runs, then who the peer proved to be and (secure mode) the record
-/// layer. Replaced with every link; moved with an accepted link to the
+/// One link's security state: what the banners chose, then who the peer
+/// proved to be and (secure mode) the record layer. Replaced with every link; moved with an accepted link to the
 /// session it resumes. Its Debug shows no key.
 #[derive(Debug)]
 struct LinkSecurity {
     mode: SecurityMode,
-    handshake: Option<Box<Handshake>>,
     peer: Option<(EntityName, PublicKey)>,
     record: Option<Box<RecordLayer>>,
 }
@@ -422,7 +358,6 @@ impl Default for LinkSecurity {
     fn default() -> Self {
         LinkSecurity {
             mode: SecurityMode::Crc,
-            handshake: None,
             peer: None,
             record: None,
         }
@@ -461,17 +396,12 @@ impl Session {
             events: ToOwner::default(),
             backoff,
             link_since: now,
-            dial_since: now,
-            dialing: None,
             last_rx: now,
             last_tx: now,
-            standby_since: now,
             created: now,
             attempts: 0,
             jitter: 0,
             rx_paused: false,
-            peer_keepalive_timeout: None,
-            hello: None,
             stats: SessionStats::default(),
             peer_limits: None,
             peer_dials: PeerDials::default(),
@@ -496,7 +426,10 @@ impl Session {
         s.side = Side::connector(peer.clone(), policy);
         s.events.push_back(SessionEvent::Connect(peer.clone()));
         s.peer_addr = Some(peer);
-        s.state = State::Connecting;
+        s.state = State::Connecting {
+            since: now,
+            dialing: None,
+        };
         s
     }
 
@@ -580,7 +513,7 @@ impl Session {
     /// it is not waiting to: open, connecting, or waiting for the peer).
     pub fn reconnect_at(&self) -> Option<Instant> {
         match self.state {
-            State::Standby(at) => at,
+            State::Standby { reconnect_at, .. } => reconnect_at,
             _ => None,
         }
     }
@@ -600,13 +533,13 @@ impl Session {
 
     /// Whether messages flow right now.
     pub fn is_open(&self) -> bool {
-        matches!(self.state, State::Open(_))
+        matches!(self.state, State::Open { .. })
     }
 
     /// Whether the session has ended; drop it once its events (and
     /// messages) are drained.
     pub fn is_closed(&self) -> bool {
-        self.state == State::Closed
+        self.state.is_closed()
     }
 
     /// Whether the session has ended or is ending (after `close` or
@@ -696,7 +629,7 @@ impl Session {
     /// the batch the session keeps open (what is transmitted, and kept
     /// for replay, is that encoding); a large one is queued whole.
     pub fn send(&mut self, mut msg: Message) -> Result<u64, SendError> {
-        if self.closing || self.state == State::Closed {
+        if self.closing || self.state.is_closed() {
             return Err(SendError::Closed);
         }
         let limits = self.send_limits();
@@ -732,7 +665,7 @@ impl Session {
     /// dropped too (nothing is delivered after the end), and a
     /// [`SessionEvent::Reset`] with `reason` follows.
     pub fn abort(&mut self, reason: FaultReason) {
-        if self.state != State::Closed {
+        if !self.state.is_closed() {
             self.events.drop_messages();
             self.terminate(reason);
         }
@@ -741,7 +674,7 @@ impl Session {
     /// Ends the session now; queued messages are dropped and reported.
     pub fn mark_down(&mut self, now: Instant) {
         let _ = now;
-        if self.state != State::Closed {
+        if !self.state.is_closed() {
             self.terminate(FaultReason::MarkedDown);
         }
     }
@@ -753,7 +686,7 @@ impl Session {
     pub fn close(&mut self, now: Instant) {
         self.closing = true;
         match self.state {
-            State::Open(_) => self.maybe_finish_close(),
+            State::Open { .. } => self.maybe_finish_close(),
             State::Closed => {}
             _ if self.outbox.messages() == 0 => {
                 self.close_link_now();
@@ -782,21 +715,20 @@ impl Session {
     /// one closed if it is not up within `handshake_timeout`, and the only
     /// one [`Session::link_up`] and [`Session::link_failed`] then heed.
     pub fn dialing(&mut self, link: LinkId) {
-        if self.state == State::Connecting {
-            self.dialing = Some(link);
+        if let State::Connecting { dialing, .. } = &mut self.state {
+            *dialing = Some(link);
         }
     }
 
     /// Whether `link` is the dial this session waits for (any, if the
     /// owner never said which).
     fn awaits_dial(&self, link: LinkId) -> bool {
-        self.state == State::Connecting && self.dialing.is_none_or(|d| d == link)
+        matches!(self.state, State::Connecting { dialing, .. } if dialing.is_none_or(|d| d == link))
     }
 
     /// The transport connection asked for by [`SessionEvent::Connect`] is up.
     pub fn link_up(&mut self, link: LinkId, now: Instant) {
         if self.awaits_dial(link) {
-            self.dialing = None;
             self.start_link(link, now);
         } else {
             // Not wanted any more (e.g. a racing accept won): close it.
@@ -807,11 +739,10 @@ impl Session {
     /// The link failed or the peer closed it.
     pub fn link_failed(&mut self, link: LinkId, reason: String, now: Instant) {
         if self.awaits_dial(link) || self.link() == Some(link) {
-            self.dialing = None;
             let reason = match self.state {
                 // A peer that refuses our identity says nothing (it tells an
                 // unproven peer no reasons): it closes the link.
-                State::Authenticating(_) => format!(
+                State::Authenticating { .. } => format!(
                     "{reason}, while authenticating: the peer may not accept our name or key"
                 ),
                 _ => reason,
@@ -866,7 +797,7 @@ impl Session {
     /// When a connector that never opened gives up (`connect_timeout`).
     fn connect_deadline(&self) -> Option<Instant> {
         let t = self.cfg.connect_timeout?;
-        (self.side.is_connector() && !self.established && self.state != State::Closed)
+        (self.side.is_connector() && !self.established && !self.state.is_closed())
             .then_some(self.created + t)
     }
 
@@ -882,16 +813,12 @@ impl Session {
             State::Banner(_) if now >= self.link_since + self.cfg.banner_timeout => {
                 self.fault(FaultReason::BannerTimeout, now);
             }
-            State::Banner(_)
-            | State::Authenticating(_)
-            | State::HelloSent(_)
-            | State::AwaitHello(_)
-            | State::Identified(_)
-                if now >= self.link_since + self.cfg.handshake_timeout =>
+            _ if self.state.is_handshaking()
+                && now >= self.link_since + self.cfg.handshake_timeout =>
             {
                 self.fault(FaultReason::HandshakeTimeout, now);
             }
-            State::Open(_) => {
+            State::Open { .. } => {
                 if !self.rx_paused && now >= self.last_rx + self.cfg.keepalive_timeout {
                     self.fault(FaultReason::KeepaliveTimeout, now);
                 } else if now >= self.last_tx + self.keepalive_every() && self.ctrl.is_empty() {
@@ -906,21 +833,28 @@ impl Session {
                     self.stats.keepalives += 1;
                 }
             }
-            State::Standby(Some(at)) if now >= at => {
+            State::Standby {
+                reconnect_at: Some(at),
+                ..
+            } if now >= at => {
                 if let Some(peer) = self.side.redial() {
-                    self.state = State::Connecting;
-                    self.dial_since = now;
-                    self.dialing = None;
+                    self.state = State::Connecting {
+                        since: now,
+                        dialing: None,
+                    };
                     self.events.push_back(SessionEvent::Connect(peer));
                 }
             }
-            State::Connecting if now >= self.dial_since + self.cfg.handshake_timeout => {
-                if let Some(link) = self.dialing.take() {
+            State::Connecting { since, dialing } if now >= since + self.cfg.handshake_timeout => {
+                if let Some(link) = dialing {
                     self.events.push_back(SessionEvent::CloseLink(link));
                 }
                 self.fault(FaultReason::HandshakeTimeout, now);
             }
-            State::Standby(None) if now >= self.standby_since + self.cfg.server_linger => {
+            State::Standby {
+                reconnect_at: None,
+                since,
+            } if now >= since + self.cfg.server_linger => {
                 self.terminate(FaultReason::LingerExpired);
             }
             _ => {}
@@ -942,11 +876,8 @@ impl Session {
             State::Banner(_) => {
                 Some(self.link_since + self.cfg.banner_timeout.min(self.cfg.handshake_timeout))
             }
-            State::Authenticating(_)
-            | State::HelloSent(_)
-            | State::AwaitHello(_)
-            | State::Identified(_) => Some(self.link_since + self.cfg.handshake_timeout),
-            State::Open(_) => {
+            _ if self.state.is_handshaking() => Some(self.link_since + self.cfg.handshake_timeout),
+            State::Open { .. } => {
                 let ka = self.last_tx + self.keepalive_every();
                 if self.rx_paused {
                     Some(ka)
@@ -954,10 +885,16 @@ impl Session {
                     Some(ka.min(self.last_rx + self.cfg.keepalive_timeout))
                 }
             }
-            State::Standby(Some(at)) => Some(at),
-            State::Standby(None) => Some(self.standby_since + self.cfg.server_linger),
-            State::Connecting => Some(self.dial_since + self.cfg.handshake_timeout),
-            State::Draining(_) | State::Closed => None,
+            State::Standby {
+                reconnect_at: Some(at),
+                ..
+            } => Some(at),
+            State::Standby {
+                reconnect_at: None,
+                since,
+            } => Some(since + self.cfg.server_linger),
+            State::Connecting { since, .. } => Some(since + self.cfg.handshake_timeout),
+            _ => None,
         }
     }
 
@@ -998,7 +935,7 @@ impl Session {
         let link = self.link()?;
         if let Some(t) = self.ctrl.pop_front() {
             self.last_tx = now;
-            if self.ctrl.is_empty() && self.state == State::Draining(link) {
+            if self.ctrl.is_empty() && matches!(self.state, State::Draining(l) if l == link) {
                 // The close frame is out: now the link may go.
                 self.state = State::Closed;
                 self.events.push_back(SessionEvent::CloseLink(link));
@@ -1209,8 +1146,12 @@ impl Session {
     /// (after [`SessionEvent::Identified`]), with a fresh, unique `cookie`.
     pub fn accept_new(&mut self, cookie: u64, now: Instant) {
         debug_assert!(cookie != 0, "cookie 0 means 'new session' on the wire");
-        let (State::Identified(link), Some(hello)) = (self.state, self.hello.take()) else {
-            return;
+        let (link, hello) = match std::mem::replace(&mut self.state, State::Closed) {
+            State::Identified { link, hello } => (link, hello),
+            other => {
+                self.state = other;
+                return;
+            }
         };
         self.adopt_peer(&hello);
         self.cookie = cookie;
@@ -1273,7 +1214,7 @@ impl Session {
         }
         let racing = matches!(
             self.state,
-            State::Connecting | State::Banner(_) | State::HelloSent(_)
+            State::Connecting { .. } | State::Banner(_) | State::HelloSent(_)
         );
         if racing && self.local.addr.to_string() < hello.addr.to_string() {
             // Both sides dialled; the smaller address's connection wins, and it is ours.
@@ -1283,7 +1224,11 @@ impl Session {
         self.close_link_now();
         self.adopt_peer(hello);
         self.features = pending.features;
-        self.attach_link(link, now);
+        let routed = State::Identified {
+            link,
+            hello: Box::new(hello.clone()),
+        };
+        self.attach_link(routed, now);
         self.link_security = std::mem::take(&mut pending.link_security);
         if self.peer_key.is_none() {
             // same_identity passed: this link's peer is the session's.
@@ -1447,15 +1392,17 @@ impl Session {
             self.ctrl
                 .push_back(Transmit::Frame(Frame::single(Tag::Auth, m)));
         }
-        self.link_security.handshake = Some(Box::new(hs));
-        self.state = State::Authenticating(link);
+        self.state = State::Authenticating {
+            link,
+            handshake: Box::new(hs),
+        };
         Ok(())
     }
 
     /// One handshake message from the peer: answer it, and once the
     /// handshake is done, go on to the hello.
     fn handshake_message(&mut self, link: LinkId, frame: &Frame) -> Result<(), ProtocolError> {
-        let Some(hs) = self.link_security.handshake.as_mut() else {
+        let State::Authenticating { handshake: hs, .. } = &mut self.state else {
             return Err(ProtocolError::Unexpected {
                 tag: Tag::Auth,
                 state: "authenticating",
@@ -1484,7 +1431,23 @@ impl Session {
         if !hs.is_finished() {
             return Ok(());
         }
-        let hs = self.link_security.handshake.take().expect("checked above");
+        // The handshake is over: the link goes on to the hello (which
+        // after_banners sends, once the peer is checked).
+        let next = if self.side.is_connector() {
+            State::HelloSent(link)
+        } else {
+            State::AwaitHello(link)
+        };
+        let hs = match std::mem::replace(&mut self.state, next) {
+            State::Authenticating { handshake, .. } => handshake,
+            other => {
+                self.state = other;
+                return Err(ProtocolError::Unexpected {
+                    tag: Tag::Auth,
+                    state: "authenticating",
+                });
+            }
+        };
         let done = hs.finish()?;
         if self.link_security.mode == SecurityMode::Secure {
             self.link_security.record = Some(Box::new(RecordLayer::new(&done.keys)));
@@ -1531,7 +1494,14 @@ impl Session {
     /// answer every 2 s (10,000 idle sessions cost a server 12-15% of a
     /// core in the answers' writes; issue 52).
     fn keepalive_every(&self) -> Duration {
-        match self.peer_keepalive_timeout {
+        let peer_timeout = match self.state {
+            State::Open {
+                peer_keepalive_timeout,
+                ..
+            } => peer_keepalive_timeout,
+            _ => None,
+        };
+        match peer_timeout {
             Some(t) if self.features & features::PACED_KEEPALIVE != 0 => t / 3,
             _ => self.cfg.keepalive_interval,
         }
@@ -1539,22 +1509,21 @@ impl Session {
 
     /// Starts a fresh link: our banner goes first.
     fn start_link(&mut self, link: LinkId, now: Instant) {
-        self.attach_link(link, now);
-        self.state = State::Banner(link);
+        self.attach_link(State::Banner(link), now);
         self.ctrl
             .push_back(Transmit::Banner(self.banner().encode()));
     }
 
-    /// Adopts a link whose banners were already exchanged (by the acceptor
-    /// session that routed it here).
-    fn attach_link(&mut self, link: LinkId, now: Instant) {
+    /// Runs the session on a new link, in `state` (on that link): a fresh
+    /// one, or one whose banners and hello were already exchanged (by the
+    /// acceptor session that routed it here).
+    fn attach_link(&mut self, state: State, now: Instant) {
         self.ctrl.clear();
         self.link_security = LinkSecurity::default();
         self.link_since = now;
         self.last_rx = now;
         self.last_tx = now;
-        self.peer_keepalive_timeout = None;
-        self.state = State::Identified(link);
+        self.state = state;
     }
 
     fn adopt_peer(&mut self, hello: &Hello) {
@@ -1576,7 +1545,7 @@ impl Session {
         let frame =
             self.handshake_frame(control_frame(Tag::HelloOk, &ok), self.local.dials.current());
         self.ctrl.push_back(Transmit::Frame(frame));
-        self.state = State::Open(link);
+        self.state = State::open(link);
         self.rewind_to_acked();
         self.on_open(now, 0);
     }
@@ -1618,7 +1587,7 @@ impl Session {
         let replayed = self.out_seq - self.sent_seq;
         // Acks piggybacked on the old link may have been lost: re-ack.
         self.acked_in_seq = 0;
-        self.state = State::Open(link);
+        self.state = State::open(link);
         self.on_open(now, replayed);
         Ok(())
     }
@@ -1659,7 +1628,7 @@ impl Session {
     }
 
     fn process(&mut self, link: LinkId, unit: Inbound, now: Instant) -> Result<(), ProtocolError> {
-        let frame = match (self.state, unit) {
+        let frame = match (&self.state, unit) {
             (State::Banner(_), Inbound::Banner(raw)) => {
                 let peer = Banner::decode(&raw)?;
                 self.features = self.banner().negotiate(&peer)?;
@@ -1687,7 +1656,7 @@ impl Session {
                 self.check_flags(f.flags)?;
                 f
             }
-            (State::Open(_), Inbound::Message(m)) => {
+            (State::Open { .. }, Inbound::Message(m)) => {
                 self.check_flags(m.flags)?;
                 return self.receive_message(m.msg, m.ack);
             }
@@ -1698,17 +1667,19 @@ impl Session {
                 })
             }
         };
-        match (self.state, frame.tag) {
-            (State::Authenticating(_), Tag::Auth) => self.handshake_message(link, &frame),
+        match (&self.state, frame.tag) {
+            (State::Authenticating { .. }, Tag::Auth) => self.handshake_message(link, &frame),
             (State::AwaitHello(_), Tag::Hello) => {
                 let (mut hello, extras): (Hello, _) = self.parse_handshake(&frame, "hello")?;
                 self.check_claimed(&hello.name)?;
                 hello.limits = extras.limits;
                 hello.dial = extras.dial;
-                self.state = State::Identified(link);
                 self.events
                     .push_back(SessionEvent::Identified(hello.clone()));
-                self.hello = Some(hello);
+                self.state = State::Identified {
+                    link,
+                    hello: Box::new(hello),
+                };
                 Ok(())
             }
             (State::HelloSent(_), Tag::HelloOk) => {
@@ -1739,7 +1710,7 @@ impl Session {
                 self.peer_dials.learn(ok.addr.nonce, extras.dial);
                 self.peer_addr = Some(ok.addr);
                 self.cookie = ok.cookie;
-                self.state = State::Open(link);
+                self.state = State::open(link);
                 self.rewind_to_acked();
                 self.on_open(now, 0);
                 Ok(())
@@ -1778,8 +1749,12 @@ impl Session {
                 }
                 // Start afresh on a new link right away (lossless) or end (lossy).
                 self.fault(FaultReason::Transport("peer reset the session".into()), now);
-                if let State::Standby(Some(_)) = self.state {
-                    self.state = State::Standby(Some(now));
+                if let State::Standby {
+                    reconnect_at: reconnect_at @ Some(_),
+                    ..
+                } = &mut self.state
+                {
+                    *reconnect_at = Some(now);
                 }
                 Ok(())
             }
@@ -1787,41 +1762,51 @@ impl Session {
                 // The peer's own connection to us wins the race; it will arrive
                 // as an accepted link. Retry later in case it never does.
                 self.close_link_now();
-                self.state = State::Standby(Some(now + self.cfg.wait_retry));
-                self.standby_since = now;
+                self.state = State::Standby {
+                    reconnect_at: Some(now + self.cfg.wait_retry),
+                    since: now,
+                };
                 Ok(())
             }
-            (State::Open(_), Tag::Message) => {
+            (State::Open { .. }, Tag::Message) => {
                 let (msg, ack) = Message::from_frame(frame)?;
                 self.receive_message(msg, ack)
             }
-            (State::Open(_), Tag::MessageBatch) if self.features & features::BATCH != 0 => {
+            (State::Open { .. }, Tag::MessageBatch) if self.features & features::BATCH != 0 => {
                 self.receive_batch(frame)
             }
-            (State::Open(_), Tag::Ack) => {
+            (State::Open { .. }, Tag::Ack) => {
                 let ack: Ack = parse_control(&frame, "ack")?;
                 self.apply_ack(ack.seq)
             }
-            (State::Open(_), Tag::Keepalive) if self.features & features::PACED_KEEPALIVE != 0 => {
+            (State::Open { .. }, Tag::Keepalive)
+                if self.features & features::PACED_KEEPALIVE != 0 =>
+            {
                 // Not answered: this side's own keepalives, paced by the
                 // peer's timeout, tell the peer it is alive.
                 let ka: PacedKeepalive = parse_control(&frame, "keepalive")?;
                 // A timeout under 3 ms would pace keepalives 0 ms apart.
                 let timeout = Duration::from_millis(ka.timeout_ms.max(3));
-                self.peer_keepalive_timeout = Some(timeout);
+                if let State::Open {
+                    peer_keepalive_timeout,
+                    ..
+                } = &mut self.state
+                {
+                    *peer_keepalive_timeout = Some(timeout);
+                }
                 Ok(())
             }
-            (State::Open(_), Tag::Keepalive) => {
+            (State::Open { .. }, Tag::Keepalive) => {
                 let ka: Keepalive = parse_control(&frame, "keepalive")?;
                 self.ctrl
                     .push_back(Transmit::Frame(control_frame(Tag::KeepaliveAck, &ka)));
                 Ok(())
             }
-            (State::Open(_), Tag::KeepaliveAck) => {
+            (State::Open { .. }, Tag::KeepaliveAck) => {
                 let _: Keepalive = parse_control(&frame, "keepalive-ack")?;
                 Ok(())
             }
-            (State::Open(_) | State::HelloSent(_), Tag::Close) => {
+            (State::Open { .. } | State::HelloSent(_), Tag::Close) => {
                 let c: Close = parse_control(&frame, "close")?;
                 if self.closing && self.outbox.messages() == 0 {
                     // Both sides closed at once: that is a clean close.
@@ -1959,7 +1944,7 @@ impl Session {
 
     /// A link-level fault: decide between reconnecting, waiting and ending.
     pub fn fault(&mut self, reason: FaultReason, now: Instant) {
-        if self.state == State::Closed {
+        if self.state.is_closed() {
             return;
         }
         if self.side.is_connector() && !self.established {
@@ -1978,16 +1963,21 @@ impl Session {
             return;
         }
         self.last_fault = Some(reason);
-        self.standby_since = now;
         self.attempts = self.attempts.saturating_add(1);
         // The next attempt goes to the peer's next address.
         self.side.next_address();
         if self.side.may_reconnect() {
             let at = now + self.jittered(self.backoff);
             self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
-            self.state = State::Standby(Some(at));
+            self.state = State::Standby {
+                reconnect_at: Some(at),
+                since: now,
+            };
         } else {
-            self.state = State::Standby(None);
+            self.state = State::Standby {
+                reconnect_at: None,
+                since: now,
+            };
         }
     }
 
@@ -2006,7 +1996,7 @@ impl Session {
     }
 
     fn maybe_finish_close(&mut self) {
-        if let State::Open(_) = self.state {
+        if let State::Open { link, .. } = self.state {
             if self.outbox.messages() == 0 && self.sent_seq == self.out_seq {
                 let c = Close {
                     reason: "closed".into(),
@@ -2014,9 +2004,7 @@ impl Session {
                 self.ctrl
                     .push_back(Transmit::Frame(control_frame(Tag::Close, &c)));
                 // poll_transmit sends the close, then ends the session.
-                if let State::Open(l) = self.state {
-                    self.state = State::Draining(l);
-                }
+                self.state = State::Draining(link);
             }
         }
     }

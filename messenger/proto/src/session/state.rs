@@ -1,0 +1,128 @@
+//! The phases of a session, each holding what only it needs.
+//!
+//! quinn-proto's connection `State` is the model: the handshake lives
+//! inside `Authenticating`, the peer's hello inside `Identified`, the dial
+//! being waited for inside `Connecting`, so that a combination the engine
+//! must never be in (a handshake on an open link, a hello kept after it
+//! was routed) cannot be written. What outlives a phase — the sequence
+//! numbers, the queue, the link's record layer — stays on the session.
+//!
+//! ```text
+//!  connect ─> Connecting ─link_up─> Banner ─┬─(auth, secure)─> Authenticating ─┐
+//!  accept ─────────────────────────> Banner ┴─(crc)────────────────────────────┤
+//!                    connector: HelloSent <─────────────────────────────────────┤
+//!                    acceptor:  AwaitHello ─hello─> Identified ─routed─┐        │
+//!  HelloSent ─hello-ok / reconnect-ok─> Open <─────────────────────────┘        │
+//!  Open ─close─> Draining ─> Closed;  any link fault ─> Standby ─redial─> Connecting
+//! ```
+
+use std::time::{Duration, Instant};
+
+use super::LinkId;
+use crate::auth::Handshake;
+use crate::control::Hello;
+
+#[derive(Debug)]
+pub(super) enum State {
+    /// Connector: waiting for the transport connection it asked for.
+    Connecting {
+        /// When it asked: a dial not up within `handshake_timeout` is
+        /// given up (a peer behind a partition drops the SYNs; the kernel
+        /// would retry them for minutes).
+        since: Instant,
+        /// That connection, once the owner said which
+        /// ([`Session::dialing`](super::Session::dialing)).
+        dialing: Option<LinkId>,
+    },
+    /// Link up, our banner sent; waiting for the peer's.
+    Banner(LinkId),
+    /// Banners done, `auth` or `secure` chosen: the Noise handshake runs.
+    Authenticating {
+        link: LinkId,
+        handshake: Box<Handshake>,
+    },
+    /// Connector: hello sent; waiting for the answer.
+    HelloSent(LinkId),
+    /// Acceptor: banners done; waiting for hello.
+    AwaitHello(LinkId),
+    /// Acceptor: hello received; waiting for the owner to route it (or
+    /// routed here by [`Session::take_link`](super::Session::take_link),
+    /// for as long as it takes to answer). Boxed: the largest phase
+    /// otherwise, and a session spends moments in it.
+    Identified { link: LinkId, hello: Box<Hello> },
+    /// Messages flow.
+    Open {
+        link: LinkId,
+        /// The peer's keepalive timeout, from its last paced keepalive
+        /// (`features::PACED_KEEPALIVE`): this side's keepalives go a
+        /// third of it apart. `None` until one came on this link.
+        peer_keepalive_timeout: Option<Duration>,
+    },
+    /// Closing gracefully: the close frame is being transmitted on the link.
+    Draining(LinkId),
+    /// No link: reconnect at `reconnect_at`, or wait for the peer (`None`).
+    Standby {
+        reconnect_at: Option<Instant>,
+        /// Since when (a server session waits `server_linger` at most).
+        since: Instant,
+    },
+    /// Terminal.
+    Closed,
+}
+
+impl State {
+    /// Open on `link`, no keepalive heard on it yet.
+    pub(super) fn open(link: LinkId) -> State {
+        State::Open {
+            link,
+            peer_keepalive_timeout: None,
+        }
+    }
+
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            State::Connecting { .. } => "connecting",
+            State::Banner(_) => "exchanging banners",
+            State::Authenticating { .. } => "authenticating",
+            State::HelloSent(_) => "waiting for the hello answer",
+            State::AwaitHello(_) => "waiting for hello",
+            State::Identified { .. } => "routing the hello",
+            State::Open { .. } => "open",
+            State::Draining(_) => "closing",
+            State::Standby { .. } => "standing by",
+            State::Closed => "closed",
+        }
+    }
+
+    /// The link the phase runs on, if any.
+    pub(super) fn link(&self) -> Option<LinkId> {
+        match *self {
+            State::Banner(link)
+            | State::Authenticating { link, .. }
+            | State::HelloSent(link)
+            | State::AwaitHello(link)
+            | State::Identified { link, .. }
+            | State::Open { link, .. }
+            | State::Draining(link) => Some(link),
+            State::Connecting { .. } | State::Standby { .. } | State::Closed => None,
+        }
+    }
+
+    /// Whether the session has ended.
+    pub(super) fn is_closed(&self) -> bool {
+        matches!(self, State::Closed)
+    }
+
+    /// Whether a link is up but the session not open on it yet: the
+    /// banners, the handshake or the hello are under way.
+    pub(super) fn is_handshaking(&self) -> bool {
+        matches!(
+            self,
+            State::Banner(_)
+                | State::Authenticating { .. }
+                | State::HelloSent(_)
+                | State::AwaitHello(_)
+                | State::Identified { .. }
+        )
+    }
+}
