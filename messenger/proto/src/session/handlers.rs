@@ -1,0 +1,422 @@
+//! The engine's receive side: one handler per frame tag.
+//!
+//! [`Session::process`] takes each unit a link delivered (opened, if the
+//! link is secure): the banner goes to [`Session::on_banner`], a message
+//! decoded by the stream to [`Session::on_message`], and a frame to the
+//! handler of its tag. Each handler first checks that the session's phase
+//! ([`State`]) takes its tag — anything else is
+//! [`ProtocolError::Unexpected`], naming the phase — and then does what
+//! the tag asks. An error faults the link (in
+//! [`Session::handle_inbound_with`]).
+
+use std::time::{Duration, Instant};
+
+use super::{call_allowed, FaultReason, LinkId, Session, SessionEvent, State};
+use crate::auth::{AuthError, RecordLayer, SecurityMode};
+use crate::banner::{features, Banner, BANNER_LEN};
+use crate::batch::BatchReader;
+use crate::control::{
+    control_frame, parse_control, Ack, Close, Hello, HelloOk, Keepalive, PacedKeepalive,
+    ReconnectOk,
+};
+use crate::error::ProtocolError;
+use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
+use crate::message::{Message, MessageFrame};
+use crate::stream::{Inbound, Transmit};
+
+impl Session {
+    /// One unit received on `link`, dispatched to its handler.
+    pub(super) fn process(
+        &mut self,
+        link: LinkId,
+        unit: Inbound,
+        now: Instant,
+    ) -> Result<(), ProtocolError> {
+        match unit {
+            Inbound::Banner(raw) => self.on_banner(link, &raw),
+            Inbound::Message(m) => self.on_message(m),
+            Inbound::Frame(frame) => {
+                if matches!(self.state, State::Banner(_)) {
+                    // The banner comes first; nothing is read before it.
+                    return Err(self.unexpected(frame.tag));
+                }
+                self.check_flags(frame.flags)?;
+                match frame.tag {
+                    Tag::Auth => self.on_auth(link, &frame),
+                    Tag::Hello => self.on_hello(link, &frame),
+                    Tag::HelloOk => self.on_hello_ok(link, &frame, now),
+                    Tag::ReconnectOk => self.on_reconnect_ok(link, &frame, now),
+                    Tag::SessionReset => self.on_session_reset(now),
+                    Tag::Wait => self.on_wait(now),
+                    Tag::Message => self.on_message_frame(frame),
+                    Tag::MessageBatch => self.on_batch(frame),
+                    Tag::Ack => self.on_ack(&frame),
+                    Tag::Keepalive => self.on_keepalive(&frame),
+                    Tag::KeepaliveAck => self.on_keepalive_ack(&frame),
+                    Tag::Close => self.on_close(&frame),
+                    tag => Err(self.unexpected(tag)),
+                }
+            }
+        }
+    }
+
+    /// The error for a `tag` this phase does not take.
+    fn unexpected(&self, tag: Tag) -> ProtocolError {
+        ProtocolError::Unexpected {
+            tag,
+            state: self.state.name(),
+        }
+    }
+
+    /// `Ok` if the phase `takes` this `tag`.
+    fn expect(&self, tag: Tag, takes: bool) -> Result<(), ProtocolError> {
+        if takes {
+            Ok(())
+        } else {
+            Err(self.unexpected(tag))
+        }
+    }
+
+    /// The peer's banner, the first thing on a link: agree on features and
+    /// the security mode, then start the handshake or go on to the hello.
+    fn on_banner(&mut self, link: LinkId, raw: &[u8; BANNER_LEN]) -> Result<(), ProtocolError> {
+        if !matches!(self.state, State::Banner(_)) {
+            return Err(ProtocolError::Malformed {
+                what: "stream",
+                detail: format!("second banner while {}", self.state.name()),
+            });
+        }
+        let peer = Banner::decode(raw)?;
+        self.features = self.banner().negotiate(&peer)?;
+        let mode = self.cfg.security.modes.choose(self.features)?;
+        self.link_security.mode = mode;
+        if mode == SecurityMode::Crc {
+            self.after_banners(link);
+            return Ok(());
+        }
+        self.start_handshake(link, raw)
+    }
+
+    /// `Auth`: one handshake message from the peer. Answer it, and once
+    /// the handshake is done, go on to the hello.
+    fn on_auth(&mut self, link: LinkId, frame: &Frame) -> Result<(), ProtocolError> {
+        let State::Authenticating { handshake: hs, .. } = &mut self.state else {
+            return Err(self.unexpected(Tag::Auth));
+        };
+        if frame.segments.len() != 1 {
+            return Err(AuthError::Handshake("a handshake frame has one segment").into());
+        }
+        if let Err(e) = hs.read_message(&frame.segments[0]) {
+            if self.side.is_connector()
+                && !self.established
+                && matches!(e, AuthError::UnknownPeer(_) | AuthError::WrongKey(_))
+            {
+                // Our keyring does not vouch for whoever answers at the
+                // address we dial: trying again cannot change that. The
+                // application hears why (on_reset) and may dial again.
+                self.terminate(FaultReason::Protocol(e.clone().into()));
+            }
+            return Err(e.into());
+        }
+        if hs.is_my_turn() {
+            let m = hs.write_message()?;
+            self.ctrl
+                .push_back(Transmit::Frame(Frame::single(Tag::Auth, m)));
+        }
+        if !hs.is_finished() {
+            return Ok(());
+        }
+        // The handshake is over: the link goes on to the hello (which
+        // after_banners sends, once the peer is checked).
+        let next = if self.side.is_connector() {
+            State::HelloSent(link)
+        } else {
+            State::AwaitHello(link)
+        };
+        let hs = match std::mem::replace(&mut self.state, next) {
+            State::Authenticating { handshake, .. } => handshake,
+            other => {
+                self.state = other;
+                return Err(self.unexpected(Tag::Auth));
+            }
+        };
+        let done = hs.finish()?;
+        if self.link_security.mode == SecurityMode::Secure {
+            self.link_security.record = Some(Box::new(RecordLayer::new(&done.keys)));
+        }
+        if self.side.is_connector() {
+            // Before our hello goes: it is for the entity we dialled only.
+            self.check_expected(&done.peer_name, true)?;
+        }
+        self.link_security.peer = Some((done.peer_name, done.peer_key));
+        self.after_banners(link);
+        Ok(())
+    }
+
+    /// `Hello`, on an acceptor's link: who the peer is and what it asks
+    /// for. The owner routes it ([`SessionEvent::Identified`]).
+    fn on_hello(&mut self, link: LinkId, frame: &Frame) -> Result<(), ProtocolError> {
+        self.expect(Tag::Hello, matches!(self.state, State::AwaitHello(_)))?;
+        let (mut hello, extras): (Hello, _) = self.parse_handshake(frame, "hello")?;
+        self.check_claimed(&hello.name)?;
+        hello.limits = extras.limits;
+        hello.dial = extras.dial;
+        self.events
+            .push_back(SessionEvent::Identified(hello.clone()));
+        self.state = State::Identified {
+            link,
+            hello: Box::new(hello),
+        };
+        Ok(())
+    }
+
+    /// `HelloOk`: the acceptor opened a new session for our hello.
+    fn on_hello_ok(
+        &mut self,
+        link: LinkId,
+        frame: &Frame,
+        now: Instant,
+    ) -> Result<(), ProtocolError> {
+        self.expect(Tag::HelloOk, matches!(self.state, State::HelloSent(_)))?;
+        let (ok, extras): (HelloOk, _) = self.parse_handshake(frame, "hello-ok")?;
+        let limits = extras.limits;
+        self.check_claimed(&ok.name)?;
+        self.check_expected(&ok.name, false)?;
+        self.peer_limits = limits;
+        if let Err(e) = self.check_peer(&ok.addr) {
+            if !self.established {
+                // We named an incarnation (nonce) that no longer lives
+                // there: retrying cannot help. End the session and say
+                // why; the application may dial the new incarnation.
+                self.terminate(FaultReason::Protocol(e.clone()));
+            }
+            return Err(e);
+        }
+        if self.cookie != 0 {
+            // We asked to resume but got a new session: the old one is gone.
+            self.remote_reset();
+        }
+        if self.cookie == 0 {
+            // A new session: whoever this link proved is its peer.
+            self.peer_key = None;
+        }
+        self.bind_identity()?;
+        self.peer_name = Some(ok.name);
+        self.peer_dials.learn(ok.addr.nonce, extras.dial);
+        self.peer_addr = Some(ok.addr);
+        self.cookie = ok.cookie;
+        self.state = State::open(link);
+        self.rewind_to_acked();
+        self.on_open(now, 0);
+        Ok(())
+    }
+
+    /// `ReconnectOk`: the acceptor resumes our session from what it
+    /// received.
+    fn on_reconnect_ok(
+        &mut self,
+        link: LinkId,
+        frame: &Frame,
+        now: Instant,
+    ) -> Result<(), ProtocolError> {
+        self.expect(Tag::ReconnectOk, matches!(self.state, State::HelloSent(_)))?;
+        let (ok, extras): (ReconnectOk, _) = self.parse_handshake(frame, "reconnect-ok")?;
+        let limits = extras.limits;
+        self.check_claimed(&ok.name)?;
+        self.check_expected(&ok.name, false)?;
+        self.peer_limits = limits;
+        self.check_peer(&ok.addr)?;
+        self.bind_identity()?;
+        if self.cookie == 0 {
+            return Err(ProtocolError::Unexpected {
+                tag: Tag::ReconnectOk,
+                state: "starting a new session",
+            });
+        }
+        self.peer_dials.learn(ok.addr.nonce, extras.dial);
+        self.resume(link, ok.in_seq, now)
+    }
+
+    /// `SessionReset`: the acceptor refused our hello.
+    fn on_session_reset(&mut self, now: Instant) -> Result<(), ProtocolError> {
+        self.expect(Tag::SessionReset, matches!(self.state, State::HelloSent(_)))?;
+        // A refused resume: the peer lost our session. A refused new
+        // session (cookie 0) lost nothing of ours — nothing queued
+        // since the last reset was ever sent — so the queue waits
+        // for the next attempt.
+        if self.cookie != 0 {
+            self.remote_reset();
+        }
+        // Either way the peer may have restarted: its next
+        // incarnation (a new nonce) is the one to talk to, or
+        // check_peer would refuse it forever.
+        if let Some(a) = self.peer_addr.as_mut() {
+            a.nonce = 0;
+        }
+        // Start afresh on a new link right away (lossless) or end (lossy).
+        self.fault(FaultReason::Transport("peer reset the session".into()), now);
+        if let State::Standby {
+            reconnect_at: reconnect_at @ Some(_),
+            ..
+        } = &mut self.state
+        {
+            *reconnect_at = Some(now);
+        }
+        Ok(())
+    }
+
+    /// `Wait`: both sides dialled, and the peer's link wins.
+    fn on_wait(&mut self, now: Instant) -> Result<(), ProtocolError> {
+        self.expect(Tag::Wait, matches!(self.state, State::HelloSent(_)))?;
+        // The peer's own connection to us wins the race; it will arrive
+        // as an accepted link. Retry later in case it never does.
+        self.close_link_now();
+        self.state = State::Standby {
+            reconnect_at: Some(now + self.cfg.wait_retry),
+            since: now,
+        };
+        Ok(())
+    }
+
+    /// A message the stream decoded from a `Message` frame, on the open link.
+    fn on_message(&mut self, m: MessageFrame) -> Result<(), ProtocolError> {
+        self.expect(Tag::Message, self.is_open())?;
+        self.check_flags(m.flags)?;
+        self.receive_message(m.msg, m.ack)
+    }
+
+    /// A `Message` frame the stream left whole, on the open link.
+    fn on_message_frame(&mut self, frame: Frame) -> Result<(), ProtocolError> {
+        self.expect(Tag::Message, self.is_open())?;
+        let (msg, ack) = Message::from_frame(frame)?;
+        self.receive_message(msg, ack)
+    }
+
+    /// `Ack`: the peer received up to a seq and had nothing to send.
+    fn on_ack(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
+        self.expect(Tag::Ack, self.is_open())?;
+        let ack: Ack = parse_control(frame, "ack")?;
+        self.apply_ack(ack.seq)
+    }
+
+    /// `Keepalive`: paced ones say the peer's timeout, older ones are
+    /// answered.
+    fn on_keepalive(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
+        self.expect(Tag::Keepalive, self.is_open())?;
+        if self.features & features::PACED_KEEPALIVE == 0 {
+            let ka: Keepalive = parse_control(frame, "keepalive")?;
+            self.ctrl
+                .push_back(Transmit::Frame(control_frame(Tag::KeepaliveAck, &ka)));
+            return Ok(());
+        }
+        // Not answered: this side's own keepalives, paced by the
+        // peer's timeout, tell the peer it is alive.
+        let ka: PacedKeepalive = parse_control(frame, "keepalive")?;
+        // A timeout under 3 ms would pace keepalives 0 ms apart.
+        let timeout = Duration::from_millis(ka.timeout_ms.max(3));
+        if let State::Open {
+            peer_keepalive_timeout,
+            ..
+        } = &mut self.state
+        {
+            *peer_keepalive_timeout = Some(timeout);
+        }
+        Ok(())
+    }
+
+    /// `KeepaliveAck`: the answer to an unpaced keepalive; arriving was
+    /// its purpose.
+    fn on_keepalive_ack(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
+        self.expect(Tag::KeepaliveAck, self.is_open())?;
+        let _: Keepalive = parse_control(frame, "keepalive-ack")?;
+        Ok(())
+    }
+
+    /// `Close`: the peer ends the session.
+    fn on_close(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
+        self.expect(
+            Tag::Close,
+            matches!(self.state, State::Open { .. } | State::HelloSent(_)),
+        )?;
+        let c: Close = parse_control(frame, "close")?;
+        if self.closing && self.outbox.messages() == 0 {
+            // Both sides closed at once: that is a clean close.
+            self.close_link_now();
+            self.state = State::Closed;
+            self.events.push_back(SessionEvent::Closed);
+        } else {
+            self.terminate(FaultReason::PeerClosed(c.reason));
+        }
+        Ok(())
+    }
+
+    /// Refuses a frame whose payload went unchecked on a link that never
+    /// agreed to that.
+    fn check_flags(&self, flags: u8) -> Result<(), ProtocolError> {
+        if flags & FLAG_UNCHECKED_PAYLOAD != 0 && self.features & features::UNCHECKED_PAYLOAD == 0 {
+            return Err(ProtocolError::Malformed {
+                what: "frame",
+                detail: "payload without CRC on a link that checks payloads".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A message received on the open link, with the ack it carried.
+    fn receive_message(&mut self, msg: Message, ack: u64) -> Result<(), ProtocolError> {
+        self.apply_ack(ack)?;
+        self.deliver(msg)
+    }
+
+    /// `MessageBatch`, on the open link of a session that agreed to
+    /// batches: its ack once, then each
+    /// message in turn, as if each had come in a frame of its own. An
+    /// entry that does not parse faults the link after the ones before
+    /// it were delivered (the body passed its CRC: the peer wrote it so).
+    fn on_batch(&mut self, frame: Frame) -> Result<(), ProtocolError> {
+        self.expect(
+            Tag::MessageBatch,
+            self.is_open() && self.features & features::BATCH != 0,
+        )?;
+        let mut segments = frame.segments.into_iter();
+        let (Some(body), None) = (segments.next(), segments.next()) else {
+            return Err(ProtocolError::Malformed {
+                what: "batch frame",
+                detail: "expected 1 segment".into(),
+            });
+        };
+        let mut batch = BatchReader::new(body)?;
+        self.stats.rx_batches += 1;
+        self.apply_ack(batch.ack())?;
+        while let Some(msg) = batch.next_message()? {
+            self.deliver(msg)?;
+        }
+        Ok(())
+    }
+
+    /// Delivers a received message once and in order: a duplicate of one
+    /// delivered is dropped, a gap is a protocol error.
+    fn deliver(&mut self, msg: Message) -> Result<(), ProtocolError> {
+        if !call_allowed(msg.call, self.features) {
+            return Err(ProtocolError::Malformed {
+                what: "message",
+                detail: "a call (or an RMA operation) on a link that did not agree to them".into(),
+            });
+        }
+        if msg.seq <= self.in_seq {
+            self.stats.duplicates += 1;
+            return Ok(());
+        }
+        if msg.seq != self.in_seq + 1 {
+            return Err(ProtocolError::SequenceGap {
+                last: self.in_seq,
+                got: msg.seq,
+            });
+        }
+        self.in_seq = msg.seq;
+        self.stats.rx_messages += 1;
+        self.stats.rx_bytes += msg.payload_len() as u64;
+        self.events.push_message(msg);
+        Ok(())
+    }
+}
