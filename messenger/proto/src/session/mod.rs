@@ -32,10 +32,29 @@
 //! }
 //! ```
 //!
+//! Where things are:
+//! - `state.rs`: the session's phase (`State`: connecting, banners,
+//!   authenticating, hello, open, draining, standby, closed), each variant
+//!   holding what only that phase needs — the Noise handshake inside
+//!   `Authenticating`, the peer's hello inside `Identified`, the dial waited
+//!   for inside `Connecting` — with the transitions drawn at its top.
+//! - `side.rs`: `Side`, connector or acceptor, with the peer's address
+//!   vector (which address the session dials, which it last opened via,
+//!   the peer the application expects) as one value.
+//! - `handlers.rs`: the receive side, one handler per frame tag
+//!   (`on_banner`, `on_auth`, `on_hello`, `on_hello_ok`, `on_reconnect_ok`,
+//!   `on_session_reset`, `on_wait`, `on_message`, `on_batch`, `on_ack`,
+//!   `on_keepalive`, `on_close`...), dispatched by `process`.
+//! - this file: the session's data across phases (sequence numbers, the
+//!   queue, the link's record layer), the owner's inputs and outputs, the
+//!   send path, takeover of accepted links and faults; `outbox.rs` the
+//!   send queue, `attempts.rs` dial numbers, `config.rs` the settings.
+//!
 //! Where a reconnect is decided: [`Session::fault`] (after a transport fault),
 //! [`Session::take_link`] (an accepted link that claims an existing session,
-//! including simultaneous connects) and the `HelloSent` arm of the frame handler
-//! (the acceptor's answer to our hello).
+//! including simultaneous connects) and the handlers of the acceptor's answer
+//! to our hello (`on_hello_ok`, `on_reconnect_ok`, `on_session_reset`,
+//! `on_wait` in `handlers.rs`).
 
 mod attempts;
 mod config;

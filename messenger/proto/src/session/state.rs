@@ -8,13 +8,14 @@
 //! numbers, the queue, the link's record layer — stays on the session.
 //!
 //! ```text
-//!  connect ─> Connecting ─link_up─> Banner ─┬─(auth, secure)─> Authenticating ─┐
-//!  accept ─────────────────────────> Banner ┴─(crc)────────────────────────────┤
-//!                    connector: HelloSent <─────────────────────────────────────┤
-//!                    acceptor:  AwaitHello ─hello─> Identified ─routed─┐        │
-//!  HelloSent ─hello-ok / reconnect-ok─> Open <─────────────────────────┘        │
-//!  Open ─close─> Draining ─> Closed;  any link fault ─> Standby ─redial─> Connecting
+//! connector: Connecting ─link up─> Banner ─> [Authenticating] ─> HelloSent ─hello-ok, reconnect-ok─> Open
+//! acceptor:                        Banner ─> [Authenticating] ─> AwaitHello ─hello─> Identified ─routed─> Open
+//! Open ─close─> Draining ─close sent─> Closed
+//! a lost link ─> Standby ─redial─> Connecting  (or a link the peer dialled is taken over: Identified ─> Open)
 //! ```
+//!
+//! `Authenticating` only in `auth` and `secure` modes; any phase may end
+//! in `Closed`.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ use super::LinkId;
 use crate::auth::Handshake;
 use crate::control::Hello;
 
+/// Where a session stands, with what only that phase needs.
 #[derive(Debug)]
 pub(super) enum State {
     /// Connector: waiting for the transport connection it asked for.
