@@ -11,12 +11,14 @@
 
 use std::time::{Duration, Instant};
 
+use msgr_addr::EntityName;
+
 use super::{call_allowed, FaultReason, LinkId, Session, SessionEvent, State};
 use crate::auth::{AuthError, RecordLayer, SecurityMode};
 use crate::banner::{features, Banner, BANNER_LEN};
 use crate::batch::BatchReader;
 use crate::control::{
-    control_frame, parse_control, Ack, Close, Hello, HelloOk, Keepalive, PacedKeepalive,
+    control_frame, parse_control, Ack, Close, Hello, HelloOk, Keepalive, Limits, PacedKeepalive,
     ReconnectOk,
 };
 use crate::error::ProtocolError;
@@ -170,6 +172,20 @@ impl Session {
         Ok(())
     }
 
+    /// The acceptor's answer to our hello names `name` and brings its
+    /// receive `limits`: the name must be the one the link proved and the
+    /// one the application dialled.
+    fn answered_by(
+        &mut self,
+        name: &EntityName,
+        limits: Option<Limits>,
+    ) -> Result<(), ProtocolError> {
+        self.check_claimed(name)?;
+        self.check_expected(name, false)?;
+        self.peer_limits = limits;
+        Ok(())
+    }
+
     /// `HelloOk`: the acceptor opened a new session for our hello.
     fn on_hello_ok(
         &mut self,
@@ -179,10 +195,7 @@ impl Session {
     ) -> Result<(), ProtocolError> {
         self.expect(Tag::HelloOk, matches!(self.state, State::HelloSent(_)))?;
         let (ok, extras): (HelloOk, _) = self.parse_handshake(frame, "hello-ok")?;
-        let limits = extras.limits;
-        self.check_claimed(&ok.name)?;
-        self.check_expected(&ok.name, false)?;
-        self.peer_limits = limits;
+        self.answered_by(&ok.name, extras.limits)?;
         if let Err(e) = self.check_peer(&ok.addr) {
             if !self.established {
                 // We named an incarnation (nonce) that no longer lives
@@ -221,10 +234,7 @@ impl Session {
     ) -> Result<(), ProtocolError> {
         self.expect(Tag::ReconnectOk, matches!(self.state, State::HelloSent(_)))?;
         let (ok, extras): (ReconnectOk, _) = self.parse_handshake(frame, "reconnect-ok")?;
-        let limits = extras.limits;
-        self.check_claimed(&ok.name)?;
-        self.check_expected(&ok.name, false)?;
-        self.peer_limits = limits;
+        self.answered_by(&ok.name, extras.limits)?;
         self.check_peer(&ok.addr)?;
         self.bind_identity()?;
         if self.cookie == 0 {
