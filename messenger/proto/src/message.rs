@@ -446,7 +446,7 @@ impl MessageFrame {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::CRC_MEMO_MIN;
+    use crate::checksum::CRC_MEMO_MIN;
     use crate::FrameLimits;
 
     #[test]

@@ -335,7 +335,7 @@ pub fn frame_preamble(data: &[u8]) {
         // (its inner frame is held to them once opened).
         let overhead = |i: usize| {
             if p.tag == Tag::Sealed {
-                crate::auth::record::SEAL_OVERHEAD[i]
+                crate::frame::SEAL_OVERHEAD[i]
             } else {
                 0
             }
