@@ -69,39 +69,6 @@ pub enum FrameError {
     ForeignProtocol,
 }
 
-/// The banner exchange failed: the peer is not (a compatible) msgr.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum BannerError {
-    /// The first bytes are not msgr's magic.
-    #[error("bad banner magic {0:02x?}: peer is not an msgr endpoint")]
-    BadMagic([u8; 8]),
-    /// The banner's checksum does not match.
-    #[error("banner crc mismatch")]
-    Crc,
-    /// The peer speaks a protocol version this build does not.
-    #[error("incompatible protocol version: peer {peer}, ours {ours}")]
-    IncompatibleVersion {
-        /// The peer's version.
-        peer: u16,
-        /// Our version.
-        ours: u16,
-    },
-    /// The peer requires features we do not offer: security modes our
-    /// settings do not allow, or features this build lacks.
-    #[error("{}", requires_missing(*missing))]
-    PeerRequiresMissing {
-        /// The bits we lack.
-        missing: u64,
-    },
-    /// We require features the peer lacks.
-    #[error("peer lacks required features {missing:#x}")]
-    PeerLacksRequired {
-        /// The bits the peer lacks.
-        missing: u64,
-    },
-}
-
 /// A well-formed frame broke the session protocol.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -111,7 +78,7 @@ pub enum ProtocolError {
     Frame(#[from] FrameError),
     /// Bad banner.
     #[error(transparent)]
-    Banner(#[from] BannerError),
+    Banner(#[from] crate::banner::BannerError),
     /// A batch frame's body does not parse.
     #[error(transparent)]
     Batch(#[from] crate::batch::BatchError),
@@ -161,49 +128,4 @@ pub enum ProtocolError {
         /// Who answered.
         actual: String,
     },
-}
-
-/// Why a peer's required features are not met, in terms an operator can
-/// act on: a security mode is a setting (`security`, with `key_file` and
-/// `keyring`), anything else the build.
-fn requires_missing(missing: u64) -> String {
-    use crate::banner::features::{AUTH, SECURE};
-    let modes: Vec<&str> = [(AUTH, "auth"), (SECURE, "secure")]
-        .iter()
-        .filter(|(bit, _)| missing & bit != 0)
-        .map(|&(_, name)| name)
-        .collect();
-    let rest = missing & !(AUTH | SECURE);
-    let mut why = Vec::new();
-    if !modes.is_empty() {
-        why.push(format!(
-            "security mode {} (allow it in the settings: `security`, with `key_file` and \
-             `keyring`)",
-            modes.join(" or ")
-        ));
-    }
-    if rest != 0 {
-        why.push(format!("features {rest:#x} that this build lacks"));
-    }
-    format!("peer requires {} ({missing:#x})", why.join(", and "))
-}
-
-#[cfg(test)]
-mod requires_missing_tests {
-    use super::*;
-
-    #[test]
-    fn a_security_mode_is_named_as_a_setting() {
-        let e = BannerError::PeerRequiresMissing { missing: 1 << 7 }.to_string();
-        assert!(
-            e.contains("security mode auth") && e.contains("key_file"),
-            "{e}"
-        );
-        assert!(!e.contains("build"), "{e}");
-        let e = BannerError::PeerRequiresMissing { missing: 1 << 20 }.to_string();
-        assert!(
-            e.contains("this build lacks") && !e.contains("security"),
-            "{e}"
-        );
-    }
 }

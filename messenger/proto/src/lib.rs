@@ -38,12 +38,12 @@ pub mod session;
 pub mod sim;
 pub mod stream;
 
-pub use banner::Banner;
+pub use banner::{Banner, BannerError};
 #[cfg(feature = "bincode")]
 pub use codec::Bincode;
 pub use codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
 pub use control::{Segment, TooLarge};
-pub use error::{BannerError, FrameError, ProtocolError};
+pub use error::{FrameError, ProtocolError};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
 pub use message::Message;
 pub use session::{
