@@ -1,4 +1,9 @@
-//! Typed errors for everything that reads peer input.
+//! The decode errors of the bottom layer, shared by the layers above it:
+//! a frame's bytes ([`FrameError`]: frame, message, stream and the record
+//! layer return it) and a well-formed frame's payload ([`Malformed`]:
+//! message and control). Each layer's own error lives beside it
+//! (`BannerError` in banner, `BatchError` in batch, `AuthError` and
+//! `RecordError` in auth); the session's `ProtocolError` wraps them all.
 
 use thiserror::Error;
 
@@ -69,63 +74,14 @@ pub enum FrameError {
     ForeignProtocol,
 }
 
-/// A well-formed frame broke the session protocol.
+/// A well-formed frame's payload does not parse (a message frame's
+/// segments, a control payload). The session reports it as
+/// `ProtocolError::Malformed`.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum ProtocolError {
-    /// Bad frame bytes.
-    #[error(transparent)]
-    Frame(#[from] FrameError),
-    /// Bad banner.
-    #[error(transparent)]
-    Banner(#[from] crate::banner::BannerError),
-    /// A batch frame's body does not parse.
-    #[error(transparent)]
-    Batch(#[from] crate::batch::BatchError),
-    /// Authentication failed (`crate::auth`).
-    #[error(transparent)]
-    Auth(#[from] crate::auth::AuthError),
-    /// A frame on a secure link did not open (`crate::auth::record`).
-    #[error(transparent)]
-    Record(#[from] crate::auth::RecordError),
-    /// A frame arrived in a state where it is not allowed.
-    #[error("unexpected {tag:?} frame while {state}")]
-    Unexpected {
-        /// The frame's tag.
-        tag: crate::frame::Tag,
-        /// The session state, as text.
-        state: &'static str,
-    },
-    /// A frame's payload does not parse.
-    #[error("malformed {what}: {detail}")]
-    Malformed {
-        /// Which payload.
-        what: &'static str,
-        /// Why.
-        detail: String,
-    },
-    /// A message arrived out of sequence (a gap: messages were lost).
-    #[error("message seq {got} after {last}: gap in the stream")]
-    SequenceGap {
-        /// Last delivered sequence number.
-        last: u64,
-        /// Sequence number received.
-        got: u64,
-    },
-    /// The peer acknowledged messages that were never sent.
-    #[error("peer acked seq {acked} but only {sent} were sent")]
-    AckBeyondSent {
-        /// Claimed acknowledgement.
-        acked: u64,
-        /// Highest sequence number sent.
-        sent: u64,
-    },
-    /// The peer is not who we connected to.
-    #[error("connected to {expected} but peer says it is {actual}")]
-    WrongPeer {
-        /// Who we dialled.
-        expected: String,
-        /// Who answered.
-        actual: String,
-    },
+#[error("malformed {what}: {detail}")]
+pub struct Malformed {
+    /// Which payload.
+    pub what: &'static str,
+    /// Why.
+    pub detail: String,
 }

@@ -43,11 +43,11 @@ pub use banner::{Banner, BannerError};
 pub use codec::Bincode;
 pub use codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
 pub use control::{Segment, TooLarge};
-pub use error::{FrameError, ProtocolError};
+pub use error::{FrameError, Malformed};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
 pub use message::Message;
 pub use session::{
-    FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, SendError, Session, SessionConfig,
-    SessionEvent, SessionStats, Takeover,
+    FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, ProtocolError, SendError, Session,
+    SessionConfig, SessionEvent, SessionStats, Takeover,
 };
 pub use stream::{CheckedUnit, Inbound, StreamDecoder, Transmit};
