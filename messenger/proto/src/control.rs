@@ -78,7 +78,7 @@ pub struct TooLarge {
     pub max: u32,
 }
 
-/// The acceptor's answer to a [`Hello`] that starts a new session.
+/// The acceptor's answer to a [`Hello`](crate::session::Hello) that starts a new session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HelloOk {
     /// The acceptor's entity name.
