@@ -79,3 +79,23 @@ impl From<Malformed> for ProtocolError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Message;
+
+    #[test]
+    fn a_lower_malformed_payload_is_the_sessions_malformed_variant() {
+        let mut frame = Message::new(3, &b"front"[..], &b"data"[..]).to_frame(0);
+        frame.segments.pop();
+        let lower = Message::from_frame(frame).expect_err("two segments");
+        let session = ProtocolError::from(lower.clone());
+        assert_eq!(session.to_string(), lower.to_string());
+        assert!(
+            matches!(&session, ProtocolError::Malformed { what: "message frame", detail }
+                if *detail == lower.detail),
+            "{session:?}"
+        );
+    }
+}
