@@ -3,6 +3,10 @@
 //! Fixed 32 bytes — magic, version, supported and required feature bits and a
 //! CRC32C — so an incompatible or foreign peer is recognised from its first
 //! packet and gets a clear error instead of a hang.
+//!
+//! The security modes live here too ([`SecurityMode`], [`ModeSet`]): a
+//! side offers them as feature bits, and the bits both banners agree on
+//! name the mode of a link. What each mode does is [`crate::auth`]'s.
 
 use std::fmt;
 use std::str::FromStr;
