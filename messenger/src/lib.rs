@@ -348,6 +348,18 @@ pub use msgr_proto::FrameError;
 /// # Ok::<(), msgr::ConfigError>(())
 /// ```
 pub use msgr_proto::FrameLimits;
+/// A well-formed frame whose payload does not parse: what
+/// [`Message::from_frame`] returns for a frame that is not a message.
+/// A [`ProtocolError`] converts from it.
+///
+/// ```
+/// use msgr::{Malformed, Message};
+/// let mut frame = Message::new(3, &b"front"[..], &b"data"[..]).to_frame(0);
+/// frame.segments.pop(); // a message frame has three
+/// let err: Malformed = Message::from_frame(frame).unwrap_err();
+/// assert_eq!(err.what, "message frame");
+/// ```
+pub use msgr_proto::Malformed;
 /// A message: a type, a front and a data segment.
 ///
 /// ```

@@ -287,7 +287,8 @@ fn half_open_floods_and_slow_handshakes_are_bounded() {
 /// connection; the victim's session is not disturbed.
 #[test]
 fn replayed_cookies_are_refused() {
-    use msgr_proto::control::{control_frame, with_dial_number, with_limits, Hello, Limits};
+    use msgr_proto::control::{control_frame, with_dial_number, with_limits, Limits};
+    use msgr_proto::session::Hello;
     use msgr_proto::stream::{Inbound, StreamDecoder};
 
     let rec = Recorder::new();

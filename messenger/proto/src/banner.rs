@@ -3,8 +3,15 @@
 //! Fixed 32 bytes — magic, version, supported and required feature bits and a
 //! CRC32C — so an incompatible or foreign peer is recognised from its first
 //! packet and gets a clear error instead of a hang.
+//!
+//! The security modes live here too ([`SecurityMode`], [`ModeSet`]): a
+//! side offers them as feature bits, and the bits both banners agree on
+//! name the mode of a link. What each mode does is [`crate::auth`]'s.
 
-use crate::error::BannerError;
+use std::fmt;
+use std::str::FromStr;
+
+use thiserror::Error;
 
 /// Length of an encoded banner.
 pub const BANNER_LEN: usize = 32;
@@ -76,6 +83,39 @@ pub mod features {
     pub const REQUIRED: u64 = CRC32C;
 }
 
+/// The banner exchange failed: the peer is not (a compatible) msgr.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum BannerError {
+    /// The first bytes are not msgr's magic.
+    #[error("bad banner magic {0:02x?}: peer is not an msgr endpoint")]
+    BadMagic([u8; 8]),
+    /// The banner's checksum does not match.
+    #[error("banner crc mismatch")]
+    Crc,
+    /// The peer speaks a protocol version this build does not.
+    #[error("incompatible protocol version: peer {peer}, ours {ours}")]
+    IncompatibleVersion {
+        /// The peer's version.
+        peer: u16,
+        /// Our version.
+        ours: u16,
+    },
+    /// The peer requires features we do not offer: security modes our
+    /// settings do not allow, or features this build lacks.
+    #[error("{}", requires_missing(*missing))]
+    PeerRequiresMissing {
+        /// The bits we lack.
+        missing: u64,
+    },
+    /// We require features the peer lacks.
+    #[error("peer lacks required features {missing:#x}")]
+    PeerLacksRequired {
+        /// The bits the peer lacks.
+        missing: u64,
+    },
+}
+
 /// A decoded banner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Banner {
@@ -109,8 +149,8 @@ impl Banner {
     }
 
     /// The banner of a side with these settings: payload CRCs on or off,
-    /// and the security modes it allows (`crate::auth::ModeSet`).
-    pub fn for_session(payload_crc: bool, modes: crate::auth::ModeSet) -> Banner {
+    /// and the security modes it allows.
+    pub fn for_session(payload_crc: bool, modes: ModeSet) -> Banner {
         let mut b = Banner::with_payload_crc(payload_crc);
         let (supported, required) = modes.banner_bits();
         b.supported |= supported;
@@ -173,9 +213,205 @@ impl Banner {
     }
 }
 
+/// How a link protects what it carries: [`crate::auth`] says what each
+/// mode does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SecurityMode {
+    /// Names on trust, CRC32C frames.
+    Crc,
+    /// Authenticated names, CRC32C frames.
+    Auth,
+    /// Authenticated names, every frame sealed (AES-256-GCM).
+    Secure,
+}
+
+impl SecurityMode {
+    /// The mode of a link whose banners agreed on `features`: the
+    /// strongest both offered.
+    pub fn negotiate(features: u64) -> SecurityMode {
+        if features & features::SECURE != 0 {
+            SecurityMode::Secure
+        } else if features & features::AUTH != 0 {
+            SecurityMode::Auth
+        } else {
+            SecurityMode::Crc
+        }
+    }
+
+    /// Its name in configuration (`crc`, `auth`, `secure`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SecurityMode::Crc => "crc",
+            SecurityMode::Auth => "auth",
+            SecurityMode::Secure => "secure",
+        }
+    }
+}
+
+impl fmt::Display for SecurityMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SecurityMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "crc" => Ok(SecurityMode::Crc),
+            "auth" => Ok(SecurityMode::Auth),
+            "secure" => Ok(SecurityMode::Secure),
+            other => Err(format!(
+                "unknown security mode {other:?} (crc, auth, secure)"
+            )),
+        }
+    }
+}
+
+/// The modes a side allows on its links. The default allows `crc` only
+/// (no keys needed).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ModeSet(u8);
+
+impl ModeSet {
+    /// `crc` only: today's trusted-network behaviour.
+    pub const CRC: ModeSet = ModeSet(1);
+    /// `auth` only.
+    pub const AUTH: ModeSet = ModeSet(2);
+    /// `secure` only.
+    pub const SECURE: ModeSet = ModeSet(4);
+
+    /// A set of the given modes.
+    pub fn of(modes: &[SecurityMode]) -> ModeSet {
+        ModeSet(modes.iter().fold(0, |s, m| s | ModeSet::bit(*m)))
+    }
+
+    fn bit(m: SecurityMode) -> u8 {
+        match m {
+            SecurityMode::Crc => 1,
+            SecurityMode::Auth => 2,
+            SecurityMode::Secure => 4,
+        }
+    }
+
+    /// Whether `m` is allowed.
+    pub fn allows(self, m: SecurityMode) -> bool {
+        self.0 & ModeSet::bit(m) != 0
+    }
+
+    /// Whether any mode is allowed.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether a handshake can happen (`auth` or `secure` allowed): then
+    /// the side needs credentials.
+    pub fn needs_credentials(self) -> bool {
+        self.allows(SecurityMode::Auth) || self.allows(SecurityMode::Secure)
+    }
+
+    /// The banner bits (supported, required) this set offers: `AUTH` where
+    /// `auth` is allowed, `SECURE` where `secure` is; required where it is
+    /// the only mode allowed. (A set such as `auth,secure` requires one of
+    /// two, which bits cannot say: [`ModeSet::choose`] refuses the rest.)
+    pub fn banner_bits(self) -> (u64, u64) {
+        let mut supported = 0;
+        if self.allows(SecurityMode::Auth) {
+            supported |= features::AUTH;
+        }
+        if self.allows(SecurityMode::Secure) {
+            supported |= features::SECURE;
+        }
+        let required = if self == ModeSet::AUTH || self == ModeSet::SECURE {
+            supported
+        } else {
+            0
+        };
+        (supported, required)
+    }
+}
+
+impl Default for ModeSet {
+    fn default() -> Self {
+        ModeSet::CRC
+    }
+}
+
+impl fmt::Debug for ModeSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ModeSet({self})")
+    }
+}
+
+impl fmt::Display for ModeSet {
+    /// Comma-separated, weakest first: `crc,auth,secure`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = [SecurityMode::Crc, SecurityMode::Auth, SecurityMode::Secure]
+            .into_iter()
+            .filter(|m| self.allows(*m))
+            .map(SecurityMode::as_str)
+            .collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+impl FromStr for ModeSet {
+    type Err = String;
+
+    /// A comma-separated list of modes: `secure`, `auth,secure`, `crc`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let modes = s
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<Vec<SecurityMode>, _>>()?;
+        Ok(ModeSet::of(&modes))
+    }
+}
+
+/// Why a peer's required features are not met, in terms an operator can
+/// act on: a security mode is a setting (`security`, with `key_file` and
+/// `keyring`), anything else the build.
+fn requires_missing(missing: u64) -> String {
+    use features::{AUTH, SECURE};
+    let modes: Vec<&str> = [(AUTH, "auth"), (SECURE, "secure")]
+        .iter()
+        .filter(|(bit, _)| missing & bit != 0)
+        .map(|&(_, name)| name)
+        .collect();
+    let rest = missing & !(AUTH | SECURE);
+    let mut why = Vec::new();
+    if !modes.is_empty() {
+        why.push(format!(
+            "security mode {} (allow it in the settings: `security`, with `key_file` and \
+             `keyring`)",
+            modes.join(" or ")
+        ));
+    }
+    if rest != 0 {
+        why.push(format!("features {rest:#x} that this build lacks"));
+    }
+    format!("peer requires {} ({missing:#x})", why.join(", and "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_security_mode_is_named_as_a_setting() {
+        let e = BannerError::PeerRequiresMissing { missing: 1 << 7 }.to_string();
+        assert!(
+            e.contains("security mode auth") && e.contains("key_file"),
+            "{e}"
+        );
+        assert!(!e.contains("build"), "{e}");
+        let e = BannerError::PeerRequiresMissing { missing: 1 << 20 }.to_string();
+        assert!(
+            e.contains("this build lacks") && !e.contains("security"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn round_trip_and_negotiate() {

@@ -34,6 +34,11 @@ pub fn crc32c(data: &[u8]) -> u32 {
     }
 }
 
+/// Segments of at least this many bytes have their checked CRC32C kept
+/// with a received frame (`Frame::known_crc`, its `CrcMemo`): below it,
+/// reading the segment again costs less than remembering it.
+pub const CRC_MEMO_MIN: usize = 64 << 10;
+
 /// Inputs shorter than this go to `crc-fast` where it folds without
 /// AVX-512 (its SSE tiers); longer ones to `crc32c` (see the module docs).
 const SSE_FOLDING_BELOW: usize = 256;
@@ -78,10 +83,10 @@ impl CrcMemo {
 
     /// The memo of a sender that will send `bytes` (segment `segment` of
     /// its frames) more than once, its CRC32C computed now; none for bytes
-    /// shorter than [`crate::frame::CRC_MEMO_MIN`], which cost less to read
+    /// shorter than [`CRC_MEMO_MIN`], which cost less to read
     /// again than the memo's shared handle costs every clone and frame.
     pub(crate) fn sealed(segment: usize, bytes: &Bytes) -> CrcMemo {
-        if bytes.len() < crate::frame::CRC_MEMO_MIN {
+        if bytes.len() < CRC_MEMO_MIN {
             return CrcMemo::NONE;
         }
         CrcMemo::new(segment, bytes, crc32c(bytes))

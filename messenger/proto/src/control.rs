@@ -1,39 +1,14 @@
 //! Payloads of the session's control frames, encoded with postcard.
+//!
+//! The connector's hello carries the session's `Policy`, so it lives with
+//! the session (`session::Hello`); the frames' format is docs/PROTOCOL.md's.
 
 use msgr_addr::{EntityAddr, EntityName};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::codec::{Codec, Postcard};
-use crate::error::ProtocolError;
+use crate::error::Malformed;
 use crate::frame::{Frame, Tag};
-use crate::session::Policy;
-
-/// Sent by the connecting side once banners are exchanged.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hello {
-    /// The connector's entity name.
-    pub name: EntityName,
-    /// The connector's own address (port 0 if it does not listen).
-    pub addr: EntityAddr,
-    /// The address the connector dialled.
-    pub target: EntityAddr,
-    /// The connector's policy for this session.
-    pub policy: Policy,
-    /// 0 for a new session, else the cookie of the session to resume.
-    pub cookie: u64,
-    /// Highest sequence number the connector has received in that session.
-    pub in_seq: u64,
-    /// The connector's receive limits, where both banners offered
-    /// `features::LIMITS`: not in the postcard payload but in the frame's
-    /// second segment ([`with_limits`], [`parse_handshake`]).
-    #[serde(skip)]
-    pub limits: Option<Limits>,
-    /// The number of this dial among the connector's, where both banners
-    /// offered `features::DIAL_NUMBERS`: in a last segment
-    /// ([`with_dial_number`]).
-    #[serde(skip)]
-    pub dial: Option<u64>,
-}
 
 /// The largest payload segments a side accepts (its `FrameLimits` for a
 /// message's front and data), announced in the handshake so that a peer
@@ -103,7 +78,7 @@ pub struct TooLarge {
     pub max: u32,
 }
 
-/// The acceptor's answer to a [`Hello`] that starts a new session.
+/// The acceptor's answer to a [`Hello`](crate::session::Hello) that starts a new session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HelloOk {
     /// The acceptor's entity name.
@@ -204,11 +179,11 @@ pub fn parse_handshake<T: DeserializeOwned>(
     what: &'static str,
     limits: bool,
     dials: bool,
-) -> Result<(T, HandshakeExtras), ProtocolError> {
+) -> Result<(T, HandshakeExtras), Malformed> {
     let want = 1 + usize::from(limits) + usize::from(dials);
     let segs = frame.segments.as_slice();
     if segs.len() != want {
-        return Err(ProtocolError::Malformed {
+        return Err(Malformed {
             what,
             detail: format!("{} segments where {want} were agreed", segs.len()),
         });
@@ -224,8 +199,8 @@ pub fn parse_handshake<T: DeserializeOwned>(
     Ok((payload, extras))
 }
 
-fn decode<T: DeserializeOwned>(seg: &[u8], what: &'static str) -> Result<T, ProtocolError> {
-    Postcard.decode(seg).map_err(|e| ProtocolError::Malformed {
+fn decode<T: DeserializeOwned>(seg: &[u8], what: &'static str) -> Result<T, Malformed> {
+    Postcard.decode(seg).map_err(|e| Malformed {
         what,
         detail: e.detail,
     })
@@ -235,9 +210,9 @@ fn decode<T: DeserializeOwned>(seg: &[u8], what: &'static str) -> Result<T, Prot
 pub fn parse_control<T: DeserializeOwned>(
     frame: &Frame,
     what: &'static str,
-) -> Result<T, ProtocolError> {
+) -> Result<T, Malformed> {
     let [seg] = frame.segments.as_slice() else {
-        return Err(ProtocolError::Malformed {
+        return Err(Malformed {
             what,
             detail: "expected one segment".into(),
         });

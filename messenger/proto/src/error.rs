@@ -1,4 +1,9 @@
-//! Typed errors for everything that reads peer input.
+//! The decode errors of the bottom layer, shared by the layers above it:
+//! a frame's bytes ([`FrameError`]: frame, message, stream and the record
+//! layer return it) and a well-formed frame's payload ([`Malformed`]:
+//! message and control). Each layer's own error lives beside it
+//! (`BannerError` in banner, `BatchError` in batch, `AuthError` and
+//! `RecordError` in auth); the session's `ProtocolError` wraps them all.
 
 use thiserror::Error;
 
@@ -69,141 +74,14 @@ pub enum FrameError {
     ForeignProtocol,
 }
 
-/// The banner exchange failed: the peer is not (a compatible) msgr.
+/// A well-formed frame's payload does not parse (a message frame's
+/// segments, a control payload). The session reports it as
+/// `ProtocolError::Malformed`.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum BannerError {
-    /// The first bytes are not msgr's magic.
-    #[error("bad banner magic {0:02x?}: peer is not an msgr endpoint")]
-    BadMagic([u8; 8]),
-    /// The banner's checksum does not match.
-    #[error("banner crc mismatch")]
-    Crc,
-    /// The peer speaks a protocol version this build does not.
-    #[error("incompatible protocol version: peer {peer}, ours {ours}")]
-    IncompatibleVersion {
-        /// The peer's version.
-        peer: u16,
-        /// Our version.
-        ours: u16,
-    },
-    /// The peer requires features we do not offer: security modes our
-    /// settings do not allow, or features this build lacks.
-    #[error("{}", requires_missing(*missing))]
-    PeerRequiresMissing {
-        /// The bits we lack.
-        missing: u64,
-    },
-    /// We require features the peer lacks.
-    #[error("peer lacks required features {missing:#x}")]
-    PeerLacksRequired {
-        /// The bits the peer lacks.
-        missing: u64,
-    },
-}
-
-/// A well-formed frame broke the session protocol.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum ProtocolError {
-    /// Bad frame bytes.
-    #[error(transparent)]
-    Frame(#[from] FrameError),
-    /// Bad banner.
-    #[error(transparent)]
-    Banner(#[from] BannerError),
-    /// A batch frame's body does not parse.
-    #[error(transparent)]
-    Batch(#[from] crate::batch::BatchError),
-    /// Authentication failed (`crate::auth`).
-    #[error(transparent)]
-    Auth(#[from] crate::auth::AuthError),
-    /// A frame on a secure link did not open (`crate::auth::record`).
-    #[error(transparent)]
-    Record(#[from] crate::auth::RecordError),
-    /// A frame arrived in a state where it is not allowed.
-    #[error("unexpected {tag:?} frame while {state}")]
-    Unexpected {
-        /// The frame's tag.
-        tag: crate::frame::Tag,
-        /// The session state, as text.
-        state: &'static str,
-    },
-    /// A frame's payload does not parse.
-    #[error("malformed {what}: {detail}")]
-    Malformed {
-        /// Which payload.
-        what: &'static str,
-        /// Why.
-        detail: String,
-    },
-    /// A message arrived out of sequence (a gap: messages were lost).
-    #[error("message seq {got} after {last}: gap in the stream")]
-    SequenceGap {
-        /// Last delivered sequence number.
-        last: u64,
-        /// Sequence number received.
-        got: u64,
-    },
-    /// The peer acknowledged messages that were never sent.
-    #[error("peer acked seq {acked} but only {sent} were sent")]
-    AckBeyondSent {
-        /// Claimed acknowledgement.
-        acked: u64,
-        /// Highest sequence number sent.
-        sent: u64,
-    },
-    /// The peer is not who we connected to.
-    #[error("connected to {expected} but peer says it is {actual}")]
-    WrongPeer {
-        /// Who we dialled.
-        expected: String,
-        /// Who answered.
-        actual: String,
-    },
-}
-
-/// Why a peer's required features are not met, in terms an operator can
-/// act on: a security mode is a setting (`security`, with `key_file` and
-/// `keyring`), anything else the build.
-fn requires_missing(missing: u64) -> String {
-    use crate::banner::features::{AUTH, SECURE};
-    let modes: Vec<&str> = [(AUTH, "auth"), (SECURE, "secure")]
-        .iter()
-        .filter(|(bit, _)| missing & bit != 0)
-        .map(|&(_, name)| name)
-        .collect();
-    let rest = missing & !(AUTH | SECURE);
-    let mut why = Vec::new();
-    if !modes.is_empty() {
-        why.push(format!(
-            "security mode {} (allow it in the settings: `security`, with `key_file` and \
-             `keyring`)",
-            modes.join(" or ")
-        ));
-    }
-    if rest != 0 {
-        why.push(format!("features {rest:#x} that this build lacks"));
-    }
-    format!("peer requires {} ({missing:#x})", why.join(", and "))
-}
-
-#[cfg(test)]
-mod requires_missing_tests {
-    use super::*;
-
-    #[test]
-    fn a_security_mode_is_named_as_a_setting() {
-        let e = BannerError::PeerRequiresMissing { missing: 1 << 7 }.to_string();
-        assert!(
-            e.contains("security mode auth") && e.contains("key_file"),
-            "{e}"
-        );
-        assert!(!e.contains("build"), "{e}");
-        let e = BannerError::PeerRequiresMissing { missing: 1 << 20 }.to_string();
-        assert!(
-            e.contains("this build lacks") && !e.contains("security"),
-            "{e}"
-        );
-    }
+#[error("malformed {what}: {detail}")]
+pub struct Malformed {
+    /// Which payload.
+    pub what: &'static str,
+    /// Why.
+    pub detail: String,
 }

@@ -24,13 +24,25 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 
-use crate::checksum::CrcMemo;
+use crate::checksum::{CrcMemo, CRC_MEMO_MIN};
 use crate::error::FrameError;
 
 /// Size of the fixed preamble that starts every frame.
 pub const PREAMBLE_LEN: usize = 32;
 /// Most segments a frame may carry (header, front, data and one spare).
 pub const MAX_SEGMENTS: usize = 4;
+/// Bytes an AEAD tag adds to each piece the secure mode's record layer
+/// seals (`auth::record`).
+pub const SEAL_TAG_LEN: usize = 16;
+/// What sealing adds to each segment of a frame, by index: segment 0
+/// also carries the inner preamble. A `Tag::Sealed` frame's limits are
+/// the inner frame's plus these.
+pub const SEAL_OVERHEAD: [u32; MAX_SEGMENTS] = [
+    (PREAMBLE_LEN + SEAL_TAG_LEN) as u32,
+    SEAL_TAG_LEN as u32,
+    SEAL_TAG_LEN as u32,
+    SEAL_TAG_LEN as u32,
+];
 /// Bytes of the preamble covered by its CRC.
 const PREAMBLE_CRC_OFFSET: usize = 28;
 /// Frame flag: segments after the first are not checksummed (epilogue words
@@ -197,7 +209,7 @@ impl Preamble {
             // (segment 0 also the inner preamble); the inner frame is
             // checked against the limits themselves once opened.
             let max = if tag == Tag::Sealed {
-                limits.max_segment[i].saturating_add(crate::auth::record::SEAL_OVERHEAD[i])
+                limits.max_segment[i].saturating_add(SEAL_OVERHEAD[i])
             } else {
                 limits.max_segment[i]
             };
@@ -217,12 +229,9 @@ impl Preamble {
         };
         let max_frame = if tag == Tag::Sealed {
             // Saturating: a limit near u64::MAX (a fuzzer's) must not wrap.
-            limits.max_frame.saturating_add(
-                crate::auth::record::SEAL_OVERHEAD
-                    .iter()
-                    .map(|&o| u64::from(o))
-                    .sum::<u64>(),
-            )
+            limits
+                .max_frame
+                .saturating_add(SEAL_OVERHEAD.iter().map(|&o| u64::from(o)).sum::<u64>())
         } else {
             limits.max_frame
         };
@@ -628,11 +637,6 @@ pub(crate) fn checked_body<const N: usize>(
     }
     Ok((segments, crc_memo))
 }
-
-/// Segments of at least this many bytes have their checked CRC32C kept
-/// with a received frame ([`Frame::known_crc`]): below it, reading the
-/// segment again costs less than remembering it.
-pub const CRC_MEMO_MIN: usize = 64 << 10;
 
 /// A frame ready for a vectored write: preamble, segments, epilogue.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,19 +1,36 @@
 //! The msgr wire protocol, with no I/O in it.
 //!
-//! - [`arena`]: small byte strings copied into shared chunks.
-//! - [`auth`]: authentication (Noise handshake, keys, keyrings) and the
-//!   secure mode's record layer.
-//! - [`frame`]: where a frame is encoded and decoded (preamble, segments, CRC32C).
-//! - [`banner`]: the first bytes of every connection; version and features.
-//! - [`message`]: application messages and their frame form; [`codec`] for typed payloads.
-//! - [`batch`]: many small messages in one frame (one preamble, one CRC32C).
-//! - [`control`]: payloads of the session's control frames.
-//! - [`pool`]: large buffers lent as `Bytes` and reused.
-//! - [`rma`]: one-sided operations on exposed regions: the handle, and the
-//!   request and reply where the owner's CPU serves them.
-//! - [`stream`]: the units transports move, and the byte-stream splitter.
-//! - [`session`]: the session engine — handshake, seq/ack, replay, reconnect,
-//!   keepalive — as a pure state machine driven by its caller.
+//! # Layers
+//!
+//! The modules import in one direction: each only from the layers below
+//! its own, never from its own layer or above (`tests/layering.rs` reads
+//! this list and checks every `crate::` path in `src/`). Bottom first:
+//!
+//! 1. [`checksum`], [`codec`], [`arena`], [`pool`], [`error`]: the leaves —
+//!    CRC32C; typed payloads; small byte strings copied into shared chunks;
+//!    large buffers lent as `Bytes` and reused; the decode errors several
+//!    layers return ([`FrameError`], [`Malformed`]).
+//! 2. [`frame`]: where a frame is encoded and decoded (preamble, segments,
+//!    CRC32C), and the overhead sealing adds to a frame.
+//! 3. [`banner`]: the first bytes of every connection; version, features,
+//!    the security modes they offer ([`banner::ModeSet`]), [`BannerError`].
+//! 4. [`message`]: application messages and their frame form.
+//! 5. [`batch`]: many small messages in one frame (one preamble, one CRC32C).
+//! 6. [`control`]: payloads of the session's control frames.
+//! 7. [`rma`]: one-sided operations on exposed regions: the handle, and the
+//!    request and reply where the owner's CPU serves them.
+//! 8. [`stream`]: the units transports move, and the byte-stream splitter.
+//! 9. [`auth`]: authentication (Noise handshake, keys, keyrings) and the
+//!    secure mode's record layer, taking and returning frames.
+//! 10. [`session`]: the session engine — handshake, seq/ack, replay,
+//!     reconnect, keepalive — as a pure state machine driven by its caller;
+//!     it owns [`Policy`], the [`session::Hello`] that carries it, and
+//!     [`ProtocolError`], which wraps every lower layer's error.
+//! 11. `sim`: the in-memory simulator and the fuzz targets' bodies (feature
+//!     `sim`), a test harness on top of everything; not checked.
+//!
+//! Where a type moved down a layer, a path other crates use stays:
+//! [`auth::ModeSet`] and [`auth::SecurityMode`] re-export banner's.
 //!
 //! Everything here reads untrusted peer input and returns typed errors; nothing
 //! panics on it. The format is specified in docs/PROTOCOL.md.
@@ -38,16 +55,16 @@ pub mod session;
 pub mod sim;
 pub mod stream;
 
-pub use banner::Banner;
+pub use banner::{Banner, BannerError};
 #[cfg(feature = "bincode")]
 pub use codec::Bincode;
 pub use codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
 pub use control::{Segment, TooLarge};
-pub use error::{BannerError, FrameError, ProtocolError};
+pub use error::{FrameError, Malformed};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
 pub use message::Message;
 pub use session::{
-    FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, SendError, Session, SessionConfig,
-    SessionEvent, SessionStats, Takeover,
+    FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, ProtocolError, SendError, Session,
+    SessionConfig, SessionEvent, SessionStats, Takeover,
 };
 pub use stream::{CheckedUnit, Inbound, StreamDecoder, Transmit};

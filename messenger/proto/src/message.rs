@@ -11,7 +11,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::checksum::CrcMemo;
 use crate::codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
-use crate::error::{FrameError, ProtocolError};
+use crate::error::{FrameError, Malformed};
 use crate::frame::{checked_segments, segment_crc, Frame, Preamble, Segments, Tag};
 
 /// Length of the encoded message header segment.
@@ -230,8 +230,8 @@ impl Message {
     }
 
     /// Decodes a `Tag::Message` frame into the message and its piggybacked ack.
-    pub fn from_frame(frame: Frame) -> Result<(Message, u64), ProtocolError> {
-        let malformed = |detail: &str| ProtocolError::Malformed {
+    pub fn from_frame(frame: Frame) -> Result<(Message, u64), Malformed> {
+        let malformed = |detail: &str| Malformed {
             what: "message frame",
             detail: detail.to_string(),
         };
@@ -446,7 +446,7 @@ impl MessageFrame {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::CRC_MEMO_MIN;
+    use crate::checksum::CRC_MEMO_MIN;
     use crate::FrameLimits;
 
     #[test]

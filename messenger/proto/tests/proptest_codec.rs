@@ -8,12 +8,12 @@ use bytes::{Bytes, BytesMut};
 use msgr_addr::{AddrVec, EntityAddr, EntityName};
 use msgr_proto::banner::{Banner, BANNER_LEN};
 use msgr_proto::control::{
-    control_frame, with_dial_number, with_limits, Ack, Close, Hello, HelloOk, Keepalive, Limits,
+    control_frame, with_dial_number, with_limits, Ack, Close, HelloOk, Keepalive, Limits,
     ReconnectOk,
 };
 use msgr_proto::frame::{Preamble, FLAG_UNCHECKED_PAYLOAD, MAX_SEGMENTS, PREAMBLE_LEN};
 use msgr_proto::message::MessageFrame;
-use msgr_proto::session::{LinkId, LocalIdentity, Policy, Session, SessionConfig};
+use msgr_proto::session::{Hello, LinkId, LocalIdentity, Policy, Session, SessionConfig};
 use msgr_proto::sim::fuzz::{sample_frames, SampleKind, SamplePayload};
 use msgr_proto::{
     Bincode, Codec, CodecError, Frame, FrameDecoder, FrameLimits, Inbound, Message, Postcard,

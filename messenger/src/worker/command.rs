@@ -2,7 +2,7 @@ use std::time::Instant;
 
 use msgr_addr::TransportKind;
 use msgr_backends::{DetachedLink, RealFault, SimulatedFault, TransportStats};
-use msgr_proto::{control::Hello, LinkId, Message, Session};
+use msgr_proto::{session::Hello, LinkId, Message, Session};
 
 use crate::Connection;
 

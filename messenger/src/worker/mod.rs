@@ -65,7 +65,7 @@ use msgr_backends::{
     open_transport, AnyTransport, RealFault, Transport, TransportError, TransportEvent,
 };
 use msgr_proto::{
-    control::Hello, message::REPLY_BIT, rma::RMA_BIT, Banner, FaultReason, Inbound, LinkId,
+    message::REPLY_BIT, rma::RMA_BIT, session::Hello, Banner, FaultReason, Inbound, LinkId,
     Message, Session, SessionEvent, SessionStats, Tag, Takeover, Transmit,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};

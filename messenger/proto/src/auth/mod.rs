@@ -26,8 +26,6 @@ pub mod keyring;
 pub mod keys;
 pub mod record;
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use msgr_addr::EntityName;
@@ -37,125 +35,11 @@ pub use keyring::{Keyring, PeerVerifier};
 pub use keys::{PublicKey, StaticKeypair};
 pub use record::{RecordError, RecordLayer};
 
-use crate::banner::features;
+pub use crate::banner::{ModeSet, SecurityMode};
 
-/// How a link protects what it carries. See the [module docs](self).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum SecurityMode {
-    /// Names on trust, CRC32C frames.
-    Crc,
-    /// Authenticated names, CRC32C frames.
-    Auth,
-    /// Authenticated names, every frame sealed (AES-256-GCM).
-    Secure,
-}
-
-impl SecurityMode {
-    /// The mode of a link whose banners agreed on `features`: the
-    /// strongest both offered.
-    pub fn negotiate(features: u64) -> SecurityMode {
-        if features & features::SECURE != 0 {
-            SecurityMode::Secure
-        } else if features & features::AUTH != 0 {
-            SecurityMode::Auth
-        } else {
-            SecurityMode::Crc
-        }
-    }
-
-    /// Its name in configuration (`crc`, `auth`, `secure`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SecurityMode::Crc => "crc",
-            SecurityMode::Auth => "auth",
-            SecurityMode::Secure => "secure",
-        }
-    }
-}
-
-impl fmt::Display for SecurityMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for SecurityMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "crc" => Ok(SecurityMode::Crc),
-            "auth" => Ok(SecurityMode::Auth),
-            "secure" => Ok(SecurityMode::Secure),
-            other => Err(format!(
-                "unknown security mode {other:?} (crc, auth, secure)"
-            )),
-        }
-    }
-}
-
-/// The modes a side allows on its links. The default allows `crc` only
-/// (no keys needed).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ModeSet(u8);
-
+// The set itself is the banner's (its bits are banner features); choosing
+// can fail with an `AuthError`, so that half is here.
 impl ModeSet {
-    /// `crc` only: today's trusted-network behaviour.
-    pub const CRC: ModeSet = ModeSet(1);
-    /// `auth` only.
-    pub const AUTH: ModeSet = ModeSet(2);
-    /// `secure` only.
-    pub const SECURE: ModeSet = ModeSet(4);
-
-    /// A set of the given modes.
-    pub fn of(modes: &[SecurityMode]) -> ModeSet {
-        ModeSet(modes.iter().fold(0, |s, m| s | ModeSet::bit(*m)))
-    }
-
-    fn bit(m: SecurityMode) -> u8 {
-        match m {
-            SecurityMode::Crc => 1,
-            SecurityMode::Auth => 2,
-            SecurityMode::Secure => 4,
-        }
-    }
-
-    /// Whether `m` is allowed.
-    pub fn allows(self, m: SecurityMode) -> bool {
-        self.0 & ModeSet::bit(m) != 0
-    }
-
-    /// Whether any mode is allowed.
-    pub fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
-    /// Whether a handshake can happen (`auth` or `secure` allowed): then
-    /// the side needs credentials.
-    pub fn needs_credentials(self) -> bool {
-        self.allows(SecurityMode::Auth) || self.allows(SecurityMode::Secure)
-    }
-
-    /// The banner bits (supported, required) this set offers: `AUTH` where
-    /// `auth` is allowed, `SECURE` where `secure` is; required where it is
-    /// the only mode allowed. (A set such as `auth,secure` requires one of
-    /// two, which bits cannot say: [`ModeSet::choose`] refuses the rest.)
-    pub fn banner_bits(self) -> (u64, u64) {
-        let mut supported = 0;
-        if self.allows(SecurityMode::Auth) {
-            supported |= features::AUTH;
-        }
-        if self.allows(SecurityMode::Secure) {
-            supported |= features::SECURE;
-        }
-        let required = if self == ModeSet::AUTH || self == ModeSet::SECURE {
-            supported
-        } else {
-            0
-        };
-        (supported, required)
-    }
-
     /// The mode of a link whose banners agreed on `features`, if this side
     /// allows it. Both sides compute the same mode; the one that does not
     /// allow it closes the link. A mode with a handshake binds both banners
@@ -172,43 +56,6 @@ impl ModeSet {
                 allowed: self.to_string(),
             })
         }
-    }
-}
-
-impl Default for ModeSet {
-    fn default() -> Self {
-        ModeSet::CRC
-    }
-}
-
-impl fmt::Debug for ModeSet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ModeSet({self})")
-    }
-}
-
-impl fmt::Display for ModeSet {
-    /// Comma-separated, weakest first: `crc,auth,secure`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = [SecurityMode::Crc, SecurityMode::Auth, SecurityMode::Secure]
-            .into_iter()
-            .filter(|m| self.allows(*m))
-            .map(SecurityMode::as_str)
-            .collect();
-        f.write_str(&names.join(","))
-    }
-}
-
-impl FromStr for ModeSet {
-    type Err = String;
-
-    /// A comma-separated list of modes: `secure`, `auth,secure`, `crc`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let modes = s
-            .split(',')
-            .map(str::parse)
-            .collect::<Result<Vec<SecurityMode>, _>>()?;
-        Ok(ModeSet::of(&modes))
     }
 }
 

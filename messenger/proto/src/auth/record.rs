@@ -27,22 +27,10 @@ use zeroize::Zeroizing;
 use super::handshake::LinkKeys;
 use super::keys::KEY_LEN;
 use crate::frame::{
-    Frame, FrameLimits, Preamble, Segments, Tag, FLAG_UNCHECKED_PAYLOAD, MAX_SEGMENTS, PREAMBLE_LEN,
+    Frame, FrameLimits, Preamble, Segments, Tag, FLAG_UNCHECKED_PAYLOAD, PREAMBLE_LEN, SEAL_TAG_LEN,
 };
 use crate::pool::BufferPool;
 use crate::stream::{Inbound, Transmit};
-
-/// Bytes an AEAD tag adds to each sealed piece.
-pub const TAG_LEN: usize = 16;
-
-/// What sealing adds to each segment of a frame, by index: segment 0
-/// also carries the inner preamble.
-pub const SEAL_OVERHEAD: [u32; MAX_SEGMENTS] = [
-    (PREAMBLE_LEN + TAG_LEN) as u32,
-    TAG_LEN as u32,
-    TAG_LEN as u32,
-    TAG_LEN as u32,
-];
 
 /// A key is replaced after sealing this many plaintext bytes (1 GiB).
 pub const REKEY_AFTER_BYTES: u64 = 1 << 30;
@@ -151,10 +139,10 @@ impl DirectionKey {
 
     /// Opens `sealed` in place, leaving the plaintext.
     fn open(&mut self, sealed: &mut Vec<u8>) -> Result<(), RecordError> {
-        if sealed.len() < TAG_LEN {
+        if sealed.len() < SEAL_TAG_LEN {
             return Err(RecordError::Malformed("a piece shorter than its tag"));
         }
-        let (nonce, rekey) = self.next(sealed.len() - TAG_LEN);
+        let (nonce, rekey) = self.next(sealed.len() - SEAL_TAG_LEN);
         let n = self
             .key
             .open_in_place(nonce, Aad::empty(), sealed)
@@ -233,7 +221,7 @@ impl RecordLayer {
                 continue;
             }
             let extra = if i == 0 { PREAMBLE_LEN } else { 0 };
-            let mut buf = self.pool.take(extra + seg.len() + TAG_LEN);
+            let mut buf = self.pool.take(extra + seg.len() + SEAL_TAG_LEN);
             if i == 0 {
                 buf.extend_from_slice(&pre.encode());
             }
@@ -242,7 +230,7 @@ impl RecordLayer {
             segments.push(self.pool.share(buf));
         }
         if inner.segments.is_empty() {
-            let mut buf = Vec::with_capacity(PREAMBLE_LEN + TAG_LEN);
+            let mut buf = Vec::with_capacity(PREAMBLE_LEN + SEAL_TAG_LEN);
             buf.extend_from_slice(&pre.encode());
             self.send.seal(&mut buf);
             segments.push(Bytes::from(buf));
@@ -360,7 +348,7 @@ mod tests {
         ] {
             let want = unit.clone().into_frame().unwrap();
             let sealed = tx.seal(unit);
-            assert!(sealed.segments[0].len() >= PREAMBLE_LEN + TAG_LEN);
+            assert!(sealed.segments[0].len() >= PREAMBLE_LEN + SEAL_TAG_LEN);
             let Inbound::Frame(got) = rx.open(sealed, &FrameLimits::default()).unwrap() else {
                 panic!("a frame")
             };

@@ -13,15 +13,16 @@ use std::time::{Duration, Instant};
 
 use msgr_addr::EntityName;
 
-use super::{call_allowed, FaultReason, LinkId, Session, SessionEvent, State};
+use super::{
+    call_allowed, FaultReason, Hello, LinkId, ProtocolError, Session, SessionEvent, State,
+};
 use crate::auth::{AuthError, RecordLayer, SecurityMode};
 use crate::banner::{features, Banner, BANNER_LEN};
 use crate::batch::BatchReader;
 use crate::control::{
-    control_frame, parse_control, Ack, Close, Hello, HelloOk, Keepalive, Limits, PacedKeepalive,
+    control_frame, parse_control, Ack, Close, HelloOk, Keepalive, Limits, PacedKeepalive,
     ReconnectOk,
 };
-use crate::error::ProtocolError;
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
 use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};

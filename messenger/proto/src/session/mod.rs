@@ -58,7 +58,9 @@
 
 mod attempts;
 mod config;
+mod error;
 mod handlers;
+mod hello;
 mod outbox;
 mod side;
 mod state;
@@ -71,15 +73,16 @@ use msgr_addr::{EntityAddr, EntityName};
 pub use attempts::DialAttempts;
 use attempts::PeerDials;
 pub use config::{Policy, SessionConfig, DEFAULT_BATCH_MAX_BYTES};
+pub use error::ProtocolError;
+pub use hello::Hello;
 
 use crate::auth::{AuthError, Handshake, PublicKey, RecordError, RecordLayer, Role, SecurityMode};
 use crate::banner::{features, Banner, BANNER_LEN};
 use crate::batch::{BatchReader, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD};
 use crate::control::{
     control_frame, parse_handshake, with_dial_number, with_limits, Ack, Close, HandshakeExtras,
-    Hello, HelloOk, Keepalive, Limits, PacedKeepalive, ReconnectOk, TooLarge,
+    HelloOk, Keepalive, Limits, PacedKeepalive, ReconnectOk, TooLarge,
 };
-use crate::error::ProtocolError;
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
 use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
@@ -1328,7 +1331,12 @@ impl Session {
         frame: &Frame,
         what: &'static str,
     ) -> Result<(T, HandshakeExtras), ProtocolError> {
-        parse_handshake(frame, what, self.limits_agreed(), self.dials_agreed())
+        Ok(parse_handshake(
+            frame,
+            what,
+            self.limits_agreed(),
+            self.dials_agreed(),
+        )?)
     }
 
     /// Our banner, as configured.

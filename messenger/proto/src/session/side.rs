@@ -8,8 +8,8 @@
 
 use msgr_addr::{EntityAddr, EntityName};
 
+use super::Hello;
 use super::Policy;
-use crate::control::Hello;
 
 /// Connector or acceptor, with what each needs.
 #[derive(Debug)]

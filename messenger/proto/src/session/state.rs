@@ -19,9 +19,9 @@
 
 use std::time::{Duration, Instant};
 
+use super::Hello;
 use super::LinkId;
 use crate::auth::Handshake;
-use crate::control::Hello;
 
 /// Where a session stands, with what only that phase needs.
 #[derive(Debug)]

@@ -21,14 +21,14 @@ use crate::banner::{Banner, BANNER_LEN};
 use crate::batch::{BatchReader, BatchWriter};
 use crate::codec::{Codec, Postcard};
 use crate::control::{
-    control_frame, with_dial_number, with_limits, Ack, Close, Hello, HelloOk, Keepalive, Limits,
+    control_frame, with_dial_number, with_limits, Ack, Close, HelloOk, Keepalive, Limits,
     ReconnectOk,
 };
 use crate::error::FrameError;
 use crate::frame::{Frame, FrameDecoder, FrameLimits, Preamble, Tag, MAX_SEGMENTS, PREAMBLE_LEN};
 use crate::message::{Message, MessageFrame};
 use crate::session::{
-    LinkId, LocalIdentity, Policy, Session, SessionConfig, SessionEvent, Takeover,
+    Hello, LinkId, LocalIdentity, Policy, Session, SessionConfig, SessionEvent, Takeover,
 };
 use crate::stream::{Inbound, StreamDecoder, Transmit};
 
@@ -335,7 +335,7 @@ pub fn frame_preamble(data: &[u8]) {
         // (its inner frame is held to them once opened).
         let overhead = |i: usize| {
             if p.tag == Tag::Sealed {
-                crate::auth::record::SEAL_OVERHEAD[i]
+                crate::frame::SEAL_OVERHEAD[i]
             } else {
                 0
             }

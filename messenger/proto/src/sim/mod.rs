@@ -689,7 +689,7 @@ impl Sim {
     }
 
     /// The owner's routing rule for an accepted link (see the module docs).
-    fn route(&mut self, node: NodeId, pid: SessionId, hello: &crate::control::Hello) {
+    fn route(&mut self, node: NodeId, pid: SessionId, hello: &crate::session::Hello) {
         let now = self.now;
         let Some(mut p) = self.nodes[node].pending.remove(&pid) else {
             return;
