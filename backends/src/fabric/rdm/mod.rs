@@ -111,7 +111,11 @@
 //! `shm` has no wait objects in libfabric 1.17: its CQ is polled, and
 //! [`Transport::wake_at`] asks the worker to wake every [`POLL_INTERVAL`]
 //! while the transport has endpoints — at once while a link is moving data
-//! and its peer answered within [`MOVING_WINDOW`].
+//! and its peer answered within [`MOVING_WINDOW`] — unless the peers ring
+//! it: an `shm` transport has a doorbell (`doorbell`), announced in HELLO
+//! and WELCOME, which a peer rings after posting while the worker says it
+//! sleeps. While every link's peer rings, the worker sleeps in epoll as a
+//! TCP one does, at most [`BELL_BACKSTOP`].
 //!
 //! # Where each part lives
 //!
@@ -120,6 +124,7 @@
 //! - `wire`: the messages' kinds, the header, control bodies (HELLO,
 //!   WELCOME);
 //! - `challenge`: the tokens that admit a HELLO;
+//! - `doorbell`: what wakes a sleeping `shm` worker;
 //! - `context`: what an operation's completion context says (port, slot,
 //!   receive, read or write);
 //! - `port`: an endpoint the links share, its address-vector peers and
