@@ -24,6 +24,8 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// Bytes of the shared page.
 const PAGE: usize = 4096;
+/// The seals of a doorbell's memfd: its size is fixed for good.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 /// The word at offset 8 of every doorbell page: a page mapped from a
 /// (pid, fd) that is not a doorbell is refused.
 const MAGIC: u64 = 0x6d73_6772_6265_6c6c; // "msgrbell"
@@ -127,13 +129,21 @@ impl Doorbell {
     pub fn open() -> io::Result<Doorbell> {
         // SAFETY: a NUL-terminated name and valid flags; the result is
         // checked.
-        let fd = unsafe { libc::memfd_create(c"msgr-bell".as_ptr(), libc::MFD_CLOEXEC) };
+        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+        let fd = unsafe { libc::memfd_create(c"msgr-bell".as_ptr(), flags) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `fd` is a new fd owned by nothing else.
         let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
         File::from(memfd.try_clone()?).set_len(PAGE as u64)?;
+        // Sealed at its size: a peer that maps it can trust that no access
+        // to the page faults (SIGBUS) because the file shrank.
+        // SAFETY: fcntl on an fd we own, with an int argument.
+        let sealed = unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) };
+        if sealed < 0 {
+            return Err(io::Error::last_os_error());
+        }
         let page = Page::map(memfd.as_raw_fd(), true)?;
         page.magic().store(MAGIC, Ordering::Release);
         let id = BellId {
@@ -189,10 +199,20 @@ pub struct PeerBell {
 impl PeerBell {
     /// Maps the page of the doorbell `id` (the peer is on this host: `shm`).
     /// Fails where `/proc/PID/fd` cannot be opened (another user, a process
-    /// gone) or the file there is not a doorbell's page.
+    /// gone) or the file there is not a doorbell's page: a regular file
+    /// of one page sealed at that size (a peer could otherwise shrink it
+    /// under the mapping, and a load would fault), with the magic word. Opened
+    /// without blocking (the number could name a FIFO).
     pub fn open(id: BellId) -> io::Result<PeerBell> {
-        let file = File::open(format!("/proc/{}/fd/{}", id.pid, id.fd))?;
-        if file.metadata()?.len() != PAGE as u64 {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(format!("/proc/{}/fd/{}", id.pid, id.fd))?;
+        let meta = file.metadata()?;
+        // SAFETY: fcntl on an fd we own, without an argument.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if !meta.is_file() || meta.len() != PAGE as u64 || seals < 0 || seals & SEALS != SEALS {
             return Err(io::Error::other("not a doorbell page"));
         }
         let page = Page::map(file.as_raw_fd(), false)?;
@@ -258,6 +278,16 @@ pub fn drain_rings(socket: &UnixDatagram) -> u64 {
 mod tests {
     use super::*;
 
+    fn tempfile_page() -> File {
+        // SAFETY: a NUL-terminated name; the fd is checked and owned.
+        let fd = unsafe { libc::memfd_create(c"not-a-bell".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a new fd owned by nothing else.
+        let f = unsafe { File::from_raw_fd(fd) };
+        f.set_len(PAGE as u64).unwrap();
+        f
+    }
+
     /// A ring reaches a sleeper and only a sleeper; a (pid, fd) that is not
     /// a doorbell is refused.
     #[test]
@@ -278,6 +308,13 @@ mod tests {
             fd: from.as_raw_fd() as u32,
         };
         assert!(PeerBell::open(not_a_bell).is_err());
+        // A page-sized file that is not sealed is refused too.
+        let f = tempfile_page();
+        let unsealed = BellId {
+            pid: std::process::id(),
+            fd: f.as_raw_fd() as u32,
+        };
+        assert!(PeerBell::open(unsealed).is_err());
         let listen = "127.0.0.1:1".parse().unwrap();
         assert!(!ring_listener(&from, listen));
         let listener = listener_bell(listen).unwrap();
