@@ -559,10 +559,25 @@ fn sleep_until_rung(t: &mut RdmTransport, poll: &mut mio::Poll) -> Vec<Transport
 /// wait object, so nothing else would before the backstop), which rings
 /// only the peer that said it sleeps. Each side's `doorbell_wakes` and the
 /// other's `doorbell_rings` move once per message.
-#[test]
-fn shm_sleeping_workers_are_woken_by_the_doorbell() {
-    let (mut poll_s, mut poll_c) = (mio::Poll::new().unwrap(), mio::Poll::new().unwrap());
+/// Two `shm` transports (server, client), each with its own Poll, with one
+/// link up between them and both banners queued; `server_bell`: false
+/// stands for a server from before the doorbell (it announces none).
+struct ShmPair {
+    poll_s: mio::Poll,
+    s: RdmTransport,
+    server: LinkId,
+    poll_c: mio::Poll,
+    c: RdmTransport,
+    client: LinkId,
+}
+
+fn shm_pair(server_bell: bool) -> ShmPair {
+    let (poll_s, poll_c) = (mio::Poll::new().unwrap(), mio::Poll::new().unwrap());
     let (mut s, mut c) = (open("shm", &poll_s), open("shm", &poll_c));
+    assert!(s.bells.is_some() && c.bells.is_some(), "shm has a doorbell");
+    if !server_bell {
+        s.bells = None;
+    }
     let any: EntityAddr = "fabric+shm://127.0.0.1:0?ep=rdm".parse().unwrap();
     let bound = s.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
     let client = LinkId(1000);
@@ -583,11 +598,31 @@ fn shm_sleeping_workers_are_woken_by_the_doorbell() {
             .any(|e| matches!(e, TransportEvent::Connected(l) if *l == client));
     }
     let server = server.unwrap();
-    assert!(s.links[&server].peer_bell.is_some() && c.links[&client].peer_bell.is_some());
-    assert!(s.wakes_the_worker() && c.wakes_the_worker());
-    // Each unit stream starts with a banner (taken by `fall_asleep`).
+    // Each unit stream starts with a banner.
     c.send(client, Transmit::Banner([7; BANNER_LEN])).unwrap();
     s.send(server, Transmit::Banner([7; BANNER_LEN])).unwrap();
+    ShmPair {
+        poll_s,
+        s,
+        server,
+        poll_c,
+        c,
+        client,
+    }
+}
+
+#[test]
+fn shm_sleeping_workers_are_woken_by_the_doorbell() {
+    let ShmPair {
+        mut poll_s,
+        mut s,
+        server,
+        mut poll_c,
+        mut c,
+        client,
+    } = shm_pair(true);
+    assert!(s.links[&server].peer_bell.is_some() && c.links[&client].peer_bell.is_some());
+    assert!(s.wakes_the_worker() && c.wakes_the_worker());
     const ROUNDS: u64 = 5;
     for i in 0..ROUNDS {
         // The server sleeps; the client pings.
@@ -634,4 +669,39 @@ fn shm_sleeping_workers_are_woken_by_the_doorbell() {
     c.send(client, Transmit::Frame(small_frame(9))).unwrap();
     c.flush(Instant::now(), &mut Vec::new());
     assert_eq!(stat(&c, "doorbell_rings"), rings_c);
+}
+
+/// A peer without a doorbell (an msgr from before it) announces none: the
+/// link works, its end with a doorbell maps nothing, rings nothing and
+/// keeps polling (`wakes_the_worker` false, a wake-up within
+/// `POLL_INTERVAL`).
+#[test]
+fn shm_peer_without_a_doorbell_is_polled() {
+    let ShmPair {
+        mut s,
+        server,
+        mut c,
+        client,
+        ..
+    } = shm_pair(false);
+    assert!(c.links[&client].peer_bell.is_none() && s.links[&server].peer_bell.is_none());
+    assert!(!c.wakes_the_worker() && !s.wakes_the_worker());
+    let rings = stat(&c, "doorbell_rings");
+    c.send(client, Transmit::Frame(small_frame(1))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while !got
+        .iter()
+        .any(|e| matches!(e, TransportEvent::Received(l, Inbound::Frame(_)) if *l == server))
+    {
+        assert!(Instant::now() < deadline, "nothing received: {got:?}");
+        c.progress(Instant::now(), &mut Vec::new());
+        c.flush(Instant::now(), &mut Vec::new());
+        s.progress(Instant::now(), &mut got);
+        s.flush(Instant::now(), &mut got);
+    }
+    assert_eq!(stat(&c, "doorbell_rings"), rings, "no bell to ring");
+    fall_asleep(&mut c);
+    let wake = c.wake_at().expect("a polled transport asks to be woken");
+    assert!(wake <= Instant::now() + POLL_INTERVAL);
 }
