@@ -26,6 +26,9 @@
 # msgr ping over fabric+shm (ITER round trips, default 20,000, of SIZE
 # bytes). Bars: msgr's shm rate >= 1.5x its tcp:// rate, and its shm p50
 # one-way <= 1.5x fi_pingpong's (which prints a mean only), in one round.
+# BASE=/path/to/an/older/msgr adds, per round, that binary's shm stream and
+# ping (server and client both), and msgr's ratios to it in each round:
+# a before/after comparison interleaved with the rest.
 #
 # Installs libzmq3-dev when missing (not for SHM=1). Every process is bounded by `timeout`.
 set -euo pipefail
@@ -48,8 +51,9 @@ if [ -n "${SHM:-}" ]; then
   trap 'rm -f "$out" "$log" "$log.fis" "$log.fic"' EXIT
   echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores)"
   # Starts `msgr serve ADDR`; sets SRV and ADDR (the address it bound).
+  # A second argument: the msgr binary to serve with (default: this one).
   serve() {
-    timeout 300 "$bin" serve "$1" --duration 280 >"$log" 2>&1 &
+    timeout 300 "${2:-$bin}" serve "$1" --duration 280 >"$log" 2>&1 &
     SRV=$!
     ADDR=""
     for _ in $(seq 100); do
@@ -80,7 +84,16 @@ if [ -n "${SHM:-}" ]; then
     serve 'fabric+shm://127.0.0.1:0?ep=rdm'
     ping=$(timeout 120 "$bin" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup 1000 --json | tail -n 1)
     stop
-    printf '%s\t%s\t%s\t%s\t%s\n' "$raw" "$shm" "$tcp" "$fi_us" "$ping" >>"$out"
+    base_shm=- base_ping=-
+    if [ -n "${BASE:-}" ]; then
+      serve 'fabric+shm://127.0.0.1:0?ep=rdm' "$BASE"
+      base_shm=$(timeout 120 "$BASE" stream "$ADDR" --size "$SIZE" --count "$COUNT" --json | tail -n 1)
+      stop
+      serve 'fabric+shm://127.0.0.1:0?ep=rdm' "$BASE"
+      base_ping=$(timeout 120 "$BASE" ping "$ADDR" --size "$SIZE" --count "$ITER" --warmup 1000 --json | tail -n 1)
+      stop
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$raw" "$shm" "$tcp" "$fi_us" "$ping" "$base_shm" "$base_ping" >>"$out"
     python3 - "$raw" "$shm" "$tcp" "$fi_us" "$ping" "$r" <<'EOF'
 import json, sys
 raw, shm, tcp = (json.loads(a) for a in sys.argv[1:4])
@@ -110,6 +123,11 @@ for label, figure in [
     ("msgr ping fabric+shm, p50", f"{m(p50):6.2f} us  {show(ratios(p50, fi))} fi_pingpong  target <= 1.5x"),
 ]:
     print(f"  {label:<30} {figure}")
+if rows and rows[0][5] != "-":
+    base = [json.loads(r[5])["stream"]["msgs_per_s"] for r in rows]
+    base_p50 = [json.loads(r[6])["ping"]["one_way"]["p50_us"] for r in rows]
+    print(f"  {'BASE msgr fabric+shm':<30} {m(base)/1e6:6.2f} M msg/s  msgr shm {show(ratios(shm, base))} of it")
+    print(f"  {'BASE msgr ping shm, p50':<30} {m(base_p50):6.2f} us  msgr shm {show(ratios(p50, base_p50))} of it")
 if sys.argv[2]:
     with open(sys.argv[2], "a") as o:
         o.write(json.dumps({"bench": "shm", "raw": raw, "shm": shm, "tcp": tcp,

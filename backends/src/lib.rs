@@ -180,8 +180,9 @@ pub trait Transport {
     }
 
     /// Whether data arriving for this transport wakes a sleeping worker (its
-    /// wait objects are in the worker's Poll). False for a provider without
-    /// wait objects (libfabric's `shm`, CQs opened without one), which is
+    /// wait objects, or a doorbell its peers ring, are in the worker's
+    /// Poll). False for a provider without wait objects (libfabric's `shm`
+    /// with a peer that does not ring, CQs opened without one), which is
     /// polled every millisecond or so while the worker sleeps: a worker
     /// with such a transport does not trade spinning for sleep when a busy
     /// thread shares its CPU (the worker's `spin` module). Default: true.

@@ -58,6 +58,7 @@
 
 #![warn(missing_docs)]
 
+mod bell;
 mod error;
 mod info;
 mod msg;
@@ -67,6 +68,7 @@ mod rdm;
 mod rma;
 mod slots;
 
+pub use bell::{drain_rings, listener_bell, ring_listener, BellId, Doorbell, PeerBell};
 pub use error::{is_again, FabricError, OtherDomain, Site};
 pub use info::{eager_limit, probe, rma_withheld, version, writes_sound};
 pub use info::{EpType, RmaChoice, RmaOp, API_VERSION};

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use mio::Token;
-use msgr_fabric::{FabricError, RmaOp};
+use msgr_fabric::{FabricError, PeerBell, RmaOp};
 use msgr_proto::LinkId;
 
 use super::port::Port;
@@ -68,6 +68,13 @@ pub(in crate::fabric) struct RdmLink {
     /// Rendezvous, receiving side: the fi_read in flight (later pieces
     /// wait for it) and the RNDV_DONE answers owed.
     pub(super) receiving: Receiving,
+    /// The peer's doorbell, rung after a post while the peer sleeps
+    /// (`super::doorbell`); `None`: not announced or not mappable, and
+    /// this end polls the link as without one.
+    pub(super) peer_bell: Option<PeerBell>,
+    /// Where a connecting link's HELLO goes: the listener's doorbell is
+    /// rung by this address (`super::doorbell`).
+    pub(super) hello_to: Option<SocketAddr>,
 }
 
 /// A link's received data pieces not yet handed up, by number (receive
@@ -167,6 +174,8 @@ impl RdmLink {
             last_sent: now,
             exposures: Exposures::default(),
             receiving: Receiving::default(),
+            peer_bell: None,
+            hello_to: None,
         }
     }
 

@@ -111,7 +111,11 @@
 //! `shm` has no wait objects in libfabric 1.17: its CQ is polled, and
 //! [`Transport::wake_at`] asks the worker to wake every [`POLL_INTERVAL`]
 //! while the transport has endpoints — at once while a link is moving data
-//! and its peer answered within [`MOVING_WINDOW`].
+//! and its peer answered within [`MOVING_WINDOW`] — unless the peers ring
+//! it: an `shm` transport has a doorbell (`doorbell`), announced in HELLO
+//! and WELCOME, which a peer rings after posting while the worker says it
+//! sleeps. While every link's peer rings, the worker sleeps in epoll as a
+//! TCP one does, at most [`BELL_BACKSTOP`].
 //!
 //! # Where each part lives
 //!
@@ -120,6 +124,7 @@
 //! - `wire`: the messages' kinds, the header, control bodies (HELLO,
 //!   WELCOME);
 //! - `challenge`: the tokens that admit a HELLO;
+//! - `doorbell`: what wakes a sleeping `shm` worker;
 //! - `context`: what an operation's completion context says (port, slot,
 //!   receive, read or write);
 //! - `port`: an endpoint the links share, its address-vector peers and
@@ -136,7 +141,9 @@ use std::time::{Duration, Instant};
 use mio::event::Event;
 use mio::{Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
-use msgr_fabric::{Completion, FabricError, Landing, Net, RdmEp, ReadRegion, RmaOp, Site};
+use msgr_fabric::{
+    BellId, Completion, FabricError, Landing, Net, PeerBell, RdmEp, ReadRegion, RmaOp, Site,
+};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
@@ -161,6 +168,8 @@ use context::{
     context, decode_context, is_user_read, read_context, user_read_context, write_context,
     READ_BIT, WRITE_BIT,
 };
+use doorbell::Bells;
+pub use doorbell::BELL_BACKSTOP;
 use link::RdmLink;
 use port::Port;
 use wire::{
@@ -171,6 +180,7 @@ use wire::{
 
 mod challenge;
 mod context;
+mod doorbell;
 mod link;
 mod port;
 #[cfg(test)]
@@ -252,6 +262,15 @@ fn window_for(slot_size: usize) -> u32 {
         .clamp(CREDITS, MAX_WINDOW)
 }
 
+/// Maps the doorbell `id` of a peer, where this transport has one of its
+/// own (a transport without one does not sleep on rings, and polls).
+fn open_peer_bell(ours: Option<&Bells>, id: BellId) -> Option<PeerBell> {
+    ours?;
+    PeerBell::open(id)
+        .map_err(|e| tracing::debug!(error = %e, ?id, "a peer's doorbell cannot be mapped; polling its link"))
+        .ok()
+}
+
 fn io_err(op: &'static str, e: FabricError) -> TransportError {
     TransportError::io(op, std::io::Error::other(e.to_string()))
 }
@@ -286,6 +305,9 @@ pub struct RdmTransport {
     /// The CQ's wait fds (none over `shm`), in the Poll only while the
     /// worker sleeps.
     cq_wait: CqWaitFd,
+    /// Over `shm` (no wait objects): what peers ring while this worker
+    /// sleeps (`doorbell`).
+    bells: Option<Bells>,
     /// Bytes per message (header included), see [`RdmTransport::new`].
     slot_size: usize,
     /// Data pieces each link takes unconsumed ([`WINDOW_BYTES`]).
@@ -362,6 +384,13 @@ impl RdmTransport {
         let (kind, net_options, net, registry) = open_worker(provider, registry, ctx)?;
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_wait = CqWaitFd::new(!net.cq_polled(), cq_token);
+        // Over shm peers are on this host by definition: a doorbell works.
+        let bells = if net.cq_polled() && net.provider_name() == "shm" {
+            let token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
+            Bells::open(&registry, token)
+        } else {
+            None
+        };
         // A provider whose endpoints are never closed (shm) leaves the
         // endpoints of dropped transports without progress: a send to one
         // must complete without the receiver's help, so messages stay within
@@ -424,6 +453,7 @@ impl RdmTransport {
             limits: ctx.limits,
             link_ids: ctx.link_ids.clone(),
             cq_wait,
+            bells,
             dirty: Default::default(),
             retry: false,
             retry_at: None,
@@ -741,14 +771,14 @@ impl RdmTransport {
                     return;
                 };
                 match remote {
-                    Some((r, (op, late), window))
-                        if link.remote.is_none() && link.accepted.is_none() =>
-                    {
-                        link.remote = Some(r);
-                        link.peer_rndv = op;
-                        link.peer_late = late;
-                        link.peer_window = window;
-                        link.credits = window;
+                    Some(w) if link.remote.is_none() && link.accepted.is_none() => {
+                        link.remote = Some(w.remote);
+                        link.peer_rndv = w.rndv;
+                        link.peer_late = w.late;
+                        link.peer_window = w.window;
+                        link.credits = w.window;
+                        link.peer_bell =
+                            w.bell.and_then(|b| open_peer_bell(self.bells.as_ref(), b));
                         events.push(TransportEvent::Connected(id));
                         self.dirty.push(id);
                         // Data that overtook the WELCOME.
@@ -1132,10 +1162,11 @@ impl RdmTransport {
         };
         // The connector's capabilities follow its name.
         let caps = &body[HELLO_FIXED + name_len..];
-        let (peer_rndv, peer_late, peer_window) = (
+        let (peer_rndv, peer_late, peer_window, peer_bell) = (
             rendezvous::peer_op(caps),
             rendezvous::peer_late_epilogue(caps),
             wire::peer_window(caps),
+            wire::peer_bell(caps),
         );
         if !self.link_budget.admits(self.links.len()) {
             // The connector's link fails by its deadline, never welcomed.
@@ -1171,6 +1202,7 @@ impl RdmTransport {
         link.peer_late = peer_late;
         link.peer_window = peer_window;
         link.credits = peer_window;
+        link.peer_bell = self.open_peer_bell(peer_bell);
         link.need_welcome = true;
         self.links.insert(id, link);
         self.dirty.push(id);
@@ -1188,7 +1220,7 @@ impl RdmTransport {
         id: LinkId,
         link: &mut RdmLink,
         (pidx, port): (usize, &mut Port),
-        ours: Option<RmaOp>,
+        (ours, bell): (Option<RmaOp>, Option<BellId>),
         counters: &mut Counters,
         reg_cache: &mut RegCache<ReadRegion>,
         now: Instant,
@@ -1208,7 +1240,8 @@ impl RdmTransport {
                 n += name.len();
                 buf[n..n + caps.len()].copy_from_slice(&caps);
                 n += caps.len();
-                n + write_window(&mut buf[n..], window)
+                n += write_window(&mut buf[n..], window);
+                n + wire::write_bell(&mut buf[n..], bell)
             })?;
             if !sent {
                 return Ok(false);
@@ -1221,13 +1254,14 @@ impl RdmTransport {
             return Ok(true); // waiting for WELCOME
         };
         if link.need_welcome {
-            let mut body = [0u8; 12 + rendezvous::CAPS_LEN + wire::WINDOW_LEN];
+            let mut body = [0u8; 12 + rendezvous::CAPS_LEN + wire::WINDOW_LEN + BellId::LEN];
             let mut n = write_dest(&mut body, me);
             let caps = rendezvous::caps(ours);
             body[n..n + caps.len()].copy_from_slice(&caps);
             n += caps.len();
-            write_window(&mut body[n..], link.window);
-            if !link.post_control(id, pidx, port, WELCOME, &body, now)? {
+            n += write_window(&mut body[n..], link.window);
+            n += wire::write_bell(&mut body[n..], bell);
+            if !link.post_control(id, pidx, port, WELCOME, &body[..n], now)? {
                 return Ok(false);
             }
             link.need_welcome = false;
@@ -1361,6 +1395,7 @@ impl RdmTransport {
         let mut any = !self.deferred_events.is_empty();
         events.append(&mut self.deferred_events);
         self.repost_handled();
+        any |= self.take_early(events);
         any |= self.drain_cq(events);
         if self.handled.len() >= RETURN_AT_ONCE {
             // A stream's pieces arrived in bulk: their bytes are in the
@@ -1391,6 +1426,40 @@ impl RdmTransport {
             self.flush_dirty(events);
         }
         any
+    }
+
+    /// Says "awake" to the peers (see `doorbell`) and handles the
+    /// completions found by the last look before sleeping. Returns whether
+    /// there were any.
+    fn take_early(&mut self, events: &mut Vec<TransportEvent>) -> bool {
+        let Some(bells) = self.bells.as_mut() else {
+            return false;
+        };
+        bells.woke();
+        if bells.early.is_empty() {
+            return false;
+        }
+        let mut early = std::mem::take(&mut bells.early);
+        for c in &early {
+            self.complete(c, events);
+        }
+        early.clear();
+        if let Some(bells) = self.bells.as_mut() {
+            bells.early = early;
+        }
+        true
+    }
+
+    /// The doorbell a peer announced, mapped (`None` if this end has none
+    /// or it cannot be mapped: the link is polled as without one).
+    fn open_peer_bell(&self, id: Option<BellId>) -> Option<PeerBell> {
+        open_peer_bell(self.bells.as_ref(), id?)
+    }
+
+    /// Whether this transport has a doorbell and every link's peer rings
+    /// it (a link still being set up has no peer bell yet: polled).
+    fn rung_for_all(&self) -> bool {
+        self.bells.is_some() && self.links.values().all(|l| l.peer_bell.is_some())
     }
 
     /// Sends what the links marked dirty have to send, and the closes.
@@ -1448,15 +1517,30 @@ impl Queueing for RdmTransport {
         let ours = self
             .rndv
             .filter(|&op| op != RmaOp::Write || port.ep.rma().abandoned_bytes() < ABANDONED_MAX);
+        let (hello, sent_before) = (link.need_hello, link.last_sent);
         let result = Self::flush_into(
             id,
             link,
             (pidx, port),
-            ours,
+            (ours, self.bells.as_ref().map(Bells::id)),
             &mut self.rndv_counters,
             &mut self.reg_cache,
             self.now,
         );
+        if let Some(bells) = self.bells.as_mut() {
+            if hello && !link.need_hello {
+                if let Some(listen) = link.hello_to {
+                    bells.ring_listener(listen);
+                }
+            }
+            if let Some(peer) = link
+                .peer_bell
+                .as_ref()
+                .filter(|_| link.last_sent != sent_before)
+            {
+                bells.ring(peer);
+            }
+        }
         let closed = link.close_after_flush && link.idle();
         match result {
             Ok(done) => {
@@ -1504,7 +1588,12 @@ impl Queueing for RdmTransport {
             len
         };
         match link.post_data(id, (pidx, port), remote, DATA_LAST, fill, None, self.now) {
-            Ok(true) => Ok(None),
+            Ok(true) => {
+                if let (Some(bells), Some(peer)) = (self.bells.as_mut(), link.peer_bell.as_ref()) {
+                    bells.ring(peer);
+                }
+                Ok(None)
+            }
             Ok(false) | Err(_) => Ok(Some(f)),
         }
     }
@@ -1569,8 +1658,12 @@ impl Transport for RdmTransport {
             Some(p) => RdmEp::name_as_socket(p.ep.name()).map_or(bind.port(), |s| s.port()),
             None => bind.port(),
         };
+        let listen = SocketAddr::new(bind.ip(), port_no);
         if let Some(p) = self.ports[pidx].as_mut() {
-            p.listener = Some((token, SocketAddr::new(bind.ip(), port_no)));
+            p.listener = Some((token, listen));
+        }
+        if let Some(bells) = self.bells.as_mut() {
+            bells.listen(&self.registry, listen);
         }
         Ok(addr.clone().with_port(port_no))
     }
@@ -1586,6 +1679,9 @@ impl Transport for RdmTransport {
         // Accepted links live on the listener's endpoint: they keep it open
         // (it just stops accepting) until the last one goes.
         if let Some(p) = self.ports[pidx].as_mut() {
+            if let (Some(bells), Some((_, listen))) = (self.bells.as_mut(), p.listener) {
+                bells.unlisten(listen);
+            }
             p.listener = None;
             if p.links == 0 {
                 self.retire(pidx);
@@ -1619,6 +1715,7 @@ impl Transport for RdmTransport {
         }
         let mut l = RdmLink::new(pidx, peer, None, self.window);
         l.need_hello = true;
+        l.hello_to = Some(addr.socket);
         self.links.insert(link, l);
         self.dirty.push(link);
         Ok(())
@@ -1647,7 +1744,15 @@ impl Transport for RdmTransport {
     /// [`Transport::wake_at`] and polls it then.
     fn arm(&mut self) -> bool {
         if self.net.cq_polled() {
-            return true;
+            let Some(bells) = self.bells.as_mut() else {
+                return true;
+            };
+            // Sends completed by injection free their slots at the next
+            // poll: not worth a sleep.
+            if self.retry || self.ports.iter().flatten().any(|p| !p.injected.is_empty()) {
+                return false;
+            }
+            return bells.sleep(&mut self.net, CQ_BATCH);
         }
         self.cq_wait.arm(&self.registry, &mut self.net);
         self.net.try_wait()
@@ -1656,7 +1761,7 @@ impl Transport for RdmTransport {
     /// Not where the CQ has no wait object (`shm`, `fabric_cq_wait = poll`)
     /// or its wait fd could not be registered.
     fn wakes_the_worker(&self) -> bool {
-        !(self.net.cq_polled() || self.cq_wait.failed())
+        !(self.net.cq_polled() || self.cq_wait.failed()) || self.rung_for_all()
     }
 
     fn wake_at(&self) -> Option<Instant> {
@@ -1669,12 +1774,22 @@ impl Transport for RdmTransport {
             // poll again at once — a 1 MiB unit in 4 KiB pieces otherwise
             // waited POLL_INTERVAL per credit round trip (29 ms one-way).
             // Idle, or waiting on a silent peer: every POLL_INTERVAL.
+            // A link whose peer rings (`doorbell`) is not polled for
+            // what that peer sends, only for a read of ours in flight.
             let now = Instant::now();
+            let rung = self.bells.is_some();
             let moving = self.links.values().any(|l| {
-                (!l.idle() || !l.reasm.is_idle())
+                let polled = !rung || l.peer_bell.is_none() || l.receiving.reading.is_some();
+                polled
+                    && (!l.idle() || !l.reasm.is_idle())
                     && now.saturating_duration_since(l.last_heard) < MOVING_WINDOW
             });
-            Some(if moving { now } else { now + POLL_INTERVAL })
+            let idle = if self.rung_for_all() {
+                BELL_BACKSTOP
+            } else {
+                POLL_INTERVAL
+            };
+            Some(if moving { now } else { now + idle })
         } else {
             None
         };
@@ -1712,6 +1827,7 @@ impl Transport for RdmTransport {
 
     fn owns(&self, token: Token) -> bool {
         token == self.cq_wait.token()
+            || self.bells.as_ref().is_some_and(|b| b.token() == token)
             || self
                 .ports
                 .iter()
@@ -1844,6 +1960,9 @@ impl Transport for RdmTransport {
         values.extend(self.reg_cache.values());
         values.extend(self.link_budget.values());
         values.extend(self.challenges.values());
+        if let Some(bells) = &self.bells {
+            values.extend(bells.values());
+        }
         TransportStats {
             kind: self.kind.clone(),
             values,

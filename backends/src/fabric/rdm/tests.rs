@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::fabric::tests::{
-    accepted, drive, in_order, progress_until_events, send_small_frames,
+    accepted, drive, in_order, progress_until_events, send_small_frames, small_frame,
     staged_descriptor_goes_when_a_slot_frees, stat,
 };
 use crate::FabricRendezvous;
@@ -513,4 +513,195 @@ fn tcp_rxm_connect_to_nobody_fails() {
 #[test]
 fn shm_connect_to_nobody_fails() {
     connect_to_nobody_fails("shm");
+}
+
+/// Runs `t` until nothing is pending and it says it sleeps (`arm`), as a
+/// worker at the end of its busy-poll window; at most 10 s.
+fn fall_asleep(t: &mut RdmTransport) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "never idle");
+        let mut events = Vec::new();
+        let busy = t.progress(Instant::now(), &mut events);
+        t.flush(Instant::now(), &mut events);
+        if !busy && events.is_empty() && t.arm() {
+            return;
+        }
+    }
+}
+
+/// Blocks `t`'s worker as a worker would once its busy-poll window is over
+/// (`arm`, then its Poll until an event), at most 10 s — a deadline, not a
+/// timing assertion: over `shm`, whose CQ has no wait object, only the
+/// peer's ring wakes it before then. Returns what the wake-up delivered.
+fn sleep_until_rung(t: &mut RdmTransport, poll: &mut mio::Poll) -> Vec<TransportEvent> {
+    let mut events = Vec::new();
+    let mut ready = mio::Events::with_capacity(8);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !t.progress(Instant::now(), &mut events) {
+        assert!(t.arm(), "nothing pending, yet the worker may not sleep");
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "never rung: {events:?}");
+        poll.poll(&mut ready, Some(left)).unwrap();
+        assert!(
+            ready.iter().any(|ev| t.owns(ev.token())),
+            "the Poll woke for nothing of the transport's within 10 s"
+        );
+        for ev in ready.iter() {
+            t.ready(ev, Instant::now(), &mut events);
+        }
+    }
+    events
+}
+
+/// A sparse ping-pong over `shm` where both workers block between
+/// messages: each message wakes its receiver by the doorbell (the CQ has no
+/// wait object, so nothing else would before the backstop), which rings
+/// only the peer that said it sleeps. Each side's `doorbell_wakes` and the
+/// other's `doorbell_rings` move once per message.
+/// Two `shm` transports (server, client), each with its own Poll, with one
+/// link up between them and both banners queued; `server_bell`: false
+/// stands for a server from before the doorbell (it announces none).
+struct ShmPair {
+    poll_s: mio::Poll,
+    s: RdmTransport,
+    server: LinkId,
+    poll_c: mio::Poll,
+    c: RdmTransport,
+    client: LinkId,
+}
+
+fn shm_pair(server_bell: bool) -> ShmPair {
+    let (poll_s, poll_c) = (mio::Poll::new().unwrap(), mio::Poll::new().unwrap());
+    let (mut s, mut c) = (open("shm", &poll_s), open("shm", &poll_c));
+    assert!(s.bells.is_some() && c.bells.is_some(), "shm has a doorbell");
+    if !server_bell {
+        s.bells = None;
+    }
+    let any: EntityAddr = "fabric+shm://127.0.0.1:0?ep=rdm".parse().unwrap();
+    let bound = s.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+    let client = LinkId(1000);
+    c.connect(client, &bound).unwrap();
+    // Set-up: both ends awake, polling each other.
+    let (mut server, mut connected) = (None, false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.is_none() || !connected {
+        assert!(Instant::now() < deadline, "no link");
+        let mut events = Vec::new();
+        for t in [&mut s, &mut c] {
+            t.progress(Instant::now(), &mut events);
+            t.flush(Instant::now(), &mut events);
+        }
+        server = server.or(accepted(&events));
+        connected |= events
+            .iter()
+            .any(|e| matches!(e, TransportEvent::Connected(l) if *l == client));
+    }
+    let server = server.unwrap();
+    // Each unit stream starts with a banner.
+    c.send(client, Transmit::Banner([7; BANNER_LEN])).unwrap();
+    s.send(server, Transmit::Banner([7; BANNER_LEN])).unwrap();
+    ShmPair {
+        poll_s,
+        s,
+        server,
+        poll_c,
+        c,
+        client,
+    }
+}
+
+#[test]
+fn shm_sleeping_workers_are_woken_by_the_doorbell() {
+    let ShmPair {
+        mut poll_s,
+        mut s,
+        server,
+        mut poll_c,
+        mut c,
+        client,
+    } = shm_pair(true);
+    assert!(s.links[&server].peer_bell.is_some() && c.links[&client].peer_bell.is_some());
+    assert!(s.wakes_the_worker() && c.wakes_the_worker());
+    const ROUNDS: u64 = 5;
+    for i in 0..ROUNDS {
+        // The server sleeps; the client pings.
+        let (rings_c, wakes_s) = (stat(&c, "doorbell_rings"), stat(&s, "doorbell_wakes"));
+        fall_asleep(&mut s);
+        c.send(client, Transmit::Frame(small_frame(i as u8)))
+            .unwrap();
+        c.flush(Instant::now(), &mut Vec::new());
+        assert_eq!(
+            stat(&c, "doorbell_rings"),
+            rings_c + 1,
+            "round {i}: ping rang"
+        );
+        let got = sleep_until_rung(&mut s, &mut poll_s);
+        assert!(
+            got.iter().any(
+                |e| matches!(e, TransportEvent::Received(l, Inbound::Frame(_)) if *l == server)
+            ),
+            "{got:?}"
+        );
+        assert!(
+            stat(&s, "doorbell_wakes") > wakes_s,
+            "round {i}: woken by the ring"
+        );
+        // The client sleeps; the server answers.
+        let rings_s = stat(&s, "doorbell_rings");
+        fall_asleep(&mut c);
+        s.send(server, Transmit::Frame(small_frame(i as u8)))
+            .unwrap();
+        s.flush(Instant::now(), &mut Vec::new());
+        assert!(stat(&s, "doorbell_rings") > rings_s, "round {i}: pong rang");
+        let got = sleep_until_rung(&mut c, &mut poll_c);
+        assert!(
+            got.iter().any(
+                |e| matches!(e, TransportEvent::Received(l, Inbound::Frame(_)) if *l == client)
+            ),
+            "{got:?}"
+        );
+    }
+    assert!(stat(&c, "doorbell_wakes") >= ROUNDS && stat(&s, "doorbell_sleeps") >= ROUNDS);
+    // Awake, a send rings nobody.
+    let rings_c = stat(&c, "doorbell_rings");
+    s.progress(Instant::now(), &mut Vec::new());
+    c.send(client, Transmit::Frame(small_frame(9))).unwrap();
+    c.flush(Instant::now(), &mut Vec::new());
+    assert_eq!(stat(&c, "doorbell_rings"), rings_c);
+}
+
+/// A peer without a doorbell (an msgr from before it) announces none: the
+/// link works, its end with a doorbell maps nothing, rings nothing and
+/// keeps polling (`wakes_the_worker` false, a wake-up within
+/// `POLL_INTERVAL`).
+#[test]
+fn shm_peer_without_a_doorbell_is_polled() {
+    let ShmPair {
+        mut s,
+        server,
+        mut c,
+        client,
+        ..
+    } = shm_pair(false);
+    assert!(c.links[&client].peer_bell.is_none() && s.links[&server].peer_bell.is_none());
+    assert!(!c.wakes_the_worker() && !s.wakes_the_worker());
+    let rings = stat(&c, "doorbell_rings");
+    c.send(client, Transmit::Frame(small_frame(1))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while !got
+        .iter()
+        .any(|e| matches!(e, TransportEvent::Received(l, Inbound::Frame(_)) if *l == server))
+    {
+        assert!(Instant::now() < deadline, "nothing received: {got:?}");
+        c.progress(Instant::now(), &mut Vec::new());
+        c.flush(Instant::now(), &mut Vec::new());
+        s.progress(Instant::now(), &mut got);
+        s.flush(Instant::now(), &mut got);
+    }
+    assert_eq!(stat(&c, "doorbell_rings"), rings, "no bell to ring");
+    fall_asleep(&mut c);
+    let wake = c.wake_at().expect("a polled transport asks to be woken");
+    assert!(wake <= Instant::now() + POLL_INTERVAL);
 }

@@ -1,6 +1,6 @@
 //! The wire format of RDM messages: kinds, the header, control message bodies.
 
-use msgr_fabric::{Landing, RmaOp};
+use msgr_fabric::{BellId, Landing, RmaOp};
 
 use crate::fabric::rendezvous::{self, OwedKinds};
 use crate::fabric::OutOfSlot;
@@ -91,9 +91,8 @@ pub(super) enum Body {
     Empty,
     /// `HELLO`: the connector's ids, name and capabilities.
     Hello(Vec<u8>),
-    /// `WELCOME`: the acceptor's ids, its rendezvous capabilities and its
-    /// receive window ([`peer_window`]) (`None`: too short).
-    Welcome(Option<(Dest, (Option<RmaOp>, bool), u32)>),
+    /// `WELCOME` (`None`: too short).
+    Welcome(Option<Welcome>),
     /// `RNDV_DONE` and `RNDV_WRITTEN`: a unit's id.
     Done(Option<u32>),
     /// `RNDV_GRANT`: a unit's id and the buffer granted it.
@@ -106,14 +105,15 @@ impl Body {
     pub(super) fn of(kind: u8, body: &[u8]) -> Body {
         match kind {
             HELLO => Body::Hello(body.to_vec()),
-            WELCOME => Body::Welcome(read_dest(body).map(|d| {
+            WELCOME => Body::Welcome(read_dest(body).map(|remote| {
                 let caps = body.get(12..).unwrap_or(&[]);
-                let window = peer_window(caps);
-                let caps = (
-                    rendezvous::peer_op(caps),
-                    rendezvous::peer_late_epilogue(caps),
-                );
-                (d, caps, window)
+                Welcome {
+                    remote,
+                    rndv: rendezvous::peer_op(caps),
+                    late: rendezvous::peer_late_epilogue(caps),
+                    window: peer_window(caps),
+                    bell: peer_bell(caps),
+                }
             })),
             RNDV_DONE | RNDV_WRITTEN => Body::Done(rendezvous::decode_done(body)),
             RNDV_GRANT => Body::Grant(rendezvous::decode_grant(body)),
@@ -149,6 +149,33 @@ pub(super) fn peer_window(caps: &[u8]) -> u32 {
         Some(&[a, b]) => u32::from(u16::from_le_bytes([a, b])).clamp(1, MAX_WINDOW),
         _ => CREDITS,
     }
+}
+
+/// The doorbell a peer's HELLO or WELCOME announced after its window
+/// (`doorbell`; a peer without one, or from before it, says nothing).
+pub(super) fn peer_bell(caps: &[u8]) -> Option<BellId> {
+    BellId::decode(caps.get(rendezvous::CAPS_LEN + WINDOW_LEN..)?)
+}
+
+/// Writes this end's doorbell after its window, if it has one; returns the
+/// bytes written.
+pub(super) fn write_bell(buf: &mut [u8], bell: Option<BellId>) -> usize {
+    let Some(bell) = bell else {
+        return 0;
+    };
+    buf[..BellId::LEN].copy_from_slice(&bell.encode());
+    BellId::LEN
+}
+
+/// What a `WELCOME` says: the acceptor's ids, its rendezvous capabilities,
+/// its receive window ([`peer_window`]) and its doorbell ([`peer_bell`]).
+#[derive(Debug)]
+pub(super) struct Welcome {
+    pub(super) remote: Dest,
+    pub(super) rndv: Option<RmaOp>,
+    pub(super) late: bool,
+    pub(super) window: u32,
+    pub(super) bell: Option<BellId>,
 }
 
 /// Bytes of the window after the capabilities.
