@@ -74,7 +74,7 @@ use admission::{admit, Admit, PendingLink, WaitingLink, WaitingLinks, WAITING_PE
 use command::Adoption;
 pub(crate) use command::{Command, LinkFault, WorkerStats};
 
-use crate::connection::{Connection, ConnectionState, LocalWorker, LOCAL_WORKER};
+use crate::connection::{Connection, ConnectionState, LocalWorker, Outgoing, LOCAL_WORKER};
 use crate::counters::Counters;
 use crate::dispatcher::{guarded, Panicked};
 use crate::faults::{FaultAction, FaultInjector};
@@ -276,6 +276,9 @@ pub(crate) struct Worker {
     blocked: FxHashSet<u64>,
     /// Native reads and writes of peers' regions in flight, by call id.
     native_ops: FxHashMap<u64, native_rma::NativeOp>,
+    /// An emptied list of what sends queued, for the next connection's
+    /// turn ([`Worker::take_pending`]): no allocation per batch.
+    spare_outgoing: Vec<Outgoing>,
 }
 
 impl Worker {
@@ -340,6 +343,7 @@ impl Worker {
             call_deadlines: Default::default(),
             blocked: FxHashSet::default(),
             native_ops: FxHashMap::default(),
+            spare_outgoing: Vec::new(),
         }
     }
 
@@ -685,15 +689,7 @@ impl Worker {
                 self.call_deadlines.push(std::cmp::Reverse((at, key, id)));
                 self.next_timer = Some(self.next_timer.map_or(at, |n| n.min(at)));
             }
-            Command::Send { key, msg } => self.queue_messages(key, std::iter::once(msg)),
-            Command::SendBatch { key, mut msgs } => {
-                self.queue_messages(key, msgs.drain(..));
-                LOCAL_WORKER.with(|l| {
-                    if let Some(w) = &mut *l.borrow_mut() {
-                        w.recycle(msgs);
-                    }
-                });
-            }
+            Command::Flush { conn } => self.take_pending(&conn),
             Command::MarkDown { key } => {
                 if let Some(slot) = self.sessions.get_mut(&key) {
                     slot.session.mark_down(now);
@@ -787,6 +783,35 @@ impl Worker {
                 self.next_timer = Some(self.next_timer.map_or(deadline, |t| t.min(deadline)));
             }
         }
+    }
+
+    /// Hands what `Connection::send` queued on `conn` to its session:
+    /// encoded batches whole, other messages as [`Worker::queue_messages`]
+    /// does.
+    fn take_pending(&mut self, conn: &Connection) {
+        let mut items = std::mem::take(&mut self.spare_outgoing);
+        conn.inner.pending.lock().take(&mut items);
+        let key = conn.inner.key;
+        for item in items.drain(..) {
+            match item {
+                Outgoing::Batch(batch) => {
+                    let n = u64::from(batch.count());
+                    let sent = match self.sessions.get_mut(&key) {
+                        Some(slot) => slot.session.send_encoded(batch).map(drop),
+                        None => Err(msgr_proto::SendError::Closed),
+                    };
+                    if let Err(e) = sent {
+                        // The handle's own bound makes this unreachable
+                        // unless the session closed meanwhile.
+                        tracing::debug!(error = %e, "send refused by session");
+                        Counters::add(&self.shared.counters.messages_dropped, n);
+                    }
+                }
+                Outgoing::Message(msg) => self.queue_messages(key, std::iter::once(msg)),
+            }
+        }
+        self.spare_outgoing = items;
+        self.touch(key);
     }
 
     /// Hands application messages to their session.
