@@ -293,26 +293,46 @@ pub(crate) struct Pending {
     scheduled: bool,
     /// Messages and payload bytes handed to `send` (admitted).
     submitted: [u64; 2],
+    /// Messages and bytes that may be admitted without looking at what
+    /// the worker released: the room the last full check found, less what
+    /// came since (a lower bound, as releases only add room). The queue
+    /// bounds are then checked once per batch or so, not per message.
+    room: [u64; 2],
 }
 
 impl Pending {
     /// Queues `msg`: as an entry of the open batch (a new one when it is
     /// full or was checked against other limits), or whole.
     fn push(&mut self, msg: Message, max_body: usize, limits: Limits) {
-        if msg.call & RMA_BIT == 0 && EncodedBatch::batchable(msg.payload_len(), max_body) {
-            if let Some(open) = &mut self.open {
-                if open.limits() == limits && open.push(&msg, max_body) {
-                    return;
-                }
-            }
-            self.close_open();
-            let mut batch = EncodedBatch::open(max_body, limits);
-            // (An entry of a batchable message fits an empty batch.)
-            if batch.push(&msg, max_body) {
-                self.open = Some(batch);
-                return;
+        if !self.encode(&msg, max_body, limits) {
+            self.push_whole(msg);
+        }
+    }
+
+    /// Encodes `msg` as an entry of the open batch (a new one when it is
+    /// full or was checked against other limits), if it goes in batches;
+    /// `false` if it goes whole ([`Pending::push_whole`]). The caller
+    /// keeps the `Message`: moving it here cost more than its encoding's
+    /// bookkeeping.
+    fn encode(&mut self, msg: &Message, max_body: usize, limits: Limits) -> bool {
+        if msg.call & RMA_BIT != 0 || !EncodedBatch::batchable(msg.payload_len(), max_body) {
+            return false;
+        }
+        if let Some(open) = &mut self.open {
+            if open.limits() == limits && open.push(msg, max_body) {
+                return true;
             }
         }
+        self.close_open();
+        let mut batch = EncodedBatch::open(max_body, limits);
+        // (An entry of a batchable message fits an empty batch.)
+        let encoded = batch.push(msg, max_body);
+        self.open = Some(batch);
+        encoded
+    }
+
+    /// Queues `msg` to go in a frame of its own, in order.
+    fn push_whole(&mut self, msg: Message) {
         self.close_open();
         self.items.push(Outgoing::Message(msg));
     }
@@ -497,20 +517,26 @@ impl Connection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn send(&self, msg: Message) -> Result<(), SendRejected> {
-        let msgs = std::slice::from_ref(&msg);
-        let mut pending = match self.admit(msgs) {
-            Ok(p) => p,
-            Err(error) => {
-                return Err(SendRejected {
-                    error,
-                    message: msg,
-                })
+        let limits = self.send_limits();
+        let admitted = self.check_open().and_then(|()| {
+            self.fits(&msg, limits)?;
+            let mut pending = self.inner.pending.lock();
+            self.reserve(&mut pending, 1, msg.payload_len() as u64)?;
+            Ok(pending)
+        });
+        match admitted {
+            Ok(mut pending) => {
+                if !pending.encode(&msg, self.batch_max_bytes(), limits) {
+                    pending.push_whole(msg);
+                }
+                self.schedule(pending);
+                Ok(())
             }
-        };
-        let (max_body, limits) = self.encoding();
-        pending.push(msg, max_body, limits);
-        self.schedule(pending);
-        Ok(())
+            Err(error) => Err(SendRejected {
+                error,
+                message: msg,
+            }),
+        }
     }
 
     /// Queues several messages at once, in order: one queue reservation, one
@@ -527,8 +553,20 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub fn send_batch(&self, msgs: Vec<Message>) -> Result<(), SendRejected<Vec<Message>>> {
-        let mut pending = match self.admit(&msgs) {
-            Ok(p) => p,
+        let limits = self.send_limits();
+        let admitted = self.check_open().and_then(|()| {
+            for m in &msgs {
+                self.fits(m, limits)?;
+            }
+            let bytes = msgs.iter().map(|m| m.payload_len() as u64).sum();
+            let mut pending = self.inner.pending.lock();
+            if !msgs.is_empty() {
+                self.reserve(&mut pending, msgs.len() as u64, bytes)?;
+            }
+            Ok(pending)
+        });
+        let mut pending = match admitted {
+            Ok(pending) => pending,
             Err(error) => {
                 return Err(SendRejected {
                     error,
@@ -539,7 +577,7 @@ impl Connection {
         if msgs.is_empty() {
             return Ok(());
         }
-        let (max_body, limits) = self.encoding();
+        let max_body = self.batch_max_bytes();
         for m in msgs {
             pending.push(m, max_body, limits);
         }
@@ -547,34 +585,19 @@ impl Connection {
         Ok(())
     }
 
-    /// Whether `msgs` may be queued now, all of them: the connection is not
-    /// closed, each fits the peer's limits, and the queue has room (which
-    /// is then reserved for them). Admitted, the connection's pending
-    /// queue comes back locked, for them to go in.
-    fn admit(&self, msgs: &[Message]) -> Result<MutexGuard<'_, Pending>, SendError> {
-        // One load on the path every message takes: a dead worker's
-        // connections are marked closed when it dies (`worker::run_guarded`).
+    /// Fails if the connection is closed. One load on the path every
+    /// message takes: a dead worker's connections are marked closed when
+    /// it dies (`worker::run_guarded`).
+    fn check_open(&self) -> Result<(), SendError> {
         if self.inner.state.load(Ordering::Acquire) == STATE_CLOSED {
             return Err(self.closed_error());
         }
-        for m in msgs {
-            self.fits(m)?;
-        }
-        let bytes = msgs.iter().map(|m| m.payload_len() as u64).sum();
-        let mut pending = self.inner.pending.lock();
-        if !msgs.is_empty() {
-            self.reserve(&mut pending, msgs.len() as u64, bytes)?;
-        }
-        Ok(pending)
+        Ok(())
     }
 
-    /// How `send` encodes: the batch bound, and the peer's limits the
-    /// messages were checked against.
-    fn encoding(&self) -> (usize, Limits) {
-        (
-            self.inner.shared.cfg.session.batch_max_bytes,
-            self.send_limits(),
-        )
+    /// The bound of the batches `send` encodes.
+    fn batch_max_bytes(&self) -> usize {
+        self.inner.shared.cfg.session.batch_max_bytes
     }
 
     /// Releases the pending queue; the first send since the worker last
@@ -724,14 +747,12 @@ impl Connection {
         });
     }
 
-    /// Fails if `msg` is larger than the peer takes.
-    fn fits(&self, msg: &Message) -> Result<(), SendError> {
-        self.send_limits()
-            .check(msg.front.len(), msg.data.len())
-            .map_err(|t| {
-                Counters::add(&self.inner.shared.counters.messages_too_large, 1);
-                SendError::TooLarge(t)
-            })
+    /// Fails if `msg` is larger than the peer takes (its `limits`).
+    fn fits(&self, msg: &Message, limits: Limits) -> Result<(), SendError> {
+        limits.check(msg.front.len(), msg.data.len()).map_err(|t| {
+            Counters::add(&self.inner.shared.counters.messages_too_large, 1);
+            SendError::TooLarge(t)
+        })
     }
 
     /// The peer's limits as the worker last published them.
@@ -764,9 +785,15 @@ impl Connection {
     /// Reserves queue room for `n` messages of `len` bytes, or says it is
     /// full.
     fn reserve(&self, pending: &mut Pending, n: u64, len: u64) -> Result<(), SendError> {
+        let [msgs, bytes] = pending.submitted;
+        let [room_msgs, room_bytes] = pending.room;
+        if n <= room_msgs && len <= room_bytes {
+            pending.room = [room_msgs - n, room_bytes - len];
+            pending.submitted = [msgs + n, bytes + len];
+            return Ok(());
+        }
         let cfg = &self.inner.shared.cfg.session;
         let i = &self.inner;
-        let [msgs, bytes] = pending.submitted;
         let q_msgs = msgs + n - i.released[0].load(Ordering::Acquire);
         let q_bytes = bytes + len - i.released[1].load(Ordering::Acquire);
         // One message larger than the byte bound may go alone into an empty
@@ -781,6 +808,10 @@ impl Connection {
             });
         }
         pending.submitted = [msgs + n, bytes + len];
+        pending.room = [
+            cfg.max_queued_messages as u64 - q_msgs,
+            (cfg.max_queued_bytes as u64).saturating_sub(q_bytes),
+        ];
         Ok(())
     }
 
