@@ -12,19 +12,25 @@
 //! Small messages travel in batch frames (`msgr_proto::batch`): the
 //! preamble, CRC32C calls, transport unit and receive-throttle guard are
 //! paid per batch. Per message there remain:
-//! - sending (`Connection::send`): the queue reservation (two atomic adds:
-//!   the bound holds for senders on any thread), and the hand-off — on this
-//!   worker's thread a push to the thread-local command list, where a
-//!   burst to one connection joins one `SendBatch`; from another thread a
-//!   channel send (use `Connection::send_batch` to hand over many at once);
-//! - its encoding at `Session::send`: a few header bytes and a copy of the
-//!   payload into the batch the session keeps open, and the `Message` is
-//!   dropped there. The encoded batches are what is transmitted and what
-//!   is kept for replay until acknowledged (Zenoh's `WBatch`): no queue
-//!   entry, move or reference count per message after `send`; a window,
-//!   a partial acknowledgement or the peer's limits cut a batch by walking
-//!   its entries' heads, which the common path never does. Its share of
-//!   the CRC32C pass;
+//! - sending (`Connection::send`, on the application's thread or a
+//!   callback's): the limit check, the connection's pending lock, the
+//!   queue admission — from a room credit: what the worker released and
+//!   the bounds are looked at when the credit runs out, about once per
+//!   batch — and the message's encoding right there, as an entry of the
+//!   batch the connection keeps open (`msgr_proto::session::EncodedBatch`:
+//!   the entry head and a copy of the payload; the `Message` is dropped
+//!   on the sender's thread). The first send after the worker took the
+//!   connection's queue hands it one `Command::Flush` (on this worker's
+//!   thread a push to the thread-local command list, else the channel and
+//!   at most one wake-up); later sends only add to what it takes. The
+//!   worker gives the session each batch whole (`Session::send_encoded`,
+//!   which numbers its entries: a batch's sequence numbers are its base
+//!   and their order), so no command, move or session call per message;
+//! - in the session: nothing per message. The encoded batches are what
+//!   is transmitted and what is kept for replay until acknowledged
+//!   (Zenoh's `WBatch`); a window, a partial acknowledgement or the
+//!   peer's limits cut a batch by walking its entries' heads, which the
+//!   common path never does. Its share of the CRC32C pass;
 //! - receiving: the entry's parse, a view of the received buffer for its
 //!   payload (one reference count), the sequence check, and
 //!   [`deliver`]'s call of `Dispatcher::on_message` from [`Worker::drive`]'s
@@ -32,17 +38,24 @@
 //!   session's events).
 //!
 //! By callgrind (`BURST=64 scripts/instructions.sh tcp`, 64 B, LTO off,
-//! docs/BENCHMARKS.md) the sender's ~900 instructions a message go about
-//! a quarter to the session's encoding (`Session::send`, the entry, its
-//! copy) and over half to the hand-off before it: `Connection::send` and
-//! its admission, the thread-local borrow, `LocalWorker::queue`, the
-//! worker's `handle_command`, and the moves of the `Message` through the
-//! command list (memcpy). The next design step is to encode at
-//! `Connection::send` itself, into a per-connection buffer of entries
-//! that the worker hands to the session whole, so that the `Message`
-//! never travels through the command list.
+//! docs/BENCHMARKS.md) the sender's 547 instructions a message (935
+//! before the encoding moved to `Connection::send`) go: ~125 to the
+//! entry (`append_entry`: the head, the room and capacity checks, two
+//! appends) and ~40 to `memcpy` (the payload's copy), ~70 to
+//! `Connection::send` itself (the closed check, the lock, the
+//! admission), ~50 to `Pending::encode` (is it batchable, the same
+//! limits, room), ~30 to dropping the `Message`, ~25 to the limit check
+//! and the unlock, ~110 to the measuring tool's own message
+//! construction, and ~60 to what is paid per batch (CRC32C, the write,
+//! the worker's turn, the batch's allocation). The next steps below
+//! 400: a send that borrows its message (no `Message` to build, move or
+//! drop per send), and an entry writer that checks the batch's room once
+//! instead of `BytesMut`'s capacity per append.
 //!
-//! No allocation, lock or channel per message on the worker's own thread.
+//! No allocation or channel per message; one uncontended lock per send
+//! (the connection's pending queue, shared by senders on any thread, which
+//! also orders them: a callback's sends and another thread's cannot
+//! overtake one another).
 
 mod admission;
 pub(crate) mod affinity;
