@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use msgr_addr::EntityAddr;
 use msgr_backends::{RealFault, SimulatedFault};
 use msgr_proto::control::Limits;
@@ -288,6 +289,9 @@ pub(crate) struct Pending {
     items: Vec<Outgoing>,
     /// The batch being filled.
     open: Option<EncodedBatch>,
+    /// The rest of the allocation the last batch was taken from, for the
+    /// next ([`EncodedBatch::open`]).
+    spare: BytesMut,
     /// A [`Command::Flush`] is on its way to the worker: later sends only
     /// add to what it will take.
     scheduled: bool,
@@ -324,7 +328,7 @@ impl Pending {
             }
         }
         self.close_open();
-        let mut batch = EncodedBatch::open(max_body, limits);
+        let mut batch = EncodedBatch::open(&mut self.spare, max_body, limits);
         // (An entry of a batchable message fits an empty batch.)
         let encoded = batch.push(msg, max_body);
         self.open = Some(batch);
@@ -338,7 +342,8 @@ impl Pending {
     }
 
     fn close_open(&mut self) {
-        if let Some(b) = self.open.take() {
+        if let Some(mut b) = self.open.take() {
+            b.close(&mut self.spare);
             self.items.push(Outgoing::Batch(b));
         }
     }
@@ -1249,5 +1254,24 @@ mod tests {
         p.push(msg(9, 10), MAX, other);
         assert_eq!(shape(&mut p), [3, 1, 0, 1, 0, 1, 1]);
         assert!(!p.scheduled && p.items.is_empty() && p.open.is_none());
+    }
+
+    /// A sparse sender's batches of one message each share an allocation:
+    /// each kept for replay holds its own size, not a batch's bound.
+    #[test]
+    fn sparse_batches_share_an_allocation() {
+        const BIG: usize = 4096;
+        let entry = 24 + 6 + 10;
+        let mut p = Pending::default();
+        let mut taken = Vec::new();
+        for round in 1..=3 {
+            p.push(msg(round, 10), BIG, limits());
+            let mut items = Vec::new();
+            p.take(&mut items);
+            assert_eq!(items.len(), 1);
+            taken.extend(items);
+            let shared = EncodedBatch::SHARED_BATCHES * BIG;
+            assert_eq!(p.spare.capacity(), shared - usize::from(round) * entry);
+        }
     }
 }

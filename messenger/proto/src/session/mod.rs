@@ -2418,10 +2418,12 @@ mod tests {
     /// Messages `numbered(from..=to)` encoded as one batch elsewhere.
     fn encoded(s: &Session, from: u8, to: u8) -> EncodedBatch {
         let max = s.cfg.batch_max_bytes;
-        let mut b = EncodedBatch::open(max, s.send_limits());
+        let mut buf = bytes::BytesMut::new();
+        let mut b = EncodedBatch::open(&mut buf, max, s.send_limits());
         for i in from..=to {
             assert!(b.push(&numbered(i), max));
         }
+        b.close(&mut buf);
         b
     }
 

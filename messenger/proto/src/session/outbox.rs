@@ -42,6 +42,9 @@ pub struct EncodedBatch {
 }
 
 impl EncodedBatch {
+    /// How many batches' bounds one allocation holds.
+    pub const SHARED_BATCHES: usize = 4;
+
     /// Whether a message of `payload` bytes is encoded into batches under
     /// a `batch_max_bytes` of `max_body` (as the session decides: at most
     /// a quarter of a batch, so a batch always has room for its first).
@@ -49,11 +52,19 @@ impl EncodedBatch {
         payload <= max_body / 4 && BATCH_HEADER_LEN + MAX_ENTRY_OVERHEAD + payload <= max_body
     }
 
-    /// An empty batch of at most `max_body` bytes (one allocation, kept
-    /// for replay until acknowledged); its entries were checked against
-    /// `limits`.
-    pub fn open(max_body: usize, limits: Limits) -> EncodedBatch {
-        let mut body = BytesMut::with_capacity(max_body);
+    /// An empty batch of at most `max_body` bytes, in what is left of
+    /// `buf`'s allocation if a whole batch fits there (else in a new one
+    /// of [`EncodedBatch::SHARED_BATCHES`] batches: a batch never grows,
+    /// which would copy it). Batches share allocations, as the outbox's
+    /// do: one kept for replay holds what it takes, not a batch's bound,
+    /// so a sparse sender's batches of one message each cost about their
+    /// own size. Its entries were checked against `limits`.
+    pub fn open(buf: &mut BytesMut, max_body: usize, limits: Limits) -> EncodedBatch {
+        if buf.capacity() < max_body {
+            *buf = BytesMut::with_capacity(Self::SHARED_BATCHES * max_body);
+        }
+        let mut body = std::mem::take(buf);
+        body.clear();
         body.resize(BATCH_HEADER_LEN, 0);
         EncodedBatch {
             body,
@@ -62,6 +73,12 @@ impl EncodedBatch {
             calls: 0,
             limits,
         }
+    }
+
+    /// Ends the batch: what is left of its allocation goes back to
+    /// `buf`, for the next batch.
+    pub fn close(&mut self, buf: &mut BytesMut) {
+        *buf = self.body.split_off(self.body.len());
     }
 
     /// Appends `msg` as an entry if the body stays within `max_body`
