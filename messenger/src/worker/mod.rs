@@ -38,7 +38,7 @@
 //!   session's events).
 //!
 //! By callgrind (`BURST=64 scripts/instructions.sh tcp`, 64 B, LTO off,
-//! docs/BENCHMARKS.md) the sender's 547 instructions a message (935
+//! docs/BENCHMARKS.md) the sender's 536 instructions a message (935
 //! before the encoding moved to `Connection::send`) go: ~125 to the
 //! entry (`append_entry`: the head, the room and capacity checks, two
 //! appends) and ~40 to `memcpy` (the payload's copy), ~70 to
@@ -46,11 +46,11 @@
 //! admission), ~50 to `Pending::encode` (is it batchable, the same
 //! limits, room), ~30 to dropping the `Message`, ~25 to the limit check
 //! and the unlock, ~110 to the measuring tool's own message
-//! construction, and ~60 to what is paid per batch (CRC32C, the write,
-//! the worker's turn, the batch's allocation). The next steps below
-//! 400: a send that borrows its message (no `Message` to build, move or
-//! drop per send), and an entry writer that checks the batch's room once
-//! instead of `BytesMut`'s capacity per append.
+//! construction, and ~90 to CRC32C and what is paid per batch (the
+//! write, the worker's turn, the session's `send_encoded`). The next
+//! steps below 400: a send that borrows its message (no `Message` to
+//! build, move or drop per send), and an entry writer that checks the
+//! batch's room once instead of `BytesMut`'s capacity per append.
 //!
 //! No allocation or channel per message; one uncontended lock per send
 //! (the connection's pending queue, shared by senders on any thread, which
