@@ -5,11 +5,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use msgr_addr::EntityAddr;
 use msgr_backends::{RealFault, SimulatedFault};
 use msgr_proto::control::Limits;
+use msgr_proto::rma::RMA_BIT;
+use msgr_proto::session::EncodedBatch;
 use msgr_proto::{FaultReason, Message, PeerInfo, Policy, TooLarge};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use thiserror::Error;
 
 use crate::counters::Counters;
@@ -251,8 +254,9 @@ pub(crate) struct ConnInner {
     pub(crate) alternates: Mutex<Vec<EntityAddr>>,
     pub(crate) peer: Mutex<Option<PeerInfo>>,
     pub(crate) state: AtomicU8,
-    /// Messages and bytes handed to `send` ...
-    submitted: [AtomicU64; 2],
+    /// What `send` encoded and the worker has not taken yet, and the
+    /// messages and bytes handed to `send` ...
+    pub(crate) pending: Mutex<Pending>,
     /// ... and those that left the session queue (set by the worker).
     pub(crate) released: [AtomicU64; 2],
     /// Set by the worker when the phase or the fault count changes.
@@ -264,6 +268,93 @@ pub(crate) struct ConnInner {
     pub(crate) calls: crate::call::PendingCalls,
     /// Async senders waiting for queue room ([`Connection::send_async`]).
     pub(crate) room: RoomWaiters,
+}
+
+/// What [`Connection::send`] hands to the worker: small messages encoded
+/// as batch entries on the sender's thread, so that the `Message` never
+/// travels to the worker and the hand-off (one [`Command::Flush`], at
+/// most one wake-up) is paid once per batch, not per message.
+pub(crate) enum Outgoing {
+    Batch(EncodedBatch),
+    /// A message in a frame of its own (large), or a one-sided operation
+    /// (the worker may carry it natively).
+    Message(Message),
+}
+
+/// A connection's messages between `send` and the worker's session, in
+/// order (see [`Outgoing`]).
+#[derive(Default)]
+pub(crate) struct Pending {
+    /// Closed batches and unbatched messages, oldest first (`open` follows).
+    items: Vec<Outgoing>,
+    /// The batch being filled.
+    open: Option<EncodedBatch>,
+    /// The rest of the allocation the last batch was taken from, for the
+    /// next ([`EncodedBatch::open`]).
+    spare: BytesMut,
+    /// A [`Command::Flush`] is on its way to the worker: later sends only
+    /// add to what it will take.
+    scheduled: bool,
+    /// Messages and payload bytes handed to `send` (admitted).
+    submitted: [u64; 2],
+    /// Messages and bytes that may be admitted without looking at what
+    /// the worker released: the room the last full check found, less what
+    /// came since (a lower bound, as releases only add room). The queue
+    /// bounds are then checked once per batch or so, not per message.
+    room: [u64; 2],
+}
+
+impl Pending {
+    /// Queues `msg`: as an entry of the open batch (a new one when it is
+    /// full or was checked against other limits), or whole.
+    fn push(&mut self, msg: Message, max_body: usize, limits: Limits) {
+        if !self.encode(&msg, max_body, limits) {
+            self.push_whole(msg);
+        }
+    }
+
+    /// Encodes `msg` as an entry of the open batch (a new one when it is
+    /// full or was checked against other limits), if it goes in batches;
+    /// `false` if it goes whole ([`Pending::push_whole`]). The caller
+    /// keeps the `Message`: moving it here cost more than its encoding's
+    /// bookkeeping.
+    fn encode(&mut self, msg: &Message, max_body: usize, limits: Limits) -> bool {
+        if msg.call & RMA_BIT != 0 || !EncodedBatch::batchable(msg.payload_len(), max_body) {
+            return false;
+        }
+        if let Some(open) = &mut self.open {
+            if open.limits() == limits && open.push(msg, max_body) {
+                return true;
+            }
+        }
+        self.close_open();
+        let mut batch = EncodedBatch::open(&mut self.spare, max_body, limits);
+        // (An entry of a batchable message fits an empty batch.)
+        let encoded = batch.push(msg, max_body);
+        self.open = Some(batch);
+        encoded
+    }
+
+    /// Queues `msg` to go in a frame of its own, in order.
+    fn push_whole(&mut self, msg: Message) {
+        self.close_open();
+        self.items.push(Outgoing::Message(msg));
+    }
+
+    fn close_open(&mut self) {
+        if let Some(mut b) = self.open.take() {
+            b.close(&mut self.spare);
+            self.items.push(Outgoing::Batch(b));
+        }
+    }
+
+    /// Everything queued, into `into` (empty; this keeps its allocation
+    /// for the next sends): the worker's turn.
+    pub(crate) fn take(&mut self, into: &mut Vec<Outgoing>) {
+        self.close_open();
+        self.scheduled = false;
+        std::mem::swap(&mut self.items, into);
+    }
 }
 
 /// Wakes a thread parked in [`Connection::send_timeout`].
@@ -353,57 +444,14 @@ pub(crate) struct LocalWorker {
     pub(crate) worker: usize,
     /// Commands issued on this thread, in order.
     pub(crate) commands: Vec<Command>,
-    /// Emptied message vectors of earlier [`Command::SendBatch`]es, for the
-    /// next burst of sends (growing a fresh one per burst copied every
-    /// message several times).
-    pub(crate) spare_batches: Vec<Vec<Message>>,
 }
 
 impl LocalWorker {
-    /// Most spare vectors kept, and the largest capacity worth keeping.
-    const SPARES: usize = 4;
-    const SPARE_CAPACITY: usize = 1 << 14;
-
     pub(crate) fn new(messenger: u64, worker: usize) -> Self {
         LocalWorker {
             messenger,
             worker,
             commands: Vec::new(),
-            spare_batches: Vec::new(),
-        }
-    }
-
-    /// Keeps an emptied batch vector for the next burst, if it is worth it.
-    pub(crate) fn recycle(&mut self, mut msgs: Vec<Message>) {
-        if self.spare_batches.len() < Self::SPARES && msgs.capacity() <= Self::SPARE_CAPACITY {
-            msgs.clear();
-            self.spare_batches.push(msgs);
-        }
-    }
-
-    /// Queues `cmd`. A send right after a send to the same connection joins
-    /// it in one [`Command::SendBatch`]: a burst of sends from a callback (a
-    /// reply per request, a window of a stream) then costs the worker one
-    /// command, one session lookup and one touch instead of one of each per
-    /// message; the batch's vector comes from the spares.
-    fn queue(&mut self, cmd: Command) {
-        let q = &mut self.commands;
-        let Command::Send { key, msg } = cmd else {
-            q.push(cmd);
-            return;
-        };
-        match q.last_mut() {
-            Some(Command::SendBatch { key: k, msgs }) if *k == key => msgs.push(msg),
-            Some(Command::Send { key: k, .. }) if *k == key => match q.pop() {
-                Some(Command::Send { msg: first, .. }) => {
-                    let mut msgs = self.spare_batches.pop().unwrap_or_default();
-                    msgs.push(first);
-                    msgs.push(msg);
-                    q.push(Command::SendBatch { key, msgs });
-                }
-                other => q.extend(other.into_iter().chain([Command::Send { key, msg }])),
-            },
-            _ => q.push(Command::Send { key, msg }),
         }
     }
 }
@@ -441,7 +489,7 @@ impl Connection {
                 alternates: Mutex::new(Vec::new()),
                 peer: Mutex::new(None),
                 state: AtomicU8::new(STATE_CONNECTING),
-                submitted: Default::default(),
+                pending: Default::default(),
                 released: Default::default(),
                 status: Mutex::new(PublishedStatus {
                     phase: "connecting",
@@ -474,17 +522,26 @@ impl Connection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn send(&self, msg: Message) -> Result<(), SendRejected> {
-        if let Err(error) = self.admit(std::slice::from_ref(&msg)) {
-            return Err(SendRejected {
+        let limits = self.send_limits();
+        let admitted = self.check_open().and_then(|()| {
+            self.fits(&msg, limits)?;
+            let mut pending = self.inner.pending.lock();
+            self.reserve(&mut pending, 1, msg.payload_len() as u64)?;
+            Ok(pending)
+        });
+        match admitted {
+            Ok(mut pending) => {
+                if !pending.encode(&msg, self.batch_max_bytes(), limits) {
+                    pending.push_whole(msg);
+                }
+                self.schedule(pending);
+                Ok(())
+            }
+            Err(error) => Err(SendRejected {
                 error,
                 message: msg,
-            });
+            }),
         }
-        self.inner.dispatch(Command::Send {
-            key: self.inner.key,
-            msg,
-        });
-        Ok(())
     }
 
     /// Queues several messages at once, in order: one queue reservation, one
@@ -501,38 +558,62 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub fn send_batch(&self, msgs: Vec<Message>) -> Result<(), SendRejected<Vec<Message>>> {
-        if let Err(error) = self.admit(&msgs) {
-            return Err(SendRejected {
-                error,
-                message: msgs,
-            });
+        let limits = self.send_limits();
+        let admitted = self.check_open().and_then(|()| {
+            for m in &msgs {
+                self.fits(m, limits)?;
+            }
+            let bytes = msgs.iter().map(|m| m.payload_len() as u64).sum();
+            let mut pending = self.inner.pending.lock();
+            if !msgs.is_empty() {
+                self.reserve(&mut pending, msgs.len() as u64, bytes)?;
+            }
+            Ok(pending)
+        });
+        let mut pending = match admitted {
+            Ok(pending) => pending,
+            Err(error) => {
+                return Err(SendRejected {
+                    error,
+                    message: msgs,
+                })
+            }
+        };
+        if msgs.is_empty() {
+            return Ok(());
         }
-        if !msgs.is_empty() {
-            self.inner.dispatch(Command::SendBatch {
-                key: self.inner.key,
-                msgs,
-            });
+        let max_body = self.batch_max_bytes();
+        for m in msgs {
+            pending.push(m, max_body, limits);
+        }
+        self.schedule(pending);
+        Ok(())
+    }
+
+    /// Fails if the connection is closed. One load on the path every
+    /// message takes: a dead worker's connections are marked closed when
+    /// it dies (`worker::run_guarded`).
+    fn check_open(&self) -> Result<(), SendError> {
+        if self.inner.state.load(Ordering::Acquire) == STATE_CLOSED {
+            return Err(self.closed_error());
         }
         Ok(())
     }
 
-    /// Whether `msgs` may be queued now, all of them: the connection is not
-    /// closed, each fits the peer's limits, and the queue has room (which
-    /// is then reserved for them).
-    fn admit(&self, msgs: &[Message]) -> Result<(), SendError> {
-        // One load on the path every message takes: a dead worker's
-        // connections are marked closed when it dies (`worker::run_guarded`).
-        if self.inner.state.load(Ordering::Acquire) == STATE_CLOSED {
-            return Err(self.closed_error());
+    /// The bound of the batches `send` encodes.
+    fn batch_max_bytes(&self) -> usize {
+        self.inner.shared.cfg.session.batch_max_bytes
+    }
+
+    /// Releases the pending queue; the first send since the worker last
+    /// took it asks the worker to take it again.
+    fn schedule(&self, mut pending: MutexGuard<'_, Pending>) {
+        let first = !pending.scheduled;
+        pending.scheduled = true;
+        drop(pending);
+        if first {
+            self.inner.dispatch(Command::Flush { conn: self.clone() });
         }
-        if msgs.is_empty() {
-            return Ok(());
-        }
-        for m in msgs {
-            self.fits(m)?;
-        }
-        let bytes = msgs.iter().map(|m| m.payload_len() as u64).sum();
-        self.reserve(msgs.len() as u64, bytes)
     }
 
     /// Waits until the connection is established, at most `timeout`.
@@ -671,17 +752,21 @@ impl Connection {
         });
     }
 
-    /// Fails if `msg` is larger than the peer takes.
-    fn fits(&self, msg: &Message) -> Result<(), SendError> {
-        let i = &self.inner;
-        let limits = Limits {
-            max_front: i.send_limits[0].load(Ordering::Relaxed),
-            max_data: i.send_limits[1].load(Ordering::Relaxed),
-        };
+    /// Fails if `msg` is larger than the peer takes (its `limits`).
+    fn fits(&self, msg: &Message, limits: Limits) -> Result<(), SendError> {
         limits.check(msg.front.len(), msg.data.len()).map_err(|t| {
-            Counters::add(&i.shared.counters.messages_too_large, 1);
+            Counters::add(&self.inner.shared.counters.messages_too_large, 1);
             SendError::TooLarge(t)
         })
+    }
+
+    /// The peer's limits as the worker last published them.
+    fn send_limits(&self) -> Limits {
+        let l = &self.inner.send_limits;
+        Limits {
+            max_front: l[0].load(Ordering::Relaxed),
+            max_data: l[1].load(Ordering::Relaxed),
+        }
     }
 
     /// The session's send limits, once the handshake told them (worker).
@@ -702,27 +787,36 @@ impl Connection {
         }
     }
 
-    /// Reserves queue room for one message of `len` bytes, or says it is full.
-    fn reserve(&self, n: u64, len: u64) -> Result<(), SendError> {
+    /// Reserves queue room for `n` messages of `len` bytes, or says it is
+    /// full.
+    fn reserve(&self, pending: &mut Pending, n: u64, len: u64) -> Result<(), SendError> {
+        let [msgs, bytes] = pending.submitted;
+        let [room_msgs, room_bytes] = pending.room;
+        if n <= room_msgs && len <= room_bytes {
+            pending.room = [room_msgs - n, room_bytes - len];
+            pending.submitted = [msgs + n, bytes + len];
+            return Ok(());
+        }
         let cfg = &self.inner.shared.cfg.session;
         let i = &self.inner;
-        let msgs = i.submitted[0].fetch_add(n, Ordering::AcqRel) + n;
-        let bytes = i.submitted[1].fetch_add(len, Ordering::AcqRel) + len;
-        let q_msgs = msgs - i.released[0].load(Ordering::Acquire);
-        let q_bytes = bytes - i.released[1].load(Ordering::Acquire);
+        let q_msgs = msgs + n - i.released[0].load(Ordering::Acquire);
+        let q_bytes = bytes + len - i.released[1].load(Ordering::Acquire);
         // One message larger than the byte bound may go alone into an empty
         // queue (as the session engine allows), or it could never be sent.
         let alone = n == 1 && q_bytes == len;
         let over_bytes = q_bytes > cfg.max_queued_bytes as u64 && !alone;
         if q_msgs > cfg.max_queued_messages as u64 || over_bytes {
-            i.submitted[0].fetch_sub(n, Ordering::AcqRel);
-            i.submitted[1].fetch_sub(len, Ordering::AcqRel);
             Counters::add(&i.shared.counters.send_queue_full, 1);
             return Err(SendError::QueueFull {
                 messages: q_msgs - n,
                 bytes: q_bytes - len,
             });
         }
+        pending.submitted = [msgs + n, bytes + len];
+        pending.room = [
+            cfg.max_queued_messages as u64 - q_msgs,
+            (cfg.max_queued_bytes as u64).saturating_sub(q_bytes),
+        ];
         Ok(())
     }
 
@@ -745,13 +839,10 @@ impl Connection {
     /// ```
     pub fn queued(&self) -> (u64, u64) {
         let i = &self.inner;
+        let [msgs, bytes] = i.pending.lock().submitted;
         (
-            i.submitted[0]
-                .load(Ordering::Acquire)
-                .saturating_sub(i.released[0].load(Ordering::Acquire)),
-            i.submitted[1]
-                .load(Ordering::Acquire)
-                .saturating_sub(i.released[1].load(Ordering::Acquire)),
+            msgs.saturating_sub(i.released[0].load(Ordering::Acquire)),
+            bytes.saturating_sub(i.released[1].load(Ordering::Acquire)),
         )
     }
 
@@ -1059,7 +1150,7 @@ impl ConnInner {
                     && local.worker == self.worker
                     && worker.is_idle() =>
             {
-                local.queue(cmd);
+                local.commands.push(cmd);
                 None
             }
             _ => Some(cmd),
@@ -1116,63 +1207,71 @@ impl std::future::Future for SendFuture {
 mod tests {
     use super::*;
 
-    fn send(key: u64, n: u8) -> Command {
-        Command::Send {
-            key,
-            msg: Message::new(u16::from(n), vec![n], Vec::new()),
+    const MAX: usize = 24 + 3 * (6 + 10);
+
+    fn limits() -> Limits {
+        Limits {
+            max_front: 1 << 20,
+            max_data: 1 << 20,
         }
     }
 
-    /// What the local queue holds: (key, message types) per command, a
-    /// single send as one type, anything else as none.
-    fn shape(w: &LocalWorker) -> Vec<(u64, Vec<u16>)> {
-        w.commands
+    fn msg(n: u8, len: usize) -> Message {
+        Message::new(u16::from(n), vec![n; len], Vec::new())
+    }
+
+    /// What the worker takes: per item, a batch's count or 0 for a
+    /// message on its own.
+    fn shape(p: &mut Pending) -> Vec<u32> {
+        let mut items = Vec::new();
+        p.take(&mut items);
+        items
             .iter()
-            .map(|c| match c {
-                Command::Send { key, msg } => (*key, vec![msg.msg_type]),
-                Command::SendBatch { key, msgs } => {
-                    (*key, msgs.iter().map(|m| m.msg_type).collect())
-                }
-                Command::Close { key } => (*key, Vec::new()),
-                _ => (u64::MAX, Vec::new()),
+            .map(|i| match i {
+                Outgoing::Batch(b) => b.count(),
+                Outgoing::Message(_) => 0,
             })
             .collect()
     }
 
-    /// Consecutive sends to one connection join one batch, in order;
-    /// another connection's send or any other command ends the run.
+    /// Small messages fill batches up to the bound; a large one, a
+    /// one-sided operation or new limits close the open batch and keep
+    /// their place in the order.
     #[test]
-    fn consecutive_local_sends_to_one_connection_join_one_batch() {
-        let mut w = LocalWorker::new(1, 0);
-        for cmd in [send(7, 1), send(7, 2), send(7, 3), send(8, 4), send(7, 5)] {
-            w.queue(cmd);
+    fn sends_fill_batches_in_order() {
+        let mut p = Pending::default();
+        for n in 1..=4 {
+            p.push(msg(n, 10), MAX, limits());
         }
-        w.queue(Command::Close { key: 7 });
-        w.queue(send(7, 6));
-        assert_eq!(
-            shape(&w),
-            vec![
-                (7, vec![1, 2, 3]),
-                (8, vec![4]),
-                (7, vec![5]),
-                (7, vec![]),
-                (7, vec![6])
-            ]
-        );
-        assert!(matches!(w.commands[0], Command::SendBatch { .. }));
-        assert!(matches!(w.commands[2], Command::Send { .. }));
-        // An emptied batch vector serves the next burst.
-        let Command::SendBatch { msgs, .. } = w.commands.remove(0) else {
-            unreachable!()
-        };
-        let cap = msgs.capacity();
-        w.recycle(msgs);
-        w.commands.clear();
-        w.queue(send(9, 1));
-        w.queue(send(9, 2));
-        let Command::SendBatch { msgs, .. } = &w.commands[0] else {
-            panic!("a batch")
-        };
-        assert_eq!(msgs.capacity(), cap);
+        p.push(msg(5, MAX), MAX, limits());
+        p.push(msg(6, 10), MAX, limits());
+        let mut rma = msg(7, 10);
+        rma.call = RMA_BIT | 1;
+        p.push(rma, MAX, limits());
+        p.push(msg(8, 10), MAX, limits());
+        let mut other = limits();
+        other.max_data = 100;
+        p.push(msg(9, 10), MAX, other);
+        assert_eq!(shape(&mut p), [3, 1, 0, 1, 0, 1, 1]);
+        assert!(!p.scheduled && p.items.is_empty() && p.open.is_none());
+    }
+
+    /// A sparse sender's batches of one message each share an allocation:
+    /// each kept for replay holds its own size, not a batch's bound.
+    #[test]
+    fn sparse_batches_share_an_allocation() {
+        const BIG: usize = 4096;
+        let entry = 24 + 6 + 10;
+        let mut p = Pending::default();
+        let mut taken = Vec::new();
+        for round in 1..=3 {
+            p.push(msg(round, 10), BIG, limits());
+            let mut items = Vec::new();
+            p.take(&mut items);
+            assert_eq!(items.len(), 1);
+            taken.extend(items);
+            let shared = EncodedBatch::SHARED_BATCHES * BIG;
+            assert_eq!(p.spare.capacity(), shared - usize::from(round) * entry);
+        }
     }
 }

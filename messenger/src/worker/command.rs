@@ -2,7 +2,7 @@ use std::time::Instant;
 
 use msgr_addr::TransportKind;
 use msgr_backends::{DetachedLink, RealFault, SimulatedFault, TransportStats};
-use msgr_proto::{session::Hello, LinkId, Message, Session};
+use msgr_proto::{session::Hello, LinkId, Session};
 
 use crate::Connection;
 
@@ -19,10 +19,9 @@ pub(crate) enum Command {
         token: Option<mio::Token>,
         kind: TransportKind,
     },
-    /// Queue a message on a session.
-    Send { key: u64, msg: Message },
-    /// Queue several messages on a session, in order.
-    SendBatch { key: u64, msgs: Vec<Message> },
+    /// Take what `Connection::send` queued on this connection (one
+    /// command per batch: later sends add to what it takes).
+    Flush { conn: Connection },
     /// End a session now.
     MarkDown { key: u64 },
     /// End a session after draining.

@@ -12,19 +12,25 @@
 //! Small messages travel in batch frames (`msgr_proto::batch`): the
 //! preamble, CRC32C calls, transport unit and receive-throttle guard are
 //! paid per batch. Per message there remain:
-//! - sending (`Connection::send`): the queue reservation (two atomic adds:
-//!   the bound holds for senders on any thread), and the hand-off — on this
-//!   worker's thread a push to the thread-local command list, where a
-//!   burst to one connection joins one `SendBatch`; from another thread a
-//!   channel send (use `Connection::send_batch` to hand over many at once);
-//! - its encoding at `Session::send`: a few header bytes and a copy of the
-//!   payload into the batch the session keeps open, and the `Message` is
-//!   dropped there. The encoded batches are what is transmitted and what
-//!   is kept for replay until acknowledged (Zenoh's `WBatch`): no queue
-//!   entry, move or reference count per message after `send`; a window,
-//!   a partial acknowledgement or the peer's limits cut a batch by walking
-//!   its entries' heads, which the common path never does. Its share of
-//!   the CRC32C pass;
+//! - sending (`Connection::send`, on the application's thread or a
+//!   callback's): the limit check, the connection's pending lock, the
+//!   queue admission — from a room credit: what the worker released and
+//!   the bounds are looked at when the credit runs out, about once per
+//!   batch — and the message's encoding right there, as an entry of the
+//!   batch the connection keeps open (`msgr_proto::session::EncodedBatch`:
+//!   the entry head and a copy of the payload; the `Message` is dropped
+//!   on the sender's thread). The first send after the worker took the
+//!   connection's queue hands it one `Command::Flush` (on this worker's
+//!   thread a push to the thread-local command list, else the channel and
+//!   at most one wake-up); later sends only add to what it takes. The
+//!   worker gives the session each batch whole (`Session::send_encoded`,
+//!   which numbers its entries: a batch's sequence numbers are its base
+//!   and their order), so no command, move or session call per message;
+//! - in the session: nothing per message. The encoded batches are what
+//!   is transmitted and what is kept for replay until acknowledged
+//!   (Zenoh's `WBatch`); a window, a partial acknowledgement or the
+//!   peer's limits cut a batch by walking its entries' heads, which the
+//!   common path never does. Its share of the CRC32C pass;
 //! - receiving: the entry's parse, a view of the received buffer for its
 //!   payload (one reference count), the sequence check, and
 //!   [`deliver`]'s call of `Dispatcher::on_message` from [`Worker::drive`]'s
@@ -32,17 +38,24 @@
 //!   session's events).
 //!
 //! By callgrind (`BURST=64 scripts/instructions.sh tcp`, 64 B, LTO off,
-//! docs/BENCHMARKS.md) the sender's ~900 instructions a message go about
-//! a quarter to the session's encoding (`Session::send`, the entry, its
-//! copy) and over half to the hand-off before it: `Connection::send` and
-//! its admission, the thread-local borrow, `LocalWorker::queue`, the
-//! worker's `handle_command`, and the moves of the `Message` through the
-//! command list (memcpy). The next design step is to encode at
-//! `Connection::send` itself, into a per-connection buffer of entries
-//! that the worker hands to the session whole, so that the `Message`
-//! never travels through the command list.
+//! docs/BENCHMARKS.md) the sender's 536 instructions a message (935
+//! before the encoding moved to `Connection::send`) go: ~125 to the
+//! entry (`append_entry`: the head, the room and capacity checks, two
+//! appends) and ~40 to `memcpy` (the payload's copy), ~70 to
+//! `Connection::send` itself (the closed check, the lock, the
+//! admission), ~50 to `Pending::encode` (is it batchable, the same
+//! limits, room), ~30 to dropping the `Message`, ~25 to the limit check
+//! and the unlock, ~110 to the measuring tool's own message
+//! construction, and ~90 to CRC32C and what is paid per batch (the
+//! write, the worker's turn, the session's `send_encoded`). The next
+//! steps below 400: a send that borrows its message (no `Message` to
+//! build, move or drop per send), and an entry writer that checks the
+//! batch's room once instead of `BytesMut`'s capacity per append.
 //!
-//! No allocation, lock or channel per message on the worker's own thread.
+//! No allocation or channel per message; one uncontended lock per send
+//! (the connection's pending queue, shared by senders on any thread, which
+//! also orders them: a callback's sends and another thread's cannot
+//! overtake one another).
 
 mod admission;
 pub(crate) mod affinity;
@@ -74,7 +87,7 @@ use admission::{admit, Admit, PendingLink, WaitingLink, WaitingLinks, WAITING_PE
 use command::Adoption;
 pub(crate) use command::{Command, LinkFault, WorkerStats};
 
-use crate::connection::{Connection, ConnectionState, LocalWorker, LOCAL_WORKER};
+use crate::connection::{Connection, ConnectionState, LocalWorker, Outgoing, LOCAL_WORKER};
 use crate::counters::Counters;
 use crate::dispatcher::{guarded, Panicked};
 use crate::faults::{FaultAction, FaultInjector};
@@ -276,6 +289,9 @@ pub(crate) struct Worker {
     blocked: FxHashSet<u64>,
     /// Native reads and writes of peers' regions in flight, by call id.
     native_ops: FxHashMap<u64, native_rma::NativeOp>,
+    /// An emptied list of what sends queued, for the next connection's
+    /// turn ([`Worker::take_pending`]): no allocation per batch.
+    spare_outgoing: Vec<Outgoing>,
 }
 
 impl Worker {
@@ -340,6 +356,7 @@ impl Worker {
             call_deadlines: Default::default(),
             blocked: FxHashSet::default(),
             native_ops: FxHashMap::default(),
+            spare_outgoing: Vec::new(),
         }
     }
 
@@ -685,15 +702,7 @@ impl Worker {
                 self.call_deadlines.push(std::cmp::Reverse((at, key, id)));
                 self.next_timer = Some(self.next_timer.map_or(at, |n| n.min(at)));
             }
-            Command::Send { key, msg } => self.queue_messages(key, std::iter::once(msg)),
-            Command::SendBatch { key, mut msgs } => {
-                self.queue_messages(key, msgs.drain(..));
-                LOCAL_WORKER.with(|l| {
-                    if let Some(w) = &mut *l.borrow_mut() {
-                        w.recycle(msgs);
-                    }
-                });
-            }
+            Command::Flush { conn } => self.take_pending(&conn),
             Command::MarkDown { key } => {
                 if let Some(slot) = self.sessions.get_mut(&key) {
                     slot.session.mark_down(now);
@@ -787,6 +796,35 @@ impl Worker {
                 self.next_timer = Some(self.next_timer.map_or(deadline, |t| t.min(deadline)));
             }
         }
+    }
+
+    /// Hands what `Connection::send` queued on `conn` to its session:
+    /// encoded batches whole, other messages as [`Worker::queue_messages`]
+    /// does.
+    fn take_pending(&mut self, conn: &Connection) {
+        let mut items = std::mem::take(&mut self.spare_outgoing);
+        conn.inner.pending.lock().take(&mut items);
+        let key = conn.inner.key;
+        for item in items.drain(..) {
+            match item {
+                Outgoing::Batch(batch) => {
+                    let n = u64::from(batch.count());
+                    let sent = match self.sessions.get_mut(&key) {
+                        Some(slot) => slot.session.send_encoded(batch).map(drop),
+                        None => Err(msgr_proto::SendError::Closed),
+                    };
+                    if let Err(e) = sent {
+                        // The handle's own bound makes this unreachable
+                        // unless the session closed meanwhile.
+                        tracing::debug!(error = %e, "send refused by session");
+                        Counters::add(&self.shared.counters.messages_dropped, n);
+                    }
+                }
+                Outgoing::Message(msg) => self.queue_messages(key, std::iter::once(msg)),
+            }
+        }
+        self.spare_outgoing = items;
+        self.touch(key);
     }
 
     /// Hands application messages to their session.

@@ -78,7 +78,7 @@ pub use hello::Hello;
 
 use crate::auth::{AuthError, Handshake, PublicKey, RecordError, RecordLayer, Role, SecurityMode};
 use crate::banner::{features, Banner, BANNER_LEN};
-use crate::batch::{BatchReader, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD};
+use crate::batch::BatchReader;
 use crate::control::{
     control_frame, parse_handshake, with_dial_number, with_limits, Ack, Close, HandshakeExtras,
     HelloOk, Keepalive, Limits, PacedKeepalive, ReconnectOk, TooLarge,
@@ -86,6 +86,7 @@ use crate::control::{
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
 use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
+pub use outbox::EncodedBatch;
 use outbox::{Outbox, Sent, Terms, Unsent, UnsentBatch};
 use side::Side;
 use state::State;
@@ -682,6 +683,40 @@ impl Session {
         Ok(self.out_seq)
     }
 
+    /// Queues messages encoded before they came here, in order after
+    /// everything sent before; returns the sequence number of the last.
+    /// The queue bounds are checked once for all of them: all or none.
+    /// Entries encoded under limits other than the link's, or calls the
+    /// link did not agree to, are checked one by one before they are
+    /// transmitted (as a batch encoded here before a handshake is).
+    pub fn send_encoded(&mut self, batch: EncodedBatch) -> Result<u64, SendError> {
+        if self.closing || self.state.is_closed() {
+            return Err(SendError::Closed);
+        }
+        let (count, payload) = (batch.count() as usize, batch.payload());
+        if count == 0 {
+            return Ok(self.out_seq);
+        }
+        let (queued, bytes) = (self.outbox.messages(), self.outbox.bytes());
+        if queued + count > self.cfg.max_queued_messages
+            || (bytes > 0 && bytes + payload > self.cfg.max_queued_bytes)
+        {
+            return Err(SendError::QueueFull {
+                messages: queued,
+                bytes,
+            });
+        }
+        let terms = Terms {
+            limits: batch.limits(),
+            features: self.features,
+        };
+        let fits = call_allowed(batch.calls(), self.features);
+        self.outbox
+            .push_encoded(batch, self.out_seq + 1, terms, fits);
+        self.out_seq += count as u64;
+        Ok(self.out_seq)
+    }
+
     /// Ends the session now for a local reason (its owner's decision, say
     /// a handler that panicked): queued messages are dropped and reported,
     /// received messages not yet taken with [`Session::poll_message`] are
@@ -999,10 +1034,8 @@ impl Session {
     /// [`Session::unbatch`]) and the message is small (at most a quarter
     /// of a batch, so a batch always has room for its first message).
     fn batchable(&self, msg: &Message) -> bool {
-        let max = self.cfg.batch_max_bytes;
         (self.features == 0 || self.features & features::BATCH != 0)
-            && msg.payload_len() <= max / 4
-            && BATCH_HEADER_LEN + MAX_ENTRY_OVERHEAD + msg.payload_len() <= max
+            && EncodedBatch::batchable(msg.payload_len(), self.cfg.batch_max_bytes)
     }
 
     /// What the peer takes on the current link, as a batch records it.
@@ -1047,7 +1080,12 @@ impl Session {
                         flags,
                     }));
                 }
-                Unsent::Batch(b) if self.features & features::BATCH == 0 => self.unbatch(b),
+                Unsent::Batch(b) if self.features & features::BATCH == 0 => {
+                    if let Err(e) = self.unbatch(b) {
+                        self.terminate(FaultReason::Protocol(e));
+                        return None;
+                    }
+                }
                 Unsent::Batch(b) => return self.transmit_batch(b),
             }
         }
@@ -1121,15 +1159,17 @@ impl Session {
     }
 
     /// The link did not agree to batches: `b`'s messages go one per
-    /// frame (views of its body; a peer of another implementation).
-    fn unbatch(&mut self, b: UnsentBatch) {
+    /// frame (views of its body; a peer of another implementation). An
+    /// entry that does not parse is a bug in their encoding (ours, or
+    /// the application thread's: [`EncodedBatch`]): the session ends
+    /// with it rather than drop messages silently.
+    fn unbatch(&mut self, b: UnsentBatch) -> Result<(), ProtocolError> {
         let (body, _) = b.seal_header(0);
-        let msgs: Vec<Message> = BatchReader::new(body)
-            .map(|r| r.filter_map(Result::ok).collect())
-            .unwrap_or_default();
+        let msgs = BatchReader::new(body)?.collect::<Result<Vec<Message>, _>>()?;
         for m in msgs.into_iter().rev() {
             self.outbox.push_front_unsent(Unsent::Single(m));
         }
+        Ok(())
     }
 
     /// Accounts for the next `n` unsent messages (`bytes` of payload)
@@ -2027,5 +2067,68 @@ mod tests {
             "{events:?}"
         );
         assert_eq!(c.poll_message(), None, "nothing after the end");
+    }
+
+    /// Messages `numbered(from..=to)` encoded as one batch elsewhere.
+    fn encoded(s: &Session, from: u8, to: u8) -> EncodedBatch {
+        let max = s.cfg.batch_max_bytes;
+        let mut buf = bytes::BytesMut::new();
+        let mut b = EncodedBatch::open(&mut buf, max, s.send_limits());
+        for i in from..=to {
+            assert!(b.push(&numbered(i), max));
+        }
+        b.close(&mut buf);
+        b
+    }
+
+    /// A batch encoded before it reached the session takes the next
+    /// sequence numbers, in order with messages sent one by one.
+    #[test]
+    fn encoded_batches_take_their_place_in_the_sequence() {
+        let now = Instant::now();
+        let (mut c, mut s) = open_pair(now);
+        while c.poll_event().is_some() {}
+        assert_eq!(s.send(numbered(1)), Ok(1));
+        assert_eq!(s.send_encoded(encoded(&s, 2, 4)), Ok(4));
+        assert_eq!(s.send(numbered(5)), Ok(5));
+        hand_over(&mut s, &mut c, LinkId(1), now);
+        let got: Vec<(u64, Vec<u8>)> = std::iter::from_fn(|| c.poll_message())
+            .map(|m| (m.seq, m.front.to_vec()))
+            .collect();
+        let want: Vec<(u64, Vec<u8>)> = (1..=5u8).map(|i| (u64::from(i), vec![i])).collect();
+        assert_eq!(got, want);
+    }
+
+    /// For a peer that reads no batches, a batch is split into messages;
+    /// one whose entries do not parse (a bug in an encoding) ends the
+    /// session with a protocol error instead of losing messages.
+    #[test]
+    fn an_unparsable_batch_for_a_peer_without_batches_ends_the_session() {
+        let now = Instant::now();
+        let (mut c, mut s) = open_pair(now);
+        while c.poll_event().is_some() {}
+        while s.poll_event().is_some() {}
+        s.features &= !features::BATCH;
+        s.send_encoded(encoded(&s, 1, 2)).expect("room");
+        let mut bad = encoded(&s, 3, 4);
+        bad.body_mut().extend_from_slice(&[0xff]);
+        s.send_encoded(bad).expect("room");
+        hand_over(&mut s, &mut c, LinkId(1), now);
+        let fronts: Vec<_> = std::iter::from_fn(|| c.poll_message())
+            .map(|m| m.front.to_vec())
+            .collect();
+        assert_eq!(fronts, [vec![1u8], vec![2]], "the good batch, one by one");
+        let events: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                SessionEvent::Reset {
+                    reason: FaultReason::Protocol(ProtocolError::Batch(_)),
+                    ..
+                }
+            )),
+            "{events:?}"
+        );
+        assert_eq!(s.queued_messages(), 0, "the rest is dropped and reported");
     }
 }

@@ -14,9 +14,112 @@ use std::collections::VecDeque;
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::batch::{append_entry, entry_extents, write_header, EntryExtent, BATCH_HEADER_LEN};
+use crate::batch::{
+    append_entry, entry_extents, write_header, EntryExtent, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD,
+};
 use crate::control::Limits;
 use crate::message::Message;
+
+/// Messages encoded as batch entries before they reach the session: by
+/// the application's thread at `msgr::Connection::send`, so that the
+/// `Message` never travels to the session's thread and the hand-off, the
+/// queue admission and the wake-up are paid once per batch. The session
+/// takes it whole ([`super::Session::send_encoded`]) and gives its
+/// entries their sequence numbers, which are implicit in a batch (its
+/// base and the entries' order).
+///
+/// Its bytes are header room, then entries (as [`Outbox`] writes them).
+#[derive(Debug)]
+pub struct EncodedBatch {
+    body: BytesMut,
+    count: u32,
+    payload: usize,
+    /// The entries' call fields or'ed: whether the peer must have agreed
+    /// to calls (or to one-sided operations).
+    calls: u64,
+    /// The peer's limits every entry was checked against.
+    limits: Limits,
+}
+
+impl EncodedBatch {
+    /// How many batches' bounds one allocation holds.
+    pub const SHARED_BATCHES: usize = 4;
+
+    /// Whether a message of `payload` bytes is encoded into batches under
+    /// a `batch_max_bytes` of `max_body` (as the session decides: at most
+    /// a quarter of a batch, so a batch always has room for its first).
+    pub fn batchable(payload: usize, max_body: usize) -> bool {
+        payload <= max_body / 4 && BATCH_HEADER_LEN + MAX_ENTRY_OVERHEAD + payload <= max_body
+    }
+
+    /// An empty batch of at most `max_body` bytes, in what is left of
+    /// `buf`'s allocation if a whole batch fits there (else in a new one
+    /// of [`EncodedBatch::SHARED_BATCHES`] batches: a batch never grows,
+    /// which would copy it). Batches share allocations, as the outbox's
+    /// do: one kept for replay holds what it takes, not a batch's bound,
+    /// so a sparse sender's batches of one message each cost about their
+    /// own size. Its entries were checked against `limits`.
+    pub fn open(buf: &mut BytesMut, max_body: usize, limits: Limits) -> EncodedBatch {
+        if buf.capacity() < max_body {
+            *buf = BytesMut::with_capacity(Self::SHARED_BATCHES * max_body);
+        }
+        let mut body = std::mem::take(buf);
+        body.clear();
+        body.resize(BATCH_HEADER_LEN, 0);
+        EncodedBatch {
+            body,
+            count: 0,
+            payload: 0,
+            calls: 0,
+            limits,
+        }
+    }
+
+    /// Ends the batch: what is left of its allocation goes back to
+    /// `buf`, for the next batch.
+    pub fn close(&mut self, buf: &mut BytesMut) {
+        *buf = self.body.split_off(self.body.len());
+    }
+
+    /// Appends `msg` as an entry if the body stays within `max_body`
+    /// bytes; `false` (nothing written) if it does not.
+    pub fn push(&mut self, msg: &Message, max_body: usize) -> bool {
+        let room = max_body.saturating_sub(self.body.len());
+        if append_entry(&mut self.body, msg, room).is_none() {
+            return false;
+        }
+        self.count += 1;
+        self.payload += msg.payload_len();
+        self.calls |= msg.call;
+        true
+    }
+
+    /// Messages encoded.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Payload bytes of the messages encoded.
+    pub fn payload(&self) -> usize {
+        self.payload
+    }
+
+    /// The limits its entries were checked against.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The entries' call fields or'ed (0: no call).
+    pub(super) fn calls(&self) -> u64 {
+        self.calls
+    }
+
+    /// Its body, as a test corrupts it.
+    #[cfg(test)]
+    pub(super) fn body_mut(&mut self) -> &mut BytesMut {
+        &mut self.body
+    }
+}
 
 /// What a batch's entries were checked against when they were encoded:
 /// the limits and features in force then. A batch encoded under other
@@ -229,6 +332,29 @@ impl Outbox {
         });
         self.messages += 1;
         self.bytes += payload;
+    }
+
+    /// Queues `batch`, encoded elsewhere, as the next batch: its first
+    /// entry is sequence number `base_seq`. `fits`: every entry fits
+    /// `terms` (the caller knows from the batch's limits and calls).
+    pub(super) fn push_encoded(
+        &mut self,
+        batch: EncodedBatch,
+        base_seq: u64,
+        terms: Terms,
+        fits: bool,
+    ) {
+        self.close_open();
+        self.messages += batch.count as usize;
+        self.bytes += batch.payload;
+        self.unsent.push_back(Unsent::Batch(UnsentBatch {
+            base_seq,
+            count: batch.count,
+            payload: batch.payload,
+            terms,
+            fits,
+            body: batch.body,
+        }));
     }
 
     /// Queues `msg` (its `seq` set) to go in a frame of its own.
