@@ -28,7 +28,7 @@ use crate::message::Message;
 /// entries their sequence numbers, which are implicit in a batch (its
 /// base and the entries' order).
 ///
-/// Its bytes are header room, then entries (as [`Outbox`] writes them).
+/// Its bytes are header room, then entries (as the session's outbox writes them).
 #[derive(Debug)]
 pub struct EncodedBatch {
     body: BytesMut,
