@@ -674,10 +674,10 @@ impl StreamClient {
         *self.reset.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
     }
 
-    /// The first message (asking for a credit) from the application's thread.
-    /// Everything else goes from callbacks: commands a callback issues are
-    /// handled before the worker drains its channel, so mixing the two could
-    /// reorder messages (see the report on `Connection::send` ordering).
+    /// The first message (asking for a credit) from the application's thread;
+    /// everything else goes from callbacks. Sends from any thread are encoded
+    /// under the connection's one pending-queue lock, so they keep the order
+    /// they took it in.
     fn kick(&self, conn: &Connection) -> Result<(), ToolError> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.sent = 1;

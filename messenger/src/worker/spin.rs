@@ -6,8 +6,9 @@
 //!
 //! After activity a worker polls without blocking for `busy_poll_us`: a
 //! blocking wake-up costs ~25 µs each way on an idle machine of this kind,
-//! and a transport without wait objects (libfabric's `shm`) is only polled
-//! every millisecond while the worker sleeps. A fixed window fails traffic
+//! and a transport without wait objects is only polled every millisecond
+//! while the worker sleeps (libfabric's `shm` towards a peer without the
+//! doorbell, `msgr_fabric::bell`; with it, the peer wakes the worker). A fixed window fails traffic
 //! whose gaps are a little longer: a 1 MiB ping-pong can leave each side
 //! idle for longer than the window per round trip, so both sleep between
 //! messages — over `shm` that made whole rounds stall for up to a
@@ -72,10 +73,11 @@
 //! [`SHARED_CPU_PAUSE`] ([`SharedCpu`]): it sleeps on its wait fds, and a
 //! thread woken from sleep preempts a busy one within microseconds where
 //! a spinning one waits its turn. Not where a transport has no wait
-//! objects (libfabric's `shm`, polled CQs: `Transport::wakes_the_worker`):
-//! asleep it is polled once a millisecond, and a ping-pong over shm with a
-//! busy thread on each end's CPU went from a median of ~2 µs (a mean of
-//! 0.5–0.7 ms) spinning to ~550 µs (the same mean) sleeping.
+//! objects (polled CQs: `Transport::wakes_the_worker`; libfabric's `shm`
+//! towards a peer without the doorbell): asleep it is polled once a
+//! millisecond, and a ping-pong over such shm with a busy thread on each
+//! end's CPU went from a median of ~2 µs (a mean of 0.5–0.7 ms) spinning to
+//! ~550 µs (the same mean) sleeping.
 
 use std::time::{Duration, Instant};
 
