@@ -281,6 +281,15 @@ pub(crate) enum Outgoing {
     Message(Message),
 }
 
+impl Outgoing {
+    fn batch(&self) -> Option<&EncodedBatch> {
+        match self {
+            Outgoing::Batch(b) => Some(b),
+            Outgoing::Message(_) => None,
+        }
+    }
+}
+
 /// A connection's messages between `send` and the worker's session, in
 /// order (see [`Outgoing`]).
 #[derive(Default)]
@@ -292,6 +301,13 @@ pub(crate) struct Pending {
     /// The rest of the allocation the last batch was taken from, for the
     /// next ([`EncodedBatch::open`]).
     spare: BytesMut,
+    /// The size of the next allocation batches are opened in (0 until
+    /// the first): [`EncodedBatch::MIN_ALLOCATION`], four times larger each
+    /// time a batch ends at its allocation (up to
+    /// [`EncodedBatch::SHARED_BATCHES`] bounds), four times smaller when
+    /// the worker takes less than a 32nd of it at once. A connection that
+    /// sent a burst and went quiet so keeps no large spare.
+    alloc: usize,
     /// A [`Command::Flush`] is on its way to the worker: later sends only
     /// add to what it will take.
     scheduled: bool,
@@ -322,13 +338,20 @@ impl Pending {
         if msg.call & RMA_BIT != 0 || !EncodedBatch::batchable(msg.payload_len(), max_body) {
             return false;
         }
+        let largest = (EncodedBatch::SHARED_BATCHES * max_body).max(EncodedBatch::MIN_ALLOCATION);
+        self.alloc = self.alloc.clamp(EncodedBatch::MIN_ALLOCATION, largest);
         if let Some(open) = &mut self.open {
-            if open.limits() == limits && open.push(msg, max_body) {
-                return true;
+            if open.limits() == limits {
+                if open.push(msg, max_body) {
+                    return true;
+                }
+                if open.ended_by_allocation(max_body) {
+                    self.alloc = (self.alloc * 4).min(largest);
+                }
             }
         }
         self.close_open();
-        let mut batch = EncodedBatch::open(&mut self.spare, max_body, limits);
+        let mut batch = EncodedBatch::open(&mut self.spare, msg.payload_len(), self.alloc, limits);
         // (An entry of a batchable message fits an empty batch.)
         let encoded = batch.push(msg, max_body);
         self.open = Some(batch);
@@ -348,11 +371,31 @@ impl Pending {
         }
     }
 
+    /// Heap bytes it holds: batches the worker has not taken yet and the
+    /// spare allocation the next batch is opened in (`Messenger::memory`
+    /// counts them with the connection's session).
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let batches = self.items.iter().filter_map(Outgoing::batch);
+        self.spare.capacity()
+            + self.open.as_ref().map_or(0, EncodedBatch::memory_bytes)
+            + self.items.capacity() * std::mem::size_of::<Outgoing>()
+            + batches.map(EncodedBatch::memory_bytes).sum::<usize>()
+    }
+
     /// Everything queued, into `into` (empty; this keeps its allocation
     /// for the next sends): the worker's turn.
     pub(crate) fn take(&mut self, into: &mut Vec<Outgoing>) {
         self.close_open();
         self.scheduled = false;
+        let batches = self.items.iter().filter_map(Outgoing::batch);
+        let taken: usize = batches.map(EncodedBatch::encoded_bytes).sum();
+        if taken * 32 < self.alloc {
+            self.alloc = (self.alloc / 4).max(EncodedBatch::MIN_ALLOCATION);
+            if self.spare.capacity() > self.alloc {
+                // Freed once the batches cut from it are acknowledged.
+                self.spare = BytesMut::new();
+            }
+        }
         std::mem::swap(&mut self.items, into);
     }
 }
@@ -1270,8 +1313,44 @@ mod tests {
             p.take(&mut items);
             assert_eq!(items.len(), 1);
             taken.extend(items);
-            let shared = EncodedBatch::SHARED_BATCHES * BIG;
-            assert_eq!(p.spare.capacity(), shared - usize::from(round) * entry);
+            let first = EncodedBatch::MIN_ALLOCATION;
+            assert_eq!(p.spare.capacity(), first - usize::from(round) * entry);
         }
+    }
+
+    /// A burst grows the allocations batches are opened in up to
+    /// `SHARED_BATCHES` bounds; when the sender goes quiet they shrink
+    /// again and the large spare is let go.
+    #[test]
+    fn allocations_follow_the_sender() {
+        const BIG: usize = 4096;
+        let mut p = Pending::default();
+        let mut items = Vec::new();
+        for n in 0..2000 {
+            p.push(msg((n % 200) as u8, 40), BIG, limits());
+        }
+        p.take(&mut items);
+        assert!(
+            p.alloc > EncodedBatch::MIN_ALLOCATION,
+            "a burst's allocation grew"
+        );
+        let full = items.iter().filter_map(Outgoing::batch);
+        let sizes: Vec<usize> = full.map(EncodedBatch::encoded_bytes).collect();
+        let near_bound = sizes.iter().filter(|&&n| n > BIG - 100).count();
+        assert!(
+            near_bound * 2 > sizes.len(),
+            "batches near their bound: {sizes:?}"
+        );
+        for quiet in 0..3 {
+            items.clear();
+            p.push(msg(quiet, 10), BIG, limits());
+            p.take(&mut items);
+        }
+        assert_eq!(p.alloc, EncodedBatch::MIN_ALLOCATION);
+        let kept = p.memory_bytes() - p.items.capacity() * std::mem::size_of::<Outgoing>();
+        assert!(
+            kept <= EncodedBatch::MIN_ALLOCATION,
+            "{kept} bytes kept when quiet"
+        );
     }
 }

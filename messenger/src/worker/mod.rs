@@ -741,6 +741,7 @@ impl Worker {
                 let slots = self.sessions.values().map(|s| {
                     std::mem::size_of::<Slot>() - std::mem::size_of::<Session>()
                         + crate::connection::handle_bytes()
+                        + s.conn.inner.pending.lock().memory_bytes()
                         + s.session.memory_bytes()
                 });
                 let table = self.sessions.capacity() * std::mem::size_of::<(u64, Box<Slot>)>();

@@ -2073,7 +2073,7 @@ mod tests {
     fn encoded(s: &Session, from: u8, to: u8) -> EncodedBatch {
         let max = s.cfg.batch_max_bytes;
         let mut buf = bytes::BytesMut::new();
-        let mut b = EncodedBatch::open(&mut buf, max, s.send_limits());
+        let mut b = EncodedBatch::open(&mut buf, 1, max, s.send_limits());
         for i in from..=to {
             assert!(b.push(&numbered(i), max));
         }

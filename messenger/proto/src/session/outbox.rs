@@ -42,26 +42,38 @@ pub struct EncodedBatch {
 }
 
 impl EncodedBatch {
-    /// How many batches' bounds one allocation holds.
+    /// How many batches' bounds the largest allocation holds.
     pub const SHARED_BATCHES: usize = 4;
+    /// The smallest allocation batches are opened in: a connection that
+    /// sends a little keeps no more than this spare.
+    pub const MIN_ALLOCATION: usize = 2 << 10;
 
     /// Whether a message of `payload` bytes is encoded into batches under
     /// a `batch_max_bytes` of `max_body` (as the session decides: at most
     /// a quarter of a batch, so a batch always has room for its first).
     pub fn batchable(payload: usize, max_body: usize) -> bool {
-        payload <= max_body / 4 && BATCH_HEADER_LEN + MAX_ENTRY_OVERHEAD + payload <= max_body
+        payload <= max_body / 4 && Self::first_entry_room(payload) <= max_body
     }
 
-    /// An empty batch of at most `max_body` bytes, in what is left of
-    /// `buf`'s allocation if a whole batch fits there (else in a new one
-    /// of [`EncodedBatch::SHARED_BATCHES`] batches: a batch never grows,
-    /// which would copy it). Batches share allocations, as the outbox's
-    /// do: one kept for replay holds what it takes, not a batch's bound,
-    /// so a sparse sender's batches of one message each cost about their
-    /// own size. Its entries were checked against `limits`.
-    pub fn open(buf: &mut BytesMut, max_body: usize, limits: Limits) -> EncodedBatch {
-        if buf.capacity() < max_body {
-            *buf = BytesMut::with_capacity(Self::SHARED_BATCHES * max_body);
+    /// Bytes a batch needs to hold one entry of `payload` bytes.
+    fn first_entry_room(payload: usize) -> usize {
+        BATCH_HEADER_LEN + MAX_ENTRY_OVERHEAD + payload
+    }
+
+    /// An empty batch of at most `max_body` bytes that has room for an
+    /// entry of `payload` bytes: in what is left of `buf`'s allocation if
+    /// that entry fits there, else in a new allocation of `alloc` bytes
+    /// (or the entry's). A batch never grows, which would copy it: it ends
+    /// where its allocation does, so the caller sizes `alloc` by how much
+    /// its sender sends ([`EncodedBatch::ended_by_allocation`]). Batches
+    /// share allocations, as the outbox's do: one kept for replay holds
+    /// what it takes, not a batch's bound, so a sparse sender's batches of
+    /// one message each cost about their own size. Its entries were
+    /// checked against `limits`.
+    pub fn open(buf: &mut BytesMut, payload: usize, alloc: usize, limits: Limits) -> EncodedBatch {
+        let need = Self::first_entry_room(payload);
+        if buf.capacity() < need {
+            *buf = BytesMut::with_capacity(alloc.max(need));
         }
         let mut body = std::mem::take(buf);
         body.clear();
@@ -84,7 +96,9 @@ impl EncodedBatch {
     /// Appends `msg` as an entry if the body stays within `max_body`
     /// bytes; `false` (nothing written) if it does not.
     pub fn push(&mut self, msg: &Message, max_body: usize) -> bool {
-        let room = max_body.saturating_sub(self.body.len());
+        let room = max_body
+            .min(self.body.capacity())
+            .saturating_sub(self.body.len());
         if append_entry(&mut self.body, msg, room).is_none() {
             return false;
         }
@@ -92,6 +106,22 @@ impl EncodedBatch {
         self.payload += msg.payload_len();
         self.calls |= msg.call;
         true
+    }
+
+    /// Whether the batch is full because its allocation ended before
+    /// `max_body` did (its sender outgrew the allocation's size).
+    pub fn ended_by_allocation(&self, max_body: usize) -> bool {
+        self.body.capacity() < max_body
+    }
+
+    /// Bytes encoded (header room included).
+    pub fn encoded_bytes(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Heap bytes it holds (its part of the shared allocation).
+    pub fn memory_bytes(&self) -> usize {
+        self.body.capacity()
     }
 
     /// Messages encoded.
