@@ -84,7 +84,7 @@ run_pair() {
     "$bin" serve "$addr" --busy-poll-us 0 "${expose[@]}" "${sets[@]}" >"$work/serve.$tag.log" 2>&1 &
   local server=$!
   local waited=0
-  until grep -q '^listening on' "$work/serve.$tag.log"; do
+  until grep -qs '^listening on' "$work/serve.$tag.log"; do  # (-s: the file may not be there yet)
     sleep 0.2
     waited=$((waited + 1))
     if [ "$waited" -gt 300 ] || ! kill -0 "$server" 2>/dev/null; then

@@ -338,19 +338,19 @@ impl Pending {
         if msg.call & RMA_BIT != 0 || !EncodedBatch::batchable(msg.payload_len(), max_body) {
             return false;
         }
-        let largest = (EncodedBatch::SHARED_BATCHES * max_body).max(EncodedBatch::MIN_ALLOCATION);
-        self.alloc = self.alloc.clamp(EncodedBatch::MIN_ALLOCATION, largest);
         if let Some(open) = &mut self.open {
             if open.limits() == limits {
                 if open.push(msg, max_body) {
                     return true;
                 }
                 if open.ended_by_allocation(max_body) {
-                    self.alloc = (self.alloc * 4).min(largest);
+                    self.alloc = self.alloc.saturating_mul(4);
                 }
             }
         }
         self.close_open();
+        let largest = (EncodedBatch::SHARED_BATCHES * max_body).max(EncodedBatch::MIN_ALLOCATION);
+        self.alloc = self.alloc.clamp(EncodedBatch::MIN_ALLOCATION, largest);
         let mut batch = EncodedBatch::open(&mut self.spare, msg.payload_len(), self.alloc, limits);
         // (An entry of a batchable message fits an empty batch.)
         let encoded = batch.push(msg, max_body);
