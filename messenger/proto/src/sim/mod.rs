@@ -38,8 +38,10 @@ use rand::{Rng, SeedableRng};
 
 use crate::banner::Banner;
 use crate::message::Message;
+use crate::rma::RMA_BIT;
 use crate::session::{
-    LinkId, LocalIdentity, Policy, SendError, Session, SessionConfig, SessionEvent, Takeover,
+    EncodedBatch, LinkId, LocalIdentity, Policy, SendError, Session, SessionConfig, SessionEvent,
+    Takeover,
 };
 use crate::stream::{StreamDecoder, Transmit};
 
@@ -340,6 +342,47 @@ impl Sim {
             Some(s) => s.send(msg),
             None => Err(SendError::Closed),
         }
+    }
+
+    /// Queues `msgs` on a session as `msgr::Connection::send` does: small
+    /// ones encoded into batches before they reach the session
+    /// ([`Session::send_encoded`]), others one by one, in order.
+    pub fn send_encoded(
+        &mut self,
+        node: NodeId,
+        id: SessionId,
+        msgs: impl IntoIterator<Item = Message>,
+    ) -> Result<(), SendError> {
+        let max = self.session_config(node).batch_max_bytes;
+        let Some(s) = self.nodes[node].sessions.get_mut(&id) else {
+            return Err(SendError::Closed);
+        };
+        let limits = s.send_limits();
+        let mut spare = BytesMut::new();
+        let mut open: Option<EncodedBatch> = None;
+        let flush = |s: &mut Session, open: &mut Option<EncodedBatch>, spare: &mut BytesMut| {
+            open.take().map_or(Ok(0), |mut b| {
+                b.close(spare);
+                s.send_encoded(b)
+            })
+        };
+        for msg in msgs {
+            if msg.call & RMA_BIT != 0 || !EncodedBatch::batchable(msg.payload_len(), max) {
+                flush(s, &mut open, &mut spare)?;
+                s.send(msg)?;
+                continue;
+            }
+            if open.as_mut().is_some_and(|b| b.push(&msg, max)) {
+                continue;
+            }
+            flush(s, &mut open, &mut spare)?;
+            let alloc = EncodedBatch::SHARED_BATCHES * max;
+            let mut b = EncodedBatch::open(&mut spare, msg.payload_len(), alloc, limits);
+            let fits = b.push(&msg, max);
+            assert!(fits, "an entry of a batchable message fits an empty batch");
+            open = Some(b);
+        }
+        flush(s, &mut open, &mut spare).map(drop)
     }
 
     /// Graceful close of a session.
