@@ -146,7 +146,7 @@ fn lossless_run_with(
     byte_cuts: &[u64],
     faults: FaultRates,
 ) -> Sim {
-    lossless_run_in(cfg, seed, n, byte_cuts, faults, None)
+    lossless_run_in(cfg, seed, n, byte_cuts, faults, None, false)
 }
 
 /// Client and server with keys of their own in one keyring, allowing
@@ -170,21 +170,10 @@ fn secure(sim: &mut Sim, nodes: &[(NodeId, EntityName)], modes: &str) {
     }
 }
 
-fn lossless_run_in(
-    cfg: SimConfig,
-    seed: u64,
-    n: u64,
-    byte_cuts: &[u64],
-    faults: FaultRates,
-    modes: Option<&str>,
-) -> Sim {
-    lossless_run_sending(cfg, seed, n, byte_cuts, faults, modes, false)
-}
-
 /// `encoded`: the client hands its messages over in runs of 1–40 encoded
 /// before they reach the session (`Sim::send_encoded`, as
 /// `msgr::Connection::send` does), not one by one.
-fn lossless_run_sending(
+fn lossless_run_in(
     cfg: SimConfig,
     seed: u64,
     n: u64,
@@ -309,7 +298,7 @@ fn encoded_batches_replay_exactly_once_across_cuts() {
         let mut cfg = SimConfig::default();
         cfg.session.batch_max_bytes = bound;
         cfg.session.max_in_flight_messages = 7;
-        let sim = lossless_run_sending(cfg, seed, 400, at, faults, None, true);
+        let sim = lossless_run_in(cfg, seed, 400, at, faults, None, true);
         let st = sim.sessions(0).next().expect("client").1.stats();
         assert!(st.replayed > 0 && st.reconnects >= 10, "{bound}: {st:?}");
         assert!(st.tx_batches > 0, "{bound}: no batch frames: {st:?}");
@@ -950,7 +939,15 @@ fn secure_and_auth_sessions_replay_exactly_once_across_faults() {
             corrupt: 0.005,
         };
         let cuts: Vec<u64> = (1..30).map(|i| i * 97).collect();
-        let sim = lossless_run_in(SimConfig::default(), 21, 300, &cuts, faults, Some(modes));
+        let sim = lossless_run_in(
+            SimConfig::default(),
+            21,
+            300,
+            &cuts,
+            faults,
+            Some(modes),
+            false,
+        );
         let (_, client) = sim.sessions(0).next().expect("client session");
         let st = client.stats();
         assert!(st.reconnects >= 10 && st.replayed > 0, "{modes}: {st:?}");
