@@ -1163,13 +1163,31 @@ fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
         }) => {}
         other => return Err(format!("poison: a 128 KiB message: {other:?}")),
     }
-    let (mut early, early_rec) = client(31, config())?;
-    let conn2 = early
-        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-        .map_err(|e| format!("poison: connect: {e}"))?;
-    conn2
-        .send(message(8, 1, 128 << 10))
-        .map_err(|e| format!("poison: queue before the handshake: {e}"))?;
+    // Queued before the handshake told the limit. The handshake can win
+    // the race with this send (seen once in the guest): the send is then
+    // refused at once, as above, and a fresh client tries again.
+    let mut attempts = 40..45;
+    let (mut early, early_rec) = loop {
+        let Some(id) = attempts.next() else {
+            return Err("poison: 5 handshakes in a row beat the send before them".into());
+        };
+        let (mut early, early_rec) = client(id, config())?;
+        let conn2 = early
+            .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
+            .map_err(|e| format!("poison: connect: {e}"))?;
+        match conn2.send(message(8, 1, 128 << 10)) {
+            Ok(()) => break (early, early_rec),
+            // (Only the peer's limit refuses it: this client's own is larger.)
+            Err(msgr::SendRejected {
+                error: msgr::SendError::TooLarge(msgr::TooLarge { max: 65536, .. }),
+                ..
+            }) => {
+                println!("poison: client {id}'s handshake beat its send; another client");
+                early.shutdown(Duration::from_secs(5));
+            }
+            Err(e) => return Err(format!("poison: queue before the handshake: {e}")),
+        }
+    };
     if !wait_until(Duration::from_secs(30), || {
         !early_rec.resets.lock().unwrap().is_empty()
     }) {
