@@ -700,12 +700,16 @@ fn a_message_too_large_for_the_peer_is_refused(addr: &str) {
     ));
     send(&conn, probe_message(1, 1, 1000));
     assert!(wait_until(Duration::from_secs(10), || rec.delivered(1) == 1));
-    let watcher = Recorder::new();
-    let early = start(addr, EntityName::client(2), watcher.clone());
-    let conn2 = early
-        .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-        .unwrap();
-    send(&conn2, probe_message(2, 1, 4096));
+    let connect = |attempt| {
+        let watcher = Recorder::new();
+        let early = start(addr, EntityName::client(2 + 100 * attempt), watcher.clone());
+        let conn2 = early
+            .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
+            .unwrap();
+        ((early, watcher), conn2)
+    };
+    let big = probe_message(2, 1, 4096);
+    let ((early, watcher), _conn2) = queue_before_handshake(connect, &big, 1024);
     assert!(
         wait_until(Duration::from_secs(10), || !watcher
             .resets

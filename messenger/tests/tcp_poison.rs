@@ -51,10 +51,14 @@ fn a_message_too_large_for_the_peer_is_refused_at_send_and_never_replayed() {
 
     // Queued before the handshake told the limit: the session ends with the
     // reason when it would send it, and nothing reaches the wire.
-    let rec2 = Recorder::new();
-    let mut cli2 = named_client(2, rec2.clone());
-    let conn2 = cli2.connect(srv.addr().expect("bound")).unwrap();
-    send(&conn2, probe_message(2, 1, 4096));
+    let connect = |attempt| {
+        let rec2 = Recorder::new();
+        let cli2 = named_client(2 + 100 * attempt, rec2.clone());
+        let conn2 = cli2.connect(srv.addr().expect("bound")).unwrap();
+        ((cli2, rec2), conn2)
+    };
+    let big = probe_message(2, 1, 4096);
+    let ((mut cli2, rec2), conn2) = queue_before_handshake(connect, &big, PEER_MAX_DATA);
     assert!(
         wait_until(Duration::from_secs(10), || !rec2
             .resets

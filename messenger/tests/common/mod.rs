@@ -236,6 +236,31 @@ pub fn send(conn: &Connection, msg: Message) {
         .expect("send within 30 s");
 }
 
+/// Queues `msg` on a connection before its handshake told the peer's
+/// limits: `connect(try)` starts a fresh client, connects it and returns it
+/// with the connection. The handshake can beat the send (the peer's limit
+/// `max` then refuses it at once): another fresh client tries, up to 5.
+pub fn queue_before_handshake<T>(
+    mut connect: impl FnMut(u64) -> (T, Connection),
+    msg: &Message,
+    max: u32,
+) -> (T, Connection) {
+    for attempt in 0..5 {
+        let (client, conn) = connect(attempt);
+        match conn.send(msg.clone()) {
+            Ok(()) => return (client, conn),
+            Err(msgr::SendRejected {
+                error: msgr::SendError::TooLarge(msgr::TooLarge { max: m, .. }),
+                ..
+            }) if m == max => {
+                eprintln!("try {attempt}: the handshake beat the send; a fresh client tries");
+            }
+            Err(e) => panic!("queue before the handshake: {e}"),
+        }
+    }
+    panic!("5 handshakes in a row beat the send queued before them");
+}
+
 /// Logs to stderr when RUST_LOG is set (for debugging a failing test).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
