@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use msgr_proto::sim::fuzz::{run, TARGETS};
 
 fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
 }
 
 /// Files directly under `dir`, sorted; empty if `dir` does not exist.

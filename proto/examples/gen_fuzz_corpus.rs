@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 fn main() -> std::io::Result<()> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
     let mut n = 0;
     for (target, name, bytes) in msgr_proto::sim::fuzz::seed_corpus() {
         let dir = root.join(target);
