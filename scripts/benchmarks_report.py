@@ -2,6 +2,7 @@
 """Writes docs/BENCHMARKS.md and docs/bench/*.svg from the JSON that
 scripts/benchmarks.sh collected (msgr bench --json, msgr stream --json).
 Plots are plain SVG written here: no plotting library to install."""
+import datetime
 import glob
 import json
 import os
@@ -172,12 +173,13 @@ md = ["# Benchmarks",
       "`msgr stream --json` by size, then `scripts/benchmarks_report.py`): run it again to "
       "measure this machine. Every figure is a ratio against a reference measured in the same "
       "run, on the same machine, so a slower or busier machine moves both. The raw JSON is in "
-      "`target/bench/` after a run; earlier measurement logs are in the git history.",
+      "`target/bench/` after a run; earlier measurements are in docs/HISTORY.md and the git history.",
       ""]
 any_bench = next(iter(benches.values()), None)
 if any_bench:
     m = any_bench["machine"]
-    md += [f"Machine: {m.get('cores', '?')} cores; {'quiet' if m.get('quiet') else 'busy'} around the first run "
+    measured = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    md += [f"Measured {measured}. Machine: {m.get('cores', '?')} cores; {'quiet' if m.get('quiet') else 'busy'} around the first run "
            f"(other processes used {m.get('other_cores_before', 0):.2f} cores before it, "
            f"{m.get('other_cores_during', 0):.2f} during it). Workers: "
            f"{any_bench.get('placement', '?')}.", ""]
