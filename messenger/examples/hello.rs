@@ -1,4 +1,8 @@
-//! Two messengers on loopback exchange one typed message.
+//! Two messengers on loopback exchange one typed message, and the client
+//! prints its counters (the Prometheus text of `Messenger::counters`).
+//!
+//! msgr logs through `tracing`; this example installs no subscriber, so it
+//! needs nothing but msgr. To see the logs, install one (README, "Logging").
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -13,9 +17,6 @@ impl Dispatcher for Inbox {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
     let (tx, rx) = mpsc::channel();
     let mut server = Messenger::builder(EntityName::server(1))
         .bind("tcp://127.0.0.1:0".parse()?)
