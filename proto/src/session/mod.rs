@@ -32,6 +32,19 @@
 //! }
 //! ```
 //!
+//! # Layers
+//!
+//! The submodules import in one direction (`tests/layering.rs` checks
+//! it), bottom first; each may use this file's items ([`Session`],
+//! [`LinkId`], ...):
+//!
+//! 1. `attempts`, `config`, `error`: dial numbers; the settings and
+//!    [`Policy`]; [`ProtocolError`].
+//! 2. `hello`: the hello that carries a policy.
+//! 3. `side`, `state`, `outbox`: who dials and whom; the phase; the send
+//!    queue.
+//! 4. `handlers`: the receive side, one handler per frame tag.
+//!
 //! Where things are:
 //! - `state.rs`: the session's phase (`State`: connecting, banners,
 //!   authenticating, hello, open, draining, standby, closed), each variant
