@@ -71,8 +71,8 @@ impl Session {
         }
     }
 
-    /// `Ok` if the phase `takes` this `tag`.
-    fn expect(&self, tag: Tag, takes: bool) -> Result<(), ProtocolError> {
+    /// `Ok` if the phase `takes` this `tag`, else [`ProtocolError::Unexpected`].
+    fn check_phase_takes(&self, tag: Tag, takes: bool) -> Result<(), ProtocolError> {
         if takes {
             Ok(())
         } else {
@@ -159,7 +159,7 @@ impl Session {
     /// `Hello`, on an acceptor's link: who the peer is and what it asks
     /// for. The owner routes it ([`SessionEvent::Identified`]).
     fn on_hello(&mut self, link: LinkId, frame: &Frame) -> Result<(), ProtocolError> {
-        self.expect(Tag::Hello, matches!(self.state, State::AwaitHello(_)))?;
+        self.check_phase_takes(Tag::Hello, matches!(self.state, State::AwaitHello(_)))?;
         let (mut hello, extras): (Hello, _) = self.parse_handshake(frame, "hello")?;
         self.check_claimed(&hello.name)?;
         hello.limits = extras.limits;
@@ -194,7 +194,7 @@ impl Session {
         frame: &Frame,
         now: Instant,
     ) -> Result<(), ProtocolError> {
-        self.expect(Tag::HelloOk, matches!(self.state, State::HelloSent(_)))?;
+        self.check_phase_takes(Tag::HelloOk, matches!(self.state, State::HelloSent(_)))?;
         let (ok, extras): (HelloOk, _) = self.parse_handshake(frame, "hello-ok")?;
         self.answered_by(&ok.name, extras.limits)?;
         if let Err(e) = self.check_peer(&ok.addr) {
@@ -233,7 +233,7 @@ impl Session {
         frame: &Frame,
         now: Instant,
     ) -> Result<(), ProtocolError> {
-        self.expect(Tag::ReconnectOk, matches!(self.state, State::HelloSent(_)))?;
+        self.check_phase_takes(Tag::ReconnectOk, matches!(self.state, State::HelloSent(_)))?;
         let (ok, extras): (ReconnectOk, _) = self.parse_handshake(frame, "reconnect-ok")?;
         self.answered_by(&ok.name, extras.limits)?;
         self.check_peer(&ok.addr)?;
@@ -250,7 +250,7 @@ impl Session {
 
     /// `SessionReset`: the acceptor refused our hello.
     fn on_session_reset(&mut self, now: Instant) -> Result<(), ProtocolError> {
-        self.expect(Tag::SessionReset, matches!(self.state, State::HelloSent(_)))?;
+        self.check_phase_takes(Tag::SessionReset, matches!(self.state, State::HelloSent(_)))?;
         // A refused resume: the peer lost our session. A refused new
         // session (cookie 0) lost nothing of ours — nothing queued
         // since the last reset was ever sent — so the queue waits
@@ -278,7 +278,7 @@ impl Session {
 
     /// `Wait`: both sides dialled, and the peer's link wins.
     fn on_wait(&mut self, now: Instant) -> Result<(), ProtocolError> {
-        self.expect(Tag::Wait, matches!(self.state, State::HelloSent(_)))?;
+        self.check_phase_takes(Tag::Wait, matches!(self.state, State::HelloSent(_)))?;
         // The peer's own connection to us wins the race; it will arrive
         // as an accepted link. Retry later in case it never does.
         self.close_link_now();
@@ -291,21 +291,21 @@ impl Session {
 
     /// A message the stream decoded from a `Message` frame, on the open link.
     fn on_message(&mut self, m: MessageFrame) -> Result<(), ProtocolError> {
-        self.expect(Tag::Message, self.is_open())?;
+        self.check_phase_takes(Tag::Message, self.is_open())?;
         self.check_flags(m.flags)?;
         self.receive_message(m.msg, m.ack)
     }
 
     /// A `Message` frame the stream left whole, on the open link.
     fn on_message_frame(&mut self, frame: Frame) -> Result<(), ProtocolError> {
-        self.expect(Tag::Message, self.is_open())?;
+        self.check_phase_takes(Tag::Message, self.is_open())?;
         let (msg, ack) = Message::from_frame(frame)?;
         self.receive_message(msg, ack)
     }
 
     /// `Ack`: the peer received up to a seq and had nothing to send.
     fn on_ack(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
-        self.expect(Tag::Ack, self.is_open())?;
+        self.check_phase_takes(Tag::Ack, self.is_open())?;
         let ack: Ack = parse_control(frame, "ack")?;
         self.apply_ack(ack.seq)
     }
@@ -313,7 +313,7 @@ impl Session {
     /// `Keepalive`: paced ones say the peer's timeout, older ones are
     /// answered.
     fn on_keepalive(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
-        self.expect(Tag::Keepalive, self.is_open())?;
+        self.check_phase_takes(Tag::Keepalive, self.is_open())?;
         if self.features & features::PACED_KEEPALIVE == 0 {
             let ka: Keepalive = parse_control(frame, "keepalive")?;
             self.ctrl
@@ -338,14 +338,14 @@ impl Session {
     /// `KeepaliveAck`: the answer to an unpaced keepalive; arriving was
     /// its purpose.
     fn on_keepalive_ack(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
-        self.expect(Tag::KeepaliveAck, self.is_open())?;
+        self.check_phase_takes(Tag::KeepaliveAck, self.is_open())?;
         let _: Keepalive = parse_control(frame, "keepalive-ack")?;
         Ok(())
     }
 
     /// `Close`: the peer ends the session.
     fn on_close(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
-        self.expect(
+        self.check_phase_takes(
             Tag::Close,
             matches!(self.state, State::Open { .. } | State::HelloSent(_)),
         )?;
@@ -385,7 +385,7 @@ impl Session {
     /// entry that does not parse faults the link after the ones before
     /// it were delivered (the body passed its CRC: the peer wrote it so).
     fn on_batch(&mut self, frame: Frame) -> Result<(), ProtocolError> {
-        self.expect(
+        self.check_phase_takes(
             Tag::MessageBatch,
             self.is_open() && self.features & features::BATCH != 0,
         )?;

@@ -848,7 +848,7 @@ impl Session {
             return Ok(());
         }
         self.last_rx = now;
-        let r = self.open(unit).and_then(|mut unit| {
+        let r = self.unseal(unit).and_then(|mut unit| {
             opened(&mut unit);
             self.process(link, unit, now)
         });
@@ -1635,8 +1635,9 @@ impl Session {
         Ok(())
     }
 
-    /// A secure link opens every unit first; nothing passes in the clear.
-    fn open(&mut self, unit: Inbound) -> Result<Inbound, ProtocolError> {
+    /// A secure link unseals every unit first (the record layer's `open`);
+    /// nothing passes in the clear.
+    fn unseal(&mut self, unit: Inbound) -> Result<Inbound, ProtocolError> {
         Ok(match (self.link_security.record.as_mut(), unit) {
             (Some(record), Inbound::Frame(f)) => record.open(f, &self.cfg.limits)?,
             (Some(_), Inbound::Message(_)) => {
