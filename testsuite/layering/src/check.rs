@@ -47,7 +47,9 @@ pub fn check_tree(tree: &Tree) -> (Vec<Offence>, usize) {
             continue;
         }
         offences.extend(declaration_offences(path, module));
-        for (segments, line) in references(&module.code) {
+        let mut found = references(&module.code);
+        found.extend(glob_references(tree, path, module));
+        for (segments, line) in found {
             checked += 1;
             let offence = |kind| Offence {
                 file: module.file.clone(),
@@ -152,6 +154,55 @@ fn references(code: &str) -> Vec<(Vec<String>, usize)> {
         }
     }
     found
+}
+
+/// The names module `from`'s glob imports (`use super::*`) bring in that
+/// its code uses, each as the path the glob gives it (`super::Noise`),
+/// with the line of its first use: a glob must not hide an upward edge.
+/// A name the module defines or imports itself is its own; one after a
+/// `.` or `::` is a field, method or another path's segment.
+fn glob_references(tree: &Tree, from: &[String], module: &Module) -> Vec<(Vec<String>, usize)> {
+    let own = |name: &String| {
+        module.items.contains(name)
+            || module.imports.contains_key(name)
+            || module.children.contains(name)
+    };
+    let mut found = Vec::new();
+    for glob in &module.globs {
+        let Ok(Target::Module(to)) = resolve(tree, from, &glob.segments, 0) else {
+            continue;
+        };
+        let Some(target) = tree.modules.get(&to) else {
+            continue;
+        };
+        let names = target
+            .children
+            .iter()
+            .chain(&target.items)
+            .chain(target.imports.keys())
+            .filter(|n| !own(n));
+        for name in names {
+            if let Some(at) = first_use(&module.code, name) {
+                let mut segments = glob.segments.clone();
+                segments.push(name.clone());
+                found.push((segments, line_of(&module.code, at)));
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// Where `name` is first used as a whole word in `code`, not after a `.`
+/// or `::` (a field, a method, a segment of another path).
+fn first_use(code: &str, name: &str) -> Option<usize> {
+    let b = code.as_bytes();
+    keyword_offsets(code, name).find(|&at| {
+        let before = code[..at].trim_end();
+        let lifetime = at > 0 && b[at - 1] == b'\'';
+        !(before.ends_with('.') || before.ends_with("::") || lifetime)
+    })
 }
 
 /// The module `segments` (written in module `from`) reaches.

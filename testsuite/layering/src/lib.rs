@@ -19,7 +19,10 @@
 //! that leaves out a child or names none. Every `crate::` and `super::`
 //! path is read: `use` lines, `use crate::{a, b::c}` groups, paths in
 //! code, names a parent imports or re-exports (followed to where they
-//! are defined). Comments, strings and `#[cfg(test)]` modules are not
+//! are defined), and each name a glob import (`use super::*`) brings in
+//! that the code uses as a word (not after `.` or `::`): a local of the
+//! same name counts too, and is harmless unless the glob's name is a
+//! higher sibling's. Comments, strings and `#[cfg(test)]` modules are not
 //! read: a unit test may build its input with a higher layer. A module
 //! the caller names in `excluded` (a test harness on top of the crate) is
 //! not read, nor anything under it; it still needs its place in its

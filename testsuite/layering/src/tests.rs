@@ -155,6 +155,23 @@ fn a_circle_between_nested_modules_fails() {
     );
 }
 
+/// A glob import hides no edge: each name it brings in that the code uses
+/// is read as the path the glob gives it (`Noise` is `super::Noise`,
+/// `auth`'s re-export of `handshake`'s); a field or method of the same
+/// name is not a use.
+#[test]
+fn a_name_a_glob_import_brings_in_is_read() {
+    let made_up = clean(&[(
+        "src/auth/keys.rs",
+        "use super::*;\npub struct Key(Frame);\nfn f(k: &Key) { k.handshake(); k.Noise; }\n\
+         fn g() -> Option<Noise> { None }\n",
+    )]);
+    assert_eq!(
+        made_up.offences(&[]),
+        ["src/auth/keys.rs:4: `auth::keys` uses `auth::handshake`, but in `auth`'s layers `keys` is 1 and `handshake` is 2: a module may use only lower layers"]
+    );
+}
+
 /// A nested module reaching out of its parent is ruled by the ancestor
 /// where the path leaves: `auth::keys` may not use `session`, as `auth`
 /// may not; a name `auth` re-exports is followed to `auth::handshake`.
