@@ -150,11 +150,17 @@ pub struct Session {
     closing: bool,
     /// Events and received messages for the owner, in the order they happened.
     events: ToOwner,
+    /// Counters of its life, summed by the owner.
     stats: SessionStats,
+    /// The send side (`send.rs`).
     tx: Outgoing,
+    /// The receive side (`handlers.rs`).
     rx: Incoming,
+    /// When things happened, for the timers (`timers.rs`).
     clock: Clock,
+    /// How it redials after a fault (`timers.rs`).
     redial: Redial,
+    /// What it knows of its peer (`identity.rs`).
     remote: Remote,
     /// The current link's protection: its mode, who the peer proved to be
     /// and its record layer (the handshake itself is in
@@ -372,6 +378,11 @@ impl Session {
         self.remote.features
     }
 
+    /// The security mode of the current link (`Crc` before its banners).
+    pub fn security_mode(&self) -> SecurityMode {
+        self.link_security.mode
+    }
+
     /// Ends the session now for a local reason (its owner's decision, say
     /// a handler that panicked): queued messages are dropped and reported,
     /// received messages not yet taken with [`Session::poll_message`] are
@@ -503,11 +514,6 @@ impl Session {
         if self.link() == Some(link) {
             self.fault(FaultReason::Protocol(err), now);
         }
-    }
-
-    /// The security mode of the current link (`Crc` before its banners).
-    pub fn security_mode(&self) -> SecurityMode {
-        self.link_security.mode
     }
 
     /// The next event for the owner; `None` also while messages that
