@@ -129,7 +129,6 @@ fn an_upward_import_at_the_top_level_is_reported() {
         [
             "src/checksum.rs:1: `checksum` uses `codec`, but in `crate`'s layers `checksum` is 1 and `codec` is 1: a module may use only lower layers",
             "src/checksum.rs:2: `checksum` uses `frame`, but in `crate`'s layers `checksum` is 1 and `frame` is 2: a module may use only lower layers",
-            "src/checksum.rs:2: `checksum` uses `frame`, but in `crate`'s layers `checksum` is 1 and `frame` is 2: a module may use only lower layers",
             "src/checksum.rs:5: `checksum` uses `session`, but in `crate`'s layers `checksum` is 1 and `session` is 4: a module may use only lower layers",
             "src/frame.rs:1: `frame` uses `session`, but in `crate`'s layers `frame` is 2 and `session` is 4: a module may use only lower layers",
         ]
