@@ -4,7 +4,8 @@
 //!
 //! The modules import in one direction: each only from the layers below
 //! its own, never from its own layer or above (`tests/layering.rs` reads
-//! this list and checks every `crate::` path in `src/`). Bottom first:
+//! this list, and the same section of every module with submodules, and
+//! checks every `crate::` and `super::` path in `src/`). Bottom first:
 //!
 //! 1. [`checksum`], [`codec`], [`arena`], [`pool`], [`error`]: the leaves —
 //!    CRC32C; typed payloads; small byte strings copied into shared chunks;
@@ -27,7 +28,7 @@
 //!     it owns [`Policy`], the [`session::Hello`] that carries it, and
 //!     [`ProtocolError`], which wraps every lower layer's error.
 //! 11. `sim`: the in-memory simulator and the fuzz targets' bodies (feature
-//!     `sim`), a test harness on top of everything; not checked.
+//!     `sim`), a test harness on top of everything.
 //!
 //! Where a type moved down a layer, a path other crates use stays:
 //! [`auth::ModeSet`] and [`auth::SecurityMode`] re-export banner's.

@@ -25,22 +25,17 @@ use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
 use super::keyring::PeerVerifier;
-use super::keys::{PublicKey, KEY_LEN};
+use super::keys::{noise_builder, PublicKey, KEY_LEN};
 use super::{AuthError, Credentials};
 use crate::banner::BANNER_LEN;
 
-/// The Noise protocol name msgr speaks.
-pub const NOISE_PARAMS: &str = "Noise_XX_25519_AESGCM_SHA256";
+pub use super::keys::NOISE_PARAMS;
 
 /// Largest handshake message (Noise's own bound).
 pub const MAX_HANDSHAKE_MESSAGE: usize = 65_535;
 
 /// Opens the prologue, before the two banners.
 const PROLOGUE_LABEL: &[u8] = b"msgr auth v1\0";
-
-pub(crate) fn noise_builder() -> snow::Builder<'static> {
-    snow::Builder::new(NOISE_PARAMS.parse().expect("a valid Noise protocol name"))
-}
 
 /// Which end of the handshake this side is: the side that dialled
 /// initiates.

@@ -18,8 +18,19 @@
 //! part of the handshake's transcript, so a peer — or anything between the
 //! two — cannot talk it down to a weaker mode.
 //!
-//! - [`keys`]: X25519 key pairs and the private key file.
-//! - [`keyring`]: entity names and their public keys; [`PeerVerifier`].
+//! # Layers
+//!
+//! The submodules import in one direction (`tests/layering.rs` checks
+//! it), bottom first; each may use this file's items (the errors,
+//! [`Credentials`]):
+//!
+//! 1. [`keys`]: X25519 key pairs, the private key file, and the Noise
+//!    protocol they are for.
+//! 2. [`keyring`]: entity names and their public keys; [`PeerVerifier`].
+//! 3. [`handshake`]: the Noise `XX` handshake, proving keys against a
+//!    verifier and agreeing on a link's keys.
+//! 4. [`record`]: sealing and opening frames under the keys a handshake
+//!    agreed.
 
 pub mod handshake;
 pub mod keyring;

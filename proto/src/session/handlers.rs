@@ -7,7 +7,8 @@
 //! ([`State`]) takes its tag — anything else is
 //! [`ProtocolError::Unexpected`], naming the phase — and then does what
 //! the tag asks. An error faults the link (in
-//! [`Session::handle_inbound_with`]).
+//! [`Session::handle_inbound_with`]). What came in and was acknowledged
+//! is the session's [`Incoming`] part, defined here.
 
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use msgr_addr::EntityName;
 use super::{
     call_allowed, FaultReason, Hello, LinkId, ProtocolError, Session, SessionEvent, State,
 };
-use crate::auth::{AuthError, RecordLayer, SecurityMode};
+use crate::auth::{AuthError, RecordError, RecordLayer, SecurityMode};
 use crate::banner::{features, Banner, BANNER_LEN};
 use crate::batch::BatchReader;
 use crate::control::{
@@ -28,6 +29,18 @@ use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
 
 impl Session {
+    /// A secure link unseals every unit first (the record layer's `open`);
+    /// nothing passes in the clear.
+    pub(super) fn unseal(&mut self, unit: Inbound) -> Result<Inbound, ProtocolError> {
+        Ok(match (self.link_security.record.as_mut(), unit) {
+            (Some(record), Inbound::Frame(f)) => record.open(f, &self.cfg.limits)?,
+            (Some(_), Inbound::Message(_)) => {
+                return Err(RecordError::Plaintext(Tag::Message).into())
+            }
+            (_, unit) => unit,
+        })
+    }
+
     /// One unit received on `link`, dispatched to its handler.
     pub(super) fn process(
         &mut self,
@@ -71,8 +84,8 @@ impl Session {
         }
     }
 
-    /// `Ok` if the phase `takes` this `tag`.
-    fn expect(&self, tag: Tag, takes: bool) -> Result<(), ProtocolError> {
+    /// `Ok` if the phase `takes` this `tag`, else [`ProtocolError::Unexpected`].
+    fn check_phase_takes(&self, tag: Tag, takes: bool) -> Result<(), ProtocolError> {
         if takes {
             Ok(())
         } else {
@@ -90,8 +103,8 @@ impl Session {
             });
         }
         let peer = Banner::decode(raw)?;
-        self.features = self.banner().negotiate(&peer)?;
-        let mode = self.cfg.security.modes.choose(self.features)?;
+        self.remote.features = self.banner().negotiate(&peer)?;
+        let mode = self.cfg.security.modes.choose(self.remote.features)?;
         self.link_security.mode = mode;
         if mode == SecurityMode::Crc {
             self.after_banners(link);
@@ -123,7 +136,8 @@ impl Session {
         }
         if hs.is_my_turn() {
             let m = hs.write_message()?;
-            self.ctrl
+            self.tx
+                .ctrl
                 .push_back(Transmit::Frame(Frame::single(Tag::Auth, m)));
         }
         if !hs.is_finished() {
@@ -159,7 +173,7 @@ impl Session {
     /// `Hello`, on an acceptor's link: who the peer is and what it asks
     /// for. The owner routes it ([`SessionEvent::Identified`]).
     fn on_hello(&mut self, link: LinkId, frame: &Frame) -> Result<(), ProtocolError> {
-        self.expect(Tag::Hello, matches!(self.state, State::AwaitHello(_)))?;
+        self.check_phase_takes(Tag::Hello, matches!(self.state, State::AwaitHello(_)))?;
         let (mut hello, extras): (Hello, _) = self.parse_handshake(frame, "hello")?;
         self.check_claimed(&hello.name)?;
         hello.limits = extras.limits;
@@ -183,7 +197,7 @@ impl Session {
     ) -> Result<(), ProtocolError> {
         self.check_claimed(name)?;
         self.check_expected(name, false)?;
-        self.peer_limits = limits;
+        self.remote.limits = limits;
         Ok(())
     }
 
@@ -194,7 +208,7 @@ impl Session {
         frame: &Frame,
         now: Instant,
     ) -> Result<(), ProtocolError> {
-        self.expect(Tag::HelloOk, matches!(self.state, State::HelloSent(_)))?;
+        self.check_phase_takes(Tag::HelloOk, matches!(self.state, State::HelloSent(_)))?;
         let (ok, extras): (HelloOk, _) = self.parse_handshake(frame, "hello-ok")?;
         self.answered_by(&ok.name, extras.limits)?;
         if let Err(e) = self.check_peer(&ok.addr) {
@@ -206,21 +220,21 @@ impl Session {
             }
             return Err(e);
         }
-        if self.cookie != 0 {
+        if self.remote.cookie != 0 {
             // We asked to resume but got a new session: the old one is gone.
             self.remote_reset();
         }
-        if self.cookie == 0 {
+        if self.remote.cookie == 0 {
             // A new session: whoever this link proved is its peer.
-            self.peer_key = None;
+            self.remote.key = None;
         }
         self.bind_identity()?;
-        self.peer_name = Some(ok.name);
-        self.peer_dials.learn(ok.addr.nonce, extras.dial);
-        self.peer_addr = Some(ok.addr);
-        self.cookie = ok.cookie;
+        self.remote.name = Some(ok.name);
+        self.remote.dials.learn(ok.addr.nonce, extras.dial);
+        self.remote.addr = Some(ok.addr);
+        self.remote.cookie = ok.cookie;
         self.state = State::open(link);
-        self.rewind_to_acked();
+        self.tx.rewind_to_acked();
         self.on_open(now, 0);
         Ok(())
     }
@@ -233,35 +247,35 @@ impl Session {
         frame: &Frame,
         now: Instant,
     ) -> Result<(), ProtocolError> {
-        self.expect(Tag::ReconnectOk, matches!(self.state, State::HelloSent(_)))?;
+        self.check_phase_takes(Tag::ReconnectOk, matches!(self.state, State::HelloSent(_)))?;
         let (ok, extras): (ReconnectOk, _) = self.parse_handshake(frame, "reconnect-ok")?;
         self.answered_by(&ok.name, extras.limits)?;
         self.check_peer(&ok.addr)?;
         self.bind_identity()?;
-        if self.cookie == 0 {
+        if self.remote.cookie == 0 {
             return Err(ProtocolError::Unexpected {
                 tag: Tag::ReconnectOk,
                 state: "starting a new session",
             });
         }
-        self.peer_dials.learn(ok.addr.nonce, extras.dial);
+        self.remote.dials.learn(ok.addr.nonce, extras.dial);
         self.resume(link, ok.in_seq, now)
     }
 
     /// `SessionReset`: the acceptor refused our hello.
     fn on_session_reset(&mut self, now: Instant) -> Result<(), ProtocolError> {
-        self.expect(Tag::SessionReset, matches!(self.state, State::HelloSent(_)))?;
+        self.check_phase_takes(Tag::SessionReset, matches!(self.state, State::HelloSent(_)))?;
         // A refused resume: the peer lost our session. A refused new
         // session (cookie 0) lost nothing of ours — nothing queued
         // since the last reset was ever sent — so the queue waits
         // for the next attempt.
-        if self.cookie != 0 {
+        if self.remote.cookie != 0 {
             self.remote_reset();
         }
         // Either way the peer may have restarted: its next
         // incarnation (a new nonce) is the one to talk to, or
         // check_peer would refuse it forever.
-        if let Some(a) = self.peer_addr.as_mut() {
+        if let Some(a) = self.remote.addr.as_mut() {
             a.nonce = 0;
         }
         // Start afresh on a new link right away (lossless) or end (lossy).
@@ -278,7 +292,7 @@ impl Session {
 
     /// `Wait`: both sides dialled, and the peer's link wins.
     fn on_wait(&mut self, now: Instant) -> Result<(), ProtocolError> {
-        self.expect(Tag::Wait, matches!(self.state, State::HelloSent(_)))?;
+        self.check_phase_takes(Tag::Wait, matches!(self.state, State::HelloSent(_)))?;
         // The peer's own connection to us wins the race; it will arrive
         // as an accepted link. Retry later in case it never does.
         self.close_link_now();
@@ -291,21 +305,21 @@ impl Session {
 
     /// A message the stream decoded from a `Message` frame, on the open link.
     fn on_message(&mut self, m: MessageFrame) -> Result<(), ProtocolError> {
-        self.expect(Tag::Message, self.is_open())?;
+        self.check_phase_takes(Tag::Message, self.is_open())?;
         self.check_flags(m.flags)?;
         self.receive_message(m.msg, m.ack)
     }
 
     /// A `Message` frame the stream left whole, on the open link.
     fn on_message_frame(&mut self, frame: Frame) -> Result<(), ProtocolError> {
-        self.expect(Tag::Message, self.is_open())?;
+        self.check_phase_takes(Tag::Message, self.is_open())?;
         let (msg, ack) = Message::from_frame(frame)?;
         self.receive_message(msg, ack)
     }
 
     /// `Ack`: the peer received up to a seq and had nothing to send.
     fn on_ack(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
-        self.expect(Tag::Ack, self.is_open())?;
+        self.check_phase_takes(Tag::Ack, self.is_open())?;
         let ack: Ack = parse_control(frame, "ack")?;
         self.apply_ack(ack.seq)
     }
@@ -313,10 +327,11 @@ impl Session {
     /// `Keepalive`: paced ones say the peer's timeout, older ones are
     /// answered.
     fn on_keepalive(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
-        self.expect(Tag::Keepalive, self.is_open())?;
-        if self.features & features::PACED_KEEPALIVE == 0 {
+        self.check_phase_takes(Tag::Keepalive, self.is_open())?;
+        if self.remote.features & features::PACED_KEEPALIVE == 0 {
             let ka: Keepalive = parse_control(frame, "keepalive")?;
-            self.ctrl
+            self.tx
+                .ctrl
                 .push_back(Transmit::Frame(control_frame(Tag::KeepaliveAck, &ka)));
             return Ok(());
         }
@@ -338,19 +353,19 @@ impl Session {
     /// `KeepaliveAck`: the answer to an unpaced keepalive; arriving was
     /// its purpose.
     fn on_keepalive_ack(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
-        self.expect(Tag::KeepaliveAck, self.is_open())?;
+        self.check_phase_takes(Tag::KeepaliveAck, self.is_open())?;
         let _: Keepalive = parse_control(frame, "keepalive-ack")?;
         Ok(())
     }
 
     /// `Close`: the peer ends the session.
     fn on_close(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
-        self.expect(
+        self.check_phase_takes(
             Tag::Close,
             matches!(self.state, State::Open { .. } | State::HelloSent(_)),
         )?;
         let c: Close = parse_control(frame, "close")?;
-        if self.closing && self.outbox.messages() == 0 {
+        if self.closing && self.tx.outbox.messages() == 0 {
             // Both sides closed at once: that is a clean close.
             self.close_link_now();
             self.state = State::Closed;
@@ -364,7 +379,9 @@ impl Session {
     /// Refuses a frame whose payload went unchecked on a link that never
     /// agreed to that.
     fn check_flags(&self, flags: u8) -> Result<(), ProtocolError> {
-        if flags & FLAG_UNCHECKED_PAYLOAD != 0 && self.features & features::UNCHECKED_PAYLOAD == 0 {
+        if flags & FLAG_UNCHECKED_PAYLOAD != 0
+            && self.remote.features & features::UNCHECKED_PAYLOAD == 0
+        {
             return Err(ProtocolError::Malformed {
                 what: "frame",
                 detail: "payload without CRC on a link that checks payloads".into(),
@@ -385,9 +402,9 @@ impl Session {
     /// entry that does not parse faults the link after the ones before
     /// it were delivered (the body passed its CRC: the peer wrote it so).
     fn on_batch(&mut self, frame: Frame) -> Result<(), ProtocolError> {
-        self.expect(
+        self.check_phase_takes(
             Tag::MessageBatch,
-            self.is_open() && self.features & features::BATCH != 0,
+            self.is_open() && self.remote.features & features::BATCH != 0,
         )?;
         let mut segments = frame.segments.into_iter();
         let (Some(body), None) = (segments.next(), segments.next()) else {
@@ -408,26 +425,45 @@ impl Session {
     /// Delivers a received message once and in order: a duplicate of one
     /// delivered is dropped, a gap is a protocol error.
     fn deliver(&mut self, msg: Message) -> Result<(), ProtocolError> {
-        if !call_allowed(msg.call, self.features) {
+        if !call_allowed(msg.call, self.remote.features) {
             return Err(ProtocolError::Malformed {
                 what: "message",
                 detail: "a call (or an RMA operation) on a link that did not agree to them".into(),
             });
         }
-        if msg.seq <= self.in_seq {
+        if msg.seq <= self.rx.in_seq {
             self.stats.duplicates += 1;
             return Ok(());
         }
-        if msg.seq != self.in_seq + 1 {
+        if msg.seq != self.rx.in_seq + 1 {
             return Err(ProtocolError::SequenceGap {
-                last: self.in_seq,
+                last: self.rx.in_seq,
                 got: msg.seq,
             });
         }
-        self.in_seq = msg.seq;
+        self.rx.in_seq = msg.seq;
         self.stats.rx_messages += 1;
         self.stats.rx_bytes += msg.payload_len() as u64;
         self.events.push_message(msg);
         Ok(())
+    }
+}
+
+/// The incoming side: what was received and what this side acknowledged.
+#[derive(Debug, Default)]
+pub(super) struct Incoming {
+    /// The last sequence number received in order.
+    pub(super) in_seq: u64,
+    /// The last sequence number this side acknowledged.
+    pub(super) acked_in_seq: u64,
+    /// The owner holds back reading (a throttle): silence is not the peer's.
+    pub(super) paused: bool,
+}
+
+impl Incoming {
+    /// Numbers from 0 again (the peer lost the session).
+    pub(super) fn restart(&mut self) {
+        self.in_seq = 0;
+        self.acked_in_seq = 0;
     }
 }

@@ -215,15 +215,26 @@ pub struct Sim {
     next_link: u64,
     next_session: u64,
     connects: Vec<PendingConnect>,
-    delays: BTreeMap<(NodeId, NodeId), Duration>,
-    byte_cuts: VecDeque<u64>,
-    time_cuts: Vec<(Instant, NodeId, NodeId)>,
+    /// Latency and cuts the test scheduled.
+    planned: Planned,
     log: Vec<Logged>,
     received: Vec<Received>,
     stats: SimStats,
     /// The first [`WIRE_RECORD`] bytes written on any link, for tests that
     /// look at what an eavesdropper would see.
     wire: Vec<u8>,
+}
+
+/// The impairments a test scheduled (beyond `SimConfig`'s random faults).
+#[derive(Default)]
+struct Planned {
+    /// Extra one-way latency from one node to another ([`Sim::delay`]).
+    delays: BTreeMap<(NodeId, NodeId), Duration>,
+    /// Positions of the delivered-byte count to cut at, in order
+    /// ([`Sim::cut_at_bytes`]).
+    byte_cuts: VecDeque<u64>,
+    /// When to cut the links between two nodes ([`Sim::cut_at_times`]).
+    time_cuts: Vec<(Instant, NodeId, NodeId)>,
 }
 
 /// How many written bytes [`Sim::wire_bytes`] keeps.
@@ -243,9 +254,7 @@ impl Sim {
             next_link: 1,
             next_session: 1,
             connects: Vec::new(),
-            delays: BTreeMap::new(),
-            byte_cuts: VecDeque::new(),
-            time_cuts: Vec::new(),
+            planned: Planned::default(),
             log: Vec::new(),
             received: Vec::new(),
             stats: SimStats::default(),
@@ -484,7 +493,7 @@ impl Sim {
     /// Cuts the links between `a` and `b` at the given instants (from now).
     pub fn cut_at_times(&mut self, a: NodeId, b: NodeId, after: &[Duration]) {
         for d in after {
-            self.time_cuts.push((self.now + *d, a, b));
+            self.planned.time_cuts.push((self.now + *d, a, b));
         }
     }
 
@@ -493,6 +502,7 @@ impl Sim {
     /// mid-replay...). Positions are absolute; past ones are ignored.
     pub fn cut_at_bytes(&mut self, positions: &[u64]) {
         let mut v: Vec<u64> = self
+            .planned
             .byte_cuts
             .iter()
             .copied()
@@ -500,12 +510,12 @@ impl Sim {
             .collect();
         v.sort_unstable();
         v.dedup();
-        self.byte_cuts = v.into();
+        self.planned.byte_cuts = v.into();
     }
 
     /// Adds `extra` one-way latency to bytes written from `a` to `b` from now on.
     pub fn delay(&mut self, a: NodeId, b: NodeId, extra: Duration) {
-        self.delays.insert((a, b), extra);
+        self.planned.delays.insert((a, b), extra);
     }
 
     /// Makes the live links between `a` and `b` swallow everything silently.
@@ -601,7 +611,7 @@ impl Sim {
         for c in &self.connects {
             consider(c.at);
         }
-        for (t, _, _) in &self.time_cuts {
+        for (t, _, _) in &self.planned.time_cuts {
             consider(*t);
         }
         for l in self.links.values() {
@@ -804,12 +814,13 @@ impl Sim {
     fn fire_time_cuts(&mut self) -> bool {
         let now = self.now;
         let due: Vec<(NodeId, NodeId)> = self
+            .planned
             .time_cuts
             .iter()
             .filter(|(t, _, _)| *t <= now)
             .map(|(_, a, b)| (*a, *b))
             .collect();
-        self.time_cuts.retain(|(t, _, _)| *t > now);
+        self.planned.time_cuts.retain(|(t, _, _)| *t > now);
         for (a, b) in &due {
             self.cut_between(*a, *b);
         }
@@ -959,6 +970,7 @@ impl Sim {
             return;
         }
         let extra = self
+            .planned
             .delays
             .get(&(node, l.ends[1 - i].node))
             .copied()
@@ -1022,12 +1034,12 @@ impl Sim {
                     let mut cut_after = f.cut > 0.0 && self.rng.random_bool(f.cut.min(1.0));
                     // Scheduled byte-position cuts.
                     let before = self.stats.bytes;
-                    while self.byte_cuts.front().is_some_and(|&c| c < before) {
-                        self.byte_cuts.pop_front();
+                    while self.planned.byte_cuts.front().is_some_and(|&c| c < before) {
+                        self.planned.byte_cuts.pop_front();
                     }
-                    if let Some(&c) = self.byte_cuts.front() {
+                    if let Some(&c) = self.planned.byte_cuts.front() {
                         if c < before + piece.len() as u64 {
-                            self.byte_cuts.pop_front();
+                            self.planned.byte_cuts.pop_front();
                             piece.truncate((c - before) as usize);
                             cut_after = true;
                         }

@@ -1,0 +1,292 @@
+//! What passes between a session and its owner: the names the owner
+//! gives links ([`LinkId`]), who this side is ([`LocalIdentity`]), what the
+//! session tells it ([`SessionEvent`], [`FaultReason`], [`PeerInfo`],
+//! [`SessionStats`]), what [`Session::send`] and [`Session::take_link`]
+//! answer, and the queue ([`ToOwner`]) that hands events and received
+//! messages over in the order they happened.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use msgr_addr::{EntityAddr, EntityName};
+
+#[cfg(doc)]
+use super::Session;
+use super::{DialAttempts, Hello, ProtocolError};
+use crate::auth::{AuthError, PublicKey};
+use crate::control::TooLarge;
+use crate::frame::Frame;
+use crate::message::Message;
+
+/// Names one transport link (connection) for the engine; chosen by the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LinkId(pub u64);
+
+/// Who this side is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalIdentity {
+    /// Our entity name.
+    pub name: EntityName,
+    /// Our address (with its nonce; port 0 if we do not listen).
+    pub addr: EntityAddr,
+    /// Numbers our dials (one counter per messenger, shared by its
+    /// sessions): a peer recognises a hello that outlived its dial.
+    pub dials: DialAttempts,
+}
+
+/// Who the peer is, once the handshake told us.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The peer's entity name.
+    pub name: EntityName,
+    /// The peer's address.
+    pub addr: EntityAddr,
+    /// The public key the peer proved it holds, where the session
+    /// authenticated it (`auth` or `secure` mode); `None` in `crc` mode,
+    /// where the name is the peer's word.
+    pub key: Option<PublicKey>,
+}
+
+/// Why a session ended or a link was dropped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FaultReason {
+    /// The transport reported an error or the peer closed the connection.
+    Transport(String),
+    /// The peer broke the protocol (bad frame, bad sequence...).
+    Protocol(ProtocolError),
+    /// Nothing arrived within the keepalive timeout.
+    KeepaliveTimeout,
+    /// The banner/hello exchange took too long.
+    HandshakeTimeout,
+    /// The peer sent no banner within `banner_timeout`.
+    BannerTimeout,
+    /// The peer ended the session with a close frame.
+    PeerClosed(String),
+    /// The local application marked the peer down.
+    MarkedDown,
+    /// A lossless server session waited too long for its peer to return.
+    LingerExpired,
+    /// A queued message is larger than the peer accepts (its limits came
+    /// with the handshake, after the message was queued): sending it could
+    /// only be refused, and a lossless session would replay it into the
+    /// same refusal. The session ends instead.
+    TooLarge(TooLarge),
+    /// A connection that never opened gave up after the configured
+    /// `connect_timeout`.
+    ConnectTimeout(Duration),
+    /// A call (`Connection::call`) or its reply was queued for a peer that
+    /// does not take calls (it did not offer `features::CALLS`).
+    CallsUnsupported,
+    /// The application's handler for this connection panicked (its
+    /// dispatcher callback, with the panic's message); the messenger ended
+    /// the connection and went on serving the others.
+    HandlerPanicked(String),
+}
+
+impl std::fmt::Display for FaultReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FaultReason::Transport(e) => write!(f, "transport: {e}"),
+            FaultReason::Protocol(e) => write!(f, "protocol: {e}"),
+            FaultReason::KeepaliveTimeout => write!(f, "keepalive timeout"),
+            FaultReason::HandshakeTimeout => write!(f, "handshake timeout"),
+            FaultReason::BannerTimeout => write!(f, "no banner from the peer in time"),
+            FaultReason::PeerClosed(r) => write!(f, "peer closed the session: {r}"),
+            FaultReason::MarkedDown => write!(f, "marked down"),
+            FaultReason::LingerExpired => write!(f, "peer did not come back"),
+            FaultReason::TooLarge(t) => write!(f, "queued {t}"),
+            FaultReason::ConnectTimeout(t) => write!(f, "not connected within {t:?}"),
+            FaultReason::HandlerPanicked(m) => write!(f, "the application's handler panicked: {m}"),
+            FaultReason::CallsUnsupported => {
+                write!(f, "the peer does not take calls (an older msgr)")
+            }
+        }
+    }
+}
+
+/// What the engine tells its owner about the session's state (received
+/// messages come out of [`Session::poll_message`] instead).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// Open a transport connection to this address, then call
+    /// [`Session::link_up`] or [`Session::link_failed`].
+    Connect(EntityAddr),
+    /// Close this link once what was already transmitted on it is written.
+    CloseLink(LinkId),
+    /// Acceptor only: the peer said hello. Route it — to an existing session
+    /// with [`Session::take_link`], or start a new one with [`Session::accept_new`].
+    Identified(Hello),
+    /// The session is open for the first time (`on_connect` / `on_accept`).
+    Established(PeerInfo),
+    /// Connector: an attempt to open the session failed (`on_connect_failed`):
+    /// the transport could not connect, or the handshake failed, before the
+    /// session was ever open. A lossless session tries again after its
+    /// backoff (until `connect_timeout`, if set); a lossy one ends.
+    ConnectFailed {
+        /// Why the attempt failed.
+        reason: FaultReason,
+    },
+    /// The session's new link reaches the peer at another of its addresses
+    /// (an address vector, [`Session::set_alternates`]): the session moved
+    /// from one transport to another. `Resumed` follows.
+    Moved {
+        /// The address of the link before.
+        from: EntityAddr,
+        /// The address of this link.
+        to: EntityAddr,
+        /// Why the link before was lost.
+        reason: Option<FaultReason>,
+    },
+    /// The session resumed on a new link; `replayed` messages are sent again.
+    Resumed {
+        /// Messages sent again on the new link.
+        replayed: u64,
+    },
+    /// The session ended (`on_reset`): lossy fault, peer close, mark down, or
+    /// a lossless server session whose peer never returned. Terminal.
+    Reset {
+        /// Why.
+        reason: FaultReason,
+        /// Queued messages that were not (known to be) delivered.
+        undelivered: u64,
+    },
+    /// The peer lost the session state (restarted or reset it): messages not
+    /// acknowledged are dropped and a fresh session starts (`on_remote_reset`).
+    RemoteReset {
+        /// Queued messages dropped with the old session.
+        dropped: u64,
+    },
+    /// A graceful close finished: everything queued was acknowledged. Terminal.
+    Closed,
+}
+
+/// A message could not be queued.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The send queue is at its message or byte bound: back off and retry.
+    #[error("send queue full ({messages} messages, {bytes} bytes queued)")]
+    QueueFull {
+        /// Messages queued.
+        messages: usize,
+        /// Payload bytes queued.
+        bytes: usize,
+    },
+    /// The session is closing or closed.
+    #[error("session is closed")]
+    Closed,
+    /// The message is larger than the peer accepts (its limits, announced
+    /// in the handshake; this side's own before the peer is known): it
+    /// would only be refused. Nothing was queued.
+    #[error(transparent)]
+    TooLarge(#[from] TooLarge),
+}
+
+/// What [`Session::take_link`] decided about an accepted link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Takeover {
+    /// The session now runs on the link.
+    Accepted,
+    /// Refuse the link: send this frame on it, then close it.
+    Rejected(Frame),
+    /// Refuse the link, whose peer proved another identity than the
+    /// session's (or none where the session's was proved): send the frame,
+    /// close the link, count it. The session is not touched.
+    Impostor {
+        /// The refusal.
+        frame: Frame,
+        /// What did not match.
+        why: AuthError,
+    },
+    /// This session is ending (closed, or closing after `close` or
+    /// `mark_down`) and the hello asks for a new session: start one beside
+    /// it, as if this one were gone already. Refusing would make the peer
+    /// drop what it queued for a session that never began.
+    Ending,
+}
+
+/// Counters of one session's life; the owner sums them into messenger counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Messages delivered to the application.
+    pub rx_messages: u64,
+    /// Payload bytes delivered.
+    pub rx_bytes: u64,
+    /// Messages transmitted (replays included).
+    pub tx_messages: u64,
+    /// Payload bytes transmitted (replays included).
+    pub tx_bytes: u64,
+    /// Batch frames transmitted (replays included): `tx_messages` over
+    /// this is the messages per frame where every message is batched.
+    pub tx_batches: u64,
+    /// Batch frames received (duplicates included).
+    pub rx_batches: u64,
+    /// Messages transmitted again after a reconnect.
+    pub replayed: u64,
+    /// Received messages dropped as duplicates of delivered ones.
+    pub duplicates: u64,
+    /// Links lost and replaced while the session lived.
+    pub reconnects: u64,
+    /// Links faulted (any reason).
+    pub faults: u64,
+    /// Keepalives sent.
+    pub keepalives: u64,
+    /// Messages that left the send queue (acknowledged, sent lossy, or dropped).
+    pub released_messages: u64,
+    /// Payload bytes that left the send queue.
+    pub released_bytes: u64,
+}
+
+/// A session's output for its owner: events and received messages in two
+/// queues, each event stamped with how many messages came before it, so
+/// that taking them apart keeps their order (see the [module docs](self)).
+#[derive(Debug, Default)]
+pub(super) struct ToOwner {
+    /// Each event with the number of messages queued before it.
+    pub(super) events: VecDeque<(u64, SessionEvent)>,
+    pub(super) messages: VecDeque<Message>,
+    /// Messages ever queued (taken, waiting or dropped).
+    pub(super) queued: u64,
+}
+
+impl ToOwner {
+    pub(super) fn push_back(&mut self, ev: SessionEvent) {
+        self.events.push_back((self.queued, ev));
+    }
+
+    pub(super) fn push_message(&mut self, msg: Message) {
+        self.messages.push_back(msg);
+        self.queued += 1;
+    }
+
+    /// Messages taken (or dropped) so far.
+    pub(super) fn taken(&self) -> u64 {
+        self.queued - self.messages.len() as u64
+    }
+
+    pub(super) fn pop_event(&mut self) -> Option<SessionEvent> {
+        let (before, _) = self.events.front()?;
+        if *before > self.taken() {
+            return None;
+        }
+        self.events.pop_front().map(|(_, ev)| ev)
+    }
+
+    pub(super) fn pop_message(&mut self) -> Option<Message> {
+        if let Some((before, _)) = self.events.front() {
+            if *before <= self.taken() {
+                return None;
+            }
+        }
+        self.messages.pop_front()
+    }
+
+    /// Drops the messages not taken yet (the events they held back follow).
+    pub(super) fn drop_messages(&mut self) {
+        self.messages.clear();
+    }
+
+    pub(super) fn memory_bytes(&self) -> usize {
+        self.events.capacity() * std::mem::size_of::<(u64, SessionEvent)>()
+            + self.messages.capacity() * std::mem::size_of::<Message>()
+    }
+}
