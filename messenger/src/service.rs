@@ -130,8 +130,11 @@ pub enum ServiceError {
 /// threads: give it to [`crate::MessengerBuilder::start`]. Each call's
 /// request is decoded as `Req`, passed to `handler`, and its `Rep` sent
 /// back to the caller; a request that does not decode, or on which the
-/// handler panics, is answered with a [`ServiceFault`]. Messages that are
-/// not calls have no one to answer and are dropped (logged at debug).
+/// handler panics, is answered with a [`ServiceFault`]. A panic fails only
+/// its request: it is logged and counted (`handler_panics`) as any
+/// callback's, `on_handler_panic = abort` aborts, but the connection is not
+/// ended. Messages that are not calls have no one to answer and are
+/// dropped (logged at debug).
 ///
 /// The handler runs as [`Dispatcher::on_message`] does: in order per
 /// connection, concurrently across connections of different workers;
@@ -343,8 +346,10 @@ fn fault_message(fault: &ServiceFault, request: &Message) -> Message {
 fn undeliverable(conn: &Connection, rejected: SendRejected) -> Option<ServiceFault> {
     match rejected.error {
         SendError::TooLarge(too_large) => Some(ServiceFault::BadReply(too_large.to_string())),
+        SendError::Closed => None, // the caller's call fails with the reset
         error => {
-            tracing::debug!(connection = conn.id(), %error, "a service reply was not sent");
+            tracing::warn!(connection = conn.id(), target = %conn.target(), %error,
+                "a service reply was not sent: its caller will time out");
             None
         }
     }
