@@ -51,6 +51,7 @@ mod faults;
 mod inbox;
 mod messenger;
 pub mod rma;
+pub mod service;
 mod throttle;
 mod worker;
 
@@ -457,6 +458,7 @@ pub use msgr_proto::TypedError;
 /// ```
 pub use msgr_proto::TypedMessage;
 pub use rma::{Access, RmaError, RmaFuture, RmaHandle, RmaOp, RmaOptions, RmaRegion};
+pub use service::{serve, serve_async, ServiceCall, ServiceClient, ServiceError, ServiceFault};
 pub use worker::affinity::allowed_cpus;
 
 /// Authentication and the secure mode: keys, keyrings, the modes a link
