@@ -13,13 +13,13 @@
 #   SHM=1 scripts/bench-rate.sh            # the shared-memory path instead (below)
 #
 # With CONNS, the aggregate 64 B rate of each count of connections into one
-# server (issue 51 item 4): per round, ZeroMQ with as many PUSH sockets
+# server: per round, ZeroMQ with as many PUSH sockets
 # round robin into one PULL (COUNT messages in all), then `msgr bench
 # --only conns` (a client messenger per connection, 1 s per count); each
 # count's rate against one connection's in the same round, and msgr's
 # against ZeroMQ's. CONNS must list 1.
 #
-# With SHM=1, libfabric's shm provider (issue 51 item 2): per round, the
+# With SHM=1, libfabric's shm provider: per round, the
 # raw provider's message rate (tool/reference/fi_rate.c: FI_EP_RDM,
 # fi_inject, two processes, busy-polled CQs), msgr stream over
 # fabric+shm?ep=rdm and over tcp://, then fi_pingpong -p shm -e rdm and

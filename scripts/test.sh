@@ -67,7 +67,7 @@ cargo test --workspace --release
 step "cargo test: the backends' own tests with every backend feature (libfabric's over real tcp, tcp;ofi_rxm and shm providers; the RDMA backends' that need no device)"
 cargo test --release -p msgr-backends --all-features --lib -- --skip fabric::hostile
 # Hostile peers on their own, with their output: how each bad message ended
-# its link, and the forged and replayed RDM HELLOs (issue 48).
+# its link, and the forged and replayed RDM HELLOs.
 cargo test --release -p msgr-backends --all-features --lib fabric::hostile -- --nocapture --test-threads 1
 
 step "cargo test: the fabric backend with real libfabric providers on loopback (tcp MSG, tcp;ofi_rxm RDM, shm RDM)"
@@ -82,7 +82,7 @@ ensure_packages nftables iproute2
 cargo run --release -p msgr-testsuite --bin msgr-stress -- --duration 30 --backend all --quiet
 cargo test --release -p msgr-testsuite --test stress_netns --test stress_cluster -- --ignored --nocapture
 # 8 node processes on a bridge, lossless-peer sessions between all: kill -9,
-# partitions, a slow node, SIGSTOP, a rolling restart (issue 52).
+# partitions, a slow node, SIGSTOP, a rolling restart.
 cargo run --release -p msgr-testsuite --bin msgr-stress -- --cluster 8 --duration 60 --quiet
 
 step "stress suite in secure mode: every frame sealed, every link authenticated, the same faults (msgr-stress 15 s over tcp)"
