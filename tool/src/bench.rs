@@ -767,7 +767,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                     let plan = hol::HolPlan {
                         idle: (warmup, ping_count),
                         window: secs,
-                        min_loaded_calls: if opts.quick { 2 } else { 5 },
+                        min_loaded_calls: if opts.quick { 2 } else { 3 },
                         connect_timeout,
                         timeout,
                     };

@@ -61,15 +61,19 @@ pub struct HolPlan {
     pub idle: (u64, u64),
     /// How long the calls run beside each load.
     pub window: Duration,
-    /// Timed calls at least beside each load, whatever the window: each
-    /// may wait behind a whole queue (256 MiB by default), half a second
-    /// on a busy machine.
+    /// Timed calls at least beside each load, whatever the window (up to
+    /// [`LOADED_CAP`] windows): each may wait behind a whole queue (256 MiB
+    /// by default), a second or more on a busy machine.
     pub min_loaded_calls: u64,
     /// Bound on connecting.
     pub connect_timeout: Duration,
     /// Bound on each call and bulk stream.
     pub timeout: Duration,
 }
+
+/// Beside a load, calls stop after this many windows even if fewer than
+/// the minimum were done (one at least): the run stays bounded.
+pub const LOADED_CAP: u32 = 3;
 
 /// Progress steps one round takes.
 pub const STEPS: u64 = 1 + 2 * BULK_SIZES.len() as u64;
@@ -105,6 +109,7 @@ fn round_on(
         warmup,
         max: count,
         min: count,
+        cap: Duration::MAX,
         window: Duration::MAX,
         pace: None,
     };
@@ -114,6 +119,7 @@ fn round_on(
         warmup: 0,
         max: u64::MAX,
         min: plan.min_loaded_calls,
+        cap: plan.window * LOADED_CAP,
         window: plan.window,
         pace: None,
     };

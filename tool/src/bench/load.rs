@@ -69,8 +69,10 @@ pub struct Calls {
     /// Timed calls at most.
     pub max: u64,
     /// Timed calls at least (each bounded by the call timeout), so that a
-    /// load making every call slow still yields a percentile.
+    /// load making every call slow still yields a percentile...
     pub min: u64,
+    /// ...unless this long has passed (and one is done).
+    pub cap: Duration,
     /// No new call once this long has passed (and `min` are done).
     pub window: Duration,
     /// From the start of one call to the next; `None`: back to back.
@@ -155,10 +157,11 @@ impl LoadConn {
             if i == plan.warmup {
                 started = Instant::now();
             }
+            let elapsed = started.elapsed();
             if timed
                 && (n >= plan.max
-                    || (n >= plan.min
-                        && (started.elapsed() >= plan.window || stop.load(Ordering::Relaxed))))
+                    || (n >= plan.min && (elapsed >= plan.window || stop.load(Ordering::Relaxed)))
+                    || (n >= 1 && elapsed >= plan.cap))
             {
                 break;
             }

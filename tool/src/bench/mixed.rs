@@ -110,6 +110,7 @@ fn round_on(
         warmup,
         max: count,
         min: count,
+        cap: Duration::MAX,
         window: Duration::MAX,
         pace: None,
     };
@@ -120,6 +121,7 @@ fn round_on(
         warmup: 0,
         max: plan.idle_heartbeats,
         min: plan.idle_heartbeats,
+        cap: Duration::MAX,
         window: Duration::MAX,
         pace: Some(HEARTBEAT_EVERY),
     };
@@ -158,6 +160,7 @@ fn run_load(
         warmup: 0,
         max: u64::MAX,
         min: 0,
+        cap: Duration::MAX,
         window: Duration::MAX,
         pace,
     };
