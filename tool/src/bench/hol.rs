@@ -105,23 +105,14 @@ fn round_on(
 ) -> Result<HolRound, ToolError> {
     step("hol: calls, idle connection");
     let (warmup, count) = plan.idle;
-    let idle = Calls {
-        warmup,
-        max: count,
-        min: count,
-        cap: Duration::MAX,
-        window: Duration::MAX,
-        pace: None,
-    };
+    let idle = Calls::counted(warmup, count, None);
     let (rtt, secs) = load.calls(HIGHEST, &idle, &AtomicBool::new(false))?;
     let idle = PingResult::new(64, warmup, rtt, secs);
     let loaded = Calls {
-        warmup: 0,
-        max: u64::MAX,
         min: plan.min_loaded_calls,
         cap: plan.window * LOADED_CAP,
         window: plan.window,
-        pace: None,
+        ..Calls::until_stopped(None)
     };
     // Half the queue's bytes: the calls start behind a queue in its steady
     // state, not behind the first few messages.

@@ -79,6 +79,29 @@ pub struct Calls {
     pub pace: Option<Duration>,
 }
 
+impl Calls {
+    /// `count` timed calls after `warmup` untimed ones, `pace` apart.
+    pub fn counted(warmup: u64, count: u64, pace: Option<Duration>) -> Calls {
+        Calls {
+            warmup,
+            max: count,
+            min: count,
+            cap: Duration::MAX,
+            window: Duration::MAX,
+            pace,
+        }
+    }
+
+    /// Calls `pace` apart until told to stop.
+    pub fn until_stopped(pace: Option<Duration>) -> Calls {
+        Calls {
+            max: u64::MAX,
+            min: 0,
+            ..Calls::counted(0, 0, pace)
+        }
+    }
+}
+
 /// One client messenger with its one connection to the bench's server (a
 /// session is one per pair of peers: each load client is a messenger).
 pub struct LoadConn {

@@ -106,25 +106,11 @@ fn round_on(
     let never = AtomicBool::new(false);
     step("mixed: calls, idle connection");
     let (warmup, count) = plan.idle_calls;
-    let idle = Calls {
-        warmup,
-        max: count,
-        min: count,
-        cap: Duration::MAX,
-        window: Duration::MAX,
-        pace: None,
-    };
+    let idle = Calls::counted(warmup, count, None);
     let (rtt, secs) = loads[0].calls(CALL_PRIORITY, &idle, &never)?;
     let idle_calls = PingResult::new(64, warmup, rtt, secs);
     step("mixed: heartbeats, idle connection");
-    let beats = Calls {
-        warmup: 0,
-        max: plan.idle_heartbeats,
-        min: plan.idle_heartbeats,
-        cap: Duration::MAX,
-        window: Duration::MAX,
-        pace: Some(HEARTBEAT_EVERY),
-    };
+    let beats = Calls::counted(0, plan.idle_heartbeats, Some(HEARTBEAT_EVERY));
     let (rtt, secs) = loads[0].calls(HIGHEST, &beats, &never)?;
     let idle_heartbeats = PingResult::new(64, 0, rtt, secs);
     step(&format!("mixed: bulk alone, {} clients", loads.len()));
@@ -156,14 +142,6 @@ fn run_load(
     let stop = AtomicBool::new(false);
     let calls = Mutex::new((Vec::new(), 0f64));
     let beats = Mutex::new((Vec::new(), 0f64));
-    let until_stopped = |pace| Calls {
-        warmup: 0,
-        max: u64::MAX,
-        min: 0,
-        cap: Duration::MAX,
-        window: Duration::MAX,
-        pace,
-    };
     let add = |to: &Mutex<(Vec<u64>, f64)>, (rtt, secs): (Vec<u64>, f64)| {
         let mut to = to.lock().unwrap_or_else(|p| p.into_inner());
         to.0.extend(rtt);
@@ -181,14 +159,14 @@ fn run_load(
                 let (add, calls, beats) = (&add, &calls, &beats);
                 callers.push(s.spawn(move || {
                     stopping_on_error(stop, || {
-                        let plan = until_stopped(None);
+                        let plan = Calls::until_stopped(None);
                         add(calls, load.calls(CALL_PRIORITY, &plan, stop)?);
                         Ok(())
                     })
                 }));
                 callers.push(s.spawn(move || {
                     stopping_on_error(stop, || {
-                        let plan = until_stopped(Some(HEARTBEAT_EVERY));
+                        let plan = Calls::until_stopped(Some(HEARTBEAT_EVERY));
                         add(beats, load.calls(HIGHEST, &plan, stop)?);
                         Ok(())
                     })
