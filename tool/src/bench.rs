@@ -14,6 +14,13 @@ use crate::progress::Progress;
 use crate::reference;
 use crate::stats::{PingResult, StreamResult};
 
+mod hol;
+mod load;
+mod mixed;
+mod server_cpu;
+
+use server_cpu::{ServerCpu, ServerThreads};
+
 /// Target: msgr 64 B one-way p50 ≤ this × std's.
 pub const LATENCY_TARGET: f64 = 1.15;
 /// Target: msgr 1 MiB bandwidth ≥ this × std's.
@@ -45,15 +52,33 @@ pub enum Part {
     Rma,
     /// The aggregate 64 B one-way rate of each of `--connections` client
     /// connections into the one server, against one connection's in the
-    /// same round (issue 51 item 4).
+    /// same round (issue 51 item 4), each beside the server's own CPU per
+    /// message against one connection's (issue 58).
     Conns,
+    /// Head-of-line blocking: 64 B calls at the highest priority, then at
+    /// the default, on a connection streaming 1 MiB and 64 MiB messages,
+    /// against the same calls on it idle (issue 58).
+    Hol,
+    /// A mixed workload: several clients each doing calls, heartbeats and
+    /// bulk messages at once; each class's p50/p99 against an idle
+    /// connection's and the bulk's throughput against the bulk alone
+    /// (issue 58).
+    Mixed,
 }
 
 /// Target: the aggregate 64 B rate of many connections into one server
 /// ≥ this × one connection's (issue 51 item 4, at 256 connections).
 pub const CONNS_TARGET: f64 = 0.70;
 /// The connection counts `--only conns` measures unless told.
-pub const CONNECTIONS: [usize; 3] = [1, 16, 256];
+pub const CONNECTIONS: [usize; 4] = [1, 16, 256, 1000];
+/// Target: the server's CPU per message with many connections ≤ this ×
+/// with one (issue 58 item 2, at 256 and 1,000).
+pub const CONNS_CPU_TARGET: f64 = 1.5;
+/// Open files a connection of the `conns` part may take, both ends
+/// together (a client messenger's poller, wake-ups and socket, the
+/// server's socket: about 5 were seen at 1,000 over tcp, 2026-12-07, and
+/// one to spare): the soft limit is raised to cover them.
+const FDS_PER_CONNECTION: u64 = 6;
 
 /// Target: a blocking call's round trip ≤ this × the worker ping-pong's
 /// (issue 51).
@@ -167,12 +192,14 @@ pub struct Comparison<T: Serialize> {
     pub ratio: f64,
     /// Smallest and largest per-round ratio.
     pub ratio_spread: [f64; 2],
-    /// "max" (ratio must be ≤ target) or "min" (≥ target).
+    /// "max" (ratio must be ≤ target), "min" (≥ target) or "none" (a
+    /// figure for the record: no target).
     pub target_kind: &'static str,
-    /// The target ratio.
+    /// The target ratio (NaN, null in JSON, where there is none).
     pub target: f64,
-    /// Whether the median ratio meets the target.
-    pub met: bool,
+    /// Whether the median ratio meets the target (null where there is
+    /// none).
+    pub met: Option<bool>,
     /// Every round's msgr and reference results.
     pub rounds: Vec<Round<T>>,
 }
@@ -232,6 +259,20 @@ pub struct BenchReport {
     /// The aggregate 64 B rate of each connection count above 1 against
     /// one connection's.
     pub conns: Vec<Comparison<StreamResult>>,
+    /// The server's own CPU per message at each connection count above 1
+    /// against one connection's (beside `conns`' rates).
+    pub conns_server_cpu: Vec<Comparison<ServerCpu>>,
+    /// Head-of-line blocking: per bulk size and call priority, the calls'
+    /// p50 and p99 round trips against the idle connection's.
+    pub hol: Vec<Comparison<PingResult>>,
+    /// Per bulk size, the bulk's rate beside highest-priority calls against
+    /// beside default-priority ones.
+    pub hol_bulk: Vec<Comparison<StreamResult>>,
+    /// The mixed workload: calls' and heartbeats' p50 and p99 against an
+    /// idle connection's.
+    pub mixed: Vec<Comparison<PingResult>>,
+    /// The mixed workload's bulk throughput against the bulk alone.
+    pub mixed_bulk: Option<Comparison<StreamResult>>,
 }
 
 /// `size`-byte RMA operations (`op`) on a region `server` exposes, from a
@@ -354,10 +395,10 @@ fn compare<T: Serialize>(
     let hi = per_round.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let (msgr, reference) = (median(&mut m), median(&mut r));
     let ratio = msgr / reference;
-    let met = if target_kind == "max" {
-        ratio <= target
-    } else {
-        ratio >= target
+    let met = match target_kind {
+        "max" => Some(ratio <= target),
+        "min" => Some(ratio >= target),
+        _ => None,
     };
     Comparison {
         metric: metric.into(),
@@ -372,6 +413,25 @@ fn compare<T: Serialize>(
         met,
         rounds,
     }
+}
+
+/// [`compare`] for a figure recorded without a target.
+fn compare_info<T: Serialize>(
+    metric: impl Into<String>,
+    unit: &'static str,
+    reference_name: impl Into<String>,
+    rounds: Vec<Round<T>>,
+    value: impl Fn(&T) -> f64,
+) -> Comparison<T> {
+    compare(
+        metric,
+        unit,
+        reference_name,
+        rounds,
+        value,
+        "none",
+        f64::NAN,
+    )
 }
 
 /// Where the server's and the client's workers run. Both busy-poll; two
@@ -441,13 +501,31 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     };
     let timeout = Duration::from_secs(60);
     let connect_timeout = Duration::from_secs(10);
+    if opts.parts.contains(&Part::Conns) {
+        // Each connection is a client messenger of its own: 1,000 take
+        // more files than a default soft limit of 1,024 allows.
+        let most = opts.connections.iter().copied().max().unwrap_or(1) as u64;
+        let want = most * FDS_PER_CONNECTION + 256;
+        let have = server_cpu::raise_nofile(want);
+        if have < want {
+            return Err(ToolError::Usage(format!(
+                "{most} connections need about {want} open files; the limit is {have} \
+                 (raise the hard limit, or measure fewer --connections)"
+            )));
+        }
+    }
     let watch = Watch::start(Duration::from_millis(if opts.quick { 100 } else { 500 }));
     let place = Placement::new(cfg, opts.pin, watch.others_before());
     let started = Instant::now();
+    let before_server = server_cpu::thread_ids();
+    let responder = Arc::new(Responder::default());
     let mut server = Messenger::builder(EntityName::server(0))
         .config(place.server.clone())
         .bind(bind.clone())
-        .start(Arc::new(Responder::default()))?;
+        .start(responder.clone())?;
+    // Its workers' CPU is the server's (`conns`): the workers among the
+    // threads started since the list before it.
+    let server_threads = ServerThreads::started_since(&before_server, place.server.workers);
     let target = server.addr().expect("bound").clone();
     let secure_name = EntityName::server(1);
     let (secure_server_cfg, secure_client) = secured(&place.server, &place.client, &secure_name);
@@ -491,6 +569,11 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     // Per connection count (after the first): rounds against one connection.
     let mut conns: Vec<Vec<Round<StreamResult>>> =
         conn_counts.iter().skip(1).map(|_| Vec::new()).collect();
+    let mut conns_cpu: Vec<Vec<Round<ServerCpu>>> =
+        conn_counts.iter().skip(1).map(|_| Vec::new()).collect();
+    let received = || responder.totals().stream_messages;
+    let mut hol_rounds = Vec::new();
+    let mut mixed_rounds = Vec::new();
     let rma_steps = 1 + 2 * rma_sizes.len() as u64 * (1 + u64::from(raw_rma.is_some()));
     let steps = u64::from(opts.rounds)
         * opts
@@ -500,6 +583,8 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                 Part::Secure => 4,
                 Part::Rma => rma_steps,
                 Part::Conns => conn_counts.len() as u64,
+                Part::Hol => hol::STEPS,
+                Part::Mixed => mixed::STEPS,
                 Part::Call => 2,
                 _ => 2,
             })
@@ -651,12 +736,67 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                             &mut progress,
                             &format!("round {}: 64 B streams, {c} connections", round + 1),
                         );
-                        let r = net::stream_many(&conns_client, &(&target).into(), &s, c)?;
+                        let (r, cpu) =
+                            server_cpu::while_receiving(&server_threads, &received, || {
+                                net::stream_many(&conns_client, &(&target).into(), &s, c)
+                            });
+                        let (r, cpu) = (
+                            r?,
+                            cpu.ok_or_else(|| {
+                                ToolError::Usage(format!(
+                                    "the server's CPU time could not be read \
+                                     (/proc/self/task) over {c} connections' streams"
+                                ))
+                            })?,
+                        );
                         match one.clone() {
-                            None => one = Some(r),
-                            Some(reference) => conns[k - 1].push(Round { msgr: r, reference }),
+                            None => one = Some((r, cpu)),
+                            Some((rate, cpu_one)) => {
+                                conns[k - 1].push(Round {
+                                    msgr: r,
+                                    reference: rate,
+                                });
+                                conns_cpu[k - 1].push(Round {
+                                    msgr: cpu,
+                                    reference: cpu_one,
+                                });
+                            }
                         }
                     }
+                }
+                Part::Hol => {
+                    let plan = hol::HolPlan {
+                        idle: (warmup, ping_count),
+                        window: secs,
+                        min_loaded_calls: if opts.quick { 2 } else { 3 },
+                        connect_timeout,
+                        timeout,
+                    };
+                    let mut step = |what: &str| {
+                        next(&mut progress, &format!("round {}: {what}", round + 1));
+                    };
+                    hol_rounds.push(hol::round(&place.client, &target, &plan, &mut step)?);
+                }
+                Part::Mixed => {
+                    let plan = mixed::MixedPlan {
+                        clients: if opts.quick {
+                            mixed::QUICK_CLIENTS
+                        } else {
+                            mixed::CLIENTS
+                        },
+                        idle_calls: (warmup, ping_count / 2),
+                        idle_heartbeats: if opts.quick { 20 } else { 100 },
+                        window: secs,
+                        connect_timeout,
+                        timeout,
+                    };
+                    let mut step = |what: &str| {
+                        next(&mut progress, &format!("round {}: {what}", round + 1));
+                    };
+                    // Several client messengers: configured as the conns
+                    // part's, none spinning or pinned.
+                    let r = mixed::round(&conns_client, &target, &plan, &mut step)?;
+                    mixed_rounds.push(r);
                 }
                 Part::Secure => {
                     let secure_target = secure_target.as_ref().expect("started for this part");
@@ -812,6 +952,25 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
             )
         })
         .collect();
+    let conns_server_cpu = conn_counts
+        .iter()
+        .skip(1)
+        .zip(conns_cpu)
+        .filter(|(_, rounds)| !rounds.is_empty())
+        .map(|(c, rounds)| {
+            compare(
+                format!("server CPU/msg, {c} connections"),
+                "ns/msg",
+                "the server's CPU per message, one connection, same run",
+                rounds,
+                |r: &ServerCpu| r.ns_per_message,
+                "max",
+                CONNS_CPU_TARGET,
+            )
+        })
+        .collect();
+    let (hol, hol_bulk) = hol::comparisons(&hol_rounds);
+    let (mixed, mixed_bulk) = mixed::comparisons(&mixed_rounds);
     Ok(BenchReport {
         transport: opts.transport.clone(),
         quick: opts.quick,
@@ -833,11 +992,17 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         rma_write,
         rma_vs_raw,
         conns,
+        conns_server_cpu,
+        hol,
+        hol_bulk,
+        mixed,
+        mixed_bulk,
     })
 }
 
 fn human(v: f64, unit: &str) -> String {
     match unit {
+        "µs" if v >= 10_000.0 => format!("{:.1} ms", v / 1e3),
         "msg/s" if v >= 1e6 => format!("{:.2} M msg/s", v / 1e6),
         "msg/s" => format!("{:.0} k msg/s", v / 1e3),
         "MiB/s" => format!("{v:.0} MiB/s"),
@@ -846,10 +1011,10 @@ fn human(v: f64, unit: &str) -> String {
 }
 
 fn row<T: Serialize>(c: &Comparison<T>) {
-    let target = if c.target_kind == "max" {
-        format!("≤ {:.2}×", c.target)
-    } else {
-        format!("≥ {:.2}×", c.target)
+    let target = match c.target_kind {
+        "max" => format!("≤ {:.2}×", c.target),
+        "min" => format!("≥ {:.2}×", c.target),
+        _ => "—".to_owned(),
     };
     println!(
         "{:<38} {:>14} {:>14} {:>7.2}× ({:.2}–{:.2}) {:>8}  {}",
@@ -860,7 +1025,11 @@ fn row<T: Serialize>(c: &Comparison<T>) {
         c.ratio_spread[0],
         c.ratio_spread[1],
         target,
-        if c.met { "met" } else { "MISSED" }
+        match c.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "",
+        }
     );
 }
 
@@ -908,8 +1077,20 @@ impl BenchReport {
         .into_iter()
         .flatten()
         .chain(&self.rma_vs_raw)
-        .chain(&self.conns)
         {
+            row(c);
+        }
+        // Each count's server CPU beside its rate.
+        for (i, c) in self.conns.iter().enumerate() {
+            row(c);
+            if let Some(cpu) = self.conns_server_cpu.get(i) {
+                row(cpu);
+            }
+        }
+        for c in self.hol.iter().chain(&self.mixed) {
+            row(c);
+        }
+        for c in self.hol_bulk.iter().chain(&self.mixed_bulk) {
             row(c);
         }
         if let Some(c) = &self.latency {
@@ -943,7 +1124,15 @@ impl BenchReport {
                 .flatten()
                 .chain(self.rma_vs_raw.first())
                 .chain(self.conns.first())
+                .chain(self.hol_bulk.first())
+                .chain(&self.mixed_bulk)
             {
+                v.push(&c.reference_name);
+            }
+            if let Some(c) = self.conns_server_cpu.first() {
+                v.push(&c.reference_name);
+            }
+            for c in self.hol.first().into_iter().chain(self.mixed.first()) {
                 v.push(&c.reference_name);
             }
             v.join("; ")

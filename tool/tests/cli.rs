@@ -155,14 +155,23 @@ fn bench_conns_measures_each_connection_count_against_one() {
         "--connections",
         "4,2",
     ];
-    let o = run(&args, Duration::from_secs(120));
-    assert!(o.status.success(), "stderr:\n{}", o.stderr);
+    let table = run(&args, Duration::from_secs(120));
+    assert!(table.status.success(), "stderr:\n{}", table.stderr);
+    let lines: Vec<&str> = table.stdout.lines().collect();
     for c in [2, 4] {
-        let title = format!("64 B aggregate rate, {c} connections");
-        assert!(
-            o.stdout.lines().any(|l| l.starts_with(&title)),
-            "no row `{title}` in:\n{}",
-            o.stdout
+        let at = |title: String| {
+            lines
+                .iter()
+                .position(|l| l.starts_with(&title))
+                .unwrap_or_else(|| panic!("no row `{title}` in:\n{}", table.stdout))
+        };
+        // The server's CPU per message beside each rate.
+        let rate = at(format!("64 B aggregate rate, {c} connections"));
+        assert_eq!(
+            at(format!("server CPU/msg, {c} connections")),
+            rate + 1,
+            "{}",
+            table.stdout
         );
     }
     let o = run(&[&args[..], &["--json"]].concat(), Duration::from_secs(120));
@@ -186,7 +195,161 @@ fn bench_conns_measures_each_connection_count_against_one() {
         }
         assert!(row["ratio"].as_f64().is_some_and(|r| r > 0.0), "{row}");
     }
+    // Beside each rate, the server's own CPU per message against one
+    // connection's: its workers' threads only (never more than a core
+    // each, where the clients' threads would add more), over the stretch
+    // it was receiving.
+    let workers = v["workers"].as_f64().expect("workers");
+    let cpu = v["conns_server_cpu"].as_array().expect("server CPU rows");
+    assert_eq!(cpu.len(), 2, "{v}");
+    for ((row, rate), c) in cpu.iter().zip(rows).zip([2, 4]) {
+        assert_eq!(row["metric"], format!("server CPU/msg, {c} connections"));
+        assert_eq!(row["target_kind"], "max");
+        let round = &row["rounds"][0];
+        for who in ["msgr", "reference"] {
+            let r = &round[who];
+            let streamed = rate["rounds"][0][who]["messages"]
+                .as_u64()
+                .expect("streamed");
+            let seen = r["messages"].as_u64().expect("messages");
+            assert!(
+                seen > 0 && seen <= streamed,
+                "{who}: {seen} of {streamed} messages seen: {r}"
+            );
+            for f in ["cpu_s", "ns_per_message", "window_s"] {
+                assert!(r[f].as_f64().is_some_and(|x| x > 0.0), "{who}.{f}: {r}");
+            }
+            let cores = r["cores"].as_f64().expect("cores");
+            assert!(
+                cores > 0.0 && cores <= workers + 0.2,
+                "{who}: {workers} worker(s) used {cores} cores: {r}"
+            );
+        }
+    }
     assert!(v["latency"].is_null(), "only the conns part ran");
+}
+
+/// The fields every row of a bench comparison carries; `targeted`: the
+/// row has a target (else a figure for the record: null target and met).
+fn assert_row(row: &serde_json::Value, targeted: bool) {
+    for f in ["msgr", "reference", "ratio"] {
+        assert!(row[f].as_f64().is_some_and(|x| x > 0.0), "{f} in {row}");
+    }
+    assert!(row["reference_name"].is_string(), "{row}");
+    if targeted {
+        assert!(row["target"].as_f64().is_some_and(|t| t > 0.0), "{row}");
+        assert!(row["met"].is_boolean(), "{row}");
+    } else {
+        assert_eq!(row["target_kind"], "none", "{row}");
+        assert!(row["target"].is_null() && row["met"].is_null(), "{row}");
+    }
+    assert!(!row["rounds"].as_array().expect("rounds").is_empty());
+}
+
+/// `msgr bench --only hol`: 64 B calls at the highest priority and at the
+/// default beside 1 MiB and 64 MiB bulk messages, each p50 and p99 against
+/// the same calls idle, and the bulk's rate beside either kind of call.
+#[test]
+fn bench_hol_times_calls_beside_bulk_against_the_idle_connection() {
+    let o = run(
+        &["bench", "--quick", "--json", "--only", "hol"],
+        Duration::from_secs(180),
+    );
+    assert!(o.status.success(), "stderr:\n{}", o.stderr);
+    let v: serde_json::Value =
+        serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", o.stdout));
+    let rows = v["hol"].as_array().expect("hol rows");
+    let mut want = Vec::new();
+    for size in ["1 MiB", "64 MiB"] {
+        for prio in [255, 0] {
+            for p in ["p50", "p99"] {
+                want.push(format!("hol {p}: {size} bulk, call prio {prio}"));
+            }
+        }
+    }
+    let got: Vec<&str> = rows.iter().filter_map(|r| r["metric"].as_str()).collect();
+    assert_eq!(got, want, "{v}");
+    for row in rows {
+        let high_p99 = row["metric"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("hol p99") && m.ends_with("prio 255"));
+        assert_row(row, high_p99);
+        if high_p99 {
+            // Issue 58's bar: twice the idle p99 and a fragment's time.
+            assert!(row["target"].as_f64().is_some_and(|t| t > 2.0), "{row}");
+        }
+        let round = &row["rounds"][0];
+        let (loaded, idle) = (&round["msgr"], &round["reference"]);
+        assert!(loaded["count"].as_u64().is_some_and(|n| n >= 2), "{loaded}");
+        assert_eq!(idle["count"], 2000, "{idle}");
+        for r in [loaded, idle] {
+            assert_eq!(r["size"], 64);
+            for f in ["p50_us", "p99_us"] {
+                assert!(r["rtt"][f].as_f64().is_some_and(|x| x > 0.0), "{f}: {r}");
+            }
+        }
+    }
+    let bulk = v["hol_bulk"].as_array().expect("hol_bulk rows");
+    assert_eq!(bulk.len(), 2, "{v}");
+    for (row, size) in bulk.iter().zip([1u64 << 20, 64 << 20]) {
+        assert_row(row, true);
+        assert_eq!(row["target_kind"], "min");
+        for who in ["msgr", "reference"] {
+            let r = &row["rounds"][0][who];
+            assert_eq!(r["size"], size, "{r}");
+            assert!(r["messages"].as_u64().is_some_and(|n| n > 0), "{who}: {r}");
+        }
+    }
+    assert!(v["latency"].is_null() && v["mixed"].as_array().is_some_and(|m| m.is_empty()));
+}
+
+/// `msgr bench --only mixed`: several clients' calls, heartbeats and bulk
+/// at once; each class's p50 and p99 against an idle connection's, the
+/// bulk's throughput against the bulk alone.
+#[test]
+fn bench_mixed_reports_each_class_and_the_bulk() {
+    let o = run(
+        &["bench", "--quick", "--json", "--only", "mixed"],
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "stderr:\n{}", o.stderr);
+    let v: serde_json::Value =
+        serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", o.stdout));
+    let rows = v["mixed"].as_array().expect("mixed rows");
+    let got: Vec<&str> = rows.iter().filter_map(|r| r["metric"].as_str()).collect();
+    assert_eq!(
+        got,
+        [
+            "mixed p50: calls, 3 clients",
+            "mixed p99: calls, 3 clients",
+            "mixed p50: heartbeats, 3 clients",
+            "mixed p99: heartbeats, 3 clients",
+        ],
+        "{v}"
+    );
+    for row in rows {
+        let p99 = row["metric"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("mixed p99"));
+        assert_row(row, p99);
+        for who in ["msgr", "reference"] {
+            let r = &row["rounds"][0][who];
+            assert!(r["count"].as_u64().is_some_and(|n| n > 0), "{who}: {r}");
+            assert!(r["rtt"]["p99_us"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+        }
+    }
+    let bulk = &v["mixed_bulk"];
+    assert_row(bulk, true);
+    assert_eq!(bulk["metric"], "mixed bulk: 3 clients, with calls");
+    for who in ["msgr", "reference"] {
+        let r = &bulk["rounds"][0][who];
+        assert_eq!(r["size"], 1 << 20, "{r}");
+        assert!(r["messages"].as_u64().is_some_and(|n| n > 0), "{who}: {r}");
+    }
+    assert!(
+        v["hol"].as_array().is_some_and(|h| h.is_empty()),
+        "only the mixed part ran"
+    );
 }
 
 #[test]
