@@ -20,6 +20,12 @@
 //!
 //! A test that needs the guest and cannot get it must fail, with the reason
 //! ([`GuestError`] says which); it never passes silently.
+//!
+//! # Layers
+//!
+//! 1. `reference`, `stress`, `tool`: guest runs of the reference RDMA
+//!    programs, of the stress suite and of the msgr tool, each built on this
+//!    module's runner alone.
 
 use std::collections::BTreeMap;
 use std::fmt;
