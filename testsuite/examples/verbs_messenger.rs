@@ -755,7 +755,7 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
     Ok(())
 }
 
-/// Issue 44 over this backend. A server taking at most 64 KiB of data:
+/// Failing loudly, never looping, over this backend. A server taking at most 64 KiB of data:
 /// a bigger message is refused at `send` once the session is open (the
 /// limit came with the handshake), and one queued before the handshake
 /// ends its session with the reason; neither side reconnects or refuses a
@@ -831,7 +831,7 @@ fn failover(bind: &EntityAddr) -> Result<(), String> {
     Ok(())
 }
 
-/// One-sided RMA (issue 49): the owner exposes 2 MiB; the peer reads
+/// One-sided RMA: the owner exposes 2 MiB; the peer reads
 /// ranges of it from 8 threads at once, checked byte for byte, then
 /// writes a stripe per thread, checked in the owner's region. Over RDMA
 /// the first read brings the region's key and the rest are RDMA READs and

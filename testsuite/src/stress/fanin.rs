@@ -1,5 +1,5 @@
-//! Fan-in: thousands of lossless clients into one server process (issue 52;
-//! docs/STRESS.md "Fan-in").
+//! Fan-in: thousands of lossless clients into one server process
+//! (docs/STRESS.md "Fan-in").
 //!
 //! The driver (this process) runs the server messenger and spawns the same
 //! binary as K client processes and one pinger process, talking to them over
@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use super::report::rss_kib;
 
-/// The bars issue 52 sets for 10,000 idle sessions.
+/// The bars for 10,000 idle sessions: accounted memory per session, bytes.
 pub const BAR_ACCOUNTED_PER_SESSION: usize = 8 << 10;
 /// RSS per idle session, bytes.
 pub const BAR_RSS_PER_SESSION: usize = 16 << 10;
