@@ -172,7 +172,7 @@ impl Run<'_> {
         slot: &ServerSlot,
         bind: EntityAddr,
         bind2: Option<EntityAddr>,
-    ) -> Result<Messenger, String> {
+    ) -> Result<Messenger, msgr::MessengerError> {
         let inc = slot.incarnation.fetch_add(1, Ordering::SeqCst);
         let cfg = self.messenger_config(ROLE_SERVER, u64::from(slot.index), inc);
         let disp: Arc<dyn msgr::Dispatcher> = slot.dispatcher.clone();
@@ -182,7 +182,7 @@ impl Run<'_> {
             if let Some(second) = bind2 {
                 b = b.bind(second);
             }
-            b.start(disp).map_err(|e| e.to_string())
+            b.start(disp)
         })
     }
 
