@@ -107,7 +107,7 @@ pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
 /// Everything a run depends on. A run is reproducible from its seed (as far
 /// as thread scheduling allows): each client's and the chaos thread's
 /// operations, every message size and every messenger's fault seed derive
-/// from it.
+/// from it. Plain data: one field per knob of the run.
 #[derive(Clone)]
 pub struct StressConfig {
     /// The run's seed.
