@@ -101,6 +101,17 @@
 //! [`EntityAddr`], [`AddrVec`], [`EntityName`] and [`EntityKind`] serialize as
 //! their string forms and deserialize by parsing, in self-describing and
 //! binary formats alike.
+//!
+//! # Layers
+//!
+//! The modules import in one direction, each only from the layers below its
+//! own (`tests/layering.rs` checks it). Bottom first:
+//!
+//! 1. `error`: [`AddrParseError`], what every parser returns.
+//! 2. `parse`: the shared lexical rules (length bound, canonical decimals).
+//! 3. `addr`, `name`: [`EntityAddr`] and its parts; [`EntityName`].
+//! 4. `addrvec`: [`AddrVec`], addresses in preference order.
+//! 5. `serde_impls`: every type as its string form through serde.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

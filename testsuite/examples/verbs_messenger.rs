@@ -206,7 +206,7 @@ impl Recorder {
     }
 
     /// Checks that `stream` got messages 1..=n exactly once, in order, intact.
-    fn check(&self, stream: u32, n: u64, bytes: u64, what: &str) -> Result<(), String> {
+    fn check(&self, stream: u32, n: u64, bytes: u64, what: &str) -> Result<(), Failure> {
         let logs = self.log.lock().unwrap();
         let none = Log::default();
         let l = logs.get(&stream).unwrap_or(&none);
@@ -222,9 +222,48 @@ impl Recorder {
             || l.bytes != bytes
             || corrupt0 != 0
         {
-            return Err(format!("{what}: lossless delivery did not hold"));
+            return Err(Failure::Check(format!(
+                "{what}: lossless delivery did not hold"
+            )));
         }
         Ok(())
+    }
+}
+
+/// Why a scenario failed; `main` prints it.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    /// A call failed: what was being done, and the error.
+    #[error("{what}: {source}")]
+    Call {
+        what: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A call failed where the error says enough on its own.
+    #[error(transparent)]
+    Api(Box<dyn std::error::Error + Send + Sync>),
+    /// A check did not hold: what was seen.
+    #[error("{0}")]
+    Check(String),
+    /// A thread of the scenario panicked.
+    #[error("{0} panicked")]
+    Panicked(&'static str),
+}
+
+impl Failure {
+    fn api(e: impl std::error::Error + Send + Sync + 'static) -> Failure {
+        Failure::Api(Box::new(e))
+    }
+}
+
+/// Wraps a call's error with what was being done (`.map_err(call("connect"))`).
+fn call<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> Failure {
+    let what = what.into();
+    move |e| Failure::Call {
+        what,
+        source: Box::new(e),
     }
 }
 
@@ -255,7 +294,7 @@ fn main() {
     println!("verbs_messenger: OK");
 }
 
-fn server(bind: &EntityAddr, cfg: MessengerConfig) -> Result<(Messenger, Arc<Recorder>), String> {
+fn server(bind: &EntityAddr, cfg: MessengerConfig) -> Result<(Messenger, Arc<Recorder>), Failure> {
     let rec = Arc::new(Recorder {
         echo: true,
         ..Recorder::default()
@@ -264,29 +303,29 @@ fn server(bind: &EntityAddr, cfg: MessengerConfig) -> Result<(Messenger, Arc<Rec
         .config(cfg)
         .bind(bind.clone())
         .start(rec.clone())
-        .map_err(|e| format!("start server: {e}"))?;
+        .map_err(call("start server"))?;
     println!("server bound at {}", m.addr().expect("bound"));
     Ok((m, rec))
 }
 
-fn client(id: u64, cfg: MessengerConfig) -> Result<(Messenger, Arc<Recorder>), String> {
+fn client(id: u64, cfg: MessengerConfig) -> Result<(Messenger, Arc<Recorder>), Failure> {
     let rec = Arc::new(Recorder::default());
     let m = Messenger::builder(EntityName::client(id))
         .config(cfg)
         .start(rec.clone())
-        .map_err(|e| format!("start client: {e}"))?;
+        .map_err(call("start client"))?;
     Ok((m, rec))
 }
 
-fn run(bind: &str, n: u64) -> Result<(), String> {
-    let bind: EntityAddr = bind.parse().map_err(|e| format!("address: {e}"))?;
+fn run(bind: &str, n: u64) -> Result<(), Failure> {
+    let bind: EntityAddr = bind.parse().map_err(call("address"))?;
     let rdma = bind.transport != msgr::TransportKind::Tcp;
     println!("availability: {:?}", msgr::availability(&bind.transport));
     let (srv, srv_rec) = server(&bind, config())?;
     let (cli, cli_rec) = client(1, config())?;
     let conn = cli
         .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(call("connect"))?;
 
     // 1 + 2: the stream, with a real QP abort halfway.
     let t0 = Instant::now();
@@ -295,7 +334,7 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
         let len = size_of(i);
         sent_bytes += len as u64;
         conn.send_timeout(message(1, i, len), Duration::from_secs(30))
-            .map_err(|e| format!("send {i}: {e}"))?;
+            .map_err(call(format!("send {i}")))?;
         if i == n / 2 {
             // Let some of it arrive, then break the QP under the stream.
             wait_until(Duration::from_secs(30), || srv_rec.delivered(1) >= n / 4);
@@ -322,10 +361,12 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
         srv_rec.resets.lock().unwrap()
     );
     if reconnects == 0 {
-        return Err("the injected QP abort did not cause a reconnect".into());
+        return Err(Failure::Check(
+            "the injected QP abort did not cause a reconnect".into(),
+        ));
     }
     if !cli_rec.resets.lock().unwrap().is_empty() {
-        return Err("a lossless session was reset".into());
+        return Err(Failure::Check("a lossless session was reset".into()));
     }
 
     // 3: large messages: the rendezvous path.
@@ -335,7 +376,7 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
     for (i, &len) in sizes.iter().enumerate() {
         large_bytes += len as u64;
         conn.send_timeout(message(3, i as u64 + 1, len), Duration::from_secs(60))
-            .map_err(|e| format!("large send {i}: {e}"))?;
+            .map_err(call(format!("large send {i}")))?;
     }
     wait_until(Duration::from_secs(240), || {
         srv_rec.delivered(3) >= sizes.len() as u64
@@ -354,21 +395,21 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
         );
         println!("large: server rendezvous reads {reads}; client sent {sent}, {in_place} in place");
         if reads < sizes.len() as u64 {
-            return Err(format!(
+            return Err(Failure::Check(format!(
                 "large messages did not take the rendezvous path ({reads} reads)"
-            ));
+            )));
         }
         // Payloads are registered where they lie, never copied first.
         if in_place != sent {
-            return Err(format!(
+            return Err(Failure::Check(format!(
                 "{} of {sent} rendezvous payloads were copied",
                 sent - in_place
-            ));
+            )));
         }
         let lent = stat(&srv, "rx_chunks_lent_total");
         println!("server: {lent} received units lent without a copy");
         if lent == 0 {
-            return Err("no received unit was lent zero-copy".into());
+            return Err(Failure::Check("no received unit was lent zero-copy".into()));
         }
         same_buffer(&conn, &cli, &srv_rec)?;
         cq_failure(&conn, &cli, &srv, &srv_rec)?;
@@ -413,13 +454,13 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
     for i in 0..rounds {
         let t = Instant::now();
         conn.send(message(PING, i, 64 - FRONT))
-            .map_err(|e| format!("ping: {e}"))?;
+            .map_err(call("ping"))?;
         let deadline = t + Duration::from_secs(10);
         let mut g = cli_rec.pong_lock.lock().unwrap();
         while cli_rec.pongs.load(Ordering::Acquire) <= i {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(format!("ping {i}: no pong"));
+                return Err(Failure::Check(format!("ping {i}: no pong")));
             }
             g = cli_rec.pong_cv.wait_timeout(g, left).unwrap().0;
         }
@@ -444,7 +485,7 @@ fn run(bind: &str, n: u64) -> Result<(), String> {
 
 /// One 1 MiB buffer sent eight times, each message a clone of the same
 /// `Bytes`: every send after the first finds its registration cached.
-fn same_buffer(conn: &Connection, cli: &Messenger, srv_rec: &Recorder) -> Result<(), String> {
+fn same_buffer(conn: &Connection, cli: &Messenger, srv_rec: &Recorder) -> Result<(), Failure> {
     const TIMES: u64 = 8;
     let len = (1 << 20) + 5;
     let same = bytes::Bytes::from(pattern(data_key(SAME, 1), len));
@@ -452,7 +493,7 @@ fn same_buffer(conn: &Connection, cli: &Messenger, srv_rec: &Recorder) -> Result
     for n in 1..=TIMES {
         let msg = Message::new(7, front(SAME, n, len), same.clone());
         conn.send_timeout(msg, Duration::from_secs(60))
-            .map_err(|e| format!("same-buffer send {n}: {e}"))?;
+            .map_err(call(format!("same-buffer send {n}")))?;
     }
     wait_until(Duration::from_secs(120), || {
         srv_rec.delivered(SAME) >= TIMES
@@ -462,9 +503,9 @@ fn same_buffer(conn: &Connection, cli: &Messenger, srv_rec: &Recorder) -> Result
     let misses = stat(cli, "reg_cache_misses") - misses0;
     println!("same buffer x {TIMES}: registration cache hits {hits}, registrations {misses}");
     if misses != 1 || hits != TIMES - 1 {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "one buffer sent {TIMES} times was registered {misses} times ({hits} hits)"
-        ));
+        )));
     }
     Ok(())
 }
@@ -476,41 +517,43 @@ fn cq_failure(
     cli: &Messenger,
     srv: &Messenger,
     srv_rec: &Recorder,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     const N: u64 = 200;
     let reconnects = || cli.counters().reconnects.load(Ordering::Relaxed);
     let before = reconnects();
     if stat(srv, "cq_failures") != 0 {
-        return Err("cq_failures before any was simulated".into());
+        return Err(Failure::Check(
+            "cq_failures before any was simulated".into(),
+        ));
     }
     let srv_conn = srv
         .connections()
         .into_iter()
         .next()
-        .ok_or("the server has no connection")?;
+        .ok_or(Failure::Check("the server has no connection".into()))?;
     srv_conn.simulate_fault(SimulatedFault::CqReadError);
     let mut bytes = 0u64;
     for n in 1..=N {
         let len = size_of(n);
         bytes += len as u64;
         conn.send_timeout(message(CQ_FAIL, n, len), Duration::from_secs(30))
-            .map_err(|e| format!("send {n} around the CQ failure: {e}"))?;
+            .map_err(call(format!("send {n} around the CQ failure")))?;
     }
     wait_until(Duration::from_secs(60), || srv_rec.delivered(CQ_FAIL) >= N);
     srv_rec.check(CQ_FAIL, N, bytes, "around a CQ failure")?;
     let (failures, reconnected) = (stat(srv, "cq_failures"), reconnects() - before);
     println!("CQ failure (SIMULATED): cq_failures {failures}, client reconnects {reconnected}");
     if failures != 1 || reconnected == 0 {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "a failed CQ poll gave cq_failures {failures} and {reconnected} reconnects"
-        ));
+        )));
     }
     Ok(())
 }
 
 /// Checks that `m`'s RDMA backend holds no send chunk, rendezvous buffer,
 /// read or lent receive chunk once traffic stops (bounded wait).
-fn rdma_quiet(who: &str, m: &Messenger) -> Result<(), String> {
+fn rdma_quiet(who: &str, m: &Messenger) -> Result<(), Failure> {
     let pools = MessengerConfig::default().rdma;
     let quiet = wait_until(Duration::from_secs(10), || {
         stat(m, "tx_chunks_free") == u64::from(pools.tx_chunks)
@@ -523,29 +566,31 @@ fn rdma_quiet(who: &str, m: &Messenger) -> Result<(), String> {
         msgr::Counters::transport_prometheus(&m.transport_stats()).replace('\n', "; ")
     );
     if !quiet {
-        return Err(format!("{who}: RDMA buffers still held when quiet"));
+        return Err(Failure::Check(format!(
+            "{who}: RDMA buffers still held when quiet"
+        )));
     }
     Ok(())
 }
 
 /// Checks that neither side holds received messages, then shuts both down
 /// and checks that no link leaked.
-fn held_and_shutdown(mut cli: Messenger, mut srv: Messenger) -> Result<(), String> {
+fn held_and_shutdown(mut cli: Messenger, mut srv: Messenger) -> Result<(), Failure> {
     for (who, m) in [("client", &cli), ("server", &srv)] {
         // An echoed ping stays in the server's replay window until acked.
         wait_until(Duration::from_secs(10), || m.rx_held() == (0, 0));
         if m.rx_held() != (0, 0) {
-            return Err(format!(
+            return Err(Failure::Check(format!(
                 "{who}: received messages still held: {:?}",
                 m.rx_held()
-            ));
+            )));
         }
     }
     let rc = cli.shutdown(Duration::from_secs(5));
     let rs = srv.shutdown(Duration::from_secs(5));
     println!("shutdown: client {rc:?} server {rs:?}");
     if rc.leaked_links != 0 || rs.leaked_links != 0 {
-        return Err("links leaked".into());
+        return Err(Failure::Check("links leaked".into()));
     }
     Ok(())
 }
@@ -553,7 +598,7 @@ fn held_and_shutdown(mut cli: Messenger, mut srv: Messenger) -> Result<(), Strin
 /// The server's next rendezvous read never completes (simulated, see the
 /// module doc): its read deadline must fail the link, and the lossless
 /// session must deliver everything exactly once over the next link.
-fn hung_read(bind: &EntityAddr) -> Result<(), String> {
+fn hung_read(bind: &EntityAddr) -> Result<(), Failure> {
     const STREAM: u32 = 20;
     let phase = Instant::now();
     let read_timeout = Duration::from_millis(2000);
@@ -563,7 +608,7 @@ fn hung_read(bind: &EntityAddr) -> Result<(), String> {
             "rdma_read_timeout_ms",
             &read_timeout.as_millis().to_string(),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(Failure::api)?;
     // Units behind the hung read, the client's keepalives among them, are
     // held: the server's keepalive timeout must not fail the link first.
     srv_cfg.session.keepalive_timeout = Duration::from_secs(60);
@@ -571,7 +616,7 @@ fn hung_read(bind: &EntityAddr) -> Result<(), String> {
     let (cli, cli_rec) = client(20, config())?;
     let conn = cli
         .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(call("connect"))?;
     // Message 1 opens the session, so the server has a connection to fault.
     let sizes = [
         100,
@@ -591,16 +636,16 @@ fn hung_read(bind: &EntityAddr) -> Result<(), String> {
         .count() as u64;
     let mut bytes = sizes[0] as u64;
     conn.send_timeout(message(STREAM, 1, sizes[0]), Duration::from_secs(30))
-        .map_err(|e| format!("hung read: send 1: {e}"))?;
+        .map_err(call("hung read: send 1"))?;
     if !wait_until(Duration::from_secs(30), || srv_rec.delivered(STREAM) >= 1) {
-        return Err("hung read: the session did not open".into());
+        return Err(Failure::Check("hung read: the session did not open".into()));
     }
     let srv_conns = srv.connections();
     let [srv_conn] = &srv_conns[..] else {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "hung read: the server has {} connections, not 1",
             srv_conns.len()
-        ));
+        )));
     };
     srv_conn.simulate_fault(SimulatedFault::HungRead);
     // A stats round trip goes through the server's one worker after the
@@ -614,7 +659,7 @@ fn hung_read(bind: &EntityAddr) -> Result<(), String> {
     for (i, &len) in sizes.iter().enumerate().skip(1) {
         bytes += len as u64;
         conn.send_timeout(message(STREAM, i as u64 + 1, len), Duration::from_secs(30))
-            .map_err(|e| format!("hung read: send {}: {e}", i + 1))?;
+            .map_err(call(format!("hung read: send {}", i + 1)))?;
     }
     // Bounded: without the deadline nothing else fails this link (the
     // keepalive timeout is above this wait), and this wait runs out.
@@ -625,10 +670,10 @@ fn hung_read(bind: &EntityAddr) -> Result<(), String> {
     });
     let time_to_fail = t.elapsed();
     if !failed {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "hung read: the link did not fail within {:.1} s (read timeout {read_timeout:?})",
             time_to_fail.as_secs_f64()
-        ));
+        )));
     }
     wait_until(Duration::from_secs(60), || {
         srv_rec.delivered(STREAM) >= sizes.len() as u64
@@ -647,26 +692,30 @@ fn hung_read(bind: &EntityAddr) -> Result<(), String> {
         recovered.as_secs_f64()
     );
     if read_timeouts != 1 || hung != 1 {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "hung read: expected 1 read timeout of 1 hung read, got {read_timeouts} of {hung}"
-        ));
+        )));
     }
     // The read started after its send: failing sooner would ignore the deadline.
     if time_to_fail < read_timeout {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "hung read: the link failed after {time_to_fail:?}, before the read timeout"
-        ));
+        )));
     }
     if reads < big {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "hung read: {reads} rendezvous reads completed for {big} large messages"
-        ));
+        )));
     }
     if reconnects == 0 {
-        return Err("hung read: the client did not reconnect".into());
+        return Err(Failure::Check(
+            "hung read: the client did not reconnect".into(),
+        ));
     }
     if !cli_rec.resets.lock().unwrap().is_empty() {
-        return Err("hung read: a lossless session was reset".into());
+        return Err(Failure::Check(
+            "hung read: a lossless session was reset".into(),
+        ));
     }
     // The failed link gave back its buffers, its read and its share of the
     // receive queue; only the new link is left.
@@ -674,14 +723,16 @@ fn hung_read(bind: &EntityAddr) -> Result<(), String> {
         rdma_quiet(&format!("hung read: {who}"), m)?;
         let links = stat(m, "links");
         if links != 1 {
-            return Err(format!("hung read: {who} has {links} links, not 1"));
+            return Err(Failure::Check(format!(
+                "hung read: {who} has {links} links, not 1"
+            )));
         }
     }
     let rx_unpromised_now = stat(&srv, "rx_slots_unpromised");
     if rx_unpromised_now != rx_unpromised {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "hung read: unpromised receive slots {rx_unpromised_now}, {rx_unpromised} before"
-        ));
+        )));
     }
     held_and_shutdown(cli, srv)?;
     println!(
@@ -696,13 +747,13 @@ fn hung_read(bind: &EntityAddr) -> Result<(), String> {
 /// owing the other the credits it waits for. Credits must still go back
 /// (alone, when no data can carry them): a link that stalls until the
 /// keepalive timeout fails it, which this test counts as a failure.
-fn both_ways(bind: &EntityAddr) -> Result<(), String> {
+fn both_ways(bind: &EntityAddr) -> Result<(), Failure> {
     // Every message by rendezvous: each side also owes the other an answer
     // per read, sent only once the read is done (late), so the two
     // directions' credits drain out of step.
     let mut cfg = config();
     cfg.set("rdma_rendezvous_bytes", "32768")
-        .map_err(|e| e.to_string())?;
+        .map_err(Failure::api)?;
     // A stall must show as echoes missing, not be healed by a keepalive
     // reconnect — nor a slow (loaded, emulated) guest fault a link.
     cfg.session.keepalive_timeout = Duration::from_secs(300);
@@ -710,12 +761,12 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
     let (mut cli, cli_rec) = client(20, cfg)?;
     let conn = cli
         .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(call("connect"))?;
     let count = 1500u64;
     let t = Instant::now();
     for i in 0..count {
         conn.send_timeout(message(PING, i, 40 << 10), Duration::from_secs(30))
-            .map_err(|e| format!("both ways: send {i}: {e}"))?;
+            .map_err(call(format!("both ways: send {i}")))?;
     }
     let all_back = wait_until(Duration::from_secs(120), || {
         cli_rec.pongs.load(Ordering::Acquire) >= count
@@ -734,7 +785,7 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
         stat(&srv, "credit_only_sends"),
     );
     if !all_back {
-        return Err("both ways: echoes missing".into());
+        return Err(Failure::Check("both ways: echoes missing".into()));
     }
     if faults.iter().any(|&f| f > 0) {
         let why: Vec<String> = [&cli, &srv]
@@ -742,7 +793,7 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
             .flat_map(|m| m.connections())
             .filter_map(|c| c.status().last_fault.map(|f| f.to_string()))
             .collect();
-        return Err(format!("both ways: a link failed: {why:?}"));
+        return Err(Failure::Check(format!("both ways: a link failed: {why:?}")));
     }
     // Read sinks go back to a shelf when the messages drop (RoCE; iWARP
     // sinks are remotely writable, so they are deregistered instead): the
@@ -755,7 +806,7 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
     Ok(())
 }
 
-/// Issue 44 over this backend. A server taking at most 64 KiB of data:
+/// Failing loudly, never looping, over this backend. A server taking at most 64 KiB of data:
 /// a bigger message is refused at `send` once the session is open (the
 /// limit came with the handshake), and one queued before the handshake
 /// ends its session with the reason; neither side reconnects or refuses a
@@ -767,7 +818,7 @@ fn both_ways(bind: &EntityAddr) -> Result<(), String> {
 /// moved to the error state, a real fault): the session goes on over TCP,
 /// replaying what was not acknowledged — every message once, in order,
 /// intact. Prints how long from the fault to the move.
-fn failover(bind: &EntityAddr) -> Result<(), String> {
+fn failover(bind: &EntityAddr) -> Result<(), Failure> {
     if bind.transport == msgr::TransportKind::Tcp {
         return Ok(());
     }
@@ -775,42 +826,44 @@ fn failover(bind: &EntityAddr) -> Result<(), String> {
     let mut srv = Messenger::builder(EntityName::server(6))
         .config(config())
         .bind(bind.clone())
-        .bind("tcp://127.0.0.1:0".parse().map_err(|e| format!("{e}"))?)
+        .bind("tcp://127.0.0.1:0".parse().map_err(Failure::api)?)
         .start(srv_rec.clone())
-        .map_err(|e| format!("failover: start server: {e}"))?;
+        .map_err(call("failover: start server"))?;
     let (mut cli, _) = client(50, config())?;
     let addrs = srv.addrs();
     let conn = cli
         .connect_any(&addrs, Policy::LosslessClient)
-        .map_err(|e| format!("failover: connect: {e}"))?;
+        .map_err(call("failover: connect"))?;
     const N: u64 = 600;
     let sizes = [0usize, 64, 3000, 70_000, 300_000];
     let bytes: u64 = (1..=N)
         .map(|i| sizes[i as usize % sizes.len()] as u64)
         .sum();
     let changes = |m: &Messenger| m.counters().transport_changes.load(Ordering::Relaxed);
-    let moved = std::thread::scope(|scope| -> Result<Duration, String> {
-        let faulter = scope.spawn(|| -> Result<Duration, String> {
+    let moved = std::thread::scope(|scope| -> Result<Duration, Failure> {
+        let faulter = scope.spawn(|| -> Result<Duration, Failure> {
             if !wait_until(Duration::from_secs(60), || srv_rec.delivered(50) >= N / 4) {
-                return Err("failover: nothing arrived over RDMA".into());
+                return Err(Failure::Check("failover: nothing arrived over RDMA".into()));
             }
             let fault = Instant::now();
             if !srv.unbind(&addrs.0[0]) {
-                return Err("failover: unbind refused".into());
+                return Err(Failure::Check("failover: unbind refused".into()));
             }
             if !wait_until(Duration::from_secs(60), || changes(&cli) >= 1) {
-                return Err("failover: the session did not move to TCP".into());
+                return Err(Failure::Check(
+                    "failover: the session did not move to TCP".into(),
+                ));
             }
             Ok(fault.elapsed())
         });
         for i in 1..=N {
             let len = sizes[i as usize % sizes.len()];
             conn.send_timeout(message(50, i, len), Duration::from_secs(60))
-                .map_err(|e| format!("failover: send {i}: {e}"))?;
+                .map_err(call(format!("failover: send {i}")))?;
         }
         faulter
             .join()
-            .map_err(|_| "failover: faulter panicked".to_string())?
+            .map_err(|_| Failure::Panicked("failover: faulter"))?
     })?;
     wait_until(Duration::from_secs(180), || srv_rec.delivered(50) >= N);
     srv_rec.check(50, N, bytes, "failover: rdma -> tcp")?;
@@ -824,14 +877,16 @@ fn failover(bind: &EntityAddr) -> Result<(), String> {
         changes(&srv)
     );
     if changes(&srv) == 0 {
-        return Err("failover: the server did not see the session move".into());
+        return Err(Failure::Check(
+            "failover: the server did not see the session move".into(),
+        ));
     }
     cli.shutdown(Duration::from_secs(5));
     srv.shutdown(Duration::from_secs(5));
     Ok(())
 }
 
-/// One-sided RMA (issue 49): the owner exposes 2 MiB; the peer reads
+/// One-sided RMA: the owner exposes 2 MiB; the peer reads
 /// ranges of it from 8 threads at once, checked byte for byte, then
 /// writes a stripe per thread, checked in the owner's region. Over RDMA
 /// the first read brings the region's key and the rest are RDMA READs and
@@ -840,13 +895,13 @@ fn failover(bind: &EntityAddr) -> Result<(), String> {
 /// whole and a read is `Revoked`: over RDMA the reader still holds the key,
 /// so its READ meets a deregistered region, the NIC fails the link, and the
 /// session asks the owner over the next one.
-fn user_rma(bind: &EntityAddr) -> Result<(), String> {
+fn user_rma(bind: &EntityAddr) -> Result<(), Failure> {
     let rdma = bind.transport != msgr::TransportKind::Tcp;
     let owner = Messenger::builder(EntityName::server(7))
         .config(config())
         .bind(bind.clone())
         .start(Arc::new(msgr::NullDispatcher))
-        .map_err(|e| format!("rma: start owner: {e}"))?;
+        .map_err(call("rma: start owner"))?;
     let (peer, _) = client(70, config())?;
     let original: Vec<u8> = (0..2u64 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -855,32 +910,36 @@ fn user_rma(bind: &EntityAddr) -> Result<(), String> {
     let h = region.handle();
     let conn = peer
         .connect_with(owner.addr().expect("bound"), Policy::LosslessClient)
-        .map_err(|e| format!("rma: connect: {e}"))?;
+        .map_err(call("rma: connect"))?;
     let t = msgr::RmaOptions::from(Duration::from_secs(30));
     // A checksummed read goes to the owner, and brings no key.
     let got = conn
         .read(&h, 5, 100_000, t.checksum())
-        .map_err(|e| format!("rma: checked read: {e}"))?;
+        .map_err(call("rma: checked read"))?;
     if got[..] != original[5..100_005] {
-        return Err("rma: the checked read's bytes differ".into());
+        return Err(Failure::Check(
+            "rma: the checked read's bytes differ".into(),
+        ));
     }
     const THREADS: u64 = 8;
     const READS: u64 = 40;
     let t0 = Instant::now();
-    let moved = std::thread::scope(|scope| -> Result<u64, String> {
+    let moved = std::thread::scope(|scope| -> Result<u64, Failure> {
         let workers: Vec<_> = (0..THREADS)
             .map(|w| {
                 let (conn, h, original) = (&conn, &h, &original);
-                scope.spawn(move || -> Result<u64, String> {
+                scope.spawn(move || -> Result<u64, Failure> {
                     let mut bytes = 0;
                     for i in 0..READS {
                         let len = [1u64, 4096, 65_536, 1 << 20][(i % 4) as usize];
                         let at = (w * 131_071 + i * 9_973) % ((2 << 20) - len);
                         let got = conn
                             .read(h, at, len, t)
-                            .map_err(|e| format!("rma: read {w}/{i}: {e}"))?;
+                            .map_err(call(format!("rma: read {w}/{i}")))?;
                         if got[..] != original[at as usize..(at + len) as usize] {
-                            return Err(format!("rma: read {w}/{i} ({at}+{len}): bytes differ"));
+                            return Err(Failure::Check(format!(
+                                "rma: read {w}/{i} ({at}+{len}): bytes differ"
+                            )));
                         }
                         bytes += len;
                     }
@@ -890,7 +949,7 @@ fn user_rma(bind: &EntityAddr) -> Result<(), String> {
             .collect();
         workers
             .into_iter()
-            .map(|w| w.join().map_err(|_| "rma: a reader panicked".to_string())?)
+            .map(|w| w.join().map_err(|_| Failure::Panicked("rma: a reader"))?)
             .sum()
     })?;
     let secs = t0.elapsed().as_secs_f64();
@@ -908,15 +967,19 @@ fn user_rma(bind: &EntityAddr) -> Result<(), String> {
         // The first unchecked reads (one per thread at most, racing)
         // ask the owner and bring the key; every later one is an RDMA READ.
         if native + THREADS < total || fallbacks != 0 || !(1..=THREADS).contains(&keys) {
-            return Err(format!(
+            return Err(Failure::Check(format!(
                 "rma: {native} of {total} reads native, {fallbacks} fell back, {keys} keys given"
-            ));
+            )));
         }
         if stat(&peer, "user_reads") != native {
-            return Err("rma: the backend's user_reads differ from the native reads".into());
+            return Err(Failure::Check(
+                "rma: the backend's user_reads differ from the native reads".into(),
+            ));
         }
     } else if native != 0 {
-        return Err(format!("rma: {native} native reads over TCP"));
+        return Err(Failure::Check(format!(
+            "rma: {native} native reads over TCP"
+        )));
     }
     // Writes: each thread its own 64 KiB stripe, in pieces of every size
     // class, then read back by the owner. Over RDMA they are RDMA WRITEs
@@ -924,11 +987,11 @@ fn user_rma(bind: &EntityAddr) -> Result<(), String> {
     const STRIPE: u64 = 64 << 10;
     let mut expected = original.clone();
     let t0 = Instant::now();
-    std::thread::scope(|scope| -> Result<(), String> {
+    std::thread::scope(|scope| -> Result<(), Failure> {
         let workers: Vec<_> = (0..THREADS)
             .map(|w| {
                 let (conn, h) = (&conn, &h);
-                scope.spawn(move || -> Result<(), String> {
+                scope.spawn(move || -> Result<(), Failure> {
                     let base = w * STRIPE;
                     let mut at = 0u64;
                     for i in 0u64.. {
@@ -938,7 +1001,7 @@ fn user_rma(bind: &EntityAddr) -> Result<(), String> {
                         }
                         let bytes: Vec<u8> = (0..len).map(|j| (w * 31 + i + j) as u8).collect();
                         conn.write(h, base + at, bytes, t)
-                            .map_err(|e| format!("rma: write {w}/{i}: {e}"))?;
+                            .map_err(call(format!("rma: write {w}/{i}")))?;
                         at += len;
                     }
                     Ok(())
@@ -946,8 +1009,7 @@ fn user_rma(bind: &EntityAddr) -> Result<(), String> {
             })
             .collect();
         for w in workers {
-            w.join()
-                .map_err(|_| "rma: a writer panicked".to_string())??;
+            w.join().map_err(|_| Failure::Panicked("rma: a writer"))??;
         }
         Ok(())
     })?;
@@ -978,40 +1040,46 @@ fn user_rma(bind: &EntityAddr) -> Result<(), String> {
             .zip(&expected)
             .position(|(a, b)| a != b)
             .unwrap_or(0);
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "rma: the region after the writes differs at byte {at}"
-        ));
+        )));
     }
     if rdma && (writes == 0 || stat(&peer, "user_writes") != writes) {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "rma: {writes} native writes (backend {})",
             stat(&peer, "user_writes")
-        ));
+        )));
     }
     if !rdma && writes != 0 {
-        return Err(format!("rma: {writes} native writes over TCP"));
+        return Err(Failure::Check(format!(
+            "rma: {writes} native writes over TCP"
+        )));
     }
     let back = region.revoke();
     if back != expected {
-        return Err("rma: the revoked buffer differs".into());
+        return Err(Failure::Check("rma: the revoked buffer differs".into()));
     }
     let faults = conn.status().faults;
     match conn.read(&h, 0, 64, t) {
         Err(msgr::RmaError::Revoked) => {}
-        other => return Err(format!("rma: a read after revoke: {other:?}")),
+        other => {
+            return Err(Failure::Check(format!(
+                "rma: a read after revoke: {other:?}"
+            )))
+        }
     }
     let after = conn.status().faults - faults;
     let fallbacks = peer.counters().rma_native_fallbacks.load(Ordering::Relaxed);
     println!("rma: after revoke a read is Revoked ({fallbacks} native reads asked of the owner again, {after} link faults)");
     if rdma && fallbacks != 1 {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "rma: the read after revoke was not tried natively first ({fallbacks} fallbacks)"
-        ));
+        )));
     }
     // The session goes on.
     let again = conn.read(&h, 0, 1, t.checksum());
     if again != Err(msgr::RmaError::Revoked) {
-        return Err(format!("rma: after the fault: {again:?}"));
+        return Err(Failure::Check(format!("rma: after the fault: {again:?}")));
     }
     Ok(())
 }
@@ -1025,7 +1093,7 @@ fn user_rma(bind: &EntityAddr) -> Result<(), String> {
 /// queue pair here) and its QP is aborted for real halfway: every
 /// corruption is caught, each new link authenticates again, and both
 /// streams arrive exactly once, in order, intact.
-fn secure_mode(bind: &EntityAddr) -> Result<(), String> {
+fn secure_mode(bind: &EntityAddr) -> Result<(), Failure> {
     use msgr::auth::{Credentials, Keyring, StaticKeypair};
     let names = [
         EntityName::server(5),
@@ -1038,11 +1106,11 @@ fn secure_mode(bind: &EntityAddr) -> Result<(), String> {
         ring.insert(n.clone(), k.public());
     }
     let ring = Arc::new(ring);
-    let secure = |faults: Option<&str>| -> Result<MessengerConfig, String> {
+    let secure = |faults: Option<&str>| -> Result<MessengerConfig, Failure> {
         let mut cfg = config();
-        cfg.set("security", "secure").map_err(|e| e.to_string())?;
+        cfg.set("security", "secure").map_err(Failure::api)?;
         if let Some(f) = faults {
-            cfg.set("faults", f).map_err(|e| e.to_string())?;
+            cfg.set("faults", f).map_err(Failure::api)?;
         }
         Ok(cfg)
     };
@@ -1057,8 +1125,7 @@ fn secure_mode(bind: &EntityAddr) -> Result<(), String> {
         if let Some(a) = bind {
             b = b.bind(a.clone());
         }
-        b.start(rec)
-            .map_err(|e| format!("secure: start {name}: {e}"))
+        b.start(rec).map_err(call(format!("secure: start {name}")))
     };
     let srv_rec = Arc::new(Recorder::default());
     let mut srv = start(
@@ -1084,12 +1151,12 @@ fn secure_mode(bind: &EntityAddr) -> Result<(), String> {
     )?;
     let c1 = one
         .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-        .map_err(|e| format!("secure: connect: {e}"))?;
+        .map_err(call("secure: connect"))?;
     let c2 = two
         .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-        .map_err(|e| format!("secure: connect: {e}"))?;
+        .map_err(call("secure: connect"))?;
     c1.wait_connected(Duration::from_secs(30))
-        .map_err(|e| format!("secure: {e}"))?;
+        .map_err(call("secure"))?;
     // The impostor: client.40's name, its own key.
     let mut impostor = start(
         &names[1],
@@ -1105,9 +1172,9 @@ fn secure_mode(bind: &EntityAddr) -> Result<(), String> {
     for i in 1..=N {
         let len = sizes[i as usize % sizes.len()];
         c1.send_timeout(message(40, i, len), Duration::from_secs(60))
-            .map_err(|e| format!("secure: send {i}: {e}"))?;
+            .map_err(call(format!("secure: send {i}")))?;
         c2.send_timeout(message(41, i, len), Duration::from_secs(60))
-            .map_err(|e| format!("secure: send {i}: {e}"))?;
+            .map_err(call(format!("secure: send {i}")))?;
         b1 += len as u64;
         b2 += len as u64;
         if i == N / 2 {
@@ -1136,7 +1203,9 @@ fn secure_mode(bind: &EntityAddr) -> Result<(), String> {
          client.40 reconnects {r1}, client.41 reconnects {r2}"
     );
     if auth == 0 || caught == 0 || r1 != 0 || r2 == 0 || c1.peer().and_then(|p| p.key).is_none() {
-        return Err("secure: the secure mode did not hold".into());
+        return Err(Failure::Check(
+            "secure: the secure mode did not hold".into(),
+        ));
     }
     for m in [&mut impostor, &mut one, &mut two, &mut srv] {
         m.shutdown(Duration::from_secs(5));
@@ -1144,24 +1213,26 @@ fn secure_mode(bind: &EntityAddr) -> Result<(), String> {
     Ok(())
 }
 
-fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
+fn poison_and_panic(bind: &EntityAddr) -> Result<(), Failure> {
     let mut small = config();
-    small
-        .set("max_data_bytes", "65536")
-        .map_err(|e| e.to_string())?;
+    small.set("max_data_bytes", "65536").map_err(Failure::api)?;
     let (mut srv, srv_rec) = server(bind, small)?;
     let (mut cli, _) = client(30, config())?;
     let conn = cli
         .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-        .map_err(|e| format!("poison: connect: {e}"))?;
+        .map_err(call("poison: connect"))?;
     conn.wait_connected(Duration::from_secs(30))
-        .map_err(|e| format!("poison: {e}"))?;
+        .map_err(call("poison"))?;
     match conn.send(message(7, 1, 128 << 10)) {
         Err(msgr::SendRejected {
             error: msgr::SendError::TooLarge(msgr::TooLarge { max: 65536, .. }),
             ..
         }) => {}
-        other => return Err(format!("poison: a 128 KiB message: {other:?}")),
+        other => {
+            return Err(Failure::Check(format!(
+                "poison: a 128 KiB message: {other:?}"
+            )))
+        }
     }
     // Queued before the handshake told the limit. The handshake can win
     // the race with this send (seen once in the guest): the send is then
@@ -1169,12 +1240,14 @@ fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
     let mut attempts = 40..45;
     let (mut early, early_rec) = loop {
         let Some(id) = attempts.next() else {
-            return Err("poison: 5 handshakes in a row beat the send before them".into());
+            return Err(Failure::Check(
+                "poison: 5 handshakes in a row beat the send before them".into(),
+            ));
         };
         let (mut early, early_rec) = client(id, config())?;
         let conn2 = early
             .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-            .map_err(|e| format!("poison: connect: {e}"))?;
+            .map_err(call("poison: connect"))?;
         match conn2.send(message(8, 1, 128 << 10)) {
             Ok(()) => break (early, early_rec),
             // (Only the peer's limit refuses it: this client's own is larger.)
@@ -1185,17 +1258,25 @@ fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
                 println!("poison: client {id}'s handshake beat its send; another client");
                 early.shutdown(Duration::from_secs(5));
             }
-            Err(e) => return Err(format!("poison: queue before the handshake: {e}")),
+            Err(e) => {
+                return Err(Failure::Check(format!(
+                    "poison: queue before the handshake: {e}"
+                )))
+            }
         }
     };
     if !wait_until(Duration::from_secs(30), || {
         !early_rec.resets.lock().unwrap().is_empty()
     }) {
-        return Err("poison: the session that queued it did not end".into());
+        return Err(Failure::Check(
+            "poison: the session that queued it did not end".into(),
+        ));
     }
     let why = early_rec.resets.lock().unwrap()[0].clone();
     if !why.contains("more than the peer takes") {
-        return Err(format!("poison: ended for another reason: {why}"));
+        return Err(Failure::Check(format!(
+            "poison: ended for another reason: {why}"
+        )));
     }
     for m in [&cli, &early, &srv] {
         let c = m.counters();
@@ -1204,27 +1285,29 @@ fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
             c.protocol_errors.load(Ordering::Relaxed),
         );
         if r + p != 0 {
-            return Err(format!("poison: {r} reconnects, {p} protocol errors"));
+            return Err(Failure::Check(format!(
+                "poison: {r} reconnects, {p} protocol errors"
+            )));
         }
     }
     println!("poison: refused at send; the early session ended: {why}");
 
     // The panic: client 30's connection ends, client 31 (a new one) is served.
     conn.send(message(PANIC, 1, 64))
-        .map_err(|e| format!("panic: send: {e}"))?;
+        .map_err(call("panic: send"))?;
     if !wait_until(Duration::from_secs(30), || {
         srv.counters().handler_panics.load(Ordering::Relaxed) == 1
     }) {
-        return Err("panic: not caught and counted".into());
+        return Err(Failure::Check("panic: not caught and counted".into()));
     }
     let (mut other, _) = client(32, config())?;
     let conn3 = other
         .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-        .map_err(|e| format!("panic: connect: {e}"))?;
+        .map_err(call("panic: connect"))?;
     for i in 1..=20 {
         conn3
             .send_timeout(message(9, i, 1000), Duration::from_secs(30))
-            .map_err(|e| format!("panic: send {i}: {e}"))?;
+            .map_err(call(format!("panic: send {i}")))?;
     }
     wait_until(Duration::from_secs(30), || srv_rec.delivered(9) >= 20);
     srv_rec.check(9, 20, 20_000, "after the panic")?;
@@ -1241,7 +1324,7 @@ fn poison_and_panic(bind: &EntityAddr) -> Result<(), String> {
 /// backend must notice and listen again (`listeners_restored`), or every
 /// later connect is refused. Without a kernel socket (RoCE) there is
 /// nothing to break: said so, and nothing checked.
-fn aborted_connects(bind: &EntityAddr) -> Result<(), String> {
+fn aborted_connects(bind: &EntityAddr) -> Result<(), Failure> {
     let (srv, _) = server(bind, config())?;
     let at = srv.addr().expect("bound").socket;
     let mut refused_after = None;
@@ -1260,7 +1343,11 @@ fn aborted_connects(bind: &EntityAddr) -> Result<(), String> {
                 refused_after = Some(i);
                 break;
             }
-            Err(e) => return Err(format!("aborted connects: connect {i}: {e}")),
+            Err(e) => {
+                return Err(Failure::Check(format!(
+                    "aborted connects: connect {i}: {e}"
+                )))
+            }
         }
     }
     match refused_after {
@@ -1283,26 +1370,28 @@ fn aborted_connects(bind: &EntityAddr) -> Result<(), String> {
         stat(&srv, "listeners_restored") >= 1
     });
     if refused_after.is_some() && !restored {
-        return Err("aborted connects: the dead listener was not restored within 10 s".into());
+        return Err(Failure::Check(
+            "aborted connects: the dead listener was not restored within 10 s".into(),
+        ));
     }
     // A real client gets through and is answered.
     let (cli, cli_rec) = client(31, config())?;
     let conn = cli
         .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-        .map_err(|e| format!("aborted connects: connect: {e}"))?;
+        .map_err(call("aborted connects: connect"))?;
     let count = 20;
     for i in 0..count {
         conn.send_timeout(message(PING, i, 64), Duration::from_secs(30))
-            .map_err(|e| format!("aborted connects: send {i}: {e}"))?;
+            .map_err(call(format!("aborted connects: send {i}")))?;
     }
     if !wait_until(Duration::from_secs(30), || {
         cli_rec.pongs.load(Ordering::Acquire) >= count
     }) {
-        return Err(format!(
+        return Err(Failure::Check(format!(
             "aborted connects: {} of {count} echoes; the connection: {:?}",
             cli_rec.pongs.load(Ordering::Acquire),
             conn.status()
-        ));
+        )));
     }
     println!(
         "aborted connects: listener restored {} time(s); a client connected and got {count} echoes",
@@ -1313,14 +1402,13 @@ fn aborted_connects(bind: &EntityAddr) -> Result<(), String> {
 
 /// Three clients stream into a server with 16 receive slots (2 credits per
 /// link) and 4 send chunks; each client has 1 send chunk.
-fn starvation(bind: &EntityAddr) -> Result<(), String> {
+fn starvation(bind: &EntityAddr) -> Result<(), Failure> {
     let mut tiny = config();
-    tiny.set("rdma_rx_chunks", "16")
-        .map_err(|e| e.to_string())?;
-    tiny.set("rdma_tx_chunks", "4").map_err(|e| e.to_string())?;
+    tiny.set("rdma_rx_chunks", "16").map_err(Failure::api)?;
+    tiny.set("rdma_tx_chunks", "4").map_err(Failure::api)?;
     let (mut srv, srv_rec) = server(bind, tiny.clone())?;
     // The clients have one send chunk for two credits: their pool runs dry.
-    tiny.set("rdma_tx_chunks", "1").map_err(|e| e.to_string())?;
+    tiny.set("rdma_tx_chunks", "1").map_err(Failure::api)?;
     let per_client = 600u64;
     let t = Instant::now();
     let mut clients = Vec::new();
@@ -1328,28 +1416,28 @@ fn starvation(bind: &EntityAddr) -> Result<(), String> {
         let (m, _) = client(10 + u64::from(c), tiny.clone())?;
         let conn = m
             .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
-            .map_err(|e| format!("connect: {e}"))?;
+            .map_err(call("connect"))?;
         clients.push((m, conn, 10 + c));
     }
     let mut expected = Vec::new();
-    std::thread::scope(|s| -> Result<(), String> {
+    std::thread::scope(|s| -> Result<(), Failure> {
         let handles: Vec<_> = clients
             .iter()
             .map(|(_, conn, stream)| {
-                s.spawn(move || -> Result<u64, String> {
+                s.spawn(move || -> Result<u64, Failure> {
                     let mut bytes = 0;
                     for i in 1..=per_client {
                         let len = size_of(i * 7 + u64::from(*stream));
                         bytes += len as u64;
                         conn.send_timeout(message(*stream, i, len), Duration::from_secs(60))
-                            .map_err(|e| format!("starved send {i}: {e}"))?;
+                            .map_err(call(format!("starved send {i}")))?;
                     }
                     Ok(bytes)
                 })
             })
             .collect();
         for h in handles {
-            expected.push(h.join().map_err(|_| "sender panicked".to_string())??);
+            expected.push(h.join().map_err(|_| Failure::Panicked("sender"))??);
         }
         Ok(())
     })?;
@@ -1380,10 +1468,14 @@ fn starvation(bind: &EntityAddr) -> Result<(), String> {
         t.elapsed().as_secs_f64() * 1e3
     );
     if stalls == 0 {
-        return Err("2 credits per link never stalled a sender: the test did not starve".into());
+        return Err(Failure::Check(
+            "2 credits per link never stalled a sender: the test did not starve".into(),
+        ));
     }
     if empty == 0 {
-        return Err("one send chunk never ran out: the test did not exhaust the pool".into());
+        return Err(Failure::Check(
+            "one send chunk never ran out: the test did not exhaust the pool".into(),
+        ));
     }
     for (mut m, _, _) in clients {
         m.shutdown(Duration::from_secs(5));

@@ -20,6 +20,12 @@
 //!
 //! A test that needs the guest and cannot get it must fail, with the reason
 //! ([`GuestError`] says which); it never passes silently.
+//!
+//! # Layers
+//!
+//! 1. `reference`, `stress`, `tool`: guest runs of the reference RDMA
+//!    programs, of the stress suite and of the msgr tool, each built on this
+//!    module's runner alone.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -315,6 +321,93 @@ impl fmt::Display for GuestOutcome {
         }
         Ok(())
     }
+}
+
+/// Why a guest command's figures are missing: the command did not run or
+/// failed, or its output did not hold them. Each message starts with the
+/// command or tool it is about.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum FiguresError {
+    /// The command was not in the guest run.
+    #[error("{0}: not run")]
+    NotRun(String),
+    /// The command failed: its exit status and first lines of output.
+    #[error("{name}: exit {status:?}{}: {head}", if *timed_out { " (timed out)" } else { "" })]
+    Failed {
+        /// The command.
+        name: String,
+        /// Its exit status, if it exited.
+        status: Option<i32>,
+        /// Whether it was stopped at its timeout.
+        timed_out: bool,
+        /// Its first lines, joined by ` | `.
+        head: String,
+    },
+    /// A perftest tool printed no row of figures.
+    #[error("{0}: no result row")]
+    NoRow(&'static str),
+    /// The rping wrapper printed no timing line.
+    #[error("rping: no timing line")]
+    NoTimingLine,
+    /// A field of the rping timing line is not a number.
+    #[error("rping: bad {0}")]
+    BadRpingField(&'static str),
+    /// The rping timing line has another shape.
+    #[error("rping: cannot parse {0:?}")]
+    RpingLine(String),
+    /// No `result LABEL {json}` line.
+    #[error("{0}: no result line")]
+    NoResultLine(String),
+    /// The result line's JSON did not parse.
+    #[error("{label}: bad JSON ({reason}): {line}")]
+    BadJson {
+        /// The result's label.
+        label: String,
+        /// What serde_json said.
+        reason: String,
+        /// The JSON text.
+        line: String,
+    },
+    /// A figure is not in the result.
+    #[error("{label}: no {path}")]
+    Missing {
+        /// The result's label.
+        label: String,
+        /// The figure's path, dotted.
+        path: String,
+    },
+    /// A figure is not a number.
+    #[error("{label}: {path} is not a number")]
+    NotNumber {
+        /// The result's label.
+        label: String,
+        /// The figure's path, dotted.
+        path: String,
+    },
+    /// A figure is infinite or NaN.
+    #[error("{label}: {path} is not finite")]
+    NotFinite {
+        /// The result's label.
+        label: String,
+        /// The figure's path, dotted.
+        path: String,
+    },
+    /// The figures parsed but say the run did nothing.
+    #[error("{label}: no operation done: {figures}")]
+    NoOperation {
+        /// The result's label.
+        label: String,
+        /// The figures, debug-printed.
+        figures: String,
+    },
+    /// The figures parsed but count nothing or are for another size.
+    #[error("{label}: {figures}")]
+    Implausible {
+        /// The result's label.
+        label: String,
+        /// The figures, debug-printed.
+        figures: String,
+    },
 }
 
 /// Why the guest could not be used. Tests that need RDMA fail with this.

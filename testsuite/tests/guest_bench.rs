@@ -26,7 +26,9 @@ use msgr_testsuite::guest::tool::{
     bench_rma, parse_bench_rma, parse_ping, parse_stream, parse_transport_ping, serve_and_run,
     transport_ping_runs, ClientRun, PingFigures, RmaFigures, StreamFigures,
 };
-use msgr_testsuite::guest::{build_programs, GuestCommand, GuestOutcome, GuestRunner};
+use msgr_testsuite::guest::{
+    build_programs, FiguresError, GuestCommand, GuestOutcome, GuestRunner,
+};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -342,6 +344,11 @@ struct MsgrFigures {
     small: Result<StreamFigures, String>,
 }
 
+/// A parser's error as the text these figures keep.
+fn text(e: FiguresError) -> String {
+    e.to_string()
+}
+
 fn output<'a>(out: &'a GuestOutcome, name: &str) -> Result<&'a str, String> {
     let c = out
         .command(name)
@@ -364,28 +371,36 @@ fn parse(out: &GuestOutcome, round: u16) -> Figures {
         .map(|&s| (s, CqWait::Poll))
         .chain([(64, CqWait::Events)])
     {
-        let l = output(out, &send_lat_name(round, size, wait)).and_then(parse_send_lat);
+        let l = output(out, &send_lat_name(round, size, wait))
+            .and_then(|o| parse_send_lat(o).map_err(text));
         send_lat.push((size, wait, l));
     }
-    let write_bw = output(out, &write_bw_name(round)).and_then(parse_write_bw);
+    let write_bw = output(out, &write_bw_name(round)).and_then(|o| parse_write_bw(o).map_err(text));
     let siw_lat = LAT_SIZES
         .iter()
-        .map(|&s| output(out, &siw_lat_name(round, s)).and_then(parse_send_lat))
+        .map(|&s| {
+            output(out, &siw_lat_name(round, s)).and_then(|o| parse_send_lat(o).map_err(text))
+        })
         .collect();
-    let siw_bw = output(out, &siw_bw_name(round)).and_then(parse_write_bw);
-    let read_bw_rma = output(out, &rma_bw_name(round, BwTool::Read)).and_then(parse_write_bw);
-    let write_bw_rma = output(out, &rma_bw_name(round, BwTool::Write)).and_then(parse_write_bw);
-    let rma = output(out, &msgr_name(round, "verbs-rma")).and_then(parse_bench_rma);
+    let siw_bw = output(out, &siw_bw_name(round)).and_then(|o| parse_write_bw(o).map_err(text));
+    let read_bw_rma = output(out, &rma_bw_name(round, BwTool::Read))
+        .and_then(|o| parse_write_bw(o).map_err(text));
+    let write_bw_rma = output(out, &rma_bw_name(round, BwTool::Write))
+        .and_then(|o| parse_write_bw(o).map_err(text));
+    let rma =
+        output(out, &msgr_name(round, "verbs-rma")).and_then(|o| parse_bench_rma(o).map_err(text));
     let msgr = MSGR_RUNS
         .iter()
         .map(|&(transport, _, _, _)| {
             let o = output(out, &msgr_name(round, transport));
             let pings = LAT_SIZES
                 .iter()
-                .map(|&s| o.clone().and_then(|o| parse_ping(o, s)))
+                .map(|&s| o.clone().and_then(|o| parse_ping(o, s).map_err(text)))
                 .collect();
-            let stream = o.clone().and_then(|o| parse_stream(o, BW_SIZE));
-            let small = o.and_then(|o| parse_stream(o, SMALL_SIZE));
+            let stream = o
+                .clone()
+                .and_then(|o| parse_stream(o, BW_SIZE).map_err(text));
+            let small = o.and_then(|o| parse_stream(o, SMALL_SIZE).map_err(text));
             MsgrFigures {
                 transport,
                 pings,
@@ -400,7 +415,10 @@ fn parse(out: &GuestOutcome, round: u16) -> Figures {
             let o = output(out, &msgr_name(round, label));
             let pings = LAT_SIZES
                 .iter()
-                .map(|&s| o.clone().and_then(|o| parse_transport_ping(o, s)))
+                .map(|&s| {
+                    o.clone()
+                        .and_then(|o| parse_transport_ping(o, s).map_err(text))
+                })
                 .collect();
             (label, pings)
         })

@@ -31,7 +31,7 @@ fn targets() -> Vec<StressTarget> {
             backend: "verbs",
             bind: format!("verbs://127.0.0.1:0?dev={LOOPBACK_DEVICE}"),
             prelude: "",
-            // One-sided RMA beside the messages (issue 49): ranges of each
+            // One-sided RMA beside the messages: ranges of each
             // server's region written and read back, checked byte for byte.
             extra: &["--rma"],
         },

@@ -6,10 +6,11 @@
 //!
 //! Prints the time until every session is up, the server's accounted
 //! memory and RSS per idle session at each checkpoint, its CPU while they
-//! idle and a ping's round trips meanwhile, beside issue 52's bars (a table,
-//! or JSON with --json). Exits non-zero when a session did not come up, a
-//! ping was lost, or the server kept a session or file descriptor after the
-//! clients closed; never on the figures. See docs/STRESS.md "Fan-in".
+//! idle and a ping's round trips meanwhile, beside the bars set for them
+//! (`stress::fanin::BAR_*`; a table, or JSON with --json). Exits non-zero
+//! when a session did not come up, a ping was lost, or the server kept a
+//! session or file descriptor after the clients closed; never on the
+//! figures. See docs/STRESS.md "Fan-in".
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! TCG figures mean nothing on their own: benchmarks of msgr's RDMA backends
 //! report ratios against these, measured in the same guest boot.
 
-use super::{GuestCommand, GuestOutcome, RXE_CM_ADDR, SIW_CM_ADDR};
+use super::{FiguresError, GuestCommand, GuestOutcome, RXE_CM_ADDR, SIW_CM_ADDR};
 use std::fmt;
 use std::time::Duration;
 
@@ -133,11 +133,11 @@ pub struct FabricFigures {
     /// The fabric measured.
     pub fabric: CmFabric,
     /// `ib_send_lat` figures.
-    pub send_lat: Result<Latency, String>,
+    pub send_lat: Result<Latency, FiguresError>,
     /// `ib_write_bw` figures.
-    pub write_bw: Result<Bandwidth, String>,
+    pub write_bw: Result<Bandwidth, FiguresError>,
     /// `rping` timing.
-    pub rping: Result<Rping, String>,
+    pub rping: Result<Rping, FiguresError>,
 }
 
 impl FabricFigures {
@@ -409,19 +409,19 @@ pub fn loopback_bw(
 
 /// Extracts the figures of the commands [`reference_commands`] made.
 pub fn parse_reference(outcome: &GuestOutcome) -> ReferenceFigures {
-    let output = |name: String| -> Result<&str, String> {
-        let c = outcome
-            .command(&name)
-            .ok_or_else(|| format!("{name}: not run"))?;
+    let output = |name: String| -> Result<&str, FiguresError> {
+        let Some(c) = outcome.command(&name) else {
+            return Err(FiguresError::NotRun(name));
+        };
         if c.success() {
             Ok(c.output.as_str())
         } else {
-            Err(format!(
-                "{name}: exit {:?}{}: {}",
-                c.exit_status,
-                if c.timed_out { " (timed out)" } else { "" },
-                c.output.lines().take(8).collect::<Vec<_>>().join(" | ")
-            ))
+            Err(FiguresError::Failed {
+                name,
+                status: c.exit_status,
+                timed_out: c.timed_out,
+                head: c.output.lines().take(8).collect::<Vec<_>>().join(" | "),
+            })
         }
     };
     let fabrics = CmFabric::ALL
@@ -456,7 +456,7 @@ fn perftest_row(out: &str) -> Option<Vec<f64>> {
 
 /// Parses `ib_send_lat` output (`#bytes #iterations t_min t_max t_typical
 /// t_avg t_stdev 99% 99.9%`).
-pub fn parse_send_lat(out: &str) -> Result<Latency, String> {
+pub fn parse_send_lat(out: &str) -> Result<Latency, FiguresError> {
     match perftest_row(out).as_deref() {
         Some([bytes, iters, t_min, _t_max, t_typ, t_avg, _stdev, p99, ..]) => Ok(Latency {
             bytes: *bytes as u64,
@@ -466,13 +466,13 @@ pub fn parse_send_lat(out: &str) -> Result<Latency, String> {
             t_avg_us: *t_avg,
             p99_us: *p99,
         }),
-        _ => Err("ib_send_lat: no result row".into()),
+        _ => Err(FiguresError::NoRow("ib_send_lat")),
     }
 }
 
 /// Parses `ib_write_bw` (or `ib_read_bw`) output (`#bytes #iterations
 /// BW-peak BW-average MsgRate`).
-pub fn parse_write_bw(out: &str) -> Result<Bandwidth, String> {
+pub fn parse_write_bw(out: &str) -> Result<Bandwidth, FiguresError> {
     match perftest_row(out).as_deref() {
         Some([bytes, iters, peak, avg, rate, ..]) => Ok(Bandwidth {
             bytes: *bytes as u64,
@@ -481,27 +481,33 @@ pub fn parse_write_bw(out: &str) -> Result<Bandwidth, String> {
             bw_avg_mb_s: *avg,
             msg_rate_mpps: *rate,
         }),
-        _ => Err("ib_write_bw: no result row".into()),
+        _ => Err(FiguresError::NoRow("ib_write_bw")),
     }
 }
 
 /// Parses the line the rping wrapper prints:
 /// `rping_elapsed_ns <ns> count <n> bytes <b>`.
-pub fn parse_rping(out: &str) -> Result<Rping, String> {
+pub fn parse_rping(out: &str) -> Result<Rping, FiguresError> {
     // The last attempt's line (earlier attempts may have failed).
     let line = out
         .lines()
         .rev()
         .find(|l| l.starts_with("rping_elapsed_ns "))
-        .ok_or("rping: no timing line")?;
+        .ok_or(FiguresError::NoTimingLine)?;
     let f: Vec<&str> = line.split_whitespace().collect();
     match f.as_slice() {
         ["rping_elapsed_ns", ns, "count", n, "bytes", b] => Ok(Rping {
-            elapsed: Duration::from_nanos(ns.parse().map_err(|_| "rping: bad ns")?),
-            count: n.parse().map_err(|_| "rping: bad count")?,
-            bytes: b.parse().map_err(|_| "rping: bad bytes")?,
+            elapsed: Duration::from_nanos(
+                ns.parse().map_err(|_| FiguresError::BadRpingField("ns"))?,
+            ),
+            count: n
+                .parse()
+                .map_err(|_| FiguresError::BadRpingField("count"))?,
+            bytes: b
+                .parse()
+                .map_err(|_| FiguresError::BadRpingField("bytes"))?,
         }),
-        _ => Err(format!("rping: cannot parse {line:?}")),
+        _ => Err(FiguresError::RpingLine(line.into())),
     }
 }
 

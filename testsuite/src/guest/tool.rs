@@ -6,7 +6,7 @@
 //! [`super::reference`] measured in the same guest boot (TCG figures mean
 //! nothing on their own).
 
-use super::{shell_quote, GuestCommand};
+use super::{shell_quote, FiguresError, GuestCommand};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
@@ -218,7 +218,7 @@ pub struct RmaFigures {
 
 /// The figures of a [`bench_rma`] command's output (median over the
 /// bench's rounds). A run that did no operation is an error.
-pub fn parse_bench_rma(out: &str) -> Result<RmaFigures, String> {
+pub fn parse_bench_rma(out: &str) -> Result<RmaFigures, FiguresError> {
     let v = result_json(out, BENCH_RMA)?;
     let f = |p: &[&str]| num(&v, p, BENCH_RMA);
     let figures = RmaFigures {
@@ -229,14 +229,17 @@ pub fn parse_bench_rma(out: &str) -> Result<RmaFigures, String> {
         writes: f(&["rma_write", "rounds", "0", "msgr", "messages"])? as u64,
     };
     if figures.reads == 0 || figures.writes == 0 {
-        return Err(format!("{BENCH_RMA}: no operation done: {figures:?}"));
+        return Err(FiguresError::NoOperation {
+            label: BENCH_RMA.into(),
+            figures: format!("{figures:?}"),
+        });
     }
     Ok(figures)
 }
 
 /// The figures of `transport_ping ping --size size` in `out` (a
 /// [`transport_ping_runs`] command's output), as [`PingFigures`].
-pub fn parse_transport_ping(out: &str, size: u32) -> Result<PingFigures, String> {
+pub fn parse_transport_ping(out: &str, size: u32) -> Result<PingFigures, FiguresError> {
     let label = format!("tping-{size}");
     let v = result_json(out, &label)?;
     let f = |key: &str| num(&v, &[key], &label);
@@ -249,7 +252,10 @@ pub fn parse_transport_ping(out: &str, size: u32) -> Result<PingFigures, String>
         one_way_min_us: f("min_ns")? / 1e3,
     };
     if figures.count == 0 || figures.size != u64::from(size) {
-        return Err(format!("{label}: {figures:?}"));
+        return Err(FiguresError::Implausible {
+            label,
+            figures: format!("{figures:?}"),
+        });
     }
     Ok(figures)
 }
@@ -290,32 +296,45 @@ pub struct StreamFigures {
     pub cq_polls_per_message: Option<f64>,
 }
 
-fn result_json(out: &str, label: &str) -> Result<serde_json::Value, String> {
+fn result_json(out: &str, label: &str) -> Result<serde_json::Value, FiguresError> {
     let prefix = format!("result {label} ");
     let line = out
         .lines()
         .find_map(|l| l.strip_prefix(&prefix))
-        .ok_or_else(|| format!("{label}: no result line"))?;
-    serde_json::from_str(line).map_err(|e| format!("{label}: bad JSON ({e}): {line}"))
+        .ok_or_else(|| FiguresError::NoResultLine(label.into()))?;
+    serde_json::from_str(line).map_err(|e| FiguresError::BadJson {
+        label: label.into(),
+        reason: e.to_string(),
+        line: line.into(),
+    })
 }
 
-fn num(v: &serde_json::Value, path: &[&str], label: &str) -> Result<f64, String> {
+fn num(v: &serde_json::Value, path: &[&str], label: &str) -> Result<f64, FiguresError> {
     // A JSON pointer: array elements by index too (`rounds`, `0`).
     let x = v
         .pointer(&format!("/{}", path.join("/")))
-        .ok_or_else(|| format!("{label}: no {}", path.join(".")))?
+        .ok_or_else(|| FiguresError::Missing {
+            label: label.into(),
+            path: path.join("."),
+        })?
         .as_f64()
-        .ok_or_else(|| format!("{label}: {} is not a number", path.join(".")))?;
+        .ok_or_else(|| FiguresError::NotNumber {
+            label: label.into(),
+            path: path.join("."),
+        })?;
     if x.is_finite() {
         Ok(x)
     } else {
-        Err(format!("{label}: {} is not finite", path.join(".")))
+        Err(FiguresError::NotFinite {
+            label: label.into(),
+            path: path.join("."),
+        })
     }
 }
 
 /// The figures of `msgr ping --size size` in `out` (a [`serve_and_run`]
 /// command's output). A run with no samples is an error.
-pub fn parse_ping(out: &str, size: u32) -> Result<PingFigures, String> {
+pub fn parse_ping(out: &str, size: u32) -> Result<PingFigures, FiguresError> {
     let label = ClientRun::Ping {
         size,
         count: 0,
@@ -333,14 +352,17 @@ pub fn parse_ping(out: &str, size: u32) -> Result<PingFigures, String> {
         one_way_min_us: f(&["ping", "one_way", "min_us"])?,
     };
     if figures.count == 0 || figures.size != u64::from(size) {
-        return Err(format!("{label}: {figures:?}"));
+        return Err(FiguresError::Implausible {
+            label,
+            figures: format!("{figures:?}"),
+        });
     }
     Ok(figures)
 }
 
 /// The figures of `msgr stream --size size` in `out`. A run that moved
 /// nothing is an error.
-pub fn parse_stream(out: &str, size: u32) -> Result<StreamFigures, String> {
+pub fn parse_stream(out: &str, size: u32) -> Result<StreamFigures, FiguresError> {
     let label = ClientRun::Stream { size, secs: 0 }.label();
     let v = result_json(out, &label)?;
     let f = |p: &[&str]| num(&v, p, &label);
@@ -359,7 +381,10 @@ pub fn parse_stream(out: &str, size: u32) -> Result<StreamFigures, String> {
         cq_polls_per_message: per_message("cq_polls"),
     };
     if figures.messages == 0 || figures.size != u64::from(size) {
-        return Err(format!("{label}: {figures:?}"));
+        return Err(FiguresError::Implausible {
+            label,
+            figures: format!("{figures:?}"),
+        });
     }
     Ok(figures)
 }
@@ -388,7 +413,10 @@ result stream-65536 {"target":"tcp://127.0.0.1:18701","driver":"callback","strea
             (Some(0.005), Some(0.0025))
         );
         // A failed client has no result line: an error, never a figure.
-        assert!(parse_ping(OUT, 2).unwrap_err().contains("no result line"));
+        assert!(parse_ping(OUT, 2)
+            .unwrap_err()
+            .to_string()
+            .contains("no result line"));
         assert!(parse_ping("result ping-64 {\"ping\":{}}", 64).is_err());
         assert!(parse_ping("result ping-64 not json", 64).is_err());
     }
@@ -403,6 +431,7 @@ result stream-65536 {"target":"tcp://127.0.0.1:18701","driver":"callback","strea
         );
         assert!(parse_transport_ping(out, 2)
             .unwrap_err()
+            .to_string()
             .contains("no result line"));
         let c = transport_ping_runs(
             "x",
@@ -472,7 +501,10 @@ result stream-65536 {"target":"tcp://127.0.0.1:18701","driver":"callback","strea
         );
         let (_, out) = run(&json(0), 0);
         assert!(
-            parse_bench_rma(&out).unwrap_err().contains("no operation"),
+            parse_bench_rma(&out)
+                .unwrap_err()
+                .to_string()
+                .contains("no operation"),
             "{out}"
         );
         let (ok, out) = run("", 3);

@@ -1,5 +1,5 @@
-//! Fan-in: thousands of lossless clients into one server process (issue 52;
-//! docs/STRESS.md "Fan-in").
+//! Fan-in: thousands of lossless clients into one server process
+//! (docs/STRESS.md "Fan-in").
 //!
 //! The driver (this process) runs the server messenger and spawns the same
 //! binary as K client processes and one pinger process, talking to them over
@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use super::report::rss_kib;
 
-/// The bars issue 52 sets for 10,000 idle sessions.
+/// The bars for 10,000 idle sessions: accounted memory per session, bytes.
 pub const BAR_ACCOUNTED_PER_SESSION: usize = 8 << 10;
 /// RSS per idle session, bytes.
 pub const BAR_RSS_PER_SESSION: usize = 16 << 10;
@@ -323,6 +323,137 @@ pub enum FanInError {
     Spawn(PathBuf, std::io::Error),
 }
 
+/// Why the driver gave up on a run midway (reported as a violation).
+#[derive(Debug, thiserror::Error)]
+enum DriveError {
+    /// A command could not be written to a child.
+    #[error("child {child}: {source}")]
+    Tell {
+        child: usize,
+        source: std::io::Error,
+    },
+    /// Not every child answered by the deadline.
+    #[error("{said} of {of} children said `{word}` in time")]
+    Late {
+        said: usize,
+        of: usize,
+        word: String,
+    },
+    /// Every child's stdout closed.
+    #[error("every child's output closed")]
+    OutputClosed,
+    /// A child answered something else.
+    #[error("child {child} said `{line}`, not `{word}`")]
+    Unexpected {
+        child: usize,
+        line: String,
+        word: String,
+    },
+    /// The sessions of a checkpoint did not all come up.
+    #[error("{up} of {target} sessions up on the server after {up_ms} ms")]
+    NotUp {
+        up: usize,
+        target: usize,
+        up_ms: u64,
+    },
+    /// Sessions went down while idling.
+    #[error("{up} of {target} sessions still up after idling")]
+    DroppedIdling { up: usize, target: usize },
+    /// The pinger's figures did not parse.
+    #[error("the pinger's figures: {0}")]
+    PingFigures(serde_json::Error),
+    /// A client process's close figures did not parse.
+    #[error("client process {child}'s close: {source}")]
+    CloseFigures {
+        child: usize,
+        source: serde_json::Error,
+    },
+    /// Sessions outlived the clients' close.
+    #[error("{sessions} sessions left on the server after the clients closed: {left}; the clients: {clients:?}")]
+    Lingering {
+        sessions: usize,
+        /// A few of them, with their phase and last fault.
+        left: String,
+        clients: ClientClose,
+    },
+}
+
+/// Why a child process failed (printed to the driver and to stderr).
+#[derive(Debug, thiserror::Error)]
+enum ChildError {
+    /// No role argument.
+    #[error("no role")]
+    NoRole,
+    /// An option without its value.
+    #[error("{0} without a value")]
+    NoValue(String),
+    /// A number that did not parse.
+    #[error("{key} {value}: {source}")]
+    Number {
+        key: String,
+        value: String,
+        source: std::num::ParseIntError,
+    },
+    /// The server's address did not parse.
+    #[error("--server {value}: {source}")]
+    Server {
+        value: String,
+        source: msgr::AddrParseError,
+    },
+    /// An argument not known.
+    #[error("unknown argument {0}")]
+    UnknownArgument(String),
+    /// A role not known.
+    #[error("unknown role {0}")]
+    UnknownRole(String),
+    /// The driver said nothing more before the child's life ended.
+    #[error("no word from the driver within its life")]
+    Silent,
+    /// The pinger got no `stop` before its life ended.
+    #[error("no `stop` from the driver within its life")]
+    NoStop,
+    /// The driver closed the child's stdin.
+    #[error("the driver closed its side")]
+    DriverGone,
+    /// A command not known.
+    #[error("unknown command `{0}`")]
+    UnknownCommand(String),
+    /// Writing to the driver failed.
+    #[error("stdout: {0}")]
+    Stdout(std::io::Error),
+    /// `start M` with a bad count.
+    #[error("start {value}: {source}")]
+    Start {
+        value: String,
+        source: std::num::ParseIntError,
+    },
+    /// A client messenger did not start.
+    #[error("messenger {id}: {source}")]
+    ClientMessenger {
+        id: u64,
+        source: msgr::MessengerError,
+    },
+    /// The pinger's messenger did not start.
+    #[error("messenger: {0}")]
+    PingerMessenger(msgr::MessengerError),
+    /// Dialling the server failed.
+    #[error("connect: {0}")]
+    Dial(msgr::MessengerError),
+    /// The pinger's connection did not come up.
+    #[error("connect: {0}")]
+    PingerConnect(msgr::ConnectError),
+    /// A client connection did not come up.
+    #[error("connection {n} of {of}: {source}")]
+    Connect {
+        n: usize,
+        of: usize,
+        source: msgr::ConnectError,
+    },
+    /// The figures did not serialize.
+    #[error("figures: {0}")]
+    Figures(serde_json::Error),
+}
+
 /// A messenger configuration: the defaults with `settings` (`KEY=VALUE`)
 /// on top.
 fn configured(settings: &[String]) -> Result<MessengerConfig, FanInError> {
@@ -423,10 +554,10 @@ impl Children {
     }
 
     /// Sends `line` to child `i`.
-    fn tell(&mut self, i: usize, line: &str) -> Result<(), String> {
+    fn tell(&mut self, i: usize, line: &str) -> Result<(), DriveError> {
         writeln!(self.stdins[i], "{line}")
             .and_then(|_| self.stdins[i].flush())
-            .map_err(|e| format!("child {i}: {e}"))
+            .map_err(|source| DriveError::Tell { child: i, source })
     }
 
     /// One line from each child in `from`, each starting with `word`, by
@@ -436,27 +567,31 @@ impl Children {
         from: &[usize],
         word: &str,
         deadline: Instant,
-    ) -> Result<Vec<(usize, String)>, String> {
+    ) -> Result<Vec<(usize, String)>, DriveError> {
         let mut got: Vec<(usize, String)> = Vec::new();
         while got.len() < from.len() {
             let left = deadline.saturating_duration_since(Instant::now());
             let (i, line) = match self.lines.recv_timeout(left) {
                 Ok(l) => l,
                 Err(RecvTimeoutError::Timeout) => {
-                    return Err(format!(
-                        "{} of {} children said `{word}` in time",
-                        got.len(),
-                        from.len()
-                    ))
+                    return Err(DriveError::Late {
+                        said: got.len(),
+                        of: from.len(),
+                        word: word.into(),
+                    })
                 }
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err("every child's output closed".into())
-                }
+                Err(RecvTimeoutError::Disconnected) => return Err(DriveError::OutputClosed),
             };
             match line.split_once(' ') {
                 Some((w, rest)) if w == word && from.contains(&i) => got.push((i, rest.into())),
                 _ if line == word && from.contains(&i) => got.push((i, String::new())),
-                _ => return Err(format!("child {i} said `{line}`, not `{word}`")),
+                _ => {
+                    return Err(DriveError::Unexpected {
+                        child: i,
+                        line,
+                        word: word.into(),
+                    })
+                }
             }
         }
         Ok(got)
@@ -568,7 +703,7 @@ pub fn run_fan_in(opts: &FanInOptions) -> Result<FanInReport, FanInError> {
         &say,
     );
     if let Err(v) = result {
-        report.violations.push(v);
+        report.violations.push(v.to_string());
     }
     let end = Instant::now() + opts.close_deadline;
     report.violations.extend(kids.reap(end));
@@ -605,7 +740,7 @@ fn drive(
     pinger: usize,
     report: &mut FanInReport,
     say: &dyn Fn(&str),
-) -> Result<(), String> {
+) -> Result<(), DriveError> {
     kids.answers(&[pinger], "ready", Instant::now() + opts.up_deadline)?;
     kids.tell(pinger, "phase connecting")?;
     // The baseline: the pinger's session alone.
@@ -645,12 +780,11 @@ fn drive(
         let all_up = wait_until(deadline, || server.memory().sessions == target + 1);
         let up_ms = started.elapsed().as_millis() as u64;
         if !all_up {
-            return Err(format!(
-                "{} of {} sessions up on the server after {} ms",
-                server.memory().sessions.saturating_sub(1),
+            return Err(DriveError::NotUp {
+                up: server.memory().sessions.saturating_sub(1),
                 target,
-                up_ms
-            ));
+                up_ms,
+            });
         }
         opened = target;
         // Handshake buffers given back, the allocator settled.
@@ -687,16 +821,15 @@ fn drive(
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
         .unwrap_or(f64::NAN);
     if server.memory().sessions != opts.connections + 1 {
-        return Err(format!(
-            "{} of {} sessions still up after idling",
-            server.memory().sessions.saturating_sub(1),
-            opts.connections
-        ));
+        return Err(DriveError::DroppedIdling {
+            up: server.memory().sessions.saturating_sub(1),
+            target: opts.connections,
+        });
     }
     kids.tell(pinger, "stop")?;
     let pings = kids.answers(&[pinger], "pings", Instant::now() + PING_DEADLINE * 2)?;
     let (connecting, idle): (PingStats, PingStats) =
-        serde_json::from_str(&pings[0].1).map_err(|e| format!("the pinger's figures: {e}"))?;
+        serde_json::from_str(&pings[0].1).map_err(DriveError::PingFigures)?;
     for (phase, p) in [("connecting", &connecting), ("idle", &idle)] {
         if p.lost > 0 || p.answered == 0 {
             report.violations.push(format!(
@@ -714,8 +847,8 @@ fn drive(
         kids.tell(c, "close")?;
     }
     for (i, line) in kids.answers(clients, "closed", closing + opts.close_deadline)? {
-        let c: ClientClose =
-            serde_json::from_str(&line).map_err(|e| format!("client process {i}'s close: {e}"))?;
+        let c: ClientClose = serde_json::from_str(&line)
+            .map_err(|source| DriveError::CloseFigures { child: i, source })?;
         if c.undelivered > 0 {
             report.violations.push(format!(
                 "client process {i}: {} messages undelivered",
@@ -740,12 +873,11 @@ fn drive(
                 format!("{} {} ({:?})", c.target(), st.phase, st.last_fault)
             })
             .collect();
-        return Err(format!(
-            "{} sessions left on the server after the clients closed: {}; the clients: {:?}",
-            server.memory().sessions,
-            left.join(", "),
-            report.clients
-        ));
+        return Err(DriveError::Lingering {
+            sessions: server.memory().sessions,
+            left: left.join(", "),
+            clients: report.clients.clone(),
+        });
     }
     Ok(())
 }
@@ -761,10 +893,10 @@ struct ChildArgs {
     settings: Vec<String>,
 }
 
-fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
+fn parse_child(args: &[String]) -> Result<ChildArgs, ChildError> {
     let mut it = args.iter();
     let mut c = ChildArgs {
-        role: it.next().cloned().ok_or("no role")?,
+        role: it.next().cloned().ok_or(ChildError::NoRole)?,
         server: EntityAddr::tcp(([127, 0, 0, 1], 0).into()),
         first_id: 0,
         life: Duration::from_secs(600),
@@ -772,15 +904,26 @@ fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
         settings: Vec::new(),
     };
     while let Some(k) = it.next() {
-        let v = it.next().ok_or_else(|| format!("{k} without a value"))?;
-        let num = || v.parse::<u64>().map_err(|e| format!("{k} {v}: {e}"));
+        let v = it.next().ok_or_else(|| ChildError::NoValue(k.clone()))?;
+        let num = || {
+            v.parse::<u64>().map_err(|source| ChildError::Number {
+                key: k.clone(),
+                value: v.clone(),
+                source,
+            })
+        };
         match k.as_str() {
-            "--server" => c.server = v.parse().map_err(|e| format!("--server {v}: {e}"))?,
+            "--server" => {
+                c.server = v.parse().map_err(|source| ChildError::Server {
+                    value: v.clone(),
+                    source,
+                })?
+            }
             "--first-id" => c.first_id = num()?,
             "--life-secs" => c.life = Duration::from_secs(num()?),
             "--ping-interval-ms" => c.ping_interval = Duration::from_millis(num()?),
             "--set" => c.settings.push(v.clone()),
-            _ => return Err(format!("unknown argument {k}")),
+            _ => return Err(ChildError::UnknownArgument(k.clone())),
         }
     }
     Ok(c)
@@ -819,7 +962,7 @@ pub fn child_main(args: &[String]) -> i32 {
     let outcome = match c.role.as_str() {
         "client" => client(&c, cfg, &commands, deadline, &mut held),
         "pinger" => pinger(&c, cfg, &commands, deadline),
-        other => Err(format!("unknown role {other}")),
+        other => Err(ChildError::UnknownRole(other.into())),
     };
     match outcome {
         Ok(()) => 0,
@@ -832,20 +975,20 @@ pub fn child_main(args: &[String]) -> i32 {
 }
 
 /// The next command by `deadline`.
-fn next_command(commands: &Receiver<String>, deadline: Instant) -> Result<String, String> {
+fn next_command(commands: &Receiver<String>, deadline: Instant) -> Result<String, ChildError> {
     match commands.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
         Ok(line) => Ok(line),
-        Err(RecvTimeoutError::Timeout) => Err("no word from the driver within its life".into()),
-        Err(RecvTimeoutError::Disconnected) => Err("the driver closed its side".into()),
+        Err(RecvTimeoutError::Timeout) => Err(ChildError::Silent),
+        Err(RecvTimeoutError::Disconnected) => Err(ChildError::DriverGone),
     }
 }
 
 /// Prints one line to the driver.
-fn answer(line: &str) -> Result<(), String> {
+fn answer(line: &str) -> Result<(), ChildError> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")
         .and_then(|_| out.flush())
-        .map_err(|e| format!("stdout: {e}"))
+        .map_err(ChildError::Stdout)
 }
 
 /// A client process: `start M` starts M more messengers; `dial` opens a
@@ -857,19 +1000,22 @@ fn client(
     commands: &Receiver<String>,
     deadline: Instant,
     held: &mut Vec<(Messenger, Connection)>,
-) -> Result<(), String> {
+) -> Result<(), ChildError> {
     raise_nofile(1 << 20);
     let mut fresh: Vec<Messenger> = Vec::new();
     loop {
         let line = next_command(commands, deadline)?;
         if let Some(m) = line.strip_prefix("start ") {
-            let m: usize = m.parse().map_err(|e| format!("start {m}: {e}"))?;
+            let m: usize = m.parse().map_err(|source| ChildError::Start {
+                value: m.into(),
+                source,
+            })?;
             for _ in 0..m {
                 let id = c.first_id + (held.len() + fresh.len()) as u64;
                 let msgr = Messenger::builder(EntityName::client(id))
                     .config(cfg.clone())
                     .start(Arc::new(NullDispatcher))
-                    .map_err(|e| format!("messenger {id}: {e}"))?;
+                    .map_err(|source| ChildError::ClientMessenger { id, source })?;
                 fresh.push(msgr);
             }
             answer("started")?;
@@ -879,12 +1025,16 @@ fn client(
             for msgr in fresh.drain(..) {
                 let conn = msgr
                     .connect_with(&c.server, Policy::LosslessClient)
-                    .map_err(|e| format!("connect: {e}"))?;
+                    .map_err(ChildError::Dial)?;
                 held.push((msgr, conn));
             }
             for (i, (_, conn)) in held[first..].iter().enumerate() {
                 conn.wait_connected(deadline.saturating_duration_since(Instant::now()))
-                    .map_err(|e| format!("connection {} of {}: {e}", i + 1, held.len() - first))?;
+                    .map_err(|source| ChildError::Connect {
+                        n: i + 1,
+                        of: held.len() - first,
+                        source,
+                    })?;
             }
             answer(&format!("up {}", started.elapsed().as_millis()))?;
         } else if line == "close" {
@@ -916,10 +1066,10 @@ fn client(
                 sum.forced_sessions += r.forced_sessions as u64;
                 sum.aborted_links += r.aborted_links as u64;
             }
-            let line = serde_json::to_string(&sum).map_err(|e| format!("figures: {e}"))?;
+            let line = serde_json::to_string(&sum).map_err(ChildError::Figures)?;
             return answer(&format!("closed {line}"));
         } else {
-            return Err(format!("unknown command `{line}`"));
+            return Err(ChildError::UnknownCommand(line));
         }
     }
 }
@@ -961,16 +1111,16 @@ fn pinger(
     cfg: MessengerConfig,
     commands: &Receiver<String>,
     deadline: Instant,
-) -> Result<(), String> {
+) -> Result<(), ChildError> {
     let mut msgr = Messenger::builder(EntityName::client(c.first_id))
         .config(cfg)
         .start(Arc::new(NullDispatcher))
-        .map_err(|e| format!("messenger: {e}"))?;
+        .map_err(ChildError::PingerMessenger)?;
     let conn = msgr
         .connect_with(&c.server, Policy::LosslessClient)
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(ChildError::Dial)?;
     conn.wait_connected(deadline.saturating_duration_since(Instant::now()))
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(ChildError::PingerConnect)?;
     answer("ready")?;
     // Pings before the first phase is named are not counted.
     let mut phases: [Phase; 2] = Default::default();
@@ -978,17 +1128,15 @@ fn pinger(
     let mut seq: u64 = 0;
     loop {
         if Instant::now() >= deadline {
-            return Err("no `stop` from the driver within its life".into());
+            return Err(ChildError::NoStop);
         }
         match commands.try_recv() {
             Ok(line) if line == "stop" => break,
             Ok(line) if line == "phase connecting" => current = Some(0),
             Ok(line) if line == "phase idle" => current = Some(1),
-            Ok(line) => return Err(format!("unknown command `{line}`")),
+            Ok(line) => return Err(ChildError::UnknownCommand(line)),
             Err(mpsc::TryRecvError::Empty) => {}
-            Err(mpsc::TryRecvError::Disconnected) => {
-                return Err("the driver closed its side".into())
-            }
+            Err(mpsc::TryRecvError::Disconnected) => return Err(ChildError::DriverGone),
         }
         seq += 1;
         let sent = Instant::now();
@@ -1017,8 +1165,8 @@ fn pinger(
         std::thread::sleep(c.ping_interval);
     }
     let [connecting, idle] = phases;
-    let figures = serde_json::to_string(&(connecting.stats(), idle.stats()))
-        .map_err(|e| format!("figures: {e}"))?;
+    let figures =
+        serde_json::to_string(&(connecting.stats(), idle.stats())).map_err(ChildError::Figures)?;
     answer(&format!("pings {figures}"))?;
     msgr.shutdown(Duration::from_secs(5));
     Ok(())

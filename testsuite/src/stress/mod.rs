@@ -20,6 +20,20 @@
 //! (lossless and undisturbed: exactly 1..=sent), then checks for leaked
 //! receive buffers, links and threads. Every wait is bounded and the whole
 //! run has a hard deadline.
+//!
+//! # Layers
+//!
+//! The modules import in one direction, each only from the layers below its
+//! own (`tests/layering.rs` checks it). Bottom first:
+//!
+//! 1. `seed`, `verify`, `backends`: independent seeds from the run's seed;
+//!    the message tags and the checks on what arrives; which backends exist.
+//! 2. `rma`: the RMA part of the workload and its report.
+//! 3. `report`: what a run reports.
+//! 4. `workload`: the run itself (servers, clients, chaos, final checks).
+//! 5. `netns`, `fanin`: the run over real network faults in namespaces;
+//!    the many-clients-to-one-server run.
+//! 6. `cluster`: node processes on a bridge, each in its own namespace.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +46,7 @@ pub mod fanin;
 pub mod netns;
 mod report;
 mod rma;
+mod seed;
 pub mod verify;
 mod workload;
 
@@ -92,7 +107,7 @@ pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
 /// Everything a run depends on. A run is reproducible from its seed (as far
 /// as thread scheduling allows): each client's and the chaos thread's
 /// operations, every message size and every messenger's fault seed derive
-/// from it.
+/// from it. Plain data: one field per knob of the run.
 #[derive(Clone)]
 pub struct StressConfig {
     /// The run's seed.

@@ -308,14 +308,15 @@ impl NsExec {
     pub fn enter(ns: &str) -> Result<Arc<NsExec>, NetnsError> {
         let path = format!("/run/netns/{ns}");
         let (tx, rx) = mpsc::channel::<Job>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), NetnsError>>();
         let thread = std::thread::Builder::new()
             .name(format!("netns-{ns}"))
             .spawn(move || {
                 let entered = File::open(&path)
-                    .map_err(|e| format!("{path}: {e}"))
+                    .map_err(|e| NetnsError::Setns(format!("{path}: {e}")))
                     .and_then(|f| {
-                        setns(&f, CloneFlags::CLONE_NEWNET).map_err(|e| format!("{path}: {e}"))
+                        setns(&f, CloneFlags::CLONE_NEWNET)
+                            .map_err(|e| NetnsError::Setns(format!("{path}: {e}")))
                     });
                 let ok = entered.is_ok();
                 let _ = ready_tx.send(entered);
@@ -333,7 +334,7 @@ impl NsExec {
             })),
             Ok(Err(e)) => {
                 let _ = thread.join();
-                Err(NetnsError::Setns(e))
+                Err(e)
             }
             Err(_) => Err(NetnsError::Setns("namespace thread died".into())),
         }

@@ -46,7 +46,8 @@ impl Progress {
     }
 }
 
-/// The result of a run.
+/// The result of a run. Plain data and flat on purpose: each field is a
+/// key of `msgr-stress --json`'s output.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StressReport {
     /// The seed: rerun with it to reproduce.

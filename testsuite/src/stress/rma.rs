@@ -17,6 +17,7 @@ use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use serde::Serialize;
 
+use super::seed::mix;
 use super::verify::Violations;
 
 /// Bytes each server incarnation exposes (ReadWrite).
@@ -245,7 +246,7 @@ impl RmaState {
 /// The bytes of client `client`'s write number `seq` to server `server`.
 pub(crate) fn write_bytes(seed: u64, client: u32, server: u32, seq: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
-    let s = super::workload::mix(
+    let s = mix(
         seed ^ 0x726d_6100,
         u64::from(client) << 32 | u64::from(server),
         seq,

@@ -16,21 +16,11 @@ use super::report::{
     blocked_threads, rss_kib, secs, tcp_listeners, thread_count, Progress, StressReport,
 };
 use super::rma::{self, Exposed, RmaState, Shadow};
+use super::seed::mix;
 use super::verify::{
     ClientEvents, EpochRecord, Pattern, Probe, ServerDispatcher, Verifier, Violations,
 };
 use super::StressConfig;
-
-/// Mixes the run's seed with a role and index into an independent seed.
-pub(crate) fn mix(seed: u64, role: u64, index: u64) -> u64 {
-    let mut x =
-        seed ^ role.wrapping_mul(0xa076_1d64_78bd_642f) ^ index.wrapping_mul(0xe703_7ed1_a0b4_28db);
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 27;
-    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
 
 const ROLE_CLIENT: u64 = 1;
 const ROLE_SERVER: u64 = 2;
@@ -182,7 +172,7 @@ impl Run<'_> {
         slot: &ServerSlot,
         bind: EntityAddr,
         bind2: Option<EntityAddr>,
-    ) -> Result<Messenger, String> {
+    ) -> Result<Messenger, msgr::MessengerError> {
         let inc = slot.incarnation.fetch_add(1, Ordering::SeqCst);
         let cfg = self.messenger_config(ROLE_SERVER, u64::from(slot.index), inc);
         let disp: Arc<dyn msgr::Dispatcher> = slot.dispatcher.clone();
@@ -192,7 +182,7 @@ impl Run<'_> {
             if let Some(second) = bind2 {
                 b = b.bind(second);
             }
-            b.start(disp).map_err(|e| e.to_string())
+            b.start(disp)
         })
     }
 

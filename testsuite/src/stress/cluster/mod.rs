@@ -7,6 +7,11 @@
 //! graceful restart. The nodes report on their stdout ([`node`]); this
 //! process checks their logs ([`check`]), measures reconvergence and
 //! reconnect rates, samples RSS and descriptors, and reports.
+//!
+//! # Layers
+//!
+//! 1. `check`: the checks on the nodes' logs.
+//! 2. `node`: one node process, which writes those logs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead as _, BufReader, Write as _};
