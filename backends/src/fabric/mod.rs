@@ -30,6 +30,8 @@
 //! - `hostile` (tests only): peers that speak the wire through libfabric
 //!   alone and send what no msgr peer sends.
 
+mod common;
+mod endpoint_kind;
 #[cfg(test)]
 mod hostile;
 mod msg;
@@ -58,6 +60,7 @@ use crate::{
 pub use msg::{
     FabricTransport, LAST, MORE, RNDV, RNDV_DONE, RNDV_EPILOGUE, RNDV_GRANT, RNDV_WRITTEN, SLOTS,
 };
+use queueing::Queueing;
 use rendezvous::Receiving;
 
 /// Bytes per transmit/receive slot (one message on the wire).
@@ -120,30 +123,24 @@ impl QueueFailures {
     }
 }
 
-/// How a transport reaches its completion queue: the failures counted,
-/// the Net, the batch buffer kept between reads.
-type CqParts<T> =
-    for<'a> fn(&'a mut T) -> (&'a mut QueueFailures, &'a mut Net, &'a mut Vec<Completion>);
-
 /// Reads `t`'s completion queue in batches of [`CQ_BATCH`], at most
 /// [`CQ_ROUNDS`] of them (a full batch may mean more), handing each
 /// completion to `complete`. Returns whether any came, or, with that, why
 /// the queue could not be read: the caller then fails every link on it.
-fn read_completions<T>(
+fn read_completions<T: Queueing>(
     t: &mut T,
-    cq: CqParts<T>,
     mut complete: impl FnMut(&mut T, &Completion),
 ) -> Result<bool, (bool, String)> {
     let mut any = false;
     for _ in 0..CQ_ROUNDS {
-        let (failures, net, kept) = cq(t);
-        let mut batch = std::mem::take(kept);
+        let shared = t.parts().0;
+        let mut batch = std::mem::take(&mut shared.completions);
         batch.clear();
-        let read = failures.read_cq(net, &mut batch);
+        let read = shared.queue_failures.read_cq(&mut shared.net, &mut batch);
         for c in &batch {
             complete(t, c);
         }
-        *cq(t).2 = batch;
+        t.parts().0.completions = batch;
         let n = read.map_err(|why| (any, why))?;
         if n == 0 {
             break;
