@@ -29,6 +29,19 @@
 //! - `tests` (tests only): fixtures both transports' tests run;
 //! - `hostile` (tests only): peers that speak the wire through libfabric
 //!   alone and send what no msgr peer sends.
+//!
+//! # Layers
+//!
+//! Bottom first (`tests/layering.rs`):
+//!
+//! 1. `wait_fd`, `reassembly`, `user_rma`
+//! 2. `rendezvous`
+//! 3. `outbox`
+//! 4. `common`: the state both transports share
+//! 5. `queueing`
+//! 6. `endpoint_kind`: the one `Transport` implementation
+//! 7. `rdm`
+//! 8. `msg`
 
 mod common;
 mod endpoint_kind;

@@ -20,34 +20,15 @@ use msgr_proto::LinkId;
 use msgr_rdma::{CmEvent, CmEventKind, CmId, ConnParam, Context, EventChannel, PortSpace};
 use rustc_hash::FxHashMap;
 
+use super::conn::{cm_err, CmConn, CmStep, Conn};
 use super::device::Device;
-use super::link::{Conn, RdmaLink};
+use super::link::RdmaLink;
 use super::listen::Listeners;
-use super::{rdma_err, LinkParams, RdmaTransport};
+use super::{LinkParams, RdmaTransport};
 use crate::{TransportError, TransportEvent};
 
 /// Bound on address and route resolution.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Connection requests a listener queues.
-pub(super) const BACKLOG: i32 = 128;
-
-/// Where rdma_cm's setup of a link stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CmStep {
-    ResolvingAddr,
-    ResolvingRoute,
-    /// Connector: `rdma_connect` sent, waiting for `Established`.
-    Connecting,
-    /// Acceptor: `rdma_accept` sent, waiting for `Established` (or a receive).
-    Accepting,
-    Up,
-}
-
-/// The rdma_cm side of an rdmacm link.
-pub(crate) struct CmConn {
-    pub(crate) id: CmId,
-    pub(crate) step: CmStep,
-}
 
 /// The transport's rdma_cm state: one event channel for every id.
 pub(crate) struct CmState {
@@ -88,10 +69,6 @@ impl CmState {
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
         self.channel.fd()
     }
-}
-
-pub(super) fn cm_err(op: &'static str, e: msgr_rdma::RdmaError) -> TransportError {
-    rdma_err(TransportKind::RdmaCm, op, e)
 }
 
 fn cm(l: &mut RdmaLink) -> Option<&mut CmConn> {

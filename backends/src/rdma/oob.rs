@@ -20,34 +20,14 @@ use msgr_addr::{EntityAddr, TransportKind};
 use msgr_proto::LinkId;
 use msgr_rdma::{Gid, InitAttr, QueuePair, RdmaError, RtrAttr, RtsAttr};
 
+use super::conn::{Conn, OobConn, OobStep};
 use super::device::Device;
-use super::link::{Conn, RdmaLink};
+use super::link::RdmaLink;
 use super::{rdma_err, LinkParams, RdmaTransport};
 use crate::wire::ConnectProgress;
 use crate::{TransportError, TransportEvent};
 
 /// Where the out-of-band setup stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum OobStep {
-    /// Connecting side: TCP connect in progress.
-    TcpConnecting,
-    /// Waiting for the peer's QP info (both sides).
-    AwaitInfo,
-    /// Accepting side: our QP is in RTS; waiting for the connector's ready byte.
-    AwaitReady,
-    /// Both QPs in RTS; the socket only tells of the peer's death.
-    Up,
-}
-
-/// The out-of-band side of a verbs link.
-pub(crate) struct OobConn {
-    pub(crate) stream: TcpStream,
-    pub(crate) step: OobStep,
-    /// Bytes of the peer's info received so far.
-    pub(crate) buf: Vec<u8>,
-    pub(crate) psn: u32,
-}
-
 /// What each side tells the other over the out-of-band TCP connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct QpInfo {
