@@ -66,7 +66,7 @@ use mio::Token;
 
 pub use context::{Availability, FabricCqWait, FabricRendezvous, RdmaPoolConfig, TransportContext};
 pub use error::TransportError;
-pub use event::TransportEvent;
+pub use event::{RmaFailure, TransportEvent};
 pub use msgr_proto::{Inbound, LinkId, Transmit};
 pub use region::{RegionMemory, RegionRead, RegionWrite};
 pub use select::{availability, open_transport, rendezvous_withheld};

@@ -11,10 +11,7 @@ pub fn availability(kind: &TransportKind) -> Availability {
         TransportKind::Tcp if cfg!(feature = "tcp") => Availability::Available,
         TransportKind::Tcp => Availability::Unavailable("built without the `tcp` feature".into()),
         #[cfg(feature = "verbs")]
-        TransportKind::Verbs => match crate::rdma::probe() {
-            Ok(()) => Availability::Available,
-            Err(reason) => Availability::Unavailable(reason),
-        },
+        TransportKind::Verbs => crate::rdma::probe(),
         #[cfg(not(feature = "verbs"))]
         TransportKind::Verbs => {
             Availability::Unavailable(
@@ -23,10 +20,7 @@ pub fn availability(kind: &TransportKind) -> Availability {
             )
         }
         #[cfg(feature = "rdmacm")]
-        TransportKind::RdmaCm => match crate::rdma::probe_cm() {
-            Ok(()) => Availability::Available,
-            Err(reason) => Availability::Unavailable(reason),
-        },
+        TransportKind::RdmaCm => crate::rdma::probe_cm(),
         #[cfg(not(feature = "rdmacm"))]
         TransportKind::RdmaCm => Availability::Unavailable(
             "built without the `rdmacm` cargo feature (msgr, msgr-tool and msgr-backends have it)"

@@ -6,10 +6,11 @@
 //! its own, never from its own layer or above (`tests/layering.rs` reads
 //! this list and checks every `crate::` path in `src/`). Bottom first:
 //!
-//! 1. [`checksum`], [`codec`], [`arena`], [`pool`], [`error`]: the leaves —
+//! 1. [`checksum`], [`codec`], [`arena`], [`pool`], [`error`], [`link_failure`]: the leaves —
 //!    CRC32C; typed payloads; small byte strings copied into shared chunks;
 //!    large buffers lent as `Bytes` and reused; the decode errors several
-//!    layers return ([`FrameError`], [`Malformed`]).
+//!    layers return ([`FrameError`], [`Malformed`]); why a transport's
+//!    link failed ([`LinkFailure`]), which sessions carry.
 //! 2. [`frame`]: where a frame is encoded and decoded (preamble, segments,
 //!    CRC32C), and the overhead sealing adds to a frame.
 //! 3. [`banner`]: the first bytes of every connection; version, features,
@@ -47,6 +48,7 @@ pub mod codec;
 pub mod control;
 pub mod error;
 pub mod frame;
+pub mod link_failure;
 pub mod message;
 pub mod pool;
 pub mod rma;
@@ -62,6 +64,7 @@ pub use codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
 pub use control::{Segment, TooLarge};
 pub use error::{FrameError, Malformed};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
+pub use link_failure::LinkFailure;
 pub use message::Message;
 pub use session::{
     FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, ProtocolError, SendError, Session,

@@ -12,7 +12,7 @@ use mio::event::Event;
 use mio::Token;
 use msgr_addr::{EntityAddr, TransportKind};
 use msgr_fabric::RmaBuffers;
-use msgr_proto::{LinkId, Transmit};
+use msgr_proto::{LinkFailure, LinkId, Transmit};
 
 use super::queueing::{QueuedLink, Queueing};
 use super::rendezvous::OutUnit;
@@ -193,7 +193,7 @@ impl<K: EndpointKind> Transport for K {
         match fault {
             RealFault::Abort => {
                 self.drop_link(link);
-                let why = Self::ABORTED.into();
+                let why = LinkFailure::Local(Self::ABORTED.into());
                 self.out()
                     .deferred_events
                     .push(TransportEvent::Failed(link, why));

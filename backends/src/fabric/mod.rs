@@ -63,7 +63,7 @@ use std::sync::{Mutex, OnceLock};
 use mio::Registry;
 use msgr_addr::{FabricEndpoint, FabricProvider, TransportKind};
 use msgr_fabric::{CmEvent, Completion, CqWait, EpType, FabricError, Net, RmaChoice, Site};
-use msgr_proto::LinkId;
+use msgr_proto::{LinkFailure, LinkId};
 use rustc_hash::FxHashMap;
 
 use crate::queue_failure::failed_read;
@@ -105,7 +105,11 @@ pub(crate) struct QueueFailures {
 impl QueueFailures {
     /// One batch of completions (at most [`CQ_BATCH`]) into `batch`, or why
     /// the completion queue could not be read.
-    fn read_cq(&mut self, net: &mut Net, batch: &mut Vec<Completion>) -> Result<usize, String> {
+    fn read_cq(
+        &mut self,
+        net: &mut Net,
+        batch: &mut Vec<Completion>,
+    ) -> Result<usize, LinkFailure> {
         let read = if self.simulated_cq > 0 {
             self.simulated_cq -= 1;
             Err(FabricError::Call {
@@ -121,7 +125,7 @@ impl QueueFailures {
 
     /// One connection-management event, or why the event queue could not
     /// be read.
-    fn read_eq(&mut self, net: &mut Net) -> Result<Option<CmEvent>, String> {
+    fn read_eq(&mut self, net: &mut Net) -> Result<Option<CmEvent>, LinkFailure> {
         net.read_eq()
             .map_err(|e| failed_read(&mut self.eq, "libfabric event queue", &e))
     }
@@ -143,7 +147,7 @@ impl QueueFailures {
 fn read_completions<T: Queueing>(
     t: &mut T,
     mut complete: impl FnMut(&mut T, &Completion),
-) -> Result<bool, (bool, String)> {
+) -> Result<bool, (bool, LinkFailure)> {
     let mut any = false;
     for _ in 0..CQ_ROUNDS {
         let shared = t.parts().0;
@@ -239,11 +243,27 @@ fn simulate_fault(
 
 /// Why a link fails whose operation `op` completed with `error` (the
 /// code and what the provider said of it).
-fn completion_failure(op: &str, (code, what): (i32, &str)) -> String {
-    format!(
-        "libfabric {op} {what}: {}",
-        std::io::Error::from_raw_os_error(code)
-    )
+fn completion_failure(op: &str, (code, what): (i32, &str)) -> LinkFailure {
+    LinkFailure::Completion {
+        status: code,
+        detail: format!(
+            "libfabric {op} {what}: {}",
+            std::io::Error::from_raw_os_error(code)
+        ),
+    }
+}
+
+/// Why a link fails whose post (`what`: "fi_send", "repost receive"...)
+/// libfabric refused with `e`.
+fn post_failure(what: &str, e: &FabricError) -> LinkFailure {
+    let kind = match e {
+        FabricError::Call { code, .. } => std::io::Error::from_raw_os_error(*code).kind(),
+        _ => std::io::ErrorKind::Other,
+    };
+    LinkFailure::Io {
+        kind,
+        detail: format!("{what}: {e}"),
+    }
 }
 
 /// The first `N` bytes (at most) of a message body, copied out of its

@@ -99,7 +99,7 @@ use msgr_fabric::{
     CmEvent, Completion, ConnReq, Ep, Exposed, FabricError, Landing, Net, PassiveEp, ReadRegion,
     RmaBuffers, Site,
 };
-use msgr_proto::{Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{Inbound, LinkFailure, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use super::common::{LinkCommon, Shared};
@@ -110,7 +110,8 @@ use super::rendezvous::{self, Counters, Owed, OwedKinds, PeerRma, Posted};
 use super::user_rma::{UserExposures, UserReads};
 use super::wait_fd::CqWaitFd;
 use super::{
-    completion_failure, fab_err, open_net, open_worker, rdm, read_completions, OutOfSlot, SLOT_SIZE,
+    completion_failure, fab_err, open_net, open_worker, post_failure, rdm, read_completions,
+    OutOfSlot, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
@@ -485,7 +486,7 @@ impl FabricTransport {
         Ok(())
     }
 
-    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+    fn fail(&mut self, id: LinkId, why: LinkFailure, events: &mut Vec<TransportEvent>) {
         if self.drop_link(id).is_some() {
             events.push(TransportEvent::Failed(id, why));
         }
@@ -493,7 +494,7 @@ impl FabricTransport {
 
     /// Fails every link: a queue they all depend on cannot be read
     /// ([`fail_every_link`]).
-    fn fail_all(&mut self, why: String, events: &mut Vec<TransportEvent>) -> bool {
+    fn fail_all(&mut self, why: LinkFailure, events: &mut Vec<TransportEvent>) -> bool {
         let ids = self.links.keys().copied().collect();
         fail_every_link(ids, &why, |id, why| self.fail(id, why, events))
     }
@@ -543,11 +544,14 @@ impl FabricTransport {
                 }
                 CmEvent::Shutdown(key) => {
                     if let Some(&id) = self.by_key.get(&key) {
-                        self.fail(id, "connection closed by peer (FI_SHUTDOWN)".into(), events);
+                        let why = "connection closed by peer (FI_SHUTDOWN)";
+                        self.fail(id, LinkFailure::ClosedByPeer(why.into()), events);
                     }
                 }
                 CmEvent::Error(key, why) => match self.by_key.get(&key) {
-                    Some(&id) => self.fail(id, format!("connection: {why}"), events),
+                    Some(&id) => {
+                        self.fail(id, LinkFailure::Reset(format!("connection: {why}")), events)
+                    }
                     None => tracing::debug!(%why, "libfabric EQ error for no link"),
                 },
             }
@@ -807,7 +811,7 @@ impl FabricTransport {
         link.common
             .exposures
             .write_granted(grant, &mut link.ep, context, &mut self.shared.rndv_counters)
-            .map_err(PieceError::Malformed)?;
+            .map_err(PieceError::Failed)?;
         self.out.dirty.push(id);
         Ok(None)
     }
@@ -865,7 +869,7 @@ impl FabricTransport {
                 .shared
                 .rndv_counters
                 .read_timed_out(self.shared.read_timeout);
-            self.fail(id, why, events);
+            self.fail(id, LinkFailure::Timeout(why), events);
         }
     }
 
@@ -883,10 +887,10 @@ impl FabricTransport {
             link.behind_read.push_back(copy);
             let too_much = link.behind_read_bytes > BEHIND_READ_MAX;
             if let Err(e) = link.ep.post_recv(slot, context(id, true, slot)) {
-                self.fail(id, format!("repost receive: {e}"), events);
+                self.fail(id, post_failure("repost receive", &e), events);
             } else if too_much {
                 let why = format!("more than {BEHIND_READ_MAX} bytes behind a rendezvous read");
-                self.fail(id, why, events);
+                self.fail(id, LinkFailure::Protocol(why), events);
             }
             return;
         }
@@ -908,7 +912,7 @@ impl FabricTransport {
                 continue; // its endpoint and slots went with it
             };
             if let Err(e) = link.ep.post_recv(slot, context(id, true, slot)) {
-                self.fail(id, format!("repost receive: {e}"), events);
+                self.fail(id, post_failure("repost receive", &e), events);
             }
         }
         handled.append(&mut self.handled);
@@ -975,8 +979,13 @@ impl FabricTransport {
             }
             Err(PieceError::Malformed(why)) => {
                 tracing::debug!(link = id.0, %why, "malformed fabric message");
-                self.fail(id, format!("malformed message: {why}"), events);
+                self.fail(
+                    id,
+                    LinkFailure::Protocol(format!("malformed message: {why}")),
+                    events,
+                );
             }
+            Err(PieceError::Failed(why)) => self.fail(id, why, events),
         }
     }
 
@@ -1060,7 +1069,8 @@ impl FabricTransport {
                     );
                     self.drop_link(id);
                     if !accepted {
-                        let why = format!("not connected within {SETUP_TIMEOUT:?}");
+                        let why =
+                            LinkFailure::Timeout(format!("not connected within {SETUP_TIMEOUT:?}"));
                         self.out
                             .deferred_events
                             .push(TransportEvent::Failed(id, why));
@@ -1150,7 +1160,7 @@ impl Queueing for FabricTransport {
         ) {
             Ok(()) => {}
             Err(e) if msgr_fabric::is_again(&e) => self.retry.push(id),
-            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
+            Err(e) => self.fail(id, post_failure("fi_send", &e), events),
         }
     }
 
@@ -1375,7 +1385,7 @@ impl EndpointKind for FabricTransport {
             .start((link, token, context), key, range, |x| {
                 ep.read(x, context, &[], 0)
             })
-            .map_err(|reason| self.shared.unavailable(reason))
+            .map_err(|reason| self.shared.unavailable(reason.to_string()))
     }
 }
 

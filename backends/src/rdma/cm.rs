@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use msgr_addr::{EntityAddr, TransportKind};
-use msgr_proto::LinkId;
+use msgr_proto::{LinkFailure, LinkId};
 use msgr_rdma::{CmEvent, CmEventKind, CmId, ConnParam, Context, EventChannel, PortSpace};
 use rustc_hash::FxHashMap;
 
@@ -268,21 +268,22 @@ impl RdmaTransport {
         id: LinkId,
         ev: &CmEvent,
         events: &mut Vec<TransportEvent>,
-    ) -> Result<(), String> {
-        let failed = || format!("rdma_cm: {} (status {})", ev.name, ev.status);
+    ) -> Result<(), LinkFailure> {
+        let failed = || LinkFailure::Setup(format!("rdma_cm: {} (status {})", ev.name, ev.status));
         if ev.status != 0 && ev.kind != CmEventKind::Disconnected {
             return Err(failed());
         }
         let chunk = self.pools.chunk_size;
-        let l = self.links.get_mut(&id).ok_or("link gone")?;
-        let c = cm(l).ok_or("not an rdma_cm link")?;
+        let gone = || LinkFailure::Local("link gone".into());
+        let l = self.links.get_mut(&id).ok_or_else(gone)?;
+        let c = cm(l).ok_or_else(|| LinkFailure::Local("not an rdma_cm link".into()))?;
         match (ev.kind, c.step) {
             (CmEventKind::AddrResolved, CmStep::ResolvingAddr) => {
                 c.step = CmStep::ResolvingRoute;
                 self.with_cm_id(id, |t, cmid| t.cm_device(cmid))?;
                 let c = cm(self.links.get_mut(&id).expect("present")).expect("cm");
                 c.id.resolve_route(RESOLVE_TIMEOUT)
-                    .map_err(|e| format!("rdma_resolve_route: {e}"))?;
+                    .map_err(|e| LinkFailure::Setup(format!("rdma_resolve_route: {e}")))?;
             }
             (CmEventKind::RouteResolved, CmStep::ResolvingRoute) => {
                 let (qp, share) = self.with_cm_id(id, |t, cmid| t.cm_qp(cmid))?;
@@ -294,7 +295,7 @@ impl RdmaTransport {
                 let param = self.conn_param(self.links.get(&id).expect("present"), None);
                 let c = cm(self.links.get_mut(&id).expect("present")).expect("cm");
                 c.id.connect(&param)
-                    .map_err(|e| format!("rdma_connect: {e}"))?;
+                    .map_err(|e| LinkFailure::Setup(format!("rdma_connect: {e}")))?;
                 c.step = CmStep::Connecting;
             }
             (CmEventKind::Established, CmStep::Connecting) => {
@@ -310,7 +311,10 @@ impl RdmaTransport {
             // The acceptor may have come up on its first receive already.
             (CmEventKind::Established, CmStep::Up) => {}
             (CmEventKind::TimewaitExit | CmEventKind::AddrChange, _) => {}
-            (CmEventKind::Disconnected, _) => return Err("peer disconnected (rdma_cm)".into()),
+            (CmEventKind::Disconnected, _) => {
+                let why = "peer disconnected (rdma_cm)";
+                return Err(LinkFailure::ClosedByPeer(why.into()));
+            }
             _ => return Err(failed()),
         }
         Ok(())
@@ -321,11 +325,14 @@ impl RdmaTransport {
         &mut self,
         id: LinkId,
         f: impl FnOnce(&mut Self, &CmId) -> Result<T, TransportError>,
-    ) -> Result<T, String> {
-        let l = self.links.remove(&id).ok_or("link gone")?;
+    ) -> Result<T, LinkFailure> {
+        let l = self
+            .links
+            .remove(&id)
+            .ok_or(LinkFailure::Local("link gone".into()))?;
         let res = match &l.conn {
-            Conn::Cm(c) => f(self, &c.id).map_err(|e| e.to_string()),
-            Conn::Oob(_) => Err("not an rdma_cm link".to_string()),
+            Conn::Cm(c) => f(self, &c.id).map_err(|e| LinkFailure::Setup(e.to_string())),
+            Conn::Oob(_) => Err(LinkFailure::Local("not an rdma_cm link".into())),
         };
         self.links.insert(id, l);
         res
@@ -337,7 +344,7 @@ impl RdmaTransport {
         new_id: CmId,
         private_data: &[u8],
         depth: (u8, u8),
-    ) -> Result<(), String> {
+    ) -> Result<(), LinkFailure> {
         let peer = match LinkParams::decode(private_data, self.pools.chunk_size) {
             Ok(p) => p,
             Err(why) => {
@@ -350,7 +357,7 @@ impl RdmaTransport {
             Ok(x) => x,
             Err(e) => {
                 let _ = new_id.reject(b"msgr: no resources");
-                return Err(e.to_string());
+                return Err(LinkFailure::Setup(e.to_string()));
             }
         };
         let link = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
@@ -378,7 +385,7 @@ impl RdmaTransport {
             .insert(handle, link);
         let c = cm(self.links.get_mut(&link).expect("present")).expect("cm");
         if let Err(e) = c.id.accept(&param) {
-            let why = format!("rdma_accept: {e}");
+            let why = LinkFailure::Setup(format!("rdma_accept: {e}"));
             self.drop_link(link);
             return Err(why);
         }

@@ -15,7 +15,11 @@ impl RdmaTransport {
                 self.repost(index);
                 if let Some(link) = link {
                     self.counters.failed_completions += 1;
-                    self.fail(link, format!("verbs receive: {}", wc.status_str()), events);
+                    let why = LinkFailure::Completion {
+                        status: wc.status() as i32,
+                        detail: format!("verbs receive: {}", wc.status_str()),
+                    };
+                    self.fail(link, why, events);
                 }
                 return;
             }
@@ -51,7 +55,11 @@ impl RdmaTransport {
                 Err(e) => e.to_string(),
                 Ok(_) => "work completion failed".into(),
             };
-            self.fail(id, format!("verbs: {why}"), events);
+            let why = LinkFailure::Completion {
+                status: wc.status() as i32,
+                detail: format!("verbs: {why}"),
+            };
+            self.fail(id, why, events);
             return;
         }
         match kind {
@@ -136,9 +144,7 @@ impl RdmaTransport {
                 self.mark_up(id, events);
             } else {
                 self.repost(chunk);
-                return Err(RecvError::Fail(
-                    "RDMA: data before the link was set up".into(),
-                ));
+                return Err(RecvError::protocol("RDMA: data before the link was set up"));
             }
         }
         let dev = self.dev.as_mut().expect("device");
@@ -151,7 +157,7 @@ impl RdmaTransport {
         }
         if len < HDR {
             self.repost(chunk);
-            return Err(RecvError::Fail(format!(
+            return Err(RecvError::protocol(format!(
                 "RDMA: runt receive of {len} bytes"
             )));
         }
@@ -159,7 +165,7 @@ impl RdmaTransport {
         let Some(kind) = Kind::from_u8(data[0]) else {
             let k = data[0];
             self.repost(chunk);
-            return Err(RecvError::Fail(format!("RDMA: unknown send kind {k}")));
+            return Err(RecvError::protocol(format!("RDMA: unknown send kind {k}")));
         };
         let more = data[1] & link::MORE != 0;
         let granted = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
@@ -213,7 +219,7 @@ impl RdmaTransport {
             self.repost(chunk);
         }
         if let Some(why) = bad {
-            return Err(RecvError::Fail(why));
+            return Err(RecvError::protocol(why));
         }
         let l = self.links.get_mut(&id).expect("caller checked");
         if kind != Kind::Credit && !lent {
@@ -241,7 +247,7 @@ impl RdmaTransport {
             Kind::Banner => {
                 let raw: [u8; msgr_proto::banner::BANNER_LEN] =
                     bytes.as_ref().try_into().map_err(|_| {
-                        RecvError::Fail(format!("RDMA: banner of {} bytes", bytes.len()))
+                        RecvError::protocol(format!("RDMA: banner of {} bytes", bytes.len()))
                     })?;
                 Inbound::Banner(raw)
             }
@@ -295,7 +301,7 @@ impl RdmaTransport {
     ) -> Result<(), RecvError> {
         let max = self.limits.max_frame;
         let Some(total) = split::placed_len(desc.len, inline.len(), u64::from(desc.at), max) else {
-            return Err(RecvError::Fail(format!(
+            return Err(RecvError::protocol(format!(
                 "RDMA: rendezvous of {} bytes at {} among {} inline (frame limit {max})",
                 desc.len,
                 desc.at,
@@ -379,7 +385,12 @@ impl RdmaTransport {
                 self.sinks.clear();
                 MemoryRegion::register(&dev.pd, unit, access)
             })
-            .map_err(|e| RecvError::Fail(format!("RDMA: registering a read buffer: {e}")))
+            .map_err(|e| {
+                RecvError::Fail(LinkFailure::Io {
+                    kind: std::io::ErrorKind::Other,
+                    detail: format!("RDMA: registering a read buffer: {e}"),
+                })
+            })
     }
 
     /// Posts read pieces of the link's rendezvous, at most [`MAX_READS`] in flight.
@@ -422,7 +433,10 @@ impl RdmaTransport {
                 });
                 if let Err(e) = res {
                     let what = if write { "write" } else { "read" };
-                    err = Some(format!("RDMA: post {what}: {e}"));
+                    err = Some(LinkFailure::Io {
+                        kind: std::io::ErrorKind::Other,
+                        detail: format!("RDMA: post {what}: {e}"),
+                    });
                     break 'ops;
                 }
                 op.posted += n;

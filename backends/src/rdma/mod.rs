@@ -87,7 +87,7 @@ use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, TransportKind};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::frame::EncodedFrame;
-use msgr_proto::{FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{FrameError, FrameLimits, Inbound, LinkFailure, LinkId, ProtocolError, Transmit};
 use msgr_rdma::{
     Access, MemoryRegion, QueuePair, RdmaError, ReadOnlyRegion, RemoteAddr, SendOp, SendWr,
     WcOpcode, WorkCompletion,
@@ -100,8 +100,8 @@ use crate::regcache::RegCache;
 use crate::shelf::{Shelf, Shelvable};
 use crate::split;
 use crate::{
-    DetachedLink, RdmaPoolConfig, RealFault, SimulatedFault, Transport, TransportContext,
-    TransportError, TransportEvent, TransportStats,
+    Availability, DetachedLink, RdmaPoolConfig, RealFault, SimulatedFault, Transport,
+    TransportContext, TransportError, TransportEvent, TransportStats,
 };
 use cm::CmState;
 use conn::Conn;
@@ -150,22 +150,27 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_PIECE: u64 = 4 << 20;
 
 /// Whether the verbs backend can run here: a device must exist.
-pub(crate) fn probe() -> Result<(), String> {
+pub(crate) fn probe() -> Availability {
     match msgr_rdma::device_names() {
-        Ok(names) if names.is_empty() => Err("no RDMA device: the device list is empty; \
+        Ok(names) if names.is_empty() => Availability::Unavailable(
+            "no RDMA device: the device list is empty; \
              run RDMA code on an RDMA-capable host or in the test guest (docs/GUEST.md)"
-            .into()),
-        Ok(_) => Ok(()),
-        Err(e) => Err(e.to_string()),
+                .into(),
+        ),
+        Ok(_) => Availability::Available,
+        Err(e) => Availability::Unavailable(e.to_string()),
     }
 }
 
 /// Whether the rdmacm backend can run here: a device and the rdma_cm device file.
-pub(crate) fn probe_cm() -> Result<(), String> {
-    probe()?;
-    msgr_rdma::EventChannel::new()
-        .map(drop)
-        .map_err(|e| format!("rdma_cm unavailable: {e}"))
+pub(crate) fn probe_cm() -> Availability {
+    if let Availability::Unavailable(why) = probe() {
+        return Availability::Unavailable(why);
+    }
+    match msgr_rdma::EventChannel::new() {
+        Ok(_) => Availability::Available,
+        Err(e) => Availability::Unavailable(format!("rdma_cm unavailable: {e}")),
+    }
 }
 
 fn rdma_err(kind: TransportKind, op: &'static str, e: RdmaError) -> TransportError {
@@ -208,9 +213,10 @@ impl LinkParams {
 
     /// Decodes the peer's parameters; `chunk` is ours (they must match). Extra
     /// trailing bytes are ignored (iWARP pads private data).
-    pub(crate) fn decode(b: &[u8], chunk: usize) -> Result<Self, String> {
+    pub(crate) fn decode(b: &[u8], chunk: usize) -> Result<Self, LinkFailure> {
         if b.len() < Self::LEN || b[..4] != Self::MAGIC {
-            return Err("the peer is not a msgr RDMA endpoint (bad link parameters)".into());
+            let why = "the peer is not a msgr RDMA endpoint (bad link parameters)";
+            return Err(LinkFailure::Setup(why.into()));
         }
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let p = LinkParams {
@@ -219,11 +225,11 @@ impl LinkParams {
             rd_atomic: b[12].max(1),
         };
         if p.credits == 0 || p.chunk as usize != chunk {
-            return Err(format!(
+            return Err(LinkFailure::Setup(format!(
                 "unsupported RDMA link parameters from the peer (credits {}, chunk {} \
                  where ours is {chunk}: both ends need the same rdma_chunk_size)",
                 p.credits, p.chunk
-            ));
+            )));
         }
         Ok(p)
     }
@@ -377,10 +383,12 @@ impl RdmaTransport {
             TransportKind::RdmaCm => probe_cm(),
             _ => probe(),
         };
-        probed.map_err(|reason| TransportError::Unavailable {
-            kind: kind.clone(),
-            reason,
-        })?;
+        if let Availability::Unavailable(reason) = probed {
+            return Err(TransportError::Unavailable {
+                kind: kind.clone(),
+                reason,
+            });
+        }
         Ok(RdmaTransport {
             kind,
             registry: registry
@@ -591,13 +599,15 @@ impl RdmaTransport {
             self.counters.read_timeouts += 1;
             self.fail(
                 id,
-                format!("rendezvous read not complete after {timeout:?} (rdma_read_timeout_ms)"),
+                LinkFailure::Timeout(format!(
+                    "rendezvous read not complete after {timeout:?} (rdma_read_timeout_ms)"
+                )),
                 events,
             );
         }
     }
 
-    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+    fn fail(&mut self, id: LinkId, why: LinkFailure, events: &mut Vec<TransportEvent>) {
         if let Some(l) = self.links.get(&id).filter(|l| !l.up) {
             if l.outgoing {
                 self.counters.connects_failed += 1;
@@ -700,7 +710,9 @@ impl RdmaTransport {
         for id in self.late_setups(true, now, |l| l.since + SETUP_TIMEOUT) {
             self.fail(
                 id,
-                format!("connection not established within {SETUP_TIMEOUT:?}"),
+                LinkFailure::Timeout(format!(
+                    "connection not established within {SETUP_TIMEOUT:?}"
+                )),
                 events,
             );
         }
@@ -744,7 +756,7 @@ impl RdmaTransport {
         }
         let mut buf = self.read_sink(n).map_err(|e| {
             unavailable(match e {
-                RecvError::Fail(why) => why,
+                RecvError::Fail(why) => why.to_string(),
                 RecvError::Corrupt(fe) => fe.to_string(),
             })
         })?;
@@ -857,7 +869,11 @@ impl RdmaTransport {
         })();
         l.tx_inflight.extend(posts.iter().map(|&(c, _)| c));
         if let Err(e) = res {
-            self.fail(id, format!("RDMA: post send: {e}"), events);
+            let why = LinkFailure::Io {
+                kind: std::io::ErrorKind::Other,
+                detail: format!("RDMA: post send: {e}"),
+            };
+            self.fail(id, why, events);
         }
     }
 
@@ -948,7 +964,14 @@ impl RdmaTransport {
 
 enum RecvError {
     Corrupt(FrameError),
-    Fail(String),
+    Fail(LinkFailure),
+}
+
+impl RecvError {
+    /// The peer sent what no msgr RDMA peer sends.
+    fn protocol(why: impl Into<String>) -> Self {
+        RecvError::Fail(LinkFailure::Protocol(why.into()))
+    }
 }
 
 impl Transport for RdmaTransport {

@@ -84,6 +84,7 @@ use crate::control::{
     HelloOk, Keepalive, Limits, PacedKeepalive, ReconnectOk, TooLarge,
 };
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
+use crate::link_failure::LinkFailure;
 use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
 pub use outbox::EncodedBatch;
@@ -124,7 +125,7 @@ pub struct PeerInfo {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FaultReason {
     /// The transport reported an error or the peer closed the connection.
-    Transport(String),
+    Transport(LinkFailure),
     /// The peer broke the protocol (bad frame, bad sequence...).
     Protocol(ProtocolError),
     /// Nothing arrived within the keepalive timeout.
@@ -795,14 +796,12 @@ impl Session {
     }
 
     /// The link failed or the peer closed it.
-    pub fn link_failed(&mut self, link: LinkId, reason: String, now: Instant) {
+    pub fn link_failed(&mut self, link: LinkId, reason: LinkFailure, now: Instant) {
         if self.awaits_dial(link) || self.link() == Some(link) {
             let reason = match self.state {
                 // A peer that refuses our identity says nothing (it tells an
                 // unproven peer no reasons): it closes the link.
-                State::Authenticating { .. } => format!(
-                    "{reason}, while authenticating: the peer may not accept our name or key"
-                ),
+                State::Authenticating { .. } => LinkFailure::WhileAuthenticating(Box::new(reason)),
                 _ => reason,
             };
             self.fault(FaultReason::Transport(reason), now);
@@ -1923,7 +1922,7 @@ mod tests {
         s.link_up(LinkId(1), redial);
         assert_eq!(events(&mut s), vec![SessionEvent::CloseLink(LinkId(1))]);
         assert_eq!(s.phase(), "connecting");
-        s.link_failed(LinkId(1), "late".into(), redial);
+        s.link_failed(LinkId(1), LinkFailure::Reset("late".into()), redial);
         assert_eq!(
             s.failed_attempts(),
             1,

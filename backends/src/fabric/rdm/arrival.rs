@@ -75,7 +75,10 @@ impl RdmTransport {
                         // Data that overtook the WELCOME.
                         self.hand_up(id, events);
                     }
-                    _ => self.fail(id, "unexpected or short WELCOME".into(), events),
+                    _ => {
+                        let why = "unexpected or short WELCOME";
+                        self.fail(id, LinkFailure::Protocol(why.into()), events)
+                    }
                 }
             }
             DATA_MORE | DATA_LAST | RNDV => {
@@ -90,7 +93,7 @@ impl RdmTransport {
                         link.rx_seq + u64::from(link.window)
                     );
                     self.repost(pidx, slot);
-                    return self.fail(id, why, events);
+                    return self.fail(id, LinkFailure::Protocol(why), events);
                 }
                 link.held.insert(h.seq, (slot, len));
                 self.hand_up(id, events);
@@ -123,7 +126,7 @@ impl RdmTransport {
                 };
                 match link.common.exposures.answered(id_done, port.ep.rma()) {
                     Ok(()) => self.out.dirty.push(id),
-                    Err(e) => self.fail(id, e.to_string(), events),
+                    Err(e) => self.fail(id, LinkFailure::Protocol(e.to_string()), events),
                 }
             }
             RNDV_GRANT => {
@@ -142,7 +145,7 @@ impl RdmTransport {
                     .map(|l| l.common.receiving.written(body.done()));
                 match written {
                     Some(Ok(context)) => self.rendezvous_arrived(pidx, id, context, None, events),
-                    Some(Err(e)) => self.fail(id, e.to_string(), events),
+                    Some(Err(e)) => self.fail(id, LinkFailure::Protocol(e.to_string()), events),
                     None => {}
                 }
             }
@@ -173,11 +176,13 @@ impl RdmTransport {
                     // The peer's end is gone: no CLOSE back.
                     l.remote = None;
                 }
-                self.fail(id, "link closed by peer (CLOSE)".into(), events);
+                let why = "link closed by peer (CLOSE)";
+                self.fail(id, LinkFailure::ClosedByPeer(why.into()), events);
             }
             other => {
                 self.repost(pidx, slot);
-                self.fail(id, format!("unknown RDM message kind {other}"), events);
+                let why = format!("unknown RDM message kind {other}");
+                self.fail(id, LinkFailure::Protocol(why), events);
             }
         }
     }
@@ -289,9 +294,12 @@ impl RdmTransport {
                 self.drop_link(id);
                 events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
             }
-            Err(PieceError::Malformed(why)) => {
-                self.fail(id, format!("malformed message: {why}"), events)
-            }
+            Err(PieceError::Malformed(why)) => self.fail(
+                id,
+                LinkFailure::Protocol(format!("malformed message: {why}")),
+                events,
+            ),
+            Err(PieceError::Failed(why)) => self.fail(id, why, events),
         }
     }
 
@@ -412,7 +420,8 @@ impl RdmTransport {
         let context = write_context(pidx, port.next_read);
         port.next_read = port.next_read.wrapping_add(1);
         let Some(mut to) = port.aimed_at(link.peer) else {
-            return self.fail(id, "rendezvous grant from no peer".into(), events);
+            let why = "rendezvous grant from no peer";
+            return self.fail(id, LinkFailure::Protocol(why.into()), events);
         };
         let counters = &mut self.shared.rndv_counters;
         match link

@@ -151,7 +151,7 @@ use msgr_addr::{EntityAddr, FabricProvider};
 use msgr_fabric::{
     BellId, Completion, FabricError, Landing, PeerBell, RdmEp, ReadRegion, RmaBuffers, RmaOp, Site,
 };
-use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{FrameLimits, Inbound, LinkFailure, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use self::challenge::{HelloChallenges, Verdict};
@@ -163,8 +163,8 @@ use super::rendezvous::{self, Counters};
 use super::user_rma::UserExposures;
 use super::wait_fd::CqWaitFd;
 use super::{
-    completion_failure, open_net, open_worker, read_completions, rma_choice, OutOfSlot, CQ_BATCH,
-    SLOT_SIZE,
+    completion_failure, open_net, open_worker, post_failure, read_completions, rma_choice,
+    OutOfSlot, CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
@@ -494,7 +494,7 @@ impl RdmTransport {
 
     /// Fails `id` because its peer is gone (silent past the deadline, or a
     /// send to it failed): the peer's entry goes when unused.
-    fn peer_gone(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+    fn peer_gone(&mut self, id: LinkId, why: LinkFailure, events: &mut Vec<TransportEvent>) {
         if let Some(l) = self.links.get(&id) {
             let (pidx, peer) = (l.port, l.peer);
             if let Some(p) = self
@@ -510,7 +510,7 @@ impl RdmTransport {
         self.fail(id, why, events);
     }
 
-    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+    fn fail(&mut self, id: LinkId, why: LinkFailure, events: &mut Vec<TransportEvent>) {
         if self.drop_link(id).is_some() {
             events.push(TransportEvent::Failed(id, why));
         }
@@ -872,7 +872,7 @@ impl RdmTransport {
             } else {
                 format!("{what} for {LINK_DEADLINE:?} (peer dead or unreachable)")
             };
-            self.peer_gone(id, why, events);
+            self.peer_gone(id, LinkFailure::Timeout(why), events);
         }
     }
 
@@ -998,7 +998,7 @@ impl Queueing for RdmTransport {
                     self.drop_link(id);
                 }
             }
-            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
+            Err(e) => self.fail(id, post_failure("fi_send", &e), events),
         }
     }
 
@@ -1383,7 +1383,7 @@ impl EndpointKind for RdmTransport {
             .start((link, token, context), key, range, |x| {
                 ep.read(x, to, context, &[], 0)
             })
-            .map_err(unavailable)
+            .map_err(|reason| unavailable(reason.to_string()))
     }
 
     fn more_stats(&self, values: &mut Vec<(&'static str, u64)>) {
