@@ -352,6 +352,20 @@ impl PeerRma for Ep {
     }
 }
 
+/// A MSG transport's event queue (connection management).
+#[derive(Debug)]
+struct EventQueue {
+    token: Token,
+    /// Its wait fd, in the worker's Poll for good (connection events are
+    /// rare; the CQ's fd may be the same one). None only after a move to
+    /// another domain failed to register the new one.
+    fd: Option<RawFd>,
+    /// It is read on the next pass: its wait fd woke the worker, or the
+    /// worker is about to block ([`EQ_READ_EVERY`]).
+    due: bool,
+    next_read: Instant,
+}
+
 /// libfabric transport of one worker.
 pub struct FabricTransport {
     // Links and listeners come first: fields drop in order, and endpoints
@@ -362,11 +376,9 @@ pub struct FabricTransport {
     by_key: FxHashMap<usize, LinkId>,
     shared: Shared,
     out: Outgoing,
-    eq_token: Token,
-    /// The EQ's wait fd, in the worker's Poll for good (connection events
-    /// are rare; the CQ's fd may be the same one). None only after a move
-    /// to another domain failed to register the new one.
-    eq_fd: Option<RawFd>,
+    /// The event queue (connection management): its wait fd and when it
+    /// is read.
+    eq: EventQueue,
     /// Links that hit -FI_EAGAIN on send, retried on the next progress.
     retry: Vec<LinkId>,
     /// Receive slots whose messages were handled, reposted once this pass's
@@ -375,10 +387,6 @@ pub struct FabricTransport {
     /// Links with their set-up deadline, oldest first (entries of
     /// links that connected or went are skipped when they reach the front).
     half_open: VecDeque<(Instant, LinkId)>,
-    /// The event queue is read on the next pass: its wait fd woke the
-    /// worker, or the worker is about to block ([`EQ_READ_EVERY`]).
-    eq_due: bool,
-    next_eq_read: Instant,
     /// Links with a rendezvous read in flight, and when their deadlines
     /// are looked at next.
     reads: usize,
@@ -410,13 +418,15 @@ impl FabricTransport {
             by_key: FxHashMap::default(),
             shared: Shared::new(opened, cq_wait, 2 * SLOTS * SLOT_SIZE, ctx),
             out: Outgoing::default(),
-            eq_token,
-            eq_fd,
+            eq: EventQueue {
+                token: eq_token,
+                fd: eq_fd,
+                due: true,
+                next_read: Instant::now(),
+            },
             retry: Vec::new(),
             handled: Vec::new(),
             half_open: VecDeque::new(),
-            eq_due: true,
-            next_eq_read: Instant::now(),
             reads: 0,
             next_read_check: Instant::now(),
             user_reads: UserReads::default(),
@@ -465,7 +475,7 @@ impl FabricTransport {
         let net = open_net(&self.shared.kind, Some(site), self.shared.net_options)?;
         // Out with the old queues' fds before they close: a number reused
         // later must not be taken for theirs.
-        if let Some(fd) = self.eq_fd.take() {
+        if let Some(fd) = self.eq.fd.take() {
             let _ = self.shared.registry.deregister(&mut SourceFd(&fd));
         }
         self.shared.cq_wait.replace(false, &self.shared.registry);
@@ -478,10 +488,10 @@ impl FabricTransport {
             &self.shared.kind,
             &self.shared.net,
             &self.shared.registry,
-            self.eq_token,
+            self.eq.token,
             self.shared.cq_wait.token(),
         )?;
-        self.eq_fd = Some(eq_fd);
+        self.eq.fd = Some(eq_fd);
         self.shared.cq_wait = cq_wait;
         Ok(())
     }
@@ -1198,7 +1208,7 @@ impl Queueing for FabricTransport {
 
 impl Drop for FabricTransport {
     fn drop(&mut self) {
-        if let Some(fd) = self.eq_fd {
+        if let Some(fd) = self.eq.fd {
             let _ = self.shared.registry.deregister(&mut SourceFd(&fd));
         }
         self.shared.cq_wait.disarm(&self.shared.registry);
@@ -1239,9 +1249,9 @@ impl EndpointKind for FabricTransport {
         let mut any = !self.out.deferred_events.is_empty();
         events.append(&mut self.out.deferred_events);
         self.repost_handled(events);
-        if self.eq_due || !self.half_open.is_empty() || now >= self.next_eq_read {
-            self.eq_due = false;
-            self.next_eq_read = now + EQ_READ_EVERY;
+        if self.eq.due || !self.half_open.is_empty() || now >= self.eq.next_read {
+            self.eq.due = false;
+            self.eq.next_read = now + EQ_READ_EVERY;
             any |= self.drain_eq(events);
         }
         any |= self.drain_cq(events);
@@ -1318,7 +1328,7 @@ impl EndpointKind for FabricTransport {
 
     fn woken(&mut self, event: &Event) {
         // One fd may serve both queues (then it is registered as the EQ's).
-        self.eq_due |= event.token() == self.eq_token;
+        self.eq.due |= event.token() == self.eq.token;
     }
 
     /// The CQ's wait fds into the Poll and `fi_trywait` on the EQ and CQ: if
@@ -1328,7 +1338,7 @@ impl EndpointKind for FabricTransport {
         // An event left unread makes fi_trywait refuse; the pass it sends
         // the worker back to must read it rather than spin until
         // EQ_READ_EVERY.
-        self.eq_due = true;
+        self.eq.due = true;
         self.shared
             .cq_wait
             .arm(&self.shared.registry, &mut self.shared.net);
@@ -1356,7 +1366,7 @@ impl EndpointKind for FabricTransport {
     }
 
     fn owns_token(&self, token: Token) -> bool {
-        token == self.eq_token
+        token == self.eq.token
             || self.listeners.contains_key(&token)
             || self.links.contains_key(&LinkId(token.0 as u64))
     }

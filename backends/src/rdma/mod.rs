@@ -304,6 +304,23 @@ impl RdmaCounters {
     }
 }
 
+/// How a transport polls its completion queue: the channel's token and
+/// whether it is armed, completions found while arming, the batch buffer,
+/// and simulated failures still to come.
+struct CqPolling {
+    /// The completion channel's token.
+    token: Token,
+    /// Whether the CQ is armed (its channel will fire at the next completion).
+    armed: bool,
+    /// Completions `arm` found after arming, handled by the next poll.
+    stashed: Vec<WorkCompletion>,
+    /// Where `ibv_poll_cq` writes, kept between polls: an array on the stack
+    /// was zeroed on every poll (1.5 KiB a busy-poll pass).
+    polled: Box<[WorkCompletion; POLL_BATCH]>,
+    /// CQ polls still to fail (`SimulatedFault::CqReadError`).
+    simulated_failures: u32,
+}
+
 /// The verbs or rdmacm transport of one worker.
 pub struct RdmaTransport {
     kind: TransportKind,
@@ -314,10 +331,8 @@ pub struct RdmaTransport {
     /// Opened at the first listen or connect (on the device the address names
     /// or rdma_cm resolves).
     dev: Option<Box<Device>>,
-    /// The completion channel's token.
-    cq_token: Token,
-    /// Whether the CQ is armed (its channel will fire at the next completion).
-    armed: bool,
+    /// The completion queue's polling state.
+    cq: CqPolling,
     /// rdmacm: the event channel and listening ids.
     cm: Option<CmState>,
     /// verbs: out-of-band TCP listeners.
@@ -337,11 +352,6 @@ pub struct RdmaTransport {
     /// longer links to the worker, their QPs linger (as a TCP socket's unsent
     /// data does) until the sends complete or [`CLOSE_LINGER`] passes.
     closing: FxHashMap<LinkId, (RdmaLink, Instant)>,
-    /// Completions `arm` found after arming, handled by the next poll.
-    stashed: Vec<WorkCompletion>,
-    /// Where `ibv_poll_cq` writes, kept between polls: an array on the stack
-    /// was zeroed on every poll (1.5 KiB a busy-poll pass).
-    polled: Box<[WorkCompletion; POLL_BATCH]>,
     /// Where frames below [`GATHER_MIN`] are encoded.
     tx_arena: ByteArena,
     /// Receive chunks lent to the application and given back.
@@ -355,8 +365,6 @@ pub struct RdmaTransport {
     reg_cache: RegCache<ReadOnlyRegion>,
     /// Applications' regions open to peers' reads (`Transport::rma_expose`).
     user_regions: user_rma::UserExposures,
-    /// CQ polls still to fail (`SimulatedFault::CqReadError`).
-    simulated_cq_failures: u32,
     counters: RdmaCounters,
 }
 
@@ -395,11 +403,16 @@ impl RdmaTransport {
                 .try_clone()
                 .map_err(|e| TransportError::io("clone mio registry", e))?,
             limits: ctx.limits,
-            cq_token: Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize),
+            cq: CqPolling {
+                token: Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize),
+                armed: false,
+                stashed: Vec::new(),
+                polled: Box::new([WorkCompletion::default(); POLL_BATCH]),
+                simulated_failures: 0,
+            },
             link_ids: ctx.link_ids.clone(),
             pools: ctx.rdma,
             dev: None,
-            armed: false,
             cm: None,
             oob_listeners: FxHashMap::default(),
             links: FxHashMap::default(),
@@ -409,15 +422,12 @@ impl RdmaTransport {
             pending: Vec::new(),
             resumed: Vec::new(),
             closing: FxHashMap::default(),
-            stashed: Vec::new(),
-            polled: Box::new([WorkCompletion::default(); POLL_BATCH]),
             tx_arena: ByteArena::new(TX_ARENA),
             returns: RxReturns::new(ctx.waker.clone()),
             lent: 0,
             sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
             reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
             user_regions: user_rma::UserExposures::default(),
-            simulated_cq_failures: 0,
             counters: RdmaCounters::default(),
         })
     }
@@ -426,7 +436,7 @@ impl RdmaTransport {
     fn install_device(&mut self, d: Device) -> Result<(), TransportError> {
         let fd = d.channel.fd();
         self.registry
-            .register(&mut SourceFd(&fd), self.cq_token, Interest::READABLE)
+            .register(&mut SourceFd(&fd), self.cq.token, Interest::READABLE)
             .map_err(|e| TransportError::io("register completion channel", e))?;
         tracing::debug!(device = ?d, "RDMA device open");
         self.dev = Some(Box::new(d));
@@ -626,9 +636,9 @@ impl RdmaTransport {
     /// completion would cost a verbs command, a channel event, its read and
     /// an epoll wake-up per completion, for nothing.
     fn poll_cq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        let mut any = !self.stashed.is_empty();
+        let mut any = !self.cq.stashed.is_empty();
         if any {
-            let stashed = std::mem::take(&mut self.stashed);
+            let stashed = std::mem::take(&mut self.cq.stashed);
             for wc in &stashed {
                 self.on_completion(wc, events);
             }
@@ -638,14 +648,14 @@ impl RdmaTransport {
         };
         let cq = dev.cq.clone();
         loop {
-            let polled = if self.simulated_cq_failures > 0 {
-                self.simulated_cq_failures -= 1;
+            let polled = if self.cq.simulated_failures > 0 {
+                self.cq.simulated_failures -= 1;
                 Err(RdmaError::Os {
                     op: "ibv_poll_cq (SIMULATED)",
                     source: std::io::Error::from_raw_os_error(libc::EIO),
                 })
             } else {
-                cq.poll(&mut self.polled[..])
+                cq.poll(&mut self.cq.polled[..])
             };
             let n = match polled {
                 Ok(n) => n,
@@ -659,7 +669,7 @@ impl RdmaTransport {
                 }
             };
             for i in 0..n {
-                let wc = self.polled[i];
+                let wc = self.cq.polled[i];
                 self.on_completion(&wc, events);
             }
             if n == 0 {
@@ -1044,12 +1054,12 @@ impl Transport for RdmaTransport {
 
     fn ready(&mut self, event: &Event, _now: Instant, events: &mut Vec<TransportEvent>) {
         let token = event.token();
-        if token == self.cq_token {
+        if token == self.cq.token {
             if let Some(dev) = &self.dev {
                 // Acknowledge every channel event; the CQ must be re-armed.
                 loop {
                     match dev.cq.get_event() {
-                        Ok(true) => self.armed = false,
+                        Ok(true) => self.cq.armed = false,
                         Ok(false) => break,
                         Err(e) => {
                             tracing::error!(error = %e, "ibv_get_cq_event failed");
@@ -1094,19 +1104,19 @@ impl Transport for RdmaTransport {
             return true;
         };
         let cq = dev.cq.clone();
-        if !self.armed {
+        if !self.cq.armed {
             if let Err(e) = cq.req_notify(false) {
                 tracing::error!(error = %e, "ibv_req_notify_cq failed");
                 return false;
             }
-            self.armed = true;
+            self.cq.armed = true;
         }
         // A completion that landed between the last poll and the arm raises
         // no event: look once more, and keep it for the next poll.
-        match cq.poll(&mut self.polled[..]) {
+        match cq.poll(&mut self.cq.polled[..]) {
             Ok(0) => true,
             Ok(n) => {
-                self.stashed.extend_from_slice(&self.polled[..n]);
+                self.cq.stashed.extend_from_slice(&self.cq.polled[..n]);
                 false
             }
             Err(e) => {
@@ -1186,7 +1196,7 @@ impl Transport for RdmaTransport {
     }
 
     fn owns(&self, token: Token) -> bool {
-        token == self.cq_token
+        token == self.cq.token
             || self
                 .cm
                 .as_ref()
@@ -1249,7 +1259,7 @@ impl Transport for RdmaTransport {
             .ok_or(TransportError::NoSuchLink(link.0))?;
         match fault {
             SimulatedFault::HungRead => l.reads_to_hang += 1,
-            SimulatedFault::CqReadError => self.simulated_cq_failures += 1,
+            SimulatedFault::CqReadError => self.cq.simulated_failures += 1,
         }
         Ok(())
     }

@@ -281,6 +281,22 @@ fn io_err(op: &'static str, e: FabricError) -> TransportError {
     TransportError::io(op, std::io::Error::other(e.to_string()))
 }
 
+/// How large an RDM transport's messages, windows and receive blocks
+/// are, decided when it opens (see [`RdmTransport::new`]).
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    /// Bytes per message (header included).
+    slot_size: usize,
+    /// Data pieces each link takes unconsumed ([`WINDOW_BYTES`]).
+    window: u32,
+    /// Receive slots per link (one pool block): the window and
+    /// [`CONTROL_SLACK`].
+    link_block: usize,
+    /// Bytes per message sent (header included): the slot size, or less
+    /// where larger messages would go by the provider's own reads.
+    send_limit: usize,
+}
+
 /// libfabric RDM transport of one worker.
 ///
 /// Messages are at most [`SLOT_SIZE`] bytes, or the provider's inject size
@@ -304,16 +320,8 @@ pub struct RdmTransport {
     /// Over `shm` (no wait objects): what peers ring while this worker
     /// sleeps (`doorbell`).
     bells: Option<Bells>,
-    /// Bytes per message (header included), see [`RdmTransport::new`].
-    slot_size: usize,
-    /// Data pieces each link takes unconsumed ([`WINDOW_BYTES`]).
-    window: u32,
-    /// Receive slots per link (one pool block): the window and
-    /// [`CONTROL_SLACK`].
-    link_block: usize,
-    /// Bytes per message sent (header included): the slot size, or less
-    /// where larger messages would go by the provider's own reads.
-    send_limit: usize,
+    /// How large its messages, windows and receive blocks are.
+    sizes: Sizes,
     /// A transmit slot came free or a CLOSE was queued: flush every link
     /// with something to send at the next progress.
     retry: bool,
@@ -394,11 +402,13 @@ impl RdmTransport {
         // `Shared::rndv` is the Net's.
         Ok(RdmTransport {
             keep_live_peers: net.never_closes(),
-            window,
-            link_block,
+            sizes: Sizes {
+                slot_size,
+                window,
+                link_block,
+                send_limit,
+            },
             challenges,
-            slot_size,
-            send_limit,
             links: FxHashMap::default(),
             ports: Vec::new(),
             retired: Vec::new(),
@@ -438,14 +448,16 @@ impl RdmTransport {
         listener: Option<(Token, SocketAddr)>,
         reservation: Option<TcpListener>,
     ) -> Result<usize, FabricError> {
-        let ep = self
-            .shared
-            .net
-            .rdm_endpoint(bind, TX_SLOTS, self.link_block, self.slot_size)?;
+        let ep = self.shared.net.rdm_endpoint(
+            bind,
+            TX_SLOTS,
+            self.sizes.link_block,
+            self.sizes.slot_size,
+        )?;
         // Port indices are never reused: completions of a closed port's
         // endpoint could still be in the CQ.
         let idx = self.ports.len();
-        let mut port = Port::new(ep, listener, reservation, self.send_limit);
+        let mut port = Port::new(ep, listener, reservation, self.sizes.send_limit);
         for slot in 0..port.ep.rx_slots() {
             port.ep.post_recv(slot, context(idx, true, slot))?;
         }
@@ -668,14 +680,14 @@ impl RdmTransport {
                 return;
             }
         };
-        if let Err(e) = port.reserve(pidx, self.link_block) {
+        if let Err(e) = port.reserve(pidx, self.sizes.link_block) {
             tracing::warn!(error = %e, "no receive buffers for a new RDM link; HELLO dropped");
             port.release_peer(peer, true);
             return;
         }
         let peer_addr = RdmEp::name_as_socket(name).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
         let id = LinkId(self.shared.link_ids.fetch_add(1, Ordering::Relaxed));
-        let mut link = RdmLink::new(pidx, peer, Some((token, peer_addr)), self.window);
+        let mut link = RdmLink::new(pidx, peer, Some((token, peer_addr)), self.sizes.window);
         link.remote = Some(remote);
         link.common.peer_rndv = peer_rndv;
         link.common.peer_late = peer_late;
@@ -1087,7 +1099,7 @@ impl EndpointKind for RdmTransport {
         let Some(port) = self.ports.get_mut(link.port).and_then(Option::as_mut) else {
             return Some(link);
         };
-        port.reserved = port.reserved.saturating_sub(self.link_block);
+        port.reserved = port.reserved.saturating_sub(self.sizes.link_block);
         port.links = port.links.saturating_sub(1);
         // Exposed units go (a peer still reading gets an error); a read in
         // flight keeps its buffer in the endpoint until it completes; a
@@ -1258,14 +1270,14 @@ impl EndpointKind for RdmTransport {
         let peer = port.peer(&name).map_err(|e| {
             TransportError::io("fi_av_insert", std::io::Error::other(e.to_string()))
         })?;
-        if let Err(e) = port.reserve(pidx, self.link_block) {
+        if let Err(e) = port.reserve(pidx, self.sizes.link_block) {
             port.release_peer(peer, true);
             return Err(TransportError::io(
                 "RDM receive pool",
                 std::io::Error::other(e.to_string()),
             ));
         }
-        let mut l = RdmLink::new(pidx, peer, None, self.window);
+        let mut l = RdmLink::new(pidx, peer, None, self.sizes.window);
         l.need_hello = true;
         l.hello_to = Some(addr.socket);
         self.links.insert(link, l);

@@ -41,7 +41,7 @@ fn tcp_rxm_messages_stay_eager_where_reads_are_withheld() {
         assert_eq!(auto.shared.net.provider_name(), "tcp;ofi_rxm");
         let want = if withheld { 16 << 10 } else { SLOT_SIZE };
         assert_eq!(
-            (auto.send_limit, auto.slot_size),
+            (auto.sizes.send_limit, auto.sizes.slot_size),
             (want, SLOT_SIZE),
             "{name}: withheld: {withheld}"
         );
@@ -51,7 +51,7 @@ fn tcp_rxm_messages_stay_eager_where_reads_are_withheld() {
         assert_eq!(auto.shared.rndv, Some(op), "{name}");
         let on = open_with(name, &poll, FabricRendezvous::On);
         let want = (SLOT_SIZE, Some(RmaOp::Read));
-        assert_eq!((on.send_limit, on.shared.rndv), want, "{name}");
+        assert_eq!((on.sizes.send_limit, on.shared.rndv), want, "{name}");
     }
 }
 
@@ -238,7 +238,7 @@ fn units_leave_from_send(provider: &str) {
         t.links[&LinkId(1000)].common.outbox.is_empty(),
         "{provider}: not posted by send"
     );
-    let n = 3 * t.window as usize;
+    let n = 3 * t.sizes.window as usize;
     send_small_frames(&mut t, LinkId(1000), n);
     assert!(
         !t.links[&LinkId(1000)].common.outbox.is_empty(),
@@ -274,7 +274,7 @@ fn staged_descriptor_goes_when_credits_return(provider: &str) {
     let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
     let server =
         accepted(&events).unwrap_or_else(|| panic!("{provider}: no Accepted in {events:?}"));
-    let window = t.window as usize;
+    let window = t.sizes.window as usize;
     staged_descriptor_goes_when_a_slot_frees(
         &mut t,
         &mut poll,
