@@ -1,4 +1,5 @@
 use msgr_addr::TransportKind;
+use msgr_proto::LinkFailure;
 use thiserror::Error;
 
 /// A backend could not do what was asked.
@@ -34,5 +35,16 @@ pub enum TransportError {
 impl TransportError {
     pub(crate) fn io(op: &'static str, source: std::io::Error) -> Self {
         TransportError::Io { op, source }
+    }
+
+    /// What a link that this error kept from being opened failed with.
+    pub fn link_failure(&self) -> LinkFailure {
+        match self {
+            TransportError::Io { source, .. } => LinkFailure::Io {
+                kind: source.kind(),
+                detail: self.to_string(),
+            },
+            _ => LinkFailure::Setup(self.to_string()),
+        }
     }
 }

@@ -16,6 +16,16 @@
 //! All transports of a worker register their file descriptors (sockets,
 //! completion channels, event channels, wait fds) in the worker's one
 //! [`mio::Poll`]; the worker routes readiness back by token.
+//!
+//! # Layers
+//!
+//! Each module imports only from the layers below its own
+//! (`tests/layering.rs`). Bottom first:
+//!
+//! 1. `error`, `event`, `dirty`, `regcache`, `queue_failure`, `split`, `shelf`, `region`, `sys`
+//! 2. `wire`, `context`: what the backends share above the leaves.
+//! 3. `fabric`, `rdma`, `tcp`: the backends.
+//! 4. `select`: which backend an address opens.
 
 #![warn(missing_docs)]
 
@@ -25,6 +35,7 @@
     feature = "rdmacm",
     feature = "fabric"
 ))]
+mod context;
 mod dirty;
 mod error;
 mod event;
@@ -53,14 +64,12 @@ use enum_dispatch::enum_dispatch;
 use mio::event::Event;
 use mio::Token;
 
+pub use context::{Availability, FabricCqWait, FabricRendezvous, RdmaPoolConfig, TransportContext};
 pub use error::TransportError;
-pub use event::TransportEvent;
+pub use event::{RmaFailure, TransportEvent};
 pub use msgr_proto::{Inbound, LinkId, Transmit};
 pub use region::{RegionMemory, RegionRead, RegionWrite};
-pub use select::{
-    availability, open_transport, rendezvous_withheld, Availability, FabricCqWait,
-    FabricRendezvous, RdmaPoolConfig, TransportContext,
-};
+pub use select::{availability, open_transport, rendezvous_withheld};
 
 use msgr_addr::{EntityAddr, TransportKind};
 

@@ -9,16 +9,16 @@
 
 use std::fmt::Display;
 
-use msgr_proto::LinkId;
+use msgr_proto::{LinkFailure, LinkId};
 
 /// Counts one failed read of the `queue` and returns the reason its links
 /// fail with.
-pub(crate) fn failed_read(count: &mut u64, queue: &str, e: &dyn Display) -> String {
+pub(crate) fn failed_read(count: &mut u64, queue: &str, e: &dyn Display) -> LinkFailure {
     *count += 1;
     if count.is_power_of_two() {
         tracing::error!(error = %e, failures = *count, "{queue} failed; failing every link on it");
     }
-    format!("{queue} failed: {e}")
+    LinkFailure::QueueUnreadable(format!("{queue} failed: {e}"))
 }
 
 /// Fails each of `links` with `why` through `fail`. Returns whether there
@@ -26,12 +26,12 @@ pub(crate) fn failed_read(count: &mut u64, queue: &str, e: &dyn Display) -> Stri
 /// may sleep rather than spin on it.
 pub(crate) fn fail_every_link(
     links: Vec<LinkId>,
-    why: &str,
-    mut fail: impl FnMut(LinkId, String),
+    why: &LinkFailure,
+    mut fail: impl FnMut(LinkId, LinkFailure),
 ) -> bool {
     let any = !links.is_empty();
     for id in links {
-        fail(id, why.to_owned());
+        fail(id, why.clone());
     }
     any
 }
@@ -45,7 +45,8 @@ mod tests {
         let mut count = 0;
         let why = failed_read(&mut count, "ibv_poll_cq", &"EIO");
         assert_eq!(count, 1);
-        assert_eq!(why, "ibv_poll_cq failed: EIO");
+        assert_eq!(why.to_string(), "ibv_poll_cq failed: EIO");
+        assert!(matches!(why, LinkFailure::QueueUnreadable(_)));
         let mut failed = Vec::new();
         assert!(fail_every_link(
             vec![LinkId(3), LinkId(5)],

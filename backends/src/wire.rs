@@ -5,7 +5,7 @@
 use mio::net::TcpListener;
 use mio::{Interest, Registry, Token};
 use msgr_addr::EntityAddr;
-use msgr_proto::Transmit;
+use msgr_proto::{LinkFailure, Transmit};
 
 use crate::TransportError;
 
@@ -65,7 +65,7 @@ pub(crate) enum ConnectProgress {
     /// Established.
     Connected,
     /// Failed, with the reason.
-    Failed(String),
+    Failed(LinkFailure),
 }
 
 /// Reads a connecting socket's readiness (the TCP backend's links and the
@@ -76,9 +76,11 @@ pub(crate) fn connect_progress(
 ) -> ConnectProgress {
     if event.is_error() || event.is_write_closed() {
         let err = stream.take_error().ok().flatten();
-        return ConnectProgress::Failed(err.map_or("connection refused".to_string(), |e| {
-            format!("connect: {e}")
-        }));
+        return ConnectProgress::Failed(
+            err.map_or(LinkFailure::Setup("connection refused".to_string()), |e| {
+                LinkFailure::io("connect", &e)
+            }),
+        );
     }
     if !event.is_writable() {
         return ConnectProgress::Pending;
@@ -88,7 +90,7 @@ pub(crate) fn connect_progress(
         Err(e) if e.kind() == std::io::ErrorKind::NotConnected => ConnectProgress::Pending,
         Err(e) => {
             let why = stream.take_error().ok().flatten().unwrap_or(e);
-            ConnectProgress::Failed(format!("connect: {why}"))
+            ConnectProgress::Failed(LinkFailure::io("connect", &why))
         }
     }
 }

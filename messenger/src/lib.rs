@@ -315,8 +315,8 @@ pub use msgr_proto::CodecError;
 /// [`ConnectionStatus::last_fault`]).
 ///
 /// ```
-/// use msgr::FaultReason;
-/// let why = FaultReason::Transport("connection refused".into());
+/// use msgr::{FaultReason, LinkFailure};
+/// let why = FaultReason::Transport(LinkFailure::Setup("connection refused".into()));
 /// assert!(why.to_string().contains("refused"));
 /// ```
 pub use msgr_proto::FaultReason;
@@ -349,6 +349,9 @@ pub use msgr_proto::FrameError;
 /// # Ok::<(), msgr::ConfigError>(())
 /// ```
 pub use msgr_proto::FrameLimits;
+/// Why a link failed, as its transport reported it
+/// ([`FaultReason::Transport`]).
+pub use msgr_proto::LinkFailure;
 /// A well-formed frame whose payload does not parse: what
 /// [`Message::from_frame`] returns for a frame that is not a message.
 /// A [`ProtocolError`] converts from it.

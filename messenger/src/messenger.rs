@@ -11,7 +11,7 @@ use msgr_backends::{
     availability, open_transport, Availability, TransportContext, TransportError, TransportStats,
     LISTENER_TOKEN_BASE,
 };
-use msgr_proto::{FaultReason, LocalIdentity, Message, Policy};
+use msgr_proto::{FaultReason, LinkFailure, LocalIdentity, Message, Policy};
 use parking_lot::Mutex;
 use thiserror::Error;
 
@@ -1031,7 +1031,7 @@ impl Messenger {
         }
         // Calls still waiting will get no reply; handles refer back to the
         // shared state: break the cycle.
-        let gone = FaultReason::Transport("the messenger shut down".into());
+        let gone = FaultReason::Transport(LinkFailure::Local("the messenger shut down".into()));
         for c in self.shared.registry.lock().drain().map(|(_, c)| c) {
             c.inner.calls.fail_all(&gone);
         }

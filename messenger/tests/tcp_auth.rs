@@ -77,7 +77,11 @@ fn drive_raw(
         }
         let mut chunk = [0u8; 4096];
         match sock.read(&mut chunk) {
-            Ok(0) => s.link_failed(link, "closed by the server".into(), Instant::now()),
+            Ok(0) => s.link_failed(
+                link,
+                msgr::LinkFailure::ClosedByPeer("closed by the server".into()),
+                Instant::now(),
+            ),
             Ok(n) => {
                 buf.extend_from_slice(&chunk[..n]);
                 while let Ok(Some(unit)) = dec.decode(&mut buf) {
@@ -86,7 +90,7 @@ fn drive_raw(
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(e) => s.link_failed(link, e.to_string(), Instant::now()),
+            Err(e) => s.link_failed(link, msgr::LinkFailure::io("read", &e), Instant::now()),
         }
         s.handle_timeout(Instant::now());
         loop {

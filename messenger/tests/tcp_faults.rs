@@ -94,7 +94,7 @@ fn status_tells_why_a_connection_is_not_open() {
     assert!(["connecting", "standing by"].contains(&st.phase), "{st:?}");
     match &st.last_fault {
         Some(msgr::FaultReason::Transport(why)) => {
-            assert!(why.to_lowercase().contains("refused"), "{st:?}")
+            assert!(why.to_string().to_lowercase().contains("refused"), "{st:?}")
         }
         other => panic!("a transport fault, not {other:?}"),
     }

@@ -7,10 +7,11 @@
 //! this list, and the same section of every module with submodules, and
 //! checks every `crate::` and `super::` path in `src/`). Bottom first:
 //!
-//! 1. [`checksum`], [`codec`], [`arena`], [`pool`], [`error`]: the leaves —
+//! 1. [`checksum`], [`codec`], [`arena`], [`pool`], [`error`], [`link_failure`]: the leaves —
 //!    CRC32C; typed payloads; small byte strings copied into shared chunks;
 //!    large buffers lent as `Bytes` and reused; the decode errors several
-//!    layers return ([`FrameError`], [`Malformed`]).
+//!    layers return ([`FrameError`], [`Malformed`]); why a transport's
+//!    link failed ([`LinkFailure`]), which sessions carry.
 //! 2. [`frame`]: where a frame is encoded and decoded (preamble, segments,
 //!    CRC32C), and the overhead sealing adds to a frame.
 //! 3. [`banner`]: the first bytes of every connection; version, features,
@@ -48,6 +49,7 @@ pub mod codec;
 pub mod control;
 pub mod error;
 pub mod frame;
+pub mod link_failure;
 pub mod message;
 pub mod pool;
 pub mod rma;
@@ -63,6 +65,7 @@ pub use codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
 pub use control::{Segment, TooLarge};
 pub use error::{FrameError, Malformed};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
+pub use link_failure::LinkFailure;
 pub use message::Message;
 pub use session::{
     FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, ProtocolError, SendError, Session,

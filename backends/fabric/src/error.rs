@@ -2,8 +2,6 @@
 //! code goes through, which alone decides what is an error and what is only
 //! "retry later" (`-FI_EAGAIN`).
 
-#[cfg(doc)]
-use crate::{Net, RmaBuffers};
 use libfabric_sys as sys;
 use std::ffi::CStr;
 use std::net::SocketAddr;
@@ -67,7 +65,7 @@ pub enum FabricError {
     },
     /// A rendezvous read whose buffer the peer withdrew before or while it
     /// was read: its check word (at its end, or read after it) was not the
-    /// one the descriptor named ([`RmaBuffers::read_done`]). What was read
+    /// one the descriptor named ([`RmaBuffers::read_done`](crate::RmaBuffers::read_done)). What was read
     /// is not the unit.
     #[error("fi_read: the peer withdrew the buffer (check word {found:#x}, want {want:#x})")]
     Withdrawn {
@@ -76,7 +74,7 @@ pub enum FabricError {
         /// The one read.
         found: u64,
     },
-    /// An address served by another domain (device) than the one this [`Net`]
+    /// An address served by another domain (device) than the one this [`Net`](crate::Net)
     /// opened: providers such as `verbs` have one domain per RDMA device and
     /// open an endpoint only on the domain that owns its address.
     #[error("{0}")]

@@ -3,8 +3,6 @@
 //! per-provider quirks known from sources and measurements, decided here once.
 
 use crate::error::{strerror, FabricError};
-#[cfg(doc)]
-use crate::{Net, RmaBuffers, CHECK_LEN};
 use libfabric_sys as sys;
 use std::ffi::{CStr, CString};
 use std::net::SocketAddr;
@@ -185,14 +183,14 @@ pub(crate) fn leaks_on_drop(provider: &str) -> bool {
 /// Whether `provider`'s target looks the key of every read up and fails a
 /// read of a withdrawn registration: `tcp` (in software), `verbs` (in the
 /// device). Only then may memory be exposed without a check word
-/// ([`RmaBuffers::expose_in_place`]); providers not known to do so get the
-/// word (see [`CHECK_LEN`]: `shm` does not look keys up), apart from memory
+/// ([`RmaBuffers::expose_in_place`](crate::RmaBuffers::expose_in_place)); providers not known to do so get the
+/// word (see [`CHECK_LEN`](crate::CHECK_LEN): `shm` does not look keys up), apart from memory
 /// exposed in place.
 pub(crate) fn checks_keys(provider: &str) -> bool {
     matches!(provider.split(';').next(), Some("tcp" | "verbs"))
 }
 
-/// The one-sided operation a [`Net`]'s endpoints move rendezvous units
+/// The one-sided operation a [`Net`](crate::Net)'s endpoints move rendezvous units
 /// with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RmaOp {
@@ -205,7 +203,7 @@ pub enum RmaOp {
     Write,
 }
 
-/// Which one-sided operation a [`Net`]'s endpoints get for the
+/// Which one-sided operation a [`Net`](crate::Net)'s endpoints get for the
 /// rendezvous ([`RmaOp`]), if any.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RmaChoice {

@@ -55,12 +55,26 @@
 //!
 //! Operation contexts are plain `u64`s chosen by the caller (not pointers):
 //! hints ask for no `FI_CONTEXT` mode, so the provider never writes through them.
+//!
+//! # Layers
+//!
+//! Each module imports only from the layers below its own
+//! (`tests/layering.rs`). Bottom first:
+//!
+//! 1. `error`, `bell`: the leaves — call results; doorbells (no libfabric).
+//! 2. `info`: `fi_getinfo`, providers' quirks.
+//! 3. `landing`: what a Net's endpoints share of the rendezvous.
+//! 4. `net`: one provider opened for a worker, its queues and events.
+//! 5. `slots`, `rma`: send and receive slots; the rendezvous buffers.
+//! 6. `msg`, `rdm`: the two endpoint kinds.
+//! 7. `raw_rma`: the bare RMA loop `msgr bench --rma` compares against.
 
 #![warn(missing_docs)]
 
 mod bell;
 mod error;
 mod info;
+mod landing;
 mod msg;
 mod net;
 mod raw_rma;
@@ -72,8 +86,8 @@ pub use bell::{drain_rings, listener_bell, ring_listener, BellId, Doorbell, Peer
 pub use error::{is_again, FabricError, OtherDomain, Site};
 pub use info::{eager_limit, probe, rma_withheld, version, writes_sound};
 pub use info::{EpType, RmaChoice, RmaOp, API_VERSION};
-pub use msg::{ConnReq, Ep, PassiveEp};
-pub use net::{CmEvent, Completion, CqWait, Net, WaitFd};
+pub use msg::{Ep, PassiveEp};
+pub use net::{CmEvent, Completion, ConnReq, CqWait, Net, WaitFd};
 pub use raw_rma::{RawFigures, RawRmaLoop};
 pub use rdm::{PeerAddr, RdmEp, MAX_NAME_LEN};
 pub use rma::{Exposed, Landing, ReadDone, ReadRegion, RemoteWord, RmaBuffers, CHECK_LEN};

@@ -2,55 +2,17 @@
 //! requests accepted or refused, and [`Ep`]s that own their slots.
 
 use crate::error::{check, FabricError, Site};
-use crate::info::Info;
-#[cfg(doc)]
-use crate::is_again;
-use crate::net::{bind_and_enable, close, sockaddr, Net, NetObjects};
-use crate::rdm::FI_ADDR_UNSPEC;
+use crate::net::{bind_and_enable, close, sockaddr, ConnReq, Net, NetObjects};
 use crate::rma::{Exposed, Landing, RmaBuffers};
-use crate::slots::{post_recv, post_send, post_send_in_place, sends_in_place, Buffers};
+use crate::slots::{
+    post_recv, post_send, post_send_in_place, sends_in_place, Buffers, FI_ADDR_UNSPEC,
+};
 use bytes::Bytes;
 use libfabric_sys as sys;
 use std::net::SocketAddr;
 use std::os::raw::c_void;
 use std::ptr;
 use std::sync::Arc;
-
-/// A pending connection request, the key of the listener it came to
-/// ([`PassiveEp::key`]) and the data the connector passed to
-/// [`Net::connect`].
-pub struct ConnReq(pub(crate) Info, pub(crate) usize, pub(crate) Vec<u8>);
-
-// SAFETY: an fi_info is plain data owned by this value.
-unsafe impl Send for ConnReq {}
-
-impl std::fmt::Debug for ConnReq {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ConnReq")
-    }
-}
-
-impl ConnReq {
-    /// The key of the listener the request came to ([`PassiveEp::key`]).
-    pub fn listener(&self) -> usize {
-        self.1
-    }
-
-    /// The data the connector passed to [`Net::connect`] (empty if none).
-    pub fn data(&self) -> &[u8] {
-        &self.2
-    }
-
-    /// The requester's address, when the provider reports it.
-    pub fn peer(&self) -> Option<SocketAddr> {
-        // SAFETY: the info from an FI_CONNREQ event is valid; dest_addr/len
-        // describe the peer's address when set.
-        unsafe {
-            let i = &*self.0 .0;
-            sockaddr(i.dest_addr as *const u8, i.dest_addrlen)
-        }
-    }
-}
 
 impl Net {
     /// Listens on `addr` (port 0: the provider picks; see [`PassiveEp::addr`]).
@@ -325,7 +287,7 @@ impl Ep {
     }
 
     /// Sends the first `len` bytes of transmit slot `slot`. `Err` with
-    /// [`is_again`] means the provider's queue is full: retry later.
+    /// [`is_again`](crate::is_again) means the provider's queue is full: retry later.
     pub fn send(&mut self, slot: usize, len: usize, context: u64) -> Result<(), FabricError> {
         post_send(self.ep, &mut self.tx, slot, len, 0, context)
     }
@@ -346,7 +308,7 @@ impl Ep {
     /// Sends the first `head` bytes of transmit slot `slot` followed by
     /// `body`, without copying `body` (`post_send_in_place`): large pieces
     /// of a frame go this way where [`Ep::sends_in_place`]; elsewhere this
-    /// returns [`FabricError::Slot`]. `Err` with [`is_again`]: retry later.
+    /// returns [`FabricError::Slot`]. `Err` with [`is_again`](crate::is_again): retry later.
     pub fn send_in_place(
         &mut self,
         slot: usize,

@@ -5,10 +5,7 @@
 use crate::error::{again_is_empty, check, strerror, FabricError, OtherDomain, Site};
 use crate::info::{checks_keys, domain_name, getinfo, getinfo_on, leaks_on_drop, EpType, Info};
 use crate::info::{RmaChoice, RmaOp};
-use crate::msg::ConnReq;
-use crate::rma::{LandingPool, RmaGauge};
-#[cfg(doc)]
-use crate::{eager_limit, Ep, PassiveEp, RdmEp, RmaBuffers};
+use crate::landing::{LandingPool, RmaGauge};
 use libfabric_sys as sys;
 use std::ffi::CStr;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -171,11 +168,47 @@ pub struct Completion {
     pub error: Option<(i32, &'static str)>,
 }
 
+/// A pending connection request, the key of the listener it came to
+/// ([`PassiveEp::key`](crate::PassiveEp::key)) and the data the connector passed to
+/// [`Net::connect`].
+pub struct ConnReq(pub(crate) Info, pub(crate) usize, pub(crate) Vec<u8>);
+
+// SAFETY: an fi_info is plain data owned by this value.
+unsafe impl Send for ConnReq {}
+
+impl std::fmt::Debug for ConnReq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnReq")
+    }
+}
+
+impl ConnReq {
+    /// The key of the listener the request came to ([`PassiveEp::key`](crate::PassiveEp::key)).
+    pub fn listener(&self) -> usize {
+        self.1
+    }
+
+    /// The data the connector passed to [`Net::connect`] (empty if none).
+    pub fn data(&self) -> &[u8] {
+        &self.2
+    }
+
+    /// The requester's address, when the provider reports it.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        // SAFETY: the info from an FI_CONNREQ event is valid; dest_addr/len
+        // describe the peer's address when set.
+        unsafe {
+            let i = &*self.0 .0;
+            sockaddr(i.dest_addr as *const u8, i.dest_addrlen)
+        }
+    }
+}
+
 /// Connection-management events.
 #[derive(Debug)]
 pub enum CmEvent {
     /// An incoming connection request; pass it to [`Net::accept`] or to its
-    /// listener's [`PassiveEp::reject`].
+    /// listener's [`PassiveEp::reject`](crate::PassiveEp::reject).
     ConnReq(ConnReq),
     /// The endpoint with this key is connected; on the connecting side
     /// with the data the acceptor passed to [`Net::accept`] (empty if none).
@@ -394,9 +427,9 @@ impl Net {
     }
 
     /// The one-sided operation endpoints have for the rendezvous, if any:
-    /// reads of peers' exposed buffers ([`RmaBuffers::expose`],
-    /// [`Ep::read`], [`RdmEp::read`]) or writes into buffers peers grant
-    /// ([`RmaBuffers::grant`], [`Ep::write`], [`RdmEp::write`]).
+    /// reads of peers' exposed buffers ([`RmaBuffers::expose`](crate::RmaBuffers::expose),
+    /// [`Ep::read`](crate::Ep::read), [`RdmEp::read`](crate::RdmEp::read)) or writes into buffers peers grant
+    /// ([`RmaBuffers::grant`](crate::RmaBuffers::grant), [`Ep::write`](crate::Ep::write), [`RdmEp::write`](crate::RdmEp::write)).
     pub fn rma(&self) -> Option<RmaOp> {
         self.rma
     }
@@ -639,7 +672,7 @@ impl Net {
     /// The full name of the provider this Net opened, layers included:
     /// `tcp;ofi_rxm` where RDM endpoints over `tcp` were asked for by the
     /// core's name. Decisions about a layer's own protocol (its eager limit,
-    /// [`eager_limit`]) take this name, not the one asked for.
+    /// [`eager_limit`](crate::eager_limit)) take this name, not the one asked for.
     pub fn provider_name(&self) -> String {
         // SAFETY: self.info is the valid fi_info the fabric was opened from;
         // its fabric_attr and prov_name are checked before they are read.

@@ -17,7 +17,7 @@
 //! messenger, no copy, no registration per operation: what the provider
 //! does when nothing else is asked of it.
 //!
-//! Apart from [`Net`]'s endpoints because those offer RMA only in the shape
+//! Apart from [`Net`](crate::Net)'s endpoints because those offer RMA only in the shape
 //! of msgr's rendezvous (a fresh registered buffer for each read, a granted
 //! buffer for each write), whose costs a reference must not pay.
 
@@ -25,8 +25,6 @@ use crate::error::{again_is_empty, check, is_again, strerror, FabricError};
 use crate::info::{getinfo_rma, leaks_on_drop, EpType, RmaOp};
 use crate::net::{bind_and_enable, close};
 use crate::rdm::{av_insert, MAX_NAME_LEN};
-#[cfg(doc)]
-use crate::Net;
 use libfabric_sys as sys;
 use std::ffi::CStr;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -5,9 +5,9 @@ use crate::error::{check, strerror, FabricError, Site};
 use crate::info::{getinfo, getinfo_on, EpType};
 use crate::net::{bind_and_enable, close, sockaddr, Net, NetObjects};
 use crate::rma::{Exposed, Landing, RmaBuffers};
-use crate::slots::{post_recv, post_send, post_send_in_place, sends_in_place, Buffers};
-#[cfg(doc)]
-use crate::{is_again, Ep};
+use crate::slots::{
+    post_recv, post_send, post_send_in_place, sends_in_place, Buffers, FI_ADDR_UNSPEC,
+};
 use bytes::Bytes;
 use libfabric_sys as sys;
 use std::ffi::CString;
@@ -15,9 +15,6 @@ use std::net::SocketAddr;
 use std::os::raw::c_void;
 use std::ptr;
 use std::sync::Arc;
-
-/// `FI_ADDR_UNSPEC` (a macro in C): receive from any peer.
-pub(crate) const FI_ADDR_UNSPEC: u64 = u64::MAX;
 
 /// A peer in an [`RdmEp`]'s address vector (`fi_addr_t`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -382,7 +379,7 @@ impl RdmEp {
     }
 
     /// Sends the first `len` bytes of transmit slot `slot` to `to`. `Err`
-    /// with [`is_again`] means the provider's queue is full: retry later.
+    /// with [`is_again`](crate::is_again) means the provider's queue is full: retry later.
     pub fn send(
         &mut self,
         slot: usize,
@@ -400,7 +397,7 @@ impl RdmEp {
     }
 
     /// Whether [`RdmEp::send_in_place`] can be used (as
-    /// [`Ep::sends_in_place`]: no local registration wanted, two iovecs
+    /// [`Ep::sends_in_place`](crate::Ep::sends_in_place): no local registration wanted, two iovecs
     /// gathered — `tcp;ofi_rxm` and `shm`).
     pub fn sends_in_place(&self) -> bool {
         self.sends_in_place
@@ -409,7 +406,7 @@ impl RdmEp {
     /// Sends the first `head` bytes of transmit slot `slot` followed by
     /// `body` to `to`, without copying `body` (`post_send_in_place`);
     /// [`FabricError::Slot`] where [`RdmEp::sends_in_place`] is false. `Err`
-    /// with [`is_again`]: retry later.
+    /// with [`is_again`](crate::is_again): retry later.
     pub fn send_in_place(
         &mut self,
         slot: usize,
@@ -433,7 +430,7 @@ impl RdmEp {
     /// reports no completion, so the slot is free again at once. This is
     /// how a small send avoids the completion queue (a completion written
     /// by the provider and read back per message). `len` must be at most
-    /// [`RdmEp::inject_size`]; `Err` with [`is_again`]: retry later.
+    /// [`RdmEp::inject_size`]; `Err` with [`is_again`](crate::is_again): retry later.
     pub fn inject(&mut self, slot: usize, len: usize, to: PeerAddr) -> Result<(), FabricError> {
         if len > self.inject_size {
             return Err(FabricError::Call {
@@ -458,7 +455,7 @@ impl RdmEp {
 
     /// Starts reading the exposed buffer `x` of peer `from` into a new
     /// buffer of ours, at offset `at` of the bytes `around` (as
-    /// [`Ep::read`]), which the endpoint owns until
+    /// [`Ep::read`](crate::Ep::read)), which the endpoint owns until
     /// [`RmaBuffers::read_done`] with the same `context`.
     pub fn read(
         &mut self,
@@ -472,7 +469,7 @@ impl RdmEp {
     }
 
     /// Starts writing our held unit `id` into the buffer peer `to` granted
-    /// (`landing`), as [`Ep::write`].
+    /// (`landing`), as [`Ep::write`](crate::Ep::write).
     pub fn write(
         &mut self,
         id: u32,

@@ -8,6 +8,10 @@ use libfabric_sys as sys;
 use std::os::raw::c_void;
 use std::ptr;
 
+/// `FI_ADDR_UNSPEC` (a macro in C): receive from any peer, or the peer a
+/// connected endpoint is connected to.
+pub(crate) const FI_ADDR_UNSPEC: u64 = u64::MAX;
+
 /// Fixed-size slots in one allocation, optionally registered. A slot handed
 /// to the provider is marked busy until its completion, so no safe accessor
 /// hands it out while the provider may read or write it.

@@ -5,7 +5,7 @@ use crate::cq::{set_nonblocking, wait_readable};
 use crate::device::Context;
 use crate::error::{RdmaError, Result};
 use crate::pd::ProtectionDomain;
-use crate::qp::{QpInit, QueuePair};
+use crate::qp::{DestroysQp, QpInit, QueuePair};
 use rdma_cm_sys as sys;
 use std::ffi::CStr;
 use std::net::SocketAddr;
@@ -308,8 +308,8 @@ unsafe impl Send for CmIdInner {}
 // SAFETY: as above.
 unsafe impl Sync for CmIdInner {}
 
-impl CmIdInner {
-    pub(crate) fn destroy_qp(&self) {
+impl DestroysQp for CmIdInner {
+    fn destroy_qp(&self) {
         let mut has = self.has_qp.lock().unwrap_or_else(|e| e.into_inner());
         if *has {
             // SAFETY: the QP was made by rdma_create_qp on this id; destroyed once.

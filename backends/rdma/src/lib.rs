@@ -15,6 +15,20 @@
 //!
 //! Objects hold `Arc`s to what they were made from (QP → PD, CQs → context),
 //! so destruction always runs in a valid order.
+//!
+//! # Layers
+//!
+//! Each module imports only from the layers below its own
+//! (`tests/layering.rs`). Bottom first:
+//!
+//! 1. `error`: what a verb refused.
+//! 2. `device`: devices, their limits, ports and GIDs.
+//! 3. `pd`, `cq`: protection domains; completion channels and queues.
+//! 4. `mr`: memory regions.
+//! 5. `wr`: receive requests and posting chains.
+//! 6. `srq`: shared receive queues.
+//! 7. `qp`: queue pairs.
+//! 8. `cm`: rdma_cm ids, which make queue pairs.
 
 #![warn(missing_docs)]
 
@@ -26,6 +40,7 @@ pub mod mr;
 pub mod pd;
 pub mod qp;
 pub mod srq;
+mod wr;
 
 pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 pub use cq::{CompletionChannel, CompletionQueue, WcOpcode, WorkCompletion};
@@ -33,7 +48,6 @@ pub use device::{device_names, open_device, Context, DeviceAttr, Gid, Mtu, PortA
 pub use error::{RdmaError, Result};
 pub use mr::{Access, ExternalRegion, MemoryRegion, ReadOnlyRegion, RemoteAddr, Sge, StableBuffer};
 pub use pd::ProtectionDomain;
-pub use qp::{
-    InitAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, RtrAttr, RtsAttr, SendOp, SendWr,
-};
+pub use qp::{InitAttr, QpCaps, QpInit, QpState, QueuePair, RtrAttr, RtsAttr, SendOp, SendWr};
 pub use srq::SharedReceiveQueue;
+pub use wr::RecvWr;

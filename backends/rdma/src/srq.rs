@@ -2,7 +2,7 @@
 
 use crate::error::{RdmaError, Result};
 use crate::pd::ProtectionDomain;
-use crate::qp::{post_recv_chain, RecvWr};
+use crate::wr::{post_recv_chain, RecvWr};
 use rdma_cm_sys as sys;
 use std::ptr::NonNull;
 use std::sync::Arc;

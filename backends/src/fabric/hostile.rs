@@ -265,7 +265,7 @@ fn ended<P: RawPeer, T: Transport>(
         "{what}: something was handed up: {events:?}"
     );
     let why = match end {
-        Some(TransportEvent::Failed(_, why)) => why.clone(),
+        Some(TransportEvent::Failed(_, why)) => why.to_string(),
         other => format!("{other:?}"),
     };
     // An end by the RDM link deadline is no answer to the message.

@@ -29,7 +29,22 @@
 //! - `tests` (tests only): fixtures both transports' tests run;
 //! - `hostile` (tests only): peers that speak the wire through libfabric
 //!   alone and send what no msgr peer sends.
+//!
+//! # Layers
+//!
+//! Bottom first (`tests/layering.rs`):
+//!
+//! 1. `wait_fd`, `reassembly`, `user_rma`
+//! 2. `rendezvous`
+//! 3. `outbox`
+//! 4. `common`: the state both transports share
+//! 5. `queueing`
+//! 6. `endpoint_kind`: the one `Transport` implementation
+//! 7. `rdm`
+//! 8. `msg`
 
+mod common;
+mod endpoint_kind;
 #[cfg(test)]
 mod hostile;
 mod msg;
@@ -48,7 +63,7 @@ use std::sync::{Mutex, OnceLock};
 use mio::Registry;
 use msgr_addr::{FabricEndpoint, FabricProvider, TransportKind};
 use msgr_fabric::{CmEvent, Completion, CqWait, EpType, FabricError, Net, RmaChoice, Site};
-use msgr_proto::LinkId;
+use msgr_proto::{LinkFailure, LinkId};
 use rustc_hash::FxHashMap;
 
 use crate::queue_failure::failed_read;
@@ -58,6 +73,7 @@ use crate::{
 pub use msg::{
     FabricTransport, LAST, MORE, RNDV, RNDV_DONE, RNDV_EPILOGUE, RNDV_GRANT, RNDV_WRITTEN, SLOTS,
 };
+use queueing::Queueing;
 use rendezvous::Receiving;
 
 /// Bytes per transmit/receive slot (one message on the wire).
@@ -89,7 +105,11 @@ pub(crate) struct QueueFailures {
 impl QueueFailures {
     /// One batch of completions (at most [`CQ_BATCH`]) into `batch`, or why
     /// the completion queue could not be read.
-    fn read_cq(&mut self, net: &mut Net, batch: &mut Vec<Completion>) -> Result<usize, String> {
+    fn read_cq(
+        &mut self,
+        net: &mut Net,
+        batch: &mut Vec<Completion>,
+    ) -> Result<usize, LinkFailure> {
         let read = if self.simulated_cq > 0 {
             self.simulated_cq -= 1;
             Err(FabricError::Call {
@@ -105,7 +125,7 @@ impl QueueFailures {
 
     /// One connection-management event, or why the event queue could not
     /// be read.
-    fn read_eq(&mut self, net: &mut Net) -> Result<Option<CmEvent>, String> {
+    fn read_eq(&mut self, net: &mut Net) -> Result<Option<CmEvent>, LinkFailure> {
         net.read_eq()
             .map_err(|e| failed_read(&mut self.eq, "libfabric event queue", &e))
     }
@@ -120,30 +140,24 @@ impl QueueFailures {
     }
 }
 
-/// How a transport reaches its completion queue: the failures counted,
-/// the Net, the batch buffer kept between reads.
-type CqParts<T> =
-    for<'a> fn(&'a mut T) -> (&'a mut QueueFailures, &'a mut Net, &'a mut Vec<Completion>);
-
 /// Reads `t`'s completion queue in batches of [`CQ_BATCH`], at most
 /// [`CQ_ROUNDS`] of them (a full batch may mean more), handing each
 /// completion to `complete`. Returns whether any came, or, with that, why
 /// the queue could not be read: the caller then fails every link on it.
-fn read_completions<T>(
+fn read_completions<T: Queueing>(
     t: &mut T,
-    cq: CqParts<T>,
     mut complete: impl FnMut(&mut T, &Completion),
-) -> Result<bool, (bool, String)> {
+) -> Result<bool, (bool, LinkFailure)> {
     let mut any = false;
     for _ in 0..CQ_ROUNDS {
-        let (failures, net, kept) = cq(t);
-        let mut batch = std::mem::take(kept);
+        let shared = t.parts().0;
+        let mut batch = std::mem::take(&mut shared.completions);
         batch.clear();
-        let read = failures.read_cq(net, &mut batch);
+        let read = shared.queue_failures.read_cq(&mut shared.net, &mut batch);
         for c in &batch {
             complete(t, c);
         }
-        *cq(t).2 = batch;
+        t.parts().0.completions = batch;
         let n = read.map_err(|why| (any, why))?;
         if n == 0 {
             break;
@@ -229,11 +243,27 @@ fn simulate_fault(
 
 /// Why a link fails whose operation `op` completed with `error` (the
 /// code and what the provider said of it).
-fn completion_failure(op: &str, (code, what): (i32, &str)) -> String {
-    format!(
-        "libfabric {op} {what}: {}",
-        std::io::Error::from_raw_os_error(code)
-    )
+fn completion_failure(op: &str, (code, what): (i32, &str)) -> LinkFailure {
+    LinkFailure::Completion {
+        status: code,
+        detail: format!(
+            "libfabric {op} {what}: {}",
+            std::io::Error::from_raw_os_error(code)
+        ),
+    }
+}
+
+/// Why a link fails whose post (`what`: "fi_send", "repost receive"...)
+/// libfabric refused with `e`.
+fn post_failure(what: &str, e: &FabricError) -> LinkFailure {
+    let kind = match e {
+        FabricError::Call { code, .. } => std::io::Error::from_raw_os_error(*code).kind(),
+        _ => std::io::ErrorKind::Other,
+    };
+    LinkFailure::Io {
+        kind,
+        detail: format!("{what}: {e}"),
+    }
 }
 
 /// The first `N` bytes (at most) of a message body, copied out of its

@@ -88,8 +88,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use mio::event::Event;
@@ -98,31 +97,25 @@ use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
 use msgr_fabric::{
     CmEvent, Completion, ConnReq, Ep, Exposed, FabricError, Landing, Net, PassiveEp, ReadRegion,
-    RmaBuffers, RmaOp, Site,
+    RmaBuffers, Site,
 };
-use msgr_proto::arena::ByteArena;
-use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{Inbound, LinkFailure, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
-use super::outbox::Outbox;
-use super::queueing::{QueuedLink, Queueing, SendParts};
-use super::reassembly::{report_unit, PieceError, Reassembly};
-use super::rendezvous::{
-    self, Counters, Exposures, OutUnit, Owed, OwedKinds, PeerRma, Posted, Receiving,
-};
+use super::common::{LinkCommon, Shared};
+use super::endpoint_kind::{self, EndpointKind, UserRead};
+use super::queueing::{queueing_parts, Links, Outgoing, QueuedLink, Queueing};
+use super::reassembly::{report_unit, PieceError};
+use super::rendezvous::{self, Counters, Owed, OwedKinds, PeerRma, Posted};
 use super::user_rma::{UserExposures, UserReads};
 use super::wait_fd::CqWaitFd;
 use super::{
-    completion_failure, fab_err, no_half_close, no_migration, open_net, open_worker, rdm,
-    read_completions, simulate_fault, CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures,
-    CQ_BATCH, SLOT_SIZE,
+    completion_failure, fab_err, open_net, open_worker, post_failure, rdm, read_completions,
+    OutOfSlot, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
-use crate::{
-    DetachedLink, RealFault, SimulatedFault, Transport, TransportContext, TransportError,
-    TransportEvent, TransportStats,
-};
+use crate::{TransportContext, TransportError, TransportEvent};
 
 /// Slots per direction per link: also the bound on sends in flight.
 pub const SLOTS: usize = 32;
@@ -236,16 +229,11 @@ enum Message {
 #[derive(Debug)]
 pub(super) struct FabricLink {
     ep: Ep,
+    common: LinkCommon,
     /// Accepted (the listener's token and the peer) or outgoing (`None`).
     accepted: Option<(Token, SocketAddr)>,
     connected: bool,
-    /// Encoded units waiting for a transmit slot.
-    outbox: Outbox,
     free_tx: Vec<usize>,
-    /// Pieces of a unit split over several messages.
-    reasm: Reassembly,
-    paused: bool,
-    frozen: bool,
     /// Receives completed while reading was paused (and no read was in
     /// flight) or the link frozen: (slot, len). Their slots stay taken,
     /// which stops the peer (backpressure).
@@ -256,47 +244,23 @@ pub(super) struct FabricLink {
     /// stall the read. Handed up after the read's unit.
     behind_read: VecDeque<Vec<u8>>,
     behind_read_bytes: usize,
-    close_after_flush: bool,
-    /// Rendezvous, sending side: units exposed for the peer to read.
-    exposures: Exposures,
-    /// Rendezvous, receiving side: the fi_read in flight (later messages
-    /// wait for it) and the RNDV_DONE answers owed.
-    receiving: Receiving,
-    /// When the peer was last heard from (a receive completed): a polled
-    /// CQ is looked at at once only for links heard from lately.
-    last_heard: Instant,
     /// Applications' regions this link's endpoint has open to the peer's
     /// reads ([`Transport::rma_expose`]).
     user: UserExposures,
-    /// How the peer moves rendezvous units (its connection data said so,
-    /// see [`rendezvous::caps`]); known before anything is sent.
-    peer_rndv: Option<RmaOp>,
-    /// The peer takes a unit's epilogue after its descriptor
-    /// ([`rendezvous::peer_late_epilogue`]).
-    peer_late: bool,
 }
 
 impl FabricLink {
     fn new(ep: Ep, accepted: Option<(Token, SocketAddr)>) -> Self {
         FabricLink {
+            common: LinkCommon::new(Instant::now()),
             free_tx: (0..ep.slots()).rev().collect(),
             ep,
             accepted,
             connected: false,
-            outbox: Outbox::default(),
-            reasm: Reassembly::default(),
-            paused: false,
-            frozen: false,
             held: VecDeque::new(),
             behind_read: VecDeque::new(),
             behind_read_bytes: 0,
-            close_after_flush: false,
-            exposures: Exposures::default(),
-            receiving: Receiving::default(),
             user: UserExposures::default(),
-            peer_rndv: None,
-            peer_late: false,
-            last_heard: Instant::now(),
         }
     }
 
@@ -304,23 +268,23 @@ impl FabricLink {
     /// at again for at once: output queued or in flight, or a unit half
     /// received, with the peer heard from lately (not a silent one).
     fn moving(&self, now: Instant) -> bool {
-        (!self.idle() || !self.reasm.is_idle())
-            && now.saturating_duration_since(self.last_heard) < rdm::MOVING_WINDOW
+        (!self.idle() || !self.common.reasm.is_idle())
+            && now.saturating_duration_since(self.common.last_heard) < rdm::MOVING_WINDOW
     }
 
     /// Nothing left to send, in flight, or exposed for the peer.
     fn idle(&self) -> bool {
-        self.outbox.is_empty()
+        self.common.outbox.is_empty()
             && self.free_tx.len() == self.ep.slots()
-            && self.exposures.is_idle()
-            && self.receiving.need_done.is_empty()
-            && self.receiving.need_grant.is_empty()
+            && self.common.exposures.is_idle()
+            && self.common.receiving.need_done.is_empty()
+            && self.common.receiving.need_grant.is_empty()
     }
 
     /// Sends what the link owes its peer besides data ([`Owed`]); false
     /// if one could not go yet.
     fn post_owed(&mut self, id: LinkId) -> Result<bool, FabricError> {
-        while let Some(owed) = Owed::next(&self.exposures, &self.receiving) {
+        while let Some(owed) = Owed::next(&self.common.exposures, &self.common.receiving) {
             let kind = owed.kind(&OWED_KINDS);
             if !self.post(id, |buf| {
                 buf[0] = kind;
@@ -328,7 +292,7 @@ impl FabricLink {
             })? {
                 return Ok(false);
             }
-            owed.posted(&mut self.exposures, &mut self.receiving);
+            owed.posted(&mut self.common.exposures, &mut self.common.receiving);
         }
         Ok(true)
     }
@@ -336,17 +300,19 @@ impl FabricLink {
     /// Whether the link has something to post: queued units, or control
     /// and a staged descriptor that wait outside the queue for a slot.
     fn has_output(&self) -> bool {
-        !self.outbox.is_empty() || self.exposures.owes_posts() || self.receiving.owes_posts()
+        !self.common.outbox.is_empty()
+            || self.common.exposures.owes_posts()
+            || self.common.receiving.owes_posts()
     }
 
     /// Whether received messages wait instead of being handled.
     fn holding(&self) -> bool {
-        self.paused || self.frozen
+        self.common.paused || self.common.frozen
     }
 
     /// Whether a received message must wait behind a rendezvous read.
     fn behind_a_read(&self) -> bool {
-        self.receiving.reading.is_some() || !self.behind_read.is_empty()
+        self.common.receiving.reading.is_some() || !self.behind_read.is_empty()
     }
 
     /// Sends one message that `fill` writes into a free transmit slot
@@ -386,6 +352,20 @@ impl PeerRma for Ep {
     }
 }
 
+/// A MSG transport's event queue (connection management).
+#[derive(Debug)]
+struct EventQueue {
+    token: Token,
+    /// Its wait fd, in the worker's Poll for good (connection events are
+    /// rare; the CQ's fd may be the same one). None only after a move to
+    /// another domain failed to register the new one.
+    fd: Option<RawFd>,
+    /// It is read on the next pass: its wait fd woke the worker, or the
+    /// worker is about to block ([`EQ_READ_EVERY`]).
+    due: bool,
+    next_read: Instant,
+}
+
 /// libfabric transport of one worker.
 pub struct FabricTransport {
     // Links and listeners come first: fields drop in order, and endpoints
@@ -394,74 +374,27 @@ pub struct FabricTransport {
     listeners: FxHashMap<Token, PassiveEp>,
     /// Accepted endpoints not yet connected (FI_CONNECTED pending).
     by_key: FxHashMap<usize, LinkId>,
-    net: Net,
-    kind: TransportKind,
-    registry: Registry,
-    limits: FrameLimits,
-    link_ids: Arc<AtomicU64>,
-    eq_token: Token,
-    /// The EQ's wait fd, in the worker's Poll for good (connection events
-    /// are rare; the CQ's fd may be the same one). None only after a move
-    /// to another domain failed to register the new one.
-    eq_fd: Option<RawFd>,
-    /// The CQ's own wait fds, in the Poll only while the worker sleeps.
-    cq_wait: CqWaitFd,
-    dirty: crate::dirty::DirtyLinks,
+    shared: Shared,
+    out: Outgoing,
+    /// The event queue (connection management): its wait fd and when it
+    /// is read.
+    eq: EventQueue,
     /// Links that hit -FI_EAGAIN on send, retried on the next progress.
     retry: Vec<LinkId>,
-    /// Links whose reading resumed with held receives.
-    resumed: Vec<LinkId>,
-    /// Events found outside an event-reporting call (a set-up deadline,
-    /// an injected abort, a failed send posted by `send` itself), reported
-    /// by the next poll.
-    deferred_events: Vec<TransportEvent>,
     /// Receive slots whose messages were handled, reposted once this pass's
     /// sends are posted (`repost_handled`).
     handled: Vec<(LinkId, usize)>,
-    completions: Vec<Completion>,
-    /// Where small frames are encoded ([`OutUnit::Small`]).
-    tx_arena: ByteArena,
     /// Links with their set-up deadline, oldest first (entries of
     /// links that connected or went are skipped when they reach the front).
     half_open: VecDeque<(Instant, LinkId)>,
-    /// The event queue is read on the next pass: its wait fd woke the
-    /// worker, or the worker is about to block ([`EQ_READ_EVERY`]).
-    eq_due: bool,
-    next_eq_read: Instant,
-    /// How large units go by rendezvous (the endpoints have FI_RMA with
-    /// reads or writes), if they do.
-    rndv: Option<RmaOp>,
-    rndv_counters: Counters,
-    /// Registrations of payloads exposed in place, kept for their next
-    /// send where the provider checks keys (`rdma_reg_cache_bytes`;
-    /// cleared with the transport, see `Drop`).
-    reg_cache: RegCache<ReadRegion>,
     /// Links with a rendezvous read in flight, and when their deadlines
     /// are looked at next.
     reads: usize,
     next_read_check: Instant,
-    /// A read in flight longer than this fails its link.
-    read_timeout: Duration,
     /// Applications' one-sided reads of peers' regions in flight
     /// ([`Transport::rma_read`]), and the number of the next one.
     user_reads: UserReads,
     next_user_read: u64,
-    /// What the configuration asked of the Net (to reopen it).
-    net_options: NetOptions,
-    queue_failures: QueueFailures,
-    /// The bound on the links' buffers (`fabric_link_bytes`).
-    link_budget: LinkBudget,
-    /// The clock of the worker's current poll.
-    now: Instant,
-}
-
-impl std::fmt::Debug for FabricTransport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FabricTransport")
-            .field("kind", &self.kind)
-            .field("links", &self.links.len())
-            .finish()
-    }
 }
 
 impl FabricTransport {
@@ -472,46 +405,32 @@ impl FabricTransport {
         registry: &Registry,
         ctx: &TransportContext,
     ) -> Result<Self, TransportError> {
-        let (kind, net_options, net, registry) = open_worker(provider, registry, ctx)?;
+        let opened = open_worker(provider, registry, ctx)?;
         // Tokens from the worker's link-id allocator: unique among its links.
         let eq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
-        let (eq_fd, cq_wait) = Self::register_wait_fds(&kind, &net, &registry, eq_token, cq_token)?;
+        let (kind, _, net, registry) = &opened;
+        let (eq_fd, cq_wait) = Self::register_wait_fds(kind, net, registry, eq_token, cq_token)?;
         let eq_fd = Some(eq_fd);
         Ok(FabricTransport {
             links: FxHashMap::default(),
             listeners: FxHashMap::default(),
             by_key: FxHashMap::default(),
-            kind,
-            registry,
-            limits: ctx.limits,
-            link_ids: ctx.link_ids.clone(),
-            eq_token,
-            eq_fd,
-            cq_wait,
-            dirty: Default::default(),
+            shared: Shared::new(opened, cq_wait, 2 * SLOTS * SLOT_SIZE, ctx),
+            out: Outgoing::default(),
+            eq: EventQueue {
+                token: eq_token,
+                fd: eq_fd,
+                due: true,
+                next_read: Instant::now(),
+            },
             retry: Vec::new(),
-            resumed: Vec::new(),
-            deferred_events: Vec::new(),
             handled: Vec::new(),
-            completions: Vec::with_capacity(CQ_BATCH),
-            tx_arena: ByteArena::new(rendezvous::SMALL_ARENA),
             half_open: VecDeque::new(),
-            eq_due: true,
-            next_eq_read: Instant::now(),
-            rndv: net.rma(),
-            rndv_counters: Counters::default(),
-            reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
             reads: 0,
             next_read_check: Instant::now(),
-            read_timeout: ctx.rdma.read_timeout,
             user_reads: UserReads::default(),
             next_user_read: 0,
-            net_options,
-            queue_failures: QueueFailures::default(),
-            link_budget: LinkBudget::new(2 * SLOTS * SLOT_SIZE, ctx.rdma.fabric_link_bytes),
-            now: Instant::now(),
-            net,
         })
     }
 
@@ -550,46 +469,34 @@ impl FabricTransport {
     /// domain). Later addresses of another domain fail in [`Net::listen`] /
     /// [`Net::connect`] with [`FabricError::OtherDomain`].
     fn settle_domain(&mut self, site: Site) -> Result<(), TransportError> {
-        if !self.links.is_empty() || !self.listeners.is_empty() || self.net.serves(site) {
+        if !self.links.is_empty() || !self.listeners.is_empty() || self.shared.net.serves(site) {
             return Ok(());
         }
-        let net = open_net(&self.kind, Some(site), self.net_options)?;
+        let net = open_net(&self.shared.kind, Some(site), self.shared.net_options)?;
         // Out with the old queues' fds before they close: a number reused
         // later must not be taken for theirs.
-        if let Some(fd) = self.eq_fd.take() {
-            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        if let Some(fd) = self.eq.fd.take() {
+            let _ = self.shared.registry.deregister(&mut SourceFd(&fd));
         }
-        self.cq_wait.replace(false, &self.registry);
-        tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric worker moves to the domain of its first address");
+        self.shared.cq_wait.replace(false, &self.shared.registry);
+        tracing::debug!(from = %self.shared.net.domain(), to = %net.domain(), %site, "fabric worker moves to the domain of its first address");
         // Kept registrations belong to the old domain: out before it closes.
-        self.reg_cache.clear();
-        self.net = net;
-        self.rndv = self.net.rma();
+        self.shared.reg_cache.clear();
+        self.shared.net = net;
+        self.shared.rndv = self.shared.net.rma();
         let (eq_fd, cq_wait) = Self::register_wait_fds(
-            &self.kind,
-            &self.net,
-            &self.registry,
-            self.eq_token,
-            self.cq_wait.token(),
+            &self.shared.kind,
+            &self.shared.net,
+            &self.shared.registry,
+            self.eq.token,
+            self.shared.cq_wait.token(),
         )?;
-        self.eq_fd = Some(eq_fd);
-        self.cq_wait = cq_wait;
+        self.eq.fd = Some(eq_fd);
+        self.shared.cq_wait = cq_wait;
         Ok(())
     }
 
-    /// Removes a link; its endpoint closes with it, and with the endpoint
-    /// its exposed buffers and a read in flight.
-    fn drop_link(&mut self, id: LinkId) -> Option<FabricLink> {
-        let link = self.links.remove(&id)?;
-        self.by_key.remove(&link.ep.key());
-        self.user_reads.forget_link(id);
-        if link.receiving.reading.is_some() {
-            self.reads -= 1;
-        }
-        Some(link)
-    }
-
-    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+    fn fail(&mut self, id: LinkId, why: LinkFailure, events: &mut Vec<TransportEvent>) {
         if self.drop_link(id).is_some() {
             events.push(TransportEvent::Failed(id, why));
         }
@@ -597,7 +504,7 @@ impl FabricTransport {
 
     /// Fails every link: a queue they all depend on cannot be read
     /// ([`fail_every_link`]).
-    fn fail_all(&mut self, why: String, events: &mut Vec<TransportEvent>) -> bool {
+    fn fail_all(&mut self, why: LinkFailure, events: &mut Vec<TransportEvent>) -> bool {
         let ids = self.links.keys().copied().collect();
         fail_every_link(ids, &why, |id, why| self.fail(id, why, events))
     }
@@ -613,7 +520,7 @@ impl FabricTransport {
     fn drain_eq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
         let mut any = false;
         loop {
-            let ev = match self.queue_failures.read_eq(&mut self.net) {
+            let ev = match self.shared.queue_failures.read_eq(&mut self.shared.net) {
                 Ok(Some(ev)) => ev,
                 Ok(None) => break,
                 Err(why) => return self.fail_all(why, events) || any,
@@ -630,8 +537,8 @@ impl FabricTransport {
                     };
                     link.connected = true;
                     if link.accepted.is_none() {
-                        link.peer_rndv = rendezvous::peer_op(&caps);
-                        link.peer_late = rendezvous::peer_late_epilogue(&caps);
+                        link.common.peer_rndv = rendezvous::peer_op(&caps);
+                        link.common.peer_late = rendezvous::peer_late_epilogue(&caps);
                     }
                     match link.accepted {
                         Some((listener, peer)) => events.push(TransportEvent::Accepted {
@@ -641,17 +548,20 @@ impl FabricTransport {
                         }),
                         None => events.push(TransportEvent::Connected(id)),
                     }
-                    if !link.outbox.is_empty() {
-                        self.dirty.push(id);
+                    if !link.common.outbox.is_empty() {
+                        self.out.dirty.push(id);
                     }
                 }
                 CmEvent::Shutdown(key) => {
                     if let Some(&id) = self.by_key.get(&key) {
-                        self.fail(id, "connection closed by peer (FI_SHUTDOWN)".into(), events);
+                        let why = "connection closed by peer (FI_SHUTDOWN)";
+                        self.fail(id, LinkFailure::ClosedByPeer(why.into()), events);
                     }
                 }
                 CmEvent::Error(key, why) => match self.by_key.get(&key) {
-                    Some(&id) => self.fail(id, format!("connection: {why}"), events),
+                    Some(&id) => {
+                        self.fail(id, LinkFailure::Reset(format!("connection: {why}")), events)
+                    }
                     None => tracing::debug!(%why, "libfabric EQ error for no link"),
                 },
             }
@@ -673,7 +583,7 @@ impl FabricTransport {
             tracing::debug!("fabric connection request for a closed listener, dropped");
             return;
         };
-        if !self.link_budget.admits(self.links.len()) {
+        if !self.shared.link_budget.admits(self.links.len()) {
             tracing::debug!("fabric connection refused: fabric_link_bytes reached");
             if let Err(e) = pep.reject(req) {
                 tracing::warn!(error = %e, "fi_reject failed");
@@ -683,14 +593,15 @@ impl FabricTransport {
         let peer = req
             .peer()
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
+        let id = LinkId(self.shared.link_ids.fetch_add(1, Ordering::Relaxed));
         let (peer_rndv, peer_late) = (
             rendezvous::peer_op(req.data()),
             rendezvous::peer_late_epilogue(req.data()),
         );
         match self
+            .shared
             .net
-            .accept(req, SLOTS, SLOT_SIZE, &rendezvous::caps(self.rndv))
+            .accept(req, SLOTS, SLOT_SIZE, &rendezvous::caps(self.shared.rndv))
         {
             Ok(mut ep) => {
                 if let Err(e) = Self::post_recvs(&mut ep, id) {
@@ -699,8 +610,8 @@ impl FabricTransport {
                 }
                 self.by_key.insert(ep.key(), id);
                 let mut link = FabricLink::new(ep, Some((listener, peer)));
-                link.peer_rndv = peer_rndv;
-                link.peer_late = peer_late;
+                link.common.peer_rndv = peer_rndv;
+                link.common.peer_late = peer_late;
                 self.links.insert(id, link);
                 self.half_open
                     .push_back((Instant::now() + SETUP_TIMEOUT, id));
@@ -717,8 +628,7 @@ impl FabricTransport {
 
     /// Reads completions in batches. Returns whether there were any.
     fn drain_cq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        let cq: CqParts<Self> = |t| (&mut t.queue_failures, &mut t.net, &mut t.completions);
-        match read_completions(self, cq, |t, c| t.complete(c, events)) {
+        match read_completions(self, |t, c| t.complete(c, events)) {
             Ok(any) => any,
             Err((any, why)) => self.fail_all(why, events) || any,
         }
@@ -751,21 +661,21 @@ impl FabricTransport {
         if !rx {
             link.ep.send_done(slot);
             link.free_tx.push(slot);
-            if link.close_after_flush && link.idle() {
+            if link.common.close_after_flush && link.idle() {
                 self.drop_link(id);
             } else if link.has_output() {
-                self.dirty.push(id);
+                self.out.dirty.push(id);
             }
             return;
         }
-        link.last_heard = self.now;
+        link.common.last_heard = self.shared.now;
         // A paused link keeps its slots (backpressure), except while a read
         // is in flight (its data may come behind them) and for grants,
         // "written" and answers: a pause stops what comes in, not what
         // this end sends.
-        if link.frozen
-            || (link.paused
-                && link.receiving.reading.is_none()
+        if link.common.frozen
+            || (link.common.paused
+                && link.common.receiving.reading.is_none()
                 && !is_control(link.ep.recv_done(slot, c.len)))
         {
             link.held.push_back((slot, c.len));
@@ -795,14 +705,10 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return; // the link went while its read was in flight
         };
-        let landed = rendezvous::landed(
-            Some((&mut link.receiving, &mut link.reasm)),
-            link.ep.rma(),
-            context,
-            error,
-            &self.limits,
-            &mut self.rndv_counters,
-        );
+        let rma = link.ep.rma();
+        let landed = self
+            .shared
+            .landed(Some(&mut link.common), rma, context, error);
         if let Some(unit) = landed.unit {
             self.unit_arrived(id, unit, events);
         }
@@ -822,7 +728,7 @@ impl FabricTransport {
         if self
             .links
             .get(&id)
-            .is_some_and(|l| l.receiving.reading.is_none())
+            .is_some_and(|l| l.common.receiving.reading.is_none())
         {
             self.reads -= 1;
         }
@@ -833,9 +739,9 @@ impl FabricTransport {
         let Some(link) = self.links.get(&id) else {
             return;
         };
-        self.dirty.push(id);
+        self.out.dirty.push(id);
         if !link.held.is_empty() || !link.behind_read.is_empty() {
-            self.resumed.push(id);
+            self.out.resumed.push(id);
         }
     }
 
@@ -850,11 +756,11 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return Ok(None);
         };
-        let unit = link.receiving.epilogue_arrived(
+        let unit = link.common.receiving.epilogue_arrived(
             body,
-            &mut link.reasm,
-            &self.limits,
-            &mut self.rndv_counters,
+            &mut link.common.reasm,
+            &self.shared.limits,
+            &mut self.shared.rndv_counters,
         )?;
         if let Some(unit) = unit {
             self.unit_arrived(id, unit, events);
@@ -868,17 +774,23 @@ impl FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return Ok(None);
         };
-        let mid_unit = !link.reasm.is_idle();
-        let d = rendezvous::check_offer(body, self.limits.max_frame, mid_unit, self.rndv)?;
-        let counters = &mut self.rndv_counters;
+        let mid_unit = !link.common.reasm.is_idle();
+        let d = rendezvous::check_offer(
+            body,
+            self.shared.limits.max_frame,
+            mid_unit,
+            self.shared.rndv,
+        )?;
+        let counters = &mut self.shared.rndv_counters;
         if link
+            .common
             .receiving
             .take_offer(&d, &mut link.ep, read_context(id), counters)?
         {
-            self.dirty.push(id);
+            self.out.dirty.push(id);
         }
         if self.reads == 0 {
-            self.next_read_check = Instant::now() + self.read_timeout;
+            self.next_read_check = Instant::now() + self.shared.read_timeout;
         }
         self.reads += 1;
         Ok(None)
@@ -890,10 +802,11 @@ impl FabricTransport {
             return Ok(None);
         };
         let done = rendezvous::decode_done(body);
-        link.exposures
+        link.common
+            .exposures
             .answered(done, link.ep.rma())
             .map_err(|e| PieceError::Malformed(e.to_string()))?;
-        self.dirty.push(id);
+        self.out.dirty.push(id);
         Ok(None)
     }
 
@@ -905,10 +818,11 @@ impl FabricTransport {
         };
         let grant = rendezvous::decode_grant(body);
         let context = |unit| write_context(id, unit);
-        link.exposures
-            .write_granted(grant, &mut link.ep, context, &mut self.rndv_counters)
-            .map_err(PieceError::Malformed)?;
-        self.dirty.push(id);
+        link.common
+            .exposures
+            .write_granted(grant, &mut link.ep, context, &mut self.shared.rndv_counters)
+            .map_err(PieceError::Failed)?;
+        self.out.dirty.push(id);
         Ok(None)
     }
 
@@ -923,6 +837,7 @@ impl FabricTransport {
             return Ok(None);
         };
         let context = link
+            .common
             .receiving
             .written(rendezvous::decode_done(body))
             .map_err(|e| PieceError::Malformed(e.to_string()))?;
@@ -952,16 +867,19 @@ impl FabricTransport {
         if now < self.next_read_check {
             return;
         }
-        self.next_read_check = now + self.read_timeout / 10;
+        self.next_read_check = now + self.shared.read_timeout / 10;
         let overdue: Vec<LinkId> = self
             .links
             .iter()
-            .filter(|(_, l)| l.receiving.overdue(now, self.read_timeout))
+            .filter(|(_, l)| l.common.receiving.overdue(now, self.shared.read_timeout))
             .map(|(&id, _)| id)
             .collect();
         for id in overdue {
-            let why = self.rndv_counters.read_timed_out(self.read_timeout);
-            self.fail(id, why, events);
+            let why = self
+                .shared
+                .rndv_counters
+                .read_timed_out(self.shared.read_timeout);
+            self.fail(id, LinkFailure::Timeout(why), events);
         }
     }
 
@@ -979,10 +897,10 @@ impl FabricTransport {
             link.behind_read.push_back(copy);
             let too_much = link.behind_read_bytes > BEHIND_READ_MAX;
             if let Err(e) = link.ep.post_recv(slot, context(id, true, slot)) {
-                self.fail(id, format!("repost receive: {e}"), events);
+                self.fail(id, post_failure("repost receive", &e), events);
             } else if too_much {
                 let why = format!("more than {BEHIND_READ_MAX} bytes behind a rendezvous read");
-                self.fail(id, why, events);
+                self.fail(id, LinkFailure::Protocol(why), events);
             }
             return;
         }
@@ -1004,7 +922,7 @@ impl FabricTransport {
                 continue; // its endpoint and slots went with it
             };
             if let Err(e) = link.ep.post_recv(slot, context(id, true, slot)) {
-                self.fail(id, format!("repost receive: {e}"), events);
+                self.fail(id, post_failure("repost receive", &e), events);
             }
         }
         handled.append(&mut self.handled);
@@ -1024,7 +942,9 @@ impl FabricTransport {
         let outcome = match data.split_first() {
             None => Err(PieceError::Malformed("empty message".into())),
             Some((&hdr, body)) if hdr == MORE || hdr == LAST => {
-                link.reasm.push(hdr == LAST, body, &self.limits)
+                link.common
+                    .reasm
+                    .push(hdr == LAST, body, &self.shared.limits)
             }
             // Bodies are copied out of the slot, which is reposted below.
             Some((&RNDV, body)) => {
@@ -1069,8 +989,13 @@ impl FabricTransport {
             }
             Err(PieceError::Malformed(why)) => {
                 tracing::debug!(link = id.0, %why, "malformed fabric message");
-                self.fail(id, format!("malformed message: {why}"), events);
+                self.fail(
+                    id,
+                    LinkFailure::Protocol(format!("malformed message: {why}")),
+                    events,
+                );
             }
+            Err(PieceError::Failed(why)) => self.fail(id, why, events),
         }
     }
 
@@ -1085,11 +1010,12 @@ impl FabricTransport {
             if !link.post_owed(id)? {
                 return Ok(());
             }
-            let staged = link
-                .exposures
-                .stage(rndv, &mut link.outbox, counters, |unit| {
-                    rendezvous::expose(link.ep.rma(), reg_cache, unit, SLOT_SIZE - 1)
-                });
+            let staged =
+                link.common
+                    .exposures
+                    .stage(rndv, &mut link.common.outbox, counters, |unit| {
+                        rendezvous::expose(link.ep.rma(), reg_cache, unit, SLOT_SIZE - 1)
+                    });
             if let Some(d) = staged {
                 if !link.post(id, |buf| {
                     buf[0] = RNDV;
@@ -1097,14 +1023,16 @@ impl FabricTransport {
                 })? {
                     return Ok(());
                 }
-                link.exposures.sent(counters);
+                link.common.exposures.sent(counters);
                 continue; // its late epilogue (owed now) goes next
             }
             let in_place = link.ep.sends_in_place();
-            let Some(mut piece) =
-                link.outbox
-                    .next_piece(&link.exposures, rndv, SLOT_SIZE - 1, in_place)
-            else {
+            let Some(mut piece) = link.common.outbox.next_piece(
+                &link.common.exposures,
+                rndv,
+                SLOT_SIZE - 1,
+                in_place,
+            ) else {
                 return Ok(());
             };
             let Some(&slot) = link.free_tx.last() else {
@@ -1122,13 +1050,15 @@ impl FabricTransport {
                     counters.pieces_in_place += 1;
                 }
                 None => {
-                    link.outbox.copy_out(&piece, &mut buf[1..]);
+                    link.common.outbox.copy_out(&piece, &mut buf[1..]);
                     link.ep
                         .send(slot, piece.len + 1, context(id, false, slot))?;
                 }
             }
             link.free_tx.pop();
-            link.outbox.piece_sent(&piece, &mut link.exposures);
+            link.common
+                .outbox
+                .piece_sent(&piece, &mut link.common.exposures);
         }
     }
 
@@ -1149,8 +1079,11 @@ impl FabricTransport {
                     );
                     self.drop_link(id);
                     if !accepted {
-                        let why = format!("not connected within {SETUP_TIMEOUT:?}");
-                        self.deferred_events.push(TransportEvent::Failed(id, why));
+                        let why =
+                            LinkFailure::Timeout(format!("not connected within {SETUP_TIMEOUT:?}"));
+                        self.out
+                            .deferred_events
+                            .push(TransportEvent::Failed(id, why));
                     }
                 }
                 _ => {}
@@ -1168,7 +1101,7 @@ impl FabricTransport {
             if link.holding() {
                 break;
             }
-            if link.receiving.reading.is_none() {
+            if link.common.receiving.reading.is_none() {
                 if let Some(copy) = link.behind_read.pop_front() {
                     link.behind_read_bytes -= copy.len();
                     any = true;
@@ -1184,55 +1117,38 @@ impl FabricTransport {
         }
         any
     }
-
-    fn poll_all(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
-        self.now = now;
-        self.cq_wait.disarm(&self.registry);
-        self.reap_half_open(now);
-        self.check_reads(now, events);
-        let mut any = !self.deferred_events.is_empty();
-        events.append(&mut self.deferred_events);
-        self.repost_handled(events);
-        if self.eq_due || !self.half_open.is_empty() || now >= self.next_eq_read {
-            self.eq_due = false;
-            self.next_eq_read = now + EQ_READ_EVERY;
-            any |= self.drain_eq(events);
-        }
-        any |= self.drain_cq(events);
-        for id in std::mem::take(&mut self.resumed) {
-            any |= self.hand_up_waiting(id, events);
-        }
-        if !self.retry.is_empty() {
-            any = true;
-            let retry = std::mem::take(&mut self.retry);
-            for id in retry {
-                self.flush_link(id, events);
-            }
-        }
-        any
-    }
 }
 
 impl QueuedLink for FabricLink {
-    fn outbox(&mut self) -> &mut Outbox {
-        &mut self.outbox
+    fn common(&self) -> &LinkCommon {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut LinkCommon {
+        &mut self.common
     }
 
     fn has_output(&self) -> bool {
         FabricLink::has_output(self)
     }
 
-    fn peer_late(&self) -> bool {
-        self.peer_late
+    fn up(&self) -> bool {
+        self.connected
+    }
+
+    fn idle(&self) -> bool {
+        FabricLink::idle(self)
+    }
+
+    fn holds_received(&self) -> bool {
+        !self.held.is_empty() || !self.behind_read.is_empty()
     }
 }
 
 impl Queueing for FabricTransport {
     type Link = FabricLink;
 
-    fn link_mut(&mut self, id: LinkId) -> Option<&mut FabricLink> {
-        self.links.get_mut(&id)
-    }
+    queueing_parts!(FabricLink);
 
     /// Sends what a link has to send, in free transmit slots: RNDV_DONE
     /// answers first, then queued units in order — a large one at a unit
@@ -1241,14 +1157,20 @@ impl Queueing for FabricTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
-        if !link.connected || link.frozen {
+        if !link.connected || link.common.frozen {
             return;
         }
-        let rndv = rendezvous::link_op(self.rndv, link.peer_rndv).is_some();
-        match Self::flush_into(id, link, rndv, &mut self.rndv_counters, &mut self.reg_cache) {
+        let rndv = rendezvous::link_op(self.shared.rndv, link.common.peer_rndv).is_some();
+        match Self::flush_into(
+            id,
+            link,
+            rndv,
+            &mut self.shared.rndv_counters,
+            &mut self.shared.reg_cache,
+        ) {
             Ok(()) => {}
             Err(e) if msgr_fabric::is_again(&e) => self.retry.push(id),
-            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
+            Err(e) => self.fail(id, post_failure("fi_send", &e), events),
         }
     }
 
@@ -1264,8 +1186,8 @@ impl Queueing for FabricTransport {
         };
         let len = f.encoded_len();
         if !link.connected
-            || link.frozen
-            || link.close_after_flush
+            || link.common.frozen
+            || link.common.close_after_flush
             || link.has_output()
             || len >= rendezvous::SMALL_UNIT
         {
@@ -1282,42 +1204,80 @@ impl Queueing for FabricTransport {
             Ok(false) | Err(_) => Ok(Some(f)),
         }
     }
-
-    fn parts(&mut self) -> SendParts<'_> {
-        let in_place = self.net.rma().is_some();
-        (
-            &mut self.tx_arena,
-            in_place,
-            &mut self.dirty,
-            &mut self.deferred_events,
-        )
-    }
 }
 
 impl Drop for FabricTransport {
     fn drop(&mut self) {
-        if let Some(fd) = self.eq_fd {
-            let _ = self.registry.deregister(&mut SourceFd(&fd));
+        if let Some(fd) = self.eq.fd {
+            let _ = self.shared.registry.deregister(&mut SourceFd(&fd));
         }
-        self.cq_wait.disarm(&self.registry);
+        self.shared.cq_wait.disarm(&self.shared.registry);
         // Kept registrations go with the transport, not after the Net
         // (declared after it; each would hold its domain open); those still
         // lent go with their endpoints.
-        self.reg_cache.clear();
+        self.shared.reg_cache.clear();
     }
 }
 
-impl Transport for FabricTransport {
-    fn kind(&self) -> TransportKind {
-        self.kind.clone()
+/// Its kind and number of links (see `endpoint_kind::debug`).
+impl std::fmt::Debug for FabricTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        endpoint_kind::debug(self, "FabricTransport", f)
+    }
+}
+
+impl EndpointKind for FabricTransport {
+    const ABORTED: &'static str = "injected abortive close (endpoint closed)";
+
+    /// Removes a link; its endpoint closes with it, and with the endpoint
+    /// its exposed buffers and a read in flight.
+    fn drop_link(&mut self, id: LinkId) -> Option<FabricLink> {
+        let link = self.links.remove(&id)?;
+        self.by_key.remove(&link.ep.key());
+        self.user_reads.forget_link(id);
+        if link.common.receiving.reading.is_some() {
+            self.reads -= 1;
+        }
+        Some(link)
     }
 
-    fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError> {
+    fn poll_all(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
+        self.shared.now = now;
+        self.shared.cq_wait.disarm(&self.shared.registry);
+        self.reap_half_open(now);
+        self.check_reads(now, events);
+        let mut any = !self.out.deferred_events.is_empty();
+        events.append(&mut self.out.deferred_events);
+        self.repost_handled(events);
+        if self.eq.due || !self.half_open.is_empty() || now >= self.eq.next_read {
+            self.eq.due = false;
+            self.eq.next_read = now + EQ_READ_EVERY;
+            any |= self.drain_eq(events);
+        }
+        any |= self.drain_cq(events);
+        for id in std::mem::take(&mut self.out.resumed) {
+            any |= self.hand_up_waiting(id, events);
+        }
+        if !self.retry.is_empty() {
+            any = true;
+            let retry = std::mem::take(&mut self.retry);
+            for id in retry {
+                self.flush_link(id, events);
+            }
+        }
+        any
+    }
+
+    fn open_listener(
+        &mut self,
+        addr: &EntityAddr,
+        token: Token,
+    ) -> Result<EntityAddr, TransportError> {
         self.settle_domain(Site::Local(addr.socket))?;
-        let pep = self
-            .net
-            .listen(addr.socket)
-            .map_err(|e| TransportError::io("fi_listen", std::io::Error::other(e.to_string())))?;
+        let pep =
+            self.shared.net.listen(addr.socket).map_err(|e| {
+                TransportError::io("fi_listen", std::io::Error::other(e.to_string()))
+            })?;
         let port = pep.addr().port();
         self.listeners.insert(token, pep);
         Ok(addr.clone().with_port(port))
@@ -1326,7 +1286,7 @@ impl Transport for FabricTransport {
     /// Also drops the listener's accepted links that are not connected yet:
     /// they belong to no session, and a shutting-down messenger would
     /// otherwise find them left over.
-    fn unlisten(&mut self, token: Token) {
+    fn close_listener(&mut self, token: Token) {
         self.listeners.remove(&token);
         let half_open: Vec<LinkId> = self
             .links
@@ -1339,20 +1299,60 @@ impl Transport for FabricTransport {
         }
     }
 
-    /// Not with a polled CQ (`fabric_cq_wait = poll`) or a wait fd that
-    /// could not be registered.
-    fn wakes_the_worker(&self) -> bool {
-        !(self.net.cq_polled() || self.cq_wait.failed())
+    fn dial(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
+        self.settle_domain(Site::Peer(addr.socket))?;
+        let mut ep = self
+            .shared
+            .net
+            .connect(
+                addr.socket,
+                SLOTS,
+                SLOT_SIZE,
+                &rendezvous::caps(self.shared.rndv),
+            )
+            .map_err(|e| TransportError::io("fi_connect", std::io::Error::other(e.to_string())))?;
+        Self::post_recvs(&mut ep, link)
+            .map_err(|e| TransportError::io("fi_recv", std::io::Error::other(e.to_string())))?;
+        self.by_key.insert(ep.key(), link);
+        self.links.insert(link, FabricLink::new(ep, None));
+        self.half_open
+            .push_back((Instant::now() + SETUP_TIMEOUT, link));
+        Ok(())
+    }
+
+    fn flush_pass(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {
+        self.repost_handled(events);
+        let flush = |t: &mut Self, id| t.flush_link(id, events);
+        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.out.dirty, flush);
+    }
+
+    fn woken(&mut self, event: &Event) {
+        // One fd may serve both queues (then it is registered as the EQ's).
+        self.eq.due |= event.token() == self.eq.token;
+    }
+
+    /// The CQ's wait fds into the Poll and `fi_trywait` on the EQ and CQ: if
+    /// the provider has something pending already, the worker polls again
+    /// instead of blocking.
+    fn arm_wait(&mut self) -> bool {
+        // An event left unread makes fi_trywait refuse; the pass it sends
+        // the worker back to must read it rather than spin until
+        // EQ_READ_EVERY.
+        self.eq.due = true;
+        self.shared
+            .cq_wait
+            .arm(&self.shared.registry, &mut self.shared.net);
+        self.shared.net.try_wait()
     }
 
     /// With a polled CQ (`fabric_cq_wait = poll`), also when to look at
     /// it: at once while a link is moving data or a rendezvous unit is
     /// under way, else every
     /// [`rdm::POLL_INTERVAL`] (the RDM transport's rule for `shm`).
-    fn wake_at(&self) -> Option<Instant> {
+    fn next_wake(&self) -> Option<Instant> {
         let setup = self.half_open.front().map(|&(deadline, _)| deadline);
         let reads = (self.reads > 0).then_some(self.next_read_check);
-        let poll = (self.net.cq_polled() || self.cq_wait.failed()).then(|| {
+        let poll = (self.shared.net.cq_polled() || self.shared.cq_wait.failed()).then(|| {
             let now = Instant::now();
             // A unit being read or written into a grant is moving too.
             let moving = self.reads > 0 || self.links.values().any(|l| l.moving(now));
@@ -1365,174 +1365,25 @@ impl Transport for FabricTransport {
         setup.into_iter().chain(reads).chain(poll).min()
     }
 
-    fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
-        if !self.link_budget.admits(self.links.len()) {
-            return Err(self.link_budget.refusal(self.links.len()));
-        }
-        self.settle_domain(Site::Peer(addr.socket))?;
-        let mut ep = self
-            .net
-            .connect(addr.socket, SLOTS, SLOT_SIZE, &rendezvous::caps(self.rndv))
-            .map_err(|e| TransportError::io("fi_connect", std::io::Error::other(e.to_string())))?;
-        Self::post_recvs(&mut ep, link)
-            .map_err(|e| TransportError::io("fi_recv", std::io::Error::other(e.to_string())))?;
-        self.by_key.insert(ep.key(), link);
-        self.links.insert(link, FabricLink::new(ep, None));
-        self.half_open
-            .push_back((Instant::now() + SETUP_TIMEOUT, link));
-        Ok(())
-    }
-
-    fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
-        self.send_unit(link, unit)
-    }
-
-    fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {
-        self.repost_handled(events);
-        let flush = |t: &mut Self, id| t.flush_link(id, events);
-        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.dirty, flush);
-    }
-
-    fn ready(&mut self, event: &Event, now: Instant, events: &mut Vec<TransportEvent>) {
-        // One fd may serve both queues (then it is registered as the EQ's).
-        self.eq_due |= event.token() == self.eq_token;
-        self.poll_all(now, events);
-    }
-
-    fn progress(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
-        self.poll_all(now, events)
-    }
-
-    /// The CQ's wait fds into the Poll and `fi_trywait` on the EQ and CQ: if
-    /// the provider has something pending already, the worker polls again
-    /// instead of blocking.
-    fn arm(&mut self) -> bool {
-        // An event left unread makes fi_trywait refuse; the pass it sends
-        // the worker back to must read it rather than spin until
-        // EQ_READ_EVERY.
-        self.eq_due = true;
-        self.cq_wait.arm(&self.registry, &mut self.net);
-        self.net.try_wait()
-    }
-
-    fn close(&mut self, link: LinkId, flush: bool) {
-        let Some(l) = self.links.get_mut(&link) else {
-            return;
-        };
-        if flush && l.connected && !l.frozen && !l.idle() {
-            l.close_after_flush = true;
-            self.dirty.push(link);
-        } else {
-            self.drop_link(link);
-        }
-    }
-
-    fn pause_reading(&mut self, link: LinkId, paused: bool) {
-        if let Some(l) = self.links.get_mut(&link) {
-            if l.frozen {
-                return;
-            }
-            l.paused = paused;
-            if !paused && (!l.held.is_empty() || !l.behind_read.is_empty()) {
-                self.resumed.push(link);
-            }
-        }
-    }
-
-    fn backlog(&self, link: LinkId) -> usize {
-        self.links.get(&link).map_or(0, |l| l.outbox.backlog())
-    }
-
-    fn owns(&self, token: Token) -> bool {
-        token == self.eq_token
-            || token == self.cq_wait.token()
+    fn owns_token(&self, token: Token) -> bool {
+        token == self.eq.token
             || self.listeners.contains_key(&token)
             || self.links.contains_key(&LinkId(token.0 as u64))
     }
 
-    /// Links closed with `flush` whose last sends are still in flight are not
-    /// counted: they are no longer the worker's (as a closed TCP socket's
-    /// unsent bytes belong to the kernel) and go when their sends complete,
-    /// or with the transport.
-    /// `progress` reads the CQ and EQ itself.
-    fn ready_every_pass(&self) -> bool {
-        false
-    }
-
-    fn link_count(&self) -> usize {
-        self.links.values().filter(|l| !l.close_after_flush).count()
-    }
-
-    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
-        let l = self
-            .links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        match fault {
-            RealFault::Abort => {
-                // Closing the endpoint: the peer sees FI_SHUTDOWN.
-                self.drop_link(link);
-                let why = "injected abortive close (endpoint closed)".into();
-                self.deferred_events.push(TransportEvent::Failed(link, why));
-            }
-            RealFault::HalfClose => return Err(no_half_close(&self.kind)),
-            RealFault::StopReading => l.paused = true,
-            RealFault::Freeze => l.frozen = true,
-        }
-        Ok(())
-    }
-
-    /// As on both endpoint types (`simulate_fault`).
-    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
-        let receiving = self.links.get_mut(&link).map(|l| &mut l.receiving);
-        let (rndv, kind) = (self.rndv.is_some(), &self.kind);
-        simulate_fault(receiving, link, fault, rndv, kind, &mut self.queue_failures)
-    }
-
-    fn send_corrupted(
-        &mut self,
-        link: LinkId,
-        unit: Transmit,
-        bit: u64,
-    ) -> Result<(), TransportError> {
-        let bytes = crate::wire::corrupted(unit, bit)?;
-        self.queue(link, OutUnit::Flat(bytes))
-    }
-
-    fn detach(&mut self, _link: LinkId) -> Option<DetachedLink> {
-        None
-    }
-
-    fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
-        let _ = (link, detached);
-        Err(no_migration(&self.kind))
-    }
-
-    fn rma_expose(
-        &mut self,
-        link: LinkId,
-        region: u64,
-        mem: &Arc<crate::RegionMemory>,
-        access: msgr_proto::rma::Access,
-    ) -> Option<Vec<u8>> {
+    fn user_exposures(&mut self, link: LinkId) -> Option<(&mut UserExposures, &mut RmaBuffers)> {
         let l = self.links.get_mut(&link)?;
-        l.user.expose(l.ep.rma(), region, &mem.view(), access)
+        Some((&mut l.user, l.ep.rma()))
     }
 
-    fn rma_unexpose(&mut self, region: u64) {
+    fn unexpose_everywhere(&mut self, region: u64) {
         for l in self.links.values_mut() {
             l.user.unexpose(l.ep.rma(), region);
         }
     }
 
-    fn rma_read(
-        &mut self,
-        link: LinkId,
-        key: &[u8],
-        offset: u64,
-        len: u64,
-        token: u64,
-    ) -> Result<(), TransportError> {
+    fn start_user_read(&mut self, read: UserRead<'_>) -> Result<(), TransportError> {
+        let (link, key, range, token) = read;
         let context = user_read_context(link, self.next_user_read);
         self.next_user_read = self.next_user_read.wrapping_add(1);
         let l = self
@@ -1541,396 +1392,12 @@ impl Transport for FabricTransport {
             .ok_or(TransportError::NoSuchLink(link.0))?;
         let ep = &mut l.ep;
         self.user_reads
-            .start((link, token, context), key, (offset, len), |x| {
+            .start((link, token, context), key, range, |x| {
                 ep.read(x, context, &[], 0)
             })
-            .map_err(|reason| TransportError::Unavailable {
-                kind: self.kind.clone(),
-                reason,
-            })
-    }
-
-    fn stats(&self) -> TransportStats {
-        TransportStats {
-            kind: self.kind.clone(),
-            values: {
-                let mut v = self
-                    .rndv_counters
-                    .values(self.rndv.is_some(), self.net.rma_in_use());
-                v.extend(self.queue_failures.values());
-                v.extend(self.reg_cache.values());
-                v.extend(self.link_budget.values());
-                v
-            },
-        }
+            .map_err(|reason| self.shared.unavailable(reason.to_string()))
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use bytes::Bytes;
-    use msgr_proto::banner::BANNER_LEN;
-    use msgr_proto::Frame;
-
-    use crate::fabric::tests::{
-        accepted, cq_fd_in_the_poll_only_while_asleep, drive, in_order,
-        large_units_to_a_peer_that_does_not_read, progress_until_events, send_small_frames,
-        staged_descriptor_goes_when_a_slot_frees, stat,
-    };
-    use crate::FabricRendezvous;
-
-    #[test]
-    fn context_round_trips() {
-        for (id, rx, slot) in [(1u64, true, 0usize), ((1 << 40) - 1, false, SLOTS - 1)] {
-            assert_eq!(
-                decode_context(context(LinkId(id), rx, slot)),
-                (LinkId(id), rx, slot)
-            );
-            assert!(!is_read(context(LinkId(id), rx, slot)));
-        }
-        assert!(is_read(read_context(LinkId(5))));
-        assert_eq!(decode_context(read_context(LinkId(5))).0, LinkId(5));
-    }
-
-    /// Listens on 127.0.0.1 (a port of its own), connects `LinkId(1000)`
-    /// to it and drives both ends up; returns the accepted link.
-    fn dial_itself(t: &mut FabricTransport, poll: &mut mio::Poll) -> LinkId {
-        let any: EntityAddr = "fabric+tcp://127.0.0.1:0".parse().unwrap();
-        let bound = t.listen(&any, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
-        assert_ne!(bound.socket.port(), 0);
-        t.connect(LinkId(1000), &bound).unwrap();
-        let events = drive(t, poll, |e| e.len() >= 2);
-        assert!(
-            events
-                .iter()
-                .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000)))),
-            "{events:?}"
-        );
-        accepted(&events).expect("accepted")
-    }
-
-    /// A unit sent to a link with nothing queued is posted by `send` itself,
-    /// units sent behind queued ones wait their turn (three times the
-    /// transmit slots without a poll in between: all arrive, in order), and
-    /// a received message's slot is posted again only by the flush after it.
-    #[test]
-    fn units_leave_from_send() {
-        let (mut poll, mut t) = tcp_transport();
-        let server = dial_itself(&mut t, &mut poll);
-        t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
-            .unwrap();
-        assert!(
-            t.links[&LinkId(1000)].outbox.is_empty(),
-            "not posted by send"
-        );
-        let n = 3 * SLOTS;
-        send_small_frames(&mut t, LinkId(1000), n);
-        assert!(
-            !t.links[&LinkId(1000)].outbox.is_empty(),
-            "beyond the slots, queued"
-        );
-        let mut events = progress_until_events(&mut t);
-        assert_eq!(t.handled.len(), events.len(), "{events:?}");
-        t.flush(Instant::now(), &mut Vec::new());
-        assert!(t.handled.is_empty());
-        let got = events.len();
-        events.extend(drive(&mut t, &mut poll, |e| got + e.len() > n));
-        in_order(&events, server, n);
-    }
-
-    #[test]
-    fn staged_descriptor_goes_when_a_transmit_slot_frees() {
-        let (mut poll, mut t) = tcp_transport();
-        let server = dial_itself(&mut t, &mut poll);
-        staged_descriptor_goes_when_a_slot_frees(
-            &mut t,
-            &mut poll,
-            (LinkId(1000), server),
-            SLOTS - 1,
-            |t| {
-                let l = &t.links[&LinkId(1000)];
-                l.free_tx.is_empty() && l.outbox.is_empty() && l.exposures.owes_posts()
-            },
-        );
-    }
-
-    /// A `tcp` MSG transport and the Poll its wait fds are in, with the
-    /// rendezvous reads even where `Auto` withholds them
-    /// ([`msgr_fabric::rma_withheld`]): no test here closes an endpoint
-    /// while a read's response is arriving.
-    fn tcp_transport() -> (mio::Poll, FabricTransport) {
-        tcp_transport_with(FabricRendezvous::On)
-    }
-
-    /// Applications' one-sided reads over `tcp` MSG endpoints: native
-    /// where the endpoints read (reads on), served by the owner where
-    /// they write (`auto` on a libfabric whose reads are withheld).
-    #[test]
-    fn user_reads_of_an_exposed_region() {
-        for mode in [FabricRendezvous::On, FabricRendezvous::Auto] {
-            let (mut poll, t) = tcp_transport_with(mode);
-            let native = t.rndv == Some(RmaOp::Read);
-            let addr = "fabric+tcp://127.0.0.1:0";
-            crate::fabric::tests::user_reads_of_an_exposed_region(t, &mut poll, addr, native);
-        }
-    }
-
-    fn tcp_transport_with(rendezvous: FabricRendezvous) -> (mio::Poll, FabricTransport) {
-        let poll = mio::Poll::new().unwrap();
-        let mut ctx = TransportContext::new(FrameLimits::default());
-        ctx.rdma.fabric_rendezvous = rendezvous;
-        let t = FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap();
-        (poll, t)
-    }
-
-    /// Over `tcp` the CQ's wait object is the provider's list of fds
-    /// (`FI_WAIT_POLLFD`), not an epoll set holding them.
-    #[test]
-    fn cq_fd_is_in_the_poll_only_while_the_worker_sleeps() {
-        let ctx = TransportContext::new(FrameLimits::default());
-        let (_poll, t) = tcp_transport();
-        assert!(!t.net.cq_polled() && t.net.cq_fd().unwrap().is_none());
-        cq_fd_in_the_poll_only_while_asleep(
-            |poll| {
-                FabricTransport::new(&FabricProvider::new("tcp"), poll.registry(), &ctx).unwrap()
-            },
-            |t| t.cq_wait.token(),
-            "fabric+tcp://127.0.0.1:0",
-        );
-    }
-
-    #[test]
-    fn large_units_to_a_peer_that_does_not_read_go_through_the_slots() {
-        large_units_to_a_peer_that_does_not_read(
-            |r| tcp_transport_with(r).1,
-            "fabric+tcp://127.0.0.1:0",
-            true,
-        );
-    }
-
-    /// `fabric_rendezvous`: `auto` withholds the reads exactly where this
-    /// libfabric has a known bug in them and writes instead (`tcp` checks
-    /// keys), `off` has neither, `on` reads, `write` writes.
-    #[test]
-    fn rendezvous_follows_the_configuration() {
-        let withheld = msgr_fabric::rma_withheld("tcp");
-        let auto = if withheld.is_none() {
-            RmaOp::Read
-        } else {
-            RmaOp::Write
-        };
-        for (mode, want) in [
-            (FabricRendezvous::Auto, Some(auto)),
-            (FabricRendezvous::Off, None),
-            (FabricRendezvous::On, Some(RmaOp::Read)),
-            (FabricRendezvous::Write, Some(RmaOp::Write)),
-        ] {
-            let (_poll, t) = tcp_transport_with(mode);
-            assert_eq!(t.rndv, want, "{mode:?} (withheld: {withheld:?})");
-            let enabled = u64::from(want.is_some());
-            assert_eq!(stat(&t, "rendezvous_enabled"), enabled, "{mode:?}");
-        }
-    }
-
-    /// Without rendezvous, a large segment's pieces go from the
-    /// application's bytes (`fi_sendv`, no copy into the slot) where the
-    /// provider allows, and arrive intact and in order with the pieces that
-    /// were copied around them. The test keeps no handle of the frames
-    /// (they are moved into `send`) and a unit leaves the queue once its
-    /// last piece is posted, so the endpoint's hold is what keeps the bytes
-    /// alive until the sends complete.
-    #[test]
-    fn large_segments_are_sent_in_place() {
-        let (mut poll, mut t) = tcp_transport_with(FabricRendezvous::Off);
-        let server = dial_itself(&mut t, &mut poll);
-        assert_eq!(t.rndv, None, "rendezvous is off");
-        t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
-            .unwrap();
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
-        let sizes = [300_000, 100, 70_000];
-        let frames: Vec<Frame> = sizes
-            .iter()
-            .map(|&n| {
-                Frame::new(
-                    msgr_proto::Tag::Message,
-                    vec![
-                        Bytes::from_static(b"header"),
-                        Bytes::new(),
-                        Bytes::copy_from_slice(&data[..n]),
-                    ],
-                )
-            })
-            .collect();
-        let want: Vec<Vec<u8>> = frames.iter().map(|f| f.encode_to_vec().unwrap()).collect();
-        for f in frames {
-            t.send(LinkId(1000), Transmit::Frame(f)).unwrap();
-        }
-        t.flush(Instant::now(), &mut Vec::new());
-        let events = drive(&mut t, &mut poll, |e| e.len() > sizes.len());
-        let got: Vec<Vec<u8>> = events[1..]
-            .iter()
-            .map(|e| match e {
-                TransportEvent::Received(l, Inbound::Frame(f)) if *l == server => {
-                    f.encode_to_vec().unwrap()
-                }
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(got, want);
-        // 300 000 bytes of data in pieces of SLOT_SIZE - 1: the first holds
-        // the preamble and the last the epilogue (copied); the 3 between
-        // lie inside the segment. 70 000 bytes: 2 pieces, neither inside.
-        assert!(
-            t.links[&LinkId(1000)].ep.sends_in_place(),
-            "tcp wants no local registration and gathers iovecs"
-        );
-        assert_eq!(stat(&t, "pieces_in_place"), 3);
-    }
-
-    /// A peer that is not there fails the connect (an event, not a hang).
-    #[test]
-    fn connect_to_a_dead_port_fails() {
-        let (mut poll, mut t) = tcp_transport();
-        let dead: EntityAddr = "fabric+tcp://127.0.0.1:1".parse().unwrap();
-        t.connect(LinkId(1000), &dead).unwrap();
-        let events = drive(&mut t, &mut poll, |e| !e.is_empty());
-        assert!(
-            matches!(&events[0], TransportEvent::Failed(LinkId(1000), _)),
-            "{events:?}"
-        );
-        assert_eq!(t.link_count(), 0);
-    }
-
-    /// Units bigger than a slot go by fi_read rendezvous (tcp has FI_RMA);
-    /// an aborted endpoint is reported on both sides.
-    #[test]
-    fn large_units_by_read_and_abort() {
-        large_units_by_rendezvous_and_abort(FabricRendezvous::On, true);
-    }
-
-    /// To a peer that did not say it takes late epilogues (an msgr from
-    /// before them), units go with the epilogue in the descriptor, by
-    /// reads and by writes.
-    #[test]
-    fn large_units_to_a_peer_without_late_epilogues() {
-        large_units_by_rendezvous_and_abort(FabricRendezvous::On, false);
-        large_units_by_rendezvous_and_abort(FabricRendezvous::Write, false);
-    }
-
-    /// The same by the write rendezvous: the receiver grants a buffer, the
-    /// sender writes the unit into it and says so.
-    #[test]
-    fn large_units_by_write_and_abort() {
-        large_units_by_rendezvous_and_abort(FabricRendezvous::Write, true);
-    }
-
-    fn large_units_by_rendezvous_and_abort(mode: FabricRendezvous, late: bool) {
-        let (mut poll, mut t) = tcp_transport_with(mode);
-        let server = dial_itself(&mut t, &mut poll);
-        if let Some(l) = t.links.get_mut(&LinkId(1000)) {
-            l.peer_late = late;
-        }
-        t.send(LinkId(1000), Transmit::Banner([7; BANNER_LEN]))
-            .unwrap();
-        let big = Frame::new(
-            msgr_proto::Tag::Message,
-            vec![
-                Bytes::from_static(b"header"),
-                Bytes::new(),
-                Bytes::from(vec![9u8; 300_000]),
-            ],
-        );
-        t.send(LinkId(1000), Transmit::Frame(big.clone())).unwrap();
-        t.flush(Instant::now(), &mut Vec::new());
-        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
-        assert!(
-            matches!(&events[0], TransportEvent::Received(l, Inbound::Banner(b)) if *l == server && b[0] == 7)
-        );
-        match &events[1] {
-            TransportEvent::Received(l, Inbound::Frame(f)) => {
-                assert_eq!(*l, server);
-                assert_eq!(f.encode_to_vec().unwrap(), big.encode_to_vec().unwrap());
-            }
-            other => panic!("{other:?}"),
-        }
-        let by_write = mode == FabricRendezvous::Write;
-        assert!(t.rndv.is_some(), "tcp MSG endpoints have FI_RMA");
-        assert_eq!(stat(&t, "rendezvous_sent"), 1);
-        assert_eq!(stat(&t, "rendezvous_late_epilogues"), u64::from(late));
-        assert_eq!(stat(&t, "rendezvous_read"), u64::from(!by_write));
-        assert_eq!(stat(&t, "rendezvous_writes"), u64::from(by_write));
-        assert_eq!(stat(&t, "rendezvous_landed"), u64::from(by_write));
-        assert_eq!(stat(&t, "rendezvous_fallbacks"), 0);
-        // The sender frees the unit once told it was read.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while stat(&t, "rendezvous_exposed") > 0 {
-            assert!(Instant::now() < deadline, "unit still exposed");
-            let mut events = Vec::new();
-            t.progress(Instant::now(), &mut events);
-            t.flush(Instant::now(), &mut events);
-            assert!(events.is_empty(), "{events:?}");
-        }
-        assert_eq!(stat(&t, "rendezvous_reading"), 0);
-        // A small unit after it still comes eagerly, in order.
-        let small = Frame::new(msgr_proto::Tag::Message, vec![Bytes::from_static(b"x")]);
-        t.send(LinkId(1000), Transmit::Frame(small.clone()))
-            .unwrap();
-        t.flush(Instant::now(), &mut Vec::new());
-        let events = drive(&mut t, &mut poll, |e| !e.is_empty());
-        assert!(
-            matches!(&events[0], TransportEvent::Received(l, Inbound::Frame(f)) if *l == server && f.encode_to_vec().unwrap() == small.encode_to_vec().unwrap()),
-            "{events:?}"
-        );
-        t.inject(LinkId(1000), RealFault::Abort).unwrap();
-        let events = drive(&mut t, &mut poll, |e| e.len() >= 2);
-        assert!(
-            events
-                .iter()
-                .any(|e| matches!(e, TransportEvent::Failed(l, _) if *l == server)),
-            "{events:?}"
-        );
-        assert!(
-            events
-                .iter()
-                .any(|e| matches!(e, TransportEvent::Failed(LinkId(1000), _))),
-            "{events:?}"
-        );
-        assert_eq!(t.link_count(), 0);
-    }
-
-    /// Over `tcp` with the reads on (it checks keys): the payload's
-    /// registration is kept for its next send.
-    #[test]
-    fn a_payload_sent_again_is_registered_once() {
-        let (mut poll, t) = tcp_transport_with(FabricRendezvous::On);
-        assert_eq!(t.rndv, Some(RmaOp::Read));
-        crate::fabric::tests::a_payload_sent_again_is_registered_once(
-            t,
-            &mut poll,
-            "fabric+tcp://127.0.0.1:0",
-            true,
-        );
-    }
-
-    /// A listener that takes the TCP connection but never answers
-    /// libfabric's connection request: the connect fails by the set-up
-    /// deadline instead of hanging.
-    #[test]
-    fn unanswered_connect_fails_by_the_deadline() {
-        let (mut poll, mut t) = tcp_transport();
-        let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr: EntityAddr = format!("fabric+tcp://{}", mute.local_addr().unwrap())
-            .parse()
-            .unwrap();
-        let t0 = Instant::now();
-        t.connect(LinkId(1000), &addr).unwrap();
-        let events = drive(&mut t, &mut poll, |e| !e.is_empty());
-        assert!(
-            matches!(&events[0], TransportEvent::Failed(LinkId(1000), why) if why.contains("not connected")),
-            "{events:?}"
-        );
-        assert!(t0.elapsed() >= SETUP_TIMEOUT, "{:?}", t0.elapsed());
-        assert_eq!(t.link_count(), 0);
-    }
-}
+mod tests;

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use super::rendezvous::{Exposures, OutUnit};
+use super::rendezvous::{Exposures, FrontQueue, OutUnit};
 use super::IN_PLACE_MIN;
 
 /// The units a link has queued to send, oldest first, and how far the
@@ -130,6 +130,24 @@ impl Outbox {
         } else {
             self.front_sent += piece.len;
         }
+    }
+}
+
+impl FrontQueue for Outbox {
+    fn front_sent(&self) -> usize {
+        Outbox::front_sent(self)
+    }
+
+    fn front_len(&self) -> Option<usize> {
+        Outbox::front_len(self)
+    }
+
+    fn take_front(&mut self) -> Option<OutUnit> {
+        Outbox::take_front(self)
+    }
+
+    fn put_front(&mut self, unit: OutUnit) {
+        Outbox::put_front(self, unit)
     }
 }
 

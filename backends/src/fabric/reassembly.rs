@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::frame::{Preamble, PREAMBLE_LEN};
-use msgr_proto::{FrameError, FrameLimits, Inbound, LinkId, ProtocolError};
+use msgr_proto::{FrameError, FrameLimits, Inbound, LinkFailure, LinkId, ProtocolError};
 
 use crate::TransportEvent;
 
@@ -18,6 +18,8 @@ use crate::TransportEvent;
 pub(crate) enum PieceError {
     /// Not what the sender of this backend sends (the link fails).
     Malformed(String),
+    /// An operation the piece needed failed (the link fails).
+    Failed(LinkFailure),
     /// A whole unit that does not decode (reported as `Corrupt`).
     Corrupt(FrameError),
 }
@@ -26,7 +28,8 @@ impl PieceError {
     /// What link `id` reports as it ends for this error.
     pub(crate) fn event(self, id: LinkId) -> TransportEvent {
         match self {
-            PieceError::Malformed(why) => TransportEvent::Failed(id, why),
+            PieceError::Malformed(why) => TransportEvent::Failed(id, LinkFailure::Protocol(why)),
+            PieceError::Failed(why) => TransportEvent::Failed(id, why),
             PieceError::Corrupt(e) => TransportEvent::Corrupt(id, ProtocolError::Frame(e)),
         }
     }

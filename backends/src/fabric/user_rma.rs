@@ -26,7 +26,7 @@ use msgr_fabric::{Exposed, ReadDone, RemoteWord, RmaBuffers, RmaOp};
 use msgr_proto::LinkId;
 use rustc_hash::FxHashMap;
 
-use crate::TransportEvent;
+use crate::{RmaFailure, TransportEvent};
 
 /// Bytes of an encoded [`UserKey`].
 pub const USER_KEY_LEN: usize = 6 * 8;
@@ -174,15 +174,17 @@ impl UserReads {
         key: &[u8],
         (offset, len): (u64, u64),
         post: impl FnOnce(&Exposed) -> Result<(), msgr_fabric::FabricError>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RmaFailure> {
         let x = UserKey::decode(key)
-            .ok_or("not a libfabric region key")?
+            .ok_or_else(|| RmaFailure::BadKey("not a libfabric region key".into()))?
             .range(offset, len)
-            .ok_or_else(|| format!("{offset}+{len} is not inside the region"))?;
+            .ok_or_else(|| {
+                RmaFailure::BadKey(format!("{offset}+{len} is not inside the region"))
+            })?;
         if self.reading.contains_key(&context) {
-            return Err("a read with this context is in flight".into());
+            return Err(RmaFailure::Busy);
         }
-        post(&x).map_err(|e| format!("fi_read: {e}"))?;
+        post(&x).map_err(|e| RmaFailure::Post(format!("fi_read: {e}")))?;
         self.reading.insert(context, (link, token));
         Ok(())
     }
@@ -199,17 +201,17 @@ impl UserReads {
     ) {
         let result = match rma.read_done(context, error.is_none()) {
             Some(ReadDone::WordNext) => return,
-            Some(ReadDone::Read(r)) => r.map_err(|e| e.to_string()),
-            None => Err("no such read".to_string()),
+            Some(ReadDone::Read(r)) => r.map_err(|e| RmaFailure::Refused(e.to_string())),
+            None => Err(RmaFailure::Unknown),
         };
         let Some((link, token)) = self.reading.remove(&context) else {
             return;
         };
         let result = match (result, error) {
-            (Err(e), Some((code, what))) => Err(format!(
-                "{e} ({what}: {})",
-                std::io::Error::from_raw_os_error(code)
-            )),
+            (Err(e), Some((code, what))) => Err(RmaFailure::Completion {
+                status: code,
+                detail: format!("{e} ({what}: {})", std::io::Error::from_raw_os_error(code)),
+            }),
             (r, _) => r,
         };
         events.push(TransportEvent::RmaRead {

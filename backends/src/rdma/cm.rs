@@ -16,38 +16,19 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use msgr_addr::{EntityAddr, TransportKind};
-use msgr_proto::LinkId;
+use msgr_proto::{LinkFailure, LinkId};
 use msgr_rdma::{CmEvent, CmEventKind, CmId, ConnParam, Context, EventChannel, PortSpace};
 use rustc_hash::FxHashMap;
 
+use super::conn::{cm_err, CmConn, CmStep, Conn};
 use super::device::Device;
-use super::link::{Conn, RdmaLink};
+use super::link::RdmaLink;
 use super::listen::Listeners;
-use super::{rdma_err, LinkParams, RdmaTransport};
+use super::{LinkParams, RdmaTransport};
 use crate::{TransportError, TransportEvent};
 
 /// Bound on address and route resolution.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Connection requests a listener queues.
-pub(super) const BACKLOG: i32 = 128;
-
-/// Where rdma_cm's setup of a link stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CmStep {
-    ResolvingAddr,
-    ResolvingRoute,
-    /// Connector: `rdma_connect` sent, waiting for `Established`.
-    Connecting,
-    /// Acceptor: `rdma_accept` sent, waiting for `Established` (or a receive).
-    Accepting,
-    Up,
-}
-
-/// The rdma_cm side of an rdmacm link.
-pub(crate) struct CmConn {
-    pub(crate) id: CmId,
-    pub(crate) step: CmStep,
-}
 
 /// The transport's rdma_cm state: one event channel for every id.
 pub(crate) struct CmState {
@@ -88,10 +69,6 @@ impl CmState {
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
         self.channel.fd()
     }
-}
-
-pub(super) fn cm_err(op: &'static str, e: msgr_rdma::RdmaError) -> TransportError {
-    rdma_err(TransportKind::RdmaCm, op, e)
 }
 
 fn cm(l: &mut RdmaLink) -> Option<&mut CmConn> {
@@ -291,21 +268,22 @@ impl RdmaTransport {
         id: LinkId,
         ev: &CmEvent,
         events: &mut Vec<TransportEvent>,
-    ) -> Result<(), String> {
-        let failed = || format!("rdma_cm: {} (status {})", ev.name, ev.status);
+    ) -> Result<(), LinkFailure> {
+        let failed = || LinkFailure::Setup(format!("rdma_cm: {} (status {})", ev.name, ev.status));
         if ev.status != 0 && ev.kind != CmEventKind::Disconnected {
             return Err(failed());
         }
         let chunk = self.pools.chunk_size;
-        let l = self.links.get_mut(&id).ok_or("link gone")?;
-        let c = cm(l).ok_or("not an rdma_cm link")?;
+        let gone = || LinkFailure::Local("link gone".into());
+        let l = self.links.get_mut(&id).ok_or_else(gone)?;
+        let c = cm(l).ok_or_else(|| LinkFailure::Local("not an rdma_cm link".into()))?;
         match (ev.kind, c.step) {
             (CmEventKind::AddrResolved, CmStep::ResolvingAddr) => {
                 c.step = CmStep::ResolvingRoute;
                 self.with_cm_id(id, |t, cmid| t.cm_device(cmid))?;
                 let c = cm(self.links.get_mut(&id).expect("present")).expect("cm");
                 c.id.resolve_route(RESOLVE_TIMEOUT)
-                    .map_err(|e| format!("rdma_resolve_route: {e}"))?;
+                    .map_err(|e| LinkFailure::Setup(format!("rdma_resolve_route: {e}")))?;
             }
             (CmEventKind::RouteResolved, CmStep::ResolvingRoute) => {
                 let (qp, share) = self.with_cm_id(id, |t, cmid| t.cm_qp(cmid))?;
@@ -317,7 +295,7 @@ impl RdmaTransport {
                 let param = self.conn_param(self.links.get(&id).expect("present"), None);
                 let c = cm(self.links.get_mut(&id).expect("present")).expect("cm");
                 c.id.connect(&param)
-                    .map_err(|e| format!("rdma_connect: {e}"))?;
+                    .map_err(|e| LinkFailure::Setup(format!("rdma_connect: {e}")))?;
                 c.step = CmStep::Connecting;
             }
             (CmEventKind::Established, CmStep::Connecting) => {
@@ -333,7 +311,10 @@ impl RdmaTransport {
             // The acceptor may have come up on its first receive already.
             (CmEventKind::Established, CmStep::Up) => {}
             (CmEventKind::TimewaitExit | CmEventKind::AddrChange, _) => {}
-            (CmEventKind::Disconnected, _) => return Err("peer disconnected (rdma_cm)".into()),
+            (CmEventKind::Disconnected, _) => {
+                let why = "peer disconnected (rdma_cm)";
+                return Err(LinkFailure::ClosedByPeer(why.into()));
+            }
             _ => return Err(failed()),
         }
         Ok(())
@@ -344,11 +325,14 @@ impl RdmaTransport {
         &mut self,
         id: LinkId,
         f: impl FnOnce(&mut Self, &CmId) -> Result<T, TransportError>,
-    ) -> Result<T, String> {
-        let l = self.links.remove(&id).ok_or("link gone")?;
+    ) -> Result<T, LinkFailure> {
+        let l = self
+            .links
+            .remove(&id)
+            .ok_or(LinkFailure::Local("link gone".into()))?;
         let res = match &l.conn {
-            Conn::Cm(c) => f(self, &c.id).map_err(|e| e.to_string()),
-            Conn::Oob(_) => Err("not an rdma_cm link".to_string()),
+            Conn::Cm(c) => f(self, &c.id).map_err(|e| LinkFailure::Setup(e.to_string())),
+            Conn::Oob(_) => Err(LinkFailure::Local("not an rdma_cm link".into())),
         };
         self.links.insert(id, l);
         res
@@ -360,7 +344,7 @@ impl RdmaTransport {
         new_id: CmId,
         private_data: &[u8],
         depth: (u8, u8),
-    ) -> Result<(), String> {
+    ) -> Result<(), LinkFailure> {
         let peer = match LinkParams::decode(private_data, self.pools.chunk_size) {
             Ok(p) => p,
             Err(why) => {
@@ -373,7 +357,7 @@ impl RdmaTransport {
             Ok(x) => x,
             Err(e) => {
                 let _ = new_id.reject(b"msgr: no resources");
-                return Err(e.to_string());
+                return Err(LinkFailure::Setup(e.to_string()));
             }
         };
         let link = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
@@ -401,7 +385,7 @@ impl RdmaTransport {
             .insert(handle, link);
         let c = cm(self.links.get_mut(&link).expect("present")).expect("cm");
         if let Err(e) = c.id.accept(&param) {
-            let why = format!("rdma_accept: {e}");
+            let why = LinkFailure::Setup(format!("rdma_accept: {e}"));
             self.drop_link(link);
             return Err(why);
         }

@@ -11,8 +11,7 @@ use msgr_proto::Inbound;
 use msgr_rdma::{MemoryRegion, QueuePair, ReadOnlyRegion};
 use rustc_hash::FxHashMap;
 
-use super::cm::CmConn;
-use super::oob::OobConn;
+use super::conn::Conn;
 use crate::regcache::Lent;
 
 /// Bytes of the header in front of every send.
@@ -192,14 +191,6 @@ where
     }
     emit(false, &mut part);
     total
-}
-
-/// How the link was (or is being) set up.
-pub(crate) enum Conn {
-    /// verbs: QP numbers exchanged over a TCP socket that stays open.
-    Oob(OobConn),
-    /// rdmacm: rdma_cm connected the QP; its events say when the peer goes.
-    Cm(CmConn),
 }
 
 /// A received unit in arrival order: ready, or a rendezvous read in flight

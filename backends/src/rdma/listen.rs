@@ -27,9 +27,12 @@ use mio::Token;
 use msgr_rdma::{CmId, PortSpace};
 use socket2::{Domain, Socket, Type};
 
-use super::cm::{cm_err, BACKLOG};
+use super::conn::cm_err;
 use super::RdmaTransport;
 use crate::TransportError;
+
+/// Connection requests a listener queues.
+const BACKLOG: i32 = 128;
 
 /// How often a listener backed by a kernel TCP socket is probed.
 const CHECK_EVERY: Duration = Duration::from_secs(1);

@@ -51,8 +51,22 @@
 //!   that cannot be polled (`ibv_poll_cq` failing) fails every link
 //!   (`cq_failures`); `simulate(SimulatedFault::CqReadError)` fakes one,
 //!   as no device here fails a poll on demand.
+//!
+//! # Layers
+//!
+//! Bottom first (`tests/layering.rs`):
+//!
+//! 1. `pool`, `wr`, `user_rma`
+//! 2. `device`
+//! 3. `conn`: how a link is set up, below the two ways of doing it
+//! 4. `listen`
+//! 5. `link`
+//! 6. `oob`, `cm`
+//! 7. `completion`: what completes (an `impl RdmaTransport` of its own)
 
 mod cm;
+mod completion;
+mod conn;
 mod device;
 mod link;
 mod listen;
@@ -73,7 +87,7 @@ use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, TransportKind};
 use msgr_proto::arena::ByteArena;
 use msgr_proto::frame::EncodedFrame;
-use msgr_proto::{FrameError, FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{FrameError, FrameLimits, Inbound, LinkFailure, LinkId, ProtocolError, Transmit};
 use msgr_rdma::{
     Access, MemoryRegion, QueuePair, RdmaError, ReadOnlyRegion, RemoteAddr, SendOp, SendWr,
     WcOpcode, WorkCompletion,
@@ -86,14 +100,13 @@ use crate::regcache::RegCache;
 use crate::shelf::{Shelf, Shelvable};
 use crate::split;
 use crate::{
-    DetachedLink, RdmaPoolConfig, RealFault, SimulatedFault, Transport, TransportContext,
-    TransportError, TransportEvent, TransportStats,
+    Availability, DetachedLink, RdmaPoolConfig, RealFault, SimulatedFault, Transport,
+    TransportContext, TransportError, TransportEvent, TransportStats,
 };
 use cm::CmState;
+use conn::Conn;
 use device::{Device, MAX_READS, SQ_DEPTH};
-use link::{
-    header, next_send, Conn, Kind, NextSend, RdmaLink, ReadDesc, ReadOp, RxItem, UserOp, HDR,
-};
+use link::{header, next_send, Kind, NextSend, RdmaLink, ReadDesc, ReadOp, RxItem, UserOp, HDR};
 use oob::OobListener;
 use pool::RxReturns;
 use wr::WrKind;
@@ -137,22 +150,27 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_PIECE: u64 = 4 << 20;
 
 /// Whether the verbs backend can run here: a device must exist.
-pub(crate) fn probe() -> Result<(), String> {
+pub(crate) fn probe() -> Availability {
     match msgr_rdma::device_names() {
-        Ok(names) if names.is_empty() => Err("no RDMA device: the device list is empty; \
+        Ok(names) if names.is_empty() => Availability::Unavailable(
+            "no RDMA device: the device list is empty; \
              run RDMA code on an RDMA-capable host or in the test guest (docs/GUEST.md)"
-            .into()),
-        Ok(_) => Ok(()),
-        Err(e) => Err(e.to_string()),
+                .into(),
+        ),
+        Ok(_) => Availability::Available,
+        Err(e) => Availability::Unavailable(e.to_string()),
     }
 }
 
 /// Whether the rdmacm backend can run here: a device and the rdma_cm device file.
-pub(crate) fn probe_cm() -> Result<(), String> {
-    probe()?;
-    msgr_rdma::EventChannel::new()
-        .map(drop)
-        .map_err(|e| format!("rdma_cm unavailable: {e}"))
+pub(crate) fn probe_cm() -> Availability {
+    if let Availability::Unavailable(why) = probe() {
+        return Availability::Unavailable(why);
+    }
+    match msgr_rdma::EventChannel::new() {
+        Ok(_) => Availability::Available,
+        Err(e) => Availability::Unavailable(format!("rdma_cm unavailable: {e}")),
+    }
 }
 
 fn rdma_err(kind: TransportKind, op: &'static str, e: RdmaError) -> TransportError {
@@ -195,9 +213,10 @@ impl LinkParams {
 
     /// Decodes the peer's parameters; `chunk` is ours (they must match). Extra
     /// trailing bytes are ignored (iWARP pads private data).
-    pub(crate) fn decode(b: &[u8], chunk: usize) -> Result<Self, String> {
+    pub(crate) fn decode(b: &[u8], chunk: usize) -> Result<Self, LinkFailure> {
         if b.len() < Self::LEN || b[..4] != Self::MAGIC {
-            return Err("the peer is not a msgr RDMA endpoint (bad link parameters)".into());
+            let why = "the peer is not a msgr RDMA endpoint (bad link parameters)";
+            return Err(LinkFailure::Setup(why.into()));
         }
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let p = LinkParams {
@@ -206,11 +225,11 @@ impl LinkParams {
             rd_atomic: b[12].max(1),
         };
         if p.credits == 0 || p.chunk as usize != chunk {
-            return Err(format!(
+            return Err(LinkFailure::Setup(format!(
                 "unsupported RDMA link parameters from the peer (credits {}, chunk {} \
                  where ours is {chunk}: both ends need the same rdma_chunk_size)",
                 p.credits, p.chunk
-            ));
+            )));
         }
         Ok(p)
     }
@@ -285,6 +304,23 @@ impl RdmaCounters {
     }
 }
 
+/// How a transport polls its completion queue: the channel's token and
+/// whether it is armed, completions found while arming, the batch buffer,
+/// and simulated failures still to come.
+struct CqPolling {
+    /// The completion channel's token.
+    token: Token,
+    /// Whether the CQ is armed (its channel will fire at the next completion).
+    armed: bool,
+    /// Completions `arm` found after arming, handled by the next poll.
+    stashed: Vec<WorkCompletion>,
+    /// Where `ibv_poll_cq` writes, kept between polls: an array on the stack
+    /// was zeroed on every poll (1.5 KiB a busy-poll pass).
+    polled: Box<[WorkCompletion; POLL_BATCH]>,
+    /// CQ polls still to fail (`SimulatedFault::CqReadError`).
+    simulated_failures: u32,
+}
+
 /// The verbs or rdmacm transport of one worker.
 pub struct RdmaTransport {
     kind: TransportKind,
@@ -295,10 +331,8 @@ pub struct RdmaTransport {
     /// Opened at the first listen or connect (on the device the address names
     /// or rdma_cm resolves).
     dev: Option<Box<Device>>,
-    /// The completion channel's token.
-    cq_token: Token,
-    /// Whether the CQ is armed (its channel will fire at the next completion).
-    armed: bool,
+    /// The completion queue's polling state.
+    cq: CqPolling,
     /// rdmacm: the event channel and listening ids.
     cm: Option<CmState>,
     /// verbs: out-of-band TCP listeners.
@@ -318,11 +352,6 @@ pub struct RdmaTransport {
     /// longer links to the worker, their QPs linger (as a TCP socket's unsent
     /// data does) until the sends complete or [`CLOSE_LINGER`] passes.
     closing: FxHashMap<LinkId, (RdmaLink, Instant)>,
-    /// Completions `arm` found after arming, handled by the next poll.
-    stashed: Vec<WorkCompletion>,
-    /// Where `ibv_poll_cq` writes, kept between polls: an array on the stack
-    /// was zeroed on every poll (1.5 KiB a busy-poll pass).
-    polled: Box<[WorkCompletion; POLL_BATCH]>,
     /// Where frames below [`GATHER_MIN`] are encoded.
     tx_arena: ByteArena,
     /// Receive chunks lent to the application and given back.
@@ -336,8 +365,6 @@ pub struct RdmaTransport {
     reg_cache: RegCache<ReadOnlyRegion>,
     /// Applications' regions open to peers' reads (`Transport::rma_expose`).
     user_regions: user_rma::UserExposures,
-    /// CQ polls still to fail (`SimulatedFault::CqReadError`).
-    simulated_cq_failures: u32,
     counters: RdmaCounters,
 }
 
@@ -364,21 +391,28 @@ impl RdmaTransport {
             TransportKind::RdmaCm => probe_cm(),
             _ => probe(),
         };
-        probed.map_err(|reason| TransportError::Unavailable {
-            kind: kind.clone(),
-            reason,
-        })?;
+        if let Availability::Unavailable(reason) = probed {
+            return Err(TransportError::Unavailable {
+                kind: kind.clone(),
+                reason,
+            });
+        }
         Ok(RdmaTransport {
             kind,
             registry: registry
                 .try_clone()
                 .map_err(|e| TransportError::io("clone mio registry", e))?,
             limits: ctx.limits,
-            cq_token: Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize),
+            cq: CqPolling {
+                token: Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize),
+                armed: false,
+                stashed: Vec::new(),
+                polled: Box::new([WorkCompletion::default(); POLL_BATCH]),
+                simulated_failures: 0,
+            },
             link_ids: ctx.link_ids.clone(),
             pools: ctx.rdma,
             dev: None,
-            armed: false,
             cm: None,
             oob_listeners: FxHashMap::default(),
             links: FxHashMap::default(),
@@ -388,15 +422,12 @@ impl RdmaTransport {
             pending: Vec::new(),
             resumed: Vec::new(),
             closing: FxHashMap::default(),
-            stashed: Vec::new(),
-            polled: Box::new([WorkCompletion::default(); POLL_BATCH]),
             tx_arena: ByteArena::new(TX_ARENA),
             returns: RxReturns::new(ctx.waker.clone()),
             lent: 0,
             sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
             reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
             user_regions: user_rma::UserExposures::default(),
-            simulated_cq_failures: 0,
             counters: RdmaCounters::default(),
         })
     }
@@ -405,7 +436,7 @@ impl RdmaTransport {
     fn install_device(&mut self, d: Device) -> Result<(), TransportError> {
         let fd = d.channel.fd();
         self.registry
-            .register(&mut SourceFd(&fd), self.cq_token, Interest::READABLE)
+            .register(&mut SourceFd(&fd), self.cq.token, Interest::READABLE)
             .map_err(|e| TransportError::io("register completion channel", e))?;
         tracing::debug!(device = ?d, "RDMA device open");
         self.dev = Some(Box::new(d));
@@ -578,13 +609,15 @@ impl RdmaTransport {
             self.counters.read_timeouts += 1;
             self.fail(
                 id,
-                format!("rendezvous read not complete after {timeout:?} (rdma_read_timeout_ms)"),
+                LinkFailure::Timeout(format!(
+                    "rendezvous read not complete after {timeout:?} (rdma_read_timeout_ms)"
+                )),
                 events,
             );
         }
     }
 
-    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+    fn fail(&mut self, id: LinkId, why: LinkFailure, events: &mut Vec<TransportEvent>) {
         if let Some(l) = self.links.get(&id).filter(|l| !l.up) {
             if l.outgoing {
                 self.counters.connects_failed += 1;
@@ -603,9 +636,9 @@ impl RdmaTransport {
     /// completion would cost a verbs command, a channel event, its read and
     /// an epoll wake-up per completion, for nothing.
     fn poll_cq(&mut self, events: &mut Vec<TransportEvent>) -> bool {
-        let mut any = !self.stashed.is_empty();
+        let mut any = !self.cq.stashed.is_empty();
         if any {
-            let stashed = std::mem::take(&mut self.stashed);
+            let stashed = std::mem::take(&mut self.cq.stashed);
             for wc in &stashed {
                 self.on_completion(wc, events);
             }
@@ -615,14 +648,14 @@ impl RdmaTransport {
         };
         let cq = dev.cq.clone();
         loop {
-            let polled = if self.simulated_cq_failures > 0 {
-                self.simulated_cq_failures -= 1;
+            let polled = if self.cq.simulated_failures > 0 {
+                self.cq.simulated_failures -= 1;
                 Err(RdmaError::Os {
                     op: "ibv_poll_cq (SIMULATED)",
                     source: std::io::Error::from_raw_os_error(libc::EIO),
                 })
             } else {
-                cq.poll(&mut self.polled[..])
+                cq.poll(&mut self.cq.polled[..])
             };
             let n = match polled {
                 Ok(n) => n,
@@ -636,7 +669,7 @@ impl RdmaTransport {
                 }
             };
             for i in 0..n {
-                let wc = self.polled[i];
+                let wc = self.cq.polled[i];
                 self.on_completion(&wc, events);
             }
             if n == 0 {
@@ -687,531 +720,11 @@ impl RdmaTransport {
         for id in self.late_setups(true, now, |l| l.since + SETUP_TIMEOUT) {
             self.fail(
                 id,
-                format!("connection not established within {SETUP_TIMEOUT:?}"),
+                LinkFailure::Timeout(format!(
+                    "connection not established within {SETUP_TIMEOUT:?}"
+                )),
                 events,
             );
-        }
-    }
-
-    fn on_completion(&mut self, wc: &WorkCompletion, events: &mut Vec<TransportEvent>) {
-        let (id, kind, index) = wr::parts(wc.wr_id());
-        if kind == WrKind::Recv {
-            let link = self.qpn_links.get(&wc.qp_num()).copied();
-            if !wc.is_success() || wc.opcode() != WcOpcode::Recv {
-                // A shared receive flushed or failed on a QP in error: the
-                // chunk goes back to the queue; the QP's link has failed.
-                self.repost(index);
-                if let Some(link) = link {
-                    self.counters.failed_completions += 1;
-                    self.fail(link, format!("verbs receive: {}", wc.status_str()), events);
-                }
-                return;
-            }
-            match link {
-                Some(link) if self.links.contains_key(&link) => {
-                    if let Err(e) = self.on_recv(link, index, wc.byte_len() as usize, events) {
-                        match e {
-                            RecvError::Corrupt(fe) => {
-                                self.drop_link(link);
-                                events
-                                    .push(TransportEvent::Corrupt(link, ProtocolError::Frame(fe)));
-                            }
-                            RecvError::Fail(why) => self.fail(link, why, events),
-                        }
-                    }
-                }
-                // A message for a link released meanwhile.
-                _ => self.repost(index),
-            }
-            return;
-        }
-        if !self.links.contains_key(&id) {
-            if self.closing.contains_key(&id) {
-                self.on_closing_completion(id, wc);
-            }
-            // Else a completion of a link already released: its chunks went
-            // back then.
-            return;
-        }
-        if !wc.is_success() {
-            self.counters.failed_completions += 1;
-            let why = match wc.ok() {
-                Err(e) => e.to_string(),
-                Ok(_) => "work completion failed".into(),
-            };
-            self.fail(id, format!("verbs: {why}"), events);
-            return;
-        }
-        match kind {
-            WrKind::Send => self.on_send_done(id, index),
-            WrKind::Read => self.on_read_done(id, index, events),
-            WrKind::Recv => {}
-        }
-    }
-
-    /// Posts the receive chunks the application let go of again, and gives
-    /// their credits back to their links' peers.
-    fn take_returns(&mut self) -> bool {
-        let back = self.returns.take();
-        if back.is_empty() {
-            return false;
-        }
-        self.lent -= back.len() as u64;
-        for (link, chunk) in back {
-            self.repost(chunk);
-            if let Some(l) = self.links.get_mut(&link) {
-                l.lent -= 1;
-                l.grant_one();
-                if l.should_return_credits() {
-                    self.dirty.push(link);
-                }
-            } else if let Some((l, _)) = self.closing.get_mut(&link) {
-                // Its release returns the slot with the rest of its share.
-                l.lent -= 1;
-            } else if let Some(dev) = self.dev.as_mut() {
-                // The link is gone; its release kept this slot back.
-                dev.return_share(1);
-            }
-        }
-        true
-    }
-
-    /// Gives receive chunk `c` back to the shared receive queue.
-    fn repost(&mut self, c: u32) {
-        if let Some(dev) = self.dev.as_mut() {
-            if let Err(e) = dev.post_recv(c) {
-                // The queue is one slot short from now on; shares still fit
-                // (RNR retry covers the gap) but say so.
-                tracing::error!(error = %e, chunk = c, "reposting a receive failed");
-                dev.rx.put(c);
-            }
-        }
-    }
-
-    fn on_send_done(&mut self, id: LinkId, chunk: u32) {
-        let dev = self.dev.as_mut().expect("device");
-        let Some(l) = self.links.get_mut(&id) else {
-            return;
-        };
-        if let Some(pos) = l.tx_inflight.iter().position(|&c| c == chunk) {
-            l.tx_inflight.swap_remove(pos);
-            dev.tx.put(chunk);
-        }
-        if l.credit_chunk == Some(chunk) {
-            l.credit_chunk = None;
-        }
-        // A send completion frees a chunk and a send-queue slot: this link
-        // may go on, and so may the links that found the pool empty.
-        if !l.queue.is_empty() || l.to_grant > 0 {
-            self.dirty.push(id);
-        }
-        self.dirty.extend(self.tx_waiting.drain(..));
-    }
-
-    fn on_recv(
-        &mut self,
-        id: LinkId,
-        chunk: u32,
-        len: usize,
-        events: &mut Vec<TransportEvent>,
-    ) -> Result<(), RecvError> {
-        self.counters.recvs += 1;
-        let l = self.links.get_mut(&id).expect("caller checked");
-        if !l.up {
-            // An acceptor whose QP is ready may see the connector's first send
-            // before the ready byte / Established event.
-            if !l.outgoing && (Self::oob_may_accept_on_recv(l) || Self::cm_may_accept_on_recv(l)) {
-                self.mark_up(id, events);
-            } else {
-                self.repost(chunk);
-                return Err(RecvError::Fail(
-                    "RDMA: data before the link was set up".into(),
-                ));
-            }
-        }
-        let dev = self.dev.as_mut().expect("device");
-        let limits = self.limits;
-        let l = self.links.get_mut(&id).expect("caller checked");
-        if l.hold_tx {
-            // iWARP: the connector has spoken; we may send now.
-            l.hold_tx = false;
-            self.dirty.push(id);
-        }
-        if len < HDR {
-            self.repost(chunk);
-            return Err(RecvError::Fail(format!(
-                "RDMA: runt receive of {len} bytes"
-            )));
-        }
-        let data = dev.rx.bytes(chunk, len);
-        let Some(kind) = Kind::from_u8(data[0]) else {
-            let k = data[0];
-            self.repost(chunk);
-            return Err(RecvError::Fail(format!("RDMA: unknown send kind {k}")));
-        };
-        let more = data[1] & link::MORE != 0;
-        let granted = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
-        l.credits = l.credits.saturating_add(granted);
-        let payload = &data[HDR..];
-        let mut unit = None;
-        let mut lent = false;
-        let mut read = None;
-        let mut read_done = None;
-        let mut bad = None;
-        match kind {
-            Kind::Credit => {}
-            Kind::Banner | Kind::Frame => {
-                if l.reasm.len() + payload.len() > MAX_UNIT {
-                    bad = Some(format!("RDMA: unit larger than {MAX_UNIT} bytes"));
-                } else if more || !l.reasm.is_empty() {
-                    l.reasm.extend_from_slice(payload);
-                    if !more {
-                        unit = Some(l.reasm.split().freeze());
-                    }
-                } else if payload.len() >= LEND_MIN && l.lent < l.share / 2 {
-                    // A whole unit in one chunk: lent, not copied; the chunk
-                    // and its credit come back when the message is dropped.
-                    // At most half a link's slots are lent: the application
-                    // may hold messages until the peer sends something (an
-                    // ack, say), and the peer needs credits to send it.
-                    // Small units are copied: cheap, and their credit rides
-                    // on the very next send (an ack) instead of trailing it.
-                    unit = Some(dev.rx.lend(chunk, HDR..len, id, &self.returns));
-                    l.lent += 1;
-                    lent = true;
-                    self.counters.rx_lent_total += 1;
-                } else {
-                    unit = Some(l.rx_arena.copy(payload));
-                }
-            }
-            Kind::ReadReq => match ReadDesc::decode(payload) {
-                // The inline bytes are copied: the chunk is reposted below.
-                Some((d, inline)) => read = Some((d, inline.to_vec())),
-                None => bad = Some("RDMA: malformed read request".into()),
-            },
-            Kind::ReadDone => match <[u8; 4]>::try_from(payload) {
-                Ok(t) => read_done = Some(u32::from_le_bytes(t)),
-                Err(_) => bad = Some("RDMA: malformed read completion".into()),
-            },
-        }
-        if lent {
-            self.lent += 1;
-        } else {
-            // The chunk is copied out: it goes back to the queue right away.
-            self.repost(chunk);
-        }
-        if let Some(why) = bad {
-            return Err(RecvError::Fail(why));
-        }
-        let l = self.links.get_mut(&id).expect("caller checked");
-        if kind != Kind::Credit && !lent {
-            l.grant_one();
-        }
-        if kind != Kind::Credit {
-            l.peer_credits = l.peer_credits.saturating_sub(1);
-        }
-        if granted > 0 || l.should_return_credits() {
-            self.dirty.push(id);
-        }
-        if let Some(token) = read_done {
-            if let Some(lent) = l.rdv_out.remove(&token) {
-                l.rdv_out_bytes -= lent.body.len();
-            }
-            return Ok(());
-        }
-        if let Some((desc, inline)) = read {
-            return self.start_read(id, desc, &inline, events);
-        }
-        let Some(bytes) = unit else {
-            return Ok(());
-        };
-        let inbound = match kind {
-            Kind::Banner => {
-                let raw: [u8; msgr_proto::banner::BANNER_LEN] =
-                    bytes.as_ref().try_into().map_err(|_| {
-                        RecvError::Fail(format!("RDMA: banner of {} bytes", bytes.len()))
-                    })?;
-                Inbound::Banner(raw)
-            }
-            _ => Inbound::decode_exact(bytes, &limits).map_err(RecvError::Corrupt)?,
-        };
-        self.deliver(id, RxItem::Ready(inbound), events);
-        Ok(())
-    }
-
-    /// Hands a received unit to the worker, or holds it while reading is
-    /// paused or an earlier rendezvous is still being read.
-    fn deliver(&mut self, id: LinkId, item: RxItem, events: &mut Vec<TransportEvent>) {
-        let Some(l) = self.links.get_mut(&id) else {
-            return;
-        };
-        match item {
-            RxItem::Ready(u) if !l.paused && l.held.is_empty() => {
-                events.push(TransportEvent::Received(id, u))
-            }
-            item => l.held.push_back(item),
-        }
-    }
-
-    /// Delivers held units from the front until a read in flight (or pause).
-    fn drain_held(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) -> bool {
-        let Some(l) = self.links.get_mut(&id) else {
-            return false;
-        };
-        let mut any = false;
-        while !l.paused {
-            match l.held.front() {
-                Some(RxItem::Ready(_)) => {
-                    if let Some(RxItem::Ready(u)) = l.held.pop_front() {
-                        events.push(TransportEvent::Received(id, u));
-                        any = true;
-                    }
-                }
-                _ => break,
-            }
-        }
-        any
-    }
-
-    /// A rendezvous announced: register a buffer and read the frame into it.
-    fn start_read(
-        &mut self,
-        id: LinkId,
-        desc: ReadDesc,
-        inline: &[u8],
-        events: &mut Vec<TransportEvent>,
-    ) -> Result<(), RecvError> {
-        let max = self.limits.max_frame;
-        let Some(total) = split::placed_len(desc.len, inline.len(), u64::from(desc.at), max) else {
-            return Err(RecvError::Fail(format!(
-                "RDMA: rendezvous of {} bytes at {} among {} inline (frame limit {max})",
-                desc.len,
-                desc.at,
-                inline.len()
-            )));
-        };
-        // The unit: the inline bytes with a gap at `at` that the read fills.
-        let (at, total) = (desc.at as usize, total as usize);
-        let mut buf = self.read_sink(total)?;
-        buf[..at].copy_from_slice(&inline[..at]);
-        buf[at + desc.len as usize..total].copy_from_slice(&inline[at..]);
-        let slot = self.add_read_op(id, buf, (total, desc), None);
-        let l = self.links.get_mut(&id).expect("caller checked");
-        l.held.push_back(RxItem::Reading(slot));
-        self.pump_reads(id, events);
-        Ok(())
-    }
-
-    /// A registered sink of at least `len` bytes: one back on the shelf,
-    /// else a new one.
-    fn read_sink(&mut self, len: usize) -> Result<MemoryRegion<Vec<u8>>, RecvError> {
-        match self.sinks.take(len) {
-            Some(sink) => {
-                self.counters.read_sinks_reused += 1;
-                Ok(sink)
-            }
-            None => self.register_sink(len),
-        }
-    }
-
-    /// Files a one-sided operation of `id` (its sink `buf`, the unit's
-    /// length and where it goes at the peer) under the link's next read
-    /// slot, for `pump_reads` to post; the slot. A read takes the next
-    /// `SimulatedFault::HungRead` the link was dealt.
-    fn add_read_op(
-        &mut self,
-        id: LinkId,
-        buf: MemoryRegion<Vec<u8>>,
-        (len, desc): (usize, ReadDesc),
-        user: Option<UserOp>,
-    ) -> u32 {
-        let l = self.links.get_mut(&id).expect("caller checked");
-        let slot = l.next_read;
-        l.next_read = (l.next_read + 1) & 0x00ff_ffff;
-        let hung = !user.is_some_and(|u| u.write) && l.reads_to_hang > 0;
-        if hung {
-            l.reads_to_hang -= 1;
-            self.counters.simulated_hung_reads += 1;
-        }
-        l.reads.insert(
-            slot,
-            ReadOp {
-                buf,
-                len,
-                desc,
-                posted: 0,
-                pending: 0,
-                deadline: Instant::now() + self.pools.read_timeout,
-                hung,
-                user,
-            },
-        );
-        slot
-    }
-
-    /// A new read sink of `len` bytes, registered. If registering fails
-    /// (RLIMIT_MEMLOCK, say), the idle sinks are unpinned and it is tried
-    /// once more.
-    fn register_sink(&self, len: usize) -> Result<MemoryRegion<Vec<u8>>, RecvError> {
-        let dev = self.dev.as_ref().expect("device");
-        // iWARP read sinks must be remotely writable (the read response is a
-        // write into them).
-        let access = Access {
-            local_write: true,
-            remote_write: dev.ctx.is_iwarp(),
-            remote_read: false,
-            remote_atomic: false,
-        };
-        MemoryRegion::try_register(&dev.pd, vec![0u8; len], access)
-            .or_else(|(_, unit)| {
-                self.sinks.clear();
-                MemoryRegion::register(&dev.pd, unit, access)
-            })
-            .map_err(|e| RecvError::Fail(format!("RDMA: registering a read buffer: {e}")))
-    }
-
-    /// Posts read pieces of the link's rendezvous, at most [`MAX_READS`] in flight.
-    fn pump_reads(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) {
-        let Some(l) = self.links.get_mut(&id) else {
-            return;
-        };
-        let Some(qp) = l.qp.as_ref() else {
-            return;
-        };
-        let mut in_flight: u32 = l.reads.values().map(|r| r.pending).sum();
-        let mut slots: Vec<u32> = l.reads.keys().copied().collect();
-        slots.sort_unstable();
-        let mut err = None;
-        'ops: for slot in slots {
-            let op = l.reads.get_mut(&slot).expect("listed");
-            while op.posted < op.desc.len {
-                if in_flight >= MAX_READS {
-                    break 'ops;
-                }
-                let off = op.posted;
-                let n = (op.desc.len - off).min(READ_PIECE);
-                let to = u64::from(op.desc.at) + off;
-                let write = op.user.is_some_and(|u| u.write);
-                let res = op.buf.sge(to as usize..(to + n) as usize).and_then(|sge| {
-                    let remote = RemoteAddr {
-                        addr: op.desc.addr + off,
-                        rkey: op.desc.rkey,
-                    };
-                    let what = if write {
-                        SendOp::RdmaWrite(remote)
-                    } else {
-                        SendOp::RdmaRead(remote)
-                    };
-                    qp.post_send(&[SendWr::new(
-                        wr::of_link(id, WrKind::Read, slot),
-                        what,
-                        &[sge],
-                    )])
-                });
-                if let Err(e) = res {
-                    let what = if write { "write" } else { "read" };
-                    err = Some(format!("RDMA: post {what}: {e}"));
-                    break 'ops;
-                }
-                op.posted += n;
-                op.pending += 1;
-                in_flight += 1;
-            }
-        }
-        if let Some(why) = err {
-            self.fail(id, why, events);
-        }
-    }
-
-    fn on_read_done(&mut self, id: LinkId, slot: u32, events: &mut Vec<TransportEvent>) {
-        let limits = self.limits;
-        let iwarp = self.dev.as_ref().is_some_and(|d| d.ctx.is_iwarp());
-        let Some(l) = self.links.get_mut(&id) else {
-            return;
-        };
-        let Some(op) = l.reads.get_mut(&slot) else {
-            return;
-        };
-        if op.hung {
-            // Simulated: the responder never answered. The op stays, with
-            // its piece still counted in flight, until the deadline fails
-            // the link and `release` destroys the QP before the buffer.
-            return;
-        }
-        op.pending -= 1;
-        if op.pending > 0 || op.posted < op.desc.len {
-            self.pump_reads(id, events);
-            return;
-        }
-        let op = l.reads.remove(&slot).expect("present");
-        if let Some(UserOp { token, write }) = op.user {
-            if write {
-                self.counters.user_writes += 1;
-                self.counters.user_write_bytes += op.desc.len;
-                self.sinks.put(op.buf);
-                events.push(TransportEvent::RmaWrite {
-                    link: id,
-                    token,
-                    result: Ok(()),
-                });
-            } else {
-                self.counters.user_reads += 1;
-                self.counters.user_read_bytes += op.desc.len;
-                let bytes = self.read_sink_bytes(op.buf, op.len, iwarp);
-                events.push(TransportEvent::RmaRead {
-                    link: id,
-                    token,
-                    result: Ok(bytes),
-                });
-            }
-            self.pump_reads(id, events);
-            return;
-        }
-        self.counters.rendezvous_read += 1;
-        self.counters.rendezvous_read_bytes += op.desc.len;
-        // Tell the sender it may release its buffer (ahead of queued data:
-        // it carries no unit, only frees memory).
-        l.queue.push_front(link::Part::whole(
-            Kind::ReadDone,
-            false,
-            Bytes::copy_from_slice(&op.desc.token.to_le_bytes()),
-        ));
-        self.dirty.push(id);
-        let bytes = self.read_sink_bytes(op.buf, op.len, iwarp);
-        let l = self.links.get_mut(&id).expect("present");
-        let inbound = match Inbound::decode_exact(bytes, &limits) {
-            Ok(unit) => unit,
-            Err(fe) => {
-                self.drop_link(id);
-                events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(fe)));
-                return;
-            }
-        };
-        if let Some(item) = l
-            .held
-            .iter_mut()
-            .find(|i| matches!(i, RxItem::Reading(s) if *s == slot))
-        {
-            *item = RxItem::Ready(inbound);
-        }
-        self.drain_held(id, events);
-        self.pump_reads(id, events);
-    }
-
-    /// The first `len` bytes of a read sink whose read completed, for the
-    /// application.
-    fn read_sink_bytes(&self, buf: MemoryRegion<Vec<u8>>, len: usize, iwarp: bool) -> Bytes {
-        if iwarp {
-            // An iWARP sink is remotely writable and the peer learned its
-            // key (the read response is a write into it): deregister it
-            // before the application sees its bytes.
-            let mut unit = buf.into_inner();
-            unit.truncate(len);
-            Bytes::from(unit)
-        } else {
-            // Only readable locally: it stays registered and goes back to
-            // the shelf when the bytes' last handle drops.
-            self.sinks.lend(buf, len)
         }
     }
 
@@ -1253,7 +766,7 @@ impl RdmaTransport {
         }
         let mut buf = self.read_sink(n).map_err(|e| {
             unavailable(match e {
-                RecvError::Fail(why) => why,
+                RecvError::Fail(why) => why.to_string(),
                 RecvError::Corrupt(fe) => fe.to_string(),
             })
         })?;
@@ -1366,7 +879,11 @@ impl RdmaTransport {
         })();
         l.tx_inflight.extend(posts.iter().map(|&(c, _)| c));
         if let Err(e) = res {
-            self.fail(id, format!("RDMA: post send: {e}"), events);
+            let why = LinkFailure::Io {
+                kind: std::io::ErrorKind::Other,
+                detail: format!("RDMA: post send: {e}"),
+            };
+            self.fail(id, why, events);
         }
     }
 
@@ -1457,7 +974,14 @@ impl RdmaTransport {
 
 enum RecvError {
     Corrupt(FrameError),
-    Fail(String),
+    Fail(LinkFailure),
+}
+
+impl RecvError {
+    /// The peer sent what no msgr RDMA peer sends.
+    fn protocol(why: impl Into<String>) -> Self {
+        RecvError::Fail(LinkFailure::Protocol(why.into()))
+    }
 }
 
 impl Transport for RdmaTransport {
@@ -1530,12 +1054,12 @@ impl Transport for RdmaTransport {
 
     fn ready(&mut self, event: &Event, _now: Instant, events: &mut Vec<TransportEvent>) {
         let token = event.token();
-        if token == self.cq_token {
+        if token == self.cq.token {
             if let Some(dev) = &self.dev {
                 // Acknowledge every channel event; the CQ must be re-armed.
                 loop {
                     match dev.cq.get_event() {
-                        Ok(true) => self.armed = false,
+                        Ok(true) => self.cq.armed = false,
                         Ok(false) => break,
                         Err(e) => {
                             tracing::error!(error = %e, "ibv_get_cq_event failed");
@@ -1580,19 +1104,19 @@ impl Transport for RdmaTransport {
             return true;
         };
         let cq = dev.cq.clone();
-        if !self.armed {
+        if !self.cq.armed {
             if let Err(e) = cq.req_notify(false) {
                 tracing::error!(error = %e, "ibv_req_notify_cq failed");
                 return false;
             }
-            self.armed = true;
+            self.cq.armed = true;
         }
         // A completion that landed between the last poll and the arm raises
         // no event: look once more, and keep it for the next poll.
-        match cq.poll(&mut self.polled[..]) {
+        match cq.poll(&mut self.cq.polled[..]) {
             Ok(0) => true,
             Ok(n) => {
-                self.stashed.extend_from_slice(&self.polled[..n]);
+                self.cq.stashed.extend_from_slice(&self.cq.polled[..n]);
                 false
             }
             Err(e) => {
@@ -1672,7 +1196,7 @@ impl Transport for RdmaTransport {
     }
 
     fn owns(&self, token: Token) -> bool {
-        token == self.cq_token
+        token == self.cq.token
             || self
                 .cm
                 .as_ref()
@@ -1735,7 +1259,7 @@ impl Transport for RdmaTransport {
             .ok_or(TransportError::NoSuchLink(link.0))?;
         match fault {
             SimulatedFault::HungRead => l.reads_to_hang += 1,
-            SimulatedFault::CqReadError => self.simulated_cq_failures += 1,
+            SimulatedFault::CqReadError => self.cq.simulated_failures += 1,
         }
         Ok(())
     }

@@ -17,37 +17,17 @@ use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
 use msgr_addr::{EntityAddr, TransportKind};
-use msgr_proto::LinkId;
+use msgr_proto::{LinkFailure, LinkId};
 use msgr_rdma::{Gid, InitAttr, QueuePair, RdmaError, RtrAttr, RtsAttr};
 
+use super::conn::{Conn, OobConn, OobStep};
 use super::device::Device;
-use super::link::{Conn, RdmaLink};
+use super::link::RdmaLink;
 use super::{rdma_err, LinkParams, RdmaTransport};
 use crate::wire::ConnectProgress;
 use crate::{TransportError, TransportEvent};
 
 /// Where the out-of-band setup stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum OobStep {
-    /// Connecting side: TCP connect in progress.
-    TcpConnecting,
-    /// Waiting for the peer's QP info (both sides).
-    AwaitInfo,
-    /// Accepting side: our QP is in RTS; waiting for the connector's ready byte.
-    AwaitReady,
-    /// Both QPs in RTS; the socket only tells of the peer's death.
-    Up,
-}
-
-/// The out-of-band side of a verbs link.
-pub(crate) struct OobConn {
-    pub(crate) stream: TcpStream,
-    pub(crate) step: OobStep,
-    /// Bytes of the peer's info received so far.
-    pub(crate) buf: Vec<u8>,
-    pub(crate) psn: u32,
-}
-
 /// What each side tells the other over the out-of-band TCP connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct QpInfo {
@@ -80,9 +60,10 @@ impl QpInfo {
         b
     }
 
-    pub(crate) fn decode(b: &[u8], chunk: usize) -> Result<Self, String> {
+    pub(crate) fn decode(b: &[u8], chunk: usize) -> Result<Self, LinkFailure> {
         if b.len() != INFO_LEN || b[..8] != MAGIC {
-            return Err("the peer is not a msgr verbs endpoint (bad setup magic)".into());
+            let why = "the peer is not a msgr verbs endpoint (bad setup magic)";
+            return Err(LinkFailure::Setup(why.into()));
         }
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let mut gid = [0u8; 16];
@@ -96,7 +77,8 @@ impl QpInfo {
             params: LinkParams::decode(&b[36..36 + LinkParams::LEN], chunk)?,
         };
         if !(1..=5).contains(&info.mtu) {
-            return Err(format!("bad MTU code {} in the verbs setup", info.mtu));
+            let why = format!("bad MTU code {} in the verbs setup", info.mtu);
+            return Err(LinkFailure::Setup(why));
         }
         Ok(info)
     }
@@ -135,13 +117,16 @@ fn rand_psn(id: LinkId) -> u32 {
     ((x >> 20) as u32) & 0x00ff_ffff
 }
 
-fn write_all(s: &mut TcpStream, b: &[u8]) -> Result<(), String> {
+fn write_all(s: &mut TcpStream, b: &[u8]) -> Result<(), LinkFailure> {
     // A few dozen bytes into a fresh socket's buffer: never short in practice,
     // but a short write is reported rather than spun on.
     match s.write(b) {
         Ok(n) if n == b.len() => Ok(()),
-        Ok(n) => Err(format!("verbs setup: short write ({n} of {})", b.len())),
-        Err(e) => Err(format!("verbs setup: write: {e}")),
+        Ok(n) => Err(LinkFailure::Setup(format!(
+            "verbs setup: short write ({n} of {})",
+            b.len()
+        ))),
+        Err(e) => Err(LinkFailure::io("verbs setup: write", &e)),
     }
 }
 
@@ -394,7 +379,8 @@ impl RdmaTransport {
                 Ok(0) => {
                     // Completions that arrived before the peer closed come first.
                     self.poll_cq(events);
-                    self.fail(id, "connection closed by peer".into(), events);
+                    let why = LinkFailure::ClosedByPeer("connection closed by peer".into());
+                    self.fail(id, why, events);
                     return;
                 }
                 Ok(n) => {
@@ -407,7 +393,7 @@ impl RdmaTransport {
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
                     self.poll_cq(events);
-                    self.fail(id, format!("setup socket: {e}"), events);
+                    self.fail(id, LinkFailure::io("setup socket", &e), events);
                     return;
                 }
             }
@@ -419,7 +405,7 @@ impl RdmaTransport {
         id: LinkId,
         bytes: &[u8],
         events: &mut Vec<TransportEvent>,
-    ) -> Result<(), String> {
+    ) -> Result<(), LinkFailure> {
         let chunk = self.pools.chunk_size;
         let dev = self.dev.as_ref().expect("device");
         let l = self.links.get_mut(&id).expect("caller checked");
@@ -431,7 +417,8 @@ impl RdmaTransport {
                     return Ok(());
                 }
                 let peer = QpInfo::decode(&o.buf, chunk)?;
-                Self::connect_qp(dev, l, &peer).map_err(|e| format!("verbs connect: {e}"))?;
+                Self::connect_qp(dev, l, &peer)
+                    .map_err(|e| LinkFailure::Setup(format!("verbs connect: {e}")))?;
                 let outgoing = l.outgoing;
                 let o = oob(l).expect("oob");
                 if outgoing {
@@ -447,7 +434,9 @@ impl RdmaTransport {
             }
             OobStep::AwaitReady => {
                 if bytes != [READY] {
-                    return Err("bad ready byte in verbs setup".into());
+                    return Err(LinkFailure::Protocol(
+                        "bad ready byte in verbs setup".into(),
+                    ));
                 }
                 o.step = OobStep::Up;
                 self.mark_up(id, events);

@@ -45,7 +45,7 @@ use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 use msgr_addr::{EntityAddr, TransportKind};
-use msgr_proto::{FrameLimits, LinkId, ProtocolError, Transmit};
+use msgr_proto::{FrameLimits, LinkFailure, LinkId, ProtocolError, Transmit};
 
 use crate::shelf::Shelf;
 use crate::wire::ConnectProgress;
@@ -88,7 +88,7 @@ pub struct TcpTransport {
     read_pending: Vec<LinkId>,
     /// Links failed outside a progress call (an injected abort, a socket
     /// that could not go back into the Poll), reported by the next one.
-    aborted: Vec<(LinkId, String)>,
+    aborted: Vec<(LinkId, LinkFailure)>,
     /// Links out of the Poll ([`TcpLink::in_poll`]).
     out_of_poll: usize,
     /// Frozen links (fault injection) that were closed: a hung process never
@@ -199,12 +199,13 @@ impl TcpTransport {
         for id in out {
             if let Err(e) = self.place_in_poll(id, true) {
                 self.drop_link(id);
-                self.aborted.push((id, format!("register tcp link: {e}")));
+                self.aborted
+                    .push((id, LinkFailure::io("register tcp link", &e)));
             }
         }
     }
 
-    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+    fn fail(&mut self, id: LinkId, why: LinkFailure, events: &mut Vec<TransportEvent>) {
         if let Some(link) = self.drop_link(id) {
             let _ = link.stream.shutdown(Shutdown::Both);
             events.push(TransportEvent::Failed(id, why));
@@ -302,7 +303,9 @@ impl TcpTransport {
                 }
             }
             match read {
-                Ok(r) if r.len == 0 => break "connection closed by peer".to_string(),
+                Ok(r) if r.len == 0 => {
+                    break LinkFailure::ClosedByPeer("connection closed by peer".into())
+                }
                 Ok(_) if total >= READ_BUDGET => {
                     // More may be waiting: yield to the other links.
                     link.read_pending = true;
@@ -313,7 +316,7 @@ impl TcpTransport {
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return total > 0,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => break format!("read: {e}"),
+                Err(e) => break LinkFailure::io("read", &e),
             }
         };
         self.fail(id, why, events);
@@ -341,7 +344,7 @@ impl TcpTransport {
         let mut any = false;
         for (id, polled, may_leave) in ids {
             if let Err(e) = self.place_in_poll(id, !may_leave) {
-                self.fail(id, format!("register tcp link: {e}"), events);
+                self.fail(id, LinkFailure::io("register tcp link", &e), events);
                 any = true;
                 continue;
             }
@@ -380,11 +383,11 @@ impl TcpTransport {
                     // Only epoll says when there is room again.
                     link.write_interest = true;
                     if let Err(e) = self.place_in_poll(id, true) {
-                        self.fail(id, format!("register tcp link: {e}"), events);
+                        self.fail(id, LinkFailure::io("register tcp link", &e), events);
                     }
                 }
             }
-            Err(e) => self.fail(id, format!("write: {e}"), events),
+            Err(e) => self.fail(id, LinkFailure::io("write", &e), events),
         }
     }
 }
@@ -595,7 +598,8 @@ impl Transport for TcpTransport {
                     .map_err(|e| TransportError::io("SO_LINGER", e))?;
                 // Closing with linger 0 sends RST to the peer.
                 self.drop_link(link);
-                self.aborted.push((link, "injected abortive close".into()));
+                self.aborted
+                    .push((link, LinkFailure::Local("injected abortive close".into())));
             }
             RealFault::HalfClose => {
                 sock.shutdown(Shutdown::Write)

@@ -78,8 +78,8 @@ use msgr_backends::{
     open_transport, AnyTransport, RealFault, Transport, TransportError, TransportEvent,
 };
 use msgr_proto::{
-    message::REPLY_BIT, rma::RMA_BIT, session::Hello, Banner, FaultReason, Inbound, LinkId,
-    Message, Session, SessionEvent, SessionStats, Tag, Takeover, Transmit,
+    message::REPLY_BIT, rma::RMA_BIT, session::Hello, Banner, FaultReason, Inbound, LinkFailure,
+    LinkId, Message, Session, SessionEvent, SessionStats, Tag, Takeover, Transmit,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -876,7 +876,7 @@ impl Worker {
             Err(e) => {
                 tracing::warn!(error = %e, target = %conn.inner.target, "cannot connect");
                 conn.set_state(ConnectionState::Closed);
-                let reason = FaultReason::Transport(e.to_string());
+                let reason = FaultReason::Transport(e.link_failure());
                 let _ = self.callback(&conn, || "on_reset".into(), |d, c| d.on_reset(c, &reason));
                 return;
             }
@@ -1073,10 +1073,11 @@ impl Worker {
                     self.link_gone(link, |s, now| s.link_failed(link, why, now), now);
                 }
                 TransportEvent::RmaRead { token, result, .. } => {
-                    self.native_op_done(token, result);
+                    self.native_op_done(token, result.map_err(|e| e.to_string()));
                 }
                 TransportEvent::RmaWrite { token, result, .. } => {
-                    self.native_op_done(token, result.map(|()| bytes::Bytes::new()));
+                    let result = result.map(|()| bytes::Bytes::new());
+                    self.native_op_done(token, result.map_err(|e| e.to_string()));
                 }
             }
         }
@@ -1310,7 +1311,7 @@ impl Worker {
                     Ok(t) => t,
                     Err(e) => {
                         if let Some(slot) = self.sessions.get_mut(&key) {
-                            slot.session.link_failed(link, e.to_string(), now);
+                            slot.session.link_failed(link, e.link_failure(), now);
                         }
                         return;
                     }
@@ -1331,7 +1332,7 @@ impl Worker {
                             },
                         );
                     }
-                    Err(e) => slot.session.link_failed(link, e.to_string(), now),
+                    Err(e) => slot.session.link_failed(link, e.link_failure(), now),
                 }
             }
             SessionEvent::CloseLink(link) => {
@@ -1407,7 +1408,9 @@ impl Worker {
                 // had not answered.
                 conn.inner
                     .calls
-                    .fail_all(&FaultReason::Transport("the peer reset the session".into()));
+                    .fail_all(&FaultReason::Transport(LinkFailure::Reset(
+                        "the peer reset the session".into(),
+                    )));
                 Counters::add(&c.remote_resets, 1);
                 Counters::add(&c.messages_dropped, dropped);
                 let r = self.callback(

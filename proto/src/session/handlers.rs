@@ -25,6 +25,7 @@ use crate::control::{
     ReconnectOk,
 };
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
+use crate::link_failure::LinkFailure;
 use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
 
@@ -279,7 +280,10 @@ impl Session {
             a.nonce = 0;
         }
         // Start afresh on a new link right away (lossless) or end (lossy).
-        self.fault(FaultReason::Transport("peer reset the session".into()), now);
+        self.fault(
+            FaultReason::Transport(LinkFailure::Reset("peer reset the session".into())),
+            now,
+        );
         if let State::Standby {
             reconnect_at: reconnect_at @ Some(_),
             ..

@@ -127,6 +127,7 @@ use crate::auth::SecurityMode;
 use crate::banner::features;
 use crate::control::{control_frame, Limits};
 use crate::frame::{Frame, Tag};
+use crate::link_failure::LinkFailure;
 use crate::message::Message;
 use crate::stream::{Inbound, Transmit};
 
@@ -459,14 +460,12 @@ impl Session {
     }
 
     /// The link failed or the peer closed it.
-    pub fn link_failed(&mut self, link: LinkId, reason: String, now: Instant) {
+    pub fn link_failed(&mut self, link: LinkId, reason: LinkFailure, now: Instant) {
         if self.awaits_dial(link) || self.link() == Some(link) {
             let reason = match self.state {
                 // A peer that refuses our identity says nothing (it tells an
                 // unproven peer no reasons): it closes the link.
-                State::Authenticating { .. } => format!(
-                    "{reason}, while authenticating: the peer may not accept our name or key"
-                ),
+                State::Authenticating { .. } => LinkFailure::WhileAuthenticating(Box::new(reason)),
                 _ => reason,
             };
             self.fault(FaultReason::Transport(reason), now);

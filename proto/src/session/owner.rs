@@ -16,6 +16,7 @@ use super::{DialAttempts, Hello, ProtocolError};
 use crate::auth::{AuthError, PublicKey};
 use crate::control::TooLarge;
 use crate::frame::Frame;
+use crate::link_failure::LinkFailure;
 use crate::message::Message;
 
 /// Names one transport link (connection) for the engine; chosen by the caller.
@@ -51,7 +52,7 @@ pub struct PeerInfo {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FaultReason {
     /// The transport reported an error or the peer closed the connection.
-    Transport(String),
+    Transport(LinkFailure),
     /// The peer broke the protocol (bad frame, bad sequence...).
     Protocol(ProtocolError),
     /// Nothing arrived within the keepalive timeout.

@@ -98,7 +98,7 @@ fn a_dial_that_never_comes_up_is_given_up_and_redialled() {
     s.link_up(LinkId(1), redial);
     assert_eq!(events(&mut s), vec![SessionEvent::CloseLink(LinkId(1))]);
     assert_eq!(s.phase(), "connecting");
-    s.link_failed(LinkId(1), "late".into(), redial);
+    s.link_failed(LinkId(1), LinkFailure::Reset("late".into()), redial);
     assert_eq!(
         s.failed_attempts(),
         1,

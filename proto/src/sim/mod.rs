@@ -37,6 +37,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::banner::Banner;
+use crate::link_failure::LinkFailure;
 use crate::message::Message;
 use crate::rma::RMA_BIT;
 use crate::session::{
@@ -846,7 +847,7 @@ impl Sim {
                 self.stats.refused += 1;
                 if let Some(s) = self.nodes[c.node].sessions.get_mut(&c.session) {
                     if !frozen {
-                        s.link_failed(link, "connection refused".into(), now);
+                        s.link_failed(link, LinkFailure::Setup("connection refused".into()), now);
                     }
                 }
                 continue;
@@ -916,7 +917,7 @@ impl Sim {
         for (node, s, link) in todo {
             let n = &mut self.nodes[node];
             if let Some(s) = n.sessions.get_mut(&s).or(n.pending.get_mut(&s)) {
-                s.link_failed(link, "connection reset".into(), now);
+                s.link_failed(link, LinkFailure::Reset("connection reset".into()), now);
             }
         }
         // Forget links that are dead at both ends and drained.

@@ -6,20 +6,20 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use mio::Token;
-use msgr_fabric::{FabricError, PeerBell, RmaOp};
+use msgr_fabric::{FabricError, PeerBell};
 use msgr_proto::LinkId;
 
 use super::port::Port;
 use super::wire::{write_header, Dest, HEADER_LEN, OWED_KINDS};
 use super::CREDITS;
-use crate::fabric::outbox::Outbox;
+use crate::fabric::common::LinkCommon;
 use crate::fabric::queueing::QueuedLink;
-use crate::fabric::reassembly::Reassembly;
-use crate::fabric::rendezvous::{self, Exposures, Owed, Receiving};
+use crate::fabric::rendezvous::{self, Owed};
 
 #[derive(Debug)]
 pub(in crate::fabric) struct RdmLink {
     pub(super) port: usize,
+    pub(super) common: LinkCommon,
     pub(super) peer: usize,
     pub(super) cookie: u32,
     /// The peer's end; known once welcomed (connector) or from the HELLO.
@@ -30,12 +30,6 @@ pub(in crate::fabric) struct RdmLink {
     /// The listener's challenge token, sent in the HELLO's `seq` (0: none
     /// yet, see `super::challenge`).
     pub(super) token: u64,
-    /// How the peer moves rendezvous units (its HELLO or WELCOME said so,
-    /// see [`rendezvous::caps`]); known before any data is sent.
-    pub(super) peer_rndv: Option<RmaOp>,
-    /// The peer takes a unit's epilogue after its descriptor
-    /// ([`rendezvous::peer_late_epilogue`]).
-    pub(super) peer_late: bool,
     pub(super) need_welcome: bool,
     pub(super) need_keep: bool,
     pub(super) credits: u32,
@@ -46,12 +40,8 @@ pub(in crate::fabric) struct RdmLink {
     /// this end holds.
     pub(super) peer_window: u32,
     pub(super) to_return: u32,
-    pub(super) outbox: Outbox,
     /// Transmit slots in flight for this link.
     pub(super) inflight: usize,
-    pub(super) reasm: Reassembly,
-    pub(super) paused: bool,
-    pub(super) frozen: bool,
     /// Data pieces received and not yet handed up, by number: reading is
     /// paused, or they overtook earlier ones (a provider completes a small
     /// message sent after a large one first when the large one goes by its
@@ -60,14 +50,7 @@ pub(in crate::fabric) struct RdmLink {
     /// Number of the next data piece to hand up / to send.
     pub(super) rx_seq: u64,
     tx_seq: u64,
-    pub(super) close_after_flush: bool,
-    pub(super) last_heard: Instant,
     pub(super) last_sent: Instant,
-    /// Rendezvous, sending side: units exposed for the peer to read.
-    pub(super) exposures: Exposures,
-    /// Rendezvous, receiving side: the fi_read in flight (later pieces
-    /// wait for it) and the RNDV_DONE answers owed.
-    pub(super) receiving: Receiving,
     /// The peer's doorbell, rung after a post while the peer sleeps
     /// (`super::doorbell`); `None`: not announced or not mappable, and
     /// this end polls the link as without one.
@@ -146,6 +129,7 @@ impl RdmLink {
     ) -> Self {
         let now = Instant::now();
         RdmLink {
+            common: LinkCommon::new(now),
             port,
             peer,
             cookie: rand_cookie(),
@@ -153,34 +137,24 @@ impl RdmLink {
             accepted,
             need_hello: false,
             token: 0,
-            peer_rndv: None,
-            peer_late: false,
             need_welcome: false,
             need_keep: false,
             credits: 0,
             window,
             peer_window: CREDITS,
             to_return: 0,
-            outbox: Outbox::default(),
             inflight: 0,
-            reasm: Reassembly::default(),
-            paused: false,
-            frozen: false,
             held: HeldPieces::new(window),
             rx_seq: 0,
             tx_seq: 0,
-            close_after_flush: false,
-            last_heard: now,
             last_sent: now,
-            exposures: Exposures::default(),
-            receiving: Receiving::default(),
             peer_bell: None,
             hello_to: None,
         }
     }
 
     pub(super) fn idle(&self) -> bool {
-        self.outbox.is_empty() && self.inflight == 0 && self.exposures.is_idle()
+        self.common.outbox.is_empty() && self.inflight == 0 && self.common.exposures.is_idle()
     }
 
     /// Whether the link has something to post once a slot or credit frees:
@@ -190,9 +164,9 @@ impl RdmLink {
         self.need_hello
             || self.need_welcome
             || self.need_keep
-            || !self.outbox.is_empty()
-            || self.exposures.owes_posts()
-            || self.receiving.owes_posts()
+            || !self.common.outbox.is_empty()
+            || self.common.exposures.owes_posts()
+            || self.common.receiving.owes_posts()
     }
 
     pub(super) fn dest(&self, id: LinkId) -> Dest {
@@ -242,13 +216,13 @@ impl RdmLink {
         port: &mut Port,
         now: Instant,
     ) -> Result<bool, FabricError> {
-        while let Some(owed) = Owed::next(&self.exposures, &self.receiving) {
+        while let Some(owed) = Owed::next(&self.common.exposures, &self.common.receiving) {
             let mut body = [0u8; rendezvous::OWED_MAX];
             let n = owed.encode(&mut body);
             if !self.post_control(id, pidx, port, owed.kind(&OWED_KINDS), &body[..n], now)? {
                 return Ok(false);
             }
-            owed.posted(&mut self.exposures, &mut self.receiving);
+            owed.posted(&mut self.common.exposures, &mut self.common.receiving);
         }
         Ok(true)
     }
@@ -304,16 +278,28 @@ impl RdmLink {
 }
 
 impl QueuedLink for RdmLink {
-    fn outbox(&mut self) -> &mut Outbox {
-        &mut self.outbox
+    fn common(&self) -> &LinkCommon {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut LinkCommon {
+        &mut self.common
     }
 
     fn has_output(&self) -> bool {
         RdmLink::has_output(self)
     }
 
-    fn peer_late(&self) -> bool {
-        self.peer_late
+    fn up(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    fn idle(&self) -> bool {
+        RdmLink::idle(self)
+    }
+
+    fn holds_received(&self) -> bool {
+        !self.held.is_empty()
     }
 }
 

@@ -109,7 +109,7 @@
 //! process that a peer talked to goes first.
 //!
 //! `shm` has no wait objects in libfabric 1.17: its CQ is polled, and
-//! [`Transport::wake_at`] asks the worker to wake every [`POLL_INTERVAL`]
+//! [`crate::Transport::wake_at`] asks the worker to wake every [`POLL_INTERVAL`]
 //! while the transport has endpoints — at once while a link is moving data
 //! and its peer answered within [`MOVING_WINDOW`] — unless the peers ring
 //! it: an `shm` transport has a doorbell (`doorbell`), announced in HELLO
@@ -132,38 +132,43 @@
 //! - `link`: one link's state — credits, sequence numbers, pieces held
 //!   until their turn;
 //! - `tests` (tests only).
+//!
+//! # Layers
+//!
+//! Bottom first (`tests/layering.rs`):
+//!
+//! 1. `wire`, `context`, `doorbell`
+//! 2. `challenge`, `port`
+//! 3. `link`
+//! 4. `arrival`: what arrives (an `impl RdmTransport` of its own)
 
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use mio::event::Event;
 use mio::{Registry, Token};
-use msgr_addr::{EntityAddr, FabricProvider, TransportKind};
+use msgr_addr::{EntityAddr, FabricProvider};
 use msgr_fabric::{
-    BellId, Completion, FabricError, Landing, Net, PeerBell, RdmEp, ReadRegion, RmaOp, Site,
+    BellId, Completion, FabricError, Landing, PeerBell, RdmEp, ReadRegion, RmaBuffers, RmaOp, Site,
 };
-use msgr_proto::arena::ByteArena;
-use msgr_proto::{FrameLimits, Inbound, LinkId, ProtocolError, Transmit};
+use msgr_proto::{FrameLimits, Inbound, LinkFailure, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
 
 use self::challenge::{HelloChallenges, Verdict};
-use super::queueing::{Queueing, SendParts};
+use super::common::Shared;
+use super::endpoint_kind::{self, EndpointKind, UserRead};
+use super::queueing::{queueing_parts, Links, Outgoing, Queueing};
 use super::reassembly::{self, PieceError};
-use super::rendezvous::{self, Counters, OutUnit};
+use super::rendezvous::{self, Counters};
+use super::user_rma::UserExposures;
 use super::wait_fd::CqWaitFd;
 use super::{
-    completion_failure, no_half_close, no_migration, open_net, open_worker, read_completions,
-    rma_choice, simulate_fault, CqParts, LinkBudget, NetOptions, OutOfSlot, QueueFailures,
-    CQ_BATCH, SLOT_SIZE,
+    completion_failure, open_net, open_worker, post_failure, read_completions, rma_choice,
+    OutOfSlot, CQ_BATCH, SLOT_SIZE,
 };
 use crate::queue_failure::fail_every_link;
 use crate::regcache::RegCache;
-use crate::{
-    DetachedLink, RealFault, SimulatedFault, Transport, TransportContext, TransportError,
-    TransportEvent, TransportStats,
-};
+use crate::{TransportContext, TransportError, TransportEvent};
 use context::{
     context, decode_context, is_user_read, read_context, user_read_context, write_context,
     READ_BIT, WRITE_BIT,
@@ -178,6 +183,7 @@ use wire::{
     RNDV_WRITTEN, WELCOME,
 };
 
+mod arrival;
 mod challenge;
 mod context;
 mod doorbell;
@@ -275,6 +281,22 @@ fn io_err(op: &'static str, e: FabricError) -> TransportError {
     TransportError::io(op, std::io::Error::other(e.to_string()))
 }
 
+/// How large an RDM transport's messages, windows and receive blocks
+/// are, decided when it opens (see [`RdmTransport::new`]).
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    /// Bytes per message (header included).
+    slot_size: usize,
+    /// Data pieces each link takes unconsumed ([`WINDOW_BYTES`]).
+    window: u32,
+    /// Receive slots per link (one pool block): the window and
+    /// [`CONTROL_SLACK`].
+    link_block: usize,
+    /// Bytes per message sent (header included): the slot size, or less
+    /// where larger messages would go by the provider's own reads.
+    send_limit: usize,
+}
+
 /// libfabric RDM transport of one worker.
 ///
 /// Messages are at most [`SLOT_SIZE`] bytes, or the provider's inject size
@@ -289,52 +311,17 @@ pub struct RdmTransport {
     /// endpoints was closed (a listener unbound while a link still runs).
     /// Their completions name a port index that is empty now: ignored.
     retired: Vec<Port>,
+    shared: Shared,
+    out: Outgoing,
     /// The port connecting links leave from, once opened.
     out_port: Option<usize>,
     /// Times the outgoing endpoint was replaced (`out_port_replacements`).
     out_port_replacements: u64,
-    queue_failures: QueueFailures,
-    /// The bound on the links' share of the receive pools
-    /// (`fabric_link_bytes`).
-    link_budget: LinkBudget,
-    net: Net,
-    kind: TransportKind,
-    registry: Registry,
-    limits: FrameLimits,
-    link_ids: Arc<AtomicU64>,
-    /// The CQ's wait fds (none over `shm`), in the Poll only while the
-    /// worker sleeps.
-    cq_wait: CqWaitFd,
     /// Over `shm` (no wait objects): what peers ring while this worker
     /// sleeps (`doorbell`).
     bells: Option<Bells>,
-    /// Bytes per message (header included), see [`RdmTransport::new`].
-    slot_size: usize,
-    /// Data pieces each link takes unconsumed ([`WINDOW_BYTES`]).
-    window: u32,
-    /// Receive slots per link (one pool block): the window and
-    /// [`CONTROL_SLACK`].
-    link_block: usize,
-    /// Bytes per message sent (header included): the slot size, or less
-    /// where larger messages would go by the provider's own reads.
-    send_limit: usize,
-    /// How large units go by rendezvous (see [`RNDV_THRESHOLD`]), if they
-    /// do.
-    rndv: Option<RmaOp>,
-    /// Rendezvous units received (for tests and counters).
-    rndv_counters: Counters,
-    /// Registrations of payloads exposed in place, kept for their next
-    /// send where the provider checks keys (`rdma_reg_cache_bytes`;
-    /// cleared with the transport, see `Drop`).
-    reg_cache: RegCache<ReadRegion>,
-    /// A rendezvous read in flight longer than this fails its link.
-    read_timeout: Duration,
-    /// What the configuration asked of the Net (to reopen it).
-    net_options: NetOptions,
-    dirty: crate::dirty::DirtyLinks,
-    /// The clock of the worker's current pass (set by `flush`, `ready` and
-    /// `progress`): liveness stamps and deadlines read it, not the clock.
-    now: Instant,
+    /// How large its messages, windows and receive blocks are.
+    sizes: Sizes,
     /// A transmit slot came free or a CLOSE was queued: flush every link
     /// with something to send at the next progress.
     retry: bool,
@@ -343,18 +330,11 @@ pub struct RdmTransport {
     /// a peer that stopped progressing keeps saying -FI_EAGAIN until its
     /// link's deadline.
     retry_at: Option<Instant>,
-    resumed: Vec<LinkId>,
-    /// Events found outside a poll (an injected abort, a failed send
-    /// posted by `send` itself), reported by the next one.
-    deferred_events: Vec<TransportEvent>,
     /// Receive slots whose data pieces were handled, reposted (and their
     /// credits owed back) once this pass's sends are posted: see
     /// `repost_handled`.
     handled: Vec<(usize, usize, LinkId)>,
     next_housekeeping: Instant,
-    completions: Vec<Completion>,
-    /// Where small frames are encoded ([`OutUnit::Small`]).
-    tx_arena: ByteArena,
     /// Tokens that admit a HELLO (`challenge`).
     challenges: HelloChallenges,
     /// The provider keeps its own state of a peer that sent to us (`shm`):
@@ -362,15 +342,6 @@ pub struct RdmTransport {
     /// inserted again, its next messages were lost until the link
     /// deadline). Only a peer found silent or failing (`peer_gone`) goes.
     keep_live_peers: bool,
-}
-
-impl std::fmt::Debug for RdmTransport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmTransport")
-            .field("kind", &self.kind)
-            .field("links", &self.links.len())
-            .finish()
-    }
 }
 
 impl RdmTransport {
@@ -381,13 +352,14 @@ impl RdmTransport {
         registry: &Registry,
         ctx: &TransportContext,
     ) -> Result<Self, TransportError> {
-        let (kind, net_options, net, registry) = open_worker(provider, registry, ctx)?;
+        let worker = open_worker(provider, registry, ctx)?;
+        let (_, net_options, net, registry) = &worker;
         let cq_token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
         let cq_wait = CqWaitFd::new(!net.cq_polled(), cq_token);
         // Over shm peers are on this host by definition: a doorbell works.
         let bells = if net.cq_polled() && net.provider_name() == "shm" {
             let token = Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize);
-            Bells::open(&registry, token)
+            Bells::open(registry, token)
         } else {
             None
         };
@@ -418,8 +390,6 @@ impl RdmTransport {
             .map_or(slot_size, |limit| {
                 limit.clamp(HEADER_LEN + rendezvous::DESC_MAX + 1, slot_size)
             });
-        // Rendezvous needs RMA (shm too: see the module docs on its reads).
-        let rndv = net.rma();
         let challenges = HelloChallenges::new(Instant::now()).map_err(|_| {
             TransportError::io(
                 "libfabric RDM: a key for HELLO challenges",
@@ -428,42 +398,29 @@ impl RdmTransport {
         })?;
         let window = window_for(slot_size);
         let link_block = window as usize + CONTROL_SLACK;
+        // Rendezvous needs RMA (shm too: see the module docs on its reads):
+        // `Shared::rndv` is the Net's.
         Ok(RdmTransport {
             keep_live_peers: net.never_closes(),
-            window,
-            link_block,
+            sizes: Sizes {
+                slot_size,
+                window,
+                link_block,
+                send_limit,
+            },
             challenges,
-            slot_size,
-            send_limit,
-            rndv,
-            rndv_counters: Counters::default(),
-            reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
-            read_timeout: ctx.rdma.read_timeout,
-            net_options,
             links: FxHashMap::default(),
             ports: Vec::new(),
             retired: Vec::new(),
+            shared: Shared::new(worker, cq_wait, link_block * slot_size, ctx),
+            out: Outgoing::default(),
             out_port: None,
             out_port_replacements: 0,
-            queue_failures: QueueFailures::default(),
-            link_budget: LinkBudget::new(link_block * slot_size, ctx.rdma.fabric_link_bytes),
-            net,
-            kind,
-            registry,
-            limits: ctx.limits,
-            link_ids: ctx.link_ids.clone(),
-            cq_wait,
             bells,
-            dirty: Default::default(),
             retry: false,
             retry_at: None,
-            resumed: Vec::new(),
-            deferred_events: Vec::new(),
             handled: Vec::new(),
-            now: Instant::now(),
             next_housekeeping: Instant::now() + HOUSEKEEPING,
-            completions: Vec::with_capacity(CQ_BATCH),
-            tx_arena: ByteArena::new(rendezvous::SMALL_ARENA),
         })
     }
 
@@ -471,15 +428,17 @@ impl RdmTransport {
     /// endpoint is open on it (see `FabricTransport::settle_domain`: verbs
     /// has one domain per device).
     fn settle_domain(&mut self, site: Site) -> Result<(), TransportError> {
-        if self.ports.iter().any(Option::is_some) || self.net.serves(site) {
+        if self.ports.iter().any(Option::is_some) || self.shared.net.serves(site) {
             return Ok(());
         }
-        let net = open_net(&self.kind, Some(site), self.net_options)?;
-        self.cq_wait.replace(!net.cq_polled(), &self.registry);
-        tracing::debug!(from = %self.net.domain(), to = %net.domain(), %site, "fabric RDM worker moves to the domain of its first address");
+        let net = open_net(&self.shared.kind, Some(site), self.shared.net_options)?;
+        self.shared
+            .cq_wait
+            .replace(!net.cq_polled(), &self.shared.registry);
+        tracing::debug!(from = %self.shared.net.domain(), to = %net.domain(), %site, "fabric RDM worker moves to the domain of its first address");
         // Kept registrations belong to the old domain: out before it closes.
-        self.reg_cache.clear();
-        self.net = net;
+        self.shared.reg_cache.clear();
+        self.shared.net = net;
         Ok(())
     }
 
@@ -489,13 +448,16 @@ impl RdmTransport {
         listener: Option<(Token, SocketAddr)>,
         reservation: Option<TcpListener>,
     ) -> Result<usize, FabricError> {
-        let ep = self
-            .net
-            .rdm_endpoint(bind, TX_SLOTS, self.link_block, self.slot_size)?;
+        let ep = self.shared.net.rdm_endpoint(
+            bind,
+            TX_SLOTS,
+            self.sizes.link_block,
+            self.sizes.slot_size,
+        )?;
         // Port indices are never reused: completions of a closed port's
         // endpoint could still be in the CQ.
         let idx = self.ports.len();
-        let mut port = Port::new(ep, listener, reservation, self.send_limit);
+        let mut port = Port::new(ep, listener, reservation, self.sizes.send_limit);
         for slot in 0..port.ep.rx_slots() {
             port.ep.post_recv(slot, context(idx, true, slot))?;
         }
@@ -542,62 +504,9 @@ impl RdmTransport {
         self.out_port = None;
     }
 
-    /// Removes a link; a peer that knows its end hears `CLOSE`.
-    fn drop_link(&mut self, id: LinkId) -> Option<RdmLink> {
-        let mut link = self.links.remove(&id)?;
-        let Some(port) = self.ports.get_mut(link.port).and_then(Option::as_mut) else {
-            return Some(link);
-        };
-        port.reserved = port.reserved.saturating_sub(self.link_block);
-        port.links = port.links.saturating_sub(1);
-        // Exposed units go (a peer still reading gets an error); a read in
-        // flight keeps its buffer in the endpoint until it completes; a
-        // buffer granted to the peer's write stays with the endpoint, closed
-        // to new writes (one under way may still land).
-        for id in link.exposures.drain() {
-            port.ep.rma().unexpose(id);
-        }
-        if let Some(granted) = link.receiving.reading.and_then(|r| r.granted) {
-            port.ep.rma().abandon(granted);
-        }
-        // Held receives go back to the pool.
-        for (slot, _) in link.held.drain() {
-            port.ep.recv_done(slot, 0);
-            let _ = port.ep.post_recv(slot, context(link.port, true, slot));
-        }
-        match link.remote {
-            // The CLOSE keeps the peer's address-vector entry in use until sent.
-            Some(remote) => {
-                port.closes
-                    .push_back((link.peer, remote, CLOSE, 0, Instant::now()));
-                self.retry = true;
-            }
-            None => {
-                // A connect never welcomed: the name may be a listener that
-                // went (and may come back under the same name). Its entry
-                // is mapped afresh for the next connect, as after the link
-                // deadline (`peer_gone`), not reused stale — except where
-                // the provider keeps its own state of the peer (`shm`):
-                // there a live peer's entry removed and inserted again lost
-                // the next answers until the 10 s deadline (stress --rma).
-                if link.accepted.is_none() && !self.keep_live_peers {
-                    if let Some(p) = port.peers.get_mut(link.peer).and_then(Option::as_mut) {
-                        p.dead = true;
-                    }
-                }
-                port.release_peer(link.peer, true);
-            }
-        }
-        if port.links == 0 && port.listener.is_none() && self.out_port != Some(link.port) {
-            // An endpoint that stopped listening goes with its last link.
-            self.retire(link.port);
-        }
-        Some(link)
-    }
-
     /// Fails `id` because its peer is gone (silent past the deadline, or a
     /// send to it failed): the peer's entry goes when unused.
-    fn peer_gone(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+    fn peer_gone(&mut self, id: LinkId, why: LinkFailure, events: &mut Vec<TransportEvent>) {
         if let Some(l) = self.links.get(&id) {
             let (pidx, peer) = (l.port, l.peer);
             if let Some(p) = self
@@ -613,7 +522,7 @@ impl RdmTransport {
         self.fail(id, why, events);
     }
 
-    fn fail(&mut self, id: LinkId, why: String, events: &mut Vec<TransportEvent>) {
+    fn fail(&mut self, id: LinkId, why: LinkFailure, events: &mut Vec<TransportEvent>) {
         if self.drop_link(id).is_some() {
             events.push(TransportEvent::Failed(id, why));
         }
@@ -647,8 +556,7 @@ impl RdmTransport {
                 port.injected = done;
             }
         }
-        let cq: CqParts<Self> = |t| (&mut t.queue_failures, &mut t.net, &mut t.completions);
-        match read_completions(self, cq, |t, c| t.complete(c, events)) {
+        match read_completions(self, |t, c| t.complete(c, events)) {
             Ok(read) => any || read,
             Err((read, why)) => {
                 // As `FabricTransport::fail_all`, the peers' entries too —
@@ -716,425 +624,8 @@ impl RdmTransport {
             self.peer_gone(id, completion_failure("send", error), events);
             return;
         }
-        if l.close_after_flush && l.idle() {
+        if l.common.close_after_flush && l.idle() {
             self.drop_link(id);
-        }
-    }
-
-    /// Handles one received message in slot `slot` of port `pidx`.
-    fn receive(&mut self, pidx: usize, slot: usize, len: usize, events: &mut Vec<TransportEvent>) {
-        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
-            return;
-        };
-        let msg = port.ep.recv_done(slot, len);
-        let Some(h) = read_header(msg) else {
-            tracing::debug!(len, "RDM message shorter than its header, dropped");
-            return self.repost(pidx, slot);
-        };
-        let body = Body::of(h.kind, msg.get(HEADER_LEN..).unwrap_or(&[]));
-        if let Body::Hello(body) = body {
-            self.repost(pidx, slot);
-            return self.hello(pidx, &body, h.seq, events);
-        }
-        let id = LinkId(h.dest.link);
-        let Some(link) = self.links.get_mut(&id) else {
-            tracing::debug!(
-                link = id.0,
-                kind = h.kind,
-                "RDM message for no link, dropped"
-            );
-            return self.repost(pidx, slot);
-        };
-        if link.port != pidx || link.cookie != h.dest.cookie {
-            tracing::debug!(
-                link = id.0,
-                "RDM message for an earlier link of this id, dropped"
-            );
-            return self.repost(pidx, slot);
-        }
-        link.last_heard = self.now;
-        link.credits = link
-            .credits
-            .saturating_add(u32::from(h.credits))
-            .min(link.peer_window);
-        if h.credits > 0 && link.has_output() {
-            self.dirty.push(id);
-        }
-        match h.kind {
-            WELCOME => {
-                let remote = match body {
-                    Body::Welcome(w) => w,
-                    _ => None,
-                };
-                self.repost(pidx, slot);
-                let Some(link) = self.links.get_mut(&id) else {
-                    return;
-                };
-                match remote {
-                    Some(w) if link.remote.is_none() && link.accepted.is_none() => {
-                        link.remote = Some(w.remote);
-                        link.peer_rndv = w.rndv;
-                        link.peer_late = w.late;
-                        link.peer_window = w.window;
-                        link.credits = w.window;
-                        link.peer_bell =
-                            w.bell.and_then(|b| open_peer_bell(self.bells.as_ref(), b));
-                        events.push(TransportEvent::Connected(id));
-                        self.dirty.push(id);
-                        // Data that overtook the WELCOME.
-                        self.hand_up(id, events);
-                    }
-                    _ => self.fail(id, "unexpected or short WELCOME".into(), events),
-                }
-            }
-            DATA_MORE | DATA_LAST | RNDV => {
-                if h.seq < link.rx_seq
-                    || h.seq - link.rx_seq >= u64::from(link.window)
-                    || link.held.contains(h.seq)
-                {
-                    let why = format!(
-                        "data piece {} outside the window {}..{}",
-                        h.seq,
-                        link.rx_seq,
-                        link.rx_seq + u64::from(link.window)
-                    );
-                    self.repost(pidx, slot);
-                    return self.fail(id, why, events);
-                }
-                link.held.insert(h.seq, (slot, len));
-                self.hand_up(id, events);
-            }
-            KEEP => self.repost(pidx, slot),
-            CHALLENGE => {
-                self.repost(pidx, slot);
-                let Some(link) = self.links.get_mut(&id) else {
-                    return;
-                };
-                // Only a link still waiting for its WELCOME takes one: a
-                // challenge to any other is the answer to someone's copy of
-                // its HELLO (see `challenge`), and changes nothing.
-                if link.remote.is_none() && link.accepted.is_none() && h.seq != 0 {
-                    link.token = h.seq;
-                    link.need_hello = true;
-                    self.dirty.push(id);
-                } else {
-                    tracing::debug!(link = id.0, "CHALLENGE for a link not connecting, dropped");
-                }
-            }
-            RNDV_DONE => {
-                self.repost(pidx, slot);
-                let id_done = body.done();
-                let (Some(link), Some(port)) = (
-                    self.links.get_mut(&id),
-                    self.ports.get_mut(pidx).and_then(Option::as_mut),
-                ) else {
-                    return;
-                };
-                match link.exposures.answered(id_done, port.ep.rma()) {
-                    Ok(()) => self.dirty.push(id),
-                    Err(e) => self.fail(id, e.to_string(), events),
-                }
-            }
-            RNDV_GRANT => {
-                self.repost(pidx, slot);
-                let grant = match body {
-                    Body::Grant(g) => g,
-                    _ => None,
-                };
-                self.grant_received(id, grant, events);
-            }
-            RNDV_WRITTEN => {
-                self.repost(pidx, slot);
-                let written = self
-                    .links
-                    .get(&id)
-                    .map(|l| l.receiving.written(body.done()));
-                match written {
-                    Some(Ok(context)) => self.rendezvous_arrived(pidx, id, context, None, events),
-                    Some(Err(e)) => self.fail(id, e.to_string(), events),
-                    None => {}
-                }
-            }
-            RNDV_EPILOGUE => {
-                self.repost(pidx, slot);
-                let Some(link) = self.links.get_mut(&id) else {
-                    return;
-                };
-                let words = match &body {
-                    Body::Epilogue(words) => words.bytes(),
-                    _ => &[],
-                };
-                let unit = link.receiving.epilogue_arrived(
-                    words,
-                    &mut link.reasm,
-                    &self.limits,
-                    &mut self.rndv_counters,
-                );
-                match unit {
-                    Ok(None) => {}
-                    Ok(Some(unit)) => self.unit_arrived(id, unit, events),
-                    Err(e) => self.unit_arrived(id, Err(e), events),
-                }
-            }
-            CLOSE => {
-                self.repost(pidx, slot);
-                if let Some(l) = self.links.get_mut(&id) {
-                    // The peer's end is gone: no CLOSE back.
-                    l.remote = None;
-                }
-                self.fail(id, "link closed by peer (CLOSE)".into(), events);
-            }
-            other => {
-                self.repost(pidx, slot);
-                self.fail(id, format!("unknown RDM message kind {other}"), events);
-            }
-        }
-    }
-
-    /// Hands up `id`'s held data pieces that are next in order, unless
-    /// reading is paused or the link is not set up yet.
-    fn hand_up(&mut self, id: LinkId, events: &mut Vec<TransportEvent>) -> bool {
-        let mut any = false;
-        while let Some(link) = self.links.get_mut(&id) {
-            if link.paused
-                || link.frozen
-                || link.remote.is_none()
-                || link.receiving.reading.is_some()
-            {
-                break;
-            }
-            let Some((slot, len)) = link.held.take(link.rx_seq) else {
-                break;
-            };
-            link.rx_seq += 1;
-            any = true;
-            self.data(id, slot, len, events);
-        }
-        any
-    }
-
-    fn repost(&mut self, pidx: usize, slot: usize) {
-        if let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) {
-            if let Err(e) = port.ep.post_recv(slot, context(pidx, true, slot)) {
-                tracing::warn!(error = %e, "repost of an RDM receive failed");
-            }
-        }
-    }
-
-    /// Reposts the receive slots of the data pieces handled since the last
-    /// call and owes their credits back. Deferred from `data` to the pass's
-    /// flush (and the next poll): the receive a 64 B request frees is not
-    /// needed before the reply to it is posted, which then goes ~50 ns
-    /// sooner. A credit is owed only for a slot posted again, so the peer
-    /// never sends into one that is not.
-    fn repost_handled(&mut self) {
-        if self.handled.is_empty() {
-            return; // every idle pass of a spinning worker comes here
-        }
-        // Drained, not dropped: its memory serves the next pass.
-        let mut handled = std::mem::take(&mut self.handled);
-        for (pidx, slot, id) in handled.drain(..) {
-            self.repost(pidx, slot);
-            let Some(link) = self.links.get_mut(&id) else {
-                continue;
-            };
-            link.to_return += 1;
-            if link.keep_due() {
-                link.need_keep = true;
-                self.dirty.push(id);
-            }
-        }
-        handled.append(&mut self.handled);
-        self.handled = handled;
-    }
-
-    /// A data piece for `id` in `slot`: joined and handed up; the slot is
-    /// reposted and its credit owed back by `repost_handled`.
-    fn data(&mut self, id: LinkId, slot: usize, len: usize, events: &mut Vec<TransportEvent>) {
-        let Some(link) = self.links.get_mut(&id) else {
-            return;
-        };
-        let pidx = link.port;
-        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
-            return;
-        };
-        let msg = port.ep.recv_done(slot, len);
-        let kind = msg.first().copied();
-        let body = msg.get(HEADER_LEN..).unwrap_or(&[]);
-        let outcome = if kind == Some(RNDV) {
-            // The unit comes by fi_read or by the peer's write into a grant;
-            // later pieces wait for it (hand_up). Out of the slot: the read
-            // or grant borrows the endpoint.
-            let desc = OutOfSlot::<{ rendezvous::DESC_MAX }>::new(body);
-            let (ours, limits, counters) = (self.rndv, &self.limits, &mut self.rndv_counters);
-            let offer =
-                Self::take_offer(id, link, (pidx, port), desc.bytes(), ours, limits, counters);
-            offer.map(|owes_grant| {
-                if owes_grant {
-                    self.dirty.push(id);
-                }
-                None
-            })
-        } else {
-            link.reasm.push(kind == Some(DATA_LAST), body, &self.limits)
-        };
-        self.handled.push((pidx, slot, id));
-        match outcome {
-            Ok(Some(unit)) => events.push(TransportEvent::Received(id, unit)),
-            Ok(None) => {}
-            Err(PieceError::Corrupt(e)) => {
-                self.drop_link(id);
-                events.push(TransportEvent::Corrupt(id, ProtocolError::Frame(e)));
-            }
-            Err(PieceError::Malformed(why)) => {
-                self.fail(id, format!("malformed message: {why}"), events)
-            }
-        }
-    }
-
-    /// Takes the unit a RNDV piece of `link` (`id`) offers (`desc`, out of
-    /// its slot; `ours`: how this end moves units): read from the link's
-    /// peer, or granted a buffer on the port — none once too many grants
-    /// were abandoned there ([`ABANDONED_MAX`]). Returns whether a grant is
-    /// owed.
-    fn take_offer(
-        id: LinkId,
-        link: &mut RdmLink,
-        (pidx, port): (usize, &mut Port),
-        desc: &[u8],
-        ours: Option<RmaOp>,
-        limits: &FrameLimits,
-        counters: &mut Counters,
-    ) -> Result<bool, PieceError> {
-        let d = rendezvous::check_offer(desc, limits.max_frame, !link.reasm.is_idle(), ours)?;
-        let abandoned = port.ep.rma().abandoned_bytes();
-        if d.x.write && abandoned >= ABANDONED_MAX {
-            return Err(PieceError::Malformed(format!(
-                "rendezvous write refused: {abandoned} bytes of grants abandoned on this endpoint"
-            )));
-        }
-        let context = read_context(pidx, port.next_read);
-        port.next_read = port.next_read.wrapping_add(1);
-        let Some(mut ep) = port.aimed_at(link.peer) else {
-            return Err(PieceError::Malformed("rendezvous from no peer".into()));
-        };
-        let owes_grant = link.receiving.take_offer(&d, &mut ep, context, counters)?;
-        if !owes_grant {
-            port.reads.insert(context, id);
-        }
-        Ok(owes_grant)
-    }
-
-    /// An fi_read completed: the rendezvous unit is handed up, the sender
-    /// told (RNDV_DONE), and the pieces that waited for it follow.
-    fn read_complete(&mut self, pidx: usize, c: &Completion, events: &mut Vec<TransportEvent>) {
-        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
-            return;
-        };
-        match port.reads.get(&c.context) {
-            Some(&id) => self.rendezvous_arrived(pidx, id, c.context, c.error, events),
-            None => drop(port.ep.rma().read_done(c.context, false)),
-        }
-    }
-
-    /// The unit of link `id`'s rendezvous under `context` on port `pidx`
-    /// arrived (its read completed, with `error` if it failed, or the peer
-    /// said it wrote it into our grant): it is handed up, the sender told
-    /// (RNDV_DONE), and the pieces that waited for it follow.
-    fn rendezvous_arrived(
-        &mut self,
-        pidx: usize,
-        id: LinkId,
-        context: u64,
-        error: Option<(i32, &'static str)>,
-        events: &mut Vec<TransportEvent>,
-    ) {
-        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
-            return;
-        };
-        // The link may have gone while its read was in flight: the
-        // endpoint, which outlives it, frees the buffer all the same.
-        let link = self
-            .links
-            .get_mut(&id)
-            .map(|l| (&mut l.receiving, &mut l.reasm));
-        let landed = rendezvous::landed(
-            link,
-            port.ep.rma(),
-            context,
-            error,
-            &self.limits,
-            &mut self.rndv_counters,
-        );
-        if landed.over {
-            port.reads.remove(&context);
-        }
-        if let Some(unit) = landed.unit {
-            self.unit_arrived(id, unit, events);
-        }
-    }
-
-    /// Link `id`'s rendezvous unit is whole (read or written, its epilogue
-    /// in place): handed up, its answer sent, and the pieces that waited
-    /// for it follow; or the link fails.
-    fn unit_arrived(
-        &mut self,
-        id: LinkId,
-        unit: Result<Inbound, PieceError>,
-        events: &mut Vec<TransportEvent>,
-    ) {
-        if !reassembly::report_unit(id, unit, events) {
-            self.drop_link(id);
-            return;
-        }
-        self.dirty.push(id);
-        self.hand_up(id, events);
-    }
-
-    /// The peer granted a buffer for our unit (`grant`, from a RNDV_GRANT):
-    /// the unit is written into it, and the peer told so right behind the
-    /// write (RNDV_WRITTEN).
-    fn grant_received(
-        &mut self,
-        id: LinkId,
-        grant: Option<(u32, Landing)>,
-        events: &mut Vec<TransportEvent>,
-    ) {
-        let Some(link) = self.links.get_mut(&id) else {
-            return;
-        };
-        let pidx = link.port;
-        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
-            return;
-        };
-        let context = write_context(pidx, port.next_read);
-        port.next_read = port.next_read.wrapping_add(1);
-        let Some(mut to) = port.aimed_at(link.peer) else {
-            return self.fail(id, "rendezvous grant from no peer".into(), events);
-        };
-        let counters = &mut self.rndv_counters;
-        match link
-            .exposures
-            .write_granted(grant, &mut to, |_| context, counters)
-        {
-            Ok(()) => {
-                port.reads.insert(context, id);
-                self.dirty.push(id);
-            }
-            Err(why) => self.fail(id, why, events),
-        }
-    }
-
-    /// One of our writes completed: its unit may go once the peer answers
-    /// (RNDV_DONE), or now if its link went; a failed write fails the link.
-    fn write_complete(&mut self, pidx: usize, c: &Completion, events: &mut Vec<TransportEvent>) {
-        let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
-            return;
-        };
-        port.ep.rma().write_done(c.context);
-        let id = port.reads.remove(&c.context);
-        if let (Some(id), Some(error)) = (id, c.error) {
-            self.fail(id, completion_failure("fi_write", error), events);
         }
     }
 
@@ -1168,13 +659,13 @@ impl RdmTransport {
             wire::peer_window(caps),
             wire::peer_bell(caps),
         );
-        if !self.link_budget.admits(self.links.len()) {
+        if !self.shared.link_budget.admits(self.links.len()) {
             // The connector's link fails by its deadline, never welcomed.
             tracing::debug!("HELLO dropped: fabric_link_bytes reached");
             return;
         }
-        if self.challenges.judge(self.now, name, remote, proof) == Verdict::Challenge {
-            let Some(token) = self.challenges.issue(self.now, name, remote) else {
+        if self.challenges.judge(self.shared.now, name, remote, proof) == Verdict::Challenge {
+            let Some(token) = self.challenges.issue(self.shared.now, name, remote) else {
                 return;
             };
             port.challenge(pidx, name, remote, token, !self.keep_live_peers);
@@ -1189,23 +680,23 @@ impl RdmTransport {
                 return;
             }
         };
-        if let Err(e) = port.reserve(pidx, self.link_block) {
+        if let Err(e) = port.reserve(pidx, self.sizes.link_block) {
             tracing::warn!(error = %e, "no receive buffers for a new RDM link; HELLO dropped");
             port.release_peer(peer, true);
             return;
         }
         let peer_addr = RdmEp::name_as_socket(name).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
-        let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
-        let mut link = RdmLink::new(pidx, peer, Some((token, peer_addr)), self.window);
+        let id = LinkId(self.shared.link_ids.fetch_add(1, Ordering::Relaxed));
+        let mut link = RdmLink::new(pidx, peer, Some((token, peer_addr)), self.sizes.window);
         link.remote = Some(remote);
-        link.peer_rndv = peer_rndv;
-        link.peer_late = peer_late;
+        link.common.peer_rndv = peer_rndv;
+        link.common.peer_late = peer_late;
         link.peer_window = peer_window;
         link.credits = peer_window;
         link.peer_bell = self.open_peer_bell(peer_bell);
         link.need_welcome = true;
         self.links.insert(id, link);
-        self.dirty.push(id);
+        self.out.dirty.push(id);
         events.push(TransportEvent::Accepted {
             link: id,
             peer: peer_addr,
@@ -1226,7 +717,7 @@ impl RdmTransport {
         now: Instant,
     ) -> Result<bool, FabricError> {
         let me = link.dest(id);
-        let rndv = rendezvous::link_op(ours, link.peer_rndv).is_some();
+        let rndv = rendezvous::link_op(ours, link.common.peer_rndv).is_some();
         if link.need_hello {
             let name = port.ep.name().to_vec();
             let caps = rendezvous::caps(ours);
@@ -1271,12 +762,13 @@ impl RdmTransport {
         }
         // A large unit at a unit boundary goes by rendezvous: exposed here,
         // its descriptor sent as the next data piece.
-        while let Some(x) = link
-            .exposures
-            .stage(rndv, &mut link.outbox, counters, |unit| {
-                let room = port.send_limit - HEADER_LEN;
-                rendezvous::expose(port.ep.rma(), reg_cache, unit, room)
-            })
+        while let Some(x) =
+            link.common
+                .exposures
+                .stage(rndv, &mut link.common.outbox, counters, |unit| {
+                    let room = port.send_limit - HEADER_LEN;
+                    rendezvous::expose(port.ep.rma(), reg_cache, unit, room)
+                })
         {
             if link.credits == 0 {
                 // Not a return: credits owed to the peer still go (KEEP,
@@ -1288,20 +780,23 @@ impl RdmTransport {
             if !link.post_data(id, (pidx, port), remote, RNDV, fill, None, now)? {
                 return Ok(false);
             }
-            link.exposures.sent(counters);
+            link.common.exposures.sent(counters);
             if !link.post_owed(id, pidx, port, now)? {
                 return Ok(false); // its late epilogue
             }
         }
         let (max, in_place) = (port.send_limit - HEADER_LEN, port.ep.sends_in_place());
         while link.credits > 0 {
-            let Some(mut piece) = link.outbox.next_piece(&link.exposures, rndv, max, in_place)
+            let Some(mut piece) =
+                link.common
+                    .outbox
+                    .next_piece(&link.common.exposures, rndv, max, in_place)
             else {
                 break;
             };
             // Out of the link while its piece is posted (the post takes
             // the link).
-            let outbox = std::mem::take(&mut link.outbox);
+            let outbox = std::mem::take(&mut link.common.outbox);
             let shared = piece.shared.take();
             let from_slot = shared.is_none();
             let kind = if piece.last { DATA_LAST } else { DATA_MORE };
@@ -1313,12 +808,14 @@ impl RdmTransport {
                 piece.len
             };
             let sent = link.post_data(id, (pidx, port), remote, kind, fill, shared, now);
-            link.outbox = outbox;
+            link.common.outbox = outbox;
             if !sent? {
                 return Ok(false);
             }
             counters.pieces_in_place += u64::from(!from_slot);
-            link.outbox.piece_sent(&piece, &mut link.exposures);
+            link.common
+                .outbox
+                .piece_sent(&piece, &mut link.common.exposures);
         }
         if link.need_keep || link.keep_due() {
             if !link.post_control(id, pidx, port, KEEP, &[], now)? {
@@ -1337,7 +834,7 @@ impl RdmTransport {
         }
         for (pidx, port) in self.ports.iter_mut().enumerate() {
             if let Some(port) = port.as_mut() {
-                done &= port.flush_closes(pidx, self.now);
+                done &= port.flush_closes(pidx, self.shared.now);
             }
         }
         done
@@ -1352,14 +849,14 @@ impl RdmTransport {
         self.next_housekeeping = now + HOUSEKEEPING;
         let mut dead = Vec::new();
         for (&id, l) in &mut self.links {
-            if l.frozen || l.close_after_flush {
+            if l.common.frozen || l.common.close_after_flush {
                 continue;
             }
-            let stuck_read = l.receiving.overdue(now, self.read_timeout);
+            let stuck_read = l.common.receiving.overdue(now, self.shared.read_timeout);
             // Exposed units are not timed on the sending side: a receiver
             // that paused reading fetches them late, and a dead one trips
             // `last_heard`.
-            if now.duration_since(l.last_heard) > LINK_DEADLINE {
+            if now.duration_since(l.common.last_heard) > LINK_DEADLINE {
                 // A HELLO never posted is the endpoint's fault, not the peer's.
                 dead.push((
                     id,
@@ -1373,59 +870,22 @@ impl RdmTransport {
                 dead.push((id, STUCK_READ));
             } else if l.remote.is_some() && now.duration_since(l.last_sent) > KEEP_AFTER {
                 l.need_keep = true;
-                self.dirty.push(id);
+                self.out.dirty.push(id);
             }
         }
         for (id, what) in dead {
             let why = if what == STUCK_READ {
-                self.rndv_counters.read_timed_out(self.read_timeout)
+                self.shared
+                    .rndv_counters
+                    .read_timed_out(self.shared.read_timeout)
             } else if what == REFUSED_HELLO {
                 self.replace_out_port(id);
                 format!("{what} for {LINK_DEADLINE:?}")
             } else {
                 format!("{what} for {LINK_DEADLINE:?} (peer dead or unreachable)")
             };
-            self.peer_gone(id, why, events);
+            self.peer_gone(id, LinkFailure::Timeout(why), events);
         }
-    }
-
-    fn poll_all(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
-        self.now = now;
-        self.cq_wait.disarm(&self.registry);
-        let mut any = !self.deferred_events.is_empty();
-        events.append(&mut self.deferred_events);
-        self.repost_handled();
-        any |= self.take_early(events);
-        any |= self.drain_cq(events);
-        if self.handled.len() >= RETURN_AT_ONCE {
-            // A stream's pieces arrived in bulk: their bytes are in the
-            // links' reassembly (or held), so the slots go back and the
-            // credits with them now — a KEEP before the worker decodes
-            // and delivers them, so the sender fills the window while
-            // this side works, not after (see RETURN_AT_ONCE).
-            self.repost_handled();
-            self.flush_dirty(events);
-        }
-        for id in std::mem::take(&mut self.resumed) {
-            any |= self.hand_up(id, events);
-        }
-        self.housekeeping(now, events);
-        let again = self.retry_at.is_some_and(|t| t <= now);
-        any |= self.retry;
-        if std::mem::take(&mut self.retry) || again {
-            self.retry_at = None;
-            let ids: Vec<LinkId> = self
-                .links
-                .iter()
-                .filter(|(_, l)| l.has_output())
-                .map(|(&id, _)| id)
-                .collect();
-            self.dirty.extend(ids);
-            // Not `flush`: the slots handled in this poll are posted again
-            // after the worker has answered them.
-            self.flush_dirty(events);
-        }
-        any
     }
 
     /// Says "awake" to the peers (see `doorbell`) and handles the
@@ -1468,7 +928,7 @@ impl RdmTransport {
             self.retry_later();
         }
         let flush = |t: &mut Self, id| t.flush_link(id, events);
-        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.dirty, flush);
+        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.out.dirty, flush);
     }
 
     /// Takes port `pidx` out of use (see `retired`).
@@ -1477,7 +937,7 @@ impl RdmTransport {
             // Its last links' CLOSEs go now: a retired port is never
             // flushed again, and a peer not told waits out its deadline
             // (an unbound listener's peers took 1.5 s to fail over).
-            if !port.flush_closes(pidx, self.now) {
+            if !port.flush_closes(pidx, self.shared.now) {
                 tracing::debug!(
                     left = port.closes.len(),
                     "libfabric RDM: CLOSEs of a retired endpoint not sent (no free slot); peers learn by their deadline"
@@ -1488,16 +948,14 @@ impl RdmTransport {
     }
 
     fn retry_later(&mut self) {
-        self.retry_at.get_or_insert(self.now + RETRY_AFTER);
+        self.retry_at.get_or_insert(self.shared.now + RETRY_AFTER);
     }
 }
 
 impl Queueing for RdmTransport {
     type Link = RdmLink;
 
-    fn link_mut(&mut self, id: LinkId) -> Option<&mut RdmLink> {
-        self.links.get_mut(&id)
-    }
+    queueing_parts!(RdmLink);
 
     /// Sends what `id` has to send: handshake, data within its credits,
     /// credits owed and keepalives.
@@ -1505,7 +963,7 @@ impl Queueing for RdmTransport {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
-        if link.frozen {
+        if link.common.frozen {
             return;
         }
         let pidx = link.port;
@@ -1515,6 +973,7 @@ impl Queueing for RdmTransport {
         // No more writes offered or taken once too many grants were
         // abandoned here (see ABANDONED_MAX).
         let ours = self
+            .shared
             .rndv
             .filter(|&op| op != RmaOp::Write || port.ep.rma().abandoned_bytes() < ABANDONED_MAX);
         let (hello, sent_before) = (link.need_hello, link.last_sent);
@@ -1523,9 +982,9 @@ impl Queueing for RdmTransport {
             link,
             (pidx, port),
             (ours, self.bells.as_ref().map(Bells::id)),
-            &mut self.rndv_counters,
-            &mut self.reg_cache,
-            self.now,
+            &mut self.shared.rndv_counters,
+            &mut self.shared.reg_cache,
+            self.shared.now,
         );
         if let Some(bells) = self.bells.as_mut() {
             if hello && !link.need_hello {
@@ -1541,7 +1000,7 @@ impl Queueing for RdmTransport {
                 bells.ring(peer);
             }
         }
-        let closed = link.close_after_flush && link.idle();
+        let closed = link.common.close_after_flush && link.idle();
         match result {
             Ok(done) => {
                 if !done {
@@ -1551,7 +1010,7 @@ impl Queueing for RdmTransport {
                     self.drop_link(id);
                 }
             }
-            Err(e) => self.fail(id, format!("fi_send: {e}"), events),
+            Err(e) => self.fail(id, post_failure("fi_send", &e), events),
         }
     }
 
@@ -1573,8 +1032,8 @@ impl Queueing for RdmTransport {
             return Ok(Some(f));
         };
         let len = f.encoded_len();
-        if link.frozen
-            || link.close_after_flush
+        if link.common.frozen
+            || link.common.close_after_flush
             || link.credits == 0
             || link.has_output()
             || len >= rendezvous::SMALL_UNIT
@@ -1587,7 +1046,15 @@ impl Queueing for RdmTransport {
             unit.write(&mut body);
             len
         };
-        match link.post_data(id, (pidx, port), remote, DATA_LAST, fill, None, self.now) {
+        match link.post_data(
+            id,
+            (pidx, port),
+            remote,
+            DATA_LAST,
+            fill,
+            None,
+            self.shared.now,
+        ) {
             Ok(true) => {
                 if let (Some(bells), Some(peer)) = (self.bells.as_mut(), link.peer_bell.as_ref()) {
                     bells.ring(peer);
@@ -1597,15 +1064,12 @@ impl Queueing for RdmTransport {
             Ok(false) | Err(_) => Ok(Some(f)),
         }
     }
+}
 
-    fn parts(&mut self) -> SendParts<'_> {
-        let in_place = self.net.rma().is_some();
-        (
-            &mut self.tx_arena,
-            in_place,
-            &mut self.dirty,
-            &mut self.deferred_events,
-        )
+/// Its kind and number of links (see `endpoint_kind::debug`).
+impl std::fmt::Debug for RdmTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        endpoint_kind::debug(self, "RdmTransport", f)
     }
 }
 
@@ -1617,20 +1081,122 @@ impl Drop for RdmTransport {
             self.drop_link(id);
         }
         self.flush_closes();
-        self.cq_wait.disarm(&self.registry);
+        self.shared.cq_wait.disarm(&self.shared.registry);
         // With the transport, not after the Net (declared after the ports;
         // each would hold its domain open).
-        self.reg_cache.clear();
+        self.shared.reg_cache.clear();
     }
 }
 
-impl Transport for RdmTransport {
-    fn kind(&self) -> TransportKind {
-        self.kind.clone()
+impl EndpointKind for RdmTransport {
+    /// The peer hears CLOSE at once (an RDM endpoint has no connection to
+    /// reset); nothing queued is sent.
+    const ABORTED: &'static str = "injected abortive close (link dropped)";
+
+    /// Removes a link; a peer that knows its end hears `CLOSE`.
+    fn drop_link(&mut self, id: LinkId) -> Option<RdmLink> {
+        let mut link = self.links.remove(&id)?;
+        let Some(port) = self.ports.get_mut(link.port).and_then(Option::as_mut) else {
+            return Some(link);
+        };
+        port.reserved = port.reserved.saturating_sub(self.sizes.link_block);
+        port.links = port.links.saturating_sub(1);
+        // Exposed units go (a peer still reading gets an error); a read in
+        // flight keeps its buffer in the endpoint until it completes; a
+        // buffer granted to the peer's write stays with the endpoint, closed
+        // to new writes (one under way may still land).
+        for id in link.common.exposures.drain() {
+            port.ep.rma().unexpose(id);
+        }
+        if let Some(granted) = link.common.receiving.reading.and_then(|r| r.granted) {
+            port.ep.rma().abandon(granted);
+        }
+        // Held receives go back to the pool.
+        for (slot, _) in link.held.drain() {
+            port.ep.recv_done(slot, 0);
+            let _ = port.ep.post_recv(slot, context(link.port, true, slot));
+        }
+        match link.remote {
+            // The CLOSE keeps the peer's address-vector entry in use until sent.
+            Some(remote) => {
+                port.closes
+                    .push_back((link.peer, remote, CLOSE, 0, Instant::now()));
+                self.retry = true;
+            }
+            None => {
+                // A connect never welcomed: the name may be a listener that
+                // went (and may come back under the same name). Its entry
+                // is mapped afresh for the next connect, as after the link
+                // deadline (`peer_gone`), not reused stale — except where
+                // the provider keeps its own state of the peer (`shm`):
+                // there a live peer's entry removed and inserted again lost
+                // the next answers until the 10 s deadline (stress --rma).
+                if link.accepted.is_none() && !self.keep_live_peers {
+                    if let Some(p) = port.peers.get_mut(link.peer).and_then(Option::as_mut) {
+                        p.dead = true;
+                    }
+                }
+                port.release_peer(link.peer, true);
+            }
+        }
+        if port.links == 0 && port.listener.is_none() && self.out_port != Some(link.port) {
+            // An endpoint that stopped listening goes with its last link.
+            self.retire(link.port);
+        }
+        Some(link)
     }
 
-    fn listen(&mut self, addr: &EntityAddr, token: Token) -> Result<EntityAddr, TransportError> {
-        let (bind, reservation) = if self.net.socket_names() {
+    fn poll_all(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
+        self.shared.now = now;
+        self.shared.cq_wait.disarm(&self.shared.registry);
+        let mut any = !self.out.deferred_events.is_empty();
+        events.append(&mut self.out.deferred_events);
+        self.repost_handled();
+        any |= self.take_early(events);
+        any |= self.drain_cq(events);
+        if self.handled.len() >= RETURN_AT_ONCE {
+            // A stream's pieces arrived in bulk: their bytes are in the
+            // links' reassembly (or held), so the slots go back and the
+            // credits with them now — a KEEP before the worker decodes
+            // and delivers them, so the sender fills the window while
+            // this side works, not after (see RETURN_AT_ONCE).
+            self.repost_handled();
+            self.flush_dirty(events);
+        }
+        for id in std::mem::take(&mut self.out.resumed) {
+            any |= self.hand_up(id, events);
+        }
+        self.housekeeping(now, events);
+        let again = self.retry_at.is_some_and(|t| t <= now);
+        any |= self.retry;
+        if std::mem::take(&mut self.retry) || again {
+            self.retry_at = None;
+            let ids: Vec<LinkId> = self
+                .links
+                .iter()
+                .filter(|(_, l)| l.has_output())
+                .map(|(&id, _)| id)
+                .collect();
+            self.out.dirty.extend(ids);
+            // Not `flush`: the slots handled in this poll are posted again
+            // after the worker has answered them.
+            self.flush_dirty(events);
+        }
+        any
+    }
+
+    fn flush_pass(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
+        self.shared.now = now;
+        self.repost_handled();
+        self.flush_dirty(events);
+    }
+
+    fn open_listener(
+        &mut self,
+        addr: &EntityAddr,
+        token: Token,
+    ) -> Result<EntityAddr, TransportError> {
+        let (bind, reservation) = if self.shared.net.socket_names() {
             (addr.socket, None)
         } else {
             // A name-only provider: a TCP port of our own makes the name unique.
@@ -1639,7 +1205,7 @@ impl Transport for RdmTransport {
             let a = r
                 .local_addr()
                 .map_err(|e| TransportError::io("reserved port", e))?;
-            if self.net.never_closes() {
+            if self.shared.net.never_closes() {
                 // The endpoint outlives this transport (shm), and so does its
                 // name in the provider's list of this process's endpoints: the
                 // port stays reserved until the process ends, so no later
@@ -1663,12 +1229,12 @@ impl Transport for RdmTransport {
             p.listener = Some((token, listen));
         }
         if let Some(bells) = self.bells.as_mut() {
-            bells.listen(&self.registry, listen);
+            bells.listen(&self.shared.registry, listen);
         }
         Ok(addr.clone().with_port(port_no))
     }
 
-    fn unlisten(&mut self, token: Token) {
+    fn close_listener(&mut self, token: Token) {
         let found = self
             .ports
             .iter()
@@ -1689,11 +1255,9 @@ impl Transport for RdmTransport {
         }
     }
 
-    fn connect(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
-        if !self.link_budget.admits(self.links.len()) {
-            return Err(self.link_budget.refusal(self.links.len()));
-        }
+    fn dial(&mut self, link: LinkId, addr: &EntityAddr) -> Result<(), TransportError> {
         let name = self
+            .shared
             .net
             .resolve(addr.socket)
             .map_err(|e| io_err("resolve RDM name", e))?;
@@ -1706,44 +1270,26 @@ impl Transport for RdmTransport {
         let peer = port.peer(&name).map_err(|e| {
             TransportError::io("fi_av_insert", std::io::Error::other(e.to_string()))
         })?;
-        if let Err(e) = port.reserve(pidx, self.link_block) {
+        if let Err(e) = port.reserve(pidx, self.sizes.link_block) {
             port.release_peer(peer, true);
             return Err(TransportError::io(
                 "RDM receive pool",
                 std::io::Error::other(e.to_string()),
             ));
         }
-        let mut l = RdmLink::new(pidx, peer, None, self.window);
+        let mut l = RdmLink::new(pidx, peer, None, self.sizes.window);
         l.need_hello = true;
         l.hello_to = Some(addr.socket);
         self.links.insert(link, l);
-        self.dirty.push(link);
+        self.out.dirty.push(link);
         Ok(())
-    }
-
-    fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
-        self.send_unit(link, unit)
-    }
-
-    fn flush(&mut self, now: Instant, events: &mut Vec<TransportEvent>) {
-        self.now = now;
-        self.repost_handled();
-        self.flush_dirty(events);
-    }
-
-    fn ready(&mut self, _event: &Event, now: Instant, events: &mut Vec<TransportEvent>) {
-        self.poll_all(now, events);
-    }
-
-    fn progress(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
-        self.poll_all(now, events)
     }
 
     /// The CQ's wait fds into the Poll and `fi_trywait` on the CQ. A CQ
     /// without a wait object (shm) cannot be armed: the worker blocks until
     /// [`Transport::wake_at`] and polls it then.
-    fn arm(&mut self) -> bool {
-        if self.net.cq_polled() {
+    fn arm_wait(&mut self) -> bool {
+        if self.shared.net.cq_polled() {
             let Some(bells) = self.bells.as_mut() else {
                 return true;
             };
@@ -1752,23 +1298,24 @@ impl Transport for RdmTransport {
             if self.retry || self.ports.iter().flatten().any(|p| !p.injected.is_empty()) {
                 return false;
             }
-            return bells.sleep(&mut self.net, CQ_BATCH);
+            return bells.sleep(&mut self.shared.net, CQ_BATCH);
         }
-        self.cq_wait.arm(&self.registry, &mut self.net);
-        self.net.try_wait()
+        self.shared
+            .cq_wait
+            .arm(&self.shared.registry, &mut self.shared.net);
+        self.shared.net.try_wait()
     }
 
-    /// Not where the CQ has no wait object (`shm`, `fabric_cq_wait = poll`)
-    /// or its wait fd could not be registered.
-    fn wakes_the_worker(&self) -> bool {
-        !(self.net.cq_polled() || self.cq_wait.failed()) || self.rung_for_all()
+    /// Doorbells wake it where every link's peer rings.
+    fn wakes_otherwise(&self) -> bool {
+        self.rung_for_all()
     }
 
-    fn wake_at(&self) -> Option<Instant> {
+    fn next_wake(&self) -> Option<Instant> {
         if self.ports.iter().all(Option::is_none) {
             return None;
         }
-        let poll = if self.net.cq_polled() || self.cq_wait.failed() {
+        let poll = if self.shared.net.cq_polled() || self.shared.cq_wait.failed() {
             // No wait fd: while a link is moving data (output queued or in
             // flight, a unit half received) and heard from its peer lately,
             // poll again at once — a 1 MiB unit in 4 KiB pieces otherwise
@@ -1779,10 +1326,10 @@ impl Transport for RdmTransport {
             let now = Instant::now();
             let rung = self.bells.is_some();
             let moving = self.links.values().any(|l| {
-                let polled = !rung || l.peer_bell.is_none() || l.receiving.reading.is_some();
+                let polled = !rung || l.peer_bell.is_none() || l.common.receiving.reading.is_some();
                 polled
-                    && (!l.idle() || !l.reasm.is_idle())
-                    && now.saturating_duration_since(l.last_heard) < MOVING_WINDOW
+                    && (!l.idle() || !l.common.reasm.is_idle())
+                    && now.saturating_duration_since(l.common.last_heard) < MOVING_WINDOW
             });
             let idle = if self.rung_for_all() {
                 BELL_BACKSTOP
@@ -1797,37 +1344,8 @@ impl Transport for RdmTransport {
         [poll, keep, self.retry_at].into_iter().flatten().min()
     }
 
-    fn close(&mut self, link: LinkId, flush: bool) {
-        let Some(l) = self.links.get_mut(&link) else {
-            return;
-        };
-        if flush && l.remote.is_some() && !l.frozen && !l.idle() {
-            l.close_after_flush = true;
-            self.dirty.push(link);
-        } else {
-            self.drop_link(link);
-        }
-    }
-
-    fn pause_reading(&mut self, link: LinkId, paused: bool) {
-        if let Some(l) = self.links.get_mut(&link) {
-            if l.frozen {
-                return;
-            }
-            l.paused = paused;
-            if !paused && !l.held.is_empty() {
-                self.resumed.push(link);
-            }
-        }
-    }
-
-    fn backlog(&self, link: LinkId) -> usize {
-        self.links.get(&link).map_or(0, |l| l.outbox.backlog())
-    }
-
-    fn owns(&self, token: Token) -> bool {
-        token == self.cq_wait.token()
-            || self.bells.as_ref().is_some_and(|b| b.token() == token)
+    fn owns_token(&self, token: Token) -> bool {
+        self.bells.as_ref().is_some_and(|b| b.token() == token)
             || self
                 .ports
                 .iter()
@@ -1835,99 +1353,28 @@ impl Transport for RdmTransport {
                 .any(|p| p.listener.map(|l| l.0) == Some(token))
     }
 
-    /// Links closed with `flush` whose last sends are in flight are not
-    /// counted (see the MSG backend).
-    /// `progress` reads the CQ itself.
-    fn ready_every_pass(&self) -> bool {
-        false
-    }
-
-    fn link_count(&self) -> usize {
-        self.links.values().filter(|l| !l.close_after_flush).count()
-    }
-
-    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
-        let l = self
-            .links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        match fault {
-            RealFault::Abort => {
-                // The peer hears CLOSE at once (an RDM endpoint has no
-                // connection to reset); nothing queued is sent.
-                self.drop_link(link);
-                let why = "injected abortive close (link dropped)".into();
-                self.deferred_events.push(TransportEvent::Failed(link, why));
-            }
-            RealFault::HalfClose => return Err(no_half_close(&self.kind)),
-            RealFault::StopReading => l.paused = true,
-            RealFault::Freeze => l.frozen = true,
-        }
-        Ok(())
-    }
-
-    /// As on both endpoint types (`simulate_fault`).
-    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
-        let receiving = self.links.get_mut(&link).map(|l| &mut l.receiving);
-        let (rndv, kind) = (self.rndv, &self.kind);
-        simulate_fault(
-            receiving,
-            link,
-            fault,
-            rndv.is_some(),
-            kind,
-            &mut self.queue_failures,
-        )
-    }
-
-    fn send_corrupted(
-        &mut self,
-        link: LinkId,
-        unit: Transmit,
-        bit: u64,
-    ) -> Result<(), TransportError> {
-        let bytes = crate::wire::corrupted(unit, bit)?;
-        self.queue(link, OutUnit::Flat(bytes))
-    }
-
-    fn detach(&mut self, _link: LinkId) -> Option<DetachedLink> {
-        None
-    }
-
-    fn rma_expose(
-        &mut self,
-        link: LinkId,
-        region: u64,
-        mem: &Arc<crate::RegionMemory>,
-        access: msgr_proto::rma::Access,
-    ) -> Option<Vec<u8>> {
+    fn user_exposures(&mut self, link: LinkId) -> Option<(&mut UserExposures, &mut RmaBuffers)> {
         let pidx = self.links.get(&link)?.port;
         let port = self.ports.get_mut(pidx).and_then(Option::as_mut)?;
-        port.user.expose(port.ep.rma(), region, &mem.view(), access)
+        Some((&mut port.user, port.ep.rma()))
     }
 
-    fn rma_unexpose(&mut self, region: u64) {
+    fn unexpose_everywhere(&mut self, region: u64) {
         let open = self.ports.iter_mut().flatten();
         for port in open.chain(self.retired.iter_mut()) {
             port.user.unexpose(port.ep.rma(), region);
         }
     }
 
-    fn rma_read(
-        &mut self,
-        link: LinkId,
-        key: &[u8],
-        offset: u64,
-        len: u64,
-        token: u64,
-    ) -> Result<(), TransportError> {
+    fn start_user_read(&mut self, read: UserRead<'_>) -> Result<(), TransportError> {
+        let (link, key, range, token) = read;
         let l = self
             .links
             .get(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
         let (pidx, peer) = (l.port, l.peer);
         let unavailable = |reason: String| TransportError::Unavailable {
-            kind: self.kind.clone(),
+            kind: self.shared.kind.clone(),
             reason,
         };
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
@@ -1945,32 +1392,17 @@ impl Transport for RdmTransport {
         port.next_read = port.next_read.wrapping_add(1);
         let ep = &mut port.ep;
         port.user_reads
-            .start((link, token, context), key, (offset, len), |x| {
+            .start((link, token, context), key, range, |x| {
                 ep.read(x, to, context, &[], 0)
             })
-            .map_err(unavailable)
+            .map_err(|reason| unavailable(reason.to_string()))
     }
 
-    fn stats(&self) -> TransportStats {
-        let mut values = self
-            .rndv_counters
-            .values(self.rndv.is_some(), self.net.rma_in_use());
+    fn more_stats(&self, values: &mut Vec<(&'static str, u64)>) {
         values.push(("out_port_replacements", self.out_port_replacements));
-        values.extend(self.queue_failures.values());
-        values.extend(self.reg_cache.values());
-        values.extend(self.link_budget.values());
         values.extend(self.challenges.values());
         if let Some(bells) = &self.bells {
             values.extend(bells.values());
         }
-        TransportStats {
-            kind: self.kind.clone(),
-            values,
-        }
-    }
-
-    fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
-        let _ = (link, detached);
-        Err(no_migration(&self.kind))
     }
 }

@@ -71,6 +71,16 @@
 //! the counters. Each transport frames the descriptor and the answer in
 //! its own header, numbers its operations' contexts and finds a link's
 //! endpoint and peer its own way.
+//!
+//! # Layers
+//!
+//! Bottom first (`tests/layering.rs`):
+//!
+//! 1. `wire`
+//! 2. `unit`
+//! 3. `receiving`
+//! 4. `sending`
+//! 5. `peer`
 
 mod peer;
 mod receiving;

@@ -9,9 +9,10 @@
 use std::time::{Duration, Instant};
 
 use msgr_fabric::{Exposed, FabricError, Landing, ReadDone, RmaBuffers, RmaOp};
-use msgr_proto::{FrameLimits, Inbound};
+use msgr_proto::{FrameLimits, Inbound, LinkFailure};
 
 use super::{decode, Counters, DescError, Exposures, Offered, Receiving};
+use crate::fabric::post_failure;
 use crate::fabric::reassembly::{PieceError, Reassembly};
 
 /// What posting a one-sided operation gives.
@@ -110,12 +111,13 @@ impl Exposures {
         ep: &mut impl PeerRma,
         context: impl FnOnce(u32) -> u64,
         counters: &mut Counters,
-    ) -> Result<(), String> {
+    ) -> Result<(), LinkFailure> {
         let Some((unit, landing)) = grant.filter(|&(unit, _)| self.granted(unit)) else {
-            return Err(DescError::UnknownGrant(grant.map(|(unit, _)| unit)).to_string());
+            let unknown = DescError::UnknownGrant(grant.map(|(unit, _)| unit));
+            return Err(LinkFailure::Protocol(unknown.to_string()));
         };
         ep.write(unit, landing, context(unit))
-            .map_err(|e| format!("fi_write: {e}"))?;
+            .map_err(|e| post_failure("fi_write", &e))?;
         counters.writes += 1;
         self.write_posted(unit, counters);
         Ok(())

@@ -17,18 +17,17 @@ use crate::{SimulatedFault, TransportError};
 /// why the link fails.
 pub(crate) fn finish_read(
     error: Option<(i32, &'static str)>,
-    buf: Option<Result<Bytes, String>>,
+    buf: Option<Result<Bytes, PieceError>>,
     by_write: bool,
     reasm: &mut Reassembly,
     limits: &FrameLimits,
     counters: &mut Counters,
 ) -> Result<Inbound, PieceError> {
     if let Some(error) = error {
-        return Err(PieceError::Malformed(completion_failure("fi_read", error)));
+        return Err(PieceError::Failed(completion_failure("fi_read", error)));
     }
-    let buf = buf
-        .ok_or_else(|| PieceError::Malformed("rendezvous unit without a buffer".into()))?
-        .map_err(PieceError::Malformed)?;
+    let buf =
+        buf.ok_or_else(|| PieceError::Malformed("rendezvous unit without a buffer".into()))??;
     if by_write {
         counters.landed += 1;
         counters.landed_bytes += buf.len() as u64;
@@ -137,7 +136,7 @@ impl Receiving {
                 self.parked = Some(unit);
                 return None;
             }
-            (_, _, buf) => buf.map(|b| b.map_err(|e| e.to_string())),
+            (_, _, buf) => buf.map(|b| b.map_err(|e| PieceError::Malformed(e.to_string()))),
         };
         Some(self.finished(reading, error, buf, reasm, limits, counters))
     }
@@ -224,7 +223,7 @@ impl Receiving {
         &mut self,
         reading: Reading,
         error: Option<(i32, &'static str)>,
-        buf: Option<Result<Bytes, String>>,
+        buf: Option<Result<Bytes, PieceError>>,
         reasm: &mut Reassembly,
         limits: &FrameLimits,
         counters: &mut Counters,
@@ -243,13 +242,14 @@ impl Receiving {
 /// `unit` with `words` as its last bytes, where its zero epilogue lies
 /// (within the `room` bytes after what was read); why not, if they do not
 /// fit there.
-fn place_epilogue(unit: Bytes, room: usize, words: &[u8]) -> Result<Bytes, String> {
+fn place_epilogue(unit: Bytes, room: usize, words: &[u8]) -> Result<Bytes, PieceError> {
     let Some(at) = unit
         .len()
         .checked_sub(words.len())
         .filter(|_| words.len() <= room)
     else {
-        return Err(DescError::BadEpilogue("larger than the bytes after the read").to_string());
+        let why = DescError::BadEpilogue("larger than the bytes after the read");
+        return Err(PieceError::Malformed(why.to_string()));
     };
     // A read's buffer is the transport's alone by now: no copy (a granted
     // one is lent by its pool, but a write's epilogue comes before its

@@ -9,7 +9,18 @@ use super::{
     encode_epilogue, encode_grant, Counters, Described, OutUnit, Receiving, DONE_LEN, EPILOGUE_MAX,
     EPILOGUE_MSG_MAX, GRANT_LEN, RNDV_MAX, RNDV_THRESHOLD,
 };
-use crate::fabric::outbox::Outbox;
+
+/// The queue a unit to expose is taken from: a link's outbox (`outbox`,
+/// above this module).
+pub trait FrontQueue {
+    /// Bytes of the front unit sent already (in pieces).
+    fn front_sent(&self) -> usize;
+    /// The front unit's length, if any.
+    fn front_len(&self) -> Option<usize>;
+    fn take_front(&mut self) -> Option<OutUnit>;
+    /// Puts back a unit [`FrontQueue::take_front`] took.
+    fn put_front(&mut self, unit: OutUnit);
+}
 
 /// The sending side of one link: units exposed and not yet answered,
 /// oldest first, and one exposed whose descriptor is not sent yet.
@@ -65,7 +76,7 @@ impl Exposures {
     pub fn stage(
         &mut self,
         enabled: bool,
-        outbox: &mut Outbox,
+        outbox: &mut impl FrontQueue,
         counters: &mut Counters,
         expose: impl FnOnce(OutUnit) -> Result<Described, Box<(FabricError, OutUnit)>>,
     ) -> Option<Described> {
@@ -249,6 +260,7 @@ impl Owed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::outbox::Outbox;
 
     use bytes::Bytes;
     use msgr_fabric::Exposed;

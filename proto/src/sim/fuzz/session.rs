@@ -14,6 +14,7 @@ use crate::control::{
     ReconnectOk,
 };
 use crate::frame::{Frame, Tag};
+use crate::link_failure::LinkFailure;
 use crate::message::{Message, MessageFrame};
 use crate::session::{
     Hello, LinkId, LocalIdentity, Policy, Session, SessionConfig, SessionEvent, Takeover,
@@ -326,7 +327,7 @@ fn apply(s: &mut Session, op: &Op, now: &mut Instant, decoders: &mut [(StreamDec
     let l = |x: &u8| LinkId(u64::from(*x));
     match op {
         Op::LinkUp(x) => s.link_up(l(x), *now),
-        Op::LinkFailed(x) => s.link_failed(l(x), "fuzz".into(), *now),
+        Op::LinkFailed(x) => s.link_failed(l(x), LinkFailure::Reset("fuzz".into()), *now),
         Op::GoodBanner(x) => {
             let _ = s.handle_inbound(l(x), Inbound::Banner(Banner::default().encode()), *now);
         }
