@@ -610,73 +610,100 @@ impl Reassembler {
     /// the fragment completes one, `None` while it does not.
     pub fn push(&mut self, frag: Fragment) -> Result<Option<(Message, u64)>, ReassemblyError> {
         frag.check()?;
-        let class = frag.class;
         let max = self.max_message;
-        let lane = &mut self.lanes[class.index()];
-        let Some(partial) = &mut lane.partial else {
-            let Some(head) = frag.head else {
-                return Err(ReassemblyError::NoFirst {
-                    class,
-                    class_seq: frag.class_seq,
-                    offset: frag.offset,
-                });
-            };
-            if frag.class_seq != lane.next_seq {
-                return Err(ReassemblyError::SeqGap {
-                    class,
-                    expected: lane.next_seq,
-                    got: frag.class_seq,
-                });
-            }
-            let total = match usize::try_from(frag.total) {
-                Ok(total) if total <= max => total,
-                _ => {
-                    return Err(ReassemblyError::TooLarge {
-                        class,
-                        total: frag.total,
-                        max,
-                    })
-                }
-            };
-            if frag.is_last() {
-                // A message of one fragment: its segments are slices of it.
-                lane.next_seq = frag.class_seq.wrapping_add(1);
-                return Ok(Some(assemble(
-                    frag.class_seq,
-                    frag.front_len,
-                    &head,
-                    frag.piece,
-                )));
-            }
-            let mut body = BytesMut::with_capacity(total);
-            body.extend_from_slice(&frag.piece);
-            lane.partial = Some(Partial {
-                class_seq: frag.class_seq,
-                front_len: frag.front_len,
-                total: frag.total,
-                head,
-                body,
-            });
-            return Ok(None);
+        let lane = &mut self.lanes[frag.class.index()];
+        let done = match &mut lane.partial {
+            None => lane.begin(frag, max)?,
+            Some(partial) => partial.continue_with(frag)?,
         };
+        if let Some((msg, _)) = &done {
+            // Whole: the class's next message may begin.
+            lane.partial = None;
+            lane.next_seq = msg.seq.wrapping_add(1);
+        }
+        Ok(done)
+    }
+}
+
+impl Lane {
+    /// A first fragment with no message of the class in progress: checked
+    /// against the class seq expected and the limit before anything is
+    /// reserved. The message if it is whole (a message of one fragment is
+    /// not copied: its segments are slices of the piece).
+    fn begin(
+        &mut self,
+        frag: Fragment,
+        max: usize,
+    ) -> Result<Option<(Message, u64)>, ReassemblyError> {
+        let class = frag.class;
+        let Some(head) = frag.head else {
+            return Err(ReassemblyError::NoFirst {
+                class,
+                class_seq: frag.class_seq,
+                offset: frag.offset,
+            });
+        };
+        if frag.class_seq != self.next_seq {
+            return Err(ReassemblyError::SeqGap {
+                class,
+                expected: self.next_seq,
+                got: frag.class_seq,
+            });
+        }
+        let total = match usize::try_from(frag.total) {
+            Ok(total) if total <= max => total,
+            _ => {
+                return Err(ReassemblyError::TooLarge {
+                    class,
+                    total: frag.total,
+                    max,
+                })
+            }
+        };
+        if frag.is_last() {
+            return Ok(Some(assemble(
+                frag.class_seq,
+                frag.front_len,
+                &head,
+                frag.piece,
+            )));
+        }
+        let mut body = BytesMut::with_capacity(total);
+        body.extend_from_slice(&frag.piece);
+        self.partial = Some(Partial {
+            class_seq: frag.class_seq,
+            front_len: frag.front_len,
+            total: frag.total,
+            head,
+            body,
+        });
+        Ok(None)
+    }
+}
+
+impl Partial {
+    /// A later fragment: it must continue this message where it stands.
+    /// The message once it is whole (the caller then drops this).
+    fn continue_with(&mut self, frag: Fragment) -> Result<Option<(Message, u64)>, ReassemblyError> {
+        let class = frag.class;
         if frag.head.is_some() {
             return Err(ReassemblyError::SecondFirst {
                 class,
-                in_progress: partial.class_seq,
+                in_progress: self.class_seq,
                 got: frag.class_seq,
             });
         }
-        if frag.class_seq != partial.class_seq {
+        if frag.class_seq != self.class_seq {
             return Err(ReassemblyError::SeqChanged {
                 class,
-                in_progress: partial.class_seq,
+                in_progress: self.class_seq,
                 got: frag.class_seq,
             });
         }
-        if (frag.total, frag.front_len) != (partial.total, partial.front_len) {
+        if (frag.total, frag.front_len) != (self.total, self.front_len) {
             return Err(ReassemblyError::LengthsChanged { class });
         }
-        let expected = partial.body.len() as u64;
+        let expected = self.body.len() as u64;
         if frag.offset != expected {
             return Err(ReassemblyError::OutOfOrder {
                 class,
@@ -684,14 +711,17 @@ impl Reassembler {
                 got: frag.offset,
             });
         }
-        partial.body.extend_from_slice(&frag.piece);
+        self.body.extend_from_slice(&frag.piece);
         if !frag.is_last() {
             return Ok(None);
         }
-        Ok(lane.partial.take().map(|p| {
-            lane.next_seq = p.class_seq.wrapping_add(1);
-            assemble(p.class_seq, p.front_len, &p.head, p.body.freeze())
-        }))
+        let body = std::mem::take(&mut self.body).freeze();
+        Ok(Some(assemble(
+            self.class_seq,
+            self.front_len,
+            &self.head,
+            body,
+        )))
     }
 }
 

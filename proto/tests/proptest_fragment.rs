@@ -6,6 +6,7 @@
 use bytes::{Bytes, BytesMut};
 use msgr_proto::fragment::{Fragment, FragmentError, Fragmenter, MessageHead, Reassembler};
 use msgr_proto::frame::MAX_SEGMENTS;
+use msgr_proto::sim::fuzz::{by_class, number_per_class};
 use msgr_proto::{Frame, FrameDecoder, FrameLimits, Message, Priority, Tag};
 use proptest::prelude::*;
 
@@ -30,16 +31,6 @@ fn message() -> impl Strategy<Value = Message> {
             m.call = call;
             m
         })
-}
-
-/// Numbers `msgs` 1, 2, … within each class, as a sender does.
-fn number_per_class(msgs: &mut [Message]) {
-    let mut next = [1u64; Priority::COUNT];
-    for m in msgs {
-        let lane = &mut next[m.class().index()];
-        m.seq = *lane;
-        *lane += 1;
-    }
 }
 
 /// Every message's fragments, interleaved across classes as `picks`
@@ -136,15 +127,10 @@ proptest! {
             prop_assert!(r.reserved() <= max_message * Priority::COUNT);
         }
         prop_assert_eq!(r.reserved(), 0);
+        let want = by_class(&msgs);
+        prop_assert_eq!(&got, &want);
         for class in Priority::ALL {
-            let want: Vec<(Message, u64)> = msgs
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| m.class() == class)
-                .map(|(i, m)| (m.clone(), i as u64))
-                .collect();
-            prop_assert_eq!(&got[class.index()], &want, "class {}", class);
-            prop_assert_eq!(r.next_seq(class), want.len() as u64 + 1);
+            prop_assert_eq!(r.next_seq(class), want[class.index()].len() as u64 + 1);
         }
     }
 
@@ -265,63 +251,4 @@ fn an_empty_message_is_one_fragment_first_and_last() {
     let mut bad = f.clone();
     bad.front_len = 1;
     assert!(matches!(bad.check(), Err(FragmentError::Lengths { .. })));
-}
-
-/// Until the lanes are wired, no banner offers `LANES` and an open session
-/// refuses a fragment frame as unexpected (a protocol error, never a
-/// message): the feature is defined, not negotiated.
-#[test]
-fn lanes_are_not_offered_and_a_session_refuses_fragments() {
-    use std::time::Instant;
-
-    use msgr_addr::{EntityAddr, EntityName};
-    use msgr_proto::banner::{features, Banner};
-    use msgr_proto::control::{control_frame, with_dial_number, with_limits, HelloOk, Limits};
-    use msgr_proto::session::{LinkId, LocalIdentity, Policy, Session, SessionConfig};
-    use msgr_proto::{Inbound, ProtocolError};
-
-    assert_eq!(features::SUPPORTED & features::LANES, 0);
-    assert_eq!(Banner::default().supported & features::LANES, 0);
-    let now = Instant::now();
-    let local = LocalIdentity {
-        name: EntityName::peer(1),
-        addr: EntityAddr::tcp(([10, 0, 0, 1], 6800).into()),
-        dials: Default::default(),
-    };
-    let peer = EntityAddr::tcp(([10, 0, 0, 2], 6800).into());
-    let l = LinkId(1);
-    let cfg = SessionConfig::default();
-    let mut s = Session::connect(cfg, local, peer.clone(), Policy::LosslessClient, now);
-    s.link_up(l, now);
-    let mut theirs = Banner::default();
-    theirs.supported |= features::LANES;
-    s.handle_inbound(l, Inbound::Banner(theirs.encode()), now)
-        .unwrap();
-    let ok = control_frame(
-        Tag::HelloOk,
-        &HelloOk {
-            name: EntityName::peer(2),
-            addr: peer,
-            cookie: 5,
-        },
-    );
-    let ok = with_dial_number(with_limits(ok, &Limits::of(&FrameLimits::default())), 1);
-    s.handle_inbound(l, Inbound::Frame(ok), now).unwrap();
-    assert!(s.is_open());
-    let mut m = Message::new(1, &b"front"[..], vec![7u8; 100]);
-    m.seq = 1;
-    let f = Fragmenter::new(m, 0, 64).unwrap().next().unwrap();
-    let wire = Bytes::from(f.into_frame().encode_to_vec().unwrap());
-    let unit = Inbound::decode_exact(wire, &FrameLimits::default()).unwrap();
-    let r = s.handle_inbound(l, unit, now);
-    assert!(
-        matches!(
-            r,
-            Err(ProtocolError::Unexpected {
-                tag: Tag::Fragment,
-                ..
-            })
-        ),
-        "{r:?}"
-    );
 }

@@ -80,7 +80,6 @@ fn cut_and_reassemble(r: &mut Reader<'_>) {
     let max_fragment = usize::from(r.u16() % 2048).max(1);
     let count = r.u8() % 33;
     let mut msgs = Vec::new();
-    let mut next = [1u64; Priority::COUNT];
     for _ in 0..count {
         let mut m = Message::new(r.u16(), r.short_bytes().to_vec(), {
             let n = usize::from(r.u16() % 4096);
@@ -91,11 +90,9 @@ fn cut_and_reassemble(r: &mut Reader<'_>) {
         if r.u8() & 1 == 1 {
             m.call = r.u64();
         }
-        let lane = &mut next[m.class().index()];
-        m.seq = *lane;
-        *lane += 1;
         msgs.push(m);
     }
+    number_per_class(&mut msgs);
     // Each class's fragments in order, one message after the other.
     let mut lanes: Vec<std::collections::VecDeque<Fragment>> =
         vec![Default::default(); Priority::COUNT];
@@ -128,15 +125,29 @@ fn cut_and_reassemble(r: &mut Reader<'_>) {
         }
     }
     assert_eq!(re.reserved(), 0, "every message completed");
-    for class in Priority::ALL {
-        let want: Vec<(Message, u64)> = msgs
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| m.class() == class)
-            .map(|(i, m)| (m.clone(), i as u64))
-            .collect();
-        assert_eq!(got[class.index()], want, "class {class} in order");
+    assert_eq!(got, by_class(&msgs), "each class's messages, in order");
+}
+
+/// Numbers `msgs` 1, 2, … within each class ([`Message::seq`]), as a
+/// sender of lanes does.
+pub fn number_per_class(msgs: &mut [Message]) {
+    let mut next = [1u64; Priority::COUNT];
+    for m in msgs {
+        let lane = &mut next[m.class().index()];
+        m.seq = *lane;
+        *lane += 1;
     }
+}
+
+/// `msgs` by class (indexed by [`Priority::index`]), in order, each with
+/// its index in `msgs` as its ack: what a reassembler gives back from
+/// messages sent with their index as the ack.
+pub fn by_class(msgs: &[Message]) -> Vec<Vec<(Message, u64)>> {
+    let mut out = vec![Vec::new(); Priority::COUNT];
+    for (i, m) in msgs.iter().enumerate() {
+        out[m.class().index()].push((m.clone(), i as u64));
+    }
+    out
 }
 
 /// Seeds of `fragment_decode`: `(file name, bytes)`.

@@ -34,7 +34,7 @@ mod session;
 
 pub use addr::addr_parse;
 pub use auth::{auth_handshake, fuzz_credentials, sealed_decode};
-pub use fragment::fragment_decode;
+pub use fragment::{by_class, fragment_decode, number_per_class};
 pub use frame::{banner, frame_decode, frame_preamble};
 pub use message::{batch_decode, message_decode, SampleKind, SamplePayload};
 pub use rma::rma_decode;
