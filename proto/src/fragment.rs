@@ -2,7 +2,7 @@
 //! pieces, so that a message of a class above can travel between them; and
 //! the receiver's reassembly, per class.
 //!
-//! A [`Tag::Fragment`](crate::Tag::Fragment) frame always has three
+//! A [`Tag::Fragment`] frame always has three
 //! segments:
 //!
 //! ```text
