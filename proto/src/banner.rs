@@ -68,6 +68,12 @@ pub mod features {
     /// (`control::with_dial_number`): a session turns away a hello its
     /// peer sent before the session opened (`session::DialAttempts`).
     pub const DIAL_NUMBERS: u64 = 1 << 12;
+    /// Priority lanes: this side reads `Tag::Fragment` frames, a large
+    /// message cut into bounded pieces per priority class and reassembled
+    /// per class (`crate::fragment`, `crate::priority`). Defined, not yet
+    /// negotiated: no session sends or takes fragments, so it is not in
+    /// [`SUPPORTED`] and no banner offers it.
+    pub const LANES: u64 = 1 << 13;
     /// Everything this build supports by default.
     pub const SUPPORTED: u64 = CRC32C
         | RECONNECT

@@ -91,6 +91,12 @@ pub enum Tag {
     /// ([`crate::auth::record`]): its segments are the inner frame's,
     /// each encrypted and tagged.
     Sealed = 16,
+    /// One bounded piece of a large message of a priority class
+    /// ([`crate::fragment`]): three segments, the fragment header, the
+    /// message header (first fragment only, else empty) and the piece.
+    /// Defined for [`crate::banner::features::LANES`], which no build
+    /// offers yet: a session refuses it as unexpected.
+    Fragment = 17,
 }
 
 impl Tag {
@@ -113,6 +119,7 @@ impl Tag {
             14 => Tag::MessageBatch,
             15 => Tag::Auth,
             16 => Tag::Sealed,
+            17 => Tag::Fragment,
             _ => return None,
         })
     }

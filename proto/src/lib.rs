@@ -7,17 +7,21 @@
 //! this list, and the same section of every module with submodules, and
 //! checks every `crate::` and `super::` path in `src/`). Bottom first:
 //!
-//! 1. [`checksum`], [`codec`], [`arena`], [`pool`], [`error`], [`link_failure`]: the leaves —
-//!    CRC32C; typed payloads; small byte strings copied into shared chunks;
-//!    large buffers lent as `Bytes` and reused; the decode errors several
-//!    layers return ([`FrameError`], [`Malformed`]); why a transport's
-//!    link failed ([`LinkFailure`]), which sessions carry.
+//! 1. [`checksum`], [`codec`], [`arena`], [`pool`], [`error`], [`link_failure`], [`priority`]:
+//!    the leaves — CRC32C; typed payloads;
+//!    small byte strings copied into shared chunks; large buffers lent as
+//!    `Bytes` and reused; the decode errors several layers return
+//!    ([`FrameError`], [`Malformed`]); why a transport's link failed
+//!    ([`LinkFailure`]), which sessions carry; the priority classes
+//!    ([`Priority`]).
 //! 2. [`frame`]: where a frame is encoded and decoded (preamble, segments,
 //!    CRC32C), and the overhead sealing adds to a frame.
 //! 3. [`banner`]: the first bytes of every connection; version, features,
 //!    the security modes they offer ([`banner::ModeSet`]), [`BannerError`].
 //! 4. [`message`]: application messages and their frame form.
-//! 5. [`batch`]: many small messages in one frame (one preamble, one CRC32C).
+//! 5. [`batch`], [`fragment`]: many small messages in one frame (one
+//!    preamble, one CRC32C); one large message in many bounded fragments of
+//!    its class, and their reassembly.
 //! 6. [`control`]: payloads of the session's control frames.
 //! 7. [`rma`]: one-sided operations on exposed regions: the handle, and the
 //!    request and reply where the owner's CPU serves them.
@@ -48,10 +52,12 @@ pub mod checksum;
 pub mod codec;
 pub mod control;
 pub mod error;
+pub mod fragment;
 pub mod frame;
 pub mod link_failure;
 pub mod message;
 pub mod pool;
+pub mod priority;
 pub mod rma;
 pub mod session;
 #[cfg(feature = "sim")]
@@ -67,6 +73,7 @@ pub use error::{FrameError, Malformed};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
 pub use link_failure::LinkFailure;
 pub use message::Message;
+pub use priority::Priority;
 pub use session::{
     FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, ProtocolError, SendError, Session,
     SessionConfig, SessionEvent, SessionStats, Takeover,

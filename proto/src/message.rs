@@ -13,6 +13,7 @@ use crate::checksum::CrcMemo;
 use crate::codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
 use crate::error::{FrameError, Malformed};
 use crate::frame::{checked_segments, segment_crc, Frame, Preamble, Segments, Tag};
+use crate::priority::Priority;
 
 /// Length of the encoded message header segment.
 pub const MESSAGE_HEADER_LEN: usize = 32;
@@ -204,6 +205,27 @@ impl Message {
         self.data_crc.get(DATA_SEGMENT, &self.data)
     }
 
+    /// The class this message travels in: [`Priority::from_legacy`] of its
+    /// priority byte (0, the default, is [`Priority::Data`]).
+    pub fn class(&self) -> Priority {
+        Priority::from_legacy(self.priority)
+    }
+
+    /// This message in class `class`: its priority byte set to
+    /// [`Priority::to_legacy`] (a class's own byte; `Data` is 0).
+    ///
+    /// ```
+    /// # use msgr_proto::Message;
+    /// use msgr_proto::priority::Priority;
+    /// let m = Message::new(1, &b"ping"[..], &b""[..]).with_class(Priority::Interactive);
+    /// assert_eq!(m.class(), Priority::Interactive);
+    /// assert_eq!(Message::default().with_class(Priority::Data), Message::default());
+    /// ```
+    pub fn with_class(mut self, class: Priority) -> Message {
+        self.priority = class.to_legacy();
+        self
+    }
+
     /// Bytes of payload (front + data), the unit throttles count.
     pub fn payload_len(&self) -> usize {
         self.front.len() + self.data.len()
@@ -218,7 +240,7 @@ impl Message {
 
     /// The header segment: type, priority, flags, sequence number, the
     /// piggybacked `ack_seq` and the call (bytes 4..8 reserved, zero).
-    fn header(&self, ack_seq: u64) -> [u8; MESSAGE_HEADER_LEN] {
+    pub(crate) fn header(&self, ack_seq: u64) -> [u8; MESSAGE_HEADER_LEN] {
         let mut h = [0u8; MESSAGE_HEADER_LEN];
         h[0..2].copy_from_slice(&self.msg_type.to_le_bytes());
         h[2] = self.priority;
@@ -295,7 +317,7 @@ pub struct MessageFrame {
 /// give them a meaning no older peer silently ignores. (Bytes 24..32 are
 /// the call, which the session refuses where `features::CALLS` was not
 /// agreed.)
-fn reserved_clear(h: &[u8; MESSAGE_HEADER_LEN]) -> bool {
+pub(crate) fn reserved_clear(h: &[u8; MESSAGE_HEADER_LEN]) -> bool {
     h[4..8] == [0; 4]
 }
 
@@ -414,7 +436,7 @@ impl MessageFrame {
     }
 
     /// The message frame of a decoded header and its segments.
-    fn from_parts(
+    pub(crate) fn from_parts(
         h: &[u8; MESSAGE_HEADER_LEN],
         flags: u8,
         front: Bytes,

@@ -359,6 +359,35 @@ proptest! {
     }
 }
 
+/// A lossless client session with `cfg`, open on link 1 with a peer whose
+/// banner is `theirs` (the hello-ok carries limits and a dial number, as
+/// the default banners agree).
+fn open_session(cfg: SessionConfig, theirs: Banner, now: Instant) -> (Session, LinkId) {
+    let local = LocalIdentity {
+        name: EntityName::peer(1),
+        addr: EntityAddr::tcp(([10, 0, 0, 1], 6800).into()),
+        dials: Default::default(),
+    };
+    let peer = EntityAddr::tcp(([10, 0, 0, 2], 6800).into());
+    let l = LinkId(1);
+    let mut s = Session::connect(cfg, local, peer.clone(), Policy::LosslessClient, now);
+    s.link_up(l, now);
+    s.handle_inbound(l, Inbound::Banner(theirs.encode()), now)
+        .unwrap();
+    let ok = control_frame(
+        Tag::HelloOk,
+        &HelloOk {
+            name: EntityName::peer(2),
+            addr: peer,
+            cookie: 5,
+        },
+    );
+    let ok = with_dial_number(with_limits(ok, &Limits::of(&FrameLimits::default())), 1);
+    s.handle_inbound(l, Inbound::Frame(ok), now).unwrap();
+    assert!(s.is_open());
+    (s, l)
+}
+
 /// A peer that sends a message with an unchecked payload on a link where
 /// payload CRCs were not agreed (its banner did not offer it, or ours did
 /// not) is refused with a protocol error, not believed.
@@ -366,34 +395,11 @@ proptest! {
 fn unchecked_payload_without_agreement_is_a_protocol_error() {
     for (ours, theirs) in [(true, true), (true, false), (false, true)] {
         let now = Instant::now();
-        let local = LocalIdentity {
-            name: EntityName::peer(1),
-            addr: EntityAddr::tcp(([10, 0, 0, 1], 6800).into()),
-            dials: Default::default(),
-        };
-        let peer = EntityAddr::tcp(([10, 0, 0, 2], 6800).into());
         let cfg = SessionConfig {
             payload_crc: ours,
             ..SessionConfig::default()
         };
-        let l = LinkId(1);
-        let mut s = Session::connect(cfg, local, peer.clone(), Policy::LosslessClient, now);
-        s.link_up(l, now);
-        let banner = Banner::with_payload_crc(theirs).encode();
-        s.handle_inbound(l, Inbound::Banner(banner), now).unwrap();
-        let ok = control_frame(
-            Tag::HelloOk,
-            &HelloOk {
-                name: EntityName::peer(2),
-                addr: peer,
-                cookie: 5,
-            },
-        );
-        // The default banners agree to announce limits and number dials in
-        // the handshake.
-        let ok = with_dial_number(with_limits(ok, &Limits::of(&FrameLimits::default())), 1);
-        s.handle_inbound(l, Inbound::Frame(ok), now).unwrap();
-        assert!(s.is_open());
+        let (mut s, l) = open_session(cfg, Banner::with_payload_crc(theirs), now);
         let mut f = Message::new(1, &b"front"[..], &b"data"[..]).to_frame(0);
         f.flags |= FLAG_UNCHECKED_PAYLOAD;
         let f = Frame::decode_exact(
@@ -407,6 +413,39 @@ fn unchecked_payload_without_agreement_is_a_protocol_error() {
             "ours {ours} theirs {theirs}: {r:?}"
         );
     }
+}
+
+/// Until priority lanes are wired, no banner offers `LANES`, and an open
+/// session refuses a fragment frame as unexpected (a protocol error, never
+/// a message), even from a peer that offers it: the fragment frame is
+/// defined, not negotiated.
+#[test]
+fn lanes_are_not_offered_and_a_session_refuses_fragments() {
+    use msgr_proto::banner::features;
+    use msgr_proto::fragment::Fragmenter;
+
+    assert_eq!(features::SUPPORTED & features::LANES, 0);
+    assert_eq!(Banner::default().supported & features::LANES, 0);
+    let now = Instant::now();
+    let mut theirs = Banner::default();
+    theirs.supported |= features::LANES;
+    let (mut s, l) = open_session(SessionConfig::default(), theirs, now);
+    let mut m = Message::new(1, &b"front"[..], vec![7u8; 100]);
+    m.seq = 1;
+    let f = Fragmenter::new(m, 0, 64).unwrap().next().unwrap();
+    let wire = Bytes::from(f.into_frame().encode_to_vec().unwrap());
+    let unit = Inbound::decode_exact(wire, &FrameLimits::default()).unwrap();
+    let r = s.handle_inbound(l, unit, now);
+    assert!(
+        matches!(
+            r,
+            Err(msgr_proto::ProtocolError::Unexpected {
+                tag: Tag::Fragment,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 }
 
 /// Every strict prefix of an encoded frame makes the decoders ask for more

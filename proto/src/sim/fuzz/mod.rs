@@ -17,13 +17,15 @@
 //! 1. `addr`, `frame`, `rma`: addresses; banners, preambles and frames
 //!    (and the frame limits and helpers the targets above share); RMA
 //!    payloads.
-//! 2. `auth`, `message`: the handshake and sealed frames; messages,
-//!    control payloads and batches.
+//! 2. `auth`, `fragment`, `message`: the handshake and sealed frames;
+//!    fragment frames and their reassembly; messages, control payloads and
+//!    batches.
 //! 3. `session`: the session engine driven by a script.
 //! 4. `seeds`: the seed corpus of every target.
 
 mod addr;
 mod auth;
+mod fragment;
 mod frame;
 mod message;
 mod rma;
@@ -32,6 +34,7 @@ mod session;
 
 pub use addr::addr_parse;
 pub use auth::{auth_handshake, fuzz_credentials, sealed_decode};
+pub use fragment::{by_class, fragment_decode, number_per_class};
 pub use frame::{banner, frame_decode, frame_preamble};
 pub use message::{batch_decode, message_decode, SampleKind, SamplePayload};
 pub use rma::rma_decode;
@@ -50,6 +53,7 @@ pub const TARGETS: &[&str] = &[
     "auth_handshake",
     "sealed_decode",
     "rma_decode",
+    "fragment_decode",
 ];
 
 /// Runs the target called `name` on `data`. Returns false for an unknown name.
@@ -65,6 +69,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "auth_handshake" => auth_handshake(data),
         "sealed_decode" => sealed_decode(data),
         "rma_decode" => rma_decode(data),
+        "fragment_decode" => fragment_decode(data),
         _ => return false,
     }
     true

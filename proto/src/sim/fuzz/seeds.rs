@@ -12,6 +12,7 @@ use crate::frame::{Frame, Tag};
 use crate::message::Message;
 use crate::session::{Hello, Policy};
 
+use super::fragment::fragment_seeds;
 use super::message::{write_frame, SampleKind, SamplePayload};
 use super::session::{fuzz_addr, Op};
 
@@ -208,6 +209,10 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
         v.extend([i, i * 3]);
     }
     out.push(("batch_decode", "structured-eight".into(), v));
+
+    for (name, v) in fragment_seeds() {
+        out.push(("fragment_decode", name, v));
+    }
 
     for (name, setup, ops) in session_scripts() {
         let mut v = vec![setup];
