@@ -1,10 +1,18 @@
+//! Commands: what handles and callbacks ask of a worker, through its
+//! channel or (on the worker's own thread) the thread-local list, and
+//! how the worker carries them out.
+
 use std::time::Instant;
 
 use msgr_addr::TransportKind;
-use msgr_backends::{DetachedLink, RealFault, SimulatedFault, TransportStats};
-use msgr_proto::{session::Hello, LinkId, Session};
+use msgr_backends::{DetachedLink, RealFault, SimulatedFault, Transport, TransportStats};
+use msgr_proto::{
+    rma::RMA_BIT, session::Hello, FaultReason, LinkId, Message, Session, SessionStats,
+};
 
-use crate::Connection;
+use super::{native_rma, peer_key, LinkEntry, Owner, Slot, Worker};
+use crate::connection::{Connection, ConnectionState, Outgoing, LOCAL_WORKER};
+use crate::counters::Counters;
 
 /// What other threads (and callbacks) ask of a worker.
 pub(crate) enum Command {
@@ -68,4 +76,283 @@ pub(crate) struct Adoption {
 pub(crate) enum LinkFault {
     Real(RealFault),
     Simulated(SimulatedFault),
+}
+
+impl Worker {
+    pub(super) fn take_commands(&mut self) -> bool {
+        let mut any = false;
+        let now = self.now;
+        while let Ok(cmd) = self.rx.try_recv() {
+            any = true;
+            self.handle_command(cmd, now);
+        }
+        any | self.take_local_commands()
+    }
+
+    /// Commands issued by dispatcher callbacks on this thread.
+    pub(super) fn take_local_commands(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            // Looked at several times per message and mostly empty: a
+            // glance first, the swap only when there is something.
+            let queued =
+                LOCAL_WORKER.with(|l| l.borrow().as_ref().is_some_and(|w| !w.commands.is_empty()));
+            if !queued {
+                return any;
+            }
+            let spare = std::mem::take(&mut self.commands_spare);
+            let mut cmds = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {
+                Some(w) => std::mem::replace(&mut w.commands, spare),
+                None => spare,
+            });
+            if cmds.is_empty() {
+                self.commands_spare = cmds;
+                return any;
+            }
+            any = true;
+            let now = self.now;
+            for c in cmds.drain(..) {
+                self.handle_command(c, now);
+            }
+            self.commands_spare = cmds;
+        }
+    }
+
+    pub(super) fn handle_command(&mut self, cmd: Command, now: Instant) {
+        match cmd {
+            Command::Connect { conn } => self.start_connect(conn, now),
+            Command::Unbind { token, kind } => {
+                if let Some(token) = token {
+                    if let Some(i) = self.listeners.iter().position(|(_, tok)| *tok == token) {
+                        let (t, token) = self.listeners.remove(i);
+                        self.transports[t].unlisten(token);
+                    }
+                }
+                let gone: Vec<(LinkId, usize)> = self
+                    .links
+                    .iter()
+                    .filter(|(_, e)| self.transports[e.transport].kind() == kind)
+                    .map(|(l, e)| (*l, e.transport))
+                    .collect();
+                for (link, t) in gone {
+                    if let Err(e) = self.transports[t].inject(link, RealFault::Abort) {
+                        tracing::debug!(error = %e, "closing a link of an unbound transport");
+                    }
+                }
+            }
+            Command::CallDeadline { key, id, at } => {
+                self.call_deadlines.push(std::cmp::Reverse((at, key, id)));
+                self.next_timer = Some(self.next_timer.map_or(at, |n| n.min(at)));
+            }
+            Command::Flush { conn } => self.take_pending(&conn),
+            Command::MarkDown { key } => {
+                if let Some(slot) = self.sessions.get_mut(&key) {
+                    slot.session.mark_down(now);
+                    self.touch(key);
+                }
+            }
+            Command::Close { key } => {
+                if let Some(slot) = self.sessions.get_mut(&key) {
+                    slot.session.close(now);
+                    self.touch(key);
+                }
+            }
+            Command::Inject { key, fault } => {
+                if let Some(link) = self.sessions.get(&key).and_then(|s| s.session.link()) {
+                    if let Some(e) = self.links.get(&link) {
+                        Counters::add(&self.shared.counters.injected_faults, 1);
+                        let transport = &mut self.transports[e.transport];
+                        let done = match fault {
+                            LinkFault::Real(f) => transport.inject(link, f),
+                            LinkFault::Simulated(f) => transport.simulate(link, f),
+                        };
+                        if let Err(err) = done {
+                            tracing::debug!(error = %err, "fault injection failed");
+                        }
+                    }
+                }
+            }
+            Command::RmaRevoke { region } => {
+                for t in &mut self.transports {
+                    t.rma_unexpose(region);
+                }
+            }
+            Command::Stats { reply } => {
+                // The session engine lives in its slot: `memory_bytes`
+                // counts its size too, so it is taken off here.
+                let slots = self.sessions.values().map(|s| {
+                    std::mem::size_of::<Slot>() - std::mem::size_of::<Session>()
+                        + crate::connection::handle_bytes()
+                        + s.conn.inner.pending.lock().memory_bytes()
+                        + s.session.memory_bytes()
+                });
+                let table = self.sessions.capacity() * std::mem::size_of::<(u64, Box<Slot>)>();
+                let pending = self.pending.values().map(|p| p.session.memory_bytes());
+                let timers = self.session_timers.capacity()
+                    * std::mem::size_of::<std::cmp::Reverse<(Instant, u64)>>();
+                let _ = reply.send(WorkerStats {
+                    transports: self.transports.iter().map(|t| t.stats()).collect(),
+                    sessions: self.sessions.len() + self.pending.len(),
+                    session_bytes: table + timers + slots.chain(pending).sum::<usize>(),
+                });
+            }
+            Command::Adopt(adoption) => {
+                let Adoption {
+                    link,
+                    detached,
+                    session,
+                    hello,
+                    transport,
+                } = *adoption;
+                let Some(t) = self.transports.iter().position(|x| x.kind() == transport) else {
+                    return;
+                };
+                if self.transports[t].attach(link, detached).is_ok() {
+                    self.links.insert(
+                        link,
+                        LinkEntry {
+                            transport: t,
+                            owner: Owner::Pending,
+                        },
+                    );
+                    self.route_local(link, t, session, hello, now);
+                }
+            }
+            Command::Shutdown { deadline } => {
+                for (t, token) in std::mem::take(&mut self.listeners) {
+                    self.transports[t].unlisten(token);
+                }
+                let keys: Vec<u64> = self.sessions.keys().copied().collect();
+                for k in keys {
+                    if let Some(s) = self.sessions.get_mut(&k) {
+                        s.session.close(now);
+                    }
+                    self.touch(k);
+                }
+                let waiting: Vec<LinkId> = self.waiting.drain().map(|(l, _)| l).collect();
+                for link in self.pending.drain().map(|(l, _)| l).chain(waiting) {
+                    if let Some(e) = self.links.remove(&link) {
+                        self.transports[e.transport].close(link, false);
+                    }
+                }
+                self.shutdown = Some(deadline);
+                self.next_timer = Some(self.next_timer.map_or(deadline, |t| t.min(deadline)));
+            }
+        }
+    }
+
+    /// Hands what `Connection::send` queued on `conn` to its session:
+    /// encoded batches whole, other messages as [`Worker::queue_messages`]
+    /// does.
+    pub(super) fn take_pending(&mut self, conn: &Connection) {
+        let mut items = std::mem::take(&mut self.spare_outgoing);
+        conn.inner.pending.lock().take(&mut items);
+        let key = conn.inner.key;
+        for item in items.drain(..) {
+            match item {
+                Outgoing::Batch(batch) => {
+                    let n = u64::from(batch.count());
+                    let sent = match self.sessions.get_mut(&key) {
+                        Some(slot) => slot.session.send_encoded(batch).map(drop),
+                        None => Err(msgr_proto::SendError::Closed),
+                    };
+                    if let Err(e) = sent {
+                        // The handle's own bound makes this unreachable
+                        // unless the session closed meanwhile.
+                        tracing::debug!(error = %e, "send refused by session");
+                        Counters::add(&self.shared.counters.messages_dropped, n);
+                    }
+                }
+                Outgoing::Message(msg) => self.queue_messages(key, std::iter::once(msg)),
+            }
+        }
+        self.spare_outgoing = items;
+        self.touch(key);
+    }
+
+    /// Hands application messages to their session.
+    pub(super) fn queue_messages(&mut self, key: u64, msgs: impl IntoIterator<Item = Message>) {
+        let Some(slot) = self.sessions.get_mut(&key) else {
+            let n = msgs.into_iter().count() as u64;
+            Counters::add(&self.shared.counters.messages_dropped, n);
+            return;
+        };
+        for msg in msgs {
+            let msg = if msg.call & RMA_BIT != 0 {
+                let (transports, links) = (&mut self.transports, &self.links);
+                let native = &mut self.native_ops;
+                match native_rma::try_native((key, &mut *slot), msg, transports, links, native) {
+                    Ok(()) => continue,
+                    Err(msg) => msg,
+                }
+            } else {
+                msg
+            };
+            match slot.session.send(msg) {
+                Ok(_) => {}
+                // The handle checked the limits it knew; the peer's came
+                // with the handshake in between. Not a silent drop: the
+                // session ends and on_reset says why.
+                Err(msgr_proto::SendError::TooLarge(t)) => {
+                    slot.session.abort(FaultReason::TooLarge(t));
+                    Counters::add(&self.shared.counters.messages_dropped, 1);
+                }
+                Err(e) => {
+                    // The handle's own bound makes this unreachable unless
+                    // the session closed meanwhile; account for the message.
+                    tracing::debug!(error = %e, "send refused by session");
+                    Counters::add(&self.shared.counters.messages_dropped, 1);
+                }
+            }
+        }
+        self.touch(key);
+    }
+
+    pub(super) fn start_connect(&mut self, conn: Connection, now: Instant) {
+        let key = conn.inner.key;
+        if self.sessions.contains_key(&key) {
+            return;
+        }
+        let t = match self.transport_for(&conn.inner.target) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, target = %conn.inner.target, "cannot connect");
+                conn.set_state(ConnectionState::Closed);
+                let reason = FaultReason::Transport(e.to_string());
+                let _ = self.callback(&conn, || "on_reset".into(), |d, c| d.on_reset(c, &reason));
+                return;
+            }
+        };
+        let mut session = Session::connect(
+            self.shared.cfg.session.clone(),
+            self.shared.local.clone(),
+            conn.inner.target.clone(),
+            conn.inner.policy,
+            now,
+        );
+        if let Some(name) = &conn.inner.expected {
+            session.expect_peer(name.clone());
+        }
+        let alternates = conn.inner.alternates.lock().clone();
+        if !alternates.is_empty() {
+            session.set_alternates(alternates);
+        }
+        self.by_peer.insert(peer_key(&conn.inner.target), key);
+        Counters::add(&self.shared.counters.sessions_active, 1);
+        self.sessions.insert(
+            key,
+            Box::new(Slot {
+                session,
+                conn,
+                transport: t,
+                accepted: false,
+                seen: SessionStats::default(),
+                seen_phase: "",
+                rma_keys: Default::default(),
+                bypassed: [0; 2],
+                armed: None,
+            }),
+        );
+        self.touch(key);
+    }
 }

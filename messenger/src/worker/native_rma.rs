@@ -15,7 +15,8 @@ use msgr_proto::rma::{RmaOp, RmaReply, RmaRequest, RmaStatus, RMA_BIT};
 use msgr_proto::{LinkId, Message, Session};
 use rustc_hash::FxHashMap;
 
-use super::{LinkEntry, Slot};
+use super::deliver::route_reply;
+use super::{LinkEntry, Slot, Worker};
 use crate::counters::Counters;
 
 /// Keys a session keeps at most; past it they are dropped (reads go to
@@ -202,4 +203,37 @@ pub(super) fn give_up(slot: &mut Slot, op: NativeOp) -> Message {
     let len = op.request.payload_len() as u64;
     slot.bypassed[1] = slot.bypassed[1].saturating_sub(len);
     op.request
+}
+
+impl Worker {
+    /// A native read or write completed: the caller gets the owner's
+    /// reply it stands for (a read's bytes); a failed one is asked of the
+    /// owner.
+    pub(super) fn native_op_done(&mut self, token: u64, result: Result<bytes::Bytes, String>) {
+        let Some(op) = self.native_ops.remove(&token) else {
+            return; // its session went, or it was given up already
+        };
+        let key = op.session;
+        let Some(slot) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        let counters = &self.shared.counters;
+        match result {
+            Ok(bytes) => {
+                let done = if op.request.data.is_empty() {
+                    &counters.rma_native_reads
+                } else {
+                    &counters.rma_native_writes
+                };
+                Counters::add(done, 1);
+                route_reply(&slot.conn, reply(token, bytes), counters);
+            }
+            Err(why) => {
+                tracing::debug!(%why, "a native operation failed: asked of the owner");
+                Counters::add(&counters.rma_native_fallbacks, 1);
+                let request = give_up(slot, op);
+                self.queue_messages(key, std::iter::once(request));
+            }
+        }
+    }
 }

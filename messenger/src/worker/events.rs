@@ -1,0 +1,345 @@
+//! What the transports report: accepted, connected and failed links,
+//! arrived units, native RMA completions; the transports' progress,
+//! arming and flushing, and the receive throttle's pause of reading.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use msgr_backends::{Transport, TransportEvent};
+use msgr_proto::{Banner, LinkId, Session, Transmit};
+
+use super::admission::{admit, Admit, WaitingLink};
+use super::{LinkEntry, Owner, Worker, TX_LOW_WATER};
+use crate::counters::Counters;
+
+impl Worker {
+    pub(super) fn progress_transports(&mut self) -> bool {
+        let mut any = false;
+        for t in &mut self.transports {
+            any |= t.progress(self.now, &mut self.tevents);
+        }
+        if any {
+            self.handle_transport_events();
+        }
+        any
+    }
+
+    /// Arms every transport's wait objects before blocking; false as soon as
+    /// one has something pending already (the worker will not block, and
+    /// arms the rest next time).
+    pub(super) fn arm_transports(&mut self) -> bool {
+        self.transports.iter_mut().all(|t| t.arm())
+    }
+
+    pub(super) fn flush_transports(&mut self) {
+        loop {
+            for t in &mut self.transports {
+                t.flush(self.now, &mut self.tevents);
+            }
+            let unblocked = self.unblock_sessions();
+            if self.tevents.is_empty() && !unblocked {
+                return;
+            }
+            self.handle_transport_events();
+            self.drive_touched();
+        }
+    }
+
+    /// Sessions held back by a backed-up link continue once it has drained
+    /// below the low-water mark. Returns whether any did.
+    pub(super) fn unblock_sessions(&mut self) -> bool {
+        if self.blocked.is_empty() {
+            return false;
+        }
+        let mut any = false;
+        let keys: Vec<u64> = self.blocked.iter().copied().collect();
+        for key in keys {
+            let backlog = match self.sessions.get(&key) {
+                Some(slot) => match slot.session.link() {
+                    Some(l) => self.transports[slot.transport].backlog(l),
+                    None => 0,
+                },
+                None => 0,
+            };
+            if backlog < TX_LOW_WATER {
+                self.blocked.remove(&key);
+                self.touch(key);
+                any = true;
+            }
+        }
+        any
+    }
+
+    pub(super) fn handle_transport_events(&mut self) {
+        // Every pass asks, and most have nothing: no swap of the buffers then.
+        if self.tevents.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let mut evs = std::mem::take(&mut self.tevents);
+        // Links whose protocol error this batch has counted. One bad
+        // connection is one error, but it can be reported twice in a
+        // batch: a transport decodes all it read before the worker sees
+        // any of it, so the 32 bytes of a bad banner come as a unit the
+        // session refuses and the bytes after them as `Corrupt` (and a
+        // session may refuse one unit, then another). Nothing for a link
+        // follows its `Corrupt`, nor a later batch its refusal (the
+        // session closes the link first), so a batch's list suffices; it
+        // allocates only when something was bad.
+        let mut erred: Vec<LinkId> = Vec::new();
+        let mut first_error = |link: LinkId| {
+            let first = !erred.contains(&link);
+            if first {
+                erred.push(link);
+            }
+            first
+        };
+        for ev in evs.drain(..) {
+            tracing::trace!(worker = self.idx, event = ?ev, "transport event");
+            match ev {
+                TransportEvent::Accepted {
+                    link,
+                    listener,
+                    peer,
+                } => {
+                    let Some(&(t, _)) = self.listeners.iter().find(|(_, tok)| *tok == listener)
+                    else {
+                        self.transports
+                            .iter_mut()
+                            .for_each(|x| x.close(link, false));
+                        continue;
+                    };
+                    // Bounded handshake state (admission module): an idle
+                    // pending link gives way, or the new one waits for a
+                    // slot or is refused.
+                    let shared = self.shared.clone();
+                    let cfg = &shared.cfg;
+                    match admit(
+                        &self.pending,
+                        peer.ip(),
+                        self.passes,
+                        cfg.max_handshakes,
+                        cfg.max_handshakes_per_source,
+                    ) {
+                        Admit::Yes => {}
+                        Admit::Evict(old) => {
+                            Counters::add(&self.shared.counters.handshakes_evicted, 1);
+                            self.drop_pending(old);
+                        }
+                        Admit::Refuse if self.waiting_room(peer.ip()) => {
+                            // A burst: wait, unread, for a slot. The banner
+                            // goes now: the peer's banner timer (2 s) is
+                            // shorter than a burst's wait.
+                            Counters::add(&self.shared.counters.handshakes_waited, 1);
+                            Counters::add(&self.shared.counters.links_active, 1);
+                            self.transports[t].pause_reading(link, true);
+                            let banner = Banner::for_session(
+                                cfg.session.payload_crc,
+                                cfg.session.security.modes,
+                            );
+                            self.links.insert(
+                                link,
+                                LinkEntry {
+                                    transport: t,
+                                    owner: Owner::Waiting,
+                                },
+                            );
+                            let deadline = now + cfg.session.handshake_timeout;
+                            self.waiting.push(
+                                link,
+                                WaitingLink {
+                                    source: peer.ip(),
+                                    transport: t,
+                                    deadline,
+                                    early: Vec::new(),
+                                },
+                            );
+                            self.next_timer =
+                                Some(self.next_timer.map_or(deadline, |n| n.min(deadline)));
+                            self.transmit(t, link, Transmit::Banner(banner.encode()), now);
+                            continue;
+                        }
+                        Admit::Refuse => {
+                            Counters::add(&self.shared.counters.handshakes_refused, 1);
+                            self.transports[t].close(link, false);
+                            continue;
+                        }
+                    }
+                    Counters::add(&self.shared.counters.links_active, 1);
+                    self.links.insert(
+                        link,
+                        LinkEntry {
+                            transport: t,
+                            owner: Owner::Pending,
+                        },
+                    );
+                    self.start_pending(link, peer.ip(), None, now);
+                }
+                TransportEvent::Connected(link) => {
+                    if let Some(Owner::Session(k)) = self.links.get(&link).map(|e| e.owner) {
+                        if let Some(s) = self.sessions.get_mut(&k) {
+                            s.session.link_up(link, now);
+                        }
+                        self.touch(k);
+                    }
+                }
+                TransportEvent::Received(link, unit) => {
+                    match self.links.get(&link).map(|e| e.owner) {
+                        Some(Owner::Session(k)) => {
+                            if let Some(s) = self.sessions.get_mut(&k) {
+                                let throttle = &self.shared.throttle;
+                                let r = s.session.handle_inbound_with(link, unit, now, |u| {
+                                    throttle.charge_unit(u)
+                                });
+                                if let Err(e) = r {
+                                    if first_error(link) {
+                                        count_protocol_error(&self.shared.counters, &e);
+                                    }
+                                }
+                            }
+                            self.touch(k);
+                        }
+                        Some(Owner::Pending) => {
+                            if let Some(p) = self.pending.get_mut(&link) {
+                                if let Err(e) = p.session.handle_inbound(link, unit, now) {
+                                    if first_error(link) {
+                                        count_protocol_error(&self.shared.counters, &e);
+                                    }
+                                }
+                            }
+                            self.drive_pending(link, now);
+                        }
+                        Some(Owner::Waiting) if !self.waiting.keep_early(link, unit) => {
+                            self.drop_waiting(link);
+                        }
+                        Some(Owner::Waiting) | None => {}
+                    }
+                }
+                TransportEvent::Corrupt(link, err) => {
+                    tracing::debug!(link = link.0, error = %err, "link received bytes that do not decode");
+                    if first_error(link) {
+                        count_protocol_error(&self.shared.counters, &err);
+                    }
+                    self.link_gone(link, |s, now| s.handle_decode_error(link, err, now), now);
+                }
+                TransportEvent::Failed(link, why) => {
+                    tracing::debug!(link = link.0, %why, "link failed");
+                    self.link_gone(link, |s, now| s.link_failed(link, why, now), now);
+                }
+                TransportEvent::RmaRead { token, result, .. } => {
+                    self.native_op_done(token, result);
+                }
+                TransportEvent::RmaWrite { token, result, .. } => {
+                    self.native_op_done(token, result.map(|()| bytes::Bytes::new()));
+                }
+            }
+        }
+        // Keep the allocation.
+        if self.tevents.is_empty() {
+            self.tevents = evs;
+        }
+    }
+
+    /// A link closed underneath us: tell its session.
+    pub(super) fn link_gone(
+        &mut self,
+        link: LinkId,
+        tell: impl FnOnce(&mut Session, Instant),
+        now: Instant,
+    ) {
+        // Native operations on it are asked of the owner, over the next
+        // link (a write that may have landed lands again: RMA writes are
+        // idempotent).
+        let stranded: Vec<u64> = (self.native_ops.iter())
+            .filter(|(_, r)| r.link == link)
+            .map(|(&t, _)| t)
+            .collect();
+        for token in stranded {
+            self.native_op_done(token, Err("the link went".into()));
+        }
+        let Some(e) = self.forget_link(link) else {
+            return;
+        };
+        Counters::add(&self.shared.counters.link_faults, 1);
+        match e.owner {
+            Owner::Session(k) => {
+                if let Some(s) = self.sessions.get_mut(&k) {
+                    tell(&mut s.session, now);
+                }
+                self.touch(k);
+            }
+            Owner::Pending => {
+                if let Some(mut p) = self.pending.remove(&link) {
+                    tell(&mut p.session, now);
+                }
+            }
+            Owner::Waiting => {
+                self.waiting.remove(link);
+            }
+        }
+    }
+
+    /// Forgets `link` (if this worker still has it) and counts it closed;
+    /// closing it on its transport is the caller's (flushed or not, or
+    /// already closed underneath).
+    pub(super) fn forget_link(&mut self, link: LinkId) -> Option<LinkEntry> {
+        let e = self.links.remove(&link)?;
+        self.shared
+            .counters
+            .links_active
+            .fetch_sub(1, Ordering::Relaxed);
+        Some(e)
+    }
+
+    pub(super) fn check_throttle(&mut self) {
+        let th = &self.shared.throttle;
+        let mut full = th.full();
+        if full && !self.rx_paused {
+            th.set_paused();
+            // A release may have slipped in before set_paused: look again.
+            full = th.full();
+        }
+        if full == self.rx_paused {
+            return;
+        }
+        if full {
+            Counters::add(&self.shared.counters.rx_throttle_pauses, 1);
+        }
+        self.rx_paused = full;
+        let now = Instant::now();
+        for (link, e) in &self.links {
+            self.transports[e.transport].pause_reading(*link, full);
+        }
+        for s in self.sessions.values_mut() {
+            s.session.set_rx_paused(full, now);
+        }
+    }
+}
+
+/// Counts a link closed for what its peer sent, by kind: every one in
+/// `protocol_errors`, and failed authentication, sealed frames that did
+/// not open and checksum mismatches in their own counters (logged, once
+/// per link: who failed, or what corrupts data, is worth a look).
+pub(super) fn count_protocol_error(counters: &Counters, e: &msgr_proto::ProtocolError) {
+    Counters::add(&counters.protocol_errors, 1);
+    match e {
+        msgr_proto::ProtocolError::Auth(why) => {
+            Counters::add(&counters.auth_failures, 1);
+            tracing::warn!(%why, "authentication failed; link closed");
+        }
+        msgr_proto::ProtocolError::Record(why) => {
+            Counters::add(&counters.sealed_frames_refused, 1);
+            tracing::warn!(%why, "a frame on a secure link did not open; link closed");
+        }
+        // Corruption on the way (or a bug): at the default level, not
+        // only in debug output.
+        msgr_proto::ProtocolError::Frame(
+            msgr_proto::FrameError::PreambleCrc { .. } | msgr_proto::FrameError::SegmentCrc { .. },
+        )
+        | msgr_proto::ProtocolError::Banner(msgr_proto::BannerError::Crc) => {
+            Counters::add(&counters.checksum_failures, 1);
+            tracing::warn!(error = %e, "checksum mismatch: link closed");
+        }
+        _ => {}
+    }
+}
