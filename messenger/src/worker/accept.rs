@@ -9,14 +9,37 @@ use msgr_backends::Transport;
 use msgr_proto::{
     session::Hello, Inbound, LinkId, Session, SessionEvent, SessionStats, Takeover, Transmit,
 };
-use rand::Rng;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use rustc_hash::FxHashMap;
 
-use super::admission::{PendingLink, WAITING_PER_SLOT};
+use super::admission::{PendingLink, WaitingLinks, WAITING_PER_SLOT};
 use super::command::{Adoption, Command};
 use super::events::count_protocol_error;
 use super::{owner_of, peer_key, Owner, Slot, Worker};
 use crate::connection::Connection;
 use crate::counters::Counters;
+
+/// Accepted links on their way to a session.
+pub(super) struct Handshakes {
+    pub(super) pending: FxHashMap<LinkId, PendingLink>,
+    /// Accepted links waiting for room in `pending`.
+    pub(super) waiting: WaitingLinks,
+    /// Passes of the event loop so far (handshake admission counts them).
+    pub(super) passes: u64,
+    /// Cookies of the sessions accepted here.
+    pub(super) rng: StdRng,
+}
+
+impl Handshakes {
+    pub(super) fn new() -> Handshakes {
+        Handshakes {
+            pending: FxHashMap::default(),
+            waiting: WaitingLinks::default(),
+            passes: 0,
+            rng: StdRng::from_os_rng(),
+        }
+    }
+}
 
 impl Worker {
     /// Gives an accepted link its acceptor session and starts its
@@ -51,13 +74,13 @@ impl Worker {
                 break;
             }
         }
-        self.pending.insert(
+        self.handshakes.pending.insert(
             link,
             PendingLink {
                 session,
                 source,
                 since: now,
-                since_pass: self.passes,
+                since_pass: self.handshakes.passes,
             },
         );
         self.drive_pending(link, now);
@@ -66,33 +89,37 @@ impl Worker {
     /// Closes the links that waited for a handshake slot too long, and
     /// starts the handshakes of those that have one now (admission).
     pub(super) fn admit_waiting(&mut self, now: Instant) {
-        if self.waiting.is_empty() {
+        if self.handshakes.waiting.is_empty() {
             return;
         }
-        for (link, _) in self.waiting.expired(now) {
+        for (link, _) in self.handshakes.waiting.expired(now) {
             self.close_waiting(link);
         }
         let cfg = &self.shared.cfg;
         let (total, per_source) = (cfg.max_handshakes, cfg.max_handshakes_per_source);
-        for (link, w) in self.waiting.admissible(&self.pending, total, per_source) {
-            if let Some(e) = self.links.get_mut(&link) {
+        for (link, w) in
+            self.handshakes
+                .waiting
+                .admissible(&self.handshakes.pending, total, per_source)
+        {
+            if let Some(e) = self.net.links.get_mut(&link) {
                 e.owner = Owner::Pending;
             }
-            self.transports[w.transport].pause_reading(link, false);
+            self.net.transports[w.transport].pause_reading(link, false);
             self.start_pending(link, w.source, Some(w.early), now);
         }
-        if let Some(d) = self.waiting.next_deadline() {
-            self.next_timer = Some(self.next_timer.map_or(d, |n| n.min(d)));
+        if let Some(d) = self.handshakes.waiting.next_deadline() {
+            self.timers.wake_by(d);
         }
     }
 
     /// Whether a link from `source` may wait for a handshake slot: there
     /// is room, or a source with more waiting gave a link up for it.
     pub(super) fn waiting_room(&mut self, source: IpAddr) -> bool {
-        if self.waiting.len() < WAITING_PER_SLOT * self.shared.cfg.max_handshakes {
+        if self.handshakes.waiting.len() < WAITING_PER_SLOT * self.shared.cfg.max_handshakes {
             return true;
         }
-        let Some((link, _)) = self.waiting.make_room_for(source) else {
+        let Some((link, _)) = self.handshakes.waiting.make_room_for(source) else {
             return false;
         };
         self.close_waiting(link);
@@ -101,7 +128,7 @@ impl Worker {
 
     /// Closes a waiting link (admission): it brought more than one may.
     pub(super) fn drop_waiting(&mut self, link: LinkId) {
-        self.waiting.remove(link);
+        self.handshakes.waiting.remove(link);
         self.close_waiting(link);
     }
 
@@ -109,43 +136,43 @@ impl Worker {
     pub(super) fn close_waiting(&mut self, link: LinkId) {
         if let Some(e) = self.forget_link(link) {
             Counters::add(&self.shared.counters.handshakes_refused, 1);
-            self.transports[e.transport].close(link, false);
+            self.net.transports[e.transport].close(link, false);
         }
     }
 
     /// Closes a pending link to make room for another (admission).
     pub(super) fn drop_pending(&mut self, link: LinkId) {
-        self.pending.remove(&link);
+        self.handshakes.pending.remove(&link);
         if let Some(e) = self.forget_link(link) {
-            self.transports[e.transport].close(link, false);
+            self.net.transports[e.transport].close(link, false);
         }
     }
 
     /// Drives a not-yet-routed accepted link's session.
     pub(super) fn drive_pending(&mut self, link: LinkId, now: Instant) {
-        let Some(t) = self.links.get(&link).map(|e| e.transport) else {
+        let Some(t) = self.net.links.get(&link).map(|e| e.transport) else {
             return;
         };
         loop {
-            let Some(p) = self.pending.get_mut(&link) else {
+            let Some(p) = self.handshakes.pending.get_mut(&link) else {
                 return;
             };
-            let mut out = std::mem::take(&mut self.outbox);
+            let mut out = std::mem::take(&mut self.driving.outbox);
             while let Some(tx) = p.session.poll_transmit(now) {
                 out.push(tx);
             }
             for (l, unit) in out.drain(..) {
                 self.transmit(t, l, unit, now);
             }
-            self.outbox = out;
-            let Some(p) = self.pending.get_mut(&link) else {
+            self.driving.outbox = out;
+            let Some(p) = self.handshakes.pending.get_mut(&link) else {
                 return;
             };
             let ev = p.session.poll_event();
             tracing::debug!(worker = self.idx, ?link, event = ?ev, "pending link event");
             match ev {
                 Some(SessionEvent::Identified(hello)) => {
-                    let Some(p) = self.pending.remove(&link) else {
+                    let Some(p) = self.handshakes.pending.remove(&link) else {
                         return;
                     };
                     self.route(link, t, p.session, hello, now);
@@ -153,24 +180,26 @@ impl Worker {
                 }
                 Some(SessionEvent::CloseLink(l)) => {
                     self.forget_link(l);
-                    self.transports[t].close(l, true);
+                    self.net.transports[t].close(l, true);
                 }
                 Some(_) => {}
                 None => break,
             }
         }
         if self
+            .handshakes
             .pending
             .get(&link)
             .is_some_and(|p| p.session.is_closed())
         {
-            self.pending.remove(&link);
+            self.handshakes.pending.remove(&link);
         } else if let Some(tm) = self
+            .handshakes
             .pending
             .get(&link)
             .and_then(|p| p.session.poll_timeout())
         {
-            self.next_timer = Some(self.next_timer.map_or(tm, |n| n.min(tm)));
+            self.timers.wake_by(tm);
         }
     }
 
@@ -188,10 +217,10 @@ impl Worker {
             self.route_local(link, t, session, hello, now);
             return;
         }
-        match self.transports[t].detach(link) {
+        match self.net.transports[t].detach(link) {
             Some(detached) => {
-                self.links.remove(&link);
-                let transport = self.transports[t].kind();
+                self.net.links.remove(&link);
+                let transport = self.net.transports[t].kind();
                 self.shared.workers[owner].submit(Command::Adopt(Box::new(Adoption {
                     link,
                     detached,
@@ -215,7 +244,7 @@ impl Worker {
         now: Instant,
     ) {
         let pk = peer_key(&hello.addr);
-        let cookie = self.rng.random::<u64>() | 1;
+        let cookie = self.handshakes.rng.random::<u64>() | 1;
         if let Some(&key) = self.by_peer.get(&pk) {
             if let Some(slot) = self.sessions.get_mut(&key) {
                 match slot
@@ -223,7 +252,7 @@ impl Worker {
                     .take_link(link, &hello, &mut session, cookie, now)
                 {
                     Takeover::Accepted => {
-                        if let Some(e) = self.links.get_mut(&link) {
+                        if let Some(e) = self.net.links.get_mut(&link) {
                             e.owner = Owner::Session(key);
                         }
                         if slot.transport != t {
@@ -232,8 +261,8 @@ impl Worker {
                             Counters::add(&self.shared.counters.transport_changes, 1);
                             tracing::info!(
                                 peer = %hello.addr,
-                                from = ?self.transports[slot.transport].kind(),
-                                to = ?self.transports[t].kind(),
+                                from = ?self.net.transports[slot.transport].kind(),
+                                to = ?self.net.transports[t].kind(),
                                 "session resumed over another transport"
                             );
                         }
@@ -290,7 +319,7 @@ impl Worker {
                 .clone()
         };
         let key = conn.inner.key;
-        if let Some(e) = self.links.get_mut(&link) {
+        if let Some(e) = self.net.links.get_mut(&link) {
             e.owner = Owner::Session(key);
         }
         self.by_peer.insert(pk, key);

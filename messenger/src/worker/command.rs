@@ -4,6 +4,8 @@
 
 use std::time::Instant;
 
+use crossbeam_channel::Receiver;
+
 use msgr_addr::TransportKind;
 use msgr_backends::{DetachedLink, RealFault, SimulatedFault, Transport, TransportStats};
 use msgr_proto::{
@@ -78,11 +80,32 @@ pub(crate) enum LinkFault {
     Simulated(SimulatedFault),
 }
 
+/// Where a worker takes its commands from, and the emptied lists it
+/// keeps for their memory (no allocation per command or batch).
+pub(super) struct CommandInbox {
+    pub(super) rx: Receiver<Command>,
+    /// The dispatcher callbacks' commands being handled swap with this.
+    pub(super) spare: Vec<Command>,
+    /// An emptied list of what sends queued, for the next connection's
+    /// turn ([`Worker::take_pending`]): no allocation per batch.
+    pub(super) spare_outgoing: Vec<Outgoing>,
+}
+
+impl CommandInbox {
+    pub(super) fn new(rx: Receiver<Command>) -> CommandInbox {
+        CommandInbox {
+            rx,
+            spare: Vec::new(),
+            spare_outgoing: Vec::new(),
+        }
+    }
+}
+
 impl Worker {
     pub(super) fn take_commands(&mut self) -> bool {
         let mut any = false;
         let now = self.now;
-        while let Ok(cmd) = self.rx.try_recv() {
+        while let Ok(cmd) = self.inbox.rx.try_recv() {
             any = true;
             self.handle_command(cmd, now);
         }
@@ -100,13 +123,13 @@ impl Worker {
             if !queued {
                 return any;
             }
-            let spare = std::mem::take(&mut self.commands_spare);
+            let spare = std::mem::take(&mut self.inbox.spare);
             let mut cmds = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {
                 Some(w) => std::mem::replace(&mut w.commands, spare),
                 None => spare,
             });
             if cmds.is_empty() {
-                self.commands_spare = cmds;
+                self.inbox.spare = cmds;
                 return any;
             }
             any = true;
@@ -114,7 +137,7 @@ impl Worker {
             for c in cmds.drain(..) {
                 self.handle_command(c, now);
             }
-            self.commands_spare = cmds;
+            self.inbox.spare = cmds;
         }
     }
 
@@ -123,26 +146,27 @@ impl Worker {
             Command::Connect { conn } => self.start_connect(conn, now),
             Command::Unbind { token, kind } => {
                 if let Some(token) = token {
-                    if let Some(i) = self.listeners.iter().position(|(_, tok)| *tok == token) {
-                        let (t, token) = self.listeners.remove(i);
-                        self.transports[t].unlisten(token);
+                    if let Some(i) = self.net.listeners.iter().position(|(_, tok)| *tok == token) {
+                        let (t, token) = self.net.listeners.remove(i);
+                        self.net.transports[t].unlisten(token);
                     }
                 }
                 let gone: Vec<(LinkId, usize)> = self
+                    .net
                     .links
                     .iter()
-                    .filter(|(_, e)| self.transports[e.transport].kind() == kind)
+                    .filter(|(_, e)| self.net.transports[e.transport].kind() == kind)
                     .map(|(l, e)| (*l, e.transport))
                     .collect();
                 for (link, t) in gone {
-                    if let Err(e) = self.transports[t].inject(link, RealFault::Abort) {
+                    if let Err(e) = self.net.transports[t].inject(link, RealFault::Abort) {
                         tracing::debug!(error = %e, "closing a link of an unbound transport");
                     }
                 }
             }
             Command::CallDeadline { key, id, at } => {
-                self.call_deadlines.push(std::cmp::Reverse((at, key, id)));
-                self.next_timer = Some(self.next_timer.map_or(at, |n| n.min(at)));
+                self.timers.calls.push(std::cmp::Reverse((at, key, id)));
+                self.timers.wake_by(at);
             }
             Command::Flush { conn } => self.take_pending(&conn),
             Command::MarkDown { key } => {
@@ -159,9 +183,9 @@ impl Worker {
             }
             Command::Inject { key, fault } => {
                 if let Some(link) = self.sessions.get(&key).and_then(|s| s.session.link()) {
-                    if let Some(e) = self.links.get(&link) {
+                    if let Some(e) = self.net.links.get(&link) {
                         Counters::add(&self.shared.counters.injected_faults, 1);
-                        let transport = &mut self.transports[e.transport];
+                        let transport = &mut self.net.transports[e.transport];
                         let done = match fault {
                             LinkFault::Real(f) => transport.inject(link, f),
                             LinkFault::Simulated(f) => transport.simulate(link, f),
@@ -173,7 +197,7 @@ impl Worker {
                 }
             }
             Command::RmaRevoke { region } => {
-                for t in &mut self.transports {
+                for t in &mut self.net.transports {
                     t.rma_unexpose(region);
                 }
             }
@@ -187,12 +211,16 @@ impl Worker {
                         + s.session.memory_bytes()
                 });
                 let table = self.sessions.capacity() * std::mem::size_of::<(u64, Box<Slot>)>();
-                let pending = self.pending.values().map(|p| p.session.memory_bytes());
-                let timers = self.session_timers.capacity()
+                let pending = self
+                    .handshakes
+                    .pending
+                    .values()
+                    .map(|p| p.session.memory_bytes());
+                let timers = self.timers.sessions.capacity()
                     * std::mem::size_of::<std::cmp::Reverse<(Instant, u64)>>();
                 let _ = reply.send(WorkerStats {
-                    transports: self.transports.iter().map(|t| t.stats()).collect(),
-                    sessions: self.sessions.len() + self.pending.len(),
+                    transports: self.net.transports.iter().map(|t| t.stats()).collect(),
+                    sessions: self.sessions.len() + self.handshakes.pending.len(),
                     session_bytes: table + timers + slots.chain(pending).sum::<usize>(),
                 });
             }
@@ -204,11 +232,16 @@ impl Worker {
                     hello,
                     transport,
                 } = *adoption;
-                let Some(t) = self.transports.iter().position(|x| x.kind() == transport) else {
+                let Some(t) = self
+                    .net
+                    .transports
+                    .iter()
+                    .position(|x| x.kind() == transport)
+                else {
                     return;
                 };
-                if self.transports[t].attach(link, detached).is_ok() {
-                    self.links.insert(
+                if self.net.transports[t].attach(link, detached).is_ok() {
+                    self.net.links.insert(
                         link,
                         LinkEntry {
                             transport: t,
@@ -219,8 +252,8 @@ impl Worker {
                 }
             }
             Command::Shutdown { deadline } => {
-                for (t, token) in std::mem::take(&mut self.listeners) {
-                    self.transports[t].unlisten(token);
+                for (t, token) in std::mem::take(&mut self.net.listeners) {
+                    self.net.transports[t].unlisten(token);
                 }
                 let keys: Vec<u64> = self.sessions.keys().copied().collect();
                 for k in keys {
@@ -229,14 +262,21 @@ impl Worker {
                     }
                     self.touch(k);
                 }
-                let waiting: Vec<LinkId> = self.waiting.drain().map(|(l, _)| l).collect();
-                for link in self.pending.drain().map(|(l, _)| l).chain(waiting) {
-                    if let Some(e) = self.links.remove(&link) {
-                        self.transports[e.transport].close(link, false);
+                let waiting: Vec<LinkId> =
+                    self.handshakes.waiting.drain().map(|(l, _)| l).collect();
+                for link in self
+                    .handshakes
+                    .pending
+                    .drain()
+                    .map(|(l, _)| l)
+                    .chain(waiting)
+                {
+                    if let Some(e) = self.net.links.remove(&link) {
+                        self.net.transports[e.transport].close(link, false);
                     }
                 }
-                self.shutdown = Some(deadline);
-                self.next_timer = Some(self.next_timer.map_or(deadline, |t| t.min(deadline)));
+                self.timers.shutdown = Some(deadline);
+                self.timers.wake_by(deadline);
             }
         }
     }
@@ -245,7 +285,7 @@ impl Worker {
     /// encoded batches whole, other messages as [`Worker::queue_messages`]
     /// does.
     pub(super) fn take_pending(&mut self, conn: &Connection) {
-        let mut items = std::mem::take(&mut self.spare_outgoing);
+        let mut items = std::mem::take(&mut self.inbox.spare_outgoing);
         conn.inner.pending.lock().take(&mut items);
         let key = conn.inner.key;
         for item in items.drain(..) {
@@ -266,7 +306,7 @@ impl Worker {
                 Outgoing::Message(msg) => self.queue_messages(key, std::iter::once(msg)),
             }
         }
-        self.spare_outgoing = items;
+        self.inbox.spare_outgoing = items;
         self.touch(key);
     }
 
@@ -279,7 +319,7 @@ impl Worker {
         };
         for msg in msgs {
             let msg = if msg.call & RMA_BIT != 0 {
-                let (transports, links) = (&mut self.transports, &self.links);
+                let (transports, links) = (&mut self.net.transports, &self.net.links);
                 let native = &mut self.native_ops;
                 match native_rma::try_native((key, &mut *slot), msg, transports, links, native) {
                     Ok(()) => continue,

@@ -59,11 +59,11 @@ impl Worker {
                     return;
                 };
                 slot.transport = t;
-                match self.transports[t].connect(link, &addr) {
+                match self.net.transports[t].connect(link, &addr) {
                     Ok(()) => {
                         slot.session.dialing(link);
                         Counters::add(&self.shared.counters.links_active, 1);
-                        self.links.insert(
+                        self.net.links.insert(
                             link,
                             LinkEntry {
                                 transport: t,
@@ -76,7 +76,7 @@ impl Worker {
             }
             SessionEvent::CloseLink(link) => {
                 if let Some(e) = self.forget_link(link) {
-                    self.transports[e.transport].close(link, true);
+                    self.net.transports[e.transport].close(link, true);
                 }
             }
             SessionEvent::Identified(_) => {}
@@ -210,6 +210,7 @@ impl Worker {
         }
         // Any link still registered to it goes too.
         let stale: Vec<LinkId> = self
+            .net
             .links
             .iter()
             .filter(|(_, e)| matches!(e.owner, Owner::Session(k) if k == key))
@@ -217,7 +218,7 @@ impl Worker {
             .collect();
         for l in stale {
             if let Some(e) = self.forget_link(l) {
-                self.transports[e.transport].close(l, true);
+                self.net.transports[e.transport].close(l, true);
             }
         }
     }

@@ -6,29 +6,44 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use msgr_backends::Transport;
-use msgr_proto::Transmit;
+use msgr_proto::{LinkId, Transmit};
+use rustc_hash::FxHashSet;
 
 use super::deliver::deliver;
 use super::{Worker, TX_HIGH_WATER};
 use crate::connection::ConnectionState;
 use crate::counters::Counters;
 
+/// The sessions to drive, and what driving them keeps between turns.
+#[derive(Default)]
+pub(super) struct Driving {
+    /// Sessions with something to do this pass.
+    pub(super) touched: Vec<u64>,
+    /// An emptied list the sessions being driven swap with, so a message
+    /// does not allocate for the bookkeeping.
+    pub(super) spare: Vec<u64>,
+    /// A session's units on their way to its transport (emptied, kept).
+    pub(super) outbox: Vec<(LinkId, Transmit)>,
+    /// Sessions with output waiting for their link to drain.
+    pub(super) blocked: FxHashSet<u64>,
+}
+
 impl Worker {
     pub(super) fn touch(&mut self, key: u64) {
-        if !self.touched.contains(&key) {
-            self.touched.push(key);
+        if !self.driving.touched.contains(&key) {
+            self.driving.touched.push(key);
         }
     }
 
     pub(super) fn drive_touched(&mut self) {
-        while !self.touched.is_empty() {
+        while !self.driving.touched.is_empty() {
             let now = self.now;
-            let spare = std::mem::take(&mut self.touched_spare);
-            let mut keys = std::mem::replace(&mut self.touched, spare);
+            let spare = std::mem::take(&mut self.driving.spare);
+            let mut keys = std::mem::replace(&mut self.driving.touched, spare);
             for key in keys.drain(..) {
                 self.drive(key, now);
             }
-            self.touched_spare = keys;
+            self.driving.spare = keys;
             self.take_local_commands();
         }
     }
@@ -50,7 +65,13 @@ impl Worker {
                 // delivered with the slot in hand: no second lookup, no
                 // event dispatch.
                 while let Some(msg) = slot.session.poll_message() {
-                    deliver(slot, msg, &self.shared, &mut self.transports, &self.links);
+                    deliver(
+                        slot,
+                        msg,
+                        &self.shared,
+                        &mut self.net.transports,
+                        &self.net.links,
+                    );
                 }
                 // An event, or none once both are drained (an event held
                 // back by messages came out after them above).
@@ -64,10 +85,10 @@ impl Worker {
                 return;
             };
             let t = slot.transport;
-            let mut out = std::mem::take(&mut self.outbox);
+            let mut out = std::mem::take(&mut self.driving.outbox);
             let link = slot.session.link();
             let mut room = match link {
-                Some(l) => TX_HIGH_WATER.saturating_sub(self.transports[t].backlog(l)),
+                Some(l) => TX_HIGH_WATER.saturating_sub(self.net.transports[t].backlog(l)),
                 None => 0,
             };
             while room > 0 {
@@ -79,12 +100,12 @@ impl Worker {
             }
             if room == 0 && link.is_some() && slot.session.wants_transmit() {
                 // The link is backed up: resume when it drains (flush_transports).
-                self.blocked.insert(key);
+                self.driving.blocked.insert(key);
             }
             for (link, unit) in out.drain(..) {
                 self.transmit(t, link, unit, now);
             }
-            self.outbox = out;
+            self.driving.outbox = out;
             let Some(slot) = self.sessions.get_mut(&key) else {
                 return;
             };
@@ -129,8 +150,8 @@ impl Worker {
             // `fire_timers` files the session under its deadline then.
             if slot.armed.is_none_or(|a| t < a) {
                 slot.armed = Some(t);
-                self.session_timers.push(std::cmp::Reverse((t, key)));
-                self.next_timer = Some(self.next_timer.map_or(t, |n| n.min(t)));
+                self.timers.sessions.push(std::cmp::Reverse((t, key)));
+                self.timers.wake_by(t);
             }
         }
         if slot.session.is_closed() {

@@ -5,18 +5,44 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use msgr_backends::{Transport, TransportEvent};
+use mio::Token;
+use msgr_backends::{AnyTransport, Transport, TransportEvent};
 use msgr_proto::{Banner, LinkId, Session, Transmit};
+use rustc_hash::FxHashMap;
 
 use super::admission::{admit, Admit, WaitingLink};
 use super::{LinkEntry, Owner, Worker, TX_LOW_WATER};
 use crate::counters::Counters;
 
+/// The transports a worker runs, what listens on them and the links over
+/// them, with the events they report.
+pub(super) struct Net {
+    pub(super) transports: Vec<AnyTransport>,
+    pub(super) listeners: Vec<(usize, Token)>,
+    pub(super) links: FxHashMap<LinkId, LinkEntry>,
+    /// What the transports reported, handled in [`Worker::handle_transport_events`].
+    pub(super) events: Vec<TransportEvent>,
+    /// Reading paused by the receive throttle.
+    pub(super) rx_paused: bool,
+}
+
+impl Net {
+    pub(super) fn new(transports: Vec<AnyTransport>, listeners: Vec<(usize, Token)>) -> Net {
+        Net {
+            transports,
+            listeners,
+            links: FxHashMap::default(),
+            events: Vec::new(),
+            rx_paused: false,
+        }
+    }
+}
+
 impl Worker {
     pub(super) fn progress_transports(&mut self) -> bool {
         let mut any = false;
-        for t in &mut self.transports {
-            any |= t.progress(self.now, &mut self.tevents);
+        for t in &mut self.net.transports {
+            any |= t.progress(self.now, &mut self.net.events);
         }
         if any {
             self.handle_transport_events();
@@ -28,16 +54,16 @@ impl Worker {
     /// one has something pending already (the worker will not block, and
     /// arms the rest next time).
     pub(super) fn arm_transports(&mut self) -> bool {
-        self.transports.iter_mut().all(|t| t.arm())
+        self.net.transports.iter_mut().all(|t| t.arm())
     }
 
     pub(super) fn flush_transports(&mut self) {
         loop {
-            for t in &mut self.transports {
-                t.flush(self.now, &mut self.tevents);
+            for t in &mut self.net.transports {
+                t.flush(self.now, &mut self.net.events);
             }
             let unblocked = self.unblock_sessions();
-            if self.tevents.is_empty() && !unblocked {
+            if self.net.events.is_empty() && !unblocked {
                 return;
             }
             self.handle_transport_events();
@@ -48,21 +74,21 @@ impl Worker {
     /// Sessions held back by a backed-up link continue once it has drained
     /// below the low-water mark. Returns whether any did.
     pub(super) fn unblock_sessions(&mut self) -> bool {
-        if self.blocked.is_empty() {
+        if self.driving.blocked.is_empty() {
             return false;
         }
         let mut any = false;
-        let keys: Vec<u64> = self.blocked.iter().copied().collect();
+        let keys: Vec<u64> = self.driving.blocked.iter().copied().collect();
         for key in keys {
             let backlog = match self.sessions.get(&key) {
                 Some(slot) => match slot.session.link() {
-                    Some(l) => self.transports[slot.transport].backlog(l),
+                    Some(l) => self.net.transports[slot.transport].backlog(l),
                     None => 0,
                 },
                 None => 0,
             };
             if backlog < TX_LOW_WATER {
-                self.blocked.remove(&key);
+                self.driving.blocked.remove(&key);
                 self.touch(key);
                 any = true;
             }
@@ -72,11 +98,11 @@ impl Worker {
 
     pub(super) fn handle_transport_events(&mut self) {
         // Every pass asks, and most have nothing: no swap of the buffers then.
-        if self.tevents.is_empty() {
+        if self.net.events.is_empty() {
             return;
         }
         let now = self.now;
-        let mut evs = std::mem::take(&mut self.tevents);
+        let mut evs = std::mem::take(&mut self.net.events);
         // Links whose protocol error this batch has counted. One bad
         // connection is one error, but it can be reported twice in a
         // batch: a transport decodes all it read before the worker sees
@@ -102,9 +128,10 @@ impl Worker {
                     listener,
                     peer,
                 } => {
-                    let Some(&(t, _)) = self.listeners.iter().find(|(_, tok)| *tok == listener)
+                    let Some(&(t, _)) = self.net.listeners.iter().find(|(_, tok)| *tok == listener)
                     else {
-                        self.transports
+                        self.net
+                            .transports
                             .iter_mut()
                             .for_each(|x| x.close(link, false));
                         continue;
@@ -115,9 +142,9 @@ impl Worker {
                     let shared = self.shared.clone();
                     let cfg = &shared.cfg;
                     match admit(
-                        &self.pending,
+                        &self.handshakes.pending,
                         peer.ip(),
-                        self.passes,
+                        self.handshakes.passes,
                         cfg.max_handshakes,
                         cfg.max_handshakes_per_source,
                     ) {
@@ -132,12 +159,12 @@ impl Worker {
                             // shorter than a burst's wait.
                             Counters::add(&self.shared.counters.handshakes_waited, 1);
                             Counters::add(&self.shared.counters.links_active, 1);
-                            self.transports[t].pause_reading(link, true);
+                            self.net.transports[t].pause_reading(link, true);
                             let banner = Banner::for_session(
                                 cfg.session.payload_crc,
                                 cfg.session.security.modes,
                             );
-                            self.links.insert(
+                            self.net.links.insert(
                                 link,
                                 LinkEntry {
                                     transport: t,
@@ -145,7 +172,7 @@ impl Worker {
                                 },
                             );
                             let deadline = now + cfg.session.handshake_timeout;
-                            self.waiting.push(
+                            self.handshakes.waiting.push(
                                 link,
                                 WaitingLink {
                                     source: peer.ip(),
@@ -154,19 +181,18 @@ impl Worker {
                                     early: Vec::new(),
                                 },
                             );
-                            self.next_timer =
-                                Some(self.next_timer.map_or(deadline, |n| n.min(deadline)));
+                            self.timers.wake_by(deadline);
                             self.transmit(t, link, Transmit::Banner(banner.encode()), now);
                             continue;
                         }
                         Admit::Refuse => {
                             Counters::add(&self.shared.counters.handshakes_refused, 1);
-                            self.transports[t].close(link, false);
+                            self.net.transports[t].close(link, false);
                             continue;
                         }
                     }
                     Counters::add(&self.shared.counters.links_active, 1);
-                    self.links.insert(
+                    self.net.links.insert(
                         link,
                         LinkEntry {
                             transport: t,
@@ -176,7 +202,7 @@ impl Worker {
                     self.start_pending(link, peer.ip(), None, now);
                 }
                 TransportEvent::Connected(link) => {
-                    if let Some(Owner::Session(k)) = self.links.get(&link).map(|e| e.owner) {
+                    if let Some(Owner::Session(k)) = self.net.links.get(&link).map(|e| e.owner) {
                         if let Some(s) = self.sessions.get_mut(&k) {
                             s.session.link_up(link, now);
                         }
@@ -184,7 +210,7 @@ impl Worker {
                     }
                 }
                 TransportEvent::Received(link, unit) => {
-                    match self.links.get(&link).map(|e| e.owner) {
+                    match self.net.links.get(&link).map(|e| e.owner) {
                         Some(Owner::Session(k)) => {
                             if let Some(s) = self.sessions.get_mut(&k) {
                                 let throttle = &self.shared.throttle;
@@ -200,7 +226,7 @@ impl Worker {
                             self.touch(k);
                         }
                         Some(Owner::Pending) => {
-                            if let Some(p) = self.pending.get_mut(&link) {
+                            if let Some(p) = self.handshakes.pending.get_mut(&link) {
                                 if let Err(e) = p.session.handle_inbound(link, unit, now) {
                                     if first_error(link) {
                                         count_protocol_error(&self.shared.counters, &e);
@@ -209,7 +235,7 @@ impl Worker {
                             }
                             self.drive_pending(link, now);
                         }
-                        Some(Owner::Waiting) if !self.waiting.keep_early(link, unit) => {
+                        Some(Owner::Waiting) if !self.handshakes.waiting.keep_early(link, unit) => {
                             self.drop_waiting(link);
                         }
                         Some(Owner::Waiting) | None => {}
@@ -235,8 +261,8 @@ impl Worker {
             }
         }
         // Keep the allocation.
-        if self.tevents.is_empty() {
-            self.tevents = evs;
+        if self.net.events.is_empty() {
+            self.net.events = evs;
         }
     }
 
@@ -269,12 +295,12 @@ impl Worker {
                 self.touch(k);
             }
             Owner::Pending => {
-                if let Some(mut p) = self.pending.remove(&link) {
+                if let Some(mut p) = self.handshakes.pending.remove(&link) {
                     tell(&mut p.session, now);
                 }
             }
             Owner::Waiting => {
-                self.waiting.remove(link);
+                self.handshakes.waiting.remove(link);
             }
         }
     }
@@ -283,7 +309,7 @@ impl Worker {
     /// closing it on its transport is the caller's (flushed or not, or
     /// already closed underneath).
     pub(super) fn forget_link(&mut self, link: LinkId) -> Option<LinkEntry> {
-        let e = self.links.remove(&link)?;
+        let e = self.net.links.remove(&link)?;
         self.shared
             .counters
             .links_active
@@ -294,21 +320,21 @@ impl Worker {
     pub(super) fn check_throttle(&mut self) {
         let th = &self.shared.throttle;
         let mut full = th.full();
-        if full && !self.rx_paused {
+        if full && !self.net.rx_paused {
             th.set_paused();
             // A release may have slipped in before set_paused: look again.
             full = th.full();
         }
-        if full == self.rx_paused {
+        if full == self.net.rx_paused {
             return;
         }
         if full {
             Counters::add(&self.shared.counters.rx_throttle_pauses, 1);
         }
-        self.rx_paused = full;
+        self.net.rx_paused = full;
         let now = Instant::now();
-        for (link, e) in &self.links {
-            self.transports[e.transport].pause_reading(*link, full);
+        for (link, e) in &self.net.links {
+            self.net.transports[e.transport].pause_reading(*link, full);
         }
         for s in self.sessions.values_mut() {
             s.session.set_rx_paused(full, now);

@@ -69,7 +69,6 @@ mod spin;
 mod timers;
 mod transmit;
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,17 +76,20 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use mio::{Events, Poll, Token, Waker};
 use msgr_addr::EntityAddr;
-use msgr_backends::{open_transport, AnyTransport, Transport, TransportError, TransportEvent};
-use msgr_proto::{LinkId, Session, SessionStats, Transmit};
-use rand::{rngs::StdRng, SeedableRng};
-use rustc_hash::{FxHashMap, FxHashSet};
+use msgr_backends::{open_transport, AnyTransport, Transport, TransportError};
+use msgr_proto::{Session, SessionStats};
+use rustc_hash::FxHashMap;
 
-use admission::{PendingLink, WaitingLinks};
+use accept::Handshakes;
+use command::CommandInbox;
 pub(crate) use command::{Command, LinkFault};
+use drive::Driving;
+use events::Net;
+use timers::Timers;
+use transmit::FaultPath;
 
-use crate::connection::{Connection, LocalWorker, Outgoing, LOCAL_WORKER};
+use crate::connection::{Connection, LocalWorker, LOCAL_WORKER};
 use crate::counters::Counters;
-use crate::faults::{FaultAction, FaultInjector};
 use crate::messenger::Shared;
 
 /// Stop pulling frames from a session while its link holds this much unsent.
@@ -231,64 +233,42 @@ struct LinkEntry {
     owner: Owner,
 }
 
+/// A worker's state, by concern: each part's fields and code live in
+/// the module named beside it.
 pub(crate) struct Worker {
     idx: usize,
     shared: Arc<Shared>,
     poll: Poll,
-    rx: Receiver<Command>,
+    /// Set while the loop blocks in `poll` (the handles wake it then).
     sleeping: Arc<AtomicBool>,
-    transports: Vec<AnyTransport>,
-    listeners: Vec<(usize, Token)>,
+    /// Commands from handles and callbacks (`command`).
+    inbox: CommandInbox,
+    /// Transports, listeners and links (`events`).
+    net: Net,
     /// Boxed: a slot is ~1.8 KB and a table keeps an eighth or more of
     /// its buckets empty (up to half after it grows): 16 B each, not a
     /// slot's size (issue 52: 10,000 sessions).
     sessions: FxHashMap<u64, Box<Slot>>,
     /// Keyed by what peers say about themselves: keep std's DoS-resistant hash.
     by_peer: std::collections::HashMap<EntityAddr, u64>,
-    links: FxHashMap<LinkId, LinkEntry>,
-    pending: FxHashMap<LinkId, PendingLink>,
-    /// Accepted links waiting for room in `pending`.
-    waiting: WaitingLinks,
-    /// Passes of the event loop so far (handshake admission counts them).
-    passes: u64,
-    tevents: Vec<TransportEvent>,
-    touched: Vec<u64>,
-    /// Emptied vectors kept for their memory: the sessions being driven
-    /// and the dispatcher callbacks' commands being handled swap with
-    /// these, so a message does not allocate for the bookkeeping.
-    touched_spare: Vec<u64>,
-    commands_spare: Vec<Command>,
-    rng: StdRng,
-    next_timer: Option<Instant>,
-    /// Sessions' timer deadlines, earliest first: (when, session key). An
-    /// entry is live while its slot's `armed` holds its time; one left
-    /// behind when a session's deadline moved earlier is skipped when it
-    /// comes up. Firing timers looks at the sessions due, not at every
-    /// session: 10,000 idle ones fire a keepalive each every 2 s, and a
-    /// scan of all of them per firing took 60% of a core (issue 52).
-    session_timers: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, u64)>>,
+    /// Accepted links whose session is not known yet (`accept`).
+    handshakes: Handshakes,
+    /// Deadlines (`timers`).
+    timers: Timers,
+    /// Sessions to drive and their output's bookkeeping (`drive`).
+    driving: Driving,
+    /// The fault plan on the way out (`transmit`).
+    faults: FaultPath,
+    /// Native reads and writes of peers' regions in flight, by call id
+    /// (`native_rma`).
+    native_ops: FxHashMap<u64, native_rma::NativeOp>,
     /// The loop's clock: read once per pass (after the poll returns, and
     /// before computing how long to block), not per step. A pass takes
     /// microseconds, far below any timer's resolution, and a clock read is
     /// not free everywhere (a system call where the clocksource has no vDSO
     /// path, as HPET in a TCG guest).
     now: Instant,
-    shutdown: Option<Instant>,
-    rx_paused: bool,
     report: WorkerReport,
-    faults: Option<FaultInjector>,
-    /// Units held back by an injected delay, per link, in order.
-    held: FxHashMap<LinkId, (Instant, VecDeque<(Transmit, FaultAction)>)>,
-    outbox: Vec<(LinkId, Transmit)>,
-    /// Async calls' deadlines: (when, session key, call id), earliest first.
-    call_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, u64, u64)>>,
-    /// Sessions with output waiting for their link to drain.
-    blocked: FxHashSet<u64>,
-    /// Native reads and writes of peers' regions in flight, by call id.
-    native_ops: FxHashMap<u64, native_rma::NativeOp>,
-    /// An emptied list of what sends queued, for the next connection's
-    /// turn ([`Worker::take_pending`]): no allocation per batch.
-    spare_outgoing: Vec<Outgoing>,
 }
 
 impl Worker {
@@ -321,39 +301,23 @@ impl Worker {
         transports: Vec<AnyTransport>,
         listeners: Vec<(usize, Token)>,
     ) -> Worker {
-        let faults_plan = shared.cfg.faults.clone();
+        let faults = FaultPath::new(shared.cfg.faults.clone(), idx);
         Worker {
             idx,
             shared,
             poll,
-            rx,
             sleeping,
-            transports,
-            listeners,
+            inbox: CommandInbox::new(rx),
+            net: Net::new(transports, listeners),
             sessions: FxHashMap::default(),
             by_peer: std::collections::HashMap::new(),
-            links: FxHashMap::default(),
-            pending: FxHashMap::default(),
-            waiting: WaitingLinks::default(),
-            passes: 0,
-            tevents: Vec::new(),
-            touched: Vec::new(),
-            touched_spare: Vec::new(),
-            commands_spare: Vec::new(),
-            rng: StdRng::from_os_rng(),
-            next_timer: None,
-            session_timers: Default::default(),
-            now: Instant::now(),
-            shutdown: None,
-            rx_paused: false,
-            report: WorkerReport::default(),
-            faults: faults_plan.map(|p| FaultInjector::new(p, idx)),
-            held: FxHashMap::default(),
-            outbox: Vec::new(),
-            call_deadlines: Default::default(),
-            blocked: FxHashSet::default(),
+            handshakes: Handshakes::new(),
+            timers: Timers::default(),
+            driving: Driving::default(),
+            faults,
             native_ops: FxHashMap::default(),
-            spare_outgoing: Vec::new(),
+            now: Instant::now(),
+            report: WorkerReport::default(),
         }
     }
 
@@ -361,6 +325,7 @@ impl Worker {
     /// cannot run here says why).
     fn transport_for(&mut self, addr: &EntityAddr) -> Result<usize, TransportError> {
         if let Some(t) = self
+            .net
             .transports
             .iter()
             .position(|t| t.kind() == addr.transport)
@@ -372,8 +337,8 @@ impl Worker {
             ..self.shared.transport_ctx.clone()
         };
         let t = open_transport(&addr.transport, self.poll.registry(), &ctx)?;
-        self.transports.push(t);
-        Ok(self.transports.len() - 1)
+        self.net.transports.push(t);
+        Ok(self.net.transports.len() - 1)
     }
 
     /// The event loop; returns when shut down and drained (or past the deadline).
@@ -392,7 +357,7 @@ impl Worker {
         let mut pass: u32 = 0;
         loop {
             pass = pass.wrapping_add(1);
-            self.passes += 1;
+            self.handshakes.passes += 1;
             let mut active = self.take_commands();
             let commanded = active;
             let moved_before = self.messages_moved();
@@ -417,7 +382,7 @@ impl Worker {
                     pacer.yielded(after - before, after);
                     // Sleeping is prompt only where every transport's
                     // arrivals wake the worker; a polled one keeps spinning.
-                    let can_sleep = self.transports.iter().all(|t| t.wakes_the_worker());
+                    let can_sleep = self.net.transports.iter().all(|t| t.wakes_the_worker());
                     if can_sleep && shared_cpu.yielded(after - before, after) {
                         Counters::add(&self.shared.counters.spin_pauses, 1);
                         tracing::debug!(
@@ -434,9 +399,9 @@ impl Worker {
                 // command or completion is never stranded while we sleep.
                 self.sleeping.store(true, Ordering::SeqCst);
                 std::sync::atomic::fence(Ordering::SeqCst);
-                if !self.rx.is_empty()
+                if !self.inbox.rx.is_empty()
                     || self.progress_transports()
-                    || !self.touched.is_empty()
+                    || !self.driving.touched.is_empty()
                     || !self.arm_transports()
                 {
                     Some(Duration::ZERO)
@@ -445,9 +410,9 @@ impl Worker {
                     // be polled "now" read the clock itself, later than any
                     // earlier reading here, and a positive remainder of a few
                     // nanoseconds would become a whole millisecond in epoll.
-                    let wake = self.transports.iter().filter_map(|t| t.wake_at()).min();
+                    let wake = self.net.transports.iter().filter_map(|t| t.wake_at()).min();
                     self.now = Instant::now();
-                    let until = match (self.next_timer, wake) {
+                    let until = match (self.timers.next, wake) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
                     };
@@ -456,7 +421,7 @@ impl Worker {
             };
             // While spinning, epoll paced by its price unless a transport
             // needs it every pass (see `Transport::ready_every_pass`).
-            let needed = !spinning || self.transports.iter().any(|t| t.ready_every_pass());
+            let needed = !spinning || self.net.transports.iter().any(|t| t.ready_every_pass());
             let ask_poll = needed || pacer.poll_now(self.now, pass);
             // A paced call is timed: its price sets the pace.
             let paced_since = (!needed && ask_poll && pacer.adapts()).then(Instant::now);
@@ -478,12 +443,12 @@ impl Worker {
                     continue;
                 }
                 active = true;
-                if let Some(t) = self.transports.iter_mut().find(|t| t.owns(ev.token())) {
-                    t.ready(ev, self.now, &mut self.tevents);
+                if let Some(t) = self.net.transports.iter_mut().find(|t| t.owns(ev.token())) {
+                    t.ready(ev, self.now, &mut self.net.events);
                 }
             }
             active |= self.progress_transports();
-            active |= !self.tevents.is_empty();
+            active |= !self.net.events.is_empty();
             self.handle_transport_events();
             self.fire_timers(self.now);
             self.admit_waiting(self.now);
@@ -514,12 +479,12 @@ impl Worker {
     /// closed it with a flush (a Close frame, what a marked-down session
     /// had handed over) — or the deadline has passed.
     fn finished(&self, now: Instant) -> bool {
-        match self.shutdown {
+        match self.timers.shutdown {
             Some(deadline) => {
                 now >= deadline
                     || (self.sessions.is_empty()
-                        && self.pending.is_empty()
-                        && self.transports.iter().all(|t| t.closing_links() == 0))
+                        && self.handshakes.pending.is_empty()
+                        && self.net.transports.iter().all(|t| t.closing_links() == 0))
             }
             None => false,
         }
@@ -547,19 +512,24 @@ impl Worker {
             self.touch(k);
         }
         self.drive_touched();
-        for (link, _) in self.pending.drain() {
-            if let Some(e) = self.links.get(&link) {
-                self.transports[e.transport].close(link, false);
+        for (link, _) in self.handshakes.pending.drain() {
+            if let Some(e) = self.net.links.get(&link) {
+                self.net.transports[e.transport].close(link, false);
             }
         }
-        for (link, e) in self.links.drain() {
-            self.transports[e.transport].close(link, false);
+        for (link, e) in self.net.links.drain() {
+            self.net.transports[e.transport].close(link, false);
         }
         // Links still closing after a flush: those whose peer did not take
         // their last output by the deadline, and those the forced sessions
         // above just closed. Aborted and counted, so that none outlives the
         // worker unseen.
-        self.report.aborted_links = self.transports.iter_mut().map(|t| t.abort_closing()).sum();
+        self.report.aborted_links = self
+            .net
+            .transports
+            .iter_mut()
+            .map(|t| t.abort_closing())
+            .sum();
         if self.report.aborted_links > 0 {
             tracing::info!(
                 worker = self.idx,
@@ -567,10 +537,10 @@ impl Worker {
                 "links still closing at the shutdown deadline aborted"
             );
         }
-        for (t, token) in std::mem::take(&mut self.listeners) {
-            self.transports[t].unlisten(token);
+        for (t, token) in std::mem::take(&mut self.net.listeners) {
+            self.net.transports[t].unlisten(token);
         }
-        self.report.leaked_links = self.transports.iter().map(|t| t.link_count()).sum();
+        self.report.leaked_links = self.net.transports.iter().map(|t| t.link_count()).sum();
         LOCAL_WORKER.with(|l| *l.borrow_mut() = None);
         self.report
     }

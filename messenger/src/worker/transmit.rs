@@ -6,31 +6,49 @@ use std::time::Instant;
 
 use msgr_backends::{RealFault, Transport};
 use msgr_proto::{LinkId, Tag, Transmit};
+use rustc_hash::FxHashMap;
 
 use super::Worker;
 use crate::counters::Counters;
-use crate::faults::FaultAction;
+use crate::faults::{FaultAction, FaultInjector, FaultPlan};
+
+/// The configured fault plan, if any, and the units it holds back.
+pub(super) struct FaultPath {
+    pub(super) plan: Option<FaultInjector>,
+    /// Units held back by an injected delay, per link, in order.
+    pub(super) held: FxHashMap<LinkId, (Instant, VecDeque<(Transmit, FaultAction)>)>,
+}
+
+impl FaultPath {
+    pub(super) fn new(plan: Option<FaultPlan>, worker: usize) -> FaultPath {
+        FaultPath {
+            plan: plan.map(|p| FaultInjector::new(p, worker)),
+            held: FxHashMap::default(),
+        }
+    }
+}
 
 impl Worker {
     /// Hands one unit to its transport, through the fault plan if one is set.
     pub(super) fn transmit(&mut self, t: usize, link: LinkId, unit: Transmit, now: Instant) {
-        let action = match &mut self.faults {
+        let action = match &mut self.faults.plan {
             Some(f) => f.decide(is_handshake(&unit)),
             None => FaultAction::Pass,
         };
         if action != FaultAction::Pass {
             Counters::add(&self.shared.counters.injected_faults, 1);
         }
-        if let Some((_, q)) = self.held.get_mut(&link) {
+        if let Some((_, q)) = self.faults.held.get_mut(&link) {
             // Something earlier on this link is delayed: keep the order.
             q.push_back((unit, action));
             return;
         }
         if let FaultAction::Delay(d) = action {
             let at = now + d;
-            self.held
+            self.faults
+                .held
                 .insert(link, (at, VecDeque::from([(unit, FaultAction::Pass)])));
-            self.next_timer = Some(self.next_timer.map_or(at, |n| n.min(at)));
+            self.timers.wake_by(at);
             return;
         }
         self.apply(t, link, unit, action);
@@ -39,11 +57,11 @@ impl Worker {
     /// Sends a unit as the fault plan decided.
     pub(super) fn apply(&mut self, t: usize, link: LinkId, unit: Transmit, action: FaultAction) {
         let res = match action {
-            FaultAction::Pass | FaultAction::Delay(_) => self.transports[t].send(link, unit),
-            FaultAction::FailLink => self.transports[t].inject(link, RealFault::Abort),
+            FaultAction::Pass | FaultAction::Delay(_) => self.net.transports[t].send(link, unit),
+            FaultAction::FailLink => self.net.transports[t].inject(link, RealFault::Abort),
             FaultAction::Corrupt(bit) => {
                 Counters::add(&self.shared.counters.corruptions_injected, 1);
-                self.transports[t].send_corrupted(link, unit, bit)
+                self.net.transports[t].send_corrupted(link, unit, bit)
             }
         };
         if let Err(e) = res {
@@ -53,28 +71,29 @@ impl Worker {
 
     /// Sends units whose injected delay is over.
     pub(super) fn release_held(&mut self, now: Instant) {
-        if self.held.is_empty() {
+        if self.faults.held.is_empty() {
             return;
         }
         let due: Vec<LinkId> = self
+            .faults
             .held
             .iter()
             .filter(|(_, (at, _))| *at <= now)
             .map(|(l, _)| *l)
             .collect();
         for link in due {
-            let Some((_, q)) = self.held.remove(&link) else {
+            let Some((_, q)) = self.faults.held.remove(&link) else {
                 continue;
             };
-            let Some(t) = self.links.get(&link).map(|e| e.transport) else {
+            let Some(t) = self.net.links.get(&link).map(|e| e.transport) else {
                 continue;
             };
             for (unit, action) in q {
                 self.apply(t, link, unit, action);
             }
         }
-        for (at, _) in self.held.values() {
-            self.next_timer = Some(self.next_timer.map_or(*at, |n| n.min(*at)));
+        for (at, _) in self.faults.held.values() {
+            self.timers.wake_by(*at);
         }
     }
 
@@ -83,7 +102,7 @@ impl Worker {
     pub(super) fn refuse(&mut self, link: LinkId, t: usize, refusal: Transmit) {
         self.transmit(t, link, refusal, self.now);
         self.forget_link(link);
-        self.transports[t].close(link, true);
+        self.net.transports[t].close(link, true);
     }
 }
 
