@@ -5,19 +5,21 @@
 use std::net::IpAddr;
 use std::time::Instant;
 
+use mio::Token;
 use msgr_backends::Transport;
 use msgr_proto::{
-    session::Hello, Inbound, LinkId, Session, SessionEvent, SessionStats, Takeover, Transmit,
+    session::Hello, Banner, Inbound, LinkId, Session, SessionEvent, Takeover, Transmit,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 
-use super::admission::{PendingLink, WaitingLinks, WAITING_PER_SLOT};
+use super::admission::{admit, Admit, PendingLink, WaitingLink, WaitingLinks, WAITING_PER_SLOT};
 use super::command::{Adoption, Command};
 use super::events::count_protocol_error;
-use super::{owner_of, peer_key, Owner, Slot, Worker};
+use super::{owner_of, peer_key, LinkEntry, Owner, Slot, Worker};
 use crate::connection::Connection;
 use crate::counters::Counters;
+use msgr_addr::EntityAddr;
 
 /// Accepted links on their way to a session.
 pub(super) struct Handshakes {
@@ -42,6 +44,77 @@ impl Handshakes {
 }
 
 impl Worker {
+    /// A transport accepted `link` on `listener`. Bounded handshake state
+    /// (admission module): an idle pending link gives way, or the new one
+    /// waits for a slot or is refused.
+    pub(super) fn on_accepted(
+        &mut self,
+        link: LinkId,
+        listener: Token,
+        source: IpAddr,
+        now: Instant,
+    ) {
+        let Some(&(t, _)) = self.net.listeners.iter().find(|(_, tok)| *tok == listener) else {
+            self.net
+                .transports
+                .iter_mut()
+                .for_each(|x| x.close(link, false));
+            return;
+        };
+        let cfg = &self.shared.cfg;
+        let (total, per_source) = (cfg.max_handshakes, cfg.max_handshakes_per_source);
+        let passes = self.handshakes.passes;
+        match admit(&self.handshakes.pending, source, passes, total, per_source) {
+            Admit::Yes => {}
+            Admit::Evict(old) => {
+                Counters::add(&self.shared.counters.handshakes_evicted, 1);
+                self.drop_pending(old);
+            }
+            Admit::Refuse if self.waiting_room(source) => {
+                self.wait_for_slot(link, t, source, now);
+                return;
+            }
+            Admit::Refuse => {
+                Counters::add(&self.shared.counters.handshakes_refused, 1);
+                self.net.transports[t].close(link, false);
+                return;
+            }
+        }
+        Counters::add(&self.shared.counters.links_active, 1);
+        let entry = LinkEntry {
+            transport: t,
+            owner: Owner::Pending,
+        };
+        self.net.links.insert(link, entry);
+        self.start_pending(link, source, None, now);
+    }
+
+    /// A burst: `link` waits, unread, for a handshake slot. The banner goes
+    /// now: the peer's banner timer (2 s) is shorter than a burst's wait.
+    fn wait_for_slot(&mut self, link: LinkId, t: usize, source: IpAddr, now: Instant) {
+        let counters = &self.shared.counters;
+        Counters::add(&counters.handshakes_waited, 1);
+        Counters::add(&counters.links_active, 1);
+        self.net.transports[t].pause_reading(link, true);
+        let cfg = &self.shared.cfg.session;
+        let banner = Banner::for_session(cfg.payload_crc, cfg.security.modes);
+        let deadline = now + cfg.handshake_timeout;
+        let entry = LinkEntry {
+            transport: t,
+            owner: Owner::Waiting,
+        };
+        self.net.links.insert(link, entry);
+        let waiting = WaitingLink {
+            source,
+            transport: t,
+            deadline,
+            early: Vec::new(),
+        };
+        self.handshakes.waiting.push(link, waiting);
+        self.timers.wake_by(deadline);
+        self.transmit(t, link, Transmit::Banner(banner.encode()), now);
+    }
+
     /// Gives an accepted link its acceptor session and starts its
     /// handshake; one that waited for its slot brings the units that came
     /// before its reading paused, and sent its banner already.
@@ -302,6 +375,19 @@ impl Worker {
             return;
         }
         session.accept_new(cookie, now);
+        self.open_accepted(link, t, session, &hello, pk);
+    }
+
+    /// Starts the session an accepted link's new peer begins here (its
+    /// handle is the registry's, if the application connected to it).
+    fn open_accepted(
+        &mut self,
+        link: LinkId,
+        t: usize,
+        session: Session,
+        hello: &Hello,
+        pk: EntityAddr,
+    ) {
         let key = self.shared.next_session_key();
         let conn = {
             let mut reg = self.shared.registry.lock();
@@ -324,20 +410,7 @@ impl Worker {
         }
         self.by_peer.insert(pk, key);
         Counters::add(&self.shared.counters.sessions_active, 1);
-        self.sessions.insert(
-            key,
-            Box::new(Slot {
-                session,
-                conn,
-                transport: t,
-                accepted: true,
-                seen: SessionStats::default(),
-                seen_phase: "",
-                rma_keys: Default::default(),
-                bypassed: [0; 2],
-                armed: None,
-            }),
-        );
+        self.sessions.insert(key, Slot::new(session, conn, t, true));
         self.touch(key);
     }
 }

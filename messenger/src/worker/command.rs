@@ -8,9 +8,7 @@ use crossbeam_channel::Receiver;
 
 use msgr_addr::TransportKind;
 use msgr_backends::{DetachedLink, RealFault, SimulatedFault, Transport, TransportStats};
-use msgr_proto::{
-    rma::RMA_BIT, session::Hello, FaultReason, LinkId, Message, Session, SessionStats,
-};
+use msgr_proto::{rma::RMA_BIT, session::Hello, FaultReason, LinkId, Message, Session};
 
 use super::{native_rma, peer_key, LinkEntry, Owner, Slot, Worker};
 use crate::connection::{Connection, ConnectionState, Outgoing, LOCAL_WORKER};
@@ -144,26 +142,7 @@ impl Worker {
     pub(super) fn handle_command(&mut self, cmd: Command, now: Instant) {
         match cmd {
             Command::Connect { conn } => self.start_connect(conn, now),
-            Command::Unbind { token, kind } => {
-                if let Some(token) = token {
-                    if let Some(i) = self.net.listeners.iter().position(|(_, tok)| *tok == token) {
-                        let (t, token) = self.net.listeners.remove(i);
-                        self.net.transports[t].unlisten(token);
-                    }
-                }
-                let gone: Vec<(LinkId, usize)> = self
-                    .net
-                    .links
-                    .iter()
-                    .filter(|(_, e)| self.net.transports[e.transport].kind() == kind)
-                    .map(|(l, e)| (*l, e.transport))
-                    .collect();
-                for (link, t) in gone {
-                    if let Err(e) = self.net.transports[t].inject(link, RealFault::Abort) {
-                        tracing::debug!(error = %e, "closing a link of an unbound transport");
-                    }
-                }
-            }
+            Command::Unbind { token, kind } => self.unbind(token, kind),
             Command::CallDeadline { key, id, at } => {
                 self.timers.calls.push(std::cmp::Reverse((at, key, id)));
                 self.timers.wake_by(at);
@@ -181,104 +160,141 @@ impl Worker {
                     self.touch(key);
                 }
             }
-            Command::Inject { key, fault } => {
-                if let Some(link) = self.sessions.get(&key).and_then(|s| s.session.link()) {
-                    if let Some(e) = self.net.links.get(&link) {
-                        Counters::add(&self.shared.counters.injected_faults, 1);
-                        let transport = &mut self.net.transports[e.transport];
-                        let done = match fault {
-                            LinkFault::Real(f) => transport.inject(link, f),
-                            LinkFault::Simulated(f) => transport.simulate(link, f),
-                        };
-                        if let Err(err) = done {
-                            tracing::debug!(error = %err, "fault injection failed");
-                        }
-                    }
-                }
-            }
+            Command::Inject { key, fault } => self.inject(key, fault),
             Command::RmaRevoke { region } => {
                 for t in &mut self.net.transports {
                     t.rma_unexpose(region);
                 }
             }
             Command::Stats { reply } => {
-                // The session engine lives in its slot: `memory_bytes`
-                // counts its size too, so it is taken off here.
-                let slots = self.sessions.values().map(|s| {
-                    std::mem::size_of::<Slot>() - std::mem::size_of::<Session>()
-                        + crate::connection::handle_bytes()
-                        + s.conn.inner.pending.lock().memory_bytes()
-                        + s.session.memory_bytes()
-                });
-                let table = self.sessions.capacity() * std::mem::size_of::<(u64, Box<Slot>)>();
-                let pending = self
-                    .handshakes
-                    .pending
-                    .values()
-                    .map(|p| p.session.memory_bytes());
-                let timers = self.timers.sessions.capacity()
-                    * std::mem::size_of::<std::cmp::Reverse<(Instant, u64)>>();
-                let _ = reply.send(WorkerStats {
-                    transports: self.net.transports.iter().map(|t| t.stats()).collect(),
-                    sessions: self.sessions.len() + self.handshakes.pending.len(),
-                    session_bytes: table + timers + slots.chain(pending).sum::<usize>(),
-                });
+                let _ = reply.send(self.stats());
             }
-            Command::Adopt(adoption) => {
-                let Adoption {
-                    link,
-                    detached,
-                    session,
-                    hello,
-                    transport,
-                } = *adoption;
-                let Some(t) = self
-                    .net
-                    .transports
-                    .iter()
-                    .position(|x| x.kind() == transport)
-                else {
-                    return;
-                };
-                if self.net.transports[t].attach(link, detached).is_ok() {
-                    self.net.links.insert(
-                        link,
-                        LinkEntry {
-                            transport: t,
-                            owner: Owner::Pending,
-                        },
-                    );
-                    self.route_local(link, t, session, hello, now);
-                }
-            }
-            Command::Shutdown { deadline } => {
-                for (t, token) in std::mem::take(&mut self.net.listeners) {
-                    self.net.transports[t].unlisten(token);
-                }
-                let keys: Vec<u64> = self.sessions.keys().copied().collect();
-                for k in keys {
-                    if let Some(s) = self.sessions.get_mut(&k) {
-                        s.session.close(now);
-                    }
-                    self.touch(k);
-                }
-                let waiting: Vec<LinkId> =
-                    self.handshakes.waiting.drain().map(|(l, _)| l).collect();
-                for link in self
-                    .handshakes
-                    .pending
-                    .drain()
-                    .map(|(l, _)| l)
-                    .chain(waiting)
-                {
-                    if let Some(e) = self.net.links.remove(&link) {
-                        self.net.transports[e.transport].close(link, false);
-                    }
-                }
-                self.timers.shutdown = Some(deadline);
-                self.timers.wake_by(deadline);
+            Command::Adopt(adoption) => self.adopt(*adoption, now),
+            Command::Shutdown { deadline } => self.begin_shutdown(deadline, now),
+        }
+    }
+
+    /// Stops listening (`token`) and closes every link over the transport
+    /// `kind`: `Messenger::unbind`.
+    fn unbind(&mut self, token: Option<mio::Token>, kind: TransportKind) {
+        if let Some(token) = token {
+            if let Some(i) = self.net.listeners.iter().position(|(_, tok)| *tok == token) {
+                let (t, token) = self.net.listeners.remove(i);
+                self.net.transports[t].unlisten(token);
             }
         }
+        let gone: Vec<(LinkId, usize)> = self
+            .net
+            .links
+            .iter()
+            .filter(|(_, e)| self.net.transports[e.transport].kind() == kind)
+            .map(|(l, e)| (*l, e.transport))
+            .collect();
+        for (link, t) in gone {
+            if let Err(e) = self.net.transports[t].inject(link, RealFault::Abort) {
+                tracing::debug!(error = %e, "closing a link of an unbound transport");
+            }
+        }
+    }
+
+    /// Produces (or imitates) `fault` on session `key`'s link.
+    fn inject(&mut self, key: u64, fault: LinkFault) {
+        if let Some(link) = self.sessions.get(&key).and_then(|s| s.session.link()) {
+            if let Some(e) = self.net.links.get(&link) {
+                Counters::add(&self.shared.counters.injected_faults, 1);
+                let transport = &mut self.net.transports[e.transport];
+                let done = match fault {
+                    LinkFault::Real(f) => transport.inject(link, f),
+                    LinkFault::Simulated(f) => transport.simulate(link, f),
+                };
+                if let Err(err) = done {
+                    tracing::debug!(error = %err, "fault injection failed");
+                }
+            }
+        }
+    }
+
+    /// The backends' own counters and the sessions' memory.
+    fn stats(&self) -> WorkerStats {
+        // The session engine lives in its slot: `memory_bytes`
+        // counts its size too, so it is taken off here.
+        let slots = self.sessions.values().map(|s| {
+            std::mem::size_of::<Slot>() - std::mem::size_of::<Session>()
+                + crate::connection::handle_bytes()
+                + s.conn.inner.pending.lock().memory_bytes()
+                + s.session.memory_bytes()
+        });
+        let table = self.sessions.capacity() * std::mem::size_of::<(u64, Box<Slot>)>();
+        let pending = self
+            .handshakes
+            .pending
+            .values()
+            .map(|p| p.session.memory_bytes());
+        let timers = self.timers.sessions.capacity()
+            * std::mem::size_of::<std::cmp::Reverse<(Instant, u64)>>();
+        WorkerStats {
+            transports: self.net.transports.iter().map(|t| t.stats()).collect(),
+            sessions: self.sessions.len() + self.handshakes.pending.len(),
+            session_bytes: table + timers + slots.chain(pending).sum::<usize>(),
+        }
+    }
+
+    /// Takes over an accepted link whose session lives here.
+    fn adopt(&mut self, adoption: Adoption, now: Instant) {
+        let Adoption {
+            link,
+            detached,
+            session,
+            hello,
+            transport,
+        } = adoption;
+        let Some(t) = self
+            .net
+            .transports
+            .iter()
+            .position(|x| x.kind() == transport)
+        else {
+            return;
+        };
+        if self.net.transports[t].attach(link, detached).is_ok() {
+            self.net.links.insert(
+                link,
+                LinkEntry {
+                    transport: t,
+                    owner: Owner::Pending,
+                },
+            );
+            self.route_local(link, t, session, hello, now);
+        }
+    }
+
+    /// Stops listening, closes the sessions and the links still in
+    /// their handshake; the loop ends once drained or at `deadline`.
+    fn begin_shutdown(&mut self, deadline: Instant, now: Instant) {
+        for (t, token) in std::mem::take(&mut self.net.listeners) {
+            self.net.transports[t].unlisten(token);
+        }
+        let keys: Vec<u64> = self.sessions.keys().copied().collect();
+        for k in keys {
+            if let Some(s) = self.sessions.get_mut(&k) {
+                s.session.close(now);
+            }
+            self.touch(k);
+        }
+        let waiting: Vec<LinkId> = self.handshakes.waiting.drain().map(|(l, _)| l).collect();
+        for link in self
+            .handshakes
+            .pending
+            .drain()
+            .map(|(l, _)| l)
+            .chain(waiting)
+        {
+            if let Some(e) = self.net.links.remove(&link) {
+                self.net.transports[e.transport].close(link, false);
+            }
+        }
+        self.timers.shutdown = Some(deadline);
+        self.timers.wake_by(deadline);
     }
 
     /// Hands what `Connection::send` queued on `conn` to its session:
@@ -379,20 +395,8 @@ impl Worker {
         }
         self.by_peer.insert(peer_key(&conn.inner.target), key);
         Counters::add(&self.shared.counters.sessions_active, 1);
-        self.sessions.insert(
-            key,
-            Box::new(Slot {
-                session,
-                conn,
-                transport: t,
-                accepted: false,
-                seen: SessionStats::default(),
-                seen_phase: "",
-                rma_keys: Default::default(),
-                bypassed: [0; 2],
-                armed: None,
-            }),
-        );
+        self.sessions
+            .insert(key, Slot::new(session, conn, t, false));
         self.touch(key);
     }
 }

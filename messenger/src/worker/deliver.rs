@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use msgr_addr::EntityAddr;
 use msgr_backends::{AnyTransport, Transport};
 use msgr_proto::{message::REPLY_BIT, rma::RMA_BIT, FaultReason, LinkId, Message, SessionEvent};
 use rustc_hash::FxHashMap;
@@ -18,62 +19,14 @@ use crate::messenger::Shared;
 
 impl Worker {
     pub(super) fn handle_session_event(&mut self, key: u64, ev: SessionEvent, now: Instant) {
-        match &ev {
-            SessionEvent::Established(p) => {
-                tracing::info!(peer = %p.addr, name = %p.name, "session established")
-            }
-            SessionEvent::Reset {
-                reason,
-                undelivered,
-            } => {
-                tracing::info!(%reason, undelivered, "session reset")
-            }
-            SessionEvent::RemoteReset { dropped } => {
-                tracing::info!(dropped, "peer reset the session")
-            }
-            other => tracing::debug!(event = ?other, "session event"),
-        }
+        log_event(&ev);
         let Some(slot) = self.sessions.get_mut(&key) else {
             return;
         };
         let conn = slot.conn.clone();
         let c = &self.shared.counters;
         match ev {
-            SessionEvent::Connect(addr) => {
-                if slot.session.failed_attempts() > 0 {
-                    Counters::add(&self.shared.counters.redials, 1);
-                }
-                let link = LinkId(self.shared.link_ids.fetch_add(1, Ordering::Relaxed));
-                // An address vector may name another transport than the
-                // last attempt's.
-                let t = match self.transport_for(&addr) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        if let Some(slot) = self.sessions.get_mut(&key) {
-                            slot.session.link_failed(link, e.to_string(), now);
-                        }
-                        return;
-                    }
-                };
-                let Some(slot) = self.sessions.get_mut(&key) else {
-                    return;
-                };
-                slot.transport = t;
-                match self.net.transports[t].connect(link, &addr) {
-                    Ok(()) => {
-                        slot.session.dialing(link);
-                        Counters::add(&self.shared.counters.links_active, 1);
-                        self.net.links.insert(
-                            link,
-                            LinkEntry {
-                                transport: t,
-                                owner: Owner::Session(key),
-                            },
-                        );
-                    }
-                    Err(e) => slot.session.link_failed(link, e.to_string(), now),
-                }
-            }
+            SessionEvent::Connect(addr) => self.dial(key, &addr, now),
             SessionEvent::CloseLink(link) => {
                 if let Some(e) = self.forget_link(link) {
                     self.net.transports[e.transport].close(link, true);
@@ -124,24 +77,7 @@ impl Worker {
             SessionEvent::Reset {
                 reason,
                 undelivered,
-            } => {
-                // Why, before the state says Closed: a waiter that sees the
-                // state reads the reason next (`Connection::wait_connected`).
-                conn.publish_status(&slot.session);
-                conn.set_state(ConnectionState::Closed);
-                Counters::add(&c.session_resets, 1);
-                Counters::add(&c.messages_dropped, undelivered);
-                if reason == FaultReason::KeepaliveTimeout {
-                    Counters::add(&c.keepalive_timeouts, 1);
-                }
-                if matches!(reason, FaultReason::TooLarge(_)) {
-                    Counters::add(&c.messages_too_large, 1);
-                }
-                self.report.undelivered += undelivered;
-                conn.inner.calls.fail_all(&reason);
-                // The session has ended: a panic here is logged and counted.
-                let _ = self.callback(&conn, || "on_reset".into(), |d, c| d.on_reset(c, &reason));
-            }
+            } => self.session_reset(key, &conn, reason, undelivered),
             SessionEvent::RemoteReset { dropped } => {
                 // The peer's session is gone, and with it any request it
                 // had not answered.
@@ -159,6 +95,78 @@ impl Worker {
             }
             SessionEvent::Closed => conn.set_state(ConnectionState::Closed),
         }
+    }
+
+    /// Session `key` asks for a link to `addr`: opened on the transport
+    /// serving it (an address vector may name another transport than
+    /// the last attempt's).
+    fn dial(&mut self, key: u64, addr: &EntityAddr, now: Instant) {
+        let Some(slot) = self.sessions.get(&key) else {
+            return;
+        };
+        if slot.session.failed_attempts() > 0 {
+            Counters::add(&self.shared.counters.redials, 1);
+        }
+        let link = LinkId(self.shared.link_ids.fetch_add(1, Ordering::Relaxed));
+        // An address vector may name another transport than the
+        // last attempt's.
+        let t = match self.transport_for(addr) {
+            Ok(t) => t,
+            Err(e) => {
+                if let Some(slot) = self.sessions.get_mut(&key) {
+                    slot.session.link_failed(link, e.to_string(), now);
+                }
+                return;
+            }
+        };
+        let Some(slot) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        slot.transport = t;
+        match self.net.transports[t].connect(link, addr) {
+            Ok(()) => {
+                slot.session.dialing(link);
+                Counters::add(&self.shared.counters.links_active, 1);
+                self.net.links.insert(
+                    link,
+                    LinkEntry {
+                        transport: t,
+                        owner: Owner::Session(key),
+                    },
+                );
+            }
+            Err(e) => slot.session.link_failed(link, e.to_string(), now),
+        }
+    }
+
+    /// Session `key` ended: its handle, calls and counters say why, then
+    /// the dispatcher's `on_reset`.
+    fn session_reset(
+        &mut self,
+        key: u64,
+        conn: &Connection,
+        reason: FaultReason,
+        undelivered: u64,
+    ) {
+        let c = &self.shared.counters;
+        if let Some(slot) = self.sessions.get(&key) {
+            // Why, before the state says Closed: a waiter that sees the
+            // state reads the reason next (`Connection::wait_connected`).
+            conn.publish_status(&slot.session);
+        }
+        conn.set_state(ConnectionState::Closed);
+        Counters::add(&c.session_resets, 1);
+        Counters::add(&c.messages_dropped, undelivered);
+        if reason == FaultReason::KeepaliveTimeout {
+            Counters::add(&c.keepalive_timeouts, 1);
+        }
+        if matches!(reason, FaultReason::TooLarge(_)) {
+            Counters::add(&c.messages_too_large, 1);
+        }
+        self.report.undelivered += undelivered;
+        conn.inner.calls.fail_all(&reason);
+        // The session has ended: a panic here is logged and counted.
+        let _ = self.callback(conn, || "on_reset".into(), |d, c| d.on_reset(c, &reason));
     }
 
     /// Runs one dispatcher callback for `conn` under the configured panic
@@ -268,5 +276,24 @@ pub(super) fn route_reply(conn: &Connection, msg: Message, counters: &Counters) 
     let id = msg.call & !REPLY_BIT;
     if !conn.inner.calls.complete(id, msg) {
         Counters::add(&counters.late_replies, 1);
+    }
+}
+
+/// Life-cycle events at the info level, the others in debug output.
+fn log_event(ev: &SessionEvent) {
+    match &ev {
+        SessionEvent::Established(p) => {
+            tracing::info!(peer = %p.addr, name = %p.name, "session established")
+        }
+        SessionEvent::Reset {
+            reason,
+            undelivered,
+        } => {
+            tracing::info!(%reason, undelivered, "session reset")
+        }
+        SessionEvent::RemoteReset { dropped } => {
+            tracing::info!(dropped, "peer reset the session")
+        }
+        other => tracing::debug!(event = ?other, "session event"),
     }
 }

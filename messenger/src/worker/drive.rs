@@ -81,31 +81,9 @@ impl Worker {
                 self.handle_session_event(key, ev, now);
             }
             self.take_local_commands();
-            let Some(slot) = self.sessions.get_mut(&key) else {
+            if !self.send_output(key, now) {
                 return;
-            };
-            let t = slot.transport;
-            let mut out = std::mem::take(&mut self.driving.outbox);
-            let link = slot.session.link();
-            let mut room = match link {
-                Some(l) => TX_HIGH_WATER.saturating_sub(self.net.transports[t].backlog(l)),
-                None => 0,
-            };
-            while room > 0 {
-                let Some(tx) = slot.session.poll_transmit(now) else {
-                    break;
-                };
-                room = room.saturating_sub(Transmit::encoded_len(&tx.1));
-                out.push(tx);
             }
-            if room == 0 && link.is_some() && slot.session.wants_transmit() {
-                // The link is backed up: resume when it drains (flush_transports).
-                self.driving.blocked.insert(key);
-            }
-            for (link, unit) in out.drain(..) {
-                self.transmit(t, link, unit, now);
-            }
-            self.driving.outbox = out;
             let Some(slot) = self.sessions.get_mut(&key) else {
                 return;
             };
@@ -114,6 +92,45 @@ impl Worker {
             };
             self.handle_session_event(key, ev, now);
         }
+        self.publish(key);
+    }
+
+    /// Moves session `key`'s output to its link, as much as the link's
+    /// backlog allows (else it waits in `driving.blocked` for the link to
+    /// drain). False if the session is gone.
+    fn send_output(&mut self, key: u64, now: Instant) -> bool {
+        let Some(slot) = self.sessions.get_mut(&key) else {
+            return false;
+        };
+        let t = slot.transport;
+        let mut out = std::mem::take(&mut self.driving.outbox);
+        let link = slot.session.link();
+        let mut room = match link {
+            Some(l) => TX_HIGH_WATER.saturating_sub(self.net.transports[t].backlog(l)),
+            None => 0,
+        };
+        while room > 0 {
+            let Some(tx) = slot.session.poll_transmit(now) else {
+                break;
+            };
+            room = room.saturating_sub(Transmit::encoded_len(&tx.1));
+            out.push(tx);
+        }
+        if room == 0 && link.is_some() && slot.session.wants_transmit() {
+            // The link is backed up: resume when it drains (flush_transports).
+            self.driving.blocked.insert(key);
+        }
+        for (link, unit) in out.drain(..) {
+            self.transmit(t, link, unit, now);
+        }
+        self.driving.outbox = out;
+        true
+    }
+
+    /// Publishes what driving session `key` changed: the counters, its
+    /// status and state, the room its queue released, its next deadline;
+    /// and removes it once closed.
+    fn publish(&mut self, key: u64) {
         let Some(slot) = self.sessions.get_mut(&key) else {
             return;
         };

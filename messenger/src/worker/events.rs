@@ -7,10 +7,9 @@ use std::time::Instant;
 
 use mio::Token;
 use msgr_backends::{AnyTransport, Transport, TransportEvent};
-use msgr_proto::{Banner, LinkId, Session, Transmit};
+use msgr_proto::{Inbound, LinkId, Session};
 use rustc_hash::FxHashMap;
 
-use super::admission::{admit, Admit, WaitingLink};
 use super::{LinkEntry, Owner, Worker, TX_LOW_WATER};
 use crate::counters::Counters;
 
@@ -35,6 +34,28 @@ impl Net {
             events: Vec::new(),
             rx_paused: false,
         }
+    }
+}
+
+/// Links whose protocol error a batch of events has counted. One bad
+/// connection is one error, but it can be reported twice in a batch: a
+/// transport decodes all it read before the worker sees any of it, so
+/// the 32 bytes of a bad banner come as a unit the session refuses and
+/// the bytes after them as `Corrupt` (and a session may refuse one unit,
+/// then another). Nothing for a link follows its `Corrupt`, nor a later
+/// batch its refusal (the session closes the link first), so a batch's
+/// list suffices; it allocates only when something was bad.
+#[derive(Default)]
+struct ErredLinks(Vec<LinkId>);
+
+impl ErredLinks {
+    /// Whether this is `link`'s first error in the batch (noted if so).
+    fn first(&mut self, link: LinkId) -> bool {
+        let first = !self.0.contains(&link);
+        if first {
+            self.0.push(link);
+        }
+        first
     }
 }
 
@@ -103,23 +124,7 @@ impl Worker {
         }
         let now = self.now;
         let mut evs = std::mem::take(&mut self.net.events);
-        // Links whose protocol error this batch has counted. One bad
-        // connection is one error, but it can be reported twice in a
-        // batch: a transport decodes all it read before the worker sees
-        // any of it, so the 32 bytes of a bad banner come as a unit the
-        // session refuses and the bytes after them as `Corrupt` (and a
-        // session may refuse one unit, then another). Nothing for a link
-        // follows its `Corrupt`, nor a later batch its refusal (the
-        // session closes the link first), so a batch's list suffices; it
-        // allocates only when something was bad.
-        let mut erred: Vec<LinkId> = Vec::new();
-        let mut first_error = |link: LinkId| {
-            let first = !erred.contains(&link);
-            if first {
-                erred.push(link);
-            }
-            first
-        };
+        let mut erred = ErredLinks::default();
         for ev in evs.drain(..) {
             tracing::trace!(worker = self.idx, event = ?ev, "transport event");
             match ev {
@@ -127,80 +132,7 @@ impl Worker {
                     link,
                     listener,
                     peer,
-                } => {
-                    let Some(&(t, _)) = self.net.listeners.iter().find(|(_, tok)| *tok == listener)
-                    else {
-                        self.net
-                            .transports
-                            .iter_mut()
-                            .for_each(|x| x.close(link, false));
-                        continue;
-                    };
-                    // Bounded handshake state (admission module): an idle
-                    // pending link gives way, or the new one waits for a
-                    // slot or is refused.
-                    let shared = self.shared.clone();
-                    let cfg = &shared.cfg;
-                    match admit(
-                        &self.handshakes.pending,
-                        peer.ip(),
-                        self.handshakes.passes,
-                        cfg.max_handshakes,
-                        cfg.max_handshakes_per_source,
-                    ) {
-                        Admit::Yes => {}
-                        Admit::Evict(old) => {
-                            Counters::add(&self.shared.counters.handshakes_evicted, 1);
-                            self.drop_pending(old);
-                        }
-                        Admit::Refuse if self.waiting_room(peer.ip()) => {
-                            // A burst: wait, unread, for a slot. The banner
-                            // goes now: the peer's banner timer (2 s) is
-                            // shorter than a burst's wait.
-                            Counters::add(&self.shared.counters.handshakes_waited, 1);
-                            Counters::add(&self.shared.counters.links_active, 1);
-                            self.net.transports[t].pause_reading(link, true);
-                            let banner = Banner::for_session(
-                                cfg.session.payload_crc,
-                                cfg.session.security.modes,
-                            );
-                            self.net.links.insert(
-                                link,
-                                LinkEntry {
-                                    transport: t,
-                                    owner: Owner::Waiting,
-                                },
-                            );
-                            let deadline = now + cfg.session.handshake_timeout;
-                            self.handshakes.waiting.push(
-                                link,
-                                WaitingLink {
-                                    source: peer.ip(),
-                                    transport: t,
-                                    deadline,
-                                    early: Vec::new(),
-                                },
-                            );
-                            self.timers.wake_by(deadline);
-                            self.transmit(t, link, Transmit::Banner(banner.encode()), now);
-                            continue;
-                        }
-                        Admit::Refuse => {
-                            Counters::add(&self.shared.counters.handshakes_refused, 1);
-                            self.net.transports[t].close(link, false);
-                            continue;
-                        }
-                    }
-                    Counters::add(&self.shared.counters.links_active, 1);
-                    self.net.links.insert(
-                        link,
-                        LinkEntry {
-                            transport: t,
-                            owner: Owner::Pending,
-                        },
-                    );
-                    self.start_pending(link, peer.ip(), None, now);
-                }
+                } => self.on_accepted(link, listener, peer.ip(), now),
                 TransportEvent::Connected(link) => {
                     if let Some(Owner::Session(k)) = self.net.links.get(&link).map(|e| e.owner) {
                         if let Some(s) = self.sessions.get_mut(&k) {
@@ -210,40 +142,11 @@ impl Worker {
                     }
                 }
                 TransportEvent::Received(link, unit) => {
-                    match self.net.links.get(&link).map(|e| e.owner) {
-                        Some(Owner::Session(k)) => {
-                            if let Some(s) = self.sessions.get_mut(&k) {
-                                let throttle = &self.shared.throttle;
-                                let r = s.session.handle_inbound_with(link, unit, now, |u| {
-                                    throttle.charge_unit(u)
-                                });
-                                if let Err(e) = r {
-                                    if first_error(link) {
-                                        count_protocol_error(&self.shared.counters, &e);
-                                    }
-                                }
-                            }
-                            self.touch(k);
-                        }
-                        Some(Owner::Pending) => {
-                            if let Some(p) = self.handshakes.pending.get_mut(&link) {
-                                if let Err(e) = p.session.handle_inbound(link, unit, now) {
-                                    if first_error(link) {
-                                        count_protocol_error(&self.shared.counters, &e);
-                                    }
-                                }
-                            }
-                            self.drive_pending(link, now);
-                        }
-                        Some(Owner::Waiting) if !self.handshakes.waiting.keep_early(link, unit) => {
-                            self.drop_waiting(link);
-                        }
-                        Some(Owner::Waiting) | None => {}
-                    }
+                    self.on_received(link, unit, now, &mut erred)
                 }
                 TransportEvent::Corrupt(link, err) => {
                     tracing::debug!(link = link.0, error = %err, "link received bytes that do not decode");
-                    if first_error(link) {
+                    if erred.first(link) {
                         count_protocol_error(&self.shared.counters, &err);
                     }
                     self.link_gone(link, |s, now| s.handle_decode_error(link, err, now), now);
@@ -263,6 +166,41 @@ impl Worker {
         // Keep the allocation.
         if self.net.events.is_empty() {
             self.net.events = evs;
+        }
+    }
+
+    /// A unit arrived on `link`: to its session, its pending handshake,
+    /// or kept while it waits for a handshake slot.
+    fn on_received(&mut self, link: LinkId, unit: Inbound, now: Instant, erred: &mut ErredLinks) {
+        match self.net.links.get(&link).map(|e| e.owner) {
+            Some(Owner::Session(k)) => {
+                if let Some(s) = self.sessions.get_mut(&k) {
+                    let throttle = &self.shared.throttle;
+                    let r = s
+                        .session
+                        .handle_inbound_with(link, unit, now, |u| throttle.charge_unit(u));
+                    if let Err(e) = r {
+                        if erred.first(link) {
+                            count_protocol_error(&self.shared.counters, &e);
+                        }
+                    }
+                }
+                self.touch(k);
+            }
+            Some(Owner::Pending) => {
+                if let Some(p) = self.handshakes.pending.get_mut(&link) {
+                    if let Err(e) = p.session.handle_inbound(link, unit, now) {
+                        if erred.first(link) {
+                            count_protocol_error(&self.shared.counters, &e);
+                        }
+                    }
+                }
+                self.drive_pending(link, now);
+            }
+            Some(Owner::Waiting) if !self.handshakes.waiting.keep_early(link, unit) => {
+                self.drop_waiting(link);
+            }
+            Some(Owner::Waiting) | None => {}
         }
     }
 

@@ -220,6 +220,22 @@ struct Slot {
     armed: Option<Instant>,
 }
 
+impl Slot {
+    fn new(session: Session, conn: Connection, transport: usize, accepted: bool) -> Box<Slot> {
+        Box::new(Slot {
+            session,
+            conn,
+            transport,
+            accepted,
+            seen: SessionStats::default(),
+            seen_phase: "",
+            rma_keys: Default::default(),
+            bypassed: [0; 2],
+            armed: None,
+        })
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Owner {
     Session(u64),
@@ -373,51 +389,11 @@ impl Worker {
                 self.now.duration_since(last_activity) < busy.get() && !shared_cpu.paused(self.now);
             let timeout = if spinning {
                 if !active && pacer.yield_now(self.now, pass) {
-                    // Spinning without work: let a thread that shares our
-                    // core run (on an oversubscribed machine it may be the
-                    // one we are waiting for).
-                    let before = Instant::now();
-                    std::thread::yield_now();
-                    let after = Instant::now();
-                    pacer.yielded(after - before, after);
-                    // Sleeping is prompt only where every transport's
-                    // arrivals wake the worker; a polled one keeps spinning.
-                    let can_sleep = self.net.transports.iter().all(|t| t.wakes_the_worker());
-                    if can_sleep && shared_cpu.yielded(after - before, after) {
-                        Counters::add(&self.shared.counters.spin_pauses, 1);
-                        tracing::debug!(
-                            worker = self.idx,
-                            yield_us = (after - before).as_micros() as u64,
-                            "a busy thread shares this worker's only CPU: sleeping, not spinning, for a while"
-                        );
-                    }
+                    self.yield_while_spinning(&mut pacer, &mut shared_cpu);
                 }
                 Some(Duration::ZERO)
             } else {
-                // About to block: announce it, then look once more for work that
-                // arrived meanwhile (the "poll again after arming" rule), so a
-                // command or completion is never stranded while we sleep.
-                self.sleeping.store(true, Ordering::SeqCst);
-                std::sync::atomic::fence(Ordering::SeqCst);
-                if !self.inbox.rx.is_empty()
-                    || self.progress_transports()
-                    || !self.driving.touched.is_empty()
-                    || !self.arm_transports()
-                {
-                    Some(Duration::ZERO)
-                } else {
-                    // Clock read after `wake_at`: a transport that asks to
-                    // be polled "now" read the clock itself, later than any
-                    // earlier reading here, and a positive remainder of a few
-                    // nanoseconds would become a whole millisecond in epoll.
-                    let wake = self.net.transports.iter().filter_map(|t| t.wake_at()).min();
-                    self.now = Instant::now();
-                    let until = match (self.timers.next, wake) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    until.map(|t| t.saturating_duration_since(self.now))
-                }
+                self.block_timeout()
             };
             // While spinning, epoll paced by its price unless a transport
             // needs it every pass (see `Transport::ready_every_pass`).
@@ -466,6 +442,54 @@ impl Worker {
             }
         }
         self.stop()
+    }
+
+    /// Spinning without work: lets a thread that shares our core run (on
+    /// an oversubscribed machine it may be the one we are waiting for).
+    fn yield_while_spinning(&self, pacer: &mut spin::SpinPacer, shared_cpu: &mut spin::SharedCpu) {
+        let before = Instant::now();
+        std::thread::yield_now();
+        let after = Instant::now();
+        pacer.yielded(after - before, after);
+        // Sleeping is prompt only where every transport's
+        // arrivals wake the worker; a polled one keeps spinning.
+        let can_sleep = self.net.transports.iter().all(|t| t.wakes_the_worker());
+        if can_sleep && shared_cpu.yielded(after - before, after) {
+            Counters::add(&self.shared.counters.spin_pauses, 1);
+            tracing::debug!(
+                worker = self.idx,
+                yield_us = (after - before).as_micros() as u64,
+                "a busy thread shares this worker's only CPU: sleeping, not spinning, for a while"
+            );
+        }
+    }
+
+    /// How long the poll may block. About to block: announce it, then look
+    /// once more for work that arrived meanwhile (the "poll again after
+    /// arming" rule), so a command or completion is never stranded while
+    /// we sleep.
+    fn block_timeout(&mut self) -> Option<Duration> {
+        self.sleeping.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !self.inbox.rx.is_empty()
+            || self.progress_transports()
+            || !self.driving.touched.is_empty()
+            || !self.arm_transports()
+        {
+            Some(Duration::ZERO)
+        } else {
+            // Clock read after `wake_at`: a transport that asks to
+            // be polled "now" read the clock itself, later than any
+            // earlier reading here, and a positive remainder of a few
+            // nanoseconds would become a whole millisecond in epoll.
+            let wake = self.net.transports.iter().filter_map(|t| t.wake_at()).min();
+            self.now = Instant::now();
+            let until = match (self.timers.next, wake) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            until.map(|t| t.saturating_duration_since(self.now))
+        }
     }
 
     /// Messages this messenger sent and received so far.
