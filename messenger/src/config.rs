@@ -14,7 +14,6 @@ use std::sync::Arc;
 use msgr_proto::auth::{Credentials, Keyring, Security, StaticKeypair};
 use msgr_proto::{FrameLimits, Policy, SessionConfig};
 
-use crate::dispatcher::HandlerPanicPolicy;
 use crate::faults::FaultPlan;
 use thiserror::Error;
 
@@ -650,7 +649,7 @@ pub struct MessengerConfig {
     /// `worker_cpus[i % len]`. Empty (the default): the scheduler places
     /// them. A busy-polling worker that shares its CPU with another busy
     /// thread gets half of it until the scheduler moves one of them
-    /// (`worker` module `affinity` says what was measured); pin where
+    /// (module `affinity` says what was measured); pin where
     /// latency matters and a CPU can be spared per worker. A pinned
     /// busy-polling worker whose CPU another busy thread also wants cannot
     /// move away, and spinning there waits out that thread's time slices
@@ -847,8 +846,8 @@ fn parse_worker_cpus(value: &str) -> Result<Vec<usize>, String> {
     if value.is_empty() || value == "none" {
         return Ok(Vec::new());
     }
-    let cpus = crate::worker::affinity::parse_cpu_list(value)?;
-    let allowed = crate::worker::affinity::allowed_cpus();
+    let cpus = crate::affinity::parse_cpu_list(value)?;
+    let allowed = crate::affinity::allowed_cpus();
     if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
         return Err(format!(
             "CPU {c} is not one this process may run on ({allowed:?})"
@@ -1094,6 +1093,29 @@ impl MessengerConfig {
         cfg.apply_env()?;
         Ok(cfg)
     }
+}
+
+/// What a messenger does when a [`Dispatcher`] callback panics (config key
+/// `on_handler_panic`). Either way the panic is logged with the connection
+/// and what was being delivered, and counted (`handler_panics`).
+///
+/// ```
+/// use msgr::{HandlerPanicPolicy, MessengerConfig};
+/// let mut cfg = MessengerConfig::default();
+/// assert_eq!(cfg.handler_panic, HandlerPanicPolicy::FailConnection);
+/// cfg.set("on_handler_panic", "abort")?;
+/// assert_eq!(cfg.handler_panic, HandlerPanicPolicy::Abort);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HandlerPanicPolicy {
+    /// End that connection ([`FaultReason::HandlerPanicked`]
+    /// reaches `on_reset`); the worker goes on serving the others.
+    #[default]
+    FailConnection,
+    /// Abort the process, for deployments that prefer a crash and a restart
+    /// to running on after a bug.
+    Abort,
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod affinity;
 mod call;
 mod config;
 mod connection;
@@ -50,6 +51,7 @@ mod dispatcher;
 mod faults;
 mod inbox;
 mod messenger;
+mod regions;
 pub mod rma;
 mod throttle;
 mod worker;
@@ -66,14 +68,15 @@ mod worker;
 pub use bytes::Bytes;
 pub use call::{CallError, CallFuture, TypedCallError};
 pub use config::{
-    parse_policy, ConfigError, MessengerConfig, CONFIG_KEYS, MAX_CONFIG_FILE, RESERVED_ENV,
+    parse_policy, ConfigError, HandlerPanicPolicy, MessengerConfig, CONFIG_KEYS, MAX_CONFIG_FILE,
+    RESERVED_ENV,
 };
 pub use connection::{
     ConnectError, Connection, ConnectionState, ConnectionStatus, SendError, SendFuture,
     SendRejected,
 };
 pub use counters::Counters;
-pub use dispatcher::{Dispatcher, HandlerPanicPolicy, NullDispatcher};
+pub use dispatcher::{Dispatcher, NullDispatcher};
 pub use faults::{FaultPlan, FaultPlanError};
 pub use inbox::{ConnectionEvent, ConnectionInbox, Events, Inbox, Messages, Recv, RecvApart};
 pub use messenger::{
@@ -282,6 +285,7 @@ pub use msgr_backends::TransportError;
 /// ```
 pub use msgr_backends::TransportStats;
 
+pub use affinity::allowed_cpus;
 /// The codec with bincode's fixed-width layout (feature `bincode`):
 /// see [`Codec`] for when to pick it over [`Postcard`].
 ///
@@ -457,7 +461,6 @@ pub use msgr_proto::TypedError;
 /// ```
 pub use msgr_proto::TypedMessage;
 pub use rma::{Access, RmaError, RmaFuture, RmaHandle, RmaOp, RmaOptions, RmaRegion};
-pub use worker::affinity::allowed_cpus;
 
 /// Authentication and the secure mode: keys, keyrings, the modes a link
 /// may run in (see the configuration keys `security`, `key_file` and

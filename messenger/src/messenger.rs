@@ -76,7 +76,7 @@ pub(crate) struct Shared {
     /// it still is.
     pub(crate) bound: Mutex<Vec<(EntityAddr, bool)>>,
     /// Regions exposed to one-sided operations ([`crate::rma`]).
-    pub(crate) regions: Arc<crate::rma::RegionTable>,
+    pub(crate) regions: Arc<crate::regions::RegionTable>,
 }
 
 impl Shared {
@@ -443,7 +443,7 @@ impl Messenger {
                     if let Some(cpu) = cpu {
                         // Checked when configured; the process's own mask
                         // may have shrunk since.
-                        if let Err(e) = crate::worker::affinity::pin_current_thread(cpu) {
+                        if let Err(e) = crate::affinity::pin_current_thread(cpu) {
                             tracing::warn!(worker = idx, cpu, error = %e, "worker not pinned");
                         }
                     }

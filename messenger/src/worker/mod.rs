@@ -59,12 +59,12 @@
 
 mod accept;
 mod admission;
-pub(crate) mod affinity;
 mod command;
 mod deliver;
 mod drive;
 mod events;
 mod native_rma;
+mod rma_owner;
 mod spin;
 mod timers;
 mod transmit;
@@ -367,7 +367,7 @@ impl Worker {
         let mut pacer = spin::SpinPacer::from_setting(self.shared.cfg.busy_poll_syscall_every);
         // Pinned (or run under `taskset -c N`), the scheduler cannot move
         // this thread off a CPU a busy thread shares (spin module docs).
-        let mut shared_cpu = spin::SharedCpu::new(affinity::allowed_cpus().len() == 1);
+        let mut shared_cpu = spin::SharedCpu::new(crate::affinity::allowed_cpus().len() == 1);
         self.now = Instant::now();
         let mut last_activity = self.now;
         let mut pass: u32 = 0;

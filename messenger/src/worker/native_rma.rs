@@ -1,4 +1,4 @@
-//! The worker's side of native one-sided operations (`crate::rma`,
+//! The requester's side of native one-sided operations (`crate::rma`,
 //! "Native operations"): serving an owner's operation with the region's
 //! key on the link, keeping the keys a requester's sessions were given,
 //! turning a read or write the application queued into a transport's
@@ -16,8 +16,10 @@ use msgr_proto::{LinkId, Message, Session};
 use rustc_hash::FxHashMap;
 
 use super::deliver::route_reply;
+use super::rma_owner;
 use super::{LinkEntry, Slot, Worker};
 use crate::counters::Counters;
+use crate::regions::RMA_TYPE;
 
 /// Keys a session keeps at most; past it they are dropped (reads go to
 /// the owner until a reply brings the key again).
@@ -71,9 +73,9 @@ pub(super) fn serve(
             let mut expose = |region, mem: &Arc<RegionMemory>, access| {
                 transport.rma_expose(link, region, mem, access)
             };
-            crate::rma::serve(&slot.conn, msg, counters, Some(&mut expose));
+            rma_owner::serve(&slot.conn, msg, counters, Some(&mut expose));
         }
-        None => crate::rma::serve(&slot.conn, msg, counters, None),
+        None => rma_owner::serve(&slot.conn, msg, counters, None),
     }
 }
 
@@ -182,7 +184,7 @@ pub(super) fn reply(token: u64, bytes: Bytes) -> Message {
         checksum: 0,
         key: None,
     };
-    let mut m = Message::new(crate::rma::RMA_TYPE, ok.encode(), bytes);
+    let mut m = Message::new(RMA_TYPE, ok.encode(), bytes);
     m.call = token | REPLY_BIT;
     m
 }
