@@ -51,8 +51,11 @@ mod dispatcher;
 mod faults;
 mod inbox;
 mod messenger;
+mod pending;
 mod regions;
+mod replies;
 pub mod rma;
+mod state;
 mod throttle;
 mod worker;
 
@@ -66,15 +69,12 @@ mod worker;
 /// assert_eq!(msg.data.as_ptr(), payload.as_ptr());
 /// ```
 pub use bytes::Bytes;
-pub use call::{CallError, CallFuture, TypedCallError};
+pub use call::{CallFuture, TypedCallError};
 pub use config::{
     parse_policy, ConfigError, HandlerPanicPolicy, MessengerConfig, CONFIG_KEYS, MAX_CONFIG_FILE,
     RESERVED_ENV,
 };
-pub use connection::{
-    ConnectError, Connection, ConnectionState, ConnectionStatus, SendError, SendFuture,
-    SendRejected,
-};
+pub use connection::{ConnectError, Connection, ConnectionState, ConnectionStatus, SendFuture};
 pub use counters::Counters;
 pub use dispatcher::{Dispatcher, NullDispatcher};
 pub use faults::{FaultPlan, FaultPlanError};
@@ -83,6 +83,8 @@ pub use messenger::{
     Broadcast, MemoryUse, Messenger, MessengerBuilder, MessengerError, ShutdownFuture,
     ShutdownReport,
 };
+pub use pending::{SendError, SendRejected};
+pub use replies::CallError;
 // The re-exports from msgr's own crates below, one per item: the docs on
 // each `pub use` come first on the item's page, and their examples are
 // doctests of this crate, written as a user of `msgr` writes them.

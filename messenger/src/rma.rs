@@ -141,10 +141,11 @@ pub use msgr_proto::rma::RmaOp;
 use msgr_proto::rma::{RmaReply, RmaRequest, RmaStatus, RMA_BIT};
 use msgr_proto::Message;
 
-use crate::call::{CallError, CallFuture};
-use crate::messenger::Shared;
+use crate::call::CallFuture;
 use crate::regions::{capability, Region, RegionTable, RMA_TYPE};
-use crate::worker::Command;
+use crate::replies::CallError;
+use crate::state::Command;
+use crate::state::Shared;
 use crate::{Connection, Messenger};
 
 /// How long [`RmaRegion::revoke`] waits for the endpoints that registered
@@ -435,7 +436,7 @@ impl RmaRegion {
         drop(self);
         let deadline = Instant::now() + REVOKE_WAIT;
         let mut region = region;
-        let on_worker = crate::connection::on_worker_thread();
+        let on_worker = crate::state::on_worker_thread();
         loop {
             match Arc::try_unwrap(region) {
                 Ok(r) => match r.mem.into_vec() {

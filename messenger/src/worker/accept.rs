@@ -14,11 +14,11 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 
 use super::admission::{admit, Admit, PendingLink, WaitingLink, WaitingLinks, WAITING_PER_SLOT};
-use super::command::{Adoption, Command};
 use super::events::count_protocol_error;
-use super::{owner_of, peer_key, LinkEntry, Owner, Slot, Worker};
+use super::{LinkEntry, Owner, Slot, Worker};
 use crate::connection::Connection;
 use crate::counters::Counters;
+use crate::state::{owner_of, peer_key, Adoption, Command};
 use msgr_addr::EntityAddr;
 
 /// Accepted links on their way to a session.
@@ -391,18 +391,18 @@ impl Worker {
         let key = self.shared.next_session_key();
         let conn = {
             let mut reg = self.shared.registry.lock();
-            reg.entry(pk.clone())
-                .or_insert_with(|| {
-                    Connection::new(
-                        self.shared.clone(),
-                        key,
-                        self.idx,
-                        hello.addr.clone(),
-                        session.policy(),
-                        None,
-                    )
-                })
-                .clone()
+            let inner = reg.entry(pk.clone()).or_insert_with(|| {
+                let conn = Connection::new(
+                    self.shared.clone(),
+                    key,
+                    self.idx,
+                    hello.addr.clone(),
+                    session.policy(),
+                    None,
+                );
+                conn.inner
+            });
+            Connection::from_inner(inner.clone())
         };
         let key = conn.inner.key;
         if let Some(e) = self.net.links.get_mut(&link) {

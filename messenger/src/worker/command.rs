@@ -2,86 +2,29 @@
 //! channel or (on the worker's own thread) the thread-local list, and
 //! how the worker carries them out.
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::Receiver;
 
 use msgr_addr::TransportKind;
-use msgr_backends::{DetachedLink, RealFault, SimulatedFault, Transport, TransportStats};
-use msgr_proto::{rma::RMA_BIT, session::Hello, FaultReason, LinkId, Message, Session};
+use msgr_backends::{RealFault, Transport};
+use msgr_proto::{rma::RMA_BIT, FaultReason, LinkId, Message, Session};
 
-use super::{native_rma, peer_key, LinkEntry, Owner, Slot, Worker};
-use crate::connection::{Connection, ConnectionState, Outgoing, LOCAL_WORKER};
+use super::{native_rma, LinkEntry, Owner, Slot, Worker};
+use crate::connection::{Connection, ConnectionState};
 use crate::counters::Counters;
-
-/// What other threads (and callbacks) ask of a worker.
-pub(crate) enum Command {
-    /// Open a session for this new handle.
-    Connect { conn: Connection },
-    /// Time out call `id` of session `key` at `at` (an async call's
-    /// deadline; a blocking call keeps its own).
-    CallDeadline { key: u64, id: u64, at: Instant },
-    /// Stop listening (`token`, worker 0) and close every link over the
-    /// transport `kind` (every worker): `Messenger::unbind`.
-    Unbind {
-        token: Option<mio::Token>,
-        kind: TransportKind,
-    },
-    /// Take what `Connection::send` queued on this connection (one
-    /// command per batch: later sends add to what it takes).
-    Flush { conn: Connection },
-    /// End a session now.
-    MarkDown { key: u64 },
-    /// End a session after draining.
-    Close { key: u64 },
-    /// Produce (or imitate) a fault on a session's link.
-    Inject { key: u64, fault: LinkFault },
-    /// Take over an accepted link whose session lives here. Boxed: rare,
-    /// and five times the size of a `Send`, which every command would pay.
-    Adopt(Box<Adoption>),
-    /// Close every registration of an exposed region (it was revoked or
-    /// dropped: `crate::rma`).
-    RmaRevoke { region: u64 },
-    /// Report the backends' own counters and the sessions' memory.
-    Stats {
-        reply: std::sync::mpsc::Sender<WorkerStats>,
-    },
-    /// Stop listening, close sessions, stop by the deadline.
-    Shutdown { deadline: Instant },
-}
-
-/// What a worker reports for [`Command::Stats`].
-pub(crate) struct WorkerStats {
-    /// Each of its transports' own counters and gauges.
-    pub(crate) transports: Vec<TransportStats>,
-    /// Sessions it owns, and those whose handshake is under way.
-    pub(crate) sessions: usize,
-    /// Bytes their state holds: engines, queues' capacity, the worker's
-    /// per-session slot and the connection handle's shared part.
-    pub(crate) session_bytes: usize,
-}
-
-/// An accepted, identified link on its way to the worker that owns its
-/// session.
-pub(crate) struct Adoption {
-    pub(crate) link: LinkId,
-    pub(crate) detached: DetachedLink,
-    pub(crate) session: Session,
-    pub(crate) hello: Hello,
-    pub(crate) transport: TransportKind,
-}
-
-/// A fault asked of a session's link: one the backend produces for real, or
-/// one it can only imitate.
-pub(crate) enum LinkFault {
-    Real(RealFault),
-    Simulated(SimulatedFault),
-}
+use crate::pending::Outgoing;
+use crate::state::{peer_key, Adoption, Command, ConnInner, LinkFault, WorkerStats, LOCAL_WORKER};
 
 /// Where a worker takes its commands from, and the emptied lists it
 /// keeps for their memory (no allocation per command or batch).
 pub(super) struct CommandInbox {
     pub(super) rx: Receiver<Command>,
+    /// Set while the loop blocks in `poll`: a handle that queues a
+    /// command then wakes it (`WorkerHandle::submit`).
+    pub(super) sleeping: Arc<AtomicBool>,
     /// The dispatcher callbacks' commands being handled swap with this.
     pub(super) spare: Vec<Command>,
     /// An emptied list of what sends queued, for the next connection's
@@ -90,9 +33,10 @@ pub(super) struct CommandInbox {
 }
 
 impl CommandInbox {
-    pub(super) fn new(rx: Receiver<Command>) -> CommandInbox {
+    pub(super) fn new(rx: Receiver<Command>, sleeping: Arc<AtomicBool>) -> CommandInbox {
         CommandInbox {
             rx,
+            sleeping,
             spare: Vec::new(),
             spare_outgoing: Vec::new(),
         }
@@ -141,7 +85,7 @@ impl Worker {
 
     pub(super) fn handle_command(&mut self, cmd: Command, now: Instant) {
         match cmd {
-            Command::Connect { conn } => self.start_connect(conn, now),
+            Command::Connect { conn } => self.start_connect(Connection::from_inner(conn), now),
             Command::Unbind { token, kind } => self.unbind(token, kind),
             Command::CallDeadline { key, id, at } => {
                 self.timers.calls.push(std::cmp::Reverse((at, key, id)));
@@ -220,7 +164,7 @@ impl Worker {
         // counts its size too, so it is taken off here.
         let slots = self.sessions.values().map(|s| {
             std::mem::size_of::<Slot>() - std::mem::size_of::<Session>()
-                + crate::connection::handle_bytes()
+                + crate::state::handle_bytes()
                 + s.conn.inner.pending.lock().memory_bytes()
                 + s.session.memory_bytes()
         });
@@ -300,10 +244,10 @@ impl Worker {
     /// Hands what `Connection::send` queued on `conn` to its session:
     /// encoded batches whole, other messages as [`Worker::queue_messages`]
     /// does.
-    pub(super) fn take_pending(&mut self, conn: &Connection) {
+    pub(super) fn take_pending(&mut self, conn: &ConnInner) {
         let mut items = std::mem::take(&mut self.inbox.spare_outgoing);
-        conn.inner.pending.lock().take(&mut items);
-        let key = conn.inner.key;
+        conn.pending.lock().take(&mut items);
+        let key = conn.key;
         for item in items.drain(..) {
             match item {
                 Outgoing::Batch(batch) => {

@@ -11,11 +11,11 @@ use msgr_backends::{AnyTransport, Transport};
 use msgr_proto::{message::REPLY_BIT, rma::RMA_BIT, FaultReason, LinkId, Message, SessionEvent};
 use rustc_hash::FxHashMap;
 
-use super::{native_rma, peer_key, LinkEntry, Owner, Slot, Worker};
+use super::{native_rma, LinkEntry, Owner, Slot, Worker};
 use crate::connection::{Connection, ConnectionState};
 use crate::counters::Counters;
-use crate::dispatcher::{guarded, Panicked};
-use crate::messenger::Shared;
+use crate::dispatcher::{guarded, Dispatcher, Panicked};
+use crate::state::{peer_key, Shared};
 
 impl Worker {
     pub(super) fn handle_session_event(&mut self, key: u64, ev: SessionEvent, now: Instant) {
@@ -184,7 +184,7 @@ impl Worker {
             &shared.counters.handler_panics,
             conn,
             what,
-            || f(&*shared.dispatcher, conn),
+            || f(&*self.dispatcher, conn),
         )
     }
 
@@ -245,6 +245,7 @@ pub(super) fn deliver(
     slot: &mut Slot,
     msg: Message,
     shared: &Shared,
+    dispatcher: &dyn Dispatcher,
     transports: &mut [AnyTransport],
     links: &FxHashMap<LinkId, LinkEntry>,
 ) {
@@ -264,7 +265,7 @@ pub(super) fn deliver(
         &shared.counters.handler_panics,
         conn,
         || format!("a message of type {ty}"),
-        || shared.dispatcher.on_message(conn, msg),
+        || dispatcher.on_message(conn, msg),
     ) {
         slot.session.abort(FaultReason::HandlerPanicked(why));
     }

@@ -69,6 +69,7 @@ impl Worker {
                         slot,
                         msg,
                         &self.shared,
+                        &*self.dispatcher,
                         &mut self.net.transports,
                         &self.net.links,
                     );

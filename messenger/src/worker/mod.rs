@@ -73,7 +73,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use mio::{Events, Poll, Token, Waker};
 use msgr_addr::EntityAddr;
 use msgr_backends::{open_transport, AnyTransport, Transport, TransportError};
@@ -82,15 +82,15 @@ use rustc_hash::FxHashMap;
 
 use accept::Handshakes;
 use command::CommandInbox;
-pub(crate) use command::{Command, LinkFault};
 use drive::Driving;
 use events::Net;
 use timers::Timers;
 use transmit::FaultPath;
 
-use crate::connection::{Connection, LocalWorker, LOCAL_WORKER};
+use crate::connection::Connection;
 use crate::counters::Counters;
-use crate::messenger::Shared;
+use crate::dispatcher::Dispatcher;
+use crate::state::{Command, LocalWorker, Shared, WorkerHandle, LOCAL_WORKER};
 
 /// Stop pulling frames from a session while its link holds this much unsent.
 const TX_HIGH_WATER: usize = 4 << 20;
@@ -99,47 +99,6 @@ const TX_LOW_WATER: usize = 1 << 20;
 
 /// The token of each worker's waker.
 pub(crate) const WAKER_TOKEN: Token = Token(usize::MAX);
-
-/// How other threads reach a worker.
-pub(crate) struct WorkerHandle {
-    tx: Sender<Command>,
-    waker: Arc<Waker>,
-    sleeping: Arc<AtomicBool>,
-    /// Set if the worker's thread died of a panic (a bug in msgr or a
-    /// backend): its sessions are gone, and sends to them fail.
-    dead: Arc<AtomicBool>,
-}
-
-impl WorkerHandle {
-    /// Queues a command and wakes the worker if it is blocked.
-    pub(crate) fn submit(&self, cmd: Command) {
-        let sent = self.tx.send(cmd).is_ok();
-        // Pairs with the fence in the worker's loop: either it sees our
-        // command, or we see it asleep (the channel's own orderings are weaker).
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if sent && self.sleeping.load(Ordering::SeqCst) {
-            let _ = self.waker.wake();
-        }
-    }
-
-    /// Whether no command is waiting in the channel.
-    pub(crate) fn is_idle(&self) -> bool {
-        self.tx.is_empty()
-    }
-
-    /// Whether the worker's thread died ([`run_guarded`]).
-    pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn dead_flag(&self) -> Arc<AtomicBool> {
-        self.dead.clone()
-    }
-
-    pub(crate) fn waker(&self) -> Arc<Waker> {
-        self.waker.clone()
-    }
-}
 
 /// What a worker reports when it stops.
 #[derive(Debug, Default, Clone, Copy)]
@@ -181,25 +140,6 @@ pub(crate) fn run_guarded(
             }
         }
     }
-}
-
-/// Which peer a session belongs to, for routing: the address without its nonce
-/// (a restarted peer is the same peer), unless it does not listen (port 0),
-/// where only the nonce tells clients apart.
-pub(crate) fn peer_key(addr: &EntityAddr) -> EntityAddr {
-    if addr.socket.port() == 0 {
-        addr.clone()
-    } else {
-        addr.clone().with_nonce(0)
-    }
-}
-
-/// The worker that owns sessions with `key`.
-pub(crate) fn owner_of(key: &EntityAddr, workers: usize) -> usize {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    (h.finish() % workers as u64) as usize
 }
 
 struct Slot {
@@ -254,9 +194,9 @@ struct LinkEntry {
 pub(crate) struct Worker {
     idx: usize,
     shared: Arc<Shared>,
+    /// Where messages and connection events go.
+    dispatcher: Arc<dyn Dispatcher>,
     poll: Poll,
-    /// Set while the loop blocks in `poll` (the handles wake it then).
-    sleeping: Arc<AtomicBool>,
     /// Commands from handles and callbacks (`command`).
     inbox: CommandInbox,
     /// Transports, listeners and links (`events`).
@@ -297,23 +237,19 @@ impl Worker {
         let sleeping = Arc::new(AtomicBool::new(false));
         Ok((
             poll,
-            WorkerHandle {
-                tx,
-                waker,
-                dead: Arc::new(AtomicBool::new(false)),
-                sleeping: sleeping.clone(),
-            },
+            WorkerHandle::new(tx, waker, sleeping.clone()),
             rx,
             sleeping,
         ))
     }
 
+    /// A worker over what [`Worker::prepare`] made (its poll, channel and
+    /// sleeping flag), delivering to `dispatcher`.
     pub(crate) fn new(
         idx: usize,
         shared: Arc<Shared>,
-        poll: Poll,
-        rx: Receiver<Command>,
-        sleeping: Arc<AtomicBool>,
+        dispatcher: Arc<dyn Dispatcher>,
+        (poll, rx, sleeping): (Poll, Receiver<Command>, Arc<AtomicBool>),
         transports: Vec<AnyTransport>,
         listeners: Vec<(usize, Token)>,
     ) -> Worker {
@@ -321,9 +257,9 @@ impl Worker {
         Worker {
             idx,
             shared,
+            dispatcher,
             poll,
-            sleeping,
-            inbox: CommandInbox::new(rx),
+            inbox: CommandInbox::new(rx, sleeping),
             net: Net::new(transports, listeners),
             sessions: FxHashMap::default(),
             by_peer: std::collections::HashMap::new(),
@@ -409,7 +345,7 @@ impl Worker {
                     break;
                 }
             }
-            self.sleeping.store(false, Ordering::SeqCst);
+            self.inbox.sleeping.store(false, Ordering::SeqCst);
             self.now = Instant::now();
             if let Some(since) = paced_since {
                 pacer.polled(self.now - since, self.now);
@@ -469,7 +405,7 @@ impl Worker {
     /// arming" rule), so a command or completion is never stranded while
     /// we sleep.
     fn block_timeout(&mut self) -> Option<Duration> {
-        self.sleeping.store(true, Ordering::SeqCst);
+        self.inbox.sleeping.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         if !self.inbox.rx.is_empty()
             || self.progress_transports()
