@@ -38,6 +38,29 @@
 //! server.shutdown(Duration::from_secs(1));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Layers
+//!
+//! The modules import in one direction: each only from the layers below
+//! its own (`tests/layering.rs` checks every `crate::` and `super::` path,
+//! nested modules included). Bottom first:
+//!
+//! 1. `counters`, `faults`, `throttle`, `affinity`, `auth`: the leaves —
+//!    the figures, the fault plan, the receive throttle, CPU pinning, the
+//!    authentication types re-exported.
+//! 2. `config`: every tunable, and how a callback's panic is handled.
+//! 3. `regions`, `pending`: the exposed regions as the owner keeps them;
+//!    a connection's queued sends, and why a send is refused.
+//! 4. `replies`: calls waiting for their replies, and why a call got none.
+//! 5. `state`: what handles and workers share — the messenger's state,
+//!    each connection's, the commands that carry them to a worker.
+//! 6. `connection`: the [`Connection`] handle: sends, state, status.
+//! 7. `call`: request/response over a connection.
+//! 8. `dispatcher`: what the application receives, and the panic guard.
+//! 9. `inbox`: a dispatcher that queues for the application to pull.
+//! 10. `worker`: the event loop that owns sessions and transports.
+//! 11. `messenger`: the [`Messenger`]: start, bind, connect, shut down.
+//! 12. `rma`: one-sided operations, on top of the messenger and calls.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

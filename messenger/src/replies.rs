@@ -12,6 +12,7 @@ use msgr_proto::message::REPLY_BIT;
 use msgr_proto::rma::RMA_BIT;
 use msgr_proto::{FaultReason, Message};
 
+use crate::counters::Counters;
 use crate::pending::{SendError, SendRejected};
 
 /// Why a call got no reply.
@@ -154,6 +155,15 @@ impl PendingCalls {
 
     /// A reply arrived (worker): to its caller, if it still waits. False
     /// for a late reply.
+    /// A reply (a message whose call has the reply bit): to the call that
+    /// waits for it, or dropped and counted if none does any more.
+    pub(crate) fn route_reply(&self, msg: Message, counters: &Counters) {
+        let id = msg.call & !REPLY_BIT;
+        if !self.complete(id, msg) {
+            Counters::add(&counters.late_replies, 1);
+        }
+    }
+
     pub(crate) fn complete(&self, id: u64, reply: Message) -> bool {
         let slot = self.slots.lock().expect("pending calls").remove(&id);
         match slot {

@@ -251,7 +251,7 @@ pub(super) fn deliver(
 ) {
     if msg.call & REPLY_BIT != 0 {
         native_rma::note_key(slot, &msg);
-        route_reply(&slot.conn, msg, &shared.counters);
+        slot.conn.inner.calls.route_reply(msg, &shared.counters);
         return;
     }
     if msg.call & RMA_BIT != 0 {
@@ -268,15 +268,6 @@ pub(super) fn deliver(
         || dispatcher.on_message(conn, msg),
     ) {
         slot.session.abort(FaultReason::HandlerPanicked(why));
-    }
-}
-
-/// A reply (a message whose call has the reply bit): to the call that
-/// waits for it, or dropped and counted if none does any more.
-pub(super) fn route_reply(conn: &Connection, msg: Message, counters: &Counters) {
-    let id = msg.call & !REPLY_BIT;
-    if !conn.inner.calls.complete(id, msg) {
-        Counters::add(&counters.late_replies, 1);
     }
 }
 

@@ -56,6 +56,23 @@
 //! (the connection's pending queue, shared by senders on any thread, which
 //! also orders them: a callback's sends and another thread's cannot
 //! overtake one another).
+//!
+//! # Layers
+//!
+//! This file holds the loop and the state every part shares ([`Worker`],
+//! its sessions' slots and link table); each part below adds the code of
+//! one concern and owns its fields. Bottom first:
+//!
+//! 1. `admission`, `spin`: policies with no worker state — which accepted
+//!    link gets a handshake slot; when to spin, yield or sleep.
+//! 2. `transmit`, `timers`: the way out through the fault plan; deadlines.
+//! 3. `rma_owner`: the owner's side of one-sided operations.
+//! 4. `native_rma`: the requester's side, over a transport's own reads.
+//! 5. `deliver`: messages and session events to the application.
+//! 6. `drive`: each touched session's arrivals, output and figures.
+//! 7. `events`: what the transports report.
+//! 8. `accept`: accepted links until their session is known.
+//! 9. `command`: what handles and callbacks ask of the worker.
 
 mod accept;
 mod admission;

@@ -15,7 +15,6 @@ use msgr_proto::rma::{RmaOp, RmaReply, RmaRequest, RmaStatus, RMA_BIT};
 use msgr_proto::{LinkId, Message, Session};
 use rustc_hash::FxHashMap;
 
-use super::deliver::route_reply;
 use super::rma_owner;
 use super::{LinkEntry, Slot, Worker};
 use crate::counters::Counters;
@@ -228,7 +227,10 @@ impl Worker {
                     &counters.rma_native_writes
                 };
                 Counters::add(done, 1);
-                route_reply(&slot.conn, reply(token, bytes), counters);
+                slot.conn
+                    .inner
+                    .calls
+                    .route_reply(reply(token, bytes), counters);
             }
             Err(why) => {
                 tracing::debug!(%why, "a native operation failed: asked of the owner");
