@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use msgr_addr::EntityAddr;
 use msgr_backends::{RealFault, SimulatedFault};
 use msgr_proto::control::Limits;
-use msgr_proto::{FaultReason, Message, PeerInfo, Policy};
+use msgr_proto::{FaultReason, Message, PeerInfo, Phase, Policy};
 use parking_lot::{Mutex, MutexGuard};
 use thiserror::Error;
 
@@ -93,10 +93,10 @@ pub enum ConnectionState {
 pub struct ConnectionStatus {
     /// As [`Connection::state`].
     pub state: ConnectionState,
-    /// The session's phase in words: "connecting" (waiting for the
+    /// The session's phase, shown in words: "connecting" (waiting for the
     /// transport), "standing by" (waiting to redial, or for the peer),
     /// "exchanging banners", "open", "closed"...
-    pub phase: &'static str,
+    pub phase: Phase,
     /// Links the connection lost so far (faults of any kind).
     pub faults: u64,
     /// Why the last link was lost, or why the connection ended.
@@ -175,8 +175,11 @@ impl Connection {
                 pending: Default::default(),
                 released: Default::default(),
                 status: Mutex::new(PublishedStatus {
-                    phase: "connecting",
-                    ..Default::default()
+                    phase: Phase::Connecting,
+                    faults: 0,
+                    last_fault: None,
+                    attempts: 0,
+                    retry_at: None,
                 }),
                 send_limits: [AtomicU32::new(max_front), AtomicU32::new(max_data)],
                 calls: Default::default(),

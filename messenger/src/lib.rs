@@ -417,6 +417,13 @@ pub use msgr_proto::Message;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub use msgr_proto::PeerInfo;
+/// Where a connection's session stands ([`ConnectionStatus::phase`]),
+/// shown in words.
+///
+/// ```
+/// assert_eq!(msgr::Phase::StandingBy.to_string(), "standing by");
+/// ```
+pub use msgr_proto::Phase;
 /// What a connection promises across faults (key `policy`).
 ///
 /// ```

@@ -15,7 +15,9 @@ use crossbeam_channel::Sender;
 use mio::Waker;
 use msgr_addr::{EntityAddr, TransportKind};
 use msgr_backends::{DetachedLink, RealFault, SimulatedFault, TransportContext, TransportStats};
-use msgr_proto::{session::Hello, FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, Session};
+use msgr_proto::{
+    session::Hello, FaultReason, LinkId, LocalIdentity, PeerInfo, Phase, Policy, Session,
+};
 use parking_lot::Mutex;
 
 use crate::config::MessengerConfig;
@@ -193,10 +195,9 @@ pub(crate) enum LinkFault {
     Simulated(SimulatedFault),
 }
 
-/// The worker's last published [`ConnectionStatus`] fields.
-#[derive(Default)]
+/// The worker's last published `ConnectionStatus` fields.
 pub(crate) struct PublishedStatus {
-    pub(crate) phase: &'static str,
+    pub(crate) phase: Phase,
     pub(crate) faults: u64,
     pub(crate) last_fault: Option<FaultReason>,
     pub(crate) attempts: u32,

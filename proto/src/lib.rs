@@ -64,7 +64,7 @@ pub use error::{FrameError, Malformed};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
 pub use message::Message;
 pub use session::{
-    FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, ProtocolError, SendError, Session,
+    FaultReason, LinkId, LocalIdentity, PeerInfo, Phase, Policy, ProtocolError, SendError, Session,
     SessionConfig, SessionEvent, SessionStats, Takeover,
 };
 pub use stream::{CheckedUnit, Inbound, StreamDecoder, Transmit};

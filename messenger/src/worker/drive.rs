@@ -146,8 +146,8 @@ impl Worker {
         Counters::add(&c.rx_bytes, st.rx_bytes - slot.seen.rx_bytes);
         Counters::add(&c.duplicates_dropped, st.duplicates - slot.seen.duplicates);
         let phase = slot.session.phase();
-        if st.faults != slot.seen.faults || phase != slot.seen_phase {
-            slot.seen_phase = phase;
+        if st.faults != slot.seen.faults || Some(phase) != slot.seen_phase {
+            slot.seen_phase = Some(phase);
             slot.conn.publish_status(&slot.session);
         }
         slot.seen = st;

@@ -94,7 +94,7 @@ use crossbeam_channel::Receiver;
 use mio::{Events, Poll, Token, Waker};
 use msgr_addr::EntityAddr;
 use msgr_backends::{open_transport, AnyTransport, Transport, TransportError};
-use msgr_proto::{Session, SessionStats};
+use msgr_proto::{Phase, Session, SessionStats};
 use rustc_hash::FxHashMap;
 
 use accept::Handshakes;
@@ -166,7 +166,7 @@ struct Slot {
     accepted: bool,
     seen: SessionStats,
     /// The phase last published to the connection's status.
-    seen_phase: &'static str,
+    seen_phase: Option<Phase>,
     /// Keys of the peer's regions for native reads ([`native_rma`]).
     rma_keys: native_rma::RegionKeys,
     /// Messages and bytes the application queued that left as native
@@ -185,7 +185,7 @@ impl Slot {
             transport,
             accepted,
             seen: SessionStats::default(),
-            seen_phase: "",
+            seen_phase: None,
             rma_keys: Default::default(),
             bypassed: [0; 2],
             armed: None,
@@ -478,7 +478,7 @@ impl Worker {
                 tracing::info!(
                     worker = self.idx,
                     peer = %s.conn.inner.target,
-                    phase = s.session.phase(),
+                    phase = %s.session.phase(),
                     queued = s.session.queued_messages(),
                     attempts = s.session.failed_attempts(),
                     last_fault = %s.session.last_fault().map_or_else(String::new, |f| f.to_string()),

@@ -89,6 +89,7 @@ use crate::stream::{Inbound, Transmit};
 pub use outbox::EncodedBatch;
 use outbox::{Outbox, Sent, Terms, Unsent, UnsentBatch};
 use side::Side;
+pub use state::Phase;
 use state::State;
 
 /// Names one transport link (connection) for the engine; chosen by the caller.
@@ -521,10 +522,10 @@ impl Session {
         self.state.link()
     }
 
-    /// Where the session stands, in words ("connecting", "standing by",
-    /// "open"...): for logs and for telling why a session is not open.
-    pub fn phase(&self) -> &'static str {
-        self.state.name()
+    /// Where the session stands ("connecting", "standing by", "open"...
+    /// in words): for logs and for telling why a session is not open.
+    pub fn phase(&self) -> Phase {
+        self.state.phase()
     }
 
     /// Why the session last lost a link, or why it ended; `None` until the
@@ -1908,7 +1909,7 @@ mod tests {
         s.dialing(LinkId(1));
         assert_eq!(s.poll_timeout(), Some(now + timeout));
         s.handle_timeout(now + timeout / 2);
-        assert_eq!(s.phase(), "connecting", "not yet");
+        assert_eq!(s.phase(), Phase::Connecting, "not yet");
         s.handle_timeout(now + timeout);
         let ev = events(&mut s);
         assert!(ev.contains(&SessionEvent::CloseLink(LinkId(1))), "{ev:?}");
@@ -1922,7 +1923,7 @@ mod tests {
         // The first dial comes up late: closed, the session waits for the second.
         s.link_up(LinkId(1), redial);
         assert_eq!(events(&mut s), vec![SessionEvent::CloseLink(LinkId(1))]);
-        assert_eq!(s.phase(), "connecting");
+        assert_eq!(s.phase(), Phase::Connecting);
         s.link_failed(LinkId(1), "late".into(), redial);
         assert_eq!(
             s.failed_attempts(),
@@ -1930,7 +1931,7 @@ mod tests {
             "a failure of the given-up dial is not this one's"
         );
         s.link_up(LinkId(2), redial);
-        assert_ne!(s.phase(), "connecting", "the second dial is taken");
+        assert_ne!(s.phase(), Phase::Connecting, "the second dial is taken");
     }
     /// Everything `from` has to send, handed to `to` on `link` as is.
     fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
