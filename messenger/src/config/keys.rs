@@ -6,6 +6,31 @@
 use std::time::Duration;
 
 use super::{parse_policy, ConfigError, HandlerPanicPolicy, MessengerConfig};
+use crate::affinity::CpuListError;
+use crate::faults::FaultPlanError;
+
+/// Why a text value does not fit its key (shown in
+/// `ConfigError::BadValue`'s `why`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum BadValue {
+    #[error("{0}")]
+    Number(#[from] std::num::ParseIntError),
+    #[error("`{text}`: {error}")]
+    Addr {
+        text: String,
+        error: msgr_addr::AddrParseError,
+    },
+    #[error("{0}")]
+    Modes(String),
+    #[error("{0}")]
+    Cpus(#[from] CpuListError),
+    #[error("CPU {cpu} is not one this process may run on ({allowed:?})")]
+    CpuNotAllowed { cpu: usize, allowed: Vec<usize> },
+    #[error("0 (no batches) or {min} to {max}")]
+    BatchSize { min: usize, max: usize },
+    #[error("{0}")]
+    FaultPlan(#[from] FaultPlanError),
+}
 
 /// The row of `name` in [`CONFIG_KEYS`].
 pub(super) fn config_key(name: &str) -> Option<&'static ConfigKey> {
@@ -83,7 +108,7 @@ enum Kind {
     Text {
         form: &'static str,
         list: bool,
-        set: fn(&mut MessengerConfig, &str) -> Result<(), String>,
+        set: fn(&mut MessengerConfig, &str) -> Result<(), BadValue>,
     },
 }
 
@@ -141,7 +166,7 @@ impl ConfigKey {
                     }));
                 }
             }
-            Kind::Text { set, .. } => set(cfg, v).map_err(bad)?,
+            Kind::Text { set, .. } => set(cfg, v).map_err(|e| bad(e.to_string()))?,
         }
         Ok(())
     }
@@ -170,7 +195,7 @@ const fn key(name: &'static str, doc: &'static str, kind: Kind) -> ConfigKey {
 }
 
 /// Comma-separated addresses (empty or `none`: none); a bad one is named.
-fn parse_addr_list(value: &str) -> Result<Vec<msgr_addr::EntityAddr>, String> {
+fn parse_addr_list(value: &str) -> Result<Vec<msgr_addr::EntityAddr>, BadValue> {
     if value == "none" {
         return Ok(Vec::new());
     }
@@ -179,8 +204,10 @@ fn parse_addr_list(value: &str) -> Result<Vec<msgr_addr::EntityAddr>, String> {
         .map(str::trim)
         .filter(|a| !a.is_empty())
         .map(|a| {
-            a.parse()
-                .map_err(|e: msgr_addr::AddrParseError| format!("`{a}`: {e}"))
+            a.parse().map_err(|error| BadValue::Addr {
+                text: a.into(),
+                error,
+            })
         })
         .collect()
 }
@@ -229,7 +256,7 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
             form: "list of crc, auth, secure",
             list: true,
             set: |c, v| {
-                c.session.security.modes = v.parse()?;
+                c.session.security.modes = v.parse().map_err(BadValue::Modes)?;
                 Ok(())
             },
         },
@@ -323,13 +350,13 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
             form: "0 or 256..=65536",
             list: false,
             set: |c, v| {
-                let n: usize = v.parse().map_err(|e: std::num::ParseIntError| e.to_string())?;
+                let n: usize = v.parse()?;
                 // A batch must hold at least one small message, and fit the
                 // header-segment limit (64 KiB) every peer enforces.
                 const MIN: usize = 256;
                 let max = c.session.limits.max_segment[0] as usize;
                 if n != 0 && !(MIN..=max).contains(&n) {
-                    return Err(format!("0 (no batches) or {MIN} to {max}"));
+                    return Err(BadValue::BatchSize { min: MIN, max });
                 }
                 c.session.batch_max_bytes = n;
                 Ok(())
@@ -545,8 +572,7 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
                 c.faults = match v {
                     "" | "off" => None,
                     plan => Some(
-                        plan.parse()
-                            .map_err(|e: crate::faults::FaultPlanError| e.to_string())?,
+                        plan.parse()?,
                     ),
                 };
                 Ok(())
@@ -557,16 +583,14 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
 
 /// `worker_cpus`: a CPU list (empty or `none`: no pinning), each CPU one
 /// this process may run on.
-fn parse_worker_cpus(value: &str) -> Result<Vec<usize>, String> {
+fn parse_worker_cpus(value: &str) -> Result<Vec<usize>, BadValue> {
     if value.is_empty() || value == "none" {
         return Ok(Vec::new());
     }
     let cpus = crate::affinity::parse_cpu_list(value)?;
     let allowed = crate::affinity::allowed_cpus();
     if let Some(c) = cpus.iter().find(|c| !allowed.contains(c)) {
-        return Err(format!(
-            "CPU {c} is not one this process may run on ({allowed:?})"
-        ));
+        return Err(BadValue::CpuNotAllowed { cpu: *c, allowed });
     }
     Ok(cpus)
 }
