@@ -1,15 +1,12 @@
 //! A connection's messages between `send` and the worker: encoded as
 //! batch entries on the sender's thread, or kept whole; and why a send
-//! is refused.
-
-use std::time::Duration;
+//! is refused (the session's `SendError`, msgr's one).
 
 use bytes::BytesMut;
 use msgr_proto::control::Limits;
 use msgr_proto::rma::RMA_BIT;
 use msgr_proto::session::EncodedBatch;
-use msgr_proto::{Message, TooLarge};
-use thiserror::Error;
+use msgr_proto::Message;
 
 /// A message could not be sent.
 ///
@@ -30,40 +27,7 @@ use thiserror::Error;
 /// assert_eq!(&refused.message.front[..], b"late"); // the message comes back
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum SendError {
-    /// The connection's send queue is at its bound (see `max_queued_messages`
-    /// and `max_queued_bytes`): back off, or use [`Connection::send_timeout`].
-    #[error("send queue full ({messages} messages, {bytes} bytes queued)")]
-    QueueFull {
-        /// Messages queued.
-        messages: u64,
-        /// Payload bytes queued.
-        bytes: u64,
-    },
-    /// The connection was reset, marked down or closed.
-    #[error("connection is closed")]
-    Closed,
-    /// [`Connection::send_timeout`] gave up.
-    #[error("send queue stayed full for {0:?}")]
-    Timeout(Duration),
-    /// The message is larger than the peer accepts (its limits, announced
-    /// in the handshake; this side's own `max_front_bytes` and
-    /// `max_data_bytes` until the peer is known). Nothing was queued: the
-    /// peer could only refuse it (counted in `messages_too_large`).
-    #[error(transparent)]
-    TooLarge(TooLarge),
-    /// The worker thread that owns this connection died (a panic, a bug:
-    /// `worker_deaths` counts it, the shutdown report says so); the
-    /// connection is gone with it.
-    #[error("the worker owning this connection has died")]
-    WorkerStopped,
-    /// [`Connection::reply`] to a message that is not a request (it came
-    /// without a call, or is itself a reply).
-    #[error("the message answered is not a request")]
-    NotARequest,
-}
+pub use msgr_proto::SendError;
 
 /// A send that was refused, with what it refused: the message (a batch's
 /// messages, for [`Connection::send_batch`]) comes back unchanged, to send
