@@ -45,6 +45,9 @@ pub(super) struct RegionKey {
 pub(super) struct NativeOp {
     pub(super) session: u64,
     pub(super) link: LinkId,
+    /// The region and the operation, as decoded once when it started.
+    pub(super) region: u64,
+    pub(super) op: RmaOp,
     pub(super) request: Message,
 }
 
@@ -158,6 +161,8 @@ pub(super) fn try_native(
             let op = NativeOp {
                 session: key,
                 link,
+                region: r.region,
+                op: r.op,
                 request: msg,
             };
             in_flight.insert(op.request.call, op);
@@ -192,14 +197,12 @@ pub(super) fn reply(token: u64, bytes: Bytes) -> Message {
 /// link again, and the request goes back to the session (its room taken
 /// again), to be sent to the owner. Returns the request.
 pub(super) fn give_up(slot: &mut Slot, op: NativeOp) -> Message {
-    if let Ok(r) = RmaRequest::decode(&op.request.front) {
-        let failed = RegionKey {
-            link: op.link,
-            key: None,
-            writes: false,
-        };
-        slot.rma_keys.insert(r.region, failed);
-    }
+    let failed = RegionKey {
+        link: op.link,
+        key: None,
+        writes: false,
+    };
+    slot.rma_keys.insert(op.region, failed);
     slot.bypassed[0] = slot.bypassed[0].saturating_sub(1);
     let len = op.request.payload_len() as u64;
     slot.bypassed[1] = slot.bypassed[1].saturating_sub(len);
@@ -221,10 +224,9 @@ impl Worker {
         let counters = &self.shared.counters;
         match result {
             Ok(bytes) => {
-                let done = if op.request.data.is_empty() {
-                    &counters.rma_native_reads
-                } else {
-                    &counters.rma_native_writes
+                let done = match op.op {
+                    RmaOp::Read => &counters.rma_native_reads,
+                    RmaOp::Write => &counters.rma_native_writes,
                 };
                 Counters::add(done, 1);
                 slot.conn
