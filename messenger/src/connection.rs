@@ -1,141 +1,19 @@
 //! Connection handles: what the application holds to send to one peer.
 
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use msgr_addr::EntityAddr;
 use msgr_backends::{RealFault, SimulatedFault};
 use msgr_proto::control::Limits;
-use msgr_proto::rma::RMA_BIT;
-use msgr_proto::session::EncodedBatch;
-use msgr_proto::{FaultReason, Message, PeerInfo, Policy, TooLarge};
+use msgr_proto::{FaultReason, Message, PeerInfo, Phase, Policy};
 use parking_lot::{Mutex, MutexGuard};
 use thiserror::Error;
 
 use crate::counters::Counters;
-use crate::messenger::Shared;
-use crate::worker::{Command, LinkFault};
-
-/// A message could not be sent.
-///
-/// ```
-/// # use std::{sync::Arc, time::Duration};
-/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
-/// # let inbox = Inbox::new();
-/// # let server = Messenger::builder(EntityName::server(1)).without_env()
-/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
-/// # let client = Messenger::builder(EntityName::client(1)).without_env()
-/// #     .start(Arc::new(NullDispatcher))?;
-/// # let conn = client.connect(server.addr().expect("bound"))?;
-/// use msgr::SendError;
-/// conn.mark_down();
-/// # while conn.state() != msgr::ConnectionState::Closed { std::thread::sleep(Duration::from_millis(1)); }
-/// let refused = conn.send(Message::new(1, &b"late"[..], &b""[..])).unwrap_err();
-/// assert_eq!(refused.error, SendError::Closed);
-/// assert_eq!(&refused.message.front[..], b"late"); // the message comes back
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum SendError {
-    /// The connection's send queue is at its bound (see `max_queued_messages`
-    /// and `max_queued_bytes`): back off, or use [`Connection::send_timeout`].
-    #[error("send queue full ({messages} messages, {bytes} bytes queued)")]
-    QueueFull {
-        /// Messages queued.
-        messages: u64,
-        /// Payload bytes queued.
-        bytes: u64,
-    },
-    /// The connection was reset, marked down or closed.
-    #[error("connection is closed")]
-    Closed,
-    /// [`Connection::send_timeout`] gave up.
-    #[error("send queue stayed full for {0:?}")]
-    Timeout(Duration),
-    /// The message is larger than the peer accepts (its limits, announced
-    /// in the handshake; this side's own `max_front_bytes` and
-    /// `max_data_bytes` until the peer is known). Nothing was queued: the
-    /// peer could only refuse it (counted in `messages_too_large`).
-    #[error(transparent)]
-    TooLarge(TooLarge),
-    /// The worker thread that owns this connection died (a panic, a bug:
-    /// `worker_deaths` counts it, the shutdown report says so); the
-    /// connection is gone with it.
-    #[error("the worker owning this connection has died")]
-    WorkerStopped,
-    /// [`Connection::reply`] to a message that is not a request (it came
-    /// without a call, or is itself a reply).
-    #[error("the message answered is not a request")]
-    NotARequest,
-}
-
-/// A send that was refused, with what it refused: the message (a batch's
-/// messages, for [`Connection::send_batch`]) comes back unchanged, to send
-/// again later, elsewhere, or to drop — as `std::sync::mpsc::SendError`
-/// gives its value back. Its `Display` is the [`SendError`]'s, and `?`
-/// turns it into that [`SendError`] (dropping the message), a
-/// [`crate::CallError`], or a boxed error.
-///
-/// ```no_run
-/// use msgr::{Connection, Message, SendError, SendRejected};
-///
-/// /// Sends `msg`, keeping it for later if the queue is full.
-/// fn send_or_keep(conn: &Connection, msg: Message, later: &mut Vec<Message>) -> Result<(), SendError> {
-///     match conn.send(msg) {
-///         Ok(()) => Ok(()),
-///         Err(SendRejected { error: SendError::QueueFull { .. }, message }) => {
-///             later.push(message);
-///             Ok(())
-///         }
-///         Err(other) => Err(other.into()),
-///     }
-/// }
-/// ```
-#[derive(Clone, PartialEq, Eq)]
-pub struct SendRejected<M = Message> {
-    /// Why it was refused.
-    pub error: SendError,
-    /// What was refused, given back.
-    pub message: M,
-}
-
-impl<M> SendRejected<M> {
-    /// The message refused.
-    pub fn into_message(self) -> M {
-        self.message
-    }
-}
-
-/// The error only: a message's bytes are no debugging aid (and may be large).
-impl<M> std::fmt::Debug for SendRejected<M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendRejected")
-            .field("error", &self.error)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<M> std::fmt::Display for SendRejected<M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl<M> std::error::Error for SendRejected<M> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&self.error)
-    }
-}
-
-impl<M> From<SendRejected<M>> for SendError {
-    fn from(r: SendRejected<M>) -> SendError {
-        r.error
-    }
-}
+use crate::pending::{Pending, SendError, SendRejected};
+use crate::state::{Command, ConnInner, LinkFault, PublishedStatus, Shared, ThreadWaker};
 
 const STATE_CONNECTING: u8 = 0;
 const STATE_OPEN: u8 = 1;
@@ -215,10 +93,10 @@ pub enum ConnectionState {
 pub struct ConnectionStatus {
     /// As [`Connection::state`].
     pub state: ConnectionState,
-    /// The session's phase in words: "connecting" (waiting for the
+    /// The session's phase, shown in words: "connecting" (waiting for the
     /// transport), "standing by" (waiting to redial, or for the peer),
     /// "exchanging banners", "open", "closed"...
-    pub phase: &'static str,
+    pub phase: Phase,
     /// Links the connection lost so far (faults of any kind).
     pub faults: u64,
     /// Why the last link was lost, or why the connection ended.
@@ -229,218 +107,6 @@ pub struct ConnectionStatus {
     /// When it dials again, if it stands by after a fault (the backoff,
     /// doubling from `backoff_min_ms` to `backoff_max_ms`, with jitter).
     pub retry_in: Option<Duration>,
-}
-
-/// The worker's last published [`ConnectionStatus`] fields.
-#[derive(Default)]
-struct PublishedStatus {
-    phase: &'static str,
-    faults: u64,
-    last_fault: Option<FaultReason>,
-    attempts: u32,
-    retry_at: Option<Instant>,
-}
-
-pub(crate) struct ConnInner {
-    pub(crate) key: u64,
-    pub(crate) worker: usize,
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) target: EntityAddr,
-    pub(crate) policy: Policy,
-    /// The entity the application dialled, if it named one
-    /// ([`crate::Messenger::connect_to`]): whoever answers must be it.
-    pub(crate) expected: Option<msgr_addr::EntityName>,
-    /// More addresses of the peer after `target` ([`crate::Messenger::connect_any`]).
-    pub(crate) alternates: Mutex<Vec<EntityAddr>>,
-    pub(crate) peer: Mutex<Option<PeerInfo>>,
-    pub(crate) state: AtomicU8,
-    /// What `send` encoded and the worker has not taken yet, and the
-    /// messages and bytes handed to `send` ...
-    pub(crate) pending: Mutex<Pending>,
-    /// ... and those that left the session queue (set by the worker).
-    pub(crate) released: [AtomicU64; 2],
-    /// Set by the worker when the phase or the fault count changes.
-    status: Mutex<PublishedStatus>,
-    /// The largest front and data segments the peer takes (the session's
-    /// `send_limits`, published by the worker when the session opens).
-    send_limits: [AtomicU32; 2],
-    /// Calls waiting for their replies ([`Connection::call`]).
-    pub(crate) calls: crate::call::PendingCalls,
-    /// Async senders waiting for queue room ([`Connection::send_async`]).
-    pub(crate) room: RoomWaiters,
-}
-
-/// What [`Connection::send`] hands to the worker: small messages encoded
-/// as batch entries on the sender's thread, so that the `Message` never
-/// travels to the worker and the hand-off (one [`Command::Flush`], at
-/// most one wake-up) is paid once per batch, not per message.
-pub(crate) enum Outgoing {
-    Batch(EncodedBatch),
-    /// A message in a frame of its own (large), or a one-sided operation
-    /// (the worker may carry it natively).
-    Message(Message),
-}
-
-impl Outgoing {
-    fn batch(&self) -> Option<&EncodedBatch> {
-        match self {
-            Outgoing::Batch(b) => Some(b),
-            Outgoing::Message(_) => None,
-        }
-    }
-}
-
-/// A connection's messages between `send` and the worker's session, in
-/// order (see [`Outgoing`]).
-#[derive(Default)]
-pub(crate) struct Pending {
-    /// Closed batches and unbatched messages, oldest first (`open` follows).
-    items: Vec<Outgoing>,
-    /// The batch being filled.
-    open: Option<EncodedBatch>,
-    /// The rest of the allocation the last batch was taken from, for the
-    /// next ([`EncodedBatch::open`]).
-    spare: BytesMut,
-    /// The size of the next allocation batches are opened in (0 until
-    /// the first): [`EncodedBatch::MIN_ALLOCATION`], four times larger each
-    /// time a batch ends at its allocation (up to
-    /// [`EncodedBatch::SHARED_BATCHES`] bounds), four times smaller when
-    /// the worker takes less than a 32nd of it at once. A connection that
-    /// sent a burst and went quiet so keeps no large spare.
-    alloc: usize,
-    /// A [`Command::Flush`] is on its way to the worker: later sends only
-    /// add to what it will take.
-    scheduled: bool,
-    /// Messages and payload bytes handed to `send` (admitted).
-    submitted: [u64; 2],
-    /// Messages and bytes that may be admitted without looking at what
-    /// the worker released: the room the last full check found, less what
-    /// came since (a lower bound, as releases only add room). The queue
-    /// bounds are then checked once per batch or so, not per message.
-    room: [u64; 2],
-}
-
-impl Pending {
-    /// Queues `msg`: as an entry of the open batch (a new one when it is
-    /// full or was checked against other limits), or whole.
-    fn push(&mut self, msg: Message, max_body: usize, limits: Limits) {
-        if !self.encode(&msg, max_body, limits) {
-            self.push_whole(msg);
-        }
-    }
-
-    /// Encodes `msg` as an entry of the open batch (a new one when it is
-    /// full or was checked against other limits), if it goes in batches;
-    /// `false` if it goes whole ([`Pending::push_whole`]). The caller
-    /// keeps the `Message`: moving it here cost more than its encoding's
-    /// bookkeeping.
-    fn encode(&mut self, msg: &Message, max_body: usize, limits: Limits) -> bool {
-        if msg.call & RMA_BIT != 0 || !EncodedBatch::batchable(msg.payload_len(), max_body) {
-            return false;
-        }
-        if let Some(open) = &mut self.open {
-            if open.limits() == limits {
-                if open.push(msg, max_body) {
-                    return true;
-                }
-                if open.ended_by_allocation(max_body) {
-                    self.alloc = self.alloc.saturating_mul(4);
-                }
-            }
-        }
-        self.close_open();
-        let largest = (EncodedBatch::SHARED_BATCHES * max_body).max(EncodedBatch::MIN_ALLOCATION);
-        self.alloc = self.alloc.clamp(EncodedBatch::MIN_ALLOCATION, largest);
-        let mut batch = EncodedBatch::open(&mut self.spare, msg.payload_len(), self.alloc, limits);
-        // (An entry of a batchable message fits an empty batch.)
-        let encoded = batch.push(msg, max_body);
-        self.open = Some(batch);
-        encoded
-    }
-
-    /// Queues `msg` to go in a frame of its own, in order.
-    fn push_whole(&mut self, msg: Message) {
-        self.close_open();
-        self.items.push(Outgoing::Message(msg));
-    }
-
-    fn close_open(&mut self) {
-        if let Some(mut b) = self.open.take() {
-            b.close(&mut self.spare);
-            self.items.push(Outgoing::Batch(b));
-        }
-    }
-
-    /// Heap bytes it holds: batches the worker has not taken yet and the
-    /// spare allocation the next batch is opened in (`Messenger::memory`
-    /// counts them with the connection's session).
-    pub(crate) fn memory_bytes(&self) -> usize {
-        let batches = self.items.iter().filter_map(Outgoing::batch);
-        self.spare.capacity()
-            + self.open.as_ref().map_or(0, EncodedBatch::memory_bytes)
-            + self.items.capacity() * std::mem::size_of::<Outgoing>()
-            + batches.map(EncodedBatch::memory_bytes).sum::<usize>()
-    }
-
-    /// Everything queued, into `into` (empty; this keeps its allocation
-    /// for the next sends): the worker's turn.
-    pub(crate) fn take(&mut self, into: &mut Vec<Outgoing>) {
-        self.close_open();
-        self.scheduled = false;
-        let batches = self.items.iter().filter_map(Outgoing::batch);
-        let taken: usize = batches.map(EncodedBatch::encoded_bytes).sum();
-        if taken * 32 < self.alloc {
-            self.alloc = (self.alloc / 4).max(EncodedBatch::MIN_ALLOCATION);
-            if self.spare.capacity() > self.alloc {
-                // Freed once the batches cut from it are acknowledged.
-                self.spare = BytesMut::new();
-            }
-        }
-        std::mem::swap(&mut self.items, into);
-    }
-}
-
-/// Wakes a thread parked in [`Connection::send_timeout`].
-struct ThreadWaker(std::thread::Thread);
-
-impl std::task::Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Wakers of senders waiting for room in a connection's queue (async ones,
-/// and blocked `send_timeout` callers). The worker looks at one flag after
-/// it releases messages: nothing else is paid while no one waits.
-#[derive(Default)]
-pub(crate) struct RoomWaiters {
-    waiting: std::sync::atomic::AtomicBool,
-    wakers: Mutex<Vec<std::task::Waker>>,
-}
-
-impl RoomWaiters {
-    fn register(&self, w: &std::task::Waker) {
-        let mut ws = self.wakers.lock();
-        if !ws.iter().any(|x| x.will_wake(w)) {
-            ws.push(w.clone());
-        }
-        self.waiting.store(true, Ordering::SeqCst);
-    }
-
-    /// The worker released messages: wake whoever waits for room.
-    pub(crate) fn released(&self) {
-        if self.waiting.load(Ordering::SeqCst) {
-            self.waiting.store(false, Ordering::SeqCst);
-            let ws = std::mem::take(&mut *self.wakers.lock());
-            for w in ws {
-                w.wake();
-            }
-        }
-    }
 }
 
 /// A handle on one session with one peer. Cheap to clone; all clones name the
@@ -478,39 +144,13 @@ impl std::fmt::Debug for Connection {
     }
 }
 
-/// What a worker thread keeps for the commands its own dispatcher
-/// callbacks issue, which need no channel or wake-up.
-pub(crate) struct LocalWorker {
-    /// The messenger's id.
-    pub(crate) messenger: u64,
-    /// The worker's index in it.
-    pub(crate) worker: usize,
-    /// Commands issued on this thread, in order.
-    pub(crate) commands: Vec<Command>,
-}
-
-impl LocalWorker {
-    pub(crate) fn new(messenger: u64, worker: usize) -> Self {
-        LocalWorker {
-            messenger,
-            worker,
-            commands: Vec::new(),
-        }
-    }
-}
-
-thread_local! {
-    /// Set while a worker thread runs (see [`LocalWorker`]).
-    pub(crate) static LOCAL_WORKER: RefCell<Option<LocalWorker>> = const { RefCell::new(None) };
-}
-
-/// Whether this thread is a worker's (a dispatcher callback runs on one):
-/// it must not wait for its own worker.
-pub(crate) fn on_worker_thread() -> bool {
-    LOCAL_WORKER.with(|l| l.borrow().is_some())
-}
-
 impl Connection {
+    /// The handle on a connection the messenger's registry or a command
+    /// holds the state of.
+    pub(crate) fn from_inner(inner: Arc<ConnInner>) -> Self {
+        Connection { inner }
+    }
+
     pub(crate) fn new(
         shared: Arc<Shared>,
         key: u64,
@@ -535,8 +175,11 @@ impl Connection {
                 pending: Default::default(),
                 released: Default::default(),
                 status: Mutex::new(PublishedStatus {
-                    phase: "connecting",
-                    ..Default::default()
+                    phase: Phase::Connecting,
+                    faults: 0,
+                    last_fault: None,
+                    attempts: 0,
+                    retry_at: None,
                 }),
                 send_limits: [AtomicU32::new(max_front), AtomicU32::new(max_data)],
                 calls: Default::default(),
@@ -655,7 +298,9 @@ impl Connection {
         pending.scheduled = true;
         drop(pending);
         if first {
-            self.inner.dispatch(Command::Flush { conn: self.clone() });
+            self.inner.dispatch(Command::Flush {
+                conn: self.inner.clone(),
+            });
         }
     }
 
@@ -1173,37 +818,6 @@ impl Connection {
     }
 }
 
-/// Bytes of a connection handle's shared part (one per session).
-pub(crate) fn handle_bytes() -> usize {
-    std::mem::size_of::<ConnInner>()
-}
-
-impl ConnInner {
-    /// Hands a command to the owning worker: directly if we are on that
-    /// worker's thread (a dispatcher callback), else through its channel.
-    #[inline]
-    pub(crate) fn dispatch(&self, cmd: Command) {
-        let worker = &self.shared.workers[self.worker];
-        let cmd = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {
-            // On the owning worker's thread: no channel, no wake-up. Only while
-            // its channel is empty, though: a command another thread queued
-            // before this one must not be overtaken.
-            Some(local)
-                if local.messenger == self.shared.id
-                    && local.worker == self.worker
-                    && worker.is_idle() =>
-            {
-                local.commands.push(cmd);
-                None
-            }
-            _ => Some(cmd),
-        });
-        if let Some(cmd) = cmd {
-            worker.submit(cmd);
-        }
-    }
-}
-
 /// The future of [`Connection::send_async`].
 ///
 /// ```
@@ -1243,114 +857,5 @@ impl std::future::Future for SendFuture {
             }
             Err(e) => std::task::Poll::Ready(Err(e)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MAX: usize = 24 + 3 * (6 + 10);
-
-    fn limits() -> Limits {
-        Limits {
-            max_front: 1 << 20,
-            max_data: 1 << 20,
-        }
-    }
-
-    fn msg(n: u8, len: usize) -> Message {
-        Message::new(u16::from(n), vec![n; len], Vec::new())
-    }
-
-    /// What the worker takes: per item, a batch's count or 0 for a
-    /// message on its own.
-    fn shape(p: &mut Pending) -> Vec<u32> {
-        let mut items = Vec::new();
-        p.take(&mut items);
-        items
-            .iter()
-            .map(|i| match i {
-                Outgoing::Batch(b) => b.count(),
-                Outgoing::Message(_) => 0,
-            })
-            .collect()
-    }
-
-    /// Small messages fill batches up to the bound; a large one, a
-    /// one-sided operation or new limits close the open batch and keep
-    /// their place in the order.
-    #[test]
-    fn sends_fill_batches_in_order() {
-        let mut p = Pending::default();
-        for n in 1..=4 {
-            p.push(msg(n, 10), MAX, limits());
-        }
-        p.push(msg(5, MAX), MAX, limits());
-        p.push(msg(6, 10), MAX, limits());
-        let mut rma = msg(7, 10);
-        rma.call = RMA_BIT | 1;
-        p.push(rma, MAX, limits());
-        p.push(msg(8, 10), MAX, limits());
-        let mut other = limits();
-        other.max_data = 100;
-        p.push(msg(9, 10), MAX, other);
-        assert_eq!(shape(&mut p), [3, 1, 0, 1, 0, 1, 1]);
-        assert!(!p.scheduled && p.items.is_empty() && p.open.is_none());
-    }
-
-    /// A sparse sender's batches of one message each share an allocation:
-    /// each kept for replay holds its own size, not a batch's bound.
-    #[test]
-    fn sparse_batches_share_an_allocation() {
-        const BIG: usize = 4096;
-        let entry = 24 + 6 + 10;
-        let mut p = Pending::default();
-        let mut taken = Vec::new();
-        for round in 1..=3 {
-            p.push(msg(round, 10), BIG, limits());
-            let mut items = Vec::new();
-            p.take(&mut items);
-            assert_eq!(items.len(), 1);
-            taken.extend(items);
-            let first = EncodedBatch::MIN_ALLOCATION;
-            assert_eq!(p.spare.capacity(), first - usize::from(round) * entry);
-        }
-    }
-
-    /// A burst grows the allocations batches are opened in up to
-    /// `SHARED_BATCHES` bounds; when the sender goes quiet they shrink
-    /// again and the large spare is let go.
-    #[test]
-    fn allocations_follow_the_sender() {
-        const BIG: usize = 4096;
-        let mut p = Pending::default();
-        let mut items = Vec::new();
-        for n in 0..2000 {
-            p.push(msg((n % 200) as u8, 40), BIG, limits());
-        }
-        p.take(&mut items);
-        assert!(
-            p.alloc > EncodedBatch::MIN_ALLOCATION,
-            "a burst's allocation grew"
-        );
-        let full = items.iter().filter_map(Outgoing::batch);
-        let sizes: Vec<usize> = full.map(EncodedBatch::encoded_bytes).collect();
-        let near_bound = sizes.iter().filter(|&&n| n > BIG - 100).count();
-        assert!(
-            near_bound * 2 > sizes.len(),
-            "batches near their bound: {sizes:?}"
-        );
-        for quiet in 0..3 {
-            items.clear();
-            p.push(msg(quiet, 10), BIG, limits());
-            p.take(&mut items);
-        }
-        assert_eq!(p.alloc, EncodedBatch::MIN_ALLOCATION);
-        let kept = p.memory_bytes() - p.items.capacity() * std::mem::size_of::<Outgoing>();
-        assert!(
-            kept <= EncodedBatch::MIN_ALLOCATION,
-            "{kept} bytes kept when quiet"
-        );
     }
 }

@@ -3,6 +3,7 @@
 
 use msgr_proto::{FaultReason, Message};
 
+use crate::config::HandlerPanicPolicy;
 use crate::Connection;
 
 /// Receives what a [`crate::Messenger`] delivers.
@@ -232,29 +233,6 @@ pub trait Dispatcher: Send + Sync + 'static {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn on_shutdown(&self) {}
-}
-
-/// What a messenger does when a [`Dispatcher`] callback panics (config key
-/// `on_handler_panic`). Either way the panic is logged with the connection
-/// and what was being delivered, and counted (`handler_panics`).
-///
-/// ```
-/// use msgr::{HandlerPanicPolicy, MessengerConfig};
-/// let mut cfg = MessengerConfig::default();
-/// assert_eq!(cfg.handler_panic, HandlerPanicPolicy::FailConnection);
-/// cfg.set("on_handler_panic", "abort")?;
-/// assert_eq!(cfg.handler_panic, HandlerPanicPolicy::Abort);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum HandlerPanicPolicy {
-    /// End that connection ([`FaultReason::HandlerPanicked`]
-    /// reaches `on_reset`); the worker goes on serving the others.
-    #[default]
-    FailConnection,
-    /// Abort the process, for deployments that prefer a crash and a restart
-    /// to running on after a bug.
-    Abort,
 }
 
 /// A callback panicked (see [`HandlerPanicPolicy`]); the panic's message.

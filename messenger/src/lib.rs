@@ -38,10 +38,35 @@
 //! server.shutdown(Duration::from_secs(1));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Layers
+//!
+//! The modules import in one direction: each only from the layers below
+//! its own (`tests/layering.rs` checks every `crate::` and `super::` path,
+//! nested modules included). Bottom first:
+//!
+//! 1. `counters`, `faults`, `throttle`, `affinity`, `auth`: the leaves —
+//!    the figures, the fault plan, the receive throttle, CPU pinning, the
+//!    authentication types re-exported.
+//! 2. `config`: every tunable, and how a callback's panic is handled.
+//! 3. `regions`, `pending`: the exposed regions as the owner keeps them;
+//!    a connection's queued sends, and why a send is refused.
+//! 4. `replies`: calls waiting for their replies, and why a call got none.
+//! 5. `state`: what handles and workers share — the messenger's state,
+//!    each connection's, the commands that carry them to a worker.
+//! 6. `connection`: the [`Connection`] handle: sends, state, status.
+//! 7. `call`: request/response over a connection.
+//! 8. `dispatcher`: what the application receives, and the panic guard.
+//! 9. `inbox`: a dispatcher that queues for the application to pull.
+//! 10. `worker`: the event loop that owns sessions and transports.
+//! 11. `messenger`: the [`Messenger`]: start, bind, connect, shut down.
+//! 12. `rma`: one-sided operations, on top of the messenger and calls.
+//! 13. `service`: typed services, a request type in and a reply type out.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod affinity;
 mod call;
 mod config;
 mod connection;
@@ -50,8 +75,12 @@ mod dispatcher;
 mod faults;
 mod inbox;
 mod messenger;
+mod pending;
+mod regions;
+mod replies;
 pub mod rma;
 pub mod service;
+mod state;
 mod throttle;
 mod worker;
 
@@ -65,22 +94,22 @@ mod worker;
 /// assert_eq!(msg.data.as_ptr(), payload.as_ptr());
 /// ```
 pub use bytes::Bytes;
-pub use call::{CallError, CallFuture, TypedCallError};
+pub use call::{CallFuture, TypedCallError};
 pub use config::{
-    parse_policy, ConfigError, MessengerConfig, CONFIG_KEYS, MAX_CONFIG_FILE, RESERVED_ENV,
+    parse_policy, ConfigError, HandlerPanicPolicy, MessengerConfig, CONFIG_KEYS, MAX_CONFIG_FILE,
+    RESERVED_ENV,
 };
-pub use connection::{
-    ConnectError, Connection, ConnectionState, ConnectionStatus, SendError, SendFuture,
-    SendRejected,
-};
+pub use connection::{ConnectError, Connection, ConnectionState, ConnectionStatus, SendFuture};
 pub use counters::Counters;
-pub use dispatcher::{Dispatcher, HandlerPanicPolicy, NullDispatcher};
+pub use dispatcher::{Dispatcher, NullDispatcher};
 pub use faults::{FaultPlan, FaultPlanError};
 pub use inbox::{ConnectionEvent, ConnectionInbox, Events, Inbox, Messages, Recv, RecvApart};
 pub use messenger::{
     Broadcast, MemoryUse, Messenger, MessengerBuilder, MessengerError, ShutdownFuture,
     ShutdownReport,
 };
+pub use pending::{SendError, SendRejected};
+pub use replies::CallError;
 // The re-exports from msgr's own crates below, one per item: the docs on
 // each `pub use` come first on the item's page, and their examples are
 // doctests of this crate, written as a user of `msgr` writes them.
@@ -283,6 +312,7 @@ pub use msgr_backends::TransportError;
 /// ```
 pub use msgr_backends::TransportStats;
 
+pub use affinity::allowed_cpus;
 /// The codec with bincode's fixed-width layout (feature `bincode`):
 /// see [`Codec`] for when to pick it over [`Postcard`].
 ///
@@ -392,6 +422,13 @@ pub use msgr_proto::Message;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub use msgr_proto::PeerInfo;
+/// Where a connection's session stands ([`ConnectionStatus::phase`]),
+/// shown in words.
+///
+/// ```
+/// assert_eq!(msgr::Phase::StandingBy.to_string(), "standing by");
+/// ```
+pub use msgr_proto::Phase;
 /// What a connection promises across faults (key `policy`).
 ///
 /// ```
@@ -462,7 +499,6 @@ pub use msgr_proto::TypedError;
 pub use msgr_proto::TypedMessage;
 pub use rma::{Access, RmaError, RmaFuture, RmaHandle, RmaOp, RmaOptions, RmaRegion};
 pub use service::{serve, serve_async, ServiceCall, ServiceClient, ServiceError, ServiceFault};
-pub use worker::affinity::allowed_cpus;
 
 /// Authentication and the secure mode: keys, keyrings, the modes a link
 /// may run in (see the configuration keys `security`, `key_file` and

@@ -18,8 +18,9 @@ use thiserror::Error;
 use crate::config::MessengerConfig;
 use crate::counters::Counters;
 use crate::dispatcher::Dispatcher;
+use crate::state::{owner_of, peer_key, Command, Shared};
 use crate::throttle::RxThrottle;
-use crate::worker::{owner_of, peer_key, run_guarded, Command, Worker, WorkerHandle, WorkerReport};
+use crate::worker::{run_guarded, Worker, WorkerReport};
 use crate::Connection;
 
 /// Messenger-level failures.
@@ -57,42 +58,6 @@ pub enum MessengerError {
     /// [`ShutdownReport::workers_died`]).
     #[error("the messenger's worker {0} has died")]
     WorkerStopped(usize),
-}
-
-/// State shared by the facade, the workers and the connection handles.
-pub(crate) struct Shared {
-    pub(crate) id: u64,
-    pub(crate) local: LocalIdentity,
-    pub(crate) cfg: MessengerConfig,
-    pub(crate) dispatcher: Arc<dyn Dispatcher>,
-    pub(crate) counters: Counters,
-    pub(crate) workers: Vec<WorkerHandle>,
-    pub(crate) registry: Mutex<HashMap<EntityAddr, Connection>>,
-    pub(crate) throttle: Arc<RxThrottle>,
-    pub(crate) link_ids: Arc<AtomicU64>,
-    pub(crate) transport_ctx: TransportContext,
-    session_keys: AtomicU64,
-    /// Every address listened on (the first is `local.addr`), and whether
-    /// it still is.
-    pub(crate) bound: Mutex<Vec<(EntityAddr, bool)>>,
-    /// Regions exposed to one-sided operations ([`crate::rma`]).
-    pub(crate) regions: Arc<crate::rma::RegionTable>,
-}
-
-impl Shared {
-    /// Forgets the connection of session `key` as the one to `addr`'s peer,
-    /// if it still is: the next connect to that peer opens a new session.
-    pub(crate) fn unregister(&self, key: u64, addr: &EntityAddr) {
-        let k = peer_key(addr);
-        let mut reg = self.registry.lock();
-        if reg.get(&k).is_some_and(|c| c.inner.key == key) {
-            reg.remove(&k);
-        }
-    }
-
-    pub(crate) fn next_session_key(&self) -> u64 {
-        self.session_keys.fetch_add(1, Ordering::Relaxed)
-    }
 }
 
 /// What [`Messenger::shutdown`] reports.
@@ -297,6 +262,8 @@ impl MessengerBuilder {
 /// ```
 pub struct Messenger {
     pub(crate) shared: Arc<Shared>,
+    /// Where messages and connection events go (the workers hold it too).
+    dispatcher: Arc<dyn Dispatcher>,
     threads: Vec<JoinHandle<WorkerReport>>,
     report: Option<ShutdownReport>,
 }
@@ -413,7 +380,6 @@ impl Messenger {
                 dials: msgr_proto::session::DialAttempts::new(),
             },
             cfg,
-            dispatcher,
             counters: Counters::default(),
             workers: handles,
             registry: Mutex::new(HashMap::new()),
@@ -432,7 +398,8 @@ impl Messenger {
             } else {
                 Vec::new()
             };
-            let w = Worker::new(idx, shared.clone(), poll, rx, sleeping, ts, l);
+            let prepared = (poll, rx, sleeping);
+            let w = Worker::new(idx, shared.clone(), dispatcher.clone(), prepared, ts, l);
             let dead = shared.workers[idx].dead_flag();
             let guard = shared.clone();
             let cpus = &shared.cfg.worker_cpus;
@@ -443,7 +410,7 @@ impl Messenger {
                     if let Some(cpu) = cpu {
                         // Checked when configured; the process's own mask
                         // may have shrunk since.
-                        if let Err(e) = crate::worker::affinity::pin_current_thread(cpu) {
+                        if let Err(e) = crate::affinity::pin_current_thread(cpu) {
                             tracing::warn!(worker = idx, cpu, error = %e, "worker not pinned");
                         }
                     }
@@ -451,8 +418,9 @@ impl Messenger {
                     // looks at one word per message, not at the worker.
                     let mark_closed = || {
                         for c in guard.registry.lock().values() {
-                            if c.inner.worker == idx {
-                                c.set_state(crate::ConnectionState::Closed);
+                            if c.worker == idx {
+                                Connection::from_inner(c.clone())
+                                    .set_state(crate::ConnectionState::Closed);
                             }
                         }
                     };
@@ -470,6 +438,7 @@ impl Messenger {
         tracing::info!(addr = %shared.local.addr, "messenger started");
         Ok(Messenger {
             shared,
+            dispatcher,
             threads,
             report: None,
         })
@@ -739,9 +708,9 @@ impl Messenger {
         }
         let key = peer_key(addr);
         let mut reg = self.shared.registry.lock();
-        if let Some(c) = reg.get(&key) {
+        if let Some(c) = reg.get(&key).map(|c| Connection::from_inner(c.clone())) {
             if c.state() != crate::ConnectionState::Closed {
-                return Ok(c.clone());
+                return Ok(c);
             }
         }
         let worker = owner_of(&key, self.shared.workers.len());
@@ -757,9 +726,10 @@ impl Messenger {
             expected,
         );
         *conn.inner.alternates.lock() = addrs[1..].to_vec();
-        reg.insert(key, conn.clone());
+        reg.insert(key, conn.inner.clone());
         drop(reg);
-        self.shared.workers[worker].submit(Command::Connect { conn: conn.clone() });
+        let inner = conn.inner.clone();
+        self.shared.workers[worker].submit(Command::Connect { conn: inner });
         Ok(conn)
     }
 
@@ -781,8 +751,8 @@ impl Messenger {
     pub fn connections(&self) -> Vec<Connection> {
         let reg = self.shared.registry.lock();
         reg.values()
+            .map(|c| Connection::from_inner(c.clone()))
             .filter(|c| c.state() != crate::ConnectionState::Closed)
-            .cloned()
             .collect()
     }
 
@@ -835,7 +805,7 @@ impl Messenger {
     /// ```
     pub fn mark_down(&self, addr: &EntityAddr) {
         let c = self.shared.registry.lock().get(&peer_key(addr)).cloned();
-        if let Some(c) = c {
+        if let Some(c) = c.map(Connection::from_inner) {
             c.mark_down();
         }
     }
@@ -1033,9 +1003,9 @@ impl Messenger {
         // shared state: break the cycle.
         let gone = FaultReason::Transport(LinkFailure::Local("the messenger shut down".into()));
         for c in self.shared.registry.lock().drain().map(|(_, c)| c) {
-            c.inner.calls.fail_all(&gone);
+            c.calls.fail_all(&gone);
         }
-        self.shared.dispatcher.on_shutdown();
+        self.dispatcher.on_shutdown();
         self.report = Some(report);
         report
     }

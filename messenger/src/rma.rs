@@ -99,7 +99,7 @@
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -108,7 +108,6 @@ use bytes::Bytes;
 use msgr_addr::EntityName;
 use msgr_backends::RegionMemory;
 use msgr_proto::checksum::crc32c;
-use msgr_proto::pool::BufferPool;
 /// What a region lets its peers do.
 ///
 /// ```
@@ -139,20 +138,15 @@ pub use msgr_proto::rma::RmaHandle;
 /// assert!(!Access::Write.allows(RmaOp::Read));
 /// ```
 pub use msgr_proto::rma::RmaOp;
-use msgr_proto::rma::{RmaKey, RmaReply, RmaRequest, RmaStatus, RMA_BIT};
+use msgr_proto::rma::{RmaReply, RmaRequest, RmaStatus, RMA_BIT};
 use msgr_proto::Message;
-use parking_lot::RwLock;
-use rustc_hash::FxHashMap;
 
-use crate::call::{CallError, CallFuture};
-use crate::counters::Counters;
-use crate::messenger::Shared;
-use crate::worker::Command;
+use crate::call::CallFuture;
+use crate::regions::{capability, Region, RegionTable, RMA_TYPE};
+use crate::replies::CallError;
+use crate::state::Command;
+use crate::state::Shared;
 use crate::{Connection, Messenger};
-
-/// Message type of RMA requests and replies (they never reach a
-/// dispatcher: the RMA bit of their call routes them).
-pub(crate) const RMA_TYPE: u16 = 0;
 
 /// How long [`RmaRegion::revoke`] waits for the endpoints that registered
 /// the region to close their registrations before it hands back a copy.
@@ -255,32 +249,6 @@ impl From<Duration> for RmaOptions {
             timeout,
             checksum: false,
         }
-    }
-}
-
-/// One exposed region, as the owner's messenger keeps it.
-pub(crate) struct Region {
-    id: u64,
-    access: Access,
-    capability: [u8; 16],
-    /// Only these peers may use it (`None`: any that holds the handle).
-    peers: Option<Vec<EntityName>>,
-    mem: Arc<RegionMemory>,
-}
-
-/// A messenger's exposed regions, by number.
-#[derive(Default)]
-pub(crate) struct RegionTable {
-    regions: RwLock<FxHashMap<u64, Arc<Region>>>,
-    next: AtomicU64,
-    /// Where large reads are copied out to: reused once the reply is
-    /// written (a fresh MiB per read is paged in again each time).
-    read_buffers: BufferPool,
-}
-
-impl RegionTable {
-    fn get(&self, id: u64) -> Option<Arc<Region>> {
-        self.regions.read().get(&id).cloned()
     }
 }
 
@@ -468,7 +436,7 @@ impl RmaRegion {
         drop(self);
         let deadline = Instant::now() + REVOKE_WAIT;
         let mut region = region;
-        let on_worker = crate::connection::on_worker_thread();
+        let on_worker = crate::state::on_worker_thread();
         loop {
             match Arc::try_unwrap(region) {
                 Ok(r) => match r.mem.into_vec() {
@@ -529,19 +497,6 @@ impl Drop for RmaRegion {
     fn drop(&mut self) {
         self.unexpose();
     }
-}
-
-/// A random capability (from the system's generator, as the session
-/// cookies are).
-fn capability() -> [u8; 16] {
-    let mut c = [0u8; 16];
-    rand::fill(&mut c);
-    c
-}
-
-/// Compares capabilities in time independent of where they differ.
-fn same_capability(a: &[u8; 16], b: &[u8; 16]) -> bool {
-    a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 impl Messenger {
@@ -933,131 +888,6 @@ impl<T> Future for RmaFuture<T> {
             Poll::Ready(Ok(reply)) => Poll::Ready((this.outcome)(reply)),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
             Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-/// Registers region `region` (its memory, with the rights it gives) for
-/// native operations on the endpoint of the link a request came over; the
-/// key, if it can.
-pub(crate) type ExposeNatively<'a> =
-    dyn FnMut(u64, &Arc<RegionMemory>, Access) -> Option<Vec<u8>> + 'a;
-
-/// Serves an RMA request that arrived on `conn` (the owner's worker): from
-/// or into the region it names, after checking the capability, the peer,
-/// the rights and the range; answers with the outcome. Never panics on
-/// what the peer sent.
-///
-/// `native`, where the worker's link to the requester can be read natively
-/// and the session is in `crc` mode: registers a region on that link's
-/// endpoint and gives its key, sent with a read's reply when asked for.
-pub(crate) fn serve(
-    conn: &Connection,
-    req: Message,
-    counters: &Counters,
-    native: Option<&mut ExposeNatively<'_>>,
-) {
-    let shared = &conn.inner.shared;
-    let decoded = RmaRequest::decode(&req.front);
-    let mut key = None;
-    let (status, crc, data) = match &decoded {
-        Err(_) => (RmaStatus::Malformed, 0, Bytes::new()),
-        Ok(r) => match shared.regions.get(r.region) {
-            None => (RmaStatus::Revoked, 0, Bytes::new()),
-            Some(region) => {
-                let served = region.serve(conn, r, &req.data, &shared.regions.read_buffers);
-                if let (RmaStatus::Ok, true, Some(native)) = (served.0, r.want_key, native) {
-                    key = native(region.id, &region.mem, region.access).map(|key| {
-                        Counters::add(&counters.rma_keys_given, 1);
-                        RmaKey {
-                            region: region.id,
-                            key,
-                        }
-                    });
-                }
-                served
-            }
-        },
-    };
-    if status == RmaStatus::Ok {
-        let c = match decoded.map(|r| r.op) {
-            Ok(RmaOp::Read) => &counters.rma_reads_served,
-            _ => &counters.rma_writes_served,
-        };
-        Counters::add(c, 1);
-        Counters::add(
-            &counters.rma_bytes_served,
-            (data.len() + req.data.len()) as u64,
-        );
-    } else {
-        Counters::add(&counters.rma_refused, 1);
-        tracing::debug!(?status, "an RMA operation refused");
-    }
-    let reply = RmaReply {
-        status,
-        checksum: crc,
-        key,
-    };
-    if let Err(e) = conn.reply(&req, Message::new(RMA_TYPE, reply.encode(), data)) {
-        tracing::debug!(error = %e, "an RMA reply not sent");
-    }
-}
-
-impl Region {
-    /// Checks and carries out `r` (`written`: a write's bytes); the status,
-    /// a read's checksum (if asked) and its bytes.
-    fn serve(
-        &self,
-        conn: &Connection,
-        r: &RmaRequest,
-        written: &Bytes,
-        buffers: &BufferPool,
-    ) -> (RmaStatus, u32, Bytes) {
-        let refused = |s| (s, 0, Bytes::new());
-        if !same_capability(&r.capability, &self.capability) {
-            return refused(RmaStatus::Denied);
-        }
-        if let Some(peers) = &self.peers {
-            let name = conn.peer().map(|p| p.name);
-            if !name.is_some_and(|n| peers.contains(&n)) {
-                return refused(RmaStatus::Denied);
-            }
-        }
-        if !self.access.allows(r.op) {
-            return refused(RmaStatus::Forbidden);
-        }
-        let range = |len: usize| {
-            let start = usize::try_from(r.offset).ok()?;
-            let end = start.checked_add(usize::try_from(r.len).ok()?)?;
-            (end <= len).then_some(start..end)
-        };
-        match r.op {
-            RmaOp::Read => {
-                let bytes = self.mem.read();
-                let Some(range) = range(bytes.len()) else {
-                    return refused(RmaStatus::OutOfRange);
-                };
-                let mut out = buffers.take(range.len());
-                out.extend_from_slice(&bytes[range]);
-                drop(bytes);
-                let out = buffers.share(out);
-                let crc = r.checksum.map_or(0, |_| crc32c(&out));
-                (RmaStatus::Ok, crc, out)
-            }
-            RmaOp::Write => {
-                if written.len() as u64 != r.len {
-                    return refused(RmaStatus::Malformed);
-                }
-                if r.checksum.is_some_and(|c| c != crc32c(written)) {
-                    return refused(RmaStatus::Corrupt);
-                }
-                let mut bytes = self.mem.write();
-                let Some(range) = range(bytes.len()) else {
-                    return refused(RmaStatus::OutOfRange);
-                };
-                bytes[range].copy_from_slice(written);
-                (RmaStatus::Ok, 0, Bytes::new())
-            }
         }
     }
 }

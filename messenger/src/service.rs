@@ -41,9 +41,10 @@ use msgr_proto::{CodecError, Message, TypedError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::call::{CallError, CallFuture};
-use crate::connection::{SendError, SendRejected};
+use crate::call::CallFuture;
 use crate::dispatcher::{guarded, Panicked};
+use crate::pending::{SendError, SendRejected};
+use crate::replies::CallError;
 use crate::{Connection, Dispatcher, Inbox};
 
 /// The message type of a service request.

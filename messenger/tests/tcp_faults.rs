@@ -91,7 +91,10 @@ fn status_tells_why_a_connection_is_not_open() {
     );
     let st = conn.status();
     assert_eq!(st.state, msgr::ConnectionState::Connecting, "{st:?}");
-    assert!(["connecting", "standing by"].contains(&st.phase), "{st:?}");
+    assert!(
+        [msgr::Phase::Connecting, msgr::Phase::StandingBy].contains(&st.phase),
+        "{st:?}"
+    );
     match &st.last_fault {
         Some(msgr::FaultReason::Transport(why)) => {
             assert!(why.to_string().to_lowercase().contains("refused"), "{st:?}")
@@ -111,7 +114,10 @@ fn status_tells_why_a_connection_is_not_open() {
         conn.status()
     );
     let st = conn.status();
-    assert_eq!((st.phase, st.faults, st.last_fault), ("open", 0, None));
+    assert_eq!(
+        (st.phase, st.faults, st.last_fault),
+        (msgr::Phase::Open, 0, None)
+    );
 }
 
 /// A lossless stream to a server listening on two addresses (an address

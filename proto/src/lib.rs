@@ -75,7 +75,7 @@ pub use link_failure::LinkFailure;
 pub use message::Message;
 pub use priority::Priority;
 pub use session::{
-    FaultReason, LinkId, LocalIdentity, PeerInfo, Policy, ProtocolError, SendError, Session,
+    FaultReason, LinkId, LocalIdentity, PeerInfo, Phase, Policy, ProtocolError, SendError, Session,
     SessionConfig, SessionEvent, SessionStats, Takeover,
 };
 pub use stream::{CheckedUnit, Inbound, StreamDecoder, Transmit};

@@ -1,71 +1,346 @@
+//! Commands: what handles and callbacks ask of a worker, through its
+//! channel or (on the worker's own thread) the thread-local list, and
+//! how the worker carries them out.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Instant;
 
+use crossbeam_channel::Receiver;
+
 use msgr_addr::TransportKind;
-use msgr_backends::{DetachedLink, RealFault, SimulatedFault, TransportStats};
-use msgr_proto::{session::Hello, LinkId, Session};
+use msgr_backends::{RealFault, Transport};
+use msgr_proto::{rma::RMA_BIT, FaultReason, LinkId, Message, Session};
 
-use crate::Connection;
+use super::{native_rma, LinkEntry, Owner, Slot, Worker};
+use crate::connection::{Connection, ConnectionState};
+use crate::counters::Counters;
+use crate::pending::Outgoing;
+use crate::state::{peer_key, Adoption, Command, ConnInner, LinkFault, WorkerStats, LOCAL_WORKER};
 
-/// What other threads (and callbacks) ask of a worker.
-pub(crate) enum Command {
-    /// Open a session for this new handle.
-    Connect { conn: Connection },
-    /// Time out call `id` of session `key` at `at` (an async call's
-    /// deadline; a blocking call keeps its own).
-    CallDeadline { key: u64, id: u64, at: Instant },
-    /// Stop listening (`token`, worker 0) and close every link over the
-    /// transport `kind` (every worker): `Messenger::unbind`.
-    Unbind {
-        token: Option<mio::Token>,
-        kind: TransportKind,
-    },
-    /// Take what `Connection::send` queued on this connection (one
-    /// command per batch: later sends add to what it takes).
-    Flush { conn: Connection },
-    /// End a session now.
-    MarkDown { key: u64 },
-    /// End a session after draining.
-    Close { key: u64 },
-    /// Produce (or imitate) a fault on a session's link.
-    Inject { key: u64, fault: LinkFault },
-    /// Take over an accepted link whose session lives here. Boxed: rare,
-    /// and five times the size of a `Send`, which every command would pay.
-    Adopt(Box<Adoption>),
-    /// Close every registration of an exposed region (it was revoked or
-    /// dropped: `crate::rma`).
-    RmaRevoke { region: u64 },
-    /// Report the backends' own counters and the sessions' memory.
-    Stats {
-        reply: std::sync::mpsc::Sender<WorkerStats>,
-    },
-    /// Stop listening, close sessions, stop by the deadline.
-    Shutdown { deadline: Instant },
+/// Where a worker takes its commands from, and the emptied lists it
+/// keeps for their memory (no allocation per command or batch).
+pub(super) struct CommandInbox {
+    pub(super) rx: Receiver<Command>,
+    /// Set while the loop blocks in `poll`: a handle that queues a
+    /// command then wakes it (`WorkerHandle::submit`).
+    pub(super) sleeping: Arc<AtomicBool>,
+    /// The dispatcher callbacks' commands being handled swap with this.
+    pub(super) spare: Vec<Command>,
+    /// An emptied list of what sends queued, for the next connection's
+    /// turn ([`Worker::take_pending`]): no allocation per batch.
+    pub(super) spare_outgoing: Vec<Outgoing>,
 }
 
-/// What a worker reports for [`Command::Stats`].
-pub(crate) struct WorkerStats {
-    /// Each of its transports' own counters and gauges.
-    pub(crate) transports: Vec<TransportStats>,
-    /// Sessions it owns, and those whose handshake is under way.
-    pub(crate) sessions: usize,
-    /// Bytes their state holds: engines, queues' capacity, the worker's
-    /// per-session slot and the connection handle's shared part.
-    pub(crate) session_bytes: usize,
+impl CommandInbox {
+    pub(super) fn new(rx: Receiver<Command>, sleeping: Arc<AtomicBool>) -> CommandInbox {
+        CommandInbox {
+            rx,
+            sleeping,
+            spare: Vec::new(),
+            spare_outgoing: Vec::new(),
+        }
+    }
 }
 
-/// An accepted, identified link on its way to the worker that owns its
-/// session.
-pub(crate) struct Adoption {
-    pub(crate) link: LinkId,
-    pub(crate) detached: DetachedLink,
-    pub(crate) session: Session,
-    pub(crate) hello: Hello,
-    pub(crate) transport: TransportKind,
-}
+impl Worker {
+    pub(super) fn take_commands(&mut self) -> bool {
+        let mut any = false;
+        let now = self.now;
+        while let Ok(cmd) = self.inbox.rx.try_recv() {
+            any = true;
+            self.handle_command(cmd, now);
+        }
+        any | self.take_local_commands()
+    }
 
-/// A fault asked of a session's link: one the backend produces for real, or
-/// one it can only imitate.
-pub(crate) enum LinkFault {
-    Real(RealFault),
-    Simulated(SimulatedFault),
+    /// Commands issued by dispatcher callbacks on this thread.
+    pub(super) fn take_local_commands(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            // Looked at several times per message and mostly empty: a
+            // glance first, the swap only when there is something.
+            let queued =
+                LOCAL_WORKER.with(|l| l.borrow().as_ref().is_some_and(|w| !w.commands.is_empty()));
+            if !queued {
+                return any;
+            }
+            let spare = std::mem::take(&mut self.inbox.spare);
+            let mut cmds = LOCAL_WORKER.with(|l| match &mut *l.borrow_mut() {
+                Some(w) => std::mem::replace(&mut w.commands, spare),
+                None => spare,
+            });
+            if cmds.is_empty() {
+                self.inbox.spare = cmds;
+                return any;
+            }
+            any = true;
+            let now = self.now;
+            for c in cmds.drain(..) {
+                self.handle_command(c, now);
+            }
+            self.inbox.spare = cmds;
+        }
+    }
+
+    pub(super) fn handle_command(&mut self, cmd: Command, now: Instant) {
+        match cmd {
+            Command::Connect { conn } => self.start_connect(Connection::from_inner(conn), now),
+            Command::Unbind { token, kind } => self.unbind(token, kind),
+            Command::CallDeadline { key, id, at } => {
+                self.timers.calls.push(std::cmp::Reverse((at, key, id)));
+                self.timers.wake_by(at);
+            }
+            Command::Flush { conn } => self.take_pending(&conn),
+            Command::MarkDown { key } => {
+                if let Some(slot) = self.sessions.get_mut(&key) {
+                    slot.session.mark_down(now);
+                    self.touch(key);
+                }
+            }
+            Command::Close { key } => {
+                if let Some(slot) = self.sessions.get_mut(&key) {
+                    slot.session.close(now);
+                    self.touch(key);
+                }
+            }
+            Command::Inject { key, fault } => self.inject(key, fault),
+            Command::RmaRevoke { region } => {
+                for t in &mut self.net.transports {
+                    t.rma_unexpose(region);
+                }
+            }
+            Command::Stats { reply } => {
+                let _ = reply.send(self.stats());
+            }
+            Command::Adopt(adoption) => self.adopt(*adoption, now),
+            Command::Shutdown { deadline } => self.begin_shutdown(deadline, now),
+        }
+    }
+
+    /// Stops listening (`token`) and closes every link over the transport
+    /// `kind`: `Messenger::unbind`.
+    fn unbind(&mut self, token: Option<mio::Token>, kind: TransportKind) {
+        if let Some(token) = token {
+            if let Some(i) = self.net.listeners.iter().position(|(_, tok)| *tok == token) {
+                let (t, token) = self.net.listeners.remove(i);
+                self.net.transports[t].unlisten(token);
+            }
+        }
+        let gone: Vec<(LinkId, usize)> = self
+            .net
+            .links
+            .iter()
+            .filter(|(_, e)| self.net.transports[e.transport].kind() == kind)
+            .map(|(l, e)| (*l, e.transport))
+            .collect();
+        for (link, t) in gone {
+            if let Err(e) = self.net.transports[t].inject(link, RealFault::Abort) {
+                tracing::debug!(error = %e, "closing a link of an unbound transport");
+            }
+        }
+    }
+
+    /// Produces (or imitates) `fault` on session `key`'s link.
+    fn inject(&mut self, key: u64, fault: LinkFault) {
+        if let Some(link) = self.sessions.get(&key).and_then(|s| s.session.link()) {
+            if let Some(e) = self.net.links.get(&link) {
+                Counters::add(&self.shared.counters.injected_faults, 1);
+                let transport = &mut self.net.transports[e.transport];
+                let done = match fault {
+                    LinkFault::Real(f) => transport.inject(link, f),
+                    LinkFault::Simulated(f) => transport.simulate(link, f),
+                };
+                if let Err(err) = done {
+                    tracing::debug!(error = %err, "fault injection failed");
+                }
+            }
+        }
+    }
+
+    /// The backends' own counters and the sessions' memory.
+    fn stats(&self) -> WorkerStats {
+        // The session engine lives in its slot: `memory_bytes`
+        // counts its size too, so it is taken off here.
+        let slots = self.sessions.values().map(|s| {
+            std::mem::size_of::<Slot>() - std::mem::size_of::<Session>()
+                + crate::state::handle_bytes()
+                + s.conn.inner.pending.lock().memory_bytes()
+                + s.session.memory_bytes()
+        });
+        let table = self.sessions.capacity() * std::mem::size_of::<(u64, Box<Slot>)>();
+        let pending = self
+            .handshakes
+            .pending
+            .values()
+            .map(|p| p.session.memory_bytes());
+        let timers = self.timers.sessions.capacity()
+            * std::mem::size_of::<std::cmp::Reverse<(Instant, u64)>>();
+        WorkerStats {
+            transports: self.net.transports.iter().map(|t| t.stats()).collect(),
+            sessions: self.sessions.len() + self.handshakes.pending.len(),
+            session_bytes: table + timers + slots.chain(pending).sum::<usize>(),
+        }
+    }
+
+    /// Takes over an accepted link whose session lives here.
+    fn adopt(&mut self, adoption: Adoption, now: Instant) {
+        let Adoption {
+            link,
+            detached,
+            session,
+            hello,
+            transport,
+        } = adoption;
+        let Some(t) = self
+            .net
+            .transports
+            .iter()
+            .position(|x| x.kind() == transport)
+        else {
+            return;
+        };
+        if self.net.transports[t].attach(link, detached).is_ok() {
+            self.net.links.insert(
+                link,
+                LinkEntry {
+                    transport: t,
+                    owner: Owner::Pending,
+                },
+            );
+            self.route_local(link, t, session, hello, now);
+        }
+    }
+
+    /// Stops listening, closes the sessions and the links still in
+    /// their handshake; the loop ends once drained or at `deadline`.
+    fn begin_shutdown(&mut self, deadline: Instant, now: Instant) {
+        for (t, token) in std::mem::take(&mut self.net.listeners) {
+            self.net.transports[t].unlisten(token);
+        }
+        let keys: Vec<u64> = self.sessions.keys().copied().collect();
+        for k in keys {
+            if let Some(s) = self.sessions.get_mut(&k) {
+                s.session.close(now);
+            }
+            self.touch(k);
+        }
+        let waiting: Vec<LinkId> = self.handshakes.waiting.drain().map(|(l, _)| l).collect();
+        for link in self
+            .handshakes
+            .pending
+            .drain()
+            .map(|(l, _)| l)
+            .chain(waiting)
+        {
+            if let Some(e) = self.net.links.remove(&link) {
+                self.net.transports[e.transport].close(link, false);
+            }
+        }
+        self.timers.shutdown = Some(deadline);
+        self.timers.wake_by(deadline);
+    }
+
+    /// Hands what `Connection::send` queued on `conn` to its session:
+    /// encoded batches whole, other messages as [`Worker::queue_messages`]
+    /// does.
+    pub(super) fn take_pending(&mut self, conn: &ConnInner) {
+        let mut items = std::mem::take(&mut self.inbox.spare_outgoing);
+        conn.pending.lock().take(&mut items);
+        let key = conn.key;
+        for item in items.drain(..) {
+            match item {
+                Outgoing::Batch(batch) => {
+                    let n = u64::from(batch.count());
+                    let sent = match self.sessions.get_mut(&key) {
+                        Some(slot) => slot.session.send_encoded(batch).map(drop),
+                        None => Err(msgr_proto::SendError::Closed),
+                    };
+                    if let Err(e) = sent {
+                        // The handle's own bound makes this unreachable
+                        // unless the session closed meanwhile.
+                        tracing::debug!(error = %e, "send refused by session");
+                        Counters::add(&self.shared.counters.messages_dropped, n);
+                    }
+                }
+                Outgoing::Message(msg) => self.queue_messages(key, std::iter::once(msg)),
+            }
+        }
+        self.inbox.spare_outgoing = items;
+        self.touch(key);
+    }
+
+    /// Hands application messages to their session.
+    pub(super) fn queue_messages(&mut self, key: u64, msgs: impl IntoIterator<Item = Message>) {
+        let Some(slot) = self.sessions.get_mut(&key) else {
+            let n = msgs.into_iter().count() as u64;
+            Counters::add(&self.shared.counters.messages_dropped, n);
+            return;
+        };
+        for msg in msgs {
+            let msg = if msg.call & RMA_BIT != 0 {
+                let (transports, links) = (&mut self.net.transports, &self.net.links);
+                let native = &mut self.native_ops;
+                match native_rma::try_native((key, &mut *slot), msg, transports, links, native) {
+                    Ok(()) => continue,
+                    Err(msg) => msg,
+                }
+            } else {
+                msg
+            };
+            match slot.session.send(msg) {
+                Ok(_) => {}
+                // The handle checked the limits it knew; the peer's came
+                // with the handshake in between. Not a silent drop: the
+                // session ends and on_reset says why.
+                Err(msgr_proto::SendError::TooLarge(t)) => {
+                    slot.session.abort(FaultReason::TooLarge(t));
+                    Counters::add(&self.shared.counters.messages_dropped, 1);
+                }
+                Err(e) => {
+                    // The handle's own bound makes this unreachable unless
+                    // the session closed meanwhile; account for the message.
+                    tracing::debug!(error = %e, "send refused by session");
+                    Counters::add(&self.shared.counters.messages_dropped, 1);
+                }
+            }
+        }
+        self.touch(key);
+    }
+
+    pub(super) fn start_connect(&mut self, conn: Connection, now: Instant) {
+        let key = conn.inner.key;
+        if self.sessions.contains_key(&key) {
+            return;
+        }
+        let t = match self.transport_for(&conn.inner.target) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, target = %conn.inner.target, "cannot connect");
+                conn.set_state(ConnectionState::Closed);
+                let reason = FaultReason::Transport(e.link_failure());
+                let _ = self.callback(&conn, || "on_reset".into(), |d, c| d.on_reset(c, &reason));
+                return;
+            }
+        };
+        let mut session = Session::connect(
+            self.shared.cfg.session.clone(),
+            self.shared.local.clone(),
+            conn.inner.target.clone(),
+            conn.inner.policy,
+            now,
+        );
+        if let Some(name) = &conn.inner.expected {
+            session.expect_peer(name.clone());
+        }
+        let alternates = conn.inner.alternates.lock().clone();
+        if !alternates.is_empty() {
+            session.set_alternates(alternates);
+        }
+        self.by_peer.insert(peer_key(&conn.inner.target), key);
+        Counters::add(&self.shared.counters.sessions_active, 1);
+        self.sessions
+            .insert(key, Slot::new(session, conn, t, false));
+        self.touch(key);
+    }
 }

@@ -1,4 +1,4 @@
-//! The worker's side of native one-sided operations (`crate::rma`,
+//! The requester's side of native one-sided operations (`crate::rma`,
 //! "Native operations"): serving an owner's operation with the region's
 //! key on the link, keeping the keys a requester's sessions were given,
 //! turning a read or write the application queued into a transport's
@@ -15,8 +15,10 @@ use msgr_proto::rma::{RmaOp, RmaReply, RmaRequest, RmaStatus, RMA_BIT};
 use msgr_proto::{LinkId, Message, Session};
 use rustc_hash::FxHashMap;
 
-use super::{LinkEntry, Slot};
+use super::rma_owner;
+use super::{LinkEntry, Slot, Worker};
 use crate::counters::Counters;
+use crate::regions::RMA_TYPE;
 
 /// Keys a session keeps at most; past it they are dropped (reads go to
 /// the owner until a reply brings the key again).
@@ -43,6 +45,9 @@ pub(super) struct RegionKey {
 pub(super) struct NativeOp {
     pub(super) session: u64,
     pub(super) link: LinkId,
+    /// The region and the operation, as decoded once when it started.
+    pub(super) region: u64,
+    pub(super) op: RmaOp,
     pub(super) request: Message,
 }
 
@@ -70,9 +75,9 @@ pub(super) fn serve(
             let mut expose = |region, mem: &Arc<RegionMemory>, access| {
                 transport.rma_expose(link, region, mem, access)
             };
-            crate::rma::serve(&slot.conn, msg, counters, Some(&mut expose));
+            rma_owner::serve(&slot.conn, msg, counters, Some(&mut expose));
         }
-        None => crate::rma::serve(&slot.conn, msg, counters, None),
+        None => rma_owner::serve(&slot.conn, msg, counters, None),
     }
 }
 
@@ -156,6 +161,8 @@ pub(super) fn try_native(
             let op = NativeOp {
                 session: key,
                 link,
+                region: r.region,
+                op: r.op,
                 request: msg,
             };
             in_flight.insert(op.request.call, op);
@@ -181,7 +188,7 @@ pub(super) fn reply(token: u64, bytes: Bytes) -> Message {
         checksum: 0,
         key: None,
     };
-    let mut m = Message::new(crate::rma::RMA_TYPE, ok.encode(), bytes);
+    let mut m = Message::new(RMA_TYPE, ok.encode(), bytes);
     m.call = token | REPLY_BIT;
     m
 }
@@ -190,16 +197,49 @@ pub(super) fn reply(token: u64, bytes: Bytes) -> Message {
 /// link again, and the request goes back to the session (its room taken
 /// again), to be sent to the owner. Returns the request.
 pub(super) fn give_up(slot: &mut Slot, op: NativeOp) -> Message {
-    if let Ok(r) = RmaRequest::decode(&op.request.front) {
-        let failed = RegionKey {
-            link: op.link,
-            key: None,
-            writes: false,
-        };
-        slot.rma_keys.insert(r.region, failed);
-    }
+    let failed = RegionKey {
+        link: op.link,
+        key: None,
+        writes: false,
+    };
+    slot.rma_keys.insert(op.region, failed);
     slot.bypassed[0] = slot.bypassed[0].saturating_sub(1);
     let len = op.request.payload_len() as u64;
     slot.bypassed[1] = slot.bypassed[1].saturating_sub(len);
     op.request
+}
+
+impl Worker {
+    /// A native read or write completed: the caller gets the owner's
+    /// reply it stands for (a read's bytes); a failed one is asked of the
+    /// owner.
+    pub(super) fn native_op_done(&mut self, token: u64, result: Result<bytes::Bytes, String>) {
+        let Some(op) = self.native_ops.remove(&token) else {
+            return; // its session went, or it was given up already
+        };
+        let key = op.session;
+        let Some(slot) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        let counters = &self.shared.counters;
+        match result {
+            Ok(bytes) => {
+                let done = match op.op {
+                    RmaOp::Read => &counters.rma_native_reads,
+                    RmaOp::Write => &counters.rma_native_writes,
+                };
+                Counters::add(done, 1);
+                slot.conn
+                    .inner
+                    .calls
+                    .route_reply(reply(token, bytes), counters);
+            }
+            Err(why) => {
+                tracing::debug!(%why, "a native operation failed: asked of the owner");
+                Counters::add(&counters.rma_native_fallbacks, 1);
+                let request = give_up(slot, op);
+                self.queue_messages(key, std::iter::once(request));
+            }
+        }
+    }
 }

@@ -81,7 +81,7 @@ impl Session {
     fn unexpected(&self, tag: Tag) -> ProtocolError {
         ProtocolError::Unexpected {
             tag,
-            state: self.state.name(),
+            state: self.state.phase().as_str(),
         }
     }
 
@@ -100,7 +100,7 @@ impl Session {
         if !matches!(self.state, State::Banner(_)) {
             return Err(ProtocolError::Malformed {
                 what: "stream",
-                detail: format!("second banner while {}", self.state.name()),
+                detail: format!("second banner while {}", self.state.phase().as_str()),
             });
         }
         let peer = Banner::decode(raw)?;

@@ -120,6 +120,7 @@ pub use owner::{
 };
 use send::Outgoing;
 use side::Side;
+pub use state::Phase;
 use state::State;
 use timers::{Clock, Redial};
 
@@ -268,10 +269,10 @@ impl Session {
         self.state.link()
     }
 
-    /// Where the session stands, in words ("connecting", "standing by",
-    /// "open"...): for logs and for telling why a session is not open.
-    pub fn phase(&self) -> &'static str {
-        self.state.name()
+    /// Where the session stands ("connecting", "standing by", "open"...
+    /// in words): for logs and for telling why a session is not open.
+    pub fn phase(&self) -> Phase {
+        self.state.phase()
     }
 
     /// Why the session last lost a link, or why it ended; `None` until the

@@ -161,25 +161,43 @@ pub enum SessionEvent {
     Closed,
 }
 
-/// A message could not be queued.
+/// A message could not be sent: the one send error of msgr, the session's
+/// (queue full, closed, too large) and its callers' (a wait for room that
+/// gave up, a worker gone, a reply to no request) alike.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SendError {
-    /// The send queue is at its message or byte bound: back off and retry.
+    /// The send queue is at its message or byte bound
+    /// (`max_queued_messages`, `max_queued_bytes`): back off and retry, or
+    /// wait for room.
     #[error("send queue full ({messages} messages, {bytes} bytes queued)")]
     QueueFull {
         /// Messages queued.
-        messages: usize,
+        messages: u64,
         /// Payload bytes queued.
-        bytes: usize,
+        bytes: u64,
     },
-    /// The session is closing or closed.
-    #[error("session is closed")]
+    /// The connection was reset, marked down or closed (the session is
+    /// closing or closed).
+    #[error("connection is closed")]
     Closed,
+    /// A send that waits for room gave up after this long.
+    #[error("send queue stayed full for {0:?}")]
+    Timeout(Duration),
     /// The message is larger than the peer accepts (its limits, announced
-    /// in the handshake; this side's own before the peer is known): it
-    /// would only be refused. Nothing was queued.
+    /// in the handshake; this side's own `max_front_bytes` and
+    /// `max_data_bytes` until the peer is known). Nothing was queued: the
+    /// peer could only refuse it.
     #[error(transparent)]
     TooLarge(#[from] TooLarge),
+    /// The worker thread that owns the connection died (a panic, a bug);
+    /// the connection is gone with it.
+    #[error("the worker owning this connection has died")]
+    WorkerStopped,
+    /// A reply to a message that is not a request (it came without a
+    /// call, or is itself a reply).
+    #[error("the message answered is not a request")]
+    NotARequest,
 }
 
 /// What [`Session::take_link`] decided about an accepted link.

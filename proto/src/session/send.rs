@@ -91,8 +91,8 @@ impl Session {
             || (bytes > 0 && bytes + msg.payload_len() > self.cfg.max_queued_bytes)
         {
             return Err(SendError::QueueFull {
-                messages: queued,
-                bytes,
+                messages: queued as u64,
+                bytes: bytes as u64,
             });
         }
         self.tx.out_seq += 1;
@@ -132,8 +132,8 @@ impl Session {
             || (bytes > 0 && bytes + payload > self.cfg.max_queued_bytes)
         {
             return Err(SendError::QueueFull {
-                messages: queued,
-                bytes,
+                messages: queued as u64,
+                bytes: bytes as u64,
             });
         }
         let terms = Terms {

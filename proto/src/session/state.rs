@@ -23,6 +23,58 @@ use super::Hello;
 use super::LinkId;
 use crate::auth::Handshake;
 
+/// Where a session stands, as its status shows it: one value per phase
+/// of the engine, shown in words ("connecting", "standing by", "open"...)
+/// for logs and for telling why a session is not open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Phase {
+    /// Waiting for the transport to connect.
+    Connecting,
+    /// Exchanging banners.
+    ExchangingBanners,
+    /// Authenticating (in `auth` and `secure` modes).
+    Authenticating,
+    /// The hello sent, its answer awaited (the connecting side).
+    AwaitingHelloAnswer,
+    /// Waiting for the peer's hello (the accepting side).
+    AwaitingHello,
+    /// The hello heard, the link on its way to its session.
+    RoutingHello,
+    /// Messages flow.
+    Open,
+    /// Closing: its last output being sent.
+    Closing,
+    /// A link lost: waiting to redial, or for the peer to.
+    StandingBy,
+    /// Ended.
+    Closed,
+}
+
+impl Phase {
+    /// The phase in words.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Connecting => "connecting",
+            Phase::ExchangingBanners => "exchanging banners",
+            Phase::Authenticating => "authenticating",
+            Phase::AwaitingHelloAnswer => "waiting for the hello answer",
+            Phase::AwaitingHello => "waiting for hello",
+            Phase::RoutingHello => "routing the hello",
+            Phase::Open => "open",
+            Phase::Closing => "closing",
+            Phase::StandingBy => "standing by",
+            Phase::Closed => "closed",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where a session stands, with what only that phase needs.
 #[derive(Debug)]
 pub(super) enum State {
@@ -81,18 +133,18 @@ impl State {
         }
     }
 
-    pub(super) fn name(&self) -> &'static str {
+    pub(super) fn phase(&self) -> Phase {
         match self {
-            State::Connecting { .. } => "connecting",
-            State::Banner(_) => "exchanging banners",
-            State::Authenticating { .. } => "authenticating",
-            State::HelloSent(_) => "waiting for the hello answer",
-            State::AwaitHello(_) => "waiting for hello",
-            State::Identified { .. } => "routing the hello",
-            State::Open { .. } => "open",
-            State::Draining(_) => "closing",
-            State::Standby { .. } => "standing by",
-            State::Closed => "closed",
+            State::Connecting { .. } => Phase::Connecting,
+            State::Banner(_) => Phase::ExchangingBanners,
+            State::Authenticating { .. } => Phase::Authenticating,
+            State::HelloSent(_) => Phase::AwaitingHelloAnswer,
+            State::AwaitHello(_) => Phase::AwaitingHello,
+            State::Identified { .. } => Phase::RoutingHello,
+            State::Open { .. } => Phase::Open,
+            State::Draining(_) => Phase::Closing,
+            State::Standby { .. } => Phase::StandingBy,
+            State::Closed => Phase::Closed,
         }
     }
 

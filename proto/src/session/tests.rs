@@ -83,7 +83,7 @@ fn a_dial_that_never_comes_up_is_given_up_and_redialled() {
     s.dialing(LinkId(1));
     assert_eq!(s.poll_timeout(), Some(now + timeout));
     s.handle_timeout(now + timeout / 2);
-    assert_eq!(s.phase(), "connecting", "not yet");
+    assert_eq!(s.phase(), Phase::Connecting, "not yet");
     s.handle_timeout(now + timeout);
     let ev = events(&mut s);
     assert!(ev.contains(&SessionEvent::CloseLink(LinkId(1))), "{ev:?}");
@@ -97,7 +97,7 @@ fn a_dial_that_never_comes_up_is_given_up_and_redialled() {
     // The first dial comes up late: closed, the session waits for the second.
     s.link_up(LinkId(1), redial);
     assert_eq!(events(&mut s), vec![SessionEvent::CloseLink(LinkId(1))]);
-    assert_eq!(s.phase(), "connecting");
+    assert_eq!(s.phase(), Phase::Connecting);
     s.link_failed(LinkId(1), LinkFailure::Reset("late".into()), redial);
     assert_eq!(
         s.failed_attempts(),
@@ -105,7 +105,7 @@ fn a_dial_that_never_comes_up_is_given_up_and_redialled() {
         "a failure of the given-up dial is not this one's"
     );
     s.link_up(LinkId(2), redial);
-    assert_ne!(s.phase(), "connecting", "the second dial is taken");
+    assert_ne!(s.phase(), Phase::Connecting, "the second dial is taken");
 }
 /// Everything `from` has to send, handed to `to` on `link` as is.
 fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {

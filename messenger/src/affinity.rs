@@ -45,21 +45,30 @@ pub(crate) fn pin_current_thread(cpu: usize) -> nix::Result<()> {
     sched_setaffinity(Pid::from_raw(0), &set)
 }
 
+/// Why a CPU list does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CpuListError {
+    #[error("`{0}` is not a CPU number")]
+    NotANumber(String),
+    #[error("range `{0}` runs backwards")]
+    Backwards(String),
+}
+
 /// Parses a CPU list as `taskset -c` and the kernel write them — `2`,
 /// `0,2`, `0-3,8` — into CPU numbers in the order given.
-pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
+pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<usize>, CpuListError> {
     let mut cpus = Vec::new();
     for part in text.split(',').map(str::trim) {
         let num = |s: &str| {
             s.trim()
                 .parse::<usize>()
-                .map_err(|_| format!("`{s}` is not a CPU number"))
+                .map_err(|_| CpuListError::NotANumber(s.trim().into()))
         };
         match part.split_once('-') {
             Some((a, b)) => {
                 let (a, b) = (num(a)?, num(b)?);
                 if a > b {
-                    return Err(format!("range `{part}` runs backwards"));
+                    return Err(CpuListError::Backwards(part.into()));
                 }
                 cpus.extend(a..=b);
             }

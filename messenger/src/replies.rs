@@ -1,0 +1,194 @@
+//! Calls waiting for their replies: the table a connection keeps, each
+//! call's slot where its outcome lands, and why a call got none
+//! ([`CallError`]). The calls themselves are `crate::call`'s.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+use msgr_proto::message::REPLY_BIT;
+use msgr_proto::rma::RMA_BIT;
+use msgr_proto::{FaultReason, Message};
+
+use crate::counters::Counters;
+use crate::pending::{SendError, SendRejected};
+
+/// Why a call got no reply.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// use msgr::CallError;
+/// // The server never replies: the call gives up at its timeout.
+/// let err = conn.call(Message::new(1, &b"ping"[..], &b""[..]), Duration::from_millis(100));
+/// assert!(matches!(err, Err(CallError::Timeout { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// No reply within the call's timeout (a reply that comes later is
+    /// dropped and counted in `late_replies`).
+    #[error("no reply within {after:?}{}", .last_fault.as_ref().map_or(String::new(), |r| format!(" (not connected; last: {r})")))]
+    Timeout {
+        /// The call's timeout.
+        after: Duration,
+        /// Why the connection's last link failed, where it was not open
+        /// at the deadline (still connecting, or reconnecting): the likely
+        /// reason the request never reached the peer (as
+        /// [`crate::ConnectError::Timeout`] tells it).
+        last_fault: Option<FaultReason>,
+    },
+    /// The connection was reset before the reply came: the request may or
+    /// may not have been handled.
+    #[error("the connection was reset: {0}")]
+    Reset(FaultReason),
+    /// The request could not be sent.
+    #[error("the request was not sent: {0}")]
+    Send(#[from] SendError),
+    /// A [`CallFuture`] was polled again after it had completed: its
+    /// outcome was given already (a bug in the caller, but no panic).
+    #[error("the call's future was polled after it completed")]
+    Finished,
+}
+
+impl<M> From<SendRejected<M>> for CallError {
+    fn from(r: SendRejected<M>) -> CallError {
+        CallError::Send(r.error)
+    }
+}
+
+/// One pending call: where its outcome lands and who waits for it.
+#[derive(Default)]
+pub(crate) struct CallSlot {
+    pub(crate) state: Mutex<SlotState>,
+    pub(crate) ready: Condvar,
+    /// The outcome is in `state`: a caller spinning on its reply
+    /// ([`CallSlot::spin`]) looks here, not at the lock.
+    pub(crate) done: AtomicBool,
+    /// A blocking caller waits on `ready`: only then is it notified (a
+    /// notification is a system call, which a spinning caller is spared).
+    pub(crate) parked: AtomicBool,
+}
+
+#[derive(Default)]
+pub(crate) struct SlotState {
+    pub(crate) outcome: Option<Result<Message, CallError>>,
+    pub(crate) waker: Option<Waker>,
+}
+
+impl CallSlot {
+    pub(crate) fn complete(&self, outcome: Result<Message, CallError>) {
+        let mut s = self.state.lock().expect("call slot");
+        if s.outcome.is_none() {
+            s.outcome = Some(outcome);
+        }
+        let waker = s.waker.take();
+        drop(s);
+        self.done.store(true, Ordering::Release);
+        // Set under the lock before the caller waits, which this one took
+        // after: seen here if the caller is (or is about to be) parked.
+        if self.parked.load(Ordering::Acquire) {
+            self.ready.notify_all();
+        }
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Yields until the outcome is in or `window` (`call_spin_us`) has
+    /// passed: a reply that comes within it is taken without the thread
+    /// parking (a parked thread's wake-up costs tens of µs on a VM), and
+    /// without the notification's system call. Whether it came.
+    pub(crate) fn spin(&self, window: Duration) -> bool {
+        if window.is_zero() {
+            return self.done.load(Ordering::Acquire);
+        }
+        let until = Instant::now() + window;
+        loop {
+            if self.done.load(Ordering::Acquire) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            // Yielding, not spinning: the threads that bring the reply (the
+            // workers, busy-polling themselves) may need this CPU.
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A connection's calls waiting for replies.
+#[derive(Default)]
+pub(crate) struct PendingCalls {
+    slots: Mutex<HashMap<u64, (Arc<CallSlot>, Duration)>>,
+}
+
+/// Call ids, unique per process (a reply names the id of its request).
+static NEXT_CALL: AtomicU64 = AtomicU64::new(1);
+
+impl PendingCalls {
+    /// A new pending call; `mark` is or'ed into its id (`RMA_BIT` for an
+    /// RMA operation, else 0).
+    pub(crate) fn register(&self, timeout: Duration, mark: u64) -> (u64, Arc<CallSlot>) {
+        let id = (NEXT_CALL.fetch_add(1, Ordering::Relaxed) & !(REPLY_BIT | RMA_BIT)) | mark;
+        let slot = Arc::new(CallSlot::default());
+        self.slots
+            .lock()
+            .expect("pending calls")
+            .insert(id, (slot.clone(), timeout));
+        (id, slot)
+    }
+
+    pub(crate) fn forget(&self, id: u64) {
+        self.slots.lock().expect("pending calls").remove(&id);
+    }
+
+    /// A reply arrived (worker): to its caller, if it still waits. False
+    /// for a late reply.
+    /// A reply (a message whose call has the reply bit): to the call that
+    /// waits for it, or dropped and counted if none does any more.
+    pub(crate) fn route_reply(&self, msg: Message, counters: &Counters) {
+        let id = msg.call & !REPLY_BIT;
+        if !self.complete(id, msg) {
+            Counters::add(&counters.late_replies, 1);
+        }
+    }
+
+    pub(crate) fn complete(&self, id: u64, reply: Message) -> bool {
+        let slot = self.slots.lock().expect("pending calls").remove(&id);
+        match slot {
+            Some((s, _)) => {
+                s.complete(Ok(reply));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The call's deadline passed (worker, for async calls): it fails
+    /// with `timed_out` of its timeout.
+    pub(crate) fn expire(&self, id: u64, timed_out: impl FnOnce(Duration) -> CallError) {
+        let slot = self.slots.lock().expect("pending calls").remove(&id);
+        if let Some((s, timeout)) = slot {
+            s.complete(Err(timed_out(timeout)));
+        }
+    }
+
+    /// The connection was reset: every pending call fails.
+    pub(crate) fn fail_all(&self, reason: &FaultReason) {
+        let slots: Vec<_> = self.slots.lock().expect("pending calls").drain().collect();
+        for (_, (s, _)) in slots {
+            s.complete(Err(CallError::Reset(reason.clone())));
+        }
+    }
+}
