@@ -1033,8 +1033,43 @@ fn late_hello(seed: u64, slow: Duration, slow_for: Duration, n: u64) -> Result<(
     if !done || got_a != want || got_b != want {
         return Err(format!("a got {got_a:?}, b got {got_b:?}"));
     }
-    for node in [a, b] {
-        for e in events_of(&sim, node) {
+    no_resets(&sim, [a, b])
+}
+
+/// Runs `run(seed, slow, slow_for)` for seeds 0..3 and every pair of
+/// `slow_ms` and `slow_for_ms`; fails with the first failures.
+fn sweep_slow(
+    slow_ms: [u64; 3],
+    slow_for_ms: [u64; 3],
+    run: impl Fn(u64, Duration, Duration) -> Result<(), String>,
+) {
+    let mut failed = Vec::new();
+    let mut runs = 0;
+    for seed in 0..3 {
+        for slow in slow_ms {
+            for slow_for in slow_for_ms {
+                runs += 1;
+                let d = Duration::from_millis;
+                if let Err(e) = run(seed, d(slow), d(slow_for)) {
+                    failed.push(format!(
+                        "seed {seed}, slow {slow} ms for {slow_for} ms: {e}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {runs} runs failed, the first: {:#?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+}
+
+/// `Err` naming the first reset (of either kind) a node of `nodes` logged.
+fn no_resets(sim: &Sim, nodes: [NodeId; 2]) -> Result<(), String> {
+    for node in nodes {
+        for e in events_of(sim, node) {
             if matches!(
                 e,
                 SessionEvent::Reset { .. } | SessionEvent::RemoteReset { .. }
@@ -1048,33 +1083,12 @@ fn late_hello(seed: u64, slow: Duration, slow_for: Duration, n: u64) -> Result<(
 
 #[test]
 fn a_hello_that_outlived_its_dial_resets_nothing() {
-    let mut failed = Vec::new();
-    let mut runs = 0;
-    for seed in 0..3 {
-        for slow_ms in [50, 450, 1200] {
-            // The second dial goes out before anything could open (the
-            // simulator's connect does not look for an accepted session, as
-            // an application's dial does).
-            for slow_for_ms in [1, 10, 30] {
-                runs += 1;
-                let (slow, slow_for) = (
-                    Duration::from_millis(slow_ms),
-                    Duration::from_millis(slow_for_ms),
-                );
-                if let Err(e) = late_hello(seed, slow, slow_for, 10) {
-                    failed.push(format!(
-                        "seed {seed}, slow {slow_ms} ms for {slow_for_ms} ms: {e}"
-                    ));
-                }
-            }
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "{} of {runs} runs failed, the first: {:#?}",
-        failed.len(),
-        &failed[..failed.len().min(5)]
-    );
+    // The second dial goes out before anything could open (the
+    // simulator's connect does not look for an accepted session, as an
+    // application's dial does): slow for 1 to 30 ms.
+    sweep_slow([50, 450, 1200], [1, 10, 30], |seed, slow, slow_for| {
+        late_hello(seed, slow, slow_for, 10)
+    });
 }
 
 /// A lossless client whose hello-ok is slower than its handshake timeout:
@@ -1119,16 +1133,7 @@ fn slow_hello_ok(seed: u64, slow: Duration, slow_for: Duration, n: u64) -> Resul
     if !done || got_c != want || got_s != want {
         return Err(format!("client got {got_c:?}, server got {got_s:?}"));
     }
-    for node in [c, s] {
-        for e in events_of(&sim, node) {
-            if matches!(
-                e,
-                SessionEvent::Reset { .. } | SessionEvent::RemoteReset { .. }
-            ) {
-                return Err(format!("node {node}: {e:?}"));
-            }
-        }
-    }
+    no_resets(&sim, [c, s])?;
     // The same session goes on at the server: opened once, resumed.
     let opened = count(&sim, s, |e| matches!(e, SessionEvent::Established(_)));
     let resumed = count(&sim, s, |e| matches!(e, SessionEvent::Resumed { .. }));
@@ -1146,29 +1151,8 @@ fn slow_hello_ok(seed: u64, slow: Duration, slow_for: Duration, n: u64) -> Resul
 
 #[test]
 fn a_redial_after_a_slow_hello_ok_resumes_the_session() {
-    let mut failed = Vec::new();
-    let mut runs = 0;
-    for seed in 0..3 {
-        // Past the handshake timeout (500 ms) once, twice, three times.
-        for slow_ms in [600, 1100, 1600] {
-            for slow_for_ms in [1, 10, 600] {
-                runs += 1;
-                let (slow, slow_for) = (
-                    Duration::from_millis(slow_ms),
-                    Duration::from_millis(slow_for_ms),
-                );
-                if let Err(e) = slow_hello_ok(seed, slow, slow_for, 10) {
-                    failed.push(format!(
-                        "seed {seed}, slow {slow_ms} ms for {slow_for_ms} ms: {e}"
-                    ));
-                }
-            }
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "{} of {runs} runs failed, the first: {:#?}",
-        failed.len(),
-        &failed[..failed.len().min(5)]
-    );
+    // Past the handshake timeout (500 ms) once, twice, three times.
+    sweep_slow([600, 1100, 1600], [1, 10, 600], |seed, slow, slow_for| {
+        slow_hello_ok(seed, slow, slow_for, 10)
+    });
 }

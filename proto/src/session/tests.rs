@@ -115,9 +115,9 @@ fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
     }
 }
 
-/// A client (on link 1) and the server session it opened (on link
-/// 2), both open; the client's events are not taken yet.
-fn open_pair(now: Instant) -> (Session, Session) {
+/// A lossless client whose dial is up (link 1) and the server's session
+/// for the accepted link (2), nothing exchanged yet.
+fn client_and_server(now: Instant) -> (Session, Session) {
     let addr =
         |port: u16| EntityAddr::tcp(([127, 0, 0, 1], port).into()).with_nonce(u64::from(port));
     let local = |name, port| LocalIdentity {
@@ -134,7 +134,14 @@ fn open_pair(now: Instant) -> (Session, Session) {
         now,
     );
     c.link_up(LinkId(1), now);
-    let mut s = Session::accept(cfg, local(EntityName::server(1), 2), LinkId(2), now);
+    let s = Session::accept(cfg, local(EntityName::server(1), 2), LinkId(2), now);
+    (c, s)
+}
+
+/// A client (on link 1) and the server session it opened (on link
+/// 2), both open; the client's events are not taken yet.
+fn open_pair(now: Instant) -> (Session, Session) {
+    let (mut c, mut s) = client_and_server(now);
     for _ in 0..4 {
         hand_over(&mut c, &mut s, LinkId(2), now);
         while let Some(ev) = s.poll_event() {
@@ -335,23 +342,8 @@ fn redial_unanswered(
     redialler: impl FnOnce(Session) -> Session,
 ) -> (Session, Session, Vec<SessionEvent>, Vec<Message>) {
     let now = Instant::now();
-    let addr =
-        |port: u16| EntityAddr::tcp(([127, 0, 0, 1], port).into()).with_nonce(u64::from(port));
-    let local = |name, port| LocalIdentity {
-        name,
-        addr: addr(port),
-        dials: Default::default(),
-    };
     let cfg = SessionConfig::default();
-    let mut c = Session::connect(
-        cfg.clone(),
-        local(EntityName::client(1), 1),
-        addr(2),
-        Policy::LosslessClient,
-        now,
-    );
-    c.link_up(LinkId(1), now);
-    let mut s = Session::accept(cfg.clone(), local(EntityName::server(1), 2), LinkId(2), now);
+    let (mut c, mut s) = client_and_server(now);
     for _ in 0..4 {
         hand_over_without(&mut c, &mut s, LinkId(2), strip, now);
         while let Some(ev) = s.poll_event() {
