@@ -74,6 +74,12 @@ pub mod features {
     /// negotiated: no session sends or takes fragments, so it is not in
     /// [`SUPPORTED`] and no banner offers it.
     pub const LANES: u64 = 1 << 13;
+    /// With `DIAL_NUMBERS`: a hello that starts a session (cookie 0)
+    /// carries, after its dial number, the number of the first dial of
+    /// the same attempt to open it (`control::with_dial_number` again). An
+    /// acceptor that opened the session for one of those dials, whose
+    /// hello-ok the dialler never saw, resumes it instead of resetting it.
+    pub const FIRST_DIAL: u64 = 1 << 14;
     /// Everything this build supports by default.
     pub const SUPPORTED: u64 = CRC32C
         | RECONNECT
@@ -84,7 +90,8 @@ pub mod features {
         | CALLS
         | RMA
         | PACED_KEEPALIVE
-        | DIAL_NUMBERS;
+        | DIAL_NUMBERS
+        | FIRST_DIAL;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
 }

@@ -20,6 +20,7 @@ use super::{
 use crate::auth::{AuthError, RecordError, RecordLayer, SecurityMode};
 use crate::banner::{features, Banner, BANNER_LEN};
 use crate::batch::BatchReader;
+use crate::codec::{Codec, Postcard};
 use crate::control::{
     control_frame, parse_control, Ack, Close, HelloOk, Keepalive, Limits, PacedKeepalive,
     ReconnectOk,
@@ -175,17 +176,56 @@ impl Session {
     /// for. The owner routes it ([`SessionEvent::Identified`]).
     fn on_hello(&mut self, link: LinkId, frame: &Frame) -> Result<(), ProtocolError> {
         self.check_phase_takes(Tag::Hello, matches!(self.state, State::AwaitHello(_)))?;
-        let (mut hello, extras): (Hello, _) = self.parse_handshake(frame, "hello")?;
+        let (frame, first_dial) = self.split_first_dial(frame)?;
+        let (mut hello, extras): (Hello, _) = self.parse_handshake(&frame, "hello")?;
         self.check_claimed(&hello.name)?;
         hello.limits = extras.limits;
         hello.dial = extras.dial;
+        if self.first_dial_agreed() {
+            // Exactly the hellos that start a session name their
+            // attempt's first dial, made no later than this one.
+            let fits = match (first_dial, hello.dial) {
+                (Some(first), Some(dial)) => hello.cookie == 0 && first <= dial,
+                (None, _) => hello.cookie != 0,
+                (Some(_), None) => false,
+            };
+            if !fits {
+                return Err(ProtocolError::Malformed {
+                    what: "hello",
+                    detail: format!(
+                        "first dial {first_dial:?} with dial {:?} and cookie {:#x}",
+                        hello.dial, hello.cookie
+                    ),
+                });
+            }
+        }
         self.events
             .push_back(SessionEvent::Identified(hello.clone()));
         self.state = State::Identified {
             link,
             hello: Box::new(hello),
+            first_dial,
         };
         Ok(())
+    }
+
+    /// A hello without its last segment where that is the first dial of
+    /// its attempt (`features::FIRST_DIAL`: one segment more than the
+    /// other extras), and that number.
+    fn split_first_dial(&self, frame: &Frame) -> Result<(Frame, Option<u64>), ProtocolError> {
+        let others = 2 + usize::from(self.limits_agreed());
+        if !self.first_dial_agreed() || frame.segments.len() != others + 1 {
+            return Ok((frame.clone(), None));
+        }
+        let mut frame = frame.clone();
+        let seg = frame.segments.pop().unwrap_or_default();
+        let first = Postcard
+            .decode::<u64>(&seg)
+            .map_err(|e| ProtocolError::Malformed {
+                what: "hello",
+                detail: e.detail,
+            })?;
+        Ok((frame, Some(first)))
     }
 
     /// The acceptor's answer to our hello names `name` and brings its
@@ -232,6 +272,8 @@ impl Session {
         self.bind_identity()?;
         self.remote.name = Some(ok.name);
         self.remote.dials.learn(ok.addr.nonce, extras.dial);
+        // Our dial opened it: no hello of the peer's did.
+        self.remote.dials.forget_opening();
         self.remote.addr = Some(ok.addr);
         self.remote.cookie = ok.cookie;
         self.state = State::open(link);
@@ -260,6 +302,8 @@ impl Session {
             });
         }
         self.remote.dials.learn(ok.addr.nonce, extras.dial);
+        // The peer knew the cookie: it saw its hello-ok.
+        self.remote.dials.forget_opening();
         self.resume(link, ok.in_seq, now)
     }
 
@@ -273,6 +317,8 @@ impl Session {
         if self.remote.cookie != 0 {
             self.remote_reset();
         }
+        // Whatever we tried to open is gone: the next hello starts anew.
+        self.redial.first_dial = None;
         // Either way the peer may have restarted: its next
         // incarnation (a new nonce) is the one to talk to, or
         // check_peer would refuse it forever.

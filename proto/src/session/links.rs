@@ -25,7 +25,7 @@ impl Session {
     pub fn accept_new(&mut self, cookie: u64, now: Instant) {
         debug_assert!(cookie != 0, "cookie 0 means 'new session' on the wire");
         let (link, hello) = match std::mem::replace(&mut self.state, State::Closed) {
-            State::Identified { link, hello } => (link, hello),
+            State::Identified { link, hello, .. } => (link, hello),
             other => {
                 self.state = other;
                 return;
@@ -34,7 +34,17 @@ impl Session {
         self.adopt_peer(&hello);
         self.remote.cookie = cookie;
         self.remote.key = self.link_security.peer.as_ref().map(|(_, k)| *k);
+        self.remote.dials.opened_for(hello.dial);
         self.open_new(link, now);
+    }
+
+    /// The first dial of the attempt the hello this (pending) session
+    /// routes goes on with (`features::FIRST_DIAL`).
+    fn hello_first_dial(&self) -> Option<u64> {
+        match self.state {
+            State::Identified { first_dial, .. } => first_dial,
+            _ => None,
+        }
     }
 
     /// Routes an accepted link whose hello names this session's peer: resume,
@@ -88,7 +98,20 @@ impl Session {
         {
             return Takeover::Rejected(reset_frame());
         }
-        if (restarted || hello.cookie == 0) && self.established {
+        // A later dial of the attempt we opened the session for: the
+        // peer gave its dial up before our hello-ok came, so it has the
+        // session without its cookie. It sent nothing in it yet.
+        let continues = hello.cookie == 0
+            && !restarted
+            && self.established
+            && self.rx.in_seq == 0
+            && self.tx.acked_seq == 0
+            && self.remote.dials.continues_opening(
+                hello.addr.nonce,
+                hello.dial,
+                pending.hello_first_dial(),
+            );
+        if (restarted || hello.cookie == 0) && self.established && !continues {
             // The peer starts over: our session is gone on its side.
             self.remote_reset();
         }
@@ -107,6 +130,7 @@ impl Session {
         let routed = State::Identified {
             link,
             hello: Box::new(hello.clone()),
+            first_dial: pending.hello_first_dial(),
         };
         self.attach_link(routed, now);
         self.link_security = std::mem::take(&mut pending.link_security);
@@ -114,12 +138,22 @@ impl Session {
             // same_identity passed: this link's peer is the session's.
             self.remote.key = self.link_security.peer.as_ref().map(|(_, k)| *k);
         }
-        if hello.cookie == 0 {
+        if continues {
+            // To the peer a new session (hello-ok with the cookie), to us
+            // a resume: everything we queued is replayed.
+            self.answer_hello();
+            if let Err(e) = self.resume(link, 0, now) {
+                self.fault(FaultReason::Protocol(e), now);
+            }
+        } else if hello.cookie == 0 {
             if self.remote.cookie == 0 {
                 self.remote.cookie = new_cookie;
             }
+            self.remote.dials.opened_for(hello.dial);
             self.open_new(link, now);
         } else {
+            // The peer knew the cookie: it saw the hello-ok.
+            self.remote.dials.forget_opening();
             let ok = ReconnectOk {
                 name: self.local.name.clone(),
                 addr: self.local.addr.clone(),
@@ -151,6 +185,13 @@ impl Session {
     /// Whether the link's banners agreed to number dials in the handshake.
     pub(super) fn dials_agreed(&self) -> bool {
         self.remote.features & features::DIAL_NUMBERS != 0
+    }
+
+    /// Whether the link's banners agreed that a hello starting a session
+    /// names its attempt's first dial.
+    pub(super) fn first_dial_agreed(&self) -> bool {
+        let both = features::DIAL_NUMBERS | features::FIRST_DIAL;
+        self.remote.features & both == both
     }
 
     /// A handshake frame with this side's receive limits and `dial` (a
@@ -240,6 +281,18 @@ impl Session {
             };
             let dial = self.local.dials.next();
             let frame = self.handshake_frame(control_frame(Tag::Hello, &hello), dial);
+            let frame = if self.remote.cookie == 0 {
+                // Every dial until the session opens goes on with the
+                // first: the acceptor may have opened it for any of them.
+                let first = *self.redial.first_dial.get_or_insert(dial);
+                if self.first_dial_agreed() {
+                    with_dial_number(frame, first)
+                } else {
+                    frame
+                }
+            } else {
+                frame
+            };
             self.tx.ctrl.push_back(Transmit::Frame(frame));
             self.state = State::HelloSent(link);
         } else {
@@ -267,6 +320,14 @@ impl Session {
 
     /// Opens a brand-new session on `link` (acceptor side), answering the hello.
     pub(super) fn open_new(&mut self, link: LinkId, now: Instant) {
+        self.answer_hello();
+        self.state = State::open(link);
+        self.tx.rewind_to_acked();
+        self.on_open(now, 0);
+    }
+
+    /// Acceptor: answers the hello with hello-ok, naming the session's cookie.
+    fn answer_hello(&mut self) {
         let ok = HelloOk {
             name: self.local.name.clone(),
             addr: self.local.addr.clone(),
@@ -275,12 +336,11 @@ impl Session {
         let frame =
             self.handshake_frame(control_frame(Tag::HelloOk, &ok), self.local.dials.current());
         self.tx.ctrl.push_back(Transmit::Frame(frame));
-        self.state = State::open(link);
-        self.tx.rewind_to_acked();
-        self.on_open(now, 0);
     }
 
     pub(super) fn on_open(&mut self, now: Instant, replayed: u64) {
+        // Open: the peer has answered, and our next hello resumes.
+        self.redial.first_dial = None;
         self.redial.backoff = self.cfg.backoff_min;
         self.redial.attempts = 0;
         self.clock.last_rx = now;
@@ -328,6 +388,8 @@ impl Session {
         self.tx.restart();
         self.rx.restart();
         self.remote.cookie = 0;
+        self.remote.dials.forget_opening();
+        self.redial.first_dial = None;
         self.established = false;
         self.events.push_back(SessionEvent::RemoteReset { dropped });
     }

@@ -208,6 +208,7 @@ impl Session {
                 attempts: 0,
                 jitter,
                 last_fault: None,
+                first_dial: None,
             },
             remote: Remote::default(),
             link_security: LinkSecurity::default(),

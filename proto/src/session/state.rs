@@ -103,7 +103,13 @@ pub(super) enum State {
     /// routed here by [`Session::take_link`](super::Session::take_link),
     /// for as long as it takes to answer). Boxed: the largest phase
     /// otherwise, and a session spends moments in it.
-    Identified { link: LinkId, hello: Box<Hello> },
+    Identified {
+        link: LinkId,
+        hello: Box<Hello>,
+        /// The first dial of the attempt a cookie-0 hello goes on with
+        /// (`features::FIRST_DIAL`).
+        first_dial: Option<u64>,
+    },
     /// Messages flow.
     Open {
         link: LinkId,

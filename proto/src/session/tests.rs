@@ -115,9 +115,9 @@ fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
     }
 }
 
-/// A client (on link 1) and the server session it opened (on link
-/// 2), both open; the client's events are not taken yet.
-fn open_pair(now: Instant) -> (Session, Session) {
+/// A lossless client whose dial is up (link 1) and the server's session
+/// for the accepted link (2), nothing exchanged yet.
+fn client_and_server(now: Instant) -> (Session, Session) {
     let addr =
         |port: u16| EntityAddr::tcp(([127, 0, 0, 1], port).into()).with_nonce(u64::from(port));
     let local = |name, port| LocalIdentity {
@@ -134,7 +134,14 @@ fn open_pair(now: Instant) -> (Session, Session) {
         now,
     );
     c.link_up(LinkId(1), now);
-    let mut s = Session::accept(cfg, local(EntityName::server(1), 2), LinkId(2), now);
+    let s = Session::accept(cfg, local(EntityName::server(1), 2), LinkId(2), now);
+    (c, s)
+}
+
+/// A client (on link 1) and the server session it opened (on link
+/// 2), both open; the client's events are not taken yet.
+fn open_pair(now: Instant) -> (Session, Session) {
+    let (mut c, mut s) = client_and_server(now);
     for _ in 0..4 {
         hand_over(&mut c, &mut s, LinkId(2), now);
         while let Some(ev) = s.poll_event() {
@@ -304,4 +311,160 @@ fn an_unparsable_batch_for_a_peer_without_batches_ends_the_session() {
         "{events:?}"
     );
     assert_eq!(s.queued_messages(), 0, "the rest is dropped and reported");
+}
+
+/// As [`hand_over`], with `strip` taken out of the banner's feature bits
+/// (a peer of an older build).
+fn hand_over_without(from: &mut Session, to: &mut Session, link: LinkId, strip: u64, now: Instant) {
+    while let Some((_, t)) = from.poll_transmit(now) {
+        let t = match t {
+            Transmit::Banner(raw) => {
+                let mut b = crate::banner::Banner::decode(&raw).expect("our banner");
+                b.supported &= !strip;
+                Transmit::Banner(b.encode())
+            }
+            t => t,
+        };
+        to.handle_inbound(link, t.into(), now)
+            .expect("a valid unit");
+    }
+}
+
+/// A lossless client's dial on link 1 opened a session at the server
+/// (link 2), which queued a message in it, but the hello-ok never
+/// reached the client: its handshake timed out. `redialler` makes the
+/// session that dials again from the client (given the one that gave
+/// up); its hello comes on link 4 and is routed to the server's
+/// session. Returns both sessions, the server's events since it opened
+/// and the messages the redialler got.
+fn redial_unanswered(
+    strip: u64,
+    redialler: impl FnOnce(Session) -> Session,
+) -> (Session, Session, Vec<SessionEvent>, Vec<Message>) {
+    let now = Instant::now();
+    let cfg = SessionConfig::default();
+    let (mut c, mut s) = client_and_server(now);
+    for _ in 0..4 {
+        hand_over_without(&mut c, &mut s, LinkId(2), strip, now);
+        while let Some(ev) = s.poll_event() {
+            if matches!(ev, SessionEvent::Identified(_)) {
+                s.accept_new(7, now);
+            }
+        }
+        if s.is_open() {
+            break;
+        }
+        hand_over_without(&mut s, &mut c, LinkId(1), strip, now);
+    }
+    assert!(s.is_open(), "{}", s.phase());
+    while s.poll_event().is_some() {}
+    s.send(numbered(1)).expect("room");
+    // The hello-ok and the message are on their way when the client gives up.
+    let later = now + cfg.handshake_timeout;
+    c.handle_timeout(later);
+    assert!(!c.is_open() && c.link().is_none(), "{}", c.phase());
+    let mut c = redialler(c);
+    let redial = c.poll_timeout().expect("a redial");
+    c.handle_timeout(redial);
+    c.link_up(LinkId(3), redial);
+    let mut pending = Session::accept(cfg, s.local.clone(), LinkId(4), redial);
+    let mut routed = false;
+    for _ in 0..4 {
+        hand_over_without(&mut c, &mut pending, LinkId(4), strip, redial);
+        while let Some(ev) = pending.poll_event() {
+            if let SessionEvent::Identified(hello) = ev {
+                let t = s.take_link(LinkId(4), &hello, &mut pending, 9, redial);
+                assert!(matches!(t, Takeover::Accepted), "{t:?}");
+                routed = true;
+            }
+        }
+        if routed {
+            break;
+        }
+        hand_over_without(&mut pending, &mut c, LinkId(3), strip, redial);
+    }
+    assert!(routed, "the redial's hello never came");
+    hand_over_without(&mut s, &mut c, LinkId(3), strip, redial);
+    assert!(c.is_open() && s.is_open(), "{} / {}", c.phase(), s.phase());
+    let events = std::iter::from_fn(|| s.poll_event()).collect();
+    while c.poll_event().is_some() {}
+    let got = std::iter::from_fn(|| c.poll_message()).collect();
+    (c, s, events, got)
+}
+
+/// The client's redial goes on with the attempt the server opened the
+/// session for: the server resumes it, the client adopts its cookie, and
+/// the queued message arrives.
+#[test]
+fn a_redial_that_never_saw_hello_ok_resumes_the_session() {
+    let (c, s, events, got) = redial_unanswered(0, |c| c);
+    assert!(
+        matches!(
+            events[..],
+            [
+                SessionEvent::CloseLink(_),
+                SessionEvent::Resumed { replayed: 1 }
+            ]
+        ),
+        "{events:?}"
+    );
+    assert_eq!(
+        got.iter().map(|m| m.front.clone()).collect::<Vec<_>>(),
+        [vec![1u8]]
+    );
+    assert_eq!(c.remote.cookie, 7, "the session the server holds");
+    assert_eq!(s.remote.cookie, 7);
+}
+
+/// Without `FIRST_DIAL` (an older peer) the redial starts over, as
+/// before: the server's session is reset and its queue dropped, reported.
+#[test]
+fn without_first_dial_a_redial_resets_as_before() {
+    let (_, s, events, got) = redial_unanswered(crate::banner::features::FIRST_DIAL, |c| c);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, SessionEvent::RemoteReset { dropped } if *dropped == 1)),
+        "{events:?}"
+    );
+    assert!(got.is_empty());
+    assert_eq!(s.remote.cookie, 9, "a new session, its new cookie");
+}
+
+/// A new session of the same incarnation (the application dialled again
+/// after a mark-down) or of a restarted client is a new attempt: the
+/// server resets the one it holds.
+#[test]
+fn a_new_attempt_or_incarnation_resets_the_session() {
+    let fresh = |nonce_step: u64| {
+        move |old: Session| {
+            let mut local = old.local.clone();
+            if nonce_step != 0 {
+                local.addr = local.addr.clone().with_nonce(local.addr.nonce + nonce_step);
+                local.dials = DialAttempts::new();
+            }
+            let peer = old.remote.addr.clone().expect("dialled");
+            let mut s = Session::connect(
+                old.cfg.clone(),
+                local,
+                peer,
+                Policy::LosslessClient,
+                Instant::now(),
+            );
+            while s.poll_event().is_some() {}
+            // Its first dial failed: the driver redials.
+            s.fault(FaultReason::HandshakeTimeout, Instant::now());
+            s
+        }
+    };
+    for step in [0, 1] {
+        let (_, _, events, got) = redial_unanswered(0, fresh(step));
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, SessionEvent::RemoteReset { .. })),
+            "nonce step {step}: {events:?}"
+        );
+        assert!(got.is_empty(), "nonce step {step}");
+    }
 }

@@ -46,6 +46,11 @@ pub(super) struct Redial {
     pub(super) jitter: u64,
     /// Why the last link was lost or the session ended (for diagnostics).
     pub(super) last_fault: Option<FaultReason>,
+    /// Connector: the number of the first dial of its attempt to open the
+    /// session (cookie 0), sent with every later dial of that attempt
+    /// (`features::FIRST_DIAL`); `None` once open or reset, when the next
+    /// cookie-0 hello begins a new attempt.
+    pub(super) first_dial: Option<u64>,
 }
 
 impl Redial {

@@ -460,7 +460,14 @@ fn control(kind: u8, a: u64, b: u64, who: u8) -> Frame {
             max_front: (b as u32 % 64) * 16,
             max_data: 1 << 20,
         };
-        return with_dial_number(with_limits(f, &limits), a % 4);
+        let f = with_dial_number(with_limits(f, &limits), a % 4);
+        // A hello that starts a session names its attempt's first dial
+        // (`FIRST_DIAL`, offered by default); bit 6 of `who` leaves it
+        // out, and `b` makes it now and then later than the dial.
+        if kind.is_multiple_of(12) && a == 0 && who & 0x40 == 0 {
+            return with_dial_number(f, b % 2);
+        }
+        return f;
     }
     f
 }
