@@ -48,7 +48,7 @@ use crate::Connection;
 /// assert!(matches!(err, Err(CallError::Timeout { .. })));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CallError {
     /// No reply within the call's timeout (a reply that comes later is
@@ -70,11 +70,24 @@ pub enum CallError {
     /// The request could not be sent.
     #[error("the request was not sent: {0}")]
     Send(#[from] SendError),
+    /// A blocking call (or RMA operation) from a dispatcher callback on
+    /// the worker that owns the connection: that worker sends the request
+    /// and delivers the reply only once the callback returns, so the call
+    /// could only wait out its timeout. Nothing was sent. Use
+    /// [`Connection::call_async`] (its future completes after the
+    /// callback), or call from another thread.
+    #[error(
+        "a blocking call from a dispatcher callback of the worker that owns the connection \
+         would wait for that worker itself: nothing was sent (use call_async, or another thread)"
+    )]
+    WouldDeadlock,
     /// A [`CallFuture`] was polled again after it had completed: its
     /// outcome was given already (a bug in the caller, but no panic).
     #[error("the call's future was polled after it completed")]
     Finished,
 }
+
+msgr_addr::debug_is_display!(CallError);
 
 impl<M> From<SendRejected<M>> for CallError {
     fn from(r: SendRejected<M>) -> CallError {
@@ -103,7 +116,7 @@ impl<M> From<SendRejected<M>> for CallError {
 /// assert!(matches!(err, Err(TypedCallError::Call(msgr::CallError::Timeout { .. }))));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TypedCallError {
     /// The request did not encode.
@@ -116,6 +129,8 @@ pub enum TypedCallError {
     #[error("the reply did not decode: {0}")]
     Decode(#[from] TypedError),
 }
+
+msgr_addr::debug_is_display!(TypedCallError);
 
 /// One pending call: where its outcome lands and who waits for it.
 #[derive(Default)]
@@ -259,7 +274,9 @@ impl Connection {
     /// it, at most `timeout` (sending included: a full send queue counts
     /// against it). Blocks the calling thread: not from a dispatcher
     /// callback, whose worker delivers the reply (use
-    /// [`Connection::call_async`] or another thread).
+    /// [`Connection::call_async`] or another thread): from the callback of
+    /// the worker that owns the connection it fails at once with
+    /// [`CallError::WouldDeadlock`].
     ///
     /// ```no_run
     /// # fn demo(conn: &msgr::Connection) -> Result<(), msgr::CallError> {
@@ -280,6 +297,9 @@ impl Connection {
         timeout: Duration,
         mark: u64,
     ) -> Result<Message, CallError> {
+        if self.inner.on_owning_worker() {
+            return Err(CallError::WouldDeadlock);
+        }
         let deadline = Instant::now() + timeout;
         let calls = &self.inner.calls;
         let (id, slot) = calls.register(timeout, mark);

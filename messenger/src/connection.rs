@@ -38,7 +38,7 @@ use crate::worker::{Command, LinkFault};
 /// assert_eq!(&refused.message.front[..], b"late"); // the message comes back
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum SendError {
     /// The connection's send queue is at its bound (see `max_queued_messages`
@@ -72,6 +72,8 @@ pub enum SendError {
     #[error("the message answered is not a request")]
     NotARequest,
 }
+
+msgr_addr::debug_is_display!(SendError);
 
 /// A send that was refused, with what it refused: the message (a batch's
 /// messages, for [`Connection::send_batch`]) comes back unchanged, to send
@@ -157,7 +159,7 @@ const STATE_CLOSED: u8 = 2;
 /// assert!(matches!(err, ConnectError::Timeout { .. }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum ConnectError {
     /// The connection ended before it was established.
@@ -172,6 +174,8 @@ pub enum ConnectError {
         last_fault: Option<FaultReason>,
     },
 }
+
+msgr_addr::debug_is_display!(ConnectError);
 
 /// The life-cycle state of a connection, as the application sees it.
 ///
@@ -1179,6 +1183,17 @@ pub(crate) fn handle_bytes() -> usize {
 }
 
 impl ConnInner {
+    /// Whether this thread is the worker that owns the connection (a
+    /// dispatcher callback of it): what this thread waits for, it cannot
+    /// also deliver.
+    pub(crate) fn on_owning_worker(&self) -> bool {
+        LOCAL_WORKER.with(|l| {
+            l.borrow()
+                .as_ref()
+                .is_some_and(|w| w.messenger == self.shared.id && w.worker == self.worker)
+        })
+    }
+
     /// Hands a command to the owning worker: directly if we are on that
     /// worker's thread (a dispatcher callback), else through its channel.
     #[inline]

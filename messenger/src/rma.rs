@@ -177,12 +177,29 @@ const REVOKE_WAIT: Duration = Duration::from_secs(5);
 /// assert_eq!(err, RmaError::Forbidden(msgr::RmaOp::Write));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RmaError {
     /// The region was revoked or dropped by its owner (or never existed).
     #[error("the region was revoked by its owner")]
     Revoked,
+    /// The owner never exposed a region of the handle's id (as it runs
+    /// now): a handle from another process, or from before the owner
+    /// restarted.
+    #[error("the owner has no such region (never exposed there, or exposed before it restarted)")]
+    UnknownRegion,
+    /// A read larger than one message may carry: the owner's answer would
+    /// be more than this side's `max_data_bytes` takes. Nothing was sent.
+    #[error(
+        "a read of {len} bytes is more than one message carries (max_data_bytes {max}): \
+         read it in parts, or raise max_data_bytes on both sides"
+    )]
+    TooLarge {
+        /// The length asked for.
+        len: u64,
+        /// This side's `max_data_bytes`.
+        max: u64,
+    },
     /// The owner refused the handle: its capability is not the region's, or
     /// the region was not exposed to this peer.
     #[error("the owner refused the handle (wrong capability, or not exposed to this peer)")]
@@ -194,7 +211,9 @@ pub enum RmaError {
         offset: u64,
         /// Its length.
         len: u64,
-        /// The region's length.
+        /// The region's length: as its owner says, where the owner refused
+        /// the range (and its peer is recent enough to say it); else as the
+        /// handle says.
         region_len: u64,
     },
     /// The region's rights do not allow the operation.
@@ -213,6 +232,8 @@ pub enum RmaError {
     #[error(transparent)]
     Call(#[from] CallError),
 }
+
+msgr_addr::debug_is_display!(RmaError);
 
 /// How an operation runs: its timeout (sending included), and whether a
 /// CRC32C of the bytes moved travels with them, checked where they land
@@ -737,9 +758,11 @@ impl Connection {
         bytes: impl Into<Bytes>,
         options: impl Into<RmaOptions>,
     ) -> Result<(), RmaError> {
-        let (o, req) = self.write_request(handle, offset, bytes.into(), options.into())?;
+        let bytes = bytes.into();
+        let len = bytes.len() as u64;
+        let (o, req) = self.write_request(handle, offset, bytes, options.into())?;
         let reply = self.call_marked(req, o.timeout, RMA_BIT)?;
-        write_outcome(reply, handle, offset)
+        write_outcome(reply, handle, (offset, len))
     }
 
     /// [`Connection::read`] as a future, for async code on any executor
@@ -803,13 +826,15 @@ impl Connection {
         options: impl Into<RmaOptions>,
     ) -> RmaFuture<()> {
         let o = options.into();
+        let bytes = bytes.into();
+        let range = (offset, bytes.len() as u64);
         let call = self
-            .write_request(handle, offset, bytes.into(), o)
+            .write_request(handle, offset, bytes, o)
             .map(|(_, req)| self.call_async_marked(req, o.timeout, RMA_BIT));
         let h = handle.clone();
         RmaFuture {
             call,
-            outcome: Box::new(move |reply| write_outcome(reply, &h, offset)),
+            outcome: Box::new(move |reply| write_outcome(reply, &h, range)),
         }
     }
 
@@ -821,6 +846,12 @@ impl Connection {
         o: RmaOptions,
     ) -> Result<(RmaOptions, Message), RmaError> {
         check_local(h, RmaOp::Read, offset, len)?;
+        // The owner's answer carries the bytes: more than this side takes
+        // in one message could only be refused on the way (a timeout here).
+        let max = u64::from(self.inner.shared.cfg.session.limits.max_segment[2]);
+        if len > max {
+            return Err(RmaError::TooLarge { len, max });
+        }
         let req = request(h, RmaOp::Read, offset, len, o.checksum.then_some(0));
         Ok((o, Message::new(RMA_TYPE, req.encode(), Bytes::new())))
     }
@@ -856,6 +887,12 @@ fn status_error(
             len,
             region_len: h.len,
         },
+        RmaStatus::OutOfRegion { region_len } => RmaError::OutOfRange {
+            offset,
+            len,
+            region_len,
+        },
+        RmaStatus::UnknownRegion => RmaError::UnknownRegion,
         RmaStatus::Forbidden => RmaError::Forbidden(op),
         RmaStatus::Corrupt => RmaError::Corrupt,
         other => RmaError::Malformed(format!("the owner answered {other:?}")),
@@ -885,14 +922,9 @@ fn read_outcome(
     Ok(reply.data)
 }
 
-fn write_outcome(reply: Message, h: &RmaHandle, offset: u64) -> Result<(), RmaError> {
+fn write_outcome(reply: Message, h: &RmaHandle, range: (u64, u64)) -> Result<(), RmaError> {
     let r = RmaReply::decode(&reply.front).map_err(|e| RmaError::Malformed(e.to_string()))?;
-    match status_error(r.status, h, (offset, 0), RmaOp::Write) {
-        Some(RmaError::OutOfRange { region_len, .. }) => Err(RmaError::OutOfRange {
-            offset,
-            len: 0,
-            region_len,
-        }),
+    match status_error(r.status, h, range, RmaOp::Write) {
         Some(e) => Err(e),
         None => Ok(()),
     }
@@ -963,6 +995,13 @@ pub(crate) fn serve(
     let (status, crc, data) = match &decoded {
         Err(_) => (RmaStatus::Malformed, 0, Bytes::new()),
         Ok(r) => match shared.regions.get(r.region) {
+            // Ids are given in order from 1: one above the last given was
+            // never a region here.
+            None if (r.region == 0 || r.region > shared.regions.next.load(Ordering::Relaxed))
+                && takes_figures(conn) =>
+            {
+                (RmaStatus::UnknownRegion, 0, Bytes::new())
+            }
             None => (RmaStatus::Revoked, 0, Bytes::new()),
             Some(region) => {
                 let served = region.serve(conn, r, &req.data, &shared.regions.read_buffers);
@@ -1003,6 +1042,13 @@ pub(crate) fn serve(
     }
 }
 
+/// Whether the requester at the other end of `conn` takes a refusal's
+/// figures (`features::RMA_FIGURES`): asked only on a refusal.
+fn takes_figures(conn: &Connection) -> bool {
+    conn.peer()
+        .is_some_and(|p| p.features & msgr_proto::banner::features::RMA_FIGURES != 0)
+}
+
 impl Region {
     /// Checks and carries out `r` (`written`: a write's bytes); the status,
     /// a read's checksum (if asked) and its bytes.
@@ -1014,6 +1060,15 @@ impl Region {
         buffers: &BufferPool,
     ) -> (RmaStatus, u32, Bytes) {
         let refused = |s| (s, 0, Bytes::new());
+        let out_of_range = |region_len: usize| {
+            refused(if takes_figures(conn) {
+                RmaStatus::OutOfRegion {
+                    region_len: region_len as u64,
+                }
+            } else {
+                RmaStatus::OutOfRange
+            })
+        };
         if !same_capability(&r.capability, &self.capability) {
             return refused(RmaStatus::Denied);
         }
@@ -1035,7 +1090,7 @@ impl Region {
             RmaOp::Read => {
                 let bytes = self.mem.read();
                 let Some(range) = range(bytes.len()) else {
-                    return refused(RmaStatus::OutOfRange);
+                    return out_of_range(bytes.len());
                 };
                 let mut out = buffers.take(range.len());
                 out.extend_from_slice(&bytes[range]);
@@ -1053,7 +1108,7 @@ impl Region {
                 }
                 let mut bytes = self.mem.write();
                 let Some(range) = range(bytes.len()) else {
-                    return refused(RmaStatus::OutOfRange);
+                    return out_of_range(bytes.len());
                 };
                 bytes[range].copy_from_slice(written);
                 (RmaStatus::Ok, 0, Bytes::new())

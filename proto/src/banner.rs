@@ -68,6 +68,13 @@ pub mod features {
     /// (`control::with_dial_number`): a session turns away a hello its
     /// peer sent before the session opened (`session::DialAttempts`).
     pub const DIAL_NUMBERS: u64 = 1 << 12;
+    /// An RMA owner's refusal carries its own figures: an out-of-range
+    /// reply the region's length (`rma::RmaStatus::OutOfRegion`), and a
+    /// region that was never exposed its own status
+    /// (`rma::RmaStatus::UnknownRegion`), not "revoked". An owner sends
+    /// them only to a peer that offered this; a peer without it gets the
+    /// replies as before.
+    pub const RMA_FIGURES: u64 = 1 << 13;
     /// Everything this build supports by default.
     pub const SUPPORTED: u64 = CRC32C
         | RECONNECT
@@ -78,13 +85,14 @@ pub mod features {
         | CALLS
         | RMA
         | PACED_KEEPALIVE
-        | DIAL_NUMBERS;
+        | DIAL_NUMBERS
+        | RMA_FIGURES;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
 }
 
 /// The banner exchange failed: the peer is not (a compatible) msgr.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum BannerError {
     /// The first bytes are not msgr's magic.
@@ -115,6 +123,8 @@ pub enum BannerError {
         missing: u64,
     },
 }
+
+msgr_addr::debug_is_display!(BannerError);
 
 /// A decoded banner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

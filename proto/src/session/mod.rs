@@ -118,6 +118,10 @@ pub struct PeerInfo {
     /// authenticated it (`auth` or `secure` mode); `None` in `crc` mode,
     /// where the name is the peer's word.
     pub key: Option<PublicKey>,
+    /// The feature bits both banners agreed on ([`crate::banner::features`]):
+    /// what the peer understands beyond the session's own frames (the
+    /// replies it may be sent, e.g. `RMA_FIGURES`).
+    pub features: u64,
 }
 
 /// Why a session ended or a link was dropped.
@@ -234,7 +238,7 @@ pub enum SessionEvent {
 }
 
 /// A message could not be queued.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {
     /// The send queue is at its message or byte bound: back off and retry.
     #[error("send queue full ({messages} messages, {bytes} bytes queued)")]
@@ -253,6 +257,8 @@ pub enum SendError {
     #[error(transparent)]
     TooLarge(#[from] TooLarge),
 }
+
+msgr_addr::debug_is_display!(SendError);
 
 /// What [`Session::take_link`] decided about an accepted link.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -578,6 +584,7 @@ impl Session {
             name: self.peer_name.clone()?,
             addr: self.peer_addr.clone()?,
             key: self.peer_key,
+            features: self.features,
         })
     }
 
