@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::error::{parse_addr, ToolError};
 use crate::machine::{MachineState, Watch, QUIET_OTHER_CORES};
 use crate::net::{self, Driver, Limit, PingOpts, Reply, Responder, StreamOpts};
+use crate::output::outln;
 use crate::progress::Progress;
 use crate::reference;
 use crate::stats::{PingResult, StreamResult};
@@ -845,13 +846,13 @@ fn human(v: f64, unit: &str) -> String {
     }
 }
 
-fn row<T: Serialize>(c: &Comparison<T>) {
+fn row<T: Serialize>(c: &Comparison<T>) -> Result<(), ToolError> {
     let target = if c.target_kind == "max" {
         format!("≤ {:.2}×", c.target)
     } else {
         format!("≥ {:.2}×", c.target)
     };
-    println!(
+    outln!(
         "{:<38} {:>14} {:>14} {:>7.2}× ({:.2}–{:.2}) {:>8}  {}",
         c.metric,
         human(c.msgr, c.unit),
@@ -861,13 +862,13 @@ fn row<T: Serialize>(c: &Comparison<T>) {
         c.ratio_spread[1],
         target,
         if c.met { "met" } else { "MISSED" }
-    );
+    )
 }
 
 impl BenchReport {
     /// The results table.
-    pub fn print_table(&self) {
-        println!(
+    pub fn print_table(&self) -> Result<(), ToolError> {
+        outln!(
             "msgr bench: transport {}, {} round(s){}, {} worker(s) per messenger, busy-poll {} µs, stream sender: {:?}, {:.1} s",
             self.transport,
             self.rounds,
@@ -876,28 +877,32 @@ impl BenchReport {
             self.busy_poll_us,
             self.driver,
             self.elapsed_s
-        );
+        )?;
         match self.pinned {
-            Some(_) => println!(
+            Some(_) => outln!(
                 "workers pinned: {} (the std::net references are not)",
                 self.placement
-            ),
-            None => println!("workers placed by the scheduler: {}", self.placement),
+            )?,
+            None => outln!("workers placed by the scheduler: {}", self.placement)?,
         }
-        println!("{}", self.machine.describe());
-        println!();
-        println!(
+        outln!("{}", self.machine.describe())?;
+        outln!()?;
+        outln!(
             "{:<38} {:>14} {:>14} {:>24} {:>8}",
-            "median over rounds", "msgr", "reference", "ratio (spread)", "target"
-        );
+            "median over rounds",
+            "msgr",
+            "reference",
+            "ratio (spread)",
+            "target"
+        )?;
         for c in [&self.latency, &self.call].into_iter().flatten() {
-            row(c);
+            row(c)?;
         }
         if let Some(c) = &self.bandwidth {
-            row(c);
+            row(c)?;
         }
         if let Some(c) = &self.message_rate {
-            row(c);
+            row(c)?;
         }
         for c in [
             &self.secure_bandwidth,
@@ -910,17 +915,17 @@ impl BenchReport {
         .chain(&self.rma_vs_raw)
         .chain(&self.conns)
         {
-            row(c);
+            row(c)?;
         }
         if let Some(c) = &self.latency {
-            println!();
-            println!(
+            outln!()?;
+            outln!(
                 "64 B ping-pong detail (one-way µs, per round: p50 / p99 / p99.9 / mean / min):"
-            );
+            )?;
             for (i, r) in c.rounds.iter().enumerate() {
                 for (name, p) in [("msgr", &r.msgr), ("std ", &r.reference)] {
                     let s = &p.one_way;
-                    println!(
+                    outln!(
                         "  round {} {name}  {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
                         i + 1,
                         s.p50_us,
@@ -928,12 +933,12 @@ impl BenchReport {
                         s.p999_us,
                         s.mean_us,
                         s.min_us
-                    );
+                    )?;
                 }
             }
         }
-        println!();
-        println!("references: {}", {
+        outln!()?;
+        outln!("references: {}", {
             let mut v: Vec<&str> = Vec::new();
             for c in [&self.latency, &self.call].into_iter().flatten() {
                 v.push(&c.reference_name);
@@ -947,6 +952,6 @@ impl BenchReport {
                 v.push(&c.reference_name);
             }
             v.join("; ")
-        });
+        })
     }
 }
