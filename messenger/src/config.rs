@@ -235,7 +235,7 @@ fn parse_addr_list(value: &str) -> Result<Vec<msgr_addr::EntityAddr>, String> {
         .filter(|a| !a.is_empty())
         .map(|a| {
             a.parse()
-                .map_err(|e: msgr_addr::AddrParseError| format!("`{a}`: {e}"))
+                .map_err(|e: msgr_addr::AddrParseError| format!("`{}`: {e}", msgr_addr::excerpt(a)))
         })
         .collect()
 }
