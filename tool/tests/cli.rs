@@ -1298,7 +1298,7 @@ fn rma_against_serve_expose(bind: &str) {
     let read_only = forged(&handle, |h| h.access = msgr::Access::Read);
     for (handle, args, code, says) in [
         (&denied, &["--read", "0:4"][..], 3, "refused the handle"),
-        (&unknown, &["--read", "0:4"][..], 4, "revoked"),
+        (&unknown, &["--read", "0:4"][..], 4, "no such region"),
         (
             &handle,
             &["--read", "65530:7"][..],
