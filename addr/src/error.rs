@@ -11,7 +11,7 @@
 ///
 /// The enum is `#[non_exhaustive]`: match the variants you care about and keep
 /// a catch-all arm.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AddrParseError {
     /// The input was the empty string.
@@ -132,3 +132,5 @@ pub enum AddrParseError {
     #[error("IPv6 flow info {0} cannot be written in an address string (must be 0)")]
     UnrepresentableFlowInfo(u32),
 }
+
+crate::debug_is_display!(AddrParseError);

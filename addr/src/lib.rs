@@ -130,6 +130,7 @@ mod addrvec;
 mod error;
 mod name;
 mod parse;
+mod report;
 mod serde_impls;
 
 pub use addr::{
@@ -139,6 +140,7 @@ pub use addr::{
 pub use addrvec::AddrVec;
 pub use error::AddrParseError;
 pub use name::{EntityKind, EntityName};
+pub use report::{excerpt, EXCERPT_LEN};
 
 /// Longest accepted [`EntityAddr`] string, in bytes; longer input is rejected
 /// with [`AddrParseError::TooLong`] before parsing. Every valid address prints

@@ -24,6 +24,16 @@ pub enum TransportError {
         #[source]
         source: std::io::Error,
     },
+    /// Listening at an address failed (in use, not this host's, not
+    /// permitted): the address is in the message.
+    #[error("bind {addr}: {source}")]
+    Bind {
+        /// Where (its nonce aside).
+        addr: msgr_addr::EntityAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The link does not exist (closed or never opened).
     #[error("no such link {0}")]
     NoSuchLink(u64),

@@ -31,7 +31,10 @@ pub(crate) fn bind_listener(
         .map_err(|e| TransportError::io("O_NONBLOCK", e))?;
     socket
         .bind(&addr.socket.into())
-        .map_err(|e| TransportError::io("bind", e))?;
+        .map_err(|source| TransportError::Bind {
+            addr: addr.clone().with_nonce(0),
+            source,
+        })?;
     // Connections the kernel holds for us between two accepting passes: a
     // burst of thousands at once (10,000 clients dialling a server) that
     // overflows it has its SYNs dropped and retried a second later. The

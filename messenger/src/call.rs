@@ -50,7 +50,7 @@ use crate::Connection;
 /// assert!(matches!(err, Err(TypedCallError::Call(msgr::CallError::Timeout { .. }))));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TypedCallError {
     /// The request did not encode.
@@ -63,6 +63,8 @@ pub enum TypedCallError {
     #[error("the reply did not decode: {0}")]
     Decode(#[from] TypedError),
 }
+
+msgr_addr::debug_is_display!(TypedCallError);
 
 impl Connection {
     /// Call `id`'s deadline passed (worker, for async calls).
@@ -88,7 +90,9 @@ impl Connection {
     /// it, at most `timeout` (sending included: a full send queue counts
     /// against it). Blocks the calling thread: not from a dispatcher
     /// callback, whose worker delivers the reply (use
-    /// [`Connection::call_async`] or another thread).
+    /// [`Connection::call_async`] or another thread): from the callback of
+    /// the worker that owns the connection it fails at once with
+    /// [`CallError::WouldDeadlock`].
     ///
     /// ```no_run
     /// # fn demo(conn: &msgr::Connection) -> Result<(), msgr::CallError> {
@@ -109,6 +113,9 @@ impl Connection {
         timeout: Duration,
         mark: u64,
     ) -> Result<Message, CallError> {
+        if self.inner.on_owning_worker() {
+            return Err(CallError::WouldDeadlock);
+        }
         let deadline = Instant::now() + timeout;
         let calls = &self.inner.calls;
         let (id, slot) = calls.register(timeout, mark);

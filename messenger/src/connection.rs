@@ -35,7 +35,7 @@ const STATE_CLOSED: u8 = 2;
 /// assert!(matches!(err, ConnectError::Timeout { .. }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum ConnectError {
     /// The connection ended before it was established.
@@ -50,6 +50,8 @@ pub enum ConnectError {
         last_fault: Option<FaultReason>,
     },
 }
+
+msgr_addr::debug_is_display!(ConnectError);
 
 /// The life-cycle state of a connection, as the application sees it.
 ///

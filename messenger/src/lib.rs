@@ -296,7 +296,7 @@ pub use msgr_backends::SimulatedFault;
 ///     .without_env()
 ///     .bind(format!("tcp://{}", taken.local_addr()?).parse()?) // in use
 ///     .start(Arc::new(NullDispatcher));
-/// assert!(matches!(started, Err(MessengerError::Transport(TransportError::Io { .. }))));
+/// assert!(matches!(started, Err(MessengerError::Transport(TransportError::Bind { .. }))));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub use msgr_backends::TransportError;

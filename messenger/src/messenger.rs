@@ -33,7 +33,7 @@ use crate::Connection;
 /// assert!(matches!(err, MessengerError::BadPolicy(Policy::Server)));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Error)]
+#[derive(Error)]
 #[non_exhaustive]
 pub enum MessengerError {
     /// The transport for an address cannot be used; the reason says why.
@@ -59,6 +59,8 @@ pub enum MessengerError {
     #[error("the messenger's worker {0} has died")]
     WorkerStopped(usize),
 }
+
+msgr_addr::debug_is_display!(MessengerError);
 
 /// What [`Messenger::shutdown`] reports.
 ///

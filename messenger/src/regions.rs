@@ -59,16 +59,28 @@ fn same_capability(a: &[u8; 16], b: &[u8; 16]) -> bool {
 
 impl Region {
     /// Checks and carries out `r` (`written`: a write's bytes; `peer`: who
-    /// asks, looked up only for a region exposed to named peers); the
-    /// status, a read's checksum (if asked) and its bytes.
+    /// asks, looked up only for a region exposed to named peers;
+    /// `takes_figures`: whether the requester reads a refusal's figures,
+    /// asked only on a refusal); the status, a read's checksum (if asked)
+    /// and its bytes.
     pub(crate) fn serve(
         &self,
         peer: impl FnOnce() -> Option<EntityName>,
+        takes_figures: impl Fn() -> bool,
         r: &RmaRequest,
         written: &Bytes,
         buffers: &BufferPool,
     ) -> (RmaStatus, u32, Bytes) {
         let refused = |s| (s, 0, Bytes::new());
+        let out_of_range = |region_len: usize| {
+            refused(if takes_figures() {
+                RmaStatus::OutOfRegion {
+                    region_len: region_len as u64,
+                }
+            } else {
+                RmaStatus::OutOfRange
+            })
+        };
         if !same_capability(&r.capability, &self.capability) {
             return refused(RmaStatus::Denied);
         }
@@ -90,7 +102,7 @@ impl Region {
             RmaOp::Read => {
                 let bytes = self.mem.read();
                 let Some(range) = range(bytes.len()) else {
-                    return refused(RmaStatus::OutOfRange);
+                    return out_of_range(bytes.len());
                 };
                 let mut out = buffers.take(range.len());
                 out.extend_from_slice(&bytes[range]);
@@ -108,7 +120,7 @@ impl Region {
                 }
                 let mut bytes = self.mem.write();
                 let Some(range) = range(bytes.len()) else {
-                    return refused(RmaStatus::OutOfRange);
+                    return out_of_range(bytes.len());
                 };
                 bytes[range].copy_from_slice(written);
                 (RmaStatus::Ok, 0, Bytes::new())

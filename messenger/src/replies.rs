@@ -32,7 +32,7 @@ use crate::pending::{SendError, SendRejected};
 /// assert!(matches!(err, Err(CallError::Timeout { .. })));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CallError {
     /// No reply within the call's timeout (a reply that comes later is
@@ -54,11 +54,24 @@ pub enum CallError {
     /// The request could not be sent.
     #[error("the request was not sent: {0}")]
     Send(#[from] SendError),
+    /// A blocking call (or RMA operation) from a dispatcher callback on
+    /// the worker that owns the connection: that worker sends the request
+    /// and delivers the reply only once the callback returns, so the call
+    /// could only wait out its timeout. Nothing was sent. Use
+    /// [`Connection::call_async`] (its future completes after the
+    /// callback), or call from another thread.
+    #[error(
+        "a blocking call from a dispatcher callback of the worker that owns the connection \
+         would wait for that worker itself: nothing was sent (use call_async, or another thread)"
+    )]
+    WouldDeadlock,
     /// A [`CallFuture`] was polled again after it had completed: its
     /// outcome was given already (a bug in the caller, but no panic).
     #[error("the call's future was polled after it completed")]
     Finished,
 }
+
+msgr_addr::debug_is_display!(CallError);
 
 impl<M> From<SendRejected<M>> for CallError {
     fn from(r: SendRejected<M>) -> CallError {

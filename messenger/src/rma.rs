@@ -171,12 +171,29 @@ const REVOKE_WAIT: Duration = Duration::from_secs(5);
 /// assert_eq!(err, RmaError::Forbidden(msgr::RmaOp::Write));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RmaError {
     /// The region was revoked or dropped by its owner (or never existed).
     #[error("the region was revoked by its owner")]
     Revoked,
+    /// The owner never exposed a region of the handle's id (as it runs
+    /// now): a handle from another process, or from before the owner
+    /// restarted.
+    #[error("the owner has no such region (never exposed there, or exposed before it restarted)")]
+    UnknownRegion,
+    /// A read larger than one message may carry: the owner's answer would
+    /// be more than this side's `max_data_bytes` takes. Nothing was sent.
+    #[error(
+        "a read of {len} bytes is more than one message carries (max_data_bytes {max}): \
+         read it in parts, or raise max_data_bytes on both sides"
+    )]
+    TooLarge {
+        /// The length asked for.
+        len: u64,
+        /// This side's `max_data_bytes`.
+        max: u64,
+    },
     /// The owner refused the handle: its capability is not the region's, or
     /// the region was not exposed to this peer.
     #[error("the owner refused the handle (wrong capability, or not exposed to this peer)")]
@@ -188,7 +205,9 @@ pub enum RmaError {
         offset: u64,
         /// Its length.
         len: u64,
-        /// The region's length.
+        /// The region's length: as its owner says, where the owner refused
+        /// the range (and its peer is recent enough to say it); else as the
+        /// handle says.
         region_len: u64,
     },
     /// The region's rights do not allow the operation.
@@ -207,6 +226,8 @@ pub enum RmaError {
     #[error(transparent)]
     Call(#[from] CallError),
 }
+
+msgr_addr::debug_is_display!(RmaError);
 
 /// How an operation runs: its timeout (sending included), and whether a
 /// CRC32C of the bytes moved travels with them, checked where they land
@@ -692,9 +713,11 @@ impl Connection {
         bytes: impl Into<Bytes>,
         options: impl Into<RmaOptions>,
     ) -> Result<(), RmaError> {
-        let (o, req) = self.write_request(handle, offset, bytes.into(), options.into())?;
+        let bytes = bytes.into();
+        let len = bytes.len() as u64;
+        let (o, req) = self.write_request(handle, offset, bytes, options.into())?;
         let reply = self.call_marked(req, o.timeout, RMA_BIT)?;
-        write_outcome(reply, handle, offset)
+        write_outcome(reply, handle, (offset, len))
     }
 
     /// [`Connection::read`] as a future, for async code on any executor
@@ -758,13 +781,15 @@ impl Connection {
         options: impl Into<RmaOptions>,
     ) -> RmaFuture<()> {
         let o = options.into();
+        let bytes = bytes.into();
+        let range = (offset, bytes.len() as u64);
         let call = self
-            .write_request(handle, offset, bytes.into(), o)
+            .write_request(handle, offset, bytes, o)
             .map(|(_, req)| self.call_async_marked(req, o.timeout, RMA_BIT));
         let h = handle.clone();
         RmaFuture {
             call,
-            outcome: Box::new(move |reply| write_outcome(reply, &h, offset)),
+            outcome: Box::new(move |reply| write_outcome(reply, &h, range)),
         }
     }
 
@@ -776,6 +801,12 @@ impl Connection {
         o: RmaOptions,
     ) -> Result<(RmaOptions, Message), RmaError> {
         check_local(h, RmaOp::Read, offset, len)?;
+        // The owner's answer carries the bytes: more than this side takes
+        // in one message could only be refused on the way (a timeout here).
+        let max = u64::from(self.inner.shared.cfg.session.limits.max_segment[2]);
+        if len > max {
+            return Err(RmaError::TooLarge { len, max });
+        }
         let req = request(h, RmaOp::Read, offset, len, o.checksum.then_some(0));
         Ok((o, Message::new(RMA_TYPE, req.encode(), Bytes::new())))
     }
@@ -811,6 +842,12 @@ fn status_error(
             len,
             region_len: h.len,
         },
+        RmaStatus::OutOfRegion { region_len } => RmaError::OutOfRange {
+            offset,
+            len,
+            region_len,
+        },
+        RmaStatus::UnknownRegion => RmaError::UnknownRegion,
         RmaStatus::Forbidden => RmaError::Forbidden(op),
         RmaStatus::Corrupt => RmaError::Corrupt,
         other => RmaError::Malformed(format!("the owner answered {other:?}")),
@@ -840,14 +877,9 @@ fn read_outcome(
     Ok(reply.data)
 }
 
-fn write_outcome(reply: Message, h: &RmaHandle, offset: u64) -> Result<(), RmaError> {
+fn write_outcome(reply: Message, h: &RmaHandle, range: (u64, u64)) -> Result<(), RmaError> {
     let r = RmaReply::decode(&reply.front).map_err(|e| RmaError::Malformed(e.to_string()))?;
-    match status_error(r.status, h, (offset, 0), RmaOp::Write) {
-        Some(RmaError::OutOfRange { region_len, .. }) => Err(RmaError::OutOfRange {
-            offset,
-            len: 0,
-            region_len,
-        }),
+    match status_error(r.status, h, range, RmaOp::Write) {
         Some(e) => Err(e),
         None => Ok(()),
     }

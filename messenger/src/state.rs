@@ -314,6 +314,17 @@ pub(crate) fn handle_bytes() -> usize {
 }
 
 impl ConnInner {
+    /// Whether this thread is the worker that owns the connection (a
+    /// dispatcher callback of it): what this thread waits for, it cannot
+    /// also deliver.
+    pub(crate) fn on_owning_worker(&self) -> bool {
+        LOCAL_WORKER.with(|l| {
+            l.borrow()
+                .as_ref()
+                .is_some_and(|w| w.messenger == self.shared.id && w.worker == self.worker)
+        })
+    }
+
     /// Hands a command to the owning worker: directly if we are on that
     /// worker's thread (a dispatcher callback), else through its channel.
     #[inline]

@@ -362,3 +362,80 @@ fn callers_that_wait_yielding_get_their_replies_and_time_out() {
     cli.shutdown(Duration::from_secs(2));
     srv.shutdown(Duration::from_secs(2));
 }
+
+/// What a callback's blocking call and blocking RMA read on its own
+/// connection returned, and how long each took.
+type Refusals = (
+    Result<Message, CallError>,
+    Duration,
+    Result<msgr::Bytes, msgr::RmaError>,
+    Duration,
+);
+
+/// On any message: a blocking call, then a blocking read of `handle`,
+/// both back over the connection the message came on, from its worker.
+struct CallsBackFromTheCallback {
+    handle: Mutex<Option<msgr::RmaHandle>>,
+    done: Mutex<Option<std::sync::mpsc::Sender<Refusals>>>,
+}
+
+impl Dispatcher for CallsBackFromTheCallback {
+    fn on_message(&self, conn: &Connection, _msg: Message) {
+        let t = std::time::Instant::now();
+        let call = conn.call(
+            Message::new(1, &b"back"[..], &b""[..]),
+            Duration::from_secs(5),
+        );
+        let call_took = t.elapsed();
+        let handle = self.handle.lock().unwrap().clone().expect("handle");
+        let t = std::time::Instant::now();
+        let read = conn.read(&handle, 0, 4, Duration::from_secs(5));
+        let read_took = t.elapsed();
+        if let Some(tx) = self.done.lock().unwrap().take() {
+            let _ = tx.send((call, call_took, read, read_took));
+        }
+    }
+}
+
+/// Issue 60: a blocking call (or RMA read) from a dispatcher callback on
+/// the worker that owns the connection fails at once with
+/// `WouldDeadlock`: that worker would deliver the reply only after the
+/// callback returned (it waited its whole timeout).
+#[test]
+fn a_blocking_call_from_the_owning_callback_fails_at_once() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = Arc::new(CallsBackFromTheCallback {
+        handle: Mutex::new(None),
+        done: Mutex::new(Some(tx)),
+    });
+    let (mut srv, mut cli, conn) = pair(d.clone());
+    // Served by the client's messenger, were the read sent.
+    let region = cli.expose(b"data".to_vec(), msgr::Access::Read);
+    *d.handle.lock().unwrap() = Some(region.handle());
+    conn.send(Message::new(3, &b"go"[..], &b""[..])).unwrap();
+    let (call, call_took, read, read_took) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the callback ran");
+    assert!(matches!(call, Err(CallError::WouldDeadlock)), "{call:?}");
+    assert!(
+        matches!(read, Err(msgr::RmaError::Call(CallError::WouldDeadlock))),
+        "{read:?}"
+    );
+    assert!(call_took < Duration::from_secs(1), "{call_took:?}");
+    assert!(read_took < Duration::from_secs(1), "{read_took:?}");
+    // Another thread's blocking call on the same connection still works.
+    assert!(call_answered_elsewhere(&conn));
+    cli.shutdown(Duration::from_secs(5));
+    srv.shutdown(Duration::from_secs(5));
+}
+
+/// A call from this (non-worker) thread on `conn` is not refused.
+fn call_answered_elsewhere(conn: &Connection) -> bool {
+    !matches!(
+        conn.call(
+            Message::new(1, &b"x"[..], &b""[..]),
+            Duration::from_millis(200)
+        ),
+        Err(CallError::WouldDeadlock)
+    )
+}

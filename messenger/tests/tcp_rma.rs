@@ -176,7 +176,7 @@ fn the_owner_refuses_what_the_handle_does_not_allow() {
         Err(RmaError::OutOfRange { .. })
     ));
     let no_region = forged(&|h| h.region = 999_999);
-    assert_eq!(conn.read(&no_region, 0, 1, T), Err(RmaError::Revoked));
+    assert_eq!(conn.read(&no_region, 0, 1, T), Err(RmaError::UnknownRegion));
     assert_eq!(refused(&owner), 4);
     assert!(
         ro.bytes().iter().eq(noise(4096, 3).iter()),
@@ -307,4 +307,83 @@ fn secure_mode_carries_operations() {
     assert_eq!(&got[..], &noise(100_000, 5)[..]);
     conn.write(&region.handle(), 0, &b"sealed"[..], T).unwrap();
     assert_eq!(&region.bytes()[..6], b"sealed");
+}
+
+/// Issue 60: the owner's refusal carries its own figures (the region's
+/// real length, the length asked: `len` was 0 for a write, `region_len`
+/// the handle's claim); a region id never exposed is not "revoked"; a read
+/// larger than one message carries is refused at once, saying the limit
+/// (it timed out, the owner counting `messages_too_large`).
+#[test]
+fn refusals_say_the_owners_figures_and_limits_at_once() {
+    let (owner, _peer, conn) = pair(1, Policy::LosslessClient);
+    let region = owner.expose(vec![0u8; 4096], Access::ReadWrite);
+    let mut longer = region.handle();
+    longer.len = 1 << 20;
+    assert_eq!(
+        conn.read(&longer, 4000, 200, T),
+        Err(RmaError::OutOfRange {
+            offset: 4000,
+            len: 200,
+            region_len: 4096
+        })
+    );
+    assert_eq!(
+        conn.write(&longer, 8192, vec![1u8; 100], T),
+        Err(RmaError::OutOfRange {
+            offset: 8192,
+            len: 100,
+            region_len: 4096
+        })
+    );
+    let mut unknown = region.handle();
+    unknown.region = 999_999;
+    assert_eq!(conn.read(&unknown, 0, 1, T), Err(RmaError::UnknownRegion));
+    let h = region.handle();
+    drop(region);
+    assert_eq!(conn.read(&h, 0, 1, T), Err(RmaError::Revoked));
+
+    // A read of more than max_data_bytes: refused before sending.
+    let big = owner.expose(vec![7u8; 3 << 20], Access::ReadWrite);
+    let (small_owner, small_peer) = {
+        let mut cfg = fast_config();
+        cfg.set("max_data_bytes", &(1u32 << 20).to_string())
+            .unwrap();
+        (
+            server(cfg.clone(), Arc::new(NullDispatcher)),
+            client_named(2, cfg, Arc::new(NullDispatcher)),
+        )
+    };
+    let big2 = small_owner.expose(vec![7u8; 3 << 20], Access::ReadWrite);
+    let c2 = small_peer
+        .connect(small_owner.addr().expect("bound"))
+        .unwrap();
+    c2.wait_connected(T).unwrap();
+    let started = std::time::Instant::now();
+    let err = c2.read(&big2.handle(), 0, 2 << 20, Duration::from_secs(8));
+    assert_eq!(
+        err,
+        Err(RmaError::TooLarge {
+            len: 2 << 20,
+            max: 1 << 20
+        })
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(err
+        .unwrap_err()
+        .to_string()
+        .contains("max_data_bytes 1048576"));
+    // Within the limit it works, and the default limit is well above 1 MiB.
+    assert_eq!(
+        c2.read(&big2.handle(), 0, 1 << 20, T).unwrap().len(),
+        1 << 20
+    );
+    assert_eq!(
+        conn.read(&big.handle(), 0, 2 << 20, T).unwrap().len(),
+        2 << 20
+    );
 }

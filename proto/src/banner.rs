@@ -80,6 +80,13 @@ pub mod features {
     /// acceptor that opened the session for one of those dials, whose
     /// hello-ok the dialler never saw, resumes it instead of resetting it.
     pub const FIRST_DIAL: u64 = 1 << 14;
+    /// An RMA owner's refusal carries its own figures: an out-of-range
+    /// reply the region's length (`rma::RmaStatus::OutOfRegion`), and a
+    /// region that was never exposed its own status
+    /// (`rma::RmaStatus::UnknownRegion`), not "revoked". An owner sends
+    /// them only to a peer that offered this; a peer without it gets the
+    /// replies as before.
+    pub const RMA_FIGURES: u64 = 1 << 15;
     /// Everything this build supports by default.
     pub const SUPPORTED: u64 = CRC32C
         | RECONNECT
@@ -91,13 +98,14 @@ pub mod features {
         | RMA
         | PACED_KEEPALIVE
         | DIAL_NUMBERS
-        | FIRST_DIAL;
+        | FIRST_DIAL
+        | RMA_FIGURES;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
 }
 
 /// The banner exchange failed: the peer is not (a compatible) msgr.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum BannerError {
     /// The first bytes are not msgr's magic.
@@ -128,6 +136,8 @@ pub enum BannerError {
         missing: u64,
     },
 }
+
+msgr_addr::debug_is_display!(BannerError);
 
 /// A decoded banner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -46,7 +46,7 @@ const ENTRY_HAS_CALL: u8 = 1;
 
 /// A batch body does not parse. Every variant closes the link: the
 /// body passed its CRC, so the peer wrote it this way.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BatchError {
     /// The body is shorter than its header.
@@ -90,6 +90,8 @@ pub enum BatchError {
     #[error("{0} bytes after the last batch entry")]
     TrailingBytes(usize),
 }
+
+msgr_addr::debug_is_display!(BatchError);
 
 /// Writes one batch body in place, entry by entry, into a buffer the
 /// caller keeps between batches (so its allocation is reused once the

@@ -45,7 +45,7 @@ pub trait TypedMessage: Serialize + DeserializeOwned {
 }
 
 /// A typed message could not be decoded.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum TypedError {
     /// The message is of another type than the one asked for.
@@ -62,6 +62,8 @@ pub enum TypedError {
     #[error(transparent)]
     Codec(#[from] CodecError),
 }
+
+msgr_addr::debug_is_display!(TypedError);
 
 /// Turns typed values into message payload bytes and back. Implement it to use
 /// another serde format; decoding must never panic on arbitrary bytes.

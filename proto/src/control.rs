@@ -68,7 +68,15 @@ impl std::fmt::Display for Segment {
 /// A message segment is larger than the peer accepts (its [`Limits`]):
 /// why a send is refused, or a session that queued it ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
-#[error("message {segment} of {len} bytes is more than the peer takes ({max})")]
+#[error(
+    "message {segment} of {len} bytes is more than the peer takes ({max}){hint}",
+    hint = match segment {
+        // The front is for the header-like part, bounded small on purpose.
+        Segment::Front => "; bulk bytes belong in the data segment (Message::new's third \
+                           argument, up to max_data_bytes), not the front",
+        Segment::Data => "",
+    }
+)]
 pub struct TooLarge {
     /// Which segment.
     pub segment: Segment,
@@ -218,4 +226,28 @@ pub fn parse_control<T: DeserializeOwned>(
         });
     };
     decode(seg, what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 60: a front segment refused as too large says where bulk
+    /// bytes go; a data segment's refusal says only the limit.
+    #[test]
+    fn a_front_too_large_points_at_the_data_segment() {
+        let front = TooLarge {
+            segment: Segment::Front,
+            len: 100 << 20,
+            max: 64 << 10,
+        };
+        let text = front.to_string();
+        assert!(text.contains("more than the peer takes (65536)"), "{text}");
+        assert!(text.contains("belong in the data segment"), "{text}");
+        let data = TooLarge {
+            segment: Segment::Data,
+            ..front
+        };
+        assert!(!data.to_string().contains("data segment"), "{data}");
+    }
 }

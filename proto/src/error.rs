@@ -8,7 +8,7 @@
 use thiserror::Error;
 
 /// A frame could not be decoded. Any of these ends the transport connection.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum FrameError {
     /// The preamble's own checksum does not match: its lengths cannot be trusted.
@@ -73,6 +73,8 @@ pub enum FrameError {
     #[error("the peer speaks another protocol (its first bytes are not msgr's magic)")]
     ForeignProtocol,
 }
+
+msgr_addr::debug_is_display!(FrameError);
 
 /// A well-formed frame's payload does not parse (a message frame's
 /// segments, a control payload). The session reports it as

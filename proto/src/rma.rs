@@ -46,6 +46,11 @@ const FLAG_WANT_KEY: u8 = 2;
 /// Reply flag: the region's key follows the fixed part.
 const FLAG_KEY: u8 = 1;
 
+/// Reply flag: a refusal's figures follow the fixed part (the region's
+/// length, 8 bytes, for [`RmaStatus::OutOfRegion`]); sent only to a peer
+/// that agreed `features::RMA_FIGURES`.
+const FLAG_FIGURES: u8 = 2;
+
 /// The largest key a reply carries (a libfabric key is 48 bytes).
 pub const KEY_MAX: usize = 64;
 
@@ -218,6 +223,17 @@ pub enum RmaStatus {
     Corrupt,
     /// The request does not parse.
     Malformed,
+    /// The range is not inside the region, whose length the owner says
+    /// (to a peer that agreed `features::RMA_FIGURES`; on the wire:
+    /// [`RmaStatus::OutOfRange`]'s code with the length after it).
+    OutOfRegion {
+        /// The region's length, in bytes.
+        region_len: u64,
+    },
+    /// No region of that id was ever exposed by this owner (as it runs
+    /// now): not revoked, never there (to a peer that agreed
+    /// `features::RMA_FIGURES`; others are told [`RmaStatus::Revoked`]).
+    UnknownRegion,
 }
 
 impl RmaStatus {
@@ -230,6 +246,8 @@ impl RmaStatus {
             RmaStatus::Forbidden => 4,
             RmaStatus::Corrupt => 5,
             RmaStatus::Malformed => 6,
+            RmaStatus::OutOfRegion { .. } => 3,
+            RmaStatus::UnknownRegion => 7,
         }
     }
 
@@ -242,6 +260,7 @@ impl RmaStatus {
             4 => RmaStatus::Forbidden,
             5 => RmaStatus::Corrupt,
             6 => RmaStatus::Malformed,
+            7 => RmaStatus::UnknownRegion,
             _ => return None,
         })
     }
@@ -293,6 +312,9 @@ impl RmaReply {
             b[1] = FLAG_KEY;
             b.extend_from_slice(&k.region.to_le_bytes());
             b.extend_from_slice(&k.key);
+        } else if let RmaStatus::OutOfRegion { region_len } = self.status {
+            b[1] = FLAG_FIGURES;
+            b.extend_from_slice(&region_len.to_le_bytes());
         }
         b
     }
@@ -303,14 +325,22 @@ impl RmaReply {
             what: "reply",
             len: front.len(),
         })?;
-        if fixed[1] & !FLAG_KEY != 0 || fixed[2..4] != [0, 0] {
+        if fixed[1] & !(FLAG_KEY | FLAG_FIGURES) != 0 || fixed[2..4] != [0, 0] {
             return Err(RmaWireError::Reserved);
         }
-        let status = RmaStatus::of(fixed[0]).ok_or(RmaWireError::UnknownStatus(fixed[0]))?;
+        let mut status = RmaStatus::of(fixed[0]).ok_or(RmaWireError::UnknownStatus(fixed[0]))?;
         let rest = &front[REPLY_LEN..];
-        let key = match (fixed[1] & FLAG_KEY != 0, rest.len()) {
-            (false, 0) => None,
-            (true, n) if (9..=8 + KEY_MAX).contains(&n) => {
+        let key = match (fixed[1], rest.len()) {
+            (0, 0) => None,
+            (FLAG_FIGURES, 8) if status == RmaStatus::OutOfRange => {
+                let mut len = [0u8; 8];
+                len.copy_from_slice(rest);
+                status = RmaStatus::OutOfRegion {
+                    region_len: u64::from_le_bytes(len),
+                };
+                None
+            }
+            (FLAG_KEY, n) if (9..=8 + KEY_MAX).contains(&n) => {
                 let mut region = [0u8; 8];
                 region.copy_from_slice(&rest[..8]);
                 Some(RmaKey {
@@ -329,7 +359,7 @@ impl RmaReply {
 }
 
 /// An RMA request or reply that does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RmaWireError {
     /// Shorter (or, for a reply, other) than its fixed part.
@@ -353,6 +383,8 @@ pub enum RmaWireError {
     #[error("{0} unexpected bytes after an RMA request or reply")]
     Trailing(usize),
 }
+
+msgr_addr::debug_is_display!(RmaWireError);
 
 #[cfg(test)]
 mod tests {
@@ -392,6 +424,30 @@ mod tests {
             }),
         };
         assert_eq!(RmaReply::decode(&keyed.encode()), Ok(keyed.clone()));
+        // A refusal with the owner's figures (`features::RMA_FIGURES`).
+        for status in [
+            RmaStatus::OutOfRegion {
+                region_len: 5 << 30,
+            },
+            RmaStatus::UnknownRegion,
+        ] {
+            let rep = RmaReply {
+                status,
+                checksum: 0,
+                key: None,
+            };
+            assert_eq!(RmaReply::decode(&rep.encode()), Ok(rep));
+        }
+        // Figures only after an out-of-range status, and 8 bytes of them.
+        let mut figures = RmaReply {
+            status: RmaStatus::OutOfRegion { region_len: 1 },
+            checksum: 0,
+            key: None,
+        }
+        .encode();
+        assert!(RmaReply::decode(&figures[..REPLY_LEN + 7]).is_err());
+        figures[0] = 1;
+        assert!(RmaReply::decode(&figures).is_err());
         // Flags beyond the two known are refused.
         let w = RmaRequest {
             op: RmaOp::Write,

@@ -1103,7 +1103,7 @@ fn slow_hello_ok(seed: u64, slow: Duration, slow_for: Duration, n: u64) -> Resul
     send_all(&mut sim, c, id, "c", 0..n);
     // The banners pass; the hello is on its way when the way back slows.
     let hello_sent = sim.run_until_pred(Duration::from_millis(100), |sim| {
-        sim.session(c, id).map(|x| x.phase()) == Some("waiting for the hello answer")
+        sim.session(c, id).map(|x| x.phase()) == Some(msgr_proto::Phase::AwaitingHelloAnswer)
     });
     if !hello_sent {
         return Err("the client never sent its hello".into());

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::error::{parse_addr, ToolError};
 use crate::machine::{MachineState, Watch, QUIET_OTHER_CORES};
 use crate::net::{self, Driver, Limit, PingOpts, Reply, Responder, StreamOpts};
+use crate::output::outln;
 use crate::progress::Progress;
 use crate::reference;
 use crate::stats::{PingResult, StreamResult};
@@ -1010,13 +1011,13 @@ fn human(v: f64, unit: &str) -> String {
     }
 }
 
-fn row<T: Serialize>(c: &Comparison<T>) {
+fn row<T: Serialize>(c: &Comparison<T>) -> Result<(), ToolError> {
     let target = match c.target_kind {
         "max" => format!("≤ {:.2}×", c.target),
         "min" => format!("≥ {:.2}×", c.target),
         _ => "—".to_owned(),
     };
-    println!(
+    outln!(
         "{:<38} {:>14} {:>14} {:>7.2}× ({:.2}–{:.2}) {:>8}  {}",
         c.metric,
         human(c.msgr, c.unit),
@@ -1030,13 +1031,13 @@ fn row<T: Serialize>(c: &Comparison<T>) {
             Some(false) => "MISSED",
             None => "",
         }
-    );
+    )
 }
 
 impl BenchReport {
     /// The results table.
-    pub fn print_table(&self) {
-        println!(
+    pub fn print_table(&self) -> Result<(), ToolError> {
+        outln!(
             "msgr bench: transport {}, {} round(s){}, {} worker(s) per messenger, busy-poll {} µs, stream sender: {:?}, {:.1} s",
             self.transport,
             self.rounds,
@@ -1045,28 +1046,32 @@ impl BenchReport {
             self.busy_poll_us,
             self.driver,
             self.elapsed_s
-        );
+        )?;
         match self.pinned {
-            Some(_) => println!(
+            Some(_) => outln!(
                 "workers pinned: {} (the std::net references are not)",
                 self.placement
-            ),
-            None => println!("workers placed by the scheduler: {}", self.placement),
+            )?,
+            None => outln!("workers placed by the scheduler: {}", self.placement)?,
         }
-        println!("{}", self.machine.describe());
-        println!();
-        println!(
+        outln!("{}", self.machine.describe())?;
+        outln!()?;
+        outln!(
             "{:<38} {:>14} {:>14} {:>24} {:>8}",
-            "median over rounds", "msgr", "reference", "ratio (spread)", "target"
-        );
+            "median over rounds",
+            "msgr",
+            "reference",
+            "ratio (spread)",
+            "target"
+        )?;
         for c in [&self.latency, &self.call].into_iter().flatten() {
-            row(c);
+            row(c)?;
         }
         if let Some(c) = &self.bandwidth {
-            row(c);
+            row(c)?;
         }
         if let Some(c) = &self.message_rate {
-            row(c);
+            row(c)?;
         }
         for c in [
             &self.secure_bandwidth,
@@ -1078,30 +1083,30 @@ impl BenchReport {
         .flatten()
         .chain(&self.rma_vs_raw)
         {
-            row(c);
+            row(c)?;
         }
         // Each count's server CPU beside its rate.
         for (i, c) in self.conns.iter().enumerate() {
-            row(c);
+            row(c)?;
             if let Some(cpu) = self.conns_server_cpu.get(i) {
-                row(cpu);
+                row(cpu)?;
             }
         }
         for c in self.hol.iter().chain(&self.mixed) {
-            row(c);
+            row(c)?;
         }
         for c in self.hol_bulk.iter().chain(&self.mixed_bulk) {
-            row(c);
+            row(c)?;
         }
         if let Some(c) = &self.latency {
-            println!();
-            println!(
+            outln!()?;
+            outln!(
                 "64 B ping-pong detail (one-way µs, per round: p50 / p99 / p99.9 / mean / min):"
-            );
+            )?;
             for (i, r) in c.rounds.iter().enumerate() {
                 for (name, p) in [("msgr", &r.msgr), ("std ", &r.reference)] {
                     let s = &p.one_way;
-                    println!(
+                    outln!(
                         "  round {} {name}  {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
                         i + 1,
                         s.p50_us,
@@ -1109,12 +1114,12 @@ impl BenchReport {
                         s.p999_us,
                         s.mean_us,
                         s.min_us
-                    );
+                    )?;
                 }
             }
         }
-        println!();
-        println!("references: {}", {
+        outln!()?;
+        outln!("references: {}", {
             let mut v: Vec<&str> = Vec::new();
             for c in [&self.latency, &self.call].into_iter().flatten() {
                 v.push(&c.reference_name);
@@ -1136,6 +1141,6 @@ impl BenchReport {
                 v.push(&c.reference_name);
             }
             v.join("; ")
-        });
+        })
     }
 }

@@ -8,7 +8,7 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ToolError {
     /// An address argument did not parse.
-    #[error("bad address `{text}`: {source}")]
+    #[error("bad address `{}`: {source}", msgr_addr::excerpt(text))]
     Addr {
         /// What was given.
         text: String,

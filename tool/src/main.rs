@@ -6,6 +6,7 @@ mod bench;
 mod error;
 mod machine;
 mod net;
+mod output;
 mod progress;
 mod reference;
 mod rma;
@@ -27,6 +28,7 @@ use serde::Serialize;
 
 use crate::error::{parse_addr, ToolError};
 use crate::net::{Driver, Limit, PingOpts, Reply, Responder, StreamOpts};
+use crate::output::{outln, write_stdout};
 use crate::progress::Progress;
 
 #[derive(Parser, Debug)]
@@ -70,7 +72,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Run a responder: echoes pings, counts streams; prints counters at the end.
+    /// Run a responder: echoes pings, counts streams. Prints `listening on
+    /// ADDR` for every bound address, then `entity NAME` (what `--peer`
+    /// pins), and its counters at the end, the backends' own among them.
     Serve {
         /// Address to bind, e.g. tcp://127.0.0.1:6800 (port 0 picks one),
         /// or several (`A,B` or `[A,B]`), each accepting; default: the
@@ -309,19 +313,6 @@ fn payload_size(flag: &str, size: u64, cfg: &MessengerConfig) -> Result<usize, T
     Ok(size as usize)
 }
 
-/// Writes to stdout with `f`; a reader that went (`msgr serve | head -1`)
-/// is no error of ours, and no panic.
-fn write_stdout(
-    f: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>,
-) -> Result<(), ToolError> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match f(&mut out).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(ToolError::io("stdout", e)),
-        _ => Ok(()),
-    }
-}
-
 fn build_config(cli: &Cli) -> Result<MessengerConfig, ToolError> {
     let mut cfg = match &cli.config {
         Some(p) => MessengerConfig::from_file(p)?,
@@ -414,10 +405,11 @@ fn serve(
         for a in &addrs {
             writeln!(out, "listening on {a}")?;
         }
-        match &region_line {
-            Some(h) => writeln!(out, "region {h}"),
-            None => Ok(()),
+        if let Some(h) = &region_line {
+            writeln!(out, "region {h}")?;
         }
+        // The name a client pins with `--peer` (and a keyring lists).
+        writeln!(out, "entity {}", net::server_name())
     })?;
     if let (Some(r), Some(a)) = (&region, addrs.first()) {
         eprintln!(
@@ -433,6 +425,9 @@ fn serve(
     while !STOP.load(Ordering::SeqCst) && duration.is_none_or(|d| start.elapsed() < d) {
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The backends' own counters (fabric's `hello_challenges`, RDMA's
+    // credits...), asked of the workers while they still run.
+    let transport = msgr::Counters::transport_prometheus(&m.transport_stats());
     let report = m.shutdown(Duration::from_secs(2));
     drop(region);
     let t = responder.totals();
@@ -448,7 +443,7 @@ fn serve(
             msgr::Counters::get(&m.counters().checksum_failures),
             report
         )?;
-        write!(out, "{}", m.counters().prometheus())
+        write!(out, "{}{transport}", m.counters().prometheus())
     })
 }
 
@@ -503,15 +498,14 @@ fn backends(json: bool) -> Result<(), ToolError> {
         })
         .collect();
     if json {
-        println!(
+        return outln!(
             "{}",
             serde_json::to_string_pretty(&rows).unwrap_or_default()
         );
-        return Ok(());
     }
-    println!("{:<28} {:<12} reason", "transport", "status");
+    outln!("{:<28} {:<12} reason", "transport", "status")?;
     for r in &rows {
-        println!(
+        outln!(
             "{:<28} {:<12} {}",
             r.kind,
             if r.available {
@@ -520,7 +514,7 @@ fn backends(json: bool) -> Result<(), ToolError> {
                 "unavailable"
             },
             r.reason.as_deref().unwrap_or("")
-        );
+        )?;
     }
     Ok(())
 }
@@ -564,8 +558,7 @@ fn keygen(
         Keyring::parse(&text).map_err(|e| ToolError::Usage(format!("{}: {e}", ring.display())))?;
         std::fs::write(ring, text).map_err(io(format!("writing {}", ring.display())))?;
     }
-    print!("{line}");
-    Ok(())
+    write_stdout(|out| out.write_all(line.as_bytes()))
 }
 
 fn run(cli: Cli) -> Result<(), ToolError> {
@@ -631,15 +624,13 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                 } => {
                     std::fs::write(&path, &bytes)
                         .map_err(|e| ToolError::io(format!("writing {}", path.display()), e))?;
-                    println!("read {} bytes to {}", bytes.len(), path.display());
-                    Ok(())
+                    outln!("read {} bytes to {}", bytes.len(), path.display())
                 }
                 rma::RmaCommand::Read { out: None, .. } => {
                     write_stdout(|out| writeln!(out, "{}", rma::to_hex(&bytes)))
                 }
                 rma::RmaCommand::Write { offset, bytes } => {
-                    println!("wrote {} bytes at offset {offset}", bytes.len());
-                    Ok(())
+                    outln!("wrote {} bytes at offset {offset}", bytes.len())
                 }
             }
         }
@@ -671,16 +662,16 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             let r = net::ping(&cfg, &target, &opts, &mut progress)?;
             progress.finish();
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({ "target": target.to_string(), "reply": reply, "ping": r })
-                );
+                )?;
             } else {
                 let reply = match reply {
                     Reply::Own => "answered from the server's own buffer",
                     Reply::Echo => "echoed",
                 };
-                r.print(&format!("msgr ping {target} ({reply})"));
+                r.print(&format!("msgr ping {target} ({reply})"))?;
             }
             Ok(())
         }
@@ -722,16 +713,17 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             let (r, totals) = net::stream(&cfg, &target, &opts, &mut progress)?;
             progress.finish();
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({ "target": target.to_string(), "driver": driver, "stream": r, "server_totals": totals })
-                );
+                )?;
             } else {
-                r.print(&format!("msgr stream {target}"));
-                println!(
+                r.print(&format!("msgr stream {target}"))?;
+                outln!(
                     "  server has counted {} stream messages ({} bytes) in total",
-                    totals.stream_messages, totals.stream_bytes
-                );
+                    totals.stream_messages,
+                    totals.stream_bytes
+                )?;
             }
             Ok(())
         }
@@ -782,13 +774,13 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             };
             let report = bench::run(&cfg, &opts)?;
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&report)
                         .map_err(|e| ToolError::io("JSON", std::io::Error::other(e)))?
-                );
+                )?;
             } else {
-                report.print_table();
+                report.print_table()?;
             }
             Ok(())
         }

@@ -278,9 +278,19 @@ fn connect_as(
         (Some(name), _) => m.connect_any_to(name, &target.addrs, cfg.policy)?,
     };
     let deadline = Instant::now() + timeout;
+    // Said at once, and each failed attempt as it happens: a dead address
+    // is not a minute of silence.
+    eprintln!("connecting to {target}…");
+    let mut attempts_told = 0;
     loop {
         match conn.state() {
-            ConnectionState::Open => return Ok((m, conn)),
+            ConnectionState::Open => {
+                if let Some(peer) = conn.peer() {
+                    // Which of the addresses answered, and who.
+                    eprintln!("connected to {} at {}", peer.name, peer.addr.with_nonce(0));
+                }
+                return Ok((m, conn));
+            }
             ConnectionState::Closed => {
                 return Err(ToolError::Reset {
                     peer: target.to_string(),
@@ -301,9 +311,33 @@ fn connect_as(
                     after: timeout,
                 });
             }
-            ConnectionState::Connecting => std::thread::sleep(Duration::from_micros(500)),
+            ConnectionState::Connecting => {
+                let status = conn.status();
+                if status.attempts > attempts_told {
+                    attempts_told = status.attempts;
+                    eprintln!("{}", attempt_failed(&status, deadline));
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
         }
     }
+}
+
+/// The line a failed connection attempt prints: why, and when the next
+/// one comes (or that none will before `deadline`).
+fn attempt_failed(status: &msgr::ConnectionStatus, deadline: Instant) -> String {
+    let why = status
+        .last_fault
+        .as_ref()
+        .map_or_else(|| "no answer".to_owned(), |f| f.to_string());
+    let next = match status.retry_in {
+        Some(d) if Instant::now() + d < deadline => {
+            format!("retrying in {d:.1?}")
+        }
+        Some(_) => "no time left for another".to_owned(),
+        None => "retrying".to_owned(),
+    };
+    format!("  attempt {} failed: {why}; {next}", status.attempts)
 }
 
 /// Sends from a non-callback thread, backing off while the queue is full.

@@ -187,7 +187,7 @@ pub fn run(
 pub fn exit_code(e: &RmaError) -> i32 {
     match e {
         RmaError::Denied => 3,
-        RmaError::Revoked => 4,
+        RmaError::Revoked | RmaError::UnknownRegion => 4,
         RmaError::OutOfRange { .. } => 5,
         RmaError::Forbidden(_) => 6,
         _ => 1,

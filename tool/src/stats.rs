@@ -1,6 +1,9 @@
 //! Result records and latency percentiles.
 
 use serde::Serialize;
+
+use crate::error::ToolError;
+use crate::output::outln;
 use std::collections::BTreeMap;
 
 /// Percentiles of a set of durations, in microseconds.
@@ -86,21 +89,37 @@ impl PingResult {
     }
 
     /// Human-readable lines.
-    pub fn print(&self, label: &str) {
-        println!(
+    pub fn print(&self, label: &str) -> Result<(), ToolError> {
+        outln!(
             "{label}: {} round trips of {} B in {:.2} s (after {} warm-up)",
-            self.count, self.size, self.elapsed_s, self.warmup
-        );
-        println!(
+            self.count,
+            self.size,
+            self.elapsed_s,
+            self.warmup
+        )?;
+        outln!(
             "  {:<8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            "µs", "min", "p50", "p99", "p99.9", "mean", "max"
-        );
+            "µs",
+            "min",
+            "p50",
+            "p99",
+            "p99.9",
+            "mean",
+            "max"
+        )?;
         for (name, s) in [("one-way", &self.one_way), ("RTT", &self.rtt)] {
-            println!(
+            outln!(
                 "  {:<8} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
-                name, s.min_us, s.p50_us, s.p99_us, s.p999_us, s.mean_us, s.max_us
-            );
+                name,
+                s.min_us,
+                s.p50_us,
+                s.p99_us,
+                s.p999_us,
+                s.mean_us,
+                s.max_us
+            )?;
         }
+        Ok(())
     }
 }
 
@@ -152,8 +171,8 @@ impl StreamResult {
     }
 
     /// One human-readable line.
-    pub fn print(&self, label: &str) {
-        println!(
+    pub fn print(&self, label: &str) -> Result<(), ToolError> {
+        outln!(
             "{label}: {} messages of {} B in {:.2} s: {:.1} MiB/s, {:.2} Gbit/s, {:.0} msg/s",
             self.messages,
             self.size,
@@ -161,13 +180,14 @@ impl StreamResult {
             self.mib_per_s,
             self.gbit_per_s,
             self.msgs_per_s
-        );
+        )?;
         if let (Some(wr), Some(polls)) = (
             self.per_message("sends_posted"),
             self.per_message("cq_polls"),
         ) {
-            println!("  sender: {wr:.4} send work requests and {polls:.4} completion-queue polls per message");
+            outln!("  sender: {wr:.4} send work requests and {polls:.4} completion-queue polls per message")?;
         }
+        Ok(())
     }
 }
 

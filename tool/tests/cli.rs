@@ -448,16 +448,7 @@ struct Served {
 fn serve_args(args: &[&str]) -> Served {
     let mut guard = spawn(args);
     let stderr = reader(guard.0.stderr.take().expect("stderr"));
-    let (tx, lines) = mpsc::channel();
-    let stdout = guard.0.stdout.take().expect("stdout");
-    std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines() {
-            let Ok(l) = l else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = lines_of(guard.0.stdout.take().expect("stdout"));
     let first = lines
         .recv_timeout(Duration::from_secs(20))
         .expect("serve prints its address");
@@ -1470,7 +1461,7 @@ fn rma_against_serve_expose(bind: &str) {
     let read_only = forged(&handle, |h| h.access = msgr::Access::Read);
     for (handle, args, code, says) in [
         (&denied, &["--read", "0:4"][..], 3, "refused the handle"),
-        (&unknown, &["--read", "0:4"][..], 4, "revoked"),
+        (&unknown, &["--read", "0:4"][..], 4, "no such region"),
         (
             &handle,
             &["--read", "65530:7"][..],
@@ -1560,4 +1551,210 @@ fn rma_bad_input_is_refused_at_once() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", o.stderr);
     assert!(o.stderr.contains("--expose"), "{}", o.stderr);
+}
+
+/// How `msgr ARGS` ended with its stdout's reader gone: exit 0, or the
+/// conventional 141 (killed by SIGPIPE), never a panic (101).
+fn assert_quiet_end(args: &[&str], status: ExitStatus, stderr: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        status.success() || status.signal() == Some(libc::SIGPIPE),
+        "msgr {args:?} with stdout closed: {status:?}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "msgr {args:?}: {stderr}");
+}
+
+/// `msgr … | true` and `msgr … | head -1`: a reader that went before the
+/// first line, or after it, ends every subcommand quietly (`println!`
+/// panicked on the closed pipe: exit 101).
+#[test]
+fn every_subcommand_survives_a_closed_stdout() {
+    let (_server, _lines, addr) = serve("tcp://127.0.0.1:0");
+    let keys = std::env::temp_dir().join(format!("msgr-cli-closed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&keys);
+    std::fs::create_dir_all(&keys).expect("key dir");
+    let key = keys.join("k.key");
+    let key = key.to_str().expect("UTF-8 path");
+    let ping: &[&str] = &["ping", &addr, "--count", "20", "--warmup", "0"];
+    let stream: &[&str] = &["stream", &addr, "--count", "100", "--size", "1024"];
+    let commands: Vec<Vec<&str>> = vec![
+        ping.to_vec(),
+        [ping, &["--json"]].concat(),
+        stream.to_vec(),
+        [stream, &["--json"]].concat(),
+        vec!["backends"],
+        vec!["backends", "--json"],
+        vec!["keygen", "client.9", "--out", key],
+    ];
+    for args in &commands {
+        // `| true`: nobody reads at all.
+        let mut child = spawn(args);
+        drop(child.0.stdout.take());
+        let err = reader(child.0.stderr.take().expect("stderr"));
+        let status = exit_within(&mut child, args, Duration::from_secs(60));
+        let stderr = err.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+        assert_quiet_end(args, status, &stderr);
+        let _ = std::fs::remove_file(key);
+    }
+    // `| head -1`: the reader takes a line and goes.
+    let mut child = spawn(ping);
+    let err = reader(child.0.stderr.take().expect("stderr"));
+    let mut first = String::new();
+    BufReader::new(child.0.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("the first line");
+    assert!(first.starts_with("msgr ping"), "{first}");
+    let status = exit_within(&mut child, ping, Duration::from_secs(60));
+    let stderr = err.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    assert_quiet_end(ping, status, &stderr);
+    let _ = std::fs::remove_dir_all(&keys);
+}
+
+/// `r`'s lines as they come.
+fn lines_of(r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(r).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The first of `lines` with `needle` that comes within `within`, if any.
+fn line_with(lines: &mpsc::Receiver<String>, needle: &str, within: Duration) -> Option<String> {
+    let deadline = Instant::now() + within;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match lines.recv_timeout(left) {
+            Ok(l) if l.contains(needle) => return Some(l),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// `msgr ping`/`stream` to a dead port say at once what they are
+/// connecting to, and each failed attempt as it fails (they were silent
+/// for their whole timeout).
+#[test]
+fn clients_of_a_dead_port_say_so_at_once_and_retry_visibly() {
+    // Port 1 on loopback: nothing listens (refused at once).
+    let dead = "tcp://127.0.0.1:1";
+    for cmd in ["ping", "stream"] {
+        let args = [cmd, dead, "--timeout", "20"];
+        let mut child = spawn(&args);
+        let err = lines_of(child.0.stderr.take().expect("stderr"));
+        let first = line_with(&err, "connecting to", Duration::from_secs(2));
+        assert!(
+            first.as_deref().is_some_and(|l| l.contains(dead)),
+            "msgr {args:?}: no `connecting to {dead}` within 2 s"
+        );
+        let retry = line_with(&err, "attempt 1 failed", Duration::from_secs(5));
+        assert!(
+            retry.is_some(),
+            "msgr {args:?}: no failed attempt told within 5 s"
+        );
+        let again = line_with(&err, "attempt 2 failed", Duration::from_secs(10));
+        assert!(again.is_some(), "msgr {args:?}: the retry was not told");
+    }
+}
+
+/// `msgr serve` prints its entity name (what `--peer` pins) after its
+/// addresses; a ping over an address vector names who answered, and where.
+#[test]
+fn serve_names_itself_and_ping_names_the_address_that_answered() {
+    let s = serve_args(&[
+        "serve",
+        "tcp://127.0.0.1:0",
+        "--duration",
+        "60",
+        "--name",
+        "server.42",
+    ]);
+    let entity = line_with(&s.lines, "entity ", Duration::from_secs(5));
+    assert_eq!(entity.as_deref(), Some("entity server.42"));
+    let plain = serve_args(&["serve", "tcp://127.0.0.1:0", "--duration", "60"]);
+    let entity = line_with(&plain.lines, "entity ", Duration::from_secs(5)).unwrap_or_default();
+    let name = entity.strip_prefix("entity ").unwrap_or_default();
+    assert!(name.starts_with("server."), "{entity:?}");
+    // The name printed is the one to pin.
+    let o = run(
+        &[
+            "ping",
+            &plain.addr,
+            "--peer",
+            name,
+            "--count",
+            "5",
+            "--warmup",
+            "0",
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "ping --peer {name}: {}", o.stderr);
+
+    let dead = "tcp://127.0.0.1:1";
+    let o = run(
+        &[
+            "ping",
+            &format!("{dead},{}", s.addr),
+            "--count",
+            "5",
+            "--warmup",
+            "0",
+            "--json",
+        ],
+        Duration::from_secs(90),
+    );
+    assert!(o.status.success(), "{}", o.stderr);
+    assert!(
+        o.stderr
+            .lines()
+            .any(|l| l.contains(&format!("connected to server.42 at {}", s.addr))),
+        "who answered, and where: {}",
+        o.stderr
+    );
+}
+
+/// `msgr serve`'s counters at the end include its backends' own
+/// (`msgr_transport_…`, fabric's `hello_challenges` among them).
+#[cfg(feature = "fabric")]
+#[test]
+fn serve_counters_include_the_transport_counters() {
+    let (mut server, lines, addr) = serve("fabric+shm://127.0.0.1:0?ep=rdm");
+    ping_ok(&addr);
+    let (status, rest) = stop(&mut server, &lines);
+    assert!(status.success(), "{status:?}");
+    assert!(
+        rest.iter()
+            .any(|l| l.starts_with("msgr_transport_hello_challenges{")),
+        "{rest:#?}"
+    );
+}
+
+/// Errors as users read them: a bind that fails names the address, and
+/// 100 KB of bad address is cut in the message (it was echoed whole).
+#[test]
+fn errors_name_the_address_and_cut_long_input() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let addr = format!("tcp://{}", taken.local_addr().expect("its address"));
+    let o = run(
+        &["serve", &addr, "--duration", "5"],
+        Duration::from_secs(30),
+    );
+    assert!(!o.status.success());
+    assert!(
+        o.stderr.contains(&format!("bind {addr}: ")),
+        "the address that could not be bound: {}",
+        o.stderr
+    );
+    let long = format!("tcp://{}", "1".repeat(100_000));
+    let o = run(&["ping", &long], Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(2), "{:.300}", o.stderr);
+    assert!(o.stderr.contains("… (100006 bytes)"), "{:.300}", o.stderr);
+    assert!(o.stderr.len() < 1000, "{} bytes of error", o.stderr.len());
 }

@@ -28,7 +28,7 @@ use thiserror::Error;
 /// let err = msgr::MessengerConfig::default().set("wokrers", "2").unwrap_err();
 /// assert!(matches!(err, msgr::ConfigError::UnknownKey(_)));
 /// ```
-#[derive(Debug, Error)]
+#[derive(Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// No such key.
@@ -39,7 +39,7 @@ pub enum ConfigError {
     #[error("unknown environment variable {0}{hint}", hint = did_you_mean(.0.strip_prefix("MSGR_").unwrap_or(.0), |k| format!("MSGR_{}", k.to_ascii_uppercase())))]
     UnknownEnv(String),
     /// The value does not parse for that key.
-    #[error("bad value `{value}` for `{key}`: {why}")]
+    #[error("bad value `{}` for `{key}`: {why}", msgr_addr::excerpt(value))]
     BadValue {
         /// The key.
         key: String,
@@ -57,6 +57,8 @@ pub enum ConfigError {
         why: String,
     },
 }
+
+msgr_addr::debug_is_display!(ConfigError);
 
 /// Prefixes of `MSGR_` environment variables that are not configuration
 /// keys but belong to msgr's test harness (the guest, the stress suite);
@@ -562,6 +564,32 @@ pub enum HandlerPanicPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 60: `fn main() -> Result<(), Box<dyn Error>>` prints the
+    /// error it returns with Debug: msgr's errors read there as their
+    /// Display does (it printed `Config(UnknownKey("bnid"))`, without the
+    /// hint), and long input is cut.
+    #[test]
+    fn errors_returned_from_main_print_what_display_says() {
+        let returned = |e: Box<dyn std::error::Error>| format!("Error: {e:?}");
+        let unknown = MessengerConfig::default().set("bnid", "x").unwrap_err();
+        assert_eq!(
+            returned(crate::MessengerError::Config(unknown).into()),
+            "Error: unknown configuration key `bnid`: did you mean `bind`?"
+        );
+        let bad = "tcp://".to_owned() + &"1".repeat(100_000);
+        let e = MessengerConfig::default().set("bind", &bad).unwrap_err();
+        let shown = returned(e.into());
+        assert!(shown.contains("… (100006 bytes)"), "{shown}");
+        assert!(shown.len() < 400, "{} bytes: {shown:.400}", shown.len());
+        let e = "tcp:/x".parse::<msgr_addr::EntityAddr>().unwrap_err();
+        assert_eq!(returned(e.clone().into()), format!("Error: {e}"));
+        let e = crate::RmaError::Call(crate::CallError::Timeout {
+            after: std::time::Duration::from_secs(8),
+            last_fault: None,
+        });
+        assert_eq!(returned(e.into()), "Error: no reply within 8s");
+    }
 
     /// Issue 48 (7): a key sets its own value and nothing else. For every
     /// key: set alone to a valid value other than its default, the

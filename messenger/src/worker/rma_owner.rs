@@ -3,6 +3,7 @@
 //! copies are `crate::regions`'), answered with the outcome, and, where
 //! the link reads natively, the region's key given with it.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -40,10 +41,19 @@ pub(super) fn serve(
     let (status, crc, data) = match &decoded {
         Err(_) => (RmaStatus::Malformed, 0, Bytes::new()),
         Ok(r) => match shared.regions.get(r.region) {
+            // Ids are given in order from 1: one above the last given was
+            // never a region here.
+            None if (r.region == 0 || r.region > shared.regions.next.load(Ordering::Relaxed))
+                && takes_figures(conn) =>
+            {
+                (RmaStatus::UnknownRegion, 0, Bytes::new())
+            }
             None => (RmaStatus::Revoked, 0, Bytes::new()),
             Some(region) => {
                 let peer = || conn.peer().map(|p| p.name);
-                let served = region.serve(peer, r, &req.data, &shared.regions.read_buffers);
+                let figures = || takes_figures(conn);
+                let served =
+                    region.serve(peer, figures, r, &req.data, &shared.regions.read_buffers);
                 if let (RmaStatus::Ok, true, Some(native)) = (served.0, r.want_key, native) {
                     key = native(region.id, &region.mem, region.access).map(|key| {
                         Counters::add(&counters.rma_keys_given, 1);
@@ -79,4 +89,11 @@ pub(super) fn serve(
     if let Err(e) = conn.reply(&req, Message::new(RMA_TYPE, reply.encode(), data)) {
         tracing::debug!(error = %e, "an RMA reply not sent");
     }
+}
+
+/// Whether the requester at the other end of `conn` takes a refusal's
+/// figures (`features::RMA_FIGURES`): asked only on a refusal.
+fn takes_figures(conn: &Connection) -> bool {
+    conn.peer()
+        .is_some_and(|p| p.features & msgr_proto::banner::features::RMA_FIGURES != 0)
 }

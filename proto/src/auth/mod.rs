@@ -124,7 +124,7 @@ impl PartialEq for Security {
 
 /// Why authentication failed. Each ends the link (and is counted); the
 /// sessions already open are not touched.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AuthError {
     /// A handshake message did not verify, came out of turn, or did not
@@ -179,8 +179,10 @@ pub enum AuthError {
     NoCredentials,
 }
 
+msgr_addr::debug_is_display!(AuthError);
+
 /// A key or keyring file that does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyFileError {
     /// A line is wrong (line 0: the file as a whole).
     #[error("line {line}: {detail}")]
@@ -194,6 +196,8 @@ pub enum KeyFileError {
     #[error("bad key: {0}")]
     BadKey(String),
 }
+
+msgr_addr::debug_is_display!(KeyFileError);
 
 impl KeyFileError {
     fn at_line(self, line: usize) -> KeyFileError {

@@ -38,7 +38,7 @@ pub const REKEY_AFTER_BYTES: u64 = 1 << 30;
 pub const REKEY_AFTER_PIECES: u64 = 1 << 24;
 
 /// A sealed frame that does not open.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RecordError {
     /// A frame arrived in the clear on a link in secure mode.
@@ -56,6 +56,8 @@ pub enum RecordError {
     #[error("the sealed frame's inner frame: {0}")]
     Inner(crate::error::FrameError),
 }
+
+msgr_addr::debug_is_display!(RecordError);
 
 /// When keys are replaced. The protocol's values are
 /// [`RekeyPolicy::PROTOCOL`]; tests use small ones to exercise rekeying.

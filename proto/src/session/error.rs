@@ -10,7 +10,7 @@ use crate::error::{FrameError, Malformed};
 use crate::frame::Tag;
 
 /// A well-formed frame broke the session protocol.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum ProtocolError {
     /// Bad frame bytes.
@@ -70,6 +70,8 @@ pub enum ProtocolError {
         actual: String,
     },
 }
+
+msgr_addr::debug_is_display!(ProtocolError);
 
 impl From<Malformed> for ProtocolError {
     fn from(e: Malformed) -> ProtocolError {

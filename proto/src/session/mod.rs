@@ -327,6 +327,7 @@ impl Session {
             name: self.remote.name.clone()?,
             addr: self.remote.addr.clone()?,
             key: self.remote.key,
+            features: self.remote.features,
         })
     }
 

@@ -46,6 +46,10 @@ pub struct PeerInfo {
     /// authenticated it (`auth` or `secure` mode); `None` in `crc` mode,
     /// where the name is the peer's word.
     pub key: Option<PublicKey>,
+    /// The feature bits both banners agreed on ([`crate::banner::features`]):
+    /// what the peer understands beyond the session's own frames (the
+    /// replies it may be sent, e.g. `RMA_FIGURES`).
+    pub features: u64,
 }
 
 /// Why a session ended or a link was dropped.
@@ -164,7 +168,7 @@ pub enum SessionEvent {
 /// A message could not be sent: the one send error of msgr, the session's
 /// (queue full, closed, too large) and its callers' (a wait for room that
 /// gave up, a worker gone, a reply to no request) alike.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SendError {
     /// The send queue is at its message or byte bound
@@ -199,6 +203,8 @@ pub enum SendError {
     #[error("the message answered is not a request")]
     NotARequest,
 }
+
+msgr_addr::debug_is_display!(SendError);
 
 /// What [`Session::take_link`] decided about an accepted link.
 #[derive(Clone, Debug, PartialEq, Eq)]
