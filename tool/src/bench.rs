@@ -1,5 +1,11 @@
 //! `msgr bench`: server and client in one process on loopback, each msgr
 //! figure next to a plain `std::net` reference measured in the same run.
+//!
+//! # Layers
+//!
+//! 1. `load`, `server_cpu`: a bulk load beside the measured traffic; the server's own CPU.
+//! 2. `hol`: a small call behind bulk on one connection.
+//! 3. `mixed`: many clients mixing calls, heartbeats and bulk.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -92,11 +92,11 @@ impl<M> From<msgr::SendRejected<M>> for ToolError {
 impl ToolError {
     /// Exit code: 2 for bad input (like clap's usage errors), 3 to 6 for
     /// an RMA operation the owner or the handle refused
-    /// ([`crate::rma::exit_code`]), 1 otherwise.
+    /// ([`rma_exit_code`]), 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
             ToolError::Addr { .. } | ToolError::Config(_) | ToolError::Usage(_) => 2,
-            ToolError::Rma { source, .. } => crate::rma::exit_code(source),
+            ToolError::Rma { source, .. } => rma_exit_code(source),
             _ => 1,
         }
     }
@@ -116,4 +116,16 @@ pub fn parse_addr(text: &str) -> Result<msgr::EntityAddr, ToolError> {
         text: text.to_owned(),
         source,
     })
+}
+
+/// The exit code of a refused operation: one per refusal a script may
+/// want to tell apart, 1 for the rest (timeouts, resets, corruption).
+pub fn rma_exit_code(e: &msgr::RmaError) -> i32 {
+    match e {
+        msgr::RmaError::Denied => 3,
+        msgr::RmaError::Revoked | msgr::RmaError::UnknownRegion => 4,
+        msgr::RmaError::OutOfRange { .. } => 5,
+        msgr::RmaError::Forbidden(_) => 6,
+        _ => 1,
+    }
 }

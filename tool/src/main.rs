@@ -1,6 +1,17 @@
 //! `msgr`: serve, ping (latency), stream (bandwidth / message rate), rma
 //! (one-sided reads and writes of a region serve exposes) and bench over
 //! any msgr backend — `rping`, `ib_send_lat` and `fi_pingpong` in one.
+//!
+//! # Layers
+//!
+//! The modules import in one direction (`tests/layering.rs` checks it),
+//! bottom first:
+//!
+//! 1. `machine`, `progress`, `error`: the leaves — what machine this is, the progress bar, the tool's errors and exit codes.
+//! 2. `output`: printing to a stdout that may close under us.
+//! 3. `stats`: latency and rate figures, and how they print.
+//! 4. `net`, `reference`: msgr's ping, stream and serve; the plain references the benchmarks compare with.
+//! 5. `rma`, `bench`: one-sided reads and writes of a served region; the benchmarks.
 
 mod bench;
 mod error;

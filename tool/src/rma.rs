@@ -182,18 +182,6 @@ pub fn run(
     result
 }
 
-/// The exit code of a refused operation: one per refusal a script may
-/// want to tell apart, 1 for the rest (timeouts, resets, corruption).
-pub fn exit_code(e: &RmaError) -> i32 {
-    match e {
-        RmaError::Denied => 3,
-        RmaError::Revoked | RmaError::UnknownRegion => 4,
-        RmaError::OutOfRange { .. } => 5,
-        RmaError::Forbidden(_) => 6,
-        _ => 1,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,10 @@
 //! with the `fabric` feature a raw libfabric `fi_read`/`fi_write` loop
 //! for one-sided RMA over `shm` and `tcp` (`msgr-fabric`'s `RawRmaLoop`,
 //! adapted in `fabric_rma`).
+//!
+//! # Layers
+//!
+//! 1. `std_net`, `fabric_rma`: one reference each, beside each other.
 
 #[cfg(feature = "fabric")]
 mod fabric_rma;
