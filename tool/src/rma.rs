@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use msgr::{
-    Codec, Connection, Dispatcher, FaultReason, Message, MessengerConfig, Postcard, RmaError,
-    RmaHandle, RmaOptions,
+    Codec, Connection, Dispatcher, FaultReason, Message, MessengerConfig, Postcard, RmaHandle,
+    RmaOptions,
 };
 
 use crate::error::ToolError;
