@@ -30,7 +30,7 @@ use msgr_proto::Message;
 pub use msgr_proto::SendError;
 
 /// A send that was refused, with what it refused: the message (a batch's
-/// messages, for [`Connection::send_batch`]) comes back unchanged, to send
+/// messages, for [`Connection::send_batch`](crate::Connection::send_batch)) comes back unchanged, to send
 /// again later, elsewhere, or to drop — as `std::sync::mpsc::SendError`
 /// gives its value back. Its `Display` is the [`SendError`]'s, and `?`
 /// turns it into that [`SendError`] (dropping the message), a
@@ -93,9 +93,9 @@ impl<M> From<SendRejected<M>> for SendError {
     }
 }
 
-/// What [`Connection::send`] hands to the worker: small messages encoded
+/// What [`Connection::send`](crate::Connection::send) hands to the worker: small messages encoded
 /// as batch entries on the sender's thread, so that the `Message` never
-/// travels to the worker and the hand-off (one [`Command::Flush`], at
+/// travels to the worker and the hand-off (one [`Command::Flush`](crate::state::Command::Flush), at
 /// most one wake-up) is paid once per batch, not per message.
 pub(crate) enum Outgoing {
     Batch(EncodedBatch),
@@ -131,7 +131,7 @@ pub(crate) struct Pending {
     /// the worker takes less than a 32nd of it at once. A connection that
     /// sent a burst and went quiet so keeps no large spare.
     pub(crate) alloc: usize,
-    /// A [`Command::Flush`] is on its way to the worker: later sends only
+    /// A [`Command::Flush`](crate::state::Command::Flush) is on its way to the worker: later sends only
     /// add to what it will take.
     pub(crate) scheduled: bool,
     /// Messages and payload bytes handed to `send` (admitted).

@@ -58,14 +58,14 @@ pub enum CallError {
     /// the worker that owns the connection: that worker sends the request
     /// and delivers the reply only once the callback returns, so the call
     /// could only wait out its timeout. Nothing was sent. Use
-    /// [`Connection::call_async`] (its future completes after the
+    /// [`Connection::call_async`](crate::Connection::call_async) (its future completes after the
     /// callback), or call from another thread.
     #[error(
         "a blocking call from a dispatcher callback of the worker that owns the connection \
          would wait for that worker itself: nothing was sent (use call_async, or another thread)"
     )]
     WouldDeadlock,
-    /// A [`CallFuture`] was polled again after it had completed: its
+    /// A [`CallFuture`](crate::CallFuture) was polled again after it had completed: its
     /// outcome was given already (a bug in the caller, but no panic).
     #[error("the call's future was polled after it completed")]
     Finished,

@@ -98,7 +98,7 @@ impl WorkerHandle {
         self.tx.is_empty()
     }
 
-    /// Whether the worker's thread died ([`run_guarded`]).
+    /// Whether the worker's thread died ([`run_guarded`](crate::worker::run_guarded)).
     pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
     }
@@ -227,13 +227,13 @@ pub(crate) struct ConnInner {
     /// The largest front and data segments the peer takes (the session's
     /// `send_limits`, published by the worker when the session opens).
     pub(crate) send_limits: [AtomicU32; 2],
-    /// Calls waiting for their replies ([`Connection::call`]).
+    /// Calls waiting for their replies ([`Connection::call`](crate::Connection::call)).
     pub(crate) calls: PendingCalls,
-    /// Async senders waiting for queue room ([`Connection::send_async`]).
+    /// Async senders waiting for queue room ([`Connection::send_async`](crate::Connection::send_async)).
     pub(crate) room: RoomWaiters,
 }
 
-/// Wakes a thread parked in [`Connection::send_timeout`].
+/// Wakes a thread parked in [`Connection::send_timeout`](crate::Connection::send_timeout).
 pub(crate) struct ThreadWaker(pub(crate) std::thread::Thread);
 
 impl std::task::Wake for ThreadWaker {

@@ -538,7 +538,7 @@ impl MessengerConfig {
     }
 }
 
-/// What a messenger does when a [`Dispatcher`] callback panics (config key
+/// What a messenger does when a [`Dispatcher`](crate::Dispatcher) callback panics (config key
 /// `on_handler_panic`). Either way the panic is logged with the connection
 /// and what was being delivered, and counted (`handler_panics`).
 ///
@@ -552,7 +552,7 @@ impl MessengerConfig {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HandlerPanicPolicy {
-    /// End that connection ([`FaultReason::HandlerPanicked`]
+    /// End that connection ([`FaultReason::HandlerPanicked`](crate::FaultReason::HandlerPanicked)
     /// reaches `on_reset`); the worker goes on serving the others.
     #[default]
     FailConnection,
