@@ -73,7 +73,7 @@ impl Net {
     ) -> Result<Ep, FabricError> {
         // SAFETY: info is valid (from fi_getinfo or a connection request),
         // and so is its tx_attr where it is not null.
-        let sends_in_place = unsafe { sends_in_place(self.mr_local, (*info).tx_attr) };
+        let sends_in_place = unsafe { sends_in_place(self.mr.local, (*info).tx_attr) };
         let mut ep = Ep {
             ep: ptr::null_mut(),
             tx: Buffers::new(slots, slot_size),
@@ -99,7 +99,7 @@ impl Net {
         // freed only after it is closed (Ep::drop).
         unsafe {
             bind_and_enable(ep.ep, o.eq as *mut sys::fid, "fi_ep_bind(eq)", o.cq)?;
-            if self.mr_local {
+            if self.mr.local {
                 ep.tx.register(o.domain, u64::from(sys::FI_SEND))?;
                 ep.rx.register(o.domain, u64::from(sys::FI_RECV))?;
             }

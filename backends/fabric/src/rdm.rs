@@ -165,7 +165,7 @@ impl Net {
         let mut ep = RdmEp {
             ep: ptr::null_mut(),
             av: ptr::null_mut(),
-            mr_local: self.mr_local,
+            mr_local: self.mr.local,
             addr_format: 0,
             name: Vec::new(),
             tx: Buffers::new(tx_slots, slot_size),
@@ -203,7 +203,7 @@ impl Net {
             )?;
             bind_and_enable(ep.ep, ep.av as *mut sys::fid, "fi_ep_bind(av)", o.cq)
                 .map_err(|e| self.known_enable_failure(e))?;
-            if self.mr_local {
+            if self.mr.local {
                 ep.tx.register(o.domain, u64::from(sys::FI_SEND))?;
             }
             let mut raw = [0u8; MAX_NAME_LEN];

@@ -514,7 +514,6 @@ impl RdmTransport {
                 .get_mut(pidx)
                 .and_then(Option::as_mut)
                 .and_then(|port| port.peers.get_mut(peer))
-                .and_then(Option::as_mut)
             {
                 p.dead = true;
             }
@@ -535,11 +534,11 @@ impl RdmTransport {
             let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
                 continue;
             };
-            if port.injected.is_empty() {
+            if port.tx.injected.is_empty() {
                 continue;
             }
             any = true;
-            let mut done = std::mem::take(&mut port.injected);
+            let mut done = std::mem::take(&mut port.tx.injected);
             for &context in &done {
                 let c = Completion {
                     context,
@@ -552,8 +551,8 @@ impl RdmTransport {
             done.clear();
             // Keep the vector's memory (sends injected meanwhile stay queued).
             if let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) {
-                done.append(&mut port.injected);
-                port.injected = done;
+                done.append(&mut port.tx.injected);
+                port.tx.injected = done;
             }
         }
         match read_completions(self, |t, c| t.complete(c, events)) {
@@ -606,8 +605,7 @@ impl RdmTransport {
             return;
         }
         port.ep.send_done(slot);
-        port.free_tx.push(slot);
-        let Some((link, peer)) = port.tx_use.get_mut(slot).and_then(Option::take) else {
+        let Some((link, peer)) = port.tx.done(slot) else {
             return;
         };
         port.release_peer(peer, false);
@@ -1132,7 +1130,7 @@ impl EndpointKind for RdmTransport {
                 // there a live peer's entry removed and inserted again lost
                 // the next answers until the 10 s deadline (stress --rma).
                 if link.accepted.is_none() && !self.keep_live_peers {
-                    if let Some(p) = port.peers.get_mut(link.peer).and_then(Option::as_mut) {
+                    if let Some(p) = port.peers.get_mut(link.peer) {
                         p.dead = true;
                     }
                 }
@@ -1295,7 +1293,13 @@ impl EndpointKind for RdmTransport {
             };
             // Sends completed by injection free their slots at the next
             // poll: not worth a sleep.
-            if self.retry || self.ports.iter().flatten().any(|p| !p.injected.is_empty()) {
+            if self.retry
+                || self
+                    .ports
+                    .iter()
+                    .flatten()
+                    .any(|p| !p.tx.injected.is_empty())
+            {
                 return false;
             }
             return bells.sleep(&mut self.shared.net, CQ_BATCH);
@@ -1380,12 +1384,7 @@ impl EndpointKind for RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return Err(unavailable("the link's endpoint is closed".into()));
         };
-        let Some(to) = port
-            .peers
-            .get(peer)
-            .and_then(Option::as_ref)
-            .map(|p| p.addr)
-        else {
+        let Some(to) = port.peers.get(peer).map(|p| p.addr) else {
             return Err(unavailable("the link's peer is gone".into()));
         };
         let context = user_read_context(pidx, port.next_read);
