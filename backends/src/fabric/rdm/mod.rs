@@ -689,10 +689,10 @@ impl RdmTransport {
         link.remote = Some(remote);
         link.common.peer_rndv = peer_rndv;
         link.common.peer_late = peer_late;
-        link.peer_window = peer_window;
-        link.credits = peer_window;
+        link.flow.peer_window = peer_window;
+        link.flow.credits = peer_window;
         link.peer_bell = self.open_peer_bell(peer_bell);
-        link.need_welcome = true;
+        link.setup.need_welcome = true;
         self.links.insert(id, link);
         self.out.dirty.push(id);
         events.push(TransportEvent::Accepted {
@@ -716,10 +716,10 @@ impl RdmTransport {
     ) -> Result<bool, FabricError> {
         let me = link.dest(id);
         let rndv = rendezvous::link_op(ours, link.common.peer_rndv).is_some();
-        if link.need_hello {
+        if link.setup.need_hello {
             let name = port.ep.name().to_vec();
             let caps = rendezvous::caps(ours);
-            let (token, window) = (link.token, link.window);
+            let (token, window) = (link.setup.token, link.flow.window);
             let sent = port.post(pidx, link.peer, Some(id), |buf| {
                 write_header(buf, HELLO, 0, Dest { link: 0, cookie: 0 }, token);
                 let mut n = HEADER_LEN + write_dest(&mut buf[HEADER_LEN..], me);
@@ -735,25 +735,25 @@ impl RdmTransport {
             if !sent {
                 return Ok(false);
             }
-            link.need_hello = false;
+            link.setup.need_hello = false;
             link.inflight += 1;
             link.last_sent = now;
         }
         let Some(remote) = link.remote else {
             return Ok(true); // waiting for WELCOME
         };
-        if link.need_welcome {
+        if link.setup.need_welcome {
             let mut body = [0u8; 12 + rendezvous::CAPS_LEN + wire::WINDOW_LEN + BellId::LEN];
             let mut n = write_dest(&mut body, me);
             let caps = rendezvous::caps(ours);
             body[n..n + caps.len()].copy_from_slice(&caps);
             n += caps.len();
-            n += write_window(&mut body[n..], link.window);
+            n += write_window(&mut body[n..], link.flow.window);
             n += wire::write_bell(&mut body[n..], bell);
             if !link.post_control(id, pidx, port, WELCOME, &body[..n], now)? {
                 return Ok(false);
             }
-            link.need_welcome = false;
+            link.setup.need_welcome = false;
         }
         if !link.post_owed(id, pidx, port, now)? {
             return Ok(false);
@@ -768,7 +768,7 @@ impl RdmTransport {
                     rendezvous::expose(port.ep.rma(), reg_cache, unit, room)
                 })
         {
-            if link.credits == 0 {
+            if link.flow.credits == 0 {
                 // Not a return: credits owed to the peer still go (KEEP,
                 // below), or two links out of credits both ways would wait
                 // on each other until the keepalive timeout.
@@ -784,7 +784,7 @@ impl RdmTransport {
             }
         }
         let (max, in_place) = (port.send_limit - HEADER_LEN, port.ep.sends_in_place());
-        while link.credits > 0 {
+        while link.flow.credits > 0 {
             let Some(mut piece) =
                 link.common
                     .outbox
@@ -815,11 +815,11 @@ impl RdmTransport {
                 .outbox
                 .piece_sent(&piece, &mut link.common.exposures);
         }
-        if link.need_keep || link.keep_due() {
+        if link.flow.need_keep || link.keep_due() {
             if !link.post_control(id, pidx, port, KEEP, &[], now)? {
                 return Ok(false);
             }
-            link.need_keep = false;
+            link.flow.need_keep = false;
         }
         Ok(true)
     }
@@ -858,7 +858,7 @@ impl RdmTransport {
                 // A HELLO never posted is the endpoint's fault, not the peer's.
                 dead.push((
                     id,
-                    if l.need_hello {
+                    if l.setup.need_hello {
                         REFUSED_HELLO
                     } else {
                         "peer silent"
@@ -867,7 +867,7 @@ impl RdmTransport {
             } else if stuck_read {
                 dead.push((id, STUCK_READ));
             } else if l.remote.is_some() && now.duration_since(l.last_sent) > KEEP_AFTER {
-                l.need_keep = true;
+                l.flow.need_keep = true;
                 self.out.dirty.push(id);
             }
         }
@@ -974,7 +974,7 @@ impl Queueing for RdmTransport {
             .shared
             .rndv
             .filter(|&op| op != RmaOp::Write || port.ep.rma().abandoned_bytes() < ABANDONED_MAX);
-        let (hello, sent_before) = (link.need_hello, link.last_sent);
+        let (hello, sent_before) = (link.setup.need_hello, link.last_sent);
         let result = Self::flush_into(
             id,
             link,
@@ -985,8 +985,8 @@ impl Queueing for RdmTransport {
             self.shared.now,
         );
         if let Some(bells) = self.bells.as_mut() {
-            if hello && !link.need_hello {
-                if let Some(listen) = link.hello_to {
+            if hello && !link.setup.need_hello {
+                if let Some(listen) = link.setup.hello_to {
                     bells.ring_listener(listen);
                 }
             }
@@ -1032,7 +1032,7 @@ impl Queueing for RdmTransport {
         let len = f.encoded_len();
         if link.common.frozen
             || link.common.close_after_flush
-            || link.credits == 0
+            || link.flow.credits == 0
             || link.has_output()
             || len >= rendezvous::SMALL_UNIT
             || HEADER_LEN + len > port.send_limit
@@ -1276,8 +1276,8 @@ impl EndpointKind for RdmTransport {
             ));
         }
         let mut l = RdmLink::new(pidx, peer, None, self.sizes.window);
-        l.need_hello = true;
-        l.hello_to = Some(addr.socket);
+        l.setup.need_hello = true;
+        l.setup.hello_to = Some(addr.socket);
         self.links.insert(link, l);
         self.out.dirty.push(link);
         Ok(())
