@@ -6,6 +6,7 @@ use crate::info::{checks_keys, rma_withheld, version, EpType, RmaChoice};
 use crate::msg::{Ep, PassiveEp};
 use crate::net::{CmEvent, Completion};
 use crate::rdm::{PeerAddr, RdmEp};
+use crate::slots::SendSlots;
 use std::net::SocketAddr;
 
 /// A listener on `ns` and an endpoint of `nc` connected to it: (the

@@ -149,7 +149,8 @@ use std::time::{Duration, Instant};
 use mio::{Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider};
 use msgr_fabric::{
-    BellId, Completion, FabricError, Landing, PeerBell, RdmEp, ReadRegion, RmaBuffers, RmaOp, Site,
+    BellId, Completion, FabricError, Landing, PeerBell, RdmEp, ReadRegion, RmaBuffers, RmaOp,
+    SendSlots, Site,
 };
 use msgr_proto::{FrameLimits, Inbound, LinkFailure, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;

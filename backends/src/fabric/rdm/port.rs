@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use mio::Token;
-use msgr_fabric::{Exposed, FabricError, Landing, PeerAddr, RdmEp, RmaBuffers};
+use msgr_fabric::{Exposed, FabricError, Landing, PeerAddr, RdmEp, RmaBuffers, SendSlots};
 use msgr_proto::LinkId;
 use rustc_hash::FxHashMap;
 
