@@ -291,7 +291,7 @@ impl RdmaTransport {
                 let l = self.links.get_mut(&id).expect("present");
                 l.qp = Some(qp);
                 l.share = share;
-                l.peer_credits = l.initial_credits();
+                l.flow.peer_credits = l.initial_credits();
                 let param = self.conn_param(self.links.get(&id).expect("present"), None);
                 let c = cm(self.links.get_mut(&id).expect("present")).expect("cm");
                 c.id.connect(&param)
@@ -301,7 +301,7 @@ impl RdmaTransport {
             (CmEventKind::Established, CmStep::Connecting) => {
                 let peer = LinkParams::decode(&ev.private_data, chunk)?;
                 c.step = CmStep::Up;
-                l.credits = peer.credits;
+                l.flow.credits = peer.credits;
                 self.mark_up(id, events);
             }
             (CmEventKind::Established, CmStep::Accepting) => {
@@ -373,7 +373,7 @@ impl RdmaTransport {
             Some(qp),
             share,
         );
-        l.credits = peer.credits;
+        l.flow.credits = peer.credits;
         l.listener = Some(token);
         l.hold_tx = iwarp;
         let param = self.conn_param(&l, Some(depth));

@@ -106,7 +106,10 @@ use crate::{
 use cm::CmState;
 use conn::Conn;
 use device::{Device, MAX_READS, SQ_DEPTH};
-use link::{header, next_send, Kind, NextSend, RdmaLink, ReadDesc, ReadOp, RxItem, UserOp, HDR};
+use link::{
+    header, next_send, Kind, NextSend, RdmaLink, RdvState, ReadDesc, ReadOp, RxItem, SendState,
+    UserOp, HDR,
+};
 use oob::OobListener;
 use pool::RxReturns;
 use wr::WrKind;
@@ -503,7 +506,7 @@ impl RdmaTransport {
                 listener,
             });
         }
-        if !l.queue.is_empty() || l.to_grant > 0 {
+        if !l.send.queue.is_empty() || l.flow.to_grant > 0 {
             self.dirty.push(id);
         }
     }
@@ -522,11 +525,19 @@ impl RdmaTransport {
         let RdmaLink {
             mut conn,
             qp,
-            tx_inflight,
+            send:
+                SendState {
+                    inflight: tx_inflight,
+                    ..
+                },
             share,
             lent,
-            reads,
-            rdv_out,
+            rdv:
+                RdvState {
+                    reads,
+                    out: rdv_out,
+                    ..
+                },
             ..
         } = l;
         if let Some(qp) = &qp {
@@ -563,15 +574,15 @@ impl RdmaTransport {
             return;
         };
         if wc.is_success() && kind == WrKind::Send {
-            if let Some(pos) = l.tx_inflight.iter().position(|&c| c == chunk) {
-                l.tx_inflight.swap_remove(pos);
+            if let Some(pos) = l.send.inflight.iter().position(|&c| c == chunk) {
+                l.send.inflight.swap_remove(pos);
                 if let Some(dev) = self.dev.as_mut() {
                     dev.tx.put(chunk);
                 }
                 self.dirty.extend(self.tx_waiting.drain(..));
             }
         }
-        if !wc.is_success() || l.tx_inflight.is_empty() {
+        if !wc.is_success() || l.send.inflight.is_empty() {
             if let Some((l, _)) = self.closing.remove(&id) {
                 self.release(l);
             }
@@ -601,7 +612,7 @@ impl RdmaTransport {
         let late: Vec<LinkId> = self
             .links
             .iter()
-            .filter(|(_, l)| l.reads.values().any(|r| now >= r.deadline))
+            .filter(|(_, l)| l.rdv.reads.values().any(|r| now >= r.deadline))
             .map(|(id, _)| *id)
             .collect();
         let timeout = self.pools.read_timeout;
@@ -814,17 +825,17 @@ impl RdmaTransport {
         // ping-pong): kept inline, not allocated three times per flush.
         let mut posts: SmallVec<[(u32, usize); POST_BATCH]> = SmallVec::new();
         loop {
-            let room = (SQ_DEPTH as usize).saturating_sub(l.tx_inflight.len() + posts.len());
+            let room = (SQ_DEPTH as usize).saturating_sub(l.send.inflight.len() + posts.len());
             if room == 0 {
                 break;
             }
-            if !l.queue.is_empty() && l.credits == 0 {
+            if !l.send.queue.is_empty() && l.flow.credits == 0 {
                 self.counters.credit_stalls += 1;
             }
             let data = match next_send(
-                !l.queue.is_empty(),
-                l.credits,
-                l.credit_chunk.is_some(),
+                !l.send.queue.is_empty(),
+                l.flow.credits,
+                l.flow.credit_chunk.is_some(),
                 l.should_return_credits(),
             ) {
                 NextSend::Data => true,
@@ -838,16 +849,16 @@ impl RdmaTransport {
                 break;
             };
             let buf = dev.tx.bytes_mut(c);
-            let grant = std::mem::take(&mut l.to_grant);
-            l.peer_credits += grant;
+            let grant = std::mem::take(&mut l.flow.to_grant);
+            l.flow.peer_credits += grant;
             let len = if data {
-                let p = l.queue.pop_front().expect("checked");
-                l.credits -= 1;
-                l.queued_bytes = l.queued_bytes.saturating_sub(p.len());
+                let p = l.send.queue.pop_front().expect("checked");
+                l.flow.credits -= 1;
+                l.send.queued_bytes = l.send.queued_bytes.saturating_sub(p.len());
                 buf[..HDR].copy_from_slice(&header(p.kind, p.more, grant));
                 HDR + p.copy_to(&mut buf[HDR..])
             } else {
-                l.credit_chunk = Some(c);
+                l.flow.credit_chunk = Some(c);
                 self.counters.credit_only_sends += 1;
                 buf[..HDR].copy_from_slice(&header(Kind::Credit, false, grant));
                 HDR
@@ -877,7 +888,7 @@ impl RdmaTransport {
                 .collect();
             qp.post_send(&wrs)
         })();
-        l.tx_inflight.extend(posts.iter().map(|&(c, _)| c));
+        l.send.inflight.extend(posts.iter().map(|&(c, _)| c));
         if let Err(e) = res {
             let why = LinkFailure::Io {
                 kind: std::io::ErrorKind::Other,
@@ -949,8 +960,8 @@ impl RdmaTransport {
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
-        let token = l.next_token;
-        l.next_token = l.next_token.wrapping_add(1);
+        let token = l.rdv.next_token;
+        l.rdv.next_token = l.rdv.next_token.wrapping_add(1);
         let desc = ReadDesc {
             token,
             rkey: lent.region.rkey(),
@@ -961,9 +972,10 @@ impl RdmaTransport {
         let mut req = Vec::with_capacity(ReadDesc::LEN + inline.len());
         req.extend_from_slice(&desc.encode());
         req.extend_from_slice(&inline);
-        l.rdv_out_bytes += lent.body.len();
-        l.rdv_out.insert(token, lent);
-        l.queue
+        l.rdv.out_bytes += lent.body.len();
+        l.rdv.out.insert(token, lent);
+        l.send
+            .queue
             .push_back(link::Part::whole(Kind::ReadReq, false, Bytes::from(req)));
         self.counters.rendezvous_sent += 1;
         self.counters.rendezvous_in_place += u64::from(!inline.is_empty());
@@ -1134,7 +1146,7 @@ impl Transport for RdmaTransport {
         let reads = self
             .links
             .values()
-            .flat_map(|l| l.reads.values().map(|r| r.deadline));
+            .flat_map(|l| l.rdv.reads.values().map(|r| r.deadline));
         let setups = self
             .links
             .values()
@@ -1160,9 +1172,9 @@ impl Transport for RdmaTransport {
         let Some(mut l) = self.links.remove(&link) else {
             return;
         };
-        l.queue.clear();
-        l.queued_bytes = 0;
-        if l.tx_inflight.is_empty() {
+        l.send.queue.clear();
+        l.send.queued_bytes = 0;
+        if l.send.inflight.is_empty() {
             self.release(l);
         } else {
             if let Conn::Oob(o) = &mut l.conn {
@@ -1180,9 +1192,9 @@ impl Transport for RdmaTransport {
             }
             l.paused = paused;
             if !paused {
-                l.to_grant += std::mem::take(&mut l.withheld);
+                l.flow.to_grant += std::mem::take(&mut l.flow.withheld);
                 self.dirty.push(link);
-                if !l.held.is_empty() {
+                if !l.recv.held.is_empty() {
                     self.resumed.push(link);
                 }
             }
@@ -1192,7 +1204,7 @@ impl Transport for RdmaTransport {
     fn backlog(&self, link: LinkId) -> usize {
         self.links
             .get(&link)
-            .map_or(0, |l| l.queued_bytes + l.rdv_out_bytes)
+            .map_or(0, |l| l.send.queued_bytes + l.rdv.out_bytes)
     }
 
     fn owns(&self, token: Token) -> bool {
@@ -1258,7 +1270,7 @@ impl Transport for RdmaTransport {
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
         match fault {
-            SimulatedFault::HungRead => l.reads_to_hang += 1,
+            SimulatedFault::HungRead => l.rdv.reads_to_hang += 1,
             SimulatedFault::CqReadError => self.cq.simulated_failures += 1,
         }
         Ok(())
@@ -1338,9 +1350,9 @@ impl Transport for RdmaTransport {
         let (tx_free, rx_budget) = self.dev.as_ref().map_or((0, 0), |d| {
             (d.tx.available() as u64, u64::from(d.rx_budget))
         });
-        let credits: u64 = self.links.values().map(|l| u64::from(l.credits)).sum();
-        let rdv_out: u64 = self.links.values().map(|l| l.rdv_out_bytes as u64).sum();
-        let reads: u64 = self.links.values().map(|l| l.reads.len() as u64).sum();
+        let credits: u64 = self.links.values().map(|l| u64::from(l.flow.credits)).sum();
+        let rdv_out: u64 = self.links.values().map(|l| l.rdv.out_bytes as u64).sum();
+        let reads: u64 = self.links.values().map(|l| l.rdv.reads.len() as u64).sum();
         let mut values = vec![
             ("sends_posted", c.sends_posted),
             ("cq_polls", c.cq_polls),

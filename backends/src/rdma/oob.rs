@@ -238,7 +238,7 @@ impl RdmaTransport {
             max_rd_atomic: rd,
             ..RtsAttr::default()
         })?;
-        l.credits = peer.params.credits;
+        l.flow.credits = peer.params.credits;
         Ok(())
     }
 
