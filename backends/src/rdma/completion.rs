@@ -72,18 +72,18 @@ impl RdmaTransport {
     /// Posts the receive chunks the application let go of again, and gives
     /// their credits back to their links' peers.
     pub(super) fn take_returns(&mut self) -> bool {
-        let back = self.returns.take();
+        let back = self.loans.returns.take();
         if back.is_empty() {
             return false;
         }
-        self.lent -= back.len() as u64;
+        self.loans.lent -= back.len() as u64;
         for (link, chunk) in back {
             self.repost(chunk);
             if let Some(l) = self.links.get_mut(&link) {
                 l.lent -= 1;
                 l.grant_one();
                 if l.should_return_credits() {
-                    self.dirty.push(link);
+                    self.backlog.dirty.push(link);
                 }
             } else if let Some((l, _)) = self.closing.get_mut(&link) {
                 // Its release returns the slot with the rest of its share.
@@ -123,9 +123,9 @@ impl RdmaTransport {
         // A send completion frees a chunk and a send-queue slot: this link
         // may go on, and so may the links that found the pool empty.
         if !l.send.queue.is_empty() || l.flow.to_grant > 0 {
-            self.dirty.push(id);
+            self.backlog.dirty.push(id);
         }
-        self.dirty.extend(self.tx_waiting.drain(..));
+        self.backlog.dirty.extend(self.backlog.tx_waiting.drain(..));
     }
 
     pub(super) fn on_recv(
@@ -148,12 +148,12 @@ impl RdmaTransport {
             }
         }
         let dev = self.dev.as_mut().expect("device");
-        let limits = self.limits;
+        let limits = self.params.limits;
         let l = self.links.get_mut(&id).expect("caller checked");
         if l.hold_tx {
             // iWARP: the connector has spoken; we may send now.
             l.hold_tx = false;
-            self.dirty.push(id);
+            self.backlog.dirty.push(id);
         }
         if len < HDR {
             self.repost(chunk);
@@ -194,7 +194,7 @@ impl RdmaTransport {
                     // ack, say), and the peer needs credits to send it.
                     // Small units are copied: cheap, and their credit rides
                     // on the very next send (an ack) instead of trailing it.
-                    unit = Some(dev.rx.lend(chunk, HDR..len, id, &self.returns));
+                    unit = Some(dev.rx.lend(chunk, HDR..len, id, &self.loans.returns));
                     l.lent += 1;
                     lent = true;
                     self.counters.rx_lent_total += 1;
@@ -213,7 +213,7 @@ impl RdmaTransport {
             },
         }
         if lent {
-            self.lent += 1;
+            self.loans.lent += 1;
         } else {
             // The chunk is copied out: it goes back to the queue right away.
             self.repost(chunk);
@@ -229,7 +229,7 @@ impl RdmaTransport {
             l.flow.peer_credits = l.flow.peer_credits.saturating_sub(1);
         }
         if granted > 0 || l.should_return_credits() {
-            self.dirty.push(id);
+            self.backlog.dirty.push(id);
         }
         if let Some(token) = read_done {
             if let Some(lent) = l.rdv.out.remove(&token) {
@@ -299,7 +299,7 @@ impl RdmaTransport {
         inline: &[u8],
         events: &mut Vec<TransportEvent>,
     ) -> Result<(), RecvError> {
-        let max = self.limits.max_frame;
+        let max = self.params.limits.max_frame;
         let Some(total) = split::placed_len(desc.len, inline.len(), u64::from(desc.at), max) else {
             return Err(RecvError::protocol(format!(
                 "RDMA: rendezvous of {} bytes at {} among {} inline (frame limit {max})",
@@ -323,7 +323,7 @@ impl RdmaTransport {
     /// A registered sink of at least `len` bytes: one back on the shelf,
     /// else a new one.
     pub(super) fn read_sink(&mut self, len: usize) -> Result<MemoryRegion<Vec<u8>>, RecvError> {
-        match self.sinks.take(len) {
+        match self.rdv_memory.sinks.take(len) {
             Some(sink) => {
                 self.counters.read_sinks_reused += 1;
                 Ok(sink)
@@ -359,7 +359,7 @@ impl RdmaTransport {
                 desc,
                 posted: 0,
                 pending: 0,
-                deadline: Instant::now() + self.pools.read_timeout,
+                deadline: Instant::now() + self.params.pools.read_timeout,
                 hung,
                 user,
             },
@@ -382,7 +382,7 @@ impl RdmaTransport {
         };
         MemoryRegion::try_register(&dev.pd, vec![0u8; len], access)
             .or_else(|(_, unit)| {
-                self.sinks.clear();
+                self.rdv_memory.sinks.clear();
                 MemoryRegion::register(&dev.pd, unit, access)
             })
             .map_err(|e| {
@@ -450,7 +450,7 @@ impl RdmaTransport {
     }
 
     pub(super) fn on_read_done(&mut self, id: LinkId, slot: u32, events: &mut Vec<TransportEvent>) {
-        let limits = self.limits;
+        let limits = self.params.limits;
         let iwarp = self.dev.as_ref().is_some_and(|d| d.ctx.is_iwarp());
         let Some(l) = self.links.get_mut(&id) else {
             return;
@@ -474,7 +474,7 @@ impl RdmaTransport {
             if write {
                 self.counters.user_writes += 1;
                 self.counters.user_write_bytes += op.desc.len;
-                self.sinks.put(op.buf);
+                self.rdv_memory.sinks.put(op.buf);
                 events.push(TransportEvent::RmaWrite {
                     link: id,
                     token,
@@ -502,7 +502,7 @@ impl RdmaTransport {
             false,
             Bytes::copy_from_slice(&op.desc.token.to_le_bytes()),
         ));
-        self.dirty.push(id);
+        self.backlog.dirty.push(id);
         let bytes = self.read_sink_bytes(op.buf, op.len, iwarp);
         let l = self.links.get_mut(&id).expect("present");
         let inbound = match Inbound::decode_exact(bytes, &limits) {
@@ -543,7 +543,7 @@ impl RdmaTransport {
         } else {
             // Only readable locally: it stays registered and goes back to
             // the shelf when the bytes' last handle drops.
-            self.sinks.lend(buf, len)
+            self.rdv_memory.sinks.lend(buf, len)
         }
     }
 }

@@ -328,21 +328,50 @@ struct CqPolling {
 pub struct RdmaTransport {
     kind: TransportKind,
     registry: Registry,
-    limits: FrameLimits,
     link_ids: Arc<AtomicU64>,
-    pools: RdmaPoolConfig,
+    /// Frame limits and pool sizes, from the transport context.
+    params: Params,
     /// Opened at the first listen or connect (on the device the address names
     /// or rdma_cm resolves).
     dev: Option<Box<Device>>,
     /// The completion queue's polling state.
     cq: CqPolling,
+    /// How links are set up: rdma_cm's channel or verbs' TCP listeners.
+    setup: SetupChannels,
+    links: FxHashMap<LinkId, RdmaLink>,
+    /// Receive completions name a QP number, not a link.
+    qpn_links: FxHashMap<u32, LinkId>,
+    /// Links with something to do next, and events produced outside a poll.
+    backlog: Backlog,
+    /// Links closed with `flush` whose last sends have not completed yet: no
+    /// longer links to the worker, their QPs linger (as a TCP socket's unsent
+    /// data does) until the sends complete or [`CLOSE_LINGER`] passes.
+    closing: FxHashMap<LinkId, (RdmaLink, Instant)>,
+    /// Memory the sends and rendezvous reuse.
+    rdv_memory: RdvMemory,
+    /// Receive chunks lent to the application.
+    loans: Loans,
+    /// Applications' regions open to peers' reads (`Transport::rma_expose`).
+    user_regions: user_rma::UserExposures,
+    counters: RdmaCounters,
+}
+
+/// What a transport was built with.
+struct Params {
+    limits: FrameLimits,
+    pools: RdmaPoolConfig,
+}
+
+/// How a transport's links are set up.
+struct SetupChannels {
     /// rdmacm: the event channel and listening ids.
     cm: Option<CmState>,
     /// verbs: out-of-band TCP listeners.
     oob_listeners: FxHashMap<Token, OobListener>,
-    links: FxHashMap<LinkId, RdmaLink>,
-    /// Receive completions name a QP number, not a link.
-    qpn_links: FxHashMap<u32, LinkId>,
+}
+
+/// Links a transport comes back to, and events waiting to be handed up.
+struct Backlog {
     /// Links with queued output or credits to return.
     dirty: crate::dirty::DirtyLinks,
     /// Links that found the send pool empty: flushed again when a chunk frees.
@@ -351,24 +380,25 @@ pub struct RdmaTransport {
     pending: Vec<TransportEvent>,
     /// Links resumed with held units to deliver.
     resumed: Vec<LinkId>,
-    /// Links closed with `flush` whose last sends have not completed yet: no
-    /// longer links to the worker, their QPs linger (as a TCP socket's unsent
-    /// data does) until the sends complete or [`CLOSE_LINGER`] passes.
-    closing: FxHashMap<LinkId, (RdmaLink, Instant)>,
+}
+
+/// Memory kept for reuse by sends and rendezvous.
+struct RdvMemory {
     /// Where frames below [`GATHER_MIN`] are encoded.
     tx_arena: ByteArena,
-    /// Receive chunks lent to the application and given back.
-    returns: Arc<RxReturns>,
-    /// Receive chunks lent out now.
-    lent: u64,
     /// Rendezvous read sinks, registered, back from the application.
     sinks: Arc<Shelf<MemoryRegion<Vec<u8>>>>,
     /// Registrations of segments exposed by rendezvous, kept for the next
     /// send of the same bytes (`crate::regcache`).
     reg_cache: RegCache<ReadOnlyRegion>,
-    /// Applications' regions open to peers' reads (`Transport::rma_expose`).
-    user_regions: user_rma::UserExposures,
-    counters: RdmaCounters,
+}
+
+/// Receive chunks lent to the application.
+struct Loans {
+    /// Those given back.
+    returns: Arc<RxReturns>,
+    /// How many are out now.
+    lent: u64,
 }
 
 impl std::fmt::Debug for RdmaTransport {
@@ -405,7 +435,10 @@ impl RdmaTransport {
             registry: registry
                 .try_clone()
                 .map_err(|e| TransportError::io("clone mio registry", e))?,
-            limits: ctx.limits,
+            params: Params {
+                limits: ctx.limits,
+                pools: ctx.rdma,
+            },
             cq: CqPolling {
                 token: Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize),
                 armed: false,
@@ -414,22 +447,29 @@ impl RdmaTransport {
                 simulated_failures: 0,
             },
             link_ids: ctx.link_ids.clone(),
-            pools: ctx.rdma,
             dev: None,
-            cm: None,
-            oob_listeners: FxHashMap::default(),
+            setup: SetupChannels {
+                cm: None,
+                oob_listeners: FxHashMap::default(),
+            },
             links: FxHashMap::default(),
             qpn_links: FxHashMap::default(),
-            dirty: Default::default(),
-            tx_waiting: Vec::new(),
-            pending: Vec::new(),
-            resumed: Vec::new(),
+            backlog: Backlog {
+                dirty: Default::default(),
+                tx_waiting: Vec::new(),
+                pending: Vec::new(),
+                resumed: Vec::new(),
+            },
             closing: FxHashMap::default(),
-            tx_arena: ByteArena::new(TX_ARENA),
-            returns: RxReturns::new(ctx.waker.clone()),
-            lent: 0,
-            sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
-            reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
+            rdv_memory: RdvMemory {
+                tx_arena: ByteArena::new(TX_ARENA),
+                sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
+                reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
+            },
+            loans: Loans {
+                returns: RxReturns::new(ctx.waker.clone()),
+                lent: 0,
+            },
             user_regions: user_rma::UserExposures::default(),
             counters: RdmaCounters::default(),
         })
@@ -466,7 +506,7 @@ impl RdmaTransport {
     fn my_params(&self, l: &RdmaLink) -> LinkParams {
         LinkParams {
             credits: l.initial_credits(),
-            chunk: self.pools.chunk_size as u32,
+            chunk: self.params.pools.chunk_size as u32,
             rd_atomic: self.dev.as_ref().map_or(1, |d| d.rd_atomic),
         }
     }
@@ -507,7 +547,7 @@ impl RdmaTransport {
             });
         }
         if !l.send.queue.is_empty() || l.flow.to_grant > 0 {
-            self.dirty.push(id);
+            self.backlog.dirty.push(id);
         }
     }
 
@@ -556,7 +596,7 @@ impl RdmaTransport {
             oob => drop(oob),
         }
         if !tx_inflight.is_empty() {
-            self.dirty.extend(self.tx_waiting.drain(..));
+            self.backlog.dirty.extend(self.backlog.tx_waiting.drain(..));
         }
         if let Some(dev) = self.dev.as_mut() {
             for c in tx_inflight {
@@ -579,7 +619,7 @@ impl RdmaTransport {
                 if let Some(dev) = self.dev.as_mut() {
                     dev.tx.put(chunk);
                 }
-                self.dirty.extend(self.tx_waiting.drain(..));
+                self.backlog.dirty.extend(self.backlog.tx_waiting.drain(..));
             }
         }
         if !wc.is_success() || l.send.inflight.is_empty() {
@@ -615,7 +655,7 @@ impl RdmaTransport {
             .filter(|(_, l)| l.rdv.reads.values().any(|r| now >= r.deadline))
             .map(|(id, _)| *id)
             .collect();
-        let timeout = self.pools.read_timeout;
+        let timeout = self.params.pools.read_timeout;
         for id in late {
             self.counters.read_timeouts += 1;
             self.fail(
@@ -763,7 +803,7 @@ impl RdmaTransport {
         let remote = key
             .range(offset, len)
             .ok_or_else(|| unavailable(format!("{offset}+{len} is not inside the region")))?;
-        let max = self.limits.max_frame;
+        let max = self.params.limits.max_frame;
         let n = usize::try_from(len)
             .ok()
             .filter(|_| len <= max)
@@ -801,9 +841,9 @@ impl RdmaTransport {
         self.add_read_op(id, buf, (n, desc), Some(user));
         // A failed post fails the link: its event goes out with the next
         // progress.
-        let mut events = std::mem::take(&mut self.pending);
+        let mut events = std::mem::take(&mut self.backlog.pending);
         self.pump_reads(id, &mut events);
-        self.pending = events;
+        self.backlog.pending = events;
         Ok(())
     }
 
@@ -845,7 +885,7 @@ impl RdmaTransport {
             let Some(c) = dev.tx.take() else {
                 self.counters.tx_pool_empty += 1;
                 // Woken by the next send completion (the next free chunk).
-                self.tx_waiting.push(id);
+                self.backlog.tx_waiting.push(id);
                 break;
             };
             let buf = dev.tx.bytes_mut(c);
@@ -899,13 +939,13 @@ impl RdmaTransport {
     }
 
     fn push_unit(&mut self, link: LinkId, kind: Kind, bytes: Bytes) -> Result<(), TransportError> {
-        let max = self.pools.chunk_size - HDR;
+        let max = self.params.pools.chunk_size - HDR;
         let l = self
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
         l.push(kind, bytes, max);
-        self.dirty.push(link);
+        self.backlog.dirty.push(link);
         Ok(())
     }
 
@@ -916,7 +956,7 @@ impl RdmaTransport {
     /// when the registration fails (memlock exhausted, say).
     fn push_rendezvous(&mut self, link: LinkId, enc: EncodedFrame) -> Result<(), TransportError> {
         let dev = self.dev.as_ref().expect("links have a device");
-        let room = self.pools.chunk_size - HDR - ReadDesc::LEN;
+        let room = self.params.pools.chunk_size - HDR - ReadDesc::LEN;
         // `in_place`: the body is the application's own segment, which may
         // be sent again (worth keeping registered); else a buffer encoded
         // here for this one send.
@@ -933,6 +973,7 @@ impl RdmaTransport {
             }
         };
         let lent = self
+            .rdv_memory
             .reg_cache
             .get(body, in_place, |b| ReadOnlyRegion::try_register(&dev.pd, b));
         let lent = match lent {
@@ -940,7 +981,7 @@ impl RdmaTransport {
             Err((e, body)) => {
                 tracing::debug!(error = %e, "rendezvous registration failed; sending eagerly");
                 self.counters.rendezvous_fallbacks += 1;
-                let max = self.pools.chunk_size - HDR;
+                let max = self.params.pools.chunk_size - HDR;
                 let l = self
                     .links
                     .get_mut(&link)
@@ -952,7 +993,7 @@ impl RdmaTransport {
                     Bytes::copy_from_slice(tail),
                 ];
                 l.push_pieces(Kind::Frame, pieces, max);
-                self.dirty.push(link);
+                self.backlog.dirty.push(link);
                 return Ok(());
             }
         };
@@ -979,7 +1020,7 @@ impl RdmaTransport {
             .push_back(link::Part::whole(Kind::ReadReq, false, Bytes::from(req)));
         self.counters.rendezvous_sent += 1;
         self.counters.rendezvous_in_place += u64::from(!inline.is_empty());
-        self.dirty.push(link);
+        self.backlog.dirty.push(link);
         Ok(())
     }
 }
@@ -1028,11 +1069,11 @@ impl Transport for RdmaTransport {
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let len = unit.encoded_len();
-        let rendezvous = len > self.pools.rendezvous_threshold && self.dev.is_some();
+        let rendezvous = len > self.params.pools.rendezvous_threshold && self.dev.is_some();
         if !rendezvous && len < GATHER_MIN {
             let kind = Kind::of(&unit);
             let checked = unit.checked()?;
-            let bytes = self.tx_arena.fill(len, |b| checked.write(b));
+            let bytes = self.rdv_memory.tx_arena.fill(len, |b| checked.write(b));
             return self.push_unit(link, kind, bytes);
         }
         match unit.into_frame() {
@@ -1044,7 +1085,7 @@ impl Transport for RdmaTransport {
                 // Larger: the segments stay where they are until each part
                 // is copied into its send chunk (one copy, not two).
                 let enc = f.into_encoded()?;
-                let max = self.pools.chunk_size - HDR;
+                let max = self.params.pools.chunk_size - HDR;
                 let l = self
                     .links
                     .get_mut(&link)
@@ -1053,7 +1094,7 @@ impl Transport for RdmaTransport {
                     .chain(enc.segments.iter().cloned())
                     .chain(std::iter::once(Bytes::copy_from_slice(enc.epilogue())));
                 l.push_pieces(Kind::Frame, pieces, max);
-                self.dirty.push(link);
+                self.backlog.dirty.push(link);
                 Ok(())
             }
         }
@@ -1061,7 +1102,7 @@ impl Transport for RdmaTransport {
 
     fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {
         let flush = |t: &mut Self, id| t.flush_link(id, events);
-        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.dirty, flush);
+        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.backlog.dirty, flush);
     }
 
     fn ready(&mut self, event: &Event, _now: Instant, events: &mut Vec<TransportEvent>) {
@@ -1083,11 +1124,11 @@ impl Transport for RdmaTransport {
             self.poll_cq(events);
             return;
         }
-        if self.cm.as_ref().is_some_and(|c| c.token() == token) {
+        if self.setup.cm.as_ref().is_some_and(|c| c.token() == token) {
             self.cm_ready(events);
             return;
         }
-        if self.oob_listeners.contains_key(&token) {
+        if self.setup.oob_listeners.contains_key(&token) {
             self.oob_accept_all(token, events);
             return;
         }
@@ -1096,9 +1137,9 @@ impl Transport for RdmaTransport {
 
     fn progress(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
         let mut any = self.take_returns();
-        any |= !self.pending.is_empty();
-        events.append(&mut self.pending);
-        for id in std::mem::take(&mut self.resumed) {
+        any |= !self.backlog.pending.is_empty();
+        events.append(&mut self.backlog.pending);
+        for id in std::mem::take(&mut self.backlog.resumed) {
             any |= self.drain_held(id, events);
         }
         any |= self.poll_cq(events);
@@ -1152,7 +1193,7 @@ impl Transport for RdmaTransport {
             .values()
             .filter(|l| !l.up)
             .map(|l| l.since + SETUP_TIMEOUT);
-        let listeners = self.cm.as_ref().and_then(|c| c.listeners.wake_at());
+        let listeners = self.setup.cm.as_ref().and_then(|c| c.listeners.wake_at());
         closing.chain(reads).chain(setups).chain(listeners).min()
     }
 
@@ -1168,7 +1209,7 @@ impl Transport for RdmaTransport {
         // peer has no room for is dropped (the session replays what matters).
         let mut ev = Vec::new();
         self.flush_link(link, &mut ev);
-        self.pending.extend(ev);
+        self.backlog.pending.extend(ev);
         let Some(mut l) = self.links.remove(&link) else {
             return;
         };
@@ -1193,9 +1234,9 @@ impl Transport for RdmaTransport {
             l.paused = paused;
             if !paused {
                 l.flow.to_grant += std::mem::take(&mut l.flow.withheld);
-                self.dirty.push(link);
+                self.backlog.dirty.push(link);
                 if !l.recv.held.is_empty() {
-                    self.resumed.push(link);
+                    self.backlog.resumed.push(link);
                 }
             }
         }
@@ -1210,10 +1251,11 @@ impl Transport for RdmaTransport {
     fn owns(&self, token: Token) -> bool {
         token == self.cq.token
             || self
+                .setup
                 .cm
                 .as_ref()
                 .is_some_and(|c| c.token() == token || c.owns_listener(token))
-            || self.oob_listeners.contains_key(&token)
+            || self.setup.oob_listeners.contains_key(&token)
             || self.links.contains_key(&LinkId(token.0 as u64))
     }
 
@@ -1388,11 +1430,11 @@ impl Transport for RdmaTransport {
             ("credits_held", credits),
             ("rendezvous_out_bytes", rdv_out),
             ("reads_in_flight", reads),
-            ("rx_chunks_lent", self.lent),
+            ("rx_chunks_lent", self.loans.lent),
             ("rx_chunks_lent_total", c.rx_lent_total),
             ("links", self.links.len() as u64),
         ];
-        values.extend(self.reg_cache.values());
+        values.extend(self.rdv_memory.reg_cache.values());
         TransportStats {
             kind: self.kind.clone(),
             values,
@@ -1413,7 +1455,7 @@ impl Drop for RdmaTransport {
             let fd = dev.channel.fd();
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
-        if let Some(cm) = &self.cm {
+        if let Some(cm) = &self.setup.cm {
             let fd = cm.fd();
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
