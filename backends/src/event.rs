@@ -78,4 +78,8 @@ pub enum RmaFailure {
     /// Its completion named no read in flight.
     #[error("no such read")]
     Unknown,
+    /// The link it was posted on failed or closed before it completed
+    /// (for the caller to say so as it asks the owner instead).
+    #[error("the link went")]
+    LinkGone,
 }

@@ -310,3 +310,30 @@ mod tests {
         assert!(e.to_string().contains("nosuchprovider"), "{e}");
     }
 }
+
+/// What a domain asks of memory registrations: its `mr_mode` bits that
+/// matter here, and whether its keys are checked.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MrMode {
+    /// `FI_MR_LOCAL`: the local side of an operation is registered too.
+    pub(crate) local: bool,
+    /// `FI_MR_VIRT_ADDR`: remote addresses are virtual addresses, not
+    /// offsets into the registration.
+    pub(crate) virt_addr: bool,
+    /// `FI_MR_PROV_KEY`: the provider picks keys.
+    pub(crate) prov_key: bool,
+    /// Reads of withdrawn registrations fail at the target ([`checks_keys`]).
+    pub(crate) keys_checked: bool,
+}
+
+impl MrMode {
+    /// From a domain's `mr_mode` and [`checks_keys`] of its provider.
+    pub(crate) fn new(mr_mode: u32, keys_checked: bool) -> Self {
+        MrMode {
+            local: mr_mode & sys::FI_MR_LOCAL != 0,
+            virt_addr: mr_mode & sys::FI_MR_VIRT_ADDR != 0,
+            prov_key: mr_mode & sys::FI_MR_PROV_KEY != 0,
+            keys_checked,
+        }
+    }
+}

@@ -91,3 +91,4 @@ pub use net::{CmEvent, Completion, ConnReq, CqWait, Net, WaitFd};
 pub use raw_rma::{RawFigures, RawRmaLoop};
 pub use rdm::{PeerAddr, RdmEp, MAX_NAME_LEN};
 pub use rma::{Exposed, Landing, ReadDone, ReadRegion, RemoteWord, RmaBuffers, CHECK_LEN};
+pub use slots::SendSlots;

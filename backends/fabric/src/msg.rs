@@ -4,9 +4,7 @@
 use crate::error::{check, FabricError, Site};
 use crate::net::{bind_and_enable, close, sockaddr, ConnReq, Net, NetObjects};
 use crate::rma::{Exposed, Landing, RmaBuffers};
-use crate::slots::{
-    post_recv, post_send, post_send_in_place, sends_in_place, Buffers, FI_ADDR_UNSPEC,
-};
+use crate::slots::{post_recv, sends_in_place, Buffers, SendSlots, TxSide, FI_ADDR_UNSPEC};
 use bytes::Bytes;
 use libfabric_sys as sys;
 use std::net::SocketAddr;
@@ -73,14 +71,16 @@ impl Net {
     ) -> Result<Ep, FabricError> {
         // SAFETY: info is valid (from fi_getinfo or a connection request),
         // and so is its tx_attr where it is not null.
-        let sends_in_place = unsafe { sends_in_place(self.mr_local, (*info).tx_attr) };
+        let sends_in_place = unsafe { sends_in_place(self.mr.local, (*info).tx_attr) };
         let mut ep = Ep {
             ep: ptr::null_mut(),
-            tx: Buffers::new(slots, slot_size),
+            tx: TxSide {
+                buffers: Buffers::new(slots, slot_size),
+                in_place: sends_in_place,
+            },
             rx: Buffers::new(slots, slot_size),
             slot_size,
             rma: self.rma_regions(),
-            sends_in_place,
             _net: self.objects.clone(),
         };
         // SAFETY: info is valid; ep.ep is closed by Ep::drop if set.
@@ -99,8 +99,8 @@ impl Net {
         // freed only after it is closed (Ep::drop).
         unsafe {
             bind_and_enable(ep.ep, o.eq as *mut sys::fid, "fi_ep_bind(eq)", o.cq)?;
-            if self.mr_local {
-                ep.tx.register(o.domain, u64::from(sys::FI_SEND))?;
+            if self.mr.local {
+                ep.tx.buffers.register(o.domain, u64::from(sys::FI_SEND))?;
                 ep.rx.register(o.domain, u64::from(sys::FI_RECV))?;
             }
         }
@@ -223,13 +223,10 @@ impl Drop for PassiveEp {
 /// An active MSG endpoint with its own transmit and receive slots.
 pub struct Ep {
     ep: *mut sys::fid_ep,
-    tx: Buffers,
+    tx: TxSide,
     rx: Buffers,
     slot_size: usize,
     rma: RmaBuffers,
-    /// The provider reads local buffers without registration and takes two
-    /// iovecs per send ([`Ep::send_in_place`]).
-    sends_in_place: bool,
     /// Keeps the domain and queues open until after the endpoint and its
     /// registrations are closed (fields drop after `Drop::drop`, in order).
     _net: Arc<NetObjects>,
@@ -250,8 +247,18 @@ impl Drop for Ep {
         // touches the buffers, which are then freed with `self`.
         close(self.ep as *mut sys::fid);
         self.rma.close_all();
-        self.tx.close_mr();
+        self.tx.buffers.close_mr();
         self.rx.close_mr();
+    }
+}
+
+impl SendSlots for Ep {
+    fn tx_side(&self) -> &TxSide {
+        &self.tx
+    }
+
+    fn tx_side_mut(&mut self) -> &mut TxSide {
+        &mut self.tx
     }
 }
 
@@ -268,7 +275,7 @@ impl Ep {
 
     /// Number of slots of each direction.
     pub fn slots(&self) -> usize {
-        self.tx.busy.len()
+        self.tx_slots()
     }
 
     /// Posts receive slot `slot` with completion context `context`.
@@ -281,33 +288,15 @@ impl Ep {
         self.rx.done(slot, len)
     }
 
-    /// The transmit slot `slot` to fill, if it is not in flight.
-    pub fn tx_slot(&mut self, slot: usize) -> Option<&mut [u8]> {
-        self.tx.idle_mut(slot)
-    }
-
     /// Sends the first `len` bytes of transmit slot `slot`. `Err` with
     /// [`is_again`](crate::is_again) means the provider's queue is full: retry later.
     pub fn send(&mut self, slot: usize, len: usize, context: u64) -> Result<(), FabricError> {
-        post_send(self.ep, &mut self.tx, slot, len, 0, context)
-    }
-
-    /// A completed send: the slot may be refilled (and bytes it sent in
-    /// place are let go).
-    pub fn send_done(&mut self, slot: usize) {
-        self.tx.done(slot, 0);
-    }
-
-    /// Whether [`Ep::send_in_place`] can be used: the provider needs no
-    /// registration of local buffers (`FI_MR_LOCAL` unset) and gathers at
-    /// least two iovecs per send (`tcp`; not `verbs`).
-    pub fn sends_in_place(&self) -> bool {
-        self.sends_in_place
+        self.tx.send(self.ep, slot, len, 0, context)
     }
 
     /// Sends the first `head` bytes of transmit slot `slot` followed by
     /// `body`, without copying `body` (`post_send_in_place`): large pieces
-    /// of a frame go this way where [`Ep::sends_in_place`]; elsewhere this
+    /// of a frame go this way where [`SendSlots::sends_in_place`]; elsewhere this
     /// returns [`FabricError::Slot`]. `Err` with [`is_again`](crate::is_again): retry later.
     pub fn send_in_place(
         &mut self,
@@ -316,8 +305,7 @@ impl Ep {
         body: Bytes,
         context: u64,
     ) -> Result<(), FabricError> {
-        let (ep, allowed) = (self.ep, self.sends_in_place);
-        post_send_in_place(ep, &mut self.tx, allowed, slot, head, body, 0, context)
+        self.tx.send_in_place(self.ep, slot, head, body, 0, context)
     }
 
     /// The endpoint's rendezvous buffers (for the connected peer to read).

@@ -4,7 +4,7 @@
 
 use crate::error::{again_is_empty, check, strerror, FabricError, OtherDomain, Site};
 use crate::info::{checks_keys, domain_name, getinfo, getinfo_on, leaks_on_drop, EpType, Info};
-use crate::info::{RmaChoice, RmaOp};
+use crate::info::{MrMode, RmaChoice, RmaOp};
 use crate::landing::{LandingPool, RmaGauge};
 use libfabric_sys as sys;
 use std::ffi::CStr;
@@ -123,14 +123,10 @@ pub struct Net {
     pub(crate) leak: bool,
     /// The one-sided operation endpoints have for the rendezvous, if any.
     pub(crate) rma: Option<RmaOp>,
-    /// `mr_mode` bits that apply (`FI_MR_VIRT_ADDR`, `FI_MR_PROV_KEY`).
-    pub(crate) virt_addr: bool,
-    pub(crate) prov_key: bool,
-    /// Reads of withdrawn registrations fail at the target ([`checks_keys`]).
-    pub(crate) keys_checked: bool,
+    /// What registrations must honour (`mr_mode`, checked keys).
+    pub(crate) mr: MrMode,
     pub(crate) provider: String,
     pub(crate) ep: EpType,
-    pub(crate) mr_local: bool,
     pub(crate) rma_gauge: Arc<RmaGauge>,
     pub(crate) landings: Arc<LandingPool>,
     /// Last: registered landing buffers close before the domain.
@@ -148,7 +144,7 @@ impl std::fmt::Debug for Net {
         f.debug_struct("Net")
             .field("provider", &self.provider)
             .field("ep", &self.ep)
-            .field("mr_local", &self.mr_local)
+            .field("mr", &self.mr)
             .field("cq_waitable", &self.cq_waitable)
             .finish()
     }
@@ -333,12 +329,9 @@ impl Net {
             socket_names: false,
             leak,
             rma,
-            virt_addr: false,
-            prov_key: false,
-            keys_checked: checks_keys(provider),
+            mr: MrMode::default(),
             provider: provider.to_owned(),
             ep,
-            mr_local: false,
             rma_gauge: Arc::default(),
             landings: Arc::default(),
             objects: Arc::new(NetObjects {
@@ -357,9 +350,7 @@ impl Net {
         unsafe {
             let i = &*net.info.0;
             let mr_mode = (*i.domain_attr).mr_mode as u32;
-            net.mr_local = mr_mode & sys::FI_MR_LOCAL != 0;
-            net.virt_addr = mr_mode & sys::FI_MR_VIRT_ADDR != 0;
-            net.prov_key = mr_mode & sys::FI_MR_PROV_KEY != 0;
+            net.mr = MrMode::new(mr_mode, checks_keys(provider));
             net.socket_names = matches!(
                 i.addr_format,
                 sys::FI_SOCKADDR | sys::FI_SOCKADDR_IN | sys::FI_SOCKADDR_IN6
@@ -455,7 +446,7 @@ impl Net {
 
     /// Whether buffers must be registered (`FI_MR_LOCAL`).
     pub fn mr_local(&self) -> bool {
-        self.mr_local
+        self.mr.local
     }
 
     /// The EQ's wait fd (readable when connection events may be waiting);

@@ -5,9 +5,7 @@ use crate::error::{check, strerror, FabricError, Site};
 use crate::info::{getinfo, getinfo_on, EpType};
 use crate::net::{bind_and_enable, close, sockaddr, Net, NetObjects};
 use crate::rma::{Exposed, Landing, RmaBuffers};
-use crate::slots::{
-    post_recv, post_send, post_send_in_place, sends_in_place, Buffers, FI_ADDR_UNSPEC,
-};
+use crate::slots::{post_recv, sends_in_place, Buffers, SendSlots, TxSide, FI_ADDR_UNSPEC};
 use bytes::Bytes;
 use libfabric_sys as sys;
 use std::ffi::CString;
@@ -31,7 +29,7 @@ pub struct RdmEp {
     mr_local: bool,
     addr_format: u32,
     name: Vec<u8>,
-    tx: Buffers,
+    tx: TxSide,
     rx: Vec<Buffers>,
     rx_block: usize,
     slot_size: usize,
@@ -41,9 +39,6 @@ pub struct RdmEp {
     /// Never close (see the crate docs: `shm`).
     leak: bool,
     rma: RmaBuffers,
-    /// The provider reads local buffers without registration and takes two
-    /// iovecs per send ([`RdmEp::send_in_place`]).
-    sends_in_place: bool,
     /// Keeps the domain and CQ open until after the endpoint, its address
     /// vector and its registrations are closed (fields drop after
     /// `Drop::drop`, in order).
@@ -87,14 +82,14 @@ impl Drop for RdmEp {
             // the transmit slots: they live as long as the process.
             std::mem::forget(std::mem::take(&mut self.rx));
             self.rma.leak();
-            std::mem::forget(std::mem::replace(&mut self.tx, Buffers::new(0, 0)));
+            std::mem::forget(std::mem::replace(&mut self.tx.buffers, Buffers::new(0, 0)));
             return;
         }
         // Endpoint first (the provider stops touching the buffers), then the
         // registrations and the address vector.
         close(self.ep as *mut sys::fid);
         self.rma.close_all();
-        self.tx.close_mr();
+        self.tx.buffers.close_mr();
         for b in &mut self.rx {
             b.close_mr();
         }
@@ -165,17 +160,16 @@ impl Net {
         let mut ep = RdmEp {
             ep: ptr::null_mut(),
             av: ptr::null_mut(),
-            mr_local: self.mr_local,
+            mr_local: self.mr.local,
             addr_format: 0,
             name: Vec::new(),
-            tx: Buffers::new(tx_slots, slot_size),
+            tx: TxSide::new(Buffers::new(tx_slots, slot_size)),
             rx: Vec::new(),
             rx_block,
             slot_size,
             inject_size: 0,
             leak: self.leak,
             rma: self.rma_regions(),
-            sends_in_place: false,
             net: self.objects.clone(),
         };
         let o = &self.objects;
@@ -188,7 +182,7 @@ impl Net {
             if !tx_attr.is_null() {
                 ep.inject_size = (*tx_attr).inject_size;
             }
-            ep.sends_in_place = sends_in_place(ep.mr_local, tx_attr);
+            ep.tx.in_place = sends_in_place(ep.mr_local, tx_attr);
             let mut av_attr = sys::fi_av_attr {
                 type_: sys::FI_AV_MAP,
                 ..Default::default()
@@ -203,8 +197,8 @@ impl Net {
             )?;
             bind_and_enable(ep.ep, ep.av as *mut sys::fid, "fi_ep_bind(av)", o.cq)
                 .map_err(|e| self.known_enable_failure(e))?;
-            if self.mr_local {
-                ep.tx.register(o.domain, u64::from(sys::FI_SEND))?;
+            if self.mr.local {
+                ep.tx.buffers.register(o.domain, u64::from(sys::FI_SEND))?;
             }
             let mut raw = [0u8; MAX_NAME_LEN];
             let mut len = raw.len();
@@ -276,6 +270,16 @@ pub(crate) unsafe fn av_insert(
     Ok(out)
 }
 
+impl SendSlots for RdmEp {
+    fn tx_side(&self) -> &TxSide {
+        &self.tx
+    }
+
+    fn tx_side_mut(&mut self) -> &mut TxSide {
+        &mut self.tx
+    }
+}
+
 impl RdmEp {
     /// This endpoint's name (`fi_getname`), what peers pass to [`RdmEp::insert`].
     pub fn name(&self) -> &[u8] {
@@ -345,11 +349,6 @@ impl RdmEp {
         self.slot_size
     }
 
-    /// Transmit slots.
-    pub fn tx_slots(&self) -> usize {
-        self.tx.busy.len()
-    }
-
     fn rx_block(&mut self, slot: usize) -> Result<(&mut Buffers, usize), FabricError> {
         let block = self.rx_block;
         self.rx
@@ -373,11 +372,6 @@ impl RdmEp {
         }
     }
 
-    /// The transmit slot `slot` to fill, if it is not in flight.
-    pub fn tx_slot(&mut self, slot: usize) -> Option<&mut [u8]> {
-        self.tx.idle_mut(slot)
-    }
-
     /// Sends the first `len` bytes of transmit slot `slot` to `to`. `Err`
     /// with [`is_again`](crate::is_again) means the provider's queue is full: retry later.
     pub fn send(
@@ -387,25 +381,12 @@ impl RdmEp {
         to: PeerAddr,
         context: u64,
     ) -> Result<(), FabricError> {
-        post_send(self.ep, &mut self.tx, slot, len, to.0, context)
-    }
-
-    /// A completed send: the slot may be refilled (and bytes it sent in
-    /// place are let go).
-    pub fn send_done(&mut self, slot: usize) {
-        self.tx.done(slot, 0);
-    }
-
-    /// Whether [`RdmEp::send_in_place`] can be used (as
-    /// [`Ep::sends_in_place`](crate::Ep::sends_in_place): no local registration wanted, two iovecs
-    /// gathered — `tcp;ofi_rxm` and `shm`).
-    pub fn sends_in_place(&self) -> bool {
-        self.sends_in_place
+        self.tx.send(self.ep, slot, len, to.0, context)
     }
 
     /// Sends the first `head` bytes of transmit slot `slot` followed by
     /// `body` to `to`, without copying `body` (`post_send_in_place`);
-    /// [`FabricError::Slot`] where [`RdmEp::sends_in_place`] is false. `Err`
+    /// [`FabricError::Slot`] where [`SendSlots::sends_in_place`] is false. `Err`
     /// with [`is_again`](crate::is_again): retry later.
     pub fn send_in_place(
         &mut self,
@@ -415,8 +396,8 @@ impl RdmEp {
         to: PeerAddr,
         context: u64,
     ) -> Result<(), FabricError> {
-        let (ep, allowed) = (self.ep, self.sends_in_place);
-        post_send_in_place(ep, &mut self.tx, allowed, slot, head, body, to.0, context)
+        self.tx
+            .send_in_place(self.ep, slot, head, body, to.0, context)
     }
 
     /// The largest send [`RdmEp::inject`] takes (`tx_attr.inject_size`;
@@ -439,7 +420,7 @@ impl RdmEp {
                 msg: format!("{len} bytes above the inject size {}", self.inject_size),
             });
         }
-        let p = self.tx.idle_ptr(slot, len)?;
+        let p = self.tx.buffers.idle_ptr(slot, len)?;
         // SAFETY: p points to `len` bytes of an idle slot of the endpoint's
         // transmit buffer, alive for the call; fi_inject copies them before
         // it returns and keeps no reference to them or to a context.

@@ -4,7 +4,7 @@
 //! caller keeps across exposures where keys are checked ([`ReadRegion`]).
 
 use crate::error::{check, FabricError};
-use crate::info::RmaOp;
+use crate::info::{MrMode, RmaOp};
 use crate::landing::{LandingPool, RmaGauge};
 use crate::net::{close, Net, NetObjects};
 use bytes::Bytes;
@@ -267,11 +267,8 @@ pub struct RmaBuffers {
     net: Arc<NetObjects>,
     /// The endpoint's one-sided operation ([`Net::rma`]).
     op: Option<RmaOp>,
-    mr_local: bool,
-    virt_addr: bool,
-    prov_key: bool,
-    /// See [`checks_keys`](crate::info::checks_keys).
-    keys_checked: bool,
+    /// What registrations must honour, the Net's.
+    mr: MrMode,
     /// Buffers peers may fi_read, by id.
     exposed: std::collections::HashMap<u32, Region>,
     next_exposed: u32,
@@ -303,10 +300,7 @@ impl Net {
         RmaBuffers {
             net: self.objects.clone(),
             op: self.rma,
-            mr_local: self.mr_local,
-            virt_addr: self.virt_addr,
-            prov_key: self.prov_key,
-            keys_checked: self.keys_checked,
+            mr: self.mr,
             exposed: Default::default(),
             next_exposed: 0,
             reading: Default::default(),
@@ -340,7 +334,7 @@ impl RmaBuffers {
         len: usize,
         access: u64,
     ) -> Result<*mut sys::fid_mr, FabricError> {
-        let key = if self.prov_key {
+        let key = if self.mr.prov_key {
             0
         } else {
             NEXT_MR_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -379,7 +373,7 @@ impl RmaBuffers {
         ptr: *const u8,
         len: usize,
     ) -> Result<*mut sys::fid_mr, FabricError> {
-        if self.mr_local {
+        if self.mr.local {
             self.register(ptr, len, u64::from(sys::FI_WRITE))
         } else {
             Ok(ptr::null_mut())
@@ -462,7 +456,7 @@ impl RmaBuffers {
             return Err((e, mem));
         }
         let remote_read = u64::from(sys::FI_REMOTE_READ);
-        let (word, word_mr, check) = if self.keys_checked {
+        let (word, word_mr, check) = if self.mr.keys_checked {
             (Vec::new(), ptr::null_mut(), 0)
         } else {
             let check = next_check();
@@ -503,7 +497,7 @@ impl RmaBuffers {
     /// was sent, which cannot change while registered. Elsewhere (`shm`)
     /// each exposure needs its own check word ([`CHECK_LEN`]).
     pub fn keeps_registrations(&self) -> bool {
-        self.op == Some(RmaOp::Read) && self.keys_checked
+        self.op == Some(RmaOp::Read) && self.mr.keys_checked
     }
 
     /// Registers `mem` for peers' reads, for the caller to keep and expose
@@ -570,7 +564,7 @@ impl RmaBuffers {
             unsafe { sys::fi_mr_key(region.mr) }
         };
         let word = (!region.word_mr.is_null()).then(|| RemoteWord {
-            addr: if self.virt_addr {
+            addr: if self.mr.virt_addr {
                 region.mem.as_ptr() as u64
             } else {
                 0
@@ -582,7 +576,7 @@ impl RmaBuffers {
         self.next_exposed = self.next_exposed.wrapping_add(1);
         let exposed = Exposed {
             id,
-            addr: if self.virt_addr && !write {
+            addr: if self.mr.virt_addr && !write {
                 ptr as u64
             } else {
                 0
@@ -665,7 +659,7 @@ impl RmaBuffers {
         let mut mem: Vec<u8> = Vec::with_capacity(READ_ALIGN - 1 + total + word_room);
         // Where the peer's buffer sits within a cache line is known under
         // FI_MR_VIRT_ADDR (else it is an offset: line-aligned is the guess).
-        let peer_line = if self.virt_addr { addr } else { 0 } as usize;
+        let peer_line = if self.mr.virt_addr { addr } else { 0 } as usize;
         let skip = peer_line.wrapping_sub(mem.as_ptr() as usize + at) % READ_ALIGN;
         let spare = &mut mem.spare_capacity_mut()[skip..];
         for (dst, &b) in spare[..at].iter_mut().zip(&around[..at]) {
@@ -737,7 +731,7 @@ impl RmaBuffers {
         let target = &mem[at..at + len];
         let mr = self.register(target.as_ptr(), len, u64::from(sys::FI_REMOTE_WRITE))?;
         let landing = Landing {
-            addr: if self.virt_addr {
+            addr: if self.mr.virt_addr {
                 target.as_ptr() as u64
             } else {
                 0
@@ -892,7 +886,7 @@ impl RmaBuffers {
         (from, addr, key): (u64, u64, u64),
         context: u64,
     ) -> Result<*mut sys::fid_mr, FabricError> {
-        let mr = if self.mr_local {
+        let mr = if self.mr.local {
             self.register(target, len, u64::from(sys::FI_READ))?
         } else {
             ptr::null_mut()

@@ -221,3 +221,97 @@ pub(crate) fn post_send_in_place(
     bufs.held[slot] = Some(body);
     Ok(())
 }
+
+/// An endpoint's transmit slots and whether it may send the caller's bytes
+/// in place: the side MSG and RDM endpoints share, whose operations
+/// [`SendSlots`] offers on both.
+pub struct TxSide {
+    pub(crate) buffers: Buffers,
+    /// [`sends_in_place`] said yes for the endpoint.
+    pub(crate) in_place: bool,
+}
+
+impl TxSide {
+    pub(crate) fn new(buffers: Buffers) -> Self {
+        TxSide {
+            buffers,
+            in_place: false,
+        }
+    }
+
+    /// [`post_send`] from slot `slot` on `ep` to `to` (`FI_ADDR_UNSPEC`
+    /// on a connected endpoint).
+    pub(crate) fn send(
+        &mut self,
+        ep: *mut sys::fid_ep,
+        slot: usize,
+        len: usize,
+        to: u64,
+        context: u64,
+    ) -> Result<(), FabricError> {
+        post_send(ep, &mut self.buffers, slot, len, to, context)
+    }
+
+    /// [`post_send_in_place`] from slot `slot` on `ep` to `to`, refused
+    /// unless the endpoint sends in place.
+    #[allow(clippy::too_many_arguments)] // the post's: endpoint, slot, bytes, peer
+    pub(crate) fn send_in_place(
+        &mut self,
+        ep: *mut sys::fid_ep,
+        slot: usize,
+        head: usize,
+        body: Bytes,
+        to: u64,
+        context: u64,
+    ) -> Result<(), FabricError> {
+        let allowed = self.in_place;
+        post_send_in_place(
+            ep,
+            &mut self.buffers,
+            allowed,
+            slot,
+            head,
+            body,
+            to,
+            context,
+        )
+    }
+}
+
+/// The transmit-slot operations of [`Ep`](crate::Ep) and
+/// [`RdmEp`](crate::RdmEp): filling a slot, letting it go, and whether a
+/// send may carry bytes from where they lie. Their sends differ only in
+/// the destination (none, or a peer's address) and stay their own.
+pub trait SendSlots {
+    /// The endpoint's transmit side.
+    #[doc(hidden)]
+    fn tx_side(&self) -> &TxSide;
+
+    /// The endpoint's transmit side, to change.
+    #[doc(hidden)]
+    fn tx_side_mut(&mut self) -> &mut TxSide;
+
+    /// Transmit slots.
+    fn tx_slots(&self) -> usize {
+        self.tx_side().buffers.busy.len()
+    }
+
+    /// The transmit slot `slot` to fill, if it is not in flight.
+    fn tx_slot(&mut self, slot: usize) -> Option<&mut [u8]> {
+        self.tx_side_mut().buffers.idle_mut(slot)
+    }
+
+    /// A completed send: the slot may be refilled (and bytes it sent in
+    /// place are let go).
+    fn send_done(&mut self, slot: usize) {
+        self.tx_side_mut().buffers.done(slot, 0);
+    }
+
+    /// Whether the endpoint's `send_in_place` can be used: the provider
+    /// needs no registration of local buffers (`FI_MR_LOCAL` unset) and
+    /// gathers at least two iovecs per send (`tcp`, `tcp;ofi_rxm`, `shm`;
+    /// not `verbs`).
+    fn sends_in_place(&self) -> bool {
+        self.tx_side().in_place
+    }
+}

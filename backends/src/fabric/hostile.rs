@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use mio::Token;
 use msgr_addr::{EntityAddr, FabricEndpoint, FabricProvider};
-use msgr_fabric::{CmEvent, Completion, Ep, EpType, Net, PeerAddr, RdmEp, RmaChoice, RmaOp, Site};
+use msgr_fabric::{
+    CmEvent, Completion, Ep, EpType, Net, PeerAddr, RdmEp, RmaChoice, RmaOp, SendSlots, Site,
+};
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::{FrameLimits, LinkId, Transmit};
 

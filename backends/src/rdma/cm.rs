@@ -81,7 +81,7 @@ fn cm(l: &mut RdmaLink) -> Option<&mut CmConn> {
 impl RdmaTransport {
     /// The event channel, created and registered at first use.
     pub(super) fn cm_state(&mut self) -> Result<&mut CmState, TransportError> {
-        if self.cm.is_none() {
+        if self.setup.cm.is_none() {
             let channel =
                 EventChannel::new().map_err(|e| cm_err("rdma_create_event_channel", e))?;
             channel
@@ -91,7 +91,7 @@ impl RdmaTransport {
             self.registry
                 .register(&mut SourceFd(&channel.fd()), token, Interest::READABLE)
                 .map_err(|e| TransportError::io("register rdma_cm channel", e))?;
-            self.cm = Some(CmState {
+            self.setup.cm = Some(CmState {
                 channel,
                 token,
                 listeners: Listeners::default(),
@@ -99,7 +99,7 @@ impl RdmaTransport {
                 parked: FxHashMap::default(),
             });
         }
-        Ok(self.cm.as_mut().expect("just made"))
+        Ok(self.setup.cm.as_mut().expect("just made"))
     }
 
     /// Opens the transport's device from the one rdma_cm picked for `id`.
@@ -123,7 +123,7 @@ impl RdmaTransport {
             Some(_) => Ok(()),
             None => {
                 let ctx = self.cm_anchor(id, &ctx).unwrap_or(ctx);
-                let d = Device::with_context(ctx, id.port_num(), &self.pools)
+                let d = Device::with_context(ctx, id.port_num(), &self.params.pools)
                     .map_err(|e| cm_err("open rdma_cm device", e))?;
                 self.install_device(d)
             }
@@ -187,7 +187,7 @@ impl RdmaTransport {
     }
 
     pub(super) fn cm_unlisten(&mut self, token: Token) {
-        if let Some(cm) = self.cm.as_mut() {
+        if let Some(cm) = self.setup.cm.as_mut() {
             cm.listeners.remove_token(token);
         }
     }
@@ -212,7 +212,8 @@ impl RdmaTransport {
             0,
         );
         self.insert_link(link, l);
-        self.cm
+        self.setup
+            .cm
             .as_mut()
             .expect("made above")
             .links
@@ -223,7 +224,7 @@ impl RdmaTransport {
     /// Reads every pending rdma_cm event.
     pub(super) fn cm_ready(&mut self, events: &mut Vec<TransportEvent>) {
         loop {
-            let Some(cm) = self.cm.as_ref() else {
+            let Some(cm) = self.setup.cm.as_ref() else {
                 return;
             };
             match cm.channel.get_event() {
@@ -238,7 +239,11 @@ impl RdmaTransport {
     }
 
     fn on_cm_event(&mut self, ev: CmEvent, events: &mut Vec<TransportEvent>) {
-        let cm = self.cm.as_mut().expect("events come from the channel");
+        let cm = self
+            .setup
+            .cm
+            .as_mut()
+            .expect("events come from the channel");
         if ev.kind == CmEventKind::ConnectRequest {
             let token = cm.listeners.token_of(ev.listen_handle);
             if let (Some(token), Some(new_id)) = (token, ev.new_id) {
@@ -273,7 +278,7 @@ impl RdmaTransport {
         if ev.status != 0 && ev.kind != CmEventKind::Disconnected {
             return Err(failed());
         }
-        let chunk = self.pools.chunk_size;
+        let chunk = self.params.pools.chunk_size;
         let gone = || LinkFailure::Local("link gone".into());
         let l = self.links.get_mut(&id).ok_or_else(gone)?;
         let c = cm(l).ok_or_else(|| LinkFailure::Local("not an rdma_cm link".into()))?;
@@ -291,7 +296,7 @@ impl RdmaTransport {
                 let l = self.links.get_mut(&id).expect("present");
                 l.qp = Some(qp);
                 l.share = share;
-                l.peer_credits = l.initial_credits();
+                l.flow.peer_credits = l.initial_credits();
                 let param = self.conn_param(self.links.get(&id).expect("present"), None);
                 let c = cm(self.links.get_mut(&id).expect("present")).expect("cm");
                 c.id.connect(&param)
@@ -301,7 +306,7 @@ impl RdmaTransport {
             (CmEventKind::Established, CmStep::Connecting) => {
                 let peer = LinkParams::decode(&ev.private_data, chunk)?;
                 c.step = CmStep::Up;
-                l.credits = peer.credits;
+                l.flow.credits = peer.credits;
                 self.mark_up(id, events);
             }
             (CmEventKind::Established, CmStep::Accepting) => {
@@ -345,7 +350,7 @@ impl RdmaTransport {
         private_data: &[u8],
         depth: (u8, u8),
     ) -> Result<(), LinkFailure> {
-        let peer = match LinkParams::decode(private_data, self.pools.chunk_size) {
+        let peer = match LinkParams::decode(private_data, self.params.pools.chunk_size) {
             Ok(p) => p,
             Err(why) => {
                 let _ = new_id.reject(b"msgr: bad link parameters");
@@ -373,12 +378,13 @@ impl RdmaTransport {
             Some(qp),
             share,
         );
-        l.credits = peer.credits;
+        l.flow.credits = peer.credits;
         l.listener = Some(token);
         l.hold_tx = iwarp;
         let param = self.conn_param(&l, Some(depth));
         self.insert_link(link, l);
-        self.cm
+        self.setup
+            .cm
             .as_mut()
             .expect("present")
             .links
@@ -409,7 +415,7 @@ impl RdmaTransport {
         if c.step == CmStep::Up || c.step == CmStep::Accepting || c.step == CmStep::Connecting {
             let _ = c.id.disconnect();
         }
-        if let Some(cm) = self.cm.as_mut() {
+        if let Some(cm) = self.setup.cm.as_mut() {
             cm.forget(c.id.handle());
         }
     }
@@ -419,7 +425,7 @@ impl RdmaTransport {
     /// connect or accept may still be outstanding.
     pub(super) fn cm_destroy(&mut self, c: CmConn) {
         let pending = matches!(c.step, CmStep::Connecting | CmStep::Accepting);
-        match self.cm.as_mut() {
+        match self.setup.cm.as_mut() {
             Some(cm) if pending => {
                 cm.parked.insert(c.id.handle(), (c.id, Instant::now()));
                 self.counters.cm_ids_parked += 1;
@@ -430,7 +436,7 @@ impl RdmaTransport {
 
     /// Destroys parked ids that waited [`PARK_GRACE`] for their event.
     pub(super) fn reap_parked(&mut self, now: Instant) {
-        if let Some(cm) = self.cm.as_mut() {
+        if let Some(cm) = self.setup.cm.as_mut() {
             cm.parked
                 .retain(|_, (_, since)| now.saturating_duration_since(*since) < PARK_GRACE);
         }

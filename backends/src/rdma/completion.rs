@@ -72,18 +72,18 @@ impl RdmaTransport {
     /// Posts the receive chunks the application let go of again, and gives
     /// their credits back to their links' peers.
     pub(super) fn take_returns(&mut self) -> bool {
-        let back = self.returns.take();
+        let back = self.loans.returns.take();
         if back.is_empty() {
             return false;
         }
-        self.lent -= back.len() as u64;
+        self.loans.lent -= back.len() as u64;
         for (link, chunk) in back {
             self.repost(chunk);
             if let Some(l) = self.links.get_mut(&link) {
                 l.lent -= 1;
                 l.grant_one();
                 if l.should_return_credits() {
-                    self.dirty.push(link);
+                    self.backlog.dirty.push(link);
                 }
             } else if let Some((l, _)) = self.closing.get_mut(&link) {
                 // Its release returns the slot with the rest of its share.
@@ -113,19 +113,19 @@ impl RdmaTransport {
         let Some(l) = self.links.get_mut(&id) else {
             return;
         };
-        if let Some(pos) = l.tx_inflight.iter().position(|&c| c == chunk) {
-            l.tx_inflight.swap_remove(pos);
+        if let Some(pos) = l.send.inflight.iter().position(|&c| c == chunk) {
+            l.send.inflight.swap_remove(pos);
             dev.tx.put(chunk);
         }
-        if l.credit_chunk == Some(chunk) {
-            l.credit_chunk = None;
+        if l.flow.credit_chunk == Some(chunk) {
+            l.flow.credit_chunk = None;
         }
         // A send completion frees a chunk and a send-queue slot: this link
         // may go on, and so may the links that found the pool empty.
-        if !l.queue.is_empty() || l.to_grant > 0 {
-            self.dirty.push(id);
+        if !l.send.queue.is_empty() || l.flow.to_grant > 0 {
+            self.backlog.dirty.push(id);
         }
-        self.dirty.extend(self.tx_waiting.drain(..));
+        self.backlog.dirty.extend(self.backlog.tx_waiting.drain(..));
     }
 
     pub(super) fn on_recv(
@@ -148,12 +148,12 @@ impl RdmaTransport {
             }
         }
         let dev = self.dev.as_mut().expect("device");
-        let limits = self.limits;
+        let limits = self.params.limits;
         let l = self.links.get_mut(&id).expect("caller checked");
         if l.hold_tx {
             // iWARP: the connector has spoken; we may send now.
             l.hold_tx = false;
-            self.dirty.push(id);
+            self.backlog.dirty.push(id);
         }
         if len < HDR {
             self.repost(chunk);
@@ -169,7 +169,7 @@ impl RdmaTransport {
         };
         let more = data[1] & link::MORE != 0;
         let granted = u32::from_le_bytes([data[4], data[5], data[6], data[7]]);
-        l.credits = l.credits.saturating_add(granted);
+        l.flow.credits = l.flow.credits.saturating_add(granted);
         let payload = &data[HDR..];
         let mut unit = None;
         let mut lent = false;
@@ -179,12 +179,12 @@ impl RdmaTransport {
         match kind {
             Kind::Credit => {}
             Kind::Banner | Kind::Frame => {
-                if l.reasm.len() + payload.len() > MAX_UNIT {
+                if l.recv.reasm.len() + payload.len() > MAX_UNIT {
                     bad = Some(format!("RDMA: unit larger than {MAX_UNIT} bytes"));
-                } else if more || !l.reasm.is_empty() {
-                    l.reasm.extend_from_slice(payload);
+                } else if more || !l.recv.reasm.is_empty() {
+                    l.recv.reasm.extend_from_slice(payload);
                     if !more {
-                        unit = Some(l.reasm.split().freeze());
+                        unit = Some(l.recv.reasm.split().freeze());
                     }
                 } else if payload.len() >= LEND_MIN && l.lent < l.share / 2 {
                     // A whole unit in one chunk: lent, not copied; the chunk
@@ -194,12 +194,12 @@ impl RdmaTransport {
                     // ack, say), and the peer needs credits to send it.
                     // Small units are copied: cheap, and their credit rides
                     // on the very next send (an ack) instead of trailing it.
-                    unit = Some(dev.rx.lend(chunk, HDR..len, id, &self.returns));
+                    unit = Some(dev.rx.lend(chunk, HDR..len, id, &self.loans.returns));
                     l.lent += 1;
                     lent = true;
                     self.counters.rx_lent_total += 1;
                 } else {
-                    unit = Some(l.rx_arena.copy(payload));
+                    unit = Some(l.recv.arena.copy(payload));
                 }
             }
             Kind::ReadReq => match ReadDesc::decode(payload) {
@@ -213,7 +213,7 @@ impl RdmaTransport {
             },
         }
         if lent {
-            self.lent += 1;
+            self.loans.lent += 1;
         } else {
             // The chunk is copied out: it goes back to the queue right away.
             self.repost(chunk);
@@ -226,14 +226,14 @@ impl RdmaTransport {
             l.grant_one();
         }
         if kind != Kind::Credit {
-            l.peer_credits = l.peer_credits.saturating_sub(1);
+            l.flow.peer_credits = l.flow.peer_credits.saturating_sub(1);
         }
         if granted > 0 || l.should_return_credits() {
-            self.dirty.push(id);
+            self.backlog.dirty.push(id);
         }
         if let Some(token) = read_done {
-            if let Some(lent) = l.rdv_out.remove(&token) {
-                l.rdv_out_bytes -= lent.body.len();
+            if let Some(lent) = l.rdv.out.remove(&token) {
+                l.rdv.out_bytes -= lent.body.len();
             }
             return Ok(());
         }
@@ -264,10 +264,10 @@ impl RdmaTransport {
             return;
         };
         match item {
-            RxItem::Ready(u) if !l.paused && l.held.is_empty() => {
+            RxItem::Ready(u) if !l.paused && l.recv.held.is_empty() => {
                 events.push(TransportEvent::Received(id, u))
             }
-            item => l.held.push_back(item),
+            item => l.recv.held.push_back(item),
         }
     }
 
@@ -278,9 +278,9 @@ impl RdmaTransport {
         };
         let mut any = false;
         while !l.paused {
-            match l.held.front() {
+            match l.recv.held.front() {
                 Some(RxItem::Ready(_)) => {
-                    if let Some(RxItem::Ready(u)) = l.held.pop_front() {
+                    if let Some(RxItem::Ready(u)) = l.recv.held.pop_front() {
                         events.push(TransportEvent::Received(id, u));
                         any = true;
                     }
@@ -299,7 +299,7 @@ impl RdmaTransport {
         inline: &[u8],
         events: &mut Vec<TransportEvent>,
     ) -> Result<(), RecvError> {
-        let max = self.limits.max_frame;
+        let max = self.params.limits.max_frame;
         let Some(total) = split::placed_len(desc.len, inline.len(), u64::from(desc.at), max) else {
             return Err(RecvError::protocol(format!(
                 "RDMA: rendezvous of {} bytes at {} among {} inline (frame limit {max})",
@@ -315,7 +315,7 @@ impl RdmaTransport {
         buf[at + desc.len as usize..total].copy_from_slice(&inline[at..]);
         let slot = self.add_read_op(id, buf, (total, desc), None);
         let l = self.links.get_mut(&id).expect("caller checked");
-        l.held.push_back(RxItem::Reading(slot));
+        l.recv.held.push_back(RxItem::Reading(slot));
         self.pump_reads(id, events);
         Ok(())
     }
@@ -323,7 +323,7 @@ impl RdmaTransport {
     /// A registered sink of at least `len` bytes: one back on the shelf,
     /// else a new one.
     pub(super) fn read_sink(&mut self, len: usize) -> Result<MemoryRegion<Vec<u8>>, RecvError> {
-        match self.sinks.take(len) {
+        match self.rdv_memory.sinks.take(len) {
             Some(sink) => {
                 self.counters.read_sinks_reused += 1;
                 Ok(sink)
@@ -344,14 +344,14 @@ impl RdmaTransport {
         user: Option<UserOp>,
     ) -> u32 {
         let l = self.links.get_mut(&id).expect("caller checked");
-        let slot = l.next_read;
-        l.next_read = (l.next_read + 1) & 0x00ff_ffff;
-        let hung = !user.is_some_and(|u| u.write) && l.reads_to_hang > 0;
+        let slot = l.rdv.next_read;
+        l.rdv.next_read = (l.rdv.next_read + 1) & 0x00ff_ffff;
+        let hung = !user.is_some_and(|u| u.write) && l.rdv.reads_to_hang > 0;
         if hung {
-            l.reads_to_hang -= 1;
+            l.rdv.reads_to_hang -= 1;
             self.counters.simulated_hung_reads += 1;
         }
-        l.reads.insert(
+        l.rdv.reads.insert(
             slot,
             ReadOp {
                 buf,
@@ -359,7 +359,7 @@ impl RdmaTransport {
                 desc,
                 posted: 0,
                 pending: 0,
-                deadline: Instant::now() + self.pools.read_timeout,
+                deadline: Instant::now() + self.params.pools.read_timeout,
                 hung,
                 user,
             },
@@ -382,7 +382,7 @@ impl RdmaTransport {
         };
         MemoryRegion::try_register(&dev.pd, vec![0u8; len], access)
             .or_else(|(_, unit)| {
-                self.sinks.clear();
+                self.rdv_memory.sinks.clear();
                 MemoryRegion::register(&dev.pd, unit, access)
             })
             .map_err(|e| {
@@ -401,12 +401,12 @@ impl RdmaTransport {
         let Some(qp) = l.qp.as_ref() else {
             return;
         };
-        let mut in_flight: u32 = l.reads.values().map(|r| r.pending).sum();
-        let mut slots: Vec<u32> = l.reads.keys().copied().collect();
+        let mut in_flight: u32 = l.rdv.reads.values().map(|r| r.pending).sum();
+        let mut slots: Vec<u32> = l.rdv.reads.keys().copied().collect();
         slots.sort_unstable();
         let mut err = None;
         'ops: for slot in slots {
-            let op = l.reads.get_mut(&slot).expect("listed");
+            let op = l.rdv.reads.get_mut(&slot).expect("listed");
             while op.posted < op.desc.len {
                 if in_flight >= MAX_READS {
                     break 'ops;
@@ -450,12 +450,12 @@ impl RdmaTransport {
     }
 
     pub(super) fn on_read_done(&mut self, id: LinkId, slot: u32, events: &mut Vec<TransportEvent>) {
-        let limits = self.limits;
+        let limits = self.params.limits;
         let iwarp = self.dev.as_ref().is_some_and(|d| d.ctx.is_iwarp());
         let Some(l) = self.links.get_mut(&id) else {
             return;
         };
-        let Some(op) = l.reads.get_mut(&slot) else {
+        let Some(op) = l.rdv.reads.get_mut(&slot) else {
             return;
         };
         if op.hung {
@@ -469,12 +469,12 @@ impl RdmaTransport {
             self.pump_reads(id, events);
             return;
         }
-        let op = l.reads.remove(&slot).expect("present");
+        let op = l.rdv.reads.remove(&slot).expect("present");
         if let Some(UserOp { token, write }) = op.user {
             if write {
                 self.counters.user_writes += 1;
                 self.counters.user_write_bytes += op.desc.len;
-                self.sinks.put(op.buf);
+                self.rdv_memory.sinks.put(op.buf);
                 events.push(TransportEvent::RmaWrite {
                     link: id,
                     token,
@@ -497,12 +497,12 @@ impl RdmaTransport {
         self.counters.rendezvous_read_bytes += op.desc.len;
         // Tell the sender it may release its buffer (ahead of queued data:
         // it carries no unit, only frees memory).
-        l.queue.push_front(link::Part::whole(
+        l.send.queue.push_front(link::Part::whole(
             Kind::ReadDone,
             false,
             Bytes::copy_from_slice(&op.desc.token.to_le_bytes()),
         ));
-        self.dirty.push(id);
+        self.backlog.dirty.push(id);
         let bytes = self.read_sink_bytes(op.buf, op.len, iwarp);
         let l = self.links.get_mut(&id).expect("present");
         let inbound = match Inbound::decode_exact(bytes, &limits) {
@@ -514,6 +514,7 @@ impl RdmaTransport {
             }
         };
         if let Some(item) = l
+            .recv
             .held
             .iter_mut()
             .find(|i| matches!(i, RxItem::Reading(s) if *s == slot))
@@ -542,7 +543,7 @@ impl RdmaTransport {
         } else {
             // Only readable locally: it stays registered and goes back to
             // the shelf when the bytes' last handle drops.
-            self.sinks.lend(buf, len)
+            self.rdv_memory.sinks.lend(buf, len)
         }
     }
 }

@@ -251,11 +251,29 @@ pub(crate) struct RdmaLink {
     pub(crate) lent: u32,
     /// iWARP acceptors send nothing before the connector's first message.
     pub(crate) hold_tx: bool,
+    /// Units to send and sends in flight.
+    pub(crate) send: SendState,
+    /// Credits: sends we may post, and receive slots owed back to the peer.
+    pub(crate) flow: CreditFlow,
+    /// The unit being received and those held back.
+    pub(crate) recv: RecvState,
+    pub(crate) paused: bool,
+    pub(crate) frozen: bool,
+    /// Rendezvous: our frames the peer reads, and the peer's we read.
+    pub(crate) rdv: RdvState,
+}
+
+/// A link's sending side.
+pub(crate) struct SendState {
     /// Send chunks whose send has not completed.
-    pub(crate) tx_inflight: Vec<u32>,
+    pub(crate) inflight: Vec<u32>,
     /// Units not yet posted, cut into parts that fit a chunk.
     pub(crate) queue: VecDeque<Part>,
     pub(crate) queued_bytes: usize,
+}
+
+/// A link's credit-based flow control.
+pub(crate) struct CreditFlow {
     /// Data sends we may post (the peer's receive slots for us).
     pub(crate) credits: u32,
     /// Receives consumed whose credit the peer has not been given back.
@@ -267,19 +285,25 @@ pub(crate) struct RdmaLink {
     pub(crate) withheld: u32,
     /// The send chunk of the credit-only send in flight (at most one).
     pub(crate) credit_chunk: Option<u32>,
+}
+
+/// A link's receiving side.
+pub(crate) struct RecvState {
     /// Parts of the unit being received.
     pub(crate) reasm: BytesMut,
     /// Where small units are copied out of their receive chunk (they
     /// share arena chunks; see [`msgr_proto::arena::ByteArena`]).
-    pub(crate) rx_arena: ByteArena,
-    pub(crate) paused: bool,
-    pub(crate) frozen: bool,
+    pub(crate) arena: ByteArena,
     /// Received, not delivered yet: while paused, or behind a read.
     pub(crate) held: VecDeque<RxItem>,
+}
+
+/// A link's rendezvous reads, both ways.
+pub(crate) struct RdvState {
     /// Our frames (or their payloads) the peer is to read, by token
     /// (released on its ReadDone).
-    pub(crate) rdv_out: FxHashMap<u32, Lent<ReadOnlyRegion>>,
-    pub(crate) rdv_out_bytes: usize,
+    pub(crate) out: FxHashMap<u32, Lent<ReadOnlyRegion>>,
+    pub(crate) out_bytes: usize,
     pub(crate) next_token: u32,
     /// The peer's frames we are reading, by read slot.
     pub(crate) reads: FxHashMap<u32, ReadOp>,
@@ -293,8 +317,8 @@ impl std::fmt::Debug for RdmaLink {
         f.debug_struct("RdmaLink")
             .field("qpn", &self.qp.as_ref().map(QueuePair::qp_num))
             .field("up", &self.up)
-            .field("credits", &self.credits)
-            .field("queued_bytes", &self.queued_bytes)
+            .field("credits", &self.flow.credits)
+            .field("queued_bytes", &self.send.queued_bytes)
             .finish()
     }
 }
@@ -311,25 +335,33 @@ impl RdmaLink {
             share,
             lent: 0,
             hold_tx: false,
-            tx_inflight: Vec::new(),
-            queue: VecDeque::new(),
-            queued_bytes: 0,
-            credits: 0,
-            to_grant: 0,
-            peer_credits: share.saturating_sub(1),
-            withheld: 0,
-            credit_chunk: None,
-            reasm: BytesMut::new(),
-            rx_arena: ByteArena::new(RX_ARENA),
+            send: SendState {
+                inflight: Vec::new(),
+                queue: VecDeque::new(),
+                queued_bytes: 0,
+            },
+            flow: CreditFlow {
+                credits: 0,
+                to_grant: 0,
+                peer_credits: share.saturating_sub(1),
+                withheld: 0,
+                credit_chunk: None,
+            },
+            recv: RecvState {
+                reasm: BytesMut::new(),
+                arena: ByteArena::new(RX_ARENA),
+                held: VecDeque::new(),
+            },
             paused: false,
             frozen: false,
-            held: VecDeque::new(),
-            rdv_out: FxHashMap::default(),
-            rdv_out_bytes: 0,
-            next_token: 1,
-            reads: FxHashMap::default(),
-            next_read: 0,
-            reads_to_hang: 0,
+            rdv: RdvState {
+                out: FxHashMap::default(),
+                out_bytes: 0,
+                next_token: 1,
+                reads: FxHashMap::default(),
+                next_read: 0,
+                reads_to_hang: 0,
+            },
         }
     }
 
@@ -352,16 +384,16 @@ impl RdmaLink {
         I: IntoIterator<Item = Bytes>,
         I::IntoIter: Clone,
     {
-        self.queued_bytes += cut_into_parts(kind, pieces, max, &mut self.queue);
+        self.send.queued_bytes += cut_into_parts(kind, pieces, max, &mut self.send.queue);
     }
 
     /// One of our receive slots is free again: its credit goes back to the
     /// peer (held back while reading is paused).
     pub(crate) fn grant_one(&mut self) {
         if self.paused {
-            self.withheld += 1;
+            self.flow.withheld += 1;
         } else {
-            self.to_grant += 1;
+            self.flow.to_grant += 1;
         }
     }
 
@@ -371,8 +403,9 @@ impl RdmaLink {
     /// carried them went out).
     pub(crate) fn should_return_credits(&self) -> bool {
         let window = self.initial_credits();
-        self.to_grant > 0
-            && (self.to_grant >= window.div_ceil(2) || self.peer_credits <= (window / 4).max(1))
+        self.flow.to_grant > 0
+            && (self.flow.to_grant >= window.div_ceil(2)
+                || self.flow.peer_credits <= (window / 4).max(1))
     }
 
     /// Whether sends may be posted now.

@@ -124,7 +124,7 @@ impl RdmaTransport {
         }
         id.listen(BACKLOG).map_err(|e| cm_err("rdma_listen", e))?;
         let bound = id.local_addr().unwrap_or(addr);
-        let cm = self.cm.as_mut().expect("made above");
+        let cm = self.setup.cm.as_mut().expect("made above");
         cm.listeners.add(id, token, bound, Instant::now());
         Ok(bound)
     }
@@ -132,7 +132,7 @@ impl RdmaTransport {
     /// Probes the watched listeners when due; listens again where the
     /// kernel socket is gone (see the module docs).
     pub(super) fn check_listeners(&mut self, now: Instant) {
-        let Some(cm) = self.cm.as_mut() else {
+        let Some(cm) = self.setup.cm.as_mut() else {
             return;
         };
         let l = &mut cm.listeners;
@@ -163,13 +163,13 @@ impl RdmaTransport {
                 Ok(_) => self.counters.listeners_restored += 1,
                 Err(e) => {
                     tracing::error!(%addr, error = %e, "could not listen again; retrying");
-                    if let Some(cm) = self.cm.as_mut() {
+                    if let Some(cm) = self.setup.cm.as_mut() {
                         cm.listeners.lost.push((addr, token));
                     }
                 }
             }
         }
-        if let Some(cm) = self.cm.as_mut() {
+        if let Some(cm) = self.setup.cm.as_mut() {
             let l = &mut cm.listeners;
             let watching = !l.lost.is_empty() || l.by_handle.values().any(|x| x.watched);
             l.next_check = watching.then_some(now + CHECK_EVERY);

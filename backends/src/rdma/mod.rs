@@ -106,7 +106,10 @@ use crate::{
 use cm::CmState;
 use conn::Conn;
 use device::{Device, MAX_READS, SQ_DEPTH};
-use link::{header, next_send, Kind, NextSend, RdmaLink, ReadDesc, ReadOp, RxItem, UserOp, HDR};
+use link::{
+    header, next_send, Kind, NextSend, RdmaLink, RdvState, ReadDesc, ReadOp, RxItem, SendState,
+    UserOp, HDR,
+};
 use oob::OobListener;
 use pool::RxReturns;
 use wr::WrKind;
@@ -325,21 +328,50 @@ struct CqPolling {
 pub struct RdmaTransport {
     kind: TransportKind,
     registry: Registry,
-    limits: FrameLimits,
     link_ids: Arc<AtomicU64>,
-    pools: RdmaPoolConfig,
+    /// Frame limits and pool sizes, from the transport context.
+    params: Params,
     /// Opened at the first listen or connect (on the device the address names
     /// or rdma_cm resolves).
     dev: Option<Box<Device>>,
     /// The completion queue's polling state.
     cq: CqPolling,
+    /// How links are set up: rdma_cm's channel or verbs' TCP listeners.
+    setup: SetupChannels,
+    links: FxHashMap<LinkId, RdmaLink>,
+    /// Receive completions name a QP number, not a link.
+    qpn_links: FxHashMap<u32, LinkId>,
+    /// Links with something to do next, and events produced outside a poll.
+    backlog: Backlog,
+    /// Links closed with `flush` whose last sends have not completed yet: no
+    /// longer links to the worker, their QPs linger (as a TCP socket's unsent
+    /// data does) until the sends complete or [`CLOSE_LINGER`] passes.
+    closing: FxHashMap<LinkId, (RdmaLink, Instant)>,
+    /// Memory the sends and rendezvous reuse.
+    rdv_memory: RdvMemory,
+    /// Receive chunks lent to the application.
+    loans: Loans,
+    /// Applications' regions open to peers' reads (`Transport::rma_expose`).
+    user_regions: user_rma::UserExposures,
+    counters: RdmaCounters,
+}
+
+/// What a transport was built with.
+struct Params {
+    limits: FrameLimits,
+    pools: RdmaPoolConfig,
+}
+
+/// How a transport's links are set up.
+struct SetupChannels {
     /// rdmacm: the event channel and listening ids.
     cm: Option<CmState>,
     /// verbs: out-of-band TCP listeners.
     oob_listeners: FxHashMap<Token, OobListener>,
-    links: FxHashMap<LinkId, RdmaLink>,
-    /// Receive completions name a QP number, not a link.
-    qpn_links: FxHashMap<u32, LinkId>,
+}
+
+/// Links a transport comes back to, and events waiting to be handed up.
+struct Backlog {
     /// Links with queued output or credits to return.
     dirty: crate::dirty::DirtyLinks,
     /// Links that found the send pool empty: flushed again when a chunk frees.
@@ -348,24 +380,25 @@ pub struct RdmaTransport {
     pending: Vec<TransportEvent>,
     /// Links resumed with held units to deliver.
     resumed: Vec<LinkId>,
-    /// Links closed with `flush` whose last sends have not completed yet: no
-    /// longer links to the worker, their QPs linger (as a TCP socket's unsent
-    /// data does) until the sends complete or [`CLOSE_LINGER`] passes.
-    closing: FxHashMap<LinkId, (RdmaLink, Instant)>,
+}
+
+/// Memory kept for reuse by sends and rendezvous.
+struct RdvMemory {
     /// Where frames below [`GATHER_MIN`] are encoded.
     tx_arena: ByteArena,
-    /// Receive chunks lent to the application and given back.
-    returns: Arc<RxReturns>,
-    /// Receive chunks lent out now.
-    lent: u64,
     /// Rendezvous read sinks, registered, back from the application.
     sinks: Arc<Shelf<MemoryRegion<Vec<u8>>>>,
     /// Registrations of segments exposed by rendezvous, kept for the next
     /// send of the same bytes (`crate::regcache`).
     reg_cache: RegCache<ReadOnlyRegion>,
-    /// Applications' regions open to peers' reads (`Transport::rma_expose`).
-    user_regions: user_rma::UserExposures,
-    counters: RdmaCounters,
+}
+
+/// Receive chunks lent to the application.
+struct Loans {
+    /// Those given back.
+    returns: Arc<RxReturns>,
+    /// How many are out now.
+    lent: u64,
 }
 
 impl std::fmt::Debug for RdmaTransport {
@@ -402,7 +435,10 @@ impl RdmaTransport {
             registry: registry
                 .try_clone()
                 .map_err(|e| TransportError::io("clone mio registry", e))?,
-            limits: ctx.limits,
+            params: Params {
+                limits: ctx.limits,
+                pools: ctx.rdma,
+            },
             cq: CqPolling {
                 token: Token(ctx.link_ids.fetch_add(1, Ordering::Relaxed) as usize),
                 armed: false,
@@ -411,22 +447,29 @@ impl RdmaTransport {
                 simulated_failures: 0,
             },
             link_ids: ctx.link_ids.clone(),
-            pools: ctx.rdma,
             dev: None,
-            cm: None,
-            oob_listeners: FxHashMap::default(),
+            setup: SetupChannels {
+                cm: None,
+                oob_listeners: FxHashMap::default(),
+            },
             links: FxHashMap::default(),
             qpn_links: FxHashMap::default(),
-            dirty: Default::default(),
-            tx_waiting: Vec::new(),
-            pending: Vec::new(),
-            resumed: Vec::new(),
+            backlog: Backlog {
+                dirty: Default::default(),
+                tx_waiting: Vec::new(),
+                pending: Vec::new(),
+                resumed: Vec::new(),
+            },
             closing: FxHashMap::default(),
-            tx_arena: ByteArena::new(TX_ARENA),
-            returns: RxReturns::new(ctx.waker.clone()),
-            lent: 0,
-            sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
-            reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
+            rdv_memory: RdvMemory {
+                tx_arena: ByteArena::new(TX_ARENA),
+                sinks: Arc::new(Shelf::new(SINK_SHELF_BYTES)),
+                reg_cache: RegCache::new(ctx.rdma.reg_cache_bytes),
+            },
+            loans: Loans {
+                returns: RxReturns::new(ctx.waker.clone()),
+                lent: 0,
+            },
             user_regions: user_rma::UserExposures::default(),
             counters: RdmaCounters::default(),
         })
@@ -463,7 +506,7 @@ impl RdmaTransport {
     fn my_params(&self, l: &RdmaLink) -> LinkParams {
         LinkParams {
             credits: l.initial_credits(),
-            chunk: self.pools.chunk_size as u32,
+            chunk: self.params.pools.chunk_size as u32,
             rd_atomic: self.dev.as_ref().map_or(1, |d| d.rd_atomic),
         }
     }
@@ -503,8 +546,8 @@ impl RdmaTransport {
                 listener,
             });
         }
-        if !l.queue.is_empty() || l.to_grant > 0 {
-            self.dirty.push(id);
+        if !l.send.queue.is_empty() || l.flow.to_grant > 0 {
+            self.backlog.dirty.push(id);
         }
     }
 
@@ -522,11 +565,19 @@ impl RdmaTransport {
         let RdmaLink {
             mut conn,
             qp,
-            tx_inflight,
+            send:
+                SendState {
+                    inflight: tx_inflight,
+                    ..
+                },
             share,
             lent,
-            reads,
-            rdv_out,
+            rdv:
+                RdvState {
+                    reads,
+                    out: rdv_out,
+                    ..
+                },
             ..
         } = l;
         if let Some(qp) = &qp {
@@ -545,7 +596,7 @@ impl RdmaTransport {
             oob => drop(oob),
         }
         if !tx_inflight.is_empty() {
-            self.dirty.extend(self.tx_waiting.drain(..));
+            self.backlog.dirty.extend(self.backlog.tx_waiting.drain(..));
         }
         if let Some(dev) = self.dev.as_mut() {
             for c in tx_inflight {
@@ -563,15 +614,15 @@ impl RdmaTransport {
             return;
         };
         if wc.is_success() && kind == WrKind::Send {
-            if let Some(pos) = l.tx_inflight.iter().position(|&c| c == chunk) {
-                l.tx_inflight.swap_remove(pos);
+            if let Some(pos) = l.send.inflight.iter().position(|&c| c == chunk) {
+                l.send.inflight.swap_remove(pos);
                 if let Some(dev) = self.dev.as_mut() {
                     dev.tx.put(chunk);
                 }
-                self.dirty.extend(self.tx_waiting.drain(..));
+                self.backlog.dirty.extend(self.backlog.tx_waiting.drain(..));
             }
         }
-        if !wc.is_success() || l.tx_inflight.is_empty() {
+        if !wc.is_success() || l.send.inflight.is_empty() {
             if let Some((l, _)) = self.closing.remove(&id) {
                 self.release(l);
             }
@@ -601,10 +652,10 @@ impl RdmaTransport {
         let late: Vec<LinkId> = self
             .links
             .iter()
-            .filter(|(_, l)| l.reads.values().any(|r| now >= r.deadline))
+            .filter(|(_, l)| l.rdv.reads.values().any(|r| now >= r.deadline))
             .map(|(id, _)| *id)
             .collect();
-        let timeout = self.pools.read_timeout;
+        let timeout = self.params.pools.read_timeout;
         for id in late {
             self.counters.read_timeouts += 1;
             self.fail(
@@ -752,7 +803,7 @@ impl RdmaTransport {
         let remote = key
             .range(offset, len)
             .ok_or_else(|| unavailable(format!("{offset}+{len} is not inside the region")))?;
-        let max = self.limits.max_frame;
+        let max = self.params.limits.max_frame;
         let n = usize::try_from(len)
             .ok()
             .filter(|_| len <= max)
@@ -790,9 +841,9 @@ impl RdmaTransport {
         self.add_read_op(id, buf, (n, desc), Some(user));
         // A failed post fails the link: its event goes out with the next
         // progress.
-        let mut events = std::mem::take(&mut self.pending);
+        let mut events = std::mem::take(&mut self.backlog.pending);
         self.pump_reads(id, &mut events);
-        self.pending = events;
+        self.backlog.pending = events;
         Ok(())
     }
 
@@ -814,17 +865,17 @@ impl RdmaTransport {
         // ping-pong): kept inline, not allocated three times per flush.
         let mut posts: SmallVec<[(u32, usize); POST_BATCH]> = SmallVec::new();
         loop {
-            let room = (SQ_DEPTH as usize).saturating_sub(l.tx_inflight.len() + posts.len());
+            let room = (SQ_DEPTH as usize).saturating_sub(l.send.inflight.len() + posts.len());
             if room == 0 {
                 break;
             }
-            if !l.queue.is_empty() && l.credits == 0 {
+            if !l.send.queue.is_empty() && l.flow.credits == 0 {
                 self.counters.credit_stalls += 1;
             }
             let data = match next_send(
-                !l.queue.is_empty(),
-                l.credits,
-                l.credit_chunk.is_some(),
+                !l.send.queue.is_empty(),
+                l.flow.credits,
+                l.flow.credit_chunk.is_some(),
                 l.should_return_credits(),
             ) {
                 NextSend::Data => true,
@@ -834,20 +885,20 @@ impl RdmaTransport {
             let Some(c) = dev.tx.take() else {
                 self.counters.tx_pool_empty += 1;
                 // Woken by the next send completion (the next free chunk).
-                self.tx_waiting.push(id);
+                self.backlog.tx_waiting.push(id);
                 break;
             };
             let buf = dev.tx.bytes_mut(c);
-            let grant = std::mem::take(&mut l.to_grant);
-            l.peer_credits += grant;
+            let grant = std::mem::take(&mut l.flow.to_grant);
+            l.flow.peer_credits += grant;
             let len = if data {
-                let p = l.queue.pop_front().expect("checked");
-                l.credits -= 1;
-                l.queued_bytes = l.queued_bytes.saturating_sub(p.len());
+                let p = l.send.queue.pop_front().expect("checked");
+                l.flow.credits -= 1;
+                l.send.queued_bytes = l.send.queued_bytes.saturating_sub(p.len());
                 buf[..HDR].copy_from_slice(&header(p.kind, p.more, grant));
                 HDR + p.copy_to(&mut buf[HDR..])
             } else {
-                l.credit_chunk = Some(c);
+                l.flow.credit_chunk = Some(c);
                 self.counters.credit_only_sends += 1;
                 buf[..HDR].copy_from_slice(&header(Kind::Credit, false, grant));
                 HDR
@@ -877,7 +928,7 @@ impl RdmaTransport {
                 .collect();
             qp.post_send(&wrs)
         })();
-        l.tx_inflight.extend(posts.iter().map(|&(c, _)| c));
+        l.send.inflight.extend(posts.iter().map(|&(c, _)| c));
         if let Err(e) = res {
             let why = LinkFailure::Io {
                 kind: std::io::ErrorKind::Other,
@@ -888,13 +939,13 @@ impl RdmaTransport {
     }
 
     fn push_unit(&mut self, link: LinkId, kind: Kind, bytes: Bytes) -> Result<(), TransportError> {
-        let max = self.pools.chunk_size - HDR;
+        let max = self.params.pools.chunk_size - HDR;
         let l = self
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
         l.push(kind, bytes, max);
-        self.dirty.push(link);
+        self.backlog.dirty.push(link);
         Ok(())
     }
 
@@ -905,7 +956,7 @@ impl RdmaTransport {
     /// when the registration fails (memlock exhausted, say).
     fn push_rendezvous(&mut self, link: LinkId, enc: EncodedFrame) -> Result<(), TransportError> {
         let dev = self.dev.as_ref().expect("links have a device");
-        let room = self.pools.chunk_size - HDR - ReadDesc::LEN;
+        let room = self.params.pools.chunk_size - HDR - ReadDesc::LEN;
         // `in_place`: the body is the application's own segment, which may
         // be sent again (worth keeping registered); else a buffer encoded
         // here for this one send.
@@ -922,6 +973,7 @@ impl RdmaTransport {
             }
         };
         let lent = self
+            .rdv_memory
             .reg_cache
             .get(body, in_place, |b| ReadOnlyRegion::try_register(&dev.pd, b));
         let lent = match lent {
@@ -929,7 +981,7 @@ impl RdmaTransport {
             Err((e, body)) => {
                 tracing::debug!(error = %e, "rendezvous registration failed; sending eagerly");
                 self.counters.rendezvous_fallbacks += 1;
-                let max = self.pools.chunk_size - HDR;
+                let max = self.params.pools.chunk_size - HDR;
                 let l = self
                     .links
                     .get_mut(&link)
@@ -941,7 +993,7 @@ impl RdmaTransport {
                     Bytes::copy_from_slice(tail),
                 ];
                 l.push_pieces(Kind::Frame, pieces, max);
-                self.dirty.push(link);
+                self.backlog.dirty.push(link);
                 return Ok(());
             }
         };
@@ -949,8 +1001,8 @@ impl RdmaTransport {
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
-        let token = l.next_token;
-        l.next_token = l.next_token.wrapping_add(1);
+        let token = l.rdv.next_token;
+        l.rdv.next_token = l.rdv.next_token.wrapping_add(1);
         let desc = ReadDesc {
             token,
             rkey: lent.region.rkey(),
@@ -961,13 +1013,14 @@ impl RdmaTransport {
         let mut req = Vec::with_capacity(ReadDesc::LEN + inline.len());
         req.extend_from_slice(&desc.encode());
         req.extend_from_slice(&inline);
-        l.rdv_out_bytes += lent.body.len();
-        l.rdv_out.insert(token, lent);
-        l.queue
+        l.rdv.out_bytes += lent.body.len();
+        l.rdv.out.insert(token, lent);
+        l.send
+            .queue
             .push_back(link::Part::whole(Kind::ReadReq, false, Bytes::from(req)));
         self.counters.rendezvous_sent += 1;
         self.counters.rendezvous_in_place += u64::from(!inline.is_empty());
-        self.dirty.push(link);
+        self.backlog.dirty.push(link);
         Ok(())
     }
 }
@@ -1016,11 +1069,11 @@ impl Transport for RdmaTransport {
 
     fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), TransportError> {
         let len = unit.encoded_len();
-        let rendezvous = len > self.pools.rendezvous_threshold && self.dev.is_some();
+        let rendezvous = len > self.params.pools.rendezvous_threshold && self.dev.is_some();
         if !rendezvous && len < GATHER_MIN {
             let kind = Kind::of(&unit);
             let checked = unit.checked()?;
-            let bytes = self.tx_arena.fill(len, |b| checked.write(b));
+            let bytes = self.rdv_memory.tx_arena.fill(len, |b| checked.write(b));
             return self.push_unit(link, kind, bytes);
         }
         match unit.into_frame() {
@@ -1032,7 +1085,7 @@ impl Transport for RdmaTransport {
                 // Larger: the segments stay where they are until each part
                 // is copied into its send chunk (one copy, not two).
                 let enc = f.into_encoded()?;
-                let max = self.pools.chunk_size - HDR;
+                let max = self.params.pools.chunk_size - HDR;
                 let l = self
                     .links
                     .get_mut(&link)
@@ -1041,7 +1094,7 @@ impl Transport for RdmaTransport {
                     .chain(enc.segments.iter().cloned())
                     .chain(std::iter::once(Bytes::copy_from_slice(enc.epilogue())));
                 l.push_pieces(Kind::Frame, pieces, max);
-                self.dirty.push(link);
+                self.backlog.dirty.push(link);
                 Ok(())
             }
         }
@@ -1049,7 +1102,7 @@ impl Transport for RdmaTransport {
 
     fn flush(&mut self, _now: Instant, events: &mut Vec<TransportEvent>) {
         let flush = |t: &mut Self, id| t.flush_link(id, events);
-        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.dirty, flush);
+        crate::dirty::DirtyLinks::flush_each(self, |t| &mut t.backlog.dirty, flush);
     }
 
     fn ready(&mut self, event: &Event, _now: Instant, events: &mut Vec<TransportEvent>) {
@@ -1071,11 +1124,11 @@ impl Transport for RdmaTransport {
             self.poll_cq(events);
             return;
         }
-        if self.cm.as_ref().is_some_and(|c| c.token() == token) {
+        if self.setup.cm.as_ref().is_some_and(|c| c.token() == token) {
             self.cm_ready(events);
             return;
         }
-        if self.oob_listeners.contains_key(&token) {
+        if self.setup.oob_listeners.contains_key(&token) {
             self.oob_accept_all(token, events);
             return;
         }
@@ -1084,9 +1137,9 @@ impl Transport for RdmaTransport {
 
     fn progress(&mut self, now: Instant, events: &mut Vec<TransportEvent>) -> bool {
         let mut any = self.take_returns();
-        any |= !self.pending.is_empty();
-        events.append(&mut self.pending);
-        for id in std::mem::take(&mut self.resumed) {
+        any |= !self.backlog.pending.is_empty();
+        events.append(&mut self.backlog.pending);
+        for id in std::mem::take(&mut self.backlog.resumed) {
             any |= self.drain_held(id, events);
         }
         any |= self.poll_cq(events);
@@ -1134,13 +1187,13 @@ impl Transport for RdmaTransport {
         let reads = self
             .links
             .values()
-            .flat_map(|l| l.reads.values().map(|r| r.deadline));
+            .flat_map(|l| l.rdv.reads.values().map(|r| r.deadline));
         let setups = self
             .links
             .values()
             .filter(|l| !l.up)
             .map(|l| l.since + SETUP_TIMEOUT);
-        let listeners = self.cm.as_ref().and_then(|c| c.listeners.wake_at());
+        let listeners = self.setup.cm.as_ref().and_then(|c| c.listeners.wake_at());
         closing.chain(reads).chain(setups).chain(listeners).min()
     }
 
@@ -1156,13 +1209,13 @@ impl Transport for RdmaTransport {
         // peer has no room for is dropped (the session replays what matters).
         let mut ev = Vec::new();
         self.flush_link(link, &mut ev);
-        self.pending.extend(ev);
+        self.backlog.pending.extend(ev);
         let Some(mut l) = self.links.remove(&link) else {
             return;
         };
-        l.queue.clear();
-        l.queued_bytes = 0;
-        if l.tx_inflight.is_empty() {
+        l.send.queue.clear();
+        l.send.queued_bytes = 0;
+        if l.send.inflight.is_empty() {
             self.release(l);
         } else {
             if let Conn::Oob(o) = &mut l.conn {
@@ -1180,10 +1233,10 @@ impl Transport for RdmaTransport {
             }
             l.paused = paused;
             if !paused {
-                l.to_grant += std::mem::take(&mut l.withheld);
-                self.dirty.push(link);
-                if !l.held.is_empty() {
-                    self.resumed.push(link);
+                l.flow.to_grant += std::mem::take(&mut l.flow.withheld);
+                self.backlog.dirty.push(link);
+                if !l.recv.held.is_empty() {
+                    self.backlog.resumed.push(link);
                 }
             }
         }
@@ -1192,16 +1245,17 @@ impl Transport for RdmaTransport {
     fn backlog(&self, link: LinkId) -> usize {
         self.links
             .get(&link)
-            .map_or(0, |l| l.queued_bytes + l.rdv_out_bytes)
+            .map_or(0, |l| l.send.queued_bytes + l.rdv.out_bytes)
     }
 
     fn owns(&self, token: Token) -> bool {
         token == self.cq.token
             || self
+                .setup
                 .cm
                 .as_ref()
                 .is_some_and(|c| c.token() == token || c.owns_listener(token))
-            || self.oob_listeners.contains_key(&token)
+            || self.setup.oob_listeners.contains_key(&token)
             || self.links.contains_key(&LinkId(token.0 as u64))
     }
 
@@ -1258,7 +1312,7 @@ impl Transport for RdmaTransport {
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
         match fault {
-            SimulatedFault::HungRead => l.reads_to_hang += 1,
+            SimulatedFault::HungRead => l.rdv.reads_to_hang += 1,
             SimulatedFault::CqReadError => self.cq.simulated_failures += 1,
         }
         Ok(())
@@ -1338,9 +1392,9 @@ impl Transport for RdmaTransport {
         let (tx_free, rx_budget) = self.dev.as_ref().map_or((0, 0), |d| {
             (d.tx.available() as u64, u64::from(d.rx_budget))
         });
-        let credits: u64 = self.links.values().map(|l| u64::from(l.credits)).sum();
-        let rdv_out: u64 = self.links.values().map(|l| l.rdv_out_bytes as u64).sum();
-        let reads: u64 = self.links.values().map(|l| l.reads.len() as u64).sum();
+        let credits: u64 = self.links.values().map(|l| u64::from(l.flow.credits)).sum();
+        let rdv_out: u64 = self.links.values().map(|l| l.rdv.out_bytes as u64).sum();
+        let reads: u64 = self.links.values().map(|l| l.rdv.reads.len() as u64).sum();
         let mut values = vec![
             ("sends_posted", c.sends_posted),
             ("cq_polls", c.cq_polls),
@@ -1376,11 +1430,11 @@ impl Transport for RdmaTransport {
             ("credits_held", credits),
             ("rendezvous_out_bytes", rdv_out),
             ("reads_in_flight", reads),
-            ("rx_chunks_lent", self.lent),
+            ("rx_chunks_lent", self.loans.lent),
             ("rx_chunks_lent_total", c.rx_lent_total),
             ("links", self.links.len() as u64),
         ];
-        values.extend(self.reg_cache.values());
+        values.extend(self.rdv_memory.reg_cache.values());
         TransportStats {
             kind: self.kind.clone(),
             values,
@@ -1401,7 +1455,7 @@ impl Drop for RdmaTransport {
             let fd = dev.channel.fd();
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }
-        if let Some(cm) = &self.cm {
+        if let Some(cm) = &self.setup.cm {
             let fd = cm.fd();
             let _ = self.registry.deregister(&mut SourceFd(&fd));
         }

@@ -141,7 +141,7 @@ impl RdmaTransport {
     /// The verbs device of this transport, opened at first use.
     fn verbs_device(&mut self, addr: &EntityAddr) -> Result<(), TransportError> {
         if self.dev.is_none() {
-            let d = Device::open(&addr.rdma, &self.pools)
+            let d = Device::open(&addr.rdma, &self.params.pools)
                 .map_err(|e| rdma_err(TransportKind::Verbs, "open verbs device", e))?;
             if d.ctx.is_iwarp() {
                 return Err(TransportError::Unavailable {
@@ -238,7 +238,7 @@ impl RdmaTransport {
             max_rd_atomic: rd,
             ..RtsAttr::default()
         })?;
-        l.credits = peer.params.credits;
+        l.flow.credits = peer.params.credits;
         Ok(())
     }
 
@@ -249,7 +249,8 @@ impl RdmaTransport {
     ) -> Result<EntityAddr, TransportError> {
         self.verbs_device(addr)?;
         let (listener, bound_addr) = crate::wire::bind_listener(addr, &self.registry, token)?;
-        self.oob_listeners
+        self.setup
+            .oob_listeners
             .insert(token, (listener, bound_addr.clone()));
         Ok(bound_addr)
     }
@@ -279,7 +280,7 @@ impl RdmaTransport {
 
     pub(super) fn oob_accept_all(&mut self, token: Token, events: &mut Vec<TransportEvent>) {
         loop {
-            let Some((listener, _)) = self.oob_listeners.get(&token) else {
+            let Some((listener, _)) = self.setup.oob_listeners.get(&token) else {
                 return;
             };
             match listener.accept() {
@@ -406,7 +407,7 @@ impl RdmaTransport {
         bytes: &[u8],
         events: &mut Vec<TransportEvent>,
     ) -> Result<(), LinkFailure> {
-        let chunk = self.pools.chunk_size;
+        let chunk = self.params.pools.chunk_size;
         let dev = self.dev.as_ref().expect("device");
         let l = self.links.get_mut(&id).expect("caller checked");
         let o = oob(l).expect("caller checked");
@@ -465,7 +466,7 @@ impl RdmaTransport {
     }
 
     pub(super) fn oob_unlisten(&mut self, token: Token) {
-        if let Some((mut l, _)) = self.oob_listeners.remove(&token) {
+        if let Some((mut l, _)) = self.setup.oob_listeners.remove(&token) {
             let _ = self.registry.deregister(&mut l);
         }
     }

@@ -255,8 +255,8 @@ pub(crate) struct TcpLink {
     pub(crate) stream: TcpStream,
     pub(crate) connecting: bool,
     pub(crate) tx: SendQueue,
-    pub(crate) rx: BytesMut,
-    pub(crate) decoder: StreamDecoder,
+    /// The receive buffer, its decoder and how reads are sized.
+    pub(crate) rx: Receiver,
     pub(crate) close_after_flush: bool,
     pub(crate) paused: bool,
     /// Fault injection: neither read nor write.
@@ -268,30 +268,60 @@ pub(crate) struct TcpLink {
     /// nothing but bytes is taken out while the worker spins (module docs
     /// of `tcp`).
     pub(crate) in_poll: bool,
+    /// Which way bytes have moved lately (whether the link is read-polled).
+    traffic: Traffic,
+}
+
+/// Which way a link's bytes have moved lately: a link moving bulk either
+/// way is not read-polled ([`TcpLink::read_polled`]).
+#[derive(Debug, Default)]
+struct Traffic {
     /// Since when spinning passes have found the link read-polled and
     /// awaiting nothing but bytes ([`TcpLink::may_leave_poll`]).
     quiet_since: Option<Instant>,
     /// Bytes written since a read last brought some, and read since a write
-    /// last sent some: a link moving bulk either way is not read-polled
-    /// ([`TcpLink::read_polled`]).
-    pub(crate) written_since_read: usize,
-    pub(crate) read_since_write: usize,
+    /// last sent some.
+    written_since_read: usize,
+    read_since_write: usize,
+}
+
+impl Traffic {
+    /// Whether the traffic goes back and forth in small units: less than
+    /// [`super::READ_POLL_BULK`] each way since the other way last moved
+    /// anything.
+    fn small_exchanges(&self) -> bool {
+        !self.sending_bulk() && self.read_since_write <= super::READ_POLL_BULK
+    }
+
+    /// Whether more than [`super::READ_POLL_BULK`] was written since
+    /// anything was read: the link streams out.
+    fn sending_bulk(&self) -> bool {
+        self.written_since_read > super::READ_POLL_BULK
+    }
+}
+
+/// The receiving half of a link: its buffer, the decoder cutting units out
+/// of it, and what sizes the next read.
+#[derive(Debug)]
+pub(crate) struct Receiver {
+    buf: BytesMut,
+    decoder: StreamDecoder,
     /// Current read granularity (grows while reads fill the buffer).
     read_chunk: usize,
-    /// The last unit decoded was a large frame (see [`TcpLink::read_once`]).
+    /// The last unit decoded was a large frame (see [`Receiver::read_once`]).
     after_large: bool,
     /// Received bytes moved from one buffer to another (what the sizing in
-    /// [`TcpLink::read_once`] keeps small).
-    rx_copied: usize,
+    /// [`Receiver::read_once`] keeps small).
+    copied: usize,
     /// Times the receive buffer had to make room (a new buffer, or this one
     /// regrown or compacted).
-    rx_regrown: usize,
+    regrown: usize,
     /// `recv` calls made, `WouldBlock` ones too (tests count them).
     pub(crate) recvs: usize,
     /// Where large frames' buffers come from and go back to.
     shelf: Arc<Shelf<BytesMut>>,
-    /// `rx` is a whole buffer from the shelf, holding one large frame.
-    rx_lendable: bool,
+    /// `buf` is a whole buffer from the shelf, holding one large frame.
+    lendable: bool,
 }
 
 /// What one [`TcpLink::read_once`] read.
@@ -316,60 +346,43 @@ impl TcpLink {
             stream,
             connecting,
             tx: SendQueue::default(),
-            rx: BytesMut::new(),
-            decoder: StreamDecoder::new(limits),
+            rx: Receiver::new(limits, shelf),
             close_after_flush: false,
             paused: false,
             frozen: false,
             read_pending: false,
             write_interest: false,
             in_poll: false,
-            quiet_since: None,
-            written_since_read: 0,
-            read_since_write: 0,
-            read_chunk: MIN_READ_CHUNK,
-            after_large: false,
-            rx_copied: 0,
-            rx_regrown: 0,
-            recvs: 0,
-            shelf,
-            rx_lendable: false,
+            traffic: Traffic::default(),
         }
     }
 
     /// Bytes of memory the link's buffers hold (send queue and receive
     /// buffer), for the transport's `buffer_bytes` gauge.
     pub(crate) fn buffer_bytes(&self) -> usize {
-        self.tx.buffer_bytes() + self.rx.capacity()
-    }
-
-    /// Whether the link's traffic goes back and forth in small units: less
-    /// than [`super::READ_POLL_BULK`] each way since the other way last
-    /// moved anything.
-    fn small_exchanges(&self) -> bool {
-        !self.sending_bulk() && self.read_since_write <= super::READ_POLL_BULK
+        self.tx.buffer_bytes() + self.rx.buf.capacity()
     }
 
     /// Whether the link has written more than [`super::READ_POLL_BULK`]
     /// since it last read anything: it streams out.
     pub(crate) fn sending_bulk(&self) -> bool {
-        self.written_since_read > super::READ_POLL_BULK
+        self.traffic.sending_bulk()
     }
 
     /// Bytes went out: the count since the last read grows, the count of
     /// reads since a write starts again.
     pub(crate) fn wrote(&mut self, n: usize) {
         if n > 0 {
-            self.written_since_read += n;
-            self.read_since_write = 0;
+            self.traffic.written_since_read += n;
+            self.traffic.read_since_write = 0;
         }
     }
 
     /// Bytes came in (see [`TcpLink::wrote`]).
     pub(crate) fn was_read(&mut self, n: usize) {
         if n > 0 {
-            self.read_since_write += n;
-            self.written_since_read = 0;
+            self.traffic.read_since_write += n;
+            self.traffic.written_since_read = 0;
         }
     }
 
@@ -377,7 +390,7 @@ impl TcpLink {
     /// than when epoll names it (module docs of [`super`]): it is connected,
     /// reading, and its traffic is small exchanges.
     pub(crate) fn read_polled(&self) -> bool {
-        !self.connecting && !self.paused && !self.frozen && self.small_exchanges()
+        !self.connecting && !self.paused && !self.frozen && self.traffic.small_exchanges()
     }
 
     /// Looks at the link on a spinning pass at `now`; whether it may be out
@@ -388,10 +401,10 @@ impl TcpLink {
     /// stream lost 3–8% (15 000 `epoll_ctl` calls a round).
     pub(crate) fn may_leave_poll(&mut self, now: Instant) -> bool {
         if !self.read_polled() || self.needs_epoll() {
-            self.quiet_since = None;
+            self.traffic.quiet_since = None;
             return false;
         }
-        let since = *self.quiet_since.get_or_insert(now);
+        let since = *self.traffic.quiet_since.get_or_insert(now);
         now.saturating_duration_since(since) >= super::LEAVE_POLL_AFTER
     }
 
@@ -399,24 +412,59 @@ impl TcpLink {
     /// connect or write, or bytes to read while it moves bulk (and is not
     /// read-polled).
     pub(crate) fn needs_epoll(&self) -> bool {
-        self.connecting || self.write_interest || !self.small_exchanges()
+        self.connecting || self.write_interest || !self.traffic.small_exchanges()
     }
 
-    /// One `recv` into the receive buffer (a [`Recv`] of length 0 is end of
-    /// stream).
+    /// One `recv` into the receive buffer ([`Receiver::read_once`]).
+    #[inline]
+    pub(crate) fn read_once(&mut self) -> io::Result<Recv> {
+        self.rx.read_once(&self.stream)
+    }
+
+    /// Whether the next read's size depends on the frame being read
+    /// ([`Receiver::reads_by_frame`]).
+    #[inline]
+    pub(crate) fn reads_by_frame(&self) -> bool {
+        self.rx.reads_by_frame()
+    }
+
+    /// Decodes the next complete unit from the receive buffer.
+    #[inline]
+    pub(crate) fn next_unit(&mut self) -> Result<Option<Inbound>, msgr_proto::FrameError> {
+        self.rx.next_unit()
+    }
+}
+
+impl Receiver {
+    fn new(limits: FrameLimits, shelf: Arc<Shelf<BytesMut>>) -> Self {
+        Receiver {
+            buf: BytesMut::new(),
+            decoder: StreamDecoder::new(limits),
+            read_chunk: MIN_READ_CHUNK,
+            after_large: false,
+            copied: 0,
+            regrown: 0,
+            recvs: 0,
+            shelf,
+            lendable: false,
+        }
+    }
+
+    /// One `recv` from `stream` into the buffer (a [`Recv`] of length 0 is
+    /// end of stream).
     ///
-    /// The read is sized by what the decoder knows (call [`TcpLink::next_unit`]
-    /// between reads while [`TcpLink::reads_by_frame`]). A large frame is
+    /// The read is sized by what the decoder knows (call [`Receiver::next_unit`]
+    /// between reads while [`Receiver::reads_by_frame`]). A large frame is
     /// read into a buffer of its size (from the shelf) and no further, and the read
     /// after a large frame takes only the next preamble. Otherwise the front
     /// of the next frame lands in the tail of this one's buffer and the
     /// buffer is regrown for it, which copies what it holds: about one extra
     /// copy of a 1 MiB stream's payload.
-    pub(crate) fn read_once(&mut self) -> io::Result<Recv> {
+    fn read_once(&mut self, stream: &TcpStream) -> io::Result<Recv> {
         let needed = self.decoder.needed();
-        let rest = needed.saturating_sub(self.rx.len());
+        let rest = needed.saturating_sub(self.buf.len());
         let cap = if needed >= LARGE_UNIT && rest > 0 {
-            if !self.rx_lendable {
+            if !self.lendable {
                 // Copy what was read of it (its preamble after a large
                 // frame; after small ones, up to a read budget) into a
                 // buffer of the frame's size, one the frame can take along
@@ -425,14 +473,14 @@ impl TcpLink {
                     .shelf
                     .take(needed)
                     .unwrap_or_else(|| BytesMut::with_capacity(needed));
-                own.extend_from_slice(&self.rx);
-                self.rx_copied += self.rx.len();
-                self.rx = own;
-                self.rx_lendable = true;
+                own.extend_from_slice(&self.buf);
+                self.copied += self.buf.len();
+                self.buf = own;
+                self.lendable = true;
             }
             rest
-        } else if self.after_large && self.rx.is_empty() {
-            self.reserve_rx(PREAMBLE_LEN);
+        } else if self.after_large && self.buf.is_empty() {
+            self.reserve(PREAMBLE_LEN);
             PREAMBLE_LEN
         } else {
             // Idle and handshaking links read in small chunks (thousands of
@@ -446,16 +494,15 @@ impl TcpLink {
             // making room means a new buffer: regrowing before every read
             // allocated one per ping-pong round trip, this way one serves a
             // few dozen small frames.
-            let room = self.rx.capacity() - self.rx.len();
+            let room = self.buf.capacity() - self.buf.len();
             if room < rest.max(self.read_chunk / 4) {
-                self.reserve_rx(rest.max(self.read_chunk));
+                self.reserve(rest.max(self.read_chunk));
             }
             usize::MAX
         };
-        let room = (self.rx.capacity() - self.rx.len()).min(cap);
+        let room = (self.buf.capacity() - self.buf.len()).min(cap);
         self.recvs += 1;
-        let k =
-            crate::sys::recv_into_spare(&socket2::SockRef::from(&self.stream), &mut self.rx, room)?;
+        let k = crate::sys::recv_into_spare(&socket2::SockRef::from(stream), &mut self.buf, room)?;
         if k == room && cap == usize::MAX {
             self.read_chunk = (self.read_chunk * 2).min(MAX_READ_CHUNK);
         }
@@ -467,35 +514,35 @@ impl TcpLink {
 
     /// Whether the next read's size depends on the frame being read (a
     /// large frame, or the preamble after one): decode before it.
-    pub(crate) fn reads_by_frame(&self) -> bool {
+    fn reads_by_frame(&self) -> bool {
         self.after_large || self.decoder.needed() >= LARGE_UNIT
     }
 
     /// Makes room for `n` more received bytes.
-    fn reserve_rx(&mut self, n: usize) {
-        if self.rx.capacity() - self.rx.len() < n {
+    fn reserve(&mut self, n: usize) {
+        if self.buf.capacity() - self.buf.len() < n {
             // Regrowing moves what the buffer holds (an upper bound: the
             // buffer may grow in place).
-            self.rx_copied += self.rx.len();
-            self.rx_regrown += 1;
+            self.copied += self.buf.len();
+            self.regrown += 1;
         }
-        self.rx.reserve(n);
+        self.buf.reserve(n);
     }
 
-    /// Decodes the next complete unit from the receive buffer.
-    pub(crate) fn next_unit(&mut self) -> Result<Option<Inbound>, msgr_proto::FrameError> {
-        let unit = if self.rx_lendable {
+    /// Decodes the next complete unit from the buffer.
+    fn next_unit(&mut self) -> Result<Option<Inbound>, msgr_proto::FrameError> {
+        let unit = if self.lendable {
             let shelf = &self.shelf;
-            self.decoder.decode_with(&mut self.rx, |b| {
+            self.decoder.decode_with(&mut self.buf, |b| {
                 let len = b.len();
                 shelf.lend(b, len)
             })?
         } else {
-            self.decoder.decode(&mut self.rx)?
+            self.decoder.decode(&mut self.buf)?
         };
         if let Some(unit) = &unit {
             // A lent buffer left with the frame.
-            self.rx_lendable = false;
+            self.lendable = false;
             self.after_large = unit.encoded_len() >= LARGE_UNIT;
         }
         Ok(unit)
@@ -683,9 +730,9 @@ mod tests {
                 };
                 if f.encoded_len() > MAX_READ_CHUNK {
                     assert!(
-                        link.rx.is_empty(),
+                        link.rx.buf.is_empty(),
                         "{} bytes of the next frame were read into frame {}'s buffer",
-                        link.rx.len(),
+                        link.rx.buf.len(),
                         got.len()
                     );
                 }
@@ -704,9 +751,9 @@ mod tests {
         // read chunks moved ~1.5x the 3.5 MiB of large frames.
         let bound = 3 * MAX_READ_CHUNK;
         assert!(
-            link.rx_copied <= bound,
+            link.rx.copied <= bound,
             "{} received bytes moved between buffers (at most {bound})",
-            link.rx_copied
+            link.rx.copied
         );
     }
 
@@ -764,9 +811,9 @@ mod tests {
         // ~110 B a frame, a 4 KiB buffer refilled while a quarter is left:
         // about 8 buffers for the 200.
         assert!(
-            link.rx_regrown <= count / 10,
+            link.rx.regrown <= count / 10,
             "the receive buffer made room {} times for {count} held frames",
-            link.rx_regrown
+            link.rx.regrown
         );
     }
 

@@ -731,7 +731,7 @@ mod tests {
         let mut client = std::net::TcpStream::connect(addr).unwrap();
         poll_until(&mut poll, &mut t, |t, _| t.links.len() == idle.len() + 1);
         assert!(!t.reads_by_polling() && t.ready_every_pass());
-        let recvs = |t: &TcpTransport| t.links.values().map(|l| l.recvs).sum::<usize>();
+        let recvs = |t: &TcpTransport| t.links.values().map(|l| l.rx.recvs).sum::<usize>();
         let before = recvs(&t);
         let (bytes, f) = banner_and_frame();
         client.write_all(&bytes).unwrap();

@@ -6,6 +6,7 @@ use crate::info::{checks_keys, rma_withheld, version, EpType, RmaChoice};
 use crate::msg::{Ep, PassiveEp};
 use crate::net::{CmEvent, Completion};
 use crate::rdm::{PeerAddr, RdmEp};
+use crate::slots::SendSlots;
 use std::net::SocketAddr;
 
 /// A listener on `ns` and an endpoint of `nc` connected to it: (the
@@ -414,7 +415,7 @@ fn rdm_read_of_withdrawn_memory_fails(provider: &str, port: u16) {
         "{provider}: the tail placed where the unit ends"
     );
     assert!(other.rma().place_tail(15, b"TL").is_err(), "no read 15 now");
-    if net.virt_addr {
+    if net.mr.virt_addr {
         assert_eq!(
             buf[4..].as_ptr() as usize % READ_ALIGN,
             body.as_ptr() as usize % READ_ALIGN,

@@ -3,7 +3,7 @@
 use super::*;
 use crate::{RealFault, Transport};
 use bytes::Bytes;
-use msgr_fabric::RmaOp;
+use msgr_fabric::{RmaOp, SendSlots};
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::Frame;
 use msgr_proto::FrameLimits;

@@ -44,10 +44,11 @@ impl RdmTransport {
             return self.repost(pidx, slot);
         }
         link.common.last_heard = self.shared.now;
-        link.credits = link
+        link.flow.credits = link
+            .flow
             .credits
             .saturating_add(u32::from(h.credits))
-            .min(link.peer_window);
+            .min(link.flow.peer_window);
         if h.credits > 0 && link.has_output() {
             self.out.dirty.push(id);
         }
@@ -66,8 +67,8 @@ impl RdmTransport {
                         link.remote = Some(w.remote);
                         link.common.peer_rndv = w.rndv;
                         link.common.peer_late = w.late;
-                        link.peer_window = w.window;
-                        link.credits = w.window;
+                        link.flow.peer_window = w.window;
+                        link.flow.credits = w.window;
                         link.peer_bell =
                             w.bell.and_then(|b| open_peer_bell(self.bells.as_ref(), b));
                         events.push(TransportEvent::Connected(id));
@@ -83,14 +84,14 @@ impl RdmTransport {
             }
             DATA_MORE | DATA_LAST | RNDV => {
                 if h.seq < link.rx_seq
-                    || h.seq - link.rx_seq >= u64::from(link.window)
+                    || h.seq - link.rx_seq >= u64::from(link.flow.window)
                     || link.held.contains(h.seq)
                 {
                     let why = format!(
                         "data piece {} outside the window {}..{}",
                         h.seq,
                         link.rx_seq,
-                        link.rx_seq + u64::from(link.window)
+                        link.rx_seq + u64::from(link.flow.window)
                     );
                     self.repost(pidx, slot);
                     return self.fail(id, LinkFailure::Protocol(why), events);
@@ -108,8 +109,8 @@ impl RdmTransport {
                 // challenge to any other is the answer to someone's copy of
                 // its HELLO (see `challenge`), and changes nothing.
                 if link.remote.is_none() && link.accepted.is_none() && h.seq != 0 {
-                    link.token = h.seq;
-                    link.need_hello = true;
+                    link.setup.token = h.seq;
+                    link.setup.need_hello = true;
                     self.out.dirty.push(id);
                 } else {
                     tracing::debug!(link = id.0, "CHALLENGE for a link not connecting, dropped");
@@ -234,9 +235,9 @@ impl RdmTransport {
             let Some(link) = self.links.get_mut(&id) else {
                 continue;
             };
-            link.to_return += 1;
+            link.flow.to_return += 1;
             if link.keep_due() {
-                link.need_keep = true;
+                link.flow.need_keep = true;
                 self.out.dirty.push(id);
             }
         }

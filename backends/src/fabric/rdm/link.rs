@@ -26,20 +26,10 @@ pub(in crate::fabric) struct RdmLink {
     pub(super) remote: Option<Dest>,
     /// Accepted (the listener's token and the peer) or outgoing (`None`).
     pub(super) accepted: Option<(Token, SocketAddr)>,
-    pub(super) need_hello: bool,
-    /// The listener's challenge token, sent in the HELLO's `seq` (0: none
-    /// yet, see `super::challenge`).
-    pub(super) token: u64,
-    pub(super) need_welcome: bool,
-    pub(super) need_keep: bool,
-    pub(super) credits: u32,
-    /// Data pieces this end takes unconsumed on the link (its receive
-    /// window, announced at set-up): how far ahead a piece may be.
-    pub(super) window: u32,
-    /// The peer's window ([`super::wire::peer_window`]): the most credits
-    /// this end holds.
-    pub(super) peer_window: u32,
-    pub(super) to_return: u32,
+    /// The HELLO and WELCOME still to send.
+    pub(super) setup: Setup,
+    /// Credits: the data pieces this end may send, and those it owes back.
+    pub(super) flow: Flow,
     /// Transmit slots in flight for this link.
     pub(super) inflight: usize,
     /// Data pieces received and not yet handed up, by number: reading is
@@ -55,9 +45,52 @@ pub(in crate::fabric) struct RdmLink {
     /// (`super::doorbell`); `None`: not announced or not mappable, and
     /// this end polls the link as without one.
     pub(super) peer_bell: Option<PeerBell>,
+}
+
+/// A link's set-up messages still to send.
+#[derive(Debug, Default)]
+pub(super) struct Setup {
+    pub(super) need_hello: bool,
+    /// The listener's challenge token, sent in the HELLO's `seq` (0: none
+    /// yet, see `super::challenge`).
+    pub(super) token: u64,
+    pub(super) need_welcome: bool,
     /// Where a connecting link's HELLO goes: the listener's doorbell is
     /// rung by this address (`super::doorbell`).
     pub(super) hello_to: Option<SocketAddr>,
+}
+
+/// A link's flow control: data pieces it may send (credits the peer
+/// gave), and credits it owes the peer for pieces consumed, returned in
+/// headers or a `KEEP`.
+#[derive(Debug)]
+pub(super) struct Flow {
+    pub(super) credits: u32,
+    /// Data pieces this end takes unconsumed on the link (its receive
+    /// window, announced at set-up): how far ahead a piece may be.
+    pub(super) window: u32,
+    /// The peer's window ([`super::wire::peer_window`]): the most credits
+    /// this end holds.
+    pub(super) peer_window: u32,
+    pub(super) to_return: u32,
+    /// A `KEEP` is to be sent (a keepalive, or credits to return).
+    pub(super) need_keep: bool,
+}
+
+impl Flow {
+    /// Whether enough credits are owed to send them in a `KEEP` of their
+    /// own: half the window, at most [`KEEP_EVERY`] (a large window's
+    /// sender would otherwise wait long for its first credits back).
+    fn keep_due(&self) -> bool {
+        self.to_return >= (self.window / 2).clamp(1, KEEP_EVERY)
+    }
+
+    /// Credits to return in the next header (all owed, as a u16).
+    fn take_credits(&mut self) -> u16 {
+        let n = self.to_return.min(u32::from(u16::MAX));
+        self.to_return -= n;
+        n as u16
+    }
 }
 
 /// A link's received data pieces not yet handed up, by number (receive
@@ -135,21 +168,20 @@ impl RdmLink {
             cookie: rand_cookie(),
             remote: None,
             accepted,
-            need_hello: false,
-            token: 0,
-            need_welcome: false,
-            need_keep: false,
-            credits: 0,
-            window,
-            peer_window: CREDITS,
-            to_return: 0,
+            setup: Setup::default(),
+            flow: Flow {
+                credits: 0,
+                window,
+                peer_window: CREDITS,
+                to_return: 0,
+                need_keep: false,
+            },
             inflight: 0,
             held: HeldPieces::new(window),
             rx_seq: 0,
             tx_seq: 0,
             last_sent: now,
             peer_bell: None,
-            hello_to: None,
         }
     }
 
@@ -161,9 +193,9 @@ impl RdmLink {
     /// handshake, a keepalive, queued units, or control and a staged
     /// descriptor that wait outside the queue.
     pub(super) fn has_output(&self) -> bool {
-        self.need_hello
-            || self.need_welcome
-            || self.need_keep
+        self.setup.need_hello
+            || self.setup.need_welcome
+            || self.flow.need_keep
             || !self.common.outbox.is_empty()
             || self.common.exposures.owes_posts()
             || self.common.receiving.owes_posts()
@@ -192,7 +224,7 @@ impl RdmLink {
         let Some(remote) = self.remote else {
             return Ok(false);
         };
-        let credits = self.take_credits();
+        let credits = self.flow.take_credits();
         let sent = port.post(pidx, self.peer, Some(id), |buf| {
             write_header(buf, kind, credits, remote, 0);
             buf[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
@@ -202,7 +234,7 @@ impl RdmLink {
             self.inflight += 1;
             self.last_sent = now;
         } else {
-            self.to_return += u32::from(credits);
+            self.flow.to_return += u32::from(credits);
         }
         Ok(sent)
     }
@@ -244,7 +276,7 @@ impl RdmLink {
         body: Option<Bytes>,
         now: Instant,
     ) -> Result<bool, FabricError> {
-        let credits = self.take_credits();
+        let credits = self.flow.take_credits();
         let seq = self.tx_seq;
         let header = |buf: &mut [u8]| {
             write_header(buf, kind, credits, remote, seq);
@@ -252,28 +284,20 @@ impl RdmLink {
         };
         let sent = port.post_with(pidx, self.peer, Some(id), header, body);
         if !matches!(sent, Ok(true)) {
-            self.to_return += u32::from(credits);
+            self.flow.to_return += u32::from(credits);
             return sent;
         }
         self.inflight += 1;
-        self.credits -= 1;
+        self.flow.credits -= 1;
         self.tx_seq += 1;
         self.last_sent = now;
         Ok(true)
     }
 
     /// Whether enough credits are owed to send them in a `KEEP` of their
-    /// own: half the window, at most [`KEEP_EVERY`] (a large window's
-    /// sender would otherwise wait long for its first credits back).
+    /// own ([`Flow::keep_due`]).
     pub(super) fn keep_due(&self) -> bool {
-        self.to_return >= (self.window / 2).clamp(1, KEEP_EVERY)
-    }
-
-    /// Credits to return in the next header (all owed, as a u16).
-    fn take_credits(&mut self) -> u16 {
-        let n = self.to_return.min(u32::from(u16::MAX));
-        self.to_return -= n;
-        n as u16
+        self.flow.keep_due()
     }
 }
 
@@ -303,7 +327,7 @@ impl QueuedLink for RdmLink {
     }
 }
 
-/// Credits owed that make a `KEEP` due at the latest ([`RdmLink::keep_due`]).
+/// Credits owed that make a `KEEP` due at the latest ([`Flow::keep_due`]).
 const KEEP_EVERY: u32 = 32;
 
 /// A per-link random number: a message for a link id of an earlier

@@ -149,7 +149,8 @@ use std::time::{Duration, Instant};
 use mio::{Registry, Token};
 use msgr_addr::{EntityAddr, FabricProvider};
 use msgr_fabric::{
-    BellId, Completion, FabricError, Landing, PeerBell, RdmEp, ReadRegion, RmaBuffers, RmaOp, Site,
+    BellId, Completion, FabricError, Landing, PeerBell, RdmEp, ReadRegion, RmaBuffers, RmaOp,
+    SendSlots, Site,
 };
 use msgr_proto::{FrameLimits, Inbound, LinkFailure, LinkId, ProtocolError, Transmit};
 use rustc_hash::FxHashMap;
@@ -514,7 +515,6 @@ impl RdmTransport {
                 .get_mut(pidx)
                 .and_then(Option::as_mut)
                 .and_then(|port| port.peers.get_mut(peer))
-                .and_then(Option::as_mut)
             {
                 p.dead = true;
             }
@@ -535,11 +535,11 @@ impl RdmTransport {
             let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
                 continue;
             };
-            if port.injected.is_empty() {
+            if port.tx.injected.is_empty() {
                 continue;
             }
             any = true;
-            let mut done = std::mem::take(&mut port.injected);
+            let mut done = std::mem::take(&mut port.tx.injected);
             for &context in &done {
                 let c = Completion {
                     context,
@@ -552,8 +552,8 @@ impl RdmTransport {
             done.clear();
             // Keep the vector's memory (sends injected meanwhile stay queued).
             if let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) {
-                done.append(&mut port.injected);
-                port.injected = done;
+                done.append(&mut port.tx.injected);
+                port.tx.injected = done;
             }
         }
         match read_completions(self, |t, c| t.complete(c, events)) {
@@ -606,8 +606,7 @@ impl RdmTransport {
             return;
         }
         port.ep.send_done(slot);
-        port.free_tx.push(slot);
-        let Some((link, peer)) = port.tx_use.get_mut(slot).and_then(Option::take) else {
+        let Some((link, peer)) = port.tx.done(slot) else {
             return;
         };
         port.release_peer(peer, false);
@@ -691,10 +690,10 @@ impl RdmTransport {
         link.remote = Some(remote);
         link.common.peer_rndv = peer_rndv;
         link.common.peer_late = peer_late;
-        link.peer_window = peer_window;
-        link.credits = peer_window;
+        link.flow.peer_window = peer_window;
+        link.flow.credits = peer_window;
         link.peer_bell = self.open_peer_bell(peer_bell);
-        link.need_welcome = true;
+        link.setup.need_welcome = true;
         self.links.insert(id, link);
         self.out.dirty.push(id);
         events.push(TransportEvent::Accepted {
@@ -718,10 +717,10 @@ impl RdmTransport {
     ) -> Result<bool, FabricError> {
         let me = link.dest(id);
         let rndv = rendezvous::link_op(ours, link.common.peer_rndv).is_some();
-        if link.need_hello {
+        if link.setup.need_hello {
             let name = port.ep.name().to_vec();
             let caps = rendezvous::caps(ours);
-            let (token, window) = (link.token, link.window);
+            let (token, window) = (link.setup.token, link.flow.window);
             let sent = port.post(pidx, link.peer, Some(id), |buf| {
                 write_header(buf, HELLO, 0, Dest { link: 0, cookie: 0 }, token);
                 let mut n = HEADER_LEN + write_dest(&mut buf[HEADER_LEN..], me);
@@ -737,25 +736,25 @@ impl RdmTransport {
             if !sent {
                 return Ok(false);
             }
-            link.need_hello = false;
+            link.setup.need_hello = false;
             link.inflight += 1;
             link.last_sent = now;
         }
         let Some(remote) = link.remote else {
             return Ok(true); // waiting for WELCOME
         };
-        if link.need_welcome {
+        if link.setup.need_welcome {
             let mut body = [0u8; 12 + rendezvous::CAPS_LEN + wire::WINDOW_LEN + BellId::LEN];
             let mut n = write_dest(&mut body, me);
             let caps = rendezvous::caps(ours);
             body[n..n + caps.len()].copy_from_slice(&caps);
             n += caps.len();
-            n += write_window(&mut body[n..], link.window);
+            n += write_window(&mut body[n..], link.flow.window);
             n += wire::write_bell(&mut body[n..], bell);
             if !link.post_control(id, pidx, port, WELCOME, &body[..n], now)? {
                 return Ok(false);
             }
-            link.need_welcome = false;
+            link.setup.need_welcome = false;
         }
         if !link.post_owed(id, pidx, port, now)? {
             return Ok(false);
@@ -770,7 +769,7 @@ impl RdmTransport {
                     rendezvous::expose(port.ep.rma(), reg_cache, unit, room)
                 })
         {
-            if link.credits == 0 {
+            if link.flow.credits == 0 {
                 // Not a return: credits owed to the peer still go (KEEP,
                 // below), or two links out of credits both ways would wait
                 // on each other until the keepalive timeout.
@@ -786,7 +785,7 @@ impl RdmTransport {
             }
         }
         let (max, in_place) = (port.send_limit - HEADER_LEN, port.ep.sends_in_place());
-        while link.credits > 0 {
+        while link.flow.credits > 0 {
             let Some(mut piece) =
                 link.common
                     .outbox
@@ -817,11 +816,11 @@ impl RdmTransport {
                 .outbox
                 .piece_sent(&piece, &mut link.common.exposures);
         }
-        if link.need_keep || link.keep_due() {
+        if link.flow.need_keep || link.keep_due() {
             if !link.post_control(id, pidx, port, KEEP, &[], now)? {
                 return Ok(false);
             }
-            link.need_keep = false;
+            link.flow.need_keep = false;
         }
         Ok(true)
     }
@@ -860,7 +859,7 @@ impl RdmTransport {
                 // A HELLO never posted is the endpoint's fault, not the peer's.
                 dead.push((
                     id,
-                    if l.need_hello {
+                    if l.setup.need_hello {
                         REFUSED_HELLO
                     } else {
                         "peer silent"
@@ -869,7 +868,7 @@ impl RdmTransport {
             } else if stuck_read {
                 dead.push((id, STUCK_READ));
             } else if l.remote.is_some() && now.duration_since(l.last_sent) > KEEP_AFTER {
-                l.need_keep = true;
+                l.flow.need_keep = true;
                 self.out.dirty.push(id);
             }
         }
@@ -976,7 +975,7 @@ impl Queueing for RdmTransport {
             .shared
             .rndv
             .filter(|&op| op != RmaOp::Write || port.ep.rma().abandoned_bytes() < ABANDONED_MAX);
-        let (hello, sent_before) = (link.need_hello, link.last_sent);
+        let (hello, sent_before) = (link.setup.need_hello, link.last_sent);
         let result = Self::flush_into(
             id,
             link,
@@ -987,8 +986,8 @@ impl Queueing for RdmTransport {
             self.shared.now,
         );
         if let Some(bells) = self.bells.as_mut() {
-            if hello && !link.need_hello {
-                if let Some(listen) = link.hello_to {
+            if hello && !link.setup.need_hello {
+                if let Some(listen) = link.setup.hello_to {
                     bells.ring_listener(listen);
                 }
             }
@@ -1034,7 +1033,7 @@ impl Queueing for RdmTransport {
         let len = f.encoded_len();
         if link.common.frozen
             || link.common.close_after_flush
-            || link.credits == 0
+            || link.flow.credits == 0
             || link.has_output()
             || len >= rendezvous::SMALL_UNIT
             || HEADER_LEN + len > port.send_limit
@@ -1132,7 +1131,7 @@ impl EndpointKind for RdmTransport {
                 // there a live peer's entry removed and inserted again lost
                 // the next answers until the 10 s deadline (stress --rma).
                 if link.accepted.is_none() && !self.keep_live_peers {
-                    if let Some(p) = port.peers.get_mut(link.peer).and_then(Option::as_mut) {
+                    if let Some(p) = port.peers.get_mut(link.peer) {
                         p.dead = true;
                     }
                 }
@@ -1278,8 +1277,8 @@ impl EndpointKind for RdmTransport {
             ));
         }
         let mut l = RdmLink::new(pidx, peer, None, self.sizes.window);
-        l.need_hello = true;
-        l.hello_to = Some(addr.socket);
+        l.setup.need_hello = true;
+        l.setup.hello_to = Some(addr.socket);
         self.links.insert(link, l);
         self.out.dirty.push(link);
         Ok(())
@@ -1295,7 +1294,13 @@ impl EndpointKind for RdmTransport {
             };
             // Sends completed by injection free their slots at the next
             // poll: not worth a sleep.
-            if self.retry || self.ports.iter().flatten().any(|p| !p.injected.is_empty()) {
+            if self.retry
+                || self
+                    .ports
+                    .iter()
+                    .flatten()
+                    .any(|p| !p.tx.injected.is_empty())
+            {
                 return false;
             }
             return bells.sleep(&mut self.shared.net, CQ_BATCH);
@@ -1380,12 +1385,7 @@ impl EndpointKind for RdmTransport {
         let Some(port) = self.ports.get_mut(pidx).and_then(Option::as_mut) else {
             return Err(unavailable("the link's endpoint is closed".into()));
         };
-        let Some(to) = port
-            .peers
-            .get(peer)
-            .and_then(Option::as_ref)
-            .map(|p| p.addr)
-        else {
+        let Some(to) = port.peers.get(peer).map(|p| p.addr) else {
             return Err(unavailable("the link's peer is gone".into()));
         };
         let context = user_read_context(pidx, port.next_read);

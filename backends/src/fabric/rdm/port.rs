@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use mio::Token;
-use msgr_fabric::{Exposed, FabricError, Landing, PeerAddr, RdmEp, RmaBuffers};
+use msgr_fabric::{Exposed, FabricError, Landing, PeerAddr, RdmEp, RmaBuffers, SendSlots};
 use msgr_proto::LinkId;
 use rustc_hash::FxHashMap;
 
@@ -41,11 +41,10 @@ pub(super) struct Port {
     pub(super) listener: Option<(Token, SocketAddr)>,
     /// Keeps a name-only address (shm) unique on this host.
     _reservation: Option<TcpListener>,
-    pub(super) peers: Vec<Option<Peer>>,
-    peer_ids: FxHashMap<Vec<u8>, usize>,
-    pub(super) free_tx: Vec<usize>,
-    /// Per transmit slot: the link it carries (None: a CLOSE) and the peer.
-    pub(super) tx_use: Vec<Option<(Option<LinkId>, usize)>>,
+    /// The address vector's peers its links use.
+    pub(super) peers: Peers,
+    /// Transmit slots: which are free, and what each in flight carries.
+    pub(super) tx: TxSlots,
     /// Control messages waiting for a transmit slot: (peer, the peer's end
     /// of the link, kind — `CLOSE` or `CHALLENGE` —, the header's last field,
     /// when it was queued). Each holds a use of its peer until sent.
@@ -66,10 +65,110 @@ pub(super) struct Port {
     /// Bytes per message sent, header included (at most the slot size:
     /// see [`RdmTransport::new`](super::RdmTransport::new)).
     pub(super) send_limit: usize,
+}
+
+/// A port's peers by index (a link's `peer`), and the index of each name.
+#[derive(Debug, Default)]
+pub(super) struct Peers {
+    list: Vec<Option<Peer>>,
+    ids: FxHashMap<Vec<u8>, usize>,
+}
+
+impl Peers {
+    pub(super) fn get(&self, i: usize) -> Option<&Peer> {
+        self.list.get(i).and_then(Option::as_ref)
+    }
+
+    pub(super) fn get_mut(&mut self, i: usize) -> Option<&mut Peer> {
+        self.list.get_mut(i).and_then(Option::as_mut)
+    }
+
+    /// The peer named `name`, with one more use; inserted into `ep`'s
+    /// address vector on first use.
+    fn use_named(&mut self, ep: &mut RdmEp, name: &[u8]) -> Result<usize, FabricError> {
+        if let Some(&i) = self.ids.get(name) {
+            if let Some(p) = self.list[i].as_mut() {
+                p.users += 1;
+            }
+            return Ok(i);
+        }
+        let addr = ep.insert(name)?;
+        let peer = Peer {
+            name: name.to_vec(),
+            addr,
+            users: 1,
+            inflight: 0,
+            dead: false,
+        };
+        let i = match self.list.iter().position(Option::is_none) {
+            Some(i) => {
+                self.list[i] = Some(peer);
+                i
+            }
+            None => {
+                self.list.push(Some(peer));
+                self.list.len() - 1
+            }
+        };
+        self.ids.insert(name.to_vec(), i);
+        Ok(i)
+    }
+
+    /// See [`Port::release_peer`].
+    fn release(&mut self, ep: &mut RdmEp, i: usize, user: bool) {
+        let Some(p) = self.list.get_mut(i).and_then(Option::as_mut) else {
+            return;
+        };
+        if user {
+            p.users = p.users.saturating_sub(1);
+        } else {
+            p.inflight = p.inflight.saturating_sub(1);
+        }
+        if p.dead && p.users == 0 && p.inflight == 0 {
+            let addr = p.addr;
+            self.ids.remove(&p.name);
+            self.list[i] = None;
+            if let Err(e) = ep.remove(addr) {
+                // Harmless: the entry stays until the endpoint closes.
+                tracing::debug!(error = %e, "libfabric RDM: peer address not removed");
+            }
+        }
+    }
+}
+
+/// A port's transmit slots.
+#[derive(Debug)]
+pub(super) struct TxSlots {
+    /// Free slots, the next one to use last.
+    pub(super) free: Vec<usize>,
+    /// Per slot: the link it carries (None: a CLOSE) and the peer.
+    pub(super) carrying: Vec<Option<(Option<LinkId>, usize)>>,
     /// Contexts of sends that went by `fi_inject`: done when posted, they
     /// complete through the same path as the provider's completions, at
     /// the next CQ poll (their slots stay taken until then).
     pub(super) injected: Vec<u64>,
+}
+
+impl TxSlots {
+    fn new(slots: usize) -> Self {
+        TxSlots {
+            free: (0..slots).rev().collect(),
+            carrying: vec![None; slots],
+            injected: Vec::new(),
+        }
+    }
+
+    /// Slot `slot` was posted carrying `link` to `peer`.
+    fn taken(&mut self, slot: usize, link: Option<LinkId>, peer: usize) {
+        self.free.pop();
+        self.carrying[slot] = Some((link, peer));
+    }
+
+    /// Slot `slot` completed: free again; what it carried.
+    pub(super) fn done(&mut self, slot: usize) -> Option<(Option<LinkId>, usize)> {
+        self.free.push(slot);
+        self.carrying.get_mut(slot).and_then(Option::take)
+    }
 }
 
 impl Port {
@@ -79,55 +178,27 @@ impl Port {
         res: Option<TcpListener>,
         send_limit: usize,
     ) -> Self {
-        let tx = ep.tx_slots();
+        let tx = TxSlots::new(ep.tx_slots());
         Port {
             send_limit: send_limit.min(ep.slot_size()),
             reserved: ep.rx_slots(),
             ep,
             listener,
             _reservation: res,
-            peers: Vec::new(),
-            peer_ids: FxHashMap::default(),
-            free_tx: (0..tx).rev().collect(),
-            tx_use: vec![None; tx],
+            peers: Peers::default(),
+            tx,
             closes: VecDeque::new(),
             links: 0,
             reads: FxHashMap::default(),
             user: UserExposures::default(),
             user_reads: UserReads::default(),
             next_read: 0,
-            injected: Vec::new(),
         }
     }
 
     /// The peer named `name`, inserted into the address vector on first use.
     pub(super) fn peer(&mut self, name: &[u8]) -> Result<usize, FabricError> {
-        if let Some(&i) = self.peer_ids.get(name) {
-            if let Some(p) = self.peers[i].as_mut() {
-                p.users += 1;
-            }
-            return Ok(i);
-        }
-        let addr = self.ep.insert(name)?;
-        let peer = Peer {
-            name: name.to_vec(),
-            addr,
-            users: 1,
-            inflight: 0,
-            dead: false,
-        };
-        let i = match self.peers.iter().position(Option::is_none) {
-            Some(i) => {
-                self.peers[i] = Some(peer);
-                i
-            }
-            None => {
-                self.peers.push(Some(peer));
-                self.peers.len() - 1
-            }
-        };
-        self.peer_ids.insert(name.to_vec(), i);
-        Ok(i)
+        self.peers.use_named(&mut self.ep, name)
     }
 
     /// Sends `CHALLENGE` with `token` to link `to` of the endpoint named
@@ -151,7 +222,7 @@ impl Port {
                 return;
             }
         };
-        if let Some(p) = self.peers[peer].as_mut() {
+        if let Some(p) = self.peers.get_mut(peer) {
             p.dead |= removable && p.users == 1;
         }
         match self.post(pidx, peer, None, |buf| {
@@ -197,7 +268,7 @@ impl Port {
     /// The endpoint aimed at peer `i` (for a rendezvous), if it is there
     /// (a link's peer is: the link is one of its uses).
     pub(super) fn aimed_at(&mut self, i: usize) -> Option<AimedEp<'_>> {
-        let peer = self.peers.get(i).and_then(Option::as_ref)?.addr;
+        let peer = self.peers.get(i)?.addr;
         Some(AimedEp {
             ep: &mut self.ep,
             peer,
@@ -210,23 +281,7 @@ impl Port {
     /// address vector's map, and removing it under a peer that still sends
     /// crashes the provider.
     pub(super) fn release_peer(&mut self, i: usize, user: bool) {
-        let Some(p) = self.peers.get_mut(i).and_then(Option::as_mut) else {
-            return;
-        };
-        if user {
-            p.users = p.users.saturating_sub(1);
-        } else {
-            p.inflight = p.inflight.saturating_sub(1);
-        }
-        if p.dead && p.users == 0 && p.inflight == 0 {
-            let addr = p.addr;
-            self.peer_ids.remove(&p.name);
-            self.peers[i] = None;
-            if let Err(e) = self.ep.remove(addr) {
-                // Harmless: the entry stays until the endpoint closes.
-                tracing::debug!(error = %e, "libfabric RDM: peer address not removed");
-            }
-        }
+        self.peers.release(&mut self.ep, i, user);
     }
 
     /// Counts a new link on this endpoint and grows the receive pool to cover
@@ -266,10 +321,10 @@ impl Port {
         fill: impl FnOnce(&mut [u8]) -> usize,
         body: Option<Bytes>,
     ) -> Result<bool, FabricError> {
-        let Some(&slot) = self.free_tx.last() else {
+        let Some(&slot) = self.tx.free.last() else {
             return Ok(false);
         };
-        let Some(p) = self.peers.get_mut(peer).and_then(Option::as_mut) else {
+        let Some(p) = self.peers.get_mut(peer) else {
             return Err(FabricError::Slot(peer));
         };
         let to = p.addr;
@@ -283,14 +338,13 @@ impl Port {
         } else if len <= self.ep.inject_size() {
             self.ep
                 .inject(slot, len, to)
-                .map(|()| self.injected.push(ctx))
+                .map(|()| self.tx.injected.push(ctx))
         } else {
             self.ep.send(slot, len, to, ctx)
         };
         match posted {
             Ok(()) => {
-                self.free_tx.pop();
-                self.tx_use[slot] = Some((link, peer));
+                self.tx.taken(slot, link, peer);
                 p.inflight += 1;
                 Ok(true)
             }

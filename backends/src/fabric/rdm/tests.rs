@@ -248,14 +248,14 @@ fn units_leave_from_send(provider: &str) {
     // credits owed within the poll (RETURN_AT_ONCE); a few are left to the
     // flush after the worker answered them. Without either, the units
     // beyond the credits would never come.
-    let owed = t.links[&server].to_return;
+    let owed = t.links[&server].flow.to_return;
     let mut events = progress_until_events(&mut t);
     let l = t
         .links
         .get(&server)
         .unwrap_or_else(|| panic!("{provider}: {events:?}"));
     if events.len() < RETURN_AT_ONCE {
-        assert_eq!(l.to_return, owed, "{provider}");
+        assert_eq!(l.flow.to_return, owed, "{provider}");
         assert_eq!(t.handled.len(), events.len(), "{provider}: {events:?}");
     } else {
         assert!(t.handled.is_empty(), "{provider}: {events:?}");
@@ -282,7 +282,7 @@ fn staged_descriptor_goes_when_credits_return(provider: &str) {
         window - 1,
         |t| {
             let l = &t.links[&LinkId(1000)];
-            l.credits == 0 && l.common.outbox.is_empty() && l.common.exposures.owes_posts()
+            l.flow.credits == 0 && l.common.outbox.is_empty() && l.common.exposures.owes_posts()
         },
     );
 }
