@@ -8,7 +8,7 @@ use bytes::Bytes;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
-/// Buffers granted to peers' writes ([`RmaBuffers::grant`]), taken back
+/// Buffers granted to peers' writes ([`RmaBuffers::grant`](crate::rma::RmaBuffers::grant)), taken back
 /// when the unit that landed in one is dropped and handed out again: a
 /// granted buffer must be initialised (that the peer wrote all of it is
 /// the peer's word, not the provider's), and zeroing a fresh one cost a
@@ -84,7 +84,7 @@ impl Drop for Landed {
 }
 
 /// Registrations for the rendezvous alive on a Net's endpoints
-/// ([`Net::rma_in_use`]).
+/// ([`Net::rma_in_use`](crate::Net::rma_in_use)).
 #[derive(Debug, Default)]
 pub(crate) struct RmaGauge {
     pub(crate) exposed: AtomicUsize,

@@ -9,7 +9,7 @@
 //!
 //! - One [`msgr_fabric::Net`] per worker: fabric, domain, one event queue (all
 //!   connection management) and one completion queue shared by every link.
-//!   [`Transport::progress`] reads the queues. The EQ's wait fd sits in the
+//!   [`Transport::progress`](crate::Transport::progress) reads the queues. The EQ's wait fd sits in the
 //!   worker's mio Poll; the CQ's only while the worker sleeps ([`super::wait_fd`]):
 //!   before it blocks (a `progress` call that found nothing) the CQ's fd goes
 //!   in and `fi_trywait` arms both — if something slipped in meanwhile it
@@ -59,16 +59,16 @@
 //!   (the reads may be withheld in the peer's libfabric:
 //!   [`msgr_fabric::rma_withheld`], `fabric_rendezvous`). Where they are
 //!   withheld and the provider checks keys (`tcp` on libfabric 1.17) the
-//!   endpoints write instead ([`RmaOp::Write`]): the sender holds the unit
+//!   endpoints write instead ([`RmaOp::Write`](msgr_proto::rma::RmaOp::Write)): the sender holds the unit
 //!   and sends the same descriptor flagged, the receiver grants a zeroed
 //!   buffer registered for remote writes (`RNDV_GRANT`), the sender
 //!   `fi_write`s the unit into it and says `RNDV_WRITTEN`, and the
 //!   receiver hands the unit up and answers `RNDV_DONE`.
 //! - Applications' regions (`msgr::rma`, [`super::user_rma`]): where the
 //!   endpoint reads rendezvous units, a region the owner's messenger opens
-//!   on a link ([`Transport::rma_expose`]) is registered in place on the
+//!   on a link ([`Transport::rma_expose`](crate::Transport::rma_expose)) is registered in place on the
 //!   link's endpoint, and the peer reads ranges of it with `fi_read`
-//!   ([`Transport::rma_read`]), many in flight, completed as
+//!   ([`Transport::rma_read`](crate::Transport::rma_read)), many in flight, completed as
 //!   [`TransportEvent::RmaRead`].
 //! - `simulate(SimulatedFault::HungRead)` ignores the completion of the
 //!   link's next read (a fake: `tcp` never leaves a read hanging, see
@@ -78,12 +78,12 @@
 //! - Faults from the provider (error completions, `FI_SHUTDOWN`, EQ errors)
 //!   fail the link. A completion queue that cannot be read (`fi_cq_read`
 //!   failing with anything but `-FI_EAGAIN`) fails every link on it
-//!   (`cq_failures`; [`QueueFailures`], shared with the RDM transport):
+//!   (`cq_failures`; [`QueueFailures`](super::QueueFailures), shared with the RDM transport):
 //!   their operations' fates are unknown; so does an event queue that
 //!   cannot be read (`eq_failures`), whose connection events may be lost.
 //!   `simulate(SimulatedFault::CqReadError)` fakes a CQ failure, since no
 //!   provider here fails a queue read on demand. Links do not migrate
-//!   between workers ([`Transport::detach`] returns `None`).
+//!   between workers ([`Transport::detach`](crate::Transport::detach) returns `None`).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -245,7 +245,7 @@ pub(super) struct FabricLink {
     behind_read: VecDeque<Vec<u8>>,
     behind_read_bytes: usize,
     /// Applications' regions this link's endpoint has open to the peer's
-    /// reads ([`Transport::rma_expose`]).
+    /// reads ([`Transport::rma_expose`](crate::Transport::rma_expose)).
     user: UserExposures,
 }
 
@@ -392,7 +392,7 @@ pub struct FabricTransport {
     reads: usize,
     next_read_check: Instant,
     /// Applications' one-sided reads of peers' regions in flight
-    /// ([`Transport::rma_read`]), and the number of the next one.
+    /// ([`Transport::rma_read`](crate::Transport::rma_read)), and the number of the next one.
     user_reads: UserReads,
     next_user_read: u64,
 }
@@ -746,7 +746,7 @@ impl FabricTransport {
     }
 
     /// The late epilogue of a unit of `id`'s came: the unit goes up if it
-    /// is there already (see [`Receiving::epilogue_arrived`]).
+    /// is there already (see [`Receiving::epilogue_arrived`](super::rendezvous::Receiving::epilogue_arrived)).
     fn epilogue_arrived(
         &mut self,
         id: LinkId,

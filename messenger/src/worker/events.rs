@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use mio::Token;
-use msgr_backends::{AnyTransport, Transport, TransportEvent};
+use msgr_backends::{AnyTransport, RmaFailure, Transport, TransportEvent};
 use msgr_proto::{Inbound, LinkId, Session};
 use rustc_hash::FxHashMap;
 
@@ -156,11 +156,10 @@ impl Worker {
                     self.link_gone(link, |s, now| s.link_failed(link, why, now), now);
                 }
                 TransportEvent::RmaRead { token, result, .. } => {
-                    self.native_op_done(token, result.map_err(|e| e.to_string()));
+                    self.native_op_done(token, result);
                 }
                 TransportEvent::RmaWrite { token, result, .. } => {
-                    let result = result.map(|()| bytes::Bytes::new());
-                    self.native_op_done(token, result.map_err(|e| e.to_string()));
+                    self.native_op_done(token, result.map(|()| bytes::Bytes::new()));
                 }
             }
         }
@@ -220,7 +219,7 @@ impl Worker {
             .map(|(&t, _)| t)
             .collect();
         for token in stranded {
-            self.native_op_done(token, Err("the link went".into()));
+            self.native_op_done(token, Err(RmaFailure::LinkGone));
         }
         let Some(e) = self.forget_link(link) else {
             return;

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use msgr_backends::{AnyTransport, RegionMemory, Transport};
+use msgr_backends::{AnyTransport, RegionMemory, RmaFailure, Transport};
 use msgr_proto::auth::SecurityMode;
 use msgr_proto::message::REPLY_BIT;
 use msgr_proto::rma::{RmaOp, RmaReply, RmaRequest, RmaStatus, RMA_BIT};
@@ -213,7 +213,7 @@ impl Worker {
     /// A native read or write completed: the caller gets the owner's
     /// reply it stands for (a read's bytes); a failed one is asked of the
     /// owner.
-    pub(super) fn native_op_done(&mut self, token: u64, result: Result<bytes::Bytes, String>) {
+    pub(super) fn native_op_done(&mut self, token: u64, result: Result<bytes::Bytes, RmaFailure>) {
         let Some(op) = self.native_ops.remove(&token) else {
             return; // its session went, or it was given up already
         };

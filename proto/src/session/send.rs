@@ -25,7 +25,7 @@ use crate::stream::Transmit;
 #[derive(Debug)]
 pub(super) struct Outgoing {
     /// Messages from `send` until released, small ones encoded as batch
-    /// entries at `send` ([`outbox`]).
+    /// entries at `send` ([`outbox`](super::outbox)).
     pub(super) outbox: Outbox,
     /// Control frames (and the banner) to transmit before any message.
     pub(super) ctrl: VecDeque<Transmit>,

@@ -48,7 +48,7 @@ use std::path::{Path, PathBuf};
 
 pub use offence::{Kind, Offence};
 
-/// What [`check`] found in a crate.
+/// What [`check()`] found in a crate.
 #[derive(Debug, Default)]
 pub struct Report {
     /// Everything against the rules, by file.

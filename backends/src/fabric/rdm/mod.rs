@@ -1286,7 +1286,7 @@ impl EndpointKind for RdmTransport {
 
     /// The CQ's wait fds into the Poll and `fi_trywait` on the CQ. A CQ
     /// without a wait object (shm) cannot be armed: the worker blocks until
-    /// [`Transport::wake_at`] and polls it then.
+    /// [`Transport::wake_at`](crate::Transport::wake_at) and polls it then.
     fn arm_wait(&mut self) -> bool {
         if self.shared.net.cq_polled() {
             let Some(bells) = self.bells.as_mut() else {
