@@ -1062,7 +1062,7 @@ mod tests {
     fn config_doc_is_generated_from_the_keys() {
         let mut doc = String::from(
             "# Configuration keys\n\n\
-             Generated from `msgr::CONFIG_KEYS` (messenger/src/config.rs), the one table \
+             Generated from `msgr::CONFIG_KEYS` (messenger/src/config/keys.rs), the one table \
              `MessengerConfig::set`, the environment check and this page come from: \
              `MSGR_TEST_BLESS=1 cargo test -p msgr --lib config_doc` \
              writes it again, and the test fails while they differ.\n\n\
