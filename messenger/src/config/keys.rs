@@ -15,7 +15,7 @@ use crate::faults::FaultPlanError;
 pub(super) enum BadValue {
     #[error("{0}")]
     Number(#[from] std::num::ParseIntError),
-    #[error("`{text}`: {error}")]
+    #[error("`{}`: {error}", msgr_addr::excerpt(text))]
     Addr {
         text: String,
         error: msgr_addr::AddrParseError,
