@@ -107,11 +107,12 @@
 //! The modules import in one direction, each only from the layers below its
 //! own (`tests/layering.rs` checks it). Bottom first:
 //!
-//! 1. `error`: [`AddrParseError`], what every parser returns.
-//! 2. `parse`: the shared lexical rules (length bound, canonical decimals).
-//! 3. `addr`, `name`: [`EntityAddr`] and its parts; [`EntityName`].
-//! 4. `addrvec`: [`AddrVec`], addresses in preference order.
-//! 5. `serde_impls`: every type as its string form through serde.
+//! 1. `report`: how errors read (Debug as Display, long input cut).
+//! 2. `error`: [`AddrParseError`], what every parser returns.
+//! 3. `parse`: the shared lexical rules (length bound, canonical decimals).
+//! 4. `addr`, `name`: [`EntityAddr`] and its parts; [`EntityName`].
+//! 5. `addrvec`: [`AddrVec`], addresses in preference order.
+//! 6. `serde_impls`: every type as its string form through serde.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
