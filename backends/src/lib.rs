@@ -210,6 +210,15 @@ pub trait Transport {
     /// Closes `link`. With `flush`, queued output is written first.
     fn close(&mut self, link: LinkId, flush: bool);
 
+    /// Drops `link` abortively, as a broken connection would end: the peer
+    /// sees a reset where the transport has one (TCP: `SO_LINGER` 0; RDMA:
+    /// the QP to error), queued output is lost, and the link's failure
+    /// is reported as [`TransportEvent::Failed`], unlike
+    /// [`Transport::close`], so that its session reacts as to any fault.
+    /// (An RDMA link still being set up has no QP yet and is left to its
+    /// set-up.)
+    fn abort(&mut self, link: LinkId) -> Result<(), TransportError>;
+
     /// Links closed with `flush` that this transport still holds, writing
     /// their last output, and counts in [`Transport::link_count`]. A
     /// worker that shuts down waits for them (to its deadline), then

@@ -29,7 +29,7 @@ pub(super) type UserRead<'a> = (LinkId, &'a [u8], (u64, u64), u64);
 
 /// What one endpoint kind's transport does its own way.
 pub(super) trait EndpointKind: Queueing {
-    /// Why a link fails that `inject(Abort)` dropped.
+    /// Why a link fails that [`Transport::abort`] dropped.
     const ABORTED: &'static str;
 
     /// Removes a link and what it holds.
@@ -185,19 +185,25 @@ impl<K: EndpointKind> Transport for K {
         open.filter(|l| !l.common().close_after_flush).count()
     }
 
+    fn abort(&mut self, link: LinkId) -> Result<(), TransportError> {
+        if !self.links().contains_key(&link) {
+            return Err(TransportError::NoSuchLink(link.0));
+        }
+        self.drop_link(link);
+        let why = LinkFailure::Local(Self::ABORTED.into());
+        self.out()
+            .deferred_events
+            .push(TransportEvent::Failed(link, why));
+        Ok(())
+    }
+
     fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
         let (shared, _, links) = self.parts();
         let l = links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
         match fault {
-            RealFault::Abort => {
-                self.drop_link(link);
-                let why = LinkFailure::Local(Self::ABORTED.into());
-                self.out()
-                    .deferred_events
-                    .push(TransportEvent::Failed(link, why));
-            }
+            RealFault::Abort => self.abort(link)?,
             RealFault::HalfClose => return Err(no_half_close(&shared.kind)),
             RealFault::StopReading => l.common_mut().paused = true,
             RealFault::Freeze => l.common_mut().frozen = true,

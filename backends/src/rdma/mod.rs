@@ -1269,21 +1269,28 @@ impl Transport for RdmaTransport {
         self.links.len()
     }
 
+    fn abort(&mut self, link: LinkId) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        // The QP goes to ERR, its posted work requests flush with errors,
+        // and the failed completions fail the link.
+        if let Some(qp) = &l.qp {
+            qp.to_err()
+                .map_err(|e| rdma_err(self.kind.clone(), "qp to ERR", e))?;
+            self.counters.qp_errors_injected += 1;
+        }
+        Ok(())
+    }
+
     fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
         let l = self
             .links
             .get_mut(&link)
             .ok_or(TransportError::NoSuchLink(link.0))?;
         match fault {
-            RealFault::Abort => {
-                // For real: the QP goes to ERR, its posted work requests flush
-                // with errors, and the failed completions fail the link.
-                if let Some(qp) = &l.qp {
-                    qp.to_err()
-                        .map_err(|e| rdma_err(self.kind.clone(), "qp to ERR", e))?;
-                    self.counters.qp_errors_injected += 1;
-                }
-            }
+            RealFault::Abort => self.abort(link)?,
             RealFault::HalfClose => match &l.conn {
                 // No half-close on a QP: the setup channel tells the peer we
                 // are gone (EOF on the socket; rdma_cm's Disconnected).

@@ -586,6 +586,21 @@ impl Transport for TcpTransport {
         }
     }
 
+    fn abort(&mut self, link: LinkId) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        socket2::SockRef::from(&l.stream)
+            .set_linger(Some(std::time::Duration::ZERO))
+            .map_err(|e| TransportError::io("SO_LINGER", e))?;
+        // Closing with linger 0 sends RST to the peer.
+        self.drop_link(link);
+        self.aborted
+            .push((link, LinkFailure::Local("injected abortive close".into())));
+        Ok(())
+    }
+
     fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
         let l = self
             .links
@@ -593,14 +608,7 @@ impl Transport for TcpTransport {
             .ok_or(TransportError::NoSuchLink(link.0))?;
         let sock = socket2::SockRef::from(&l.stream);
         match fault {
-            RealFault::Abort => {
-                sock.set_linger(Some(std::time::Duration::ZERO))
-                    .map_err(|e| TransportError::io("SO_LINGER", e))?;
-                // Closing with linger 0 sends RST to the peer.
-                self.drop_link(link);
-                self.aborted
-                    .push((link, LinkFailure::Local("injected abortive close".into())));
-            }
+            RealFault::Abort => self.abort(link)?,
             RealFault::HalfClose => {
                 sock.shutdown(Shutdown::Write)
                     .map_err(|e| TransportError::io("shutdown", e))?;

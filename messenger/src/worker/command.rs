@@ -9,7 +9,7 @@ use std::time::Instant;
 use crossbeam_channel::Receiver;
 
 use msgr_addr::TransportKind;
-use msgr_backends::{RealFault, Transport};
+use msgr_backends::Transport;
 use msgr_proto::{rma::RMA_BIT, FaultReason, LinkId, Message, Session};
 
 use super::{native_rma, LinkEntry, Owner, Slot, Worker};
@@ -135,7 +135,7 @@ impl Worker {
             .map(|(l, e)| (*l, e.transport))
             .collect();
         for (link, t) in gone {
-            if let Err(e) = self.net.transports[t].inject(link, RealFault::Abort) {
+            if let Err(e) = self.net.transports[t].abort(link) {
                 tracing::debug!(error = %e, "closing a link of an unbound transport");
             }
         }

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use msgr_backends::{RealFault, Transport};
+use msgr_backends::Transport;
 use msgr_proto::{LinkId, Tag, Transmit};
 use rustc_hash::FxHashMap;
 
@@ -58,7 +58,7 @@ impl Worker {
     pub(super) fn apply(&mut self, t: usize, link: LinkId, unit: Transmit, action: FaultAction) {
         let res = match action {
             FaultAction::Pass | FaultAction::Delay(_) => self.net.transports[t].send(link, unit),
-            FaultAction::FailLink => self.net.transports[t].inject(link, RealFault::Abort),
+            FaultAction::FailLink => self.net.transports[t].abort(link),
             FaultAction::Corrupt(bit) => {
                 Counters::add(&self.shared.counters.corruptions_injected, 1);
                 self.net.transports[t].send_corrupted(link, unit, bit)
