@@ -12,6 +12,9 @@
 //! - One module per backend, behind a cargo feature: [`tcp`] (default),
 //!   `rdma` (RC queue pairs over libibverbs, one data path for the `verbs`
 //!   and `rdmacm` features), `fabric` (libfabric; feature `fabric`).
+//! - With the cargo feature `fault-injection` (tests and the stress suite
+//!   only): `FaultInjection`, the transport methods that make real and
+//!   imitated faults and corrupted units, apart from [`Transport`].
 //!
 //! All transports of a worker register their file descriptors (sockets,
 //! completion channels, event channels, wait fds) in the worker's one
@@ -23,7 +26,9 @@
 //! (`tests/layering.rs`). Bottom first:
 //!
 //! 1. `error`, `event`, `dirty`, `regcache`, `queue_failure`, `split`, `shelf`, `region`, `sys`
-//! 2. `wire`, `context`: what the backends share above the leaves.
+//! 2. `wire`, `context`, `fault_injection`: what the backends share above
+//!    the leaves (the last, the test hooks, only with the cargo feature
+//!    `fault-injection`).
 //! 3. `fabric`, `rdma`, `tcp`: the backends.
 //! 4. `select`: which backend an address opens.
 
@@ -41,6 +46,8 @@ mod error;
 mod event;
 #[cfg(feature = "fabric")]
 pub mod fabric;
+#[cfg(feature = "fault-injection")]
+mod fault_injection;
 #[cfg(any(feature = "verbs", feature = "rdmacm", feature = "fabric"))]
 mod queue_failure;
 #[cfg(any(feature = "verbs", feature = "rdmacm"))]
@@ -67,60 +74,13 @@ use mio::Token;
 pub use context::{Availability, FabricCqWait, FabricRendezvous, RdmaPoolConfig, TransportContext};
 pub use error::TransportError;
 pub use event::{RmaFailure, TransportEvent};
+#[cfg(feature = "fault-injection")]
+pub use fault_injection::{FaultInjection, RealFault, SimulatedFault};
 pub use msgr_proto::{Inbound, LinkId, Transmit};
 pub use region::{RegionMemory, RegionRead, RegionWrite};
 pub use select::{availability, open_transport, rendezvous_withheld};
 
 use msgr_addr::{EntityAddr, TransportKind};
-
-/// A fault a backend can produce for real on one of its links, for tests and
-/// the stress suite's fault plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RealFault {
-    /// Abortive close: the peer sees a reset (TCP: SO_LINGER 0; RDMA: QP to error).
-    Abort,
-    /// Close our sending direction only (TCP half-close).
-    HalfClose,
-    /// Stop reading from the peer (its sends back up).
-    StopReading,
-    /// Stop reading and writing, as a hung or frozen peer process would: the
-    /// connection stays up but nothing moves.
-    Freeze,
-}
-
-/// A fault a backend cannot produce for real, imitated inside the backend so
-/// that the code meant to handle it runs in tests. It is not the real thing:
-/// a test that uses one says so, and a backend that cannot imitate it
-/// refuses it (its transport's `simulate` returns an error; a messenger's
-/// `Connection::simulate_fault` then leaves the link as it is).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SimulatedFault {
-    /// RDMA: the next rendezvous read this end of the link starts never
-    /// completes, as if the responder never answered. Each injection hangs
-    /// one more read. Only the completion is ignored: the read itself runs,
-    /// so its buffer stays registered and owned by the link until the link's
-    /// QP is destroyed. The read deadline (`rdma_read_timeout_ms`) must then
-    /// fail the link. Real RC transports (rxe, siw, hardware) end an
-    /// unanswered read with an error completion once their retries run out,
-    /// which is why this cannot be produced for real.
-    ///
-    /// libfabric (`fabric` MSG and RDM endpoints with the `fi_read`
-    /// rendezvous): the same, for the link's next `fi_read`; its buffer is
-    /// freed when the ignored completion comes (the provider is done with
-    /// it) or with the endpoint. `tcp` and `tcp;ofi_rxm` end a read whose
-    /// connection breaks with an error completion, so this is a fake too.
-    /// Endpoints without rendezvous (`shm`) refuse it.
-    HungRead,
-    /// The next read of the completion queue of the transport carrying
-    /// the link fails, as `fi_cq_read` (libfabric) or `ibv_poll_cq` (RDMA)
-    /// on a broken queue would (`EIO`). Every link on that transport then
-    /// fails with the error (counted in `cq_failures`), since the fates of
-    /// their posted operations are unknown, and sessions recover per
-    /// policy. No provider or device here can be made to fail a queue read
-    /// for real, hence the fake. TCP has no such queue and refuses it.
-    CqReadError,
-}
 
 /// What every backend does. Methods never block.
 ///
@@ -249,28 +209,6 @@ pub trait Transport {
     /// Links currently open (for leak checks).
     fn link_count(&self) -> usize;
 
-    /// Produces a real fault on `link`.
-    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError>;
-
-    /// Imitates a fault this backend cannot produce for real on `link`.
-    /// Default: refused, as unavailable.
-    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
-        let _ = link;
-        Err(TransportError::Unavailable {
-            kind: self.kind(),
-            reason: format!("this backend cannot simulate {fault:?}"),
-        })
-    }
-
-    /// Queues `unit` with bit `bit` (modulo its encoded length) flipped after
-    /// encoding, as line noise would: the receiver's CRC checks must catch it.
-    fn send_corrupted(
-        &mut self,
-        link: LinkId,
-        unit: Transmit,
-        bit: u64,
-    ) -> Result<(), TransportError>;
-
     /// Takes `link` out of this transport so another worker can adopt it.
     /// Returns `None` if this backend's links cannot move between workers
     /// (their sessions then live on the accepting worker).
@@ -379,6 +317,7 @@ pub enum DetachedLink {
 // boxing the larger variants would only add an indirection to every call.
 #[allow(clippy::large_enum_variant)]
 #[enum_dispatch(Transport)]
+#[cfg_attr(feature = "fault-injection", enum_dispatch(FaultInjection))]
 pub enum AnyTransport {
     /// TCP.
     #[cfg(feature = "tcp")]

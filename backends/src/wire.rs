@@ -5,7 +5,7 @@
 use mio::net::TcpListener;
 use mio::{Interest, Registry, Token};
 use msgr_addr::EntityAddr;
-use msgr_proto::{LinkFailure, Transmit};
+use msgr_proto::LinkFailure;
 
 use crate::TransportError;
 
@@ -53,8 +53,9 @@ pub(crate) fn bind_listener(
 }
 
 /// Encodes `unit` and flips bit `bit` (modulo its length), as line noise
-/// would: what a backend sends for [`crate::Transport::send_corrupted`].
-pub(crate) fn corrupted(unit: Transmit, bit: u64) -> Result<Vec<u8>, TransportError> {
+/// would: what a backend sends for [`crate::FaultInjection::send_corrupted`].
+#[cfg(feature = "fault-injection")]
+pub(crate) fn corrupted(unit: msgr_proto::Transmit, bit: u64) -> Result<Vec<u8>, TransportError> {
     let mut bytes = unit.encode_to_vec()?;
     let bit = bit % (bytes.len() as u64 * 8);
     bytes[(bit / 8) as usize] ^= 1 << (bit % 8);

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use msgr_addr::EntityAddr;
-use msgr_backends::{RealFault, SimulatedFault};
 use msgr_proto::control::Limits;
 use msgr_proto::{FaultReason, Message, PeerInfo, Phase, Policy};
 use parking_lot::{Mutex, MutexGuard};
@@ -13,7 +12,7 @@ use thiserror::Error;
 
 use crate::counters::Counters;
 use crate::pending::{Pending, SendError, SendRejected};
-use crate::state::{Command, ConnInner, LinkFault, PublishedStatus, Shared, ThreadWaker};
+use crate::state::{Command, ConnInner, PublishedStatus, Shared, ThreadWaker};
 
 const STATE_CONNECTING: u8 = 0;
 const STATE_OPEN: u8 = 1;
@@ -604,7 +603,8 @@ impl Connection {
     }
 
     /// Produces a real transport fault on the current link (for tests and
-    /// fault drills): the session recovers per its policy.
+    /// fault drills; cargo feature `fault-injection`): the session recovers
+    /// per its policy.
     ///
     /// ```
     /// # use std::{sync::Arc, time::Duration};
@@ -624,15 +624,17 @@ impl Connection {
     /// assert_eq!(&msg.front[..], b"after");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn inject_fault(&self, fault: RealFault) {
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_fault(&self, fault: msgr_backends::RealFault) {
         self.inner.dispatch(Command::Inject {
             key: self.inner.key,
-            fault: LinkFault::Real(fault),
+            fault: crate::state::LinkFault::Real(fault),
         });
     }
 
     /// Imitates, on the current link, a fault its backend cannot produce for
-    /// real (see [`SimulatedFault`]; for tests). A backend that cannot
+    /// real (see [`SimulatedFault`](crate::SimulatedFault); for tests,
+    /// cargo feature `fault-injection`). A backend that cannot
     /// imitate it ignores the request, as [`Connection::inject_fault`] does
     /// with faults a backend does not have.
     ///
@@ -653,10 +655,11 @@ impl Connection {
     /// assert!(inbox.recv_timeout(Duration::from_secs(10)).is_some());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn simulate_fault(&self, fault: SimulatedFault) {
+    #[cfg(feature = "fault-injection")]
+    pub fn simulate_fault(&self, fault: msgr_backends::SimulatedFault) {
         self.inner.dispatch(Command::Inject {
             key: self.inner.key,
-            fault: LinkFault::Simulated(fault),
+            fault: crate::state::LinkFault::Simulated(fault),
         });
     }
 

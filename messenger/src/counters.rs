@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 macro_rules! counters {
-    ($( $(#[doc = $doc:literal])* $name:ident ),* $(,)?) => {
+    ($( $(#[doc = $doc:literal])* $(#[cfg($cfg:meta)])? $name:ident ),* $(,)?) => {
         /// Live counters of one messenger. Cheap to update (relaxed atomics).
         ///
         /// ```
@@ -17,7 +17,7 @@ macro_rules! counters {
         /// ```
         #[derive(Debug, Default)]
         pub struct Counters {
-            $( $(#[doc = $doc])* pub $name: AtomicU64, )*
+            $( $(#[doc = $doc])* $(#[cfg($cfg)])? pub $name: AtomicU64, )*
         }
 
         impl Counters {
@@ -29,7 +29,10 @@ macro_rules! counters {
             /// assert!(all.iter().any(|&(name, _help, value)| name == "tx_messages" && value == 0));
             /// ```
             pub fn snapshot(&self) -> Vec<(&'static str, &'static str, u64)> {
-                vec![ $( (stringify!($name), concat!($($doc),*), self.$name.load(Ordering::Relaxed)), )* ]
+                Vec::from([ $(
+                    $(#[cfg($cfg)])?
+                    (stringify!($name), concat!($($doc),*), self.$name.load(Ordering::Relaxed)),
+                )* ])
             }
         }
     };
@@ -112,9 +115,11 @@ counters! {
     messages_too_large,
     /// Times reading paused because the receive throttle was full.
     rx_throttle_pauses,
-    /// Faults injected: by a fault plan, `Connection::inject_fault` or `Connection::simulate_fault`.
+    /// Faults injected: by a fault plan, `Connection::inject_fault` or `Connection::simulate_fault` (cargo feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
     injected_faults,
-    /// Units the fault plan (`faults`, tests) corrupted on the wire.
+    /// Units the fault plan (`faults`, tests) corrupted on the wire (cargo feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
     corruptions_injected,
     /// Accepted connections closed because too many handshakes were pending and none was idle: at once when no more could wait for a slot, or after waiting the handshake timeout.
     handshakes_refused,

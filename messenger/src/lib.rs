@@ -10,6 +10,9 @@
 //! - [`MessengerConfig`]: every tunable, from code, a TOML file or `MSGR_*` variables.
 //! - [`Counters`]: what happened, from the API or as Prometheus text.
 //!
+//! Tests can break links on purpose, by hand or by a plan, with the cargo
+//! feature `fault-injection`: test hooks a default build leaves out.
+//!
 //! ```
 //! use std::sync::{Arc, mpsc};
 //! use std::time::Duration;
@@ -46,8 +49,8 @@
 //! nested modules included). Bottom first:
 //!
 //! 1. `counters`, `faults`, `throttle`, `affinity`, `auth`: the leaves —
-//!    the figures, the fault plan, the receive throttle, CPU pinning, the
-//!    authentication types re-exported.
+//!    the figures, the fault plan (feature `fault-injection`), the receive
+//!    throttle, CPU pinning, the authentication types re-exported.
 //! 2. `config`: every tunable, and how a callback's panic is handled.
 //! 3. `regions`, `pending`: the exposed regions as the owner keeps them;
 //!    a connection's queued sends, and why a send is refused.
@@ -72,6 +75,7 @@ mod config;
 mod connection;
 mod counters;
 mod dispatcher;
+#[cfg(feature = "fault-injection")]
 mod faults;
 mod inbox;
 mod messenger;
@@ -102,6 +106,7 @@ pub use config::{
 pub use connection::{ConnectError, Connection, ConnectionState, ConnectionStatus, SendFuture};
 pub use counters::Counters;
 pub use dispatcher::{Dispatcher, NullDispatcher};
+#[cfg(feature = "fault-injection")]
 pub use faults::{FaultPlan, FaultPlanError};
 pub use inbox::{ConnectionEvent, ConnectionInbox, Events, Inbox, Messages, Recv, RecvApart};
 pub use messenger::{
@@ -275,6 +280,7 @@ pub use msgr_backends::RdmaPoolConfig;
 /// assert_eq!(&msg.front[..], b"after the fault");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[cfg(feature = "fault-injection")]
 pub use msgr_backends::RealFault;
 /// An imitated transport fault, for [`Connection::simulate_fault`] (see
 /// its example).
@@ -285,6 +291,7 @@ pub use msgr_backends::RealFault;
 /// let drills = [SimulatedFault::HungRead, SimulatedFault::CqReadError];
 /// assert_ne!(drills[0], drills[1]);
 /// ```
+#[cfg(feature = "fault-injection")]
 pub use msgr_backends::SimulatedFault;
 /// A transport could not be used.
 ///

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 use mio::Waker;
 use msgr_addr::{EntityAddr, TransportKind};
-use msgr_backends::{DetachedLink, RealFault, SimulatedFault, TransportContext, TransportStats};
+use msgr_backends::{DetachedLink, TransportContext, TransportStats};
 use msgr_proto::{
     session::Hello, FaultReason, LinkId, LocalIdentity, PeerInfo, Phase, Policy, Session,
 };
@@ -152,6 +152,7 @@ pub(crate) enum Command {
     /// End a session after draining.
     Close { key: u64 },
     /// Produce (or imitate) a fault on a session's link.
+    #[cfg(feature = "fault-injection")]
     Inject { key: u64, fault: LinkFault },
     /// Take over an accepted link whose session lives here. Boxed: rare,
     /// and five times the size of a `Send`, which every command would pay.
@@ -190,9 +191,10 @@ pub(crate) struct Adoption {
 
 /// A fault asked of a session's link: one the backend produces for real, or
 /// one it can only imitate.
+#[cfg(feature = "fault-injection")]
 pub(crate) enum LinkFault {
-    Real(RealFault),
-    Simulated(SimulatedFault),
+    Real(msgr_backends::RealFault),
+    Simulated(msgr_backends::SimulatedFault),
 }
 
 /// The worker's last published `ConnectionStatus` fields.

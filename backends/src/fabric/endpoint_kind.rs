@@ -14,14 +14,14 @@ use msgr_addr::{EntityAddr, TransportKind};
 use msgr_fabric::RmaBuffers;
 use msgr_proto::{LinkFailure, LinkId, Transmit};
 
+use super::no_migration;
 use super::queueing::{QueuedLink, Queueing};
-use super::rendezvous::OutUnit;
 use super::user_rma::UserExposures;
-use super::{no_half_close, no_migration, simulate_fault};
-use crate::{
-    DetachedLink, RealFault, SimulatedFault, Transport, TransportError, TransportEvent,
-    TransportStats,
-};
+#[cfg(feature = "fault-injection")]
+use super::{no_half_close, simulate_fault};
+use crate::{DetachedLink, Transport, TransportError, TransportEvent, TransportStats};
+#[cfg(feature = "fault-injection")]
+use crate::{RealFault, SimulatedFault};
 
 /// A read of a peer's region ([`Transport::rma_read`]): the link, the
 /// region's key, the range (offset, length) and the caller's token.
@@ -197,45 +197,6 @@ impl<K: EndpointKind> Transport for K {
         Ok(())
     }
 
-    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
-        let (shared, _, links) = self.parts();
-        let l = links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        match fault {
-            RealFault::Abort => self.abort(link)?,
-            RealFault::HalfClose => return Err(no_half_close(&shared.kind)),
-            RealFault::StopReading => l.common_mut().paused = true,
-            RealFault::Freeze => l.common_mut().frozen = true,
-        }
-        Ok(())
-    }
-
-    /// As on both endpoint types (`simulate_fault`).
-    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
-        let (shared, _, links) = self.parts();
-        let receiving = links.get_mut(&link).map(|l| &mut l.common_mut().receiving);
-        let (rndv, kind) = (shared.rndv.is_some(), &shared.kind);
-        simulate_fault(
-            receiving,
-            link,
-            fault,
-            rndv,
-            kind,
-            &mut shared.queue_failures,
-        )
-    }
-
-    fn send_corrupted(
-        &mut self,
-        link: LinkId,
-        unit: Transmit,
-        bit: u64,
-    ) -> Result<(), TransportError> {
-        let bytes = crate::wire::corrupted(unit, bit)?;
-        self.queue(link, OutUnit::Flat(bytes))
-    }
-
     fn detach(&mut self, _link: LinkId) -> Option<DetachedLink> {
         None
     }
@@ -287,5 +248,47 @@ impl<K: EndpointKind> Transport for K {
             kind: shared.kind.clone(),
             values,
         }
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+impl<K: EndpointKind> crate::FaultInjection for K {
+    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
+        let (shared, _, links) = self.parts();
+        let l = links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        match fault {
+            RealFault::Abort => self.abort(link)?,
+            RealFault::HalfClose => return Err(no_half_close(&shared.kind)),
+            RealFault::StopReading => l.common_mut().paused = true,
+            RealFault::Freeze => l.common_mut().frozen = true,
+        }
+        Ok(())
+    }
+
+    /// As on both endpoint types (`simulate_fault`).
+    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
+        let (shared, _, links) = self.parts();
+        let receiving = links.get_mut(&link).map(|l| &mut l.common_mut().receiving);
+        let (rndv, kind) = (shared.rndv.is_some(), &shared.kind);
+        simulate_fault(
+            receiving,
+            link,
+            fault,
+            rndv,
+            kind,
+            &mut shared.queue_failures,
+        )
+    }
+
+    fn send_corrupted(
+        &mut self,
+        link: LinkId,
+        unit: Transmit,
+        bit: u64,
+    ) -> Result<(), TransportError> {
+        let bytes = crate::wire::corrupted(unit, bit)?;
+        self.queue(link, super::rendezvous::OutUnit::Flat(bytes))
     }
 }

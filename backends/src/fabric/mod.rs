@@ -63,18 +63,15 @@ use std::sync::{Mutex, OnceLock};
 use mio::Registry;
 use msgr_addr::{FabricEndpoint, FabricProvider, TransportKind};
 use msgr_fabric::{CmEvent, Completion, CqWait, EpType, FabricError, Net, RmaChoice, Site};
-use msgr_proto::{LinkFailure, LinkId};
+use msgr_proto::LinkFailure;
 use rustc_hash::FxHashMap;
 
 use crate::queue_failure::failed_read;
-use crate::{
-    Availability, FabricCqWait, FabricRendezvous, SimulatedFault, TransportContext, TransportError,
-};
+use crate::{Availability, FabricCqWait, FabricRendezvous, TransportContext, TransportError};
 pub use msg::{
     FabricTransport, LAST, MORE, RNDV, RNDV_DONE, RNDV_EPILOGUE, RNDV_GRANT, RNDV_WRITTEN, SLOTS,
 };
 use queueing::Queueing;
-use rendezvous::Receiving;
 
 /// Bytes per transmit/receive slot (one message on the wire).
 pub const SLOT_SIZE: usize = 64 << 10;
@@ -92,7 +89,7 @@ const CQ_ROUNDS: usize = 16;
 
 /// A transport's queue reads that failed: counted per queue, and the
 /// completion-queue failures still to be simulated
-/// ([`SimulatedFault::CqReadError`]). A queue that cannot be read leaves
+/// (`SimulatedFault::CqReadError`, feature `fault-injection`). A queue that cannot be read leaves
 /// the fates of its operations (CQ) or connection events (EQ) unknown, so
 /// the caller fails every link on it instead of taking it for empty.
 #[derive(Debug, Default)]
@@ -130,6 +127,7 @@ impl QueueFailures {
             .map_err(|e| failed_read(&mut self.eq, "libfabric event queue", &e))
     }
 
+    #[cfg(feature = "fault-injection")]
     fn simulate_cq(&mut self) {
         self.simulated_cq += 1;
     }
@@ -223,18 +221,19 @@ impl LinkBudget {
 /// `Transport::simulate` of both endpoint types: `HungRead` hangs the
 /// link's next rendezvous read, `CqReadError` fails the next CQ read
 /// (module docs). `receiving` is the link's, `None` if there is no such link.
+#[cfg(feature = "fault-injection")]
 fn simulate_fault(
-    receiving: Option<&mut Receiving>,
-    link: LinkId,
-    fault: SimulatedFault,
+    receiving: Option<&mut rendezvous::Receiving>,
+    link: msgr_proto::LinkId,
+    fault: crate::SimulatedFault,
     rndv: bool,
     kind: &TransportKind,
     queue_failures: &mut QueueFailures,
 ) -> Result<(), TransportError> {
     let receiving = receiving.ok_or(TransportError::NoSuchLink(link.0))?;
     match fault {
-        SimulatedFault::HungRead => receiving.hang_next_read(rndv, kind),
-        SimulatedFault::CqReadError => {
+        crate::SimulatedFault::HungRead => receiving.hang_next_read(rndv, kind),
+        crate::SimulatedFault::CqReadError => {
             queue_failures.simulate_cq();
             Ok(())
         }
@@ -335,6 +334,7 @@ fn other_name(ep: EpType) -> &'static str {
 }
 
 /// What `inject(HalfClose)` answers on every fabric link.
+#[cfg(feature = "fault-injection")]
 fn no_half_close(kind: &TransportKind) -> TransportError {
     TransportError::Unavailable {
         kind: kind.clone(),

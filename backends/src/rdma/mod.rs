@@ -100,9 +100,11 @@ use crate::regcache::RegCache;
 use crate::shelf::{Shelf, Shelvable};
 use crate::split;
 use crate::{
-    Availability, DetachedLink, RdmaPoolConfig, RealFault, SimulatedFault, Transport,
-    TransportContext, TransportError, TransportEvent, TransportStats,
+    Availability, DetachedLink, RdmaPoolConfig, Transport, TransportContext, TransportError,
+    TransportEvent, TransportStats,
 };
+#[cfg(feature = "fault-injection")]
+use crate::{RealFault, SimulatedFault};
 use cm::CmState;
 use conn::Conn;
 use device::{Device, MAX_READS, SQ_DEPTH};
@@ -1284,58 +1286,6 @@ impl Transport for RdmaTransport {
         Ok(())
     }
 
-    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
-        let l = self
-            .links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        match fault {
-            RealFault::Abort => self.abort(link)?,
-            RealFault::HalfClose => match &l.conn {
-                // No half-close on a QP: the setup channel tells the peer we
-                // are gone (EOF on the socket; rdma_cm's Disconnected).
-                Conn::Oob(o) => {
-                    oob::half_close(o).map_err(|e| TransportError::io("shutdown", e))?
-                }
-                Conn::Cm(c) => {
-                    c.id.disconnect()
-                        .map_err(|e| rdma_err(self.kind.clone(), "rdma_disconnect", e))?
-                }
-            },
-            RealFault::StopReading => {
-                l.paused = true;
-            }
-            RealFault::Freeze => {
-                l.paused = true;
-                l.frozen = true;
-            }
-        }
-        Ok(())
-    }
-
-    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
-        let l = self
-            .links
-            .get_mut(&link)
-            .ok_or(TransportError::NoSuchLink(link.0))?;
-        match fault {
-            SimulatedFault::HungRead => l.rdv.reads_to_hang += 1,
-            SimulatedFault::CqReadError => self.cq.simulated_failures += 1,
-        }
-        Ok(())
-    }
-
-    fn send_corrupted(
-        &mut self,
-        link: LinkId,
-        unit: Transmit,
-        bit: u64,
-    ) -> Result<(), TransportError> {
-        let kind = Kind::of(&unit);
-        let bytes = crate::wire::corrupted(unit, bit)?;
-        self.push_unit(link, kind, Bytes::from(bytes))
-    }
-
     fn detach(&mut self, _link: LinkId) -> Option<DetachedLink> {
         // A QP belongs to its worker's CQ: RDMA links do not migrate.
         None
@@ -1446,6 +1396,61 @@ impl Transport for RdmaTransport {
             kind: self.kind.clone(),
             values,
         }
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+impl crate::FaultInjection for RdmaTransport {
+    fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        match fault {
+            RealFault::Abort => self.abort(link)?,
+            RealFault::HalfClose => match &l.conn {
+                // No half-close on a QP: the setup channel tells the peer we
+                // are gone (EOF on the socket; rdma_cm's Disconnected).
+                Conn::Oob(o) => {
+                    oob::half_close(o).map_err(|e| TransportError::io("shutdown", e))?
+                }
+                Conn::Cm(c) => {
+                    c.id.disconnect()
+                        .map_err(|e| rdma_err(self.kind.clone(), "rdma_disconnect", e))?
+                }
+            },
+            RealFault::StopReading => {
+                l.paused = true;
+            }
+            RealFault::Freeze => {
+                l.paused = true;
+                l.frozen = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn simulate(&mut self, link: LinkId, fault: SimulatedFault) -> Result<(), TransportError> {
+        let l = self
+            .links
+            .get_mut(&link)
+            .ok_or(TransportError::NoSuchLink(link.0))?;
+        match fault {
+            SimulatedFault::HungRead => l.rdv.reads_to_hang += 1,
+            SimulatedFault::CqReadError => self.cq.simulated_failures += 1,
+        }
+        Ok(())
+    }
+
+    fn send_corrupted(
+        &mut self,
+        link: LinkId,
+        unit: Transmit,
+        bit: u64,
+    ) -> Result<(), TransportError> {
+        let kind = Kind::of(&unit);
+        let bytes = crate::wire::corrupted(unit, bit)?;
+        self.push_unit(link, kind, Bytes::from(bytes))
     }
 }
 

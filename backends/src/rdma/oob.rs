@@ -474,6 +474,7 @@ impl RdmaTransport {
 
 /// The half-close fault of a verbs link: no half-close exists on a QP, so the
 /// setup socket's sending side closes (the peer sees EOF: we are gone).
+#[cfg(feature = "fault-injection")]
 pub(super) fn half_close(o: &OobConn) -> std::io::Result<()> {
     o.stream.shutdown(Shutdown::Write)
 }

@@ -131,7 +131,8 @@ impl SendQueue {
         Ok(())
     }
 
-    /// Appends bytes that are already encoded.
+    /// Appends bytes that are already encoded (a corrupted unit).
+    #[cfg(feature = "fault-injection")]
     pub(crate) fn push_raw(&mut self, b: &[u8]) {
         self.put_small(b);
     }

@@ -49,9 +49,11 @@ use msgr_proto::{FrameLimits, LinkFailure, LinkId, ProtocolError, Transmit};
 
 use crate::shelf::Shelf;
 use crate::wire::ConnectProgress;
+#[cfg(feature = "fault-injection")]
+use crate::RealFault;
 use crate::{
-    DetachedLink, RealFault, Transport, TransportContext, TransportError, TransportEvent,
-    TransportStats, LISTENER_TOKEN_BASE,
+    DetachedLink, Transport, TransportContext, TransportError, TransportEvent, TransportStats,
+    LISTENER_TOKEN_BASE,
 };
 use bytes::BytesMut;
 use link::{TcpLink, READ_BUDGET, SHELF_BYTES};
@@ -601,6 +603,29 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
+    fn detach(&mut self, link: LinkId) -> Option<DetachedLink> {
+        self.dirty.remove(link);
+        self.read_pending.retain(|l| *l != link);
+        let mut l = self.drop_link(link)?;
+        l.write_interest = false;
+        Some(DetachedLink::Tcp(DetachedTcp { link: l }))
+    }
+
+    fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
+        let DetachedLink::Tcp(d) = detached;
+        let pending = !d.link.tx.is_empty();
+        self.add_link(link, d.link, Interest::READABLE)?;
+        // Bytes may have arrived while it moved: the edge may be gone, so look.
+        self.read_pending.push(link);
+        if pending {
+            self.dirty.push(link);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+impl crate::FaultInjection for TcpTransport {
     fn inject(&mut self, link: LinkId, fault: RealFault) -> Result<(), TransportError> {
         let l = self
             .links
@@ -633,26 +658,6 @@ impl Transport for TcpTransport {
         let was_empty = l.tx.is_empty();
         l.tx.push_raw(&bytes);
         if was_empty {
-            self.dirty.push(link);
-        }
-        Ok(())
-    }
-
-    fn detach(&mut self, link: LinkId) -> Option<DetachedLink> {
-        self.dirty.remove(link);
-        self.read_pending.retain(|l| *l != link);
-        let mut l = self.drop_link(link)?;
-        l.write_interest = false;
-        Some(DetachedLink::Tcp(DetachedTcp { link: l }))
-    }
-
-    fn attach(&mut self, link: LinkId, detached: DetachedLink) -> Result<(), TransportError> {
-        let DetachedLink::Tcp(d) = detached;
-        let pending = !d.link.tx.is_empty();
-        self.add_link(link, d.link, Interest::READABLE)?;
-        // Bytes may have arrived while it moved: the edge may be gone, so look.
-        self.read_pending.push(link);
-        if pending {
             self.dirty.push(link);
         }
         Ok(())

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use super::{parse_policy, ConfigError, HandlerPanicPolicy, MessengerConfig};
 use crate::affinity::CpuListError;
-use crate::faults::FaultPlanError;
 
 /// Why a text value does not fit its key (shown in
 /// `ConfigError::BadValue`'s `why`).
@@ -28,8 +27,12 @@ pub(super) enum BadValue {
     CpuNotAllowed { cpu: usize, allowed: Vec<usize> },
     #[error("0 (no batches) or {min} to {max}")]
     BatchSize { min: usize, max: usize },
+    #[cfg(feature = "fault-injection")]
     #[error("{0}")]
-    FaultPlan(#[from] FaultPlanError),
+    FaultPlan(#[from] crate::faults::FaultPlanError),
+    #[cfg(not(feature = "fault-injection"))]
+    #[error("this build has no fault injection (the cargo feature `fault-injection`): off is all it takes")]
+    NoFaultInjection,
 }
 
 /// The row of `name` in [`CONFIG_KEYS`].
@@ -564,22 +567,35 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
     ),
     key(
         "faults",
-        "fault injection plan, e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20 (default off)",
+        "fault injection plan, a test hook of builds with the cargo feature fault-injection (others take only off), e.g. seed=7,fail=500,corrupt=2000,delay=100,delay_max_ms=5,handshake=20 (default off)",
         Kind::Text {
             form: "fault plan or off",
             list: false,
-            set: |c, v| {
-                c.faults = match v {
-                    "" | "off" => None,
-                    plan => Some(
-                        plan.parse()?,
-                    ),
-                };
-                Ok(())
-            },
+            set: set_faults,
         },
     ),
 ];
+
+/// `faults`: a fault plan, or off. A build without the cargo feature
+/// `fault-injection` has no fault path: it takes off and refuses a plan.
+fn set_faults(cfg: &mut MessengerConfig, value: &str) -> Result<(), BadValue> {
+    #[cfg(feature = "fault-injection")]
+    {
+        cfg.faults = match value {
+            "" | "off" => None,
+            plan => Some(plan.parse()?),
+        };
+        Ok(())
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        let _ = cfg;
+        match value {
+            "" | "off" => Ok(()),
+            _ => Err(BadValue::NoFaultInjection),
+        }
+    }
+}
 
 /// `worker_cpus`: a CPU list (empty or `none`: no pinning), each CPU one
 /// this process may run on.

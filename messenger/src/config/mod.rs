@@ -14,8 +14,6 @@ use std::sync::Arc;
 use msgr_proto::auth::{Credentials, Keyring, Security, StaticKeypair};
 use msgr_proto::{FrameLimits, Policy, SessionConfig};
 
-use crate::faults::FaultPlan;
-
 mod keys;
 
 pub use keys::CONFIG_KEYS;
@@ -144,8 +142,10 @@ pub struct MessengerConfig {
     /// Registered memory of the RDMA backends, per worker, and their
     /// rendezvous read deadline.
     pub rdma: msgr_backends::RdmaPoolConfig,
-    /// Faults to inject at the transport boundary (tests and fault drills).
-    pub faults: Option<FaultPlan>,
+    /// Faults to inject at the transport boundary (tests and fault drills;
+    /// cargo feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub faults: Option<crate::faults::FaultPlan>,
     /// What a panic in a [`crate::Dispatcher`] callback does: end that
     /// connection (default) or abort the process.
     pub handler_panic: HandlerPanicPolicy,
@@ -189,6 +189,7 @@ impl Default for MessengerConfig {
             max_handshakes: 1024,
             max_handshakes_per_source: 256,
             rdma: msgr_backends::RdmaPoolConfig::default(),
+            #[cfg(feature = "fault-injection")]
             faults: None,
             handler_panic: HandlerPanicPolicy::FailConnection,
             bind: Vec::new(),
@@ -715,11 +716,17 @@ mod tests {
             ("fabric_link_bytes", "16777216", |c, d| {
                 c.rdma.fabric_link_bytes = d.rdma.fabric_link_bytes
             }),
+            #[cfg(feature = "fault-injection")]
             ("faults", "seed=1,fail=100", |c, d| {
                 c.faults.clone_from(&d.faults)
             }),
         ];
-        let listed: Vec<&str> = CONFIG_KEYS.iter().map(|k| k.name).collect();
+        // Without fault injection `faults` takes only off, its default.
+        let listed: Vec<&str> = CONFIG_KEYS
+            .iter()
+            .map(|k| k.name)
+            .filter(|k| cfg!(feature = "fault-injection") || *k != "faults")
+            .collect();
         let tested: Vec<&str> = table.iter().map(|(k, _, _)| *k).collect();
         assert_eq!(tested, listed, "one row per key, in CONFIG_KEYS order");
         let default = MessengerConfig::default();

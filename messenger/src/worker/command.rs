@@ -16,7 +16,7 @@ use super::{native_rma, LinkEntry, Owner, Slot, Worker};
 use crate::connection::{Connection, ConnectionState};
 use crate::counters::Counters;
 use crate::pending::Outgoing;
-use crate::state::{peer_key, Adoption, Command, ConnInner, LinkFault, WorkerStats, LOCAL_WORKER};
+use crate::state::{peer_key, Adoption, Command, ConnInner, WorkerStats, LOCAL_WORKER};
 
 /// Where a worker takes its commands from, and the emptied lists it
 /// keeps for their memory (no allocation per command or batch).
@@ -104,6 +104,7 @@ impl Worker {
                     self.touch(key);
                 }
             }
+            #[cfg(feature = "fault-injection")]
             Command::Inject { key, fault } => self.inject(key, fault),
             Command::RmaRevoke { region } => {
                 for t in &mut self.net.transports {
@@ -142,7 +143,10 @@ impl Worker {
     }
 
     /// Produces (or imitates) `fault` on session `key`'s link.
-    fn inject(&mut self, key: u64, fault: LinkFault) {
+    #[cfg(feature = "fault-injection")]
+    fn inject(&mut self, key: u64, fault: crate::state::LinkFault) {
+        use crate::state::LinkFault;
+        use msgr_backends::FaultInjection;
         if let Some(link) = self.sessions.get(&key).and_then(|s| s.session.link()) {
             if let Some(e) = self.net.links.get(&link) {
                 Counters::add(&self.shared.counters.injected_faults, 1);

@@ -102,6 +102,7 @@ use command::CommandInbox;
 use drive::Driving;
 use events::Net;
 use timers::Timers;
+#[cfg(feature = "fault-injection")]
 use transmit::FaultPath;
 
 use crate::connection::Connection;
@@ -231,6 +232,7 @@ pub(crate) struct Worker {
     /// Sessions to drive and their output's bookkeeping (`drive`).
     driving: Driving,
     /// The fault plan on the way out (`transmit`).
+    #[cfg(feature = "fault-injection")]
     faults: FaultPath,
     /// Native reads and writes of peers' regions in flight, by call id
     /// (`native_rma`).
@@ -270,6 +272,7 @@ impl Worker {
         transports: Vec<AnyTransport>,
         listeners: Vec<(usize, Token)>,
     ) -> Worker {
+        #[cfg(feature = "fault-injection")]
         let faults = FaultPath::new(shared.cfg.faults.clone(), idx);
         Worker {
             idx,
@@ -283,6 +286,7 @@ impl Worker {
             handshakes: Handshakes::new(),
             timers: Timers::default(),
             driving: Driving::default(),
+            #[cfg(feature = "fault-injection")]
             faults,
             native_ops: FxHashMap::default(),
             now: Instant::now(),
@@ -381,6 +385,7 @@ impl Worker {
             self.handle_transport_events();
             self.fire_timers(self.now);
             self.admit_waiting(self.now);
+            #[cfg(feature = "fault-injection")]
             self.release_held(self.now);
             self.drive_touched();
             self.flush_transports();

@@ -1,24 +1,33 @@
 //! The way out: a unit to its transport, through the fault plan when
-//! one is configured (delayed units held in order per link).
+//! one is configured (delayed units held in order per link; cargo feature
+//! `fault-injection`).
 
+#[cfg(feature = "fault-injection")]
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use msgr_backends::Transport;
-use msgr_proto::{LinkId, Tag, Transmit};
+#[cfg(feature = "fault-injection")]
+use msgr_proto::Tag;
+use msgr_proto::{LinkId, Transmit};
+#[cfg(feature = "fault-injection")]
 use rustc_hash::FxHashMap;
 
 use super::Worker;
+#[cfg(feature = "fault-injection")]
 use crate::counters::Counters;
+#[cfg(feature = "fault-injection")]
 use crate::faults::{FaultAction, FaultInjector, FaultPlan};
 
 /// The configured fault plan, if any, and the units it holds back.
+#[cfg(feature = "fault-injection")]
 pub(super) struct FaultPath {
     pub(super) plan: Option<FaultInjector>,
     /// Units held back by an injected delay, per link, in order.
     pub(super) held: FxHashMap<LinkId, (Instant, VecDeque<(Transmit, FaultAction)>)>,
 }
 
+#[cfg(feature = "fault-injection")]
 impl FaultPath {
     pub(super) fn new(plan: Option<FaultPlan>, worker: usize) -> FaultPath {
         FaultPath {
@@ -29,7 +38,16 @@ impl FaultPath {
 }
 
 impl Worker {
+    /// Hands one unit to its transport.
+    #[cfg(not(feature = "fault-injection"))]
+    pub(super) fn transmit(&mut self, t: usize, link: LinkId, unit: Transmit, _now: Instant) {
+        if let Err(e) = self.net.transports[t].send(link, unit) {
+            tracing::debug!(error = %e, ?link, "transmit on a link that is gone");
+        }
+    }
+
     /// Hands one unit to its transport, through the fault plan if one is set.
+    #[cfg(feature = "fault-injection")]
     pub(super) fn transmit(&mut self, t: usize, link: LinkId, unit: Transmit, now: Instant) {
         let action = match &mut self.faults.plan {
             Some(f) => f.decide(is_handshake(&unit)),
@@ -55,13 +73,19 @@ impl Worker {
     }
 
     /// Sends a unit as the fault plan decided.
+    #[cfg(feature = "fault-injection")]
     pub(super) fn apply(&mut self, t: usize, link: LinkId, unit: Transmit, action: FaultAction) {
         let res = match action {
             FaultAction::Pass | FaultAction::Delay(_) => self.net.transports[t].send(link, unit),
             FaultAction::FailLink => self.net.transports[t].abort(link),
             FaultAction::Corrupt(bit) => {
                 Counters::add(&self.shared.counters.corruptions_injected, 1);
-                self.net.transports[t].send_corrupted(link, unit, bit)
+                msgr_backends::FaultInjection::send_corrupted(
+                    &mut self.net.transports[t],
+                    link,
+                    unit,
+                    bit,
+                )
             }
         };
         if let Err(e) = res {
@@ -70,6 +94,7 @@ impl Worker {
     }
 
     /// Sends units whose injected delay is over.
+    #[cfg(feature = "fault-injection")]
     pub(super) fn release_held(&mut self, now: Instant) {
         if self.faults.held.is_empty() {
             return;
@@ -107,6 +132,7 @@ impl Worker {
 }
 
 /// Banner and hello traffic: what the plan's handshake faults target.
+#[cfg(feature = "fault-injection")]
 pub(super) fn is_handshake(unit: &Transmit) -> bool {
     match unit {
         Transmit::Banner(_) => true,

@@ -1,7 +1,7 @@
 //! Tests of the MSG transport over real providers on loopback.
 
 use super::*;
-use crate::{RealFault, Transport};
+use crate::{FaultInjection, RealFault, Transport};
 use bytes::Bytes;
 use msgr_fabric::{RmaOp, SendSlots};
 use msgr_proto::banner::BANNER_LEN;

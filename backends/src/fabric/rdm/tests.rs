@@ -5,7 +5,7 @@ use crate::fabric::tests::{
     accepted, drive, in_order, progress_until_events, send_small_frames, small_frame,
     staged_descriptor_goes_when_a_slot_frees, stat,
 };
-use crate::{FabricRendezvous, RealFault, SimulatedFault, Transport};
+use crate::{FabricRendezvous, FaultInjection, RealFault, SimulatedFault, Transport};
 use bytes::Bytes;
 use msgr_addr::FabricEndpoint;
 use msgr_proto::banner::BANNER_LEN;

@@ -3,14 +3,12 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use msgr_addr::TransportKind;
 use msgr_fabric::{FabricError, Landing, RmaBuffers};
 use msgr_proto::{FrameLimits, Inbound};
 
 use super::{decode_epilogue, Counters, DescError, EPILOGUE_MAX, RNDV_MAX};
 use crate::fabric::completion_failure;
 use crate::fabric::reassembly::{PieceError, Reassembly};
-use crate::{SimulatedFault, TransportError};
 
 /// A completed read (`error`: its completion's, `buf`: the endpoint's
 /// buffer): its unit decoded at a unit boundary of `reasm`, and counted; or
@@ -73,17 +71,18 @@ impl Receiving {
 
     /// `SimulatedFault::HungRead`: the link's next read is hung. Refused
     /// (`Unavailable`) by a transport without rendezvous (`rndv` false).
+    #[cfg(feature = "fault-injection")]
     pub fn hang_next_read(
         &mut self,
         rndv: bool,
-        kind: &TransportKind,
-    ) -> Result<(), TransportError> {
+        kind: &msgr_addr::TransportKind,
+    ) -> Result<(), crate::TransportError> {
         if !rndv {
-            return Err(TransportError::Unavailable {
+            return Err(crate::TransportError::Unavailable {
                 kind: kind.clone(),
                 reason: format!(
                     "cannot simulate {:?}: no rendezvous on these endpoints",
-                    SimulatedFault::HungRead
+                    crate::SimulatedFault::HungRead
                 ),
             });
         }
