@@ -47,15 +47,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use mio::{Events, Poll, Token};
-use msgr_addr::EntityAddr;
+use msgr_addr::{AddrParseError, EntityAddr};
 use msgr_backends::{
     open_transport, AnyTransport, FabricCqWait, Inbound, LinkId, Transmit, Transport,
-    TransportContext, TransportEvent, LISTENER_TOKEN_BASE,
+    TransportContext, TransportError, TransportEvent, LISTENER_TOKEN_BASE,
 };
 use msgr_proto::banner::BANNER_LEN;
 use msgr_proto::frame::FLAG_UNCHECKED_PAYLOAD;
 use msgr_proto::message::MessageFrame;
-use msgr_proto::{FrameLimits, Message};
+use msgr_proto::{FrameLimits, LinkFailure, Message, ProtocolError};
 
 /// While no transport needs it every pass, epoll is asked on one pass in
 /// this many (as the worker's busy-poll loop does).
@@ -66,6 +66,55 @@ const EPOLL_EVERY: u32 = 16;
 /// (64 B over shm) — the loop's cost, not the backend's.
 const CLOCK_EVERY: u32 = 16;
 const WAKER: Token = Token(0);
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+enum PingError {
+    /// The command line is not one this example takes.
+    #[error("{USAGE}")]
+    Usage,
+    /// A flag's value is not a whole number.
+    #[error("{flag}: {value}")]
+    NotANumber { flag: String, value: String },
+    /// The address did not parse.
+    #[error("{text}: {source}")]
+    Addr {
+        text: String,
+        source: AddrParseError,
+    },
+    /// An epoll call failed.
+    #[error("{what}: {source}")]
+    Poll {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    /// The transport refused a call: `what` says which, and where.
+    #[error("{what}: {source}")]
+    Transport {
+        what: String,
+        source: Box<TransportError>,
+    },
+    /// The link failed (the peer closed it or went away).
+    #[error("link {} failed: {why}", link.0)]
+    LinkFailed { link: LinkId, why: LinkFailure },
+    /// A unit came in corrupt.
+    #[error("link {} corrupt: {error}", link.0)]
+    Corrupt { link: LinkId, error: ProtocolError },
+    /// The run's `--seconds` passed.
+    #[error("timed out; events not waited for: {pending:?}")]
+    TimedOut { pending: VecDeque<TransportEvent> },
+    /// An answer of another size than the frame sent.
+    #[error("the answer to frame {frame} has {got} data bytes, not {want}")]
+    WrongAnswer {
+        frame: usize,
+        got: usize,
+        want: usize,
+    },
+}
+
+const USAGE: &str = "usage: transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1] [--seal 0] \
+                     [--poll-cq 1] | ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] \
+                     [--block 1] [--payload-crc 0] [--seal 0] [--poll-cq 1]";
 
 /// One end: a transport, its Poll and what it has reported.
 struct End {
@@ -89,17 +138,28 @@ struct End {
 }
 
 impl End {
-    fn open(addr: &EntityAddr, seconds: u64, block: bool, poll_cq: bool) -> Result<End, String> {
-        let poll = Poll::new().map_err(|e| format!("epoll: {e}"))?;
-        let waker =
-            Arc::new(mio::Waker::new(poll.registry(), WAKER).map_err(|e| format!("waker: {e}"))?);
+    fn open(addr: &EntityAddr, seconds: u64, block: bool, poll_cq: bool) -> Result<End, PingError> {
+        let poll = Poll::new().map_err(|source| PingError::Poll {
+            what: "epoll",
+            source,
+        })?;
+        let waker = mio::Waker::new(poll.registry(), WAKER).map_err(|source| PingError::Poll {
+            what: "waker",
+            source,
+        })?;
+        let waker = Arc::new(waker);
         let mut ctx = TransportContext::new(FrameLimits::default());
         ctx.waker = Some(waker.clone());
         if poll_cq {
             ctx.rdma.fabric_cq_wait = FabricCqWait::Poll;
         }
-        let transport = open_transport(&addr.transport, poll.registry(), &ctx)
-            .map_err(|e| format!("{addr}: {e}"))?;
+        let transport =
+            open_transport(&addr.transport, poll.registry(), &ctx).map_err(|source| {
+                PingError::Transport {
+                    what: addr.to_string(),
+                    source: Box::new(source),
+                }
+            })?;
         Ok(End {
             poll,
             transport,
@@ -117,16 +177,15 @@ impl End {
 
     /// One busy-poll pass: queued output, completions, readiness, and what
     /// they queued.
-    fn pass(&mut self) -> Result<(), String> {
+    fn pass(&mut self) -> Result<(), PingError> {
         if self.block || self.pass.is_multiple_of(CLOCK_EVERY) {
             self.now = Instant::now();
         }
         let mut now = self.now;
         if now >= self.deadline {
-            return Err(format!(
-                "timed out; events not waited for: {:?}",
-                self.pending
-            ));
+            return Err(PingError::TimedOut {
+                pending: std::mem::take(&mut self.pending),
+            });
         }
         // Out before a blocking poll can delay it.
         self.transport.flush(now, &mut self.events);
@@ -143,7 +202,10 @@ impl End {
         if timeout.is_some() {
             self.poll
                 .poll(&mut self.ready, timeout)
-                .map_err(|e| format!("epoll_wait: {e}"))?;
+                .map_err(|source| PingError::Poll {
+                    what: "epoll_wait",
+                    source,
+                })?;
             if self.block {
                 now = Instant::now();
                 self.now = now;
@@ -166,10 +228,10 @@ impl End {
             while let Some(ev) = self.pending.pop_front() {
                 match ev {
                     TransportEvent::Failed(link, why) => {
-                        return Err(Stop::Gone(format!("link {} failed: {why}", link.0)))
+                        return Err(Stop::Gone(PingError::LinkFailed { link, why }))
                     }
-                    TransportEvent::Corrupt(link, e) => {
-                        return Err(Stop::Error(format!("link {} corrupt: {e}", link.0)))
+                    TransportEvent::Corrupt(link, error) => {
+                        return Err(Stop::Error(PingError::Corrupt { link, error }))
                     }
                     ev => {
                         if let Some(t) = pick(ev) {
@@ -185,23 +247,26 @@ impl End {
         }
     }
 
-    fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), String> {
+    fn send(&mut self, link: LinkId, unit: Transmit) -> Result<(), PingError> {
         self.transport
             .send(link, unit)
-            .map_err(|e| format!("send: {e}"))
+            .map_err(|source| PingError::Transport {
+                what: "send".into(),
+                source: Box::new(source),
+            })
     }
 }
 
 /// Why [`End::wait`] ended without the event it waited for.
 enum Stop {
     /// The link failed: the peer closed it or went away.
-    Gone(String),
+    Gone(PingError),
     /// Anything else: a corrupt unit, the deadline, a failed poll.
-    Error(String),
+    Error(PingError),
 }
 
-impl From<Stop> for String {
-    fn from(stop: Stop) -> String {
+impl From<Stop> for PingError {
+    fn from(stop: Stop) -> PingError {
         match stop {
             Stop::Gone(why) | Stop::Error(why) => why,
         }
@@ -244,12 +309,15 @@ fn serve(
     echo: bool,
     seal: bool,
     poll_cq: bool,
-) -> Result<(), String> {
+) -> Result<(), PingError> {
     let mut end = End::open(addr, seconds, block, poll_cq)?;
     let bound = end
         .transport
         .listen(addr, Token(LISTENER_TOKEN_BASE))
-        .map_err(|e| format!("listen on {addr}: {e}"))?;
+        .map_err(|source| PingError::Transport {
+            what: format!("listen on {addr}"),
+            source: Box::new(source),
+        })?;
     println!("listening {bound}");
     let link = end.wait(|ev| match ev {
         TransportEvent::Accepted { link, .. } => Some(link),
@@ -311,12 +379,15 @@ struct PingOpts {
     poll_cq: bool,
 }
 
-fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
+fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), PingError> {
     let mut end = End::open(addr, o.seconds, o.block, o.poll_cq)?;
     let link = LinkId(end.link_ids.fetch_add(1, Ordering::Relaxed));
     end.transport
         .connect(link, addr)
-        .map_err(|e| format!("connect to {addr}: {e}"))?;
+        .map_err(|source| PingError::Transport {
+            what: format!("connect to {addr}"),
+            source: Box::new(source),
+        })?;
     end.wait(|ev| matches!(ev, TransportEvent::Connected(l) if l == link).then_some(()))?;
     end.send(link, Transmit::Banner([0; BANNER_LEN]))?;
     let unit = message_unit(Bytes::from(vec![0x5a; o.size]), o.payload_crc, o.seal);
@@ -329,12 +400,13 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
             _ => None,
         })?;
         let rtt = start.elapsed();
-        let got = Some(back.msg.data.len());
-        if got != Some(o.size) {
-            return Err(format!(
-                "the answer to frame {i} has {got:?} data bytes, not {}",
-                o.size
-            ));
+        let got = back.msg.data.len();
+        if got != o.size {
+            return Err(PingError::WrongAnswer {
+                frame: i,
+                got,
+                want: o.size,
+            });
         }
         if i >= o.warmup {
             one_way.push(rtt.as_nanos() as u64 / 2);
@@ -355,15 +427,15 @@ fn ping(addr: &EntityAddr, o: &PingOpts) -> Result<(), String> {
     Ok(())
 }
 
-fn run(args: &[String]) -> Result<(), String> {
-    let usage = "usage: transport_ping serve ADDR [--seconds S] [--block 1] [--echo 1] [--seal 0] \
-                 [--poll-cq 1] | ping ADDR [--count N] [--warmup W] [--size BYTES] [--seconds S] \
-                 [--block 1] [--payload-crc 0] [--seal 0] [--poll-cq 1]";
+fn run(args: &[String]) -> Result<(), PingError> {
     let (role, addr) = match args {
         [role, addr, ..] => (role.as_str(), addr),
-        _ => return Err(usage.into()),
+        _ => return Err(PingError::Usage),
     };
-    let addr: EntityAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let addr: EntityAddr = addr.parse().map_err(|source| PingError::Addr {
+        text: addr.clone(),
+        source,
+    })?;
     let mut o = PingOpts {
         count: 10_000,
         warmup: 1_000,
@@ -377,8 +449,11 @@ fn run(args: &[String]) -> Result<(), String> {
     let mut echo = false;
     let mut rest = args[2..].iter();
     while let Some(flag) = rest.next() {
-        let value = rest.next().ok_or(usage)?;
-        let n: u64 = value.parse().map_err(|_| format!("{flag}: {value}"))?;
+        let value = rest.next().ok_or(PingError::Usage)?;
+        let n: u64 = value.parse().map_err(|_| PingError::NotANumber {
+            flag: flag.clone(),
+            value: value.clone(),
+        })?;
         match flag.as_str() {
             "--count" if n > 0 => o.count = n as usize,
             "--warmup" => o.warmup = n as usize,
@@ -389,13 +464,13 @@ fn run(args: &[String]) -> Result<(), String> {
             "--seal" => o.seal = n != 0,
             "--poll-cq" => o.poll_cq = n != 0,
             "--echo" if role == "serve" => echo = n != 0,
-            _ => return Err(usage.into()),
+            _ => return Err(PingError::Usage),
         }
     }
     match role {
         "serve" => serve(&addr, o.seconds, o.block, echo, o.seal, o.poll_cq),
         "ping" => ping(&addr, &o),
-        _ => Err(usage.into()),
+        _ => Err(PingError::Usage),
     }
 }
 

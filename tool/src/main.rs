@@ -306,7 +306,7 @@ fn seconds(s: &str) -> Result<Duration, String> {
 }
 
 /// `--expose SIZE[K|M]`, up to the largest `--size`.
-fn expose_size(text: &str) -> Result<usize, String> {
+fn expose_size(text: &str) -> Result<usize, rma::ArgError> {
     rma::parse_size(text, MAX_SIZE)
 }
 

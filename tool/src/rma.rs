@@ -22,8 +22,42 @@ pub fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i % 251) as u8).collect()
 }
 
+/// Why an argument of `msgr serve --expose` or `msgr rma` did not parse
+/// (clap prints it beside the flag).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    /// Not digits with an optional K or M.
+    #[error("`{0}` is not a size (e.g. 4096, 64K, 1M)")]
+    NotASize(String),
+    /// A size of 0 or above the largest allowed.
+    #[error("`{text}` is outside 1 byte..={max} bytes")]
+    SizeOutOfRange {
+        /// What was given.
+        text: String,
+        /// The largest size allowed.
+        max: u64,
+    },
+    /// Hex with a digit left over.
+    #[error("`{0}`: an odd number of hex digits")]
+    OddHex(String),
+    /// Something other than hex digits at byte `at`.
+    #[error("`{text}`: not hex digits at {at}")]
+    NotHex {
+        /// What was given.
+        text: String,
+        /// Where the first pair that is not hex starts.
+        at: usize,
+    },
+    /// Hex whose bytes are not a region handle.
+    #[error("not a region handle ({0}); pass the text after `region`")]
+    NotAHandle(msgr::CodecError),
+    /// Not `OFFSET:LEN`.
+    #[error("`{0}`: expected OFFSET:LEN, e.g. 0:64")]
+    NotARange(String),
+}
+
 /// `SIZE[K|M]`: bytes, KiB or MiB, from 1 byte to `max`.
-pub fn parse_size(text: &str, max: u64) -> Result<usize, String> {
+pub fn parse_size(text: &str, max: u64) -> Result<usize, ArgError> {
     let t = text.trim();
     let (digits, unit) = match t.char_indices().last() {
         Some((i, 'K' | 'k')) => (&t[..i], 1u64 << 10),
@@ -32,10 +66,13 @@ pub fn parse_size(text: &str, max: u64) -> Result<usize, String> {
     };
     let n: u64 = digits
         .parse()
-        .map_err(|_| format!("`{text}` is not a size (e.g. 4096, 64K, 1M)"))?;
+        .map_err(|_| ArgError::NotASize(text.into()))?;
     match n.checked_mul(unit) {
         Some(b) if (1..=max).contains(&b) => Ok(b as usize),
-        _ => Err(format!("`{text}` is outside 1 byte..={max} bytes")),
+        _ => Err(ArgError::SizeOutOfRange {
+            text: text.into(),
+            max,
+        }),
     }
 }
 
@@ -45,17 +82,20 @@ pub fn to_hex(bytes: &[u8]) -> String {
 }
 
 /// Bytes from hex digits (either case, an even number of them).
-pub fn from_hex(text: &str) -> Result<Vec<u8>, String> {
+pub fn from_hex(text: &str) -> Result<Vec<u8>, ArgError> {
     let t = text.trim();
     if !t.len().is_multiple_of(2) {
-        return Err(format!("`{t}`: an odd number of hex digits"));
+        return Err(ArgError::OddHex(t.into()));
     }
     (0..t.len())
         .step_by(2)
         .map(|i| {
             t.get(i..i + 2)
                 .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-                .ok_or_else(|| format!("`{t}`: not hex digits at {i}"))
+                .ok_or_else(|| ArgError::NotHex {
+                    text: t.into(),
+                    at: i,
+                })
         })
         .collect()
 }
@@ -70,16 +110,14 @@ pub fn handle_text(h: &RmaHandle) -> Result<String, ToolError> {
 }
 
 /// `--handle`: the text `serve --expose` printed after `region`.
-pub fn parse_handle(text: &str) -> Result<RmaHandle, String> {
+pub fn parse_handle(text: &str) -> Result<RmaHandle, ArgError> {
     let bytes = from_hex(text.trim_start_matches("region ").trim())?;
-    Postcard
-        .decode(&bytes)
-        .map_err(|e| format!("not a region handle ({e}); pass the text after `region`"))
+    Postcard.decode(&bytes).map_err(ArgError::NotAHandle)
 }
 
 /// `--read OFFSET:LEN`.
-pub fn parse_range(text: &str) -> Result<(u64, u64), String> {
-    let bad = || format!("`{text}`: expected OFFSET:LEN, e.g. 0:64");
+pub fn parse_range(text: &str) -> Result<(u64, u64), ArgError> {
+    let bad = || ArgError::NotARange(text.into());
     let (o, l) = text.split_once(':').ok_or_else(bad)?;
     let offset = o.trim().parse().map_err(|_| bad())?;
     let len = l.trim().parse().map_err(|_| bad())?;
