@@ -13,7 +13,7 @@
 //!   `rdma` (RC queue pairs over libibverbs, one data path for the `verbs`
 //!   and `rdmacm` features), `fabric` (libfabric; feature `fabric`).
 //! - With the cargo feature `fault-injection` (tests and the stress suite
-//!   only): `FaultInjection`, the transport methods that make real and
+//!   only): a second trait, of the transport methods that make real and
 //!   imitated faults and corrupted units, apart from [`Transport`].
 //!
 //! All transports of a worker register their file descriptors (sockets,
