@@ -622,6 +622,19 @@ pub mod auth {
     /// # Ok::<(), msgr::auth::KeyFileError>(())
     /// ```
     pub use msgr_proto::auth::StaticKeypair;
+    /// Why a peer refused this side for good, as it said (a server whose
+    /// keyring does not vouch for us): the connection ended at once with
+    /// [`FaultReason::Refused`](crate::FaultReason::Refused) instead of
+    /// redialling into the same refusal.
+    ///
+    /// ```
+    /// use msgr::auth::Refusal;
+    /// use msgr::{ConnectError, FaultReason};
+    /// // What `wait_connected` returns to a client the server does not know:
+    /// let err = ConnectError::Closed(Some(FaultReason::Refused(Refusal::UnknownPeer)));
+    /// assert!(err.to_string().contains("not in the peer's keyring"));
+    /// ```
+    pub use msgr_proto::Refusal;
     /// A secret that is wiped when dropped (a private key file's text).
     ///
     /// ```

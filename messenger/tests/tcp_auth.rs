@@ -537,3 +537,53 @@ fn a_named_connection_refuses_whoever_else_answers() {
         }
     }
 }
+
+/// A client the server's keyring does not vouch for — a name it does not
+/// list, or a listed name with another key (an impostor) — hears why at
+/// once in `auth` and in `secure` mode: the connection ends within a
+/// second with the server's reason, typed, and never redials (the server
+/// sees one attempt). Before, it redialled into the same refusal until
+/// its `connect_timeout`, knowing only that the link closed.
+#[test]
+fn a_refused_client_hears_why_at_once_and_stops() {
+    use msgr::auth::Refusal;
+    use msgr::{ConnectError, FaultReason};
+    let (s1, c1) = (EntityName::server(1), EntityName::client(1));
+    let ids = Ids::new(&[s1.clone(), c1.clone()]);
+    let mut server_ring = Keyring::new();
+    server_ring.insert(s1.clone(), ids.keys[0].1.public());
+    let impostor_ring = {
+        let mut r = server_ring.clone();
+        r.insert(c1.clone(), StaticKeypair::generate().public());
+        r
+    };
+    for modes in ["auth", "secure"] {
+        for (ring, want) in [
+            (&server_ring, Refusal::UnknownPeer),
+            (&impostor_ring, Refusal::WrongKey),
+        ] {
+            let creds = Credentials::new(s1.clone(), ids.keys[0].1.clone(), Arc::new(ring.clone()));
+            let mut srv = start(s1.clone(), secure_config(modes), creds, true);
+            let mut cli = start(c1.clone(), secure_config(modes), ids.creds(&c1), false);
+            let started = Instant::now();
+            let conn = cli
+                .connect_with(srv.addr().expect("bound"), Policy::LosslessClient)
+                .unwrap();
+            let err = conn.wait_connected(Duration::from_secs(10)).unwrap_err();
+            let took = started.elapsed();
+            let why = FaultReason::Refused(want.clone());
+            assert_eq!(err, ConnectError::Closed(Some(why)), "{modes}");
+            assert!(took < Duration::from_secs(1), "{modes} {want:?}: {took:?}");
+            assert!(
+                err.to_string().contains(&want.to_string()),
+                "{modes}: {err}"
+            );
+            // No redial: the server saw one attempt, and sees no more.
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(count(&srv, |c| &c.auth_failures), 1, "{modes} {want:?}");
+            assert_eq!(conn.status().attempts, 0, "{modes}: {:?}", conn.status());
+            cli.shutdown(Duration::from_secs(2));
+            srv.shutdown(Duration::from_secs(2));
+        }
+    }
+}

@@ -87,6 +87,15 @@ pub mod features {
     /// them only to a peer that offered this; a peer without it gets the
     /// replies as before.
     pub const RMA_FIGURES: u64 = 1 << 15;
+    /// An acceptor that refuses a connector for good (its keyring does
+    /// not list the name the connector proved, or lists another key for
+    /// it) tells it why before it closes the link: a `Tag::Close` frame
+    /// with a second segment, the refusal's code
+    /// (`control::Refusal`), sealed on a secure link. The connector ends
+    /// the session instead of redialling into the same refusal. Sent only
+    /// to a peer that offered this; a peer without it sees the link
+    /// closed, as before.
+    pub const REFUSALS: u64 = 1 << 16;
     /// Everything this build supports by default.
     pub const SUPPORTED: u64 = CRC32C
         | RECONNECT
@@ -99,7 +108,8 @@ pub mod features {
         | PACED_KEEPALIVE
         | DIAL_NUMBERS
         | FIRST_DIAL
-        | RMA_FIGURES;
+        | RMA_FIGURES
+        | REFUSALS;
     /// What this build insists on.
     pub const REQUIRED: u64 = CRC32C;
 }

@@ -141,6 +141,118 @@ pub struct Close {
     pub reason: String,
 }
 
+/// Why an acceptor refused a connector for good: a refusal that another
+/// dial would meet again, so the connector ends the session instead of
+/// redialling. It travels as a [`Close`] frame with a second segment, the
+/// refusal's code (a `u16`, postcard), where both banners offered
+/// `features::REFUSALS` ([`refusal_frame`], [`parse_refusal`]); the close's
+/// reason is the code's fixed text. Neither carries key material, nor
+/// anything the connector did not send itself.
+///
+/// ```
+/// use msgr_proto::control::{parse_refusal, refusal_frame, Refusal};
+///
+/// let frame = refusal_frame(&Refusal::UnknownPeer);
+/// assert_eq!(parse_refusal(&frame).unwrap(), Refusal::UnknownPeer);
+/// assert_eq!(Refusal::UnknownPeer.to_string(), "our name is not in the peer's keyring");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The acceptor's keyring does not list the name the connector proved
+    /// (code 1).
+    UnknownPeer,
+    /// The acceptor's keyring lists another key for the name the
+    /// connector proved: an impostor, or a key changed on one side only
+    /// (code 2).
+    WrongKey,
+    /// A code this build does not know (a newer peer's), with the text
+    /// the peer gave it (cut, control characters replaced).
+    Other {
+        /// The refusal's code.
+        code: u16,
+        /// The peer's text for it.
+        text: String,
+    },
+}
+
+/// The longest peer text a [`Refusal::Other`] keeps, in characters.
+const REFUSAL_TEXT_MAX: usize = 120;
+
+impl Refusal {
+    /// The refusal's code on the wire.
+    pub fn code(&self) -> u16 {
+        match self {
+            Refusal::UnknownPeer => 1,
+            Refusal::WrongKey => 2,
+            Refusal::Other { code, .. } => *code,
+        }
+    }
+
+    /// The refusal of `code`; `text` (the close's reason) names a code
+    /// this build does not know.
+    pub fn from_code(code: u16, text: &str) -> Refusal {
+        match code {
+            1 => Refusal::UnknownPeer,
+            2 => Refusal::WrongKey,
+            _ => Refusal::Other {
+                code,
+                text: text
+                    .chars()
+                    .take(REFUSAL_TEXT_MAX)
+                    .map(|c| if c.is_control() { '?' } else { c })
+                    .collect(),
+            },
+        }
+    }
+
+    /// The close's reason: the code's fixed text, as the acceptor says it.
+    fn wire_text(&self) -> &str {
+        match self {
+            Refusal::UnknownPeer => "refused: your name is not in my keyring",
+            Refusal::WrongKey => "refused: my keyring lists another key for your name",
+            Refusal::Other { text, .. } => text,
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::UnknownPeer => f.write_str("our name is not in the peer's keyring"),
+            Refusal::WrongKey => {
+                f.write_str("the peer's keyring lists another key for our name (an impostor?)")
+            }
+            Refusal::Other { code, text } => write!(f, "{text} (refusal code {code})"),
+        }
+    }
+}
+
+/// The close frame that carries `refusal` (`features::REFUSALS`).
+pub fn refusal_frame(refusal: &Refusal) -> Frame {
+    let close = Close {
+        reason: refusal.wire_text().to_owned(),
+    };
+    let mut frame = control_frame(Tag::Close, &close);
+    frame
+        .segments
+        .push(Postcard.encode(&refusal.code()).unwrap_or_default());
+    frame
+}
+
+/// The refusal a close frame with two segments carries.
+pub fn parse_refusal(frame: &Frame) -> Result<Refusal, Malformed> {
+    let [reason, code] = frame.segments.as_slice() else {
+        return Err(Malformed {
+            what: "refusal",
+            detail: format!("{} segments where 2 were expected", frame.segments.len()),
+        });
+    };
+    let close: Close = decode(reason, "refusal")?;
+    let code: u16 = decode(code, "refusal")?;
+    Ok(Refusal::from_code(code, &close.reason))
+}
+
 /// Encodes a control payload into a single-segment frame.
 pub fn control_frame<T: Serialize>(tag: Tag, payload: &T) -> Frame {
     // Control payloads are plain structs of integers and strings: postcard

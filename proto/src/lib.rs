@@ -68,7 +68,7 @@ pub use banner::{Banner, BannerError};
 #[cfg(feature = "bincode")]
 pub use codec::Bincode;
 pub use codec::{Codec, CodecError, Postcard, TypedError, TypedMessage};
-pub use control::{Segment, TooLarge};
+pub use control::{Refusal, Segment, TooLarge};
 pub use error::{FrameError, Malformed};
 pub use frame::{Frame, FrameDecoder, FrameLimits, Tag};
 pub use link_failure::LinkFailure;

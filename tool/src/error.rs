@@ -72,6 +72,26 @@ pub enum ToolError {
         #[source]
         source: msgr::RmaError,
     },
+    /// The server refused this client for good and said why (its keyring
+    /// does not vouch for us): the connection ended at once, no retry.
+    #[error("{peer} refused {us}: {reason}")]
+    Refused {
+        /// The server.
+        peer: String,
+        /// Our entity name.
+        us: String,
+        /// The server's reason.
+        reason: msgr::auth::Refusal,
+    },
+    /// The connection ended before it ever opened, for a reason no retry
+    /// would change (the peer's banner asks for what we do not offer...).
+    #[error("could not connect to {peer}: {reason}")]
+    NotConnected {
+        /// The peer.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
     /// The connection ended while a test was running.
     #[error("connection to {peer} was reset: {reason}")]
     Reset {

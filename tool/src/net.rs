@@ -292,14 +292,23 @@ fn connect_as(
                 return Ok((m, conn));
             }
             ConnectionState::Closed => {
-                return Err(ToolError::Reset {
+                if let Some(FaultReason::Refused(reason)) = conn.status().last_fault {
+                    return Err(ToolError::Refused {
+                        peer: target.to_string(),
+                        us: m.name().to_string(),
+                        reason,
+                    });
+                }
+                // Ended before it opened: a failure no retry would mend
+                // (the session gave up at once), not a reset.
+                return Err(ToolError::NotConnected {
                     peer: target.to_string(),
                     reason: reset
                         .lock()
                         .ok()
                         .and_then(|r| r.clone())
                         .unwrap_or_else(|| "closed while connecting".into()),
-                })
+                });
             }
             ConnectionState::Connecting if Instant::now() >= deadline => {
                 let why = match conn.status().last_fault {

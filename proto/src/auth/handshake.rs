@@ -229,6 +229,27 @@ impl Handshake {
         Ok(PublicKey(key))
     }
 
+    /// The link's keys where all three messages passed Noise but the
+    /// verifier refused the peer's name or key: the peer proved it holds
+    /// the key it showed, only our keyring does not vouch for it. What the
+    /// acceptor seals its refusal with on a secure link, so that the peer
+    /// (which took the handshake as done) can read why; nothing else is
+    /// sent under them. `None` before Noise finished.
+    pub fn keys_for_refusal(self) -> Option<LinkKeys> {
+        self.noise.is_handshake_finished().then(|| self.split())
+    }
+
+    /// This side's sending and receiving keys from Noise's split (its
+    /// first key is the initiator's sending key).
+    fn split(mut self) -> LinkKeys {
+        let (i2r, r2i) = self.noise.dangerously_get_raw_split();
+        let (send, recv) = match self.role {
+            Role::Initiator => (i2r, r2i),
+            Role::Responder => (r2i, i2r),
+        };
+        LinkKeys::from_secrets(send, recv)
+    }
+
     /// The peer's verified identity and the link's keys, once
     /// [`Handshake::is_finished`].
     pub fn finish(mut self) -> Result<Authenticated, AuthError> {
@@ -240,19 +261,10 @@ impl Handshake {
             .take()
             .ok_or(AuthError::Handshake("the peer never named itself"))?;
         let peer_key = self.remote_key()?;
-        // The split's first key is the initiator's sending key.
-        let (i2r, r2i) = self.noise.dangerously_get_raw_split();
-        let (send, recv) = match self.role {
-            Role::Initiator => (i2r, r2i),
-            Role::Responder => (r2i, i2r),
-        };
         Ok(Authenticated {
             peer_name,
             peer_key,
-            keys: LinkKeys {
-                send: Zeroizing::new(send),
-                recv: Zeroizing::new(recv),
-            },
+            keys: self.split(),
         })
     }
 }
@@ -351,6 +363,12 @@ mod tests {
             run(&mut i, &mut r),
             Err(AuthError::UnknownPeer(EntityName::client(99)))
         );
+        // The initiator took the handshake as done; the responder that
+        // refused it has the same keys to seal its refusal with.
+        let theirs = i.finish().expect("the initiator finished").keys;
+        let ours = r.keys_for_refusal().expect("Noise finished");
+        assert_eq!(*ours.send, *theirs.recv);
+        assert_eq!(*ours.recv, *theirs.send);
     }
 
     #[test]

@@ -124,18 +124,10 @@ impl Session {
         if frame.segments.len() != 1 {
             return Err(AuthError::Handshake("a handshake frame has one segment").into());
         }
-        if let Err(e) = hs.read_message(&frame.segments[0]) {
-            if self.side.is_connector()
-                && !self.established
-                && matches!(e, AuthError::UnknownPeer(_) | AuthError::WrongKey(_))
-            {
-                // Our keyring does not vouch for whoever answers at the
-                // address we dial: trying again cannot change that. The
-                // application hears why (on_reset) and may dial again.
-                self.terminate(FaultReason::Protocol(e.clone().into()));
-            }
-            return Err(e.into());
-        }
+        // A refusal (our keyring does not vouch for the peer) ends the
+        // connector's session, and the acceptor tells the connector why
+        // (`after_link_error`).
+        hs.read_message(&frame.segments[0])?;
         if hs.is_my_turn() {
             let m = hs.write_message()?;
             self.tx
@@ -414,6 +406,9 @@ impl Session {
             Tag::Close,
             matches!(self.state, State::Open { .. } | State::HelloSent(_)),
         )?;
+        if self.is_refusal(frame) {
+            return self.on_refused(frame);
+        }
         let c: Close = parse_control(frame, "close")?;
         if self.closing && self.tx.outbox.messages() == 0 {
             // Both sides closed at once: that is a clean close.

@@ -49,10 +49,11 @@
 //!    queue.
 //! 5. `identity`: who the peer is (`Remote`) and proved to be on the
 //!    current link (`LinkSecurity`); the checks that it stays the same.
-//! 6. `send`, `timers`, `links`, `handlers`: the send path (`Outgoing`);
-//!    the timers (`Clock`, `Redial`); a link's life, from its banner to
-//!    its fault, and the routing of accepted links; the receive side
-//!    (`Incoming`), one handler per frame tag.
+//! 6. `send`, `timers`, `links`, `handlers`, `refusal`: the send path
+//!    (`Outgoing`); the timers (`Clock`, `Redial`); a link's life, from
+//!    its banner to its fault, and the routing of accepted links; the
+//!    receive side (`Incoming`), one handler per frame tag; refusals no
+//!    redial changes, told to the peer and heeded.
 //!
 //! Where things are:
 //! - `state.rs`: the session's phase (`State`: connecting, banners,
@@ -94,6 +95,7 @@ mod identity;
 mod links;
 mod outbox;
 mod owner;
+mod refusal;
 mod send;
 mod side;
 mod state;
@@ -497,7 +499,7 @@ impl Session {
         now: Instant,
         opened: impl FnOnce(&mut Inbound),
     ) -> Result<(), ProtocolError> {
-        if self.link() != Some(link) {
+        if self.link() != Some(link) || self.is_refusing() {
             return Ok(());
         }
         self.clock.last_rx = now;
@@ -506,14 +508,14 @@ impl Session {
             self.process(link, unit, now)
         });
         if let Err(e) = &r {
-            self.fault(FaultReason::Protocol(e.clone()), now);
+            self.after_link_error(e, now);
         }
         r
     }
 
     /// A frame could not be decoded on `link` (bad CRC, hostile length...).
     pub fn handle_decode_error(&mut self, link: LinkId, err: ProtocolError, now: Instant) {
-        if self.link() == Some(link) {
+        if self.link() == Some(link) && !self.is_refusing() {
             self.fault(FaultReason::Protocol(err), now);
         }
     }

@@ -14,7 +14,7 @@ use msgr_addr::{EntityAddr, EntityName};
 use super::Session;
 use super::{DialAttempts, Hello, ProtocolError};
 use crate::auth::{AuthError, PublicKey};
-use crate::control::TooLarge;
+use crate::control::{Refusal, TooLarge};
 use crate::frame::Frame;
 use crate::link_failure::LinkFailure;
 use crate::message::Message;
@@ -86,6 +86,10 @@ pub enum FaultReason {
     /// dispatcher callback, with the panic's message); the messenger ended
     /// the connection and went on serving the others.
     HandlerPanicked(String),
+    /// The peer refused this side for good and said why (a connector that
+    /// the acceptor's keyring does not vouch for): another dial would
+    /// meet the same refusal, so the session ended instead of redialling.
+    Refused(Refusal),
 }
 
 impl std::fmt::Display for FaultReason {
@@ -102,6 +106,7 @@ impl std::fmt::Display for FaultReason {
             FaultReason::TooLarge(t) => write!(f, "queued {t}"),
             FaultReason::ConnectTimeout(t) => write!(f, "not connected within {t:?}"),
             FaultReason::HandlerPanicked(m) => write!(f, "the application's handler panicked: {m}"),
+            FaultReason::Refused(r) => write!(f, "refused by the peer: {r}"),
             FaultReason::CallsUnsupported => {
                 write!(f, "the peer does not take calls (an older msgr)")
             }

@@ -184,6 +184,9 @@ impl Session {
                 self.events.push_back(SessionEvent::CloseLink(link));
                 self.events.push_back(SessionEvent::Closed);
             }
+            if self.tx.ctrl.is_empty() {
+                self.refusal_sent(link);
+            }
             return Some((link, t));
         }
         if !self.is_open() {

@@ -11,6 +11,7 @@
 //! connector: Connecting ─link up─> Banner ─> [Authenticating] ─> HelloSent ─hello-ok, reconnect-ok─> Open
 //! acceptor:                        Banner ─> [Authenticating] ─> AwaitHello ─hello─> Identified ─routed─> Open
 //! Open ─close─> Draining ─close sent─> Closed
+//! acceptor: Authenticating ─peer refused for good─> Refusing ─refusal sent─> Closed
 //! a lost link ─> Standby ─redial─> Connecting  (or a link the peer dialled is taken over: Identified ─> Open)
 //! ```
 //!
@@ -120,6 +121,10 @@ pub(super) enum State {
     },
     /// Closing gracefully: the close frame is being transmitted on the link.
     Draining(LinkId),
+    /// Acceptor: the peer is refused for good (`features::REFUSALS`); the
+    /// refusal is being transmitted on the link, which then closes.
+    /// Nothing more is read from it.
+    Refusing(LinkId),
     /// No link: reconnect at `reconnect_at`, or wait for the peer (`None`).
     Standby {
         reconnect_at: Option<Instant>,
@@ -148,7 +153,7 @@ impl State {
             State::AwaitHello(_) => Phase::AwaitingHello,
             State::Identified { .. } => Phase::RoutingHello,
             State::Open { .. } => Phase::Open,
-            State::Draining(_) => Phase::Closing,
+            State::Draining(_) | State::Refusing(_) => Phase::Closing,
             State::Standby { .. } => Phase::StandingBy,
             State::Closed => Phase::Closed,
         }
@@ -163,7 +168,8 @@ impl State {
             | State::AwaitHello(link)
             | State::Identified { link, .. }
             | State::Open { link, .. }
-            | State::Draining(link) => Some(link),
+            | State::Draining(link)
+            | State::Refusing(link) => Some(link),
             State::Connecting { .. } | State::Standby { .. } | State::Closed => None,
         }
     }
@@ -174,7 +180,8 @@ impl State {
     }
 
     /// Whether a link is up but the session not open on it yet: the
-    /// banners, the handshake or the hello are under way.
+    /// banners, the handshake or the hello are under way (or its refusal,
+    /// bounded by the same deadline).
     pub(super) fn is_handshaking(&self) -> bool {
         matches!(
             self,
@@ -183,6 +190,7 @@ impl State {
                 | State::HelloSent(_)
                 | State::AwaitHello(_)
                 | State::Identified { .. }
+                | State::Refusing(_)
         )
     }
 }

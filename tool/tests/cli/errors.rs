@@ -289,3 +289,95 @@ fn errors_name_the_address_and_cut_long_input() {
     assert!(o.stderr.contains("… (100006 bytes)"), "{:.300}", o.stderr);
     assert!(o.stderr.len() < 1000, "{} bytes of error", o.stderr.len());
 }
+
+/// A client the server's keyring does not vouch for — a name it does not
+/// list (secure mode), a listed name with another key (auth mode) — and a
+/// client without a key against a server that requires one: `ping` and
+/// `stream` print why at once and exit non-zero, instead of redialling
+/// into the same refusal until their 15 s connect timeout.
+#[test]
+fn a_refused_client_prints_the_servers_reason_and_exits_at_once() {
+    let dir = std::env::temp_dir().join(format!("msgr-cli-refused-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("key dir");
+    let path = |f: &str| dir.join(f).to_str().expect("UTF-8 path").to_owned();
+    // The server's keyring lists itself only; the client's lists both;
+    // the impostor's keyring (the second server's) lists client.1 under
+    // another key.
+    for (who, key, ring) in [
+        ("server.1", "s.key", "server-ring"),
+        ("client.1", "c.key", "client-ring"),
+        ("client.1", "other.key", "impostor-ring"),
+    ] {
+        let o = run(
+            &["keygen", who, "--out", &path(key), "--add-to", &path(ring)],
+            Duration::from_secs(20),
+        );
+        assert!(o.status.success(), "keygen {who}: {}", o.stderr);
+    }
+    let server_line = std::fs::read_to_string(path("server-ring")).expect("ring");
+    for ring in ["client-ring", "impostor-ring"] {
+        let mut text = std::fs::read_to_string(path(ring)).expect("ring");
+        text.push_str(&server_line);
+        std::fs::write(path(ring), text).expect("ring");
+    }
+    let keys = |mode: &str, name: &str, key: &str, ring: &str| -> Vec<String> {
+        ["--security", mode, "--name", name, "--key-file"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([path(key), "--keyring".into(), path(ring)])
+            .collect()
+    };
+    let cases: Vec<(&str, Vec<String>, Vec<String>, &str)> = vec![
+        (
+            "an unknown client, secure",
+            keys("secure", "server.1", "s.key", "server-ring"),
+            keys("secure", "client.1", "c.key", "client-ring"),
+            "refused client.1: our name is not in the peer's keyring",
+        ),
+        (
+            "an impostor, auth",
+            keys("auth", "server.1", "s.key", "impostor-ring"),
+            keys("auth", "client.1", "c.key", "client-ring"),
+            "refused client.1: the peer's keyring lists another key for our name",
+        ),
+        (
+            "a keyless client",
+            keys("auth", "server.1", "s.key", "server-ring"),
+            vec!["--name".into(), "client.1".into()],
+            "could not connect to tcp://127.0.0.1:",
+        ),
+    ];
+    for (what, server, client, says) in cases {
+        let server: Vec<&str> = server.iter().map(String::as_str).collect();
+        let (_server, _lines, addr) = serve_with("tcp://127.0.0.1:0", &server);
+        for cmd in ["ping", "stream"] {
+            let mut argv: Vec<&str> = vec![cmd, &addr, "--count", "10"];
+            argv.extend(client.iter().map(String::as_str));
+            let started = Instant::now();
+            let o = run(&argv, Duration::from_secs(60));
+            if what == "a keyless client" {
+                assert!(
+                    o.stderr.contains("requires security mode auth"),
+                    "{}",
+                    o.stderr
+                );
+            }
+            let took = started.elapsed();
+            assert!(
+                !o.status.success(),
+                "{what}: {cmd} got through: {}",
+                o.stdout
+            );
+            assert!(
+                o.stderr.contains(says) && !o.stderr.contains("timed out"),
+                "{what}: {cmd} said: {}",
+                o.stderr
+            );
+            // Within a second on an idle machine; 5 s leaves room for a
+            // busy one, and is far from the 15 s of a redialling client.
+            assert!(took < Duration::from_secs(5), "{what}: {cmd} took {took:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
