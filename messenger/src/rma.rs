@@ -138,12 +138,12 @@ pub use msgr_proto::rma::RmaHandle;
 /// assert!(!Access::Write.allows(RmaOp::Read));
 /// ```
 pub use msgr_proto::rma::RmaOp;
-use msgr_proto::rma::{RmaReply, RmaRequest, RmaStatus, RMA_BIT};
+use msgr_proto::rma::{RmaRequest, RmaStatus};
 use msgr_proto::Message;
 
-use crate::call::CallFuture;
+use crate::call::AnswerFuture;
 use crate::regions::{capability, Region, RegionTable, RMA_TYPE};
-use crate::replies::CallError;
+use crate::replies::{CallError, RmaAnswer};
 use crate::state::Command;
 use crate::state::Shared;
 use crate::{Connection, Messenger};
@@ -653,8 +653,8 @@ impl Connection {
         options: impl Into<RmaOptions>,
     ) -> Result<Bytes, RmaError> {
         let (o, req) = self.read_request(handle, offset, len, options.into())?;
-        let reply = self.call_marked(req, o.timeout, RMA_BIT)?;
-        read_outcome(reply, handle, (offset, len), o.checksum)
+        let answer = self.call_answered(req, o.timeout)?;
+        read_outcome(answer, handle, (offset, len), o.checksum)
     }
 
     /// [`Connection::read`] into `buf` (its length is the length read).
@@ -716,8 +716,8 @@ impl Connection {
         let bytes = bytes.into();
         let len = bytes.len() as u64;
         let (o, req) = self.write_request(handle, offset, bytes, options.into())?;
-        let reply = self.call_marked(req, o.timeout, RMA_BIT)?;
-        write_outcome(reply, handle, (offset, len))
+        let answer = self.call_answered(req, o.timeout)?;
+        write_outcome(answer, handle, (offset, len))
     }
 
     /// [`Connection::read`] as a future, for async code on any executor
@@ -748,7 +748,7 @@ impl Connection {
         let o = options.into();
         let call = self
             .read_request(handle, offset, len, o)
-            .map(|(_, req)| self.call_async_marked(req, o.timeout, RMA_BIT));
+            .map(|(_, req)| self.call_async_answered(req, o.timeout));
         let (h, checksum) = (handle.clone(), o.checksum);
         RmaFuture {
             call,
@@ -785,7 +785,7 @@ impl Connection {
         let range = (offset, bytes.len() as u64);
         let call = self
             .write_request(handle, offset, bytes, o)
-            .map(|(_, req)| self.call_async_marked(req, o.timeout, RMA_BIT));
+            .map(|(_, req)| self.call_async_answered(req, o.timeout));
         let h = handle.clone();
         RmaFuture {
             call,
@@ -854,35 +854,49 @@ fn status_error(
     })
 }
 
+/// The owner's reply decoded, checked against its status: a read's bytes
+/// and checksum. A native completion has neither status nor checksum.
+fn served(
+    answer: RmaAnswer,
+    h: &RmaHandle,
+    range: (u64, u64),
+    op: RmaOp,
+) -> Result<(Bytes, Option<u32>), RmaError> {
+    match answer {
+        RmaAnswer::Native(bytes) => Ok((bytes, None)),
+        RmaAnswer::Owner(reply, data) => {
+            let r = reply.map_err(|e| RmaError::Malformed(e.to_string()))?;
+            match status_error(r.status, h, range, op) {
+                Some(e) => Err(e),
+                None => Ok((data, Some(r.checksum))),
+            }
+        }
+    }
+}
+
 fn read_outcome(
-    reply: Message,
+    answer: RmaAnswer,
     h: &RmaHandle,
     range: (u64, u64),
     checksum: bool,
 ) -> Result<Bytes, RmaError> {
-    let r = RmaReply::decode(&reply.front).map_err(|e| RmaError::Malformed(e.to_string()))?;
-    if let Some(e) = status_error(r.status, h, range, RmaOp::Read) {
-        return Err(e);
-    }
-    if reply.data.len() as u64 != range.1 {
+    let (data, crc) = served(answer, h, range, RmaOp::Read)?;
+    if data.len() as u64 != range.1 {
         return Err(RmaError::Malformed(format!(
             "{} bytes read for {} asked",
-            reply.data.len(),
+            data.len(),
             range.1
         )));
     }
-    if checksum && crc32c(&reply.data) != r.checksum {
+    // (A checked read is never native: the owner computes its checksum.)
+    if checksum && crc.is_none_or(|c| crc32c(&data) != c) {
         return Err(RmaError::Corrupt);
     }
-    Ok(reply.data)
+    Ok(data)
 }
 
-fn write_outcome(reply: Message, h: &RmaHandle, range: (u64, u64)) -> Result<(), RmaError> {
-    let r = RmaReply::decode(&reply.front).map_err(|e| RmaError::Malformed(e.to_string()))?;
-    match status_error(r.status, h, range, RmaOp::Write) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+fn write_outcome(answer: RmaAnswer, h: &RmaHandle, range: (u64, u64)) -> Result<(), RmaError> {
+    served(answer, h, range, RmaOp::Write).map(drop)
 }
 
 /// The future of [`Connection::read_async`] and [`Connection::write_async`].
@@ -902,9 +916,9 @@ fn write_outcome(reply: Message, h: &RmaHandle, range: (u64, u64)) -> Result<(),
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RmaFuture<T> {
-    call: Result<CallFuture, RmaError>,
+    call: Result<AnswerFuture<RmaAnswer>, RmaError>,
     #[allow(clippy::type_complexity)]
-    outcome: Box<dyn FnMut(Message) -> Result<T, RmaError> + Send>,
+    outcome: Box<dyn FnMut(RmaAnswer) -> Result<T, RmaError> + Send>,
 }
 
 impl<T> Future for RmaFuture<T> {
@@ -917,7 +931,7 @@ impl<T> Future for RmaFuture<T> {
             Err(e) => return Poll::Ready(Err(e.clone())),
         };
         match Pin::new(call).poll(cx) {
-            Poll::Ready(Ok(reply)) => Poll::Ready((this.outcome)(reply)),
+            Poll::Ready(Ok(answer)) => Poll::Ready((this.outcome)(answer)),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
             Poll::Pending => Poll::Pending,
         }
