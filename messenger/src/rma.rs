@@ -713,7 +713,15 @@ impl Connection {
         buf: &mut [u8],
         options: impl Into<RmaOptions>,
     ) -> Result<(), RmaError> {
-        let bytes = self.read(handle, offset, buf.len() as u64, options)?;
+        let (o, len) = (options.into(), buf.len() as u64);
+        if len > self.part_len(RmaOp::Read) {
+            // Each part straight into its place: no buffer of the whole
+            // length besides `buf` (whose pages the caller may reuse).
+            check_local(handle, RmaOp::Read, offset, len)?;
+            let parts = Parts::new(self, handle, (offset, len), o, Moved::Into(buf));
+            return self.wait_parts(parts).map(drop);
+        }
+        let bytes = self.read(handle, offset, len, o)?;
         buf.copy_from_slice(&bytes);
         Ok(())
     }
@@ -856,7 +864,7 @@ impl Connection {
 
     /// Waits for an operation in parts on this thread (see
     /// [`Connection::read`]).
-    fn wait_parts(&self, mut parts: Parts) -> Result<Moved, RmaError> {
+    fn wait_parts<'a>(&self, mut parts: Parts<'a>) -> Result<Moved<'a>, RmaError> {
         if self.inner.on_owning_worker() {
             return Err(CallError::WouldDeadlock.into());
         }
@@ -1019,22 +1027,23 @@ impl<T> Future for RmaFuture<T> {
 }
 
 /// What an operation in parts moves: a read's bytes (those in order so
-/// far, and parts that came before the ones ahead of them), or the bytes
-/// to write.
-enum Moved {
+/// far, and parts that came before the ones ahead of them), or the
+/// caller's buffer a read fills, or the bytes to write.
+enum Moved<'a> {
     Read(Vec<u8>, BTreeMap<u64, Bytes>),
+    Into(&'a mut [u8]),
     Write(Bytes),
 }
 
-impl Moved {
-    fn read() -> Moved {
+impl Moved<'_> {
+    fn read() -> Moved<'static> {
         Moved::Read(Vec::new(), BTreeMap::new())
     }
 
     fn into_read(self) -> Bytes {
         match self {
             Moved::Read(v, _) => Bytes::from(v),
-            Moved::Write(_) => Bytes::new(),
+            Moved::Into(_) | Moved::Write(_) => Bytes::new(),
         }
     }
 }
@@ -1045,7 +1054,7 @@ impl Moved {
 /// `rma_parts_in_flight` of them at a time. It completes when every part
 /// did; the first part that fails fails it, naming the part
 /// ([`RmaError::Part`]); its timeout is the operation's, not a part's.
-struct Parts {
+struct Parts<'a> {
     conn: Connection,
     handle: RmaHandle,
     /// Where in the region, and how many bytes.
@@ -1060,17 +1069,17 @@ struct Parts {
     issued: u64,
     /// Parts sent and not answered yet: where (from `offset`), how long.
     in_flight: Vec<(u64, u64, AnswerFuture<RmaAnswer>)>,
-    moved: Moved,
+    moved: Moved<'a>,
 }
 
-impl Parts {
+impl<'a> Parts<'a> {
     fn new(
         conn: &Connection,
         handle: &RmaHandle,
         (offset, len): (u64, u64),
         options: RmaOptions,
-        mut moved: Moved,
-    ) -> Parts {
+        mut moved: Moved<'a>,
+    ) -> Parts<'a> {
         let op = match moved {
             Moved::Read(ref mut buf, _) => {
                 // Filled in order, each byte written once (not zeroed
@@ -1078,6 +1087,7 @@ impl Parts {
                 *buf = Vec::with_capacity(len as usize);
                 RmaOp::Read
             }
+            Moved::Into(_) => RmaOp::Read,
             Moved::Write(_) => RmaOp::Write,
         };
         let part = conn.part_len(op);
@@ -1107,7 +1117,7 @@ impl Parts {
             let offset = self.offset + at;
             let checksum = self.options.checksum;
             let (req, bytes) = match &self.moved {
-                Moved::Read(..) => (
+                Moved::Read(..) | Moved::Into(_) => (
                     request(h, RmaOp::Read, offset, n, checksum.then_some(0)),
                     Bytes::new(),
                 ),
@@ -1139,6 +1149,11 @@ impl Parts {
                 }
                 Ok(())
             }
+            Moved::Into(buf) => {
+                let bytes = read_outcome(answer, &self.handle, range, self.options.checksum)?;
+                buf[at as usize..(at + n) as usize].copy_from_slice(&bytes);
+                Ok(())
+            }
             Moved::Write(_) => write_outcome(answer, &self.handle, range),
         }
     }
@@ -1162,8 +1177,8 @@ impl Parts {
     }
 }
 
-impl Future for Parts {
-    type Output = Result<Moved, RmaError>;
+impl<'a> Future for Parts<'a> {
+    type Output = Result<Moved<'a>, RmaError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
