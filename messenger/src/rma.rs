@@ -23,7 +23,7 @@
 //!
 //! # Any size
 //!
-//! An operation longer than `rma_part_bytes` (default 4 MiB), or than one
+//! An operation longer than `rma_part_bytes` (default 1 MiB), or than one
 //! message carries (`max_data_bytes` of the side that receives the
 //! bytes), moves in parts: each a request of its own as above (native
 //! where it can be), `rma_parts_in_flight` of them at a time, the bytes

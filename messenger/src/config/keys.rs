@@ -380,7 +380,7 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         "rma_part_bytes",
         "an RMA read or write longer than this (or than one message carries: max_data_bytes \
          of the side that receives the bytes) moves in parts of at most this many bytes, \
-         each a request of its own, pipelined (default 4194304)",
+         each a request of its own, pipelined (default 1048576)",
         int(1, u32::MAX as u64, |c, n| c.rma_part_bytes = n as usize),
     ),
     key(

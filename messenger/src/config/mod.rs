@@ -185,7 +185,7 @@ impl Default for MessengerConfig {
             workers: 1,
             busy_poll: Duration::from_micros(200),
             call_spin: Duration::ZERO,
-            rma_part_bytes: 4 << 20,
+            rma_part_bytes: 1 << 20,
             rma_parts_in_flight: 8,
             busy_poll_max: Duration::from_micros(2000),
             busy_poll_syscall_every: 0,
