@@ -131,6 +131,11 @@ pub(super) fn try_native(
     if msg.call & REPLY_BIT != 0 {
         return Err(msg);
     }
+    // No key held (always so where the link has no native path, as over
+    // tcp): nothing to look the request up for, so it is not decoded.
+    if slot.rma_keys.is_empty() {
+        return Err(msg);
+    }
     let Some(link) = may_go_native(&slot.session) else {
         return Err(msg);
     };
