@@ -260,7 +260,8 @@ pub struct BenchReport {
     pub rma_read: Option<Comparison<StreamResult>>,
     /// 1 MiB RMA writes against the 1 MiB message stream.
     pub rma_write: Option<Comparison<StreamResult>>,
-    /// A [`RMA_HUGE`] read, then write, against 1 MiB ones (8 in flight).
+    /// A [`RMA_HUGE`] read, then write ([`RMA_HUGE_QUICK`] in a quick
+    /// run), against 1 MiB ones (8 in flight).
     pub rma_huge: Vec<Comparison<StreamResult>>,
     /// RMA reads, then writes, of each of [`RMA_SIZES`] against the raw
     /// libfabric loop (`fabric+shm`, `fabric+tcp`; empty elsewhere).
@@ -345,6 +346,8 @@ fn rma_stream(
 
 /// The length of the bench's one large RMA operation (moved in parts).
 pub const RMA_HUGE: usize = 1 << 30;
+/// [`RMA_HUGE`] in a `--quick` run.
+pub const RMA_HUGE_QUICK: usize = 64 << 20;
 
 /// A [`RMA_HUGE`] operation's rate against 1 MiB operations' (8 in flight).
 pub const RMA_HUGE_TARGET: f64 = 0.80;
@@ -355,10 +358,9 @@ pub const RMA_HUGE_TARGET: f64 = 0.80;
 fn rma_huge(
     cfg: &MessengerConfig,
     (server, target): (&Messenger, &msgr::EntityAddr),
-    op: msgr::RmaOp,
+    (op, size): (msgr::RmaOp, usize),
     secs: Duration,
 ) -> Result<StreamResult, ToolError> {
-    let size = RMA_HUGE;
     let region = server.expose(vec![0x5a; size], msgr::Access::ReadWrite);
     let h = region.handle();
     let mut client = Messenger::builder(EntityName::client(9))
@@ -657,6 +659,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let mut rma_read = Vec::new();
     let mut rma_write = Vec::new();
     let mut rma_huge_rounds: [Vec<Round<StreamResult>>; 2] = [Vec::new(), Vec::new()];
+    let huge_size = if opts.quick { RMA_HUGE_QUICK } else { RMA_HUGE };
     // Per op and size (reads, then writes): rounds against the raw loop.
     let mut rma_raw: Vec<Vec<Round<StreamResult>>> =
         (0..2 * rma_sizes.len()).map(|_| Vec::new()).collect();
@@ -772,9 +775,18 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                                 });
                                 next(
                                     &mut progress,
-                                    &format!("round {}: RMA 1 GiB {op:?}s", round + 1),
+                                    &format!(
+                                        "round {}: RMA {} {op:?}s",
+                                        round + 1,
+                                        size_name(huge_size)
+                                    ),
                                 );
-                                let huge = rma_huge(&place.client, (&server, &target), op, secs)?;
+                                let huge = rma_huge(
+                                    &place.client,
+                                    (&server, &target),
+                                    (op, huge_size),
+                                    secs,
+                                )?;
                                 rma_huge_rounds[i].push(Round {
                                     msgr: huge,
                                     reference: m.clone(),
@@ -979,7 +991,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         .filter(|(rounds, _)| !rounds.is_empty())
         .map(|(rounds, op)| {
             compare(
-                format!("RMA 1 GiB {op}s, one at a time"),
+                format!("RMA {} {op}s, one at a time", size_name(huge_size)),
                 "MiB/s",
                 format!("RMA 1 MiB {op}s, 8 in flight"),
                 rounds,
