@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use msgr_proto::{CodecError, Message, TypedError, TypedMessage};
 
 use crate::pending::{SendError, SendRejected};
-use crate::replies::{CallError, CallSlot};
+use crate::replies::{Answer, CallError, CallSlot};
 use crate::Connection;
 
 /// Why a typed call ([`Connection::call_typed`]) failed: one error type for
@@ -102,23 +102,23 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub fn call(&self, request: Message, timeout: Duration) -> Result<Message, CallError> {
-        self.call_marked(request, timeout, 0)
+        self.call_answered(request, timeout)
     }
 
-    /// [`Connection::call`] with `mark` in the call id (`RMA_BIT`: an RMA
-    /// operation, answered by the peer's messenger).
-    pub(crate) fn call_marked(
+    /// [`Connection::call`] answered by a `T`: a reply `Message`, or an
+    /// RMA operation's answer (its id marked `RMA_BIT`, answered by the
+    /// peer's messenger or carried out natively).
+    pub(crate) fn call_answered<T: Answer>(
         &self,
         mut request: Message,
         timeout: Duration,
-        mark: u64,
-    ) -> Result<Message, CallError> {
+    ) -> Result<T, CallError> {
         if self.inner.on_owning_worker() {
             return Err(CallError::WouldDeadlock);
         }
         let deadline = Instant::now() + timeout;
         let calls = &self.inner.calls;
-        let (id, slot) = calls.register(timeout, mark);
+        let (id, slot) = calls.register::<T>(timeout);
         request.call = id;
         if let Err(e) = self.send_timeout(request, timeout) {
             calls.forget(id);
@@ -170,7 +170,7 @@ impl Connection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn call_async(&self, request: Message, timeout: Duration) -> CallFuture {
-        self.call_async_marked(request, timeout, 0)
+        CallFuture(self.call_async_answered(request, timeout))
     }
 
     /// A typed call: encodes `request` (its [`TypedMessage::TYPE`]), waits
@@ -273,19 +273,17 @@ impl Connection {
         Ok(self.reply(request, m).map_err(CallError::from)?)
     }
 
-    /// [`Connection::call_async`] with `mark` in the call id (see
-    /// [`Connection::call_marked`]).
-    pub(crate) fn call_async_marked(
+    /// [`Connection::call_async`] answered by a `T` (see
+    /// [`Connection::call_answered`]).
+    pub(crate) fn call_async_answered<T: Answer>(
         &self,
         request: Message,
         timeout: Duration,
-        mark: u64,
-    ) -> CallFuture {
-        CallFuture {
+    ) -> AnswerFuture<T> {
+        AnswerFuture {
             conn: self.clone(),
             request: Some(request),
             timeout,
-            mark,
             call: None,
         }
     }
@@ -348,17 +346,27 @@ impl Connection {
 /// assert_eq!(&reply.front[..], b"pong");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct CallFuture {
-    conn: Connection,
-    request: Option<Message>,
-    timeout: Duration,
-    /// Or'ed into the call id (see [`Connection::call_marked`]).
-    mark: u64,
-    call: Option<(u64, Arc<CallSlot>)>,
-}
+pub struct CallFuture(AnswerFuture<Message>);
 
 impl Future for CallFuture {
     type Output = Result<Message, CallError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+/// A call waiting for its `T` (see [`Connection::call_answered`]): the
+/// future under [`CallFuture`] and `crate::RmaFuture`.
+pub(crate) struct AnswerFuture<T: Answer> {
+    conn: Connection,
+    request: Option<Message>,
+    timeout: Duration,
+    call: Option<(u64, Arc<CallSlot<T>>)>,
+}
+
+impl<T: Answer> Future for AnswerFuture<T> {
+    type Output = Result<T, CallError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
@@ -366,7 +374,7 @@ impl Future for CallFuture {
             let (id, slot) = match &this.call {
                 Some((id, slot)) => (*id, slot.clone()),
                 None => {
-                    let (id, slot) = this.conn.inner.calls.register(this.timeout, this.mark);
+                    let (id, slot) = this.conn.inner.calls.register::<T>(this.timeout);
                     this.call = Some((id, slot.clone()));
                     this.conn.call_deadline(id, Instant::now() + this.timeout);
                     (id, slot)
@@ -402,7 +410,7 @@ impl Future for CallFuture {
     }
 }
 
-fn poll_slot(slot: &CallSlot, cx: &mut Context<'_>) -> Poll<Result<Message, CallError>> {
+fn poll_slot<T>(slot: &CallSlot<T>, cx: &mut Context<'_>) -> Poll<Result<T, CallError>> {
     let mut s = slot.state.lock().expect("call slot");
     match s.outcome.take() {
         Some(o) => Poll::Ready(o),
@@ -413,7 +421,7 @@ fn poll_slot(slot: &CallSlot, cx: &mut Context<'_>) -> Poll<Result<Message, Call
     }
 }
 
-impl Drop for CallFuture {
+impl<T: Answer> Drop for AnswerFuture<T> {
     fn drop(&mut self) {
         if let Some((id, _)) = self.call.take() {
             self.conn.inner.calls.forget(id);

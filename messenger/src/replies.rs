@@ -1,6 +1,7 @@
 //! Calls waiting for their replies: the table a connection keeps, each
-//! call's slot where its outcome lands, and why a call got none
-//! ([`CallError`]). The calls themselves are `crate::call`'s.
+//! call's slot where its outcome lands (typed: a reply [`Message`] for a
+//! call, an [`RmaAnswer`] for a one-sided operation), and why a call got
+//! none ([`CallError`]). The calls themselves are `crate::call`'s.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,8 +9,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use msgr_proto::message::REPLY_BIT;
-use msgr_proto::rma::RMA_BIT;
+use msgr_proto::rma::{RmaReply, RmaWireError, RMA_BIT};
 use msgr_proto::{FaultReason, Message};
 
 use crate::counters::Counters;
@@ -79,10 +81,58 @@ impl<M> From<SendRejected<M>> for CallError {
     }
 }
 
+/// How a one-sided operation ended, as the requester's worker learned it:
+/// no message is made up for a native completion, and the owner's reply
+/// is decoded once, by the worker (which keeps the key it brings).
+pub(crate) enum RmaAnswer {
+    /// The owner served it: its reply (or why that did not decode) and a
+    /// read's bytes.
+    Owner(Result<RmaReply, RmaWireError>, Bytes),
+    /// Carried out natively: a read's bytes (none for a write).
+    Native(Bytes),
+}
+
+/// What a call's slot waits for: a plain call's reply [`Message`], or an
+/// operation's [`RmaAnswer`] (its id marked with `RMA_BIT`).
+pub(crate) trait Answer: Sized + Send + 'static {
+    /// Or'ed into the call id of calls answered so.
+    const MARK: u64;
+    /// The slot as the table keeps it.
+    fn waiter(slot: Arc<CallSlot<Self>>) -> Waiter;
+}
+
+impl Answer for Message {
+    const MARK: u64 = 0;
+    fn waiter(slot: Arc<CallSlot<Self>>) -> Waiter {
+        Waiter::Call(slot)
+    }
+}
+
+impl Answer for RmaAnswer {
+    const MARK: u64 = RMA_BIT;
+    fn waiter(slot: Arc<CallSlot<Self>>) -> Waiter {
+        Waiter::Rma(slot)
+    }
+}
+
+/// A slot in the table, by what it waits for.
+pub(crate) enum Waiter {
+    Call(Arc<CallSlot<Message>>),
+    Rma(Arc<CallSlot<RmaAnswer>>),
+}
+
+impl Waiter {
+    fn fail(&self, e: CallError) {
+        match self {
+            Waiter::Call(s) => s.complete(Err(e)),
+            Waiter::Rma(s) => s.complete(Err(e)),
+        }
+    }
+}
+
 /// One pending call: where its outcome lands and who waits for it.
-#[derive(Default)]
-pub(crate) struct CallSlot {
-    pub(crate) state: Mutex<SlotState>,
+pub(crate) struct CallSlot<T> {
+    pub(crate) state: Mutex<SlotState<T>>,
     pub(crate) ready: Condvar,
     /// The outcome is in `state`: a caller spinning on its reply
     /// ([`CallSlot::spin`]) looks here, not at the lock.
@@ -92,14 +142,27 @@ pub(crate) struct CallSlot {
     pub(crate) parked: AtomicBool,
 }
 
-#[derive(Default)]
-pub(crate) struct SlotState {
-    pub(crate) outcome: Option<Result<Message, CallError>>,
+impl<T> Default for CallSlot<T> {
+    fn default() -> Self {
+        CallSlot {
+            state: Mutex::new(SlotState {
+                outcome: None,
+                waker: None,
+            }),
+            ready: Condvar::new(),
+            done: AtomicBool::new(false),
+            parked: AtomicBool::new(false),
+        }
+    }
+}
+
+pub(crate) struct SlotState<T> {
+    pub(crate) outcome: Option<Result<T, CallError>>,
     pub(crate) waker: Option<Waker>,
 }
 
-impl CallSlot {
-    pub(crate) fn complete(&self, outcome: Result<Message, CallError>) {
+impl<T> CallSlot<T> {
+    pub(crate) fn complete(&self, outcome: Result<T, CallError>) {
         let mut s = self.state.lock().expect("call slot");
         if s.outcome.is_none() {
             s.outcome = Some(outcome);
@@ -143,22 +206,21 @@ impl CallSlot {
 /// A connection's calls waiting for replies.
 #[derive(Default)]
 pub(crate) struct PendingCalls {
-    slots: Mutex<HashMap<u64, (Arc<CallSlot>, Duration)>>,
+    slots: Mutex<HashMap<u64, (Waiter, Duration)>>,
 }
 
 /// Call ids, unique per process (a reply names the id of its request).
 static NEXT_CALL: AtomicU64 = AtomicU64::new(1);
 
 impl PendingCalls {
-    /// A new pending call; `mark` is or'ed into its id (`RMA_BIT` for an
-    /// RMA operation, else 0).
-    pub(crate) fn register(&self, timeout: Duration, mark: u64) -> (u64, Arc<CallSlot>) {
-        let id = (NEXT_CALL.fetch_add(1, Ordering::Relaxed) & !(REPLY_BIT | RMA_BIT)) | mark;
+    /// A new pending call, answered by a `T` (its id marked so).
+    pub(crate) fn register<T: Answer>(&self, timeout: Duration) -> (u64, Arc<CallSlot<T>>) {
+        let id = (NEXT_CALL.fetch_add(1, Ordering::Relaxed) & !(REPLY_BIT | RMA_BIT)) | T::MARK;
         let slot = Arc::new(CallSlot::default());
         self.slots
             .lock()
             .expect("pending calls")
-            .insert(id, (slot.clone(), timeout));
+            .insert(id, (T::waiter(slot.clone()), timeout));
         (id, slot)
     }
 
@@ -166,25 +228,44 @@ impl PendingCalls {
         self.slots.lock().expect("pending calls").remove(&id);
     }
 
-    /// A reply arrived (worker): to its caller, if it still waits. False
-    /// for a late reply.
+    fn take(&self, id: u64) -> Option<Waiter> {
+        let slot = self.slots.lock().expect("pending calls").remove(&id);
+        slot.map(|(w, _)| w)
+    }
+
     /// A reply (a message whose call has the reply bit): to the call that
     /// waits for it, or dropped and counted if none does any more.
     pub(crate) fn route_reply(&self, msg: Message, counters: &Counters) {
         let id = msg.call & !REPLY_BIT;
-        if !self.complete(id, msg) {
-            Counters::add(&counters.late_replies, 1);
+        match self.take(id) {
+            Some(Waiter::Call(s)) => s.complete(Ok(msg)),
+            // (Decoded here only where the worker did not: it decodes
+            // the owner's replies itself, for the key they bring.)
+            Some(Waiter::Rma(s)) => {
+                s.complete(Ok(RmaAnswer::Owner(RmaReply::decode(&msg.front), msg.data)))
+            }
+            None => Counters::add(&counters.late_replies, 1),
         }
     }
 
-    pub(crate) fn complete(&self, id: u64, reply: Message) -> bool {
-        let slot = self.slots.lock().expect("pending calls").remove(&id);
-        match slot {
-            Some((s, _)) => {
-                s.complete(Ok(reply));
-                true
+    /// Operation `id` ended (worker): to its caller, or dropped and
+    /// counted as a late reply if none waits any more.
+    pub(crate) fn complete_rma(&self, id: u64, answer: RmaAnswer, counters: &Counters) {
+        // Only an operation's slot: a plain call's id never has the RMA
+        // bit, so none is taken here.
+        let mut slots = self.slots.lock().expect("pending calls");
+        let slot = match slots.remove(&id) {
+            Some((Waiter::Rma(s), _)) => Some(s),
+            Some(other) => {
+                slots.insert(id, other);
+                None
             }
-            None => false,
+            None => None,
+        };
+        drop(slots);
+        match slot {
+            Some(s) => s.complete(Ok(answer)),
+            None => Counters::add(&counters.late_replies, 1),
         }
     }
 
@@ -192,16 +273,16 @@ impl PendingCalls {
     /// with `timed_out` of its timeout.
     pub(crate) fn expire(&self, id: u64, timed_out: impl FnOnce(Duration) -> CallError) {
         let slot = self.slots.lock().expect("pending calls").remove(&id);
-        if let Some((s, timeout)) = slot {
-            s.complete(Err(timed_out(timeout)));
+        if let Some((w, timeout)) = slot {
+            w.fail(timed_out(timeout));
         }
     }
 
     /// The connection was reset: every pending call fails.
     pub(crate) fn fail_all(&self, reason: &FaultReason) {
         let slots: Vec<_> = self.slots.lock().expect("pending calls").drain().collect();
-        for (_, (s, _)) in slots {
-            s.complete(Err(CallError::Reset(reason.clone())));
+        for (_, (w, _)) in slots {
+            w.fail(CallError::Reset(reason.clone()));
         }
     }
 }

@@ -21,6 +21,16 @@
 //! session's messages); a lossy connection fails them with the fault
 //! ([`RmaError::Call`] with [`CallError::Reset`]).
 //!
+//! # Any size
+//!
+//! An operation longer than `rma_part_bytes` (default 1 MiB), or than one
+//! message carries (`max_data_bytes` of the side that receives the
+//! bytes), moves in parts: each a request of its own as above (native
+//! where it can be), `rma_parts_in_flight` of them at a time, the bytes
+//! of a read put together in order. It completes when every part did; the
+//! first part that fails fails it with [`RmaError::Part`], naming the
+//! part; its timeout is the operation's.
+//!
 //! # Native operations
 //!
 //! Where the link's endpoints can, an operation moves with no CPU of the
@@ -96,12 +106,13 @@
 //! assert_eq!(&region.bytes()[100..105], b"hello");
 //! ```
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -138,14 +149,14 @@ pub use msgr_proto::rma::RmaHandle;
 /// assert!(!Access::Write.allows(RmaOp::Read));
 /// ```
 pub use msgr_proto::rma::RmaOp;
-use msgr_proto::rma::{RmaReply, RmaRequest, RmaStatus, RMA_BIT};
+use msgr_proto::rma::{RmaRequest, RmaStatus};
 use msgr_proto::Message;
 
-use crate::call::CallFuture;
+use crate::call::AnswerFuture;
 use crate::regions::{capability, Region, RegionTable, RMA_TYPE};
-use crate::replies::CallError;
+use crate::replies::{CallError, RmaAnswer};
 use crate::state::Command;
-use crate::state::Shared;
+use crate::state::{Shared, ThreadWaker};
 use crate::{Connection, Messenger};
 
 /// How long [`RmaRegion::revoke`] waits for the endpoints that registered
@@ -184,6 +195,8 @@ pub enum RmaError {
     UnknownRegion,
     /// A read larger than one message may carry: the owner's answer would
     /// be more than this side's `max_data_bytes` takes. Nothing was sent.
+    /// (No longer returned: such an operation moves in parts, see
+    /// [`RmaError::Part`]; kept for code that matches it.)
     #[error(
         "a read of {len} bytes is more than one message carries (max_data_bytes {max}): \
          read it in parts, or raise max_data_bytes on both sides"
@@ -220,6 +233,19 @@ pub enum RmaError {
     /// The owner's answer does not parse (or the request did not, for it).
     #[error("malformed RMA exchange: {0}")]
     Malformed(String),
+    /// A part of an operation that moves in parts (longer than
+    /// `rma_part_bytes`, or than one message carries) failed: where it
+    /// starts in the region, its length, and why. Parts before and after
+    /// it may have moved (a write may have landed in part).
+    #[error("the part at {offset} ({len} bytes) failed: {error}")]
+    Part {
+        /// Where the part starts in the region.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// Why it failed.
+        error: Box<RmaError>,
+    },
     /// The request travels as a call: it was not sent, timed out, or the
     /// connection was reset first (on a lossless connection a link fault
     /// is no reset: the operation is replayed).
@@ -652,9 +678,15 @@ impl Connection {
         len: u64,
         options: impl Into<RmaOptions>,
     ) -> Result<Bytes, RmaError> {
-        let (o, req) = self.read_request(handle, offset, len, options.into())?;
-        let reply = self.call_marked(req, o.timeout, RMA_BIT)?;
-        read_outcome(reply, handle, (offset, len), o.checksum)
+        let o = options.into();
+        if len > self.part_len(RmaOp::Read) {
+            check_local(handle, RmaOp::Read, offset, len)?;
+            let parts = Parts::new(self, handle, (offset, len), o, Moved::read());
+            return self.wait_parts(parts).map(|m| m.into_read());
+        }
+        let (o, req) = self.read_request(handle, offset, len, o)?;
+        let answer = self.call_answered(req, o.timeout)?;
+        read_outcome(answer, handle, (offset, len), o.checksum)
     }
 
     /// [`Connection::read`] into `buf` (its length is the length read).
@@ -681,7 +713,15 @@ impl Connection {
         buf: &mut [u8],
         options: impl Into<RmaOptions>,
     ) -> Result<(), RmaError> {
-        let bytes = self.read(handle, offset, buf.len() as u64, options)?;
+        let (o, len) = (options.into(), buf.len() as u64);
+        if len > self.part_len(RmaOp::Read) {
+            // Each part straight into its place: no buffer of the whole
+            // length besides `buf` (whose pages the caller may reuse).
+            check_local(handle, RmaOp::Read, offset, len)?;
+            let parts = Parts::new(self, handle, (offset, len), o, Moved::Into(buf));
+            return self.wait_parts(parts).map(drop);
+        }
+        let bytes = self.read(handle, offset, len, o)?;
         buf.copy_from_slice(&bytes);
         Ok(())
     }
@@ -715,9 +755,15 @@ impl Connection {
     ) -> Result<(), RmaError> {
         let bytes = bytes.into();
         let len = bytes.len() as u64;
-        let (o, req) = self.write_request(handle, offset, bytes, options.into())?;
-        let reply = self.call_marked(req, o.timeout, RMA_BIT)?;
-        write_outcome(reply, handle, (offset, len))
+        let o = options.into();
+        if len > self.part_len(RmaOp::Write) {
+            check_local(handle, RmaOp::Write, offset, len)?;
+            let parts = Parts::new(self, handle, (offset, len), o, Moved::Write(bytes));
+            return self.wait_parts(parts).map(drop);
+        }
+        let (o, req) = self.write_request(handle, offset, bytes, o)?;
+        let answer = self.call_answered(req, o.timeout)?;
+        write_outcome(answer, handle, (offset, len))
     }
 
     /// [`Connection::read`] as a future, for async code on any executor
@@ -746,14 +792,19 @@ impl Connection {
         options: impl Into<RmaOptions>,
     ) -> RmaFuture<Bytes> {
         let o = options.into();
+        if len > self.part_len(RmaOp::Read) {
+            let parts = check_local(handle, RmaOp::Read, offset, len)
+                .map(|()| Parts::new(self, handle, (offset, len), o, Moved::read()));
+            return RmaFuture::new(async move { parts?.await.map(Moved::into_read) });
+        }
         let call = self
             .read_request(handle, offset, len, o)
-            .map(|(_, req)| self.call_async_marked(req, o.timeout, RMA_BIT));
+            .map(|(_, req)| self.call_async_answered(req, o.timeout));
         let (h, checksum) = (handle.clone(), o.checksum);
-        RmaFuture {
-            call,
-            outcome: Box::new(move |reply| read_outcome(reply, &h, (offset, len), checksum)),
-        }
+        RmaFuture::new(async move {
+            let answer = call?.await?;
+            read_outcome(answer, &h, (offset, len), checksum)
+        })
     }
 
     /// [`Connection::write`] as a future, for async code on any executor.
@@ -783,13 +834,50 @@ impl Connection {
         let o = options.into();
         let bytes = bytes.into();
         let range = (offset, bytes.len() as u64);
+        if range.1 > self.part_len(RmaOp::Write) {
+            let parts = check_local(handle, RmaOp::Write, offset, range.1)
+                .map(|()| Parts::new(self, handle, range, o, Moved::Write(bytes)));
+            return RmaFuture::new(async move { parts?.await.map(drop) });
+        }
         let call = self
             .write_request(handle, offset, bytes, o)
-            .map(|(_, req)| self.call_async_marked(req, o.timeout, RMA_BIT));
+            .map(|(_, req)| self.call_async_answered(req, o.timeout));
         let h = handle.clone();
-        RmaFuture {
-            call,
-            outcome: Box::new(move |reply| write_outcome(reply, &h, range)),
+        RmaFuture::new(async move {
+            let answer = call?.await?;
+            write_outcome(answer, &h, range)
+        })
+    }
+
+    /// The most bytes one request of `op` moves: the configured part
+    /// size, and what one message may carry to the side that receives the
+    /// bytes (this side's `max_data_bytes` for a read's answer, the peer's
+    /// for a write, as the handshake told it).
+    fn part_len(&self, op: RmaOp) -> u64 {
+        let cfg = &self.inner.shared.cfg;
+        let carried = match op {
+            RmaOp::Read => cfg.session.limits.max_segment[2],
+            RmaOp::Write => self.inner.send_limits[1].load(Ordering::Relaxed),
+        };
+        (cfg.rma_part_bytes as u64).min(u64::from(carried)).max(1)
+    }
+
+    /// Waits for an operation in parts on this thread (see
+    /// [`Connection::read`]).
+    fn wait_parts<'a>(&self, mut parts: Parts<'a>) -> Result<Moved<'a>, RmaError> {
+        if self.inner.on_owning_worker() {
+            return Err(CallError::WouldDeadlock.into());
+        }
+        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(done) = Pin::new(&mut parts).poll(&mut cx) {
+                return done;
+            }
+            // Woken by a part's outcome (or its deadline, kept by the
+            // worker); looked at again at the deadline whatever happens.
+            let left = parts.deadline.saturating_duration_since(Instant::now());
+            std::thread::park_timeout(left.max(Duration::from_millis(1)));
         }
     }
 
@@ -801,12 +889,6 @@ impl Connection {
         o: RmaOptions,
     ) -> Result<(RmaOptions, Message), RmaError> {
         check_local(h, RmaOp::Read, offset, len)?;
-        // The owner's answer carries the bytes: more than this side takes
-        // in one message could only be refused on the way (a timeout here).
-        let max = u64::from(self.inner.shared.cfg.session.limits.max_segment[2]);
-        if len > max {
-            return Err(RmaError::TooLarge { len, max });
-        }
         let req = request(h, RmaOp::Read, offset, len, o.checksum.then_some(0));
         Ok((o, Message::new(RMA_TYPE, req.encode(), Bytes::new())))
     }
@@ -854,35 +936,49 @@ fn status_error(
     })
 }
 
+/// The owner's reply decoded, checked against its status: a read's bytes
+/// and checksum. A native completion has neither status nor checksum.
+fn served(
+    answer: RmaAnswer,
+    h: &RmaHandle,
+    range: (u64, u64),
+    op: RmaOp,
+) -> Result<(Bytes, Option<u32>), RmaError> {
+    match answer {
+        RmaAnswer::Native(bytes) => Ok((bytes, None)),
+        RmaAnswer::Owner(reply, data) => {
+            let r = reply.map_err(|e| RmaError::Malformed(e.to_string()))?;
+            match status_error(r.status, h, range, op) {
+                Some(e) => Err(e),
+                None => Ok((data, Some(r.checksum))),
+            }
+        }
+    }
+}
+
 fn read_outcome(
-    reply: Message,
+    answer: RmaAnswer,
     h: &RmaHandle,
     range: (u64, u64),
     checksum: bool,
 ) -> Result<Bytes, RmaError> {
-    let r = RmaReply::decode(&reply.front).map_err(|e| RmaError::Malformed(e.to_string()))?;
-    if let Some(e) = status_error(r.status, h, range, RmaOp::Read) {
-        return Err(e);
-    }
-    if reply.data.len() as u64 != range.1 {
+    let (data, crc) = served(answer, h, range, RmaOp::Read)?;
+    if data.len() as u64 != range.1 {
         return Err(RmaError::Malformed(format!(
             "{} bytes read for {} asked",
-            reply.data.len(),
+            data.len(),
             range.1
         )));
     }
-    if checksum && crc32c(&reply.data) != r.checksum {
+    // (A checked read is never native: the owner computes its checksum.)
+    if checksum && crc.is_none_or(|c| crc32c(&data) != c) {
         return Err(RmaError::Corrupt);
     }
-    Ok(reply.data)
+    Ok(data)
 }
 
-fn write_outcome(reply: Message, h: &RmaHandle, range: (u64, u64)) -> Result<(), RmaError> {
-    let r = RmaReply::decode(&reply.front).map_err(|e| RmaError::Malformed(e.to_string()))?;
-    match status_error(r.status, h, range, RmaOp::Write) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+fn write_outcome(answer: RmaAnswer, h: &RmaHandle, range: (u64, u64)) -> Result<(), RmaError> {
+    served(answer, h, range, RmaOp::Write).map(drop)
 }
 
 /// The future of [`Connection::read_async`] and [`Connection::write_async`].
@@ -902,24 +998,226 @@ fn write_outcome(reply: Message, h: &RmaHandle, range: (u64, u64)) -> Result<(),
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RmaFuture<T> {
-    call: Result<CallFuture, RmaError>,
-    #[allow(clippy::type_complexity)]
-    outcome: Box<dyn FnMut(Message) -> Result<T, RmaError> + Send>,
+    /// The operation; `None` once it completed.
+    op: Option<Operation<T>>,
+}
+
+/// An operation under way, of whichever shape (one request, or parts).
+type Operation<T> = Pin<Box<dyn Future<Output = Result<T, RmaError>> + Send>>;
+
+impl<T> RmaFuture<T> {
+    fn new(op: impl Future<Output = Result<T, RmaError>> + Send + 'static) -> Self {
+        RmaFuture {
+            op: Some(Box::pin(op)),
+        }
+    }
 }
 
 impl<T> Future for RmaFuture<T> {
     type Output = Result<T, RmaError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        let call = match &mut this.call {
-            Ok(c) => c,
-            Err(e) => return Poll::Ready(Err(e.clone())),
+        let Some(op) = &mut self.op else {
+            return Poll::Ready(Err(CallError::Finished.into()));
         };
-        match Pin::new(call).poll(cx) {
-            Poll::Ready(Ok(reply)) => Poll::Ready((this.outcome)(reply)),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
-            Poll::Pending => Poll::Pending,
+        let done = std::task::ready!(op.as_mut().poll(cx));
+        self.op = None;
+        Poll::Ready(done)
+    }
+}
+
+/// What an operation in parts moves: a read's bytes (those in order so
+/// far, and parts that came before the ones ahead of them), or the
+/// caller's buffer a read fills, or the bytes to write.
+enum Moved<'a> {
+    Read(Vec<u8>, BTreeMap<u64, Bytes>),
+    Into(&'a mut [u8]),
+    Write(Bytes),
+}
+
+impl Moved<'_> {
+    fn read() -> Moved<'static> {
+        Moved::Read(Vec::new(), BTreeMap::new())
+    }
+
+    fn into_read(self) -> Bytes {
+        match self {
+            Moved::Read(v, _) => Bytes::from(v),
+            Moved::Into(_) | Moved::Write(_) => Bytes::new(),
+        }
+    }
+}
+
+/// A read or write longer than one request moves (`rma_part_bytes`, or
+/// what one message carries): split into parts, each a request of its
+/// own (served by the owner or carried out natively, as any operation),
+/// `rma_parts_in_flight` of them at a time. It completes when every part
+/// did; the first part that fails fails it, naming the part
+/// ([`RmaError::Part`]); its timeout is the operation's, not a part's.
+struct Parts<'a> {
+    conn: Connection,
+    handle: RmaHandle,
+    /// Where in the region, and how many bytes.
+    offset: u64,
+    len: u64,
+    /// The most bytes a part moves, and the most parts in flight.
+    part: u64,
+    window: usize,
+    options: RmaOptions,
+    deadline: Instant,
+    /// Bytes (from `offset`) handed to parts so far.
+    issued: u64,
+    /// Parts sent and not answered yet: where (from `offset`), how long.
+    in_flight: Vec<(u64, u64, AnswerFuture<RmaAnswer>)>,
+    moved: Moved<'a>,
+}
+
+impl<'a> Parts<'a> {
+    fn new(
+        conn: &Connection,
+        handle: &RmaHandle,
+        (offset, len): (u64, u64),
+        options: RmaOptions,
+        mut moved: Moved<'a>,
+    ) -> Parts<'a> {
+        let op = match moved {
+            Moved::Read(ref mut buf, _) => {
+                // Filled in order, each byte written once (not zeroed
+                // first: a GiB's memset is a tenth of its transfer).
+                *buf = Vec::with_capacity(len as usize);
+                RmaOp::Read
+            }
+            Moved::Into(_) => RmaOp::Read,
+            Moved::Write(_) => RmaOp::Write,
+        };
+        let part = conn.part_len(op);
+        let window = conn.inner.shared.cfg.rma_parts_in_flight.max(1);
+        Parts {
+            conn: conn.clone(),
+            handle: handle.clone(),
+            offset,
+            len,
+            part,
+            window,
+            options,
+            deadline: Instant::now() + options.timeout,
+            issued: 0,
+            in_flight: Vec::with_capacity(window),
+            moved,
+        }
+    }
+
+    /// Sends parts while fewer than the window are in flight.
+    fn fill(&mut self, left: Duration) {
+        while self.in_flight.len() < self.window && self.issued < self.len {
+            let at = self.issued;
+            let n = self.part.min(self.len - at);
+            self.issued += n;
+            let h = &self.handle;
+            let offset = self.offset + at;
+            let checksum = self.options.checksum;
+            let (req, bytes) = match &self.moved {
+                Moved::Read(..) | Moved::Into(_) => (
+                    request(h, RmaOp::Read, offset, n, checksum.then_some(0)),
+                    Bytes::new(),
+                ),
+                Moved::Write(b) => {
+                    let bytes = b.slice(at as usize..(at + n) as usize);
+                    let crc = checksum.then(|| crc32c(&bytes));
+                    (request(h, RmaOp::Write, offset, n, crc), bytes)
+                }
+            };
+            let msg = Message::new(RMA_TYPE, req.encode(), bytes);
+            let call = self.conn.call_async_answered(msg, left);
+            self.in_flight.push((at, n, call));
+        }
+    }
+
+    /// Part `(at, n)` answered: a read's bytes in place.
+    fn landed(&mut self, (at, n): (u64, u64), answer: RmaAnswer) -> Result<(), RmaError> {
+        let range = (self.offset + at, n);
+        match &mut self.moved {
+            Moved::Read(buf, early) => {
+                let bytes = read_outcome(answer, &self.handle, range, self.options.checksum)?;
+                if at != buf.len() as u64 {
+                    early.insert(at, bytes);
+                    return Ok(());
+                }
+                buf.extend_from_slice(&bytes);
+                while let Some(next) = early.remove(&(buf.len() as u64)) {
+                    buf.extend_from_slice(&next);
+                }
+                Ok(())
+            }
+            Moved::Into(buf) => {
+                let bytes = read_outcome(answer, &self.handle, range, self.options.checksum)?;
+                buf[at as usize..(at + n) as usize].copy_from_slice(&bytes);
+                Ok(())
+            }
+            Moved::Write(_) => write_outcome(answer, &self.handle, range),
+        }
+    }
+
+    /// The operation failed in part `(at, n)` with `e`: its timeout is
+    /// the operation's; anything else names the part.
+    fn failed(&self, (at, n): (u64, u64), e: RmaError) -> RmaError {
+        match e {
+            RmaError::Call(CallError::Timeout { last_fault, .. }) => {
+                RmaError::Call(CallError::Timeout {
+                    after: self.options.timeout,
+                    last_fault,
+                })
+            }
+            e => RmaError::Part {
+                offset: self.offset + at,
+                len: n,
+                error: Box::new(e),
+            },
+        }
+    }
+}
+
+impl<'a> Future for Parts<'a> {
+    type Output = Result<Moved<'a>, RmaError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        loop {
+            let left = this.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let timeout = CallError::Timeout {
+                    after: this.options.timeout,
+                    last_fault: None,
+                };
+                return Poll::Ready(Err(timeout.into()));
+            }
+            this.fill(left);
+            let mut answered = false;
+            let mut i = 0;
+            while i < this.in_flight.len() {
+                let (at, n, call) = &mut this.in_flight[i];
+                let part = (*at, *n);
+                match Pin::new(call).poll(cx) {
+                    Poll::Pending => i += 1,
+                    Poll::Ready(outcome) => {
+                        this.in_flight.swap_remove(i);
+                        answered = true;
+                        let done = outcome
+                            .map_err(RmaError::from)
+                            .and_then(|a| this.landed(part, a));
+                        if let Err(e) = done {
+                            return Poll::Ready(Err(this.failed(part, e)));
+                        }
+                    }
+                }
+            }
+            if this.in_flight.is_empty() && this.issued == this.len {
+                let moved = std::mem::replace(&mut this.moved, Moved::Write(Bytes::new()));
+                return Poll::Ready(Ok(moved));
+            }
+            if !answered {
+                return Poll::Pending;
+            }
         }
     }
 }

@@ -92,7 +92,8 @@ fn reads_and_writes_move_the_bytes_asked() {
     assert_eq!(&conn.read(&h, 0, 1, T).unwrap()[..], &[0xee]);
     let c = owner.counters();
     assert_eq!(c.rma_writes_served.load(Ordering::Relaxed), 2);
-    assert_eq!(c.rma_reads_served.load(Ordering::Relaxed), 16);
+    // 16 reads, the two of 3 MiB in three parts each (rma_part_bytes).
+    assert_eq!(c.rma_reads_served.load(Ordering::Relaxed), 20);
     assert_eq!(refused(&owner), 0);
     let back = region.revoke();
     assert_eq!(back.len(), 3 << 20);
@@ -312,8 +313,9 @@ fn secure_mode_carries_operations() {
 /// Issue 60: the owner's refusal carries its own figures (the region's
 /// real length, the length asked: `len` was 0 for a write, `region_len`
 /// the handle's claim); a region id never exposed is not "revoked"; a read
-/// larger than one message carries is refused at once, saying the limit
-/// (it timed out, the owner counting `messages_too_large`).
+/// larger than one message carries was refused at once, saying the limit
+/// (it timed out, the owner counting `messages_too_large`; now it moves
+/// in parts: `operations_larger_than_a_message_move_in_parts`).
 #[test]
 fn refusals_say_the_owners_figures_and_limits_at_once() {
     let (owner, _peer, conn) = pair(1, Policy::LosslessClient);
@@ -343,47 +345,114 @@ fn refusals_say_the_owners_figures_and_limits_at_once() {
     drop(region);
     assert_eq!(conn.read(&h, 0, 1, T), Err(RmaError::Revoked));
 
-    // A read of more than max_data_bytes: refused before sending.
+    // The default limit is well above 1 MiB: 2 MiB moves in one request.
     let big = owner.expose(vec![7u8; 3 << 20], Access::ReadWrite);
-    let (small_owner, small_peer) = {
-        let mut cfg = fast_config();
-        cfg.set("max_data_bytes", &(1u32 << 20).to_string())
-            .unwrap();
-        (
-            server(cfg.clone(), Arc::new(NullDispatcher)),
-            client_named(2, cfg, Arc::new(NullDispatcher)),
-        )
-    };
-    let big2 = small_owner.expose(vec![7u8; 3 << 20], Access::ReadWrite);
-    let c2 = small_peer
-        .connect(small_owner.addr().expect("bound"))
-        .unwrap();
-    c2.wait_connected(T).unwrap();
-    let started = std::time::Instant::now();
-    let err = c2.read(&big2.handle(), 0, 2 << 20, Duration::from_secs(8));
-    assert_eq!(
-        err,
-        Err(RmaError::TooLarge {
-            len: 2 << 20,
-            max: 1 << 20
-        })
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
-    assert!(err
-        .unwrap_err()
-        .to_string()
-        .contains("max_data_bytes 1048576"));
-    // Within the limit it works, and the default limit is well above 1 MiB.
-    assert_eq!(
-        c2.read(&big2.handle(), 0, 1 << 20, T).unwrap().len(),
-        1 << 20
-    );
     assert_eq!(
         conn.read(&big.handle(), 0, 2 << 20, T).unwrap().len(),
         2 << 20
+    );
+}
+
+/// An owner and a peer whose messages carry at most `max_data` bytes.
+fn small_pair(max_data: u32) -> (Messenger, Messenger, Connection) {
+    let mut cfg = fast_config();
+    cfg.set("max_data_bytes", &max_data.to_string()).unwrap();
+    let owner = server(cfg.clone(), Arc::new(NullDispatcher));
+    let peer = client_named(2, cfg, Arc::new(NullDispatcher));
+    let conn = peer.connect(owner.addr().expect("bound")).unwrap();
+    conn.wait_connected(T).unwrap();
+    (owner, peer, conn)
+}
+
+/// An operation longer than one message carries moves in parts, pipelined
+/// (it was refused with `TooLarge`, or timed out): reads and writes,
+/// blocking and async, checksummed, verified byte for byte; at an offset
+/// that is no multiple of the part.
+#[test]
+fn operations_larger_than_a_message_move_in_parts() {
+    let part = 64 << 10;
+    let (owner, _peer, conn) = small_pair(part);
+    let len = 21 * part as usize + 123;
+    let original = noise(len, 7);
+    let region = owner.expose(original.clone(), Access::ReadWrite);
+    let h = region.handle();
+    let got = conn.read(&h, 0, len as u64, T).unwrap();
+    assert!(got[..] == original[..], "read in parts differs");
+    let checked = conn
+        .read(
+            &h,
+            1001,
+            (len - 2000) as u64,
+            RmaOptions::from(T).checksum(),
+        )
+        .unwrap();
+    assert!(checked[..] == original[1001..len - 999]);
+    let served = owner.counters().rma_reads_served.load(Ordering::Relaxed);
+    assert!(served >= 2 * 21, "{served} requests served");
+
+    let fresh = noise(len - 5000, 8);
+    conn.write(&h, 5000, fresh.clone(), RmaOptions::from(T).checksum())
+        .unwrap();
+    assert!(
+        region.bytes()[5000..] == fresh[..],
+        "write in parts differs"
+    );
+    assert!(region.bytes()[..5000] == original[..5000]);
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let back = rt
+        .block_on(conn.read_async(&h, 5000, fresh.len() as u64, T))
+        .unwrap();
+    assert!(back[..] == fresh[..]);
+    rt.block_on(conn.write_async(&h, 0, Bytes::from(original.clone()), T))
+        .unwrap();
+    assert!(region.bytes()[..] == original[..]);
+}
+
+/// A part that fails fails the operation at once, with a typed error
+/// naming the part (here the last, out of the region the owner really
+/// has).
+#[test]
+fn a_part_that_fails_names_itself() {
+    let part = 64u64 << 10;
+    let (owner, _peer, conn) = small_pair(part as u32);
+    let region = owner.expose(vec![3u8; 10 * part as usize], Access::ReadWrite);
+    let mut longer = region.handle();
+    longer.len = 10 * part + 100;
+    let started = std::time::Instant::now();
+    let err = conn.read(&longer, 0, longer.len, T).unwrap_err();
+    assert_eq!(
+        err,
+        RmaError::Part {
+            offset: 10 * part,
+            len: 100,
+            error: Box::new(RmaError::OutOfRange {
+                offset: 10 * part,
+                len: 100,
+                region_len: 10 * part
+            })
+        }
+    );
+    assert!(err.to_string().contains(&format!("part at {}", 10 * part)));
+    let err = conn
+        .write(&longer, 5, vec![1u8; (10 * part) as usize], T)
+        .unwrap_err();
+    assert!(
+        matches!(&err, RmaError::Part { offset, error, .. }
+            if *offset == 5 + 9 * part && matches!(**error, RmaError::OutOfRange { .. })),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // A region revoked: the part that meets it says so.
+    let h = region.handle();
+    drop(region);
+    let err = conn.read(&h, 0, h.len, T).unwrap_err();
+    assert!(
+        matches!(&err, RmaError::Part { error, .. } if **error == RmaError::Revoked),
+        "{err}"
     );
 }

@@ -260,6 +260,9 @@ pub struct BenchReport {
     pub rma_read: Option<Comparison<StreamResult>>,
     /// 1 MiB RMA writes against the 1 MiB message stream.
     pub rma_write: Option<Comparison<StreamResult>>,
+    /// A [`RMA_HUGE`] read, then write ([`RMA_HUGE_QUICK`] in a quick
+    /// run), against 1 MiB ones (8 in flight).
+    pub rma_huge: Vec<Comparison<StreamResult>>,
     /// RMA reads, then writes, of each of [`RMA_SIZES`] against the raw
     /// libfabric loop (`fabric+shm`, `fabric+tcp`; empty elsewhere).
     pub rma_vs_raw: Vec<Comparison<StreamResult>>,
@@ -339,6 +342,54 @@ fn rma_stream(
     client.shutdown(Duration::from_secs(2));
     let ops = outcome.map_err(failed)?;
     Ok(StreamResult::new(size, ops.iter().sum(), elapsed))
+}
+
+/// The length of the bench's one large RMA operation (moved in parts).
+pub const RMA_HUGE: usize = 1 << 30;
+/// [`RMA_HUGE`] in a `--quick` run.
+pub const RMA_HUGE_QUICK: usize = 64 << 20;
+
+/// A [`RMA_HUGE`] operation's rate against 1 MiB operations' (8 in flight).
+pub const RMA_HUGE_TARGET: f64 = 0.80;
+
+/// [`RMA_HUGE`]-byte operations (`op`; reads with `read_into`), one at a time, on a region
+/// `server` exposes, from a client of `cfg`, for at least `secs` (and at
+/// least one after a first, untimed): as a stream result.
+fn rma_huge(
+    cfg: &MessengerConfig,
+    (server, target): (&Messenger, &msgr::EntityAddr),
+    (op, size): (msgr::RmaOp, usize),
+    secs: Duration,
+) -> Result<StreamResult, ToolError> {
+    let region = server.expose(vec![0x5a; size], msgr::Access::ReadWrite);
+    let h = region.handle();
+    let mut client = Messenger::builder(EntityName::client(9))
+        .config(cfg.clone())
+        .start(Arc::new(msgr::NullDispatcher))?;
+    let conn = client.connect(target)?;
+    let payload = bytes::Bytes::from(vec![0xa5; size]);
+    // Reads land in one buffer, reused as the 1 MiB figure's are: a fresh
+    // GiB per read is paged in at about the rate the bytes arrive.
+    let mut landing = vec![0u8; if op == msgr::RmaOp::Read { size } else { 0 }];
+    let timeout = Duration::from_secs(120);
+    let mut once = || match op {
+        msgr::RmaOp::Read => conn.read_into(&h, 0, &mut landing, timeout),
+        msgr::RmaOp::Write => conn.write(&h, 0, payload.clone(), timeout),
+    };
+    let failed = |e: msgr::RmaError| ToolError::BadReply {
+        peer: target.to_string(),
+        what: format!("RMA {} {op:?}: {e}", size_name(size)),
+    };
+    once().map_err(failed)?;
+    let started = Instant::now();
+    let mut done = 0u64;
+    while done == 0 || started.elapsed() < secs {
+        once().map_err(failed)?;
+        done += 1;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    client.shutdown(Duration::from_secs(2));
+    Ok(StreamResult::new(size, done, elapsed))
 }
 
 /// The secure mode's 1 MiB streaming bandwidth against the crc mode's
@@ -581,7 +632,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let received = || responder.totals().stream_messages;
     let mut hol_rounds = Vec::new();
     let mut mixed_rounds = Vec::new();
-    let rma_steps = 1 + 2 * rma_sizes.len() as u64 * (1 + u64::from(raw_rma.is_some()));
+    let rma_steps = 3 + 2 * rma_sizes.len() as u64 * (1 + u64::from(raw_rma.is_some()));
     let steps = u64::from(opts.rounds)
         * opts
             .parts
@@ -607,6 +658,8 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let mut secure_rate = Vec::new();
     let mut rma_read = Vec::new();
     let mut rma_write = Vec::new();
+    let mut rma_huge_rounds: [Vec<Round<StreamResult>>; 2] = [Vec::new(), Vec::new()];
+    let huge_size = if opts.quick { RMA_HUGE_QUICK } else { RMA_HUGE };
     // Per op and size (reads, then writes): rounds against the raw loop.
     let mut rma_raw: Vec<Vec<Round<StreamResult>>> =
         (0..2 * rma_sizes.len()).map(|_| Vec::new()).collect();
@@ -719,6 +772,24 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                                 vs_stream.push(Round {
                                     msgr: m.clone(),
                                     reference: r.clone(),
+                                });
+                                next(
+                                    &mut progress,
+                                    &format!(
+                                        "round {}: RMA {} {op:?}s",
+                                        round + 1,
+                                        size_name(huge_size)
+                                    ),
+                                );
+                                let huge = rma_huge(
+                                    &place.client,
+                                    (&server, &target),
+                                    (op, huge_size),
+                                    secs,
+                                )?;
+                                rma_huge_rounds[i].push(Round {
+                                    msgr: huge,
+                                    reference: m.clone(),
                                 });
                             }
                             if let Some(raw) = raw_rma.as_mut() {
@@ -916,6 +987,20 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
     let rma_read = (!rma_read.is_empty()).then(|| rma("RMA 1 MiB reads, 8 in flight", rma_read));
     let rma_write =
         (!rma_write.is_empty()).then(|| rma("RMA 1 MiB writes, 8 in flight", rma_write));
+    let rma_huge = (rma_huge_rounds.into_iter().zip(["read", "write"]))
+        .filter(|(rounds, _)| !rounds.is_empty())
+        .map(|(rounds, op)| {
+            compare(
+                format!("RMA {} {op}s, one at a time", size_name(huge_size)),
+                "MiB/s",
+                format!("RMA 1 MiB {op}s, 8 in flight"),
+                rounds,
+                |r: &StreamResult| r.mib_per_s,
+                "min",
+                RMA_HUGE_TARGET,
+            )
+        })
+        .collect();
     let rma_vs_raw = match &raw_rma {
         Some(raw) => rma_raw
             .into_iter()
@@ -997,6 +1082,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         secure_rate,
         rma_read,
         rma_write,
+        rma_huge,
         rma_vs_raw,
         conns,
         conns_server_cpu,
@@ -1087,6 +1173,7 @@ impl BenchReport {
         ]
         .into_iter()
         .flatten()
+        .chain(&self.rma_huge)
         .chain(&self.rma_vs_raw)
         {
             row(c)?;

@@ -610,10 +610,8 @@ fn run(cli: Cli) -> Result<(), ToolError> {
         } => {
             let target = parse_target(&addr, peer.as_deref())?;
             let cmd = match (read, write) {
-                (Some((offset, len)), _) => {
-                    payload_size("--read LEN", len, &cfg)?;
-                    rma::RmaCommand::Read { offset, len, out }
-                }
+                // Any length: longer than one message carries moves in parts.
+                (Some((offset, len)), _) => rma::RmaCommand::Read { offset, len, out },
                 (None, Some(offset)) => {
                     let bytes = match (data, from) {
                         (Some(bytes), _) => bytes,
@@ -623,7 +621,6 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                             return Err(ToolError::Usage("--write needs --data or --from".into()))
                         }
                     };
-                    payload_size("--write's data of", bytes.len() as u64, &cfg)?;
                     rma::RmaCommand::Write { offset, bytes }
                 }
                 (None, None) => return Err(ToolError::Usage("rma needs --read or --write".into())),

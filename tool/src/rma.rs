@@ -172,18 +172,22 @@ pub fn run(
     let (mut m, conn) = net::connect(cfg, target, watch.clone(), timeout, &watch.0)?;
     let opts = RmaOptions::from(timeout);
     let opts = if checksum { opts.checksum() } else { opts };
-    let once = || match cmd {
-        RmaCommand::Read { offset, len, .. } => {
-            conn.read(handle, *offset, *len, opts)
-                .map_err(|source| ToolError::Rma {
-                    what: format!("reading bytes {offset}..{offset}+{len} at {target}"),
-                    source,
-                })
-        }
+    // Reads land in one buffer, reused by each repeat (a fresh one per
+    // read is paged in about as fast as loopback moves the bytes).
+    let mut landing = match cmd {
+        RmaCommand::Read { len, .. } => vec![0u8; *len as usize],
+        RmaCommand::Write { .. } => Vec::new(),
+    };
+    let once = |landing: &mut Vec<u8>| match cmd {
+        RmaCommand::Read { offset, len, .. } => conn
+            .read_into(handle, *offset, landing, opts)
+            .map_err(|source| ToolError::Rma {
+                what: format!("reading bytes {offset}..{offset}+{len} at {target}"),
+                source,
+            }),
         RmaCommand::Write { offset, bytes } => {
             let len = bytes.len();
             conn.write(handle, *offset, bytes.clone(), opts)
-                .map(|()| bytes::Bytes::new())
                 .map_err(|source| ToolError::Rma {
                     what: format!("writing bytes {offset}..{offset}+{len} at {target}"),
                     source,
@@ -191,13 +195,14 @@ pub fn run(
         }
     };
     let t0 = std::time::Instant::now();
-    let mut result = once();
+    let mut result = once(&mut landing);
     for _ in 1..repeat {
         if result.is_err() {
             break;
         }
-        result = once();
+        result = once(&mut landing);
     }
+    let result = result.map(|()| bytes::Bytes::from(landing));
     if repeat > 1 && result.is_ok() {
         let secs = t0.elapsed().as_secs_f64();
         let len = match cmd {

@@ -380,6 +380,18 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         int(0, 1_000_000, |c, n| c.call_spin = Duration::from_micros(n)),
     ),
     key(
+        "rma_part_bytes",
+        "an RMA read or write longer than this (or than one message carries: max_data_bytes \
+         of the side that receives the bytes) moves in parts of at most this many bytes, \
+         each a request of its own, pipelined (default 1048576)",
+        int(1, u32::MAX as u64, |c, n| c.rma_part_bytes = n as usize),
+    ),
+    key(
+        "rma_parts_in_flight",
+        "parts of one RMA operation in flight at once (default 8)",
+        int(1, 1024, |c, n| c.rma_parts_in_flight = n as usize),
+    ),
+    key(
         "busy_poll_max_us",
         "widest busy-poll window, in µs (default 2000): an idle gap up to this long that \
          ended in activity widens the next window to twice the gap",

@@ -84,6 +84,12 @@ pub struct MessengerConfig {
     /// How long a blocking call spins on its reply before it parks its
     /// thread (0: at once).
     pub call_spin: Duration,
+    /// An RMA read or write longer than this moves in parts of at most
+    /// this many bytes (and of what one message may carry), each its own
+    /// request.
+    pub rma_part_bytes: usize,
+    /// Parts of one RMA operation in flight at once.
+    pub rma_parts_in_flight: usize,
     /// The widest the busy-poll window grows: an idle gap no longer than
     /// this that ended in activity makes the next window twice the gap (at
     /// least `busy_poll`), so traffic with regular gaps a little past
@@ -179,6 +185,8 @@ impl Default for MessengerConfig {
             workers: 1,
             busy_poll: Duration::from_micros(200),
             call_spin: Duration::ZERO,
+            rma_part_bytes: 1 << 20,
+            rma_parts_in_flight: 8,
             busy_poll_max: Duration::from_micros(2000),
             busy_poll_syscall_every: 0,
             worker_cpus: Vec::new(),
@@ -637,6 +645,12 @@ mod tests {
             }),
             ("busy_poll_us", "3", |c, d| c.busy_poll = d.busy_poll),
             ("call_spin_us", "7", |c, d| c.call_spin = d.call_spin),
+            ("rma_part_bytes", "4096", |c, d| {
+                c.rma_part_bytes = d.rma_part_bytes
+            }),
+            ("rma_parts_in_flight", "3", |c, d| {
+                c.rma_parts_in_flight = d.rma_parts_in_flight
+            }),
             ("busy_poll_max_us", "3", |c, d| {
                 c.busy_poll_max = d.busy_poll_max
             }),

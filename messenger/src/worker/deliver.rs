@@ -254,8 +254,11 @@ pub(super) fn deliver(
     links: &FxHashMap<LinkId, LinkEntry>,
 ) {
     if msg.call & REPLY_BIT != 0 {
-        native_rma::note_key(slot, &msg);
-        slot.conn.inner.calls.route_reply(msg, &shared.counters);
+        if msg.call & RMA_BIT != 0 {
+            native_rma::owner_replied(slot, msg, &shared.counters);
+        } else {
+            slot.conn.inner.calls.route_reply(msg, &shared.counters);
+        }
         return;
     }
     if msg.call & RMA_BIT != 0 {

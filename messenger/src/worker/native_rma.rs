@@ -7,18 +7,17 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use msgr_backends::{AnyTransport, RegionMemory, RmaFailure, Transport};
 use msgr_proto::auth::SecurityMode;
 use msgr_proto::message::REPLY_BIT;
-use msgr_proto::rma::{RmaOp, RmaReply, RmaRequest, RmaStatus, RMA_BIT};
+use msgr_proto::rma::{RmaKey, RmaOp, RmaReply, RmaRequest};
 use msgr_proto::{LinkId, Message, Session};
 use rustc_hash::FxHashMap;
 
 use super::rma_owner;
 use super::{LinkEntry, Slot, Worker};
 use crate::counters::Counters;
-use crate::regions::RMA_TYPE;
+use crate::replies::RmaAnswer;
 
 /// Keys a session keeps at most; past it they are dropped (reads go to
 /// the owner until a reply brings the key again).
@@ -81,15 +80,23 @@ pub(super) fn serve(
     }
 }
 
-/// A reply to one of `slot`'s RMA requests: keeps the key it brings for
-/// native reads over the link it came on.
-pub(super) fn note_key(slot: &mut Slot, reply: &Message) {
-    if reply.call & RMA_BIT == 0 {
-        return;
+/// The owner's reply to one of `slot`'s RMA requests: decoded once, here;
+/// the key it brings kept for native operations over the link it came
+/// on; the outcome to the operation's caller.
+pub(super) fn owner_replied(slot: &mut Slot, reply: Message, counters: &Counters) {
+    let id = reply.call & !REPLY_BIT;
+    let mut decoded = RmaReply::decode(&reply.front);
+    if let Ok(r) = &mut decoded {
+        if let Some(k) = r.key.take() {
+            note_key(slot, k);
+        }
     }
-    let Ok(RmaReply { key: Some(k), .. }) = RmaReply::decode(&reply.front) else {
-        return;
-    };
+    let answer = RmaAnswer::Owner(decoded, reply.data);
+    slot.conn.inner.calls.complete_rma(id, answer, counters);
+}
+
+/// Keeps `k` for native operations over `slot`'s link.
+fn note_key(slot: &mut Slot, k: RmaKey) {
     let Some(link) = slot.session.link() else {
         return;
     };
@@ -122,6 +129,11 @@ pub(super) fn try_native(
     in_flight: &mut FxHashMap<u64, NativeOp>,
 ) -> Result<(), Message> {
     if msg.call & REPLY_BIT != 0 {
+        return Err(msg);
+    }
+    // No key held (always so where the link has no native path, as over
+    // tcp): nothing to look the request up for, so it is not decoded.
+    if slot.rma_keys.is_empty() {
         return Err(msg);
     }
     let Some(link) = may_go_native(&slot.session) else {
@@ -180,19 +192,6 @@ pub(super) fn try_native(
     }
 }
 
-/// The reply a native read's bytes (or a native write's none) make, as
-/// the owner's would be.
-pub(super) fn reply(token: u64, bytes: Bytes) -> Message {
-    let ok = RmaReply {
-        status: RmaStatus::Ok,
-        checksum: 0,
-        key: None,
-    };
-    let mut m = Message::new(RMA_TYPE, ok.encode(), bytes);
-    m.call = token | REPLY_BIT;
-    m
-}
-
 /// A native operation failed: the region is not moved natively over its
 /// link again, and the request goes back to the session (its room taken
 /// again), to be sent to the owner. Returns the request.
@@ -210,9 +209,8 @@ pub(super) fn give_up(slot: &mut Slot, op: NativeOp) -> Message {
 }
 
 impl Worker {
-    /// A native read or write completed: the caller gets the owner's
-    /// reply it stands for (a read's bytes); a failed one is asked of the
-    /// owner.
+    /// A native read or write completed: the caller gets its bytes (a
+    /// read's; none for a write); a failed one is asked of the owner.
     pub(super) fn native_op_done(&mut self, token: u64, result: Result<bytes::Bytes, RmaFailure>) {
         let Some(op) = self.native_ops.remove(&token) else {
             return; // its session went, or it was given up already
@@ -229,10 +227,8 @@ impl Worker {
                     RmaOp::Write => &counters.rma_native_writes,
                 };
                 Counters::add(done, 1);
-                slot.conn
-                    .inner
-                    .calls
-                    .route_reply(reply(token, bytes), counters);
+                let answer = RmaAnswer::Native(bytes);
+                slot.conn.inner.calls.complete_rma(token, answer, counters);
             }
             Err(why) => {
                 tracing::debug!(%why, "a native operation failed: asked of the owner");

@@ -64,6 +64,13 @@ fn bench_rma_reads_and_writes_an_exposed_region() {
         );
         assert_eq!(m["size"], 1 << 20);
     }
+    // An operation of many parts beside them (64 MiB in a quick run).
+    let huge = v["rma_huge"].as_array().expect("rma_huge");
+    assert_eq!(huge.len(), 2, "{v}");
+    for c in huge {
+        assert!(c["ratio"].is_number(), "{c}");
+        assert_eq!(c["rounds"][0]["msgr"]["size"], 64 << 20);
+    }
     assert!(v["latency"]["ratio"].is_number(), "--only's part ran too");
 }
 
