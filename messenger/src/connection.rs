@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use msgr_addr::EntityAddr;
 use msgr_proto::control::Limits;
-use msgr_proto::{FaultReason, Message, PeerInfo, Phase, Policy};
+use msgr_proto::{FaultReason, Message, PeerInfo, Phase, Policy, Priority};
 use parking_lot::{Mutex, MutexGuard};
 use thiserror::Error;
 
@@ -213,7 +213,7 @@ impl Connection {
         let admitted = self.check_open().and_then(|()| {
             self.fits(&msg, limits)?;
             let mut pending = self.inner.pending.lock();
-            self.reserve(&mut pending, 1, msg.payload_len() as u64)?;
+            self.reserve(&mut pending, 1, msg.payload_len() as u64, msg.class())?;
             Ok(pending)
         });
         match admitted {
@@ -253,7 +253,9 @@ impl Connection {
             let bytes = msgs.iter().map(|m| m.payload_len() as u64).sum();
             let mut pending = self.inner.pending.lock();
             if !msgs.is_empty() {
-                self.reserve(&mut pending, msgs.len() as u64, bytes)?;
+                // All or none: under the bounds of the least urgent.
+                let class = msgs.iter().map(Message::class).max().unwrap_or_default();
+                self.reserve(&mut pending, msgs.len() as u64, bytes, class)?;
             }
             Ok(pending)
         });
@@ -476,9 +478,19 @@ impl Connection {
         }
     }
 
-    /// Reserves queue room for `n` messages of `len` bytes, or says it is
-    /// full.
-    fn reserve(&self, pending: &mut Pending, n: u64, len: u64) -> Result<(), SendError> {
+    /// Reserves queue room for `n` messages of `len` bytes of `class` (the
+    /// least urgent of them), or says it is full. A class above data has
+    /// room of its own beyond the bounds ([`SessionConfig::queue_bounds`],
+    /// as the session admits it), so bulk cannot shut calls out.
+    ///
+    /// [`SessionConfig::queue_bounds`]: msgr_proto::SessionConfig::queue_bounds
+    fn reserve(
+        &self,
+        pending: &mut Pending,
+        n: u64,
+        len: u64,
+        class: Priority,
+    ) -> Result<(), SendError> {
         let [msgs, bytes] = pending.submitted;
         let [room_msgs, room_bytes] = pending.room;
         if n <= room_msgs && len <= room_bytes {
@@ -493,8 +505,9 @@ impl Connection {
         // One message larger than the byte bound may go alone into an empty
         // queue (as the session engine allows), or it could never be sent.
         let alone = n == 1 && q_bytes == len;
-        let over_bytes = q_bytes > cfg.max_queued_bytes as u64 && !alone;
-        if q_msgs > cfg.max_queued_messages as u64 || over_bytes {
+        let (max_msgs, max_bytes) = cfg.queue_bounds(class);
+        let over_bytes = q_bytes > max_bytes as u64 && !alone;
+        if q_msgs > max_msgs as u64 || over_bytes {
             Counters::add(&i.shared.counters.send_queue_full, 1);
             return Err(SendError::QueueFull {
                 messages: q_msgs - n,
@@ -502,8 +515,9 @@ impl Connection {
             });
         }
         pending.submitted = [msgs + n, bytes + len];
+        // The room any class may take without looking again.
         pending.room = [
-            cfg.max_queued_messages as u64 - q_msgs,
+            (cfg.max_queued_messages as u64).saturating_sub(q_msgs),
             (cfg.max_queued_bytes as u64).saturating_sub(q_bytes),
         ];
         Ok(())

@@ -453,6 +453,20 @@ pub use msgr_proto::Policy;
 /// # Ok::<(), msgr::CodecError>(())
 /// ```
 pub use msgr_proto::Postcard;
+/// The class a message travels in (its priority lane): on a connection
+/// where both sides offer lanes, a more urgent class goes first at every
+/// queue and a large message of a class below is cut into fragments so
+/// it waits for at most one. Order and exactly-once hold within a class;
+/// across classes no order is promised. Replies take their request's
+/// class.
+///
+/// ```
+/// use msgr::{Message, Priority};
+/// let call = Message::new(1, &b"ping"[..], &b""[..]).with_class(Priority::Interactive);
+/// assert_eq!(call.class(), Priority::Interactive);
+/// assert_eq!(Message::new(1, &b""[..], &b""[..]).class(), Priority::Data);
+/// ```
+pub use msgr_proto::Priority;
 /// Input that breaks the wire protocol.
 pub use msgr_proto::ProtocolError;
 /// One of a message's two payload segments (named in [`TooLarge`]).

@@ -153,7 +153,8 @@ impl Pending {
     }
 
     /// Encodes `msg` as an entry of the open batch (a new one when it is
-    /// full or was checked against other limits), if it goes in batches;
+    /// full, was checked against other limits or holds another class),
+    /// if it goes in batches;
     /// `false` if it goes whole ([`Pending::push_whole`]). The caller
     /// keeps the `Message`: moving it here cost more than its encoding's
     /// bookkeeping.
@@ -162,7 +163,8 @@ impl Pending {
             return false;
         }
         if let Some(open) = &mut self.open {
-            if open.limits() == limits {
+            // A batch is of one class: it travels in that class's lane.
+            if open.limits() == limits && open.class() == msg.class() {
                 if open.push(msg, max_body) {
                     return true;
                 }
@@ -272,7 +274,14 @@ mod tests {
         let mut other = limits();
         other.max_data = 100;
         p.push(msg(9, 10), MAX, other);
-        assert_eq!(shape(&mut p), [3, 1, 0, 1, 0, 1, 1]);
+        // Another class starts another batch: each goes in its lane.
+        p.push(msg(10, 10), MAX, other);
+        p.push(
+            msg(11, 10).with_class(msgr_proto::Priority::Interactive),
+            MAX,
+            other,
+        );
+        assert_eq!(shape(&mut p), [3, 1, 0, 1, 0, 1, 2, 1]);
         assert!(!p.scheduled && p.items.is_empty() && p.open.is_none());
     }
 

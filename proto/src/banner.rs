@@ -70,9 +70,9 @@ pub mod features {
     pub const DIAL_NUMBERS: u64 = 1 << 12;
     /// Priority lanes: this side reads `Tag::Fragment` frames, a large
     /// message cut into bounded pieces per priority class and reassembled
-    /// per class (`crate::fragment`, `crate::priority`). Defined, not yet
-    /// negotiated: no session sends or takes fragments, so it is not in
-    /// [`SUPPORTED`] and no banner offers it.
+    /// per class (`crate::fragment`, `crate::priority`); the session
+    /// then sends the most urgent class first. Offered unless
+    /// `max_fragment` is 0.
     pub const LANES: u64 = 1 << 13;
     /// With `DIAL_NUMBERS`: a hello that starts a session (cookie 0)
     /// carries, after its dial number, the number of the first dial of
@@ -107,6 +107,7 @@ pub mod features {
         | RMA
         | PACED_KEEPALIVE
         | DIAL_NUMBERS
+        | LANES
         | FIRST_DIAL
         | RMA_FIGURES
         | REFUSALS;

@@ -34,6 +34,20 @@ pub fn crc32c(data: &[u8]) -> u32 {
     }
 }
 
+/// The CRC32C of `a ‖ b` from `a`'s CRC32C, `b`'s and `b`'s length
+/// (without reading either): how a message put back together from
+/// fragments knows its data's checksum from its pieces'.
+///
+/// ```
+/// use msgr_proto::checksum::{crc32c, crc32c_combine};
+/// let (a, b) = (&b"1234"[..], &b"56789"[..]);
+/// assert_eq!(crc32c_combine(crc32c(a), crc32c(b), b.len()), crc32c(b"123456789"));
+/// assert_eq!(crc32c_combine(0, crc32c(b), b.len()), crc32c(b), "an empty start");
+/// ```
+pub fn crc32c_combine(a: u32, b: u32, b_len: usize) -> u32 {
+    crc32c::crc32c_combine(a, b, b_len)
+}
+
 /// Segments of at least this many bytes have their checked CRC32C kept
 /// with a received frame (`Frame::known_crc`, its `CrcMemo`): below it,
 /// reading the segment again costs less than remembering it.

@@ -6,9 +6,9 @@
 //! segments:
 //!
 //! ```text
-//! segment 0, fragment header (32 B), on every fragment:
+//! segment 0, fragment header (48 B), on every fragment:
 //!   class u8 | reserved 3 B (0) | front length u32
-//!   | class seq u64 | offset u64 | total u64
+//!   | class seq u64 | offset u64 | total u64 | seq u64 | ack u64
 //! segment 1, message header: 32 B on the first fragment (offset 0), the
 //!   Message frame's header (type, priority, flags, seq = class seq, ack,
 //!   call); empty on every other fragment
@@ -19,8 +19,13 @@
 //! - `class` is a [`Priority`] on the wire (0 control … 3 background); the
 //!   message header's priority byte must map to it (so no message is of
 //!   class control, which is the session's own).
-//! - `class seq` numbers the messages of one class, 1, 2, …, one number per
-//!   message, the same on all its fragments.
+//! - `class seq` numbers the fragmented messages of one class, 1, 2, …,
+//!   one number per message, the same on all its fragments.
+//! - `seq` and `ack` are the session's: the fragment frame's own sequence
+//!   number in the session's one sequence space (every fragment takes the
+//!   next when it is transmitted, so fragments of a class above may come
+//!   between) and the piggybacked acknowledgement, as a message header's.
+//!   This module carries them; the session checks them.
 //! - `total` is the body's length (front + data) and `front length` where
 //!   the front ends in it: the same on every fragment of a message, so each
 //!   fragment is checked alone (`offset + len ≤ total`) and the receiver
@@ -39,13 +44,13 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::checksum::CrcMemo;
+use crate::checksum::{crc32c, crc32c_combine, CrcMemo, CRC_MEMO_MIN};
 use crate::frame::{Frame, FrameLimits, Tag};
-use crate::message::{reserved_clear, Message, MessageFrame, MESSAGE_HEADER_LEN};
+use crate::message::{reserved_clear, Message, MessageFrame, DATA_SEGMENT, MESSAGE_HEADER_LEN};
 use crate::priority::Priority;
 
 /// Bytes of the fragment header (segment 0).
-pub const FRAGMENT_HEADER_LEN: usize = 32;
+pub const FRAGMENT_HEADER_LEN: usize = 48;
 /// The default bound of a piece: a class above waits for at most one
 /// such piece (~15 µs on this project's VM loopback), as Zenoh's batches.
 pub const DEFAULT_MAX_FRAGMENT: usize = 64 << 10;
@@ -154,6 +159,11 @@ pub struct Fragment {
     pub head: Option<MessageHead>,
     /// The piece.
     pub piece: Bytes,
+    /// The frame's sequence number in the session (each fragment has its
+    /// own; 0 where no session numbered it). The session checks it.
+    pub seq: u64,
+    /// The session's piggybacked acknowledgement.
+    pub ack: u64,
 }
 
 impl Fragment {
@@ -219,6 +229,8 @@ impl Fragment {
         h[8..16].copy_from_slice(&self.class_seq.to_le_bytes());
         h[16..24].copy_from_slice(&self.offset.to_le_bytes());
         h[24..32].copy_from_slice(&self.total.to_le_bytes());
+        h[32..40].copy_from_slice(&self.seq.to_le_bytes());
+        h[40..48].copy_from_slice(&self.ack.to_le_bytes());
         h
     }
 
@@ -305,6 +317,8 @@ impl Fragment {
             total: u64_at(24),
             head,
             piece,
+            seq: u64_at(32),
+            ack: u64_at(40),
         };
         f.check()?;
         Ok(f)
@@ -399,6 +413,31 @@ impl Fragmenter {
     }
 }
 
+impl Fragmenter {
+    /// The next fragment as the session sends it: frame sequence number
+    /// `seq` and acknowledgement `ack` (the first fragment's message
+    /// header carries the same ack). `None` once the message is out.
+    pub fn next_numbered(&mut self, seq: u64, ack: u64) -> Option<Fragment> {
+        let mut f = self.next()?;
+        f.seq = seq;
+        f.ack = ack;
+        if let Some(head) = &mut f.head {
+            head.ack = ack;
+        }
+        Some(f)
+    }
+
+    /// Whether every fragment was taken.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Payload bytes not yet taken.
+    pub fn remaining_bytes(&self) -> usize {
+        (self.total() - self.offset.min(self.total())) as usize
+    }
+}
+
 impl Iterator for Fragmenter {
     type Item = Fragment;
 
@@ -431,6 +470,8 @@ impl Iterator for Fragmenter {
             total: self.total(),
             head,
             piece,
+            seq: 0,
+            ack: self.ack,
         };
         self.offset += f.piece.len() as u64;
         self.done = self.offset == f.total;
@@ -532,6 +573,9 @@ struct Partial {
     head: MessageHead,
     /// The body so far, `total` bytes reserved at the first fragment.
     body: BytesMut,
+    /// The CRC32C of the data received so far, while every data piece's
+    /// is known ([`Reassembler::push_checked`]).
+    data_crc: Option<u32>,
 }
 
 /// One class's reassembly state.
@@ -609,12 +653,26 @@ impl Reassembler {
     /// Takes the next fragment of its class: the message and its ack once
     /// the fragment completes one, `None` while it does not.
     pub fn push(&mut self, frag: Fragment) -> Result<Option<(Message, u64)>, ReassemblyError> {
+        self.push_checked(frag, None)
+    }
+
+    /// As [`Reassembler::push`], with the piece's CRC32C where the frame
+    /// layer checked and kept it ([`Frame::known_crc`] of segment 2): a
+    /// message whose data pieces' CRCs are all known (kept, or short
+    /// enough to read again) comes out knowing its data's
+    /// ([`Message::data_checksum`]), as one received in a `Message` frame
+    /// does.
+    pub fn push_checked(
+        &mut self,
+        frag: Fragment,
+        piece_crc: Option<u32>,
+    ) -> Result<Option<(Message, u64)>, ReassemblyError> {
         frag.check()?;
         let max = self.max_message;
         let lane = &mut self.lanes[frag.class.index()];
         let done = match &mut lane.partial {
-            None => lane.begin(frag, max)?,
-            Some(partial) => partial.continue_with(frag)?,
+            None => lane.begin(frag, max, piece_crc)?,
+            Some(partial) => partial.continue_with(frag, piece_crc)?,
         };
         if let Some((msg, _)) = &done {
             // Whole: the class's next message may begin.
@@ -634,6 +692,7 @@ impl Lane {
         &mut self,
         frag: Fragment,
         max: usize,
+        piece_crc: Option<u32>,
     ) -> Result<Option<(Message, u64)>, ReassemblyError> {
         let class = frag.class;
         let Some(head) = frag.head else {
@@ -660,12 +719,14 @@ impl Lane {
                 })
             }
         };
+        let data_crc = data_crc_after(Some(0), &frag, piece_crc);
         if frag.is_last() {
             return Ok(Some(assemble(
                 frag.class_seq,
                 frag.front_len,
                 &head,
                 frag.piece,
+                data_crc,
             )));
         }
         let mut body = BytesMut::with_capacity(total);
@@ -676,6 +737,7 @@ impl Lane {
             total: frag.total,
             head,
             body,
+            data_crc,
         });
         Ok(None)
     }
@@ -684,7 +746,11 @@ impl Lane {
 impl Partial {
     /// A later fragment: it must continue this message where it stands.
     /// The message once it is whole (the caller then drops this).
-    fn continue_with(&mut self, frag: Fragment) -> Result<Option<(Message, u64)>, ReassemblyError> {
+    fn continue_with(
+        &mut self,
+        frag: Fragment,
+        piece_crc: Option<u32>,
+    ) -> Result<Option<(Message, u64)>, ReassemblyError> {
         let class = frag.class;
         if frag.head.is_some() {
             return Err(ReassemblyError::SecondFirst {
@@ -712,6 +778,7 @@ impl Partial {
             });
         }
         self.body.extend_from_slice(&frag.piece);
+        self.data_crc = data_crc_after(self.data_crc, &frag, piece_crc);
         if !frag.is_last() {
             return Ok(None);
         }
@@ -721,16 +788,44 @@ impl Partial {
             self.front_len,
             &self.head,
             body,
+            self.data_crc,
         )))
     }
 }
 
-/// The message of a whole body, its front the first `front_len` bytes.
-fn assemble(seq: u64, front_len: u32, head: &MessageHead, body: Bytes) -> (Message, u64) {
+/// The CRC32C of the data up to and including `frag`'s piece, from the
+/// data's before it (`None`: not known): a front piece changes nothing; a
+/// data piece's CRC is the one the frame layer kept, or computed here if
+/// the piece is short (below [`CRC_MEMO_MIN`], as a frame would not keep
+/// it), else unknown.
+fn data_crc_after(before: Option<u32>, frag: &Fragment, piece_crc: Option<u32>) -> Option<u32> {
+    if frag.offset < u64::from(frag.front_len) {
+        return before;
+    }
+    let piece = &frag.piece;
+    let crc = piece_crc.or_else(|| (piece.len() < CRC_MEMO_MIN).then(|| crc32c(piece)))?;
+    Some(crc32c_combine(before?, crc, piece.len()))
+}
+
+/// The message of a whole body, its front the first `front_len` bytes;
+/// `data_crc` its data's CRC32C, if known.
+fn assemble(
+    seq: u64,
+    front_len: u32,
+    head: &MessageHead,
+    body: Bytes,
+    data_crc: Option<u32>,
+) -> (Message, u64) {
     let mut front = body;
     let data = front.split_off(front_len as usize);
+    let memo = match data_crc {
+        // Kept as a Message frame's is: for data worth not reading again.
+        Some(crc) if data.len() >= CRC_MEMO_MIN => CrcMemo::new(DATA_SEGMENT, &data, crc),
+        _ => CrcMemo::NONE,
+    };
     let mut msg = Message::received(head.msg_type, head.priority, head.flags, seq, front, data);
     msg.call = head.call;
+    msg.set_data_crc(memo);
     (msg, head.ack)
 }
 
@@ -975,6 +1070,26 @@ mod tests {
             .filter_map(|f| r.push(f).unwrap())
             .collect();
         assert_eq!(out, [(m, 4)]);
+    }
+
+    #[test]
+    fn a_message_whose_pieces_crcs_are_known_knows_its_datas() {
+        let m = message(Priority::Data, 1, 10, 200_000);
+        let whole = |known: &dyn Fn(&Fragment) -> Option<u32>| {
+            let mut r = Reassembler::new(1 << 20);
+            let mut out = None;
+            for f in Fragmenter::new(m.clone(), 0, 64 << 10).unwrap() {
+                let crc = known(&f);
+                out = r.push_checked(f, crc).unwrap();
+            }
+            out.expect("whole").0
+        };
+        // As the frame layer keeps them: pieces of 64 KiB; the last is
+        // read again (short).
+        let kept = |f: &Fragment| (f.piece.len() >= CRC_MEMO_MIN).then(|| crc32c(&f.piece));
+        assert_eq!(whole(&kept).data_checksum(), Some(crc32c(&m.data)));
+        // A large piece whose CRC nobody kept: not known.
+        assert_eq!(whole(&|_| None).data_checksum(), None);
     }
 
     #[test]

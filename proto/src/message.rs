@@ -57,7 +57,7 @@ pub struct Message {
 }
 
 /// The index of a message frame's data segment (after header and front).
-const DATA_SEGMENT: usize = 2;
+pub(crate) const DATA_SEGMENT: usize = 2;
 
 impl Message {
     /// A message with the given type and segments.
@@ -92,6 +92,12 @@ impl Message {
         }
     }
 
+    /// Remembers the CRC32C of `data` as checked on the way in (a
+    /// message put back together from fragments).
+    pub(crate) fn set_data_crc(&mut self, memo: CrcMemo) {
+        self.data_crc = memo;
+    }
+
     /// The call this message belongs to: `Some((id, is_reply))` for a
     /// request or a reply, `None` for a plain message.
     ///
@@ -110,9 +116,27 @@ impl Message {
         }
     }
 
-    /// This message as the reply to `request` (its call id, marked reply).
+    /// This message as the reply to `request` (its call id, marked
+    /// reply). A reply whose priority byte was left at 0 (the default)
+    /// takes the request's, so it travels in the request's class
+    /// ([`Message::class`]): a call made at `Interactive` is answered at
+    /// `Interactive`.
+    ///
+    /// ```
+    /// # use msgr_proto::{Message, Priority};
+    /// let mut req = Message::new(1, &b"get"[..], &b""[..]).with_class(Priority::Interactive);
+    /// req.call = 7;
+    /// let rep = Message::new(2, &b"value"[..], &b""[..]).replying_to(&req);
+    /// assert_eq!(rep.class(), Priority::Interactive);
+    /// // A reply given a class of its own keeps it.
+    /// let bulk = Message::new(2, &b""[..], vec![0u8; 100]).with_class(Priority::Background);
+    /// assert_eq!(bulk.replying_to(&req).class(), Priority::Background);
+    /// ```
     pub fn replying_to(mut self, request: &Message) -> Message {
         self.call = (request.call & !REPLY_BIT) | REPLY_BIT;
+        if self.priority == 0 {
+            self.priority = request.priority;
+        }
         self
     }
 

@@ -415,37 +415,54 @@ fn unchecked_payload_without_agreement_is_a_protocol_error() {
     }
 }
 
-/// Until priority lanes are wired, no banner offers `LANES`, and an open
-/// session refuses a fragment frame as unexpected (a protocol error, never
-/// a message), even from a peer that offers it: the fragment frame is
-/// defined, not negotiated.
+/// Priority lanes are offered by default; an open session takes a
+/// fragment frame only where both banners offered `LANES`, and refuses
+/// it as unexpected otherwise (a protocol error, never a message): a side
+/// configured with `max_fragment = 0`, or a peer without the bit.
 #[test]
-fn lanes_are_not_offered_and_a_session_refuses_fragments() {
+fn fragments_are_taken_only_where_both_offered_lanes() {
     use msgr_proto::banner::features;
     use msgr_proto::fragment::Fragmenter;
 
-    assert_eq!(features::SUPPORTED & features::LANES, 0);
-    assert_eq!(Banner::default().supported & features::LANES, 0);
+    assert_ne!(features::SUPPORTED & features::LANES, 0);
+    assert_ne!(Banner::default().supported & features::LANES, 0);
     let now = Instant::now();
-    let mut theirs = Banner::default();
-    theirs.supported |= features::LANES;
-    let (mut s, l) = open_session(SessionConfig::default(), theirs, now);
-    let mut m = Message::new(1, &b"front"[..], vec![7u8; 100]);
-    m.seq = 1;
-    let f = Fragmenter::new(m, 0, 64).unwrap().next().unwrap();
-    let wire = Bytes::from(f.into_frame().encode_to_vec().unwrap());
-    let unit = Inbound::decode_exact(wire, &FrameLimits::default()).unwrap();
-    let r = s.handle_inbound(l, unit, now);
-    assert!(
-        matches!(
-            r,
-            Err(msgr_proto::ProtocolError::Unexpected {
-                tag: Tag::Fragment,
-                ..
-            })
-        ),
-        "{r:?}"
-    );
+    let fragment = || {
+        let mut m = Message::new(1, &b"front"[..], Bytes::new());
+        m.seq = 1;
+        let mut cut = Fragmenter::new(m, 0, 64).unwrap();
+        let f = cut.next_numbered(1, 0).unwrap();
+        let wire = Bytes::from(f.into_frame().encode_to_vec().unwrap());
+        Inbound::decode_exact(wire, &FrameLimits::default()).unwrap()
+    };
+    let lanes_off = SessionConfig {
+        max_fragment: 0,
+        ..SessionConfig::default()
+    };
+    let mut without = Banner::default();
+    without.supported &= !features::LANES;
+    for (cfg, theirs) in [
+        (lanes_off, Banner::default()),
+        (SessionConfig::default(), without),
+    ] {
+        let (mut s, l) = open_session(cfg, theirs, now);
+        let r = s.handle_inbound(l, fragment(), now);
+        assert!(
+            matches!(
+                r,
+                Err(msgr_proto::ProtocolError::Unexpected {
+                    tag: Tag::Fragment,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
+    let (mut s, l) = open_session(SessionConfig::default(), Banner::default(), now);
+    s.handle_inbound(l, fragment(), now).unwrap();
+    while s.poll_event().is_some() {}
+    let m = s.poll_message().expect("a message of one fragment");
+    assert_eq!((&m.front[..], m.data.len()), (&b"front"[..], 0));
 }
 
 /// Every strict prefix of an encoded frame makes the decoders ask for more

@@ -91,6 +91,8 @@ fn any_fragment() -> impl Strategy<Value = Fragment> {
                     ..MessageHead::default()
                 }),
                 piece: Bytes::from(piece),
+                seq: class_seq.wrapping_mul(3),
+                ack: offset,
             },
         )
 }

@@ -458,13 +458,23 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
     ),
     key(
         "max_queued_messages",
-        "send queue bound per connection, in messages (default 65536)",
+        "send queue bound per connection, in messages (default 65536; interactive messages \
+         have as much again of their own)",
         int(1, 1 << 24, |c, n| c.session.max_queued_messages = n as usize),
     ),
     key(
         "max_queued_bytes",
-        "send queue bound per connection, in payload bytes (default 256 MiB)",
+        "send queue bound per connection, in payload bytes (default 256 MiB; interactive \
+         messages have as much again of their own)",
         int(1, 1 << 40, |c, n| c.session.max_queued_bytes = n as usize),
+    ),
+    key(
+        "max_fragment_bytes",
+        "priority lanes: a message larger than this that is not batched travels as fragments \
+         of at most this many bytes where both sides offer lanes, so that a message of a more \
+         urgent class waits for at most one (default 65536; 0 = no lanes: one class, no \
+         fragments, as a peer without them; docs/PROTOCOL.md)",
+        int(0, 1 << 30, |c, n| c.session.max_fragment = n as usize),
     ),
     key(
         "max_front_bytes",

@@ -685,6 +685,9 @@ mod tests {
             ("max_queued_bytes", "3", |c, d| {
                 c.session.max_queued_bytes = d.session.max_queued_bytes
             }),
+            ("max_fragment_bytes", "0", |c, d| {
+                c.session.max_fragment = d.session.max_fragment
+            }),
             ("max_front_bytes", "3", |c, d| {
                 c.session.limits.max_segment[1] = d.session.limits.max_segment[1]
             }),

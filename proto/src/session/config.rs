@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::Security;
 use crate::frame::FrameLimits;
+use crate::priority::Priority;
 
 /// Delivery guarantee and reconnect role of a session (modelled on Ceph's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -82,6 +83,13 @@ pub struct SessionConfig {
     /// buffer of the RDMA transports (`rdma_chunk_size`) and at most the
     /// peer's header-segment limit (64 KiB).
     pub batch_max_bytes: usize,
+    /// Priority lanes: a message larger than this travels as fragments
+    /// of at most this many payload bytes where both sides offered
+    /// `LANES`, so that a message of a more urgent class waits for at
+    /// most one fragment (docs/PROTOCOL.md, "Fragment frames"). Default
+    /// [`crate::fragment::DEFAULT_MAX_FRAGMENT`] (64 KiB); 0: this side
+    /// does not offer `LANES` (one class, no fragments, as before).
+    pub max_fragment: usize,
     /// A connector whose session never opened ends this long after it was
     /// created, with `FaultReason::ConnectTimeout` (queued messages are
     /// dropped and reported, as at any reset). `None`: a lossless session
@@ -92,6 +100,29 @@ pub struct SessionConfig {
     /// The security modes this side allows and its credentials
     /// (see the `security` configuration key); by default `crc` only.
     pub security: Security,
+}
+
+impl SessionConfig {
+    /// The queue bounds a message of `class` is admitted under (messages,
+    /// payload bytes): `max_queued_messages` and `max_queued_bytes` for
+    /// data and background, twice them for the classes above, so that
+    /// bulk filling the queue leaves urgent messages room of their own
+    /// (docs/GUARANTEES.md, "Priority lanes").
+    ///
+    /// ```
+    /// use msgr_proto::{Priority, SessionConfig};
+    /// let cfg = SessionConfig::default();
+    /// let (msgs, bytes) = cfg.queue_bounds(Priority::Data);
+    /// assert_eq!(cfg.queue_bounds(Priority::Interactive), (2 * msgs, 2 * bytes));
+    /// assert_eq!(cfg.queue_bounds(Priority::Background), (msgs, bytes));
+    /// ```
+    pub fn queue_bounds(&self, class: Priority) -> (usize, usize) {
+        let share = if class.is_above(Priority::Data) { 2 } else { 1 };
+        (
+            self.max_queued_messages.saturating_mul(share),
+            self.max_queued_bytes.saturating_mul(share),
+        )
+    }
 }
 
 impl Default for SessionConfig {
@@ -113,6 +144,7 @@ impl Default for SessionConfig {
             max_in_flight_bytes: 32 << 20,
             payload_crc: true,
             batch_max_bytes: DEFAULT_BATCH_MAX_BYTES,
+            max_fragment: crate::fragment::DEFAULT_MAX_FRAGMENT,
             connect_timeout: None,
             security: Security::default(),
         }

@@ -7,6 +7,7 @@ use crate::auth::{AuthError, RecordError};
 use crate::banner::BannerError;
 use crate::batch::BatchError;
 use crate::error::{FrameError, Malformed};
+use crate::fragment::ReassemblyError;
 use crate::frame::Tag;
 
 /// A well-formed frame broke the session protocol.
@@ -28,6 +29,10 @@ pub enum ProtocolError {
     /// A frame on a secure link did not open (`crate::auth::record`).
     #[error(transparent)]
     Record(#[from] RecordError),
+    /// A fragment frame is malformed or does not continue its class
+    /// (`crate::fragment`).
+    #[error(transparent)]
+    Fragment(#[from] ReassemblyError),
     /// A frame arrived in a state where it is not allowed.
     #[error("unexpected {tag:?} frame while {state}")]
     Unexpected {

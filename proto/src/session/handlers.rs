@@ -25,6 +25,7 @@ use crate::control::{
     control_frame, parse_control, Ack, Close, HelloOk, Keepalive, Limits, PacedKeepalive,
     ReconnectOk,
 };
+use crate::fragment::{Fragment, Reassembler, ReassemblyError};
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
 use crate::link_failure::LinkFailure;
 use crate::message::{Message, MessageFrame};
@@ -68,6 +69,7 @@ impl Session {
                     Tag::Wait => self.on_wait(now),
                     Tag::Message => self.on_message_frame(frame),
                     Tag::MessageBatch => self.on_batch(frame),
+                    Tag::Fragment => self.on_fragment(frame),
                     Tag::Ack => self.on_ack(&frame),
                     Tag::Keepalive => self.on_keepalive(&frame),
                     Tag::KeepaliveAck => self.on_keepalive_ack(&frame),
@@ -467,30 +469,87 @@ impl Session {
         Ok(())
     }
 
+    /// `Fragment`, on the open link of a session that agreed to lanes:
+    /// its ack, then the fragment once and in sequence (as a message),
+    /// into its class's reassembly; the message once whole. What is in
+    /// progress outlives a link fault: the sequence numbers received are
+    /// the session's, so the peer replays from the next fragment.
+    fn on_fragment(&mut self, frame: Frame) -> Result<(), ProtocolError> {
+        self.check_phase_takes(
+            Tag::Fragment,
+            self.is_open() && self.remote.features & features::LANES != 0,
+        )?;
+        let piece_crc = frame.known_crc(2);
+        let f = Fragment::from_frame(frame).map_err(ReassemblyError::from)?;
+        self.stats.rx_fragments += 1;
+        self.apply_ack(f.ack)?;
+        if !self.next_in_sequence(f.seq)? {
+            return Ok(());
+        }
+        let seq = f.seq;
+        let limits = &self.cfg.limits;
+        let lanes = self
+            .rx
+            .reassembly
+            .get_or_insert_with(|| Box::new(Reassembler::for_limits(limits)));
+        // An error leaves the reassembly as it was (and the link faults).
+        let whole = lanes.push_checked(f, piece_crc)?;
+        self.rx.in_seq = seq;
+        let Some((mut msg, _)) = whole else {
+            return Ok(());
+        };
+        self.check_call(msg.call)?;
+        // Its number in the session: where it became whole.
+        msg.seq = seq;
+        self.stats.rx_messages += 1;
+        self.stats.rx_bytes += msg.payload_len() as u64;
+        self.events.push_message(msg);
+        Ok(())
+    }
+
     /// Delivers a received message once and in order: a duplicate of one
     /// delivered is dropped, a gap is a protocol error.
     fn deliver(&mut self, msg: Message) -> Result<(), ProtocolError> {
-        if !call_allowed(msg.call, self.remote.features) {
-            return Err(ProtocolError::Malformed {
-                what: "message",
-                detail: "a call (or an RMA operation) on a link that did not agree to them".into(),
-            });
-        }
-        if msg.seq <= self.rx.in_seq {
-            self.stats.duplicates += 1;
+        self.check_call(msg.call)?;
+        if !self.next_in_sequence(msg.seq)? {
             return Ok(());
-        }
-        if msg.seq != self.rx.in_seq + 1 {
-            return Err(ProtocolError::SequenceGap {
-                last: self.rx.in_seq,
-                got: msg.seq,
-            });
         }
         self.rx.in_seq = msg.seq;
         self.stats.rx_messages += 1;
         self.stats.rx_bytes += msg.payload_len() as u64;
         self.events.push_message(msg);
         Ok(())
+    }
+
+    /// Refuses a call (or an RMA operation) on a link that did not agree
+    /// to them.
+    #[inline]
+    fn check_call(&self, call: u64) -> Result<(), ProtocolError> {
+        if call_allowed(call, self.remote.features) {
+            return Ok(());
+        }
+        Err(ProtocolError::Malformed {
+            what: "message",
+            detail: "a call (or an RMA operation) on a link that did not agree to them".into(),
+        })
+    }
+
+    /// Whether `seq` (a message's or a fragment's) is the next to
+    /// receive: `false` for a duplicate of one received (counted), a gap
+    /// is a protocol error.
+    #[inline]
+    fn next_in_sequence(&mut self, seq: u64) -> Result<bool, ProtocolError> {
+        if seq <= self.rx.in_seq {
+            self.stats.duplicates += 1;
+            return Ok(false);
+        }
+        if seq != self.rx.in_seq + 1 {
+            return Err(ProtocolError::SequenceGap {
+                last: self.rx.in_seq,
+                got: seq,
+            });
+        }
+        Ok(true)
     }
 }
 
@@ -503,6 +562,8 @@ pub(super) struct Incoming {
     pub(super) acked_in_seq: u64,
     /// The owner holds back reading (a throttle): silence is not the peer's.
     pub(super) paused: bool,
+    /// Messages arriving in fragments, per class (made at the first).
+    pub(super) reassembly: Option<Box<Reassembler>>,
 }
 
 impl Incoming {
@@ -510,5 +571,6 @@ impl Incoming {
     pub(super) fn restart(&mut self) {
         self.in_seq = 0;
         self.acked_in_seq = 0;
+        self.reassembly = None;
     }
 }

@@ -225,7 +225,12 @@ impl Session {
 
     /// Our banner, as configured.
     pub(super) fn banner(&self) -> Banner {
-        Banner::for_session(self.cfg.payload_crc, self.cfg.security.modes)
+        let mut b = Banner::for_session(self.cfg.payload_crc, self.cfg.security.modes);
+        if self.cfg.max_fragment == 0 {
+            // No lanes: one class, no fragments, as a peer without them.
+            b.supported &= !features::LANES;
+        }
+        b
     }
 
     /// Starts the handshake once the banners chose `auth` or `secure`;
@@ -374,7 +379,8 @@ impl Session {
         self.apply_ack(peer_in_seq)?;
         // apply_ack made acked_seq >= peer_in_seq: replay from there.
         self.tx.rewind_to_acked();
-        let replayed = self.tx.out_seq - self.tx.sent_seq;
+        // Everything queued is unsent again: the replay, then the lanes.
+        let replayed = self.tx.outbox.messages() as u64;
         // Acks piggybacked on the old link may have been lost: re-ack.
         self.rx.acked_in_seq = 0;
         self.state = State::open(link);

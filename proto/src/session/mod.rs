@@ -101,6 +101,8 @@ mod side;
 mod state;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_lanes;
 mod timers;
 
 use std::collections::VecDeque;
@@ -195,6 +197,7 @@ impl Session {
                 lossless: policy.lossless(),
                 in_flight_bytes: 0,
                 out_seq: 0,
+                class_seqs: [0; crate::priority::Priority::COUNT],
                 sent_seq: 0,
                 acked_seq: 0,
             },

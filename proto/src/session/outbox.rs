@@ -18,7 +18,9 @@ use crate::batch::{
     append_entry, entry_extents, write_header, EntryExtent, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD,
 };
 use crate::control::Limits;
+use crate::fragment::{Fragment, Fragmenter};
 use crate::message::Message;
+use crate::priority::Priority;
 
 /// Messages encoded as batch entries before they reach the session: by
 /// the application's thread at `msgr::Connection::send`, so that the
@@ -39,6 +41,9 @@ pub struct EncodedBatch {
     calls: u64,
     /// The peer's limits every entry was checked against.
     limits: Limits,
+    /// The class of its messages (a batch is of one class: its entries
+    /// travel in its class's lane).
+    class: Priority,
 }
 
 impl EncodedBatch {
@@ -84,6 +89,7 @@ impl EncodedBatch {
             payload: 0,
             calls: 0,
             limits,
+            class: Priority::Data,
         }
     }
 
@@ -94,8 +100,14 @@ impl EncodedBatch {
     }
 
     /// Appends `msg` as an entry if the body stays within `max_body`
-    /// bytes; `false` (nothing written) if it does not.
+    /// bytes and `msg` is of the batch's class (its first entry's);
+    /// `false` (nothing written) if not.
     pub fn push(&mut self, msg: &Message, max_body: usize) -> bool {
+        let class = msg.class();
+        if self.count > 0 && class != self.class {
+            return false;
+        }
+        self.class = class;
         let room = max_body
             .min(self.body.capacity())
             .saturating_sub(self.body.len());
@@ -139,6 +151,11 @@ impl EncodedBatch {
         self.limits
     }
 
+    /// The class of its messages.
+    pub fn class(&self) -> Priority {
+        self.class
+    }
+
     /// The entries' call fields or'ed (0: no call).
     pub(super) fn calls(&self) -> u64 {
         self.calls
@@ -164,6 +181,8 @@ pub(super) struct Terms {
 /// bytes of room in `body`, where the header goes when it is sent.
 #[derive(Debug)]
 pub(super) struct UnsentBatch {
+    /// Its first entry's sequence number; 0 until it is first transmitted
+    /// (sequence numbers are given as things go, see [`Outbox`]).
     pub(super) base_seq: u64,
     pub(super) count: u32,
     /// Payload bytes of its messages.
@@ -171,13 +190,16 @@ pub(super) struct UnsentBatch {
     pub(super) terms: Terms,
     /// Every entry fits `terms` (a call where calls are not agreed does not).
     pub(super) fits: bool,
+    /// The class of its messages.
+    pub(super) class: Priority,
     pub(super) body: BytesMut,
 }
 
 impl UnsentBatch {
     /// Splits off the first entries, up to (not including) entry
     /// `count`, whose `len` bytes and `payload` the caller measured: they
-    /// go now, the rest stays (copied behind a new header's room).
+    /// go now, the rest stays (copied behind a new header's room). The
+    /// rest is numbered on from the first part if that was numbered.
     pub(super) fn split_to(&mut self, count: u32, len: usize, payload: usize) -> UnsentBatch {
         let head = self.body.split_to(BATCH_HEADER_LEN + len);
         let mut rest = BytesMut::with_capacity(BATCH_HEADER_LEN + self.body.len());
@@ -190,9 +212,12 @@ impl UnsentBatch {
             payload,
             terms: self.terms,
             fits: self.fits,
+            class: self.class,
             body: head,
         };
-        self.base_seq += u64::from(count);
+        if self.base_seq != 0 {
+            self.base_seq += u64::from(count);
+        }
         self.count -= count;
         self.payload -= payload;
         first
@@ -203,8 +228,10 @@ impl UnsentBatch {
         entry_extents(&self.body[BATCH_HEADER_LEN..])
     }
 
-    /// The finished body: the header written into its room.
+    /// The finished body: the header written into its room (the batch is
+    /// numbered).
     pub(super) fn seal_header(mut self, ack: u64) -> (Bytes, Sent) {
+        debug_assert!(self.base_seq != 0, "numbered before it is sealed");
         write_header(&mut self.body, self.base_seq, ack, self.count);
         let body = self.body.freeze();
         let sent = Sent::Batch {
@@ -212,18 +239,49 @@ impl UnsentBatch {
             count: self.count,
             payload: self.payload,
             terms: self.terms,
+            class: self.class,
             entries: body.slice(BATCH_HEADER_LEN..),
         };
         (body, sent)
     }
 }
 
-/// Something to transmit, in sequence order.
+/// Something to transmit: not numbered yet, in its class's lane; or
+/// numbered before (transmitted and not acknowledged when a link
+/// failed), in the replay queue.
 #[derive(Debug)]
 pub(super) enum Unsent {
     Batch(UnsentBatch),
-    /// A message in a frame of its own (too large to batch, or batches off).
+    /// A message in a frame of its own (too large to batch, or batches
+    /// off); its `seq` is 0 until it is numbered.
     Single(Message),
+    /// A large message being cut into fragments, where lanes were
+    /// agreed: it keeps its lane's front until its last fragment went.
+    Cut(Fragmenter),
+    /// A fragment transmitted before (replay).
+    Fragment(Fragment),
+}
+
+impl Unsent {
+    /// The class it travels in.
+    fn class(&self) -> Priority {
+        match self {
+            Unsent::Batch(b) => b.class,
+            Unsent::Single(m) => m.class(),
+            Unsent::Cut(c) => c.class(),
+            Unsent::Fragment(f) => f.class,
+        }
+    }
+
+    /// Whether it was numbered (it is replayed with its numbers).
+    fn numbered(&self) -> bool {
+        match self {
+            Unsent::Batch(b) => b.base_seq != 0,
+            Unsent::Single(m) => m.seq != 0,
+            Unsent::Cut(_) => false,
+            Unsent::Fragment(_) => true,
+        }
+    }
 }
 
 /// Something transmitted and kept for replay (lossless) until acknowledged.
@@ -234,10 +292,12 @@ pub(super) enum Sent {
         count: u32,
         payload: usize,
         terms: Terms,
+        class: Priority,
         /// The entries as sent (the header is written again on replay).
         entries: Bytes,
     },
     Single(Message),
+    Fragment(Fragment),
 }
 
 impl Sent {
@@ -247,6 +307,17 @@ impl Sent {
                 base_seq, count, ..
             } => base_seq + u64::from(*count) - 1,
             Sent::Single(m) => m.seq,
+            Sent::Fragment(f) => f.seq,
+        }
+    }
+
+    /// Messages it releases once acknowledged: a fragment counts its
+    /// message with its last piece.
+    fn messages(&self) -> usize {
+        match self {
+            Sent::Batch { count, .. } => *count as usize,
+            Sent::Single(_) => 1,
+            Sent::Fragment(f) => usize::from(f.is_last()),
         }
     }
 
@@ -254,6 +325,7 @@ impl Sent {
         match self {
             Sent::Batch { payload, .. } => *payload,
             Sent::Single(m) => m.payload_len(),
+            Sent::Fragment(f) => f.piece.len(),
         }
     }
 }
@@ -261,15 +333,27 @@ impl Sent {
 /// The batch being filled at `send`; its bytes are `Outbox::buf`.
 #[derive(Debug, Clone, Copy)]
 struct OpenBatch {
-    base_seq: u64,
     count: u32,
     payload: usize,
     terms: Terms,
     fits: bool,
+    class: Priority,
+    /// Its place in the order of queueing.
+    ticket: u64,
 }
 
 /// A session's messages from `send` until released (acknowledged;
 /// transmitted, if lossy; or dropped). See the [module docs](self).
+///
+/// **Lanes.** What is not yet transmitted waits in its class's lane,
+/// not numbered: sequence numbers are given as things are transmitted,
+/// so the one sequence space of the session (acks, replay, the peer's
+/// dedupe) stays as it was while the order of transmission is chosen
+/// late. Where lanes were agreed, the most urgent non-empty lane goes
+/// first; where not, the oldest thing queued of any lane (its ticket):
+/// one FIFO, exactly as before. What was transmitted and not
+/// acknowledged when a link failed keeps its numbers and is replayed
+/// first, in their order ([`Outbox::rewind`]).
 #[derive(Default)]
 pub(super) struct Outbox {
     /// The open batch's bytes (header room, then entries), in an
@@ -278,8 +362,15 @@ pub(super) struct Outbox {
     /// batch's bound each.
     buf: BytesMut,
     open: Option<OpenBatch>,
-    /// Closed and not yet transmitted, oldest first (the open batch follows).
-    unsent: VecDeque<Unsent>,
+    /// Not yet numbered, per class, oldest first, each with its ticket
+    /// (the order it was queued in; 0 for what was put back: it goes
+    /// next). The open batch follows its lane.
+    lanes: [VecDeque<(u64, Unsent)>; Priority::COUNT],
+    /// The next ticket.
+    tickets: u64,
+    /// Numbered, not acknowledged when the last link failed: goes before
+    /// every lane, in sequence order.
+    replay: VecDeque<Unsent>,
     /// Transmitted and not yet acknowledged (lossless), oldest first.
     unacked: VecDeque<Sent>,
     messages: usize,
@@ -292,7 +383,8 @@ impl std::fmt::Debug for Outbox {
         f.debug_struct("Outbox")
             .field("messages", &self.messages)
             .field("bytes", &self.bytes)
-            .field("unsent", &self.unsent.len())
+            .field("lanes", &self.lanes.each_ref().map(VecDeque::len))
+            .field("replay", &self.replay.len())
             .field("unacked", &self.unacked.len())
             .field("open", &self.open)
             .finish()
@@ -310,31 +402,39 @@ impl Outbox {
         self.bytes
     }
 
+    /// Whether anything waits to be transmitted.
+    pub(super) fn has_unsent(&self) -> bool {
+        self.open.is_some() || !self.replay.is_empty() || self.lanes.iter().any(|l| !l.is_empty())
+    }
+
     /// Bytes of the queue's own structures and its buffer's allocation
     /// (the payloads of unbatched messages are the application's).
     pub(super) fn memory_bytes(&self) -> usize {
+        let unsent: usize = self.lanes.iter().map(VecDeque::capacity).sum();
         self.buf.capacity()
-            + self.unsent.capacity() * std::mem::size_of::<Unsent>()
+            + unsent * std::mem::size_of::<(u64, Unsent)>()
+            + self.replay.capacity() * std::mem::size_of::<Unsent>()
             + self.unacked.capacity() * std::mem::size_of::<Sent>()
     }
 
-    /// Encodes `msg`, sequence number `seq`, as an entry of the open
-    /// batch (closing it first if the entry would not fit `max_body`, or
-    /// it was encoded under other terms). `fits`: the message fits
-    /// `terms`. The caller checked that an entry of `msg` fits an empty
-    /// batch.
-    pub(super) fn push_entry(
-        &mut self,
-        msg: &Message,
-        seq: u64,
-        terms: Terms,
-        fits: bool,
-        max_body: usize,
-    ) {
+    fn ticket(&mut self) -> u64 {
+        self.tickets += 1;
+        self.tickets
+    }
+
+    /// Encodes `msg` as an entry of the open batch (closing it first if
+    /// the entry would not fit `max_body`, it is of another class, or it
+    /// was encoded under other terms). `fits`: the message fits `terms`.
+    /// The caller checked that an entry of `msg` fits an empty batch.
+    pub(super) fn push_entry(&mut self, msg: &Message, terms: Terms, fits: bool, max_body: usize) {
         let payload = msg.payload_len();
+        let class = msg.class();
         if let Some(open) = &mut self.open {
             let room = max_body.saturating_sub(self.buf.len());
-            if open.terms == terms && append_entry(&mut self.buf, msg, room).is_some() {
+            if open.terms == terms
+                && open.class == class
+                && append_entry(&mut self.buf, msg, room).is_some()
+            {
                 open.count += 1;
                 open.payload += payload;
                 open.fits &= fits;
@@ -353,73 +453,113 @@ impl Outbox {
         let room = max_body - BATCH_HEADER_LEN;
         let encoded = append_entry(&mut self.buf, msg, room);
         debug_assert!(encoded.is_some(), "the session checked it is batchable");
+        let ticket = self.ticket();
         self.open = Some(OpenBatch {
-            base_seq: seq,
             count: 1,
             payload,
             terms,
             fits,
+            class,
+            ticket,
         });
         self.messages += 1;
         self.bytes += payload;
     }
 
-    /// Queues `batch`, encoded elsewhere, as the next batch: its first
-    /// entry is sequence number `base_seq`. `fits`: every entry fits
-    /// `terms` (the caller knows from the batch's limits and calls).
-    pub(super) fn push_encoded(
-        &mut self,
-        batch: EncodedBatch,
-        base_seq: u64,
-        terms: Terms,
-        fits: bool,
-    ) {
+    /// Queues `batch`, encoded elsewhere, as the next batch of its class.
+    /// `fits`: every entry fits `terms` (the caller knows from the
+    /// batch's limits and calls).
+    pub(super) fn push_encoded(&mut self, batch: EncodedBatch, terms: Terms, fits: bool) {
         self.close_open();
         self.messages += batch.count as usize;
         self.bytes += batch.payload;
-        self.unsent.push_back(Unsent::Batch(UnsentBatch {
-            base_seq,
-            count: batch.count,
-            payload: batch.payload,
-            terms,
-            fits,
-            body: batch.body,
-        }));
+        let ticket = self.ticket();
+        self.lanes[batch.class.index()].push_back((
+            ticket,
+            Unsent::Batch(UnsentBatch {
+                base_seq: 0,
+                count: batch.count,
+                payload: batch.payload,
+                terms,
+                fits,
+                class: batch.class,
+                body: batch.body,
+            }),
+        ));
     }
 
-    /// Queues `msg` (its `seq` set) to go in a frame of its own.
-    pub(super) fn push_single(&mut self, msg: Message) {
+    /// Queues `msg` to go in a frame of its own (or in fragments).
+    pub(super) fn push_single(&mut self, mut msg: Message) {
         self.close_open();
         self.messages += 1;
         self.bytes += msg.payload_len();
-        self.unsent.push_back(Unsent::Single(msg));
+        // Numbered when it goes.
+        msg.seq = 0;
+        let ticket = self.ticket();
+        self.lanes[msg.class().index()].push_back((ticket, Unsent::Single(msg)));
     }
 
     fn close_open(&mut self) {
         if let Some(o) = self.open.take() {
-            self.unsent.push_back(Unsent::Batch(UnsentBatch {
-                base_seq: o.base_seq,
-                count: o.count,
-                payload: o.payload,
-                terms: o.terms,
-                fits: o.fits,
-                body: self.buf.split(),
-            }));
+            self.lanes[o.class.index()].push_back((
+                o.ticket,
+                Unsent::Batch(UnsentBatch {
+                    base_seq: 0,
+                    count: o.count,
+                    payload: o.payload,
+                    terms: o.terms,
+                    fits: o.fits,
+                    class: o.class,
+                    body: self.buf.split(),
+                }),
+            ));
         }
     }
 
-    /// Takes the next thing to transmit (the open batch closes when its
-    /// turn comes).
-    pub(super) fn pop_unsent(&mut self) -> Option<Unsent> {
-        if self.unsent.is_empty() {
-            self.close_open();
+    /// Takes the next thing to transmit: what is replayed first; then,
+    /// with `lanes`, the front of the most urgent lane that has
+    /// something, else the oldest front of any (the open batch closes
+    /// when its turn comes).
+    pub(super) fn pop_unsent(&mut self, lanes: bool) -> Option<Unsent> {
+        if let Some(u) = self.replay.pop_front() {
+            return Some(u);
         }
-        self.unsent.pop_front()
+        let open = self.open.map(|o| (o.ticket, o.class.index()));
+        let lane = if lanes {
+            let first = self.lanes.iter().position(|l| !l.is_empty());
+            match (first, open) {
+                (Some(f), Some((_, o))) if o >= f => f,
+                (Some(f), None) => f,
+                (_, Some((_, o))) => {
+                    self.close_open();
+                    o
+                }
+                (None, None) => return None,
+            }
+        } else {
+            let oldest = (0..Priority::COUNT)
+                .filter_map(|i| self.lanes[i].front().map(|(t, _)| (*t, i)))
+                .min();
+            match (oldest, open) {
+                (Some((_, i)), _) => i,
+                (None, Some((_, o))) => {
+                    self.close_open();
+                    o
+                }
+                (None, None) => return None,
+            }
+        };
+        self.lanes[lane].pop_front().map(|(_, u)| u)
     }
 
-    /// Puts back what [`Outbox::pop_unsent`] took (or the rest of it).
+    /// Puts back what [`Outbox::pop_unsent`] took (or the rest of it): to
+    /// the front of the replay queue if it was numbered, else of its lane.
     pub(super) fn push_front_unsent(&mut self, unsent: Unsent) {
-        self.unsent.push_front(unsent);
+        if unsent.numbered() {
+            self.replay.push_front(unsent);
+        } else {
+            self.lanes[unsent.class().index()].push_front((0, unsent));
+        }
     }
 
     /// Keeps what was transmitted for replay.
@@ -441,11 +581,7 @@ impl Outbox {
         let (mut messages, mut bytes) = (0, 0);
         while let Some(front) = self.unacked.front_mut() {
             if front.last_seq() <= seq {
-                let n = match front {
-                    Sent::Batch { count, .. } => *count as usize,
-                    Sent::Single(_) => 1,
-                };
-                messages += n;
+                messages += front.messages();
                 bytes += front.payload();
                 self.unacked.pop_front();
                 continue;
@@ -482,7 +618,7 @@ impl Outbox {
     }
 
     /// Makes everything transmitted and not acknowledged unsent again
-    /// (a new link replays it), before what was never sent.
+    /// (a new link replays it with its numbers), before every lane.
     pub(super) fn rewind(&mut self) {
         while let Some(sent) = self.unacked.pop_back() {
             let unsent = match sent {
@@ -491,6 +627,7 @@ impl Outbox {
                     count,
                     payload,
                     terms,
+                    class,
                     entries,
                 } => {
                     let mut body = BytesMut::with_capacity(BATCH_HEADER_LEN + entries.len());
@@ -502,12 +639,14 @@ impl Outbox {
                         payload,
                         terms,
                         fits: true,
+                        class,
                         body,
                     })
                 }
                 Sent::Single(m) => Unsent::Single(m),
+                Sent::Fragment(f) => Unsent::Fragment(f),
             };
-            self.unsent.push_front(unsent);
+            self.replay.push_front(unsent);
         }
     }
 
@@ -515,7 +654,10 @@ impl Outbox {
     pub(super) fn drop_all(&mut self) -> (usize, usize) {
         self.open = None;
         self.buf.clear();
-        self.unsent.clear();
+        for lane in &mut self.lanes {
+            lane.clear();
+        }
+        self.replay.clear();
         self.unacked.clear();
         let dropped = (self.messages, self.bytes);
         (self.messages, self.bytes) = (0, 0);
@@ -548,7 +690,7 @@ mod tests {
     fn filled(n: u8) -> Outbox {
         let mut o = Outbox::default();
         for i in 1..=n {
-            o.push_entry(&msg(i), u64::from(i), terms(), true, MAX);
+            o.push_entry(&msg(i), terms(), true, MAX);
         }
         o
     }
@@ -569,9 +711,16 @@ mod tests {
             .collect()
     }
 
-    fn next_batch(o: &mut Outbox) -> UnsentBatch {
-        match o.pop_unsent() {
-            Some(Unsent::Batch(b)) => b,
+    /// The next batch, numbered from `next` if it was not (as the
+    /// session numbers what it transmits).
+    fn next_batch(o: &mut Outbox, next: u64) -> UnsentBatch {
+        match o.pop_unsent(true) {
+            Some(Unsent::Batch(mut b)) => {
+                if b.base_seq == 0 {
+                    b.base_seq = next;
+                }
+                b
+            }
             other => panic!("expected a batch, got {other:?}"),
         }
     }
@@ -583,7 +732,7 @@ mod tests {
             (o.messages(), o.bytes()),
             (5, (1..=5).map(|i| msg(i).payload_len()).sum())
         );
-        let mut b = next_batch(&mut o);
+        let mut b = next_batch(&mut o, 1);
         assert_eq!((b.base_seq, b.count), (1, 5));
         // A window of two: the first two go, the rest waits.
         let ext: Vec<EntryExtent> = b.extents().collect();
@@ -599,7 +748,7 @@ mod tests {
         let (body, sent) = b.seal_header(0);
         assert_eq!(read(body), want(3..=5));
         o.keep_sent(sent);
-        assert!(o.pop_unsent().is_none());
+        assert!(o.pop_unsent(true).is_none());
         // Released in order, the counts with them.
         assert_eq!(o.release_through(2), (2, payload));
         assert_eq!(o.messages(), 3);
@@ -608,17 +757,18 @@ mod tests {
     #[test]
     fn a_partly_acknowledged_batch_is_replayed_from_its_first_unacknowledged_entry() {
         let mut o = filled(6);
-        let (body, sent) = next_batch(&mut o).seal_header(0);
+        let (body, sent) = next_batch(&mut o, 1).seal_header(0);
         assert_eq!(read(body), want(1..=6));
         o.keep_sent(sent);
         // More sent meanwhile: it goes after the replay.
-        o.push_entry(&msg(7), 7, terms(), true, MAX);
+        o.push_entry(&msg(7), terms(), true, MAX);
         let released = o.release_through(4);
         assert_eq!(released, (4, (1..=4).map(|i| msg(i).payload_len()).sum()));
         o.rewind();
-        let (body, _) = next_batch(&mut o).seal_header(0);
+        // Replayed with its numbers, then the new one numbered on.
+        let (body, _) = next_batch(&mut o, 0).seal_header(0);
         assert_eq!(read(body), want(5..=6));
-        let (body, _) = next_batch(&mut o).seal_header(0);
+        let (body, _) = next_batch(&mut o, 7).seal_header(0);
         assert_eq!(read(body), want(7..=7));
         assert_eq!(o.messages(), 3);
         assert_eq!(o.drop_all().0, 3);
@@ -626,26 +776,85 @@ mod tests {
     }
 
     #[test]
-    fn a_full_batch_or_new_terms_start_another_and_singles_keep_their_place() {
+    fn a_full_batch_new_terms_or_another_class_start_another_and_singles_keep_their_place() {
         let mut o = Outbox::default();
         let big = Message::new(1, Bytes::new(), vec![0u8; 100]);
-        for seq in 1..=5 {
-            o.push_entry(&big, seq, terms(), true, 4 * 100);
+        for _ in 1..=5 {
+            o.push_entry(&big, terms(), true, 4 * 100);
         }
         let mut other = terms();
         other.features = 1;
-        o.push_entry(&msg(6), 6, other, true, 4 * 100);
-        let mut single = msg(7);
-        single.seq = 7;
-        o.push_single(single);
-        o.push_entry(&msg(8), 8, other, true, 4 * 100);
-        let counts: Vec<(u64, u32)> = std::iter::from_fn(|| o.pop_unsent())
+        o.push_entry(&msg(6), other, true, 4 * 100);
+        o.push_single(msg(7));
+        o.push_entry(&msg(8), other, true, 4 * 100);
+        o.push_entry(
+            &msg(9).with_class(Priority::Background),
+            other,
+            true,
+            4 * 100,
+        );
+        // Without lanes: one FIFO, whatever the classes.
+        let counts: Vec<(u16, u32)> = std::iter::from_fn(|| o.pop_unsent(false))
             .map(|u| match u {
-                Unsent::Batch(b) => (b.base_seq, b.count),
-                Unsent::Single(m) => (m.seq, 0),
+                Unsent::Batch(b) => (read_first_type(&b), b.count),
+                Unsent::Single(m) => (m.msg_type, 0),
+                other => panic!("{other:?}"),
             })
             .collect();
         // 3 entries of 106 bytes fit 400 with the header; then new terms.
-        assert_eq!(counts, [(1, 3), (4, 2), (6, 1), (7, 0), (8, 1)]);
+        assert_eq!(counts, [(1, 3), (1, 2), (6, 1), (7, 0), (8, 1), (9, 1)]);
+    }
+
+    /// The type of a batch's first entry.
+    fn read_first_type(b: &UnsentBatch) -> u16 {
+        let mut body = BytesMut::from(&b.body[..]);
+        write_header(&mut body, 1, 0, b.count);
+        BatchReader::new(body.freeze())
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .msg_type
+    }
+
+    #[test]
+    fn with_lanes_the_most_urgent_class_goes_first_and_replay_before_all() {
+        let mut o = Outbox::default();
+        let bulk =
+            |i: u16| Message::new(i, Bytes::new(), vec![0u8; 100]).with_class(Priority::Background);
+        o.push_single(bulk(1));
+        o.push_single(bulk(2));
+        o.push_entry(&msg(3), terms(), true, MAX);
+        o.push_entry(
+            &msg(4).with_class(Priority::Interactive),
+            terms(),
+            true,
+            MAX,
+        );
+        o.push_entry(&msg(5), terms(), true, MAX);
+        let order = |o: &mut Outbox, lanes: bool| -> Vec<u16> {
+            std::iter::from_fn(|| o.pop_unsent(lanes))
+                .map(|u| match u {
+                    Unsent::Batch(b) => read_first_type(&b),
+                    Unsent::Single(m) => m.msg_type,
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        // Interactive, then data (3 and 5: two batches, the class changed
+        // in between), then background in its order.
+        assert_eq!(order(&mut o, true), [4, 3, 5, 1, 2]);
+        // Something numbered and rewound goes before every lane.
+        let mut sent = bulk(6);
+        sent.seq = 1;
+        o.keep_sent(Sent::Single(sent));
+        o.push_entry(
+            &msg(7).with_class(Priority::Interactive),
+            terms(),
+            true,
+            MAX,
+        );
+        o.rewind();
+        assert_eq!(order(&mut o, true), [6, 7]);
     }
 }

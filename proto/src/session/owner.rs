@@ -250,6 +250,11 @@ pub struct SessionStats {
     pub tx_batches: u64,
     /// Batch frames received (duplicates included).
     pub rx_batches: u64,
+    /// Fragment frames transmitted (replays included): pieces of
+    /// messages larger than `max_fragment`, where lanes are in use.
+    pub tx_fragments: u64,
+    /// Fragment frames received (duplicates included).
+    pub rx_fragments: u64,
     /// Messages transmitted again after a reconnect.
     pub replayed: u64,
     /// Received messages dropped as duplicates of delivered ones.

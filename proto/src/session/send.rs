@@ -16,8 +16,10 @@ use super::{
 use crate::banner::features;
 use crate::batch::BatchReader;
 use crate::control::{control_frame, Ack, Close};
+use crate::fragment::{Fragment, Fragmenter};
 use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
 use crate::message::{Message, MessageFrame};
+use crate::priority::Priority;
 use crate::stream::Transmit;
 
 /// The outgoing side: the queue, the sequence numbers of what was queued,
@@ -34,8 +36,14 @@ pub(super) struct Outgoing {
     pub(super) lossless: bool,
     /// Payload bytes transmitted on the current link and not yet acknowledged.
     pub(super) in_flight_bytes: usize,
-    /// The last sequence number queued.
+    /// Messages queued since the session (re)started: a message's
+    /// number in queue order, its sequence number unless lanes
+    /// reordered it or fragments came before it (numbers are given when
+    /// things are transmitted, [`Outbox`]).
     pub(super) out_seq: u64,
+    /// Per class, the last class seq given to a message cut into
+    /// fragments.
+    pub(super) class_seqs: [u64; Priority::COUNT],
     /// The last sequence number transmitted.
     pub(super) sent_seq: u64,
     /// The last sequence number the peer acknowledged.
@@ -61,6 +69,7 @@ impl Outgoing {
     /// dropped).
     pub(super) fn restart(&mut self) {
         self.out_seq = 0;
+        self.class_seqs = [0; Priority::COUNT];
         self.sent_seq = 0;
         self.in_flight_bytes = 0;
         self.acked_seq = 0;
@@ -72,24 +81,26 @@ impl Session {
     pub fn wants_transmit(&self) -> bool {
         !self.tx.ctrl.is_empty()
             || (self.is_open()
-                && ((self.tx.sent_seq < self.tx.out_seq && !self.tx.window_full(&self.cfg))
+                && ((self.tx.outbox.has_unsent() && !self.tx.window_full(&self.cfg))
                     || self.rx.in_seq > self.rx.acked_in_seq))
     }
 
     /// Queues a message; it is sent when the session is open. Returns its
-    /// sequence number. A small message is encoded here, as an entry of
-    /// the batch the session keeps open (what is transmitted, and kept
+    /// number in queue order: its sequence number where no message of
+    /// another class and no fragment went before it (numbers are given as
+    /// things are transmitted, docs/PROTOCOL.md "Fragment frames"). A
+    /// small message is encoded here, as an entry of the batch the
+    /// session keeps open for its class (what is transmitted, and kept
     /// for replay, is that encoding); a large one is queued whole.
-    pub fn send(&mut self, mut msg: Message) -> Result<u64, SendError> {
+    pub fn send(&mut self, msg: Message) -> Result<u64, SendError> {
         if self.closing || self.state.is_closed() {
             return Err(SendError::Closed);
         }
         let limits = self.send_limits();
         limits.check(msg.front.len(), msg.data.len())?;
         let (queued, bytes) = (self.tx.outbox.messages(), self.tx.outbox.bytes());
-        if queued >= self.cfg.max_queued_messages
-            || (bytes > 0 && bytes + msg.payload_len() > self.cfg.max_queued_bytes)
-        {
+        let (max_messages, max_bytes) = self.cfg.queue_bounds(msg.class());
+        if queued >= max_messages || (bytes > 0 && bytes + msg.payload_len() > max_bytes) {
             return Err(SendError::QueueFull {
                 messages: queued as u64,
                 bytes: bytes as u64,
@@ -103,11 +114,8 @@ impl Session {
             };
             let fits = msg.call == 0 || call_allowed(msg.call, self.remote.features);
             let max = self.cfg.batch_max_bytes;
-            self.tx
-                .outbox
-                .push_entry(&msg, self.tx.out_seq, terms, fits, max);
+            self.tx.outbox.push_entry(&msg, terms, fits, max);
         } else {
-            msg.seq = self.tx.out_seq;
             self.tx.outbox.push_single(msg);
         }
         Ok(self.tx.out_seq)
@@ -128,9 +136,8 @@ impl Session {
             return Ok(self.tx.out_seq);
         }
         let (queued, bytes) = (self.tx.outbox.messages(), self.tx.outbox.bytes());
-        if queued + count > self.cfg.max_queued_messages
-            || (bytes > 0 && bytes + payload > self.cfg.max_queued_bytes)
-        {
+        let (max_messages, max_bytes) = self.cfg.queue_bounds(batch.class());
+        if queued + count > max_messages || (bytes > 0 && bytes + payload > max_bytes) {
             return Err(SendError::QueueFull {
                 messages: queued as u64,
                 bytes: bytes as u64,
@@ -141,9 +148,7 @@ impl Session {
             features: self.remote.features,
         };
         let fits = call_allowed(batch.calls(), self.remote.features);
-        self.tx
-            .outbox
-            .push_encoded(batch, self.tx.out_seq + 1, terms, fits);
+        self.tx.outbox.push_encoded(batch, terms, fits);
         self.tx.out_seq += count as u64;
         Ok(self.tx.out_seq)
     }
@@ -192,7 +197,7 @@ impl Session {
         if !self.is_open() {
             return None;
         }
-        if self.tx.sent_seq < self.tx.out_seq && !self.tx.window_full(&self.cfg) {
+        if self.tx.outbox.has_unsent() && !self.tx.window_full(&self.cfg) {
             let unit = self.transmit_next()?;
             self.clock.last_tx = now;
             return Some((link, unit));
@@ -239,41 +244,59 @@ impl Session {
         }
     }
 
+    /// Whether lanes are in use on this link: both banners offered
+    /// `LANES` (this side does unless `max_fragment` is 0).
+    pub(super) fn lanes(&self) -> bool {
+        self.remote.features & features::LANES != 0
+    }
+
     /// The next unit of messages: the next unsent batch, as far as the
     /// in-flight window and the peer's limits let it go (the rest waits),
-    /// or the next large message in a frame of its own. `None` if the
-    /// session ended on a message the peer cannot take: one queued before
-    /// the peer's limits (or features) were known can only be refused, so
-    /// the session ends rather than send it (and, lossless, replay it into
-    /// the same refusal for ever). The caller checked that something is
-    /// unsent and the window is not full.
+    /// the next large message in a frame of its own, or the next fragment
+    /// of one larger than `max_fragment` where lanes are in use. Each
+    /// takes the next sequence numbers as it goes (what is replayed has
+    /// them). `None` if the session ended on a message the peer cannot
+    /// take: one queued before the peer's limits (or features) were
+    /// known can only be refused, so the session ends rather than send it
+    /// (and, lossless, replay it into the same refusal for ever). The
+    /// caller checked that something is unsent and the window is not
+    /// full.
     pub(super) fn transmit_next(&mut self) -> Option<Transmit> {
+        let lanes = self.lanes();
         loop {
-            match self.tx.outbox.pop_unsent()? {
+            match self.tx.outbox.pop_unsent(lanes)? {
                 Unsent::Single(msg) => {
                     if let Some(why) = self.unsendable(&msg) {
                         self.tx.outbox.push_front_unsent(Unsent::Single(msg));
                         self.terminate(why);
                         return None;
                     }
-                    let flags = if self.remote.features & features::UNCHECKED_PAYLOAD != 0 {
-                        FLAG_UNCHECKED_PAYLOAD
-                    } else {
-                        0
-                    };
-                    let len = msg.payload_len();
-                    if self.tx.lossless {
-                        self.tx.outbox.keep_sent(Sent::Single(msg.clone()));
+                    if lanes && msg.seq == 0 && msg.payload_len() > self.cfg.max_fragment {
+                        return self.start_cut(msg);
                     }
-                    self.rx.acked_in_seq = self.rx.in_seq;
-                    self.count_transmitted(1, len);
-                    return Some(Transmit::Message(MessageFrame {
-                        msg,
-                        ack: self.rx.in_seq,
-                        flags,
-                    }));
+                    return Some(self.transmit_single(msg));
                 }
-                Unsent::Batch(b) if self.remote.features & features::BATCH == 0 => {
+                Unsent::Cut(cut) => {
+                    if let Some(t) = self.transmit_cut(cut) {
+                        return Some(t);
+                    }
+                }
+                Unsent::Fragment(f) if lanes => return Some(self.transmit_fragment(f)),
+                Unsent::Fragment(f) => {
+                    // Replayed to a peer that no longer reads fragments:
+                    // it cannot be sent otherwise without a new number.
+                    self.tx.outbox.push_front_unsent(Unsent::Fragment(f));
+                    self.terminate(FaultReason::Protocol(ProtocolError::Malformed {
+                        what: "fragment",
+                        detail: "to replay on a link that did not agree to lanes".into(),
+                    }));
+                    return None;
+                }
+                Unsent::Batch(mut b) if self.remote.features & features::BATCH == 0 => {
+                    if b.base_seq == 0 {
+                        // Numbered now: its messages go next, one by one.
+                        b.base_seq = self.tx.sent_seq + 1;
+                    }
                     if let Err(e) = self.unbatch(b) {
                         self.terminate(FaultReason::Protocol(e));
                         return None;
@@ -284,12 +307,87 @@ impl Session {
         }
     }
 
+    /// `msg` in a `Message` frame of its own, numbered now if it was not.
+    fn transmit_single(&mut self, mut msg: Message) -> Transmit {
+        if msg.seq == 0 {
+            msg.seq = self.tx.sent_seq + 1;
+        }
+        debug_assert_eq!(msg.seq, self.tx.sent_seq + 1, "transmitted in sequence");
+        let flags = if self.remote.features & features::UNCHECKED_PAYLOAD != 0 {
+            FLAG_UNCHECKED_PAYLOAD
+        } else {
+            0
+        };
+        let len = msg.payload_len();
+        if self.tx.lossless {
+            self.tx.outbox.keep_sent(Sent::Single(msg.clone()));
+        }
+        self.rx.acked_in_seq = self.rx.in_seq;
+        self.count_transmitted(1, 1, len);
+        Transmit::Message(MessageFrame {
+            msg,
+            ack: self.rx.in_seq,
+            flags,
+        })
+    }
+
+    /// Begins cutting `msg` (larger than a fragment) into fragments: it
+    /// takes its class's next class seq, and its first fragment goes.
+    fn start_cut(&mut self, mut msg: Message) -> Option<Transmit> {
+        let class = msg.class().index();
+        self.tx.class_seqs[class] += 1;
+        msg.seq = self.tx.class_seqs[class];
+        match Fragmenter::new(msg, 0, self.cfg.max_fragment) {
+            Ok(cut) => self.transmit_cut(cut),
+            Err(e) => {
+                // Not reached: the limits bound a segment below 4 GiB and
+                // `max_fragment` is not 0 where lanes are offered.
+                self.terminate(FaultReason::Protocol(ProtocolError::Malformed {
+                    what: "fragment",
+                    detail: e.to_string(),
+                }));
+                None
+            }
+        }
+    }
+
+    /// The next fragment of `cut`; the rest keeps its lane's front
+    /// (`None` for a cut with nothing left, which a lane never holds).
+    fn transmit_cut(&mut self, mut cut: Fragmenter) -> Option<Transmit> {
+        let f = cut.next_numbered(self.tx.sent_seq + 1, self.rx.in_seq)?;
+        if !cut.is_done() {
+            self.tx.outbox.push_front_unsent(Unsent::Cut(cut));
+        }
+        Some(self.transmit_fragment(f))
+    }
+
+    /// Sends fragment `f` (numbered), carrying the current ack.
+    fn transmit_fragment(&mut self, mut f: Fragment) -> Transmit {
+        debug_assert_eq!(f.seq, self.tx.sent_seq + 1, "transmitted in sequence");
+        f.ack = self.rx.in_seq;
+        if let Some(head) = &mut f.head {
+            head.ack = f.ack;
+        }
+        self.rx.acked_in_seq = self.rx.in_seq;
+        let (last, len) = (usize::from(f.is_last()), f.piece.len());
+        if self.tx.lossless {
+            self.tx.outbox.keep_sent(Sent::Fragment(f.clone()));
+        }
+        self.count_transmitted(1, last, len);
+        self.stats.tx_fragments += 1;
+        Transmit::Frame(f.into_frame())
+    }
+
     /// Sends `b`, or as much of it as may go now: the whole of it where
     /// the window has room and its entries were checked against the
     /// link's terms when encoded (the common case: no entry is looked at
     /// again); else its entries are walked, and those that may go now go
     /// as a batch of their own.
     pub(super) fn transmit_batch(&mut self, mut b: UnsentBatch) -> Option<Transmit> {
+        let fresh = b.base_seq == 0;
+        if fresh {
+            b.base_seq = self.tx.sent_seq + 1;
+        }
         let terms = self.terms();
         let checked = b.fits && b.terms == terms;
         let (max_messages, max_bytes) = (
@@ -328,12 +426,19 @@ impl Session {
             }
             if count == 0 {
                 // Its first message cannot go (the entries are ours: they parse).
+                if fresh {
+                    b.base_seq = 0;
+                }
                 self.tx.outbox.push_front_unsent(Unsent::Batch(b));
                 self.terminate(refused.unwrap_or(FaultReason::CallsUnsupported));
                 return None;
             }
             if count < b.count {
                 let first = b.split_to(count, len, payload);
+                if fresh {
+                    // The rest is numbered when it goes.
+                    b.base_seq = 0;
+                }
                 self.tx.outbox.push_front_unsent(Unsent::Batch(b));
                 b = first;
             }
@@ -346,7 +451,7 @@ impl Session {
         if self.tx.lossless {
             self.tx.outbox.keep_sent(sent);
         }
-        self.count_transmitted(u64::from(count), payload);
+        self.count_transmitted(u64::from(count), count as usize, payload);
         self.stats.tx_batches += 1;
         Some(Transmit::Frame(Frame::single(Tag::MessageBatch, body)))
     }
@@ -365,19 +470,20 @@ impl Session {
         Ok(())
     }
 
-    /// Accounts for the next `n` unsent messages (`bytes` of payload)
-    /// having been transmitted: a lossless session keeps them for replay,
-    /// a lossy one forgets them.
-    pub(super) fn count_transmitted(&mut self, n: u64, bytes: usize) {
-        self.stats.tx_messages += n;
+    /// Accounts for the next `seqs` sequence numbers having been
+    /// transmitted, `messages` messages of `bytes` payload (a fragment
+    /// counts its message with its last piece): a lossless session keeps
+    /// them for replay, a lossy one forgets them.
+    pub(super) fn count_transmitted(&mut self, seqs: u64, messages: usize, bytes: usize) {
+        self.stats.tx_messages += messages as u64;
         self.stats.tx_bytes += bytes as u64;
-        self.tx.sent_seq += n;
+        self.tx.sent_seq += seqs;
         if self.tx.lossless {
             self.tx.in_flight_bytes += bytes;
         } else {
             // Lossy: nothing is replayed, so nothing is kept.
-            self.tx.outbox.forget_sent(n as usize, bytes);
-            self.count_released(n as usize, bytes);
+            self.tx.outbox.forget_sent(messages, bytes);
+            self.count_released(messages, bytes);
             self.tx.acked_seq = self.tx.sent_seq;
         }
     }
@@ -422,7 +528,7 @@ impl Session {
 
     pub(super) fn maybe_finish_close(&mut self) {
         if let State::Open { link, .. } = self.state {
-            if self.tx.outbox.messages() == 0 && self.tx.sent_seq == self.tx.out_seq {
+            if self.tx.outbox.messages() == 0 && !self.tx.outbox.has_unsent() {
                 let c = Close {
                     reason: "closed".into(),
                 };

@@ -108,7 +108,7 @@ fn a_dial_that_never_comes_up_is_given_up_and_redialled() {
     assert_ne!(s.phase(), Phase::Connecting, "the second dial is taken");
 }
 /// Everything `from` has to send, handed to `to` on `link` as is.
-fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
+pub(super) fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
     while let Some((_, t)) = from.poll_transmit(now) {
         to.handle_inbound(link, t.into(), now)
             .expect("a valid unit");
@@ -118,6 +118,15 @@ fn hand_over(from: &mut Session, to: &mut Session, link: LinkId, now: Instant) {
 /// A lossless client whose dial is up (link 1) and the server's session
 /// for the accepted link (2), nothing exchanged yet.
 fn client_and_server(now: Instant) -> (Session, Session) {
+    client_and_server_with(SessionConfig::default(), SessionConfig::default(), now)
+}
+
+/// As [`client_and_server`], with the client's and the server's settings.
+fn client_and_server_with(
+    client: SessionConfig,
+    server: SessionConfig,
+    now: Instant,
+) -> (Session, Session) {
     let addr =
         |port: u16| EntityAddr::tcp(([127, 0, 0, 1], port).into()).with_nonce(u64::from(port));
     let local = |name, port| LocalIdentity {
@@ -125,23 +134,31 @@ fn client_and_server(now: Instant) -> (Session, Session) {
         addr: addr(port),
         dials: Default::default(),
     };
-    let cfg = SessionConfig::default();
     let mut c = Session::connect(
-        cfg.clone(),
+        client,
         local(EntityName::client(1), 1),
         addr(2),
         Policy::LosslessClient,
         now,
     );
     c.link_up(LinkId(1), now);
-    let s = Session::accept(cfg, local(EntityName::server(1), 2), LinkId(2), now);
+    let s = Session::accept(server, local(EntityName::server(1), 2), LinkId(2), now);
     (c, s)
 }
 
 /// A client (on link 1) and the server session it opened (on link
 /// 2), both open; the client's events are not taken yet.
 fn open_pair(now: Instant) -> (Session, Session) {
-    let (mut c, mut s) = client_and_server(now);
+    open_pair_with(SessionConfig::default(), SessionConfig::default(), now)
+}
+
+/// As [`open_pair`], with the client's and the server's settings.
+pub(super) fn open_pair_with(
+    client: SessionConfig,
+    server: SessionConfig,
+    now: Instant,
+) -> (Session, Session) {
+    let (mut c, mut s) = client_and_server_with(client, server, now);
     for _ in 0..4 {
         hand_over(&mut c, &mut s, LinkId(2), now);
         while let Some(ev) = s.poll_event() {

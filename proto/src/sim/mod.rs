@@ -711,7 +711,9 @@ impl Sim {
     /// node echoes.
     fn deliver(&mut self, node: NodeId, id: SessionId, pending: bool, m: Message) {
         if self.nodes[node].echo && !pending {
-            let back = Message::new(m.msg_type, m.front.clone(), m.data.clone());
+            let mut back = Message::new(m.msg_type, m.front.clone(), m.data.clone());
+            // In its class: a reply travels in its request's lane.
+            back.priority = m.priority;
             let _ = self.send(node, id, back);
         }
         self.received.push(Received {

@@ -273,6 +273,8 @@ pub fn session_engine(data: &[u8]) {
         max_in_flight_bytes: 1024,
         payload_crc: setup & 8 == 0,
         batch_max_bytes: if setup & 16 == 0 { 512 } else { 0 },
+        // Bit 6: no lanes; else fragments of at most 128 bytes.
+        max_fragment: if setup & 64 == 0 { 128 } else { 0 },
         // Bit 5: a connect timeout (the fuzzed clock reaches it).
         connect_timeout: (setup & 32 != 0).then(|| Duration::from_millis(700)),
         security: Default::default(),
