@@ -30,8 +30,15 @@ pub(super) struct Driving {
 
 impl Worker {
     pub(super) fn touch(&mut self, key: u64) {
-        if !self.driving.touched.contains(&key) {
-            self.driving.touched.push(key);
+        match self.sessions.get_mut(&key) {
+            Some(slot) if slot.touched => {}
+            Some(slot) => {
+                slot.touched = true;
+                self.driving.touched.push(key);
+            }
+            // No slot (yet): driving it is a no-op unless one comes; rare.
+            None if self.driving.touched.contains(&key) => {}
+            None => self.driving.touched.push(key),
         }
     }
 
@@ -41,6 +48,9 @@ impl Worker {
             let spare = std::mem::take(&mut self.driving.spare);
             let mut keys = std::mem::replace(&mut self.driving.touched, spare);
             for key in keys.drain(..) {
+                if let Some(slot) = self.sessions.get_mut(&key) {
+                    slot.touched = false;
+                }
                 self.drive(key, now);
             }
             self.driving.spare = keys;
