@@ -26,7 +26,7 @@ mod load;
 mod mixed;
 mod server_cpu;
 
-use server_cpu::{ServerCpu, ServerThreads};
+use server_cpu::{ServerCounts, ServerCpu, ServerThreads};
 
 /// Target: msgr 64 B one-way p50 ≤ this × std's.
 pub const LATENCY_TARGET: f64 = 1.15;
@@ -578,7 +578,14 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         conn_counts.iter().skip(1).map(|_| Vec::new()).collect();
     let mut conns_cpu: Vec<Vec<Round<ServerCpu>>> =
         conn_counts.iter().skip(1).map(|_| Vec::new()).collect();
-    let received = || responder.totals().stream_messages;
+    let server_counts = || {
+        let c = server.counters();
+        ServerCounts {
+            messages: responder.totals().stream_messages,
+            frames: msgr::Counters::get(&c.rx_frames),
+            turns: msgr::Counters::get(&c.worker_turns),
+        }
+    };
     let mut hol_rounds = Vec::new();
     let mut mixed_rounds = Vec::new();
     let rma_steps = 1 + 2 * rma_sizes.len() as u64 * (1 + u64::from(raw_rma.is_some()));
@@ -744,7 +751,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                             &format!("round {}: 64 B streams, {c} connections", round + 1),
                         );
                         let (r, cpu) =
-                            server_cpu::while_receiving(&server_threads, &received, || {
+                            server_cpu::while_receiving(&server_threads, &server_counts, || {
                                 net::stream_many(&conns_client, &(&target).into(), &s, c)
                             });
                         let (r, cpu) = (
@@ -1122,6 +1129,23 @@ impl BenchReport {
                         s.min_us
                     )?;
                 }
+            }
+        }
+        if !self.conns_server_cpu.is_empty() {
+            outln!()?;
+            outln!(
+                "the server's worker turns (per round: frames / messages delivered per turn; \
+                 one connection's after the bar):"
+            )?;
+            for c in &self.conns_server_cpu {
+                let per_turn = |r: &ServerCpu| {
+                    format!("{:.1} / {:.0}", r.frames_per_turn, r.messages_per_turn)
+                };
+                let rounds: Vec<String> = (c.rounds.iter())
+                    .map(|r| format!("{} | {}", per_turn(&r.msgr), per_turn(&r.reference)))
+                    .collect();
+                let what = c.metric.trim_start_matches("server CPU/msg, ");
+                outln!("  {what:>16}: {}", rounds.join(";  "))?;
             }
         }
         outln!()?;
