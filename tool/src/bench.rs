@@ -178,6 +178,9 @@ pub struct BenchOpts {
     /// Connection counts of the `conns` part (1, the reference, is
     /// measured whether listed or not).
     pub connections: Vec<usize>,
+    /// Messages a credit for every connection of the `conns` part; `None`:
+    /// one connection's window shared among them ([`net::stream_many`]).
+    pub conns_window: Option<u64>,
     /// JSON output.
     pub json: bool,
 }
@@ -269,6 +272,9 @@ pub struct BenchReport {
     /// The server's own CPU per message at each connection count above 1
     /// against one connection's (beside `conns`' rates).
     pub conns_server_cpu: Vec<Comparison<ServerCpu>>,
+    /// Messages a credit of every `conns` connection, if set
+    /// (`--conns-window`); else one connection's window was shared.
+    pub conns_window: Option<u64>,
     /// Head-of-line blocking: per bulk size and call priority, the calls'
     /// p50 and p99 round trips against the idle connection's.
     pub hol: Vec<Comparison<PingResult>>,
@@ -752,7 +758,13 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                         );
                         let (r, cpu) =
                             server_cpu::while_receiving(&server_threads, &server_counts, || {
-                                net::stream_many(&conns_client, &(&target).into(), &s, c)
+                                net::stream_many(
+                                    &conns_client,
+                                    &(&target).into(),
+                                    &s,
+                                    c,
+                                    opts.conns_window,
+                                )
                             });
                         let (r, cpu) = (
                             r?,
@@ -1007,6 +1019,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         rma_vs_raw,
         conns,
         conns_server_cpu,
+        conns_window: opts.conns_window,
         hol,
         hol_bulk,
         mixed,
@@ -1135,7 +1148,11 @@ impl BenchReport {
             outln!()?;
             outln!(
                 "the server's worker turns (per round: frames / messages delivered per turn; \
-                 one connection's after the bar):"
+                 one connection's after the bar), {}:",
+                match self.conns_window {
+                    Some(n) => format!("{n} messages a credit on every connection"),
+                    None => "one connection's window shared among the connections".into(),
+                }
             )?;
             for c in &self.conns_server_cpu {
                 let per_turn = |r: &ServerCpu| {
