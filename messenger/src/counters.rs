@@ -49,6 +49,12 @@ counters! {
     rx_batches,
     /// Messages delivered to the dispatcher (counted once the worker is done with the session's batch: after the `on_message` calls).
     rx_messages,
+    /// Units (frames and batch frames) the workers took from their links: rx_frames per worker_turns is how many links' input one turn serves, rx_messages per worker_turns the messages it delivers.
+    rx_frames,
+    /// Worker loop turns that handled commands or what links reported (input, connections, failures): rx_frames and rx_messages per turn say how many links' batches one turn serves.
+    worker_turns,
+    /// Times a worker blocked in its poll (its spin window over, nothing due): each one's wake-up costs a context switch.
+    worker_sleeps,
     /// Payload bytes delivered to the dispatcher (counted as `rx_messages`).
     rx_bytes,
     /// Sessions established by connecting.

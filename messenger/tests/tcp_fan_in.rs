@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use msgr::{EntityName, Messenger, NullDispatcher, Policy};
+use msgr::{Counters, EntityName, Messenger, NullDispatcher, Policy};
 
 /// Clients, each its own messenger (a session is one per pair of peers).
 const CLIENTS: u32 = 1000;
@@ -83,6 +83,29 @@ fn a_thousand_lossless_connections_fan_in_and_idle_cheaply() {
             .iter()
             .all(|(_, c)| c.queued() == (0, 0))),
         "acks arrived"
+    );
+    // One turn serves many links' input: the server took more frames than
+    // it made turns (each sparse client's few frames are not a turn each).
+    let c = srv.counters();
+    let (frames, turns) = (Counters::get(&c.rx_frames), Counters::get(&c.worker_turns));
+    assert!(
+        frames >= all / PER_CLIENT && turns > 0 && turns < frames,
+        "{frames} frames in {turns} turns"
+    );
+    // Idle sessions make no turns but their keepalives' (one each per
+    // interval at most, 2 s here): no work per turn per session, and no
+    // turn per session per pass.
+    let (turns, sleeps) = (
+        Counters::get(&c.worker_turns),
+        Counters::get(&c.worker_sleeps),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let idle_turns = Counters::get(&c.worker_turns) - turns;
+    let idle_sleeps = Counters::get(&c.worker_sleeps) - sleeps;
+    println!("idle second: {idle_turns} turns, {idle_sleeps} sleeps of the server's worker");
+    assert!(
+        idle_turns <= u64::from(CLIENTS) && idle_sleeps <= 2 * u64::from(CLIENTS),
+        "{CLIENTS} idle sessions: {idle_turns} turns, {idle_sleeps} sleeps in a second"
     );
     let mem = srv.memory();
     let rss = rss_bytes().saturating_sub(rss_before);

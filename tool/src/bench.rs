@@ -26,7 +26,7 @@ mod load;
 mod mixed;
 mod server_cpu;
 
-use server_cpu::{ServerCpu, ServerThreads};
+use server_cpu::{ServerCounts, ServerCpu, ServerThreads};
 
 /// Target: msgr 64 B one-way p50 ≤ this × std's.
 pub const LATENCY_TARGET: f64 = 1.15;
@@ -178,6 +178,9 @@ pub struct BenchOpts {
     /// Connection counts of the `conns` part (1, the reference, is
     /// measured whether listed or not).
     pub connections: Vec<usize>,
+    /// Messages a credit for every connection of the `conns` part; `None`:
+    /// one connection's window shared among them ([`net::stream_many`]).
+    pub conns_window: Option<u64>,
     /// JSON output.
     pub json: bool,
 }
@@ -272,6 +275,9 @@ pub struct BenchReport {
     /// The server's own CPU per message at each connection count above 1
     /// against one connection's (beside `conns`' rates).
     pub conns_server_cpu: Vec<Comparison<ServerCpu>>,
+    /// Messages a credit of every `conns` connection, if set
+    /// (`--conns-window`); else one connection's window was shared.
+    pub conns_window: Option<u64>,
     /// Head-of-line blocking: per bulk size and call priority, the calls'
     /// p50 and p99 round trips against the idle connection's.
     pub hol: Vec<Comparison<PingResult>>,
@@ -629,7 +635,14 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         conn_counts.iter().skip(1).map(|_| Vec::new()).collect();
     let mut conns_cpu: Vec<Vec<Round<ServerCpu>>> =
         conn_counts.iter().skip(1).map(|_| Vec::new()).collect();
-    let received = || responder.totals().stream_messages;
+    let server_counts = || {
+        let c = server.counters();
+        ServerCounts {
+            messages: responder.totals().stream_messages,
+            frames: msgr::Counters::get(&c.rx_frames),
+            turns: msgr::Counters::get(&c.worker_turns),
+        }
+    };
     let mut hol_rounds = Vec::new();
     let mut mixed_rounds = Vec::new();
     let rma_steps = 3 + 2 * rma_sizes.len() as u64 * (1 + u64::from(raw_rma.is_some()));
@@ -815,8 +828,14 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
                             &format!("round {}: 64 B streams, {c} connections", round + 1),
                         );
                         let (r, cpu) =
-                            server_cpu::while_receiving(&server_threads, &received, || {
-                                net::stream_many(&conns_client, &(&target).into(), &s, c)
+                            server_cpu::while_receiving(&server_threads, &server_counts, || {
+                                net::stream_many(
+                                    &conns_client,
+                                    &(&target).into(),
+                                    &s,
+                                    c,
+                                    opts.conns_window,
+                                )
                             });
                         let (r, cpu) = (
                             r?,
@@ -1086,6 +1105,7 @@ pub fn run(cfg: &MessengerConfig, opts: &BenchOpts) -> Result<BenchReport, ToolE
         rma_vs_raw,
         conns,
         conns_server_cpu,
+        conns_window: opts.conns_window,
         hol,
         hol_bulk,
         mixed,
@@ -1209,6 +1229,27 @@ impl BenchReport {
                         s.min_us
                     )?;
                 }
+            }
+        }
+        if !self.conns_server_cpu.is_empty() {
+            outln!()?;
+            outln!(
+                "the server's worker turns (per round: frames / messages delivered per turn; \
+                 one connection's after the bar), {}:",
+                match self.conns_window {
+                    Some(n) => format!("{n} messages a credit on every connection"),
+                    None => "one connection's window shared among the connections".into(),
+                }
+            )?;
+            for c in &self.conns_server_cpu {
+                let per_turn = |r: &ServerCpu| {
+                    format!("{:.1} / {:.0}", r.frames_per_turn, r.messages_per_turn)
+                };
+                let rounds: Vec<String> = (c.rounds.iter())
+                    .map(|r| format!("{} | {}", per_turn(&r.msgr), per_turn(&r.reference)))
+                    .collect();
+                let what = c.metric.trim_start_matches("server CPU/msg, ");
+                outln!("  {what:>16}: {}", rounds.join(";  "))?;
             }
         }
         outln!()?;

@@ -258,6 +258,13 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_values_t = bench::CONNECTIONS.map(|c| c as u64),
               value_parser = clap::value_parser!(u64).range(1..=4096))]
         connections: Vec<u64>,
+        /// Messages a credit for every connection of the `conns` part, one
+        /// included (default: one connection's 4,096 shared among the
+        /// connections, at least 16 each, so many connections are sparse):
+        /// compares the counts at equal per-connection windows.
+        #[arg(long, value_name = "MESSAGES",
+              value_parser = clap::value_parser!(u64).range(1..=65536))]
+        conns_window: Option<u64>,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
@@ -744,6 +751,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             driver,
             pin,
             connections,
+            conns_window,
             json,
         } => {
             let kind = parse_addr(&bench::loopback_addr(&transport))?.transport;
@@ -778,6 +786,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                 driver,
                 pin,
                 connections: connections.into_iter().map(|c| c as usize).collect(),
+                conns_window,
                 json,
             };
             let report = bench::run(&cfg, &opts)?;

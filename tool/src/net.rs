@@ -936,7 +936,8 @@ pub fn stream(
 /// callback driver's window (two credits' worth of messages) is shared
 /// among the connections, at least 16 messages a credit each, so many
 /// connections stream sparsely rather than each keeping a whole window
-/// in flight. With `Limit::Count(n)` each sends its share of `n`. The
+/// in flight; `per_credit` instead gives each connection that many
+/// messages a credit. With `Limit::Count(n)` each sends its share of `n`. The
 /// clock runs from the first kick to the last connection's end-marker
 /// answer; every connection's messages are checked delivered.
 pub fn stream_many(
@@ -944,6 +945,7 @@ pub fn stream_many(
     target: &Target,
     opts: &StreamOpts,
     connections: usize,
+    per_credit: Option<u64>,
 ) -> Result<StreamResult, ToolError> {
     let c = connections as u64;
     if c == 0 {
@@ -956,7 +958,7 @@ pub fn stream_many(
             )));
         }
     }
-    let batch = (credit_batch(opts.size) / c).max(16);
+    let batch = per_credit.unwrap_or((credit_batch(opts.size) / c).max(16));
     let (tx, rx) = mpsc::channel();
     let mut clients = Vec::with_capacity(connections);
     let connected = (0..c).try_for_each(|i| {

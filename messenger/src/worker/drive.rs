@@ -30,8 +30,19 @@ pub(super) struct Driving {
 
 impl Worker {
     pub(super) fn touch(&mut self, key: u64) {
-        if !self.driving.touched.contains(&key) {
-            self.driving.touched.push(key);
+        // Touched again (between two peers, every touch of a turn): no lookup.
+        if self.driving.touched.last() == Some(&key) {
+            return;
+        }
+        match self.sessions.get_mut(&key) {
+            Some(slot) if slot.touched => {}
+            Some(slot) => {
+                slot.touched = true;
+                self.driving.touched.push(key);
+            }
+            // No slot (yet): driving it is a no-op unless one comes; rare.
+            None if self.driving.touched.contains(&key) => {}
+            None => self.driving.touched.push(key),
         }
     }
 
@@ -52,6 +63,9 @@ impl Worker {
     pub(super) fn drive(&mut self, key: u64, now: Instant) {
         // One span per session: its life-cycle events below nest in it.
         let _span = tracing::debug_span!("session", worker = self.idx, id = key).entered();
+        // Off the touched list: the first lookup below says so, and a
+        // touch from here on lists it again.
+        let mut listed = true;
         loop {
             // Deliver what arrived first, then take the sends its callbacks
             // made: a reply then carries the ack (messages piggyback it)
@@ -61,6 +75,9 @@ impl Worker {
                 let Some(slot) = self.sessions.get_mut(&key) else {
                     return;
                 };
+                if std::mem::take(&mut listed) {
+                    slot.touched = false;
+                }
                 // Messages, the hot case (every entry of a batch), are
                 // delivered with the slot in hand: no second lookup, no
                 // event dispatch.

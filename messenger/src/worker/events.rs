@@ -125,6 +125,7 @@ impl Worker {
         let now = self.now;
         let mut evs = std::mem::take(&mut self.net.events);
         let mut erred = ErredLinks::default();
+        let mut frames = 0;
         for ev in evs.drain(..) {
             tracing::trace!(worker = self.idx, event = ?ev, "transport event");
             match ev {
@@ -142,6 +143,7 @@ impl Worker {
                     }
                 }
                 TransportEvent::Received(link, unit) => {
+                    frames += 1;
                     self.on_received(link, unit, now, &mut erred)
                 }
                 TransportEvent::Corrupt(link, err) => {
@@ -163,6 +165,7 @@ impl Worker {
                 }
             }
         }
+        Counters::add(&self.shared.counters.rx_frames, frames);
         // Keep the allocation.
         if self.net.events.is_empty() {
             self.net.events = evs;

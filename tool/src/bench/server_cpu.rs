@@ -100,6 +100,17 @@ fn thread_cpu_ns(tid: u32) -> u64 {
     (ticks(11) + ticks(12)) * (1_000_000_000 / TICKS_PER_SECOND)
 }
 
+/// The server's counts the window sampler reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServerCounts {
+    /// Messages its responder received.
+    pub messages: u64,
+    /// Units its workers took from their links (`rx_frames`).
+    pub frames: u64,
+    /// Its workers' loop turns that handled something (`worker_turns`).
+    pub turns: u64,
+}
+
 /// The server's CPU while it was receiving.
 #[derive(Clone, Debug, Serialize)]
 pub struct ServerCpu {
@@ -114,26 +125,32 @@ pub struct ServerCpu {
     pub ns_per_message: f64,
     /// `cpu_s / window_s`: the cores the server kept busy.
     pub cores: f64,
+    /// Frames (a batch frame each, mostly) its workers took per loop turn
+    /// in the window: how many connections' batches one turn served.
+    pub frames_per_turn: f64,
+    /// Messages delivered per loop turn in the window.
+    pub messages_per_turn: f64,
 }
 
-/// Runs `run` while sampling the server's `threads` and `received` (the
-/// server's count of messages): the server's CPU over the stretch in which
-/// the count grew, or `None` if it never grew twice or no thread was found.
+/// Runs `run` while sampling the server's `threads` and `counts` (its
+/// count of messages received, frames and turns): the server's CPU over
+/// the stretch in which the message count grew, or `None` if it never grew
+/// twice or no thread was found.
 pub fn while_receiving<R>(
     threads: &ServerThreads,
-    received: &(dyn Fn() -> u64 + Sync),
+    counts: &(dyn Fn() -> ServerCounts + Sync),
     run: impl FnOnce() -> R,
 ) -> (R, Option<ServerCpu>) {
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let sampler = s.spawn(|| {
-            let mut seen = received();
+            let mut seen = counts().messages;
             let (mut first, mut last) = (None, None);
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(SAMPLE_EVERY);
-                let n = received();
-                if n != seen {
-                    seen = n;
+                let n = counts();
+                if n.messages != seen {
+                    seen = n.messages;
                     let sample = (Instant::now(), n, threads.cpu_ns());
                     match first {
                         None => first = Some(sample),
@@ -145,7 +162,8 @@ pub fn while_receiving<R>(
             if !threads.found() {
                 return None;
             }
-            let messages = n1 - n0;
+            let messages = n1.messages - n0.messages;
+            let turns = n1.turns.saturating_sub(n0.turns).max(1) as f64;
             let cpu_s = c1.saturating_sub(c0) as f64 / 1e9;
             let window_s = t1.duration_since(t0).as_secs_f64();
             Some(ServerCpu {
@@ -154,6 +172,8 @@ pub fn while_receiving<R>(
                 cpu_s,
                 ns_per_message: cpu_s * 1e9 / messages.max(1) as f64,
                 cores: cpu_s / window_s.max(1e-9),
+                frames_per_turn: n1.frames.saturating_sub(n0.frames) as f64 / turns,
+                messages_per_turn: messages as f64 / turns,
             })
         });
         let r = run();

@@ -105,7 +105,16 @@ fn bench_conns_measures_each_connection_count_against_one() {
             table.stdout
         );
     }
-    let o = run(&[&args[..], &["--json"]].concat(), Duration::from_secs(120));
+    // And the server's turns: frames and messages per turn.
+    assert!(
+        table.stdout.contains("the server's worker turns")
+            && table.stdout.contains("4 connections: "),
+        "{}",
+        table.stdout
+    );
+    // The JSON run at an equal window on every connection.
+    let json = ["--json", "--conns-window", "32"];
+    let o = run(&[&args[..], &json].concat(), Duration::from_secs(120));
     assert!(o.status.success(), "stderr:\n{}", o.stderr);
     let v: serde_json::Value =
         serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", o.stdout));
@@ -147,7 +156,13 @@ fn bench_conns_measures_each_connection_count_against_one() {
                 seen > 0 && seen <= streamed,
                 "{who}: {seen} of {streamed} messages seen: {r}"
             );
-            for f in ["cpu_s", "ns_per_message", "window_s"] {
+            for f in [
+                "cpu_s",
+                "ns_per_message",
+                "window_s",
+                "frames_per_turn",
+                "messages_per_turn",
+            ] {
                 assert!(r[f].as_f64().is_some_and(|x| x > 0.0), "{who}.{f}: {r}");
             }
             let cores = r["cores"].as_f64().expect("cores");
@@ -157,6 +172,7 @@ fn bench_conns_measures_each_connection_count_against_one() {
             );
         }
     }
+    assert_eq!(v["conns_window"], 32, "{v}");
     assert!(v["latency"].is_null(), "only the conns part ran");
 }
 
