@@ -79,6 +79,9 @@
 //!   owner's inputs (close, abort, link events, received units) and the
 //!   small helpers the parts share; `outbox.rs` the send queue,
 //!   `attempts.rs` dial numbers, `config.rs` the settings.
+//! - `refusal.rs`: refusals no redial changes — the acceptor's, told to
+//!   the connector before the link closes (`features::REFUSALS`), and the
+//!   connector's own — which end a connector's session at once.
 //!
 //! Where a reconnect is decided: [`Session::fault`] (after a transport fault),
 //! [`Session::take_link`] (an accepted link that claims an existing session,
