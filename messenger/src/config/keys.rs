@@ -31,7 +31,9 @@ pub(super) enum BadValue {
     #[error("{0}")]
     FaultPlan(#[from] crate::faults::FaultPlanError),
     #[cfg(not(feature = "fault-injection"))]
-    #[error("this build has no fault injection (the cargo feature `fault-injection`): off is all it takes")]
+    #[error(
+        "this build has no fault injection (cargo feature `fault-injection`); it takes only off"
+    )]
     NoFaultInjection,
 }
 
