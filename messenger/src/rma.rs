@@ -31,6 +31,13 @@
 //! first part that fails fails it with [`RmaError::Part`], naming the
 //! part; its timeout is the operation's.
 //!
+//! # Memory the application holds
+//!
+//! [`Messenger::expose_shared`] exposes `Bytes` the application already
+//! holds, read-only, without a copy: each read is answered with a slice
+//! of them (no lock: they are immutable), and [`SharedRegion::revoke`]
+//! hands them back.
+//!
 //! # Native operations
 //!
 //! Where the link's endpoints can, an operation moves with no CPU of the
@@ -385,7 +392,10 @@ impl RmaRegion {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn len(&self) -> usize {
-        self.region.mem.len()
+        match &self.region.shared {
+            Some(b) => b.len(),
+            None => self.region.mem.len(),
+        }
     }
 
     /// Whether the region is empty.
@@ -540,6 +550,87 @@ fn wait_for_views(mut mem: Arc<RegionMemory>, deadline: Instant) -> Vec<u8> {
     }
 }
 
+/// Bytes the application holds, exposed read-only without a copy
+/// ([`Messenger::expose_shared`]): while it lives, holders of its
+/// [`SharedRegion::handle`] may read them; dropping it (or
+/// [`SharedRegion::revoke`]) ends that, as for an [`RmaRegion`].
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// use msgr::{Bytes, SharedRegion};
+/// let region: SharedRegion = server.expose_shared(Bytes::from_static(b"read me"));
+/// let h = region.handle();
+/// assert_eq!(&conn.read(&h, 5, 2, Duration::from_secs(10))?[..], b"me");
+/// drop(region);
+/// assert_eq!(conn.read(&h, 0, 1, Duration::from_secs(10)), Err(msgr::RmaError::Revoked));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct SharedRegion {
+    region: RmaRegion,
+    bytes: Bytes,
+}
+
+impl SharedRegion {
+    /// The handle to give peers (see [`RmaRegion::handle`]); its access
+    /// is [`Access::Read`].
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use msgr::{EntityName, Messenger, NullDispatcher};
+    /// # let owner = Messenger::builder(EntityName::server(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// use msgr::{Access, Bytes};
+    /// let region = owner.expose_shared(Bytes::from(vec![0u8; 64]));
+    /// let h = region.handle();
+    /// assert_eq!((h.len, h.access), (64, Access::Read));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn handle(&self) -> RmaHandle {
+        self.region.handle()
+    }
+
+    /// The bytes exposed (a reference, no copy).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use msgr::{EntityName, Messenger, NullDispatcher};
+    /// # let owner = Messenger::builder(EntityName::server(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// use msgr::Bytes;
+    /// let region = owner.expose_shared(Bytes::from_static(b"abc"));
+    /// assert_eq!(&region.bytes()[..], b"abc");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// Ends peers' access (later reads fail with [`RmaError::Revoked`])
+    /// and gives the bytes back. A read being answered holds its own
+    /// slice of them meanwhile: they are immutable, so nothing waits.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use msgr::{EntityName, Messenger, NullDispatcher};
+    /// # let owner = Messenger::builder(EntityName::server(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// use msgr::Bytes;
+    /// let region = owner.expose_shared(Bytes::from(vec![1u8, 2, 3]));
+    /// let back: Bytes = region.revoke();
+    /// assert_eq!(&back[..], &[1, 2, 3]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn revoke(self) -> Bytes {
+        self.region.unexpose();
+        self.bytes
+    }
+}
+
 impl Drop for RmaRegion {
     fn drop(&mut self) {
         self.unexpose();
@@ -566,7 +657,7 @@ impl Messenger {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn expose(&self, buffer: impl Into<Vec<u8>>, access: Access) -> RmaRegion {
-        self.expose_region(buffer.into(), access, None)
+        self.expose_region((buffer.into(), None), access, None)
     }
 
     /// [`Messenger::expose`], usable only by the peers named: an operation
@@ -595,12 +686,46 @@ impl Messenger {
         access: Access,
         peers: &[EntityName],
     ) -> RmaRegion {
-        self.expose_region(buffer.into(), access, Some(peers.to_vec()))
+        self.expose_region((buffer.into(), None), access, Some(peers.to_vec()))
+    }
+
+    /// Exposes `bytes` the application already holds to one-sided reads,
+    /// without a copy: the region keeps a reference to them (they are
+    /// immutable, so peers and the application read them at once, no
+    /// lock), and each read a peer makes is answered with a slice of them
+    /// (the owner copies nothing: `rma_bytes_copied` stays 0; over tcp the
+    /// kernel's socket copy is the only one). Read-only
+    /// ([`Access::Read`]); served by the owner's messenger over every
+    /// backend, not moved natively. [`SharedRegion::revoke`] gives the
+    /// bytes back.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::Bytes;
+    /// let table = Bytes::from(vec![9u8; 1 << 20]); // the application's own
+    /// let region = server.expose_shared(table.clone());
+    /// let part = conn.read(&region.handle(), 1000, 16, Duration::from_secs(10))?;
+    /// assert_eq!(&part[..], &table[1000..1016]);
+    /// assert_eq!(server.counters().rma_bytes_copied.load(std::sync::atomic::Ordering::Relaxed), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn expose_shared(&self, bytes: impl Into<Bytes>) -> SharedRegion {
+        let bytes = bytes.into();
+        let memory = (Vec::new(), Some(bytes.clone()));
+        let region = self.expose_region(memory, Access::Read, None);
+        SharedRegion { region, bytes }
     }
 
     fn expose_region(
         &self,
-        buffer: Vec<u8>,
+        (buffer, shared): (Vec<u8>, Option<Bytes>),
         access: Access,
         peers: Option<Vec<EntityName>>,
     ) -> RmaRegion {
@@ -612,6 +737,7 @@ impl Messenger {
             capability: capability(),
             peers,
             mem: RegionMemory::new(buffer),
+            shared,
         });
         table.regions.write().insert(id, region.clone());
         RmaRegion {

@@ -456,3 +456,37 @@ fn a_part_that_fails_names_itself() {
         "{err}"
     );
 }
+
+/// Bytes the application holds, exposed without a copy: reads are
+/// answered with slices of them (the owner copies nothing, where a region
+/// it owns is copied out of for each read), of any length, checksummed;
+/// read-only; revoked, the bytes come back.
+#[test]
+fn shared_bytes_are_read_without_a_copy() {
+    let (owner, _peer, conn) = pair(3, Policy::LosslessClient);
+    let copied = |m: &Messenger| m.counters().rma_bytes_copied.load(Ordering::Relaxed);
+    let held = Bytes::from(noise(5 << 20, 11));
+    let region = owner.expose_shared(held.clone());
+    let h = region.handle();
+    assert_eq!((h.len, h.access), (5 << 20, Access::Read));
+    for (offset, len) in [(0u64, 1u64), (777, 64 << 10), (0, 5 << 20)] {
+        let got = conn.read(&h, offset, len, T).unwrap();
+        assert!(got[..] == held[offset as usize..(offset + len) as usize]);
+    }
+    let checked = conn
+        .read(&h, 3, 100_000, RmaOptions::from(T).checksum())
+        .unwrap();
+    assert!(checked[..] == held[3..100_003]);
+    assert_eq!(copied(&owner), 0, "the owner copied shared bytes");
+    assert_eq!(
+        conn.write(&h, 0, &b"no"[..], T),
+        Err(RmaError::Forbidden(RmaOp::Write))
+    );
+    // A region the messenger owns is copied out of for each read.
+    let owned = owner.expose(vec![1u8; 4096], Access::Read);
+    conn.read(&owned.handle(), 0, 4096, T).unwrap();
+    assert_eq!(copied(&owner), 4096);
+    let back = region.revoke();
+    assert_eq!(back, held);
+    assert_eq!(conn.read(&h, 0, 1, T), Err(RmaError::Revoked));
+}
