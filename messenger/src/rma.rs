@@ -36,7 +36,9 @@
 //! [`Messenger::expose_shared`] exposes `Bytes` the application already
 //! holds, read-only, without a copy: each read is answered with a slice
 //! of them (no lock: they are immutable), and [`SharedRegion::revoke`]
-//! hands them back.
+//! hands them back. [`Connection::read_many`] and
+//! [`Connection::write_many`] (and their futures) move several ranges, of
+//! one region or several, in one call with one completion.
 //!
 //! # Native operations
 //!
@@ -241,9 +243,10 @@ pub enum RmaError {
     #[error("malformed RMA exchange: {0}")]
     Malformed(String),
     /// A part of an operation that moves in parts (longer than
-    /// `rma_part_bytes`, or than one message carries) failed: where it
-    /// starts in the region, its length, and why. Parts before and after
-    /// it may have moved (a write may have landed in part).
+    /// `rma_part_bytes`, or than one message carries), or one range of
+    /// [`Connection::read_many`] or [`Connection::write_many`], failed:
+    /// where it starts in the region, its length, and why. Parts before
+    /// and after it may have moved (a write may have landed in part).
     #[error("the part at {offset} ({len} bytes) failed: {error}")]
     Part {
         /// Where the part starts in the region.
@@ -990,21 +993,166 @@ impl Connection {
 
     /// Waits for an operation in parts on this thread (see
     /// [`Connection::read`]).
-    fn wait_parts<'a>(&self, mut parts: Parts<'a>) -> Result<Moved<'a>, RmaError> {
+    fn wait_parts<'a>(&self, parts: Parts<'a>) -> Result<Moved<'a>, RmaError> {
+        let deadline = parts.deadline;
+        self.wait(parts, deadline)
+    }
+
+    /// Waits on this thread for `op`, which ends by `deadline` (its
+    /// requests' deadlines are kept by the worker, or by `op` itself).
+    fn wait<T>(
+        &self,
+        mut op: impl Future<Output = Result<T, RmaError>> + Unpin,
+        deadline: Instant,
+    ) -> Result<T, RmaError> {
         if self.inner.on_owning_worker() {
             return Err(CallError::WouldDeadlock.into());
         }
         let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
         loop {
-            if let Poll::Ready(done) = Pin::new(&mut parts).poll(&mut cx) {
+            if let Poll::Ready(done) = Pin::new(&mut op).poll(&mut cx) {
                 return done;
             }
-            // Woken by a part's outcome (or its deadline, kept by the
-            // worker); looked at again at the deadline whatever happens.
-            let left = parts.deadline.saturating_duration_since(Instant::now());
+            // Woken by an outcome (or a deadline, kept by the worker);
+            // looked at again at the deadline whatever happens.
+            let left = deadline.saturating_duration_since(Instant::now());
             std::thread::park_timeout(left.max(Duration::from_millis(1)));
         }
+    }
+
+    /// Several reads at once, one completion: each `(handle, offset, len)`
+    /// a read as [`Connection::read`] makes it (of any region of the
+    /// owner's, and of any length), all in flight together; their bytes in
+    /// the order asked. Scatter-gather: several ranges of a region, or of
+    /// several, in one call. The first that fails fails the whole with
+    /// [`RmaError::Part`] naming its range; the timeout is the whole's.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let a = server.expose(b"0123456789".to_vec(), msgr::Access::Read);
+    /// let b = server.expose(b"abcdef".to_vec(), msgr::Access::Read);
+    /// let (ha, hb) = (a.handle(), b.handle());
+    /// let got = conn.read_many([(&ha, 0, 2), (&ha, 8, 2), (&hb, 3, 3)], Duration::from_secs(10))?;
+    /// assert_eq!(got, [&b"01"[..], b"89", b"def"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn read_many<'h>(
+        &self,
+        ranges: impl IntoIterator<Item = (&'h RmaHandle, u64, u64)>,
+        options: impl Into<RmaOptions>,
+    ) -> Result<Vec<Bytes>, RmaError> {
+        let o = options.into();
+        let deadline = Instant::now() + o.timeout;
+        self.wait(self.read_many_async(ranges, o), deadline)
+    }
+
+    /// [`Connection::read_many`] as a future, for async code on any
+    /// executor.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(vec![5u8; 4096], msgr::Access::Read);
+    /// let h = region.handle();
+    /// let reads = conn.read_many_async((0..8).map(|i| (&h, i * 512, 512)), Duration::from_secs(10));
+    /// let got = tokio::runtime::Runtime::new()?.block_on(reads)?;
+    /// assert!(got.iter().all(|b| b[..] == [5u8; 512]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn read_many_async<'h>(
+        &self,
+        ranges: impl IntoIterator<Item = (&'h RmaHandle, u64, u64)>,
+        options: impl Into<RmaOptions>,
+    ) -> RmaFuture<Vec<Bytes>> {
+        let o = options.into();
+        let ops = ranges
+            .into_iter()
+            .map(|(h, offset, len)| ((offset, len), self.read_async(h, offset, len, o)))
+            .collect();
+        RmaFuture::new(Batch::new(ops))
+    }
+
+    /// Several writes at once, one completion: each `(handle, offset,
+    /// bytes)` a write as [`Connection::write`] makes it, all in flight
+    /// together (gather: several ranges, of one region or several). Done
+    /// when every write is; the first that fails fails the whole with
+    /// [`RmaError::Part`] naming its range (others may have landed).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::Bytes;
+    /// let region = server.expose(vec![0u8; 8], msgr::Access::Write);
+    /// let h = region.handle();
+    /// let writes = [(&h, 0, Bytes::from_static(b"ab")), (&h, 6, Bytes::from_static(b"yz"))];
+    /// conn.write_many(writes, Duration::from_secs(10))?;
+    /// assert_eq!(&region.bytes()[..], b"ab\0\0\0\0yz");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn write_many<'h>(
+        &self,
+        writes: impl IntoIterator<Item = (&'h RmaHandle, u64, Bytes)>,
+        options: impl Into<RmaOptions>,
+    ) -> Result<(), RmaError> {
+        let o = options.into();
+        let deadline = Instant::now() + o.timeout;
+        self.wait(self.write_many_async(writes, o), deadline)
+    }
+
+    /// [`Connection::write_many`] as a future, for async code on any
+    /// executor.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::Bytes;
+    /// let region = server.expose(vec![0u8; 4], msgr::Access::Write);
+    /// let h = region.handle();
+    /// let writes = (0..4).map(|i| (&h, i, Bytes::from(vec![i as u8 + 1])));
+    /// tokio::runtime::Runtime::new()?.block_on(conn.write_many_async(writes, Duration::from_secs(10)))?;
+    /// assert_eq!(&region.bytes()[..], &[1, 2, 3, 4]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn write_many_async<'h>(
+        &self,
+        writes: impl IntoIterator<Item = (&'h RmaHandle, u64, Bytes)>,
+        options: impl Into<RmaOptions>,
+    ) -> RmaFuture<()> {
+        let o = options.into();
+        let ops = writes
+            .into_iter()
+            .map(|(h, offset, bytes)| {
+                let range = (offset, bytes.len() as u64);
+                (range, self.write_async(h, offset, bytes, o))
+            })
+            .collect();
+        RmaFuture::new(async move { Batch::new(ops).await.map(drop) })
     }
 
     fn read_request(
@@ -1345,5 +1493,65 @@ impl<'a> Future for Parts<'a> {
                 return Poll::Pending;
             }
         }
+    }
+}
+
+/// Operations in flight together, one completion
+/// ([`Connection::read_many`], [`Connection::write_many`]): their outcomes
+/// in the order asked, or the first failure, naming its range.
+struct Batch<T> {
+    /// Each operation's range and, until it completed, its future.
+    ops: Vec<(Range, Option<RmaFuture<T>>)>,
+    done: Vec<Option<T>>,
+}
+
+/// Where an operation starts in its region, and its length.
+type Range = (u64, u64);
+
+impl<T> Batch<T> {
+    fn new(ops: Vec<(Range, RmaFuture<T>)>) -> Batch<T> {
+        let done = ops.iter().map(|_| None).collect();
+        let ops = ops.into_iter().map(|(r, f)| (r, Some(f))).collect();
+        Batch { ops, done }
+    }
+}
+
+// Nothing of a batch is pinned in place: its futures are boxed, its
+// outcomes plain values.
+impl<T> Unpin for Batch<T> {}
+
+impl<T> Future for Batch<T> {
+    type Output = Result<Vec<T>, RmaError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let mut pending = false;
+        for (i, ((offset, len), op)) in this.ops.iter_mut().enumerate() {
+            let Some(f) = op else { continue };
+            match Pin::new(f).poll(cx) {
+                Poll::Pending => pending = true,
+                Poll::Ready(Ok(v)) => {
+                    *op = None;
+                    this.done[i] = Some(v);
+                }
+                Poll::Ready(Err(e)) => {
+                    *op = None;
+                    return Poll::Ready(Err(match e {
+                        // The whole's timeout, as a single operation's.
+                        e @ RmaError::Call(CallError::Timeout { .. }) => e,
+                        e @ RmaError::Part { .. } => e,
+                        e => RmaError::Part {
+                            offset: *offset,
+                            len: *len,
+                            error: Box::new(e),
+                        },
+                    }));
+                }
+            }
+        }
+        if pending {
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(this.done.iter_mut().filter_map(Option::take).collect()))
     }
 }

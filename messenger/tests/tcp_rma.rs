@@ -490,3 +490,66 @@ fn shared_bytes_are_read_without_a_copy() {
     assert_eq!(back, held);
     assert_eq!(conn.read(&h, 0, 1, T), Err(RmaError::Revoked));
 }
+
+/// Many operations, one completion: scattered reads of two regions (one
+/// range in parts) and gathered writes, in flight together, blocking and
+/// async; a range that fails fails the whole, naming itself.
+#[test]
+fn many_operations_complete_as_one() {
+    let part = 64u64 << 10;
+    let (owner, _peer, conn) = small_pair(part as u32);
+    let a_bytes = noise(10 * part as usize, 21);
+    let a = owner.expose(a_bytes.clone(), Access::ReadWrite);
+    let b = owner.expose_shared(Bytes::from(noise(1000, 22)));
+    let (ha, hb) = (a.handle(), b.handle());
+    let ranges = [
+        (&ha, 0, 10),
+        (&hb, 990, 10),
+        (&ha, 5, 3 * part),
+        (&hb, 0, 1),
+    ];
+    let got = conn.read_many(ranges, T).unwrap();
+    assert_eq!(got.len(), 4);
+    for ((h, offset, len), bytes) in ranges.iter().zip(&got) {
+        let whole: &[u8] = if h.region == ha.region {
+            &a_bytes
+        } else {
+            b.bytes()
+        };
+        assert!(bytes[..] == whole[*offset as usize..(offset + len) as usize]);
+    }
+    let writes = (0..20u64).map(|i| (&ha, i * 1000, Bytes::from(vec![i as u8; 100])));
+    conn.write_many(writes, T).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let back = rt
+        .block_on(conn.read_many_async((0..20u64).map(|i| (&ha, i * 1000, 100)), T))
+        .unwrap();
+    for (i, r) in back.iter().enumerate() {
+        assert!(r.iter().all(|&x| x == i as u8), "range {i}");
+    }
+    let big = Bytes::from(noise(4 * part as usize, 23));
+    rt.block_on(conn.write_many_async([(&ha, 0, big.clone())], T))
+        .unwrap();
+    assert!(a.bytes()[..big.len()] == big[..]);
+
+    let mut longer = hb.clone();
+    longer.len = 5000;
+    let err = conn
+        .read_many([(&ha, 0, 10), (&longer, 2000, 10)], T)
+        .unwrap_err();
+    assert_eq!(
+        err,
+        RmaError::Part {
+            offset: 2000,
+            len: 10,
+            error: Box::new(RmaError::OutOfRange {
+                offset: 2000,
+                len: 10,
+                region_len: 1000
+            })
+        }
+    );
+}
