@@ -1457,15 +1457,6 @@ impl<'a> Future for Parts<'a> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         loop {
-            let left = this.deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                let timeout = CallError::Timeout {
-                    after: this.options.timeout,
-                    last_fault: None,
-                };
-                return Poll::Ready(Err(timeout.into()));
-            }
-            this.fill(left);
             let mut answered = false;
             let mut i = 0;
             while i < this.in_flight.len() {
@@ -1489,7 +1480,15 @@ impl<'a> Future for Parts<'a> {
                 let moved = std::mem::replace(&mut this.moved, Moved::Write(Bytes::new()));
                 return Poll::Ready(Ok(moved));
             }
-            if !answered {
+            let left = this.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let timeout = this.conn.call_timed_out(this.options.timeout);
+                return Poll::Ready(Err(timeout.into()));
+            }
+            // Parts sent now are polled (sent) on the next pass.
+            let before = this.in_flight.len();
+            this.fill(left);
+            if !answered && this.in_flight.len() == before {
                 return Poll::Pending;
             }
         }

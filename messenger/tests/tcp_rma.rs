@@ -414,7 +414,7 @@ fn operations_larger_than_a_message_move_in_parts() {
 
 /// A part that fails fails the operation at once, with a typed error
 /// naming the part (here the last, out of the region the owner really
-/// has).
+/// has); the operation's timeout is its own, not a part's.
 #[test]
 fn a_part_that_fails_names_itself() {
     let part = 64u64 << 10;
@@ -446,6 +446,14 @@ fn a_part_that_fails_names_itself() {
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(5));
+
+    // The timeout is the operation's: it says its own length.
+    let tiny = Duration::from_nanos(1);
+    let err = conn.read(&longer, 0, 10 * part, tiny).unwrap_err();
+    assert!(
+        matches!(err, RmaError::Call(CallError::Timeout { after, .. }) if after == tiny),
+        "{err}"
+    );
 
     // A region revoked: the part that meets it says so.
     let h = region.handle();
