@@ -142,6 +142,7 @@ pub const RMA_RAW_TARGET: f64 = 0.80;
 /// `4 KiB`, `1 MiB`: a power-of-two size as the tables name it.
 fn size_name(size: usize) -> String {
     match size {
+        s if s >= 1 << 30 && s % (1 << 30) == 0 => format!("{} GiB", s >> 30),
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
         s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
         s => format!("{s} B"),
