@@ -76,7 +76,7 @@ impl Connection {
 
     /// A call of timeout `after` got no reply in time: with why the link
     /// failed if the connection is not open now.
-    fn call_timed_out(&self, after: Duration) -> CallError {
+    pub(crate) fn call_timed_out(&self, after: Duration) -> CallError {
         let st = self.status();
         CallError::Timeout {
             after,

@@ -97,6 +97,8 @@ counters! {
     rma_writes_served,
     /// Bytes read from or written into exposed regions by peers.
     rma_bytes_served,
+    /// Bytes the owner copied out of its regions to answer reads (none for a region exposed with `Messenger::expose_shared`: its reads are answered with slices of it).
+    rma_bytes_copied,
     /// One-sided operations refused: revoked or unknown region, wrong capability or peer, out of range, not allowed, bad checksum, malformed.
     rma_refused,
     /// Keys of exposed regions handed to peers for native operations (the region registered on the link's endpoint).

@@ -518,7 +518,7 @@ pub use msgr_proto::TypedError;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub use msgr_proto::TypedMessage;
-pub use rma::{Access, RmaError, RmaFuture, RmaHandle, RmaOp, RmaOptions, RmaRegion};
+pub use rma::{Access, RmaError, RmaFuture, RmaHandle, RmaOp, RmaOptions, RmaRegion, SharedRegion};
 pub use service::{serve, serve_async, ServiceCall, ServiceClient, ServiceError, ServiceFault};
 
 /// Authentication and the secure mode: keys, keyrings, the modes a link

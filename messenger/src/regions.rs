@@ -26,6 +26,10 @@ pub(crate) struct Region {
     /// Only these peers may use it (`None`: any that holds the handle).
     pub(crate) peers: Option<Vec<EntityName>>,
     pub(crate) mem: Arc<RegionMemory>,
+    /// A region exposed read-only from shared bytes
+    /// (`Messenger::expose_shared`): its reads are slices of them, no
+    /// copy; `mem` is then empty and the region is not moved natively.
+    pub(crate) shared: Option<Bytes>,
 }
 
 /// A messenger's exposed regions, by number.
@@ -99,6 +103,16 @@ impl Region {
             (end <= len).then_some(start..end)
         };
         match r.op {
+            RmaOp::Read if self.shared.is_some() => {
+                let shared = self.shared.clone().unwrap_or_default();
+                let Some(range) = range(shared.len()) else {
+                    return out_of_range(shared.len());
+                };
+                // A slice of the shared bytes: no copy.
+                let out = shared.slice(range);
+                let crc = r.checksum.map_or(0, |_| crc32c(&out));
+                (RmaStatus::Ok, crc, out)
+            }
             RmaOp::Read => {
                 let bytes = self.mem.read();
                 let Some(range) = range(bytes.len()) else {

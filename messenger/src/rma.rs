@@ -31,6 +31,15 @@
 //! first part that fails fails it with [`RmaError::Part`], naming the
 //! part; its timeout is the operation's.
 //!
+//! # Memory the application holds
+//!
+//! [`Messenger::expose_shared`] exposes `Bytes` the application already
+//! holds, read-only, without a copy: each read is answered with a slice
+//! of them (no lock: they are immutable), and [`SharedRegion::revoke`]
+//! hands them back. [`Connection::read_many`] and
+//! [`Connection::write_many`] (and their futures) move several ranges, of
+//! one region or several, in one call with one completion.
+//!
 //! # Native operations
 //!
 //! Where the link's endpoints can, an operation moves with no CPU of the
@@ -106,7 +115,6 @@
 //! assert_eq!(&region.bytes()[100..105], b"hello");
 //! ```
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
@@ -152,7 +160,10 @@ pub use msgr_proto::rma::RmaOp;
 use msgr_proto::rma::{RmaRequest, RmaStatus};
 use msgr_proto::Message;
 
-use crate::call::AnswerFuture;
+mod parts;
+
+use parts::{Batch, Moved, Parts};
+
 use crate::regions::{capability, Region, RegionTable, RMA_TYPE};
 use crate::replies::{CallError, RmaAnswer};
 use crate::state::Command;
@@ -234,9 +245,10 @@ pub enum RmaError {
     #[error("malformed RMA exchange: {0}")]
     Malformed(String),
     /// A part of an operation that moves in parts (longer than
-    /// `rma_part_bytes`, or than one message carries) failed: where it
-    /// starts in the region, its length, and why. Parts before and after
-    /// it may have moved (a write may have landed in part).
+    /// `rma_part_bytes`, or than one message carries), or one range of
+    /// [`Connection::read_many`] or [`Connection::write_many`], failed:
+    /// where it starts in the region, its length, and why. Parts before
+    /// and after it may have moved (a write may have landed in part).
     #[error("the part at {offset} ({len} bytes) failed: {error}")]
     Part {
         /// Where the part starts in the region.
@@ -385,7 +397,10 @@ impl RmaRegion {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn len(&self) -> usize {
-        self.region.mem.len()
+        match &self.region.shared {
+            Some(b) => b.len(),
+            None => self.region.mem.len(),
+        }
     }
 
     /// Whether the region is empty.
@@ -540,6 +555,87 @@ fn wait_for_views(mut mem: Arc<RegionMemory>, deadline: Instant) -> Vec<u8> {
     }
 }
 
+/// Bytes the application holds, exposed read-only without a copy
+/// ([`Messenger::expose_shared`]): while it lives, holders of its
+/// [`SharedRegion::handle`] may read them; dropping it (or
+/// [`SharedRegion::revoke`]) ends that, as for an [`RmaRegion`].
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+/// # let inbox = Inbox::new();
+/// # let server = Messenger::builder(EntityName::server(1)).without_env()
+/// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+/// # let client = Messenger::builder(EntityName::client(1)).without_env()
+/// #     .start(Arc::new(NullDispatcher))?;
+/// # let conn = client.connect(server.addr().expect("bound"))?;
+/// use msgr::{Bytes, SharedRegion};
+/// let region: SharedRegion = server.expose_shared(Bytes::from_static(b"read me"));
+/// let h = region.handle();
+/// assert_eq!(&conn.read(&h, 5, 2, Duration::from_secs(10))?[..], b"me");
+/// drop(region);
+/// assert_eq!(conn.read(&h, 0, 1, Duration::from_secs(10)), Err(msgr::RmaError::Revoked));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct SharedRegion {
+    region: RmaRegion,
+    bytes: Bytes,
+}
+
+impl SharedRegion {
+    /// The handle to give peers (see [`RmaRegion::handle`]); its access
+    /// is [`Access::Read`].
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use msgr::{EntityName, Messenger, NullDispatcher};
+    /// # let owner = Messenger::builder(EntityName::server(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// use msgr::{Access, Bytes};
+    /// let region = owner.expose_shared(Bytes::from(vec![0u8; 64]));
+    /// let h = region.handle();
+    /// assert_eq!((h.len, h.access), (64, Access::Read));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn handle(&self) -> RmaHandle {
+        self.region.handle()
+    }
+
+    /// The bytes exposed (a reference, no copy).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use msgr::{EntityName, Messenger, NullDispatcher};
+    /// # let owner = Messenger::builder(EntityName::server(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// use msgr::Bytes;
+    /// let region = owner.expose_shared(Bytes::from_static(b"abc"));
+    /// assert_eq!(&region.bytes()[..], b"abc");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// Ends peers' access (later reads fail with [`RmaError::Revoked`])
+    /// and gives the bytes back. A read being answered holds its own
+    /// slice of them meanwhile: they are immutable, so nothing waits.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use msgr::{EntityName, Messenger, NullDispatcher};
+    /// # let owner = Messenger::builder(EntityName::server(1)).without_env().start(Arc::new(NullDispatcher))?;
+    /// use msgr::Bytes;
+    /// let region = owner.expose_shared(Bytes::from(vec![1u8, 2, 3]));
+    /// let back: Bytes = region.revoke();
+    /// assert_eq!(&back[..], &[1, 2, 3]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn revoke(self) -> Bytes {
+        self.region.unexpose();
+        self.bytes
+    }
+}
+
 impl Drop for RmaRegion {
     fn drop(&mut self) {
         self.unexpose();
@@ -566,7 +662,7 @@ impl Messenger {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn expose(&self, buffer: impl Into<Vec<u8>>, access: Access) -> RmaRegion {
-        self.expose_region(buffer.into(), access, None)
+        self.expose_region((buffer.into(), None), access, None)
     }
 
     /// [`Messenger::expose`], usable only by the peers named: an operation
@@ -595,12 +691,46 @@ impl Messenger {
         access: Access,
         peers: &[EntityName],
     ) -> RmaRegion {
-        self.expose_region(buffer.into(), access, Some(peers.to_vec()))
+        self.expose_region((buffer.into(), None), access, Some(peers.to_vec()))
+    }
+
+    /// Exposes `bytes` the application already holds to one-sided reads,
+    /// without a copy: the region keeps a reference to them (they are
+    /// immutable, so peers and the application read them at once, no
+    /// lock), and each read a peer makes is answered with a slice of them
+    /// (the owner copies nothing: `rma_bytes_copied` stays 0; over tcp the
+    /// kernel's socket copy is the only one). Read-only
+    /// ([`Access::Read`]); served by the owner's messenger over every
+    /// backend, not moved natively. [`SharedRegion::revoke`] gives the
+    /// bytes back.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::Bytes;
+    /// let table = Bytes::from(vec![9u8; 1 << 20]); // the application's own
+    /// let region = server.expose_shared(table.clone());
+    /// let part = conn.read(&region.handle(), 1000, 16, Duration::from_secs(10))?;
+    /// assert_eq!(&part[..], &table[1000..1016]);
+    /// assert_eq!(server.counters().rma_bytes_copied.load(std::sync::atomic::Ordering::Relaxed), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn expose_shared(&self, bytes: impl Into<Bytes>) -> SharedRegion {
+        let bytes = bytes.into();
+        let memory = (Vec::new(), Some(bytes.clone()));
+        let region = self.expose_region(memory, Access::Read, None);
+        SharedRegion { region, bytes }
     }
 
     fn expose_region(
         &self,
-        buffer: Vec<u8>,
+        (buffer, shared): (Vec<u8>, Option<Bytes>),
         access: Access,
         peers: Option<Vec<EntityName>>,
     ) -> RmaRegion {
@@ -612,6 +742,7 @@ impl Messenger {
             capability: capability(),
             peers,
             mem: RegionMemory::new(buffer),
+            shared,
         });
         table.regions.write().insert(id, region.clone());
         RmaRegion {
@@ -864,21 +995,166 @@ impl Connection {
 
     /// Waits for an operation in parts on this thread (see
     /// [`Connection::read`]).
-    fn wait_parts<'a>(&self, mut parts: Parts<'a>) -> Result<Moved<'a>, RmaError> {
+    fn wait_parts<'a>(&self, parts: Parts<'a>) -> Result<Moved<'a>, RmaError> {
+        let deadline = parts.deadline;
+        self.wait(parts, deadline)
+    }
+
+    /// Waits on this thread for `op`, which ends by `deadline` (its
+    /// requests' deadlines are kept by the worker, or by `op` itself).
+    fn wait<T>(
+        &self,
+        mut op: impl Future<Output = Result<T, RmaError>> + Unpin,
+        deadline: Instant,
+    ) -> Result<T, RmaError> {
         if self.inner.on_owning_worker() {
             return Err(CallError::WouldDeadlock.into());
         }
         let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
         loop {
-            if let Poll::Ready(done) = Pin::new(&mut parts).poll(&mut cx) {
+            if let Poll::Ready(done) = Pin::new(&mut op).poll(&mut cx) {
                 return done;
             }
-            // Woken by a part's outcome (or its deadline, kept by the
-            // worker); looked at again at the deadline whatever happens.
-            let left = parts.deadline.saturating_duration_since(Instant::now());
+            // Woken by an outcome (or a deadline, kept by the worker);
+            // looked at again at the deadline whatever happens.
+            let left = deadline.saturating_duration_since(Instant::now());
             std::thread::park_timeout(left.max(Duration::from_millis(1)));
         }
+    }
+
+    /// Several reads at once, one completion: each `(handle, offset, len)`
+    /// a read as [`Connection::read`] makes it (of any region of the
+    /// owner's, and of any length), all in flight together; their bytes in
+    /// the order asked. Scatter-gather: several ranges of a region, or of
+    /// several, in one call. The first that fails fails the whole with
+    /// [`RmaError::Part`] naming its range; the timeout is the whole's.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let a = server.expose(b"0123456789".to_vec(), msgr::Access::Read);
+    /// let b = server.expose(b"abcdef".to_vec(), msgr::Access::Read);
+    /// let (ha, hb) = (a.handle(), b.handle());
+    /// let got = conn.read_many([(&ha, 0, 2), (&ha, 8, 2), (&hb, 3, 3)], Duration::from_secs(10))?;
+    /// assert_eq!(got, [&b"01"[..], b"89", b"def"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn read_many<'h>(
+        &self,
+        ranges: impl IntoIterator<Item = (&'h RmaHandle, u64, u64)>,
+        options: impl Into<RmaOptions>,
+    ) -> Result<Vec<Bytes>, RmaError> {
+        let o = options.into();
+        let deadline = Instant::now() + o.timeout;
+        self.wait(self.read_many_async(ranges, o), deadline)
+    }
+
+    /// [`Connection::read_many`] as a future, for async code on any
+    /// executor.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let region = server.expose(vec![5u8; 4096], msgr::Access::Read);
+    /// let h = region.handle();
+    /// let reads = conn.read_many_async((0..8).map(|i| (&h, i * 512, 512)), Duration::from_secs(10));
+    /// let got = tokio::runtime::Runtime::new()?.block_on(reads)?;
+    /// assert!(got.iter().all(|b| b[..] == [5u8; 512]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn read_many_async<'h>(
+        &self,
+        ranges: impl IntoIterator<Item = (&'h RmaHandle, u64, u64)>,
+        options: impl Into<RmaOptions>,
+    ) -> RmaFuture<Vec<Bytes>> {
+        let o = options.into();
+        let ops = ranges
+            .into_iter()
+            .map(|(h, offset, len)| ((offset, len), self.read_async(h, offset, len, o)))
+            .collect();
+        RmaFuture::new(Batch::new(ops))
+    }
+
+    /// Several writes at once, one completion: each `(handle, offset,
+    /// bytes)` a write as [`Connection::write`] makes it, all in flight
+    /// together (gather: several ranges, of one region or several). Done
+    /// when every write is; the first that fails fails the whole with
+    /// [`RmaError::Part`] naming its range (others may have landed).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::Bytes;
+    /// let region = server.expose(vec![0u8; 8], msgr::Access::Write);
+    /// let h = region.handle();
+    /// let writes = [(&h, 0, Bytes::from_static(b"ab")), (&h, 6, Bytes::from_static(b"yz"))];
+    /// conn.write_many(writes, Duration::from_secs(10))?;
+    /// assert_eq!(&region.bytes()[..], b"ab\0\0\0\0yz");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn write_many<'h>(
+        &self,
+        writes: impl IntoIterator<Item = (&'h RmaHandle, u64, Bytes)>,
+        options: impl Into<RmaOptions>,
+    ) -> Result<(), RmaError> {
+        let o = options.into();
+        let deadline = Instant::now() + o.timeout;
+        self.wait(self.write_many_async(writes, o), deadline)
+    }
+
+    /// [`Connection::write_many`] as a future, for async code on any
+    /// executor.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::Bytes;
+    /// let region = server.expose(vec![0u8; 4], msgr::Access::Write);
+    /// let h = region.handle();
+    /// let writes = (0..4).map(|i| (&h, i, Bytes::from(vec![i as u8 + 1])));
+    /// tokio::runtime::Runtime::new()?.block_on(conn.write_many_async(writes, Duration::from_secs(10)))?;
+    /// assert_eq!(&region.bytes()[..], &[1, 2, 3, 4]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn write_many_async<'h>(
+        &self,
+        writes: impl IntoIterator<Item = (&'h RmaHandle, u64, Bytes)>,
+        options: impl Into<RmaOptions>,
+    ) -> RmaFuture<()> {
+        let o = options.into();
+        let ops = writes
+            .into_iter()
+            .map(|(h, offset, bytes)| {
+                let range = (offset, bytes.len() as u64);
+                (range, self.write_async(h, offset, bytes, o))
+            })
+            .collect();
+        RmaFuture::new(async move { Batch::new(ops).await.map(drop) })
     }
 
     fn read_request(
@@ -1023,201 +1299,5 @@ impl<T> Future for RmaFuture<T> {
         let done = std::task::ready!(op.as_mut().poll(cx));
         self.op = None;
         Poll::Ready(done)
-    }
-}
-
-/// What an operation in parts moves: a read's bytes (those in order so
-/// far, and parts that came before the ones ahead of them), or the
-/// caller's buffer a read fills, or the bytes to write.
-enum Moved<'a> {
-    Read(Vec<u8>, BTreeMap<u64, Bytes>),
-    Into(&'a mut [u8]),
-    Write(Bytes),
-}
-
-impl Moved<'_> {
-    fn read() -> Moved<'static> {
-        Moved::Read(Vec::new(), BTreeMap::new())
-    }
-
-    fn into_read(self) -> Bytes {
-        match self {
-            Moved::Read(v, _) => Bytes::from(v),
-            Moved::Into(_) | Moved::Write(_) => Bytes::new(),
-        }
-    }
-}
-
-/// A read or write longer than one request moves (`rma_part_bytes`, or
-/// what one message carries): split into parts, each a request of its
-/// own (served by the owner or carried out natively, as any operation),
-/// `rma_parts_in_flight` of them at a time. It completes when every part
-/// did; the first part that fails fails it, naming the part
-/// ([`RmaError::Part`]); its timeout is the operation's, not a part's.
-struct Parts<'a> {
-    conn: Connection,
-    handle: RmaHandle,
-    /// Where in the region, and how many bytes.
-    offset: u64,
-    len: u64,
-    /// The most bytes a part moves, and the most parts in flight.
-    part: u64,
-    window: usize,
-    options: RmaOptions,
-    deadline: Instant,
-    /// Bytes (from `offset`) handed to parts so far.
-    issued: u64,
-    /// Parts sent and not answered yet: where (from `offset`), how long.
-    in_flight: Vec<(u64, u64, AnswerFuture<RmaAnswer>)>,
-    moved: Moved<'a>,
-}
-
-impl<'a> Parts<'a> {
-    fn new(
-        conn: &Connection,
-        handle: &RmaHandle,
-        (offset, len): (u64, u64),
-        options: RmaOptions,
-        mut moved: Moved<'a>,
-    ) -> Parts<'a> {
-        let op = match moved {
-            Moved::Read(ref mut buf, _) => {
-                // Filled in order, each byte written once (not zeroed
-                // first: a GiB's memset is a tenth of its transfer).
-                *buf = Vec::with_capacity(len as usize);
-                RmaOp::Read
-            }
-            Moved::Into(_) => RmaOp::Read,
-            Moved::Write(_) => RmaOp::Write,
-        };
-        let part = conn.part_len(op);
-        let window = conn.inner.shared.cfg.rma_parts_in_flight.max(1);
-        Parts {
-            conn: conn.clone(),
-            handle: handle.clone(),
-            offset,
-            len,
-            part,
-            window,
-            options,
-            deadline: Instant::now() + options.timeout,
-            issued: 0,
-            in_flight: Vec::with_capacity(window),
-            moved,
-        }
-    }
-
-    /// Sends parts while fewer than the window are in flight.
-    fn fill(&mut self, left: Duration) {
-        while self.in_flight.len() < self.window && self.issued < self.len {
-            let at = self.issued;
-            let n = self.part.min(self.len - at);
-            self.issued += n;
-            let h = &self.handle;
-            let offset = self.offset + at;
-            let checksum = self.options.checksum;
-            let (req, bytes) = match &self.moved {
-                Moved::Read(..) | Moved::Into(_) => (
-                    request(h, RmaOp::Read, offset, n, checksum.then_some(0)),
-                    Bytes::new(),
-                ),
-                Moved::Write(b) => {
-                    let bytes = b.slice(at as usize..(at + n) as usize);
-                    let crc = checksum.then(|| crc32c(&bytes));
-                    (request(h, RmaOp::Write, offset, n, crc), bytes)
-                }
-            };
-            let msg = Message::new(RMA_TYPE, req.encode(), bytes);
-            let call = self.conn.call_async_answered(msg, left);
-            self.in_flight.push((at, n, call));
-        }
-    }
-
-    /// Part `(at, n)` answered: a read's bytes in place.
-    fn landed(&mut self, (at, n): (u64, u64), answer: RmaAnswer) -> Result<(), RmaError> {
-        let range = (self.offset + at, n);
-        match &mut self.moved {
-            Moved::Read(buf, early) => {
-                let bytes = read_outcome(answer, &self.handle, range, self.options.checksum)?;
-                if at != buf.len() as u64 {
-                    early.insert(at, bytes);
-                    return Ok(());
-                }
-                buf.extend_from_slice(&bytes);
-                while let Some(next) = early.remove(&(buf.len() as u64)) {
-                    buf.extend_from_slice(&next);
-                }
-                Ok(())
-            }
-            Moved::Into(buf) => {
-                let bytes = read_outcome(answer, &self.handle, range, self.options.checksum)?;
-                buf[at as usize..(at + n) as usize].copy_from_slice(&bytes);
-                Ok(())
-            }
-            Moved::Write(_) => write_outcome(answer, &self.handle, range),
-        }
-    }
-
-    /// The operation failed in part `(at, n)` with `e`: its timeout is
-    /// the operation's; anything else names the part.
-    fn failed(&self, (at, n): (u64, u64), e: RmaError) -> RmaError {
-        match e {
-            RmaError::Call(CallError::Timeout { last_fault, .. }) => {
-                RmaError::Call(CallError::Timeout {
-                    after: self.options.timeout,
-                    last_fault,
-                })
-            }
-            e => RmaError::Part {
-                offset: self.offset + at,
-                len: n,
-                error: Box::new(e),
-            },
-        }
-    }
-}
-
-impl<'a> Future for Parts<'a> {
-    type Output = Result<Moved<'a>, RmaError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        loop {
-            let left = this.deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                let timeout = CallError::Timeout {
-                    after: this.options.timeout,
-                    last_fault: None,
-                };
-                return Poll::Ready(Err(timeout.into()));
-            }
-            this.fill(left);
-            let mut answered = false;
-            let mut i = 0;
-            while i < this.in_flight.len() {
-                let (at, n, call) = &mut this.in_flight[i];
-                let part = (*at, *n);
-                match Pin::new(call).poll(cx) {
-                    Poll::Pending => i += 1,
-                    Poll::Ready(outcome) => {
-                        this.in_flight.swap_remove(i);
-                        answered = true;
-                        let done = outcome
-                            .map_err(RmaError::from)
-                            .and_then(|a| this.landed(part, a));
-                        if let Err(e) = done {
-                            return Poll::Ready(Err(this.failed(part, e)));
-                        }
-                    }
-                }
-            }
-            if this.in_flight.is_empty() && this.issued == this.len {
-                let moved = std::mem::replace(&mut this.moved, Moved::Write(Bytes::new()));
-                return Poll::Ready(Ok(moved));
-            }
-            if !answered {
-                return Poll::Pending;
-            }
-        }
     }
 }

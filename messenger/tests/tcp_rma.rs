@@ -414,7 +414,7 @@ fn operations_larger_than_a_message_move_in_parts() {
 
 /// A part that fails fails the operation at once, with a typed error
 /// naming the part (here the last, out of the region the owner really
-/// has).
+/// has); the operation's timeout is its own, not a part's.
 #[test]
 fn a_part_that_fails_names_itself() {
     let part = 64u64 << 10;
@@ -447,6 +447,14 @@ fn a_part_that_fails_names_itself() {
     );
     assert!(started.elapsed() < Duration::from_secs(5));
 
+    // The timeout is the operation's: it says its own length.
+    let tiny = Duration::from_nanos(1);
+    let err = conn.read(&longer, 0, 10 * part, tiny).unwrap_err();
+    assert!(
+        matches!(err, RmaError::Call(CallError::Timeout { after, .. }) if after == tiny),
+        "{err}"
+    );
+
     // A region revoked: the part that meets it says so.
     let h = region.handle();
     drop(region);
@@ -454,5 +462,102 @@ fn a_part_that_fails_names_itself() {
     assert!(
         matches!(&err, RmaError::Part { error, .. } if **error == RmaError::Revoked),
         "{err}"
+    );
+}
+
+/// Bytes the application holds, exposed without a copy: reads are
+/// answered with slices of them (the owner copies nothing, where a region
+/// it owns is copied out of for each read), of any length, checksummed;
+/// read-only; revoked, the bytes come back.
+#[test]
+fn shared_bytes_are_read_without_a_copy() {
+    let (owner, _peer, conn) = pair(3, Policy::LosslessClient);
+    let copied = |m: &Messenger| m.counters().rma_bytes_copied.load(Ordering::Relaxed);
+    let held = Bytes::from(noise(5 << 20, 11));
+    let region = owner.expose_shared(held.clone());
+    let h = region.handle();
+    assert_eq!((h.len, h.access), (5 << 20, Access::Read));
+    for (offset, len) in [(0u64, 1u64), (777, 64 << 10), (0, 5 << 20)] {
+        let got = conn.read(&h, offset, len, T).unwrap();
+        assert!(got[..] == held[offset as usize..(offset + len) as usize]);
+    }
+    let checked = conn
+        .read(&h, 3, 100_000, RmaOptions::from(T).checksum())
+        .unwrap();
+    assert!(checked[..] == held[3..100_003]);
+    assert_eq!(copied(&owner), 0, "the owner copied shared bytes");
+    assert_eq!(
+        conn.write(&h, 0, &b"no"[..], T),
+        Err(RmaError::Forbidden(RmaOp::Write))
+    );
+    // A region the messenger owns is copied out of for each read.
+    let owned = owner.expose(vec![1u8; 4096], Access::Read);
+    conn.read(&owned.handle(), 0, 4096, T).unwrap();
+    assert_eq!(copied(&owner), 4096);
+    let back = region.revoke();
+    assert_eq!(back, held);
+    assert_eq!(conn.read(&h, 0, 1, T), Err(RmaError::Revoked));
+}
+
+/// Many operations, one completion: scattered reads of two regions (one
+/// range in parts) and gathered writes, in flight together, blocking and
+/// async; a range that fails fails the whole, naming itself.
+#[test]
+fn many_operations_complete_as_one() {
+    let part = 64u64 << 10;
+    let (owner, _peer, conn) = small_pair(part as u32);
+    let a_bytes = noise(10 * part as usize, 21);
+    let a = owner.expose(a_bytes.clone(), Access::ReadWrite);
+    let b = owner.expose_shared(Bytes::from(noise(1000, 22)));
+    let (ha, hb) = (a.handle(), b.handle());
+    let ranges = [
+        (&ha, 0, 10),
+        (&hb, 990, 10),
+        (&ha, 5, 3 * part),
+        (&hb, 0, 1),
+    ];
+    let got = conn.read_many(ranges, T).unwrap();
+    assert_eq!(got.len(), 4);
+    for ((h, offset, len), bytes) in ranges.iter().zip(&got) {
+        let whole: &[u8] = if h.region == ha.region {
+            &a_bytes
+        } else {
+            b.bytes()
+        };
+        assert!(bytes[..] == whole[*offset as usize..(offset + len) as usize]);
+    }
+    let writes = (0..20u64).map(|i| (&ha, i * 1000, Bytes::from(vec![i as u8; 100])));
+    conn.write_many(writes, T).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let back = rt
+        .block_on(conn.read_many_async((0..20u64).map(|i| (&ha, i * 1000, 100)), T))
+        .unwrap();
+    for (i, r) in back.iter().enumerate() {
+        assert!(r.iter().all(|&x| x == i as u8), "range {i}");
+    }
+    let big = Bytes::from(noise(4 * part as usize, 23));
+    rt.block_on(conn.write_many_async([(&ha, 0, big.clone())], T))
+        .unwrap();
+    assert!(a.bytes()[..big.len()] == big[..]);
+
+    let mut longer = hb.clone();
+    longer.len = 5000;
+    let err = conn
+        .read_many([(&ha, 0, 10), (&longer, 2000, 10)], T)
+        .unwrap_err();
+    assert_eq!(
+        err,
+        RmaError::Part {
+            offset: 2000,
+            len: 10,
+            error: Box::new(RmaError::OutOfRange {
+                offset: 2000,
+                len: 10,
+                region_len: 1000
+            })
+        }
     );
 }

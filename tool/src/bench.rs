@@ -142,6 +142,7 @@ pub const RMA_RAW_TARGET: f64 = 0.80;
 /// `4 KiB`, `1 MiB`: a power-of-two size as the tables name it.
 fn size_name(size: usize) -> String {
     match size {
+        s if s >= 1 << 30 && s % (1 << 30) == 0 => format!("{} GiB", s >> 30),
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
         s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
         s => format!("{s} B"),
@@ -291,6 +292,21 @@ pub struct BenchReport {
     pub mixed_bulk: Option<Comparison<StreamResult>>,
 }
 
+/// A `size`-byte region `server` exposes, a client messenger of `cfg`
+/// connected to `target`, and `size` bytes to write.
+fn rma_setup(
+    cfg: &MessengerConfig,
+    (server, target): (&Messenger, &msgr::EntityAddr),
+    size: usize,
+) -> Result<(msgr::RmaRegion, Messenger, msgr::Connection, bytes::Bytes), ToolError> {
+    let region = server.expose(vec![0x5a; size], msgr::Access::ReadWrite);
+    let client = Messenger::builder(EntityName::client(9))
+        .config(cfg.clone())
+        .start(Arc::new(msgr::NullDispatcher))?;
+    let conn = client.connect(target)?;
+    Ok((region, client, conn, bytes::Bytes::from(vec![0xa5; size])))
+}
+
 /// `size`-byte RMA operations (`op`) on a region `server` exposes, from a
 /// client messenger of `cfg` connected to `target`, [`RMA_IN_FLIGHT`] at a
 /// time for `secs`: operations done, as a stream result.
@@ -301,13 +317,8 @@ fn rma_stream(
     size: usize,
     secs: Duration,
 ) -> Result<StreamResult, ToolError> {
-    let region = server.expose(vec![0x5a; size], msgr::Access::ReadWrite);
+    let (region, mut client, conn, payload) = rma_setup(cfg, (server, target), size)?;
     let h = region.handle();
-    let mut client = Messenger::builder(EntityName::client(9))
-        .config(cfg.clone())
-        .start(Arc::new(msgr::NullDispatcher))?;
-    let conn = client.connect(target)?;
-    let payload = bytes::Bytes::from(vec![0xa5; size]);
     let timeout = Duration::from_secs(60);
     // One operation before the clock: its reply brings the region's key
     // where the link moves it natively, so the figure is the steady path
@@ -367,13 +378,8 @@ fn rma_huge(
     (op, size): (msgr::RmaOp, usize),
     secs: Duration,
 ) -> Result<StreamResult, ToolError> {
-    let region = server.expose(vec![0x5a; size], msgr::Access::ReadWrite);
+    let (region, mut client, conn, payload) = rma_setup(cfg, (server, target), size)?;
     let h = region.handle();
-    let mut client = Messenger::builder(EntityName::client(9))
-        .config(cfg.clone())
-        .start(Arc::new(msgr::NullDispatcher))?;
-    let conn = client.connect(target)?;
-    let payload = bytes::Bytes::from(vec![0xa5; size]);
     // Reads land in one buffer, reused as the 1 MiB figure's are: a fresh
     // GiB per read is paged in at about the rate the bytes arrive.
     let mut landing = vec![0u8; if op == msgr::RmaOp::Read { size } else { 0 }];

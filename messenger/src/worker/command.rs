@@ -292,22 +292,7 @@ impl Worker {
             } else {
                 msg
             };
-            match slot.session.send(msg) {
-                Ok(_) => {}
-                // The handle checked the limits it knew; the peer's came
-                // with the handshake in between. Not a silent drop: the
-                // session ends and on_reset says why.
-                Err(msgr_proto::SendError::TooLarge(t)) => {
-                    slot.session.abort(FaultReason::TooLarge(t));
-                    Counters::add(&self.shared.counters.messages_dropped, 1);
-                }
-                Err(e) => {
-                    // The handle's own bound makes this unreachable unless
-                    // the session closed meanwhile; account for the message.
-                    tracing::debug!(error = %e, "send refused by session");
-                    Counters::add(&self.shared.counters.messages_dropped, 1);
-                }
-            }
+            native_rma::send_on_session(slot, msg, &self.shared.counters);
         }
         self.touch(key);
     }

@@ -11,7 +11,7 @@ use msgr_backends::{AnyTransport, RegionMemory, RmaFailure, Transport};
 use msgr_proto::auth::SecurityMode;
 use msgr_proto::message::REPLY_BIT;
 use msgr_proto::rma::{RmaKey, RmaOp, RmaReply, RmaRequest};
-use msgr_proto::{LinkId, Message, Session};
+use msgr_proto::{FaultReason, LinkId, Message, Session};
 use rustc_hash::FxHashMap;
 
 use super::rma_owner;
@@ -208,6 +208,28 @@ pub(super) fn give_up(slot: &mut Slot, op: NativeOp) -> Message {
     op.request
 }
 
+/// Queues `msg` on `slot`'s session: an application's message (the
+/// worker's `queue_messages`), or an RMA request going to the owner (here
+/// where a native operation was given up: as it is, not decoded again).
+pub(super) fn send_on_session(slot: &mut Slot, msg: Message, counters: &Counters) {
+    match slot.session.send(msg) {
+        Ok(_) => {}
+        // The handle checked the limits it knew; the peer's came with the
+        // handshake in between. Not a silent drop: the session ends and
+        // on_reset says why.
+        Err(msgr_proto::SendError::TooLarge(t)) => {
+            slot.session.abort(FaultReason::TooLarge(t));
+            Counters::add(&counters.messages_dropped, 1);
+        }
+        Err(e) => {
+            // The handle's own bound makes this unreachable unless the
+            // session closed meanwhile; account for the message.
+            tracing::debug!(error = %e, "send refused by session");
+            Counters::add(&counters.messages_dropped, 1);
+        }
+    }
+}
+
 impl Worker {
     /// A native read or write completed: the caller gets its bytes (a
     /// read's; none for a write); a failed one is asked of the owner.
@@ -233,8 +255,11 @@ impl Worker {
             Err(why) => {
                 tracing::debug!(%why, "a native operation failed: asked of the owner");
                 Counters::add(&counters.rma_native_fallbacks, 1);
+                // Straight to the session: not decoded again, nor tried
+                // natively again.
                 let request = give_up(slot, op);
-                self.queue_messages(key, std::iter::once(request));
+                send_on_session(slot, request, counters);
+                self.touch(key);
             }
         }
     }

@@ -54,6 +54,11 @@ pub(super) fn serve(
                 let figures = || takes_figures(conn);
                 let served =
                     region.serve(peer, figures, r, &req.data, &shared.regions.read_buffers);
+                if (served.0, r.op, &region.shared) == (RmaStatus::Ok, RmaOp::Read, &None) {
+                    Counters::add(&counters.rma_bytes_copied, served.2.len() as u64);
+                }
+                // (Shared bytes are not registered: their reads are slices.)
+                let native = native.filter(|_| region.shared.is_none());
                 if let (RmaStatus::Ok, true, Some(native)) = (served.0, r.want_key, native) {
                     key = native(region.id, &region.mem, region.access).map(|key| {
                         Counters::add(&counters.rma_keys_given, 1);
