@@ -163,12 +163,13 @@ impl Pending {
             return false;
         }
         if let Some(open) = &mut self.open {
-            // A batch is of one class: it travels in that class's lane.
-            if open.limits() == limits && open.class() == msg.class() {
+            if open.limits() == limits {
+                // (It refuses a message of another class: a batch travels
+                // in its class's lane.)
                 if open.push(msg, max_body) {
                     return true;
                 }
-                if open.ended_by_allocation(max_body) {
+                if open.class() == msg.class() && open.ended_by_allocation(max_body) {
                     self.alloc = self.alloc.saturating_mul(4);
                 }
             }

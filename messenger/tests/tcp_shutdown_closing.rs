@@ -65,6 +65,10 @@ fn config() -> MessengerConfig {
     // than the kernel's buffers hold (their ceilings are tens of MiB).
     cfg.session.max_in_flight_bytes = 1 << 30;
     cfg.session.max_queued_bytes = 1 << 30;
+    // One message larger than the kernel's buffers must sit in the link's
+    // own queue: priority lanes keep that queue at about a fragment (the
+    // session holds the rest), so they are off here.
+    cfg.session.max_fragment = 0;
     cfg
 }
 

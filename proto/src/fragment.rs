@@ -52,8 +52,13 @@ use crate::priority::Priority;
 /// Bytes of the fragment header (segment 0).
 pub const FRAGMENT_HEADER_LEN: usize = 48;
 /// The default bound of a piece: a class above waits for at most one
-/// such piece (~15 µs on this project's VM loopback), as Zenoh's batches.
-pub const DEFAULT_MAX_FRAGMENT: usize = 64 << 10;
+/// such piece (~0.4 ms at 2.5 GB/s). 1 MiB, not Zenoh's 64 KiB: on this
+/// project's VM loopback over TCP, 64 KiB pieces cost a 1 MiB stream
+/// about half its rate (each fragment is a frame of its own through the
+/// transport and the reassembly), while a call's wait behind bulk was
+/// about the same either way — what the link and the kernel's socket
+/// buffers hold ahead of the session dominates it (docs/HISTORY.md).
+pub const DEFAULT_MAX_FRAGMENT: usize = 1 << 20;
 
 /// A fragment frame does not have the shape the [module docs](self) give,
 /// or a message cannot be cut. Each closes the link on receipt (the frame

@@ -99,13 +99,18 @@ impl Responder {
 }
 
 /// Sends a pong: as the reply to the ping's call (`call`: its id, 0 if
-/// it was sent plainly), so a blocking `Connection::call` gets it.
-fn answer(conn: &Connection, call: u64, pong: Message) {
+/// it was sent plainly), so a blocking `Connection::call` gets it, in the
+/// ping's class (`priority`: its byte), as a reply takes its request's.
+fn answer(conn: &Connection, call: u64, priority: u8, mut pong: Message) {
     let _ = if call == 0 {
+        if pong.priority == 0 {
+            pong.priority = priority;
+        }
         conn.send(pong)
     } else {
         let mut request = Message::new(PING, Bytes::new(), Bytes::new());
         request.call = call;
+        request.priority = priority;
         conn.reply(&request, pong)
     };
 }
@@ -115,7 +120,7 @@ impl Dispatcher for Responder {
         match msg.msg_type {
             PING => {
                 self.pings.fetch_add(1, Ordering::Relaxed);
-                let call = msg.call;
+                let (call, priority) = (msg.call, msg.priority);
                 let reply = if msg.flags & PING_SEALED != 0 {
                     // The message as received, checksum and all.
                     let mut reply = msg;
@@ -124,11 +129,11 @@ impl Dispatcher for Responder {
                 } else {
                     Message::new(PONG, msg.front, msg.data)
                 };
-                answer(conn, call, reply);
+                answer(conn, call, priority, reply);
             }
             PING_OWN => {
                 self.pings.fetch_add(1, Ordering::Relaxed);
-                let call = msg.call;
+                let (call, priority) = (msg.call, msg.priority);
                 let own = {
                     let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
                     if own.data.len() != msg.data.len() {
@@ -144,7 +149,7 @@ impl Dispatcher for Responder {
                 } else {
                     Message::new(PONG, msg.front, own.data)
                 };
-                answer(conn, call, reply);
+                answer(conn, call, priority, reply);
             }
             STREAM => {
                 STREAMED.with(|s| *s.borrow_mut().entry(conn.id()).or_default() += 1);

@@ -474,7 +474,7 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         "max_fragment_bytes",
         "priority lanes: a message larger than this that is not batched travels as fragments \
          of at most this many bytes where both sides offer lanes, so that a message of a more \
-         urgent class waits for at most one (default 65536; 0 = no lanes: one class, no \
+         urgent class waits for at most one (default 1048576; 0 = no lanes: one class, no \
          fragments, as a peer without them; docs/PROTOCOL.md)",
         int(0, 1 << 30, |c, n| c.session.max_fragment = n as usize),
     ),

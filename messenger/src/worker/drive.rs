@@ -6,11 +6,18 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use msgr_backends::Transport;
+use msgr_proto::banner::features;
 use msgr_proto::{LinkId, Transmit};
 use rustc_hash::FxHashSet;
 
 use super::deliver::deliver;
-use super::{Worker, TX_HIGH_WATER};
+use super::{Worker, TX_HIGH_WATER, TX_LOW_WATER};
+
+/// With priority lanes, a session stops handing frames to its link at
+/// this much unsent (the low-water mark, where it continues): the most
+/// urgent class is chosen when a frame leaves the session, so what the
+/// link already holds is what a call queued later still waits behind.
+const LANES_HIGH_WATER: usize = TX_LOW_WATER;
 use crate::connection::ConnectionState;
 use crate::counters::Counters;
 
@@ -123,8 +130,13 @@ impl Worker {
         let t = slot.transport;
         let mut out = std::mem::take(&mut self.driving.outbox);
         let link = slot.session.link();
+        let high_water = if slot.session.features() & features::LANES != 0 {
+            LANES_HIGH_WATER
+        } else {
+            TX_HIGH_WATER
+        };
         let mut room = match link {
-            Some(l) => TX_HIGH_WATER.saturating_sub(self.net.transports[t].backlog(l)),
+            Some(l) => high_water.saturating_sub(self.net.transports[t].backlog(l)),
             None => 0,
         };
         while room > 0 {

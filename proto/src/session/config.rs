@@ -87,7 +87,7 @@ pub struct SessionConfig {
     /// of at most this many payload bytes where both sides offered
     /// `LANES`, so that a message of a more urgent class waits for at
     /// most one fragment (docs/PROTOCOL.md, "Fragment frames"). Default
-    /// [`crate::fragment::DEFAULT_MAX_FRAGMENT`] (64 KiB); 0: this side
+    /// [`crate::fragment::DEFAULT_MAX_FRAGMENT`] (1 MiB); 0: this side
     /// does not offer `LANES` (one class, no fragments, as before).
     pub max_fragment: usize,
     /// A connector whose session never opened ends this long after it was

@@ -44,6 +44,9 @@ pub struct EncodedBatch {
     /// The class of its messages (a batch is of one class: its entries
     /// travel in its class's lane).
     class: Priority,
+    /// Its first entry's priority byte: an entry with the same byte is of
+    /// the same class without mapping it (the per-message path).
+    priority: u8,
 }
 
 impl EncodedBatch {
@@ -90,6 +93,7 @@ impl EncodedBatch {
             calls: 0,
             limits,
             class: Priority::Data,
+            priority: 0,
         }
     }
 
@@ -103,11 +107,11 @@ impl EncodedBatch {
     /// bytes and `msg` is of the batch's class (its first entry's);
     /// `false` (nothing written) if not.
     pub fn push(&mut self, msg: &Message, max_body: usize) -> bool {
-        let class = msg.class();
-        if self.count > 0 && class != self.class {
+        if self.count == 0 {
+            (self.priority, self.class) = (msg.priority, msg.class());
+        } else if msg.priority != self.priority && msg.class() != self.class {
             return false;
         }
-        self.class = class;
         let room = max_body
             .min(self.body.capacity())
             .saturating_sub(self.body.len());

@@ -6,8 +6,18 @@ use bytes::Bytes;
 
 use super::tests::{hand_over, open_pair_with};
 use super::*;
-use crate::fragment::DEFAULT_MAX_FRAGMENT;
 use crate::priority::Priority;
+
+/// Fragments of 64 KiB (as Zenoh's batches; the default is larger).
+const FRAGMENT: usize = 64 << 10;
+
+/// Settings with fragments of [`FRAGMENT`] bytes.
+fn lanes_of_64k() -> SessionConfig {
+    SessionConfig {
+        max_fragment: FRAGMENT,
+        ..SessionConfig::default()
+    }
+}
 
 /// Message `t` of `class` with `data` payload bytes (each `t`).
 fn of(t: u16, class: Priority, data: usize) -> Message {
@@ -56,7 +66,7 @@ fn taken(c: &mut Session) -> Vec<(u16, Priority, usize)> {
 #[test]
 fn a_more_urgent_message_goes_between_the_fragments_of_a_large_one() {
     let now = Instant::now();
-    let cfg = SessionConfig::default();
+    let cfg = lanes_of_64k();
     let (mut c, mut s) = open(cfg.clone(), cfg, now);
     s.send(of(1, Priority::Data, 1 << 20)).expect("room");
     assert_eq!(step(&mut s, &mut c, now), Some(Tag::Fragment));
@@ -66,7 +76,7 @@ fn a_more_urgent_message_goes_between_the_fragments_of_a_large_one() {
     assert_eq!(taken(&mut c), [(2, Priority::Interactive, 10)]);
     hand_over(&mut s, &mut c, LinkId(1), now);
     assert_eq!(taken(&mut c), [(1, Priority::Data, 1 << 20)]);
-    let pieces = ((1 << 20) / DEFAULT_MAX_FRAGMENT) as u64;
+    let pieces = ((1 << 20) / FRAGMENT) as u64;
     assert_eq!(s.stats().tx_fragments, pieces);
     assert_eq!(c.stats().rx_fragments, pieces);
     // Everything acknowledged is released, fragments included.
@@ -80,7 +90,7 @@ fn a_more_urgent_message_goes_between_the_fragments_of_a_large_one() {
 #[test]
 fn each_class_keeps_its_order_and_the_most_urgent_goes_first() {
     let now = Instant::now();
-    let cfg = SessionConfig::default();
+    let cfg = lanes_of_64k();
     let (mut c, mut s) = open(cfg.clone(), cfg, now);
     let (d, b, i) = (Priority::Data, Priority::Background, Priority::Interactive);
     let sent = [
@@ -116,8 +126,8 @@ fn a_peer_without_lanes_gets_no_fragments_and_one_order() {
         ..SessionConfig::default()
     };
     for (client, server) in [
-        (SessionConfig::default(), without.clone()),
-        (without.clone(), SessionConfig::default()),
+        (lanes_of_64k(), without.clone()),
+        (without.clone(), lanes_of_64k()),
     ] {
         let (mut c, mut s) = open(client, server, now);
         assert_eq!(s.features() & features::LANES, 0);
