@@ -222,12 +222,15 @@ fn bench_hol_times_calls_beside_bulk_against_the_idle_connection() {
             .is_some_and(|m| m.starts_with("hol p99") && m.ends_with("prio 255"));
         assert_row(row, high_p99);
         if high_p99 {
-            // Issue 58's bar: twice the idle p99 and a fragment's time.
+            // The bar: twice the idle p99 and a fragment's time.
             assert!(row["target"].as_f64().is_some_and(|t| t > 2.0), "{row}");
         }
         let round = &row["rounds"][0];
         let (loaded, idle) = (&round["msgr"], &round["reference"]);
-        assert!(loaded["count"].as_u64().is_some_and(|n| n >= 2), "{loaded}");
+        // The bench promises one call at least beside each load (it stops
+        // after LOADED_CAP windows): on a busy machine a default-class call
+        // behind 64 MiB messages can take the whole cap.
+        assert!(loaded["count"].as_u64().is_some_and(|n| n >= 1), "{loaded}");
         assert_eq!(idle["count"], 2000, "{idle}");
         for r in [loaded, idle] {
             assert_eq!(r["size"], 64);
