@@ -74,8 +74,9 @@ step "cargo test: the fabric backend with real libfabric providers on loopback (
 cargo test --release -p msgr --features fabric --test fabric -- --skip failover
 # Failover with its output: the time from the fault to the session moving.
 cargo test --release -p msgr --features fabric --test fabric failover -- --nocapture
-# The msgr tool's serve, ping, stream and bench with fabric addresses.
-cargo test --release -p msgr-tool --features fabric --test cli
+# The msgr tool's serve, ping, stream and bench with fabric addresses (with the
+# fault-injection feature: one test corrupts a client's frames by its fault plan).
+cargo test --release -p msgr-tool --features fabric,fault-injection --test cli
 
 step "stress suite: msgr-stress 30 s per available backend with faults, the network-namespace run, and a cluster of 8 nodes in namespaces 60 s with every fault kind (docs/STRESS.md)"
 ensure_packages nftables iproute2

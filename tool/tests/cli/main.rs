@@ -104,7 +104,8 @@ struct Served {
     lines: mpsc::Receiver<String>,
     /// The address of its first line, `listening on ADDR`.
     addr: String,
-    /// All its stderr, once it has exited.
+    /// All its stderr, once it has exited (read by the fault-plan test).
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
     stderr: mpsc::Receiver<String>,
 }
 

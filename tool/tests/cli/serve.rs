@@ -456,7 +456,10 @@ fn serve_takes_its_addresses_from_a_config_file() {
 
 /// Frames a client corrupts on the wire (its fault plan) fail their
 /// links' CRC at the server: said at the default log level and counted in
-/// the summary; the lossless stream still delivers every message.
+/// the summary; the lossless stream still delivers every message. The
+/// fault plan needs the tool's `fault-injection` feature: scripts/test.sh
+/// runs the CLI tests with it.
+#[cfg(feature = "fault-injection")]
 #[test]
 fn serve_reports_checksum_mismatches() {
     let mut s = serve_args(&["serve", "tcp://127.0.0.1:0", "--duration", "60"]);
