@@ -501,9 +501,7 @@ impl Session {
         self.check_call(msg.call)?;
         // Its number in the session: where it became whole.
         msg.seq = seq;
-        self.stats.rx_messages += 1;
-        self.stats.rx_bytes += msg.payload_len() as u64;
-        self.events.push_message(msg);
+        self.delivered(msg);
         Ok(())
     }
 
@@ -515,10 +513,17 @@ impl Session {
             return Ok(());
         }
         self.rx.in_seq = msg.seq;
+        self.delivered(msg);
+        Ok(())
+    }
+
+    /// A message received in sequence (whole, or made whole from its
+    /// fragments): counted and handed to the application.
+    #[inline]
+    fn delivered(&mut self, msg: Message) {
         self.stats.rx_messages += 1;
         self.stats.rx_bytes += msg.payload_len() as u64;
         self.events.push_message(msg);
-        Ok(())
     }
 
     /// Refuses a call (or an RMA operation) on a link that did not agree
