@@ -12,6 +12,10 @@
 //! awake and a send costs a fence and a load. Each listener also binds a
 //! socket named after its address, which a connector rings after its
 //! HELLO: a listener's worker may sleep with no link to be rung through.
+//! It is rung once before that too, when the HELLO could not go: `shm`
+//! refuses a first post to an endpoint until that endpoint's progress has
+//! taken the connection request the refused post left it, which a
+//! sleeping listener would do only at its backstop.
 //! Every sleep still has a deadline ([`BELL_BACKSTOP`]), so a lost ring
 //! (a full socket buffer, a peer whose page could not be mapped) costs at
 //! most that.

@@ -58,6 +58,10 @@ pub(super) struct Setup {
     /// Where a connecting link's HELLO goes: the listener's doorbell is
     /// rung by this address (`super::doorbell`).
     pub(super) hello_to: Option<SocketAddr>,
+    /// The listener was rung for a HELLO not yet posted (`shm` refuses a
+    /// first post to an endpoint until that endpoint's progress has taken
+    /// the connection request the post left it): once per link.
+    pub(super) rang_before_hello: bool,
 }
 
 /// A link's flow control: data pieces it may send (credits the peer

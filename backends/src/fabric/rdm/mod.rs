@@ -986,10 +986,15 @@ impl Queueing for RdmTransport {
             self.shared.now,
         );
         if let Some(bells) = self.bells.as_mut() {
-            if hello && !link.setup.need_hello {
-                if let Some(listen) = link.setup.hello_to {
-                    bells.ring_listener(listen);
-                }
+            // After the HELLO went; and when it could not go yet, once:
+            // `shm` refuses a first post to a listener whose progress has
+            // not taken the connection request that post left it, and a
+            // sleeping listener would take it only at its backstop.
+            let setup = &mut link.setup;
+            let ring = hello && (!setup.need_hello || !setup.rang_before_hello);
+            if let Some(listen) = setup.hello_to.filter(|_| ring) {
+                setup.rang_before_hello = true;
+                bells.ring_listener(listen);
             }
             if let Some(peer) = link
                 .peer_bell

@@ -711,3 +711,63 @@ fn shm_peer_without_a_doorbell_is_polled() {
     let wake = c.wake_at().expect("a polled transport asks to be woken");
     assert!(wake <= Instant::now() + POLL_INTERVAL);
 }
+
+/// A connect to a sleeping `shm` listener rings it until the link is
+/// accepted, whatever address the listener is bound to (a concrete one or
+/// the unspecified `0.0.0.0` / `[::]`: over `shm` a listener is reached by
+/// the address it is bound to, which names its region). `shm` refuses the
+/// connector's first post until the listener's progress has taken the
+/// connection request that post left it, so the HELLO cannot go — and be
+/// rung after — before the listener wakes: it is rung for the refused
+/// HELLO too. The listener runs only when rung or at its own retries,
+/// never at its backstop; without that ring the HELLO never goes.
+#[test]
+fn shm_connect_rings_a_sleeping_listener_until_accepted() {
+    for bind in ["127.0.0.1", "0.0.0.0", "[::1]", "[::]"] {
+        let (mut poll_s, poll_c) = (mio::Poll::new().unwrap(), mio::Poll::new().unwrap());
+        let (mut s, mut c) = (open("shm", &poll_s), open("shm", &poll_c));
+        let at: EntityAddr = format!("fabric+shm://{bind}:0?ep=rdm").parse().unwrap();
+        let bound = s.listen(&at, Token(crate::LISTENER_TOKEN_BASE)).unwrap();
+        fall_asleep(&mut s);
+        let rings = stat(&c, "doorbell_rings");
+        c.connect(LinkId(1000), &bound).unwrap();
+        c.flush(Instant::now(), &mut Vec::new());
+        assert_eq!(
+            stat(&c, "doorbell_rings"),
+            rings + 1,
+            "{bind}: the connect rang the listener (its HELLO posted or refused)"
+        );
+        // The connector runs throughout (it polls while it connects); the
+        // listener only when its Poll says it was rung, or its own retry
+        // of a refused post is due, and sleeps again after.
+        let mut ready = mio::Events::with_capacity(8);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (mut got, mut connected) = (Vec::new(), false);
+        while accepted(&got).is_none() || !connected {
+            assert!(Instant::now() < deadline, "{bind}: not connected: {got:?}");
+            let mut events = Vec::new();
+            c.progress(Instant::now(), &mut events);
+            c.flush(Instant::now(), &mut events);
+            connected |= events
+                .iter()
+                .any(|e| matches!(e, TransportEvent::Connected(LinkId(1000))));
+            poll_s
+                .poll(&mut ready, Some(Duration::from_micros(100)))
+                .unwrap();
+            let retry = s.retry_at.is_some_and(|t| t <= Instant::now());
+            if ready.is_empty() && !retry {
+                continue;
+            }
+            for ev in ready.iter() {
+                s.ready(ev, Instant::now(), &mut got);
+            }
+            s.progress(Instant::now(), &mut got);
+            s.flush(Instant::now(), &mut got);
+            while !s.arm() {
+                s.progress(Instant::now(), &mut got);
+                s.flush(Instant::now(), &mut got);
+            }
+        }
+        assert!(stat(&s, "doorbell_wakes") >= 2, "{bind}: woken by rings");
+    }
+}
