@@ -10,9 +10,64 @@
 //! pinned to a CPU of its own, in none of 14. Pinning the workers
 //! (`worker_cpus`, as Ceph's `ms_async_affinity_cores` does) takes the
 //! placement out of the scheduler's hands.
+//!
+//! Which of this process's threads hold a CPU without blocking
+//! ([`OnCpu`]): awake workers (busy-polling or working) and callers
+//! spinning on a reply. A caller spins only on a CPU they leave spare: a
+//! third spinning thread on two CPUs takes one from a worker that brings
+//! the reply (a 64 B call's p50 went from ~32 µs parked to ~120 µs
+//! spinning on 2 CPUs, docs/BENCHMARKS.md).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
+
+/// Threads of this process counted by an [`OnCpu`] now.
+static ON_CPU: AtomicUsize = AtomicUsize::new(0);
+
+/// The CPUs this process may use, as its first thread to ask saw them (at
+/// least 1).
+fn cpus() -> usize {
+    static CPUS: OnceLock<usize> = OnceLock::new();
+    *CPUS.get_or_init(|| allowed_cpus().len().max(1))
+}
+
+/// A thread of this process counted as holding a CPU (module docs) while
+/// this lives.
+#[derive(Debug)]
+pub(crate) struct OnCpu(&'static AtomicUsize);
+
+impl OnCpu {
+    /// A worker that is awake: counted whatever the count.
+    pub(crate) fn worker() -> OnCpu {
+        ON_CPU.fetch_add(1, Ordering::Relaxed);
+        OnCpu(&ON_CPU)
+    }
+
+    /// A caller about to spin: counted only if a CPU is spare beside the
+    /// threads counted already, else `None` (it parks at once).
+    pub(crate) fn spare() -> Option<OnCpu> {
+        Self::spare_of(&ON_CPU, cpus())
+    }
+
+    /// [`OnCpu::spare`] against `count` and `cpus`.
+    fn spare_of(count: &'static AtomicUsize, cpus: usize) -> Option<OnCpu> {
+        count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < cpus).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| OnCpu(count))
+    }
+}
+
+impl Drop for OnCpu {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// The CPUs the calling thread may run on now (its affinity mask, as
 /// `taskset` set it), in ascending order: what [`crate::MessengerConfig`]'s
@@ -81,6 +136,23 @@ pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<usize>, CpuListError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A spinning caller is admitted only while a CPU is spare, and its
+    /// CPU is spare again once it stops.
+    #[test]
+    fn a_caller_spins_only_on_a_spare_cpu() {
+        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        // Two CPUs, one awake worker: one caller may spin, not two.
+        COUNT.store(1, Ordering::Relaxed);
+        let first = OnCpu::spare_of(&COUNT, 2).expect("a spare CPU");
+        assert!(OnCpu::spare_of(&COUNT, 2).is_none());
+        drop(first);
+        assert_eq!(COUNT.load(Ordering::Relaxed), 1);
+        // Both CPUs held by workers: none.
+        COUNT.store(2, Ordering::Relaxed);
+        assert!(OnCpu::spare_of(&COUNT, 2).is_none());
+        assert_eq!(COUNT.load(Ordering::Relaxed), 2);
+    }
 
     #[test]
     fn cpu_lists_parse_as_taskset_writes_them() {

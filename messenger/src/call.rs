@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use msgr_proto::{CodecError, Message, TypedError, TypedMessage};
 
+use crate::affinity::OnCpu;
 use crate::pending::{SendError, SendRejected};
 use crate::replies::{Answer, CallError, CallSlot};
 use crate::Connection;
@@ -124,8 +125,7 @@ impl Connection {
             calls.forget(id);
             return Err(e.into());
         }
-        let spin = self.inner.shared.cfg.call_spin.min(timeout);
-        slot.spin(spin);
+        self.spin_for(&slot, timeout);
         let mut s = slot.state.lock().expect("call slot");
         loop {
             if let Some(outcome) = s.outcome.take() {
@@ -141,6 +141,22 @@ impl Connection {
                 return late.unwrap_or_else(|| Err(self.call_timed_out(timeout)));
             }
             s = slot.ready.wait_timeout(s, left).expect("call slot").0;
+        }
+    }
+
+    /// Before a blocking caller parks: spins on `slot` for up to
+    /// `call_spin_us` (at most `timeout`), only while the connection's
+    /// worker is awake — busy-polling or working, so the reply is taken
+    /// as soon as it arrives — and a CPU of this process is spare beside
+    /// its awake workers and spinning callers (`crate::affinity::OnCpu`).
+    fn spin_for<T>(&self, slot: &CallSlot<T>, timeout: Duration) {
+        let window = self.inner.shared.cfg.call_spin.min(timeout);
+        let worker = &self.inner.shared.workers[self.inner.worker];
+        if window.is_zero() || worker.is_asleep() {
+            return;
+        }
+        if let Some(_cpu) = OnCpu::spare() {
+            slot.spin(window, || worker.is_asleep());
         }
     }
 

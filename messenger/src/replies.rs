@@ -174,33 +174,56 @@ impl<T> CallSlot<T> {
         // after: seen here if the caller is (or is about to be) parked.
         if self.parked.load(Ordering::Acquire) {
             self.ready.notify_all();
+            WOKE_PARKED.set(true);
         }
         if let Some(w) = waker {
             w.wake();
         }
     }
 
-    /// Yields until the outcome is in or `window` (`call_spin_us`) has
-    /// passed: a reply that comes within it is taken without the thread
-    /// parking (a parked thread's wake-up costs tens of µs on a VM), and
-    /// without the notification's system call. Whether it came.
-    pub(crate) fn spin(&self, window: Duration) -> bool {
+    /// Spins until the outcome is in, `window` (`call_spin_us`) has
+    /// passed or `worker_asleep` says the worker that brings the reply went
+    /// to sleep (the reply then waits for the kernel to wake it, and this
+    /// thread would hold a CPU for nothing): a reply that comes within it
+    /// is taken without the thread parking (a parked thread's wake-up costs
+    /// tens of µs on a VM) and without the notification's system call.
+    /// Whether it came.
+    pub(crate) fn spin(&self, window: Duration, worker_asleep: impl Fn() -> bool) -> bool {
+        /// Spins between two looks at the clock (a clock read is not free
+        /// everywhere).
+        const SPINS_PER_CLOCK: u32 = 64;
         if window.is_zero() {
             return self.done.load(Ordering::Acquire);
         }
         let until = Instant::now() + window;
+        let mut spins = 0u32;
         loop {
             if self.done.load(Ordering::Acquire) {
                 return true;
             }
-            if Instant::now() >= until {
+            if worker_asleep() {
                 return false;
             }
-            // Yielding, not spinning: the threads that bring the reply (the
-            // workers, busy-polling themselves) may need this CPU.
-            std::thread::yield_now();
+            spins += 1;
+            if spins.is_multiple_of(SPINS_PER_CLOCK) && Instant::now() >= until {
+                return false;
+            }
+            std::hint::spin_loop();
         }
     }
+}
+
+thread_local! {
+    /// A parked caller was woken from this thread since the last
+    /// [`woke_a_parked_caller`].
+    static WOKE_PARKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread woke a parked caller since it last asked (a
+/// worker, once per pass: with nothing else to do it then yields its CPU,
+/// which the woken caller may be waiting for).
+pub(crate) fn woke_a_parked_caller() -> bool {
+    WOKE_PARKED.replace(false)
 }
 
 /// A connection's calls waiting for replies.
@@ -284,5 +307,48 @@ impl PendingCalls {
         for (_, (w, _)) in slots {
             w.fail(CallError::Reset(reason.clone()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spinning caller takes an outcome that lands while it spins, and
+    /// stops when the worker that would bring it sleeps or its window
+    /// passes.
+    #[test]
+    fn a_spin_ends_at_the_outcome_the_worker_sleeping_or_the_window() {
+        let slot = Arc::new(CallSlot::<Message>::default());
+        let long = Duration::from_secs(60);
+        // The worker went to sleep: no spin at all.
+        assert!(!slot.spin(long, || true));
+        // The window passed.
+        assert!(!slot.spin(Duration::from_micros(50), || false));
+        // An outcome from another thread, within a window it cannot outlast.
+        let completer = {
+            let slot = slot.clone();
+            std::thread::spawn(move || slot.complete(Err(CallError::Finished)))
+        };
+        assert!(slot.spin(long, || false));
+        completer.join().unwrap();
+        // No notification: the caller never parked.
+        assert!(!slot.parked.load(Ordering::Acquire));
+        let mut s = slot.state.lock().unwrap();
+        assert!(matches!(s.outcome.take(), Some(Err(CallError::Finished))));
+    }
+
+    /// Completing a parked caller's slot notifies it, and tells the
+    /// completing thread (a worker) once that it woke someone.
+    #[test]
+    fn completing_a_parked_caller_is_told_once() {
+        let slot = CallSlot::<Message>::default();
+        slot.complete(Err(CallError::Finished));
+        assert!(!woke_a_parked_caller(), "nobody parked");
+        let slot = CallSlot::<Message>::default();
+        slot.parked.store(true, Ordering::Release);
+        slot.complete(Err(CallError::Finished));
+        assert!(woke_a_parked_caller());
+        assert!(!woke_a_parked_caller());
     }
 }

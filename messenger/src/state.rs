@@ -93,6 +93,12 @@ impl WorkerHandle {
         }
     }
 
+    /// Whether the worker said it is about to block in its poll (or is
+    /// blocked there): a reply then comes only after the kernel woke it.
+    pub(crate) fn is_asleep(&self) -> bool {
+        self.sleeping.load(Ordering::Relaxed)
+    }
+
     /// Whether no command is waiting in the channel.
     pub(crate) fn is_idle(&self) -> bool {
         self.tx.is_empty()

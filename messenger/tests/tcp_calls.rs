@@ -314,11 +314,12 @@ fn async_send_waits_for_room_and_streams_deliver() {
     });
 }
 
-/// With `call_spin_us`, callers wait for their replies yielding before
-/// they park: every caller still gets its own reply, and a reply that
-/// does not come (held at the server's gate) still times the call out.
+/// With a long `call_spin_us`, callers spin on their replies before they
+/// park (where a CPU is spare): every caller still gets its own reply, and
+/// a reply that does not come (held at the server's gate) still times the
+/// call out.
 #[test]
-fn callers_that_wait_yielding_get_their_replies_and_time_out() {
+fn callers_that_spin_get_their_replies_and_time_out() {
     let ans = Arc::new(Answerer::default());
     let mut cfg = fast_config();
     cfg.set("call_spin_us", "500").unwrap();

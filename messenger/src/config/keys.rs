@@ -375,10 +375,13 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
     ),
     key(
         "call_spin_us",
-        "how long a blocking call (`Connection::call`, `read`, `write`) waits for its reply \
-         yielding its CPU before it parks its thread, in µs (default 0: park at once). Worth it \
-         only with a CPU to spare beside busy-polling workers: on 2 cores a yielding caller \
-         slowed 64 B calls (p50 41-45 µs against 31-32 µs parked)",
+        "how long a blocking call (`Connection::call`, `read`, `write`) spins on its reply \
+         before it parks its thread, in µs (default 50; 0: park at once). It spins only while \
+         the connection's worker is awake (busy-polling or working) and a CPU of the process \
+         is spare beside its awake workers and spinning callers: a reply that comes within \
+         the spin costs no wake-up, and on 2 CPUs with two busy-polling workers the caller \
+         parks at once (spinning there took a worker's CPU: 64 B call p50 ~120 µs against \
+         ~32 µs parked)",
         int(0, 1_000_000, |c, n| c.call_spin = Duration::from_micros(n)),
     ),
     key(

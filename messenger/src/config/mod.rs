@@ -82,7 +82,9 @@ pub struct MessengerConfig {
     /// (0: never); regular traffic widens it up to `busy_poll_max`.
     pub busy_poll: Duration,
     /// How long a blocking call spins on its reply before it parks its
-    /// thread (0: at once).
+    /// thread (0: at once): only while the connection's worker is awake
+    /// and a CPU of the process is spare beside its awake workers and
+    /// other spinning callers.
     pub call_spin: Duration,
     /// An RMA read or write longer than this moves in parts of at most
     /// this many bytes (and of what one message may carry), each its own
@@ -184,7 +186,7 @@ impl Default for MessengerConfig {
         MessengerConfig {
             workers: 1,
             busy_poll: Duration::from_micros(200),
-            call_spin: Duration::ZERO,
+            call_spin: Duration::from_micros(50),
             rma_part_bytes: 1 << 20,
             rma_parts_in_flight: 8,
             busy_poll_max: Duration::from_micros(2000),

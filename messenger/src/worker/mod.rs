@@ -105,6 +105,7 @@ use timers::Timers;
 #[cfg(feature = "fault-injection")]
 use transmit::FaultPath;
 
+use crate::affinity::OnCpu;
 use crate::connection::Connection;
 use crate::counters::Counters;
 use crate::dispatcher::Dispatcher;
@@ -332,6 +333,9 @@ impl Worker {
         self.now = Instant::now();
         let mut last_activity = self.now;
         let mut pass: u32 = 0;
+        // Counted as holding a CPU except while blocked in the poll: a
+        // caller spins on its reply only on a CPU left spare.
+        let mut on_cpu = Some(OnCpu::worker());
         loop {
             pass = pass.wrapping_add(1);
             self.handshakes.passes += 1;
@@ -348,8 +352,11 @@ impl Worker {
             }
             let spinning =
                 self.now.duration_since(last_activity) < busy.get() && !shared_cpu.paused(self.now);
+            // A caller this thread woke may wait for this CPU: yielded at
+            // once, not at the pacer's next turn.
+            let woke = crate::replies::woke_a_parked_caller();
             let timeout = if spinning {
-                if !active && pacer.yield_now(self.now, pass) {
+                if !active && (woke || pacer.yield_now(self.now, pass)) {
                     self.yield_while_spinning(&mut pacer, &mut shared_cpu);
                 }
                 Some(Duration::ZERO)
@@ -364,6 +371,7 @@ impl Worker {
             let paced_since = (!needed && ask_poll && pacer.adapts()).then(Instant::now);
             if ask_poll && timeout != Some(Duration::ZERO) {
                 Counters::add(&self.shared.counters.worker_sleeps, 1);
+                on_cpu = None;
             }
             if !ask_poll {
                 events.clear();
@@ -374,6 +382,7 @@ impl Worker {
                 }
             }
             self.inbox.sleeping.store(false, Ordering::SeqCst);
+            on_cpu.get_or_insert_with(OnCpu::worker);
             self.now = Instant::now();
             if let Some(since) = paced_since {
                 pacer.polled(self.now - since, self.now);
