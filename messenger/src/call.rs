@@ -431,7 +431,11 @@ fn poll_slot<T>(slot: &CallSlot<T>, cx: &mut Context<'_>) -> Poll<Result<T, Call
     match s.outcome.take() {
         Some(o) => Poll::Ready(o),
         None => {
-            s.waker = Some(cx.waker().clone());
+            // Polled again by the same task (an RMA operation's parts, a
+            // select): the waker kept already wakes it; no clone.
+            if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                s.waker = Some(cx.waker().clone());
+            }
             Poll::Pending
         }
     }

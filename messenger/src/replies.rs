@@ -174,7 +174,6 @@ impl<T> CallSlot<T> {
         // after: seen here if the caller is (or is about to be) parked.
         if self.parked.load(Ordering::Acquire) {
             self.ready.notify_all();
-            WOKE_PARKED.set(true);
         }
         if let Some(w) = waker {
             w.wake();
@@ -211,19 +210,6 @@ impl<T> CallSlot<T> {
             std::hint::spin_loop();
         }
     }
-}
-
-thread_local! {
-    /// A parked caller was woken from this thread since the last
-    /// [`woke_a_parked_caller`].
-    static WOKE_PARKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether this thread woke a parked caller since it last asked (a
-/// worker, once per pass: with nothing else to do it then yields its CPU,
-/// which the woken caller may be waiting for).
-pub(crate) fn woke_a_parked_caller() -> bool {
-    WOKE_PARKED.replace(false)
 }
 
 /// A connection's calls waiting for replies.
@@ -336,19 +322,5 @@ mod tests {
         assert!(!slot.parked.load(Ordering::Acquire));
         let mut s = slot.state.lock().unwrap();
         assert!(matches!(s.outcome.take(), Some(Err(CallError::Finished))));
-    }
-
-    /// Completing a parked caller's slot notifies it, and tells the
-    /// completing thread (a worker) once that it woke someone.
-    #[test]
-    fn completing_a_parked_caller_is_told_once() {
-        let slot = CallSlot::<Message>::default();
-        slot.complete(Err(CallError::Finished));
-        assert!(!woke_a_parked_caller(), "nobody parked");
-        let slot = CallSlot::<Message>::default();
-        slot.parked.store(true, Ordering::Release);
-        slot.complete(Err(CallError::Finished));
-        assert!(woke_a_parked_caller());
-        assert!(!woke_a_parked_caller());
     }
 }

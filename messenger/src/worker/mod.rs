@@ -352,11 +352,8 @@ impl Worker {
             }
             let spinning =
                 self.now.duration_since(last_activity) < busy.get() && !shared_cpu.paused(self.now);
-            // A caller this thread woke may wait for this CPU: yielded at
-            // once, not at the pacer's next turn.
-            let woke = crate::replies::woke_a_parked_caller();
             let timeout = if spinning {
-                if !active && (woke || pacer.yield_now(self.now, pass)) {
+                if !active && pacer.yield_now(self.now, pass) {
                     self.yield_while_spinning(&mut pacer, &mut shared_cpu);
                 }
                 Some(Duration::ZERO)
