@@ -11,12 +11,16 @@
 //! (`worker_cpus`, as Ceph's `ms_async_affinity_cores` does) takes the
 //! placement out of the scheduler's hands.
 //!
-//! Which of this process's threads hold a CPU without blocking
-//! ([`OnCpu`]): awake workers (busy-polling or working) and callers
-//! spinning on a reply. A caller spins only on a CPU they leave spare: a
-//! third spinning thread on two CPUs takes one from a worker that brings
-//! the reply (a 64 B call's p50 went from ~32 µs parked to ~120 µs
-//! spinning on 2 CPUs, docs/BENCHMARKS.md).
+//! Which of this process's threads want a CPU ([`OnCpu`]): its workers,
+//! asleep or not (a sleeping one wakes to bring a reply, and must find a
+//! CPU then), and callers spinning on a reply. A caller spins only where
+//! they leave a CPU spare, and one more beside it for the threads msgr
+//! cannot see (a peer process's worker on the same host, the
+//! application's): a third spinning thread on two CPUs takes one from a
+//! thread that brings the reply — a 64 B call's p50 went from ~32 µs
+//! parked to ~120 µs spinning with two busy-polling workers on 2 CPUs, and
+//! from ~50–70 µs to ~120 µs beside one busy-polling worker and one that
+//! sleeps between messages (docs/HISTORY.md).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -40,14 +44,15 @@ fn cpus() -> usize {
 pub(crate) struct OnCpu(&'static AtomicUsize);
 
 impl OnCpu {
-    /// A worker that is awake: counted whatever the count.
+    /// A worker thread, for its lifetime: counted whatever the count.
     pub(crate) fn worker() -> OnCpu {
         ON_CPU.fetch_add(1, Ordering::Relaxed);
         OnCpu(&ON_CPU)
     }
 
-    /// A caller about to spin: counted only if a CPU is spare beside the
-    /// threads counted already, else `None` (it parks at once).
+    /// A caller about to spin: counted only if, with it, the threads
+    /// counted still leave one CPU spare (module docs), else `None` (it
+    /// parks at once).
     pub(crate) fn spare() -> Option<OnCpu> {
         Self::spare_of(&ON_CPU, cpus())
     }
@@ -56,7 +61,7 @@ impl OnCpu {
     fn spare_of(count: &'static AtomicUsize, cpus: usize) -> Option<OnCpu> {
         count
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < cpus).then_some(n + 1)
+                (n + 2 <= cpus).then_some(n + 1)
             })
             .ok()
             .map(|_| OnCpu(count))
@@ -137,21 +142,21 @@ pub(crate) fn parse_cpu_list(text: &str) -> Result<Vec<usize>, CpuListError> {
 mod tests {
     use super::*;
 
-    /// A spinning caller is admitted only while a CPU is spare, and its
-    /// CPU is spare again once it stops.
+    /// A spinning caller is admitted only while a CPU is spare beside it
+    /// and the threads counted, and its CPU is spare again once it stops.
     #[test]
     fn a_caller_spins_only_on_a_spare_cpu() {
         static COUNT: AtomicUsize = AtomicUsize::new(0);
-        // Two CPUs, one awake worker: one caller may spin, not two.
-        COUNT.store(1, Ordering::Relaxed);
-        let first = OnCpu::spare_of(&COUNT, 2).expect("a spare CPU");
-        assert!(OnCpu::spare_of(&COUNT, 2).is_none());
-        drop(first);
-        assert_eq!(COUNT.load(Ordering::Relaxed), 1);
-        // Both CPUs held by workers: none.
+        // Four CPUs, two workers: one caller may spin, not two.
         COUNT.store(2, Ordering::Relaxed);
-        assert!(OnCpu::spare_of(&COUNT, 2).is_none());
+        let first = OnCpu::spare_of(&COUNT, 4).expect("a spare CPU");
+        assert!(OnCpu::spare_of(&COUNT, 4).is_none());
+        drop(first);
         assert_eq!(COUNT.load(Ordering::Relaxed), 2);
+        // Two CPUs and one worker: none (no CPU would be left spare).
+        COUNT.store(1, Ordering::Relaxed);
+        assert!(OnCpu::spare_of(&COUNT, 2).is_none());
+        assert_eq!(COUNT.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -147,8 +147,9 @@ impl Connection {
     /// Before a blocking caller parks: spins on `slot` for up to
     /// `call_spin_us` (at most `timeout`), only while the connection's
     /// worker is awake — busy-polling or working, so the reply is taken
-    /// as soon as it arrives — and a CPU of this process is spare beside
-    /// its awake workers and spinning callers (`crate::affinity::OnCpu`).
+    /// as soon as it arrives — and the process's CPUs leave one spare
+    /// beside this caller, its workers and its other spinning callers
+    /// (`crate::affinity::OnCpu`).
     fn spin_for<T>(&self, slot: &CallSlot<T>, timeout: Duration) {
         let window = self.inner.shared.cfg.call_spin.min(timeout);
         let worker = &self.inner.shared.workers[self.inner.worker];

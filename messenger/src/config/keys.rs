@@ -377,11 +377,12 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         "call_spin_us",
         "how long a blocking call (`Connection::call`, `read`, `write`) spins on its reply \
          before it parks its thread, in µs (default 50; 0: park at once). It spins only while \
-         the connection's worker is awake (busy-polling or working) and a CPU of the process \
-         is spare beside its awake workers and spinning callers: a reply that comes within \
-         the spin costs no wake-up, and on 2 CPUs with two busy-polling workers the caller \
-         parks at once (spinning there took a worker's CPU: 64 B call p50 ~120 µs against \
-         ~32 µs parked)",
+         the connection's worker is awake (busy-polling or working) and the CPUs the process \
+         may use leave one spare beside the caller, the process's workers (asleep or not) and \
+         its other spinning callers, for threads msgr cannot see (a peer process on the same \
+         host): so never on 2 CPUs. A reply that comes within the spin costs no wake-up; \
+         spinning without a spare CPU took one from the threads that bring the reply (64 B \
+         call p50 ~120 µs against 32-60 µs parked on 2 CPUs)",
         int(0, 1_000_000, |c, n| c.call_spin = Duration::from_micros(n)),
     ),
     key(

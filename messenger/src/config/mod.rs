@@ -83,8 +83,8 @@ pub struct MessengerConfig {
     pub busy_poll: Duration,
     /// How long a blocking call spins on its reply before it parks its
     /// thread (0: at once): only while the connection's worker is awake
-    /// and a CPU of the process is spare beside its awake workers and
-    /// other spinning callers.
+    /// and the process's CPUs leave one spare beside the caller, its
+    /// workers and its other spinning callers (never on 2 CPUs).
     pub call_spin: Duration,
     /// An RMA read or write longer than this moves in parts of at most
     /// this many bytes (and of what one message may carry), each its own

@@ -333,9 +333,10 @@ impl Worker {
         self.now = Instant::now();
         let mut last_activity = self.now;
         let mut pass: u32 = 0;
-        // Counted as holding a CPU except while blocked in the poll: a
-        // caller spins on its reply only on a CPU left spare.
-        let mut on_cpu = Some(OnCpu::worker());
+        // Counted as a thread that wants a CPU, asleep or not (it may wake
+        // at any moment to bring a reply): a caller spins on its reply only
+        // on a CPU left spare beside every worker.
+        let _on_cpu = OnCpu::worker();
         loop {
             pass = pass.wrapping_add(1);
             self.handshakes.passes += 1;
@@ -368,7 +369,6 @@ impl Worker {
             let paced_since = (!needed && ask_poll && pacer.adapts()).then(Instant::now);
             if ask_poll && timeout != Some(Duration::ZERO) {
                 Counters::add(&self.shared.counters.worker_sleeps, 1);
-                on_cpu = None;
             }
             if !ask_poll {
                 events.clear();
@@ -379,7 +379,6 @@ impl Worker {
                 }
             }
             self.inbox.sleeping.store(false, Ordering::SeqCst);
-            on_cpu.get_or_insert_with(OnCpu::worker);
             self.now = Instant::now();
             if let Some(since) = paced_since {
                 pacer.polled(self.now - since, self.now);
