@@ -164,6 +164,7 @@ mod parts;
 
 use parts::{Batch, Moved, Parts};
 
+use crate::pending::RmaCall;
 use crate::regions::{capability, Region, RegionTable, RMA_TYPE};
 use crate::replies::{CallError, RmaAnswer};
 use crate::state::Command;
@@ -782,6 +783,13 @@ fn request(h: &RmaHandle, op: RmaOp, offset: u64, len: u64, checksum: Option<u32
     }
 }
 
+/// `req` encoded in the message to the owner, with `data` (a write's
+/// bytes), and kept as it is for the worker's native path.
+fn rma_call(req: RmaRequest, data: Bytes) -> RmaCall {
+    let msg = Message::new(RMA_TYPE, req.encode(), data);
+    RmaCall { request: req, msg }
+}
+
 impl Connection {
     /// Reads `len` bytes at `offset` of the region `handle` names, from
     /// its owner at the other end of this connection; blocks at most the
@@ -1163,10 +1171,10 @@ impl Connection {
         offset: u64,
         len: u64,
         o: RmaOptions,
-    ) -> Result<(RmaOptions, Message), RmaError> {
+    ) -> Result<(RmaOptions, RmaCall), RmaError> {
         check_local(h, RmaOp::Read, offset, len)?;
         let req = request(h, RmaOp::Read, offset, len, o.checksum.then_some(0));
-        Ok((o, Message::new(RMA_TYPE, req.encode(), Bytes::new())))
+        Ok((o, rma_call(req, Bytes::new())))
     }
 
     fn write_request(
@@ -1175,12 +1183,12 @@ impl Connection {
         offset: u64,
         bytes: Bytes,
         o: RmaOptions,
-    ) -> Result<(RmaOptions, Message), RmaError> {
+    ) -> Result<(RmaOptions, RmaCall), RmaError> {
         let len = bytes.len() as u64;
         check_local(h, RmaOp::Write, offset, len)?;
         let crc = o.checksum.then(|| crc32c(&bytes));
         let req = request(h, RmaOp::Write, offset, len, crc);
-        Ok((o, Message::new(RMA_TYPE, req.encode(), bytes)))
+        Ok((o, rma_call(req, bytes)))
     }
 }
 
