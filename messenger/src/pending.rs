@@ -102,7 +102,8 @@ pub(crate) enum Outgoing {
     /// A message in a frame of its own (large).
     Message(Message),
     /// A one-sided operation's request: the worker may carry it natively.
-    Rma(RmaCall),
+    /// Boxed so that the common items stay as small as a message.
+    Rma(Box<RmaCall>),
 }
 
 impl Outgoing {
@@ -155,7 +156,7 @@ impl Queued for RmaCall {
     }
     fn push(self, pending: &mut Pending, _: usize, _: Limits) {
         pending.close_open();
-        pending.items.push(Outgoing::Rma(self));
+        pending.items.push(Outgoing::Rma(Box::new(self)));
     }
 }
 

@@ -268,7 +268,7 @@ impl Worker {
                     }
                 }
                 Outgoing::Message(msg) => self.queue_message(key, msg),
-                Outgoing::Rma(call) => self.queue_rma(key, call),
+                Outgoing::Rma(call) => self.queue_rma(key, *call),
             }
         }
         self.inbox.spare_outgoing = items;
