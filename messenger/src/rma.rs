@@ -127,6 +127,7 @@ use bytes::Bytes;
 use msgr_addr::EntityName;
 use msgr_backends::RegionMemory;
 use msgr_proto::checksum::crc32c;
+use msgr_proto::priority::Priority;
 /// What a region lets its peers do.
 ///
 /// ```
@@ -268,17 +269,24 @@ pub enum RmaError {
 
 msgr_addr::debug_is_display!(RmaError);
 
-/// How an operation runs: its timeout (sending included), and whether a
+/// How an operation runs: its timeout (sending included), whether a
 /// CRC32C of the bytes moved travels with them, checked where they land
 /// (end to end: from the owner's region to the reader's buffer, or from
-/// the writer's bytes into the region). A `Duration` converts into the
-/// options with that timeout and no checksum.
+/// the writer's bytes into the region), and the priority class its
+/// request and answer travel in where the owner's messenger carries them
+/// ([`Priority::Background`] by default: bulk below calls and messages;
+/// operations the transport moves natively pass no lane). A `Duration`
+/// converts into the options with that timeout, no checksum and the
+/// default class.
 ///
 /// ```
 /// use std::time::Duration;
-/// use msgr::RmaOptions;
+/// use msgr::{Priority, RmaOptions};
 /// let o = RmaOptions::from(Duration::from_secs(1)).checksum();
 /// assert!(o.checksum && o.timeout == Duration::from_secs(1));
+/// assert_eq!(o.class, Priority::Background);
+/// let urgent = o.class(Priority::Interactive);
+/// assert_eq!(urgent.class, Priority::Interactive);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RmaOptions {
@@ -286,6 +294,8 @@ pub struct RmaOptions {
     pub timeout: Duration,
     /// With an end-to-end CRC32C of the bytes moved.
     pub checksum: bool,
+    /// The class the request and its answer travel in.
+    pub class: Priority,
 }
 
 impl RmaOptions {
@@ -301,6 +311,20 @@ impl RmaOptions {
         self.checksum = true;
         self
     }
+
+    /// These options in priority class `class` (a small read that must
+    /// not wait behind bulk: [`Priority::Interactive`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use msgr::{Priority, RmaOptions};
+    /// let opts = RmaOptions::from(Duration::from_secs(1)).class(Priority::Interactive);
+    /// assert_eq!(opts.class, Priority::Interactive);
+    /// ```
+    pub fn class(mut self, class: Priority) -> Self {
+        self.class = class;
+        self
+    }
 }
 
 impl From<Duration> for RmaOptions {
@@ -308,6 +332,7 @@ impl From<Duration> for RmaOptions {
         RmaOptions {
             timeout,
             checksum: false,
+            class: Priority::Background,
         }
     }
 }
@@ -784,9 +809,10 @@ fn request(h: &RmaHandle, op: RmaOp, offset: u64, len: u64, checksum: Option<u32
 }
 
 /// `req` encoded in the message to the owner, with `data` (a write's
-/// bytes), and kept as it is for the worker's native path.
-fn rma_call(req: RmaRequest, data: Bytes) -> RmaCall {
-    let msg = Message::new(RMA_TYPE, req.encode(), data);
+/// bytes), in `class` (the owner's answer inherits it), and kept as it is
+/// for the worker's native path.
+fn rma_call(req: RmaRequest, data: Bytes, class: Priority) -> RmaCall {
+    let msg = Message::new(RMA_TYPE, req.encode(), data).with_class(class);
     RmaCall { request: req, msg }
 }
 
@@ -1174,7 +1200,7 @@ impl Connection {
     ) -> Result<(RmaOptions, RmaCall), RmaError> {
         check_local(h, RmaOp::Read, offset, len)?;
         let req = request(h, RmaOp::Read, offset, len, o.checksum.then_some(0));
-        Ok((o, rma_call(req, Bytes::new())))
+        Ok((o, rma_call(req, Bytes::new(), o.class)))
     }
 
     fn write_request(
@@ -1188,7 +1214,7 @@ impl Connection {
         check_local(h, RmaOp::Write, offset, len)?;
         let crc = o.checksum.then(|| crc32c(&bytes));
         let req = request(h, RmaOp::Write, offset, len, crc);
-        Ok((o, rma_call(req, bytes)))
+        Ok((o, rma_call(req, bytes, o.class)))
     }
 }
 
@@ -1307,5 +1333,31 @@ impl<T> Future for RmaFuture<T> {
         let done = std::task::ready!(op.as_mut().poll(cx));
         self.op = None;
         Poll::Ready(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An operation's request goes in its options' class, bulk by default.
+    #[test]
+    fn a_request_travels_in_its_options_class() {
+        let h = RmaHandle {
+            region: 1,
+            len: 64,
+            access: Access::ReadWrite,
+            capability: [0; 16],
+        };
+        let conn_less = |o: RmaOptions| {
+            let req = request(&h, RmaOp::Read, 0, 8, None);
+            rma_call(req, Bytes::new(), o.class).msg.class()
+        };
+        let o = RmaOptions::from(Duration::from_secs(1));
+        assert_eq!(conn_less(o), Priority::Background);
+        assert_eq!(
+            conn_less(o.class(Priority::Interactive)),
+            Priority::Interactive
+        );
     }
 }

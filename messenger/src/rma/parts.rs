@@ -120,7 +120,9 @@ impl<'a> Parts<'a> {
                     (request(h, RmaOp::Write, offset, n, crc), bytes)
                 }
             };
-            let call = self.conn.call_async_answered(rma_call(req, bytes), left);
+            let call = self
+                .conn
+                .call_async_answered(rma_call(req, bytes, self.options.class), left);
             self.in_flight.push((at, n, call));
         }
     }
