@@ -46,15 +46,14 @@ impl Log {
         })
     }
 
+    /// A message taken as a view.
     fn record(&self, m: MessageRef<'_>) {
         self.viewed.fetch_add(1, Ordering::Relaxed);
-        let seen = (
-            m.seq,
-            m.msg_type,
-            m.flags,
-            m.front.to_vec(),
-            m.data.to_vec(),
-        );
+        self.push((m.seq, m.msg_type, m.flags), m.front, m.data);
+    }
+
+    fn push(&self, (seq, ty, flags): (u64, u16, u8), front: &[u8], data: &[u8]) {
+        let seen = (seq, ty, flags, front.to_vec(), data.to_vec());
         self.seen.lock().unwrap().push(seen);
     }
 
@@ -65,14 +64,7 @@ impl Log {
 
 impl Dispatcher for Log {
     fn on_message(&self, _: &Connection, m: Message) {
-        let seen = (
-            m.seq,
-            m.msg_type,
-            m.flags,
-            m.front.to_vec(),
-            m.data.to_vec(),
-        );
-        self.seen.lock().unwrap().push(seen);
+        self.push((m.seq, m.msg_type, m.flags), &m.front, &m.data);
     }
 
     fn on_batch(&self, _: &Connection, messages: &mut MessageRefs<'_>) {
