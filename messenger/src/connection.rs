@@ -185,6 +185,7 @@ impl Connection {
                 send_limits: [AtomicU32::new(max_front), AtomicU32::new(max_data)],
                 calls: Default::default(),
                 room: Default::default(),
+                user: Default::default(),
             }),
         }
     }
@@ -848,6 +849,38 @@ impl Connection {
     /// ```
     pub fn id(&self) -> u64 {
         self.inner.key
+    }
+
+    /// The application's own state for this connection: made by `init`
+    /// the first time it is asked for, then the same value for as long as
+    /// the connection lives, shared by every handle on it. A dispatcher
+    /// reaches it from the `&Connection` each callback gets, without a
+    /// map keyed by [`Connection::id`]: one load and a type check. One
+    /// value per connection: `None` if it was first made as another type
+    /// (keep several things in one struct).
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use msgr::{Connection, Dispatcher, Message};
+    /// /// Messages received on each connection.
+    /// struct Received(AtomicU64);
+    /// struct Counting;
+    /// impl Dispatcher for Counting {
+    ///     fn on_message(&self, conn: &Connection, _msg: Message) {
+    ///         if let Some(n) = conn.user_state(|| Received(AtomicU64::new(0))) {
+    ///             n.0.fetch_add(1, Ordering::Relaxed);
+    ///         }
+    ///     }
+    /// }
+    /// ```
+    pub fn user_state<T: std::any::Any + Send + Sync>(
+        &self,
+        init: impl FnOnce() -> T,
+    ) -> Option<&T> {
+        self.inner
+            .user
+            .get_or_init(|| Box::new(init()))
+            .downcast_ref()
     }
 }
 

@@ -30,6 +30,7 @@ use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
 use crate::link_failure::LinkFailure;
 use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
+use crate::view::ReceivedBatch;
 
 impl Session {
     /// A secure link unseals every unit first (the record layer's `open`);
@@ -445,7 +446,9 @@ impl Session {
 
     /// `MessageBatch`, on the open link of a session that agreed to
     /// batches: its ack once, then each
-    /// message in turn, as if each had come in a frame of its own. An
+    /// message in turn, checked and counted as if each had come in a
+    /// frame of its own; those in sequence go to the owner together, as
+    /// views of the body ([`ReceivedBatch`]), no message built. An
     /// entry that does not parse faults the link after the ones before
     /// it were delivered (the body passed its CRC: the peer wrote it so).
     fn on_batch(&mut self, frame: Frame) -> Result<(), ProtocolError> {
@@ -463,10 +466,38 @@ impl Session {
         let mut batch = BatchReader::new(body)?;
         self.stats.rx_batches += 1;
         self.apply_ack(batch.ack())?;
-        while let Some(msg) = batch.next_message()? {
-            self.deliver(msg)?;
+        // Duplicates can only lead (sequence numbers are consecutive):
+        // what is delivered is one run of entries, from `first` to `end`.
+        let mut first = None;
+        let (mut count, mut bytes, mut end) = (0u32, 0u64, 0);
+        let r = loop {
+            let at = batch.position();
+            let (seq, head) = match batch.next_entry() {
+                Ok(Some(entry)) => entry,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e.into()),
+            };
+            if let Err(e) = self.check_call(head.call) {
+                break Err(e);
+            }
+            match self.next_in_sequence(seq) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => break Err(e),
+            }
+            self.rx.in_seq = seq;
+            first.get_or_insert((at, seq));
+            count += 1;
+            bytes += (head.front_len + head.data_len) as u64;
+            end = batch.position();
+        };
+        if let Some((at, seq)) = first {
+            self.stats.rx_messages += u64::from(count);
+            self.stats.rx_bytes += bytes;
+            let run = ReceivedBatch::new(batch.into_body(), at, end, seq, count);
+            self.events.push_batch(run);
         }
-        Ok(())
+        r
     }
 
     /// `Fragment`, on the open link of a session that agreed to lanes:

@@ -123,7 +123,8 @@ pub use outbox::EncodedBatch;
 use outbox::Outbox;
 use owner::ToOwner;
 pub use owner::{
-    FaultReason, LinkId, LocalIdentity, PeerInfo, SendError, SessionEvent, SessionStats, Takeover,
+    FaultReason, LinkId, LocalIdentity, PeerInfo, Received, SendError, SessionEvent, SessionStats,
+    Takeover,
 };
 use send::Outgoing;
 use side::Side;
@@ -538,6 +539,14 @@ impl Session {
     /// message, `RemoteReset` before the new session's).
     pub fn poll_message(&mut self) -> Option<Message> {
         self.events.pop_message()
+    }
+
+    /// As [`Session::poll_message`], with the entries of a batch frame
+    /// handed over together, to read in place ([`Received::Batch`]): no
+    /// message built per entry. Mixes with `poll_message` freely; either
+    /// takes each message once.
+    pub fn poll_received(&mut self) -> Option<Received> {
+        self.events.pop_received()
     }
 }
 
