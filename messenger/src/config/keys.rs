@@ -479,6 +479,13 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         int(0, 1 << 30, |c, n| c.session.max_fragment = n as usize),
     ),
     key(
+        "tcp_socket_buffer_bytes",
+        "SO_SNDBUF and SO_RCVBUF of every TCP link (the kernel doubles it); bytes in socket buffers are \
+         past every priority lane, so a bound shortens an urgent message's wait behind bulk; 0: the \
+         kernel's autotuning (default 0)",
+        int(0, 1 << 30, |c, n| c.tcp_socket_buffer = n as usize),
+    ),
+    key(
         "max_front_bytes",
         "largest front segment accepted (default 16 MiB)",
         int(1, 1 << 30, |c, n| c.session.limits.max_segment[1] = n as u32),
