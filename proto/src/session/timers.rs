@@ -156,12 +156,11 @@ impl Session {
                 Some(self.clock.link_since + self.cfg.handshake_timeout)
             }
             State::Open { .. } => {
-                let ka = self.clock.last_tx + self.keepalive_every();
-                if self.rx.paused {
-                    Some(ka)
-                } else {
-                    Some(ka.min(self.clock.last_rx + self.cfg.keepalive_timeout))
+                let mut due = self.clock.last_tx + self.keepalive_every();
+                if !self.rx.paused {
+                    due = due.min(self.clock.last_rx + self.cfg.keepalive_timeout);
                 }
+                Some(self.ack_deadline().map_or(due, |ack| ack.min(due)))
             }
             State::Standby {
                 reconnect_at: Some(at),
