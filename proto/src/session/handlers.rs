@@ -71,7 +71,7 @@ impl Session {
                     Tag::MessageBatch => self.on_batch(frame),
                     Tag::Fragment => self.on_fragment(frame),
                     Tag::Ack => self.on_ack(&frame),
-                    Tag::Keepalive => self.on_keepalive(&frame),
+                    Tag::Keepalive => self.on_keepalive(&frame, now),
                     Tag::KeepaliveAck => self.on_keepalive_ack(&frame),
                     Tag::Close => self.on_close(&frame),
                     tag => Err(self.unexpected(tag)),
@@ -368,9 +368,9 @@ impl Session {
         self.apply_ack(ack.seq)
     }
 
-    /// `Keepalive`: paced ones say the peer's timeout, older ones are
-    /// answered.
-    fn on_keepalive(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
+    /// `Keepalive`: paced ones say the peer's timeout (and take this
+    /// side's along if it is due soon), older ones are answered.
+    fn on_keepalive(&mut self, frame: &Frame, now: Instant) -> Result<(), ProtocolError> {
         self.check_phase_takes(Tag::Keepalive, self.is_open())?;
         if self.remote.features & features::PACED_KEEPALIVE == 0 {
             let ka: Keepalive = parse_control(frame, "keepalive")?;
@@ -391,6 +391,7 @@ impl Session {
         {
             *peer_keepalive_timeout = Some(timeout);
         }
+        self.keepalive_along(now);
         Ok(())
     }
 

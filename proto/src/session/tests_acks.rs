@@ -1,6 +1,7 @@
-//! Acknowledgements in the engine, driven directly: a stream's acks
-//! wait for a message to carry them, or for `ack_delay`; a lone arrival
-//! and a quarter of the in-flight window are acknowledged at once.
+//! What an arrival makes the engine send, driven directly: a stream's
+//! acks wait for a message to carry them, or for `ack_delay`; a lone
+//! arrival and a quarter of the in-flight window are acknowledged at
+//! once; a paced keepalive takes this side's along when it is due soon.
 
 use std::time::Duration;
 
@@ -105,4 +106,50 @@ fn no_delay_acknowledges_every_arrival() {
         arrive(&mut s, &mut c, msg(i), t);
         assert_eq!(acks_out(&mut c, t), [(Tag::Ack, u64::from(i))]);
     }
+}
+
+#[test]
+fn a_paced_keepalive_takes_this_sides_along_when_due_within_half_a_pace() {
+    let t0 = Instant::now();
+    let (mut c, mut s) = open_pair_with(SessionConfig::default(), SessionConfig::default(), t0);
+    let keepalives = |from: &mut Session, now| {
+        std::iter::from_fn(|| from.poll_transmit(now))
+            .filter(|(_, t)| matches!(t, Transmit::Frame(f) if f.tag == Tag::Keepalive))
+            .map(|(_, t)| t)
+            .collect::<Vec<_>>()
+    };
+    let hand = |to: &mut Session, link, units: Vec<Transmit>, now| {
+        for u in units {
+            to.handle_inbound(link, u.into(), now).expect("valid");
+        }
+    };
+    // The first ones, each after its interval of silence: each side
+    // learns the other's timeout.
+    let t1 = c.poll_timeout().expect("a keepalive is due");
+    c.handle_timeout(t1);
+    s.handle_timeout(t1);
+    let (from_c, from_s) = (keepalives(&mut c, t1), keepalives(&mut s, t1));
+    assert_eq!((from_c.len(), from_s.len()), (1, 1));
+    hand(&mut s, LinkId(2), from_c, t1);
+    hand(&mut c, LinkId(1), from_s, t1);
+    // Paced now, a third of the 15 s timeout apart: the client's next
+    // comes as the server's own is due; the server sends its own with it.
+    let pace = SessionConfig::default().keepalive_timeout / 3;
+    let t2 = c.poll_timeout().expect("a keepalive is due");
+    assert_eq!(t2, t1 + pace);
+    c.handle_timeout(t2);
+    let from_c = keepalives(&mut c, t2);
+    assert_eq!(from_c.len(), 1);
+    let early = t2 - pace / 4;
+    hand(&mut s, LinkId(2), from_c, early);
+    let along = keepalives(&mut s, early);
+    assert_eq!(along.len(), 1, "the server's keepalive goes along");
+    assert_eq!(
+        s.poll_timeout(),
+        Some(early + pace),
+        "its timer starts again"
+    );
+    // The client sent a moment ago: the server's brings none back.
+    hand(&mut c, LinkId(1), along, early);
+    assert!(keepalives(&mut c, early).is_empty(), "no ping-pong");
 }

@@ -98,15 +98,7 @@ impl Session {
                 } else if now >= self.clock.last_tx + self.keepalive_every()
                     && self.tx.ctrl.is_empty()
                 {
-                    let stamp = now.duration_since(self.clock.link_since).as_micros() as u64;
-                    let frame = if self.remote.features & features::PACED_KEEPALIVE != 0 {
-                        let timeout_ms = self.cfg.keepalive_timeout.as_millis() as u64;
-                        control_frame(Tag::Keepalive, &PacedKeepalive { stamp, timeout_ms })
-                    } else {
-                        control_frame(Tag::Keepalive, &Keepalive { stamp })
-                    };
-                    self.tx.ctrl.push_back(Transmit::Frame(frame));
-                    self.stats.keepalives += 1;
+                    self.queue_keepalive(now);
                 }
             }
             State::Standby {
@@ -134,6 +126,32 @@ impl Session {
                 self.terminate(FaultReason::LingerExpired);
             }
             _ => {}
+        }
+    }
+
+    /// Queues this side's keepalive (paced where the peer paces them).
+    pub(super) fn queue_keepalive(&mut self, now: Instant) {
+        let stamp = now.duration_since(self.clock.link_since).as_micros() as u64;
+        let frame = if self.remote.features & features::PACED_KEEPALIVE != 0 {
+            let timeout_ms = self.cfg.keepalive_timeout.as_millis() as u64;
+            control_frame(Tag::Keepalive, &PacedKeepalive { stamp, timeout_ms })
+        } else {
+            control_frame(Tag::Keepalive, &Keepalive { stamp })
+        };
+        self.tx.ctrl.push_back(Transmit::Frame(frame));
+        self.stats.keepalives += 1;
+    }
+
+    /// A paced keepalive arrived at `now`: this side's own goes with it
+    /// if it would be due within half a pace. Idle sessions' keepalives
+    /// then go both ways in the pass that read the peer's — one wake-up
+    /// of a server per idle session and pace, not that and a timer's —
+    /// and this side's timer does not fire while the peer's keep coming.
+    /// Early is never late: the peer hears this side at least as often.
+    pub(super) fn keepalive_along(&mut self, now: Instant) {
+        let every = self.keepalive_every();
+        if now >= self.clock.last_tx + every / 2 && self.tx.ctrl.is_empty() {
+            self.queue_keepalive(now);
         }
     }
 
