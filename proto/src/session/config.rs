@@ -39,6 +39,11 @@ pub const DEFAULT_BATCH_MAX_BYTES: usize = 16 << 10;
 /// turn over hundreds of connections to pass before their acks go alone
 /// (a reply made meanwhile carries them), short beside any timer a peer
 /// waits on.
+///
+/// ```
+/// use msgr_proto::session::{SessionConfig, DEFAULT_ACK_DELAY};
+/// assert_eq!(SessionConfig::default().ack_delay, DEFAULT_ACK_DELAY);
+/// ```
 pub const DEFAULT_ACK_DELAY: Duration = Duration::from_millis(1);
 
 /// Tunables of one session. The defaults suit a LAN; tests shrink the timers.
