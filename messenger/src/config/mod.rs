@@ -688,6 +688,9 @@ mod tests {
             ("max_queued_bytes", "3", |c, d| {
                 c.session.max_queued_bytes = d.session.max_queued_bytes
             }),
+            ("ack_delay_us", "0", |c, d| {
+                c.session.ack_delay = d.session.ack_delay
+            }),
             ("max_fragment_bytes", "0", |c, d| {
                 c.session.max_fragment = d.session.max_fragment
             }),

@@ -172,6 +172,7 @@ impl Worker {
         Counters::add(&c.tx_messages, st.tx_messages - slot.seen.tx_messages);
         Counters::add(&c.tx_bytes, st.tx_bytes - slot.seen.tx_bytes);
         Counters::add(&c.tx_batches, st.tx_batches - slot.seen.tx_batches);
+        Counters::add(&c.tx_acks, st.acks - slot.seen.acks);
         Counters::add(&c.rx_batches, st.rx_batches - slot.seen.rx_batches);
         Counters::add(&c.rx_messages, st.rx_messages - slot.seen.rx_messages);
         Counters::add(&c.rx_bytes, st.rx_bytes - slot.seen.rx_bytes);

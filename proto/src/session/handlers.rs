@@ -72,7 +72,7 @@ impl Session {
                     Tag::MessageBatch => self.on_batch(frame),
                     Tag::Fragment => self.on_fragment(frame),
                     Tag::Ack => self.on_ack(&frame),
-                    Tag::Keepalive => self.on_keepalive(&frame),
+                    Tag::Keepalive => self.on_keepalive(&frame, now),
                     Tag::KeepaliveAck => self.on_keepalive_ack(&frame),
                     Tag::Close => self.on_close(&frame),
                     tag => Err(self.unexpected(tag)),
@@ -369,9 +369,9 @@ impl Session {
         self.apply_ack(ack.seq)
     }
 
-    /// `Keepalive`: paced ones say the peer's timeout, older ones are
-    /// answered.
-    fn on_keepalive(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
+    /// `Keepalive`: paced ones say the peer's timeout (and take this
+    /// side's along if it is due soon), older ones are answered.
+    fn on_keepalive(&mut self, frame: &Frame, now: Instant) -> Result<(), ProtocolError> {
         self.check_phase_takes(Tag::Keepalive, self.is_open())?;
         if self.remote.features & features::PACED_KEEPALIVE == 0 {
             let ka: Keepalive = parse_control(frame, "keepalive")?;
@@ -392,6 +392,7 @@ impl Session {
         {
             *peer_keepalive_timeout = Some(timeout);
         }
+        self.keepalive_along(now);
         Ok(())
     }
 
@@ -596,6 +597,16 @@ pub(super) struct Incoming {
     pub(super) in_seq: u64,
     /// The last sequence number this side acknowledged.
     pub(super) acked_in_seq: u64,
+    /// While something received is unacknowledged: when an `Ack` frame
+    /// of its own must go at the latest, if no message carried it
+    /// first (`SessionConfig::ack_delay` after the first such arrival).
+    /// (`None` with something unacknowledged: at once.)
+    pub(super) ack_due: Option<Instant>,
+    /// Bytes of the units received since the last ack went out.
+    pub(super) unacked_bytes: usize,
+    /// When the last unit that moved `in_seq` on arrived: one arriving
+    /// within `ack_delay` of it is part of a stream, whose acks wait.
+    pub(super) last_arrival: Option<Instant>,
     /// The owner holds back reading (a throttle): silence is not the peer's.
     pub(super) paused: bool,
     /// Messages arriving in fragments, per class (made at the first).
@@ -607,6 +618,30 @@ impl Incoming {
     pub(super) fn restart(&mut self) {
         self.in_seq = 0;
         self.acked_in_seq = 0;
+        self.ack_due = None;
+        self.unacked_bytes = 0;
+        self.last_arrival = None;
         self.reassembly = None;
+    }
+
+    /// A unit of `len` bytes moved `in_seq` on at `now`: its ack is due
+    /// `delay` after the first unacknowledged arrival of a stream (units
+    /// at most `delay` apart), at once for one after a silence — a lone
+    /// request, the last messages before a close — so that whoever waits
+    /// for that ack waits no longer than before.
+    pub(super) fn arrived_unacked(&mut self, len: usize, now: Instant, delay: Duration) {
+        self.unacked_bytes += len;
+        let streaming = self.last_arrival.is_some_and(|t| now < t + delay);
+        self.last_arrival = Some(now);
+        let due = if streaming { now + delay } else { now };
+        self.ack_due = Some(self.ack_due.map_or(due, |d| d.min(due)));
+    }
+
+    /// What went out carries the ack of everything received.
+    #[inline]
+    pub(super) fn acked(&mut self) {
+        self.acked_in_seq = self.in_seq;
+        self.ack_due = None;
+        self.unacked_bytes = 0;
     }
 }

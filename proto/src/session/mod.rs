@@ -105,6 +105,8 @@ mod state;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_acks;
+#[cfg(test)]
 mod tests_lanes;
 mod timers;
 
@@ -114,7 +116,7 @@ use std::time::Instant;
 use msgr_addr::{EntityAddr, EntityName};
 
 pub use attempts::DialAttempts;
-pub use config::{Policy, SessionConfig, DEFAULT_BATCH_MAX_BYTES};
+pub use config::{Policy, SessionConfig, DEFAULT_ACK_DELAY, DEFAULT_BATCH_MAX_BYTES};
 pub use error::ProtocolError;
 use handlers::Incoming;
 pub use hello::Hello;
@@ -510,10 +512,14 @@ impl Session {
             return Ok(());
         }
         self.clock.last_rx = now;
+        let (in_seq, len) = (self.rx.in_seq, unit.encoded_len());
         let r = self.unseal(unit).and_then(|mut unit| {
             opened(&mut unit);
             self.process(link, unit, now)
         });
+        if self.rx.in_seq > in_seq {
+            self.rx.arrived_unacked(len, now, self.cfg.ack_delay);
+        }
         if let Err(e) = &r {
             self.after_link_error(e, now);
         }

@@ -266,6 +266,8 @@ pub struct SessionStats {
     pub faults: u64,
     /// Keepalives sent.
     pub keepalives: u64,
+    /// `Ack` frames sent: acknowledgements no outgoing message carried.
+    pub acks: u64,
     /// Messages that left the send queue (acknowledged, sent lossy, or dropped).
     pub released_messages: u64,
     /// Payload bytes that left the send queue.
