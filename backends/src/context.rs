@@ -25,6 +25,11 @@ pub struct TransportContext {
     /// Wakes the worker from another thread (backends whose buffers are
     /// returned by the application, like the RDMA receive chunks).
     pub waker: Option<Arc<mio::Waker>>,
+    /// SO_SNDBUF and SO_RCVBUF of every TCP link, in bytes (the kernel
+    /// doubles it); 0 leaves the kernel's autotuning. Bytes in socket
+    /// buffers are past every priority lane: a bound keeps an urgent
+    /// message from waiting behind megabytes of bulk there.
+    pub tcp_socket_buffer: usize,
 }
 
 /// Sizes of the RDMA backends' registered memory, per worker, and the
@@ -172,6 +177,7 @@ impl TransportContext {
             copy_threshold: 8 << 10,
             rdma: RdmaPoolConfig::default(),
             waker: None,
+            tcp_socket_buffer: 0,
         }
     }
 }

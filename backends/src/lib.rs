@@ -33,6 +33,23 @@
 //! 4. `select`: which backend an address opens.
 
 #![warn(missing_docs)]
+// The socket helpers (`wire`, `sys`, `dirty`) serve TCP and the backends'
+// out-of-band setup; a build without `tcp` leaves some unused. Dead code is
+// still caught by the default and the every-feature builds.
+#![cfg_attr(not(feature = "tcp"), allow(dead_code))]
+
+// A messenger with no backend can open no link: say so once, rather than
+// as a page of errors from the modules that need one.
+#[cfg(not(any(
+    feature = "tcp",
+    feature = "verbs",
+    feature = "rdmacm",
+    feature = "fabric"
+)))]
+compile_error!(
+    "msgr needs at least one backend: enable the cargo feature `tcp` (the default), \
+     `fabric`, `verbs` or `rdmacm`"
+);
 
 #[cfg(any(
     feature = "tcp",

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use msgr_proto::{CodecError, Message, TypedError, TypedMessage};
 
 use crate::affinity::OnCpu;
-use crate::pending::{SendError, SendRejected};
+use crate::pending::{Queued, SendError, SendRejected};
 use crate::replies::{Answer, CallError, CallSlot};
 use crate::Connection;
 
@@ -111,7 +111,7 @@ impl Connection {
     /// peer's messenger or carried out natively).
     pub(crate) fn call_answered<T: Answer>(
         &self,
-        mut request: Message,
+        mut request: T::Request,
         timeout: Duration,
     ) -> Result<T, CallError> {
         if self.inner.on_owning_worker() {
@@ -120,8 +120,8 @@ impl Connection {
         let deadline = Instant::now() + timeout;
         let calls = &self.inner.calls;
         let (id, slot) = calls.register::<T>(timeout);
-        request.call = id;
-        if let Err(e) = self.send_timeout(request, timeout) {
+        request.set_call(id);
+        if let Err(e) = self.queue_timeout(request, timeout) {
             calls.forget(id);
             return Err(e.into());
         }
@@ -294,7 +294,7 @@ impl Connection {
     /// [`Connection::call_answered`]).
     pub(crate) fn call_async_answered<T: Answer>(
         &self,
-        request: Message,
+        request: T::Request,
         timeout: Duration,
     ) -> AnswerFuture<T> {
         AnswerFuture {
@@ -377,7 +377,7 @@ impl Future for CallFuture {
 /// future under [`CallFuture`] and `crate::RmaFuture`.
 pub(crate) struct AnswerFuture<T: Answer> {
     conn: Connection,
-    request: Option<Message>,
+    request: Option<T::Request>,
     timeout: Duration,
     call: Option<(u64, Arc<CallSlot<T>>)>,
 }
@@ -397,7 +397,7 @@ impl<T: Answer> Future for AnswerFuture<T> {
                     (id, slot)
                 }
             };
-            request.call = id;
+            request.set_call(id);
             match this.conn.send_or_wait(request, cx) {
                 Ok(None) => {}
                 Ok(Some(back)) => {

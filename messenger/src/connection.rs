@@ -11,7 +11,7 @@ use parking_lot::{Mutex, MutexGuard};
 use thiserror::Error;
 
 use crate::counters::Counters;
-use crate::pending::{Pending, SendError, SendRejected};
+use crate::pending::{Pending, Queued, SendError, SendRejected};
 use crate::state::{Command, ConnInner, PublishedStatus, Shared, ThreadWaker};
 
 const STATE_CONNECTING: u8 = 0;
@@ -185,6 +185,7 @@ impl Connection {
                 send_limits: [AtomicU32::new(max_front), AtomicU32::new(max_data)],
                 calls: Default::default(),
                 room: Default::default(),
+                user: Default::default(),
             }),
         }
     }
@@ -209,24 +210,29 @@ impl Connection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn send(&self, msg: Message) -> Result<(), SendRejected> {
+        self.queue(msg)
+    }
+
+    /// [`Connection::send`] of a message or an RMA request ([`Queued`]).
+    #[inline]
+    pub(crate) fn queue<Q: Queued>(&self, item: Q) -> Result<(), SendRejected<Q>> {
         let limits = self.send_limits();
         let admitted = self.check_open().and_then(|()| {
-            self.fits(&msg, limits)?;
+            let msg = item.message();
+            self.fits(msg, limits)?;
             let mut pending = self.inner.pending.lock();
             self.reserve(&mut pending, 1, msg.payload_len() as u64, msg.class())?;
             Ok(pending)
         });
         match admitted {
             Ok(mut pending) => {
-                if !pending.encode(&msg, self.batch_max_bytes(), limits) {
-                    pending.push_whole(msg);
-                }
+                item.push(&mut pending, self.batch_max_bytes(), limits);
                 self.schedule(pending);
                 Ok(())
             }
             Err(error) => Err(SendRejected {
                 error,
-                message: msg,
+                message: item,
             }),
         }
     }
@@ -363,6 +369,15 @@ impl Connection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn send_timeout(&self, msg: Message, timeout: Duration) -> Result<(), SendRejected> {
+        self.queue_timeout(msg, timeout)
+    }
+
+    /// [`Connection::send_timeout`] of a message or an RMA request.
+    pub(crate) fn queue_timeout<Q: Queued>(
+        &self,
+        msg: Q,
+        timeout: Duration,
+    ) -> Result<(), SendRejected<Q>> {
         let deadline = Instant::now() + timeout;
         // Woken by the worker when it releases messages (as `send_async`
         // is), not by polling: a sleep per full queue cost 8 callers of
@@ -411,12 +426,12 @@ impl Connection {
 
     /// Sends `msg`, or if the queue is full registers `cx`'s waker for
     /// room and gives the message back.
-    pub(crate) fn send_or_wait(
+    pub(crate) fn send_or_wait<Q: Queued>(
         &self,
-        msg: Message,
+        msg: Q,
         cx: &mut std::task::Context<'_>,
-    ) -> Result<Option<Message>, SendRejected> {
-        let msg = match self.send(msg) {
+    ) -> Result<Option<Q>, SendRejected<Q>> {
+        let msg = match self.queue(msg) {
             Err(SendRejected {
                 error: SendError::QueueFull { .. },
                 message,
@@ -425,7 +440,7 @@ impl Connection {
         };
         self.inner.room.register(cx.waker());
         // Room may have come before the waker was in place: look again.
-        match self.send(msg) {
+        match self.queue(msg) {
             Err(SendRejected {
                 error: SendError::QueueFull { .. },
                 message,
@@ -834,6 +849,38 @@ impl Connection {
     /// ```
     pub fn id(&self) -> u64 {
         self.inner.key
+    }
+
+    /// The application's own state for this connection: made by `init`
+    /// the first time it is asked for, then the same value for as long as
+    /// the connection lives, shared by every handle on it. A dispatcher
+    /// reaches it from the `&Connection` each callback gets, without a
+    /// map keyed by [`Connection::id`]: one load and a type check. One
+    /// value per connection: `None` if it was first made as another type
+    /// (keep several things in one struct).
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use msgr::{Connection, Dispatcher, Message};
+    /// /// Messages received on each connection.
+    /// struct Received(AtomicU64);
+    /// struct Counting;
+    /// impl Dispatcher for Counting {
+    ///     fn on_message(&self, conn: &Connection, _msg: Message) {
+    ///         if let Some(n) = conn.user_state(|| Received(AtomicU64::new(0))) {
+    ///             n.0.fetch_add(1, Ordering::Relaxed);
+    ///         }
+    ///     }
+    /// }
+    /// ```
+    pub fn user_state<T: std::any::Any + Send + Sync>(
+        &self,
+        init: impl FnOnce() -> T,
+    ) -> Option<&T> {
+        self.inner
+            .user
+            .get_or_init(|| Box::new(init()))
+            .downcast_ref()
     }
 }
 

@@ -45,6 +45,8 @@ counters! {
     tx_bytes,
     /// Batch frames handed to a transport (replays included): tx_messages per tx_batches is the messages per frame where all are small.
     tx_batches,
+    /// Ack frames sent: acknowledgements no outgoing message carried, each a write of its own (an ack waits up to `ack_delay_us` for a message to carry it).
+    tx_acks,
     /// Batch frames received (duplicates included): rx_messages per rx_batches is the peer's messages per frame where all are small.
     rx_batches,
     /// Messages delivered to the dispatcher (counted once the worker is done with the session's batch: after the `on_message` calls).

@@ -1,7 +1,10 @@
 //! The application's side of a messenger: callbacks for messages and
 //! connection life-cycle events.
 
-use msgr_proto::{FaultReason, Message};
+use msgr_proto::message::REPLY_BIT;
+use msgr_proto::rma::RMA_BIT;
+use msgr_proto::view::BatchEntries;
+use msgr_proto::{FaultReason, Message, MessageRef};
 
 use crate::config::HandlerPanicPolicy;
 use crate::Connection;
@@ -48,6 +51,58 @@ pub trait Dispatcher: Send + Sync + 'static {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn on_message(&self, conn: &Connection, msg: Message);
+
+    /// Messages that arrived together in one batch frame, in order, as
+    /// views of the frame's buffer ([`MessageRef`]): nothing is built,
+    /// copied or counted per message to hand them over. Take what you
+    /// like from `messages`; whatever is left when this returns goes to
+    /// [`Dispatcher::on_message`], one by one and in order, so every
+    /// message is delivered once either way. The default takes none.
+    ///
+    /// Order holds across both callbacks: a batch may be handed over in
+    /// several calls (a reply or an RMA operation among its messages
+    /// goes to its caller between them), and messages that did not
+    /// arrive in a batch frame (large ones sent in fragments, a lone
+    /// message frame) come to `on_message` alone. Keep one with
+    /// [`MessageRef::to_message`] (no copy: it shares the buffer).
+    ///
+    /// ```
+    /// # use std::{sync::{Arc, atomic::{AtomicU64, Ordering}}, time::{Duration, Instant}};
+    /// use msgr::{Connection, Dispatcher, EntityName, Message, MessageRefs, Messenger, NullDispatcher};
+    /// /// Counts the bytes of type-1 messages without building a `Message`.
+    /// #[derive(Default)]
+    /// struct Count(AtomicU64);
+    /// impl Dispatcher for Count {
+    ///     fn on_message(&self, _: &Connection, msg: Message) {
+    ///         if msg.msg_type == 1 {
+    ///             self.0.fetch_add(msg.data.len() as u64, Ordering::Relaxed);
+    ///         }
+    ///     }
+    ///     fn on_batch(&self, _: &Connection, messages: &mut MessageRefs<'_>) {
+    ///         let mut bytes = 0;
+    ///         for m in messages.filter(|m| m.msg_type == 1) {
+    ///             bytes += m.data.len() as u64;
+    ///         }
+    ///         self.0.fetch_add(bytes, Ordering::Relaxed);
+    ///     }
+    /// }
+    /// let count = Arc::new(Count::default());
+    /// let server = Messenger::builder(EntityName::server(1)).without_env()
+    ///     .bind("tcp://127.0.0.1:0".parse()?).start(count.clone())?;
+    /// let client = Messenger::builder(EntityName::client(1)).without_env()
+    ///     .start(Arc::new(NullDispatcher))?;
+    /// let conn = client.connect(server.addr().expect("bound"))?;
+    /// conn.send_batch((0..100).map(|_| Message::new(1, &b""[..], &[0u8; 64][..])).collect())?;
+    /// let deadline = Instant::now() + Duration::from_secs(10);
+    /// while count.0.load(Ordering::Relaxed) < 6400 && Instant::now() < deadline {
+    ///     std::thread::sleep(Duration::from_millis(5));
+    /// }
+    /// assert_eq!(count.0.load(Ordering::Relaxed), 6400);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn on_batch(&self, conn: &Connection, messages: &mut MessageRefs<'_>) {
+        let _ = (conn, messages);
+    }
 
     /// A connection this side opened is established.
     ///
@@ -233,6 +288,90 @@ pub trait Dispatcher: Send + Sync + 'static {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn on_shutdown(&self) {}
+}
+
+/// The messages of a batch frame handed to [`Dispatcher::on_batch`]: an
+/// iterator of [`MessageRef`]s, in order, borrowed from the frame's
+/// buffer for the length of the call. It ends before a reply or an RMA
+/// operation, which the messenger routes to its caller itself (the
+/// messages after it come in the next call).
+///
+/// ```
+/// use msgr::{Connection, Dispatcher, Message, MessageRefs};
+/// struct Sum;
+/// impl Dispatcher for Sum {
+///     fn on_message(&self, _: &Connection, _: Message) {}
+///     fn on_batch(&self, _: &Connection, messages: &mut MessageRefs<'_>) {
+///         let total: usize = messages.map(|m| m.payload_len()).sum();
+///         println!("{total} bytes");
+///     }
+/// }
+/// ```
+#[derive(Debug)]
+pub struct MessageRefs<'a> {
+    entries: BatchEntries<'a>,
+    /// The entry that ended the run: a reply or an RMA operation.
+    held: Option<MessageRef<'a>>,
+}
+
+impl<'a> MessageRefs<'a> {
+    pub(crate) fn new(entries: BatchEntries<'a>) -> Self {
+        MessageRefs {
+            entries,
+            held: None,
+        }
+    }
+
+    /// Whether a message for the application comes next (else a reply
+    /// or an RMA operation is held for [`MessageRefs::take_held`], or
+    /// the batch is done).
+    pub(crate) fn starts_a_run(&mut self) -> bool {
+        if self.held.is_some() {
+            return false;
+        }
+        match self.entries.clone().next() {
+            Some(m) if !routed_apart(&m) => true,
+            Some(_) => {
+                self.held = self.entries.next();
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The reply or RMA operation that ended the run, if one did.
+    pub(crate) fn take_held(&mut self) -> Option<MessageRef<'a>> {
+        self.held.take()
+    }
+
+    /// Entries of the batch not taken yet (the run's and those after).
+    pub(crate) fn entries_left(&self) -> usize {
+        self.entries.len() + usize::from(self.held.is_some())
+    }
+}
+
+impl<'a> Iterator for MessageRefs<'a> {
+    type Item = MessageRef<'a>;
+
+    #[inline]
+    fn next(&mut self) -> Option<MessageRef<'a>> {
+        if self.held.is_some() {
+            return None;
+        }
+        let m = self.entries.next()?;
+        if routed_apart(&m) {
+            self.held = Some(m);
+            return None;
+        }
+        Some(m)
+    }
+}
+
+/// A reply or an RMA operation: the messenger's to route, not the
+/// application's to handle.
+#[inline]
+fn routed_apart(m: &MessageRef<'_>) -> bool {
+    m.call & (REPLY_BIT | RMA_BIT) != 0
 }
 
 /// A callback panicked (see [`HandlerPanicPolicy`]); the panic's message.

@@ -8,6 +8,9 @@
 //! an application that falls behind pauses reading from the network
 //! rather than growing the queue: the worker never blocks on it. A
 //! connection's messages can be taken apart ([`Inbox::connection`]).
+//! Messages wait by priority class: a receive takes the most urgent class
+//! first (an `Interactive` message does not wait behind queued bulk), and
+//! within a class the order they came in, as the session delivered them.
 //! Callbacks ([`Dispatcher`]) remain the zero-overhead path.
 //!
 //! ```
@@ -41,6 +44,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use futures_core::Stream;
+use msgr_proto::priority::Priority;
 use msgr_proto::{FaultReason, Message};
 
 use crate::{Connection, Dispatcher};
@@ -106,12 +110,32 @@ struct Shared {
     changed: Condvar,
 }
 
+/// Messages waiting, a queue per priority class: taken most urgent class
+/// first, in arrival order within one.
+struct ClassQueue<T>([VecDeque<T>; Priority::COUNT]);
+
+impl<T> Default for ClassQueue<T> {
+    fn default() -> Self {
+        ClassQueue(std::array::from_fn(|_| VecDeque::new()))
+    }
+}
+
+impl<T> ClassQueue<T> {
+    fn push_back(&mut self, class: Priority, item: T) {
+        self.0[class.index()].push_back(item);
+    }
+
+    fn pop_front(&mut self) -> Option<T> {
+        self.0.iter_mut().find_map(VecDeque::pop_front)
+    }
+}
+
 #[derive(Default)]
 struct State {
-    messages: VecDeque<(Connection, Message)>,
+    messages: ClassQueue<(Connection, Message)>,
     events: VecDeque<(Connection, ConnectionEvent)>,
     /// Messages of connections taken apart, by connection id.
-    apart: HashMap<u64, VecDeque<Message>>,
+    apart: HashMap<u64, ClassQueue<Message>>,
     wakers: Vec<Waker>,
     closed: bool,
 }
@@ -405,9 +429,10 @@ impl Dispatcher for Inbox {
     fn on_message(&self, conn: &Connection, msg: Message) {
         let id = conn.id();
         let conn = conn.clone();
+        let class = msg.class();
         self.push(|s| match s.apart.get_mut(&id) {
-            Some(q) => q.push_back(msg),
-            None => s.messages.push_back((conn, msg)),
+            Some(q) => q.push_back(class, msg),
+            None => s.messages.push_back(class, (conn, msg)),
         });
     }
 
@@ -718,5 +743,25 @@ impl Stream for Events {
             Item::Event(c, e) => Some((c, e)),
             _ => None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The most urgent class first; arrival order within a class.
+    #[test]
+    fn a_class_queue_gives_the_most_urgent_class_first_in_order() {
+        use Priority::{Background as B, Data as D, Interactive as I};
+        let mut q = ClassQueue::default();
+        for (class, n) in [(B, 1), (D, 2), (I, 3), (B, 4), (I, 5), (D, 6)] {
+            q.push_back(class, n);
+        }
+        let order: Vec<i32> = std::iter::from_fn(|| q.pop_front()).collect();
+        assert_eq!(order, [3, 5, 2, 6, 1, 4]);
+        q.push_back(B, 7);
+        assert_eq!(q.pop_front(), Some(7));
+        assert_eq!(q.pop_front(), None);
     }
 }

@@ -105,7 +105,7 @@ pub use config::{
 };
 pub use connection::{ConnectError, Connection, ConnectionState, ConnectionStatus, SendFuture};
 pub use counters::Counters;
-pub use dispatcher::{Dispatcher, NullDispatcher};
+pub use dispatcher::{Dispatcher, MessageRefs, NullDispatcher};
 #[cfg(feature = "fault-injection")]
 pub use faults::{FaultPlan, FaultPlanError};
 pub use inbox::{ConnectionEvent, ConnectionInbox, Events, Inbox, Messages, Recv, RecvApart};
@@ -412,6 +412,29 @@ pub use msgr_proto::Malformed;
 /// # Ok::<(), msgr::CodecError>(())
 /// ```
 pub use msgr_proto::Message;
+/// A received message borrowed from the buffer it arrived in, as
+/// [`Dispatcher::on_batch`] hands it over: the header fields, and front
+/// and data as slices. [`MessageRef::to_message`] makes the owned
+/// [`Message`] to keep (no copy).
+///
+/// ```
+/// use msgr::{Connection, Dispatcher, Message, MessageRef, MessageRefs};
+/// struct Log;
+/// impl Log {
+///     fn show(&self, m: MessageRef<'_>) {
+///         println!("#{} type {}: {} bytes", m.seq, m.msg_type, m.payload_len());
+///     }
+/// }
+/// impl Dispatcher for Log {
+///     fn on_message(&self, _: &Connection, msg: Message) {
+///         println!("#{} type {} (alone)", msg.seq, msg.msg_type);
+///     }
+///     fn on_batch(&self, _: &Connection, messages: &mut MessageRefs<'_>) {
+///         messages.for_each(|m| self.show(m));
+///     }
+/// }
+/// ```
+pub use msgr_proto::MessageRef;
 /// Who the peer of a connection is ([`Connection::peer`]).
 ///
 /// ```

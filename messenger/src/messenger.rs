@@ -310,6 +310,7 @@ impl Messenger {
         let nonce = rand::random::<u64>() | 1;
         let mut ctx = TransportContext::new(cfg.session.limits);
         ctx.rdma = cfg.rdma;
+        ctx.tcp_socket_buffer = cfg.tcp_socket_buffer;
         let mut prepared = Vec::new();
         for _ in 0..cfg.workers.max(1) {
             prepared.push(Worker::prepare().map_err(MessengerError::Spawn)?);

@@ -4,7 +4,7 @@
 
 use bytes::BytesMut;
 use msgr_proto::control::Limits;
-use msgr_proto::rma::RMA_BIT;
+use msgr_proto::rma::{RmaRequest, RMA_BIT};
 use msgr_proto::session::EncodedBatch;
 use msgr_proto::Message;
 
@@ -99,17 +99,64 @@ impl<M> From<SendRejected<M>> for SendError {
 /// most one wake-up) is paid once per batch, not per message.
 pub(crate) enum Outgoing {
     Batch(EncodedBatch),
-    /// A message in a frame of its own (large), or a one-sided operation
-    /// (the worker may carry it natively).
+    /// A message in a frame of its own (large).
     Message(Message),
+    /// A one-sided operation's request: the worker may carry it natively.
+    /// Boxed so that the common items stay as small as a message.
+    Rma(Box<RmaCall>),
 }
 
 impl Outgoing {
     pub(crate) fn batch(&self) -> Option<&EncodedBatch> {
         match self {
             Outgoing::Batch(b) => Some(b),
-            Outgoing::Message(_) => None,
+            Outgoing::Message(_) | Outgoing::Rma(_) => None,
         }
+    }
+}
+
+/// A one-sided operation's request as the caller built it, and encoded
+/// in the message that goes to the owner: the worker looks it up for a
+/// native path without decoding the message again.
+pub(crate) struct RmaCall {
+    pub(crate) request: RmaRequest,
+    pub(crate) msg: Message,
+}
+
+/// What a connection's send path queues: a message, or an RMA request.
+pub(crate) trait Queued {
+    /// The message admitted against the queue's bounds and the peer's
+    /// limits.
+    fn message(&self) -> &Message;
+    /// Marks it as call `id`'s request.
+    fn set_call(&mut self, id: u64);
+    /// Queues it on `pending`, in order.
+    fn push(self, pending: &mut Pending, max_body: usize, limits: Limits);
+}
+
+impl Queued for Message {
+    fn message(&self) -> &Message {
+        self
+    }
+    fn set_call(&mut self, id: u64) {
+        self.call = id;
+    }
+    #[inline]
+    fn push(self, pending: &mut Pending, max_body: usize, limits: Limits) {
+        pending.push(self, max_body, limits);
+    }
+}
+
+impl Queued for RmaCall {
+    fn message(&self) -> &Message {
+        &self.msg
+    }
+    fn set_call(&mut self, id: u64) {
+        self.msg.call = id;
+    }
+    fn push(self, pending: &mut Pending, _: usize, _: Limits) {
+        pending.close_open();
+        pending.items.push(Outgoing::Rma(Box::new(self)));
     }
 }
 
@@ -252,7 +299,7 @@ mod tests {
             .iter()
             .map(|i| match i {
                 Outgoing::Batch(b) => b.count(),
-                Outgoing::Message(_) => 0,
+                Outgoing::Message(_) | Outgoing::Rma(_) => 0,
             })
             .collect()
     }
@@ -272,6 +319,22 @@ mod tests {
         rma.call = RMA_BIT | 1;
         p.push(rma, MAX, limits());
         p.push(msg(8, 10), MAX, limits());
+        let request = RmaRequest {
+            op: msgr_proto::rma::RmaOp::Read,
+            region: 1,
+            capability: [0; 16],
+            offset: 0,
+            len: 10,
+            checksum: None,
+            want_key: true,
+        };
+        let encoded = Message::new(1, request.encode(), Vec::new());
+        let call = RmaCall {
+            request,
+            msg: encoded,
+        };
+        Queued::push(call, &mut p, MAX, limits());
+        p.push(msg(8, 10), MAX, limits());
         let mut other = limits();
         other.max_data = 100;
         p.push(msg(9, 10), MAX, other);
@@ -282,7 +345,7 @@ mod tests {
             MAX,
             other,
         );
-        assert_eq!(shape(&mut p), [3, 1, 0, 1, 0, 1, 2, 1]);
+        assert_eq!(shape(&mut p), [3, 1, 0, 1, 0, 1, 0, 1, 2, 1]);
         assert!(!p.scheduled && p.items.is_empty() && p.open.is_none());
     }
 

@@ -15,6 +15,7 @@ use msgr_proto::rma::{RmaReply, RmaWireError, RMA_BIT};
 use msgr_proto::{FaultReason, Message};
 
 use crate::counters::Counters;
+use crate::pending::{Queued, RmaCall};
 use crate::pending::{SendError, SendRejected};
 
 /// Why a call got no reply.
@@ -97,12 +98,15 @@ pub(crate) enum RmaAnswer {
 pub(crate) trait Answer: Sized + Send + 'static {
     /// Or'ed into the call id of calls answered so.
     const MARK: u64;
+    /// The request of calls answered so, as queued.
+    type Request: Queued + Send + Unpin;
     /// The slot as the table keeps it.
     fn waiter(slot: Arc<CallSlot<Self>>) -> Waiter;
 }
 
 impl Answer for Message {
     const MARK: u64 = 0;
+    type Request = Message;
     fn waiter(slot: Arc<CallSlot<Self>>) -> Waiter {
         Waiter::Call(slot)
     }
@@ -110,6 +114,7 @@ impl Answer for Message {
 
 impl Answer for RmaAnswer {
     const MARK: u64 = RMA_BIT;
+    type Request = RmaCall;
     fn waiter(slot: Arc<CallSlot<Self>>) -> Waiter {
         Waiter::Rma(slot)
     }

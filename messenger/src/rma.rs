@@ -127,6 +127,7 @@ use bytes::Bytes;
 use msgr_addr::EntityName;
 use msgr_backends::RegionMemory;
 use msgr_proto::checksum::crc32c;
+use msgr_proto::priority::Priority;
 /// What a region lets its peers do.
 ///
 /// ```
@@ -164,6 +165,7 @@ mod parts;
 
 use parts::{Batch, Moved, Parts};
 
+use crate::pending::RmaCall;
 use crate::regions::{capability, Region, RegionTable, RMA_TYPE};
 use crate::replies::{CallError, RmaAnswer};
 use crate::state::Command;
@@ -267,17 +269,24 @@ pub enum RmaError {
 
 msgr_addr::debug_is_display!(RmaError);
 
-/// How an operation runs: its timeout (sending included), and whether a
+/// How an operation runs: its timeout (sending included), whether a
 /// CRC32C of the bytes moved travels with them, checked where they land
 /// (end to end: from the owner's region to the reader's buffer, or from
-/// the writer's bytes into the region). A `Duration` converts into the
-/// options with that timeout and no checksum.
+/// the writer's bytes into the region), and the priority class its
+/// request and answer travel in where the owner's messenger carries them
+/// ([`Priority::Background`] by default: bulk below calls and messages;
+/// operations the transport moves natively pass no lane). A `Duration`
+/// converts into the options with that timeout, no checksum and the
+/// default class.
 ///
 /// ```
 /// use std::time::Duration;
-/// use msgr::RmaOptions;
+/// use msgr::{Priority, RmaOptions};
 /// let o = RmaOptions::from(Duration::from_secs(1)).checksum();
 /// assert!(o.checksum && o.timeout == Duration::from_secs(1));
+/// assert_eq!(o.class, Priority::Background);
+/// let urgent = o.class(Priority::Interactive);
+/// assert_eq!(urgent.class, Priority::Interactive);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RmaOptions {
@@ -285,6 +294,8 @@ pub struct RmaOptions {
     pub timeout: Duration,
     /// With an end-to-end CRC32C of the bytes moved.
     pub checksum: bool,
+    /// The class the request and its answer travel in.
+    pub class: Priority,
 }
 
 impl RmaOptions {
@@ -300,6 +311,20 @@ impl RmaOptions {
         self.checksum = true;
         self
     }
+
+    /// These options in priority class `class` (a small read that must
+    /// not wait behind bulk: [`Priority::Interactive`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use msgr::{Priority, RmaOptions};
+    /// let opts = RmaOptions::from(Duration::from_secs(1)).class(Priority::Interactive);
+    /// assert_eq!(opts.class, Priority::Interactive);
+    /// ```
+    pub fn class(mut self, class: Priority) -> Self {
+        self.class = class;
+        self
+    }
 }
 
 impl From<Duration> for RmaOptions {
@@ -307,6 +332,7 @@ impl From<Duration> for RmaOptions {
         RmaOptions {
             timeout,
             checksum: false,
+            class: Priority::Background,
         }
     }
 }
@@ -782,6 +808,14 @@ fn request(h: &RmaHandle, op: RmaOp, offset: u64, len: u64, checksum: Option<u32
     }
 }
 
+/// `req` encoded in the message to the owner, with `data` (a write's
+/// bytes), in `class` (the owner's answer inherits it), and kept as it is
+/// for the worker's native path.
+fn rma_call(req: RmaRequest, data: Bytes, class: Priority) -> RmaCall {
+    let msg = Message::new(RMA_TYPE, req.encode(), data).with_class(class);
+    RmaCall { request: req, msg }
+}
+
 impl Connection {
     /// Reads `len` bytes at `offset` of the region `handle` names, from
     /// its owner at the other end of this connection; blocks at most the
@@ -1163,10 +1197,10 @@ impl Connection {
         offset: u64,
         len: u64,
         o: RmaOptions,
-    ) -> Result<(RmaOptions, Message), RmaError> {
+    ) -> Result<(RmaOptions, RmaCall), RmaError> {
         check_local(h, RmaOp::Read, offset, len)?;
         let req = request(h, RmaOp::Read, offset, len, o.checksum.then_some(0));
-        Ok((o, Message::new(RMA_TYPE, req.encode(), Bytes::new())))
+        Ok((o, rma_call(req, Bytes::new(), o.class)))
     }
 
     fn write_request(
@@ -1175,12 +1209,12 @@ impl Connection {
         offset: u64,
         bytes: Bytes,
         o: RmaOptions,
-    ) -> Result<(RmaOptions, Message), RmaError> {
+    ) -> Result<(RmaOptions, RmaCall), RmaError> {
         let len = bytes.len() as u64;
         check_local(h, RmaOp::Write, offset, len)?;
         let crc = o.checksum.then(|| crc32c(&bytes));
         let req = request(h, RmaOp::Write, offset, len, crc);
-        Ok((o, Message::new(RMA_TYPE, req.encode(), bytes)))
+        Ok((o, rma_call(req, bytes, o.class)))
     }
 }
 
@@ -1299,5 +1333,31 @@ impl<T> Future for RmaFuture<T> {
         let done = std::task::ready!(op.as_mut().poll(cx));
         self.op = None;
         Poll::Ready(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An operation's request goes in its options' class, bulk by default.
+    #[test]
+    fn a_request_travels_in_its_options_class() {
+        let h = RmaHandle {
+            region: 1,
+            len: 64,
+            access: Access::ReadWrite,
+            capability: [0; 16],
+        };
+        let conn_less = |o: RmaOptions| {
+            let req = request(&h, RmaOp::Read, 0, 8, None);
+            rma_call(req, Bytes::new(), o.class).msg.class()
+        };
+        let o = RmaOptions::from(Duration::from_secs(1));
+        assert_eq!(conn_less(o), Priority::Background);
+        assert_eq!(
+            conn_less(o.class(Priority::Interactive)),
+            Priority::Interactive
+        );
     }
 }

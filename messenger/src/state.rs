@@ -239,6 +239,9 @@ pub(crate) struct ConnInner {
     pub(crate) calls: PendingCalls,
     /// Async senders waiting for queue room ([`Connection::send_async`](crate::Connection::send_async)).
     pub(crate) room: RoomWaiters,
+    /// The application's own state for the connection
+    /// ([`Connection::user_state`](crate::Connection::user_state)).
+    pub(crate) user: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// Wakes a thread parked in [`Connection::send_timeout`](crate::Connection::send_timeout).

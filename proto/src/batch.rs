@@ -243,20 +243,74 @@ pub(crate) fn write_header(body: &mut [u8], base_seq: u64, ack: u64, count: u32)
 }
 
 /// An entry's fields before its payload, as parsed from its first bytes.
-struct EntryHead {
-    msg_type: u16,
-    priority: u8,
-    flags: u8,
-    call: u64,
-    front_len: usize,
-    data_len: usize,
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EntryHead {
+    pub(crate) msg_type: u16,
+    pub(crate) priority: u8,
+    pub(crate) flags: u8,
+    pub(crate) call: u64,
+    pub(crate) front_len: usize,
+    pub(crate) data_len: usize,
     /// Bytes of the head (the payload follows).
-    len: usize,
+    pub(crate) len: usize,
+}
+
+impl EntryHead {
+    /// Bytes of the whole entry, head and payload.
+    pub(crate) fn entry_len(&self) -> usize {
+        self.len + self.front_len + self.data_len
+    }
 }
 
 /// Parses the head of the entry at the start of `b` (entry `index` of
 /// its batch) and checks that its payload follows in full.
-fn parse_entry_head(b: &[u8], index: u32) -> Result<EntryHead, BatchError> {
+#[inline]
+pub(crate) fn parse_entry_head(b: &[u8], index: u32) -> Result<EntryHead, BatchError> {
+    // The common head: a type of up to three bytes, then five single
+    // bytes (no call, one-byte lengths), read with no varint loop.
+    if let Some((msg_type, n)) = short_type(b) {
+        if let Some(&[priority, flags, 0, front, data]) =
+            b.get(n..n + 5).and_then(<[u8]>::first_chunk)
+        {
+            if front < 0x80 && data < 0x80 {
+                let (front_len, data_len) = (usize::from(front), usize::from(data));
+                let len = n + 5;
+                if b.len() - len < front_len + data_len {
+                    return Err(BatchError::Truncated { index });
+                }
+                return Ok(EntryHead {
+                    msg_type,
+                    priority,
+                    flags,
+                    call: 0,
+                    front_len,
+                    data_len,
+                    len,
+                });
+            }
+        }
+    }
+    parse_wide_entry_head(b, index)
+}
+
+/// A type varint at the start of `b` that is minimal and fits a `u16`,
+/// and its length; `None` for anything else (the full parse decides).
+#[inline]
+fn short_type(b: &[u8]) -> Option<(u16, usize)> {
+    let low = |byte: u8| u16::from(byte & 0x7f);
+    match *b {
+        [t0, ..] if t0 < 0x80 => Some((u16::from(t0), 1)),
+        // (t0 has its continuation bit from here on, and t1 below.)
+        [t0, t1, ..] if t1 < 0x80 => (t1 != 0).then(|| (low(t0) | u16::from(t1) << 7, 2)),
+        [t0, t1, t2, ..] if t2 != 0 && t2 <= 3 => {
+            Some((low(t0) | low(t1) << 7 | u16::from(t2) << 14, 3))
+        }
+        _ => None,
+    }
+}
+
+/// [`parse_entry_head`] for any other head: varints of any width, a call.
+fn parse_wide_entry_head(b: &[u8], index: u32) -> Result<EntryHead, BatchError> {
     let mut at = 0;
     let msg_type = read_varint(b, &mut at, index)?;
     let msg_type = u16::try_from(msg_type).map_err(|_| BatchError::BadVarint { index })?;
@@ -403,6 +457,18 @@ impl BatchReader {
     /// The next message, `Ok(None)` after the last; an error if an entry
     /// does not parse or bytes follow the last one.
     pub fn next_message(&mut self) -> Result<Option<Message>, BatchError> {
+        let at = self.pos;
+        let Some((seq, head)) = self.next_entry()? else {
+            return Ok(None);
+        };
+        Ok(Some(entry_message(&self.body, at, seq, &head)))
+    }
+
+    /// The next entry's sequence number and head, without its payload
+    /// taken (it starts at [`BatchReader::position`] before the call,
+    /// plus the head's length); `Ok(None)` after the last, an error as
+    /// [`BatchReader::next_message`]'s.
+    pub(crate) fn next_entry(&mut self) -> Result<Option<(u64, EntryHead)>, BatchError> {
         if self.index == self.count {
             let rest = self.body.len() - self.pos;
             return if rest == 0 {
@@ -413,23 +479,31 @@ impl BatchReader {
         }
         let index = self.index;
         let head = parse_entry_head(&self.body[self.pos..], index)?;
-        let (at, front_len, data_len) = (head.len, head.front_len, head.data_len);
-        let start = self.pos + at;
-        let front = slice_or_empty(&self.body, start, front_len);
-        let data = slice_or_empty(&self.body, start + front_len, data_len);
-        self.pos = start + front_len + data_len;
+        self.pos += head.entry_len();
         self.index += 1;
-        let mut m = Message::received(
-            head.msg_type,
-            head.priority,
-            head.flags,
-            self.base_seq + u64::from(index),
-            front,
-            data,
-        );
-        m.call = head.call;
-        Ok(Some(m))
+        Ok(Some((self.base_seq + u64::from(index), head)))
     }
+
+    /// Where the next entry starts in the body.
+    pub(crate) fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// The body read (the received segment, all of it).
+    pub(crate) fn into_body(self) -> Bytes {
+        self.body
+    }
+}
+
+/// The message of the entry at `at` in `body`, whose head is `head`: its
+/// front and data views of `body`, nothing copied.
+pub(crate) fn entry_message(body: &Bytes, at: usize, seq: u64, head: &EntryHead) -> Message {
+    let start = at + head.len;
+    let front = slice_or_empty(body, start, head.front_len);
+    let data = slice_or_empty(body, start + head.front_len, head.data_len);
+    let mut m = Message::received(head.msg_type, head.priority, head.flags, seq, front, data);
+    m.call = head.call;
+    m
 }
 
 impl Iterator for BatchReader {
@@ -598,6 +672,40 @@ mod tests {
         }
         let inside = body.as_ptr_range();
         assert!(inside.contains(&got[1].data.as_ptr()), "a view, not a copy");
+    }
+
+    #[test]
+    fn the_short_head_reads_as_the_full_parse_does() {
+        let types = [0, 1, 0x7f, 0x80, 0xff, 0x3fff, 0x4000, 0x6d03, 0xffff];
+        for ty in types {
+            for (front, data) in [(0, 0), (1, 64), (127, 0), (0, 128), (128, 300)] {
+                let m = Message::new(ty, vec![1u8; front], vec![2u8; data]);
+                let mut out = BytesMut::new();
+                append_entry(&mut out, &m, usize::MAX).unwrap();
+                let short = parse_entry_head(&out, 0).unwrap();
+                let full = parse_wide_entry_head(&out, 0).unwrap();
+                let fields = |h: &EntryHead| (h.msg_type, h.front_len, h.data_len, h.len);
+                assert_eq!(fields(&short), fields(&full), "type {ty:#x}");
+                assert_eq!(fields(&short), (ty, front, data, out.len() - front - data));
+                assert_eq!(
+                    parse_entry_head(&out[..out.len() - 1], 0).unwrap_err(),
+                    BatchError::Truncated { index: 0 }
+                );
+            }
+        }
+        // Types no short read takes: non-minimal, past u16.
+        for bad in [
+            &[0x80, 0x00][..],
+            &[0xff, 0xff, 0x04][..],
+            &[0x80, 0x80, 0x00][..],
+        ] {
+            let mut entry = bad.to_vec();
+            entry.extend_from_slice(&[0, 0, 0, 0, 0]);
+            assert_eq!(
+                parse_entry_head(&entry, 2).unwrap_err(),
+                BatchError::BadVarint { index: 2 }
+            );
+        }
     }
 
     #[test]

@@ -22,7 +22,8 @@
 //! 5. [`batch`], [`fragment`]: many small messages in one frame (one
 //!    preamble, one CRC32C); one large message in many bounded fragments of
 //!    its class, and their reassembly.
-//! 6. [`control`]: payloads of the session's control frames.
+//! 6. [`control`], [`view`]: payloads of the session's control frames;
+//!    received batch entries read in place ([`MessageRef`]).
 //! 7. [`rma`]: one-sided operations on exposed regions: the handle, and the
 //!    request and reply where the owner's CPU serves them.
 //! 8. [`stream`]: the units transports move, and the byte-stream splitter.
@@ -63,6 +64,7 @@ pub mod session;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod stream;
+pub mod view;
 
 pub use banner::{Banner, BannerError};
 #[cfg(feature = "bincode")]
@@ -75,7 +77,8 @@ pub use link_failure::LinkFailure;
 pub use message::Message;
 pub use priority::Priority;
 pub use session::{
-    FaultReason, LinkId, LocalIdentity, PeerInfo, Phase, Policy, ProtocolError, SendError, Session,
-    SessionConfig, SessionEvent, SessionStats, Takeover,
+    FaultReason, LinkId, LocalIdentity, PeerInfo, Phase, Policy, ProtocolError, Received,
+    SendError, Session, SessionConfig, SessionEvent, SessionStats, Takeover,
 };
 pub use stream::{CheckedUnit, Inbound, StreamDecoder, Transmit};
+pub use view::{MessageRef, ReceivedBatch};

@@ -59,27 +59,26 @@ pub enum Part {
     Rma,
     /// The aggregate 64 B one-way rate of each of `--connections` client
     /// connections into the one server, against one connection's in the
-    /// same round (issue 51 item 4), each beside the server's own CPU per
-    /// message against one connection's (issue 58).
+    /// same round, each beside the server's own CPU per message against
+    /// one connection's.
     Conns,
     /// Head-of-line blocking: 64 B calls at the highest priority, then at
     /// the default, on a connection streaming 1 MiB and 64 MiB messages,
-    /// against the same calls on it idle (issue 58).
+    /// against the same calls on it idle.
     Hol,
     /// A mixed workload: several clients each doing calls, heartbeats and
     /// bulk messages at once; each class's p50/p99 against an idle
-    /// connection's and the bulk's throughput against the bulk alone
-    /// (issue 58).
+    /// connection's and the bulk's throughput against the bulk alone.
     Mixed,
 }
 
 /// Target: the aggregate 64 B rate of many connections into one server
-/// ≥ this × one connection's (issue 51 item 4, at 256 connections).
+/// ≥ this × one connection's (at 256 connections).
 pub const CONNS_TARGET: f64 = 0.70;
 /// The connection counts `--only conns` measures unless told.
 pub const CONNECTIONS: [usize; 4] = [1, 16, 256, 1000];
 /// Target: the server's CPU per message with many connections ≤ this ×
-/// with one (issue 58 item 2, at 256 and 1,000).
+/// with one (at 256 and 1,000).
 pub const CONNS_CPU_TARGET: f64 = 1.5;
 /// Open files a connection of the `conns` part may take, both ends
 /// together (a client messenger's poller, wake-ups and socket, the
@@ -87,8 +86,7 @@ pub const CONNS_CPU_TARGET: f64 = 1.5;
 /// one to spare): the soft limit is raised to cover them.
 const FDS_PER_CONNECTION: u64 = 6;
 
-/// Target: a blocking call's round trip ≤ this × the worker ping-pong's
-/// (issue 51).
+/// Target: a blocking call's round trip ≤ this × the worker ping-pong's.
 pub const CALL_TARGET: f64 = 1.5;
 
 /// 64 B blocking calls from this thread to `target`, on a client messenger
@@ -129,7 +127,7 @@ fn call_round_trips(
 /// RMA operations the bench keeps in flight (one blocking caller each).
 pub const RMA_IN_FLIGHT: usize = 8;
 /// Target: 1 MiB RMA reads (and writes) ≥ this × the 1 MiB message
-/// stream's bandwidth, where the owner's messenger serves them (issue 49).
+/// stream's bandwidth, where the owner's messenger serves them.
 pub const RMA_TARGET: f64 = 0.80;
 /// Operation sizes msgr's RMA is measured at against the raw libfabric
 /// loop (where there is one: [`reference::RawRma`]).
@@ -405,7 +403,7 @@ fn rma_huge(
 }
 
 /// The secure mode's 1 MiB streaming bandwidth against the crc mode's
-/// (issue 40's bar).
+/// (its bar).
 pub const SECURE_BANDWIDTH_TARGET: f64 = 0.60;
 /// The secure mode's 64 B message rate against the crc mode's.
 pub const SECURE_RATE_TARGET: f64 = 0.70;

@@ -146,6 +146,8 @@ pub fn rma_exit_code(e: &msgr::RmaError) -> i32 {
         msgr::RmaError::Revoked | msgr::RmaError::UnknownRegion => 4,
         msgr::RmaError::OutOfRange { .. } => 5,
         msgr::RmaError::Forbidden(_) => 6,
+        // One range or part of a larger operation: its own refusal.
+        msgr::RmaError::Part { error, .. } => rma_exit_code(error),
         _ => 1,
     }
 }

@@ -99,6 +99,12 @@ enum Cmd {
         /// `region HANDLE` after the `listening on` lines.
         #[arg(long, value_name = "SIZE[K|M]", value_parser = expose_size)]
         expose: Option<usize>,
+        /// Expose the region read-only from bytes the program keeps
+        /// (`Messenger::expose_shared`): each read is answered with a
+        /// slice of them, so the counter `rma_bytes_copied` stays 0;
+        /// writes are refused.
+        #[arg(long, requires = "expose")]
+        shared: bool,
     },
     /// Read or write a region that `msgr serve --expose` exposes, one-sided
     /// (no dispatcher of the server's runs): prints the bytes read as hex,
@@ -146,6 +152,11 @@ enum Cmd {
         /// figure `scripts/instructions.sh --rma` divides by.
         #[arg(long, default_value = "1", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         repeat: u64,
+        /// Move the range (or the bytes written) as N equal ranges in
+        /// flight together with one completion (`Connection::read_many`,
+        /// `write_many`): scatter-gather in one call.
+        #[arg(long, default_value = "1", value_name = "N", value_parser = clap::value_parser!(u64).range(1..=4096))]
+        ranges: u64,
         /// Give up after this many seconds (connecting, then each operation).
         #[arg(long, default_value = "30", value_name = "SECS", value_parser = seconds)]
         timeout: Duration,
@@ -386,7 +397,7 @@ fn serve(
     cfg: &MessengerConfig,
     addr: Option<&str>,
     duration: Option<Duration>,
-    expose: Option<usize>,
+    (expose, shared): (Option<usize>, bool),
 ) -> Result<(), ToolError> {
     // Without addresses the builder binds the configuration's.
     let binds = match addr {
@@ -410,7 +421,7 @@ fn serve(
         )
         .start(responder.clone())?;
     // Reachable by whoever holds the handle printed below, until the end.
-    let region = expose.map(|len| m.expose(rma::pattern(len), msgr::Access::ReadWrite));
+    let region = expose.map(|len| rma::ServedRegion::expose(&m, len, shared));
     let region_line = region
         .as_ref()
         .map(|r| rma::handle_text(&r.handle()))
@@ -431,8 +442,9 @@ fn serve(
     })?;
     if let (Some(r), Some(a)) = (&region, addrs.first()) {
         eprintln!(
-            "exposing {} bytes read-write (byte i is i % 251): msgr rma {a} --handle HANDLE --read 0:16",
-            r.len()
+            "exposing {} bytes {} (byte i is i % 251): msgr rma {a} --handle HANDLE --read 0:16",
+            r.len(),
+            r.describe()
         );
     }
     eprintln!(
@@ -601,7 +613,8 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             addr,
             duration,
             expose,
-        } => serve(&cfg, addr.as_deref(), duration, expose),
+            shared,
+        } => serve(&cfg, addr.as_deref(), duration, (expose, shared)),
         Cmd::Rma {
             addr,
             handle,
@@ -613,6 +626,7 @@ fn run(cli: Cli) -> Result<(), ToolError> {
             peer,
             checksum,
             repeat,
+            ranges,
             timeout,
         } => {
             let target = parse_target(&addr, peer.as_deref())?;
@@ -632,7 +646,18 @@ fn run(cli: Cli) -> Result<(), ToolError> {
                 }
                 (None, None) => return Err(ToolError::Usage("rma needs --read or --write".into())),
             };
-            let bytes = rma::run(&cfg, &target, &handle, &cmd, (checksum, repeat), timeout)?;
+            let bytes = rma::run(
+                &cfg,
+                &target,
+                &handle,
+                &cmd,
+                rma::RunOptions {
+                    checksum,
+                    repeat,
+                    ranges,
+                },
+                timeout,
+            )?;
             match cmd {
                 rma::RmaCommand::Read {
                     out: Some(path), ..

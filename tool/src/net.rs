@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use msgr::{
     Connection, ConnectionState, Dispatcher, EntityAddr, EntityName, FaultReason, Message,
-    Messenger, MessengerConfig, SendError, SendRejected,
+    MessageRefs, Messenger, MessengerConfig, SendError, SendRejected,
 };
 use serde::{Deserialize, Serialize};
 
@@ -61,13 +61,15 @@ pub struct Totals {
     pub this_stream: u64,
 }
 
-thread_local! {
-    /// Stream messages per connection (by [`Connection::id`]) since its
-    /// last end marker. A session's callbacks all run on the worker that
-    /// owns it, so each worker thread counts its own connections: no lock
-    /// per message.
-    static STREAMED: std::cell::RefCell<std::collections::HashMap<u64, u64>> =
-        std::cell::RefCell::default();
+/// Stream messages a connection delivered since its last end marker:
+/// the responder's state on each connection ([`Connection::user_state`]),
+/// reached from the connection a callback gets, with no map to look up.
+#[derive(Default)]
+struct Streamed(AtomicU64);
+
+/// `conn`'s count of stream messages.
+fn streamed(conn: &Connection) -> Option<&AtomicU64> {
+    conn.user_state(Streamed::default).map(|s| &s.0)
 }
 
 /// The server side: answers pings, counts streams.
@@ -115,7 +117,39 @@ fn answer(conn: &Connection, call: u64, priority: u8, mut pong: Message) {
     };
 }
 
+impl Responder {
+    /// Counts `messages` stream messages of `bytes` payload bytes that
+    /// `conn` delivered.
+    fn count_stream(&self, conn: &Connection, messages: u64, bytes: u64) {
+        if messages == 0 {
+            return;
+        }
+        if let Some(n) = streamed(conn) {
+            n.fetch_add(messages, Ordering::Relaxed);
+        }
+        self.stream_messages.fetch_add(messages, Ordering::Relaxed);
+        self.stream_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
 impl Dispatcher for Responder {
+    /// Stream messages that ask for no credit are counted in place, once
+    /// per batch; anything else goes to `on_message` in its turn (the
+    /// count so far told first: an end marker reads it).
+    fn on_batch(&self, conn: &Connection, messages: &mut MessageRefs<'_>) {
+        let (mut n, mut bytes) = (0, 0);
+        for m in messages {
+            if m.msg_type == STREAM && m.front.is_empty() {
+                n += 1;
+                bytes += m.data.len() as u64;
+                continue;
+            }
+            self.count_stream(conn, std::mem::take(&mut n), std::mem::take(&mut bytes));
+            self.on_message(conn, m.to_message());
+        }
+        self.count_stream(conn, n, bytes);
+    }
+
     fn on_message(&self, conn: &Connection, msg: Message) {
         match msg.msg_type {
             PING => {
@@ -152,19 +186,14 @@ impl Dispatcher for Responder {
                 answer(conn, call, priority, reply);
             }
             STREAM => {
-                STREAMED.with(|s| *s.borrow_mut().entry(conn.id()).or_default() += 1);
-                self.stream_messages.fetch_add(1, Ordering::Relaxed);
-                self.stream_bytes
-                    .fetch_add(msg.data.len() as u64, Ordering::Relaxed);
+                self.count_stream(conn, 1, msg.data.len() as u64);
                 if !msg.front.is_empty() {
                     let _ = conn.send(Message::new(CREDIT, msg.front, Bytes::new()));
                 }
             }
             STREAM_END => {
                 let totals = Totals {
-                    this_stream: STREAMED
-                        .with(|s| s.borrow_mut().remove(&conn.id()))
-                        .unwrap_or(0),
+                    this_stream: streamed(conn).map_or(0, |n| n.swap(0, Ordering::Relaxed)),
                     ..self.totals()
                 };
                 if let Ok(m) = Message::encode(STREAM_DONE, &totals) {
@@ -179,8 +208,7 @@ impl Dispatcher for Responder {
         self.accepted.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn on_reset(&self, conn: &Connection, _reason: &FaultReason) {
-        STREAMED.with(|s| s.borrow_mut().remove(&conn.id()));
+    fn on_reset(&self, _conn: &Connection, _reason: &FaultReason) {
         self.resets.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -1,15 +1,16 @@
 //! One-sided RMA across processes: `msgr serve --expose SIZE` exposes a
 //! region and prints its handle as text; `msgr rma ADDR --handle TEXT`
 //! reads or writes a range of it, as `Connection::read` and
-//! `Connection::write` do in a program.
+//! `Connection::write` do in a program (`--ranges N`: as `read_many` and
+//! `write_many`; `serve --shared`: a region `expose_shared` offers).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use msgr::{
-    Codec, Connection, Dispatcher, FaultReason, Message, MessengerConfig, Postcard, RmaHandle,
-    RmaOptions,
+    Codec, Connection, Dispatcher, FaultReason, Message, Messenger, MessengerConfig, Postcard,
+    RmaHandle, RmaOptions, RmaRegion, SharedRegion,
 };
 
 use crate::error::ToolError;
@@ -20,6 +21,51 @@ use crate::net::{self, Target};
 /// any other shift below 251) shows.
 pub fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+/// The region `msgr serve --expose` offers until it stops.
+pub enum ServedRegion {
+    /// A buffer the messenger owns, read-write (`Messenger::expose`).
+    Owned(RmaRegion),
+    /// Bytes the program keeps, read-only, answered without a copy
+    /// (`Messenger::expose_shared`).
+    Shared(SharedRegion),
+}
+
+impl ServedRegion {
+    /// Exposes `len` bytes of [`pattern`] on `m`; `shared`: as bytes the
+    /// program keeps.
+    pub fn expose(m: &Messenger, len: usize, shared: bool) -> Self {
+        if shared {
+            Self::Shared(m.expose_shared(bytes::Bytes::from(pattern(len))))
+        } else {
+            Self::Owned(m.expose(pattern(len), msgr::Access::ReadWrite))
+        }
+    }
+
+    /// The handle peers use.
+    pub fn handle(&self) -> RmaHandle {
+        match self {
+            Self::Owned(r) => r.handle(),
+            Self::Shared(r) => r.handle(),
+        }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Owned(r) => r.len(),
+            Self::Shared(r) => r.bytes().len(),
+        }
+    }
+
+    /// How it is exposed, for serve's banner.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Self::Owned(_) => "read-write",
+            Self::Shared(_) => "read-only, shared (reads answered from them, no copy)",
+        }
+    }
 }
 
 /// Why an argument of `msgr serve --expose` or `msgr rma` did not parse
@@ -145,6 +191,32 @@ pub enum RmaCommand {
     },
 }
 
+/// How `msgr rma` runs its command.
+#[derive(Clone, Copy, Debug)]
+pub struct RunOptions {
+    /// A CRC32C of the bytes moved, checked where they land.
+    pub checksum: bool,
+    /// The operation this many times, then a rate on stderr.
+    pub repeat: u64,
+    /// Each operation as this many ranges with one completion.
+    pub ranges: u64,
+}
+
+/// `len` bytes at `offset` cut into `n` ranges (fewer if `len` is
+/// shorter), as equal as whole bytes allow, in order and adjoining.
+pub fn split(offset: u64, len: u64, n: u64) -> Vec<(u64, u64)> {
+    let n = n.clamp(1, len.max(1));
+    let (base, extra) = (len / n, len % n);
+    let mut at = offset;
+    (0..n)
+        .map(|i| {
+            let l = base + u64::from(i < extra);
+            at += l;
+            (at - l, l)
+        })
+        .collect()
+}
+
 /// Keeps why the connection went, for the error a failed connect reports.
 #[derive(Default)]
 struct ResetReason(Mutex<Option<String>>);
@@ -165,7 +237,11 @@ pub fn run(
     target: &Target,
     handle: &RmaHandle,
     cmd: &RmaCommand,
-    (checksum, repeat): (bool, u64),
+    RunOptions {
+        checksum,
+        repeat,
+        ranges,
+    }: RunOptions,
     timeout: Duration,
 ) -> Result<bytes::Bytes, ToolError> {
     let watch = Arc::new(ResetReason::default());
@@ -178,16 +254,53 @@ pub fn run(
         RmaCommand::Read { len, .. } => vec![0u8; *len as usize],
         RmaCommand::Write { .. } => Vec::new(),
     };
+    // The data written, once: each write (or range of it) a slice.
+    let written = match cmd {
+        RmaCommand::Write { bytes, .. } => bytes::Bytes::from(bytes.clone()),
+        RmaCommand::Read { .. } => bytes::Bytes::new(),
+    };
     let once = |landing: &mut Vec<u8>| match cmd {
+        RmaCommand::Read { offset, len, .. } if ranges > 1 => {
+            let parts = split(*offset, *len, ranges);
+            let got = conn.read_many(parts.iter().map(|&(o, l)| (handle, o, l)), opts);
+            got.map(|got| {
+                let mut at = 0;
+                for b in got {
+                    landing[at..at + b.len()].copy_from_slice(&b);
+                    at += b.len();
+                }
+            })
+            .map_err(|source| ToolError::Rma {
+                what: format!(
+                    "reading bytes {offset}..{offset}+{len} in {ranges} ranges at {target}"
+                ),
+                source,
+            })
+        }
         RmaCommand::Read { offset, len, .. } => conn
             .read_into(handle, *offset, landing, opts)
             .map_err(|source| ToolError::Rma {
                 what: format!("reading bytes {offset}..{offset}+{len} at {target}"),
                 source,
             }),
-        RmaCommand::Write { offset, bytes } => {
-            let len = bytes.len();
-            conn.write(handle, *offset, bytes.clone(), opts)
+        RmaCommand::Write { offset, .. } if ranges > 1 => {
+            let len = written.len() as u64;
+            let parts = split(*offset, len, ranges);
+            let writes = parts.iter().map(|&(o, l)| {
+                let from = (o - offset) as usize;
+                (handle, o, written.slice(from..from + l as usize))
+            });
+            conn.write_many(writes, opts)
+                .map_err(|source| ToolError::Rma {
+                    what: format!(
+                        "writing bytes {offset}..{offset}+{len} in {ranges} ranges at {target}"
+                    ),
+                    source,
+                })
+        }
+        RmaCommand::Write { offset, .. } => {
+            let len = written.len();
+            conn.write(handle, *offset, written.clone(), opts)
                 .map_err(|source| ToolError::Rma {
                     what: format!("writing bytes {offset}..{offset}+{len} at {target}"),
                     source,
@@ -245,6 +358,20 @@ mod tests {
         assert_eq!(parse_range("16:32"), Ok((16, 32)));
         for bad in ["16", "a:1", "1:", "1:2:3"] {
             assert!(parse_range(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_range_splits_into_adjoining_ranges_that_cover_it() {
+        assert_eq!(split(10, 10, 3), [(10, 4), (14, 3), (17, 3)]);
+        assert_eq!(split(0, 2, 5), [(0, 1), (1, 1)]);
+        assert_eq!(split(7, 0, 4), [(7, 0)]);
+        for (offset, len, n) in [(0, 1 << 20, 7), (5, 4095, 64), (1, 3, 3)] {
+            let parts = split(offset, len, n);
+            assert_eq!(parts.len() as u64, n.min(len));
+            assert_eq!(parts.iter().map(|p| p.1).sum::<u64>(), len);
+            assert!(parts.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+            assert_eq!(parts[0].0, offset);
         }
     }
 

@@ -98,6 +98,19 @@ pub struct TcpTransport {
     frozen_closed: Vec<TcpLink>,
     /// Buffers of large received frames, for reuse.
     shelf: Arc<Shelf<BytesMut>>,
+    /// SO_SNDBUF / SO_RCVBUF of every link (`TransportContext::tcp_socket_buffer`).
+    socket_buffer: usize,
+}
+
+/// Sets a link's socket buffers to `bytes` each way (0: the kernel's
+/// autotuning, untouched). Best effort, as TCP_NODELAY: a kernel that
+/// refuses leaves the link working with its own sizes.
+fn bound_socket_buffers(stream: &TcpStream, bytes: usize) {
+    if bytes > 0 {
+        let socket = socket2::SockRef::from(stream);
+        let _ = socket.set_send_buffer_size(bytes);
+        let _ = socket.set_recv_buffer_size(bytes);
+    }
 }
 
 impl TcpTransport {
@@ -118,6 +131,7 @@ impl TcpTransport {
             out_of_poll: 0,
             frozen_closed: Vec::new(),
             shelf: Arc::new(Shelf::new(SHELF_BYTES)),
+            socket_buffer: ctx.tcp_socket_buffer,
         })
     }
 
@@ -222,6 +236,7 @@ impl TcpTransport {
             match listener.accept() {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
+                    bound_socket_buffers(&stream, self.socket_buffer);
                     let id = LinkId(self.link_ids.fetch_add(1, Ordering::Relaxed));
                     let link = TcpLink::new(stream, false, self.limits, self.shelf.clone());
                     match self.add_link(id, link, Interest::READABLE) {
@@ -415,6 +430,7 @@ impl Transport for TcpTransport {
         let stream =
             TcpStream::connect(addr.socket).map_err(|e| TransportError::io("connect", e))?;
         let _ = stream.set_nodelay(true);
+        bound_socket_buffers(&stream, self.socket_buffer);
         self.add_link(
             link,
             TcpLink::new(stream, true, self.limits, self.shelf.clone()),
@@ -675,12 +691,36 @@ mod tests {
     use msgr_proto::{banner::BANNER_LEN, Frame, Inbound, Tag};
 
     /// A TCP transport listening on loopback, and the address it got.
+    /// A bound asks the kernel for that size each way (Linux doubles it,
+    /// for its own bookkeeping); 0 leaves the socket as the kernel made it.
+    #[test]
+    fn socket_buffers_are_bound_when_asked_and_left_alone_otherwise() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sizes = |bytes: usize| {
+            let stream = TcpStream::from_std(std::net::TcpStream::connect(addr).unwrap());
+            let before = socket2::SockRef::from(&stream).send_buffer_size().unwrap();
+            bound_socket_buffers(&stream, bytes);
+            let s = socket2::SockRef::from(&stream);
+            (
+                before,
+                s.send_buffer_size().unwrap(),
+                s.recv_buffer_size().unwrap(),
+            )
+        };
+        let (_, send, recv) = sizes(64 << 10);
+        assert_eq!((send, recv), (128 << 10, 128 << 10));
+        let (before, send, _) = sizes(0);
+        assert_eq!(send, before);
+    }
+
     fn listening() -> (Poll, TcpTransport, std::net::SocketAddr) {
         let poll = Poll::new().unwrap();
         let ctx = TransportContext {
             limits: FrameLimits::default(),
             link_ids: Arc::new(AtomicU64::new(1)),
             copy_threshold: 4096,
+            tcp_socket_buffer: 0,
             rdma: Default::default(),
             waker: None,
         };

@@ -475,12 +475,26 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         int(1, 1 << 40, |c, n| c.session.max_queued_bytes = n as usize),
     ),
     key(
+        "ack_delay_us",
+        "how long the acknowledgement of what arrived waits for an outgoing message to carry it \
+         before it goes in a frame of its own, in µs (default 1000; 0 = at once; it goes at once \
+         anyway when a quarter of the in-flight window arrived unacknowledged)",
+        int(0, 1_000_000, |c, n| c.session.ack_delay = Duration::from_micros(n)),
+    ),
+    key(
         "max_fragment_bytes",
         "priority lanes: a message larger than this that is not batched travels as fragments \
          of at most this many bytes where both sides offer lanes, so that a message of a more \
          urgent class waits for at most one (default 1048576; 0 = no lanes: one class, no \
          fragments, as a peer without them; docs/PROTOCOL.md)",
         int(0, 1 << 30, |c, n| c.session.max_fragment = n as usize),
+    ),
+    key(
+        "tcp_socket_buffer_bytes",
+        "SO_SNDBUF and SO_RCVBUF of every TCP link (the kernel doubles it); bytes in socket buffers are \
+         past every priority lane, so a bound shortens an urgent message's wait behind bulk; 0: the \
+         kernel's autotuning (default 0)",
+        int(0, 1 << 30, |c, n| c.tcp_socket_buffer = n as usize),
     ),
     key(
         "max_front_bytes",

@@ -150,6 +150,8 @@ pub struct MessengerConfig {
     /// Registered memory of the RDMA backends, per worker, and their
     /// rendezvous read deadline.
     pub rdma: msgr_backends::RdmaPoolConfig,
+    /// SO_SNDBUF and SO_RCVBUF of TCP links (0: the kernel's autotuning).
+    pub tcp_socket_buffer: usize,
     /// Faults to inject at the transport boundary (tests and fault drills;
     /// cargo feature `fault-injection`).
     #[cfg(feature = "fault-injection")]
@@ -199,6 +201,7 @@ impl Default for MessengerConfig {
             max_handshakes: 1024,
             max_handshakes_per_source: 256,
             rdma: msgr_backends::RdmaPoolConfig::default(),
+            tcp_socket_buffer: 0,
             #[cfg(feature = "fault-injection")]
             faults: None,
             handler_panic: HandlerPanicPolicy::FailConnection,
@@ -687,8 +690,14 @@ mod tests {
             ("max_queued_bytes", "3", |c, d| {
                 c.session.max_queued_bytes = d.session.max_queued_bytes
             }),
+            ("ack_delay_us", "0", |c, d| {
+                c.session.ack_delay = d.session.ack_delay
+            }),
             ("max_fragment_bytes", "0", |c, d| {
                 c.session.max_fragment = d.session.max_fragment
+            }),
+            ("tcp_socket_buffer_bytes", "65536", |c, d| {
+                c.tcp_socket_buffer = d.tcp_socket_buffer
             }),
             ("max_front_bytes", "3", |c, d| {
                 c.session.limits.max_segment[1] = d.session.limits.max_segment[1]

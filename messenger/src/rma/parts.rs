@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use msgr_proto::checksum::crc32c;
 use msgr_proto::rma::RmaOp;
-use msgr_proto::Message;
 
-use super::{read_outcome, request, write_outcome, RmaError, RmaFuture, RmaHandle, RmaOptions};
+use super::{
+    read_outcome, request, rma_call, write_outcome, RmaError, RmaFuture, RmaHandle, RmaOptions,
+};
 use crate::call::AnswerFuture;
-use crate::regions::RMA_TYPE;
 use crate::replies::{CallError, RmaAnswer};
 use crate::Connection;
 
@@ -120,8 +120,9 @@ impl<'a> Parts<'a> {
                     (request(h, RmaOp::Write, offset, n, crc), bytes)
                 }
             };
-            let msg = Message::new(RMA_TYPE, req.encode(), bytes);
-            let call = self.conn.call_async_answered(msg, left);
+            let call = self
+                .conn
+                .call_async_answered(rma_call(req, bytes, self.options.class), left);
             self.in_flight.push((at, n, call));
         }
     }

@@ -10,12 +10,12 @@ use crossbeam_channel::Receiver;
 
 use msgr_addr::TransportKind;
 use msgr_backends::Transport;
-use msgr_proto::{rma::RMA_BIT, FaultReason, LinkId, Message, Session};
+use msgr_proto::{FaultReason, LinkId, Message, Session};
 
 use super::{native_rma, LinkEntry, Owner, Slot, Worker};
 use crate::connection::{Connection, ConnectionState};
 use crate::counters::Counters;
-use crate::pending::Outgoing;
+use crate::pending::{Outgoing, RmaCall};
 use crate::state::{peer_key, Adoption, Command, ConnInner, WorkerStats, LOCAL_WORKER};
 
 /// Where a worker takes its commands from, and the emptied lists it
@@ -246,8 +246,8 @@ impl Worker {
     }
 
     /// Hands what `Connection::send` queued on `conn` to its session:
-    /// encoded batches whole, other messages as [`Worker::queue_messages`]
-    /// does.
+    /// encoded batches whole, other messages one by one, RMA requests
+    /// natively where they may go so.
     pub(super) fn take_pending(&mut self, conn: &ConnInner) {
         let mut items = std::mem::take(&mut self.inbox.spare_outgoing);
         conn.pending.lock().take(&mut items);
@@ -267,34 +267,37 @@ impl Worker {
                         Counters::add(&self.shared.counters.messages_dropped, n);
                     }
                 }
-                Outgoing::Message(msg) => self.queue_messages(key, std::iter::once(msg)),
+                Outgoing::Message(msg) => self.queue_message(key, msg),
+                Outgoing::Rma(call) => self.queue_rma(key, *call),
             }
         }
         self.inbox.spare_outgoing = items;
         self.touch(key);
     }
 
-    /// Hands application messages to their session.
-    pub(super) fn queue_messages(&mut self, key: u64, msgs: impl IntoIterator<Item = Message>) {
-        let Some(slot) = self.sessions.get_mut(&key) else {
-            let n = msgs.into_iter().count() as u64;
-            Counters::add(&self.shared.counters.messages_dropped, n);
-            return;
-        };
-        for msg in msgs {
-            let msg = if msg.call & RMA_BIT != 0 {
+    /// Hands an application's message to its session.
+    fn queue_message(&mut self, key: u64, msg: Message) {
+        match self.sessions.get_mut(&key) {
+            Some(slot) => native_rma::send_on_session(slot, msg, &self.shared.counters),
+            None => Counters::add(&self.shared.counters.messages_dropped, 1),
+        }
+    }
+
+    /// Reads or writes natively where session `key`'s link may, else
+    /// hands the request to the session for the owner.
+    fn queue_rma(&mut self, key: u64, call: RmaCall) {
+        let msg = match self.sessions.get_mut(&key) {
+            Some(slot) => {
                 let (transports, links) = (&mut self.net.transports, &self.net.links);
                 let native = &mut self.native_ops;
-                match native_rma::try_native((key, &mut *slot), msg, transports, links, native) {
-                    Ok(()) => continue,
+                match native_rma::try_native((key, slot), call, transports, links, native) {
+                    Ok(()) => return,
                     Err(msg) => msg,
                 }
-            } else {
-                msg
-            };
-            native_rma::send_on_session(slot, msg, &self.shared.counters);
-        }
-        self.touch(key);
+            }
+            None => call.msg,
+        };
+        self.queue_message(key, msg);
     }
 
     pub(super) fn start_connect(&mut self, conn: Connection, now: Instant) {

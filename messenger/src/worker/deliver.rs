@@ -9,14 +9,15 @@ use std::time::Instant;
 use msgr_addr::EntityAddr;
 use msgr_backends::{AnyTransport, Transport};
 use msgr_proto::{
-    message::REPLY_BIT, rma::RMA_BIT, FaultReason, LinkFailure, LinkId, Message, SessionEvent,
+    message::REPLY_BIT, rma::RMA_BIT, FaultReason, LinkFailure, LinkId, Message, ReceivedBatch,
+    SessionEvent,
 };
 use rustc_hash::FxHashMap;
 
 use super::{native_rma, LinkEntry, Owner, Slot, Worker};
 use crate::connection::{Connection, ConnectionState};
 use crate::counters::Counters;
-use crate::dispatcher::{guarded, Dispatcher, Panicked};
+use crate::dispatcher::{guarded, Dispatcher, MessageRefs, Panicked};
 use crate::state::{peer_key, Shared};
 
 impl Worker {
@@ -275,6 +276,64 @@ pub(super) fn deliver(
         || dispatcher.on_message(conn, msg),
     ) {
         slot.session.abort(FaultReason::HandlerPanicked(why));
+    }
+}
+
+/// The entries of a batch `slot`'s session received, in order: runs of
+/// them to the dispatcher's `on_batch` as views of the batch's buffer,
+/// what it leaves to `on_message` one by one, and each reply or RMA
+/// operation between the runs routed as [`deliver`] routes it. A handler
+/// that panics ends the session: the rest of the batch is not delivered
+/// (`on_reset` follows), as the rest of the session's queue is not.
+pub(super) fn deliver_batch(
+    slot: &mut Slot,
+    batch: &ReceivedBatch,
+    shared: &Shared,
+    dispatcher: &dyn Dispatcher,
+    transports: &mut [AnyTransport],
+    links: &FxHashMap<LinkId, LinkEntry>,
+) {
+    let mut refs = MessageRefs::new(batch.iter());
+    let (policy, panics) = (shared.cfg.handler_panic, &shared.counters.handler_panics);
+    loop {
+        if refs.starts_a_run() {
+            let conn = &slot.conn;
+            let left = refs.entries_left();
+            let mut r = guarded(
+                policy,
+                panics,
+                conn,
+                || format!("a batch of {left} messages"),
+                || dispatcher.on_batch(conn, &mut refs),
+            );
+            // What the handler left of its run, one by one.
+            while r.is_ok() {
+                let Some(m) = refs.next() else { break };
+                let ty = m.msg_type;
+                r = guarded(
+                    policy,
+                    panics,
+                    conn,
+                    || format!("a message of type {ty}"),
+                    || dispatcher.on_message(conn, m.to_message()),
+                );
+            }
+            if let Err(Panicked(why)) = r {
+                slot.session.abort(FaultReason::HandlerPanicked(why));
+                return;
+            }
+        }
+        let Some(routed) = refs.take_held() else {
+            return;
+        };
+        deliver(
+            slot,
+            routed.to_message(),
+            shared,
+            dispatcher,
+            transports,
+            links,
+        );
     }
 }
 

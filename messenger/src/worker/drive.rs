@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use msgr_backends::Transport;
 use msgr_proto::banner::features;
-use msgr_proto::{LinkId, Transmit};
+use msgr_proto::{LinkId, Received, Transmit};
 use rustc_hash::FxHashSet;
 
-use super::deliver::deliver;
+use super::deliver::{deliver, deliver_batch};
 use super::{Worker, TX_HIGH_WATER, TX_LOW_WATER};
 
 /// With priority lanes, a session stops handing frames to its link at
@@ -85,18 +85,20 @@ impl Worker {
                 if std::mem::take(&mut listed) {
                     slot.touched = false;
                 }
-                // Messages, the hot case (every entry of a batch), are
-                // delivered with the slot in hand: no second lookup, no
-                // event dispatch.
-                while let Some(msg) = slot.session.poll_message() {
-                    deliver(
-                        slot,
-                        msg,
-                        &self.shared,
-                        &*self.dispatcher,
-                        &mut self.net.transports,
-                        &self.net.links,
-                    );
+                // Messages, the hot case (a batch's entries, read in
+                // place), are delivered with the slot in hand: no second
+                // lookup, no event dispatch.
+                while let Some(r) = slot.session.poll_received() {
+                    let (shared, dispatcher) = (&self.shared, &*self.dispatcher);
+                    let (transports, links) = (&mut self.net.transports, &self.net.links);
+                    match r {
+                        Received::Batch(b) => {
+                            deliver_batch(slot, &b, shared, dispatcher, transports, links)
+                        }
+                        Received::Message(m) => {
+                            deliver(slot, m, shared, dispatcher, transports, links)
+                        }
+                    }
                 }
                 // An event, or none once both are drained (an event held
                 // back by messages came out after them above).
@@ -170,6 +172,7 @@ impl Worker {
         Counters::add(&c.tx_messages, st.tx_messages - slot.seen.tx_messages);
         Counters::add(&c.tx_bytes, st.tx_bytes - slot.seen.tx_bytes);
         Counters::add(&c.tx_batches, st.tx_batches - slot.seen.tx_batches);
+        Counters::add(&c.tx_acks, st.acks - slot.seen.acks);
         Counters::add(&c.rx_batches, st.rx_batches - slot.seen.rx_batches);
         Counters::add(&c.rx_messages, st.rx_messages - slot.seen.rx_messages);
         Counters::add(&c.rx_bytes, st.rx_bytes - slot.seen.rx_bytes);

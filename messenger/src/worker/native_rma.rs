@@ -10,13 +10,14 @@ use std::sync::Arc;
 use msgr_backends::{AnyTransport, RegionMemory, RmaFailure, Transport};
 use msgr_proto::auth::SecurityMode;
 use msgr_proto::message::REPLY_BIT;
-use msgr_proto::rma::{RmaKey, RmaOp, RmaReply, RmaRequest};
+use msgr_proto::rma::{RmaKey, RmaOp, RmaReply};
 use msgr_proto::{FaultReason, LinkId, Message, Session};
 use rustc_hash::FxHashMap;
 
 use super::rma_owner;
 use super::{LinkEntry, Slot, Worker};
 use crate::counters::Counters;
+use crate::pending::RmaCall;
 use crate::replies::RmaAnswer;
 
 /// Keys a session keeps at most; past it they are dropped (reads go to
@@ -44,7 +45,7 @@ pub(super) struct RegionKey {
 pub(super) struct NativeOp {
     pub(super) session: u64,
     pub(super) link: LinkId,
-    /// The region and the operation, as decoded once when it started.
+    /// The region and the operation, as the caller asked them.
     pub(super) region: u64,
     pub(super) op: RmaOp,
     pub(super) request: Message,
@@ -120,26 +121,22 @@ fn note_key(slot: &mut Slot, k: RmaKey) {
 
 /// An application's RMA request about to be queued on session `key`: read
 /// or written natively if `slot` holds the region's key on its link
-/// (`Ok`), else handed back for the session.
+/// (`Ok`), else handed back for the session. The request is the one the
+/// caller built: not decoded from its message.
 pub(super) fn try_native(
     (key, slot): (u64, &mut Slot),
-    msg: Message,
+    call: RmaCall,
     transports: &mut [AnyTransport],
     links: &FxHashMap<LinkId, LinkEntry>,
     in_flight: &mut FxHashMap<u64, NativeOp>,
 ) -> Result<(), Message> {
-    if msg.call & REPLY_BIT != 0 {
-        return Err(msg);
-    }
-    // No key held (always so where the link has no native path, as over
-    // tcp): nothing to look the request up for, so it is not decoded.
+    let RmaCall { request: r, msg } = call;
+    // No key held: always so where the link has no native path, as over
+    // tcp.
     if slot.rma_keys.is_empty() {
         return Err(msg);
     }
     let Some(link) = may_go_native(&slot.session) else {
-        return Err(msg);
-    };
-    let Ok(r) = RmaRequest::decode(&msg.front) else {
         return Err(msg);
     };
     // Nothing to move in an empty operation: the owner answers it.
@@ -208,9 +205,9 @@ pub(super) fn give_up(slot: &mut Slot, op: NativeOp) -> Message {
     op.request
 }
 
-/// Queues `msg` on `slot`'s session: an application's message (the
-/// worker's `queue_messages`), or an RMA request going to the owner (here
-/// where a native operation was given up: as it is, not decoded again).
+/// Queues `msg` on `slot`'s session: an application's message or RMA
+/// request (the worker's `queue_message`), or one going to the owner
+/// where a native operation was given up (as it is, not decoded again).
 pub(super) fn send_on_session(slot: &mut Slot, msg: Message, counters: &Counters) {
     match slot.session.send(msg) {
         Ok(_) => {}

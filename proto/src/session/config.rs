@@ -35,6 +35,17 @@ impl Policy {
 /// there; 4 KiB messages at most go into batches.
 pub const DEFAULT_BATCH_MAX_BYTES: usize = 16 << 10;
 
+/// [`SessionConfig::ack_delay`] by default: long enough for a server's
+/// turn over hundreds of connections to pass before their acks go alone
+/// (a reply made meanwhile carries them), short beside any timer a peer
+/// waits on.
+///
+/// ```
+/// use msgr_proto::session::{SessionConfig, DEFAULT_ACK_DELAY};
+/// assert_eq!(SessionConfig::default().ack_delay, DEFAULT_ACK_DELAY);
+/// ```
+pub const DEFAULT_ACK_DELAY: Duration = Duration::from_millis(1);
+
 /// Tunables of one session. The defaults suit a LAN; tests shrink the timers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionConfig {
@@ -69,6 +80,14 @@ pub struct SessionConfig {
     pub max_in_flight_messages: u64,
     /// Lossless: most payload bytes transmitted and not yet acknowledged.
     pub max_in_flight_bytes: usize,
+    /// How long an acknowledgement of what arrived may wait for an
+    /// outgoing message to carry it (every message, batch and fragment
+    /// carries the current ack) before it goes as an `Ack` frame of its
+    /// own; it goes at once when a quarter of this side's own in-flight
+    /// window (`max_in_flight_messages`, `max_in_flight_bytes`) arrived
+    /// unacknowledged, so a peer configured alike never waits for it.
+    /// Zero: an ack after every pass that received something.
+    pub ack_delay: Duration,
     /// Checksum message payloads (front and data segments) with CRC32C.
     /// `false` on both sides of a link skips it (negotiated in the banner);
     /// frame preambles and message headers are always checked.
@@ -142,6 +161,7 @@ impl Default for SessionConfig {
 
             max_in_flight_messages: 16 * 1024,
             max_in_flight_bytes: 32 << 20,
+            ack_delay: DEFAULT_ACK_DELAY,
             payload_crc: true,
             batch_max_bytes: DEFAULT_BATCH_MAX_BYTES,
             max_fragment: crate::fragment::DEFAULT_MAX_FRAGMENT,

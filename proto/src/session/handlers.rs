@@ -30,6 +30,7 @@ use crate::frame::{Frame, Tag, FLAG_UNCHECKED_PAYLOAD};
 use crate::link_failure::LinkFailure;
 use crate::message::{Message, MessageFrame};
 use crate::stream::{Inbound, Transmit};
+use crate::view::ReceivedBatch;
 
 impl Session {
     /// A secure link unseals every unit first (the record layer's `open`);
@@ -71,7 +72,7 @@ impl Session {
                     Tag::MessageBatch => self.on_batch(frame),
                     Tag::Fragment => self.on_fragment(frame),
                     Tag::Ack => self.on_ack(&frame),
-                    Tag::Keepalive => self.on_keepalive(&frame),
+                    Tag::Keepalive => self.on_keepalive(&frame, now),
                     Tag::KeepaliveAck => self.on_keepalive_ack(&frame),
                     Tag::Close => self.on_close(&frame),
                     tag => Err(self.unexpected(tag)),
@@ -368,9 +369,9 @@ impl Session {
         self.apply_ack(ack.seq)
     }
 
-    /// `Keepalive`: paced ones say the peer's timeout, older ones are
-    /// answered.
-    fn on_keepalive(&mut self, frame: &Frame) -> Result<(), ProtocolError> {
+    /// `Keepalive`: paced ones say the peer's timeout (and take this
+    /// side's along if it is due soon), older ones are answered.
+    fn on_keepalive(&mut self, frame: &Frame, now: Instant) -> Result<(), ProtocolError> {
         self.check_phase_takes(Tag::Keepalive, self.is_open())?;
         if self.remote.features & features::PACED_KEEPALIVE == 0 {
             let ka: Keepalive = parse_control(frame, "keepalive")?;
@@ -391,6 +392,7 @@ impl Session {
         {
             *peer_keepalive_timeout = Some(timeout);
         }
+        self.keepalive_along(now);
         Ok(())
     }
 
@@ -445,7 +447,9 @@ impl Session {
 
     /// `MessageBatch`, on the open link of a session that agreed to
     /// batches: its ack once, then each
-    /// message in turn, as if each had come in a frame of its own. An
+    /// message in turn, checked and counted as if each had come in a
+    /// frame of its own; those in sequence go to the owner together, as
+    /// views of the body ([`ReceivedBatch`]), no message built. An
     /// entry that does not parse faults the link after the ones before
     /// it were delivered (the body passed its CRC: the peer wrote it so).
     fn on_batch(&mut self, frame: Frame) -> Result<(), ProtocolError> {
@@ -463,10 +467,38 @@ impl Session {
         let mut batch = BatchReader::new(body)?;
         self.stats.rx_batches += 1;
         self.apply_ack(batch.ack())?;
-        while let Some(msg) = batch.next_message()? {
-            self.deliver(msg)?;
+        // Duplicates can only lead (sequence numbers are consecutive):
+        // what is delivered is one run of entries, from `first` to `end`.
+        let mut first = None;
+        let (mut count, mut bytes, mut end) = (0u32, 0u64, 0);
+        let r = loop {
+            let at = batch.position();
+            let (seq, head) = match batch.next_entry() {
+                Ok(Some(entry)) => entry,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e.into()),
+            };
+            if let Err(e) = self.check_call(head.call) {
+                break Err(e);
+            }
+            match self.next_in_sequence(seq) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => break Err(e),
+            }
+            self.rx.in_seq = seq;
+            first.get_or_insert((at, seq));
+            count += 1;
+            bytes += (head.front_len + head.data_len) as u64;
+            end = batch.position();
+        };
+        if let Some((at, seq)) = first {
+            self.stats.rx_messages += u64::from(count);
+            self.stats.rx_bytes += bytes;
+            let run = ReceivedBatch::new(batch.into_body(), at, end, seq, count);
+            self.events.push_batch(run);
         }
-        Ok(())
+        r
     }
 
     /// `Fragment`, on the open link of a session that agreed to lanes:
@@ -565,6 +597,16 @@ pub(super) struct Incoming {
     pub(super) in_seq: u64,
     /// The last sequence number this side acknowledged.
     pub(super) acked_in_seq: u64,
+    /// While something received is unacknowledged: when an `Ack` frame
+    /// of its own must go at the latest, if no message carried it
+    /// first (`SessionConfig::ack_delay` after the first such arrival).
+    /// (`None` with something unacknowledged: at once.)
+    pub(super) ack_due: Option<Instant>,
+    /// Bytes of the units received since the last ack went out.
+    pub(super) unacked_bytes: usize,
+    /// When the last unit that moved `in_seq` on arrived: one arriving
+    /// within `ack_delay` of it is part of a stream, whose acks wait.
+    pub(super) last_arrival: Option<Instant>,
     /// The owner holds back reading (a throttle): silence is not the peer's.
     pub(super) paused: bool,
     /// Messages arriving in fragments, per class (made at the first).
@@ -576,6 +618,30 @@ impl Incoming {
     pub(super) fn restart(&mut self) {
         self.in_seq = 0;
         self.acked_in_seq = 0;
+        self.ack_due = None;
+        self.unacked_bytes = 0;
+        self.last_arrival = None;
         self.reassembly = None;
+    }
+
+    /// A unit of `len` bytes moved `in_seq` on at `now`: its ack is due
+    /// `delay` after the first unacknowledged arrival of a stream (units
+    /// at most `delay` apart), at once for one after a silence — a lone
+    /// request, the last messages before a close — so that whoever waits
+    /// for that ack waits no longer than before.
+    pub(super) fn arrived_unacked(&mut self, len: usize, now: Instant, delay: Duration) {
+        self.unacked_bytes += len;
+        let streaming = self.last_arrival.is_some_and(|t| now < t + delay);
+        self.last_arrival = Some(now);
+        let due = if streaming { now + delay } else { now };
+        self.ack_due = Some(self.ack_due.map_or(due, |d| d.min(due)));
+    }
+
+    /// What went out carries the ack of everything received.
+    #[inline]
+    pub(super) fn acked(&mut self) {
+        self.acked_in_seq = self.in_seq;
+        self.ack_due = None;
+        self.unacked_bytes = 0;
     }
 }

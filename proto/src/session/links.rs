@@ -381,8 +381,9 @@ impl Session {
         self.tx.rewind_to_acked();
         // Everything queued is unsent again: the replay, then the lanes.
         let replayed = self.tx.outbox.messages() as u64;
-        // Acks piggybacked on the old link may have been lost: re-ack.
+        // Acks piggybacked on the old link may have been lost: re-ack, at once.
         self.rx.acked_in_seq = 0;
+        self.rx.ack_due = Some(now);
         self.state = State::open(link);
         self.on_open(now, replayed);
         Ok(())

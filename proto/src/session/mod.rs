@@ -105,6 +105,8 @@ mod state;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_acks;
+#[cfg(test)]
 mod tests_lanes;
 mod timers;
 
@@ -114,7 +116,7 @@ use std::time::Instant;
 use msgr_addr::{EntityAddr, EntityName};
 
 pub use attempts::DialAttempts;
-pub use config::{Policy, SessionConfig, DEFAULT_BATCH_MAX_BYTES};
+pub use config::{Policy, SessionConfig, DEFAULT_ACK_DELAY, DEFAULT_BATCH_MAX_BYTES};
 pub use error::ProtocolError;
 use handlers::Incoming;
 pub use hello::Hello;
@@ -123,7 +125,8 @@ pub use outbox::EncodedBatch;
 use outbox::Outbox;
 use owner::ToOwner;
 pub use owner::{
-    FaultReason, LinkId, LocalIdentity, PeerInfo, SendError, SessionEvent, SessionStats, Takeover,
+    FaultReason, LinkId, LocalIdentity, PeerInfo, Received, SendError, SessionEvent, SessionStats,
+    Takeover,
 };
 use send::Outgoing;
 use side::Side;
@@ -509,10 +512,14 @@ impl Session {
             return Ok(());
         }
         self.clock.last_rx = now;
+        let (in_seq, len) = (self.rx.in_seq, unit.encoded_len());
         let r = self.unseal(unit).and_then(|mut unit| {
             opened(&mut unit);
             self.process(link, unit, now)
         });
+        if self.rx.in_seq > in_seq {
+            self.rx.arrived_unacked(len, now, self.cfg.ack_delay);
+        }
         if let Err(e) = &r {
             self.after_link_error(e, now);
         }
@@ -538,6 +545,14 @@ impl Session {
     /// message, `RemoteReset` before the new session's).
     pub fn poll_message(&mut self) -> Option<Message> {
         self.events.pop_message()
+    }
+
+    /// As [`Session::poll_message`], with the entries of a batch frame
+    /// handed over together, to read in place ([`Received::Batch`]): no
+    /// message built per entry. Mixes with `poll_message` freely; either
+    /// takes each message once.
+    pub fn poll_received(&mut self) -> Option<Received> {
+        self.events.pop_received()
     }
 }
 

@@ -18,6 +18,7 @@ use crate::control::{Refusal, TooLarge};
 use crate::frame::Frame;
 use crate::link_failure::LinkFailure;
 use crate::message::Message;
+use crate::view::ReceivedBatch;
 
 /// Names one transport link (connection) for the engine; chosen by the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -265,10 +266,27 @@ pub struct SessionStats {
     pub faults: u64,
     /// Keepalives sent.
     pub keepalives: u64,
+    /// `Ack` frames sent: acknowledgements no outgoing message carried.
+    pub acks: u64,
     /// Messages that left the send queue (acknowledged, sent lossy, or dropped).
     pub released_messages: u64,
     /// Payload bytes that left the send queue.
     pub released_bytes: u64,
+}
+
+/// What a session received, in order, for its owner to deliver: a
+/// message, or the entries of a batch frame to read in place.
+///
+/// [`crate::Session::poll_received`] gives these;
+/// [`crate::Session::poll_message`] the same messages one by one, owned.
+#[derive(Debug)]
+pub enum Received {
+    /// A message that came alone (a message frame, one made whole from
+    /// its fragments), or an entry already taken off its batch.
+    Message(Message),
+    /// Consecutive entries of one batch frame, checked: each is delivered
+    /// once its owner reads it ([`ReceivedBatch::iter`]).
+    Batch(ReceivedBatch),
 }
 
 /// A session's output for its owner: events and received messages in two
@@ -278,7 +296,10 @@ pub struct SessionStats {
 pub(super) struct ToOwner {
     /// Each event with the number of messages queued before it.
     pub(super) events: VecDeque<(u64, SessionEvent)>,
-    pub(super) messages: VecDeque<Message>,
+    /// What was received, in order: messages, and batches of them.
+    received: VecDeque<Received>,
+    /// Messages in `received` (a batch counts its entries).
+    waiting: u64,
     /// Messages ever queued (taken, waiting or dropped).
     pub(super) queued: u64,
 }
@@ -289,13 +310,24 @@ impl ToOwner {
     }
 
     pub(super) fn push_message(&mut self, msg: Message) {
-        self.messages.push_back(msg);
-        self.queued += 1;
+        self.push_received(Received::Message(msg), 1);
+    }
+
+    /// Queues entries of a batch, delivered in order from their view.
+    pub(super) fn push_batch(&mut self, batch: ReceivedBatch) {
+        let n = batch.len() as u64;
+        self.push_received(Received::Batch(batch), n);
+    }
+
+    fn push_received(&mut self, r: Received, messages: u64) {
+        self.received.push_back(r);
+        self.waiting += messages;
+        self.queued += messages;
     }
 
     /// Messages taken (or dropped) so far.
     pub(super) fn taken(&self) -> u64 {
-        self.queued - self.messages.len() as u64
+        self.queued - self.waiting
     }
 
     pub(super) fn pop_event(&mut self) -> Option<SessionEvent> {
@@ -306,22 +338,59 @@ impl ToOwner {
         self.events.pop_front().map(|(_, ev)| ev)
     }
 
-    pub(super) fn pop_message(&mut self) -> Option<Message> {
-        if let Some((before, _)) = self.events.front() {
-            if *before <= self.taken() {
-                return None;
-            }
+    /// Whether an event comes before the next message.
+    fn event_first(&self) -> bool {
+        matches!(self.events.front(), Some((before, _)) if *before <= self.taken())
+    }
+
+    /// The next message or batch; a batch counts as taken whole.
+    pub(super) fn pop_received(&mut self) -> Option<Received> {
+        if self.event_first() {
+            return None;
         }
-        self.messages.pop_front()
+        let r = self.received.pop_front()?;
+        self.waiting -= match &r {
+            Received::Message(_) => 1,
+            Received::Batch(b) => b.len() as u64,
+        };
+        Some(r)
+    }
+
+    /// The next message, owned (one taken off the batch in front).
+    pub(super) fn pop_message(&mut self) -> Option<Message> {
+        if self.event_first() {
+            return None;
+        }
+        let msg = match self.received.front_mut()? {
+            Received::Batch(b) => {
+                let m = b.pop_message();
+                if b.is_empty() || m.is_none() {
+                    // (None: entries it could not read, dropped.)
+                    let gone = b.len() as u64;
+                    self.received.pop_front();
+                    self.waiting -= gone;
+                }
+                m
+            }
+            Received::Message(_) => match self.received.pop_front() {
+                Some(Received::Message(m)) => Some(m),
+                _ => None,
+            },
+        };
+        if msg.is_some() {
+            self.waiting -= 1;
+        }
+        msg
     }
 
     /// Drops the messages not taken yet (the events they held back follow).
     pub(super) fn drop_messages(&mut self) {
-        self.messages.clear();
+        self.received.clear();
+        self.waiting = 0;
     }
 
     pub(super) fn memory_bytes(&self) -> usize {
         self.events.capacity() * std::mem::size_of::<(u64, SessionEvent)>()
-            + self.messages.capacity() * std::mem::size_of::<Message>()
+            + self.received.capacity() * std::mem::size_of::<Received>()
     }
 }

@@ -77,12 +77,44 @@ impl Outgoing {
 }
 
 impl Session {
-    /// Whether anything is waiting to be transmitted.
+    /// Whether anything is waiting to be transmitted (an ack that may
+    /// still wait for a message to carry it is not: [`Session::poll_timeout`]
+    /// says when it goes).
     pub fn wants_transmit(&self) -> bool {
         !self.tx.ctrl.is_empty()
             || (self.is_open()
                 && ((self.tx.outbox.has_unsent() && !self.tx.window_full(&self.cfg))
-                    || self.rx.in_seq > self.rx.acked_in_seq))
+                    || self.ack_pressing()))
+    }
+
+    /// Whether what arrived unacknowledged is acknowledged now without
+    /// waiting for a message to carry it: no delay is configured, or a
+    /// quarter of this side's own in-flight window arrived (the peer's,
+    /// if configured alike, is far from full).
+    fn ack_pressing(&self) -> bool {
+        let unacked = self.rx.in_seq - self.rx.acked_in_seq;
+        unacked > 0
+            && (self.cfg.ack_delay.is_zero()
+                || unacked >= (self.cfg.max_in_flight_messages / 4).max(1)
+                || self.rx.unacked_bytes >= self.cfg.max_in_flight_bytes / 4)
+    }
+
+    /// Whether an `Ack` frame of its own goes now: something arrived
+    /// unacknowledged and it is [pressing](Self::ack_pressing) or its
+    /// delay is over.
+    fn ack_now(&self, now: Instant) -> bool {
+        self.rx.in_seq > self.rx.acked_in_seq
+            && (self.ack_pressing() || self.rx.ack_due.is_none_or(|due| now >= due))
+    }
+
+    /// When an unacknowledged arrival's `Ack` frame goes, if nothing
+    /// carries the ack before (open sessions).
+    pub(super) fn ack_deadline(&self) -> Option<Instant> {
+        if self.rx.in_seq > self.rx.acked_in_seq {
+            Some(self.rx.ack_due.unwrap_or(self.clock.last_rx))
+        } else {
+            None
+        }
     }
 
     /// Queues a message; it is sent when the session is open. Returns its
@@ -202,8 +234,9 @@ impl Session {
             self.clock.last_tx = now;
             return Some((link, unit));
         }
-        if self.rx.in_seq > self.rx.acked_in_seq {
-            self.rx.acked_in_seq = self.rx.in_seq;
+        if self.ack_now(now) {
+            self.rx.acked();
+            self.stats.acks += 1;
             self.clock.last_tx = now;
             return Some((
                 link,
@@ -322,7 +355,7 @@ impl Session {
         if self.tx.lossless {
             self.tx.outbox.keep_sent(Sent::Single(msg.clone()));
         }
-        self.rx.acked_in_seq = self.rx.in_seq;
+        self.rx.acked();
         self.count_transmitted(1, 1, len);
         Transmit::Message(MessageFrame {
             msg,
@@ -368,7 +401,7 @@ impl Session {
         if let Some(head) = &mut f.head {
             head.ack = f.ack;
         }
-        self.rx.acked_in_seq = self.rx.in_seq;
+        self.rx.acked();
         let (last, len) = (usize::from(f.is_last()), f.piece.len());
         if self.tx.lossless {
             self.tx.outbox.keep_sent(Sent::Fragment(f.clone()));
@@ -447,7 +480,7 @@ impl Session {
         }
         let (count, payload) = (b.count, b.payload);
         let (body, sent) = b.seal_header(self.rx.in_seq);
-        self.rx.acked_in_seq = self.rx.in_seq;
+        self.rx.acked();
         if self.tx.lossless {
             self.tx.outbox.keep_sent(sent);
         }

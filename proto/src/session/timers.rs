@@ -98,15 +98,7 @@ impl Session {
                 } else if now >= self.clock.last_tx + self.keepalive_every()
                     && self.tx.ctrl.is_empty()
                 {
-                    let stamp = now.duration_since(self.clock.link_since).as_micros() as u64;
-                    let frame = if self.remote.features & features::PACED_KEEPALIVE != 0 {
-                        let timeout_ms = self.cfg.keepalive_timeout.as_millis() as u64;
-                        control_frame(Tag::Keepalive, &PacedKeepalive { stamp, timeout_ms })
-                    } else {
-                        control_frame(Tag::Keepalive, &Keepalive { stamp })
-                    };
-                    self.tx.ctrl.push_back(Transmit::Frame(frame));
-                    self.stats.keepalives += 1;
+                    self.queue_keepalive(now);
                 }
             }
             State::Standby {
@@ -137,6 +129,32 @@ impl Session {
         }
     }
 
+    /// Queues this side's keepalive (paced where the peer paces them).
+    pub(super) fn queue_keepalive(&mut self, now: Instant) {
+        let stamp = now.duration_since(self.clock.link_since).as_micros() as u64;
+        let frame = if self.remote.features & features::PACED_KEEPALIVE != 0 {
+            let timeout_ms = self.cfg.keepalive_timeout.as_millis() as u64;
+            control_frame(Tag::Keepalive, &PacedKeepalive { stamp, timeout_ms })
+        } else {
+            control_frame(Tag::Keepalive, &Keepalive { stamp })
+        };
+        self.tx.ctrl.push_back(Transmit::Frame(frame));
+        self.stats.keepalives += 1;
+    }
+
+    /// A paced keepalive arrived at `now`: this side's own goes with it
+    /// if it would be due within half a pace. Idle sessions' keepalives
+    /// then go both ways in the pass that read the peer's — one wake-up
+    /// of a server per idle session and pace, not that and a timer's —
+    /// and this side's timer does not fire while the peer's keep coming.
+    /// Early is never late: the peer hears this side at least as often.
+    pub(super) fn keepalive_along(&mut self, now: Instant) {
+        let every = self.keepalive_every();
+        if now >= self.clock.last_tx + every / 2 && self.tx.ctrl.is_empty() {
+            self.queue_keepalive(now);
+        }
+    }
+
     /// When [`Session::handle_timeout`] next needs calling.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let state = self.state_timeout();
@@ -156,12 +174,11 @@ impl Session {
                 Some(self.clock.link_since + self.cfg.handshake_timeout)
             }
             State::Open { .. } => {
-                let ka = self.clock.last_tx + self.keepalive_every();
-                if self.rx.paused {
-                    Some(ka)
-                } else {
-                    Some(ka.min(self.clock.last_rx + self.cfg.keepalive_timeout))
+                let mut due = self.clock.last_tx + self.keepalive_every();
+                if !self.rx.paused {
+                    due = due.min(self.clock.last_rx + self.cfg.keepalive_timeout);
                 }
+                Some(self.ack_deadline().map_or(due, |ack| ack.min(due)))
             }
             State::Standby {
                 reconnect_at: Some(at),

@@ -195,9 +195,9 @@ impl StressConfig {
     }
 }
 
-/// Short timers so that faults are detected and repaired quickly, and send
-/// queues bounded so that memory stays flat: 2048 messages / 8 MiB per
-/// connection.
+/// Short timers so that faults are detected and repaired quickly, send
+/// queues bounded so that memory stays flat (2048 messages / 8 MiB per
+/// connection), and small fragments.
 pub fn default_messenger_config() -> MessengerConfig {
     let mut cfg = MessengerConfig::default();
     cfg.session.keepalive_interval = Duration::from_millis(100);
@@ -209,5 +209,9 @@ pub fn default_messenger_config() -> MessengerConfig {
     cfg.session.max_queued_messages = 2048;
     cfg.session.max_queued_bytes = 8 << 20;
     cfg.busy_poll = Duration::from_micros(20);
+    // Messages of every class mix on each connection: fragments small
+    // enough that the many 16..64 KiB messages travel in pieces too, and
+    // an urgent message overtakes them mid-message.
+    cfg.session.max_fragment = 16 << 10;
     cfg
 }

@@ -1,9 +1,13 @@
 //! What the servers check as messages arrive, and what the clients remember
 //! about what they sent, so that the end of a run can compare the two.
 //!
-//! Every message is tagged (client, server, epoch, n). An epoch is one run of
-//! consecutive sends by one client to one server over one `Connection` object
-//! without a known disturbance; `n` counts from 1 within it. The data segment
+//! Every message is tagged (client, server, epoch, n, class, prev). An epoch
+//! is one run of consecutive sends by one client to one server over one
+//! `Connection` object without a known disturbance; `n` counts from 1 within
+//! it. Messages travel in mixed priority classes, and msgr promises order
+//! within a class only, so each message also names its class and `prev`, the
+//! `n` of the epoch's previous message in that class: the server checks
+//! order, duplicates and gaps per class, and the count per epoch. The data segment
 //! is a slice of a seeded pattern buffer whose offset derives from the tag, so
 //! the receiver checks the bytes without trusting anything in the message.
 
@@ -12,13 +16,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use msgr::{Connection, Dispatcher, FaultReason, Message, Policy};
+use msgr::{Connection, Dispatcher, FaultReason, Message, Policy, Priority};
 use rand::{RngCore, SeedableRng};
 
 /// Message type of workload messages.
 pub const PROBE_TYPE: u16 = 0x5157;
 /// Length of the encoded tag (the front segment).
-pub const PROBE_LEN: usize = 4 + 4 + 4 + 8 + 4;
+pub const PROBE_LEN: usize = 4 + 4 + 4 + 8 + 4 + 1 + 8;
 /// Bytes of the shared pattern buffer (the largest message plus room to slide).
 const PATTERN_SLACK: usize = 64 << 10;
 
@@ -35,6 +39,10 @@ pub struct Probe {
     pub n: u64,
     /// Data length.
     pub len: u32,
+    /// Its class ([`Priority::index`]; never `Control`).
+    pub class: u8,
+    /// The `n` of the epoch's previous message in this class (0: none).
+    pub prev: u64,
 }
 
 impl Probe {
@@ -45,6 +53,8 @@ impl Probe {
         v.extend_from_slice(&self.epoch.to_le_bytes());
         v.extend_from_slice(&self.n.to_le_bytes());
         v.extend_from_slice(&self.len.to_le_bytes());
+        v.push(self.class);
+        v.extend_from_slice(&self.prev.to_le_bytes());
         Bytes::from(v)
     }
 
@@ -53,12 +63,19 @@ impl Probe {
             return None;
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let class = b[24];
+        if class == 0 || usize::from(class) >= Priority::COUNT {
+            return None;
+        }
         Some(Probe {
             client: u32_at(0),
             server: u32_at(4),
             epoch: u32_at(8),
-            n: u64::from_le_bytes(b[12..20].try_into().expect("8 bytes")),
+            n: u64_at(12),
             len: u32_at(20),
+            class,
+            prev: u64_at(25),
         })
     }
 
@@ -111,6 +128,7 @@ impl Pattern {
             p.encode(),
             self.buf.slice(off..off + p.len as usize),
         )
+        .with_class(Priority::ALL[usize::from(p.class)])
     }
 
     pub(crate) fn intact(&self, p: &Probe, data: &[u8]) -> bool {
@@ -127,13 +145,16 @@ impl Pattern {
 pub struct StreamState {
     /// Highest n delivered.
     pub last: u64,
+    /// Highest n delivered in each class (by [`Priority::index`]).
+    pub last_in_class: [u64; Priority::COUNT],
     /// Messages delivered.
     pub delivered: u64,
     /// Payload bytes delivered.
     pub bytes: u64,
-    /// Times n jumped by more than one (losses; fine only where allowed).
+    /// Times a message's `prev` was not the last delivered of its class
+    /// (losses; fine only where allowed).
     pub gaps: u64,
-    /// The first gap, as (expected, got).
+    /// The first gap, as (the last delivered n of the class, the `prev` got).
     pub first_gap: Option<(u64, u64)>,
 }
 
@@ -235,30 +256,35 @@ impl Verifier {
             .fetch_add(msg.data.len() as u64, Ordering::Relaxed);
         let mut streams = self.streams.lock().expect("streams lock");
         let s = streams.entry(p.key()).or_default();
-        if p.n <= s.last {
-            let what = if p.n == s.last {
+        // Order and exactly-once hold within a class; across classes a
+        // later n may come first.
+        let class = usize::from(p.class);
+        let before = s.last_in_class[class];
+        if p.n <= before {
+            let what = if p.n == before {
                 "duplicate"
             } else {
                 "out of order"
             };
             drop(streams);
             self.violations.push(format!(
-                "{what}: client {} -> server {} epoch {}: got n={} after n={}",
+                "{what} in class {:?}: client {} -> server {} epoch {}: got n={} after n={before}",
+                Priority::ALL[class],
                 p.client,
                 p.server,
                 p.epoch,
                 p.n,
-                self.stream(p.key()).last
             ));
             return;
         }
-        if p.n != s.last + 1 {
+        if p.prev != before {
             s.gaps += 1;
             if s.first_gap.is_none() {
-                s.first_gap = Some((s.last + 1, p.n));
+                s.first_gap = Some((before, p.prev));
             }
         }
-        s.last = p.n;
+        s.last_in_class[class] = p.n;
+        s.last = s.last.max(p.n);
         s.delivered += 1;
         s.bytes += msg.data.len() as u64;
     }
@@ -363,4 +389,82 @@ pub struct EpochRecord {
     pub remote_resets_at_start: u64,
     /// The server slot's generation when the epoch began.
     pub generation_at_start: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Message `n` of epoch (0, 0, 1) in `class` after `prev` of its class.
+    fn msg(pattern: &Pattern, n: u64, class: Priority, prev: u64) -> Message {
+        pattern.message(&Probe {
+            client: 0,
+            server: 0,
+            epoch: 1,
+            n,
+            len: 8,
+            class: class.index() as u8,
+            prev,
+        })
+    }
+
+    /// Across classes a later message may come first; within one, a
+    /// reorder or a duplicate is a violation and a lost message a gap.
+    #[test]
+    fn order_and_exactly_once_are_checked_per_class() {
+        use Priority::{Background as B, Interactive as I};
+        let pattern = Pattern::new(7, 64);
+        let v = Verifier::new(pattern.clone(), Arc::default());
+        // Sent: 1 B, 2 B, 3 I, 4 B; delivered: 3 I overtakes both.
+        for (n, class, prev) in [(3, I, 0), (1, B, 0), (2, B, 1), (4, B, 2)] {
+            v.check(0, &msg(&pattern, n, class, prev));
+        }
+        let s = v.stream((0, 0, 1));
+        assert_eq!(
+            (v.violations.count(), s.delivered, s.last, s.gaps),
+            (0, 4, 4, 0)
+        );
+        assert_eq!(
+            msg(&pattern, 3, I, 0).class(),
+            I,
+            "the probe travels in its class"
+        );
+
+        v.check(0, &msg(&pattern, 2, B, 1));
+        assert_eq!(v.violations.count(), 1, "an old message of a class again");
+        assert!(
+            v.violations.list()[0].starts_with("out of order"),
+            "{:?}",
+            v.violations.list()
+        );
+        v.check(0, &msg(&pattern, 4, B, 2));
+        assert!(
+            v.violations.list()[1].starts_with("duplicate"),
+            "{:?}",
+            v.violations.list()
+        );
+        // 5 I was lost: 6 I says its class's previous was 5.
+        v.check(0, &msg(&pattern, 6, I, 5));
+        let s = v.stream((0, 0, 1));
+        assert_eq!((s.gaps, s.first_gap, s.delivered), (1, Some((3, 5)), 5));
+    }
+
+    #[test]
+    fn a_probe_decodes_as_encoded_and_refuses_the_control_class() {
+        let p = Probe {
+            client: 1,
+            server: 2,
+            epoch: 3,
+            n: 4,
+            len: 5,
+            class: Priority::Background.index() as u8,
+            prev: 6,
+        };
+        let bytes = p.encode();
+        assert_eq!(bytes.len(), PROBE_LEN);
+        assert_eq!(Probe::decode(&bytes), Some(p));
+        let mut control = bytes.to_vec();
+        control[24] = 0;
+        assert_eq!(Probe::decode(&control), None);
+    }
 }

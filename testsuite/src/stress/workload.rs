@@ -296,6 +296,8 @@ impl Run<'_> {
 struct Link {
     rec: Arc<EpochRecord>,
     next_n: u64,
+    /// The n last sent in each class (`Probe::prev` of the next).
+    last_in_class: [u64; msgr::Priority::COUNT],
     /// The server slot's generation when this connection object was obtained.
     conn_generation: u64,
 }
@@ -337,6 +339,7 @@ impl Client<'_, '_> {
         self.links[s] = Some(Link {
             rec,
             next_n: 1,
+            last_in_class: [0; msgr::Priority::COUNT],
             conn_generation,
         });
     }
@@ -452,9 +455,22 @@ impl Client<'_, '_> {
         }
     }
 
+    /// A message's class: mostly the default, one in 8 interactive, one
+    /// in 4 background, whatever its size (a small urgent message then
+    /// overtakes a fragmented large one, and a large one goes first).
+    fn pick_class(&mut self) -> u8 {
+        let class = match self.rng.random_range(0..8) {
+            0 => msgr::Priority::Interactive,
+            1 | 2 => msgr::Priority::Background,
+            _ => msgr::Priority::Data,
+        };
+        class.index() as u8
+    }
+
     /// Sends one message to server `s`, retrying while the queue is full
     /// (bounded by the stall timeout).
     fn send_one(&mut self, s: usize, len: u32) {
+        let class = self.pick_class();
         let started = Instant::now();
         let mut pause = Duration::from_micros(50);
         let mut closed_retries = 0;
@@ -469,9 +485,12 @@ impl Client<'_, '_> {
                 epoch: link.rec.key.2,
                 n: link.next_n,
                 len,
+                class,
+                prev: link.last_in_class[usize::from(class)],
             };
             match link.rec.conn.send(self.run.pattern.message(&p)) {
                 Ok(()) => {
+                    link.last_in_class[usize::from(class)] = link.next_n;
                     link.next_n += 1;
                     link.rec.sent.fetch_add(1, Ordering::Relaxed);
                     let st = &self.run.stats;

@@ -124,6 +124,23 @@ fn rma_against_serve_expose(bind: &str) {
     let o = rma(&["--read", "0:1", "--repeat", "0"]);
     assert_eq!(o.status.code(), Some(2), "{}", o.stderr);
 
+    // --ranges: one call, several ranges in flight, one completion; the
+    // bytes land in order (written in 3 ranges, read back in 7 and in 1).
+    let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 256) as u8).collect();
+    assert_eq!(
+        ok(&["--write", "20000", "--data", &hex(&data), "--ranges", "3"]),
+        "wrote 1000 bytes at offset 20000"
+    );
+    let mut want = expose_pattern(19990..20000);
+    want.extend_from_slice(&data);
+    assert_eq!(ok(&["--read", "19990:1010", "--ranges", "7"]), hex(&want));
+    assert_eq!(ok(&["--read", "19990:1010"]), hex(&want));
+    let o = rma(&["--read", "0:4", "--ranges", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", o.stderr);
+    // A range outside the region fails the whole call with its code.
+    let o = rma(&["--read", "65000:600", "--ranges", "2"]);
+    assert_eq!(o.status.code(), Some(5), "{}", o.stderr);
+
     // Refusals: the code of each, and what it says.
     let denied = forged(&handle, |h| h.capability[0] ^= 1);
     let unknown = forged(&handle, |h| h.region += 1);
@@ -220,4 +237,68 @@ fn rma_bad_input_is_refused_at_once() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", o.stderr);
     assert!(o.stderr.contains("--expose"), "{}", o.stderr);
+}
+
+/// The value of the counter `msgr_NAME` in serve's closing lines.
+fn counter(rest: &[String], name: &str) -> u64 {
+    let key = format!("msgr_{name} ");
+    rest.iter()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no counter {name} in {rest:?}"))
+}
+
+/// `msgr serve --expose 1M --shared` exposes bytes it keeps: reads (in
+/// one range and in several) return the pattern, a write is refused for
+/// its rights, and the owner copied nothing (`rma_bytes_copied` 0). The
+/// same reads of a region the messenger owns count their copies, so the
+/// 0 is the shared path's, not a counter that never moves.
+#[test]
+fn serve_shared_answers_reads_without_a_copy() {
+    let mut copied = Vec::new();
+    for shared in [true, false] {
+        let mut args = vec!["serve", "tcp://127.0.0.1:0", "--duration", "60"];
+        args.extend(["--expose", "1M"]);
+        if shared {
+            args.push("--shared");
+        }
+        let mut s = serve_args(&args);
+        let line = s
+            .lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a region line");
+        let handle = line
+            .strip_prefix("region ")
+            .expect("region HANDLE")
+            .to_owned();
+        let rma = |args: &[&str]| {
+            let all = [
+                &["rma", &s.addr, "--handle", &handle, "--timeout", "30"],
+                args,
+            ]
+            .concat();
+            run(&all, Duration::from_secs(60))
+        };
+        for ranges in ["1", "5"] {
+            let o = rma(&["--read", "1000:200000", "--ranges", ranges]);
+            assert!(o.status.success(), "{}", o.stderr);
+            assert!(
+                o.stdout.trim() == hex(&expose_pattern(1000..201000)),
+                "the bytes read"
+            );
+        }
+        if shared {
+            let o = rma(&["--write", "0", "--data", "00"]);
+            assert_eq!(o.status.code(), Some(6), "{}", o.stderr);
+            assert!(o.stderr.contains("does not allow Write"), "{}", o.stderr);
+        }
+        let (status, rest) = stop_with(&mut s.guard, &s.lines, libc::SIGTERM);
+        assert!(status.success(), "{status:?}");
+        copied.push(counter(&rest, "rma_bytes_copied"));
+    }
+    assert_eq!(copied[0], 0, "the shared region's reads were copied");
+    assert!(
+        copied[1] >= 400_000,
+        "the owned region's copies: {copied:?}"
+    );
 }

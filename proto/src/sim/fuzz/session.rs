@@ -251,7 +251,8 @@ fn fuzz_name(who: u8) -> EntityName {
 ///
 /// Input: a setup byte (bit 0: acceptor; bits 1-2: connector policy; bit 3:
 /// unchecked payloads offered; bit 4: no batch frames sent; bit 5: a
-/// connect timeout), then ops.
+/// connect timeout; bit 6: no lanes; bit 7: acks at once, not delayed),
+/// then ops.
 pub fn session_engine(data: &[u8]) {
     let mut r = Reader::new(data);
     let setup = r.u8();
@@ -271,6 +272,11 @@ pub fn session_engine(data: &[u8]) {
         max_queued_bytes: 2048,
         max_in_flight_messages: 4,
         max_in_flight_bytes: 1024,
+        ack_delay: if setup & 128 == 0 {
+            Duration::from_millis(3)
+        } else {
+            Duration::ZERO
+        },
         payload_crc: setup & 8 == 0,
         batch_max_bytes: if setup & 16 == 0 { 512 } else { 0 },
         // Bit 6: no lanes; else fragments of at most 128 bytes.

@@ -295,6 +295,9 @@ fn sender_loop(st: &NodeState, messenger: &Messenger, stop: &AtomicBool) {
                 epoch: s.epoch,
                 n: s.sent + 1,
                 len: len as u32,
+                // One class: the node's log checks n in sequence.
+                class: msgr::Priority::Data.index() as u8,
+                prev: s.sent,
             };
             let again = !planted && s.sent == 100;
             let probe = if again {
