@@ -18,6 +18,17 @@ fn unhex(text: &str) -> Vec<u8> {
         .collect()
 }
 
+/// The handle `msgr serve --expose` prints after its address (`region HANDLE`).
+fn region_handle(s: &Served) -> String {
+    let line = s
+        .lines
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a region line");
+    line.strip_prefix("region ")
+        .unwrap_or_else(|| panic!("unexpected line after the address: {line:?}"))
+        .to_owned()
+}
+
 /// `handle` (hex of its postcard bytes) changed by `forge`.
 fn forged(handle: &str, forge: impl FnOnce(&mut msgr::RmaHandle)) -> String {
     use msgr::Codec;
@@ -33,14 +44,7 @@ fn forged(handle: &str, forge: impl FnOnce(&mut msgr::RmaHandle)) -> String {
 /// stops the server as SIGINT does: counters, exit 0.
 fn rma_against_serve_expose(bind: &str) {
     let mut s = serve_args(&["serve", bind, "--duration", "60", "--expose", "64K"]);
-    let line = s
-        .lines
-        .recv_timeout(Duration::from_secs(20))
-        .expect("a region line");
-    let handle = line
-        .strip_prefix("region ")
-        .unwrap_or_else(|| panic!("unexpected line after the address: {line:?}"))
-        .to_owned();
+    let handle = region_handle(&s);
     let addr = s.addr.clone();
     let rma = |args: &[&str]| {
         let all = [
@@ -263,14 +267,7 @@ fn serve_shared_answers_reads_without_a_copy() {
             args.push("--shared");
         }
         let mut s = serve_args(&args);
-        let line = s
-            .lines
-            .recv_timeout(Duration::from_secs(20))
-            .expect("a region line");
-        let handle = line
-            .strip_prefix("region ")
-            .expect("region HANDLE")
-            .to_owned();
+        let handle = region_handle(&s);
         let rma = |args: &[&str]| {
             let all = [
                 &["rma", &s.addr, "--handle", &handle, "--timeout", "30"],
