@@ -19,6 +19,12 @@
 //!
 //! The outer frame's segment CRCs after the first are not computed
 //! (`FLAG_UNCHECKED_PAYLOAD`): the AEAD tag checks every byte.
+//!
+//! Copies: a piece is sealed in a buffer of this layer's pool (the
+//! session keeps the plaintext for replay); a received piece is opened
+//! where it lies when the frame alone holds its buffer, and otherwise
+//! copied into a pool buffer first (a transport's shared or pooled receive
+//! buffer is not ours to write).
 
 use bytes::Bytes;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
