@@ -19,6 +19,12 @@
 //!
 //! The outer frame's segment CRCs after the first are not computed
 //! (`FLAG_UNCHECKED_PAYLOAD`): the AEAD tag checks every byte.
+//!
+//! Copies: a piece is sealed in a buffer of this layer's pool (the
+//! session keeps the plaintext for replay); a received piece is opened
+//! where it lies when the frame alone holds its buffer, and otherwise
+//! copied into a pool buffer first (a transport's shared or pooled receive
+//! buffer is not ours to write).
 
 use bytes::Bytes;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
@@ -139,8 +145,9 @@ impl DirectionKey {
         }
     }
 
-    /// Opens `sealed` in place, leaving the plaintext.
-    fn open(&mut self, sealed: &mut Vec<u8>) -> Result<(), RecordError> {
+    /// Opens `sealed` in place; the plaintext is its first `len - 16`
+    /// bytes (returned).
+    fn open(&mut self, sealed: &mut [u8]) -> Result<usize, RecordError> {
         if sealed.len() < SEAL_TAG_LEN {
             return Err(RecordError::Malformed("a piece shorter than its tag"));
         }
@@ -150,11 +157,10 @@ impl DirectionKey {
             .open_in_place(nonce, Aad::empty(), sealed)
             .map_err(|_| RecordError::Decrypt)?
             .len();
-        sealed.truncate(n);
         if rekey {
             self.rekey();
         }
-        Ok(())
+        Ok(n)
     }
 }
 
@@ -242,13 +248,27 @@ impl RecordLayer {
         frame
     }
 
-    /// One received piece, opened into a buffer of its own (the transport's
-    /// receive buffer is shared and not ours to write).
-    fn open_piece(&mut self, sealed: &Bytes) -> Result<Bytes, RecordError> {
-        let mut buf = self.pool.take(sealed.len());
-        buf.extend_from_slice(sealed);
-        self.recv.open(&mut buf)?;
-        Ok(self.pool.share(buf))
+    /// One received piece, opened where it lies when nothing else holds
+    /// its bytes (a buffer the transport handed over whole), otherwise
+    /// copied into a buffer of the record layer's and opened there (the
+    /// transport's receive buffer is shared, or goes back to its pool, and
+    /// is not ours to write).
+    fn open_piece(&mut self, sealed: Bytes) -> Result<Bytes, RecordError> {
+        match sealed.try_into_mut() {
+            Ok(mut own) => {
+                let n = self.recv.open(&mut own)?;
+                own.truncate(n);
+                Ok(own.freeze())
+            }
+            Err(shared) => {
+                let mut buf = self.pool.take(shared.len());
+                buf.extend_from_slice(&shared);
+                drop(shared);
+                let n = self.recv.open(&mut buf)?;
+                buf.truncate(n);
+                Ok(self.pool.share(buf))
+            }
+        }
     }
 
     /// Opens a frame received on the link: a sealed frame gives the frame
@@ -261,7 +281,9 @@ impl RecordLayer {
         let Some(first) = outer.next() else {
             return Err(RecordError::Malformed("no segments"));
         };
-        let mut head = self.open_piece(&first)?;
+        // Each outer piece is dropped once opened, so a later one may be
+        // the only holder of a buffer the transport handed over.
+        let mut head = self.open_piece(first)?;
         if head.len() < PREAMBLE_LEN {
             return Err(RecordError::Malformed("no inner preamble"));
         }
@@ -297,7 +319,7 @@ impl RecordLayer {
                 segments.push(Bytes::new());
                 continue;
             }
-            let plain = self.open_piece(&seg)?;
+            let plain = self.open_piece(seg)?;
             if plain.len() != want {
                 return Err(RecordError::Malformed("segment length"));
             }
@@ -395,6 +417,66 @@ mod tests {
         let mut wrong = RecordLayer::new(&a);
         assert_eq!(wrong.open(first, &limits), Err(RecordError::Decrypt));
     }
+
+    /// A piece nothing else holds is opened where it lies: the plaintext
+    /// is the received buffer's own bytes, not a copy. A shared one is
+    /// copied first and left as it was.
+    #[test]
+    fn a_piece_held_only_by_the_frame_opens_in_place() {
+        let (a, b) = keys();
+        let (mut tx, mut rx) = (RecordLayer::new(&a), RecordLayer::new(&b));
+        let want = message(3, 100_000).into_frame().unwrap();
+        let mut sealed = tx.seal(message(3, 100_000));
+        sealed.segments[2] = Bytes::from(sealed.segments[2].to_vec());
+        let at = sealed.segments[2].as_ptr();
+        let Inbound::Frame(got) = rx.open(sealed, &FrameLimits::default()).unwrap() else {
+            panic!("a frame")
+        };
+        assert_eq!(got.segments, want.segments);
+        assert_eq!(got.segments[2].as_ptr(), at, "opened in place");
+
+        let sealed = tx.seal(message(3, 100_000));
+        let kept = sealed.segments[2].clone();
+        let Inbound::Frame(got) = rx.open(sealed, &FrameLimits::default()).unwrap() else {
+            panic!("a frame")
+        };
+        assert_eq!(got.segments, want.segments);
+        assert_ne!(kept[..64], want.segments[2][..64], "still sealed");
+    }
+
+    /// FNV-1a, enough to pin bytes in a test without a hash crate.
+    fn fnv(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    /// The wire bytes of sealed frames, pinned: how records are built and
+    /// opened may change, what goes on the wire may not (these values were
+    /// taken from the record layer that copied each piece before sealing).
+    #[test]
+    fn sealed_wire_bytes_are_pinned() {
+        let (a, b) = keys();
+        let (mut tx, mut rx) = (RecordLayer::new(&a), RecordLayer::new(&b));
+        let mut got = Vec::new();
+        for unit in [message(0, 0), message(5, 7), message(3, 70_000)] {
+            let want = unit.clone().into_frame().unwrap();
+            let sealed = tx.seal(unit);
+            let wire = sealed.encode_to_vec().unwrap();
+            got.push((wire.len(), fnv(&wire)));
+            let Inbound::Frame(opened) = rx.open(sealed, &FrameLimits::default()).unwrap() else {
+                panic!("a frame")
+            };
+            assert_eq!(opened.segments, want.segments);
+        }
+        assert_eq!(got, PINNED);
+    }
+
+    const PINNED: [(usize, u64); 3] = [
+        (124, 8954640500726492533),
+        (168, 9684900014185928930),
+        (70159, 8505308810170655571),
+    ];
 
     #[test]
     fn both_ends_rekey_at_the_same_piece() {
