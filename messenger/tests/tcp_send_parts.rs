@@ -38,8 +38,8 @@ fn nth(i: u32) -> Seen {
         5 => 300,
         _ => 64,
     };
-    let msg_type = if i % 2 == 0 { 5 } else { 0x6d03 };
-    let class = if i % 5 == 0 {
+    let msg_type = if i.is_multiple_of(2) { 5 } else { 0x6d03 };
+    let class = if i.is_multiple_of(5) {
         Priority::Interactive
     } else {
         Priority::Data
@@ -61,7 +61,7 @@ fn send_parts_delivers_as_send_does() {
         let (msg_type, front, data, class) = nth(i);
         let owned = || Message::new(msg_type, front.clone(), data.clone()).with_class(class);
         let borrowed = || conn.send_parts_in(class, msg_type, &front, &data);
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             send(&conn, owned());
             borrowed().expect("send_parts");
         } else {
