@@ -698,9 +698,11 @@ struct StreamClient {
     /// What every message sends (its front says whether it asks for a
     /// credit), sealed or not.
     template: Message,
-    /// Small unsealed messages are sent from the template's bytes
+    /// Small messages are sent from the template's bytes
     /// (`Connection::send_parts`): no `Message` cloned and dropped per
-    /// send, so the sender's count is the library's.
+    /// send, so the sender's count is the library's. (They go as batch
+    /// entries, under the batch's one checksum: a sealed checksum of their
+    /// own would not be used.)
     borrow: bool,
     /// Messages per credit (callback driver).
     batch: u64,
@@ -734,7 +736,7 @@ impl StreamClient {
             } else {
                 template
             },
-            borrow: !opts.seal && opts.size <= BORROWED_SEND_MAX,
+            borrow: opts.size <= BORROWED_SEND_MAX,
             batch,
             max,
             stop: AtomicBool::new(false),
