@@ -298,6 +298,13 @@ pub(crate) fn append_entry(out: &mut BytesMut, msg: &EntryParts<'_>, room: usize
         head[4] = front_len as u8;
         head[5] = data_len as u8;
         MIN_ENTRY_LEN
+    } else if msg.call == 0 && front_len < 0x80 && data_len < 0x80 {
+        // The same with a type of two or three varint bytes: only the
+        // type's varint is looped over.
+        let n = write_varint(&mut head, 0, u32::from(msg.msg_type));
+        let rest = [msg.priority, msg.flags, 0, front_len as u8, data_len as u8];
+        head[n..n + 5].copy_from_slice(&rest);
+        n + 5
     } else {
         let mut n = write_varint(&mut head, 0, u32::from(msg.msg_type));
         head[n] = msg.priority;
@@ -775,6 +782,7 @@ mod tests {
                 let m = Message::new(ty, vec![1u8; front], vec![2u8; data]);
                 let mut out = BytesMut::new();
                 append_entry(&mut out, &EntryParts::from(&m), usize::MAX).unwrap();
+                assert_eq!(out.len(), BatchWriter::entry_len(&m), "type {ty:#x}");
                 let short = parse_entry_head(&out, 0).unwrap();
                 let full = parse_wide_entry_head(&out, 0).unwrap();
                 let fields = |h: &EntryHead| (h.msg_type, h.front_len, h.data_len, h.len);
