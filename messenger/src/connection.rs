@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use msgr_addr::EntityAddr;
+use msgr_proto::batch::EntryParts;
 use msgr_proto::control::Limits;
 use msgr_proto::{FaultReason, Message, PeerInfo, Phase, Policy, Priority};
 use parking_lot::{Mutex, MutexGuard};
@@ -211,6 +212,80 @@ impl Connection {
     /// ```
     pub fn send(&self, msg: Message) -> Result<(), SendRejected> {
         self.queue(msg)
+    }
+
+    /// Queues a message of `msg_type` made of `front` and `data` as
+    /// [`Connection::send`] queues `Message::new(msg_type, front, data)`,
+    /// with the same order, admission, refusals and bytes on the wire, but
+    /// without building a [`Message`]: a message that goes in a batch is
+    /// encoded straight from the borrowed slices into the batch being
+    /// filled. One too large for a batch is copied and goes whole, as
+    /// `send` sends it. Never blocks; a refusal says why and the slices
+    /// stay the caller's. The way to send many small messages from one
+    /// buffer; [`Connection::send_parts_in`] for another class.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// let payload = [0xa5u8; 64];
+    /// conn.send_parts(1, b"hello", &payload)?;
+    /// let (_from, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+    /// assert_eq!((&msg.front[..], &msg.data[..]), (&b"hello"[..], &payload[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn send_parts(&self, msg_type: u16, front: &[u8], data: &[u8]) -> Result<(), SendError> {
+        self.queue_parts(&EntryParts::new(msg_type, front, data))
+    }
+
+    /// [`Connection::send_parts`] of a message in class `class` (as
+    /// `send` queues `Message::new(msg_type, front, data).with_class(class)`):
+    /// its lane, and the queue headroom of its class.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use msgr::{EntityName, Inbox, Message, Messenger, NullDispatcher};
+    /// # let inbox = Inbox::new();
+    /// # let server = Messenger::builder(EntityName::server(1)).without_env()
+    /// #     .bind("tcp://127.0.0.1:0".parse()?).start(inbox.dispatcher())?;
+    /// # let client = Messenger::builder(EntityName::client(1)).without_env()
+    /// #     .start(Arc::new(NullDispatcher))?;
+    /// # let conn = client.connect(server.addr().expect("bound"))?;
+    /// use msgr::Priority;
+    /// conn.send_parts_in(Priority::Interactive, 1, b"ping", b"")?;
+    /// let (_from, msg) = inbox.recv_timeout(Duration::from_secs(10)).expect("delivered");
+    /// assert_eq!(msg.class(), Priority::Interactive);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn send_parts_in(
+        &self,
+        class: Priority,
+        msg_type: u16,
+        front: &[u8],
+        data: &[u8],
+    ) -> Result<(), SendError> {
+        self.queue_parts(&EntryParts::new(msg_type, front, data).with_class(class))
+    }
+
+    /// [`Connection::queue`] of borrowed parts: the same admission, then
+    /// encoded in place ([`Pending::push_parts`]).
+    #[inline]
+    fn queue_parts(&self, parts: &EntryParts<'_>) -> Result<(), SendError> {
+        let limits = self.send_limits();
+        self.check_open()?;
+        self.fits_lens(parts.front.len(), parts.data.len(), limits)?;
+        let mut pending = self.inner.pending.lock();
+        self.reserve(&mut pending, 1, parts.payload_len() as u64, parts.class())?;
+        pending.push_parts(parts, self.batch_max_bytes(), limits);
+        self.schedule(pending);
+        Ok(())
     }
 
     /// [`Connection::send`] of a message or an RMA request ([`Queued`]).
@@ -460,7 +535,13 @@ impl Connection {
 
     /// Fails if `msg` is larger than the peer takes (its `limits`).
     fn fits(&self, msg: &Message, limits: Limits) -> Result<(), SendError> {
-        limits.check(msg.front.len(), msg.data.len()).map_err(|t| {
+        self.fits_lens(msg.front.len(), msg.data.len(), limits)
+    }
+
+    /// Fails if segments of `front` and `data` bytes are larger than the
+    /// peer takes (its `limits`).
+    fn fits_lens(&self, front: usize, data: usize, limits: Limits) -> Result<(), SendError> {
+        limits.check(front, data).map_err(|t| {
             Counters::add(&self.inner.shared.counters.messages_too_large, 1);
             SendError::TooLarge(t)
         })

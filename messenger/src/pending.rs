@@ -3,6 +3,7 @@
 //! is refused (the session's `SendError`, msgr's one).
 
 use bytes::BytesMut;
+use msgr_proto::batch::EntryParts;
 use msgr_proto::control::Limits;
 use msgr_proto::rma::{RmaRequest, RMA_BIT};
 use msgr_proto::session::EncodedBatch;
@@ -194,8 +195,16 @@ impl Pending {
     /// Queues `msg`: as an entry of the open batch (a new one when it is
     /// full or was checked against other limits), or whole.
     pub(crate) fn push(&mut self, msg: Message, max_body: usize, limits: Limits) {
-        if !self.encode(&msg, max_body, limits) {
+        if !self.encode(&EntryParts::from(&msg), max_body, limits) {
             self.push_whole(msg);
+        }
+    }
+
+    /// [`Pending::push`] of borrowed parts: encoded as an entry where
+    /// they go in batches, else copied into a [`Message`] that goes whole.
+    pub(crate) fn push_parts(&mut self, parts: &EntryParts<'_>, max_body: usize, limits: Limits) {
+        if !self.encode(parts, max_body, limits) {
+            self.push_whole(parts.to_message());
         }
     }
 
@@ -205,7 +214,7 @@ impl Pending {
     /// `false` if it goes whole ([`Pending::push_whole`]). The caller
     /// keeps the `Message`: moving it here cost more than its encoding's
     /// bookkeeping.
-    pub(crate) fn encode(&mut self, msg: &Message, max_body: usize, limits: Limits) -> bool {
+    pub(crate) fn encode(&mut self, msg: &EntryParts<'_>, max_body: usize, limits: Limits) -> bool {
         if msg.call & RMA_BIT != 0 || !EncodedBatch::batchable(msg.payload_len(), max_body) {
             return false;
         }
@@ -213,7 +222,7 @@ impl Pending {
             if open.limits() == limits {
                 // (It refuses a message of another class: a batch travels
                 // in its class's lane.)
-                if open.push(msg, max_body) {
+                if open.push_parts(msg, max_body) {
                     return true;
                 }
                 if open.class() == msg.class() && open.ended_by_allocation(max_body) {
@@ -226,7 +235,7 @@ impl Pending {
         self.alloc = self.alloc.clamp(EncodedBatch::MIN_ALLOCATION, largest);
         let mut batch = EncodedBatch::open(&mut self.spare, msg.payload_len(), self.alloc, limits);
         // (An entry of a batchable message fits an empty batch.)
-        let encoded = batch.push(msg, max_body);
+        let encoded = batch.push_parts(msg, max_body);
         self.open = Some(batch);
         encoded
     }

@@ -32,6 +32,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::message::Message;
+use crate::priority::Priority;
 
 /// Bytes of the fixed header that opens a batch body.
 pub const BATCH_HEADER_LEN: usize = 24;
@@ -154,7 +155,7 @@ impl<'a> BatchWriter<'a> {
     /// segment longer than `u32::MAX` never fits.
     pub fn push(&mut self, msg: &Message) -> bool {
         let room = self.max_body.saturating_sub(self.out.len());
-        if append_entry(self.out, msg, room).is_none() {
+        if append_entry(self.out, &EntryParts::from(msg), room).is_none() {
             return false;
         }
         self.count += 1;
@@ -184,12 +185,104 @@ impl<'a> BatchWriter<'a> {
     }
 }
 
+/// A message's fields as a batch entry carries them, borrowed: what a
+/// sender encodes without building a [`Message`] (`msgr`'s
+/// `Connection::send_parts`), or a [`Message`]'s own
+/// ([`EntryParts::from`]).
+///
+/// ```
+/// use msgr_proto::batch::EntryParts;
+/// use msgr_proto::priority::Priority;
+/// use msgr_proto::Message;
+///
+/// let parts = EntryParts::new(1, b"head", b"body").with_class(Priority::Interactive);
+/// assert_eq!((parts.class(), parts.payload_len()), (Priority::Interactive, 8));
+/// let msg = Message::new(1, &b"head"[..], &b"body"[..]).with_class(Priority::Interactive);
+/// assert_eq!(EntryParts::from(&msg), parts);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryParts<'a> {
+    /// The message type.
+    pub msg_type: u16,
+    /// The priority byte ([`Message::priority`]).
+    pub priority: u8,
+    /// The message's flags byte.
+    pub flags: u8,
+    /// The call field (0: not a call).
+    pub call: u64,
+    /// The front segment.
+    pub front: &'a [u8],
+    /// The data segment.
+    pub data: &'a [u8],
+}
+
+impl<'a> EntryParts<'a> {
+    /// A message of `msg_type` with these segments, of class data, no
+    /// flags and no call (as [`Message::new`] builds one).
+    #[inline]
+    pub fn new(msg_type: u16, front: &'a [u8], data: &'a [u8]) -> Self {
+        EntryParts {
+            msg_type,
+            priority: 0,
+            flags: 0,
+            call: 0,
+            front,
+            data,
+        }
+    }
+
+    /// These parts in class `class` (as [`Message::with_class`]).
+    #[inline]
+    pub fn with_class(mut self, class: Priority) -> Self {
+        self.priority = class.to_legacy();
+        self
+    }
+
+    /// The class it travels in ([`Message::class`]).
+    #[inline]
+    pub fn class(&self) -> Priority {
+        Priority::from_legacy(self.priority)
+    }
+
+    /// Front and data bytes.
+    #[inline]
+    pub fn payload_len(&self) -> usize {
+        self.front.len() + self.data.len()
+    }
+
+    /// A [`Message`] of copies of these parts: for a message that must go
+    /// whole (in a frame of its own).
+    pub fn to_message(&self) -> Message {
+        let mut msg = Message::new(
+            self.msg_type,
+            Bytes::copy_from_slice(self.front),
+            Bytes::copy_from_slice(self.data),
+        );
+        (msg.priority, msg.flags, msg.call) = (self.priority, self.flags, self.call);
+        msg
+    }
+}
+
+impl<'a> From<&'a Message> for EntryParts<'a> {
+    #[inline]
+    fn from(msg: &'a Message) -> Self {
+        EntryParts {
+            msg_type: msg.msg_type,
+            priority: msg.priority,
+            flags: msg.flags,
+            call: msg.call,
+            front: &msg.front,
+            data: &msg.data,
+        }
+    }
+}
+
 /// Appends `msg` to `out` as a batch entry if the entry takes at most
 /// `room` bytes; returns the bytes it took, or `None` (and nothing
 /// written) if it does not fit or a segment is longer than `u32::MAX`.
 /// How a session encodes each message at `send`, into the batch it keeps
 /// open ([`BatchWriter::push`] for a whole batch at once).
-pub(crate) fn append_entry(out: &mut BytesMut, msg: &Message, room: usize) -> Option<usize> {
+pub(crate) fn append_entry(out: &mut BytesMut, msg: &EntryParts<'_>, room: usize) -> Option<usize> {
     let (front, data) = (msg.front.len(), msg.data.len());
     let (Ok(front_len), Ok(data_len)) = (u32::try_from(front), u32::try_from(data)) else {
         return None;
@@ -205,6 +298,13 @@ pub(crate) fn append_entry(out: &mut BytesMut, msg: &Message, room: usize) -> Op
         head[4] = front_len as u8;
         head[5] = data_len as u8;
         MIN_ENTRY_LEN
+    } else if msg.call == 0 && front_len < 0x80 && data_len < 0x80 {
+        // The same with a type of two or three varint bytes: only the
+        // type's varint is looped over.
+        let n = write_varint(&mut head, 0, u32::from(msg.msg_type));
+        let rest = [msg.priority, msg.flags, 0, front_len as u8, data_len as u8];
+        head[n..n + 5].copy_from_slice(&rest);
+        n + 5
     } else {
         let mut n = write_varint(&mut head, 0, u32::from(msg.msg_type));
         head[n] = msg.priority;
@@ -225,10 +325,10 @@ pub(crate) fn append_entry(out: &mut BytesMut, msg: &Message, room: usize) -> Op
     out.reserve(len);
     out.extend_from_slice(&head[..n]);
     if front > 0 {
-        out.extend_from_slice(&msg.front);
+        out.extend_from_slice(msg.front);
     }
     if data > 0 {
-        out.extend_from_slice(&msg.data);
+        out.extend_from_slice(msg.data);
     }
     Some(len)
 }
@@ -681,7 +781,8 @@ mod tests {
             for (front, data) in [(0, 0), (1, 64), (127, 0), (0, 128), (128, 300)] {
                 let m = Message::new(ty, vec![1u8; front], vec![2u8; data]);
                 let mut out = BytesMut::new();
-                append_entry(&mut out, &m, usize::MAX).unwrap();
+                append_entry(&mut out, &EntryParts::from(&m), usize::MAX).unwrap();
+                assert_eq!(out.len(), BatchWriter::entry_len(&m), "type {ty:#x}");
                 let short = parse_entry_head(&out, 0).unwrap();
                 let full = parse_wide_entry_head(&out, 0).unwrap();
                 let fields = |h: &EntryHead| (h.msg_type, h.front_len, h.data_len, h.len);

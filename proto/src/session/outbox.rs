@@ -15,7 +15,8 @@ use std::collections::VecDeque;
 use bytes::{Buf, Bytes, BytesMut};
 
 use crate::batch::{
-    append_entry, entry_extents, write_header, EntryExtent, BATCH_HEADER_LEN, MAX_ENTRY_OVERHEAD,
+    append_entry, entry_extents, write_header, EntryExtent, EntryParts, BATCH_HEADER_LEN,
+    MAX_ENTRY_OVERHEAD,
 };
 use crate::control::Limits;
 use crate::fragment::{Fragment, Fragmenter};
@@ -106,21 +107,29 @@ impl EncodedBatch {
     /// Appends `msg` as an entry if the body stays within `max_body`
     /// bytes and `msg` is of the batch's class (its first entry's);
     /// `false` (nothing written) if not.
+    #[inline]
     pub fn push(&mut self, msg: &Message, max_body: usize) -> bool {
+        self.push_parts(&EntryParts::from(msg), max_body)
+    }
+
+    /// [`EncodedBatch::push`] of a message's borrowed parts: no
+    /// [`Message`] needed. The batch's room is checked once, for the
+    /// whole entry.
+    pub fn push_parts(&mut self, parts: &EntryParts<'_>, max_body: usize) -> bool {
         if self.count == 0 {
-            (self.priority, self.class) = (msg.priority, msg.class());
-        } else if msg.priority != self.priority && msg.class() != self.class {
+            (self.priority, self.class) = (parts.priority, parts.class());
+        } else if parts.priority != self.priority && parts.class() != self.class {
             return false;
         }
         let room = max_body
             .min(self.body.capacity())
             .saturating_sub(self.body.len());
-        if append_entry(&mut self.body, msg, room).is_none() {
+        if append_entry(&mut self.body, parts, room).is_none() {
             return false;
         }
         self.count += 1;
-        self.payload += msg.payload_len();
-        self.calls |= msg.call;
+        self.payload += parts.payload_len();
+        self.calls |= parts.call;
         true
     }
 
@@ -437,7 +446,7 @@ impl Outbox {
             let room = max_body.saturating_sub(self.buf.len());
             if open.terms == terms
                 && open.class == class
-                && append_entry(&mut self.buf, msg, room).is_some()
+                && append_entry(&mut self.buf, &EntryParts::from(msg), room).is_some()
             {
                 open.count += 1;
                 open.payload += payload;
@@ -455,7 +464,7 @@ impl Outbox {
         }
         self.buf.resize(BATCH_HEADER_LEN, 0);
         let room = max_body - BATCH_HEADER_LEN;
-        let encoded = append_entry(&mut self.buf, msg, room);
+        let encoded = append_entry(&mut self.buf, &EntryParts::from(msg), room);
         debug_assert!(encoded.is_some(), "the session checked it is batchable");
         let ticket = self.ticket();
         self.open = Some(OpenBatch {
