@@ -12,9 +12,9 @@
 //! (default random, always printed) override duration and seed.
 #![cfg(feature = "rdma")]
 
-use msgr_testsuite::guest::stress::{env_u64, StressShape, StressTarget};
+use msgr_testsuite::guest::stress::{build_msgr_stress, StressShape, StressTarget};
 use msgr_testsuite::guest::twohosts::{self, RXE_B, SIW_B};
-use msgr_testsuite::guest::{build_programs, GuestCommand, GuestRunner, GuestVariant};
+use msgr_testsuite::guest::{GuestCommand, GuestRunner, GuestVariant};
 use std::time::Duration;
 
 const SERVERS: u32 = 2;
@@ -71,27 +71,13 @@ fn counters_name(run: &WireRun) -> String {
 
 #[test]
 fn stress_suite_between_two_hosts_on_a_lossy_wire() {
-    let shape = StressShape {
-        secs: env_u64("MSGR_STRESS_SECS").unwrap_or(20),
-        servers: SERVERS,
-        clients: CLIENTS,
-        seed: env_u64("MSGR_STRESS_SEED").unwrap_or_else(rand::random),
-    };
+    let shape = StressShape::from_env(SERVERS, CLIENTS);
     println!(
         "seed {} ({} s per backend, {SERVERS} servers x {CLIENTS} clients, \
          {LOSS_PERCENT} % loss, a {FLAP_DOWN:?} link flap)",
         shape.seed, shape.secs
     );
-    let bin = build_programs(&[
-        "-p",
-        "msgr-testsuite",
-        "--features",
-        "rdma",
-        "--bin",
-        "msgr-stress",
-    ])
-    .join("msgr-stress");
-    assert!(bin.exists(), "{} missing", bin.display());
+    let bin = build_msgr_stress("rdma");
     let runs = runs();
     let mut cmds: Vec<GuestCommand> = vec![twohosts::setup_command()];
     for r in &runs {
