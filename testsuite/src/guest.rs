@@ -23,9 +23,10 @@
 //!
 //! # Layers
 //!
-//! 1. `reference`, `stress`, `tool`: guest runs of the reference RDMA
-//!    programs, of the stress suite and of the msgr tool, each built on this
-//!    module's runner alone.
+//! 1. `reference`, `stress`, `tool`, `twohosts`: guest runs of the reference
+//!    RDMA programs, of the stress suite and of the msgr tool, and the wire
+//!    between two RDMA hosts in one guest, each built on this module's
+//!    runner alone.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 pub mod reference;
 pub mod stress;
 pub mod tool;
+pub mod twohosts;
 
 /// The guest's second stage, copied into every job directory.
 const STAGE2: &str = include_str!("../guest/stage2.sh");

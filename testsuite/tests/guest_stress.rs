@@ -17,8 +17,8 @@
 #![cfg(feature = "rdma")]
 
 use msgr_testsuite::guest::reference::{CmFabric, LOOPBACK_DEVICE};
-use msgr_testsuite::guest::stress::{env_u64, StressShape, StressTarget};
-use msgr_testsuite::guest::{build_programs, GuestCommand, GuestRunner};
+use msgr_testsuite::guest::stress::{build_msgr_stress, StressShape, StressTarget};
+use msgr_testsuite::guest::{GuestCommand, GuestRunner};
 use std::time::Duration;
 
 const SERVERS: u32 = 2;
@@ -64,26 +64,12 @@ fn targets() -> Vec<StressTarget> {
 
 #[test]
 fn stress_suite_over_rdma_in_the_guest() {
-    let shape = StressShape {
-        secs: env_u64("MSGR_STRESS_SECS").unwrap_or(20),
-        servers: SERVERS,
-        clients: CLIENTS,
-        seed: env_u64("MSGR_STRESS_SEED").unwrap_or_else(rand::random),
-    };
+    let shape = StressShape::from_env(SERVERS, CLIENTS);
     println!(
         "seed {} ({} s per backend, {SERVERS} servers x {CLIENTS} clients)",
         shape.seed, shape.secs
     );
-    let bin = build_programs(&[
-        "-p",
-        "msgr-testsuite",
-        "--features",
-        "rdma",
-        "--bin",
-        "msgr-stress",
-    ])
-    .join("msgr-stress");
-    assert!(bin.exists(), "{} missing", bin.display());
+    let bin = build_msgr_stress("rdma");
     let targets = targets();
     let cmds: Vec<GuestCommand> = targets.iter().map(|t| t.command(&bin, shape)).collect();
     let runner = GuestRunner::from_env()

@@ -3,8 +3,8 @@
 //! tests/guest_stress.rs (verbs, rdmacm) and tests/guest_fabric.rs
 //! (libfabric's verbs provider).
 
-use super::{shell_quote, GuestCommand, GuestOutcome};
-use std::path::Path;
+use super::{build_programs, shell_quote, GuestCommand, GuestOutcome};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// One backend the suite runs over in the guest.
@@ -34,6 +34,20 @@ pub struct StressShape {
     /// The run's seed (`--seed`): the clients' operations and the fault
     /// plans are drawn from it.
     pub seed: u64,
+}
+
+impl StressShape {
+    /// `servers` × `clients` for `MSGR_STRESS_SECS` seconds (default 20)
+    /// with seed `MSGR_STRESS_SEED` (default random): the guest stress
+    /// tests' knobs.
+    pub fn from_env(servers: u32, clients: u32) -> Self {
+        StressShape {
+            secs: env_u64("MSGR_STRESS_SECS").unwrap_or(20),
+            servers,
+            clients,
+            seed: env_u64("MSGR_STRESS_SEED").unwrap_or_else(rand::random),
+        }
+    }
 }
 
 impl StressTarget {
@@ -130,6 +144,23 @@ impl StressTarget {
         assert_eq!(n("leaked_links"), 0, "{repro}");
         r
     }
+}
+
+/// Builds `msgr-stress` with cargo `features` for the guest (the calling
+/// test's profile and target directory, [`build_programs`]) and returns its
+/// path.
+pub fn build_msgr_stress(features: &str) -> PathBuf {
+    let bin = build_programs(&[
+        "-p",
+        "msgr-testsuite",
+        "--features",
+        features,
+        "--bin",
+        "msgr-stress",
+    ])
+    .join("msgr-stress");
+    assert!(bin.exists(), "{} missing", bin.display());
+    bin
 }
 
 /// A number from the environment (`MSGR_STRESS_SECS`, `MSGR_STRESS_SEED`).
