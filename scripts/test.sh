@@ -113,12 +113,12 @@ step "RDMA guest: setup (packages, kernel, siw, initramfs; cached in \${MSGR_GUE
 guest_start=$(date +%s)
 bash testsuite/guest/setup.sh
 
-step "RDMA guest: tests in the QEMU guest (verbs and rdma_cm smoke on rxe and siw, reference peers, netem, the verbs and rdmacm backends, msgr tool vs perftest, stress over verbs, the fabric backend over libfabric's verbs provider)"
+step "RDMA guest: tests in the QEMU guest (verbs and rdma_cm smoke on rxe and siw, reference peers, netem, the verbs and rdmacm backends, msgr tool vs perftest, stress over verbs, the fabric backend over libfabric's verbs provider, and rdma_cm stress between two hosts on a lossy, flapping veth wire)"
 # One round of the reference-peer comparison (3 by default): here it checks
 # that every msgr run over verbs, rdmacm and TCP works and parses beside its
 # perftest peer; the figures for docs/BENCHMARKS.md come from 3 rounds by
 # hand (docs/GUEST.md).
-MSGR_GUEST_BENCH_ROUNDS=1 cargo test --release -p msgr-testsuite --features rdma,fabric --test guest_rdma --test guest_verbs --test guest_bench --test guest_stress --test guest_fabric -- --nocapture --test-threads 1
+MSGR_GUEST_BENCH_ROUNDS=1 cargo test --release -p msgr-testsuite --features rdma,fabric --test guest_rdma --test guest_verbs --test guest_bench --test guest_stress --test guest_fabric --test guest_twohosts -- --nocapture --test-threads 1
 echo "RDMA guest part took $(($(date +%s) - guest_start)) s"
 
 step "fuzz: every cargo-fuzz target for 5 s, a smoke run (stable, --sanitizer none; longer runs by hand: docs/FUZZING.md)"
