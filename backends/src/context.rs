@@ -83,6 +83,15 @@ pub struct RdmaPoolConfig {
     /// A MSG link holds its own slots (4 MiB), an RDM link its share of
     /// the endpoint's receive pool (`tcp;ofi_rxm` 1.25 MiB, `shm` 272 KiB).
     pub fabric_link_bytes: usize,
+    /// The RC QPs' local ACK timeout code (4.096 µs × 2^code): how long
+    /// a packet may go unacknowledged before it is resent. `None`: 14
+    /// (≈ 67 ms) over verbs, rdma_cm's own choice from the path over
+    /// rdmacm.
+    pub ack_timeout: Option<u8>,
+    /// How often an unacknowledged packet is resent before the QP fails
+    /// (0–7): with the ACK timeout, how long loss on the wire is borne
+    /// before the link faults and the session reconnects and replays.
+    pub retry_count: u8,
 }
 
 /// Whether and how the libfabric backend sends large units by rendezvous
@@ -164,6 +173,8 @@ impl Default for RdmaPoolConfig {
             fabric_cq_wait: FabricCqWait::Fd,
             reg_cache_bytes: 32 << 20,
             fabric_link_bytes: 1 << 30,
+            ack_timeout: None,
+            retry_count: 7,
         }
     }
 }

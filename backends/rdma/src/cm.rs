@@ -511,6 +511,27 @@ impl CmId {
         Self::check(ret, "rdma_resolve_addr")
     }
 
+    /// Sets the local ACK timeout code (4.096 µs × 2^`code`, 0–31) that
+    /// rdma_cm gives the QP when it moves it to RTS: how long a sent
+    /// packet may go unacknowledged before it is sent again. Before
+    /// `connect` or `accept`; without it rdma_cm derives one from the
+    /// path. iWARP devices (whose transport retransmits on its own) may
+    /// refuse it.
+    pub fn set_ack_timeout(&self, code: u8) -> Result<()> {
+        let mut value = code;
+        // SAFETY: live id; the option's value is one u8, its size given.
+        let ret = unsafe {
+            sys::rdma_set_option(
+                self.ptr(),
+                sys::RDMA_OPTION_ID as i32,
+                sys::RDMA_OPTION_ID_ACK_TIMEOUT as i32,
+                (&mut value as *mut u8).cast(),
+                1,
+            )
+        };
+        Self::check(ret, "rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)")
+    }
+
     /// Starts route resolution; completes with `RouteResolved`.
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
         // SAFETY: live id.

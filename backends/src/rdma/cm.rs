@@ -172,6 +172,7 @@ impl RdmaTransport {
             private_data: self.my_params(l).encode().to_vec(),
             responder_resources: resp,
             initiator_depth: init,
+            retry_count: self.params.pools.retry_count,
             ..ConnParam::default()
         }
     }
@@ -298,7 +299,9 @@ impl RdmaTransport {
                 l.share = share;
                 l.flow.peer_credits = l.initial_credits();
                 let param = self.conn_param(self.links.get(&id).expect("present"), None);
+                let ack_timeout = self.params.pools.ack_timeout;
                 let c = cm(self.links.get_mut(&id).expect("present")).expect("cm");
+                set_ack_timeout(&c.id, ack_timeout);
                 c.id.connect(&param)
                     .map_err(|e| LinkFailure::Setup(format!("rdma_connect: {e}")))?;
                 c.step = CmStep::Connecting;
@@ -389,7 +392,9 @@ impl RdmaTransport {
             .expect("present")
             .links
             .insert(handle, link);
+        let ack_timeout = self.params.pools.ack_timeout;
         let c = cm(self.links.get_mut(&link).expect("present")).expect("cm");
+        set_ack_timeout(&c.id, ack_timeout);
         if let Err(e) = c.id.accept(&param) {
             let why = LinkFailure::Setup(format!("rdma_accept: {e}"));
             self.drop_link(link);
@@ -445,5 +450,16 @@ impl RdmaTransport {
     /// The peer address of an accepted rdma_cm link.
     pub(super) fn cm_peer(c: &CmConn) -> Option<std::net::SocketAddr> {
         c.id.peer_addr()
+    }
+}
+
+/// Gives `id` the configured ACK timeout, if one is (`rdma_ack_timeout`).
+/// Best effort: a device that refuses it (iWARP's transport retransmits on
+/// its own) keeps rdma_cm's, and the link goes on.
+fn set_ack_timeout(id: &CmId, code: Option<u8>) {
+    if let Some(code) = code {
+        if let Err(e) = id.set_ack_timeout(code) {
+            tracing::debug!(code, error = %e, "ACK timeout not set; rdma_cm's stays");
+        }
     }
 }

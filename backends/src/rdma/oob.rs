@@ -25,7 +25,7 @@ use super::device::Device;
 use super::link::RdmaLink;
 use super::{rdma_err, LinkParams, RdmaTransport};
 use crate::wire::ConnectProgress;
-use crate::{TransportError, TransportEvent};
+use crate::{RdmaPoolConfig, TransportError, TransportEvent};
 
 /// Where the out-of-band setup stands.
 /// What each side tells the other over the out-of-band TCP connection.
@@ -213,7 +213,12 @@ impl RdmaTransport {
     }
 
     /// Brings `l`'s QP to RTR and RTS towards `peer`.
-    fn connect_qp(dev: &Device, l: &mut RdmaLink, peer: &QpInfo) -> Result<(), RdmaError> {
+    fn connect_qp(
+        dev: &Device,
+        l: &mut RdmaLink,
+        peer: &QpInfo,
+        pools: &RdmaPoolConfig,
+    ) -> Result<(), RdmaError> {
         let psn = oob(l).map_or(0, |o| o.psn);
         let rd = peer.params.rd_atomic.min(dev.rd_atomic);
         let qp = l.qp.as_ref().expect("verbs links have a QP");
@@ -236,6 +241,8 @@ impl RdmaTransport {
         qp.to_rts(&RtsAttr {
             sq_psn: psn,
             max_rd_atomic: rd,
+            timeout: pools.ack_timeout.unwrap_or(RtsAttr::default().timeout),
+            retry_cnt: pools.retry_count,
             ..RtsAttr::default()
         })?;
         l.flow.credits = peer.params.credits;
@@ -407,7 +414,8 @@ impl RdmaTransport {
         bytes: &[u8],
         events: &mut Vec<TransportEvent>,
     ) -> Result<(), LinkFailure> {
-        let chunk = self.params.pools.chunk_size;
+        let pools = self.params.pools;
+        let chunk = pools.chunk_size;
         let dev = self.dev.as_ref().expect("device");
         let l = self.links.get_mut(&id).expect("caller checked");
         let o = oob(l).expect("caller checked");
@@ -418,7 +426,7 @@ impl RdmaTransport {
                     return Ok(());
                 }
                 let peer = QpInfo::decode(&o.buf, chunk)?;
-                Self::connect_qp(dev, l, &peer)
+                Self::connect_qp(dev, l, &peer, &pools)
                     .map_err(|e| LinkFailure::Setup(format!("verbs connect: {e}")))?;
                 let outgoing = l.outgoing;
                 let o = oob(l).expect("oob");

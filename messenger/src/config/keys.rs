@@ -558,6 +558,22 @@ pub static CONFIG_KEYS: &[ConfigKey] = &[
         int(0, 4096, |c, n| c.rdma.inline_bytes = n as u32),
     ),
     key(
+        "rdma_ack_timeout",
+        "RDMA RC queue pairs: how long a sent packet may go unacknowledged before it is resent, as \
+         the verbs code n for 4.096 µs × 2^n (1–31; 14 ≈ 67 ms, 18 ≈ 1.07 s); with \
+         `rdma_retry_count` it sets how long loss on the wire is borne before the QP fails and the \
+         session reconnects and replays (about (retries + 1) × the timeout); 0: the default, 14 \
+         over verbs and rdma_cm's choice from the path over rdmacm (IB's own 0, never time out, \
+         is not offered: a dead peer would go unnoticed) (default 0)",
+        int(0, 31, |c, n| c.rdma.ack_timeout = (n > 0).then_some(n as u8)),
+    ),
+    key(
+        "rdma_retry_count",
+        "RDMA RC queue pairs: how often an unacknowledged packet is resent before the QP fails \
+         (0–7; see `rdma_ack_timeout`) (default 7)",
+        int(0, 7, |c, n| c.rdma.retry_count = n as u8),
+    ),
+    key(
         "rdma_read_timeout_ms",
         "an RDMA or libfabric rendezvous read not complete after this fails its link (default 10000, below keepalive_timeout_ms)",
         // Not 0: every read would fail its link at once.

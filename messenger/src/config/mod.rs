@@ -729,6 +729,12 @@ mod tests {
             ("rdma_inline_bytes", "3", |c, d| {
                 c.rdma.inline_bytes = d.rdma.inline_bytes
             }),
+            ("rdma_ack_timeout", "18", |c, d| {
+                c.rdma.ack_timeout = d.rdma.ack_timeout
+            }),
+            ("rdma_retry_count", "3", |c, d| {
+                c.rdma.retry_count = d.rdma.retry_count
+            }),
             ("rdma_read_timeout_ms", "3", |c, d| {
                 c.rdma.read_timeout = d.rdma.read_timeout
             }),
@@ -967,6 +973,22 @@ mod tests {
             .to_string();
         assert!(err.contains("rdma_read_timeout_ms"), "{err}");
         assert_eq!(cfg.rdma.read_timeout, Duration::from_secs(2));
+    }
+
+    /// 0 is the backend's default, not IB's "never time out"; codes
+    /// beyond the verbs field's 5 bits and retries beyond 7 are refused.
+    #[test]
+    fn rdma_ack_timeout_and_retries_stay_in_the_verbs_ranges() {
+        let mut cfg = MessengerConfig::default();
+        assert_eq!((cfg.rdma.ack_timeout, cfg.rdma.retry_count), (None, 7));
+        cfg.set("rdma_ack_timeout", "18").unwrap();
+        cfg.set("rdma_retry_count", "2").unwrap();
+        assert_eq!((cfg.rdma.ack_timeout, cfg.rdma.retry_count), (Some(18), 2));
+        cfg.set("rdma_ack_timeout", "0").unwrap();
+        assert_eq!(cfg.rdma.ack_timeout, None);
+        assert!(cfg.set("rdma_ack_timeout", "32").is_err());
+        assert!(cfg.set("rdma_retry_count", "8").is_err());
+        assert_eq!(cfg.rdma.retry_count, 2);
     }
 
     #[test]
