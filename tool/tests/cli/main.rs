@@ -145,7 +145,15 @@ fn stop_with(
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
     let status = exit_within(server, &["serve"], Duration::from_secs(20));
-    (status, lines.try_iter().collect())
+    // Its last lines may still be in the pipe when it has exited (the
+    // reader thread not yet run, on a busy machine): read to the end,
+    // which the reader marks by hanging up at EOF.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut rest = Vec::new();
+    while let Ok(l) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        rest.push(l);
+    }
+    (status, rest)
 }
 
 /// A short ping of `addr` that must succeed.
